@@ -1,0 +1,55 @@
+// Memory for tensors. Each memory space (host RAM, one GPU) has an Allocator; devices register
+// theirs at start-up so that the core layer can allocate and copy without knowing device types.
+// Thread-safety: allocate/copy may be called from any thread concurrently.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "dtrain/core/device_spec.h"
+
+namespace dtrain {
+
+// A block of device memory. The deleter returns it to its allocator.
+class Storage {
+ public:
+  Storage(void* ptr, size_t nbytes, DeviceSpec device, void (*release)(void* ctx, void* ptr, size_t),
+          void* ctx)
+      : ptr_(ptr), nbytes_(nbytes), device_(device), release_(release), ctx_(ctx) {}
+  ~Storage() {
+    if (release_) release_(ctx_, ptr_, nbytes_);
+  }
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() const { return ptr_; }
+  size_t nbytes() const { return nbytes_; }
+  DeviceSpec device() const { return device_; }
+
+ private:
+  void* ptr_;
+  size_t nbytes_;
+  DeviceSpec device_;
+  void (*release_)(void*, void*, size_t);
+  void* ctx_;
+};
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  // Returns at least nbytes of memory on `device`, 64-byte aligned. Throws Unavailable when out of memory.
+  virtual std::shared_ptr<Storage> allocate(size_t nbytes, DeviceSpec device) = 0;
+  // Copies nbytes between any two memory spaces this allocator can reach (one side is its own).
+  virtual void copy(void* dst, DeviceSpec dst_dev, const void* src, DeviceSpec src_dev,
+                    size_t nbytes) = 0;
+  // Sets nbytes at dst to zero.
+  virtual void zero(void* dst, size_t nbytes) = 0;
+};
+
+// The host allocator: caches freed blocks by size so that training steps do not page-fault.
+Allocator& host_allocator();
+// Registers the allocator for non-host memory of `type` (called by the CUDA device).
+void register_allocator(DeviceType type, Allocator* allocator);
+// The allocator serving `device`. Throws Unavailable when that device type is not compiled in.
+Allocator& allocator_for(DeviceSpec device);
+
+}  // namespace dtrain

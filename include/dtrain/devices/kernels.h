@@ -1,0 +1,118 @@
+// Kernels: the numeric primitives one device type provides. The model layer's ops call these and
+// never see oneDNN, cuDNN or cuBLAS. Layouts follow TensorFlow: activations NHWC, convolution
+// filters HWIO ([kh, kw, in, out]), dense weights [in, out].
+//
+// Conventions: inputs are dense float32 tensors on the kernel's device unless a method says
+// otherwise; outputs are newly allocated on the same device. Errors: InvalidArgument for shape or
+// dtype mismatches (the message names both shapes). Thread-safety: a Kernels object may be called
+// from several threads at once (implementations lock their primitive caches).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dtrain/core/tensor.h"
+
+namespace dtrain {
+
+enum class UnaryOp { kRelu, kTanh, kSigmoid, kNeg, kExp, kLog, kSquare, kSqrt, kAbs };
+enum class BinaryOp { kAdd, kSub, kMul, kDiv, kMax, kMin };
+enum class ReductionKind { kSum, kMean, kMax };
+
+struct Conv2dParams {
+  int stride_h = 1, stride_w = 1;
+  int pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
+};
+
+struct Pool2dParams {
+  int window_h = 2, window_w = 2;
+  int stride_h = 2, stride_w = 2;
+  int pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
+};
+
+struct BatchNormForward {
+  Tensor y;     // normalised output, shape of x
+  Tensor mean;  // [C] batch mean
+  Tensor var;   // [C] biased batch variance
+};
+
+struct BatchNormBackward {
+  Tensor dx, dgamma, dbeta;
+};
+
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+
+  // --- convolution (x: [N,H,W,Cin], w: [KH,KW,Cin,Cout], bias: [Cout] or undefined) ---
+  virtual Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
+                        const Conv2dParams& p) = 0;
+  virtual Tensor conv2d_backward_input(const Tensor& dy, const Tensor& w, const Shape& x_shape,
+                                       const Conv2dParams& p) = 0;
+  // Returns dw (shape of w); writes db ([Cout]) when want_bias.
+  virtual Tensor conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Shape& w_shape,
+                                        const Conv2dParams& p, bool want_bias, Tensor* db) = 0;
+
+  // --- max pooling, NHWC. `workspace` is device-specific state the backward needs. ---
+  virtual Tensor max_pool2d(const Tensor& x, const Pool2dParams& p, Tensor* workspace) = 0;
+  virtual Tensor max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& workspace,
+                                     const Pool2dParams& p) = 0;
+
+  // --- dense algebra ---
+  // op(a) @ op(b) for 2-D a, b.
+  virtual Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) = 0;
+
+  // --- elementwise ---
+  virtual Tensor unary(UnaryOp op, const Tensor& x) = 0;
+  // dL/dx for kRelu (given x), kTanh and kSigmoid (given y = f(x)).
+  virtual Tensor activation_backward(UnaryOp op, const Tensor& x_or_y, const Tensor& dy) = 0;
+  // Numpy broadcasting between a and b.
+  virtual Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) = 0;
+  // alpha * x + beta.
+  virtual Tensor affine(const Tensor& x, float alpha, float beta) = 0;
+  // Reduces over `axes` (unique, ascending); keeps size-1 dims when keepdims.
+  virtual Tensor reduce(ReductionKind kind, const Tensor& x, const std::vector<int>& axes,
+                        bool keepdims) = 0;
+  // Copies x converted to dtype (float32 <-> float16/bfloat16/float64).
+  virtual Tensor cast(const Tensor& x, DType dtype) = 0;
+  virtual void fill(Tensor& x, float value) = 0;
+
+  // --- losses ---
+  // logits [N, C] float32, labels [N] int32 in [0, C). Writes per-example loss [N] and
+  // softmax probabilities [N, C]. Throws InvalidArgument for a label out of range.
+  virtual void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* loss,
+                                     Tensor* probs) = 0;
+  // (probs - onehot(labels)) * dloss[:, None].
+  virtual Tensor softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels,
+                                                const Tensor& dloss) = 0;
+
+  // --- regularisation / normalisation ---
+  // Elementwise keep-mask scaled by 1/(1-rate): element i is kept iff
+  // Philox(seed, stream).uniform(i) >= rate, so every device draws the same mask.
+  virtual Tensor dropout_mask(const Shape& shape, float rate, uint64_t seed, uint64_t stream) = 0;
+  // Channels-last batch norm over all but the last axis.
+  virtual BatchNormForward batch_norm_training(const Tensor& x, const Tensor& gamma,
+                                               const Tensor& beta, float epsilon) = 0;
+  virtual Tensor batch_norm_inference(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                      const Tensor& mean, const Tensor& var, float epsilon) = 0;
+  virtual BatchNormBackward batch_norm_backward(const Tensor& dy, const Tensor& x,
+                                                const Tensor& gamma, const Tensor& mean,
+                                                const Tensor& var, float epsilon) = 0;
+
+  // --- optimizer updates, in place ---
+  // SGD: with momentum m: buf = mu*buf + g; var -= lr * (nesterov ? g + mu*buf : buf).
+  // Without momentum (momentum == nullptr): var -= lr * g.
+  virtual void sgd_update(Tensor& var, const Tensor& grad, Tensor* momentum, float lr, float mu,
+                          bool nesterov) = 0;
+  // Adam (Kingma & Ba, with TF/Keras epsilon placement): m = b1 m + (1-b1) g;
+  // v = b2 v + (1-b2) g^2; var -= lr_t * m / (sqrt(v) + eps), lr_t = lr sqrt(1-b2^t)/(1-b1^t).
+  virtual void adam_update(Tensor& var, Tensor& m, Tensor& v, const Tensor& grad, float lr,
+                           float beta1, float beta2, float epsilon, int64_t step) = 0;
+};
+
+// Output shape of a convolution / pooling window; throws InvalidArgument when it would be empty.
+int64_t conv_output_size(int64_t in, int window, int stride, int pad_before, int pad_after);
+// Numpy broadcast of two shapes; throws InvalidArgument naming both when incompatible.
+Shape broadcast_shapes(const Shape& a, const Shape& b);
+
+}  // namespace dtrain

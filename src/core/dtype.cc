@@ -1,0 +1,101 @@
+#include "dtrain/core/dtype.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "dtrain/core/error.h"
+
+namespace dtrain {
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::kFloat32: return 4;
+    case DType::kFloat64: return 8;
+    case DType::kFloat16: return 2;
+    case DType::kBFloat16: return 2;
+    case DType::kInt32: return 4;
+    case DType::kInt64: return 8;
+  }
+  DTRAIN_CHECK(false, "unknown dtype");
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::kFloat32: return "float32";
+    case DType::kFloat64: return "float64";
+    case DType::kFloat16: return "float16";
+    case DType::kBFloat16: return "bfloat16";
+    case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
+  }
+  return "unknown";
+}
+
+DType dtype_from_name(const std::string& name) {
+  for (DType t : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16,
+                  DType::kInt32, DType::kInt64})
+    if (name == dtype_name(t)) return t;
+  throw InvalidArgument("unknown dtype '" + name +
+                        "'; valid: float32, float64, float16, bfloat16, int32, int64");
+}
+
+uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (std::isnan(f)) return 0x7fc0;
+  u += 0x7fff + ((u >> 16) & 1);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float bf16_to_float(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t float_to_f16(float f) {
+  // IEEE binary16 with round-to-nearest-even, handling subnormals, inf and nan.
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t absx = x & 0x7fffffffu;
+  if (absx >= 0x7f800000u) return static_cast<uint16_t>(sign | (absx > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to inf
+  if (absx < 0x38800000u) {                                               // subnormal or zero
+    if (absx < 0x33000000u) return static_cast<uint16_t>(sign);
+    const uint32_t e = absx >> 23;
+    const uint32_t m = (absx & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - e;  // 14 + (113 - e) - 1 ... yields the subnormal mantissa
+    uint32_t r = m >> (shift);
+    const uint32_t rem = m & ((1u << shift) - 1);
+    const uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1))) ++r;
+    return static_cast<uint16_t>(sign | r);
+  }
+  uint32_t r = ((absx - 0x38000000u) >> 13);
+  const uint32_t rem = absx & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (r & 1))) ++r;
+  return static_cast<uint16_t>(sign | r);
+}
+
+float f16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1f;
+  const uint32_t m = h & 0x3ff;
+  float out;
+  if (e == 0) {
+    out = std::ldexp(static_cast<float>(m), -24);
+  } else if (e == 31) {
+    out = m ? NAN : INFINITY;
+  } else {
+    out = std::ldexp(static_cast<float>(m | 0x400), static_cast<int>(e) - 25);
+  }
+  uint32_t u;
+  std::memcpy(&u, &out, 4);
+  u |= sign;
+  std::memcpy(&out, &u, 4);
+  return out;
+}
+
+}  // namespace dtrain

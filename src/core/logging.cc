@@ -1,0 +1,51 @@
+#include "dtrain/core/logging.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+namespace dtrain {
+namespace {
+
+LogLevel level_from_env() {
+  const char* v = std::getenv("DTRAIN_LOG_LEVEL");
+  if (!v) return LogLevel::WARNING;
+  if (!std::strcmp(v, "DEBUG")) return LogLevel::DEBUG;
+  if (!std::strcmp(v, "INFO")) return LogLevel::INFO;
+  if (!std::strcmp(v, "ERROR")) return LogLevel::ERROR;
+  return LogLevel::WARNING;
+}
+
+std::atomic<int> g_level{static_cast<int>(level_from_env())};
+std::mutex g_mu;
+std::string g_prefix;
+
+}  // namespace
+
+LogLevel log_level() { return static_cast<LogLevel>(g_level.load(std::memory_order_relaxed)); }
+void set_log_level(LogLevel level) { g_level = static_cast<int>(level); }
+void set_log_prefix(const std::string& prefix) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_prefix = prefix;
+}
+
+namespace detail {
+
+LogLine::LogLine(LogLevel level, const char* file, int line) : level_(level) {
+  static const char* kNames[] = {"D", "I", "W", "E"};
+  const char* base = std::strrchr(file, '/');
+  os_ << kNames[static_cast<int>(level)] << " " << (base ? base + 1 : file) << ":" << line << "] ";
+}
+
+LogLine::~LogLine() {
+  os_ << '\n';
+  std::lock_guard<std::mutex> lock(g_mu);
+  std::string s = g_prefix + os_.str();
+  std::fwrite(s.data(), 1, s.size(), stderr);
+  (void)level_;
+}
+
+}  // namespace detail
+}  // namespace dtrain

@@ -1,0 +1,58 @@
+#include "dtrain/core/random.h"
+
+#include <cmath>
+#include <mutex>
+
+namespace dtrain {
+
+std::array<uint32_t, 4> Philox::block(uint64_t counter) const {
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
+  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32);
+  uint32_t c2 = static_cast<uint32_t>(stream_), c3 = static_cast<uint32_t>(stream_ >> 32);
+  uint32_t k0 = key_[0], k1 = key_[1];
+  for (int r = 0; r < 10; ++r) {
+    const uint64_t p0 = static_cast<uint64_t>(kM0) * c0;
+    const uint64_t p1 = static_cast<uint64_t>(kM1) * c2;
+    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
+    const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+    c0 = n0;
+    c1 = static_cast<uint32_t>(p1);
+    c2 = n2;
+    c3 = static_cast<uint32_t>(p0);
+    k0 += kW0;
+    k1 += kW1;
+  }
+  return {c0, c1, c2, c3};
+}
+
+float Philox::uniform(uint64_t i) const {
+  const auto b = block(i / 4);
+  // 24 random bits -> [0, 1) exactly representable.
+  return static_cast<float>(b[i % 4] >> 8) * (1.0f / 16777216.0f);
+}
+
+float Philox::normal(uint64_t i) const {
+  const auto b = block(i / 2);
+  const uint32_t w0 = b[(i % 2) * 2], w1 = b[(i % 2) * 2 + 1];
+  const double u1 = (static_cast<double>(w0) + 1.0) / 4294967297.0;  // (0, 1]
+  const double u2 = static_cast<double>(w1) / 4294967296.0;
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+}
+
+namespace {
+std::mutex g_mu;
+SeedSequence g_seq(0);
+}  // namespace
+
+Philox global_next_stream() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_seq.next_stream();
+}
+
+void set_global_seed(uint64_t seed) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_seq.reset(seed);
+}
+
+}  // namespace dtrain

@@ -1,0 +1,16 @@
+// Built when CUDA is not compiled in: no GPUs, and asking for one says how to get them.
+#include "dtrain/core/error.h"
+#include "dtrain/devices/device.h"
+
+namespace dtrain {
+
+int cuda_device_count() { return 0; }
+
+std::unique_ptr<Device> make_cuda_device(int index) {
+  throw Unavailable("GPU:" + std::to_string(index) +
+                    " requested but this dtrain build has no CUDA support; rebuild with "
+                    "-DDTRAIN_WITH_CUDA=ON on a machine with the CUDA toolkit and cuDNN, or use "
+                    "--devices=cpu");
+}
+
+}  // namespace dtrain

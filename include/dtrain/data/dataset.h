@@ -1,0 +1,109 @@
+// Dataset: an immutable description of an input pipeline over an in-memory source of aligned
+// tensors, shaped like tf.data. All source components share the leading dimension N; element i of
+// the source is row i of every component. Transformations (shuffle, shard, repeat, take, batch,
+// prefetch) return new Datasets that share the upstream stages, so copies are cheap handles.
+//
+// Order semantics follow tf.data exactly: stages apply in the order written, so
+// shuffle().batch().repeat() reshuffles per epoch and ends each epoch with a partial batch, while
+// repeat().batch() lets batches straddle epoch boundaries.
+//
+// Elements of an unbatched pipeline are fresh copies of one row (shape = the component's shape
+// without the leading dimension); after batch() each element is a fresh contiguous CPU tensor of
+// shape [b, ...]. Until batch(), stages pass row indices, so shuffle and shard cost nothing per
+// byte, and batch() gathers rows with one memcpy per contiguous run.
+//
+// Thread-safety: a Dataset is immutable and its methods are safe from any thread. An Iterator is
+// used by one thread at a time. The source tensors are held by handle: do not write them while a
+// pipeline over them is being iterated.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtrain/core/tensor.h"
+
+namespace dtrain {
+
+namespace detail {
+class DatasetNode;
+}  // namespace detail
+
+class Dataset {
+ public:
+  // A pipeline whose i-th element is row i of every component (tf.data's from_tensor_slices).
+  // Components on a device are copied to the CPU once. Throws InvalidArgument when `components`
+  // is empty, holds an undefined or rank-0 tensor, or the leading dimensions differ.
+  static Dataset from_tensors(std::vector<Tensor> components);
+  static Dataset from_tensor_slices(std::vector<Tensor> components) {
+    return from_tensors(std::move(components));
+  }
+
+  // A uniformly random permutation of all elements of the input (a full-size shuffle buffer),
+  // decided by Philox(seed, pass): Fisher-Yates over the elements of one pass. Pass k is the k-th
+  // time this shuffle stage starts (each repeat() epoch and each make_iterator() on this Dataset or
+  // a Dataset built from it counts, in the order they start, as TF's seed generator does). With
+  // reshuffle_each_iteration=false every pass uses permutation 0. Throws InvalidArgument when the
+  // input is infinite (put shuffle() before repeat()).
+  Dataset shuffle(uint64_t seed, bool reshuffle_each_iteration = true) const;
+
+  // Keeps the elements i with i % num_shards == index (tf.data semantics: shard before shuffle
+  // and batch for a disjoint split). Throws InvalidArgument unless 1 <= num_shards and
+  // 0 <= index < num_shards.
+  Dataset shard(int num_shards, int index) const;
+
+  // The input `count` times over (-1 = forever); each repetition starts a fresh pass over the
+  // input. Stops when a pass yields nothing, so repeat() of an empty dataset is empty.
+  // Throws InvalidArgument for count < -1.
+  Dataset repeat(int64_t count = -1) const;
+
+  // The first `count` elements (-1 = all). Throws InvalidArgument for count < -1.
+  Dataset take(int64_t count) const;
+
+  // Consecutive elements stacked into tensors of shape [b, ...]; the last batch of a finite
+  // input holds the remainder unless drop_remainder. Throws InvalidArgument for batch_size < 1
+  // or when the input is already batched (batching batches is not supported).
+  Dataset batch(int64_t batch_size, bool drop_remainder = false) const;
+
+  // Applies `fn` to every batch (on the prefetch thread when a prefetch() follows), e.g. to
+  // normalise or cast. `fn` must return as many tensors as it gets (InvalidArgument from next()
+  // otherwise); an exception it throws propagates from next(). It is not called for elements a
+  // later shard() drops, and must be safe to call from several threads when several iterators
+  // run at once. Throws InvalidArgument when the dataset is not batched or fn is empty.
+  using MapFn = std::function<std::vector<Tensor>(std::vector<Tensor>)>;
+  Dataset map(MapFn fn) const;
+
+  // Produces up to `buffer_size` elements ahead on a background thread. An exception thrown while
+  // producing is rethrown from Iterator::next() after the elements produced before it. Destroying
+  // the iterator stops and joins the thread (it finishes at most the element it is producing).
+  // Throws InvalidArgument for buffer_size < 1.
+  Dataset prefetch(int buffer_size = 2) const;
+
+  // Number of elements this dataset yields (after batching: number of batches), -1 if infinite.
+  int64_t cardinality() const;
+  // Number of tensors in one element.
+  size_t num_components() const;
+  // True after batch().
+  bool is_batched() const;
+  // The pipeline, e.g. "from_tensors(n=60000, components=2).shuffle(seed=1).batch(64)".
+  std::string to_string() const;
+
+  class Iterator {
+   public:
+    virtual ~Iterator() = default;
+    // Replaces *out with the next element (num_components() tensors) and returns true, or
+    // returns false at the end. Rethrows errors from prefetch threads.
+    virtual bool next(std::vector<Tensor>* out) = 0;
+  };
+  // A fresh pass over the pipeline.
+  std::unique_ptr<Iterator> make_iterator() const;
+
+ private:
+  explicit Dataset(std::shared_ptr<const detail::DatasetNode> node) : node_(std::move(node)) {}
+  std::shared_ptr<const detail::DatasetNode> node_;
+};
+
+}  // namespace dtrain

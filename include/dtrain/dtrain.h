@@ -1,0 +1,23 @@
+// Umbrella header: everything a training program needs.
+#pragma once
+
+#include "dtrain/core/error.h"
+#include "dtrain/core/logging.h"
+#include "dtrain/core/random.h"
+#include "dtrain/core/tensor.h"
+#include "dtrain/data/dataset.h"
+#include "dtrain/data/fashion_mnist.h"
+#include "dtrain/devices/device.h"
+#include "dtrain/model/gradient_tape.h"
+#include "dtrain/model/initializers.h"
+#include "dtrain/model/layers.h"
+#include "dtrain/model/losses.h"
+#include "dtrain/model/metrics.h"
+#include "dtrain/model/ops.h"
+#include "dtrain/model/optimizers.h"
+#include "dtrain/model/variable.h"
+#include "dtrain/strategies/make_strategy.h"
+#include "dtrain/strategies/one_device_strategy.h"
+#include "dtrain/strategies/strategy.h"
+#include "dtrain/train/callbacks.h"
+#include "dtrain/train/fit.h"

@@ -1,0 +1,80 @@
+// GradientTape: reverse-mode automatic differentiation, as tf.GradientTape.
+//
+//   GradientTape tape;                 // records ops on this thread while alive
+//   Tensor loss = ops::mean(...);
+//   auto grads = tape.gradient(loss, model.trainable_variables());
+//
+// Trainable variables read inside the tape are watched automatically; other tensors with
+// watch(). Backward functions are themselves written with recorded ops, so nesting tapes gives
+// higher derivatives (an outer tape records the inner tape's gradient computation, as in TF):
+// u'' of a network for a PINN is two nested tapes. Ops whose backward is first-order only
+// (convolution, pooling, cross-entropy) record a node that throws Unimplemented if differentiated
+// a second time, never a silent zero.
+//
+// Thread-safety: a tape records only the ops of the thread that created it.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <unordered_set>
+#include <vector>
+
+#include "dtrain/core/tensor.h"
+
+namespace dtrain {
+
+class Variable;
+
+class GradientTape {
+ public:
+  // persistent: gradient() may be called more than once (TF's persistent=True).
+  explicit GradientTape(bool persistent = false);
+  ~GradientTape();
+  GradientTape(const GradientTape&) = delete;
+  GradientTape& operator=(const GradientTape&) = delete;
+
+  // Makes the tape follow t (needed for non-variable inputs, e.g. PINN coordinates).
+  void watch(const Tensor& t);
+  // d target / d source for each source; undefined Tensor where the target does not depend on it
+  // (TF's None). output_gradient seeds the backward pass (ones when undefined).
+  // Throws FailedPrecondition on a second call of a non-persistent tape.
+  std::vector<Tensor> gradient(const Tensor& target, const std::vector<Tensor>& sources,
+                               const Tensor& output_gradient = Tensor());
+  std::vector<Tensor> gradient(const Tensor& target,
+                               const std::vector<std::shared_ptr<Variable>>& variables,
+                               const Tensor& output_gradient = Tensor());
+  // Stops recording until the returned guard dies (tape.stop_recording()).
+  class Pause {
+   public:
+    explicit Pause(GradientTape* t) : t_(t) { t_->paused_++; }
+    ~Pause() { t_->paused_--; }
+   private:
+    GradientTape* t_;
+  };
+  Pause stop_recording() { return Pause(this); }
+
+  struct Node;  // one recorded op (gradient_tape.cc)
+
+ private:
+  friend struct TapeAccess;
+  bool persistent_;
+  bool used_ = false;
+  int paused_ = 0;
+  std::unordered_set<uint64_t> watched_;
+  std::vector<std::shared_ptr<Node>> nodes_;
+};
+
+// Interface ops use to record themselves. Not for model code.
+namespace tape {
+// Given gradients w.r.t. the outputs (undefined = zero), returns gradients w.r.t. each input
+// (undefined = no gradient / not differentiable w.r.t. that input).
+using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& output_grads)>;
+// True when some active tape on this thread watches one of `inputs`.
+bool should_record(std::initializer_list<const Tensor*> inputs);
+void record(const char* op, std::vector<Tensor> inputs, std::vector<Tensor> outputs, BackwardFn fn);
+// Records an op that is not differentiable (again); differentiating through it throws
+// Unimplemented naming `op`.
+void record_nondifferentiable(const char* op, std::vector<Tensor> inputs, std::vector<Tensor> outputs);
+}  // namespace tape
+
+}  // namespace dtrain

@@ -1,0 +1,76 @@
+// Optimizers (Keras semantics). apply_gradients() called inside a replica all-reduces (SUM) the
+// gradients through the replica context first, so losses must be scaled by the global batch
+// (losses.h: compute_average_loss), exactly as in TF. The optimizer never asks which strategy runs
+// it. Slot variables are made with create_variable(), so they live where their variable lives.
+//
+// Thread-safety: apply_gradients may be called concurrently by the replicas of one strategy.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "dtrain/model/variable.h"
+
+namespace dtrain {
+
+class Optimizer {
+ public:
+  explicit Optimizer(float learning_rate);
+  virtual ~Optimizer() = default;
+
+  // grads[i] belongs to vars[i]; undefined gradients are skipped (as TF skips None).
+  // Throws InvalidArgument when the lists differ in length or a shape differs.
+  void apply_gradients(const std::vector<Tensor>& grads,
+                       const std::vector<std::shared_ptr<Variable>>& vars);
+  // Creates slot variables up front (call inside strategy.scope(); apply_gradients does it lazily).
+  void build(const std::vector<std::shared_ptr<Variable>>& vars);
+  // Number of apply_gradients calls so far (replica 0's count).
+  int64_t iterations() const;
+  float learning_rate() const { return lr_; }
+  void set_learning_rate(float lr) { lr_ = lr; }
+  // All slot variables, for checkpoints.
+  std::vector<std::shared_ptr<Variable>> slot_variables() const;
+
+ protected:
+  // Number of slots per variable and how to create them.
+  virtual int num_slots() const = 0;
+  // Applies one update to `value` (this replica's copy) given slots (this replica's copies).
+  virtual void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step) = 0;
+  float lr_;
+
+ private:
+  std::vector<std::shared_ptr<Variable>>& slots_for(const Variable* v);
+  mutable std::mutex mu_;
+  std::map<const Variable*, std::vector<std::shared_ptr<Variable>>> slots_;
+  std::map<int, int64_t> steps_;  // per replica id
+};
+
+class SGD : public Optimizer {
+ public:
+  explicit SGD(float learning_rate = 0.01f, float momentum = 0.f, bool nesterov = false);
+
+ protected:
+  int num_slots() const override { return momentum_ > 0.f ? 1 : 0; }
+  void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step) override;
+
+ private:
+  float momentum_;
+  bool nesterov_;
+};
+
+class Adam : public Optimizer {
+ public:
+  explicit Adam(float learning_rate = 1e-3f, float beta1 = 0.9f, float beta2 = 0.999f,
+                float epsilon = 1e-7f);
+
+ protected:
+  int num_slots() const override { return 2; }
+  void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step) override;
+
+ private:
+  float beta1_, beta2_, epsilon_;
+};
+
+}  // namespace dtrain

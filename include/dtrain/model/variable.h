@@ -1,0 +1,86 @@
+// Variables: named, mutable tensors that survive across steps (weights, optimizer slots,
+// batch-norm statistics). Layers never construct one directly: they call create_variable(spec),
+// which asks the innermost active strategy (see strategies/strategy.h) to make it, so the same
+// layer code yields a plain variable under OneDevice, a mirrored one under Mirrored, and a PS
+// handle under ParameterServer.
+//
+// Thread-safety: value() may be called from any replica thread; each replica reads its own copy.
+// Writes from several replicas follow the variable's synchronization/aggregation (TF semantics).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtrain/core/tensor.h"
+
+namespace dtrain {
+
+// TF's tf.VariableSynchronization.
+enum class VariableSynchronization { kAuto, kOnWrite, kOnRead, kNone };
+// TF's tf.VariableAggregation: how writes from several replicas combine.
+enum class VariableAggregation { kNone, kSum, kMean, kOnlyFirstReplica };
+
+// Produces the initial value on `device`. Initializers in model/initializers.h are seeded.
+using Initializer = std::function<Tensor(const Shape& shape, DType dtype, DeviceSpec device)>;
+
+struct VariableSpec {
+  std::string name;
+  Shape shape;
+  DType dtype = DType::kFloat32;
+  Initializer initializer;  // required
+  bool trainable = true;
+  VariableSynchronization synchronization = VariableSynchronization::kAuto;
+  VariableAggregation aggregation = VariableAggregation::kNone;
+};
+
+class Variable {
+ public:
+  explicit Variable(VariableSpec spec) : spec_(std::move(spec)) {}
+  virtual ~Variable() = default;
+  Variable(const Variable&) = delete;
+  Variable& operator=(const Variable&) = delete;
+
+  const std::string& name() const { return spec_.name; }
+  const Shape& shape() const { return spec_.shape; }
+  DType dtype() const { return spec_.dtype; }
+  bool trainable() const { return spec_.trainable; }
+  const VariableSpec& spec() const { return spec_; }
+
+  // The value the calling replica reads (its own device's copy), or the primary copy in
+  // cross-replica context. The handle aliases the variable's memory: in-place kernels update it.
+  virtual Tensor value() const = 0;
+  // Writes, with the variable's aggregation applied across replicas when called in replica
+  // context. Throw InvalidArgument on a shape/dtype mismatch.
+  virtual void assign(const Tensor& v) = 0;
+  virtual void assign_add(const Tensor& delta) = 0;
+  virtual void assign_sub(const Tensor& delta) = 0;
+  // Runs an in-place update on the copy (or copies) this call owns. Optimizers use it with a
+  // gradient that is already identical on every replica, so mirrored copies stay equal.
+  virtual void update(const std::function<void(Tensor& value)>& fn) { Tensor v = value(); fn(v); }
+  // Every device copy (one for a plain variable).
+  virtual std::vector<Tensor> device_values() const { return {value()}; }
+
+ protected:
+  VariableSpec spec_;
+};
+
+// A variable with exactly one copy on one device.
+class PlainVariable : public Variable {
+ public:
+  PlainVariable(VariableSpec spec, DeviceSpec device);
+  Tensor value() const override { return value_; }
+  void assign(const Tensor& v) override;
+  void assign_add(const Tensor& delta) override;
+  void assign_sub(const Tensor& delta) override;
+
+ private:
+  Tensor value_;
+};
+
+// Asks the innermost active strategy (or the default strategy) to create a variable.
+// Throws InvalidArgument if spec.initializer is empty or the shape has a negative dimension.
+std::shared_ptr<Variable> create_variable(const VariableSpec& spec);
+
+}  // namespace dtrain

@@ -1,0 +1,23 @@
+// Maps the --strategy flag to an implementation.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtrain/strategies/strategy.h"
+
+namespace dtrain {
+
+struct StrategyOptions {
+  // Replica devices, from parse_devices_flag(); empty = CPU:0.
+  std::vector<DeviceSpec> devices;
+};
+
+// The --strategy values this build accepts, e.g. {"default", "one_device"}.
+std::vector<std::string> strategy_names();
+// Throws InvalidArgument naming the valid values for an unknown name, and for a device list the
+// strategy cannot use (e.g. one_device with two devices).
+std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyOptions& options);
+
+}  // namespace dtrain

@@ -1,0 +1,436 @@
+// oneDNN-backed dense, elementwise, reduction, normalisation and reorder kernels.
+#include <atomic>
+#include <limits>
+
+#include "devices/cpu/dnnl_util.h"
+
+namespace dtrain::cpu {
+namespace {
+
+using dnnl::algorithm;
+using dnnl::prop_kind;
+using tag = memory::format_tag;
+using dt = memory::data_type;
+
+std::atomic<uint64_t> g_state_uid{1};
+
+algorithm eltwise_algorithm(UnaryOp op, float* alpha) {
+  *alpha = 0.f;
+  switch (op) {
+    case UnaryOp::kRelu: return algorithm::eltwise_relu;
+    case UnaryOp::kTanh: return algorithm::eltwise_tanh;
+    case UnaryOp::kSigmoid: return algorithm::eltwise_logistic;
+    case UnaryOp::kNeg: *alpha = -1.f; return algorithm::eltwise_linear;
+    case UnaryOp::kExp: return algorithm::eltwise_exp;
+    case UnaryOp::kLog: return algorithm::eltwise_log;
+    case UnaryOp::kSquare: return algorithm::eltwise_square;
+    case UnaryOp::kSqrt: return algorithm::eltwise_sqrt;
+    case UnaryOp::kAbs: return algorithm::eltwise_abs;
+  }
+  throw InvalidArgument("unknown unary op");
+}
+
+algorithm binary_algorithm(BinaryOp op) {
+  switch (op) {
+    case BinaryOp::kAdd: return algorithm::binary_add;
+    case BinaryOp::kSub: return algorithm::binary_sub;
+    case BinaryOp::kMul: return algorithm::binary_mul;
+    case BinaryOp::kDiv: return algorithm::binary_div;
+    case BinaryOp::kMax: return algorithm::binary_max;
+    case BinaryOp::kMin: return algorithm::binary_min;
+  }
+  throw InvalidArgument("unknown binary op");
+}
+
+memory::dims padded_dims(const Shape& s, size_t rank) {
+  memory::dims d(rank, 1);
+  for (int i = 0; i < s.rank(); ++i) d[rank - s.rank() + i] = s.dims()[i];
+  return d;
+}
+
+struct Eltwise {
+  dnnl::eltwise_forward prim;
+};
+struct EltwiseBwd {
+  dnnl::eltwise_backward prim;
+};
+struct Binary {
+  dnnl::binary prim;
+};
+struct Reduction {
+  dnnl::reduction prim;
+};
+struct Matmul {
+  dnnl::matmul prim;
+};
+struct Reorder {
+  dnnl::reorder prim;
+};
+struct BnFwd {
+  dnnl::batch_normalization_forward::primitive_desc pd;
+  dnnl::batch_normalization_forward prim;
+};
+struct BnBwd {
+  dnnl::batch_normalization_backward prim;
+};
+
+dt dnnl_type(DType t) {
+  switch (t) {
+    case DType::kFloat32: return dt::f32;
+    case DType::kFloat16: return dt::f16;
+    case DType::kBFloat16: return dt::bf16;
+    case DType::kInt32: return dt::s32;
+    default: return dt::undef;
+  }
+}
+
+// Views a channels-last tensor as [M, C] for batch norm.
+memory::dims bn_dims(const Shape& s) {
+  if (s.rank() < 2) throw InvalidArgument("batch norm needs rank >= 2, got " + s.to_string());
+  const int64_t c = s[-1];
+  return {s.numel() / c, c};
+}
+
+}  // namespace
+
+[[noreturn]] void rethrow_dnnl(const char* op, const dnnl::error& e) {
+  throw Internal(std::string("oneDNN failed in ") + op + ": " + e.what() +
+                 " (status " + std::to_string(static_cast<int>(e.status)) + ")");
+}
+
+CpuKernels::State::State() : uid(g_state_uid.fetch_add(1)) {}
+
+dnnl::stream& CpuKernels::State::stream() {
+  thread_local std::unordered_map<uint64_t, dnnl::stream> streams;
+  auto it = streams.find(uid);
+  if (it == streams.end()) it = streams.emplace(uid, dnnl::stream(engine)).first;
+  return it->second;
+}
+
+CpuKernels::CpuKernels(DeviceSpec spec) : spec_(spec), state_(std::make_unique<State>()) {}
+CpuKernels::~CpuKernels() = default;
+
+Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  require_f32(a, "matmul", "a");
+  require_f32(b, "matmul", "b");
+  if (a.rank() != 2 || b.rank() != 2)
+    throw InvalidArgument("matmul expects 2-D operands, got " + a.shape().to_string() + " and " +
+                          b.shape().to_string());
+  const int64_t m = ta ? a.shape()[1] : a.shape()[0], k = ta ? a.shape()[0] : a.shape()[1];
+  const int64_t kb = tb ? b.shape()[1] : b.shape()[0], n = tb ? b.shape()[0] : b.shape()[1];
+  if (k != kb)
+    throw InvalidArgument("matmul: inner dimensions differ: " + a.shape().to_string() +
+                          (ta ? "^T" : "") + " @ " + b.shape().to_string() + (tb ? "^T" : ""));
+  Tensor c = Tensor::empty(Shape{m, n}, DType::kFloat32, spec_);
+  if (c.numel() == 0) return c;
+  if (k == 0) {
+    fill(c, 0.f);
+    return c;
+  }
+  const memory::desc amd({m, k}, dt::f32, ta ? memory::dims{1, m} : memory::dims{k, 1});
+  const memory::desc bmd({k, n}, dt::f32, tb ? memory::dims{1, k} : memory::dims{n, 1});
+  const memory::desc cmd({m, n}, dt::f32, memory::dims{n, 1});
+  try {
+    std::string key = "mm";
+    key_dims(key, {m, k, n, ta, tb});
+    auto e = state_->get<Matmul>(key, [&] {
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(amd, bmd, cmd), state_->engine);
+      return std::make_shared<Matmul>(Matmul{dnnl::matmul(pd)});
+    });
+    e->prim.execute(state_->stream(), {{DNNL_ARG_SRC, mem(amd, state_->engine, a)},
+                                       {DNNL_ARG_WEIGHTS, mem(bmd, state_->engine, b)},
+                                       {DNNL_ARG_DST, mem(cmd, state_->engine, c)}});
+  } catch (const dnnl::error& err) {
+    rethrow_dnnl("matmul", err);
+  }
+  return c;
+}
+
+Tensor CpuKernels::unary(UnaryOp op, const Tensor& x) {
+  require_f32(x, "unary", "x");
+  Tensor y = Tensor::empty(x.shape(), DType::kFloat32, spec_);
+  if (y.numel() == 0) return y;
+  float alpha;
+  const algorithm alg = eltwise_algorithm(op, &alpha);
+  const memory::desc md({x.numel()}, dt::f32, tag::a);
+  try {
+    std::string key = "ew" + std::to_string(static_cast<int>(op)) + ":";
+    key_dims(key, {x.numel()});
+    auto e = state_->get<Eltwise>(key, [&] {
+      dnnl::eltwise_forward::primitive_desc pd(
+          {prop_kind::forward_inference, alg, md, alpha, 0.f}, state_->engine);
+      return std::make_shared<Eltwise>(Eltwise{dnnl::eltwise_forward(pd)});
+    });
+    e->prim.execute(state_->stream(), {{DNNL_ARG_SRC, mem(md, state_->engine, x)},
+                                       {DNNL_ARG_DST, mem(md, state_->engine, y)}});
+  } catch (const dnnl::error& err) {
+    rethrow_dnnl("unary", err);
+  }
+  return y;
+}
+
+Tensor CpuKernels::activation_backward(UnaryOp op, const Tensor& x_or_y, const Tensor& dy) {
+  require_f32(dy, "activation_backward", "dy");
+  if (x_or_y.shape() != dy.shape())
+    throw InvalidArgument("activation_backward: " + x_or_y.shape().to_string() + " vs dy " +
+                          dy.shape().to_string());
+  algorithm alg;
+  int data_arg = DNNL_ARG_SRC;
+  switch (op) {
+    case UnaryOp::kRelu: alg = algorithm::eltwise_relu; break;
+    case UnaryOp::kTanh: alg = algorithm::eltwise_tanh_use_dst_for_bwd; data_arg = DNNL_ARG_DST; break;
+    case UnaryOp::kSigmoid: alg = algorithm::eltwise_logistic_use_dst_for_bwd; data_arg = DNNL_ARG_DST; break;
+    default: throw InvalidArgument("activation_backward supports relu, tanh and sigmoid");
+  }
+  Tensor dx = Tensor::empty(dy.shape(), DType::kFloat32, spec_);
+  if (dx.numel() == 0) return dx;
+  const memory::desc md({dy.numel()}, dt::f32, tag::a);
+  try {
+    std::string key = "ewb" + std::to_string(static_cast<int>(op)) + ":";
+    key_dims(key, {dy.numel()});
+    auto e = state_->get<EltwiseBwd>(key, [&] {
+      dnnl::eltwise_forward::primitive_desc hint({prop_kind::forward_training, alg, md, 0.f, 0.f},
+                                                 state_->engine);
+      dnnl::eltwise_backward::primitive_desc pd({alg, md, md, 0.f, 0.f}, state_->engine, hint);
+      return std::make_shared<EltwiseBwd>(EltwiseBwd{dnnl::eltwise_backward(pd)});
+    });
+    e->prim.execute(state_->stream(), {{data_arg, mem(md, state_->engine, x_or_y)},
+                                       {DNNL_ARG_DIFF_DST, mem(md, state_->engine, dy)},
+                                       {DNNL_ARG_DIFF_SRC, mem(md, state_->engine, dx)}});
+  } catch (const dnnl::error& err) {
+    rethrow_dnnl("activation_backward", err);
+  }
+  return dx;
+}
+
+Tensor CpuKernels::binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  require_f32(a, "binary", "a");
+  require_f32(b, "binary", "b");
+  const Shape out = broadcast_shapes(a.shape(), b.shape());
+  Tensor c = Tensor::empty(out, DType::kFloat32, spec_);
+  if (c.numel() == 0) return c;
+  const size_t rank = static_cast<size_t>(std::max(out.rank(), 1));
+  memory::dims ad = padded_dims(a.shape(), rank), bd = padded_dims(b.shape(), rank);
+  const memory::dims cd = padded_dims(out, rank);
+  const Tensor* src0 = &a;
+  const Tensor* src1 = &b;
+  // oneDNN broadcasts src1 only; commutative ops swap, sub/div with a broadcast lhs use a loop.
+  if (ad != cd) {
+    const bool commutative = op == BinaryOp::kAdd || op == BinaryOp::kMul ||
+                             op == BinaryOp::kMax || op == BinaryOp::kMin;
+    if (commutative && bd == cd) {
+      std::swap(src0, src1);
+      std::swap(ad, bd);
+    } else {
+      binary_broadcast_loop(op, a, b, c);
+      return c;
+    }
+  }
+  try {
+    std::string key = "bin" + std::to_string(static_cast<int>(op)) + ":";
+    key_dims(key, ad);
+    key_dims(key, bd);
+    auto e = state_->get<Binary>(key, [&] {
+      dnnl::binary::primitive_desc pd({binary_algorithm(op), plain_md(ad), plain_md(bd), plain_md(cd)},
+                                      state_->engine);
+      return std::make_shared<Binary>(Binary{dnnl::binary(pd)});
+    });
+    e->prim.execute(state_->stream(), {{DNNL_ARG_SRC_0, mem(plain_md(ad), state_->engine, *src0)},
+                                       {DNNL_ARG_SRC_1, mem(plain_md(bd), state_->engine, *src1)},
+                                       {DNNL_ARG_DST, mem(plain_md(cd), state_->engine, c)}});
+  } catch (const dnnl::error& err) {
+    rethrow_dnnl("binary", err);
+  }
+  return c;
+}
+
+Tensor CpuKernels::affine(const Tensor& x, float alpha, float beta) {
+  require_f32(x, "affine", "x");
+  Tensor y = Tensor::empty(x.shape(), DType::kFloat32, spec_);
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  const int64_t n = x.numel();
+  for (int64_t i = 0; i < n; ++i) py[i] = alpha * px[i] + beta;
+  return y;
+}
+
+Tensor CpuKernels::reduce(ReductionKind kind, const Tensor& x, const std::vector<int>& axes,
+                          bool keepdims) {
+  require_f32(x, "reduce", "x");
+  const Shape& s = x.shape();
+  std::vector<int64_t> kept = s.dims(), squeezed;
+  std::vector<bool> reduced(static_cast<size_t>(s.rank()), false);
+  for (int ax : axes) {
+    if (ax < 0 || ax >= s.rank())
+      throw InvalidArgument("reduce: axis " + std::to_string(ax) + " out of range for " + s.to_string());
+    reduced[static_cast<size_t>(ax)] = true;
+    kept[static_cast<size_t>(ax)] = 1;
+  }
+  for (int i = 0; i < s.rank(); ++i)
+    if (!reduced[static_cast<size_t>(i)]) squeezed.push_back(s.dims()[static_cast<size_t>(i)]);
+  const Shape out_shape = keepdims ? Shape(kept) : Shape(squeezed);
+  Tensor y = Tensor::empty(out_shape, DType::kFloat32, spec_);
+  if (y.numel() == 0) return y;
+  if (x.numel() == 0) {
+    fill(y, kind == ReductionKind::kSum ? 0.f
+            : kind == ReductionKind::kMean ? std::numeric_limits<float>::quiet_NaN()
+                                           : -std::numeric_limits<float>::infinity());
+    return y;
+  }
+  if (Shape(kept) == s) {  // nothing to reduce (only size-1 axes)
+    y.copy_from(x.view(out_shape));
+    return y;
+  }
+  const memory::dims sd = dims_of(s), dd = dims_of(Shape(kept));
+  const algorithm alg = kind == ReductionKind::kSum    ? algorithm::reduction_sum
+                        : kind == ReductionKind::kMean ? algorithm::reduction_mean
+                                                       : algorithm::reduction_max;
+  try {
+    std::string key = "red" + std::to_string(static_cast<int>(kind)) + ":";
+    key_dims(key, sd);
+    key_dims(key, dd);
+    auto e = state_->get<Reduction>(key, [&] {
+      dnnl::reduction::primitive_desc pd({alg, plain_md(sd), plain_md(dd), 0.f, 0.f}, state_->engine);
+      return std::make_shared<Reduction>(Reduction{dnnl::reduction(pd)});
+    });
+    e->prim.execute(state_->stream(), {{DNNL_ARG_SRC, mem(plain_md(sd), state_->engine, x)},
+                                       {DNNL_ARG_DST, mem(plain_md(dd), state_->engine, y)}});
+  } catch (const dnnl::error& err) {
+    rethrow_dnnl("reduce", err);
+  }
+  return y;
+}
+
+Tensor CpuKernels::cast(const Tensor& x, DType to) {
+  Tensor y = Tensor::empty(x.shape(), to, spec_);
+  if (y.numel() == 0 || x.dtype() == to) {
+    if (y.numel()) y.copy_from(x);
+    return y;
+  }
+  const dt from_dt = dnnl_type(x.dtype()), to_dt = dnnl_type(to);
+  if (from_dt == dt::undef || to_dt == dt::undef) {  // float64 / int64: no oneDNN type
+    cast_loop(x, y);
+    return y;
+  }
+  try {
+    const memory::desc src({x.numel()}, from_dt, tag::a), dst({x.numel()}, to_dt, tag::a);
+    std::string key = std::string("cast") + dtype_name(x.dtype()) + dtype_name(to);
+    key_dims(key, {x.numel()});
+    auto e = state_->get<Reorder>(key, [&] {
+      return std::make_shared<Reorder>(Reorder{dnnl::reorder(
+          dnnl::reorder::primitive_desc(state_->engine, src, state_->engine, dst))});
+    });
+    memory sm = mem(src, state_->engine, x), dm = mem(dst, state_->engine, y);
+    e->prim.execute(state_->stream(), sm, dm);
+  } catch (const dnnl::error& err) {
+    rethrow_dnnl("cast", err);
+  }
+  return y;
+}
+
+BatchNormForward CpuKernels::batch_norm_training(const Tensor& x, const Tensor& gamma,
+                                                 const Tensor& beta, float eps) {
+  require_f32(x, "batch_norm", "x");
+  const memory::dims d = bn_dims(x.shape());
+  BatchNormForward out{Tensor::empty(x.shape(), DType::kFloat32, spec_),
+                       Tensor::empty(Shape{d[1]}, DType::kFloat32, spec_),
+                       Tensor::empty(Shape{d[1]}, DType::kFloat32, spec_)};
+  if (d[0] == 0) {
+    fill(out.mean, 0.f);
+    fill(out.var, 0.f);
+    return out;
+  }
+  const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+  const memory::desc md(d, dt::f32, tag::nc);
+  try {
+    std::string key = "bnf" + std::to_string(eps) + ":";
+    key_dims(key, d);
+    auto e = state_->get<BnFwd>(key, [&] {
+      dnnl::batch_normalization_forward::primitive_desc pd({prop_kind::forward_training, md, eps, flags},
+                                                           state_->engine);
+      return std::make_shared<BnFwd>(BnFwd{pd, dnnl::batch_normalization_forward(pd)});
+    });
+    const memory::desc cmd({d[1]}, dt::f32, tag::a);
+    e->prim.execute(state_->stream(), {{DNNL_ARG_SRC, mem(md, state_->engine, x)},
+                                       {DNNL_ARG_DST, mem(md, state_->engine, out.y)},
+                                       {DNNL_ARG_SCALE, mem(cmd, state_->engine, gamma)},
+                                       {DNNL_ARG_SHIFT, mem(cmd, state_->engine, beta)},
+                                       {DNNL_ARG_MEAN, mem(cmd, state_->engine, out.mean)},
+                                       {DNNL_ARG_VARIANCE, mem(cmd, state_->engine, out.var)}});
+  } catch (const dnnl::error& err) {
+    rethrow_dnnl("batch_norm_training", err);
+  }
+  return out;
+}
+
+Tensor CpuKernels::batch_norm_inference(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                        const Tensor& mean, const Tensor& var, float eps) {
+  require_f32(x, "batch_norm", "x");
+  const memory::dims d = bn_dims(x.shape());
+  Tensor y = Tensor::empty(x.shape(), DType::kFloat32, spec_);
+  if (d[0] == 0) return y;
+  const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift |
+                     dnnl::normalization_flags::use_global_stats;
+  const memory::desc md(d, dt::f32, tag::nc);
+  try {
+    std::string key = "bni" + std::to_string(eps) + ":";
+    key_dims(key, d);
+    auto e = state_->get<BnFwd>(key, [&] {
+      dnnl::batch_normalization_forward::primitive_desc pd({prop_kind::forward_inference, md, eps, flags},
+                                                           state_->engine);
+      return std::make_shared<BnFwd>(BnFwd{pd, dnnl::batch_normalization_forward(pd)});
+    });
+    const memory::desc cmd({d[1]}, dt::f32, tag::a);
+    e->prim.execute(state_->stream(), {{DNNL_ARG_SRC, mem(md, state_->engine, x)},
+                                       {DNNL_ARG_DST, mem(md, state_->engine, y)},
+                                       {DNNL_ARG_SCALE, mem(cmd, state_->engine, gamma)},
+                                       {DNNL_ARG_SHIFT, mem(cmd, state_->engine, beta)},
+                                       {DNNL_ARG_MEAN, mem(cmd, state_->engine, mean)},
+                                       {DNNL_ARG_VARIANCE, mem(cmd, state_->engine, var)}});
+  } catch (const dnnl::error& err) {
+    rethrow_dnnl("batch_norm_inference", err);
+  }
+  return y;
+}
+
+BatchNormBackward CpuKernels::batch_norm_backward(const Tensor& dy, const Tensor& x,
+                                                  const Tensor& gamma, const Tensor& mean,
+                                                  const Tensor& var, float eps) {
+  require_f32(dy, "batch_norm_backward", "dy");
+  const memory::dims d = bn_dims(x.shape());
+  BatchNormBackward out{Tensor::empty(x.shape(), DType::kFloat32, spec_),
+                        Tensor::empty(Shape{d[1]}, DType::kFloat32, spec_),
+                        Tensor::empty(Shape{d[1]}, DType::kFloat32, spec_)};
+  if (d[0] == 0) {
+    fill(out.dgamma, 0.f);
+    fill(out.dbeta, 0.f);
+    return out;
+  }
+  const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+  const memory::desc md(d, dt::f32, tag::nc);
+  try {
+    std::string key = "bnb" + std::to_string(eps) + ":";
+    key_dims(key, d);
+    auto e = state_->get<BnBwd>(key, [&] {
+      dnnl::batch_normalization_forward::primitive_desc hint({prop_kind::forward_training, md, eps, flags},
+                                                             state_->engine);
+      dnnl::batch_normalization_backward::primitive_desc pd({prop_kind::backward, md, md, eps, flags},
+                                                            state_->engine, hint);
+      return std::make_shared<BnBwd>(BnBwd{dnnl::batch_normalization_backward(pd)});
+    });
+    const memory::desc cmd({d[1]}, dt::f32, tag::a);
+    e->prim.execute(state_->stream(), {{DNNL_ARG_SRC, mem(md, state_->engine, x)},
+                                       {DNNL_ARG_DIFF_DST, mem(md, state_->engine, dy)},
+                                       {DNNL_ARG_MEAN, mem(cmd, state_->engine, mean)},
+                                       {DNNL_ARG_VARIANCE, mem(cmd, state_->engine, var)},
+                                       {DNNL_ARG_SCALE, mem(cmd, state_->engine, gamma)},
+                                       {DNNL_ARG_DIFF_SRC, mem(md, state_->engine, out.dx)},
+                                       {DNNL_ARG_DIFF_SCALE, mem(cmd, state_->engine, out.dgamma)},
+                                       {DNNL_ARG_DIFF_SHIFT, mem(cmd, state_->engine, out.dbeta)}});
+  } catch (const dnnl::error& err) {
+    rethrow_dnnl("batch_norm_backward", err);
+  }
+  return out;
+}
+
+}  // namespace dtrain::cpu

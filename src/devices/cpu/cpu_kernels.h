@@ -1,0 +1,69 @@
+// CpuKernels: the Kernels of one logical CPU device. Convolution, pooling, matmul, eltwise,
+// binary, reduction, batch norm and reorders are oneDNN primitives, created once per shape and
+// cached; the few things oneDNN has no primitive for (the fused softmax cross-entropy, Philox
+// dropout masks, optimizer updates) are plain loops the compiler vectorises.
+//
+// Thread-safety: the primitive cache is guarded by a mutex; primitives execute on the calling
+// thread (oneDNN's OpenMP runtime uses that thread's omp_get_max_threads()).
+#pragma once
+
+#include <memory>
+
+#include "dtrain/devices/kernels.h"
+
+namespace dtrain::cpu {
+
+class CpuKernels final : public Kernels {
+ public:
+  explicit CpuKernels(DeviceSpec spec);
+  ~CpuKernels() override;
+
+  Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) override;
+  Tensor conv2d_backward_input(const Tensor& dy, const Tensor& w, const Shape& x_shape,
+                               const Conv2dParams& p) override;
+  Tensor conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Shape& w_shape,
+                                const Conv2dParams& p, bool want_bias, Tensor* db) override;
+  Tensor max_pool2d(const Tensor& x, const Pool2dParams& p, Tensor* workspace) override;
+  Tensor max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& workspace,
+                             const Pool2dParams& p) override;
+  Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) override;
+  Tensor unary(UnaryOp op, const Tensor& x) override;
+  Tensor activation_backward(UnaryOp op, const Tensor& x_or_y, const Tensor& dy) override;
+  Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) override;
+  Tensor affine(const Tensor& x, float alpha, float beta) override;
+  Tensor reduce(ReductionKind kind, const Tensor& x, const std::vector<int>& axes,
+                bool keepdims) override;
+  Tensor cast(const Tensor& x, DType dtype) override;
+  void fill(Tensor& x, float value) override;
+  void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* loss,
+                             Tensor* probs) override;
+  Tensor softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels,
+                                        const Tensor& dloss) override;
+  Tensor dropout_mask(const Shape& shape, float rate, uint64_t seed, uint64_t stream) override;
+  BatchNormForward batch_norm_training(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                       float epsilon) override;
+  Tensor batch_norm_inference(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                              const Tensor& mean, const Tensor& var, float epsilon) override;
+  BatchNormBackward batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                        const Tensor& mean, const Tensor& var,
+                                        float epsilon) override;
+  void sgd_update(Tensor& var, const Tensor& grad, Tensor* momentum, float lr, float mu,
+                  bool nesterov) override;
+  void adam_update(Tensor& var, Tensor& m, Tensor& v, const Tensor& grad, float lr, float beta1,
+                   float beta2, float epsilon, int64_t step) override;
+
+  struct State;  // oneDNN engine, per-thread streams and the primitive cache (cpu_kernels.cc)
+
+ private:
+  DeviceSpec spec_;
+  std::unique_ptr<State> state_;
+};
+
+// Throws InvalidArgument unless t is float32 (names the op and the operand).
+void require_f32(const Tensor& t, const char* op, const char* what);
+// c = a op b with numpy broadcasting, for the cases oneDNN's src1-only broadcast cannot do.
+void binary_broadcast_loop(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& c);
+// Element conversion for the types oneDNN's reorder has no data type for (float64, int64).
+void cast_loop(const Tensor& x, Tensor& y);
+
+}  // namespace dtrain::cpu

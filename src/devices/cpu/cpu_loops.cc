@@ -1,0 +1,210 @@
+// The CPU kernels oneDNN has no primitive for: fused sparse softmax cross-entropy, Philox dropout
+// masks, optimizer updates, and general broadcasting for non-commutative binary ops.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "devices/cpu/cpu_kernels.h"
+#include "dtrain/core/random.h"
+
+namespace dtrain::cpu {
+
+void require_f32(const Tensor& t, const char* op, const char* what) {
+  if (!t.defined()) throw InvalidArgument(std::string(op) + ": " + what + " is undefined");
+  if (t.dtype() != DType::kFloat32)
+    throw InvalidArgument(std::string(op) + ": " + what + " must be float32, got " +
+                          dtype_name(t.dtype()) + "; cast it with ops::cast(x, DType::kFloat32)");
+}
+
+namespace {
+inline float apply(BinaryOp op, float a, float b) {
+  switch (op) {
+    case BinaryOp::kAdd: return a + b;
+    case BinaryOp::kSub: return a - b;
+    case BinaryOp::kMul: return a * b;
+    case BinaryOp::kDiv: return a / b;
+    case BinaryOp::kMax: return std::max(a, b);
+    case BinaryOp::kMin: return std::min(a, b);
+  }
+  return 0.f;
+}
+}  // namespace
+
+void binary_broadcast_loop(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& c) {
+  const Shape& out = c.shape();
+  const int r = out.rank();
+  std::vector<int64_t> sa(static_cast<size_t>(r), 0), sb(static_cast<size_t>(r), 0);
+  // Strides with 0 on broadcast dimensions.
+  for (int64_t i = r - 1, st_a = 1, st_b = 1; i >= 0; --i) {
+    const int ia = a.rank() - r + static_cast<int>(i), ib = b.rank() - r + static_cast<int>(i);
+    const int64_t da = ia >= 0 ? a.shape().dims()[static_cast<size_t>(ia)] : 1;
+    const int64_t db = ib >= 0 ? b.shape().dims()[static_cast<size_t>(ib)] : 1;
+    sa[static_cast<size_t>(i)] = da == 1 ? 0 : st_a;
+    sb[static_cast<size_t>(i)] = db == 1 ? 0 : st_b;
+    st_a *= da;
+    st_b *= db;
+  }
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* pc = c.data<float>();
+  const int64_t inner = r ? out.dims().back() : 1;
+  const int64_t ia_in = r ? sa.back() : 0, ib_in = r ? sb.back() : 0;
+  std::vector<int64_t> idx(static_cast<size_t>(r), 0);
+  for (int64_t base = 0; base < c.numel(); base += inner) {
+    int64_t oa = 0, ob = 0;
+    for (int d = 0; d + 1 < r; ++d) {
+      oa += idx[static_cast<size_t>(d)] * sa[static_cast<size_t>(d)];
+      ob += idx[static_cast<size_t>(d)] * sb[static_cast<size_t>(d)];
+    }
+    for (int64_t j = 0; j < inner; ++j) pc[base + j] = apply(op, pa[oa + j * ia_in], pb[ob + j * ib_in]);
+    for (int d = r - 2; d >= 0; --d) {
+      if (++idx[static_cast<size_t>(d)] < out.dims()[static_cast<size_t>(d)]) break;
+      idx[static_cast<size_t>(d)] = 0;
+    }
+  }
+}
+
+void cast_loop(const Tensor& x, Tensor& y) {
+  const int64_t n = x.numel();
+  std::vector<double> tmp = x.to_vector<double>();
+  void* p = y.raw_data();
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = tmp[static_cast<size_t>(i)];
+    switch (y.dtype()) {
+      case DType::kFloat32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
+      case DType::kFloat64: static_cast<double*>(p)[i] = v; break;
+      case DType::kInt32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+      case DType::kInt64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
+      case DType::kFloat16: static_cast<uint16_t*>(p)[i] = float_to_f16(static_cast<float>(v)); break;
+      case DType::kBFloat16: static_cast<uint16_t*>(p)[i] = float_to_bf16(static_cast<float>(v)); break;
+    }
+  }
+}
+
+void CpuKernels::fill(Tensor& x, float value) {
+  require_f32(x, "fill", "x");
+  std::fill_n(x.data<float>(), x.numel(), value);
+}
+
+void CpuKernels::softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* loss,
+                                       Tensor* probs) {
+  require_f32(logits, "softmax_cross_entropy", "logits");
+  if (logits.rank() != 2 || labels.rank() != 1 || labels.shape()[0] != logits.shape()[0])
+    throw InvalidArgument("softmax_cross_entropy expects logits [N, C] and labels [N], got " +
+                          logits.shape().to_string() + " and " + labels.shape().to_string());
+  if (labels.dtype() != DType::kInt32)
+    throw InvalidArgument(std::string("softmax_cross_entropy: labels must be int32, got ") +
+                          dtype_name(labels.dtype()));
+  const int64_t n = logits.shape()[0], c = logits.shape()[1];
+  *loss = Tensor::empty(Shape{n}, DType::kFloat32, spec_);
+  *probs = Tensor::empty(logits.shape(), DType::kFloat32, spec_);
+  const float* pl = logits.data<float>();
+  const int32_t* py = labels.data<int32_t>();
+  float* pp = probs->data<float>();
+  float* ploss = loss->data<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = pl + i * c;
+    float* prow = pp + i * c;
+    const int32_t y = py[i];
+    if (y < 0 || y >= c)
+      throw InvalidArgument("softmax_cross_entropy: label " + std::to_string(y) + " at row " +
+                            std::to_string(i) + " is outside [0, " + std::to_string(c) +
+                            "); check the dataset's labels and the number of classes");
+    const float mx = *std::max_element(row, row + c);
+    float sum = 0.f;
+    for (int64_t j = 0; j < c; ++j) {
+      prow[j] = std::exp(row[j] - mx);
+      sum += prow[j];
+    }
+    const float inv = 1.f / sum;
+    for (int64_t j = 0; j < c; ++j) prow[j] *= inv;
+    ploss[i] = std::log(sum) - (row[y] - mx);
+  }
+}
+
+Tensor CpuKernels::softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels,
+                                                  const Tensor& dloss) {
+  const int64_t n = probs.shape()[0], c = probs.shape()[1];
+  Tensor dx = Tensor::empty(probs.shape(), DType::kFloat32, spec_);
+  const float* pp = probs.data<float>();
+  const float* pd = dloss.data<float>();
+  const int32_t* py = labels.data<int32_t>();
+  float* px = dx.data<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = pd[i];
+    for (int64_t j = 0; j < c; ++j) px[i * c + j] = pp[i * c + j] * g;
+    px[i * c + py[i]] -= g;
+  }
+  return dx;
+}
+
+Tensor CpuKernels::dropout_mask(const Shape& shape, float rate, uint64_t seed, uint64_t stream) {
+  if (rate < 0.f || rate >= 1.f)
+    throw InvalidArgument("dropout rate must be in [0, 1), got " + std::to_string(rate));
+  Tensor m = Tensor::empty(shape, DType::kFloat32, spec_);
+  const Philox rng(seed, stream);
+  const float keep = 1.f / (1.f - rate);
+  float* p = m.data<float>();
+  const int64_t n = m.numel();
+  for (int64_t blk = 0; blk * 4 < n; ++blk) {
+    const auto w = rng.block(static_cast<uint64_t>(blk));
+    for (int j = 0; j < 4 && blk * 4 + j < n; ++j) {
+      const float u = static_cast<float>(w[static_cast<size_t>(j)] >> 8) * (1.0f / 16777216.0f);
+      p[blk * 4 + j] = u >= rate ? keep : 0.f;
+    }
+  }
+  return m;
+}
+
+void CpuKernels::sgd_update(Tensor& var, const Tensor& grad, Tensor* momentum, float lr, float mu,
+                            bool nesterov) {
+  require_f32(var, "sgd_update", "variable");
+  require_f32(grad, "sgd_update", "gradient");
+  if (var.shape() != grad.shape())
+    throw InvalidArgument("sgd_update: variable " + var.shape().to_string() + " but gradient " +
+                          grad.shape().to_string());
+  float* w = var.data<float>();
+  const float* g = grad.data<float>();
+  const int64_t n = var.numel();
+  if (!momentum) {
+    for (int64_t i = 0; i < n; ++i) w[i] -= lr * g[i];
+    return;
+  }
+  float* b = momentum->data<float>();
+  if (nesterov) {
+    for (int64_t i = 0; i < n; ++i) {
+      b[i] = mu * b[i] + g[i];
+      w[i] -= lr * (g[i] + mu * b[i]);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      b[i] = mu * b[i] + g[i];
+      w[i] -= lr * b[i];
+    }
+  }
+}
+
+void CpuKernels::adam_update(Tensor& var, Tensor& m, Tensor& v, const Tensor& grad, float lr,
+                             float beta1, float beta2, float epsilon, int64_t step) {
+  require_f32(var, "adam_update", "variable");
+  require_f32(grad, "adam_update", "gradient");
+  if (var.shape() != grad.shape())
+    throw InvalidArgument("adam_update: variable " + var.shape().to_string() + " but gradient " +
+                          grad.shape().to_string());
+  const double t = static_cast<double>(step);
+  const float lr_t = static_cast<float>(lr * std::sqrt(1.0 - std::pow(beta2, t)) / (1.0 - std::pow(beta1, t)));
+  float* w = var.data<float>();
+  float* pm = m.data<float>();
+  float* pv = v.data<float>();
+  const float* g = grad.data<float>();
+  const int64_t n = var.numel();
+  const float b1c = 1.f - beta1, b2c = 1.f - beta2;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    pm[i] = beta1 * pm[i] + b1c * g[i];
+    pv[i] = beta2 * pv[i] + b2c * g[i] * g[i];
+    w[i] -= lr_t * pm[i] / (std::sqrt(pv[i]) + epsilon);
+  }
+}
+
+}  // namespace dtrain::cpu

@@ -1,0 +1,79 @@
+// Private helpers shared by the oneDNN-backed CPU kernels. Not a public header.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string>
+#include <unordered_map>
+
+#include "devices/cpu/cpu_kernels.h"
+
+namespace dtrain::cpu {
+
+using dnnl::memory;
+
+struct CpuKernels::State {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  uint64_t uid;
+  std::mutex mu;
+  std::unordered_map<std::string, std::shared_ptr<void>> cache;
+
+  State();
+  // The calling thread's stream on this engine (CPU streams execute on the calling thread).
+  dnnl::stream& stream();
+
+  // Returns the cached object for `key`, building it with make() on first use.
+  template <typename T>
+  std::shared_ptr<T> get(const std::string& key, const std::function<std::shared_ptr<T>()>& make) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = cache.find(key);
+      if (it != cache.end()) return std::static_pointer_cast<T>(it->second);
+    }
+    std::shared_ptr<T> made = make();  // primitive creation can take milliseconds: not under lock
+    std::lock_guard<std::mutex> lock(mu);
+    cache.emplace(key, made);
+    return made;
+  }
+};
+
+inline memory::dims dims_of(const Shape& s) {
+  if (s.rank() == 0) return {1};
+  return memory::dims(s.dims().begin(), s.dims().end());
+}
+
+// Dense row-major descriptor of any rank.
+inline memory::desc plain_md(const memory::dims& dims, memory::data_type dt = memory::data_type::f32) {
+  memory::dims strides(dims.size());
+  memory::dim s = 1;
+  for (size_t i = dims.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= dims[i];
+  }
+  return memory::desc(dims, dt, strides);
+}
+
+inline memory mem(const memory::desc& md, const dnnl::engine& eng, const Tensor& t) {
+  return memory(md, eng, t.raw_data());
+}
+
+// "key:1,2,3;" builder for cache keys.
+inline void key_dims(std::string& k, const memory::dims& d) {
+  for (auto v : d) {
+    k += std::to_string(v);
+    k += ',';
+  }
+  k += ';';
+}
+
+// A scratch float tensor of at least `bytes` bytes (oneDNN's reordered weights, workspaces).
+inline Tensor scratch(size_t bytes, DeviceSpec dev) {
+  return Tensor::empty(Shape{static_cast<int64_t>((bytes + 3) / 4)}, DType::kFloat32, dev);
+}
+
+// Rethrows a dnnl::error as ours, naming the primitive.
+[[noreturn]] void rethrow_dnnl(const char* op, const dnnl::error& e);
+
+}  // namespace dtrain::cpu

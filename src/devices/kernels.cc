@@ -1,0 +1,34 @@
+#include "dtrain/devices/kernels.h"
+
+#include <algorithm>
+
+namespace dtrain {
+
+int64_t conv_output_size(int64_t in, int window, int stride, int pad_before, int pad_after) {
+  if (window <= 0 || stride <= 0)
+    throw InvalidArgument("window and stride must be positive, got window " + std::to_string(window) +
+                          " stride " + std::to_string(stride));
+  const int64_t span = in + pad_before + pad_after - window;
+  if (span < 0)
+    throw InvalidArgument("window " + std::to_string(window) + " is larger than the padded input " +
+                          std::to_string(in + pad_before + pad_after) +
+                          "; use 'same' padding or a smaller kernel");
+  return span / stride + 1;
+}
+
+Shape broadcast_shapes(const Shape& a, const Shape& b) {
+  const int r = std::max(a.rank(), b.rank());
+  std::vector<int64_t> out(static_cast<size_t>(r));
+  for (int i = 0; i < r; ++i) {
+    const int ia = a.rank() - r + i, ib = b.rank() - r + i;
+    const int64_t da = ia >= 0 ? a.dims()[static_cast<size_t>(ia)] : 1;
+    const int64_t db = ib >= 0 ? b.dims()[static_cast<size_t>(ib)] : 1;
+    if (da != db && da != 1 && db != 1)
+      throw InvalidArgument("shapes " + a.to_string() + " and " + b.to_string() +
+                            " cannot be broadcast together (dimension " + std::to_string(i) + ")");
+    out[static_cast<size_t>(i)] = da == 1 ? db : da;
+  }
+  return Shape(out);
+}
+
+}  // namespace dtrain

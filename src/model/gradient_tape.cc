@@ -1,0 +1,154 @@
+#include "dtrain/model/gradient_tape.h"
+
+#include <unordered_map>
+
+#include "dtrain/model/ops.h"
+#include "dtrain/model/variable.h"
+
+namespace dtrain {
+
+struct GradientTape::Node {
+  const char* op;
+  std::vector<uint64_t> input_ids;
+  std::vector<uint64_t> output_ids;
+  std::vector<Shape> output_shapes;  // for zero gradients of outputs nothing flowed into
+  std::vector<DeviceSpec> output_devices;
+  tape::BackwardFn fn;               // empty: not differentiable (again)
+};
+
+namespace {
+thread_local std::vector<GradientTape*> t_tapes;
+}  // namespace
+
+struct TapeAccess {
+  static bool watches(const GradientTape& t, const Tensor& x) {
+    return x.defined() && (x.is_trainable_variable() || t.watched_.count(x.id()) > 0);
+  }
+  static bool active(const GradientTape& t) { return t.paused_ == 0; }
+  static void add(GradientTape& t, const std::shared_ptr<GradientTape::Node>& n) {
+    t.nodes_.push_back(n);
+    for (uint64_t id : n->output_ids) t.watched_.insert(id);
+  }
+};
+
+GradientTape::GradientTape(bool persistent) : persistent_(persistent) { t_tapes.push_back(this); }
+
+GradientTape::~GradientTape() {
+  for (auto it = t_tapes.begin(); it != t_tapes.end(); ++it)
+    if (*it == this) {
+      t_tapes.erase(it);
+      break;
+    }
+}
+
+void GradientTape::watch(const Tensor& t) { watched_.insert(t.id()); }
+
+std::vector<Tensor> GradientTape::gradient(const Tensor& target, const std::vector<Tensor>& sources,
+                                           const Tensor& output_gradient) {
+  if (used_ && !persistent_)
+    throw FailedPrecondition(
+        "gradient() was already called on this non-persistent GradientTape; construct it with "
+        "GradientTape(/*persistent=*/true) to compute several gradients");
+  used_ = true;
+  Pause pause(this);  // the backward pass is recorded by outer tapes only
+  std::unordered_map<uint64_t, Tensor> grads;
+  if (output_gradient.defined() && output_gradient.shape() != target.shape())
+    throw InvalidArgument("output_gradient shape " + output_gradient.shape().to_string() +
+                          " differs from target shape " + target.shape().to_string());
+  grads[target.id()] = output_gradient.defined() ? output_gradient : ops::ones_like(target);
+  for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
+    const Node& n = **it;
+    std::vector<Tensor> og(n.output_ids.size());
+    bool any = false;
+    for (size_t j = 0; j < og.size(); ++j) {
+      auto g = grads.find(n.output_ids[j]);
+      if (g != grads.end()) {
+        og[j] = g->second;
+        any = true;
+      }
+    }
+    if (!any) continue;
+    if (!n.fn)
+      throw Unimplemented(std::string("cannot differentiate through '") + n.op +
+                          "': its gradient is first-order only. Use tanh/sigmoid/matmul/elementwise "
+                          "ops for models that need higher derivatives");
+    for (size_t j = 0; j < og.size(); ++j)
+      if (!og[j].defined())
+        og[j] = Tensor::zeros(n.output_shapes[j], DType::kFloat32, n.output_devices[j]);
+    std::vector<Tensor> ig = n.fn(og);
+    DTRAIN_CHECK(ig.size() == n.input_ids.size(), "backward of ", n.op, " returned ", ig.size(),
+                 " gradients for ", n.input_ids.size(), " inputs");
+    for (size_t i = 0; i < ig.size(); ++i) {
+      if (!ig[i].defined()) continue;
+      auto [slot, inserted] = grads.emplace(n.input_ids[i], ig[i]);
+      if (!inserted) slot->second = ops::add(slot->second, ig[i]);
+    }
+  }
+  std::vector<Tensor> out;
+  out.reserve(sources.size());
+  for (const Tensor& s : sources) {
+    auto g = grads.find(s.id());
+    out.push_back(g == grads.end() ? Tensor() : g->second);
+  }
+  if (!persistent_) {
+    nodes_.clear();
+    watched_.clear();
+  }
+  return out;
+}
+
+std::vector<Tensor> GradientTape::gradient(const Tensor& target,
+                                           const std::vector<std::shared_ptr<Variable>>& variables,
+                                           const Tensor& output_gradient) {
+  std::vector<Tensor> sources;
+  sources.reserve(variables.size());
+  for (const auto& v : variables) sources.push_back(v->value());
+  return gradient(target, sources, output_gradient);
+}
+
+namespace tape {
+
+bool should_record(std::initializer_list<const Tensor*> inputs) {
+  for (GradientTape* t : t_tapes) {
+    if (!TapeAccess::active(*t)) continue;
+    for (const Tensor* x : inputs)
+      if (TapeAccess::watches(*t, *x)) return true;
+  }
+  return false;
+}
+
+namespace {
+void record_node(const char* op, std::vector<Tensor>& inputs, std::vector<Tensor>& outputs,
+                 BackwardFn fn) {
+  std::shared_ptr<GradientTape::Node> node;
+  for (GradientTape* t : t_tapes) {
+    if (!TapeAccess::active(*t)) continue;
+    bool watched = false;
+    for (const Tensor& x : inputs) watched = watched || TapeAccess::watches(*t, x);
+    if (!watched) continue;
+    if (!node) {
+      node = std::make_shared<GradientTape::Node>();
+      node->op = op;
+      for (const Tensor& x : inputs) node->input_ids.push_back(x.defined() ? x.id() : 0);
+      for (const Tensor& y : outputs) node->output_ids.push_back(y.id());
+      for (const Tensor& y : outputs) {
+        node->output_shapes.push_back(y.shape());
+        node->output_devices.push_back(y.device());
+      }
+      node->fn = std::move(fn);
+    }
+    TapeAccess::add(*t, node);
+  }
+}
+}  // namespace
+
+void record(const char* op, std::vector<Tensor> inputs, std::vector<Tensor> outputs, BackwardFn fn) {
+  record_node(op, inputs, outputs, std::move(fn));
+}
+
+void record_nondifferentiable(const char* op, std::vector<Tensor> inputs, std::vector<Tensor> outputs) {
+  record_node(op, inputs, outputs, nullptr);
+}
+
+}  // namespace tape
+}  // namespace dtrain

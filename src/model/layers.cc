@@ -1,0 +1,203 @@
+#include "dtrain/model/layers.h"
+
+#include "dtrain/core/random.h"
+#include "dtrain/devices/device.h"
+#include "dtrain/model/initializers.h"
+#include "dtrain/strategies/strategy.h"
+
+namespace dtrain {
+
+Tensor apply_activation(Activation a, const Tensor& x) {
+  switch (a) {
+    case Activation::kNone: return x;
+    case Activation::kRelu: return ops::relu(x);
+    case Activation::kTanh: return ops::tanh(x);
+    case Activation::kSigmoid: return ops::sigmoid(x);
+  }
+  return x;
+}
+
+Tensor Layer::operator()(const Tensor& x, bool training) {
+  if (!built_) build(x.shape());
+  return call(x, training);
+}
+
+void Layer::build(const Shape& input_shape) {
+  if (built_) return;
+  ReplicaContext* ctx = get_replica_context();
+  if (ctx && ctx->num_replicas_in_sync() > 1)
+    throw FailedPrecondition("layer '" + name_ + "' is being built inside strategy.run() with " +
+                             std::to_string(ctx->num_replicas_in_sync()) +
+                             " replicas; call model.build(input_shape) inside strategy.scope() "
+                             "before training");
+  build_weights(input_shape);
+  built_ = true;
+}
+
+VariableList Layer::trainable_variables() const {
+  VariableList out;
+  for (const auto& w : weights_)
+    if (w->trainable()) out.push_back(w);
+  return out;
+}
+
+std::shared_ptr<Variable> Layer::add_weight(const std::string& name, const Shape& shape,
+                                            Initializer init, bool trainable,
+                                            VariableSynchronization sync, VariableAggregation agg) {
+  VariableSpec spec;
+  spec.name = name_ + "/" + name;
+  spec.shape = shape;
+  spec.initializer = std::move(init);
+  spec.trainable = trainable;
+  spec.synchronization = sync;
+  spec.aggregation = agg;
+  auto v = create_variable(spec);
+  weights_.push_back(v);
+  return v;
+}
+
+// --- Dense ---
+Dense::Dense(int64_t units, Activation activation, bool use_bias, std::string name)
+    : Layer(std::move(name)), units_(units), activation_(activation), use_bias_(use_bias) {
+  if (units < 1) throw InvalidArgument("Dense needs units >= 1, got " + std::to_string(units));
+}
+
+void Dense::build_weights(const Shape& s) {
+  if (s.rank() != 2)
+    throw InvalidArgument("Dense '" + name() + "' expects [batch, features] input, got " +
+                          s.to_string() + "; add a Flatten layer before it");
+  kernel = add_weight("kernel", Shape{s[1], units_}, initializers::glorot_uniform());
+  if (use_bias_) bias = add_weight("bias", Shape{units_}, initializers::zeros());
+}
+
+Tensor Dense::call(const Tensor& x, bool) {
+  Tensor y = ops::matmul(x, kernel->value());
+  if (use_bias_) y = ops::bias_add(y, bias->value());
+  return apply_activation(activation_, y);
+}
+
+// --- Conv2D ---
+Conv2D::Conv2D(int64_t filters, int kh, int kw, Activation activation, ops::Padding padding,
+               int stride, bool use_bias, std::string name)
+    : Layer(std::move(name)), filters_(filters), kh_(kh), kw_(kw), activation_(activation),
+      padding_(padding), stride_(stride), use_bias_(use_bias) {
+  if (filters < 1 || kh < 1 || kw < 1 || stride < 1)
+    throw InvalidArgument("Conv2D needs filters, kernel size and stride >= 1");
+}
+
+void Conv2D::build_weights(const Shape& s) {
+  if (s.rank() != 4)
+    throw InvalidArgument("Conv2D '" + name() + "' expects NHWC input [N, H, W, C], got " +
+                          s.to_string() + "; reshape images to [N, 28, 28, 1]");
+  kernel = add_weight("kernel", Shape{kh_, kw_, s[3], filters_}, initializers::glorot_uniform());
+  if (use_bias_) bias = add_weight("bias", Shape{filters_}, initializers::zeros());
+}
+
+Tensor Conv2D::call(const Tensor& x, bool) {
+  Tensor y = ops::conv2d(x, kernel->value(), use_bias_ ? bias->value() : Tensor(), stride_, stride_, padding_);
+  return apply_activation(activation_, y);
+}
+
+// --- MaxPool2D ---
+MaxPool2D::MaxPool2D(int pool, int stride, ops::Padding padding, std::string name)
+    : Layer(std::move(name)), pool_(pool), stride_(stride > 0 ? stride : pool), padding_(padding) {}
+
+Tensor MaxPool2D::call(const Tensor& x, bool) {
+  return ops::max_pool2d(x, pool_, pool_, stride_, stride_, padding_);
+}
+
+// --- Dropout ---
+Dropout::Dropout(float rate, std::string name) : Layer(std::move(name)), rate_(rate) {
+  if (rate < 0.f || rate >= 1.f) throw InvalidArgument("Dropout rate must be in [0, 1), got " + std::to_string(rate));
+  const Philox p = global_next_stream();
+  seed_ = (static_cast<uint64_t>(p.block(0)[0]) << 32) | p.block(0)[1];
+  layer_stream_ = p.block(0)[2];
+}
+
+Tensor Dropout::call(const Tensor& x, bool training) {
+  if (!training || rate_ == 0.f) return x;
+  ReplicaContext* ctx = get_replica_context();
+  const uint64_t replica = ctx ? static_cast<uint64_t>(ctx->replica_id_in_sync_group()) : 0;
+  // Calls are counted per replica so that replicas stay in step.
+  const uint64_t call = calls_.fetch_add(1) / static_cast<uint64_t>(ctx ? ctx->num_replicas_in_sync() : 1);
+  const uint64_t stream = (layer_stream_ << 40) ^ (replica << 32) ^ call;
+  return ops::dropout(x, rate_, true, seed_, stream);
+}
+
+// --- BatchNormalization ---
+BatchNormalization::BatchNormalization(float momentum, float epsilon, std::string name)
+    : Layer(std::move(name)), momentum_(momentum), epsilon_(epsilon) {}
+
+void BatchNormalization::build_weights(const Shape& s) {
+  const Shape c{s[-1]};
+  gamma = add_weight("gamma", c, initializers::ones());
+  beta = add_weight("beta", c, initializers::zeros());
+  moving_mean = add_weight("moving_mean", c, initializers::zeros(), false,
+                           VariableSynchronization::kOnRead, VariableAggregation::kMean);
+  moving_variance = add_weight("moving_variance", c, initializers::ones(), false,
+                               VariableSynchronization::kOnRead, VariableAggregation::kMean);
+}
+
+Tensor BatchNormalization::call(const Tensor& x, bool training) {
+  if (!training)
+    return ops::batch_norm_inference(x, gamma->value(), beta->value(), moving_mean->value(),
+                                     moving_variance->value(), epsilon_);
+  Tensor mean, var;
+  Tensor y = ops::batch_norm_training(x, gamma->value(), beta->value(), epsilon_, &mean, &var);
+  if (x.numel() > 0) {
+    Kernels& k = kernels_for(x);
+    // moving = momentum * moving + (1 - momentum) * batch, on this replica's copy.
+    moving_mean->update([&](Tensor& m) {
+      m.copy_from(k.binary(BinaryOp::kAdd, k.affine(m, momentum_, 0.f), k.affine(mean, 1.f - momentum_, 0.f)));
+    });
+    moving_variance->update([&](Tensor& v) {
+      v.copy_from(k.binary(BinaryOp::kAdd, k.affine(v, momentum_, 0.f), k.affine(var, 1.f - momentum_, 0.f)));
+    });
+  }
+  return y;
+}
+
+// --- Sequential ---
+Sequential& Sequential::add(std::shared_ptr<Layer> layer) {
+  if (built_) throw FailedPrecondition("cannot add layers to a Sequential model after build()");
+  layers_.push_back(std::move(layer));
+  return *this;
+}
+
+void Sequential::build(const Shape& input_shape) {
+  if (built_) return;
+  std::vector<int64_t> d = input_shape.dims();
+  if (!d.empty()) d[0] = 1;
+  const DeviceSpec dev = get_strategy().worker_devices().front();
+  Tensor x = Tensor::zeros(Shape(d), DType::kFloat32, dev);
+  for (auto& l : layers_) x = (*l)(x, false);
+  built_ = true;
+}
+
+Tensor Sequential::operator()(const Tensor& x, bool training) {
+  Tensor y = x;
+  for (auto& l : layers_) y = (*l)(y, training);
+  return y;
+}
+
+VariableList Sequential::trainable_variables() const {
+  VariableList out;
+  for (const auto& l : layers_)
+    for (auto& v : l->trainable_variables()) out.push_back(v);
+  return out;
+}
+
+VariableList Sequential::variables() const {
+  VariableList out;
+  for (const auto& l : layers_)
+    for (auto& v : l->variables()) out.push_back(v);
+  return out;
+}
+
+int64_t Sequential::count_params() const {
+  int64_t n = 0;
+  for (const auto& v : trainable_variables()) n += v->shape().numel();
+  return n;
+}
+
+}  // namespace dtrain

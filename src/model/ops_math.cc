@@ -1,0 +1,259 @@
+// Elementwise, reduction, shape and matmul ops with their gradients. Backward functions use
+// recorded ops, so these are differentiable any number of times.
+#include <algorithm>
+
+#include "dtrain/devices/device.h"
+#include "dtrain/model/gradient_tape.h"
+#include "dtrain/model/ops.h"
+#include "model/op_util.h"
+
+namespace dtrain::ops {
+
+namespace {
+
+Tensor binary_op(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
+  same_device(name, a, b);
+  Tensor y = kernels_for(a).binary(op, a, b);
+  if (tape::should_record({&a, &b})) {
+    tape::record(name, {a, b}, {y}, [op, a, b](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+      const Tensor& dy = g[0];
+      switch (op) {
+        case BinaryOp::kAdd: return {sum_to_shape(dy, a.shape()), sum_to_shape(dy, b.shape())};
+        case BinaryOp::kSub: return {sum_to_shape(dy, a.shape()), sum_to_shape(neg(dy), b.shape())};
+        case BinaryOp::kMul:
+          return {sum_to_shape(mul(dy, b), a.shape()), sum_to_shape(mul(dy, a), b.shape())};
+        case BinaryOp::kDiv:
+          return {sum_to_shape(div(dy, b), a.shape()),
+                  sum_to_shape(neg(div(mul(dy, a), mul(b, b))), b.shape())};
+        default: throw Unimplemented("gradient of max/min");
+      }
+    });
+  }
+  return y;
+}
+
+Tensor unary_op(UnaryOp op, const char* name, const Tensor& x) {
+  Tensor y = kernels_for(x).unary(op, x);
+  if (tape::should_record({&x})) {
+    tape::record(name, {x}, {y}, [op, x, y](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+      const Tensor& dy = g[0];
+      switch (op) {
+        case UnaryOp::kNeg: return {neg(dy)};
+        case UnaryOp::kExp: return {mul(dy, y)};
+        case UnaryOp::kLog: return {div(dy, x)};
+        case UnaryOp::kSquare: return {mul(dy, scale(x, 2.f))};
+        case UnaryOp::kSqrt: return {div(dy, scale(y, 2.f))};
+        case UnaryOp::kTanh:
+          if (!tape::should_record({&dy, &y}))  // first order: one fused kernel
+            return {kernels_for(y).activation_backward(UnaryOp::kTanh, y, dy)};
+          return {mul(dy, add_scalar(neg(square(y)), 1.f))};
+        case UnaryOp::kSigmoid:
+          if (!tape::should_record({&dy, &y}))
+            return {kernels_for(y).activation_backward(UnaryOp::kSigmoid, y, dy)};
+          return {mul(dy, mul(y, add_scalar(neg(y), 1.f)))};
+        default: throw Unimplemented("gradient of this unary op");
+      }
+    });
+  }
+  return y;
+}
+
+// dL/dx of relu given dy; itself recorded so that relu is differentiable twice (relu'' = 0).
+Tensor relu_grad(const Tensor& x, const Tensor& dy) {
+  Tensor dx = kernels_for(x).activation_backward(UnaryOp::kRelu, x, dy);
+  if (tape::should_record({&dy})) {
+    tape::record("relu_grad", {x, dy}, {dx}, [x](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+      return {Tensor(), relu_grad(x, g[0])};
+    });
+  }
+  return dx;
+}
+
+std::vector<int> normalize_axes(std::vector<int> axes, int rank, const char* op) {
+  if (axes.empty())
+    for (int i = 0; i < rank; ++i) axes.push_back(i);
+  for (int& a : axes) {
+    if (a < -rank || a >= rank)
+      throw InvalidArgument(std::string(op) + ": axis " + std::to_string(a) + " out of range for rank " +
+                            std::to_string(rank));
+    if (a < 0) a += rank;
+  }
+  std::sort(axes.begin(), axes.end());
+  axes.erase(std::unique(axes.begin(), axes.end()), axes.end());
+  return axes;
+}
+
+Shape keepdims_shape(const Shape& s, const std::vector<int>& axes) {
+  std::vector<int64_t> d = s.dims();
+  for (int a : axes) d[static_cast<size_t>(a)] = 1;
+  return Shape(d);
+}
+
+Tensor broadcast_to(const Tensor& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  Tensor z = Tensor::zeros(shape, DType::kFloat32, x.device());
+  return add(z, x);
+}
+
+}  // namespace
+
+void same_device(const char* op, const Tensor& a, const Tensor& b) {
+  if (a.device() != b.device())
+    throw InvalidArgument(std::string(op) + ": operands are on different devices (" +
+                          a.device().to_string() + " and " + b.device().to_string() +
+                          "); move one with .to(device)");
+}
+
+Tensor add(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::kAdd, "add", a, b); }
+Tensor sub(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::kSub, "sub", a, b); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::kMul, "mul", a, b); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::kDiv, "div", a, b); }
+Tensor neg(const Tensor& x) { return unary_op(UnaryOp::kNeg, "neg", x); }
+Tensor exp(const Tensor& x) { return unary_op(UnaryOp::kExp, "exp", x); }
+Tensor log(const Tensor& x) { return unary_op(UnaryOp::kLog, "log", x); }
+Tensor square(const Tensor& x) { return unary_op(UnaryOp::kSquare, "square", x); }
+Tensor sqrt(const Tensor& x) { return unary_op(UnaryOp::kSqrt, "sqrt", x); }
+Tensor tanh(const Tensor& x) { return unary_op(UnaryOp::kTanh, "tanh", x); }
+Tensor sigmoid(const Tensor& x) { return unary_op(UnaryOp::kSigmoid, "sigmoid", x); }
+
+Tensor relu(const Tensor& x) {
+  Tensor y = kernels_for(x).unary(UnaryOp::kRelu, x);
+  if (tape::should_record({&x}))
+    tape::record("relu", {x}, {y}, [x](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+      return {relu_grad(x, g[0])};
+    });
+  return y;
+}
+
+Tensor scale(const Tensor& x, float alpha) {
+  Tensor y = kernels_for(x).affine(x, alpha, 0.f);
+  if (tape::should_record({&x}))
+    tape::record("scale", {x}, {y}, [alpha](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+      return {scale(g[0], alpha)};
+    });
+  return y;
+}
+
+Tensor add_scalar(const Tensor& x, float beta) {
+  Tensor y = kernels_for(x).affine(x, 1.f, beta);
+  if (tape::should_record({&x}))
+    tape::record("add_scalar", {x}, {y}, [](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+      return {g[0]};
+    });
+  return y;
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  same_device("matmul", a, b);
+  Tensor c = kernels_for(a).matmul(a, b, ta, tb);
+  if (tape::should_record({&a, &b})) {
+    tape::record("matmul", {a, b}, {c}, [a, b, ta, tb](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+      const Tensor& d = g[0];
+      if (!ta && !tb) return {matmul(d, b, false, true), matmul(a, d, true, false)};
+      if (ta && !tb) return {matmul(b, d, false, true), matmul(a, d, false, false)};
+      if (!ta && tb) return {matmul(d, b, false, false), matmul(d, a, true, false)};
+      return {matmul(b, d, true, true), matmul(d, a, true, true)};
+    });
+  }
+  return c;
+}
+
+Tensor bias_add(const Tensor& x, const Tensor& b) {
+  if (b.rank() != 1 || x.rank() < 1 || x.shape()[-1] != b.shape()[0])
+    throw InvalidArgument("bias_add: bias " + b.shape().to_string() +
+                          " must be 1-D matching the last dimension of x " + x.shape().to_string());
+  return add(x, b);
+}
+
+Tensor sum(const Tensor& x, std::vector<int> axes, bool keepdims) {
+  axes = normalize_axes(std::move(axes), x.rank(), "sum");
+  Tensor y = kernels_for(x).reduce(ReductionKind::kSum, x, axes, keepdims);
+  if (tape::should_record({&x})) {
+    const Shape kshape = keepdims_shape(x.shape(), axes);
+    tape::record("sum", {x}, {y}, [x, kshape](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+      return {broadcast_to(reshape(g[0], kshape), x.shape())};
+    });
+  }
+  return y;
+}
+
+Tensor mean(const Tensor& x, std::vector<int> axes, bool keepdims) {
+  axes = normalize_axes(std::move(axes), x.rank(), "mean");
+  Tensor y = kernels_for(x).reduce(ReductionKind::kMean, x, axes, keepdims);
+  if (tape::should_record({&x})) {
+    const Shape kshape = keepdims_shape(x.shape(), axes);
+    const int64_t count = kshape.numel() == 0 ? 0 : x.numel() / kshape.numel();
+    tape::record("mean", {x}, {y}, [x, kshape, count](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+      return {broadcast_to(scale(reshape(g[0], kshape), count ? 1.f / static_cast<float>(count) : 0.f),
+                           x.shape())};
+    });
+  }
+  return y;
+}
+
+Tensor sum_to_shape(const Tensor& g, const Shape& shape) {
+  if (g.shape() == shape) return g;
+  const int lead = g.rank() - shape.rank();
+  if (lead < 0)
+    throw InvalidArgument("sum_to_shape: cannot reduce " + g.shape().to_string() + " to " + shape.to_string());
+  std::vector<int> axes;
+  for (int i = 0; i < g.rank(); ++i)
+    if (i < lead || (shape.dims()[static_cast<size_t>(i - lead)] == 1 && g.shape().dims()[static_cast<size_t>(i)] != 1))
+      axes.push_back(i);
+  if (axes.empty()) return reshape(g, shape);
+  return reshape(sum(g, axes, false), shape);
+}
+
+Tensor reshape(const Tensor& x, const Shape& shape) {
+  std::vector<int64_t> d = shape.dims();
+  int64_t known = 1;
+  int infer = -1;
+  for (size_t i = 0; i < d.size(); ++i) {
+    if (d[i] == -1) {
+      if (infer >= 0) throw InvalidArgument("reshape: only one -1 allowed in " + shape.to_string());
+      infer = static_cast<int>(i);
+    } else {
+      known *= d[i];
+    }
+  }
+  if (infer >= 0) {
+    if (known == 0 || x.numel() % known != 0)
+      throw InvalidArgument("reshape: cannot reshape " + x.shape().to_string() + " to " + shape.to_string());
+    d[static_cast<size_t>(infer)] = x.numel() / known;
+  }
+  Tensor y = x.view(Shape(d));
+  if (tape::should_record({&x}))
+    tape::record("reshape", {x}, {y}, [s = x.shape()](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+      return {reshape(g[0], s)};
+    });
+  return y;
+}
+
+Tensor flatten(const Tensor& x) {
+  if (x.rank() < 1) throw InvalidArgument("flatten needs rank >= 1, got a scalar");
+  int64_t rest = 1;
+  for (int i = 1; i < x.rank(); ++i) rest *= x.shape()[i];
+  return reshape(x, Shape{x.shape()[0], rest});  // explicit, so an empty batch flattens too
+}
+
+Tensor stop_gradient(const Tensor& x) { return x.view(x.shape()); }
+
+Tensor cast(const Tensor& x, DType dtype) {
+  if (x.dtype() == dtype) return x;
+  Tensor y = kernels_for(x).cast(x, dtype);
+  if (tape::should_record({&x}))
+    tape::record("cast", {x}, {y}, [from = x.dtype()](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+      return {cast(g[0], from)};
+    });
+  return y;
+}
+
+Tensor ones_like(const Tensor& x) {
+  Tensor t = Tensor::empty(x.shape(), DType::kFloat32, x.device());
+  kernels_for(t).fill(t, 1.f);
+  return t;
+}
+
+Tensor zeros_like(const Tensor& x) { return Tensor::zeros(x.shape(), DType::kFloat32, x.device()); }
+
+}  // namespace dtrain::ops

@@ -1,0 +1,131 @@
+// Neural-network ops: convolution, pooling, losses, dropout, batch norm. Their backward passes are
+// fused device kernels (first-order only); when an outer tape watches the backward pass they
+// record a node that refuses a second differentiation instead of silently returning zero.
+#include "dtrain/devices/device.h"
+#include "dtrain/model/gradient_tape.h"
+#include "dtrain/model/ops.h"
+#include "model/op_util.h"
+
+namespace dtrain::ops {
+
+Conv2dParams conv_params(const Shape& x, const Shape& w, int sh, int sw, Padding padding) {
+  Conv2dParams p;
+  p.stride_h = sh;
+  p.stride_w = sw;
+  if (padding == Padding::kSame) {
+    if (x.rank() != 4 || w.rank() < 2) throw InvalidArgument("conv_params: x must be NHWC");
+    auto pad = [](int64_t in, int64_t k, int s, int* before, int* after) {
+      const int64_t out = (in + s - 1) / s;
+      const int64_t total = std::max<int64_t>(0, (out - 1) * s + k - in);
+      *before = static_cast<int>(total / 2);  // TF puts the extra row at the end
+      *after = static_cast<int>(total - total / 2);
+    };
+    pad(x[1], w[0], sh, &p.pad_top, &p.pad_bottom);
+    pad(x[2], w[1], sw, &p.pad_left, &p.pad_right);
+  }
+  return p;
+}
+
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int sh, int sw, Padding padding) {
+  same_device("conv2d", x, w);
+  const Conv2dParams p = conv_params(x.shape(), w.shape(), sh, sw, padding);
+  Kernels& k = kernels_for(x);
+  Tensor y = k.conv2d(x, w, bias, p);
+  if (tape::should_record({&x, &w, &bias})) {
+    tape::record("conv2d", {x, w, bias}, {y}, [x, w, bias, p](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+      Kernels& k = kernels_for(x);
+      Tensor db;
+      Tensor dx = k.conv2d_backward_input(g[0], w, x.shape(), p);
+      Tensor dw = k.conv2d_backward_filter(x, g[0], w.shape(), p, bias.defined(), &db);
+      if (tape::should_record({&g[0], &x, &w}))
+        tape::record_nondifferentiable("conv2d_grad", {g[0], x, w}, {dx, dw, db.defined() ? db : dw});
+      return {dx, dw, db};
+    });
+  }
+  return y;
+}
+
+Tensor max_pool2d(const Tensor& x, int wh, int ww, int sh, int sw, Padding padding) {
+  Pool2dParams p;
+  p.window_h = wh;
+  p.window_w = ww;
+  p.stride_h = sh;
+  p.stride_w = sw;
+  if (padding == Padding::kSame) {
+    const Conv2dParams c = conv_params(x.shape(), Shape{wh, ww}, sh, sw, padding);
+    p.pad_top = c.pad_top;
+    p.pad_bottom = c.pad_bottom;
+    p.pad_left = c.pad_left;
+    p.pad_right = c.pad_right;
+  }
+  Tensor ws;
+  Tensor y = kernels_for(x).max_pool2d(x, p, &ws);
+  if (tape::should_record({&x})) {
+    tape::record("max_pool2d", {x}, {y}, [x, ws, p](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+      Tensor dx = kernels_for(x).max_pool2d_backward(g[0], x, ws, p);
+      if (tape::should_record({&g[0], &x})) tape::record_nondifferentiable("max_pool2d_grad", {g[0], x}, {dx});
+      return {dx};
+    });
+  }
+  return y;
+}
+
+Tensor sparse_softmax_cross_entropy(const Tensor& logits, const Tensor& labels) {
+  same_device("sparse_softmax_cross_entropy", logits, labels);
+  Tensor loss, probs;
+  kernels_for(logits).softmax_cross_entropy(logits, labels, &loss, &probs);
+  if (tape::should_record({&logits})) {
+    tape::record("sparse_softmax_cross_entropy", {logits, labels}, {loss},
+                 [probs, labels](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                   Tensor d = kernels_for(probs).softmax_cross_entropy_backward(probs, labels, g[0]);
+                   if (tape::should_record({&g[0]}))
+                     tape::record_nondifferentiable("sparse_softmax_cross_entropy_grad", {g[0]}, {d});
+                   return {d, Tensor()};
+                 });
+  }
+  return loss;
+}
+
+Tensor mean_squared_error(const Tensor& pred, const Tensor& target) {
+  if (pred.shape() != target.shape())
+    throw InvalidArgument("mean_squared_error: prediction " + pred.shape().to_string() +
+                          " and target " + target.shape().to_string() + " differ");
+  Tensor sq = square(sub(pred, target));
+  if (sq.rank() <= 1) return sq;
+  std::vector<int> axes;
+  for (int i = 1; i < sq.rank(); ++i) axes.push_back(i);
+  return mean(sq, axes, false);
+}
+
+Tensor dropout(const Tensor& x, float rate, bool training, uint64_t seed, uint64_t stream) {
+  if (!training || rate == 0.f) return x;
+  Tensor mask = kernels_for(x).dropout_mask(x.shape(), rate, seed, stream);
+  return mul(x, mask);
+}
+
+Tensor batch_norm_training(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                           Tensor* batch_mean, Tensor* batch_var) {
+  BatchNormForward f = kernels_for(x).batch_norm_training(x, gamma, beta, eps);
+  *batch_mean = f.mean;
+  *batch_var = f.var;
+  if (tape::should_record({&x, &gamma, &beta})) {
+    tape::record("batch_norm", {x, gamma, beta}, {f.y},
+                 [x, gamma, f, eps](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                   BatchNormBackward b = kernels_for(x).batch_norm_backward(g[0], x, gamma, f.mean, f.var, eps);
+                   if (tape::should_record({&g[0], &x, &gamma}))
+                     tape::record_nondifferentiable("batch_norm_grad", {g[0], x, gamma}, {b.dx, b.dgamma, b.dbeta});
+                   return {b.dx, b.dgamma, b.dbeta};
+                 });
+  }
+  return f.y;
+}
+
+Tensor batch_norm_inference(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                            const Tensor& mean, const Tensor& var, float eps) {
+  Tensor y = kernels_for(x).batch_norm_inference(x, gamma, beta, mean, var, eps);
+  if (tape::should_record({&x, &gamma, &beta}))
+    tape::record_nondifferentiable("batch_norm_inference", {x, gamma, beta}, {y});
+  return y;
+}
+
+}  // namespace dtrain::ops

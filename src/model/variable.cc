@@ -1,0 +1,39 @@
+#include "dtrain/model/variable.h"
+
+#include "dtrain/devices/device.h"
+
+namespace dtrain {
+
+PlainVariable::PlainVariable(VariableSpec spec, DeviceSpec device) : Variable(std::move(spec)) {
+  Tensor init = spec_.initializer(spec_.shape, spec_.dtype, device);
+  if (init.shape() != spec_.shape || init.dtype() != spec_.dtype)
+    throw InvalidArgument("initializer of variable '" + spec_.name + "' returned " + init.to_string() +
+                          ", expected shape " + spec_.shape.to_string());
+  value_ = init.device() == device ? init.clone() : init.to(device);
+  value_.set_trainable_variable(spec_.trainable);
+}
+
+namespace {
+void check_same(const Variable& v, const Tensor& t, const char* op) {
+  if (t.shape() != v.shape() || t.dtype() != v.dtype())
+    throw InvalidArgument(std::string(op) + " on variable '" + v.name() + "' of shape " +
+                          v.shape().to_string() + " with " + t.to_string());
+}
+}  // namespace
+
+void PlainVariable::assign(const Tensor& v) {
+  check_same(*this, v, "assign");
+  value_.copy_from(v);
+}
+
+void PlainVariable::assign_add(const Tensor& d) {
+  check_same(*this, d, "assign_add");
+  value_.copy_from(kernels_for(value_).binary(BinaryOp::kAdd, value_, d.to(value_.device())));
+}
+
+void PlainVariable::assign_sub(const Tensor& d) {
+  check_same(*this, d, "assign_sub");
+  value_.copy_from(kernels_for(value_).binary(BinaryOp::kSub, value_, d.to(value_.device())));
+}
+
+}  // namespace dtrain

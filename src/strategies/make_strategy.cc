@@ -1,0 +1,25 @@
+#include "dtrain/strategies/make_strategy.h"
+
+#include "dtrain/strategies/one_device_strategy.h"
+#include "strategies/default_strategy.h"
+
+namespace dtrain {
+
+std::vector<std::string> strategy_names() { return {"default", "one_device"}; }
+
+std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyOptions& options) {
+  const std::vector<DeviceSpec> devices =
+      options.devices.empty() ? std::vector<DeviceSpec>{DeviceSpec::cpu(0)} : options.devices;
+  if (name == "default") return std::make_unique<DefaultStrategy>();
+  if (name == "one_device") {
+    if (devices.size() != 1)
+      throw InvalidArgument("--strategy=one_device uses exactly one device but --devices gave " +
+                            std::to_string(devices.size()) + "; pass --devices=cpu or --devices=gpu:0");
+    return std::make_unique<OneDeviceStrategy>(devices[0]);
+  }
+  std::string valid;
+  for (const auto& n : strategy_names()) valid += (valid.empty() ? "" : ", ") + n;
+  throw InvalidArgument("unknown --strategy '" + name + "'; valid values: " + valid);
+}
+
+}  // namespace dtrain

@@ -1,0 +1,73 @@
+#include "dtrain/strategies/one_device_strategy.h"
+
+#include "dtrain/devices/device.h"
+#include "strategies/replica_scope.h"
+
+namespace dtrain {
+
+class OneDeviceStrategy::Context final : public ReplicaContext {
+ public:
+  Context(Strategy* s, DeviceSpec d) : strategy_(s), device_(d) {}
+  Strategy& strategy() const override { return *strategy_; }
+  int replica_id_in_sync_group() const override { return 0; }
+  int num_replicas_in_sync() const override { return 1; }
+  DeviceSpec device() const override { return device_; }
+  std::vector<Tensor> all_reduce(ReduceOp, const std::vector<Tensor>& values) override {
+    std::vector<Tensor> out;  // SUM and MEAN over one replica are the identity
+    for (const auto& v : values) out.push_back(v.to(device_));
+    return out;
+  }
+  Tensor all_gather(const Tensor& value, int) override { return value.to(device_); }
+  std::vector<Tensor> merge_call(const std::function<std::vector<Tensor>(Strategy&, const PerReplica&)>& fn,
+                                 const std::vector<Tensor>& args) override {
+    return fn(*strategy_, PerReplica{{args}});
+  }
+
+ private:
+  Strategy* strategy_;
+  DeviceSpec device_;
+};
+
+OneDeviceStrategy::OneDeviceStrategy(DeviceSpec device) : OneDeviceStrategy(device, false) {}
+
+OneDeviceStrategy::OneDeviceStrategy(DeviceSpec device, bool run_inline)
+    : device_(device), run_inline_(run_inline), ctx_(std::make_unique<Context>(this, device)) {
+  if (!run_inline) get_device(device);  // fail now, with the device list, if it does not exist
+}
+
+OneDeviceStrategy::~OneDeviceStrategy() = default;
+
+std::string OneDeviceStrategy::name() const { return "OneDeviceStrategy(" + device_.to_string() + ")"; }
+
+ReplicaContext& OneDeviceStrategy::replica_context() { return *ctx_; }
+
+PerReplica OneDeviceStrategy::do_run(const ReplicaFn& fn, const PerReplica& inputs) {
+  std::vector<Tensor> in;
+  if (!inputs.values.empty())
+    for (const auto& t : inputs.values[0]) in.push_back(t.defined() ? t.to(device_) : t);
+  PerReplica out;
+  out.values.resize(1);
+  auto body = [&] {
+    detail::ReplicaThreadScope scope(this, ctx_.get());
+    out.values[0] = fn(*ctx_, in);
+  };
+  if (run_inline_) {
+    body();
+  } else {
+    get_device(device_).submit(body).get();
+  }
+  return out;
+}
+
+std::shared_ptr<Variable> OneDeviceStrategy::do_create_variable(const VariableSpec& spec) {
+  return std::make_shared<PlainVariable>(spec, device_);
+}
+
+PerReplica OneDeviceStrategy::do_split_batch(const std::vector<Tensor>& batch, int64_t) {
+  PerReplica out;
+  out.values.emplace_back();
+  for (const auto& t : batch) out.values[0].push_back(t.to(device_));
+  return out;
+}
+
+}  // namespace dtrain

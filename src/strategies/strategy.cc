@@ -1,0 +1,142 @@
+#include "dtrain/strategies/strategy.h"
+
+#include <algorithm>
+
+#include "dtrain/data/dataset.h"
+#include "dtrain/devices/device.h"
+#include "strategies/default_strategy.h"
+#include "strategies/replica_scope.h"
+
+namespace dtrain {
+namespace {
+
+thread_local std::vector<Strategy*> t_scopes;
+thread_local ReplicaContext* t_replica_ctx = nullptr;
+
+}  // namespace
+
+namespace detail {
+
+ReplicaThreadScope::ReplicaThreadScope(Strategy* strategy, ReplicaContext* ctx)
+    : saved_ctx_(t_replica_ctx), saved_depth_(t_scopes.size()) {
+  t_scopes.push_back(strategy);
+  t_replica_ctx = ctx;
+}
+
+ReplicaThreadScope::~ReplicaThreadScope() {
+  t_scopes.resize(saved_depth_);
+  t_replica_ctx = saved_ctx_;
+}
+
+Strategy& default_strategy() {
+  static auto* s = new DefaultStrategy();  // leaked: variables may outlive main
+  return *s;
+}
+
+}  // namespace detail
+
+ReplicaContext* get_replica_context() {
+  if (t_replica_ctx) return t_replica_ctx;
+  if (!t_scopes.empty() && t_scopes.back() != &detail::default_strategy()) return nullptr;
+  return &static_cast<DefaultStrategy&>(detail::default_strategy()).replica_context();
+}
+
+Strategy& get_strategy() { return t_scopes.empty() ? detail::default_strategy() : *t_scopes.back(); }
+
+bool has_strategy() { return !t_scopes.empty() && t_scopes.back() != &detail::default_strategy(); }
+
+StrategyScope::StrategyScope(Strategy* s) : strategy_(s) {
+  if (!t_scopes.empty() && t_scopes.back() != s)
+    throw FailedPrecondition("cannot enter the scope of strategy '" + s->name() +
+                             "' inside the scope of a different strategy '" + t_scopes.back()->name() +
+                             "': mixing strategies is not allowed; leave the first scope (or use one "
+                             "strategy for the whole model)");
+  t_scopes.push_back(s);
+}
+
+StrategyScope::~StrategyScope() {
+  if (strategy_ && !t_scopes.empty()) t_scopes.pop_back();
+}
+
+StrategyScope Strategy::scope() { return StrategyScope(this); }
+
+std::shared_ptr<Variable> create_variable(const VariableSpec& spec) {
+  if (!spec.initializer)
+    throw InvalidArgument("variable '" + spec.name + "' has no initializer; set VariableSpec::initializer");
+  for (int64_t d : spec.shape.dims())
+    if (d < 0) throw InvalidArgument("variable '" + spec.name + "' has a negative dimension: " + spec.shape.to_string());
+  return get_strategy().create_variable(spec);
+}
+
+std::shared_ptr<Variable> Strategy::create_variable(const VariableSpec& spec) {
+  return do_create_variable(spec);
+}
+
+PerReplica Strategy::run(const ReplicaFn& fn, const PerReplica& inputs) {
+  if (t_replica_ctx && this != &detail::default_strategy())
+    throw FailedPrecondition("strategy.run() called from inside a replica function; call it once "
+                             "from the training loop (cross-replica context)");
+  if (!inputs.values.empty() && static_cast<int>(inputs.values.size()) != static_cast<int>(worker_devices().size()))
+    throw InvalidArgument("run(): inputs have " + std::to_string(inputs.values.size()) +
+                          " per-replica values but the strategy has " +
+                          std::to_string(worker_devices().size()) + " local replicas; use distribute_dataset()");
+  return do_run(fn, inputs);
+}
+
+std::vector<Tensor> Strategy::reduce(ReduceOp op, const PerReplica& values, std::optional<int> axis) {
+  if (values.values.empty()) throw InvalidArgument("reduce(): no per-replica values");
+  const DeviceSpec dst = worker_devices().front();
+  const size_t k = values.values.front().size();
+  std::vector<Tensor> out;
+  for (size_t j = 0; j < k; ++j) {
+    Tensor acc;
+    int64_t count = 0;
+    for (const auto& rep : values.values) {
+      if (rep.size() != k) throw InvalidArgument("reduce(): replicas returned different numbers of values");
+      Tensor v = rep[j].to(dst);
+      Kernels& kern = kernels_for(v);
+      if (axis) {
+        const int a = *axis < 0 ? *axis + v.rank() : *axis;
+        if (a < 0 || a >= v.rank())
+          throw InvalidArgument("reduce(): axis " + std::to_string(*axis) + " out of range for " + v.shape().to_string());
+        count += v.shape()[a];
+        v = kern.reduce(ReductionKind::kSum, v, {a}, false);
+      } else {
+        count += 1;
+      }
+      acc = acc.defined() ? kern.binary(BinaryOp::kAdd, acc, v) : v.clone();
+    }
+    if (op == ReduceOp::kMean)
+      acc = kernels_for(acc).affine(acc, count ? 1.f / static_cast<float>(count) : 0.f, 0.f);
+    out.push_back(acc);
+  }
+  return out;
+}
+
+std::vector<int64_t> split_batch_sizes(int64_t rows, int64_t global_batch, int n) {
+  if (n < 1) throw InvalidArgument("split_batch_sizes: need at least one replica");
+  const int64_t per = (global_batch + n - 1) / n;
+  std::vector<int64_t> out(static_cast<size_t>(n));
+  int64_t left = rows;
+  for (auto& s : out) {
+    s = std::min(per, std::max<int64_t>(0, left));
+    left -= s;
+  }
+  return out;
+}
+
+std::function<bool(PerReplica*)> Strategy::distribute_dataset(const Dataset& dataset, int64_t global_batch) {
+  if (!dataset.is_batched())
+    throw InvalidArgument("distribute_dataset() needs a batched dataset: call .batch(global_batch_size) first");
+  std::shared_ptr<Dataset::Iterator> it = dataset.make_iterator();
+  auto gb = std::make_shared<int64_t>(global_batch);
+  return [this, it, gb](PerReplica* out) {
+    std::vector<Tensor> batch;
+    if (!it->next(&batch)) return false;
+    if (*gb <= 0) *gb = batch.empty() ? 0 : batch.front().shape()[0];
+    *out = do_split_batch(batch, *gb);
+    return true;
+  };
+}
+
+}  // namespace dtrain

@@ -25,9 +25,13 @@ struct TapeAccess {
     return x.defined() && (x.is_trainable_variable() || t.watched_.count(x.id()) > 0);
   }
   static bool active(const GradientTape& t) { return t.paused_ == 0; }
-  static void add(GradientTape& t, const std::shared_ptr<GradientTape::Node>& n) {
+  static void add(GradientTape& t, const std::shared_ptr<GradientTape::Node>& n,
+                  const std::vector<Tensor>& inputs) {
     t.nodes_.push_back(n);
     for (uint64_t id : n->output_ids) t.watched_.insert(id);
+    // Variables read on the tape become watched sources (TF watches accessed variables).
+    for (const Tensor& x : inputs)
+      if (x.defined() && x.is_trainable_variable()) t.watched_.insert(x.id());
   }
 };
 
@@ -79,7 +83,8 @@ std::vector<Tensor> GradientTape::gradient(const Tensor& target, const std::vect
     DTRAIN_CHECK(ig.size() == n.input_ids.size(), "backward of ", n.op, " returned ", ig.size(),
                  " gradients for ", n.input_ids.size(), " inputs");
     for (size_t i = 0; i < ig.size(); ++i) {
-      if (!ig[i].defined()) continue;
+      // Gradients only flow to what this tape follows (TF: unwatched sources get None).
+      if (!ig[i].defined() || !watched_.count(n.input_ids[i])) continue;
       auto [slot, inserted] = grads.emplace(n.input_ids[i], ig[i]);
       if (!inserted) slot->second = ops::add(slot->second, ig[i]);
     }
@@ -137,7 +142,7 @@ void record_node(const char* op, std::vector<Tensor>& inputs, std::vector<Tensor
       }
       node->fn = std::move(fn);
     }
-    TapeAccess::add(*t, node);
+    TapeAccess::add(*t, node, inputs);
   }
 }
 }  // namespace

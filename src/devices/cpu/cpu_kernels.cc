@@ -424,6 +424,9 @@ BatchNormBackward CpuKernels::batch_norm_backward(const Tensor& dy, const Tensor
                                        {DNNL_ARG_MEAN, mem(cmd, state_->engine, mean)},
                                        {DNNL_ARG_VARIANCE, mem(cmd, state_->engine, var)},
                                        {DNNL_ARG_SCALE, mem(cmd, state_->engine, gamma)},
+                                       // oneDNN 2.6 validates that SHIFT is passed although the
+                                       // backward pass does not read it.
+                                       {DNNL_ARG_SHIFT, mem(cmd, state_->engine, out.dbeta)},
                                        {DNNL_ARG_DIFF_SRC, mem(md, state_->engine, out.dx)},
                                        {DNNL_ARG_DIFF_SCALE, mem(cmd, state_->engine, out.dgamma)},
                                        {DNNL_ARG_DIFF_SHIFT, mem(cmd, state_->engine, out.dbeta)}});

@@ -1,0 +1,156 @@
+// Layers, initializers and optimizers against hand-computed values.
+#include <cmath>
+
+#include "dtrain/model/initializers.h"
+#include "dtrain/model/layers.h"
+#include "dtrain/model/losses.h"
+#include "dtrain/model/metrics.h"
+#include "dtrain/model/optimizers.h"
+#include "testing/test_util.h"
+
+namespace dtrain {
+namespace {
+
+class Layers : public ::testing::Test {
+ protected:
+  void SetUp() override { testing::use_two_cpus(); }
+};
+
+std::shared_ptr<Variable> scalar_var(float v) {
+  return create_variable({"w", Shape{1}, DType::kFloat32, initializers::constant(v)});
+}
+
+TEST_F(Layers, DenseComputesXWPlusB) {
+  Dense d(3, Activation::kNone);
+  d.build(Shape{1, 2});
+  d.kernel->assign(Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, Shape{2, 3}));
+  d.bias->assign(Tensor::from_vector<float>({0.5f, -0.5f, 1}, Shape{3}));
+  Tensor y = d(Tensor::from_vector<float>({1, 2}, Shape{1, 2}));
+  EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{9.5f, 11.5f, 16.f}));
+  EXPECT_EQ(d.trainable_variables().size(), 2u);
+}
+
+TEST_F(Layers, DenseRejectsUnflattenedInput) {
+  Dense d(3);
+  EXPECT_THROW(d(Tensor::zeros(Shape{1, 2, 2})), InvalidArgument);
+}
+
+TEST_F(Layers, Conv2DAndMaxPoolByHand) {
+  Conv2D c(1, 2, 2, Activation::kNone);
+  std::vector<float> x(9);
+  for (int i = 0; i < 9; ++i) x[static_cast<size_t>(i)] = static_cast<float>(i + 1);
+  c.build(Shape{1, 3, 3, 1});
+  c.kernel->assign(Tensor::full(Shape{2, 2, 1, 1}, 1.f));
+  c.bias->assign(Tensor::full(Shape{1}, 1.f));
+  EXPECT_EQ(c(Tensor::from_vector(x, Shape{1, 3, 3, 1})).to_vector<float>(), (std::vector<float>{13, 17, 25, 29}));
+
+  std::vector<float> p(16);
+  for (int i = 0; i < 16; ++i) p[static_cast<size_t>(i)] = static_cast<float>(i + 1);
+  MaxPool2D pool(2);
+  EXPECT_EQ(pool(Tensor::from_vector(p, Shape{1, 4, 4, 1})).to_vector<float>(), (std::vector<float>{6, 8, 14, 16}));
+}
+
+TEST_F(Layers, ConvSamePaddingKeepsSize) {
+  Conv2D c(4, 3, 3, Activation::kRelu, ops::Padding::kSame);
+  EXPECT_EQ(c(Tensor::zeros(Shape{2, 5, 5, 3})).shape(), (Shape{2, 5, 5, 4}));
+}
+
+TEST_F(Layers, DropoutScalesKeptUnitsAndIsIdentityInInference) {
+  Dropout d(0.5f);
+  Tensor x = Tensor::full(Shape{1000}, 1.f);
+  EXPECT_EQ(d(x, false).to_vector<float>(), x.to_vector<float>());
+  const auto y = d(x, true).to_vector<float>();
+  int kept = 0;
+  for (float v : y) {
+    EXPECT_TRUE(v == 0.f || v == 2.f);
+    kept += v == 2.f;
+  }
+  EXPECT_GT(kept, 400);
+  EXPECT_LT(kept, 600);
+}
+
+TEST_F(Layers, BatchNormNormalisesAndUpdatesMovingStats) {
+  BatchNormalization bn(0.5f, 0.f);
+  Tensor x = Tensor::from_vector<float>({1, 10, 3, 30}, Shape{2, 2});  // two channels
+  const auto y = bn(x, true).to_vector<float>();
+  EXPECT_NEAR(y[0], -1.f, 1e-4);
+  EXPECT_NEAR(y[2], 1.f, 1e-4);
+  EXPECT_NEAR(y[1], -1.f, 1e-4);
+  // moving = 0.5 * init + 0.5 * batch
+  EXPECT_EQ(bn.moving_mean->value().to_vector<float>(), (std::vector<float>{1.f, 10.f}));
+  EXPECT_EQ(bn.moving_variance->value().to_vector<float>(), (std::vector<float>{1.f, 50.5f}));
+}
+
+TEST_F(Layers, InitializersAreSeededAndBounded) {
+  set_global_seed(11);
+  auto a = initializers::glorot_uniform()(Shape{20, 30}, DType::kFloat32, DeviceSpec::cpu());
+  set_global_seed(11);
+  auto b = initializers::glorot_uniform()(Shape{20, 30}, DType::kFloat32, DeviceSpec::cpu());
+  EXPECT_EQ(a.to_vector<float>(), b.to_vector<float>());
+  const float limit = std::sqrt(6.f / 50.f);
+  for (float v : a.to_vector<float>()) EXPECT_LE(std::fabs(v), limit);
+  auto h = initializers::he_normal()(Shape{3, 3, 16, 8}, DType::kFloat32, DeviceSpec::cpu());
+  const float sd = std::sqrt(2.f / 144.f) / 0.87962566f;
+  double sq = 0;
+  for (float v : h.to_vector<float>()) {
+    EXPECT_LE(std::fabs(v), 2 * sd + 1e-6);
+    sq += v * v;
+  }
+  EXPECT_NEAR(std::sqrt(sq / h.numel()), std::sqrt(2.f / 144.f), 0.02);
+}
+
+TEST_F(Layers, SgdPlainMomentumNesterovByHand) {
+  const Tensor g = Tensor::full(Shape{1}, 0.5f);
+  struct Case { float mu; bool nesterov; float after1, after2; };
+  for (const Case& c : {Case{0.f, false, 0.95f, 0.9f}, Case{0.9f, false, 0.95f, 0.855f},
+                        Case{0.9f, true, 0.905f, 0.7695f}}) {
+    auto w = scalar_var(1.f);
+    SGD opt(0.1f, c.mu, c.nesterov);
+    opt.apply_gradients({g}, {w});
+    EXPECT_NEAR(w->value().item(), c.after1, 1e-6);
+    opt.apply_gradients({g}, {w});
+    EXPECT_NEAR(w->value().item(), c.after2, 1e-6);
+    EXPECT_EQ(opt.iterations(), 2);
+  }
+}
+
+TEST_F(Layers, AdamByHand) {
+  auto w = scalar_var(1.f);
+  Adam opt(0.1f);
+  double m = 0, v = 0, x = 1;
+  const double grads[] = {0.5, -0.25, 1.0};
+  for (int t = 1; t <= 3; ++t) {
+    const double g = grads[t - 1];
+    opt.apply_gradients({Tensor::full(Shape{1}, static_cast<float>(g))}, {w});
+    m = 0.9 * m + 0.1 * g;
+    v = 0.999 * v + 0.001 * g * g;
+    const double lr_t = 0.1 * std::sqrt(1 - std::pow(0.999, t)) / (1 - std::pow(0.9, t));
+    x -= lr_t * m / (std::sqrt(v) + 1e-7);
+    EXPECT_NEAR(w->value().item(), x, 1e-6) << "step " << t;
+  }
+}
+
+TEST_F(Layers, OptimizerSkipsMissingGradientsAndChecksShapes) {
+  auto a = scalar_var(1.f), b = scalar_var(2.f);
+  SGD opt(1.f);
+  opt.apply_gradients({Tensor(), Tensor::full(Shape{1}, 1.f)}, {a, b});
+  EXPECT_EQ(a->value().item(), 1.f);
+  EXPECT_EQ(b->value().item(), 1.f);
+  EXPECT_THROW(opt.apply_gradients({Tensor::full(Shape{2}, 1.f)}, {a}), InvalidArgument);
+}
+
+TEST_F(Layers, ComputeAverageLossDividesByGlobalBatch) {
+  Tensor per = Tensor::from_vector<float>({1, 2, 3}, Shape{3});
+  EXPECT_FLOAT_EQ(compute_average_loss(per, 6).item(), 1.f);
+  EXPECT_FLOAT_EQ(compute_average_loss(per).item(), 2.f);
+}
+
+TEST_F(Layers, AccuracyMetric) {
+  SparseCategoricalAccuracy acc;
+  acc.update(Tensor::from_vector<float>({0.1f, 0.9f, 0.8f, 0.2f, 0.3f, 0.7f}, Shape{3, 2}),
+             Tensor::from_vector<int32_t>({1, 0, 0}, Shape{3}));
+  EXPECT_NEAR(acc.result(), 2.0 / 3.0, 1e-12);
+}
+
+}  // namespace
+}  // namespace dtrain

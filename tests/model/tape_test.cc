@@ -1,0 +1,147 @@
+// GradientTape semantics, including higher derivatives through nested tapes.
+#include <cmath>
+
+#include "dtrain/model/initializers.h"
+#include "dtrain/model/layers.h"
+#include "testing/test_util.h"
+
+namespace dtrain {
+namespace {
+
+class Tape : public ::testing::Test {
+ protected:
+  void SetUp() override { testing::use_two_cpus(); }
+};
+
+TEST_F(Tape, UnwatchedTensorHasNoGradient) {
+  Tensor x = Tensor::from_vector<float>({1, 2}, Shape{2});
+  Tensor w = Tensor::from_vector<float>({3, 4}, Shape{2});
+  GradientTape tape;
+  tape.watch(x);
+  Tensor y = ops::sum(ops::mul(x, w));
+  auto g = tape.gradient(y, {x, w});
+  EXPECT_EQ(g[0].to_vector<float>(), (std::vector<float>{3, 4}));
+  EXPECT_FALSE(g[1].defined());  // TF returns None
+}
+
+TEST_F(Tape, AccumulatesWhenATensorIsUsedTwice) {
+  Tensor x = Tensor::from_vector<float>({2}, Shape{1});
+  GradientTape tape;
+  tape.watch(x);
+  Tensor y = ops::add(ops::mul(x, x), ops::scale(x, 3.f));  // x^2 + 3x
+  EXPECT_FLOAT_EQ(tape.gradient(y, {x})[0].item(), 7.f);
+}
+
+TEST_F(Tape, NonPersistentTapeRefusesSecondGradient) {
+  Tensor x = Tensor::from_vector<float>({2}, Shape{1});
+  GradientTape tape;
+  tape.watch(x);
+  Tensor y = ops::square(x);
+  tape.gradient(y, {x});
+  try {
+    tape.gradient(y, {x});
+    FAIL() << "expected FailedPrecondition";
+  } catch (const FailedPrecondition& e) {
+    EXPECT_NE(std::string(e.what()).find("persistent"), std::string::npos);
+  }
+}
+
+TEST_F(Tape, PersistentTapeGivesSeveralGradients) {
+  Tensor x = Tensor::from_vector<float>({3}, Shape{1});
+  GradientTape tape(/*persistent=*/true);
+  tape.watch(x);
+  Tensor y = ops::square(x);
+  Tensor z = ops::exp(x);
+  EXPECT_FLOAT_EQ(tape.gradient(y, {x})[0].item(), 6.f);
+  EXPECT_NEAR(tape.gradient(z, {x})[0].item(), std::exp(3.f), 1e-4);
+}
+
+TEST_F(Tape, StopRecordingHidesOps) {
+  Tensor x = Tensor::from_vector<float>({3}, Shape{1});
+  GradientTape tape;
+  tape.watch(x);
+  Tensor y;
+  {
+    auto pause = tape.stop_recording();
+    y = ops::square(x);
+  }
+  EXPECT_FALSE(tape.gradient(y, {x})[0].defined());
+}
+
+TEST_F(Tape, TrainableVariablesAreWatchedAutomatically) {
+  VariableSpec spec{"v", Shape{2}, DType::kFloat32, initializers::constant(2.f)};
+  auto v = create_variable(spec);
+  spec.trainable = false;
+  spec.name = "frozen";
+  auto frozen = create_variable(spec);
+  GradientTape tape;
+  Tensor y = ops::sum(ops::mul(v->value(), frozen->value()));
+  auto g = tape.gradient(y, VariableList{v, frozen});
+  EXPECT_EQ(g[0].to_vector<float>(), (std::vector<float>{2, 2}));
+  EXPECT_FALSE(g[1].defined());
+}
+
+TEST_F(Tape, SecondDerivativeOfTanh) {
+  Tensor x = Tensor::from_vector<float>({0.3f, -0.7f}, Shape{2});
+  GradientTape outer;
+  outer.watch(x);
+  Tensor dy;
+  {
+    GradientTape inner;
+    inner.watch(x);
+    Tensor y = ops::tanh(x);
+    dy = inner.gradient(ops::sum(y), {x})[0];
+  }
+  Tensor d2 = outer.gradient(ops::sum(dy), {x})[0];
+  const auto v = d2.to_vector<float>();
+  for (int i = 0; i < 2; ++i) {
+    const double xi = i == 0 ? 0.3 : -0.7, t = std::tanh(xi);
+    EXPECT_NEAR(v[static_cast<size_t>(i)], -2 * t * (1 - t * t), 1e-5);
+  }
+}
+
+// u(x) = Dense(1)(tanh(Dense(8)(x))): u''(x) by nested tapes vs central differences of u.
+TEST_F(Tape, SecondDerivativeOfAnMlpForPinns) {
+  set_global_seed(5);
+  Sequential net({std::make_shared<Dense>(8, Activation::kTanh), std::make_shared<Dense>(1)});
+  net.build(Shape{3, 1});
+  Tensor x = Tensor::from_vector<float>({-0.5f, 0.1f, 0.8f}, Shape{3, 1});
+  Tensor uxx;
+  {
+    GradientTape outer;
+    outer.watch(x);
+    Tensor ux;
+    {
+      GradientTape inner;
+      inner.watch(x);
+      ux = inner.gradient(ops::sum(net(x)), {x})[0];
+    }
+    uxx = outer.gradient(ops::sum(ux), {x})[0];
+  }
+  const float h = 1e-2f;
+  auto u = [&](float dx) {
+    std::vector<float> xs = x.to_vector<float>();
+    for (auto& e : xs) e += dx;
+    return net(Tensor::from_vector(xs, Shape{3, 1})).to_vector<float>();
+  };
+  const auto up = u(h), u0 = u(0), um = u(-h);
+  const auto a = uxx.to_vector<float>();
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(a[i], (up[i] - 2 * u0[i] + um[i]) / (h * h), 2e-2);
+}
+
+TEST_F(Tape, SecondDerivativeThroughConvIsRefusedNotZero) {
+  Tensor x = testing::random_tensor({1, 4, 4, 1}, 1);
+  Tensor w = testing::random_tensor({2, 2, 1, 1}, 2);
+  GradientTape outer;
+  outer.watch(x);
+  Tensor gx;
+  {
+    GradientTape inner;
+    inner.watch(x);
+    gx = inner.gradient(ops::sum(ops::square(ops::conv2d(x, w, Tensor()))), {x})[0];
+  }
+  EXPECT_THROW(outer.gradient(ops::sum(gx), {x}), Unimplemented);
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -17,7 +17,7 @@ Timing: steady-state training steps (host-side batch slicing + forward +
 backward + optimizer step). The first --warmup steps are excluded.
 
 Data: gzip IDX files under /usr/share/datasets/fashion-mnist (override with
---data-dir or the DTRAIN_FASHION_MNIST_DIR environment variable). Read with
+--data-dir or the DTRAIN_DATA_DIR environment variable). Read with
 gzip + numpy only (no torchvision).
 """
 
@@ -75,7 +75,7 @@ def _read_idx(path):
 def data_dir_from(arg):
     if arg:
         return arg
-    return os.environ.get("DTRAIN_FASHION_MNIST_DIR", DEFAULT_DATA_DIR)
+    return os.environ.get("DTRAIN_DATA_DIR", DEFAULT_DATA_DIR)
 
 
 def check_data(data_dir, need_test):
@@ -88,7 +88,7 @@ def check_data(data_dir, need_test):
         sys.stderr.write(
             "error: Fashion-MNIST data not found; missing file(s):\n  %s\n"
             "Provide the gzip IDX files in that directory, or point "
-            "--data-dir / DTRAIN_FASHION_MNIST_DIR at them.\n"
+            "--data-dir / DTRAIN_DATA_DIR at them.\n"
             % "\n  ".join(missing))
         sys.exit(2)
 

@@ -13,7 +13,7 @@ namespace {
 struct Registry {
   std::mutex mu;
   DeviceConfig config;
-  bool frozen = false;  // set on first device creation
+  bool frozen = false;  // set by configure_devices() or the first device creation
   std::vector<std::unique_ptr<Device>> cpus;
   std::vector<std::unique_ptr<Device>> gpus;
   bool gpus_probed = false;
@@ -67,6 +67,7 @@ void configure_devices(const DeviceConfig& config) {
                              "before creating any tensor or strategy");
   }
   r.config = config;
+  r.frozen = true;  // tensors may already name these devices: the layout is fixed from here on
 }
 
 Device& get_device(DeviceSpec spec) {

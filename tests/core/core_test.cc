@@ -1,0 +1,100 @@
+// Core value types: dtype conversions, shapes, tensors, Philox, errors.
+#include <thread>
+
+#include "dtrain/core/random.h"
+#include "testing/test_util.h"
+
+namespace dtrain {
+namespace {
+
+TEST(Dtype, HalfConversionsRoundTripAndRound) {
+  for (float f : {0.f, 1.f, -2.5f, 65504.f, 6.1035156e-05f, 5.9604645e-08f, 0.1f})
+    EXPECT_NEAR(f16_to_float(float_to_f16(f)), f, std::fabs(f) * 1e-3 + 1e-8) << f;
+  EXPECT_TRUE(std::isinf(f16_to_float(float_to_f16(1e6f))));
+  EXPECT_EQ(bf16_to_float(float_to_bf16(1.f)), 1.f);
+  EXPECT_EQ(bf16_to_float(float_to_bf16(1.00390625f)), 1.f);  // ties to even
+  EXPECT_EQ(dtype_from_name("bfloat16"), DType::kBFloat16);
+  EXPECT_THROW(dtype_from_name("float8"), InvalidArgument);
+}
+
+TEST(Philox, MatchesRandom123KnownAnswers) {
+  // philox4x32-10 known-answer vectors from Random123's kat_vectors.
+  auto zero = Philox(0, 0).block(0);
+  EXPECT_EQ(zero, (std::array<uint32_t, 4>{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}));
+  auto ones = Philox(~0ull, ~0ull).block(~0ull);
+  EXPECT_EQ(ones, (std::array<uint32_t, 4>{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
+}
+
+TEST(Philox, SameStreamOnAnyThread) {
+  Philox p(42, 7);
+  std::vector<float> here(1000), there(1000);
+  for (size_t i = 0; i < here.size(); ++i) here[i] = p.uniform(i);
+  std::thread t([&] {
+    for (size_t i = there.size(); i-- > 0;) there[i] = p.uniform(i);  // other order, other thread
+  });
+  t.join();
+  EXPECT_EQ(here, there);
+  double mean = 0;
+  for (float v : here) {
+    EXPECT_GE(v, 0.f);
+    EXPECT_LT(v, 1.f);
+    mean += v;
+  }
+  EXPECT_NEAR(mean / 1000, 0.5, 0.05);
+}
+
+TEST(Tensor, ViewsSlicesAndCopies) {
+  Tensor t = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, Shape{3, 2});
+  Tensor s = t.slice_rows(1, 3);
+  EXPECT_EQ(s.to_vector<float>(), (std::vector<float>{3, 4, 5, 6}));
+  EXPECT_NE(s.id(), t.id());
+  Tensor v = t.view(Shape{2, 3});
+  v.data<float>()[0] = 9;
+  EXPECT_EQ(t.to_vector<float>()[0], 9.f);  // views alias
+  Tensor c = t.clone();
+  c.data<float>()[0] = 1;
+  EXPECT_EQ(t.to_vector<float>()[0], 9.f);  // clones do not
+  EXPECT_THROW(t.view(Shape{4}), InvalidArgument);
+  EXPECT_THROW(t.slice_rows(2, 4), InvalidArgument);
+  EXPECT_THROW(t.data<int32_t>(), InvalidArgument);
+  EXPECT_THROW(Tensor::from_vector<float>({1, 2}, Shape{3}), InvalidArgument);
+  EXPECT_THROW(Tensor().shape(), FailedPrecondition);
+}
+
+TEST(Tensor, CopiesBetweenLogicalCpuDevices) {
+  testing::use_two_cpus();
+  Tensor t = Tensor::from_vector<int32_t>({1, 2, 3}, Shape{3});
+  Tensor u = t.to(DeviceSpec::cpu(1));
+  EXPECT_EQ(u.device(), DeviceSpec::cpu(1));
+  EXPECT_NE(u.raw_data(), t.raw_data());
+  EXPECT_EQ(u.to_vector<int32_t>(), (std::vector<int32_t>{1, 2, 3}));
+}
+
+TEST(Tensor, NoGpuInThisBuildOrMachineSaysHowToFix) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a GPU is present";
+  try {
+    Tensor::empty(Shape{1}, DType::kFloat32, DeviceSpec::gpu(0));
+    FAIL();
+  } catch (const Unavailable& e) {
+    EXPECT_NE(std::string(e.what()).find("--devices=cpu"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Devices, ParseFlagAndDescribe) {
+  testing::use_two_cpus();
+  EXPECT_EQ(parse_devices_flag("cpu:2", 1).size(), 2u);
+  EXPECT_THROW(parse_devices_flag("cpu:3", 1), FailedPrecondition);  // already configured with 2
+  EXPECT_THROW(parse_devices_flag("cpu:0"), InvalidArgument);
+  EXPECT_EQ(DeviceSpec::parse("gpu:1"), DeviceSpec::gpu(1));
+  EXPECT_THROW(DeviceSpec::parse("npu:0"), InvalidArgument);
+  EXPECT_NE(get_device(DeviceSpec::cpu(1)).description().find("CPU:1"), std::string::npos);
+  EXPECT_THROW(get_device(DeviceSpec::cpu(2)), NotFound);
+  if (cuda_device_count() == 0) EXPECT_THROW(parse_devices_flag("gpu"), Unavailable);
+}
+
+TEST(Errors, CheckFailuresAreInternalErrors) {
+  EXPECT_THROW(DTRAIN_CHECK(1 == 2, "math"), Internal);
+}
+
+}  // namespace
+}  // namespace dtrain

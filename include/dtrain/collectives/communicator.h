@@ -1,0 +1,67 @@
+// Communicator: a group of `size` ranks that run collectives together (gloo / c10d style).
+// Implementations are transports: in-process threads (inproc), TCP, NCCL, MPI. Every rank must
+// issue the same collectives in the same order; each call carries a fingerprint (sequence number,
+// op, dtype, count) that peers check, and a finite timeout.
+//
+// Collectives are asynchronous: they return a Work whose wait() blocks (with a timeout) until the
+// result is in place and rethrows any error. Tensors passed in must stay alive and untouched until
+// wait() returns. Thread-safety: one thread per rank issues collectives; Work may be waited on from
+// any thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtrain/core/tensor.h"
+
+namespace dtrain {
+
+enum class ReduceOp { kSum, kMean, kMax, kMin };
+const char* reduce_op_name(ReduceOp op);
+
+struct CollectiveOptions {
+  // Every blocking step of a collective gives up after this long with DeadlineExceeded naming
+  // the op and the ranks that did not arrive.
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
+// The pending result of an asynchronous collective.
+class Work {
+ public:
+  Work() = default;
+  explicit Work(std::shared_future<void> f, std::string what) : f_(std::move(f)), what_(std::move(what)) {}
+  // Blocks until done or `timeout` passes (DeadlineExceeded). Rethrows the collective's error.
+  void wait(std::chrono::milliseconds timeout = std::chrono::minutes(10)) const;
+  bool ready() const;
+  static Work completed();
+
+ private:
+  std::shared_future<void> f_;
+  std::string what_;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // In place: every rank's `tensor` becomes op(all ranks' tensors). Same shape/dtype on all ranks.
+  virtual Work allreduce(Tensor& tensor, ReduceOp op) = 0;
+  // output[r * n : (r + 1) * n] = rank r's input (n = input.numel()); output has size * n elements.
+  virtual Work allgather(const Tensor& input, Tensor& output) = 0;
+  // Every rank's tensor becomes root's.
+  virtual Work broadcast(Tensor& tensor, int root) = 0;
+  // output (n / size elements) = rank's slice of op(all inputs) (n divisible by size).
+  virtual Work reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) = 0;
+  virtual Work barrier() = 0;
+  // Makes every pending and future collective of the group fail fast with `reason` (used when one
+  // rank has failed, so the others do not wait for it).
+  virtual void abort(const std::string& reason) = 0;
+};
+
+}  // namespace dtrain

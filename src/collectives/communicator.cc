@@ -1,0 +1,30 @@
+#include "dtrain/collectives/communicator.h"
+
+namespace dtrain {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "SUM";
+    case ReduceOp::kMean: return "MEAN";
+    case ReduceOp::kMax: return "MAX";
+    case ReduceOp::kMin: return "MIN";
+  }
+  return "?";
+}
+
+void Work::wait(std::chrono::milliseconds timeout) const {
+  if (!f_.valid()) return;
+  if (f_.wait_for(timeout) != std::future_status::ready)
+    throw DeadlineExceeded(what_ + " did not finish within " + std::to_string(timeout.count()) +
+                           " ms; a peer is stuck or gone — check the other ranks' logs, or raise "
+                           "the collective timeout");
+  f_.get();
+}
+
+bool Work::ready() const {
+  return !f_.valid() || f_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
+
+Work Work::completed() { return Work(); }
+
+}  // namespace dtrain

@@ -1,0 +1,259 @@
+#include <immintrin.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "collectives/reduction.h"
+#include "dtrain/collectives/inproc.h"
+
+namespace dtrain {
+namespace {
+
+enum class Op : int { kAllreduce = 1, kAllgather, kBroadcast, kReduceScatter, kBarrier };
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::kAllreduce: return "allreduce";
+    case Op::kAllgather: return "allgather";
+    case Op::kBroadcast: return "broadcast";
+    case Op::kReduceScatter: return "reduce_scatter";
+    case Op::kBarrier: return "barrier";
+  }
+  return "?";
+}
+
+// What each rank posts before the first barrier of a collective.
+struct Slot {
+  uint64_t seq = 0;
+  Op op = Op::kBarrier;
+  DType dtype = DType::kFloat32;
+  int64_t count = 0;
+  int reduce = 0;
+  int root = 0;
+  const void* in = nullptr;
+  void* out = nullptr;
+};
+
+constexpr size_t kBlockBytes = 64 * 1024;  // cache block for the reduce-then-scatter pass
+
+class Group {
+ public:
+  Group(int size, CollectiveOptions opts)
+      : size_(size), opts_(opts), slots_(static_cast<size_t>(size)), arrived_(static_cast<size_t>(size)) {
+    spin_ = static_cast<unsigned>(size) <= std::max(1u, std::thread::hardware_concurrency());
+    for (auto& a : arrived_) a.store(0);
+  }
+
+  int size() const { return size_; }
+  Slot& slot(int r) { return slots_[static_cast<size_t>(r)]; }
+
+  // Generation barrier: spins (when cores allow), then sleeps; honours abort and the timeout.
+  void barrier(int rank, const char* what) {
+    check_aborted();
+    const uint64_t g = gen_.load(std::memory_order_acquire);
+    arrived_[static_cast<size_t>(rank)].store(g + 1, std::memory_order_relaxed);
+    if (count_.fetch_add(1, std::memory_order_acq_rel) == size_ - 1) {
+      count_.store(0, std::memory_order_relaxed);
+      gen_.fetch_add(1, std::memory_order_release);
+      std::lock_guard<std::mutex> lock(mu_);
+      cv_.notify_all();
+      return;
+    }
+    if (spin_) {
+      for (int i = 0; i < 20000; ++i) {
+        if (gen_.load(std::memory_order_acquire) != g) return;
+        _mm_pause();
+      }
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    const bool done = cv_.wait_for(lock, opts_.timeout, [&] {
+      return gen_.load(std::memory_order_acquire) != g || aborted_.load();
+    });
+    if (gen_.load(std::memory_order_acquire) != g) return;
+    if (aborted_.load()) throw Unavailable(abort_reason_);
+    if (!done) {
+      std::string missing;
+      for (int r = 0; r < size_; ++r)
+        if (arrived_[static_cast<size_t>(r)].load() != g + 1) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      const std::string msg = std::string(what) + " on rank " + std::to_string(rank) +
+                              ": rank(s) " + missing + " did not arrive within " +
+                              std::to_string(opts_.timeout.count()) +
+                              " ms; every replica must issue the same collectives in the same order";
+      abort_locked(msg);
+      throw DeadlineExceeded(msg);
+    }
+  }
+
+  void abort(const std::string& reason) {
+    std::lock_guard<std::mutex> lock(mu_);
+    abort_locked(reason);
+  }
+
+  void check_aborted() {
+    if (aborted_.load()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      throw Unavailable(abort_reason_);
+    }
+  }
+
+ private:
+  void abort_locked(const std::string& reason) {
+    if (!aborted_.exchange(true)) abort_reason_ = "collective group aborted: " + reason;
+    cv_.notify_all();
+  }
+
+  const int size_;
+  const CollectiveOptions opts_;
+  bool spin_;
+  std::vector<Slot> slots_;
+  std::vector<std::atomic<uint64_t>> arrived_;
+  std::atomic<int> count_{0};
+  std::atomic<uint64_t> gen_{0};
+  std::atomic<bool> aborted_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string abort_reason_;
+};
+
+class InprocCommunicator final : public Communicator {
+ public:
+  InprocCommunicator(std::shared_ptr<Group> g, int rank) : g_(std::move(g)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return g_->size(); }
+
+  Work allreduce(Tensor& t, ReduceOp op) override {
+    require_host(t, "allreduce");
+    post(Op::kAllreduce, t.dtype(), t.numel(), static_cast<int>(op), 0, t.raw_data(), t.raw_data());
+    run("allreduce", [&] {
+      const int n = size();
+      const size_t esize = dtype_size(t.dtype());
+      const int64_t count = t.numel();
+      const int64_t begin = count * rank_ / n, end = count * (rank_ + 1) / n;
+      const int64_t block = std::max<int64_t>(1, static_cast<int64_t>(kBlockBytes / esize));
+      char* own = static_cast<char*>(t.raw_data());
+      for (int64_t b = begin; b < end; b += block) {
+        const size_t m = static_cast<size_t>(std::min(block, end - b));
+        char* mine = own + static_cast<size_t>(b) * esize;
+        for (int r = 0; r < n; ++r)
+          if (r != rank_)
+            collectives::reduce_into(mine, static_cast<const char*>(g_->slot(r).in) + static_cast<size_t>(b) * esize,
+                                     m, t.dtype(), op);
+        if (op == ReduceOp::kMean) collectives::scale_for_mean(mine, m, t.dtype(), n);
+        for (int r = 0; r < n; ++r)
+          if (r != rank_) std::memcpy(static_cast<char*>(g_->slot(r).out) + static_cast<size_t>(b) * esize, mine, m * esize);
+      }
+    });
+    return Work::completed();
+  }
+
+  Work allgather(const Tensor& in, Tensor& out) override {
+    require_host(in, "allgather");
+    require_host(out, "allgather");
+    if (out.numel() != in.numel() * size() || out.dtype() != in.dtype())
+      throw InvalidArgument("allgather: output must hold size * input.numel() = " +
+                            std::to_string(in.numel() * size()) + " elements of the input's dtype, got " + out.to_string());
+    post(Op::kAllgather, in.dtype(), in.numel(), 0, 0, in.raw_data(), out.raw_data());
+    run("allgather", [&] {
+      const size_t bytes = in.nbytes();
+      for (int r = 0; r < size(); ++r)
+        std::memcpy(static_cast<char*>(out.raw_data()) + static_cast<size_t>(r) * bytes, g_->slot(r).in, bytes);
+    });
+    return Work::completed();
+  }
+
+  Work broadcast(Tensor& t, int root) override {
+    require_host(t, "broadcast");
+    if (root < 0 || root >= size()) throw InvalidArgument("broadcast: root " + std::to_string(root) + " out of range");
+    post(Op::kBroadcast, t.dtype(), t.numel(), 0, root, t.raw_data(), t.raw_data());
+    run("broadcast", [&] {
+      if (rank_ != root) std::memcpy(t.raw_data(), g_->slot(root).in, t.nbytes());
+    });
+    return Work::completed();
+  }
+
+  Work reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
+    require_host(in, "reduce_scatter");
+    const int n = size();
+    if (in.numel() % n != 0 || out.numel() != in.numel() / n || out.dtype() != in.dtype())
+      throw InvalidArgument("reduce_scatter: input of " + std::to_string(in.numel()) +
+                            " elements must split evenly into " + std::to_string(n) + " outputs of the same dtype, got " + out.to_string());
+    post(Op::kReduceScatter, in.dtype(), in.numel(), static_cast<int>(op), 0, in.raw_data(), out.raw_data());
+    run("reduce_scatter", [&] {
+      const size_t m = static_cast<size_t>(out.numel()), off = m * static_cast<size_t>(rank_) * dtype_size(in.dtype());
+      collectives::reduce_pair(out.raw_data(), static_cast<const char*>(g_->slot(0).in) + off,
+                               static_cast<const char*>(g_->slot(n > 1 ? 1 : 0).in) + off, n > 1 ? m : 0, in.dtype(), op);
+      if (n == 1) std::memcpy(out.raw_data(), static_cast<const char*>(g_->slot(0).in) + off, out.nbytes());
+      for (int r = 2; r < n; ++r)
+        collectives::reduce_into(out.raw_data(), static_cast<const char*>(g_->slot(r).in) + off, m, in.dtype(), op);
+      if (op == ReduceOp::kMean) collectives::scale_for_mean(out.raw_data(), m, in.dtype(), n);
+    });
+    return Work::completed();
+  }
+
+  Work barrier() override {
+    post(Op::kBarrier, DType::kFloat32, 0, 0, 0, nullptr, nullptr);
+    g_->barrier(rank_, "barrier");
+    return Work::completed();
+  }
+
+  void abort(const std::string& reason) override { g_->abort(reason); }
+
+ private:
+  static void require_host(const Tensor& t, const char* op) {
+    if (!t.device().host_accessible())
+      throw InvalidArgument(std::string(op) + ": the in-process transport works on host memory, got " +
+                            t.to_string() + "; use the NCCL backend for GPU tensors");
+  }
+
+  void post(Op op, DType dtype, int64_t count, int reduce, int root, const void* in, void* out) {
+    Slot& s = g_->slot(rank_);
+    s = Slot{++seq_, op, dtype, count, reduce, root, in, out};
+  }
+
+  // Barrier, fingerprint check against every rank, body, barrier (so buffers stay valid until all
+  // ranks are done with them). A failing body aborts the group so that nobody waits for us.
+  template <typename F>
+  void run(const char* what, F&& body) {
+    g_->barrier(rank_, what);
+    const Slot& me = g_->slot(rank_);
+    for (int r = 0; r < size(); ++r) {
+      const Slot& o = g_->slot(r);
+      if (o.seq != me.seq || o.op != me.op || o.dtype != me.dtype || o.count != me.count ||
+          o.reduce != me.reduce || o.root != me.root) {
+        const std::string msg = detail::str_cat(
+            "collective mismatch: rank ", rank_, " issued #", me.seq, " ", op_name(me.op), "(", dtype_name(me.dtype),
+            " x", me.count, ", ", reduce_op_name(static_cast<ReduceOp>(me.reduce)), ") but rank ", r, " issued #", o.seq,
+            " ", op_name(o.op), "(", dtype_name(o.dtype), " x", o.count, ", ",
+            reduce_op_name(static_cast<ReduceOp>(o.reduce)),
+            "); every replica must run the same collectives on tensors of the same shape, in the same order");
+        g_->abort(msg);
+        throw InvalidArgument(msg);
+      }
+    }
+    try {
+      body();
+    } catch (const std::exception& e) {
+      g_->abort(std::string(what) + " failed on rank " + std::to_string(rank_) + ": " + e.what());
+      throw;
+    }
+    g_->barrier(rank_, what);
+  }
+
+  std::shared_ptr<Group> g_;
+  int rank_;
+  uint64_t seq_ = 0;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> make_inproc_group(int size, CollectiveOptions options) {
+  if (size < 1) throw InvalidArgument("an in-process group needs at least one rank, got " + std::to_string(size));
+  auto g = std::make_shared<Group>(size, options);
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (int r = 0; r < size; ++r) out.push_back(std::make_unique<InprocCommunicator>(g, r));
+  return out;
+}
+
+}  // namespace dtrain

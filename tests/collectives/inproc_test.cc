@@ -1,0 +1,155 @@
+// Exact-result tests of the in-process collectives over world sizes {1,2,3,4,7}, counts
+// {0,1,odd,large} and every dtype, plus mismatch, abort and timeout behaviour.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <thread>
+
+#include "dtrain/collectives/inproc.h"
+
+namespace dtrain {
+namespace {
+
+// Runs body(rank, comm) on one thread per rank; returns the exceptions' messages ("" if none).
+std::vector<std::string> run_ranks(int n, const std::function<void(int, Communicator&)>& body,
+                                   CollectiveOptions opts = {}) {
+  auto comms = make_inproc_group(n, opts);
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        body(r, *comms[static_cast<size_t>(r)]);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+// Rank r's value at element i: distinct per rank and element, exact in every dtype.
+double value(int r, int64_t i) { return static_cast<double>((r + 1) * 3 + (i % 17)); }
+
+Tensor make(DType t, int64_t n, int r) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = value(r, i);
+  Tensor x = Tensor::empty(Shape{n}, t);
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = v[static_cast<size_t>(i)];
+    switch (t) {
+      case DType::kFloat32: x.data<float>()[i] = static_cast<float>(d); break;
+      case DType::kFloat64: x.data<double>()[i] = d; break;
+      case DType::kInt32: x.data<int32_t>()[i] = static_cast<int32_t>(d); break;
+      case DType::kInt64: x.data<int64_t>()[i] = static_cast<int64_t>(d); break;
+      case DType::kFloat16: static_cast<uint16_t*>(x.raw_data())[i] = float_to_f16(static_cast<float>(d)); break;
+      case DType::kBFloat16: static_cast<uint16_t*>(x.raw_data())[i] = float_to_bf16(static_cast<float>(d)); break;
+    }
+  }
+  return x;
+}
+
+double expected(ReduceOp op, int n, int64_t i) {
+  double acc = value(0, i);
+  for (int r = 1; r < n; ++r) {
+    const double v = value(r, i);
+    acc = op == ReduceOp::kMax ? std::max(acc, v) : op == ReduceOp::kMin ? std::min(acc, v) : acc + v;
+  }
+  return op == ReduceOp::kMean ? acc / n : acc;
+}
+
+const DType kTypes[] = {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64, DType::kFloat16, DType::kBFloat16};
+
+TEST(Inproc, AllreduceExactForAllSizesCountsDtypesOps) {
+  for (int n : {1, 2, 3, 4, 7})
+    for (int64_t count : {0, 1, 13, 100003})
+      for (DType t : kTypes)
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax, ReduceOp::kMin}) {
+          if ((t == DType::kInt32 || t == DType::kInt64) && op == ReduceOp::kMean) continue;  // truncates
+          if (count == 100003 && t != DType::kFloat32 && op != ReduceOp::kSum) continue;       // keep it quick
+          std::vector<Tensor> out(static_cast<size_t>(n));
+          auto errs = run_ranks(n, [&](int r, Communicator& c) {
+            out[static_cast<size_t>(r)] = make(t, count, r);
+            c.allreduce(out[static_cast<size_t>(r)], op).wait();
+          });
+          for (const auto& e : errs) ASSERT_EQ(e, "");
+          for (int r = 0; r < n; ++r) {
+            const auto got = out[static_cast<size_t>(r)].to_vector<double>();
+            for (int64_t i = 0; i < count; ++i) {
+              const double want = expected(op, n, i);
+              const double tol = (t == DType::kBFloat16 || t == DType::kFloat16) ? std::fabs(want) * 1e-2 : 1e-9 * std::fabs(want);
+              ASSERT_NEAR(got[static_cast<size_t>(i)], want, tol)
+                  << "n=" << n << " count=" << count << " " << dtype_name(t) << " " << reduce_op_name(op) << " rank " << r << " i " << i;
+            }
+          }
+        }
+}
+
+TEST(Inproc, AllgatherBroadcastReduceScatterBarrier) {
+  for (int n : {1, 2, 3, 4, 7}) {
+    const int64_t count = 5;
+    std::vector<Tensor> gathered(static_cast<size_t>(n)), bcast(static_cast<size_t>(n)), rs(static_cast<size_t>(n));
+    auto errs = run_ranks(n, [&](int r, Communicator& c) {
+      Tensor in = make(DType::kInt64, count, r);
+      gathered[static_cast<size_t>(r)] = Tensor::empty(Shape{count * n}, DType::kInt64);
+      c.allgather(in, gathered[static_cast<size_t>(r)]).wait();
+      bcast[static_cast<size_t>(r)] = make(DType::kFloat32, count, r);
+      c.broadcast(bcast[static_cast<size_t>(r)], n - 1).wait();
+      Tensor big = make(DType::kFloat64, count * n, r);
+      rs[static_cast<size_t>(r)] = Tensor::empty(Shape{count}, DType::kFloat64);
+      c.reduce_scatter(big, rs[static_cast<size_t>(r)], ReduceOp::kSum).wait();
+      c.barrier().wait();
+    });
+    for (const auto& e : errs) ASSERT_EQ(e, "");
+    for (int r = 0; r < n; ++r) {
+      const auto g = gathered[static_cast<size_t>(r)].to_vector<double>();
+      for (int s = 0; s < n; ++s)
+        for (int64_t i = 0; i < count; ++i) EXPECT_EQ(g[static_cast<size_t>(s * count + i)], value(s, i));
+      const auto b = bcast[static_cast<size_t>(r)].to_vector<double>();
+      for (int64_t i = 0; i < count; ++i) EXPECT_EQ(b[static_cast<size_t>(i)], value(n - 1, i));
+      const auto x = rs[static_cast<size_t>(r)].to_vector<double>();
+      for (int64_t i = 0; i < count; ++i) EXPECT_EQ(x[static_cast<size_t>(i)], expected(ReduceOp::kSum, n, r * count + i));
+    }
+  }
+}
+
+TEST(Inproc, MismatchedCollectivesFailOnEveryRankNamingBoth) {
+  auto errs = run_ranks(3, [&](int r, Communicator& c) {
+    Tensor t = Tensor::zeros(Shape{r == 2 ? 5 : 4});
+    c.allreduce(t, ReduceOp::kSum).wait();
+  });
+  for (const auto& e : errs) {
+    EXPECT_NE(e.find("collective mismatch"), std::string::npos) << e;
+    EXPECT_NE(e.find("x5"), std::string::npos) << e;
+  }
+}
+
+TEST(Inproc, AbortWakesWaitersFast) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto errs = run_ranks(3, [&](int r, Communicator& c) {
+    if (r == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      c.abort("replica 1 crashed");
+      return;
+    }
+    Tensor t = Tensor::zeros(Shape{4});
+    c.allreduce(t, ReduceOp::kSum).wait();
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_NE(errs[0].find("replica 1 crashed"), std::string::npos) << errs[0];
+  EXPECT_NE(errs[2].find("replica 1 crashed"), std::string::npos) << errs[2];
+}
+
+TEST(Inproc, MissingRankTimesOutNamingIt) {
+  CollectiveOptions o;
+  o.timeout = std::chrono::milliseconds(300);
+  auto errs = run_ranks(3, [&](int r, Communicator& c) {
+    if (r == 2) return;  // never shows up
+    c.barrier().wait();
+  }, o);
+  EXPECT_NE(errs[0].find("rank(s) 2 did not arrive"), std::string::npos) << errs[0];
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -18,6 +18,7 @@ struct GradientTape::Node {
 
 namespace {
 thread_local std::vector<GradientTape*> t_tapes;
+thread_local tape::GradientReadyHook* t_hook = nullptr;
 }  // namespace
 
 struct TapeAccess {
@@ -49,6 +50,11 @@ void GradientTape::watch(const Tensor& t) { watched_.insert(t.id()); }
 
 std::vector<Tensor> GradientTape::gradient(const Tensor& target, const std::vector<Tensor>& sources,
                                            const Tensor& output_gradient) {
+  return compute(target, sources, output_gradient, nullptr);
+}
+
+std::vector<Tensor> GradientTape::compute(const Tensor& target, const std::vector<Tensor>& sources,
+                                          const Tensor& output_gradient, tape::GradientReadyHook* hook) {
   if (used_ && !persistent_)
     throw FailedPrecondition(
         "gradient() was already called on this non-persistent GradientTape; construct it with "
@@ -60,8 +66,31 @@ std::vector<Tensor> GradientTape::gradient(const Tensor& target, const std::vect
     throw InvalidArgument("output_gradient shape " + output_gradient.shape().to_string() +
                           " differs from target shape " + target.shape().to_string());
   grads[target.id()] = output_gradient.defined() ? output_gradient : ops::ones_like(target);
+  // With a hook: ready_at[k] lists the sources whose gradient is final once node k is processed
+  // (k = the earliest node that reads the source).
+  std::vector<std::vector<size_t>> ready_at;
+  std::vector<bool> reported(sources.size(), false);
+  if (hook) {
+    std::unordered_map<uint64_t, size_t> first_use;
+    for (size_t k = 0; k < nodes_.size(); ++k)
+      for (uint64_t id : nodes_[k]->input_ids) first_use.emplace(id, k);
+    ready_at.resize(nodes_.size());
+    for (size_t i = 0; i < sources.size(); ++i) {
+      auto f = first_use.find(sources[i].id());
+      if (f != first_use.end()) ready_at[f->second].push_back(i);
+    }
+  }
   for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
     const Node& n = **it;
+    if (hook) {  // report after this node (the loop body below `continue`s, so report first for k+1)
+      const size_t k = static_cast<size_t>(nodes_.rend() - it);  // index of the node after n
+      if (k < nodes_.size())
+        for (size_t i : ready_at[k]) {
+          auto g = grads.find(sources[i].id());
+          hook->on_ready(i, g == grads.end() ? Tensor() : g->second);
+          reported[i] = true;
+        }
+    }
     std::vector<Tensor> og(n.output_ids.size());
     bool any = false;
     for (size_t j = 0; j < og.size(); ++j) {
@@ -95,6 +124,11 @@ std::vector<Tensor> GradientTape::gradient(const Tensor& target, const std::vect
     auto g = grads.find(s.id());
     out.push_back(g == grads.end() ? Tensor() : g->second);
   }
+  if (hook) {
+    for (size_t i = 0; i < sources.size(); ++i)
+      if (!reported[i]) hook->on_ready(i, out[i]);
+    hook->on_done();
+  }
   if (!persistent_) {
     nodes_.clear();
     watched_.clear();
@@ -108,10 +142,19 @@ std::vector<Tensor> GradientTape::gradient(const Tensor& target,
   std::vector<Tensor> sources;
   sources.reserve(variables.size());
   for (const auto& v : variables) sources.push_back(v->value());
-  return gradient(target, sources, output_gradient);
+  if (used_ && !persistent_) return gradient(target, sources, output_gradient);  // throws
+  // The strategy's hook sees variable gradients of the outermost tape only (a training step).
+  tape::GradientReadyHook* hook = t_tapes.size() == 1 && t_tapes[0] == this ? t_hook : nullptr;
+  return compute(target, sources, output_gradient, hook);
 }
 
 namespace tape {
+
+GradientReadyHook* set_gradient_ready_hook(GradientReadyHook* hook) {
+  GradientReadyHook* prev = t_hook;
+  t_hook = hook;
+  return prev;
+}
 
 bool should_record(std::initializer_list<const Tensor*> inputs) {
   for (GradientTape* t : t_tapes) {

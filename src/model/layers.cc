@@ -147,11 +147,13 @@ Tensor BatchNormalization::call(const Tensor& x, bool training) {
   if (x.numel() > 0) {
     Kernels& k = kernels_for(x);
     // moving = momentum * moving + (1 - momentum) * batch, on this replica's copy.
-    moving_mean->update([&](Tensor& m) {
-      m.copy_from(k.binary(BinaryOp::kAdd, k.affine(m, momentum_, 0.f), k.affine(mean, 1.f - momentum_, 0.f)));
+    moving_mean->update([&](Tensor& m, size_t) {
+      m.copy_from(k.binary(BinaryOp::kAdd, k.affine(m, momentum_, 0.f),
+                           k.affine(mean.to(m.device()), 1.f - momentum_, 0.f)));
     });
-    moving_variance->update([&](Tensor& v) {
-      v.copy_from(k.binary(BinaryOp::kAdd, k.affine(v, momentum_, 0.f), k.affine(var, 1.f - momentum_, 0.f)));
+    moving_variance->update([&](Tensor& v, size_t) {
+      v.copy_from(k.binary(BinaryOp::kAdd, k.affine(v, momentum_, 0.f),
+                           k.affine(var.to(v.device()), 1.f - momentum_, 0.f)));
     });
   }
   return y;

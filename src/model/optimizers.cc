@@ -79,10 +79,12 @@ void Optimizer::apply_gradients(const std::vector<Tensor>& grads,
   }
   for (size_t i = 0; i < vars.size(); ++i) {
     if (!g[i].defined()) continue;
-    std::vector<Tensor> slots;
-    for (const auto& s : *slot_lists[i]) slots.push_back(s->value());
     const Tensor& grad = g[i];
-    vars[i]->update([&](Tensor& value) { update(value, grad, slots, step); });
+    vars[i]->update([&](Tensor& value, size_t copy) {
+      std::vector<Tensor> slots;
+      for (const auto& s : *slot_lists[i]) slots.push_back(s->device_values().at(copy));
+      update(value, grad.device() == value.device() ? grad : grad.to(value.device()), slots, step);
+    });
   }
 }
 

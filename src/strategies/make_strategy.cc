@@ -1,11 +1,12 @@
 #include "dtrain/strategies/make_strategy.h"
 
+#include "dtrain/strategies/mirrored_strategy.h"
 #include "dtrain/strategies/one_device_strategy.h"
 #include "strategies/default_strategy.h"
 
 namespace dtrain {
 
-std::vector<std::string> strategy_names() { return {"default", "one_device"}; }
+std::vector<std::string> strategy_names() { return {"default", "one_device", "mirrored", "central_storage"}; }
 
 std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyOptions& options) {
   const std::vector<DeviceSpec> devices =
@@ -16,6 +17,12 @@ std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyO
       throw InvalidArgument("--strategy=one_device uses exactly one device but --devices gave " +
                             std::to_string(devices.size()) + "; pass --devices=cpu or --devices=gpu:0");
     return std::make_unique<OneDeviceStrategy>(devices[0]);
+  }
+  if (name == "mirrored" || name == "central_storage") {
+    MirroredOptions m = options.mirrored;
+    m.devices = options.devices;  // empty: all GPUs, else CPU:0
+    if (name == "mirrored") return std::make_unique<MirroredStrategy>(m);
+    return std::make_unique<CentralStorageStrategy>(m, DeviceSpec::cpu(0));
   }
   std::string valid;
   for (const auto& n : strategy_names()) valid += (valid.empty() ? "" : ", ") + n;

@@ -1,6 +1,7 @@
 #include "dtrain/strategies/strategy.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "dtrain/data/dataset.h"
 #include "dtrain/devices/device.h"
@@ -85,6 +86,8 @@ PerReplica Strategy::run(const ReplicaFn& fn, const PerReplica& inputs) {
 
 std::vector<Tensor> Strategy::reduce(ReduceOp op, const PerReplica& values, std::optional<int> axis) {
   if (values.values.empty()) throw InvalidArgument("reduce(): no per-replica values");
+  if (op != ReduceOp::kSum && op != ReduceOp::kMean)
+    throw InvalidArgument("strategy.reduce() supports SUM and MEAN (as in TF), got " + std::string(reduce_op_name(op)));
   const DeviceSpec dst = worker_devices().front();
   const size_t k = values.values.front().size();
   std::vector<Tensor> out;
@@ -109,6 +112,43 @@ std::vector<Tensor> Strategy::reduce(ReduceOp op, const PerReplica& values, std:
     if (op == ReduceOp::kMean)
       acc = kernels_for(acc).affine(acc, count ? 1.f / static_cast<float>(count) : 0.f, 0.f);
     out.push_back(acc);
+  }
+  return out;
+}
+
+std::vector<Tensor> Strategy::gather(const PerReplica& values, int axis) {
+  if (values.values.empty()) throw InvalidArgument("gather(): no per-replica values");
+  const DeviceSpec dst = worker_devices().front();
+  std::vector<Tensor> out;
+  for (size_t j = 0; j < values.values.front().size(); ++j) {
+    std::vector<Tensor> parts;
+    for (const auto& rep : values.values) parts.push_back(rep.at(j).to(DeviceSpec::cpu()));
+    const Shape& s0 = parts[0].shape();
+    const int a = axis < 0 ? axis + s0.rank() : axis;
+    if (a < 0 || a >= s0.rank()) throw InvalidArgument("gather(): axis " + std::to_string(axis) + " out of range for " + s0.to_string());
+    std::vector<int64_t> dims = s0.dims();
+    dims[static_cast<size_t>(a)] = 0;
+    for (const auto& p : parts) {
+      for (int d = 0; d < s0.rank(); ++d)
+        if (d != a && p.shape()[d] != s0[d])
+          throw InvalidArgument("gather(): replicas' shapes differ outside axis " + std::to_string(a) + ": " +
+                                s0.to_string() + " vs " + p.shape().to_string());
+      dims[static_cast<size_t>(a)] += p.shape()[a];
+    }
+    Tensor cat = Tensor::empty(Shape(dims), parts[0].dtype());
+    int64_t outer = 1;
+    for (int d = 0; d < a; ++d) outer *= s0[d];
+    const size_t esize = dtype_size(cat.dtype());
+    const size_t out_row = static_cast<size_t>(cat.numel() / std::max<int64_t>(outer, 1)) * esize;
+    size_t offset = 0;
+    for (const auto& p : parts) {
+      const size_t row = static_cast<size_t>(p.numel() / std::max<int64_t>(outer, 1)) * esize;
+      for (int64_t o = 0; o < outer; ++o)
+        std::memcpy(static_cast<char*>(cat.raw_data()) + static_cast<size_t>(o) * out_row + offset,
+                    static_cast<const char*>(p.raw_data()) + static_cast<size_t>(o) * row, row);
+      offset += row;
+    }
+    out.push_back(cat.to(dst));
   }
   return out;
 }

@@ -89,7 +89,9 @@ TEST(Devices, ParseFlagAndDescribe) {
   EXPECT_THROW(DeviceSpec::parse("npu:0"), InvalidArgument);
   EXPECT_NE(get_device(DeviceSpec::cpu(1)).description().find("CPU:1"), std::string::npos);
   EXPECT_THROW(get_device(DeviceSpec::cpu(2)), NotFound);
-  if (cuda_device_count() == 0) EXPECT_THROW(parse_devices_flag("gpu"), Unavailable);
+  if (cuda_device_count() == 0) {
+    EXPECT_THROW(parse_devices_flag("gpu"), Unavailable);
+  }
 }
 
 TEST(Errors, CheckFailuresAreInternalErrors) {

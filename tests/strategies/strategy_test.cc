@@ -112,8 +112,11 @@ TEST_F(Strategies, FactoryNamesTheValidValues) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("one_device"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(make_strategy("one_device", {{DeviceSpec::cpu(0), DeviceSpec::cpu(1)}}), InvalidArgument);
-  EXPECT_EQ(make_strategy("one_device", {{DeviceSpec::cpu(1)}})->worker_devices()[0], DeviceSpec::cpu(1));
+  StrategyOptions two, one;
+  two.devices = {DeviceSpec::cpu(0), DeviceSpec::cpu(1)};
+  one.devices = {DeviceSpec::cpu(1)};
+  EXPECT_THROW(make_strategy("one_device", two), InvalidArgument);
+  EXPECT_EQ(make_strategy("one_device", one)->worker_devices()[0], DeviceSpec::cpu(1));
 }
 
 TEST_F(Strategies, BadDevicesFlagsAreRejectedWithTheAcceptedForms) {

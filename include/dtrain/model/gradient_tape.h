@@ -24,6 +24,9 @@
 namespace dtrain {
 
 class Variable;
+namespace tape {
+class GradientReadyHook;
+}
 
 class GradientTape {
  public:
@@ -57,6 +60,8 @@ class GradientTape {
 
  private:
   friend struct TapeAccess;
+  std::vector<Tensor> compute(const Tensor& target, const std::vector<Tensor>& sources,
+                              const Tensor& output_gradient, tape::GradientReadyHook* hook);
   bool persistent_;
   bool used_ = false;
   int paused_ = 0;
@@ -66,6 +71,21 @@ class GradientTape {
 
 // Interface ops use to record themselves. Not for model code.
 namespace tape {
+// Receives each source's gradient the moment the backward pass has finished it, so a strategy can
+// start all-reducing a pack of gradients while the rest of backward runs (PyTorch DDP's bucket
+// hooks). Installed per thread by the strategy for the duration of a replica step; used only by
+// GradientTape::gradient(target, variables) on the outermost tape.
+class GradientReadyHook {
+ public:
+  virtual ~GradientReadyHook() = default;
+  // grad may be undefined (the target does not depend on that source).
+  virtual void on_ready(size_t source_index, const Tensor& grad) = 0;
+  // Backward finished; every source was reported.
+  virtual void on_done() = 0;
+};
+// Sets the calling thread's hook (nullptr clears it); returns the previous one.
+GradientReadyHook* set_gradient_ready_hook(GradientReadyHook* hook);
+
 // Given gradients w.r.t. the outputs (undefined = zero), returns gradients w.r.t. each input
 // (undefined = no gradient / not differentiable w.r.t. that input).
 using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& output_grads)>;

@@ -56,9 +56,15 @@ class Variable {
   virtual void assign(const Tensor& v) = 0;
   virtual void assign_add(const Tensor& delta) = 0;
   virtual void assign_sub(const Tensor& delta) = 0;
-  // Runs an in-place update on the copy (or copies) this call owns. Optimizers use it with a
-  // gradient that is already identical on every replica, so mirrored copies stay equal.
-  virtual void update(const std::function<void(Tensor& value)>& fn) { Tensor v = value(); fn(v); }
+  // Runs fn(copy, copy_index) on each copy this call owns: in replica context the replica's own
+  // copy (mirrored) or the single central copy from replica 0 only (central storage); in
+  // cross-replica context every copy. copy_index indexes device_values() and lines up across the
+  // variables of one strategy, so an optimizer pairs a variable's copy with its slots' copies.
+  // Optimizers call it with a gradient that is identical on every replica, so copies stay equal.
+  virtual void update(const std::function<void(Tensor& value, size_t copy_index)>& fn) {
+    Tensor v = value();
+    fn(v, 0);
+  }
   // Every device copy (one for a plain variable).
   virtual std::vector<Tensor> device_values() const { return {value()}; }
 

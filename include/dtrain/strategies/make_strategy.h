@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/strategies/mirrored_strategy.h"
 #include "dtrain/strategies/strategy.h"
 
 namespace dtrain {
@@ -12,6 +13,8 @@ namespace dtrain {
 struct StrategyOptions {
   // Replica devices, from parse_devices_flag(); empty = CPU:0.
   std::vector<DeviceSpec> devices;
+  // mirrored / central_storage: cross-device ops, pack size, overlap, timeout (devices ignored).
+  MirroredOptions mirrored;
 };
 
 // The --strategy values this build accepts, e.g. {"default", "one_device"}.

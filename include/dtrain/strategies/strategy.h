@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/collectives/communicator.h"
 #include "dtrain/core/tensor.h"
 #include "dtrain/model/variable.h"
 
@@ -26,8 +27,6 @@ namespace dtrain {
 
 class Strategy;
 class Dataset;
-
-enum class ReduceOp { kSum, kMean };
 
 // Values that differ per replica: values[replica][k] is output k of replica `replica`.
 struct PerReplica {
@@ -101,6 +100,9 @@ class Strategy {
   // (e.g. MEAN over axis 0 divides by the total number of examples). Returns tensors on the
   // first worker device.
   std::vector<Tensor> reduce(ReduceOp op, const PerReplica& values, std::optional<int> axis = std::nullopt);
+  // Concatenates per-replica values along `axis` in replica order (TF's strategy.gather), on the
+  // first worker device. Replicas may contribute 0 rows.
+  std::vector<Tensor> gather(const PerReplica& values, int axis = 0);
   // Splits a dataset batched at the global batch size into per-replica batches on each replica's
   // device. The returned function yields the next PerReplica and returns false at the end.
   // global_batch_size 0 = the leading dimension of the first batch.

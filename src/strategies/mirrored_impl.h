@@ -1,0 +1,88 @@
+// Private to src/strategies: the state behind MirroredStrategy / CentralStorageStrategy.
+#pragma once
+
+#include <mutex>
+
+#include "devices/worker_thread.h"
+#include "dtrain/collectives/communicator.h"
+#include "dtrain/model/gradient_tape.h"
+#include "dtrain/strategies/mirrored_strategy.h"
+
+namespace dtrain {
+
+class MirroredReplicaContext;
+
+// Fuses gradients into packs as backward produces them and all-reduces each pack on the
+// replica's communication thread (see MirroredOptions::bytes_per_pack).
+class GradientPacker final : public tape::GradientReadyHook {
+ public:
+  explicit GradientPacker(MirroredReplicaContext* ctx) : ctx_(ctx) {}
+  void reset();
+  void on_ready(size_t index, const Tensor& grad) override;
+  void on_done() override;
+  // If `grads` are exactly the gradients this packer saw (same tensors, same order), waits for
+  // their packs and returns the reduced tensors; otherwise returns false.
+  bool take(const std::vector<Tensor>& grads, ReduceOp op, std::vector<Tensor>* out);
+
+ private:
+  struct Pack {
+    std::vector<size_t> indices;
+    std::vector<Tensor> grads;
+    size_t bytes = 0;
+    std::future<std::vector<Tensor>> result;
+  };
+  void launch();
+  MirroredReplicaContext* ctx_;
+  std::vector<Tensor> seen_;  // by source index
+  std::vector<Pack> packs_;
+  Pack current_;
+};
+
+class MirroredReplicaContext final : public ReplicaContext {
+ public:
+  MirroredReplicaContext(MirroredStrategy* s, MirroredStrategy::Impl* impl, int replica);
+  Strategy& strategy() const override;
+  int replica_id_in_sync_group() const override { return replica_; }
+  int num_replicas_in_sync() const override;
+  DeviceSpec device() const override;
+  std::vector<Tensor> all_reduce(ReduceOp op, const std::vector<Tensor>& values) override;
+  Tensor all_gather(const Tensor& value, int axis) override;
+  std::vector<Tensor> merge_call(const std::function<std::vector<Tensor>(Strategy&, const PerReplica&)>& fn,
+                                 const std::vector<Tensor>& args) override;
+
+  // Packs `values` into one buffer per dtype, all-reduces it on the communication thread and
+  // returns new tensors (never aliasing the inputs).
+  std::future<std::vector<Tensor>> all_reduce_async(ReduceOp op, std::vector<Tensor> values);
+  GradientPacker& packer() { return packer_; }
+  size_t bytes_per_pack() const;
+  void barrier();
+
+ private:
+  MirroredStrategy* strategy_;
+  MirroredStrategy::Impl* impl_;
+  int replica_;
+  GradientPacker packer_;
+};
+
+struct MirroredStrategy::Impl {
+  MirroredOptions options;
+  CrossDeviceOps chosen = CrossDeviceOps::kInproc;
+  std::vector<DeviceSpec> devices;
+  std::vector<std::unique_ptr<Communicator>> comms;         // one per replica
+  std::vector<std::unique_ptr<WorkerThread>> comm_threads;  // one per replica: collectives in FIFO order
+  std::vector<std::unique_ptr<MirroredReplicaContext>> contexts;
+  // merge_call / all_gather exchange
+  std::mutex exchange_mu;
+  std::vector<std::vector<Tensor>> exchange;
+  std::vector<Tensor> exchange_result;
+
+  void make_group();  // (re)creates comms; called at start and after a failed step
+};
+
+// Builds the communicators for `devices` with the requested ops; sets *chosen and logs why.
+std::vector<std::unique_ptr<Communicator>> make_cross_device_group(const std::vector<DeviceSpec>& devices,
+                                                                   CrossDeviceOps requested,
+                                                                   CollectiveOptions options,
+                                                                   CrossDeviceOps* chosen);
+
+}  // namespace dtrain

@@ -1,0 +1,153 @@
+#include <cstring>
+
+#include "devices/worker_thread.h"
+#include "dtrain/devices/device.h"
+#include "strategies/mirrored_impl.h"
+#include "strategies/replica_scope.h"
+
+namespace dtrain {
+
+MirroredReplicaContext::MirroredReplicaContext(MirroredStrategy* s, MirroredStrategy::Impl* impl, int replica)
+    : strategy_(s), impl_(impl), replica_(replica), packer_(this) {}
+
+Strategy& MirroredReplicaContext::strategy() const { return *strategy_; }
+int MirroredReplicaContext::num_replicas_in_sync() const { return static_cast<int>(impl_->devices.size()); }
+DeviceSpec MirroredReplicaContext::device() const { return impl_->devices[static_cast<size_t>(replica_)]; }
+
+std::future<std::vector<Tensor>> MirroredReplicaContext::all_reduce_async(ReduceOp op, std::vector<Tensor> values) {
+  auto task = std::make_shared<std::packaged_task<std::vector<Tensor>()>>([this, op, values = std::move(values)] {
+    const DeviceSpec dev = device();
+    std::vector<Tensor> out(values.size());
+    // One flat buffer per dtype: one collective regardless of how many tensors.
+    for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16, DType::kInt32, DType::kInt64}) {
+      int64_t total = 0;
+      for (const auto& v : values)
+        if (v.dtype() == dt) total += v.numel();
+      bool any = false;
+      for (const auto& v : values) any = any || v.dtype() == dt;
+      if (!any) continue;
+      Tensor buf = Tensor::empty(Shape{total}, dt, dev);
+      int64_t off = 0;
+      for (const auto& v : values) {
+        if (v.dtype() != dt) continue;
+        if (v.numel()) buf.slice_rows(off, off + v.numel()).copy_from(v.view(Shape{v.numel()}));
+        off += v.numel();
+      }
+      impl_->comms[static_cast<size_t>(replica_)]->allreduce(buf, op).wait();
+      off = 0;
+      for (size_t i = 0; i < values.size(); ++i) {
+        if (values[i].dtype() != dt) continue;
+        out[i] = buf.slice_rows(off, off + values[i].numel()).view(values[i].shape());
+        off += values[i].numel();
+      }
+    }
+    return out;
+  });
+  std::future<std::vector<Tensor>> f = task->get_future();
+  impl_->comm_threads[static_cast<size_t>(replica_)]->submit([task] { (*task)(); });
+  return f;
+}
+
+std::vector<Tensor> MirroredReplicaContext::all_reduce(ReduceOp op, const std::vector<Tensor>& values) {
+  std::vector<Tensor> out;
+  if (packer_.take(values, op, &out)) return out;
+  for (const auto& v : values)
+    if (v.device() != device())
+      throw InvalidArgument("all_reduce on replica " + std::to_string(replica_) + ": " + v.to_string() +
+                            " is not on the replica's device " + device().to_string());
+  return all_reduce_async(op, values).get();
+}
+
+void MirroredReplicaContext::barrier() {
+  auto* comm = impl_->comms[static_cast<size_t>(replica_)].get();
+  impl_->comm_threads[static_cast<size_t>(replica_)]->submit([comm] { comm->barrier().wait(); }).get();
+}
+
+std::vector<Tensor> MirroredReplicaContext::merge_call(
+    const std::function<std::vector<Tensor>(Strategy&, const PerReplica&)>& fn, const std::vector<Tensor>& args) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->exchange_mu);
+    impl_->exchange[static_cast<size_t>(replica_)] = args;
+  }
+  barrier();
+  if (replica_ == 0) {
+    PerReplica all;
+    {
+      std::lock_guard<std::mutex> lock(impl_->exchange_mu);
+      all.values = impl_->exchange;
+    }
+    detail::ReplicaThreadScope cross(strategy_, nullptr);  // fn runs in cross-replica context
+    std::vector<Tensor> r = fn(*strategy_, all);
+    std::lock_guard<std::mutex> lock(impl_->exchange_mu);
+    impl_->exchange_result = std::move(r);
+  }
+  barrier();
+  std::vector<Tensor> out;
+  {
+    std::lock_guard<std::mutex> lock(impl_->exchange_mu);
+    for (const auto& t : impl_->exchange_result) out.push_back(t.to(device()));
+  }
+  barrier();  // nobody overwrites the exchange before everyone has read it
+  return out;
+}
+
+Tensor MirroredReplicaContext::all_gather(const Tensor& value, int axis) {
+  return merge_call(
+             [axis](Strategy& s, const PerReplica& all) { return s.gather(all, axis); }, {value})
+      .at(0);
+}
+
+// --- GradientPacker ---
+
+void GradientPacker::reset() {
+  seen_.clear();
+  packs_.clear();
+  current_ = Pack();
+}
+
+void GradientPacker::on_ready(size_t index, const Tensor& grad) {
+  if (seen_.size() <= index) seen_.resize(index + 1);
+  seen_[index] = grad;
+  if (!grad.defined()) return;
+  current_.indices.push_back(index);
+  current_.grads.push_back(grad);
+  current_.bytes += grad.nbytes();
+  if (current_.bytes >= ctx_->bytes_per_pack()) launch();
+}
+
+void GradientPacker::on_done() { launch(); }
+
+void GradientPacker::launch() {
+  if (current_.grads.empty()) return;
+  packs_.push_back(std::move(current_));
+  current_ = Pack();
+  // Optimizers all-reduce gradients with SUM (losses are scaled by the global batch).
+  Pack& p = packs_.back();
+  p.result = ctx_->all_reduce_async(ReduceOp::kSum, p.grads);
+}
+
+bool GradientPacker::take(const std::vector<Tensor>& grads, ReduceOp op, std::vector<Tensor>* out) {
+  if (op != ReduceOp::kSum || packs_.empty()) return false;
+  // Must be exactly the defined gradients we saw, in the same order.
+  std::vector<Tensor> defined;
+  for (const auto& g : seen_)
+    if (g.defined()) defined.push_back(g);
+  bool same = defined.size() == grads.size();
+  for (size_t i = 0; same && i < grads.size(); ++i) same = grads[i].defined() && grads[i].id() == defined[i].id();
+  if (!same) return false;
+  std::unordered_map<uint64_t, Tensor> reduced;
+  for (auto& p : packs_) {
+    std::vector<Tensor> r = p.result.get();
+    for (size_t k = 0; k < p.grads.size(); ++k) reduced[p.grads[k].id()] = r[k];
+  }
+  out->clear();
+  for (const auto& g : grads) out->push_back(reduced.at(g.id()));
+  reset();
+  return true;
+}
+
+}  // namespace dtrain
+
+namespace dtrain {
+size_t MirroredReplicaContext::bytes_per_pack() const { return impl_->options.bytes_per_pack; }
+}  // namespace dtrain

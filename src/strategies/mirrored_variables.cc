@@ -1,0 +1,159 @@
+#include "strategies/mirrored_variables.h"
+
+#include "dtrain/devices/device.h"
+
+namespace dtrain {
+namespace {
+
+Tensor combine(const Tensor& base, const Tensor& v, int sign) {
+  Kernels& k = kernels_for(base);
+  const Tensor d = v.to(base.device());
+  if (sign == 0) return d;
+  return k.binary(sign > 0 ? BinaryOp::kAdd : BinaryOp::kSub, base, d);
+}
+
+void check_same(const Variable& var, const Tensor& t, const char* op) {
+  if (t.shape() != var.shape() || t.dtype() != var.dtype())
+    throw InvalidArgument(std::string(op) + " on variable '" + var.name() + "' of shape " +
+                          var.shape().to_string() + " with " + t.to_string());
+}
+
+// The value every replica should write, per the variable's aggregation (TF semantics).
+Tensor aggregate_in_replica(ReplicaContext& ctx, const Variable& var, const Tensor& v) {
+  switch (var.spec().aggregation) {
+    case VariableAggregation::kNone:
+      throw InvalidArgument("variable '" + var.name() + "' was written in replica context with " +
+                            std::to_string(ctx.num_replicas_in_sync()) +
+                            " replicas but has aggregation NONE; create it with aggregation "
+                            "VariableAggregation::kSum, kMean or kOnlyFirstReplica, or write it "
+                            "in cross-replica context");
+    case VariableAggregation::kSum: return ctx.all_reduce(ReduceOp::kSum, {v})[0];
+    case VariableAggregation::kMean: return ctx.all_reduce(ReduceOp::kMean, {v})[0];
+    case VariableAggregation::kOnlyFirstReplica: {
+      const Tensor mine = ctx.replica_id_in_sync_group() == 0 ? v : Tensor::zeros(v.shape(), v.dtype(), v.device());
+      return ctx.all_reduce(ReduceOp::kSum, {mine})[0];
+    }
+  }
+  return v;
+}
+
+}  // namespace
+
+// --- MirroredVariable ---
+
+MirroredVariable::MirroredVariable(VariableSpec spec, const Strategy* owner, const std::vector<DeviceSpec>& devices)
+    : Variable(std::move(spec)), owner_(owner) {
+  // Initialised once, on the first device, and copied: every replica starts identical.
+  Tensor init = spec_.initializer(spec_.shape, spec_.dtype, devices.front());
+  if (init.shape() != spec_.shape || init.dtype() != spec_.dtype)
+    throw InvalidArgument("initializer of variable '" + spec_.name + "' returned " + init.to_string());
+  for (const auto& d : devices) {
+    Tensor copy = Tensor::empty(spec_.shape, spec_.dtype, d);
+    copy.copy_from(init);
+    copy.set_trainable_variable(spec_.trainable);
+    values_.push_back(copy);
+  }
+}
+
+ReplicaContext* MirroredVariable::my_replica() const {
+  ReplicaContext* ctx = get_replica_context();
+  return ctx && &ctx->strategy() == owner_ ? ctx : nullptr;
+}
+
+Tensor MirroredVariable::value() const {
+  if (ReplicaContext* ctx = my_replica()) return values_[static_cast<size_t>(ctx->replica_id_in_sync_group())];
+  if (!on_read() || values_.size() == 1) return values_[0];
+  // Cross-replica read of a sync-on-read variable: the aggregate of the replicas' copies.
+  Kernels& k = kernels_for(values_[0]);
+  Tensor acc = values_[0].clone();
+  for (size_t i = 1; i < values_.size(); ++i) acc = k.binary(BinaryOp::kAdd, acc, values_[i].to(acc.device()));
+  if (spec_.aggregation == VariableAggregation::kMean)
+    acc = k.affine(acc, 1.f / static_cast<float>(values_.size()), 0.f);
+  else if (spec_.aggregation == VariableAggregation::kOnlyFirstReplica)
+    acc = values_[0].clone();
+  return acc;
+}
+
+void MirroredVariable::write(const Tensor& v, Kind kind) {
+  check_same(*this, v, kind == Kind::kAssign ? "assign" : kind == Kind::kAdd ? "assign_add" : "assign_sub");
+  const int sign = kind == Kind::kAssign ? 0 : kind == Kind::kAdd ? 1 : -1;
+  if (ReplicaContext* ctx = my_replica()) {
+    Tensor& mine = values_[static_cast<size_t>(ctx->replica_id_in_sync_group())];
+    Tensor local = v.to(mine.device());
+    if (!on_read() && ctx->num_replicas_in_sync() > 1) local = aggregate_in_replica(*ctx, *this, local);
+    mine.copy_from(combine(mine, local, sign));
+    return;
+  }
+  // Cross-replica: write every copy. A SUM sync-on-read variable splits the value so that the
+  // aggregate reads back as written.
+  Tensor per = v;
+  if (on_read() && spec_.aggregation == VariableAggregation::kSum && sign == 0 && values_.size() > 1)
+    per = kernels_for(v).affine(v, 1.f / static_cast<float>(values_.size()), 0.f);
+  for (auto& copy : values_) copy.copy_from(combine(copy, per, sign));
+}
+
+void MirroredVariable::update(const std::function<void(Tensor&, size_t)>& fn) {
+  if (ReplicaContext* ctx = my_replica()) {
+    const size_t r = static_cast<size_t>(ctx->replica_id_in_sync_group());
+    fn(values_[r], r);
+    return;
+  }
+  for (size_t i = 0; i < values_.size(); ++i) fn(values_[i], i);
+}
+
+// --- CentralVariable ---
+
+CentralVariable::CentralVariable(VariableSpec spec, const Strategy* owner, DeviceSpec parameter_device, size_t replicas)
+    : Variable(std::move(spec)), owner_(owner), cache_(replicas) {
+  Tensor init = spec_.initializer(spec_.shape, spec_.dtype, parameter_device);
+  if (init.shape() != spec_.shape || init.dtype() != spec_.dtype)
+    throw InvalidArgument("initializer of variable '" + spec_.name + "' returned " + init.to_string());
+  storage_ = Tensor::empty(spec_.shape, spec_.dtype, parameter_device);
+  storage_.copy_from(init);
+}
+
+ReplicaContext* CentralVariable::my_replica() const {
+  ReplicaContext* ctx = get_replica_context();
+  return ctx && &ctx->strategy() == owner_ ? ctx : nullptr;
+}
+
+Tensor CentralVariable::value() const {
+  ReplicaContext* ctx = my_replica();
+  if (!ctx) return storage_;
+  // One copy per replica per version: the tape sees the same tensor for every read in a step.
+  Cached& c = cache_[static_cast<size_t>(ctx->replica_id_in_sync_group())];
+  const uint64_t v = version_.load(std::memory_order_acquire);
+  if (c.version != v) {
+    // A fresh tensor (and identity) each version, so a tape never confuses two steps' reads.
+    Tensor fresh = Tensor::empty(spec_.shape, spec_.dtype, ctx->device());
+    fresh.copy_from(storage_);
+    fresh.set_trainable_variable(spec_.trainable);
+    c.copy = fresh;
+    c.version = v;
+  }
+  return c.copy;
+}
+
+void CentralVariable::write(const Tensor& v, int sign) {
+  check_same(*this, v, sign == 0 ? "assign" : sign > 0 ? "assign_add" : "assign_sub");
+  if (ReplicaContext* ctx = my_replica()) {
+    Tensor local = v.to(ctx->device());
+    if (ctx->num_replicas_in_sync() > 1) local = aggregate_in_replica(*ctx, *this, local);
+    if (ctx->replica_id_in_sync_group() == 0) {  // applied once, to the central copy
+      storage_.copy_from(combine(storage_, local, sign));
+      version_.fetch_add(1, std::memory_order_release);
+    }
+    return;
+  }
+  storage_.copy_from(combine(storage_, v, sign));
+  version_.fetch_add(1, std::memory_order_release);
+}
+
+void CentralVariable::update(const std::function<void(Tensor&, size_t)>& fn) {
+  ReplicaContext* ctx = my_replica();
+  if (ctx && ctx->replica_id_in_sync_group() != 0) return;  // the others' gradients are identical
+  fn(storage_, 0);
+  version_.fetch_add(1, std::memory_order_release);
+}
+
+}  // namespace dtrain

@@ -1,0 +1,54 @@
+// Private to src/strategies: the variables MirroredStrategy and CentralStorageStrategy create.
+#pragma once
+
+#include "dtrain/model/variable.h"
+#include "dtrain/strategies/strategy.h"
+
+namespace dtrain {
+
+// One copy per replica device (TF's MirroredVariable for ON_WRITE, SyncOnReadVariable for ON_READ).
+class MirroredVariable final : public Variable {
+ public:
+  MirroredVariable(VariableSpec spec, const Strategy* owner, const std::vector<DeviceSpec>& devices);
+  Tensor value() const override;
+  void assign(const Tensor& v) override { write(v, Kind::kAssign); }
+  void assign_add(const Tensor& d) override { write(d, Kind::kAdd); }
+  void assign_sub(const Tensor& d) override { write(d, Kind::kSub); }
+  void update(const std::function<void(Tensor& value, size_t copy_index)>& fn) override;
+  std::vector<Tensor> device_values() const override { return values_; }
+
+ private:
+  enum class Kind { kAssign, kAdd, kSub };
+  void write(const Tensor& v, Kind kind);
+  bool on_read() const { return spec_.synchronization == VariableSynchronization::kOnRead; }
+  // The replica context of the owning strategy on this thread, or nullptr (cross-replica).
+  ReplicaContext* my_replica() const;
+  const Strategy* owner_;
+  std::vector<Tensor> values_;
+};
+
+// A single copy on the parameter device; replicas read a per-step copy on their own device.
+class CentralVariable final : public Variable {
+ public:
+  CentralVariable(VariableSpec spec, const Strategy* owner, DeviceSpec parameter_device, size_t replicas);
+  Tensor value() const override;
+  void assign(const Tensor& v) override { write(v, 0); }
+  void assign_add(const Tensor& d) override { write(d, 1); }
+  void assign_sub(const Tensor& d) override { write(d, -1); }
+  void update(const std::function<void(Tensor& value, size_t copy_index)>& fn) override;
+  std::vector<Tensor> device_values() const override { return {storage_}; }
+
+ private:
+  void write(const Tensor& v, int sign);
+  ReplicaContext* my_replica() const;
+  const Strategy* owner_;
+  Tensor storage_;
+  std::atomic<uint64_t> version_{0};
+  struct Cached {
+    uint64_t version = ~uint64_t{0};
+    Tensor copy;
+  };
+  mutable std::vector<Cached> cache_;  // per replica; written only by that replica's thread
+};
+
+}  // namespace dtrain

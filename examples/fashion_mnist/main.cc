@@ -8,24 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "dtrain/dtrain.h"
+#include "reference_cnn.h"
 
-namespace {
-
-// Conv2D(32, 3x3)+ReLU, MaxPool 2x2, Conv2D(64, 3x3)+ReLU, MaxPool 2x2, Flatten, Dense(128)+ReLU, Dense(10).
-dtrain::Sequential reference_cnn() {
-  using namespace dtrain;
-  Sequential m;
-  m.add(std::make_shared<Conv2D>(32, 3, 3, Activation::kRelu, ops::Padding::kValid, 1, true, "conv1"));
-  m.add(std::make_shared<MaxPool2D>(2, 2, ops::Padding::kValid, "pool1"));
-  m.add(std::make_shared<Conv2D>(64, 3, 3, Activation::kRelu, ops::Padding::kValid, 1, true, "conv2"));
-  m.add(std::make_shared<MaxPool2D>(2, 2, ops::Padding::kValid, "pool2"));
-  m.add(std::make_shared<Flatten>());
-  m.add(std::make_shared<Dense>(128, Activation::kRelu, true, "dense1"));
-  m.add(std::make_shared<Dense>(10, Activation::kNone, true, "logits"));
-  return m;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Train the reference CNN on Fashion-MNIST with dtrain"};
@@ -63,7 +47,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<dtrain::Optimizer> optimizer;
     {
       auto scope = strategy->scope();
-      model = reference_cnn();
+      model = dtrain::examples::reference_cnn();
       optimizer = std::make_unique<dtrain::Adam>(lr);
     }
     std::fprintf(stderr, "strategy %s, %d replica(s) on", strategy->name().c_str(), strategy->num_replicas_in_sync());

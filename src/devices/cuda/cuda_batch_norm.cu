@@ -1,0 +1,94 @@
+// Channels-last batch norm on x viewed as [rows, C]: per-channel statistics are column reductions
+// (cuda_reduce.cuh), the normalisation and the input gradient are elementwise kernels.
+//   forward:  y = (x - mean) * inv_std * gamma + beta,  inv_std = 1 / sqrt(var + eps)
+//   backward: dbeta = sum(dy), dgamma = sum(dy * xhat),
+//             dx = gamma * inv_std * (dy - dbeta / M - xhat * dgamma / M)
+// The variance is computed in a second pass over (x - mean)^2 rather than as E[x^2] - mean^2,
+// which cancels catastrophically when |mean| >> std.
+#include "devices/cuda/cuda_launch.h"
+#include "devices/cuda/cuda_reduce.cuh"
+
+namespace dtrain::cuda {
+namespace {
+
+__device__ __forceinline__ float inv_std(const float* var, int64_t c, float eps) {
+  return 1.f / sqrtf(var[c] + eps);
+}
+
+struct SquaredDeviationLoad {
+  const float* x;
+  const float* mean;
+  int64_t cols;
+  __device__ float operator()(int64_t r, int64_t c) const {
+    const float d = x[r * cols + c] - mean[c];
+    return d * d;
+  }
+};
+
+struct DyXhatLoad {
+  const float* dy;
+  const float* x;
+  const float* mean;
+  const float* var;
+  float eps;
+  int64_t cols;
+  __device__ float operator()(int64_t r, int64_t c) const {
+    const int64_t i = r * cols + c;
+    return dy[i] * ((x[i] - mean[c]) * inv_std(var, c, eps));
+  }
+};
+
+__global__ void bn_apply_kernel(const float* __restrict__ x, const float* __restrict__ mean,
+                                const float* __restrict__ var, const float* __restrict__ gamma,
+                                const float* __restrict__ beta, float eps, float* __restrict__ y,
+                                int64_t total, int64_t cols) {
+  DTRAIN_GRID_STRIDE_LOOP(i, total) {
+    const int64_t c = i % cols;
+    y[i] = (x[i] - mean[c]) * inv_std(var, c, eps) * gamma[c] + beta[c];
+  }
+}
+
+__global__ void bn_dx_kernel(const float* __restrict__ dy, const float* __restrict__ x,
+                             const float* __restrict__ gamma, const float* __restrict__ mean,
+                             const float* __restrict__ var, float eps,
+                             const float* __restrict__ dgamma, const float* __restrict__ dbeta,
+                             float* __restrict__ dx, int64_t total, int64_t cols, float m) {
+  DTRAIN_GRID_STRIDE_LOOP(i, total) {
+    const int64_t c = i % cols;
+    const float is = inv_std(var, c, eps);
+    const float xhat = (x[i] - mean[c]) * is;
+    dx[i] = gamma[c] * is * (dy[i] - dbeta[c] / m - xhat * dgamma[c] / m);
+  }
+}
+
+}  // namespace
+
+void launch_bn_stats(const float* x, int64_t rows, int64_t C, float* mean, float* var,
+                     CudaContext& ctx) {
+  const float m = static_cast<float>(rows);
+  run_column_reduce<SumOp>(MatrixColumnLoad{x, C}, StoreDivided{mean, m}, rows, C, ctx);
+  run_column_reduce<SumOp>(SquaredDeviationLoad{x, mean, C}, StoreDivided{var, m}, rows, C, ctx);
+}
+
+void launch_bn_apply(const float* x, const float* mean, const float* var, const float* gamma,
+                     const float* beta, float eps, float* y, int64_t rows, int64_t C,
+                     cudaStream_t s) {
+  const int64_t total = rows * C;
+  if (total == 0) return;
+  bn_apply_kernel<<<grid_for(total), kBlock, 0, s>>>(x, mean, var, gamma, beta, eps, y, total, C);
+  DTRAIN_CHECK_LAUNCH("bn_apply_kernel");
+}
+
+void launch_bn_backward(const float* dy, const float* x, const float* gamma, const float* mean,
+                        const float* var, float eps, float* dx, float* dgamma, float* dbeta,
+                        int64_t rows, int64_t C, CudaContext& ctx) {
+  run_column_reduce<SumOp>(MatrixColumnLoad{dy, C}, Store{dbeta}, rows, C, ctx);
+  run_column_reduce<SumOp>(DyXhatLoad{dy, x, mean, var, eps, C}, Store{dgamma}, rows, C, ctx);
+  const int64_t total = rows * C;
+  if (total == 0) return;
+  bn_dx_kernel<<<grid_for(total), kBlock, 0, ctx.stream()>>>(
+      dy, x, gamma, mean, var, eps, dgamma, dbeta, dx, total, C, static_cast<float>(rows));
+  DTRAIN_CHECK_LAUNCH("bn_dx_kernel");
+}
+
+}  // namespace dtrain::cuda

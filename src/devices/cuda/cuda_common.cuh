@@ -1,0 +1,33 @@
+// Launch-shape helpers shared by the .cu files. Elementwise kernels use grid-stride loops over
+// int64 indices, so one capped grid covers any tensor size.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "devices/cuda/cuda_check.h"
+
+namespace dtrain::cuda {
+
+constexpr int kBlock = 256;
+// Enough blocks to fill any current GPU many times over; larger tensors loop.
+constexpr int64_t kMaxBlocks = int64_t{1} << 16;
+
+inline unsigned int grid_for(int64_t n, int block = kBlock) {
+  const int64_t blocks = (n + block - 1) / block;
+  return static_cast<unsigned int>(std::max<int64_t>(1, std::min(blocks, kMaxBlocks)));
+}
+
+__device__ __forceinline__ int64_t global_index() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t global_stride() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
+
+}  // namespace dtrain::cuda
+
+#define DTRAIN_GRID_STRIDE_LOOP(i, n) \
+  for (int64_t i = ::dtrain::cuda::global_index(); i < (n); i += ::dtrain::cuda::global_stride())

@@ -1,0 +1,58 @@
+#include "devices/cuda/cuda_context.h"
+
+#include "devices/cuda/cuda_allocator.h"
+#include "devices/cuda/cuda_check.h"
+#include "devices/cuda/cuda_guard.h"
+
+namespace dtrain::cuda {
+
+CudaContext::CudaContext(int index) : index_(index) {
+  DeviceGuard guard(index);
+  cudaDeviceProp prop{};
+  DTRAIN_CUDA_CALL(cudaGetDeviceProperties(&prop, index));
+  name_ = prop.name;
+  sm_count_ = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
+  cc_major_ = prop.major;
+  cc_minor_ = prop.minor;
+  total_memory_ = prop.totalGlobalMem;
+  try {
+    // Non-blocking: the stream does not synchronise with the legacy default stream, so other
+    // libraries' work on stream 0 cannot stall ours.
+    DTRAIN_CUDA_CALL(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    DTRAIN_CUBLAS_CALL(cublasCreate(&cublas_));
+    DTRAIN_CUBLAS_CALL(cublasSetStream(cublas_, stream_));
+    // Plain FP32 GEMMs: TF32 tensor cores would give ~1e-3 relative error and break CPU/GPU
+    // equivalence.
+    DTRAIN_CUBLAS_CALL(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+    DTRAIN_CUDNN_CALL(cudnnCreate(&cudnn_));
+    DTRAIN_CUDNN_CALL(cudnnSetStream(cudnn_, stream_));
+  } catch (...) {
+    if (cudnn_) (void)cudnnDestroy(cudnn_);
+    if (cublas_) (void)cublasDestroy(cublas_);
+    if (stream_) (void)cudaStreamDestroy(stream_);
+    throw;
+  }
+  CudaAllocator::instance().set_stream(index_, stream_);
+}
+
+CudaContext::~CudaContext() {
+  CudaAllocator::instance().set_stream(index_, nullptr);
+  // Errors cannot be thrown from a destructor; at process exit the driver may already be shutting
+  // down, and then these calls fail harmlessly.
+  if (cudaSetDevice(index_) == cudaSuccess) (void)cudaStreamSynchronize(stream_);
+  (void)cudnnDestroy(cudnn_);
+  (void)cublasDestroy(cublas_);
+  (void)cudaStreamDestroy(stream_);
+  (void)cudaGetLastError();
+}
+
+std::shared_ptr<Storage> CudaContext::scratch(size_t nbytes) {
+  return CudaAllocator::instance().allocate(nbytes, spec());
+}
+
+void CudaContext::synchronize() {
+  DeviceGuard guard(index_);
+  DTRAIN_CUDA_CALL(cudaStreamSynchronize(stream_));
+}
+
+}  // namespace dtrain::cuda

@@ -1,0 +1,443 @@
+// Elementwise CUDA kernels: unary ops and activation gradients, broadcasting binary ops, affine,
+// fill, dtype casts, and the layout helpers (pad, crop, permute, bias add) that the cuDNN wrappers
+// need. All use grid-stride loops, so launch shapes never depend on the tensor size.
+#include <cstdint>
+#include <cstring>
+
+#include "devices/cuda/cuda_common.cuh"
+#include "devices/cuda/cuda_half.cuh"
+#include "devices/cuda/cuda_launch.h"
+#include "dtrain/core/error.h"
+
+namespace dtrain::cuda {
+namespace {
+
+// --- unary ---
+
+template <UnaryOp kOp>
+__device__ __forceinline__ float unary_fn(float x) {
+  if constexpr (kOp == UnaryOp::kRelu)
+    return x > 0.f ? x : 0.f;
+  else if constexpr (kOp == UnaryOp::kTanh)
+    return tanhf(x);
+  else if constexpr (kOp == UnaryOp::kSigmoid)
+    return 1.f / (1.f + expf(-x));
+  else if constexpr (kOp == UnaryOp::kNeg)
+    return -x;
+  else if constexpr (kOp == UnaryOp::kExp)
+    return expf(x);
+  else if constexpr (kOp == UnaryOp::kLog)
+    return logf(x);
+  else if constexpr (kOp == UnaryOp::kSquare)
+    return x * x;
+  else if constexpr (kOp == UnaryOp::kSqrt)
+    return sqrtf(x);
+  else
+    return fabsf(x);  // kAbs
+}
+
+template <UnaryOp kOp>
+__global__ void unary_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
+  DTRAIN_GRID_STRIDE_LOOP(i, n) { y[i] = unary_fn<kOp>(x[i]); }
+}
+
+template <UnaryOp kOp>
+void launch_unary_t(const float* x, float* y, int64_t n, cudaStream_t s) {
+  unary_kernel<kOp><<<grid_for(n), kBlock, 0, s>>>(x, y, n);
+  DTRAIN_CHECK_LAUNCH("unary_kernel");
+}
+
+template <UnaryOp kOp>
+__global__ void activation_backward_kernel(const float* __restrict__ xy,
+                                           const float* __restrict__ dy, float* __restrict__ dx,
+                                           int64_t n) {
+  DTRAIN_GRID_STRIDE_LOOP(i, n) {
+    const float v = xy[i];
+    if constexpr (kOp == UnaryOp::kRelu)
+      dx[i] = v > 0.f ? dy[i] : 0.f;  // v is x
+    else if constexpr (kOp == UnaryOp::kTanh)
+      dx[i] = dy[i] * (1.f - v * v);  // v is y
+    else
+      dx[i] = dy[i] * v * (1.f - v);  // sigmoid, v is y
+  }
+}
+
+// --- binary ---
+
+template <BinaryOp kOp>
+__device__ __forceinline__ float binary_fn(float a, float b) {
+  if constexpr (kOp == BinaryOp::kAdd)
+    return a + b;
+  else if constexpr (kOp == BinaryOp::kSub)
+    return a - b;
+  else if constexpr (kOp == BinaryOp::kMul)
+    return a * b;
+  else if constexpr (kOp == BinaryOp::kDiv)
+    return a / b;
+  else if constexpr (kOp == BinaryOp::kMax)
+    return a < b ? b : a;  // std::max
+  else
+    return b < a ? b : a;  // std::min
+}
+
+template <BinaryOp kOp>
+__global__ void binary_same_kernel(const float* __restrict__ a, const float* __restrict__ b,
+                                   float* __restrict__ out, int64_t n) {
+  DTRAIN_GRID_STRIDE_LOOP(i, n) { out[i] = binary_fn<kOp>(a[i], b[i]); }
+}
+
+template <BinaryOp kOp>
+__global__ void binary_broadcast_kernel(const float* __restrict__ a, const float* __restrict__ b,
+                                        float* __restrict__ out, int64_t n, BroadcastGeometry g) {
+  DTRAIN_GRID_STRIDE_LOOP(i, n) {
+    int64_t rest = i, ao = 0, bo = 0;
+    for (int d = g.rank - 1; d >= 0; --d) {
+      const int64_t coord = rest % g.out_dims[d];
+      rest /= g.out_dims[d];
+      ao += coord * g.a_strides[d];
+      bo += coord * g.b_strides[d];
+    }
+    out[i] = binary_fn<kOp>(a[ao], b[bo]);
+  }
+}
+
+template <BinaryOp kOp>
+void launch_binary_t(const float* a, const float* b, float* out, int64_t n,
+                     const BroadcastGeometry* g, cudaStream_t s) {
+  if (g) {
+    binary_broadcast_kernel<kOp><<<grid_for(n), kBlock, 0, s>>>(a, b, out, n, *g);
+    DTRAIN_CHECK_LAUNCH("binary_broadcast_kernel");
+  } else {
+    binary_same_kernel<kOp><<<grid_for(n), kBlock, 0, s>>>(a, b, out, n);
+    DTRAIN_CHECK_LAUNCH("binary_same_kernel");
+  }
+}
+
+// --- affine, fill, bias ---
+
+__global__ void affine_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n,
+                              float alpha, float beta) {
+  // Unfused multiply-add, as the CPU computes it, so results are bit-identical.
+  DTRAIN_GRID_STRIDE_LOOP(i, n) { y[i] = __fmul_rn(alpha, x[i]) + beta; }
+}
+
+template <typename T>
+__global__ void fill_kernel(T* __restrict__ x, int64_t n, T value) {
+  DTRAIN_GRID_STRIDE_LOOP(i, n) { x[i] = value; }
+}
+
+__global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t n,
+                                int64_t cols) {
+  DTRAIN_GRID_STRIDE_LOOP(i, n) { y[i] += bias[i % cols]; }
+}
+
+// --- casts ---
+
+// Casts follow the CPU device pair by pair. It converts float32/float16/bfloat16/int32 among
+// themselves with oneDNN reorders (float -> int32 rounds to nearest even and saturates) and
+// everything involving float64 or int64 through a double with static_cast (truncation).
+//
+// Widen gives the value a source element is converted through: float for the 16-bit storage
+// types (exact), double for int64 (the CPU's path), the element itself otherwise.
+template <typename T>
+struct Widen {
+  __device__ static T get(T v) { return v; }
+};
+template <>
+struct Widen<int64_t> {
+  __device__ static double get(int64_t v) { return static_cast<double>(v); }
+};
+template <>
+struct Widen<Half16> {
+  __device__ static float get(Half16 v) { return half_bits_to_float(v.bits); }
+};
+template <>
+struct Widen<BFloat16> {
+  __device__ static float get(BFloat16 v) { return bf16_bits_to_float(v.bits); }
+};
+
+template <typename T>
+struct Narrow {
+  template <typename V>
+  __device__ static T from(V v) {
+    return static_cast<T>(v);
+  }
+};
+template <>
+struct Narrow<int32_t> {
+  __device__ static int32_t from(float v) {  // from float32/float16/bfloat16: oneDNN's rule
+    const float r = rintf(v);
+    if (r >= 2147483648.f) return INT32_MAX;
+    if (r <= -2147483648.f) return INT32_MIN;
+    return static_cast<int32_t>(r);
+  }
+  template <typename V>
+  __device__ static int32_t from(V v) {
+    return static_cast<int32_t>(v);
+  }
+};
+template <>
+struct Narrow<Half16> {
+  template <typename V>
+  __device__ static Half16 from(V v) {
+    return Half16{float_to_half_bits(static_cast<float>(v))};
+  }
+};
+template <>
+struct Narrow<BFloat16> {
+  template <typename V>
+  __device__ static BFloat16 from(V v) {
+    return BFloat16{float_to_bf16_bits(static_cast<float>(v))};
+  }
+};
+
+template <typename Src, typename Dst>
+__global__ void cast_kernel(const Src* __restrict__ x, Dst* __restrict__ y, int64_t n) {
+  DTRAIN_GRID_STRIDE_LOOP(i, n) { y[i] = Narrow<Dst>::from(Widen<Src>::get(x[i])); }
+}
+
+template <typename Src, typename Dst>
+void launch_cast_t(const void* x, void* y, int64_t n, cudaStream_t s) {
+  cast_kernel<Src, Dst>
+      <<<grid_for(n), kBlock, 0, s>>>(static_cast<const Src*>(x), static_cast<Dst*>(y), n);
+  DTRAIN_CHECK_LAUNCH("cast_kernel");
+}
+
+template <typename Src>
+void launch_cast_from(const void* x, DType to, void* y, int64_t n, cudaStream_t s) {
+  switch (to) {
+    case DType::kFloat32:
+      return launch_cast_t<Src, float>(x, y, n, s);
+    case DType::kFloat64:
+      return launch_cast_t<Src, double>(x, y, n, s);
+    case DType::kFloat16:
+      return launch_cast_t<Src, Half16>(x, y, n, s);
+    case DType::kBFloat16:
+      return launch_cast_t<Src, BFloat16>(x, y, n, s);
+    case DType::kInt32:
+      return launch_cast_t<Src, int32_t>(x, y, n, s);
+    case DType::kInt64:
+      return launch_cast_t<Src, int64_t>(x, y, n, s);
+  }
+  throw InvalidArgument(detail::str_cat("cast to unknown dtype ", static_cast<int>(to)));
+}
+
+// --- layout helpers ---
+
+__global__ void pad_nhwc_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t total,
+                                int64_t H, int64_t W, int64_t C, int64_t top, int64_t left,
+                                int64_t Hp, int64_t Wp, float value) {
+  DTRAIN_GRID_STRIDE_LOOP(i, total) {
+    const int64_t c = i % C;
+    int64_t rest = i / C;
+    const int64_t w = rest % Wp - left;
+    rest /= Wp;
+    const int64_t h = rest % Hp - top;
+    const int64_t n = rest / Hp;
+    y[i] = (h >= 0 && h < H && w >= 0 && w < W) ? x[((n * H + h) * W + w) * C + c] : value;
+  }
+}
+
+__global__ void crop_nhwc_kernel(const float* __restrict__ xp, float* __restrict__ x, int64_t total,
+                                 int64_t H, int64_t W, int64_t C, int64_t top, int64_t left,
+                                 int64_t Hp, int64_t Wp) {
+  DTRAIN_GRID_STRIDE_LOOP(i, total) {
+    const int64_t c = i % C;
+    int64_t rest = i / C;
+    const int64_t w = rest % W;
+    rest /= W;
+    const int64_t h = rest % H;
+    const int64_t n = rest / H;
+    x[i] = xp[((n * Hp + h + top) * Wp + w + left) * C + c];
+  }
+}
+
+struct PermuteGeometry {
+  int rank;
+  int64_t out_dims[kMaxDims];
+  int64_t in_strides[kMaxDims];  // stride in x of the output's dimension i
+};
+
+__global__ void permute_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n,
+                               PermuteGeometry g) {
+  DTRAIN_GRID_STRIDE_LOOP(i, n) {
+    int64_t rest = i, off = 0;
+    for (int d = g.rank - 1; d >= 0; --d) {
+      off += (rest % g.out_dims[d]) * g.in_strides[d];
+      rest /= g.out_dims[d];
+    }
+    y[i] = x[off];
+  }
+}
+
+}  // namespace
+
+void launch_unary(UnaryOp op, const float* x, float* y, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  switch (op) {
+    case UnaryOp::kRelu:
+      return launch_unary_t<UnaryOp::kRelu>(x, y, n, s);
+    case UnaryOp::kTanh:
+      return launch_unary_t<UnaryOp::kTanh>(x, y, n, s);
+    case UnaryOp::kSigmoid:
+      return launch_unary_t<UnaryOp::kSigmoid>(x, y, n, s);
+    case UnaryOp::kNeg:
+      return launch_unary_t<UnaryOp::kNeg>(x, y, n, s);
+    case UnaryOp::kExp:
+      return launch_unary_t<UnaryOp::kExp>(x, y, n, s);
+    case UnaryOp::kLog:
+      return launch_unary_t<UnaryOp::kLog>(x, y, n, s);
+    case UnaryOp::kSquare:
+      return launch_unary_t<UnaryOp::kSquare>(x, y, n, s);
+    case UnaryOp::kSqrt:
+      return launch_unary_t<UnaryOp::kSqrt>(x, y, n, s);
+    case UnaryOp::kAbs:
+      return launch_unary_t<UnaryOp::kAbs>(x, y, n, s);
+  }
+  throw InvalidArgument(detail::str_cat("unary: unknown op ", static_cast<int>(op)));
+}
+
+void launch_activation_backward(UnaryOp op, const float* x_or_y, const float* dy, float* dx,
+                                int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  switch (op) {
+    case UnaryOp::kRelu:
+      activation_backward_kernel<UnaryOp::kRelu><<<grid_for(n), kBlock, 0, s>>>(x_or_y, dy, dx, n);
+      break;
+    case UnaryOp::kTanh:
+      activation_backward_kernel<UnaryOp::kTanh><<<grid_for(n), kBlock, 0, s>>>(x_or_y, dy, dx, n);
+      break;
+    case UnaryOp::kSigmoid:
+      activation_backward_kernel<UnaryOp::kSigmoid>
+          <<<grid_for(n), kBlock, 0, s>>>(x_or_y, dy, dx, n);
+      break;
+    default:
+      throw InvalidArgument(detail::str_cat("activation_backward: op ", static_cast<int>(op),
+                                            " is not an activation (use kRelu, kTanh, kSigmoid)"));
+  }
+  DTRAIN_CHECK_LAUNCH("activation_backward_kernel");
+}
+
+void launch_binary(BinaryOp op, const float* a, const float* b, float* out, int64_t n,
+                   const BroadcastGeometry* g, cudaStream_t s) {
+  if (n == 0) return;
+  switch (op) {
+    case BinaryOp::kAdd:
+      return launch_binary_t<BinaryOp::kAdd>(a, b, out, n, g, s);
+    case BinaryOp::kSub:
+      return launch_binary_t<BinaryOp::kSub>(a, b, out, n, g, s);
+    case BinaryOp::kMul:
+      return launch_binary_t<BinaryOp::kMul>(a, b, out, n, g, s);
+    case BinaryOp::kDiv:
+      return launch_binary_t<BinaryOp::kDiv>(a, b, out, n, g, s);
+    case BinaryOp::kMax:
+      return launch_binary_t<BinaryOp::kMax>(a, b, out, n, g, s);
+    case BinaryOp::kMin:
+      return launch_binary_t<BinaryOp::kMin>(a, b, out, n, g, s);
+  }
+  throw InvalidArgument(detail::str_cat("binary: unknown op ", static_cast<int>(op)));
+}
+
+void launch_affine(const float* x, float* y, int64_t n, float alpha, float beta, cudaStream_t s) {
+  if (n == 0) return;
+  affine_kernel<<<grid_for(n), kBlock, 0, s>>>(x, y, n, alpha, beta);
+  DTRAIN_CHECK_LAUNCH("affine_kernel");
+}
+
+void launch_fill(void* x, DType dtype, int64_t n, float value, cudaStream_t s) {
+  if (n == 0) return;
+  // The element's bits are computed on the host with the same conversions the CPU device uses.
+  switch (dtype) {
+    case DType::kFloat32:
+      fill_kernel<float><<<grid_for(n), kBlock, 0, s>>>(static_cast<float*>(x), n, value);
+      break;
+    case DType::kFloat64:
+      fill_kernel<double>
+          <<<grid_for(n), kBlock, 0, s>>>(static_cast<double*>(x), n, static_cast<double>(value));
+      break;
+    case DType::kFloat16:
+      fill_kernel<uint16_t>
+          <<<grid_for(n), kBlock, 0, s>>>(static_cast<uint16_t*>(x), n, float_to_f16(value));
+      break;
+    case DType::kBFloat16:
+      fill_kernel<uint16_t>
+          <<<grid_for(n), kBlock, 0, s>>>(static_cast<uint16_t*>(x), n, float_to_bf16(value));
+      break;
+    case DType::kInt32:
+      fill_kernel<int32_t>
+          <<<grid_for(n), kBlock, 0, s>>>(static_cast<int32_t*>(x), n, static_cast<int32_t>(value));
+      break;
+    case DType::kInt64:
+      fill_kernel<int64_t>
+          <<<grid_for(n), kBlock, 0, s>>>(static_cast<int64_t*>(x), n, static_cast<int64_t>(value));
+      break;
+  }
+  DTRAIN_CHECK_LAUNCH("fill_kernel");
+}
+
+void launch_cast(const void* x, DType from, void* y, DType to, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  switch (from) {
+    case DType::kFloat32:
+      return launch_cast_from<float>(x, to, y, n, s);
+    case DType::kFloat64:
+      return launch_cast_from<double>(x, to, y, n, s);
+    case DType::kFloat16:
+      return launch_cast_from<Half16>(x, to, y, n, s);
+    case DType::kBFloat16:
+      return launch_cast_from<BFloat16>(x, to, y, n, s);
+    case DType::kInt32:
+      return launch_cast_from<int32_t>(x, to, y, n, s);
+    case DType::kInt64:
+      return launch_cast_from<int64_t>(x, to, y, n, s);
+  }
+  throw InvalidArgument(detail::str_cat("cast from unknown dtype ", static_cast<int>(from)));
+}
+
+void launch_pad_nhwc(const float* x, float* y, int64_t N, int64_t H, int64_t W, int64_t C,
+                     int64_t top, int64_t left, int64_t Hp, int64_t Wp, float value,
+                     cudaStream_t s) {
+  const int64_t total = N * Hp * Wp * C;
+  if (total == 0) return;
+  pad_nhwc_kernel<<<grid_for(total), kBlock, 0, s>>>(x, y, total, H, W, C, top, left, Hp, Wp,
+                                                     value);
+  DTRAIN_CHECK_LAUNCH("pad_nhwc_kernel");
+}
+
+void launch_crop_nhwc(const float* xp, float* x, int64_t N, int64_t H, int64_t W, int64_t C,
+                      int64_t top, int64_t left, int64_t Hp, int64_t Wp, cudaStream_t s) {
+  const int64_t total = N * H * W * C;
+  if (total == 0) return;
+  crop_nhwc_kernel<<<grid_for(total), kBlock, 0, s>>>(xp, x, total, H, W, C, top, left, Hp, Wp);
+  DTRAIN_CHECK_LAUNCH("crop_nhwc_kernel");
+}
+
+void launch_permute(const float* x, float* y, int rank, const int64_t* x_dims, const int* perm,
+                    cudaStream_t s) {
+  if (rank < 1 || rank > kMaxDims)
+    throw InvalidArgument(detail::str_cat("permute: rank ", rank, " outside [1, ", kMaxDims, "]"));
+  int64_t x_strides[kMaxDims];
+  int64_t n = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    x_strides[d] = n;
+    n *= x_dims[d];
+  }
+  if (n == 0) return;
+  PermuteGeometry g{};
+  g.rank = rank;
+  for (int d = 0; d < rank; ++d) {
+    g.out_dims[d] = x_dims[perm[d]];
+    g.in_strides[d] = x_strides[perm[d]];
+  }
+  permute_kernel<<<grid_for(n), kBlock, 0, s>>>(x, y, n, g);
+  DTRAIN_CHECK_LAUNCH("permute_kernel");
+}
+
+void launch_add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t s) {
+  const int64_t n = rows * cols;
+  if (n == 0) return;
+  add_bias_kernel<<<grid_for(n), kBlock, 0, s>>>(y, bias, n, cols);
+  DTRAIN_CHECK_LAUNCH("add_bias_kernel");
+}
+
+}  // namespace dtrain::cuda

@@ -1,0 +1,93 @@
+// CudaKernels: the Kernels interface on one GPU — cuDNN for convolution and pooling, cuBLAS for
+// matmul, and dtrain's own CUDA kernels (src/devices/cuda/*.cu) for everything else.
+//
+// Semantics are those documented in include/dtrain/devices/kernels.h and match the CPU device
+// (dropout masks, casts and fills bit for bit, everything else to float32 rounding). Each method
+// makes this GPU the calling thread's current device, checks its arguments on the host, and
+// enqueues its work on the device stream without waiting, except where a result must be
+// host-visible (label validation in softmax_cross_entropy). Thread-safety: callable from any
+// thread; see CudaContext for the locks.
+//
+// The methods are defined in several files by concept: cuda_kernels.cc (elementwise, reduce,
+// cast, fill), cuda_nn.cc (losses, dropout, batch norm, optimizers), cuda_conv.cc (convolution),
+// cuda_pool.cc (max pooling), cuda_matmul.cc (cuBLAS).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "devices/cuda/cuda_context.h"
+#include "dtrain/devices/kernels.h"
+
+namespace dtrain::cuda {
+
+class CudaKernels final : public Kernels {
+ public:
+  explicit CudaKernels(CudaContext& ctx) : ctx_(ctx) {}
+
+  Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
+                const Conv2dParams& p) override;
+  Tensor conv2d_backward_input(const Tensor& dy, const Tensor& w, const Shape& x_shape,
+                               const Conv2dParams& p) override;
+  Tensor conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Shape& w_shape,
+                                const Conv2dParams& p, bool want_bias, Tensor* db) override;
+
+  Tensor max_pool2d(const Tensor& x, const Pool2dParams& p, Tensor* workspace) override;
+  Tensor max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& workspace,
+                             const Pool2dParams& p) override;
+
+  Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) override;
+
+  Tensor unary(UnaryOp op, const Tensor& x) override;
+  Tensor activation_backward(UnaryOp op, const Tensor& x_or_y, const Tensor& dy) override;
+  Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) override;
+  Tensor affine(const Tensor& x, float alpha, float beta) override;
+  Tensor reduce(ReductionKind kind, const Tensor& x, const std::vector<int>& axes,
+                bool keepdims) override;
+  Tensor cast(const Tensor& x, DType dtype) override;
+  void fill(Tensor& x, float value) override;
+
+  void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* loss,
+                             Tensor* probs) override;
+  Tensor softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels,
+                                        const Tensor& dloss) override;
+
+  Tensor dropout_mask(const Shape& shape, float rate, uint64_t seed, uint64_t stream) override;
+  BatchNormForward batch_norm_training(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                       float epsilon) override;
+  Tensor batch_norm_inference(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                              const Tensor& mean, const Tensor& var, float epsilon) override;
+  BatchNormBackward batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                        const Tensor& mean, const Tensor& var,
+                                        float epsilon) override;
+
+  void sgd_update(Tensor& var, const Tensor& grad, Tensor* momentum, float lr, float mu,
+                  bool nesterov) override;
+  void adam_update(Tensor& var, Tensor& m, Tensor& v, const Tensor& grad, float lr, float beta1,
+                   float beta2, float epsilon, int64_t step) override;
+
+ private:
+  // Throws InvalidArgument unless t is defined and lives on this GPU.
+  void check_device(const Tensor& t, const char* op, const char* arg) const;
+  // check_device plus dtype float32.
+  void check_f32(const Tensor& t, const char* op, const char* arg) const;
+  // Throws InvalidArgument naming both shapes unless they are equal.
+  static void check_same_shape(const Tensor& a, const Tensor& b, const char* op);
+  Tensor empty(const Shape& shape, DType dtype = DType::kFloat32) const;
+  // Zero-pads (conv, value 0) or -inf-pads (pooling) an NHWC tensor spatially.
+  Tensor pad_nhwc(const Tensor& x, int top, int bottom, int left, int right, float value);
+
+  // A cuDNN algorithm choice, cached by problem (kind, shapes, params): the heuristics query is
+  // much slower than the convolution itself for small layers.
+  using AlgoKey = std::vector<int64_t>;
+  int cached_algo(const AlgoKey& key) const;  // -1 when unknown
+  void remember_algo(const AlgoKey& key, int algo);
+
+  CudaContext& ctx_;
+  mutable std::mutex algo_mu_;
+  std::map<AlgoKey, int> algo_cache_;
+};
+
+}  // namespace dtrain::cuda

@@ -1,0 +1,107 @@
+// Host-callable launchers for dtrain's own CUDA kernels (the *.cu files in this folder). They take
+// raw device pointers and enqueue work on the given stream without waiting; argument checking is
+// done by CudaKernels before it calls them. Element counts of zero launch nothing. Each launcher
+// throws Internal if the launch itself fails.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "dtrain/core/dtype.h"
+#include "dtrain/devices/kernels.h"
+
+namespace dtrain::cuda {
+
+class CudaContext;
+
+constexpr int kMaxDims = 8;
+
+// --- cuda_elementwise.cu ---
+void launch_unary(UnaryOp op, const float* x, float* y, int64_t n, cudaStream_t s);
+void launch_activation_backward(UnaryOp op, const float* x_or_y, const float* dy, float* dx,
+                                int64_t n, cudaStream_t s);
+// Output shape out_dims (rank <= kMaxDims); a_strides/b_strides are element strides of a and b
+// laid over the output's dimensions, 0 where that input is broadcast.
+struct BroadcastGeometry {
+  int rank = 0;
+  int64_t out_dims[kMaxDims] = {};
+  int64_t a_strides[kMaxDims] = {};
+  int64_t b_strides[kMaxDims] = {};
+};
+// out = a op b elementwise; geometry == nullptr means a, b and out all have n elements.
+void launch_binary(BinaryOp op, const float* a, const float* b, float* out, int64_t n,
+                   const BroadcastGeometry* geometry, cudaStream_t s);
+void launch_affine(const float* x, float* y, int64_t n, float alpha, float beta, cudaStream_t s);
+// Sets n elements of type dtype to value (converted as a C++ static_cast / the host's rounding).
+void launch_fill(void* x, DType dtype, int64_t n, float value, cudaStream_t s);
+// Converts n elements; float16/bfloat16 narrowing rounds exactly like float_to_f16/float_to_bf16.
+void launch_cast(const void* x, DType from, void* y, DType to, int64_t n, cudaStream_t s);
+// y[n, h, w, c] = x[n, h - top, w - left, c] inside x, else value; y is [N, Hp, Wp, C].
+void launch_pad_nhwc(const float* x, float* y, int64_t N, int64_t H, int64_t W, int64_t C,
+                     int64_t top, int64_t left, int64_t Hp, int64_t Wp, float value,
+                     cudaStream_t s);
+// x[n, h, w, c] = xp[n, h + top, w + left, c]; the inverse window of launch_pad_nhwc.
+void launch_crop_nhwc(const float* xp, float* x, int64_t N, int64_t H, int64_t W, int64_t C,
+                      int64_t top, int64_t left, int64_t Hp, int64_t Wp, cudaStream_t s);
+// y = x transposed: y's dimension i is x's dimension perm[i] (rank <= kMaxDims).
+void launch_permute(const float* x, float* y, int rank, const int64_t* x_dims, const int* perm,
+                    cudaStream_t s);
+// y[r, c] += bias[c] for a row-major [rows, cols] matrix.
+void launch_add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t s);
+
+// --- cuda_reduce.cu ---
+// A reduction after adjacent dimensions of the same kind were merged and size-1 ones dropped:
+// output element c and reduced element r address x at
+//   sum_i coord_i(c) * kept_strides[i] + sum_j coord_j(r) * red_strides[j].
+struct ReduceGeometry {
+  int kept_rank = 0;
+  int64_t kept_dims[kMaxDims] = {};
+  int64_t kept_strides[kMaxDims] = {};
+  int red_rank = 0;
+  int64_t red_dims[kMaxDims] = {};
+  int64_t red_strides[kMaxDims] = {};
+  int64_t num_out = 1;  // product of kept_dims
+  int64_t num_red = 1;  // product of red_dims
+};
+// out[c] = sum/mean/max over r; out has num_out elements.
+void launch_reduce(ReductionKind kind, const float* x, float* out, const ReduceGeometry& g,
+                   CudaContext& ctx);
+// out[c] = sum_r x[r, c] for a row-major [rows, cols] matrix.
+void launch_column_sum(const float* x, float* out, int64_t rows, int64_t cols, CudaContext& ctx);
+
+// --- cuda_loss.cu ---
+// logits/probs [n, c]; loss [n] (either output may be null). Labels must already be in [0, c).
+void launch_softmax_xent(const float* logits, const int32_t* labels, float* loss, float* probs,
+                         int64_t n, int64_t c, cudaStream_t s);
+// dx = (probs - onehot(labels)) * dloss[:, None]. Labels outside [0, c) give no one-hot entry.
+void launch_softmax_xent_backward(const float* probs, const int32_t* labels, const float* dloss,
+                                  float* dx, int64_t n, int64_t c, cudaStream_t s);
+
+// --- cuda_random.cu ---
+// out[i] = Philox(seed, stream).uniform(i) >= rate ? scale : 0 (the CPU's exact stream).
+void launch_dropout_mask(float* out, int64_t n, float rate, float scale, uint64_t seed,
+                         uint64_t stream, cudaStream_t s);
+
+// --- cuda_batch_norm.cu (x viewed as [rows, C], channels last) ---
+// Batch mean and biased variance per channel (two passes, for accuracy).
+void launch_bn_stats(const float* x, int64_t rows, int64_t C, float* mean, float* var,
+                     CudaContext& ctx);
+// y = (x - mean) / sqrt(var + eps) * gamma + beta.
+void launch_bn_apply(const float* x, const float* mean, const float* var, const float* gamma,
+                     const float* beta, float eps, float* y, int64_t rows, int64_t C,
+                     cudaStream_t s);
+void launch_bn_backward(const float* dy, const float* x, const float* gamma, const float* mean,
+                        const float* var, float eps, float* dx, float* dgamma, float* dbeta,
+                        int64_t rows, int64_t C, CudaContext& ctx);
+
+// --- cuda_optim.cu (in place) ---
+// momentum == nullptr: var -= lr * g. Else buf = mu*buf + g; var -= lr*(nesterov ? g + mu*buf :
+// buf).
+void launch_sgd_update(float* var, const float* grad, float* momentum, int64_t n, float lr,
+                       float mu, bool nesterov, cudaStream_t s);
+// m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; var -= lr_t m / (sqrt(v) + eps).
+void launch_adam_update(float* var, float* m, float* v, const float* grad, int64_t n, float lr_t,
+                        float beta1, float beta2, float epsilon, cudaStream_t s);
+
+}  // namespace dtrain::cuda

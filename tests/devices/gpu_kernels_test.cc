@@ -1,0 +1,550 @@
+// GPU kernels against the CPU reference: every Kernels method runs on the same random inputs on
+// CPU:0 and GPU:0 and the results must agree to float32 rounding (rel/abs ~1e-4); dropout masks
+// and casts must agree bit for bit. Also covers the CUDA device itself (allocator copies, worker
+// thread, calls from several threads). Every test skips when no CUDA device is visible.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtrain/core/error.h"
+#include "dtrain/core/random.h"
+#include "dtrain/core/tensor.h"
+#include "dtrain/devices/device.h"
+
+namespace dtrain {
+namespace {
+
+const DeviceSpec kCpu = DeviceSpec::cpu(0);
+const DeviceSpec kGpu = DeviceSpec::gpu(0);
+
+Kernels& cpu() { return get_device(kCpu).kernels(); }
+Kernels& gpu() { return get_device(kGpu).kernels(); }
+
+// Uniform values in [lo, hi) from a Philox stream (host tensor).
+Tensor random_tensor(const Shape& s, uint64_t stream, float lo = -1.f, float hi = 1.f) {
+  Philox rng(2024, stream);
+  std::vector<float> v(static_cast<size_t>(s.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = lo + (hi - lo) * rng.uniform(i);
+  return Tensor::from_vector(v, s, kCpu);
+}
+
+Tensor random_labels(int64_t n, int32_t classes, uint64_t stream) {
+  Philox rng(7, stream);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = static_cast<int32_t>(rng.uniform(i) * static_cast<float>(classes)) % classes;
+  return Tensor::from_vector(v, Shape{n}, kCpu);
+}
+
+// A copy on GPU:0. The device is created first: it registers the CUDA allocator.
+Tensor G(const Tensor& t) {
+  get_device(kGpu);
+  return t.to(kGpu);
+}
+
+// |cpu - gpu| <= atol + rtol * |cpu| elementwise (NaNs must match NaNs, infinities exactly).
+void expect_close(const Tensor& c, const Tensor& g, float rtol = 1e-4f, float atol = 1e-4f,
+                  const std::string& what = "") {
+  ASSERT_TRUE(c.defined() && g.defined()) << what;
+  ASSERT_EQ(c.shape().to_string(), g.shape().to_string()) << what;
+  ASSERT_EQ(c.dtype(), g.dtype()) << what;
+  EXPECT_EQ(g.device(), kGpu) << what;
+  const std::vector<float> a = c.to_vector<float>(), b = g.to_vector<float>();
+  size_t bad = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const bool ok = (std::isnan(a[i]) && std::isnan(b[i])) || a[i] == b[i] ||
+                    std::fabs(a[i] - b[i]) <= atol + rtol * std::fabs(a[i]);
+    if (!ok && bad++ < 8)
+      ADD_FAILURE() << what << " element " << i << ": cpu " << a[i] << " gpu " << b[i];
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << a.size() << " elements differ";
+}
+
+// Bitwise equality of two tensors' contents (after copying to the host).
+void expect_bitwise_equal(const Tensor& c, const Tensor& g, const std::string& what = "") {
+  ASSERT_EQ(c.shape().to_string(), g.shape().to_string()) << what;
+  ASSERT_EQ(c.dtype(), g.dtype()) << what;
+  const Tensor hc = c.to(kCpu), hg = g.to(kCpu);
+  ASSERT_EQ(hc.nbytes(), hg.nbytes());
+  const auto* pa = static_cast<const unsigned char*>(hc.raw_data());
+  const auto* pb = static_cast<const unsigned char*>(hg.raw_data());
+  const size_t elem = dtype_size(c.dtype());
+  size_t bad = 0;
+  for (size_t i = 0; i < hc.nbytes(); i += elem) {
+    if (std::memcmp(pa + i, pb + i, elem) != 0 && bad++ < 8)
+      ADD_FAILURE() << what << " element " << i / elem << " differs bitwise";
+  }
+  EXPECT_EQ(bad, 0u) << what;
+}
+
+// --- device and allocator ---
+
+TEST(CudaDevice, DescribesItselfAndRunsSubmittedWork) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  Device& d = get_device(kGpu);
+  EXPECT_EQ(d.spec(), kGpu);
+  EXPECT_NE(d.description().find("GPU:0"), std::string::npos) << d.description();
+  int ran = 0;
+  d.submit([&] { ran = 1; }).get();
+  EXPECT_EQ(ran, 1);
+  auto f = d.submit([] { throw InvalidArgument("from the worker"); });
+  EXPECT_THROW(f.get(), InvalidArgument);
+  d.synchronize();
+}
+
+TEST(CudaDevice, CopiesRoundTripAndZeros) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Tensor h = random_tensor(Shape{1000, 3}, 1);
+  const Tensor g = G(h);
+  EXPECT_EQ(g.device(), kGpu);
+  expect_bitwise_equal(h, g, "host->gpu->host");
+  expect_bitwise_equal(h, g.clone(), "gpu clone");
+  const Tensor z = Tensor::zeros(Shape{257}, DType::kFloat32, kGpu);
+  for (float v : z.to_vector<float>()) ASSERT_EQ(v, 0.f);
+  const Tensor rows = g.slice_rows(10, 20);  // a view at an offset
+  expect_bitwise_equal(h.slice_rows(10, 20), rows, "slice_rows");
+  EXPECT_EQ(Tensor::scalar(2.5f, kGpu).item(), 2.5f);
+}
+
+TEST(CudaDevice, KernelsFromOtherThreads) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Tensor a = random_tensor(Shape{64, 48}, 2), b = random_tensor(Shape{48, 32}, 3);
+  const Tensor expect = cpu().matmul(a, b, false, false);
+  Tensor from_worker;
+  get_device(kGpu).submit([&] { from_worker = gpu().matmul(G(a), G(b), false, false); }).get();
+  expect_close(expect, from_worker, 1e-4f, 1e-4f, "worker thread");
+  std::vector<Tensor> outs(4);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < outs.size(); ++i)
+    threads.emplace_back([&, i] { outs[i] = gpu().matmul(G(a), G(b), false, false); });
+  for (auto& t : threads) t.join();
+  for (const Tensor& t : outs) expect_close(expect, t, 1e-4f, 1e-4f, "plain thread");
+}
+
+// --- convolution ---
+
+struct ConvCase {
+  Shape x, w;
+  Conv2dParams p;
+};
+
+std::vector<ConvCase> conv_cases() {
+  std::vector<ConvCase> cases;
+  cases.push_back({Shape{2, 7, 9, 3}, Shape{3, 3, 3, 5}, {1, 1, 1, 1, 1, 1}});  // same, symmetric
+  cases.push_back({Shape{2, 8, 8, 4}, Shape{3, 3, 4, 6}, {2, 2, 0, 1, 0, 1}});  // same, stride 2
+  cases.push_back({Shape{3, 6, 5, 2}, Shape{1, 1, 2, 7}, {1, 1, 0, 0, 0, 0}});  // 1x1
+  cases.push_back({Shape{1, 11, 10, 3}, Shape{5, 5, 3, 4}, {2, 2, 2, 2, 2, 2}});
+  cases.push_back({Shape{2, 9, 9, 1}, Shape{2, 2, 1, 3}, {1, 2, 1, 0, 0, 1}});  // asymmetric both
+  cases.push_back({Shape{4, 12, 12, 8}, Shape{3, 3, 8, 16}, {1, 1, 0, 0, 0, 0}});  // valid
+  return cases;
+}
+
+std::string conv_name(const ConvCase& c) {
+  return "x " + c.x.to_string() + " w " + c.w.to_string() + " stride " +
+         std::to_string(c.p.stride_h) + "x" + std::to_string(c.p.stride_w) + " pad " +
+         std::to_string(c.p.pad_top) + std::to_string(c.p.pad_bottom) +
+         std::to_string(c.p.pad_left) + std::to_string(c.p.pad_right);
+}
+
+TEST(GpuKernels, Conv2dForward) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  uint64_t s = 100;
+  for (const ConvCase& c : conv_cases()) {
+    const Tensor x = random_tensor(c.x, s++), w = random_tensor(c.w, s++);
+    const Tensor b = random_tensor(Shape{c.w[3]}, s++);
+    expect_close(cpu().conv2d(x, w, Tensor(), c.p), gpu().conv2d(G(x), G(w), Tensor(), c.p), 1e-4f,
+                 1e-4f, "no bias " + conv_name(c));
+    expect_close(cpu().conv2d(x, w, b, c.p), gpu().conv2d(G(x), G(w), G(b), c.p), 1e-4f, 1e-4f,
+                 "bias " + conv_name(c));
+  }
+  const Tensor x = random_tensor(Shape{1, 5, 5, 3}, 1), w = random_tensor(Shape{3, 3, 2, 4}, 2);
+  EXPECT_THROW(gpu().conv2d(G(x), G(w), Tensor(), {}), InvalidArgument);  // channel mismatch
+}
+
+TEST(GpuKernels, Conv2dBackwardInput) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  uint64_t s = 200;
+  for (const ConvCase& c : conv_cases()) {
+    const Tensor w = random_tensor(c.w, s++);
+    const Tensor y = cpu().conv2d(random_tensor(c.x, s++), w, Tensor(), c.p);
+    const Tensor dy = random_tensor(y.shape(), s++);
+    expect_close(cpu().conv2d_backward_input(dy, w, c.x, c.p),
+                 gpu().conv2d_backward_input(G(dy), G(w), c.x, c.p), 1e-4f, 1e-4f, conv_name(c));
+  }
+}
+
+TEST(GpuKernels, Conv2dBackwardFilter) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  uint64_t s = 300;
+  for (const ConvCase& c : conv_cases()) {
+    const Tensor x = random_tensor(c.x, s++);
+    const Tensor y = cpu().conv2d(x, random_tensor(c.w, s++), Tensor(), c.p);
+    const Tensor dy = random_tensor(y.shape(), s++);
+    Tensor db_c, db_g;
+    // Filter gradients sum over N*OH*OW products: scale the tolerance with that count.
+    const float atol = 1e-4f * std::sqrt(static_cast<float>(y.numel() / c.w[3]));
+    expect_close(cpu().conv2d_backward_filter(x, dy, c.w, c.p, true, &db_c),
+                 gpu().conv2d_backward_filter(G(x), G(dy), c.w, c.p, true, &db_g), 1e-4f, atol,
+                 "dw " + conv_name(c));
+    expect_close(db_c, db_g, 1e-4f, atol, "db " + conv_name(c));
+    expect_close(cpu().conv2d_backward_filter(x, dy, c.w, c.p, false, nullptr),
+                 gpu().conv2d_backward_filter(G(x), G(dy), c.w, c.p, false, nullptr), 1e-4f, atol,
+                 "dw without bias " + conv_name(c));
+  }
+}
+
+// --- pooling ---
+
+TEST(GpuKernels, MaxPool2dForwardAndBackward) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  struct Case {
+    Shape x;
+    Pool2dParams p;
+  };
+  const std::vector<Case> cases = {
+      {Shape{2, 8, 8, 3}, {2, 2, 2, 2, 0, 0, 0, 0}},
+      {Shape{2, 7, 9, 4}, {3, 3, 2, 2, 1, 1, 1, 1}},
+      {Shape{1, 7, 7, 2}, {2, 2, 2, 2, 0, 1, 0, 1}},  // TF "same" with an odd input
+      {Shape{3, 6, 5, 5}, {3, 2, 1, 1, 1, 1, 0, 1}},  // overlapping windows
+  };
+  uint64_t s = 400;
+  for (const Case& c : cases) {
+    const Tensor x = random_tensor(c.x, s++);  // continuous values: no ties in a window
+    Tensor ws_c, ws_g;
+    const Tensor y_c = cpu().max_pool2d(x, c.p, &ws_c);
+    const Tensor y_g = gpu().max_pool2d(G(x), c.p, &ws_g);
+    expect_close(y_c, y_g, 0.f, 0.f, "forward " + c.x.to_string());
+    const Tensor dy = random_tensor(y_c.shape(), s++);
+    const Tensor dx_c = cpu().max_pool2d_backward(dy, x, ws_c, c.p);
+    expect_close(dx_c, gpu().max_pool2d_backward(G(dy), G(x), ws_g, c.p), 1e-5f, 1e-6f,
+                 "backward " + c.x.to_string());
+    expect_close(dx_c, gpu().max_pool2d_backward(G(dy), G(x), Tensor(), c.p), 1e-5f, 1e-6f,
+                 "backward without workspace " + c.x.to_string());
+  }
+}
+
+// --- dense algebra ---
+
+TEST(GpuKernels, Matmul) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const int64_t m = 17, k = 33, n = 9;
+  uint64_t s = 500;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const Tensor a = random_tensor(ta ? Shape{k, m} : Shape{m, k}, s++);
+      const Tensor b = random_tensor(tb ? Shape{n, k} : Shape{k, n}, s++);
+      expect_close(cpu().matmul(a, b, ta, tb), gpu().matmul(G(a), G(b), ta, tb), 1e-4f, 1e-4f,
+                   std::string("transpose ") + (ta ? "a" : "-") + (tb ? "b" : "-"));
+    }
+  const Tensor big_a = random_tensor(Shape{256, 512}, s++),
+               big_b = random_tensor(Shape{512, 128}, s++);
+  expect_close(cpu().matmul(big_a, big_b, false, false),
+               gpu().matmul(G(big_a), G(big_b), false, false), 1e-4f, 1e-3f, "256x512x128");
+  const Tensor e1 = random_tensor(Shape{4, 0}, s++), e2 = random_tensor(Shape{0, 3}, s++);
+  expect_close(cpu().matmul(e1, e2, false, false), gpu().matmul(G(e1), G(e2), false, false), 0.f,
+               0.f, "k = 0");
+  EXPECT_THROW(gpu().matmul(G(big_a), G(big_a), false, false), InvalidArgument);
+}
+
+// --- elementwise ---
+
+TEST(GpuKernels, Unary) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Tensor x = random_tensor(Shape{3, 257}, 600, -3.f, 3.f);
+  const Tensor pos = random_tensor(Shape{3, 257}, 601, 0.05f, 4.f);
+  for (UnaryOp op :
+       {UnaryOp::kRelu, UnaryOp::kTanh, UnaryOp::kSigmoid, UnaryOp::kNeg, UnaryOp::kExp,
+        UnaryOp::kLog, UnaryOp::kSquare, UnaryOp::kSqrt, UnaryOp::kAbs}) {
+    const Tensor& in = (op == UnaryOp::kLog || op == UnaryOp::kSqrt) ? pos : x;
+    expect_close(cpu().unary(op, in), gpu().unary(op, G(in)), 1e-5f, 1e-6f,
+                 "op " + std::to_string(static_cast<int>(op)));
+  }
+}
+
+TEST(GpuKernels, ActivationBackward) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Tensor x = random_tensor(Shape{5, 61}, 610, -3.f, 3.f);
+  const Tensor dy = random_tensor(Shape{5, 61}, 611);
+  expect_close(cpu().activation_backward(UnaryOp::kRelu, x, dy),
+               gpu().activation_backward(UnaryOp::kRelu, G(x), G(dy)), 1e-6f, 1e-7f, "relu");
+  for (UnaryOp op : {UnaryOp::kTanh, UnaryOp::kSigmoid}) {
+    const Tensor y = cpu().unary(op, x);
+    expect_close(cpu().activation_backward(op, y, dy), gpu().activation_backward(op, G(y), G(dy)),
+                 1e-5f, 1e-6f, "op " + std::to_string(static_cast<int>(op)));
+  }
+  EXPECT_THROW(gpu().activation_backward(UnaryOp::kExp, G(x), G(dy)), InvalidArgument);
+}
+
+TEST(GpuKernels, BinaryWithBroadcasting) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const std::vector<std::pair<Shape, Shape>> shapes = {
+      {Shape{4, 5}, Shape{4, 5}},       {Shape{4, 5}, Shape{5}},
+      {Shape{5}, Shape{4, 5}},          {Shape{4, 1}, Shape{1, 5}},
+      {Shape{2, 3, 4}, Shape{3, 1}},    {Shape{}, Shape{2, 3}},
+      {Shape{2, 3}, Shape{}},           {Shape{2, 1, 3, 1, 2}, Shape{1, 4, 1, 5, 1}},
+      {Shape{6, 1, 7}, Shape{6, 5, 7}}, {Shape{3, 1, 1, 2, 1, 2, 1, 2, 3}, Shape{2, 1, 2, 1, 2, 1}},
+  };
+  uint64_t s = 700;
+  for (const auto& [sa, sb] : shapes)
+    for (BinaryOp op : {BinaryOp::kAdd, BinaryOp::kSub, BinaryOp::kMul, BinaryOp::kDiv,
+                        BinaryOp::kMax, BinaryOp::kMin}) {
+      const Tensor a = random_tensor(sa, s++);
+      // Keep divisors away from zero.
+      const Tensor b =
+          op == BinaryOp::kDiv ? random_tensor(sb, s++, 0.5f, 2.f) : random_tensor(sb, s++);
+      expect_close(
+          cpu().binary(op, a, b), gpu().binary(op, G(a), G(b)), 1e-6f, 1e-7f,
+          sa.to_string() + " op" + std::to_string(static_cast<int>(op)) + " " + sb.to_string());
+    }
+  EXPECT_THROW(
+      gpu().binary(BinaryOp::kAdd, G(random_tensor(Shape{3}, 1)), G(random_tensor(Shape{4}, 2))),
+      InvalidArgument);
+}
+
+TEST(GpuKernels, Affine) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Tensor x = random_tensor(Shape{1001}, 800);
+  expect_close(cpu().affine(x, -2.5f, 0.75f), gpu().affine(G(x), -2.5f, 0.75f), 1e-6f, 1e-6f);
+}
+
+TEST(GpuKernels, Reduce) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  struct Case {
+    Shape shape;
+    std::vector<std::vector<int>> axes;
+  };
+  const std::vector<Case> cases = {
+      {Shape{3, 4, 5}, {{}, {0}, {1}, {2}, {0, 1}, {0, 2}, {1, 2}, {0, 1, 2}}},
+      {Shape{64, 1000}, {{0}, {1}, {0, 1}}},
+      {Shape{2, 3, 4, 5, 6}, {{1, 3}, {0, 2, 4}, {4}, {0}}},
+      {Shape{1, 7, 1, 3}, {{0}, {0, 2}, {1, 3}}},
+      {Shape{20000}, {{0}}},
+      {Shape{3000, 7}, {{0}}},
+      {Shape{3, 0, 4}, {{1}, {0, 2}}},
+  };
+  uint64_t s = 900;
+  for (const Case& c : cases) {
+    const Tensor x = random_tensor(c.shape, s++);
+    for (const auto& axes : c.axes)
+      for (bool keep : {false, true})
+        for (ReductionKind kind :
+             {ReductionKind::kSum, ReductionKind::kMean, ReductionKind::kMax}) {
+          int64_t count = 1;
+          for (int a : axes) count *= c.shape[a];
+          const float atol = 1e-4f * std::sqrt(static_cast<float>(std::max<int64_t>(count, 1)));
+          std::string axes_s;
+          for (int a : axes) axes_s += std::to_string(a) + ",";
+          expect_close(cpu().reduce(kind, x, axes, keep), gpu().reduce(kind, G(x), axes, keep),
+                       1e-4f, atol,
+                       c.shape.to_string() + " axes {" + axes_s + "} keep " + std::to_string(keep) +
+                           " kind " + std::to_string(static_cast<int>(kind)));
+        }
+  }
+  EXPECT_THROW(gpu().reduce(ReductionKind::kSum, G(random_tensor(Shape{2, 3}, 1)), {2}, false),
+               InvalidArgument);
+}
+
+TEST(GpuKernels, Cast) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  std::vector<float> v = {0.f,   -0.f,     1.f,     -2.5f,    0.5f,        1.5f,
+                          2.5f,  -3.5f,    65504.f, 1e6f,     -1e6f,       1e-6f,
+                          6e-8f, 3.14159f, 1e-30f,  123.456f, 1.00390625f, 1.01171875f};
+  const Tensor rnd = random_tensor(Shape{999}, 1000, -300.f, 300.f);
+  for (float f : rnd.to_vector<float>()) v.push_back(f);
+  const Tensor x = Tensor::from_vector(v, Shape{static_cast<int64_t>(v.size())}, kCpu);
+  for (DType to : {DType::kFloat16, DType::kBFloat16, DType::kFloat64, DType::kInt32, DType::kInt64,
+                   DType::kFloat32}) {
+    const Tensor c = cpu().cast(x, to), g = gpu().cast(G(x), to);
+    expect_bitwise_equal(c, g, std::string("float32 -> ") + dtype_name(to));
+    if (to == DType::kFloat32) continue;
+    expect_bitwise_equal(cpu().cast(c, DType::kFloat32), gpu().cast(g, DType::kFloat32),
+                         std::string(dtype_name(to)) + " -> float32");
+  }
+  // The CPU device has no direct float16 <-> bfloat16 / int32 reorders; going through float32
+  // is exact for these inputs, so the GPU's direct casts must match the two-step CPU result.
+  const Tensor h = cpu().cast(x, DType::kFloat16);
+  expect_bitwise_equal(cpu().cast(cpu().cast(h, DType::kFloat32), DType::kBFloat16),
+                       gpu().cast(G(h), DType::kBFloat16), "float16 -> bfloat16");
+  const Tensor d = cpu().cast(x, DType::kFloat64);
+  expect_bitwise_equal(cpu().cast(d, DType::kFloat16), gpu().cast(G(d), DType::kFloat16),
+                       "float64 -> float16");
+  const Tensor i = Tensor::from_vector<int32_t>({0, 1, -7, 2048, 16777217, -2147483647}, Shape{6});
+  for (DType to : {DType::kFloat32, DType::kFloat64, DType::kInt64})
+    expect_bitwise_equal(cpu().cast(i, to), gpu().cast(G(i), to),
+                         std::string("int32 -> ") + dtype_name(to));
+  const Tensor small = Tensor::from_vector<int32_t>({0, 1, -7, 2048, 2049, -65504}, Shape{6});
+  expect_bitwise_equal(cpu().cast(cpu().cast(small, DType::kFloat32), DType::kFloat16),
+                       gpu().cast(G(small), DType::kFloat16), "int32 -> float16");
+  const Tensor big =
+      Tensor::from_vector<int64_t>({0, -3, (int64_t{1} << 53) + 1, -(int64_t{1} << 40)}, Shape{4});
+  for (DType to : {DType::kFloat32, DType::kFloat64})
+    expect_bitwise_equal(cpu().cast(big, to), gpu().cast(G(big), to),
+                         std::string("int64 -> ") + dtype_name(to));
+  // Out-of-range float/int64 -> int32 conversions are undefined in C++, so only in-range values.
+  const Tensor fits = Tensor::from_vector<int64_t>({0, -3, 2147483647, -2147483647}, Shape{4});
+  expect_bitwise_equal(cpu().cast(fits, DType::kInt32), gpu().cast(G(fits), DType::kInt32),
+                       "int64 -> int32");
+}
+
+TEST(GpuKernels, Fill) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  Tensor c = Tensor::empty(Shape{3, 333}, DType::kFloat32, kCpu);
+  Tensor g = G(c);
+  cpu().fill(c, -1.25f);
+  gpu().fill(g, -1.25f);
+  expect_bitwise_equal(c, g);
+}
+
+// --- losses ---
+
+TEST(GpuKernels, SoftmaxCrossEntropy) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const std::vector<std::pair<int64_t, int32_t>> cases = {{16, 10}, {5, 1}, {7, 1000}, {300, 33}};
+  for (const auto& [n, classes] : cases) {
+    const Tensor logits = random_tensor(Shape{n, classes}, 1100 + n, -4.f, 4.f);
+    const Tensor labels = random_labels(n, classes, 1200 + n);
+    Tensor loss_c, probs_c, loss_g, probs_g;
+    cpu().softmax_cross_entropy(logits, labels, &loss_c, &probs_c);
+    gpu().softmax_cross_entropy(G(logits), G(labels), &loss_g, &probs_g);
+    const std::string what = "N " + std::to_string(n) + " C " + std::to_string(classes);
+    expect_close(loss_c, loss_g, 1e-5f, 1e-6f, "loss " + what);
+    expect_close(probs_c, probs_g, 1e-5f, 1e-7f, "probs " + what);
+  }
+  const Tensor logits = random_tensor(Shape{3, 4}, 1300);
+  Tensor loss, probs;
+  for (int32_t bad : {4, -1}) {
+    const Tensor labels = Tensor::from_vector<int32_t>({0, bad, 1}, Shape{3});
+    EXPECT_THROW(cpu().softmax_cross_entropy(logits, labels, &loss, &probs), InvalidArgument);
+    EXPECT_THROW(gpu().softmax_cross_entropy(G(logits), G(labels), &loss, &probs), InvalidArgument);
+  }
+}
+
+TEST(GpuKernels, SoftmaxCrossEntropyBackward) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const int64_t n = 37;
+  const int32_t classes = 11;
+  const Tensor logits = random_tensor(Shape{n, classes}, 1400, -3.f, 3.f);
+  const Tensor labels = random_labels(n, classes, 1401);
+  const Tensor dloss = random_tensor(Shape{n}, 1402);
+  Tensor loss, probs;
+  cpu().softmax_cross_entropy(logits, labels, &loss, &probs);
+  expect_close(cpu().softmax_cross_entropy_backward(probs, labels, dloss),
+               gpu().softmax_cross_entropy_backward(G(probs), G(labels), G(dloss)), 1e-6f, 1e-7f);
+}
+
+// --- regularisation / normalisation ---
+
+TEST(GpuKernels, DropoutMaskIsBitIdenticalToCpuAndPhilox) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const std::vector<Shape> shapes = {Shape{1001}, Shape{3, 5, 7}, Shape{64, 257}, Shape{0}};
+  const std::vector<std::pair<uint64_t, uint64_t>> seeds = {
+      {0, 0}, {42, 7}, {0x123456789abcdefull, 1ull << 40}};
+  for (const Shape& shape : shapes)
+    for (float rate : {0.f, 0.1f, 0.5f, 0.9f})
+      for (const auto& [seed, stream] : seeds) {
+        const std::string what = shape.to_string() + " rate " + std::to_string(rate) + " seed " +
+                                 std::to_string(seed) + " stream " + std::to_string(stream);
+        const Tensor c = cpu().dropout_mask(shape, rate, seed, stream);
+        const Tensor g = gpu().dropout_mask(shape, rate, seed, stream);
+        expect_bitwise_equal(c, g, what);
+        const Philox rng(seed, stream);
+        const std::vector<float> gv = g.to_vector<float>();
+        const float keep = 1.f / (1.f - rate);
+        for (size_t i = 0; i < gv.size(); ++i)
+          ASSERT_EQ(gv[i], rng.uniform(i) >= rate ? keep : 0.f) << what << " element " << i;
+      }
+  EXPECT_THROW(gpu().dropout_mask(Shape{4}, 1.f, 0, 0), InvalidArgument);
+  EXPECT_THROW(gpu().dropout_mask(Shape{4}, -0.1f, 0, 0), InvalidArgument);
+}
+
+TEST(GpuKernels, BatchNormTrainingAndInference) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  uint64_t s = 1500;
+  for (const Shape& shape : {Shape{8, 5, 5, 6}, Shape{32, 10}, Shape{3, 1}, Shape{4096, 3}}) {
+    const int64_t c = shape[-1];
+    // An offset mean makes a one-pass variance lose digits; both devices must not.
+    const Tensor x = random_tensor(shape, s++, 2.f, 4.f);
+    const Tensor gamma = random_tensor(Shape{c}, s++, 0.5f, 1.5f);
+    const Tensor beta = random_tensor(Shape{c}, s++);
+    const BatchNormForward fc = cpu().batch_norm_training(x, gamma, beta, 1e-3f);
+    const BatchNormForward fg = gpu().batch_norm_training(G(x), G(gamma), G(beta), 1e-3f);
+    expect_close(fc.mean, fg.mean, 1e-5f, 1e-5f, "mean " + shape.to_string());
+    expect_close(fc.var, fg.var, 1e-4f, 1e-5f, "var " + shape.to_string());
+    expect_close(fc.y, fg.y, 1e-4f, 1e-4f, "y " + shape.to_string());
+    const Tensor mean = random_tensor(Shape{c}, s++), var = random_tensor(Shape{c}, s++, 0.1f, 2.f);
+    expect_close(cpu().batch_norm_inference(x, gamma, beta, mean, var, 1e-3f),
+                 gpu().batch_norm_inference(G(x), G(gamma), G(beta), G(mean), G(var), 1e-3f), 1e-5f,
+                 1e-5f, "inference " + shape.to_string());
+  }
+}
+
+TEST(GpuKernels, BatchNormBackward) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  uint64_t s = 1600;
+  for (const Shape& shape : {Shape{8, 5, 5, 6}, Shape{32, 10}, Shape{4096, 3}}) {
+    const int64_t c = shape[-1];
+    const Tensor x = random_tensor(shape, s++);
+    const Tensor dy = random_tensor(shape, s++);
+    const Tensor gamma = random_tensor(Shape{c}, s++, 0.5f, 1.5f);
+    const Tensor beta = random_tensor(Shape{c}, s++);
+    const BatchNormForward f = cpu().batch_norm_training(x, gamma, beta, 1e-3f);
+    const BatchNormBackward bc = cpu().batch_norm_backward(dy, x, gamma, f.mean, f.var, 1e-3f);
+    const BatchNormBackward bg =
+        gpu().batch_norm_backward(G(dy), G(x), G(gamma), G(f.mean), G(f.var), 1e-3f);
+    const float atol = 1e-4f * std::sqrt(static_cast<float>(shape.numel() / c));
+    expect_close(bc.dbeta, bg.dbeta, 1e-4f, atol, "dbeta " + shape.to_string());
+    expect_close(bc.dgamma, bg.dgamma, 1e-4f, atol, "dgamma " + shape.to_string());
+    expect_close(bc.dx, bg.dx, 1e-3f, 1e-4f, "dx " + shape.to_string());
+  }
+}
+
+// --- optimizers ---
+
+TEST(GpuKernels, SgdUpdate) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  for (int mode = 0; mode < 3; ++mode) {  // plain, momentum, nesterov
+    Tensor var_c = random_tensor(Shape{513}, 1700), var_g = G(var_c);
+    Tensor mom_c = Tensor::zeros(Shape{513}, DType::kFloat32, kCpu);
+    Tensor mom_g = Tensor::zeros(Shape{513}, DType::kFloat32, kGpu);
+    for (int step = 0; step < 3; ++step) {
+      const Tensor grad = random_tensor(Shape{513}, 1710 + static_cast<uint64_t>(step));
+      cpu().sgd_update(var_c, grad, mode ? &mom_c : nullptr, 0.1f, 0.9f, mode == 2);
+      gpu().sgd_update(var_g, G(grad), mode ? &mom_g : nullptr, 0.1f, 0.9f, mode == 2);
+    }
+    expect_close(var_c, var_g, 1e-5f, 1e-6f, "var mode " + std::to_string(mode));
+    expect_close(mom_c, mom_g, 1e-5f, 1e-6f, "momentum mode " + std::to_string(mode));
+  }
+}
+
+TEST(GpuKernels, AdamUpdate) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  Tensor var_c = random_tensor(Shape{1000}, 1800), var_g = G(var_c);
+  Tensor m_c = Tensor::zeros(Shape{1000}, DType::kFloat32, kCpu);
+  Tensor v_c = Tensor::zeros(Shape{1000}, DType::kFloat32, kCpu);
+  Tensor m_g = Tensor::zeros(Shape{1000}, DType::kFloat32, kGpu);
+  Tensor v_g = Tensor::zeros(Shape{1000}, DType::kFloat32, kGpu);
+  for (int64_t step = 1; step <= 4; ++step) {
+    const Tensor grad = random_tensor(Shape{1000}, 1810 + static_cast<uint64_t>(step));
+    cpu().adam_update(var_c, m_c, v_c, grad, 1e-2f, 0.9f, 0.999f, 1e-7f, step);
+    gpu().adam_update(var_g, m_g, v_g, G(grad), 1e-2f, 0.9f, 0.999f, 1e-7f, step);
+  }
+  expect_close(var_c, var_g, 1e-5f, 1e-6f, "var");
+  expect_close(m_c, m_g, 1e-5f, 1e-7f, "m");
+  expect_close(v_c, v_g, 1e-5f, 1e-8f, "v");
+}
+
+TEST(GpuKernels, RejectsCpuTensorsAndOtherDtypes) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Tensor x = random_tensor(Shape{4}, 1);
+  EXPECT_THROW(gpu().unary(UnaryOp::kRelu, x), InvalidArgument);  // on the CPU
+  EXPECT_THROW(gpu().unary(UnaryOp::kRelu, G(cpu().cast(x, DType::kFloat64))), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace dtrain

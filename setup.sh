@@ -28,7 +28,7 @@ cmake --build "$build" -j "$jobs"
 
 case "$what" in
   demo)
-    "$build/examples/fashion_mnist" --strategy=one_device --epochs=5 ;;
+    "$build/examples/fashion_mnist" --strategy=mirrored --devices=cpu:2 --epochs=5 ;;
   test)
     cd "$build" && ctest --output-on-failure -j "$jobs" ;;
 esac

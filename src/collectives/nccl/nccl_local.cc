@@ -1,0 +1,194 @@
+// NCCL among the GPUs of one process. Each replica thread drives its own rank's communicator on a
+// dedicated stream; waits poll the stream against the group's deadline and abort the NCCL
+// communicator (ncclCommAbort) instead of hanging when a peer never arrives.
+#include "collectives/nccl/nccl_local.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+#include "dtrain/core/logging.h"
+#include "dtrain/devices/device.h"
+
+namespace dtrain {
+namespace {
+
+void check_nccl(ncclResult_t r, const char* call) {
+  if (r != ncclSuccess && r != ncclInProgress)
+    throw Unavailable(std::string(call) + " failed: " + ncclGetErrorString(r));
+}
+
+void check_cuda(cudaError_t e, const char* call) {
+  if (e != cudaSuccess) throw Unavailable(std::string(call) + " failed: " + cudaGetErrorString(e));
+}
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::kFloat32: return ncclFloat32;
+    case DType::kFloat64: return ncclFloat64;
+    case DType::kFloat16: return ncclFloat16;
+    case DType::kBFloat16: return ncclBfloat16;
+    case DType::kInt32: return ncclInt32;
+    case DType::kInt64: return ncclInt64;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kMean: return ncclAvg;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kMin: return ncclMin;
+  }
+  return ncclSum;
+}
+
+struct Shared {
+  std::vector<ncclComm_t> comms;
+  std::vector<int> gpus;
+  CollectiveOptions options;
+  std::atomic<bool> aborted{false};
+  std::mutex mu;
+  std::string reason;
+  ~Shared() {
+    for (auto c : comms)
+      if (c) ncclCommDestroy(c);
+  }
+};
+
+class NcclLocalCommunicator final : public Communicator {
+ public:
+  NcclLocalCommunicator(std::shared_ptr<Shared> s, int rank) : s_(std::move(s)), rank_(rank) {
+    check_cuda(cudaSetDevice(gpu()), "cudaSetDevice");
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  ~NcclLocalCommunicator() override {
+    cudaSetDevice(gpu());
+    cudaStreamDestroy(stream_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(s_->gpus.size()); }
+
+  Work allreduce(Tensor& t, ReduceOp op) override {
+    prepare(t, "allreduce");
+    check_nccl(ncclAllReduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()),
+                             nccl_op(op), comm(), stream_), "ncclAllReduce");
+    wait("allreduce");
+    return Work::completed();
+  }
+  Work allgather(const Tensor& in, Tensor& out) override {
+    prepare(in, "allgather");
+    check_nccl(ncclAllGather(in.raw_data(), out.raw_data(), static_cast<size_t>(in.numel()), nccl_type(in.dtype()),
+                             comm(), stream_), "ncclAllGather");
+    wait("allgather");
+    return Work::completed();
+  }
+  Work broadcast(Tensor& t, int root) override {
+    prepare(t, "broadcast");
+    check_nccl(ncclBroadcast(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()), root,
+                             comm(), stream_), "ncclBroadcast");
+    wait("broadcast");
+    return Work::completed();
+  }
+  Work reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
+    prepare(in, "reduce_scatter");
+    check_nccl(ncclReduceScatter(in.raw_data(), out.raw_data(), static_cast<size_t>(out.numel()),
+                                 nccl_type(in.dtype()), nccl_op(op), comm(), stream_), "ncclReduceScatter");
+    wait("reduce_scatter");
+    return Work::completed();
+  }
+  Work barrier() override {
+    Tensor one = Tensor::zeros(Shape{1}, DType::kInt32, DeviceSpec::gpu(gpu()));
+    return allreduce(one, ReduceOp::kSum);
+  }
+  void abort(const std::string& reason) override {
+    {
+      std::lock_guard<std::mutex> lock(s_->mu);
+      if (s_->reason.empty()) s_->reason = reason;
+    }
+    s_->aborted = true;
+  }
+
+ private:
+  int gpu() const { return s_->gpus[static_cast<size_t>(rank_)]; }
+  ncclComm_t comm() const { return s_->comms[static_cast<size_t>(rank_)]; }
+
+  void prepare(const Tensor& t, const char* what) {
+    if (t.device() != DeviceSpec::gpu(gpu()))
+      throw InvalidArgument(std::string("NCCL ") + what + " on rank " + std::to_string(rank_) + " needs a tensor on GPU:" +
+                            std::to_string(gpu()) + ", got " + t.to_string());
+    throw_if_aborted();
+    // Kernels that produced `t` run on the device's own stream: finish them first.
+    get_device(t.device()).synchronize();
+    check_cuda(cudaSetDevice(gpu()), "cudaSetDevice");
+  }
+
+  void throw_if_aborted() {
+    if (s_->aborted) {
+      std::lock_guard<std::mutex> lock(s_->mu);
+      throw Unavailable("NCCL group aborted: " + s_->reason);
+    }
+  }
+
+  // Polls instead of blocking so that a dead peer or an abort cannot hang this thread.
+  void wait(const char* what) {
+    const auto deadline = std::chrono::steady_clock::now() + s_->options.timeout;
+    for (;;) {
+      const cudaError_t q = cudaStreamQuery(stream_);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) check_cuda(q, "cudaStreamQuery");
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm(), &async);
+      if (async != ncclSuccess && async != ncclInProgress) {
+        ncclCommAbort(comm());
+        s_->comms[static_cast<size_t>(rank_)] = nullptr;
+        throw Unavailable(std::string("NCCL ") + what + " failed on rank " + std::to_string(rank_) + ": " +
+                          ncclGetErrorString(async));
+      }
+      if (s_->aborted || std::chrono::steady_clock::now() > deadline) {
+        ncclCommAbort(comm());
+        s_->comms[static_cast<size_t>(rank_)] = nullptr;
+        if (s_->aborted) throw_if_aborted();
+        throw DeadlineExceeded(std::string("NCCL ") + what + " on rank " + std::to_string(rank_) +
+                               " did not finish within " + std::to_string(s_->options.timeout.count()) +
+                               " ms; another replica did not join the collective");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  std::shared_ptr<Shared> s_;
+  int rank_;
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace
+
+bool nccl_available() { return true; }
+
+std::vector<std::unique_ptr<Communicator>> make_nccl_local_group(const std::vector<DeviceSpec>& devices,
+                                                                 CollectiveOptions options) {
+  auto s = std::make_shared<Shared>();
+  s->options = options;
+  for (const auto& d : devices) {
+    if (d.type != DeviceType::kCUDA) throw InvalidArgument("NCCL needs GPU devices, got " + d.to_string());
+    get_device(d);  // creates the device (and its CUDA context) first
+    s->gpus.push_back(d.index);
+  }
+  s->comms.resize(devices.size());
+  check_nccl(ncclCommInitAll(s->comms.data(), static_cast<int>(devices.size()), s->gpus.data()), "ncclCommInitAll");
+  int version = 0;
+  ncclGetVersion(&version);
+  DTRAIN_LOG(INFO) << "NCCL " << version << " communicators for " << devices.size() << " GPU(s)";
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (size_t r = 0; r < devices.size(); ++r)
+    out.push_back(std::make_unique<NcclLocalCommunicator>(s, static_cast<int>(r)));
+  return out;
+}
+
+}  // namespace dtrain

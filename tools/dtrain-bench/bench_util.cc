@@ -1,0 +1,66 @@
+#include "bench_util.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <stdexcept>
+
+namespace dtrain::bench {
+
+std::vector<nlohmann::json> run_json_lines(const std::string& cmd) {
+  std::FILE* p = ::popen((cmd + " 2>/tmp/dtrain-bench-stderr.log").c_str(), "r");
+  if (!p) throw std::runtime_error("cannot start: " + cmd);
+  std::vector<nlohmann::json> out;
+  std::array<char, 8192> buf;
+  while (std::fgets(buf.data(), buf.size(), p)) {
+    std::string line = buf.data();
+    if (!line.empty() && line[0] == '{') {
+      try {
+        out.push_back(nlohmann::json::parse(line));
+      } catch (const nlohmann::json::exception&) {
+      }
+    }
+  }
+  const int rc = ::pclose(p);
+  if (rc != 0)
+    throw std::runtime_error("command failed (status " + std::to_string(rc) + "; its stderr is in " +
+                             "/tmp/dtrain-bench-stderr.log): " + cmd);
+  if (out.empty()) throw std::runtime_error("no JSON result from: " + cmd);
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string self_dir() { return std::filesystem::canonical("/proc/self/exe").parent_path().string(); }
+
+std::vector<long> parse_sizes(const std::string& s) {
+  std::vector<long> out;
+  size_t p = 0;
+  while (p < s.size()) {
+    const size_t c = s.find(',', p);
+    std::string item = s.substr(p, c == std::string::npos ? std::string::npos : c - p);
+    long mult = 1;
+    if (!item.empty() && (item.back() == 'K' || item.back() == 'k')) mult = 1024;
+    if (!item.empty() && (item.back() == 'M' || item.back() == 'm')) mult = 1024 * 1024;
+    if (mult != 1) item.pop_back();
+    size_t used = 0;
+    long v = -1;
+    try {
+      v = std::stol(item, &used);
+    } catch (const std::exception&) {
+    }
+    if (v < 0 || used != item.size())
+      throw std::invalid_argument("bad size '" + s.substr(p, c - p) + "' in --sizes; use bytes with K/M suffixes, e.g. 4K,1M,64M");
+    out.push_back(v * mult);
+    if (c == std::string::npos) break;
+    p = c + 1;
+  }
+  return out;
+}
+
+}  // namespace dtrain::bench

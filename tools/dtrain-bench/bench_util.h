@@ -1,0 +1,32 @@
+// Helpers and entry points shared by dtrain-bench's subcommands.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace dtrain::bench {
+
+// Runs a shell command; returns the JSON object lines of its stdout. Throws on a non-zero exit.
+std::vector<nlohmann::json> run_json_lines(const std::string& cmd);
+double median(std::vector<double> v);
+std::string self_dir();  // directory of the running executable
+// "4K,64K,1M,64M" -> bytes. Throws std::invalid_argument naming a bad entry.
+std::vector<long> parse_sizes(const std::string& s);
+
+struct TrainArgs {
+  std::string strategy = "one_device", devices = "cpu", peer = "torch", python = "/usr/bin/python3";
+  int runs = 5, threads = 1, warmup = 20;
+  long steps = 300, batch_per_replica = 64;
+  bool json = false;
+};
+int train_bench(const TrainArgs& a);
+
+struct AllreduceArgs {
+  std::string backend = "inproc", peer, sizes = "4K,64K,1M,16M,64M";
+  int ranks = 2, iters = 20, warmup = 5;
+  bool json = false;
+};
+int allreduce_bench(const AllreduceArgs& a);
+
+}  // namespace dtrain::bench

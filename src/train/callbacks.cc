@@ -24,8 +24,12 @@ void ProgressBar::on_batch_end(const TrainLogs& logs) {
     if (logs.steps_per_epoch > 0) {
       const int width = 30;
       const int done = static_cast<int>(width * logs.step / logs.steps_per_epoch);
-      bar = "[" + std::string(static_cast<size_t>(done), '=') +
-            (done < width ? ">" : "") + std::string(static_cast<size_t>(std::max(0, width - done - 1)), '.') + "]";
+      bar.reserve(width + 2);
+      bar.push_back('[');
+      bar.append(static_cast<size_t>(done), '=');
+      if (done < width) bar.push_back('>');
+      bar.append(static_cast<size_t>(std::max(0, width - done - 1)), '.');
+      bar.push_back(']');
     }
     std::fprintf(out_, "\r%6lld/%lld %s loss: %.4f - %.0f images/sec", static_cast<long long>(logs.step),
                  static_cast<long long>(logs.steps_per_epoch), bar.c_str(), logs.loss, logs.images_per_sec);

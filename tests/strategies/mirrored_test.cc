@@ -297,7 +297,9 @@ TEST_F(Equivalence, TenStepsMatchOneDeviceToRounding) {
   for (int n : {1, 2, 3, 4}) {
     MirroredStrategy m(on(n));
     const Trained t = train_reference(m, 10);
-    if (n == 1) EXPECT_EQ(t.weights, ref.weights);
+    if (n == 1) {
+      EXPECT_EQ(t.weights, ref.weights);
+    }
     EXPECT_LE(max_rel_error(t, ref), 1e-5) << n << " replicas";
   }
   CentralStorageStrategy c(on(2));

@@ -54,7 +54,10 @@ int allreduce_bench(const AllreduceArgs& a) {
   const std::vector<long> sizes = parse_sizes(a.sizes);
   std::vector<nlohmann::json> ours, theirs;
   std::string size_list;
-  for (long b : sizes) size_list += (size_list.empty() ? "" : ",") + std::to_string(b);
+  for (long b : sizes) {
+    if (!size_list.empty()) size_list += ',';
+    size_list += std::to_string(b);
+  }
   for (long b : sizes) ours.push_back(row("inproc", a.ranks, std::max(4L, b / 4 * 4), time_inproc(a.ranks, b, a.iters, a.warmup)));
   print_table(ours, a.json);
   if (a.peer == "mpi") {

@@ -66,6 +66,12 @@ class Group {
         if (gen_.load(std::memory_order_acquire) != g) return;
         _mm_pause();
       }
+    } else {
+      // More ranks than cores: hand the core to a rank that still has to arrive.
+      for (int i = 0; i < 2000; ++i) {
+        if (gen_.load(std::memory_order_acquire) != g) return;
+        std::this_thread::yield();
+      }
     }
     std::unique_lock<std::mutex> lock(mu_);
     const bool done = cv_.wait_for(lock, opts_.timeout, [&] {

@@ -105,6 +105,18 @@ Tensor Tensor::to(DeviceSpec dst) const {
   return out;
 }
 
+Tensor Tensor::share_to(DeviceSpec dst) const {
+  if (device() == dst || !device().host_accessible() || !dst.host_accessible()) return to(dst);
+  auto impl = std::make_shared<Impl>(this->impl());
+  // A storage handle that keeps the original alive but reports the new device.
+  auto owner = impl->storage;
+  impl->storage = std::make_shared<Storage>(owner->data(), owner->nbytes(), dst, nullptr, nullptr);
+  impl->keep_alive = owner;
+  impl->id = next_id();
+  impl->trainable_variable = false;
+  return Tensor(std::move(impl));
+}
+
 Tensor Tensor::clone() const {
   Tensor out = empty(shape(), dtype(), device());
   out.copy_from(*this);

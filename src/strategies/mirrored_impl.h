@@ -31,7 +31,7 @@ class GradientPacker final : public tape::GradientReadyHook {
     size_t bytes = 0;
     std::future<std::vector<Tensor>> result;
   };
-  void launch();
+  void launch(bool last);
   MirroredReplicaContext* ctx_;
   std::vector<Tensor> seen_;  // by source index
   std::vector<Pack> packs_;
@@ -50,9 +50,11 @@ class MirroredReplicaContext final : public ReplicaContext {
   std::vector<Tensor> merge_call(const std::function<std::vector<Tensor>(Strategy&, const PerReplica&)>& fn,
                                  const std::vector<Tensor>& args) override;
 
-  // Packs `values` into one buffer per dtype, all-reduces it on the communication thread and
-  // returns new tensors (never aliasing the inputs).
-  std::future<std::vector<Tensor>> all_reduce_async(ReduceOp op, std::vector<Tensor> values);
+  // Packs `values` into one buffer per dtype, all-reduces it and returns new tensors (never
+  // aliasing the inputs): on the communication thread, or — with `deferred` — on the thread that
+  // calls get() (no thread hand-off; used when nothing is left to overlap with).
+  std::future<std::vector<Tensor>> all_reduce_async(ReduceOp op, std::vector<Tensor> values,
+                                                    bool deferred = false);
   GradientPacker& packer() { return packer_; }
   size_t bytes_per_pack() const;
   void barrier();

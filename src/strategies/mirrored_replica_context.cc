@@ -14,8 +14,9 @@ Strategy& MirroredReplicaContext::strategy() const { return *strategy_; }
 int MirroredReplicaContext::num_replicas_in_sync() const { return static_cast<int>(impl_->devices.size()); }
 DeviceSpec MirroredReplicaContext::device() const { return impl_->devices[static_cast<size_t>(replica_)]; }
 
-std::future<std::vector<Tensor>> MirroredReplicaContext::all_reduce_async(ReduceOp op, std::vector<Tensor> values) {
-  auto task = std::make_shared<std::packaged_task<std::vector<Tensor>()>>([this, op, values = std::move(values)] {
+std::future<std::vector<Tensor>> MirroredReplicaContext::all_reduce_async(ReduceOp op, std::vector<Tensor> values,
+                                                                          bool deferred) {
+  auto body = [this, op, values = std::move(values)] {
     const DeviceSpec dev = device();
     std::vector<Tensor> out(values.size());
     // One flat buffer per dtype: one collective regardless of how many tensors.
@@ -42,7 +43,9 @@ std::future<std::vector<Tensor>> MirroredReplicaContext::all_reduce_async(Reduce
       }
     }
     return out;
-  });
+  };
+  if (deferred) return std::async(std::launch::deferred, std::move(body));
+  auto task = std::make_shared<std::packaged_task<std::vector<Tensor>()>>(std::move(body));
   std::future<std::vector<Tensor>> f = task->get_future();
   impl_->comm_threads[static_cast<size_t>(replica_)]->submit([task] { (*task)(); });
   return f;
@@ -55,7 +58,7 @@ std::vector<Tensor> MirroredReplicaContext::all_reduce(ReduceOp op, const std::v
     if (v.device() != device())
       throw InvalidArgument("all_reduce on replica " + std::to_string(replica_) + ": " + v.to_string() +
                             " is not on the replica's device " + device().to_string());
-  return all_reduce_async(op, values).get();
+  return all_reduce_async(op, values, /*deferred=*/true).get();
 }
 
 void MirroredReplicaContext::barrier() {
@@ -112,18 +115,19 @@ void GradientPacker::on_ready(size_t index, const Tensor& grad) {
   current_.indices.push_back(index);
   current_.grads.push_back(grad);
   current_.bytes += grad.nbytes();
-  if (current_.bytes >= ctx_->bytes_per_pack()) launch();
+  if (current_.bytes >= ctx_->bytes_per_pack()) launch(false);
 }
 
-void GradientPacker::on_done() { launch(); }
+// The last pack has nothing left to overlap with: reduce it inline when the optimizer asks.
+void GradientPacker::on_done() { launch(true); }
 
-void GradientPacker::launch() {
+void GradientPacker::launch(bool last) {
   if (current_.grads.empty()) return;
   packs_.push_back(std::move(current_));
   current_ = Pack();
   // Optimizers all-reduce gradients with SUM (losses are scaled by the global batch).
   Pack& p = packs_.back();
-  p.result = ctx_->all_reduce_async(ReduceOp::kSum, p.grads);
+  p.result = ctx_->all_reduce_async(ReduceOp::kSum, p.grads, /*deferred=*/last);
 }
 
 bool GradientPacker::take(const std::vector<Tensor>& grads, ReduceOp op, std::vector<Tensor>* out) {

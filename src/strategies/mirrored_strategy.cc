@@ -148,7 +148,8 @@ PerReplica MirroredStrategy::do_split_batch(const std::vector<Tensor>& batch, in
     for (const auto& t : batch) {
       if (t.shape()[0] != rows)
         throw InvalidArgument("distribute_dataset: batch components have different leading dimensions");
-      out.values[static_cast<size_t>(r)].push_back(t.slice_rows(begin, end).to(impl_->devices[static_cast<size_t>(r)]));
+      // Input batches are read-only: logical CPU devices share them without a copy.
+      out.values[static_cast<size_t>(r)].push_back(t.slice_rows(begin, end).share_to(impl_->devices[static_cast<size_t>(r)]));
     }
     begin = end;
   }

@@ -62,6 +62,9 @@ class Tensor {
 
   // A copy on `device` (the same handle when already there).
   Tensor to(DeviceSpec device) const;
+  // For host-memory devices (logical CPUs), a view of the same memory tagged with `device`; for
+  // anything else the same as to(). Use for read-only inputs handed to another logical CPU device.
+  Tensor share_to(DeviceSpec device) const;
   // A deep copy on the same device.
   Tensor clone() const;
   // A view with a new shape of equal numel. Throws InvalidArgument otherwise.
@@ -80,6 +83,7 @@ class Tensor {
  private:
   struct Impl {
     std::shared_ptr<Storage> storage;
+    std::shared_ptr<Storage> keep_alive;  // set by share_to(): the memory's real owner
     size_t offset = 0;
     Shape shape;
     DType dtype = DType::kFloat32;

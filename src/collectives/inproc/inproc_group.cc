@@ -62,7 +62,9 @@ class Group {
       return;
     }
     if (spin_) {
-      for (int i = 0; i < 20000; ++i) {
+      // ~50 us of spinning (pause is ~140 cycles on recent cores), then sleep: a longer spin
+      // steals the core from the input pipeline and makes the late rank later still.
+      for (int i = 0; i < 1000; ++i) {
         if (gen_.load(std::memory_order_acquire) != g) return;
         _mm_pause();
       }

@@ -1,6 +1,11 @@
 // A logical CPU device: its own worker thread with its own OpenMP thread count, and its own
 // oneDNN primitive cache.
 #include <omp.h>
+#include <pthread.h>
+#include <sched.h>
+
+#include <cstdlib>
+#include <thread>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -11,13 +16,28 @@
 namespace dtrain {
 namespace {
 
+// Logical device i with t threads runs on cores [i*t, (i+1)*t) when the machine has that many, so
+// replicas do not migrate across each other's cores. Skipped for the single whole-CPU device and
+// when DTRAIN_NO_PIN is set.
+void pin_to_cores(int index, int threads) {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  if (std::getenv("DTRAIN_NO_PIN") || (index + 1) * threads > cores || threads >= cores) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c = index * threads; c < (index + 1) * threads; ++c) CPU_SET(c, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
 class CpuDevice final : public Device {
  public:
   CpuDevice(int index, int threads)
       : spec_(DeviceSpec::cpu(index)),
         threads_(threads),
         kernels_(spec_),
-        worker_([threads] { omp_set_num_threads(threads); }) {}
+        worker_([index, threads] {
+          omp_set_num_threads(threads);
+          pin_to_cores(index, threads);
+        }) {}
 
   DeviceSpec spec() const override { return spec_; }
   std::string description() const override {

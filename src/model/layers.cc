@@ -3,6 +3,7 @@
 #include "dtrain/core/random.h"
 #include "dtrain/devices/device.h"
 #include "dtrain/model/initializers.h"
+#include "dtrain/model/sync_batch_norm.h"
 #include "dtrain/strategies/strategy.h"
 
 namespace dtrain {
@@ -125,8 +126,8 @@ Tensor Dropout::call(const Tensor& x, bool training) {
 }
 
 // --- BatchNormalization ---
-BatchNormalization::BatchNormalization(float momentum, float epsilon, std::string name)
-    : Layer(std::move(name)), momentum_(momentum), epsilon_(epsilon) {}
+BatchNormalization::BatchNormalization(float momentum, float epsilon, bool synchronized, std::string name)
+    : Layer(std::move(name)), momentum_(momentum), epsilon_(epsilon), synchronized_(synchronized) {}
 
 void BatchNormalization::build_weights(const Shape& s) {
   const Shape c{s[-1]};
@@ -142,9 +143,14 @@ Tensor BatchNormalization::call(const Tensor& x, bool training) {
   if (!training)
     return ops::batch_norm_inference(x, gamma->value(), beta->value(), moving_mean->value(),
                                      moving_variance->value(), epsilon_);
-  Tensor mean, var;
-  Tensor y = ops::batch_norm_training(x, gamma->value(), beta->value(), epsilon_, &mean, &var);
-  if (x.numel() > 0) {
+  Tensor mean, var, y;
+  ReplicaContext* ctx = get_replica_context();
+  const bool sync = synchronized_ && ctx && ctx->num_replicas_in_sync() > 1;
+  if (sync)
+    y = ops::sync_batch_norm_training(*ctx, x, gamma->value(), beta->value(), epsilon_, &mean, &var);
+  else
+    y = ops::batch_norm_training(x, gamma->value(), beta->value(), epsilon_, &mean, &var);
+  if (sync || x.numel() > 0) {
     Kernels& k = kernels_for(x);
     // moving = momentum * moving + (1 - momentum) * batch, on this replica's copy.
     moving_mean->update([&](Tensor& m, size_t) {

@@ -33,6 +33,13 @@ class HostStagedCommunicator final : public Communicator {
     if (!t.device().host_accessible()) t.copy_from(h);
     return Work::completed();
   }
+  Work reduce(Tensor& t, int root, ReduceOp op) override {
+    if (t.device().host_accessible()) return inner_->reduce(t, root, op);
+    Tensor h = t.to(DeviceSpec::cpu());
+    inner_->reduce(h, root, op).wait();
+    if (inner_->rank() == root) t.copy_from(h);
+    return Work::completed();
+  }
   Work reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
     Tensor hi = in.to(DeviceSpec::cpu()), ho = Tensor::empty(out.shape(), out.dtype());
     inner_->reduce_scatter(hi, ho, op).wait();

@@ -23,6 +23,7 @@ class GradientPacker final : public tape::GradientReadyHook {
   // If `grads` are exactly the gradients this packer saw (same tensors, same order), waits for
   // their packs and returns the reduced tensors; otherwise returns false.
   bool take(const std::vector<Tensor>& grads, ReduceOp op, std::vector<Tensor>* out);
+  bool idle() const { return packs_.empty(); }
 
  private:
   struct Pack {

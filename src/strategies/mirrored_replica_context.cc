@@ -58,7 +58,9 @@ std::vector<Tensor> MirroredReplicaContext::all_reduce(ReduceOp op, const std::v
     if (v.device() != device())
       throw InvalidArgument("all_reduce on replica " + std::to_string(replica_) + ": " + v.to_string() +
                             " is not on the replica's device " + device().to_string());
-  return all_reduce_async(op, values, /*deferred=*/true).get();
+  // Inline unless gradient packs are still in flight on the communication thread (a collective
+  // issued during backward, e.g. by SyncBatchNorm): then queue behind them to keep the order.
+  return all_reduce_async(op, values, /*deferred=*/packer_.idle()).get();
 }
 
 void MirroredReplicaContext::barrier() {

@@ -96,6 +96,14 @@ TEST(Inproc, AllgatherBroadcastReduceScatterBarrier) {
       c.allgather(in, gathered[static_cast<size_t>(r)]).wait();
       bcast[static_cast<size_t>(r)] = make(DType::kFloat32, count, r);
       c.broadcast(bcast[static_cast<size_t>(r)], n - 1).wait();
+      Tensor red = make(DType::kFloat32, count, r);
+      c.reduce(red, 0, ReduceOp::kSum).wait();
+      if (r == 0) {
+        const auto v = red.to_vector<double>();
+        for (int64_t i = 0; i < count; ++i) EXPECT_EQ(v[static_cast<size_t>(i)], expected(ReduceOp::kSum, n, i));
+      } else {
+        EXPECT_EQ(red.to_vector<double>(), make(DType::kFloat32, count, r).to_vector<double>());  // untouched
+      }
       Tensor big = make(DType::kFloat64, count * n, r);
       rs[static_cast<size_t>(r)] = Tensor::empty(Shape{count}, DType::kFloat64);
       c.reduce_scatter(big, rs[static_cast<size_t>(r)], ReduceOp::kSum).wait();

@@ -5,6 +5,7 @@
 #include "dtrain/data/dataset.h"
 #include "dtrain/data/fashion_mnist.h"
 #include "dtrain/model/initializers.h"
+#include "dtrain/model/layers.h"
 #include "dtrain/model/losses.h"
 #include "dtrain/model/optimizers.h"
 #include "dtrain/strategies/mirrored_strategy.h"
@@ -216,6 +217,51 @@ TEST_F(Mirrored, AFailingReplicaDoesNotHangTheOthers) {
     return ctx.all_reduce(ReduceOp::kSum, {Tensor::full(Shape{1}, 1.f, ctx.device())});
   });
   EXPECT_EQ(out.values[2][0].item(), 3.f);
+}
+
+// SyncBatchNorm on N replicas == plain batch norm on one device at the same global batch.
+std::vector<std::vector<float>> train_bn(Strategy& s, bool synchronized, int steps) {
+  set_global_seed(4);
+  Sequential model;
+  std::unique_ptr<SGD> opt;
+  std::shared_ptr<BatchNormalization> bn;
+  {
+    auto scope = s.scope();
+    bn = std::make_shared<BatchNormalization>(0.9f, 1e-3f, synchronized);
+    model = Sequential({std::make_shared<Conv2D>(4, 3, 3), bn, std::make_shared<ActivationLayer>(Activation::kRelu),
+                        std::make_shared<Flatten>(), std::make_shared<Dense>(3)});
+    opt = std::make_unique<SGD>(0.1f);
+  }
+  Tensor x = testing::random_tensor({64, 6, 6, 1}, 8, 0.f, 1.f);
+  std::vector<int32_t> y(64);
+  for (size_t i = 0; i < y.size(); ++i) y[i] = static_cast<int32_t>(i % 3);
+  FitOptions o;
+  o.steps = steps;
+  o.global_batch_size = 16;
+  fit(s, model, *opt, Dataset::from_tensors({x, Tensor::from_vector(y, Shape{64})}), nullptr, o);
+  std::vector<std::vector<float>> w;
+  for (const auto& v : model.variables()) w.push_back(v->value().to_vector<float>());
+  return w;
+}
+
+TEST_F(Mirrored, SyncBatchNormMatchesOneDeviceAtTheSameGlobalBatch) {
+  OneDeviceStrategy one(DeviceSpec::cpu(0));
+  const auto ref = train_bn(one, false, 6);
+  for (int n : {2, 4}) {
+    MirroredStrategy m(on(n));
+    const auto got = train_bn(m, true, 6);
+    ASSERT_EQ(got.size(), ref.size());
+    for (size_t i = 0; i < ref.size(); ++i)
+      for (size_t k = 0; k < ref[i].size(); ++k)
+        EXPECT_NEAR(got[i][k], ref[i][k], 1e-4 * std::max(1.f, std::fabs(ref[i][k]))) << n << " replicas, variable " << i;
+  }
+  // Without synchronisation each replica normalises with its own 8 rows: a different model.
+  MirroredStrategy m(on(2));
+  const auto local = train_bn(m, false, 6);
+  double diff = 0;
+  for (size_t i = 0; i < ref.size(); ++i)
+    for (size_t k = 0; k < ref[i].size(); ++k) diff = std::max(diff, static_cast<double>(std::fabs(local[i][k] - ref[i][k])));
+  EXPECT_GT(diff, 1e-3);
 }
 
 // --- equivalence with OneDevice: reference CNN, 50 steps, global batch 64, real data ---

@@ -56,6 +56,8 @@ class Communicator {
   virtual Work allgather(const Tensor& input, Tensor& output) = 0;
   // Every rank's tensor becomes root's.
   virtual Work broadcast(Tensor& tensor, int root) = 0;
+  // Reduce to one: root's tensor becomes op(all ranks' tensors); the others' are left unchanged.
+  virtual Work reduce(Tensor& tensor, int root, ReduceOp op) = 0;
   // output (n / size elements) = rank's slice of op(all inputs) (n divisible by size).
   virtual Work reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) = 0;
   virtual Work barrier() = 0;

@@ -135,10 +135,12 @@ class Dropout : public Layer {
 };
 
 // Keras BatchNormalization over the last axis. Moving statistics are non-trainable ON_READ
-// variables with MEAN aggregation; each replica normalises with its own batch statistics.
+// variables with MEAN aggregation. By default each replica normalises with its own batch's
+// statistics; synchronized = true (SyncBatchNorm) uses the global batch's, all-reduced across
+// replicas in training (identical to one device at the same global batch).
 class BatchNormalization : public Layer {
  public:
-  explicit BatchNormalization(float momentum = 0.99f, float epsilon = 1e-3f,
+  explicit BatchNormalization(float momentum = 0.99f, float epsilon = 1e-3f, bool synchronized = false,
                               std::string name = "batch_normalization");
   std::shared_ptr<Variable> gamma, beta, moving_mean, moving_variance;
 
@@ -148,6 +150,7 @@ class BatchNormalization : public Layer {
 
  private:
   float momentum_, epsilon_;
+  bool synchronized_;
 };
 
 // A linear stack of layers (keras.Sequential).

@@ -12,12 +12,13 @@
 namespace dtrain {
 namespace {
 
-enum class Op : int { kAllreduce = 1, kAllgather, kBroadcast, kReduceScatter, kBarrier };
+enum class Op : int { kAllreduce = 1, kAllgather, kBroadcast, kReduce, kReduceScatter, kBarrier };
 const char* op_name(Op op) {
   switch (op) {
     case Op::kAllreduce: return "allreduce";
     case Op::kAllgather: return "allgather";
     case Op::kBroadcast: return "broadcast";
+    case Op::kReduce: return "reduce";
     case Op::kReduceScatter: return "reduce_scatter";
     case Op::kBarrier: return "barrier";
   }
@@ -177,6 +178,26 @@ class InprocCommunicator final : public Communicator {
     post(Op::kBroadcast, t.dtype(), t.numel(), 0, root, t.raw_data(), t.raw_data());
     run("broadcast", [&] {
       if (rank_ != root) std::memcpy(t.raw_data(), g_->slot(root).in, t.nbytes());
+    });
+    return Work::completed();
+  }
+
+  Work reduce(Tensor& t, int root, ReduceOp op) override {
+    require_host(t, "reduce");
+    if (root < 0 || root >= size()) throw InvalidArgument("reduce: root " + std::to_string(root) + " out of range");
+    post(Op::kReduce, t.dtype(), t.numel(), static_cast<int>(op), root, t.raw_data(), t.raw_data());
+    run("reduce", [&] {
+      // Each rank reduces its slice of every rank's buffer into root's buffer: the work is spread
+      // over all ranks, and only root's memory is written.
+      const int n = size();
+      const size_t esize = dtype_size(t.dtype());
+      const int64_t begin = t.numel() * rank_ / n, end = t.numel() * (rank_ + 1) / n;
+      char* dst = static_cast<char*>(g_->slot(root).out) + static_cast<size_t>(begin) * esize;
+      for (int r = 0; r < n; ++r)
+        if (r != root)
+          collectives::reduce_into(dst, static_cast<const char*>(g_->slot(r).in) + static_cast<size_t>(begin) * esize,
+                                   static_cast<size_t>(end - begin), t.dtype(), op);
+      if (op == ReduceOp::kMean) collectives::scale_for_mean(dst, static_cast<size_t>(end - begin), t.dtype(), n);
     });
     return Work::completed();
   }

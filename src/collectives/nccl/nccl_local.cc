@@ -95,6 +95,13 @@ class NcclLocalCommunicator final : public Communicator {
     wait("broadcast");
     return Work::completed();
   }
+  Work reduce(Tensor& t, int root, ReduceOp op) override {
+    prepare(t, "reduce");
+    check_nccl(ncclReduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()),
+                          nccl_op(op), root, comm(), stream_), "ncclReduce");
+    wait("reduce");
+    return Work::completed();
+  }
   Work reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
     prepare(in, "reduce_scatter");
     check_nccl(ncclReduceScatter(in.raw_data(), out.raw_data(), static_cast<size_t>(out.numel()),

@@ -12,54 +12,11 @@
 #include <system_error>
 #include <thread>
 
+#include "data/dataset_node.h"
 #include "dtrain/core/random.h"
 
 namespace dtrain {
 namespace detail {
-
-// One element in flight between stages. Until batch() an element is a row index into the source
-// (tensors empty); batch() turns rows into tensors, and later stages pass those along.
-struct DatasetElement {
-  int64_t row = -1;
-  std::vector<Tensor> tensors;
-};
-
-// Internal iterator: next(nullptr) advances without materialising (shard uses it to skip
-// elements it drops, so skipped batches are never gathered).
-class DatasetNodeIterator {
- public:
-  virtual ~DatasetNodeIterator() = default;
-  virtual bool next(DatasetElement* out) = 0;
-};
-
-struct DatasetSource {
-  std::vector<Tensor> tensors;  // CPU, leading dim n
-  int64_t n = 0;
-  std::vector<size_t> row_bytes;  // per component
-};
-
-class DatasetNode {
- public:
-  DatasetNode(std::shared_ptr<const DatasetSource> source, int64_t cardinality, bool batched,
-              std::string description)
-      : source_(std::move(source)),
-        cardinality_(cardinality),
-        batched_(batched),
-        description_(std::move(description)) {}
-  virtual ~DatasetNode() = default;
-  virtual std::unique_ptr<DatasetNodeIterator> make_iterator() const = 0;
-
-  const std::shared_ptr<const DatasetSource>& source() const { return source_; }
-  int64_t cardinality() const { return cardinality_; }
-  bool batched() const { return batched_; }
-  const std::string& description() const { return description_; }
-
- private:
-  std::shared_ptr<const DatasetSource> source_;
-  int64_t cardinality_;
-  bool batched_;
-  std::string description_;
-};
 
 namespace {
 
@@ -434,90 +391,6 @@ class MapNode final : public DatasetNode {
   std::shared_ptr<const Dataset::MapFn> fn_;
 };
 
-// ---- prefetch ----
-
-class PrefetchNode final : public DatasetNode {
- public:
-  PrefetchNode(NodePtr up, int buffer)
-      : DatasetNode(up->source(), up->cardinality(), up->batched(),
-                    str_cat(up->description(), ".prefetch(", buffer, ")")),
-        up_(std::move(up)),
-        buffer_(buffer) {}
-  std::unique_ptr<DatasetNodeIterator> make_iterator() const override {
-    return std::make_unique<It>(up_->make_iterator(), static_cast<size_t>(buffer_));
-  }
-
- private:
-  class It final : public DatasetNodeIterator {
-   public:
-    It(std::unique_ptr<DatasetNodeIterator> up, size_t capacity) : capacity_(capacity) {
-      try {
-        thread_ = std::thread([this, u = std::move(up)]() mutable { produce(std::move(u)); });
-      } catch (const std::system_error& e) {
-        throw Unavailable(str_cat("prefetch: cannot start the producer thread: ", e.what()));
-      }
-    }
-    ~It() override {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        cancelled_ = true;
-      }
-      space_.notify_all();
-      thread_.join();
-    }
-    bool next(DatasetElement* out) override {
-      std::unique_lock<std::mutex> lock(mu_);
-      ready_.wait(lock, [&] { return !queue_.empty() || finished_; });
-      if (!queue_.empty()) {
-        if (out) *out = std::move(queue_.front());
-        queue_.pop_front();
-        lock.unlock();
-        space_.notify_one();
-        return true;
-      }
-      if (error_) std::rethrow_exception(error_);
-      return false;
-    }
-
-   private:
-    void produce(std::unique_ptr<DatasetNodeIterator> up) {
-      std::exception_ptr error;
-      try {
-        for (;;) {
-          DatasetElement e;
-          if (!up->next(&e)) break;
-          std::unique_lock<std::mutex> lock(mu_);
-          space_.wait(lock, [&] { return queue_.size() < capacity_ || cancelled_; });
-          if (cancelled_) break;
-          queue_.push_back(std::move(e));
-          lock.unlock();
-          ready_.notify_one();
-        }
-      } catch (...) {
-        error = std::current_exception();
-      }
-      up.reset();  // joins any prefetch threads further upstream, on this thread
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        error_ = error;
-        finished_ = true;
-      }
-      ready_.notify_all();
-    }
-
-    const size_t capacity_;
-    std::mutex mu_;
-    std::condition_variable ready_, space_;
-    std::deque<DatasetElement> queue_;
-    bool finished_ = false, cancelled_ = false;
-    std::exception_ptr error_;
-    std::thread thread_;  // last: started after the members it uses exist
-  };
-
-  NodePtr up_;
-  int buffer_;
-};
-
 // ---- public iterator ----
 
 class PublicIterator final : public Dataset::Iterator {
@@ -638,7 +511,7 @@ Dataset Dataset::map(MapFn fn) const {
 Dataset Dataset::prefetch(int buffer_size) const {
   if (buffer_size < 1)
     throw InvalidArgument(str_cat("prefetch(", buffer_size, "): buffer_size must be >= 1"));
-  return Dataset(std::make_shared<detail::PrefetchNode>(node_, buffer_size));
+  return Dataset(detail::make_prefetch_node(node_, buffer_size));
 }
 
 int64_t Dataset::cardinality() const { return node_->cardinality(); }

@@ -1,0 +1,59 @@
+// Private to src/data: the stages a Dataset is made of.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtrain/core/tensor.h"
+
+namespace dtrain::detail {
+
+// One element in flight between stages. Until batch() an element is a row index into the source
+// (tensors empty); batch() turns rows into tensors, and later stages pass those along.
+struct DatasetElement {
+  int64_t row = -1;
+  std::vector<Tensor> tensors;
+};
+
+// Internal iterator: next(nullptr) advances without materialising (shard uses it to skip
+// elements it drops, so skipped batches are never gathered).
+class DatasetNodeIterator {
+ public:
+  virtual ~DatasetNodeIterator() = default;
+  virtual bool next(DatasetElement* out) = 0;
+};
+
+struct DatasetSource {
+  std::vector<Tensor> tensors;  // CPU, leading dim n
+  int64_t n = 0;
+  std::vector<size_t> row_bytes;  // per component
+};
+
+class DatasetNode {
+ public:
+  DatasetNode(std::shared_ptr<const DatasetSource> source, int64_t cardinality, bool batched,
+              std::string description)
+      : source_(std::move(source)),
+        cardinality_(cardinality),
+        batched_(batched),
+        description_(std::move(description)) {}
+  virtual ~DatasetNode() = default;
+  virtual std::unique_ptr<DatasetNodeIterator> make_iterator() const = 0;
+
+  const std::shared_ptr<const DatasetSource>& source() const { return source_; }
+  int64_t cardinality() const { return cardinality_; }
+  bool batched() const { return batched_; }
+  const std::string& description() const { return description_; }
+
+ private:
+  std::shared_ptr<const DatasetSource> source_;
+  int64_t cardinality_;
+  bool batched_;
+  std::string description_;
+};
+
+// The prefetch stage (prefetch_node.cc): produces elements of `up` on a background thread.
+std::shared_ptr<const DatasetNode> make_prefetch_node(std::shared_ptr<const DatasetNode> up, int buffer);
+
+}  // namespace dtrain::detail

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""A stand-in for a dtrain task, started by dtrain-run in tests/launcher/launcher_test.py.
+
+It reports what the launcher gave it (TF_CONFIG, DTRAIN_TASK, DTRAIN_JOB_TOKEN, argv, pid) as
+<report-dir>/<task>.json, prints a line to stdout and to stderr, then behaves as asked: fail with a
+status, sleep, start a grandchild, catch or ignore signals. Every sleep is bounded.
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--report-dir", required=True)
+    p.add_argument("--fail-task", default="", help="task that exits with --fail-code")
+    p.add_argument("--fail-code", type=int, default=3)
+    p.add_argument("--fail-after", type=float, default=0.0)
+    p.add_argument("--sleep", type=float, default=0.0, help="then exit 0")
+    p.add_argument("--sleep-tasks", default="", help="only these tasks sleep (comma-separated)")
+    p.add_argument("--grandchild", action="store_true", help="start a `sleep` in the same group")
+    p.add_argument("--on-term", choices=["default", "exit0", "ignore"], default="default")
+    p.add_argument("--on-int", choices=["default", "exit0", "ignore"], default="default")
+    p.add_argument("--lines", type=int, default=0, help="extra numbered stdout lines")
+    p.add_argument("--partial", action="store_true", help="end stdout without a newline")
+    args, rest = p.parse_known_args()
+
+    task = os.environ.get("DTRAIN_TASK", "?")
+    grandchild = None
+    if args.grandchild:
+        grandchild = subprocess.Popen(["sleep", "60"])
+
+    def handler(signum, _frame):
+        name = signal.Signals(signum).name
+        sys.stdout.write(f"got {name}\n")
+        sys.stdout.flush()
+        with open(os.path.join(args.report_dir, f"{task}.{name}"), "w") as f:
+            f.write("1")
+        mode = args.on_term if signum == signal.SIGTERM else args.on_int
+        if mode == "exit0":
+            os._exit(0)
+
+    for sig, mode in ((signal.SIGTERM, args.on_term), (signal.SIGINT, args.on_int)):
+        if mode != "default":
+            signal.signal(sig, handler)
+
+    report = {
+        "task": task,
+        "tf_config": os.environ.get("TF_CONFIG"),
+        "token": os.environ.get("DTRAIN_JOB_TOKEN"),
+        "argv": sys.argv[1:],
+        "extra_args": rest,
+        "pid": os.getpid(),
+        "grandchild_pid": grandchild.pid if grandchild else None,
+        "stdin_is_devnull": os.path.samestat(os.fstat(0), os.stat(os.devnull)),
+    }
+    tmp = os.path.join(args.report_dir, f".{task}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(report, f)
+    os.rename(tmp, os.path.join(args.report_dir, f"{task}.json"))  # appears whole
+
+    print(f"hello from {task}", flush=True)
+    print(f"error stream of {task}", file=sys.stderr, flush=True)
+    for i in range(args.lines):
+        sys.stdout.write(f"line {i} of {task} " + "x" * (i % 300) + "\n")
+    sys.stdout.flush()
+
+    if task == args.fail_task:
+        time.sleep(args.fail_after)
+        print(f"{task} failing on purpose", file=sys.stderr, flush=True)
+        sys.exit(args.fail_code)
+    if args.sleep > 0 and (not args.sleep_tasks or task in args.sleep_tasks.split(",")):
+        deadline = time.monotonic() + args.sleep
+        while time.monotonic() < deadline:
+            time.sleep(0.05)  # a handler that does not exit returns here
+    if args.partial:
+        sys.stdout.write(f"no newline from {task}")
+        sys.stdout.flush()
+    if grandchild:
+        grandchild.kill()
+        grandchild.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,382 @@
+#!/usr/bin/env python3
+"""End-to-end tests of dtrain-run: real processes, real signals, bounded waits.
+
+  python3 tests/launcher/launcher_test.py --launcher build/tools/dtrain-run [unittest args...]
+
+e.g. `... LocalJob` or `... Failure.test_failed_worker_stops_the_others` to run a part. Every wait is
+bounded; a launcher still alive at the end of a test is killed (its children die with it, through
+PR_SET_PDEATHSIG), so a broken launcher fails the tests instead of hanging them.
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAKE = os.path.join(HERE, "fake_worker.py")
+LAUNCHER = None  # set in __main__
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def pid_alive(pid):
+    """True while `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def wait_until(cond, timeout, step=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(step)
+    return cond()
+
+
+class LauncherCase(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="dtrain_run_test_")
+        self.dir = self.tmp.name
+        self.procs = []
+
+    def tearDown(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+        self.tmp.cleanup()
+
+    def fake(self, *args):
+        return [sys.executable, FAKE, "--report-dir", self.dir, *args]
+
+    def run_launcher(self, launcher_args, command=None, timeout=30, env=None):
+        """Runs dtrain-run to completion; returns (status, stdout, stderr, seconds)."""
+        cmd = [LAUNCHER, *launcher_args] + (["--", *command] if command else [])
+        start = time.monotonic()
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired as e:
+            self.fail(f"dtrain-run did not finish within {timeout} s: {cmd}\n{e.stdout}\n{e.stderr}")
+        return r.returncode, r.stdout, r.stderr, time.monotonic() - start
+
+    def start_launcher(self, launcher_args, command):
+        p = subprocess.Popen([LAUNCHER, *launcher_args, "--", *command], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        self.procs.append(p)
+        return p
+
+    def finish(self, p, timeout):
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate(timeout=10)
+            self.fail(f"dtrain-run did not exit within {timeout} s\n{out}\n{err}")
+        return p.returncode, out, err
+
+    def report(self, task):
+        with open(os.path.join(self.dir, f"{task}.json")) as f:
+            return json.load(f)
+
+    def wait_reports(self, tasks, timeout=20):
+        ok = wait_until(lambda: all(os.path.exists(os.path.join(self.dir, f"{t}.json"))
+                                    for t in tasks), timeout)
+        self.assertTrue(ok, f"not all of {tasks} started within {timeout} s")
+        return {t: self.report(t) for t in tasks}
+
+    def assert_gone(self, pids, timeout=5):
+        ok = wait_until(lambda: not any(pid_alive(p) for p in pids), timeout)
+        self.assertTrue(ok, f"processes still alive: {[p for p in pids if pid_alive(p)]}")
+
+
+class LocalJob(LauncherCase):
+    def test_three_workers_get_distinct_tf_configs(self):
+        env = dict(os.environ, TF_CONFIG="stale", DTRAIN_TASK="stale")
+        env.pop("DTRAIN_JOB_TOKEN", None)
+        status, out, err, _ = self.run_launcher(["-np", "3"], self.fake(), env=env)
+        self.assertEqual(status, 0, err)
+        tasks = [f"worker:{i}" for i in range(3)]
+        reports = {t: self.report(t) for t in tasks}
+        cluster = None
+        for i, t in enumerate(tasks):
+            cfg = json.loads(reports[t]["tf_config"])
+            self.assertEqual(cfg["task"], {"type": "worker", "index": i})
+            self.assertEqual(set(cfg["cluster"]), {"worker"})
+            cluster = cluster or cfg["cluster"]
+            self.assertEqual(cfg["cluster"], cluster, "every task must see the same cluster")
+            self.assertEqual(reports[t]["task"], t)
+            self.assertTrue(reports[t]["stdin_is_devnull"])
+        addrs = cluster["worker"]
+        self.assertEqual(len(addrs), 3)
+        ports = set()
+        for a in addrs:
+            host, port = a.rsplit(":", 1)
+            self.assertEqual(host, "127.0.0.1")
+            self.assertTrue(1 <= int(port) <= 65535)
+            ports.add(int(port))
+        self.assertEqual(len(ports), 3, f"ports not distinct: {addrs}")
+        tokens = {r["token"] for r in reports.values()}
+        self.assertEqual(len(tokens), 1, "one job token for every task")
+        self.assertRegex(tokens.pop(), HEX64)
+
+    def test_job_token_from_environment_is_kept(self):
+        env = dict(os.environ, DTRAIN_JOB_TOKEN="my-token")
+        status, _, err, _ = self.run_launcher(["-np", "2"], self.fake(), env=env)
+        self.assertEqual(status, 0, err)
+        self.assertEqual({self.report(f"worker:{i}")["token"] for i in range(2)}, {"my-token"})
+
+    def test_token_differs_between_jobs(self):
+        env = dict(os.environ)
+        env.pop("DTRAIN_JOB_TOKEN", None)
+        self.assertEqual(self.run_launcher(["-np", "1"], self.fake(), env=env)[0], 0)
+        first = self.report("worker:0")["token"]
+        self.assertEqual(self.run_launcher(["-np", "1"], self.fake(), env=env)[0], 0)
+        self.assertNotEqual(first, self.report("worker:0")["token"])
+
+    def test_output_is_prefixed_per_stream(self):
+        status, out, err, _ = self.run_launcher(["-np", "3"], self.fake("--partial"))
+        self.assertEqual(status, 0, err)
+        for i in range(3):
+            self.assertIn(f"[worker:{i}] hello from worker:{i}\n", out)
+            self.assertIn(f"[worker:{i}] error stream of worker:{i}\n", err)
+            self.assertIn(f"[worker:{i}] no newline from worker:{i}\n", out)
+            self.assertNotIn(f"error stream of worker:{i}", out)
+            self.assertNotIn(f"hello from worker:{i}", err)
+
+    def test_lines_are_never_torn(self):
+        status, out, err, _ = self.run_launcher(["-np", "4"], self.fake("--lines", "2000"))
+        self.assertEqual(status, 0, err)
+        pattern = re.compile(r"^\[(worker:\d)\] (hello from \1|line (\d+) of \1 (x*))$")
+        counts = {}
+        for line in out.splitlines():
+            m = pattern.match(line)
+            self.assertIsNotNone(m, f"torn or unprefixed line: {line[:120]!r}")
+            if m.group(3) is not None:
+                self.assertEqual(len(m.group(4)), int(m.group(3)) % 300, line[:120])
+                counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+        self.assertEqual(counts, {f"worker:{i}": 2000 for i in range(4)})
+
+    def test_ps_and_evaluator(self):
+        status, out, err, _ = self.run_launcher(
+            ["-np", "2", "--ps", "2", "--evaluator"],
+            self.fake("--sleep", "60", "--sleep-tasks", "ps:0,ps:1"), timeout=30)
+        self.assertEqual(status, 0, err)  # parameter servers are stopped once the workers are done
+        self.assertIn("stopping 2 parameter server(s)", err)
+        tasks = ["worker:0", "worker:1", "ps:0", "ps:1", "evaluator:0"]
+        reports = {t: self.report(t) for t in tasks}
+        for t in tasks:
+            typ, idx = t.split(":")
+            cfg = json.loads(reports[t]["tf_config"])
+            self.assertEqual(cfg["task"], {"type": typ, "index": int(idx)})
+            self.assertEqual([len(cfg["cluster"][k]) for k in ("worker", "ps", "evaluator")],
+                             [2, 2, 1])
+            self.assertIn(f"[{t}] hello from {t}\n", out)
+        all_addrs = sum(json.loads(reports["ps:0"]["tf_config"])["cluster"].values(), [])
+        self.assertEqual(len(set(all_addrs)), 5)
+        self.assert_gone([reports["ps:0"]["pid"], reports["ps:1"]["pid"]])
+
+    def test_devices_appended_unless_given(self):
+        self.assertEqual(self.run_launcher(["-np", "1", "--devices", "cpu:2"], self.fake())[0], 0)
+        self.assertEqual(self.report("worker:0")["extra_args"], ["--devices=cpu:2"])
+        for given in (["--devices=cpu:4"], ["--devices", "cpu:4"]):
+            self.assertEqual(
+                self.run_launcher(["-np", "1", "--devices", "cpu:2"], self.fake(*given))[0], 0)
+            argv = self.report("worker:0")["argv"]
+            self.assertNotIn("--devices=cpu:2", argv)
+            self.assertEqual(argv[-len(given):], given)
+
+    def test_fixed_ports_with_port_base(self):
+        status, _, err, _ = self.run_launcher(["-np", "2", "--port-base", "31000"], self.fake())
+        self.assertEqual(status, 0, err)
+        cfg = json.loads(self.report("worker:1")["tf_config"])
+        self.assertEqual(cfg["cluster"]["worker"], ["127.0.0.1:31000", "127.0.0.1:31001"])
+
+
+class Failure(LauncherCase):
+    def test_failed_worker_stops_the_others(self):
+        p = self.start_launcher(["-np", "3"], self.fake(
+            "--fail-task", "worker:1", "--fail-code", "3", "--fail-after", "1",
+            "--sleep", "60", "--grandchild"))
+        reports = self.wait_reports([f"worker:{i}" for i in range(3)])
+        t0 = time.monotonic()
+        status, out, err = self.finish(p, timeout=20)
+        self.assertEqual(status, 3, err)
+        self.assertLess(time.monotonic() - t0, 6, "should stop within a few seconds")
+        self.assertIn("dtrain-run: worker:1 exited with status 3\n", err)
+        self.assertEqual(err.count("dtrain-run: "), 1, err)  # only the failure is named
+        # The worker's own last words come before the launcher's line about it.
+        self.assertLess(err.index("[worker:1] worker:1 failing on purpose"),
+                        err.index("dtrain-run: worker:1 exited"))
+        pids = [r["pid"] for r in reports.values()] + [r["grandchild_pid"] for r in reports.values()]
+        self.assert_gone(pids)
+
+    def test_killed_worker_reports_signal(self):
+        p = self.start_launcher(["-np", "2"], self.fake("--sleep", "60"))
+        reports = self.wait_reports(["worker:0", "worker:1"])
+        os.kill(reports["worker:0"]["pid"], signal.SIGKILL)
+        status, _, err = self.finish(p, timeout=20)
+        self.assertEqual(status, 128 + 9, err)
+        self.assertIn("dtrain-run: worker:0 killed by signal 9\n", err)
+        self.assert_gone([reports["worker:1"]["pid"]])
+
+    def test_sigkill_after_grace_when_sigterm_is_ignored(self):
+        p = self.start_launcher(["-np", "3", "--grace", "1"], self.fake(
+            "--fail-task", "worker:2", "--fail-code", "5", "--fail-after", "0.5",
+            "--sleep", "60", "--on-term", "ignore"))
+        reports = self.wait_reports([f"worker:{i}" for i in range(3)])
+        t0 = time.monotonic()
+        status, out, err = self.finish(p, timeout=20)
+        self.assertEqual(status, 5, err)
+        self.assertLess(time.monotonic() - t0, 6)
+        self.assertIn("[worker:0] got SIGTERM", out)
+        self.assertIn("worker:0 still running 1 s after SIGTERM; sending SIGKILL", err)
+        self.assert_gone([r["pid"] for r in reports.values()])
+
+    def test_timeout(self):
+        status, _, err, secs = self.run_launcher(["-np", "2", "--timeout", "1.5"],
+                                                 self.fake("--sleep", "60"), timeout=20)
+        self.assertEqual(status, 124, err)
+        self.assertIn("timed out after 1.5 s", err)
+        self.assertGreaterEqual(secs, 1.4)
+        self.assertLess(secs, 6)
+        self.assert_gone([self.report(f"worker:{i}")["pid"] for i in range(2)])
+
+    def test_program_not_found(self):
+        status, _, err, _ = self.run_launcher(["-np", "2"], ["./no_such_program_xyz"])
+        self.assertEqual(status, 127)
+        self.assertIn("cannot run './no_such_program_xyz'", err)
+        self.assertIn("nothing was started", err)
+
+
+class Signals(LauncherCase):
+    def test_sigterm_is_forwarded(self):
+        p = self.start_launcher(["-np", "3"], self.fake("--sleep", "60", "--on-term", "exit0"))
+        reports = self.wait_reports([f"worker:{i}" for i in range(3)])
+        p.send_signal(signal.SIGTERM)
+        status, out, err = self.finish(p, timeout=20)
+        self.assertEqual(status, 128 + signal.SIGTERM, err)
+        for i in range(3):
+            self.assertIn(f"[worker:{i}] got SIGTERM\n", out)
+            self.assertTrue(os.path.exists(os.path.join(self.dir, f"worker:{i}.SIGTERM")))
+        self.assert_gone([r["pid"] for r in reports.values()])
+
+    def test_sigterm_reaches_the_whole_process_group(self):
+        p = self.start_launcher(["-np", "2"], self.fake("--sleep", "60", "--grandchild"))
+        reports = self.wait_reports(["worker:0", "worker:1"])
+        p.send_signal(signal.SIGTERM)
+        status, _, err = self.finish(p, timeout=20)
+        self.assertEqual(status, 128 + signal.SIGTERM, err)
+        self.assert_gone([r[k] for r in reports.values() for k in ("pid", "grandchild_pid")])
+
+    def test_second_sigint_kills(self):
+        p = self.start_launcher(["-np", "2"], self.fake("--sleep", "60", "--on-int", "ignore"))
+        reports = self.wait_reports(["worker:0", "worker:1"])
+        p.send_signal(signal.SIGINT)
+        self.assertTrue(wait_until(lambda: all(
+            os.path.exists(os.path.join(self.dir, f"worker:{i}.SIGINT")) for i in range(2)), 10),
+            "SIGINT was not forwarded")
+        self.assertIsNone(p.poll(), "the tasks ignore SIGINT, so the job goes on")
+        p.send_signal(signal.SIGINT)
+        status, out, err = self.finish(p, timeout=5)
+        self.assertEqual(status, 128 + signal.SIGINT, err)
+        self.assertIn("second interrupt", err)
+        self.assert_gone([r["pid"] for r in reports.values()])
+
+    def test_children_die_with_a_killed_launcher(self):
+        p = self.start_launcher(["-np", "2"], self.fake("--sleep", "60"))
+        reports = self.wait_reports(["worker:0", "worker:1"])
+        p.kill()
+        p.communicate(timeout=10)
+        self.assert_gone([r["pid"] for r in reports.values()])
+
+
+class PrintConfig(LauncherCase):
+    LINE = re.compile(r"^(\w+):(\d+) (\S+) TF_CONFIG='([^']*)'(.*)$")
+
+    def parse(self, out):
+        rows = []
+        for line in out.splitlines():
+            m = self.LINE.match(line)
+            self.assertIsNotNone(m, f"bad line: {line!r}")
+            rows.append((m.group(1), int(m.group(2)), m.group(3), json.loads(m.group(4)),
+                         m.group(5)))
+        return rows
+
+    def test_two_hosts(self):
+        status, out, err, _ = self.run_launcher(["--print-config", "-H", "host1:2,host2:2"])
+        self.assertEqual(status, 0, err)
+        rows = self.parse(out)
+        self.assertEqual([(r[0], r[1], r[2]) for r in rows],
+                         [("worker", 0, "host1"), ("worker", 1, "host1"),
+                          ("worker", 2, "host2"), ("worker", 3, "host2")])
+        want = ["host1:23456", "host1:23457", "host2:23456", "host2:23457"]
+        for typ, idx, _, cfg, rest in rows:
+            self.assertEqual(cfg, {"cluster": {"worker": want},
+                                   "task": {"type": typ, "index": idx}})
+            self.assertEqual(rest, "")
+        self.assertFalse(os.listdir(self.dir), "nothing may be started")
+
+    def test_ps_port_base_and_command(self):
+        status, out, err, _ = self.run_launcher(
+            ["--print-config", "-np", "2", "--ps", "1", "-H", "a:2,b:2", "--port-base", "30000"],
+            ["./prog", "--x=1", "it's"])
+        self.assertEqual(status, 0, err)
+        rows = self.parse(out)
+        self.assertEqual([(r[0], r[1], r[2]) for r in rows],
+                         [("worker", 0, "a"), ("worker", 1, "a"), ("ps", 0, "b")])
+        self.assertEqual(rows[2][3]["cluster"],
+                         {"worker": ["a:30000", "a:30001"], "ps": ["b:30000"]})
+        self.assertEqual(rows[0][4], " ./prog --x=1 'it'\\''s'")
+
+    def test_too_many_tasks(self):
+        status, _, err, _ = self.run_launcher(["--print-config", "-np", "4", "-H", "h1:1,h2:2"])
+        self.assertEqual(status, 2)
+        self.assertIn("only 3 slots", err)
+
+
+class BadUsage(LauncherCase):
+    def check(self, args, needle, command=None, want=2):
+        status, out, err, _ = self.run_launcher(args, command, timeout=10)
+        self.assertEqual(status, want, f"{args}: {err}")
+        self.assertIn(needle, err)
+        self.assertEqual(out, "")
+
+    def test_no_program(self):
+        self.check(["-np", "2"], "put it after --")
+
+    def test_np_below_one(self):
+        self.check(["-np", "0"], "-np must be at least 1", ["true"])
+        self.check(["-np", "-3"], "-np must be at least 1", ["true"])
+
+    def test_np_missing(self):
+        self.check([], "give the number of workers", ["true"])
+
+    def test_malformed_hosts(self):
+        for spec in ("host1:x", "host1:2,,host2:2", "host1:0", ":2", "ho st:1", "a:1,a:2"):
+            self.check(["--print-config", "-H", spec], "host:slots")
+
+    def test_hosts_without_print_config(self):
+        self.check(["-np", "2", "-H", "h1:2"], "--print-config", ["true"])
+
+    def test_unknown_option(self):
+        self.check(["-np", "2", "--bogus"], "unknown option '--bogus'", ["true"])
+
+    def test_bad_number(self):
+        self.check(["-np", "two"], "two", ["true"])
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--launcher", required=True)
+    known, rest = ap.parse_known_args()
+    LAUNCHER = os.path.abspath(known.launcher)
+    unittest.main(argv=[sys.argv[0], *rest], verbosity=2)

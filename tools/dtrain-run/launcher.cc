@@ -1,0 +1,488 @@
+#include "launcher.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "line_relay.h"
+
+extern char** environ;
+
+namespace dtrain::run {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Seconds = std::chrono::duration<double>;
+
+// After its leader exits, how long a task's output pipes may stay open (held by a process it
+// started) before the launcher stops relaying them.
+constexpr Seconds kDrainAfterExit{2.0};
+// After SIGKILL, how long to wait for a process before giving up on it (it may be stuck in the
+// kernel, e.g. on a dead NFS mount); the launcher never waits forever.
+constexpr Seconds kGiveUpAfterKill{5.0};
+constexpr int kMaxPollMs = 1000;
+constexpr Clock::time_point kNever = Clock::time_point::max();
+
+void log_line(const std::string& msg) { write_all(2, "dtrain-run: " + msg + "\n"); }
+
+std::string seconds_text(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", s);
+  return buf;
+}
+
+std::string signal_name(int sig) {
+  switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    case SIGKILL: return "SIGKILL";
+    default: return "signal " + std::to_string(sig);
+  }
+}
+
+bool is_executable_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+// Empty when `prog` can be executed (the way execvpe will look it up), else why not.
+std::string check_program(const std::string& prog) {
+  if (prog.empty()) return "the program name is empty";
+  if (prog.find('/') != std::string::npos) {
+    if (is_executable_file(prog)) return "";
+    struct stat st {};
+    if (::stat(prog.c_str(), &st) != 0) return "no such file";
+    if (S_ISDIR(st.st_mode)) return "it is a directory";
+    return "it is not executable (chmod +x " + prog + ")";
+  }
+  const char* path = std::getenv("PATH");
+  const std::string dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t colon = dirs.find(':', start);
+    if (colon == std::string::npos) colon = dirs.size();
+    const std::string dir = colon == start ? "." : dirs.substr(start, colon - start);
+    if (is_executable_file(dir + "/" + prog)) return "";
+    start = colon + 1;
+  }
+  return "not found in PATH; give its path, e.g. ./" + prog;
+}
+
+// A closed fd 0, 1 or 2 would be reused by a pipe and break the children's redirections.
+void ensure_std_fds_open() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) == -1) ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+  }
+}
+
+struct Child {
+  explicit Child(Task t)
+      : task(std::move(t)),
+        relays{LineRelay(1, "[" + task.name() + "] "), LineRelay(2, "[" + task.name() + "] ")} {}
+
+  bool has_open_fds() const { return fds[0] >= 0 || fds[1] >= 0; }
+  // The group may still hold processes: the leader is not reaped, or someone holds its pipes.
+  bool group_alive() const { return pid > 0 && (!reaped || has_open_fds()); }
+
+  Task task;
+  pid_t pid = -1;  // also its process group id
+  bool reaped = true;
+  int fds[2] = {-1, -1};  // read ends of its stdout and stderr pipes
+  LineRelay relays[2];
+  bool stop_requested = false;  // we signalled it: a non-zero exit is not a failure
+  bool sigkilled = false;
+  Clock::time_point kill_at = kNever;     // SIGKILL when still alive then
+  Clock::time_point give_up_at = kNever;  // stop waiting for it then
+  Clock::time_point reaped_at = kNever;
+};
+
+class Supervisor {
+ public:
+  explicit Supervisor(const LaunchOptions& o) : o_(o) {}
+  int run();
+
+ private:
+  bool setup_signals();
+  std::string start(Child& c, const std::vector<std::string>& argv,
+                    const std::vector<std::string>& env);
+  void loop();
+  void on_signal(int sig);
+  void reap();
+  void on_exit(Child& c, int status);
+  void read_from(Child& c, int which, bool drain);
+  void close_fds(Child& c);
+  void signal_child(Child& c, int sig);
+  void begin_stop(int sig);
+  void stop_parameter_servers_when_workers_done();
+  void check_deadlines(Clock::time_point now);
+  int poll_timeout_ms(Clock::time_point now) const;
+
+  const LaunchOptions& o_;
+  std::vector<Child> children_;
+  int sfd_ = -1;
+  int devnull_ = -1;
+  sigset_t old_mask_{};
+  Seconds grace_{10.0};
+  Clock::time_point job_deadline_ = kNever;
+  bool stopping_ = false;  // the job is being stopped; exit_code_ is final
+  bool ps_stopped_ = false;
+  int exit_code_ = 0;
+};
+
+bool Supervisor::setup_signals() {
+  // Inherited "ignore SIGCHLD" would auto-reap the children and hide their statuses.
+  ::signal(SIGCHLD, SIG_DFL);
+  // A reader of our output that goes away must not kill the launcher (and orphan the job).
+  ::signal(SIGPIPE, SIG_IGN);
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGCHLD);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    // A signal the launcher was told to ignore (nohup, `cmd &` in a script) stays ignored, and the
+    // children inherit that.
+    struct sigaction sa {};
+    if (::sigaction(sig, nullptr, &sa) == 0 && sa.sa_handler == SIG_IGN) continue;
+    sigaddset(&mask, sig);
+  }
+  if (::sigprocmask(SIG_BLOCK, &mask, &old_mask_) != 0) return false;
+  sfd_ = ::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+  return sfd_ >= 0;
+}
+
+std::string Supervisor::start(Child& c, const std::vector<std::string>& argv,
+                              const std::vector<std::string>& env) {
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return std::string("pipe: ") + std::strerror(errno);
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    const std::string msg = std::string("pipe: ") + std::strerror(errno);
+    ::close(out[0]);
+    ::close(out[1]);
+    return msg;
+  }
+  std::vector<char*> argvp, envp;
+  for (const auto& a : argv) argvp.push_back(const_cast<char*>(a.c_str()));
+  argvp.push_back(nullptr);
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  const std::string exec_error = "dtrain-run: cannot execute '" + argv[0] + "': ";
+  const pid_t parent = ::getpid();
+
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    // Own process group, so a terminal's Ctrl-C reaches only the launcher, which forwards it.
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);  // the launcher died before prctl
+    ::dup2(devnull_, 0);
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    ::signal(SIGPIPE, SIG_DFL);
+    ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
+    ::execvpe(argvp[0], argvp.data(), envp.data());
+    const char* why = std::strerror(errno);
+    if (::write(2, exec_error.data(), exec_error.size()) > 0 && ::write(2, why, std::strlen(why)) > 0) {
+      [[maybe_unused]] auto n = ::write(2, "\n", 1);
+    }
+    ::_exit(kExitNotFound);
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  if (pid < 0) {
+    const std::string msg = std::string("fork: ") + std::strerror(errno);
+    ::close(out[0]);
+    ::close(err[0]);
+    return msg;
+  }
+  // Also here, so that signalling the group works before the child gets to its own setpgid.
+  ::setpgid(pid, pid);
+  c.pid = pid;
+  c.reaped = false;
+  c.fds[0] = out[0];
+  c.fds[1] = err[0];
+  for (int fd : c.fds) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  return "";
+}
+
+void Supervisor::close_fds(Child& c) {
+  for (int w = 0; w < 2; ++w) {
+    if (c.fds[w] < 0) continue;
+    c.relays[w].finish();
+    ::close(c.fds[w]);
+    c.fds[w] = -1;
+  }
+}
+
+void Supervisor::read_from(Child& c, int which, bool drain) {
+  char buf[64 * 1024];
+  // Bounded even when draining: a process of the group may still be writing.
+  for (int reads = 0; reads < (drain ? 64 : 1) && c.fds[which] >= 0; ++reads) {
+    const ssize_t n = ::read(c.fds[which], buf, sizeof(buf));
+    if (n > 0) {
+      c.relays[which].feed(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) {
+      --reads;
+      continue;
+    }
+    if (n < 0 && errno == EAGAIN) return;
+    c.relays[which].finish();  // EOF, or an error that ends the stream
+    ::close(c.fds[which]);
+    c.fds[which] = -1;
+  }
+}
+
+void Supervisor::signal_child(Child& c, int sig) {
+  if (!c.group_alive()) return;
+  if (::kill(-c.pid, sig) != 0 && !c.reaped) ::kill(c.pid, sig);
+  const auto now = Clock::now();
+  if (sig == SIGKILL) {
+    c.sigkilled = true;
+    c.give_up_at = now + std::chrono::duration_cast<Clock::duration>(kGiveUpAfterKill);
+  } else {
+    c.stop_requested = true;
+    if (c.kill_at == kNever) c.kill_at = now + std::chrono::duration_cast<Clock::duration>(grace_);
+  }
+}
+
+void Supervisor::begin_stop(int sig) {
+  stopping_ = true;
+  for (auto& c : children_) signal_child(c, sig);
+}
+
+void Supervisor::on_signal(int sig) {
+  if (sig == SIGINT && stopping_) {
+    log_line("second interrupt; killing all tasks (SIGKILL)");
+    for (auto& c : children_) signal_child(c, SIGKILL);
+    return;
+  }
+  if (stopping_) {  // already stopping for another reason: pass it on, keep the exit status
+    for (auto& c : children_) signal_child(c, sig);
+    return;
+  }
+  log_line("got " + signal_name(sig) + "; forwarding it to every task (SIGKILL after " +
+           seconds_text(o_.grace_s) + " s" + (sig == SIGINT ? ", or at a second Ctrl-C)" : ")"));
+  exit_code_ = 128 + sig;
+  begin_stop(sig);
+}
+
+void Supervisor::on_exit(Child& c, int status) {
+  c.reaped = true;
+  c.reaped_at = Clock::now();
+  // The child's last words (often why it failed) come before our line about it.
+  for (int w = 0; w < 2; ++w) read_from(c, w, /*drain=*/true);
+  const bool by_signal = WIFSIGNALED(status);
+  const int code = by_signal ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+  if (code == 0 || stopping_ || c.stop_requested) return;
+  log_line(c.task.name() + (by_signal ? " killed by signal " + std::to_string(WTERMSIG(status))
+                                      : " exited with status " + std::to_string(code)));
+  exit_code_ = code;
+  begin_stop(SIGTERM);
+}
+
+void Supervisor::reap() {
+  for (auto& c : children_) {
+    if (c.reaped) continue;
+    int status = 0;
+    const pid_t r = ::waitpid(c.pid, &status, WNOHANG);
+    if (r == c.pid) {
+      on_exit(c, status);
+    } else if (r < 0 && errno == ECHILD) {  // cannot happen with SIGCHLD at SIG_DFL; never spin
+      log_line("lost track of " + c.task.name() + " (pid " + std::to_string(c.pid) + ")");
+      c.reaped = true;
+      c.reaped_at = Clock::now();
+    }
+  }
+  stop_parameter_servers_when_workers_done();
+}
+
+// Parameter servers serve until told to stop (as in TensorFlow), so once every worker has exited 0
+// the launcher stops them, and the job succeeds.
+void Supervisor::stop_parameter_servers_when_workers_done() {
+  if (ps_stopped_ || stopping_) return;
+  int running_ps = 0;
+  for (const auto& c : children_) {
+    if (c.task.type == "worker" && !c.reaped) return;
+    if (c.task.type == "ps" && !c.reaped) ++running_ps;
+  }
+  ps_stopped_ = true;
+  if (running_ps == 0) return;
+  log_line("all workers finished; stopping " + std::to_string(running_ps) +
+           " parameter server(s) (SIGTERM)");
+  for (auto& c : children_) {
+    if (c.task.type == "ps") signal_child(c, SIGTERM);
+  }
+}
+
+void Supervisor::check_deadlines(Clock::time_point now) {
+  if (!stopping_ && now >= job_deadline_) {
+    log_line("timed out after " + seconds_text(o_.timeout_s) +
+             " s (--timeout); stopping all tasks (SIGTERM, SIGKILL after " +
+             seconds_text(o_.grace_s) + " s)");
+    exit_code_ = kExitTimeout;
+    begin_stop(SIGTERM);
+  }
+  for (auto& c : children_) {
+    if (!c.sigkilled && c.group_alive() && now >= c.kill_at) {
+      log_line(c.task.name() + " still running " + seconds_text(o_.grace_s) +
+               " s after SIGTERM; sending SIGKILL");
+      signal_child(c, SIGKILL);
+    }
+    if (!c.reaped && now >= c.give_up_at) {
+      log_line(c.task.name() + " (pid " + std::to_string(c.pid) +
+               ") is still alive after SIGKILL; not waiting for it");
+      c.reaped = true;
+      c.reaped_at = now;
+      close_fds(c);
+    }
+    if (c.reaped && c.has_open_fds() &&
+        now >= c.reaped_at + std::chrono::duration_cast<Clock::duration>(kDrainAfterExit)) {
+      if (c.stop_requested || stopping_) {
+        ::kill(-c.pid, SIGKILL);
+      } else {
+        log_line(c.task.name() + " exited but a process it started still holds its output; "
+                 "no longer relaying it");
+      }
+      close_fds(c);
+    }
+  }
+}
+
+int Supervisor::poll_timeout_ms(Clock::time_point now) const {
+  Clock::time_point next = stopping_ ? kNever : job_deadline_;
+  for (const auto& c : children_) {
+    if (!c.sigkilled && c.group_alive()) next = std::min(next, c.kill_at);
+    if (!c.reaped) next = std::min(next, c.give_up_at);
+    if (c.reaped && c.has_open_fds()) {
+      next = std::min(next, c.reaped_at + std::chrono::duration_cast<Clock::duration>(kDrainAfterExit));
+    }
+  }
+  if (next == kNever) return kMaxPollMs;
+  const double ms = std::ceil(Seconds(next - now).count() * 1000.0);
+  return static_cast<int>(std::clamp(ms, 0.0, static_cast<double>(kMaxPollMs)));
+}
+
+void Supervisor::loop() {
+  std::vector<pollfd> pfds;
+  std::vector<std::pair<Child*, int>> owners;  // pfds[i + 1] reads owners[i]
+  while (true) {
+    reap();
+    check_deadlines(Clock::now());
+    const bool done = std::all_of(children_.begin(), children_.end(),
+                                  [](const Child& c) { return c.reaped && !c.has_open_fds(); });
+    if (done) return;
+    pfds.assign(1, pollfd{sfd_, POLLIN, 0});
+    owners.clear();
+    for (auto& c : children_) {
+      for (int w = 0; w < 2; ++w) {
+        if (c.fds[w] < 0) continue;
+        pfds.push_back(pollfd{c.fds[w], POLLIN, 0});
+        owners.emplace_back(&c, w);
+      }
+    }
+    const int r = ::poll(pfds.data(), pfds.size(), poll_timeout_ms(Clock::now()));
+    if (r < 0 && errno != EINTR) {
+      log_line(std::string("poll failed: ") + std::strerror(errno) + "; killing all tasks");
+      for (auto& c : children_) signal_child(c, SIGKILL);
+      if (!stopping_) exit_code_ = kExitLaunchFailed;
+      return;
+    }
+    if (r <= 0) continue;
+    if (pfds[0].revents != 0) {
+      signalfd_siginfo info;
+      while (::read(sfd_, &info, sizeof(info)) == static_cast<ssize_t>(sizeof(info))) {
+        if (info.ssi_signo != SIGCHLD) on_signal(static_cast<int>(info.ssi_signo));
+      }
+    }
+    for (size_t i = 0; i < owners.size(); ++i) {
+      if (pfds[i + 1].revents != 0) read_from(*owners[i].first, owners[i].second, false);
+    }
+  }
+}
+
+int Supervisor::run() {
+  const std::vector<std::string> argv = task_argv(o_.command, o_.devices);
+  const std::string why = check_program(argv.at(0));
+  if (!why.empty()) {
+    log_line("cannot run '" + argv[0] + "': " + why + " (nothing was started)");
+    return kExitNotFound;
+  }
+  grace_ = Seconds(std::max(0.0, o_.grace_s));
+  ensure_std_fds_open();
+  devnull_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (devnull_ < 0 || !setup_signals()) {
+    log_line(std::string("cannot set up: ") + std::strerror(errno));
+    return kExitLaunchFailed;
+  }
+  std::vector<std::string> base_env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string kv = *e;
+    if (kv.rfind("TF_CONFIG=", 0) == 0 || kv.rfind("DTRAIN_TASK=", 0) == 0 ||
+        kv.rfind("DTRAIN_JOB_TOKEN=", 0) == 0) {
+      continue;
+    }
+    base_env.push_back(kv);
+  }
+  children_.reserve(o_.tasks.size());
+  for (const auto& t : o_.tasks) children_.emplace_back(t);
+  if (o_.timeout_s > 0) {
+    job_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(Seconds(o_.timeout_s));
+  }
+  for (size_t i = 0; i < children_.size(); ++i) {
+    std::vector<std::string> env = base_env;
+    env.push_back("TF_CONFIG=" + tf_config(o_.tasks, i));
+    env.push_back("DTRAIN_TASK=" + o_.tasks[i].name());
+    env.push_back("DTRAIN_JOB_TOKEN=" + o_.job_token);
+    const std::string err = start(children_[i], argv, env);
+    if (!err.empty()) {
+      log_line("cannot start " + o_.tasks[i].name() + ": " + err + "; stopping the job");
+      exit_code_ = kExitLaunchFailed;
+      begin_stop(SIGTERM);
+      break;
+    }
+  }
+  loop();
+  // Signals stay blocked: one arriving now must not kill the launcher before it returns the status.
+  ::close(sfd_);
+  ::close(devnull_);
+  return exit_code_;
+}
+
+}  // namespace
+
+std::vector<std::string> task_argv(const std::vector<std::string>& command,
+                                   const std::string& devices) {
+  std::vector<std::string> argv = command;
+  if (devices.empty()) return argv;
+  const bool has_devices = std::any_of(argv.begin() + (argv.empty() ? 0 : 1), argv.end(),
+                                       [](const std::string& a) {
+                                         return a == "--devices" || a.rfind("--devices=", 0) == 0;
+                                       });
+  if (!has_devices) argv.push_back("--devices=" + devices);
+  return argv;
+}
+
+int launch(const LaunchOptions& options) {
+  if (options.command.empty()) {
+    log_line("no program to run; e.g. dtrain-run -np 2 -- ./prog --flag");
+    return 2;
+  }
+  Supervisor s(options);
+  return s.run();
+}
+
+}  // namespace dtrain::run

@@ -1,0 +1,46 @@
+// The local half of dtrain-run: starts every task of a job as a child process on this machine and
+// supervises it until the job ends.
+//
+// Each child runs in its own process group, with stdin from /dev/null, TF_CONFIG, DTRAIN_TASK and
+// DTRAIN_JOB_TOKEN in its environment, and its stdout/stderr relayed line by line with a "[worker:1] "
+// prefix. The launcher never hangs: a failed child stops the job (SIGTERM to every group, SIGKILL
+// after the grace period), SIGINT/SIGTERM/SIGHUP are forwarded (a second SIGINT kills), --timeout
+// bounds the whole job, and children die with the launcher (PR_SET_PDEATHSIG). Linux only.
+//
+// Not thread-safe; call launch() once, from the main thread, before any other thread exists (it
+// blocks signals and reads them through a signalfd).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cluster_config.h"
+
+namespace dtrain::run {
+
+struct LaunchOptions {
+  std::vector<Task> tasks;           // with addresses assigned
+  std::vector<std::string> command;  // program and its arguments
+  std::string devices;               // appended as --devices=<value> unless the command has one
+  double timeout_s = 0;              // whole-job limit; 0 = none
+  double grace_s = 10;               // SIGTERM to SIGKILL when stopping the job
+  std::string job_token;             // DTRAIN_JOB_TOKEN for every task
+};
+
+// Exit statuses besides a child's own.
+constexpr int kExitTimeout = 124;
+constexpr int kExitNotFound = 127;
+constexpr int kExitLaunchFailed = 1;
+
+// The argv each task runs: `command`, plus --devices=<devices> when devices is non-empty and no
+// argument is --devices or starts with --devices=.
+std::vector<std::string> task_argv(const std::vector<std::string>& command,
+                                   const std::string& devices);
+
+// Runs the job to its end and returns the launcher's exit status: 0 when every task exited 0; the
+// first failed task's status (128 + signal when killed by a signal); 124 on --timeout; 128 + signal
+// when the launcher was interrupted; 127 when the program cannot be found (nothing started); 1 when
+// a task cannot be started. Reports each of these with one line on stderr. Does not throw.
+int launch(const LaunchOptions& options);
+
+}  // namespace dtrain::run

@@ -1,0 +1,172 @@
+// dtrain-run: starts a multi-process dtrain job on this machine, like torchrun or horovodrun.
+//
+//   dtrain-run -np 2 -- ./fashion_mnist --strategy=multi_worker_mirrored --steps=100
+//   dtrain-run -np 2 --ps 1 --devices cpu:2 --timeout 600 -- ./prog --flag
+//   dtrain-run --print-config -H node1:2,node2:2 --port-base 23456 [-- ./prog args]
+//
+// Every task gets TF_CONFIG (free loopback ports), DTRAIN_TASK ("worker:1") and one DTRAIN_JOB_TOKEN
+// per job; its output lines are prefixed with "[worker:1] ". See launcher.h for how the job is
+// supervised and the exit statuses. Bad usage exits 2.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+
+#include "cluster_config.h"
+#include "launcher.h"
+
+namespace {
+
+using dtrain::run::UsageError;
+
+constexpr int kExitUsage = 2;
+
+struct Args {
+  int np = 0;
+  int ps = 0;
+  bool evaluator = false;
+  std::string devices;
+  double timeout_s = 0;
+  double grace_s = 10;
+  bool print_config = false;
+  std::string hosts;
+  int port_base = 23456;
+  bool port_base_given = false;
+  bool np_given = false;
+  std::vector<std::string> command;
+};
+
+// MPI spells it -np; CLI11 takes only one-letter names after a single dash.
+std::vector<std::string> normalise_argv(int argc, char** argv) {
+  std::vector<std::string> out;
+  bool in_command = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") in_command = true;
+    if (!in_command && (a == "-np" || a.rfind("-np=", 0) == 0)) a = "-" + a;
+    out.push_back(a);
+  }
+  std::reverse(out.begin(), out.end());  // CLI11 parses a reversed vector
+  return out;
+}
+
+int print_config(const Args& a) {
+  using namespace dtrain::run;
+  std::vector<HostSlots> hosts;
+  int workers = a.np;
+  const int others = a.ps + (a.evaluator ? 1 : 0);
+  if (!a.hosts.empty()) {
+    hosts = parse_hosts(a.hosts);
+    if (!a.np_given) {
+      int slots = 0;
+      for (const auto& h : hosts) slots += h.slots;
+      workers = slots - others;
+      if (workers < 1) {
+        throw UsageError("-H '" + a.hosts + "' has " + std::to_string(slots) + " slots, no room for a " +
+                         "worker beside " + std::to_string(others) + " other task(s); add slots");
+      }
+    }
+  } else if (a.np_given) {
+    hosts.push_back({"127.0.0.1", a.np + others});
+  } else {
+    throw UsageError("--print-config needs the hosts, e.g. --print-config -H node1:2,node2:2");
+  }
+  std::vector<Task> tasks = plan_tasks(workers, a.ps, a.evaluator);
+  assign_hosts(tasks, hosts, a.port_base);
+  std::string command;
+  for (const auto& c : a.command) command += " " + shell_quote(c);
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    std::cout << tasks[i].name() << " " << tasks[i].host << " TF_CONFIG='" << tf_config(tasks, i)
+              << "'" << command << "\n";
+  }
+  std::cout.flush();
+  const char* token = std::getenv("DTRAIN_JOB_TOKEN");
+  if (token == nullptr || *token == '\0') {
+    std::fprintf(stderr,
+                 "dtrain-run: also give every task the same DTRAIN_JOB_TOKEN, e.g. "
+                 "export DTRAIN_JOB_TOKEN=%s\n",
+                 make_job_token().c_str());
+  }
+  return 0;
+}
+
+int run_local(const Args& a) {
+  using namespace dtrain::run;
+  if (!a.hosts.empty()) {
+    throw UsageError("-H is for --print-config: start each host's tasks there with the TF_CONFIG "
+                     "that `dtrain-run --print-config -H " + a.hosts + "` prints");
+  }
+  if (!a.np_given) throw UsageError("give the number of workers, e.g. dtrain-run -np 2 -- ./prog");
+  if (a.command.empty()) {
+    throw UsageError("no program to run; put it after --, e.g. dtrain-run -np " +
+                     std::to_string(a.np) + " -- ./prog --flag");
+  }
+  LaunchOptions o;
+  o.tasks = plan_tasks(a.np, a.ps, a.evaluator);
+  assign_local_ports(o.tasks, a.port_base_given ? a.port_base : 0);
+  o.command = a.command;
+  o.devices = a.devices;
+  o.timeout_s = a.timeout_s;
+  o.grace_s = a.grace_s;
+  const char* token = std::getenv("DTRAIN_JOB_TOKEN");
+  o.job_token = token != nullptr && *token != '\0' ? token : make_job_token();
+  return launch(o);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dtrain-run: start a dtrain job of N worker processes (+ parameter servers) on this "
+               "machine, each with its TF_CONFIG; or print the TF_CONFIGs of a multi-host job.\n"
+               "  dtrain-run -np 2 [--ps 1] [--devices cpu:2] -- ./prog args...\n"
+               "  dtrain-run --print-config -H node1:2,node2:2 [--port-base 23456]"};
+  Args a;
+  auto* np = app.add_option("--np,-n", a.np, "number of worker processes (also -np)");
+  app.add_option("--ps", a.ps, "number of parameter-server processes")->capture_default_str();
+  app.add_flag("--evaluator", a.evaluator, "also start one evaluator task");
+  app.add_option("--devices", a.devices,
+                 "passed to every task as --devices=<value> unless its arguments have --devices "
+                 "(e.g. cpu:2)");
+  app.add_option("--timeout", a.timeout_s, "stop the job and exit 124 after this many seconds (0: none)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--grace", a.grace_s, "seconds between SIGTERM and SIGKILL when stopping tasks")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_flag("--print-config", a.print_config,
+               "print every task's TF_CONFIG (one line each) and exit; starts nothing");
+  app.add_option("-H,--hosts", a.hosts, "hosts of a multi-host job as host:slots,... (--print-config)");
+  auto* port_base = app.add_option("--port-base", a.port_base,
+                                   "with -H: task in slot s of a host listens on port-base + s; "
+                                   "locally: fixed ports port-base + i instead of free ones")
+                        ->capture_default_str();
+  app.prefix_command();  // everything from the program on belongs to the program
+  std::vector<std::string> args = normalise_argv(argc, argv);
+  try {
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : kExitUsage;
+  }
+  a.np_given = np->count() > 0;
+  a.port_base_given = port_base->count() > 0;
+  a.command = app.remaining();
+  if (!a.command.empty() && a.command.front() == "--") a.command.erase(a.command.begin());
+  try {
+    const std::vector<std::string> rest = app.remaining();
+    if (!rest.empty() && rest.front() != "--" && rest.front().rfind("-", 0) == 0) {
+      throw UsageError("unknown option '" + rest.front() +
+                       "'; see dtrain-run --help, and put the program and its arguments after --");
+    }
+    if (a.devices.empty() && app.count("--devices") > 0) {
+      throw UsageError("--devices needs a value, e.g. --devices cpu:2");
+    }
+    return a.print_config ? print_config(a) : run_local(a);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "dtrain-run: %s\n", e.what());
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dtrain-run: %s\n", e.what());
+    return 1;
+  }
+}

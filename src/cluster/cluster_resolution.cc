@@ -17,16 +17,15 @@ ClusterResolution::ClusterResolution(ClusterSpec cluster, TaskType type, int ind
   if (cluster_.empty())
     throw InvalidArgument(where + " has an empty cluster; list at least one worker, e.g. " +
                           cluster_detail::kClusterExample);
-  if (index < 0)
-    throw InvalidArgument(where + " has a negative index; task indices start at 0");
+  if (index < 0) throw InvalidArgument(where + " has a negative index; task indices start at 0");
   const int n = cluster_.num_tasks(type);
   // TF lets an evaluator be absent from the cluster: it evaluates checkpoints on its own.
   if (n == 0 && type != TaskType::kEvaluator)
     throw InvalidArgument(where + ": the cluster " + cluster_.to_json() + " has no \"" + job +
                           "\" job; add it or pick a task type the cluster has");
   if (n > 0 && index >= n)
-    throw InvalidArgument(where + " is out of range: job \"" + job + "\" has " +
-                          std::to_string(n) + " task(s), indices 0.." + std::to_string(n - 1));
+    throw InvalidArgument(where + " is out of range: job \"" + job + "\" has " + std::to_string(n) +
+                          " task(s), indices 0.." + std::to_string(n - 1));
   if (n > 0) address_ = cluster_.task_address(type, index);
 
   const int chiefs = cluster_.num_tasks(TaskType::kChief);
@@ -103,14 +102,16 @@ std::vector<int> ClusterResolution::replica_ids(int local_devices) const {
     throw InvalidArgument("replica_ids: " + std::to_string(num_workers_) + " workers x " +
                           std::to_string(local_devices) + " devices overflows a replica id");
   std::vector<int> ids(static_cast<size_t>(local_devices));
-  for (int i = 0; i < local_devices; ++i) ids[static_cast<size_t>(i)] = worker_rank_ * local_devices + i;
+  for (int i = 0; i < local_devices; ++i)
+    ids[static_cast<size_t>(i)] = worker_rank_ * local_devices + i;
   return ids;
 }
 
 int ClusterResolution::num_replicas_in_sync(int local_devices) const {
   if (local_devices < 1)
     throw InvalidArgument("num_replicas_in_sync: local_devices is " +
-                          std::to_string(local_devices) + "; every worker needs at least one device");
+                          std::to_string(local_devices) +
+                          "; every worker needs at least one device");
   if (static_cast<long long>(num_workers_) * local_devices > std::numeric_limits<int>::max())
     throw InvalidArgument("num_replicas_in_sync: " + std::to_string(num_workers_) + " workers x " +
                           std::to_string(local_devices) + " devices overflows an int");

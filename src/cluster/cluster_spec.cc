@@ -14,10 +14,14 @@ constexpr TaskType kTfOrder[] = {TaskType::kChief, TaskType::kWorker, TaskType::
 
 const char* task_type_name(TaskType type) {
   switch (type) {
-    case TaskType::kChief: return "chief";
-    case TaskType::kWorker: return "worker";
-    case TaskType::kPs: return "ps";
-    case TaskType::kEvaluator: return "evaluator";
+    case TaskType::kChief:
+      return "chief";
+    case TaskType::kWorker:
+      return "worker";
+    case TaskType::kPs:
+      return "ps";
+    case TaskType::kEvaluator:
+      return "evaluator";
   }
   return "unknown";
 }
@@ -49,8 +53,8 @@ ClusterSpec::ClusterSpec(JobMap jobs) {
   }
   const std::string problem = cluster_detail::cluster_problem(jobs);
   if (!problem.empty())
-    throw InvalidArgument("cluster spec: " + problem + ". A valid cluster: " +
-                          cluster_detail::kClusterExample);
+    throw InvalidArgument("cluster spec: " + problem +
+                          ". A valid cluster: " + cluster_detail::kClusterExample);
   jobs_ = std::move(jobs);
 }
 
@@ -78,9 +82,9 @@ const std::string& ClusterSpec::task_address(TaskType job, int index) const {
     throw InvalidArgument("task_address: the cluster has no \"" + std::string(task_type_name(job)) +
                           "\" job; its jobs are " + to_json());
   if (index < 0 || index >= n)
-    throw InvalidArgument("task_address: index " + std::to_string(index) + " is out of range: job \"" +
-                          task_type_name(job) + "\" has " + std::to_string(n) +
-                          " task(s), indices 0.." + std::to_string(n - 1));
+    throw InvalidArgument("task_address: index " + std::to_string(index) +
+                          " is out of range: job \"" + task_type_name(job) + "\" has " +
+                          std::to_string(n) + " task(s), indices 0.." + std::to_string(n - 1));
   return jobs_.at(job)[static_cast<size_t>(index)];
 }
 
@@ -99,7 +103,9 @@ std::string ClusterSpec::to_json() const {
   std::string s = "{";
   for (TaskType t : jobs()) {
     if (s.size() > 1) s += ", ";
-    s += "\"" + std::string(task_type_name(t)) + "\": [";
+    s += '"';
+    s += task_type_name(t);
+    s += "\": [";
     const auto& tasks = jobs_.at(t);
     for (size_t i = 0; i < tasks.size(); ++i) {
       if (i) s += ", ";

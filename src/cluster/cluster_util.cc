@@ -65,7 +65,7 @@ std::string lower(std::string_view s) {
 std::string address_problem(std::string_view a, HostPort* out) {
   const std::string q = quote(a);
   const std::string fix = "; write \"host:port\" such as \"host0:2222\" or \"[::1]:2222\"";
-  if (a.empty()) return "an address is empty" + fix;
+  if (a.empty()) return q + " is empty" + fix;
   for (char c : a)
     if (is_space(c)) return q + " contains whitespace; remove it (\"host0:2222\")";
   if (a.find("://") != std::string_view::npos)
@@ -77,7 +77,9 @@ std::string address_problem(std::string_view a, HostPort* out) {
       return q + " has an unclosed '['; an IPv6 address is written \"[::1]:2222\"";
     host = a.substr(1, close - 1);
     if (host.empty()) return q + " has an empty host between the brackets" + fix;
-    bool colon = false;
+    if (host.find(':') == std::string_view::npos)
+      return q + " has brackets around " + quote(host) +
+             ", which is not an IPv6 address; brackets are for IPv6 only (\"[::1]:2222\")";
     for (size_t i = 0; i < host.size(); ++i) {
       const char c = host[i];
       if (c == '%') {  // a zone id such as fe80::1%eth0
@@ -87,14 +89,10 @@ std::string address_problem(std::string_view a, HostPort* out) {
             return q + " has an invalid IPv6 zone" + fix;
         break;
       }
-      if (c == ':') colon = true;
       if (!is_hex(c) && c != ':' && c != '.')
         return q + " has " + quote(std::string_view(&host[i], 1)) +
                " inside the brackets, which only hold an IPv6 address such as \"[::1]:2222\"";
     }
-    if (!colon)
-      return q + " has brackets around " + quote(host) +
-             ", which is not an IPv6 address; brackets are for IPv6 only (\"[::1]:2222\")";
     if (close + 1 == a.size()) return q + " has no port" + fix;
     if (a[close + 1] != ':') return q + " needs ':' right after ']'" + fix;
     port = a.substr(close + 2);

@@ -13,10 +13,9 @@ ClusterResolution resolve_openmpi(const std::string& rendezvous_address) {
   const auto rank = cluster_detail::env_int("OMPI_COMM_WORLD_RANK", 0, 1 << 24, under_mpirun);
   const auto size = cluster_detail::env_int("OMPI_COMM_WORLD_SIZE", 1, 1 << 24, under_mpirun);
   if (!rank || !size)
-    throw FailedPrecondition(std::string("OpenMPI: ") +
-                             (!rank ? "OMPI_COMM_WORLD_RANK" : "OMPI_COMM_WORLD_SIZE") +
-                             " is unset, so this process was not started by OpenMPI's mpirun; " +
-                             under_mpirun);
+    throw FailedPrecondition(
+        std::string("OpenMPI: ") + (!rank ? "OMPI_COMM_WORLD_RANK" : "OMPI_COMM_WORLD_SIZE") +
+        " is unset, so this process was not started by OpenMPI's mpirun; " + under_mpirun);
   if (*rank >= *size)
     throw InvalidArgument("OpenMPI: OMPI_COMM_WORLD_RANK=" + std::to_string(*rank) +
                           " is not below OMPI_COMM_WORLD_SIZE=" + std::to_string(*size));
@@ -32,10 +31,10 @@ ClusterResolution resolve_openmpi(const std::string& rendezvous_address) {
       cluster_detail::env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1, 1 << 24, under_mpirun);
   if (local_rank && local_size) {
     if (*local_rank >= *local_size || *local_size > *size)
-      throw InvalidArgument("OpenMPI: OMPI_COMM_WORLD_LOCAL_RANK=" + std::to_string(*local_rank) +
-                            " and OMPI_COMM_WORLD_LOCAL_SIZE=" + std::to_string(*local_size) +
-                            " are inconsistent (with OMPI_COMM_WORLD_SIZE=" +
-                            std::to_string(*size) + ")");
+      throw InvalidArgument(
+          "OpenMPI: OMPI_COMM_WORLD_LOCAL_RANK=" + std::to_string(*local_rank) +
+          " and OMPI_COMM_WORLD_LOCAL_SIZE=" + std::to_string(*local_size) +
+          " are inconsistent (with OMPI_COMM_WORLD_SIZE=" + std::to_string(*size) + ")");
     r.set_local_placement(*local_rank, *local_size);
   } else {
     DTRAIN_LOG(WARNING) << "OpenMPI: OMPI_COMM_WORLD_LOCAL_RANK/LOCAL_SIZE unset; assuming rank "

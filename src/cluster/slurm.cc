@@ -23,7 +23,7 @@ bool is_name_char(char c) {
 
 [[noreturn]] void bad_list(const std::string& label, const std::string& list,
                            const std::string& problem) {
-  throw InvalidArgument(label + "=" + quote(list) + " is not a valid SLURM node list: " + problem +
+  throw InvalidArgument(label + quote(list) + " is not a valid SLURM node list: " + problem +
                         "; expected a list " + kNodelistExample);
 }
 
@@ -38,12 +38,13 @@ std::vector<std::string> expand_group(std::string_view group, const std::string&
     const std::string_view range = group.substr(start, end - start);
     const size_t dash = range.find('-');
     const std::string_view lo = range.substr(0, dash);
-    const std::string_view hi =
-        dash == std::string_view::npos ? lo : range.substr(dash + 1);
+    const std::string_view hi = dash == std::string_view::npos ? lo : range.substr(dash + 1);
     if (lo.empty() || hi.empty() || lo.size() > 18 || hi.size() > 18 ||
-        !std::all_of(lo.begin(), lo.end(), is_digit) || !std::all_of(hi.begin(), hi.end(), is_digit))
-      bad_list(label, list, "range " + quote(range) + " in [" + std::string(group) +
-                                "] is not a number or two numbers joined by '-'");
+        !std::all_of(lo.begin(), lo.end(), is_digit) ||
+        !std::all_of(hi.begin(), hi.end(), is_digit))
+      bad_list(label, list,
+               "range " + quote(range) + " in [" + std::string(group) +
+                   "] is not a number or two numbers joined by '-'");
     const long long a = *cluster_detail::parse_int(lo, 0, 999999999999999999LL);
     const long long b = *cluster_detail::parse_int(hi, 0, 999999999999999999LL);
     if (a > b) bad_list(label, list, "range " + quote(range) + " goes down; write it low-high");
@@ -81,9 +82,9 @@ void expand_item(std::string_view item, const std::string& label, const std::str
       i = close + 1;
     } else {
       if (!is_name_char(item[i]))
-        bad_list(label, list, "host " + quote(item) + " has the character " +
-                                  quote(item.substr(i, 1)) +
-                                  "; host names have letters, digits, '-', '.' and '_'");
+        bad_list(label, list,
+                 "host " + quote(item) + " has the character " + quote(item.substr(i, 1)) +
+                     "; host names have letters, digits, '-', '.' and '_'");
       for (auto& n : names) n += item[i];
       ++i;
     }
@@ -116,8 +117,9 @@ std::vector<std::string> expand_nodelist(const std::string& list, const std::str
 
 std::vector<int> parse_tpn(const std::string& text, const std::string& label) {
   auto bad = [&](const std::string& problem) {
-    throw InvalidArgument(label + "=" + quote(text) + " is not a valid SLURM tasks-per-node list: " +
-                          problem + "; expected counts such as \"2(x3),1\" (three nodes with 2 "
+    throw InvalidArgument(label + quote(text) +
+                          " is not a valid SLURM tasks-per-node list: " + problem +
+                          "; expected counts such as \"2(x3),1\" (three nodes with 2 "
                           "tasks, then one with 1)");
   };
   if (text.empty()) bad("it is empty");
@@ -159,16 +161,17 @@ std::optional<std::pair<std::string, std::string>> first_env(
 }  // namespace
 
 std::vector<std::string> expand_slurm_nodelist(const std::string& nodelist) {
-  return expand_nodelist(nodelist, "node list");
+  return expand_nodelist(nodelist, "node list ");
 }
 
 std::vector<int> parse_slurm_tasks_per_node(const std::string& tasks_per_node) {
-  return parse_tpn(tasks_per_node, "tasks per node");
+  return parse_tpn(tasks_per_node, "tasks per node ");
 }
 
 ClusterResolution resolve_slurm(int port_base) {
-  const std::string under_srun = "start each task with srun (e.g. srun --ntasks=4 ./train), or "
-                                 "set TF_CONFIG instead";
+  const std::string under_srun =
+      "start each task with srun (e.g. srun --ntasks=4 ./train), or "
+      "set TF_CONFIG instead";
   const auto procid = cluster_detail::env_int("SLURM_PROCID", 0, 1 << 24, under_srun);
   if (!procid) throw FailedPrecondition("SLURM: SLURM_PROCID is unset; " + under_srun);
   std::optional<int> ntasks;
@@ -183,14 +186,16 @@ ClusterResolution resolve_slurm(int port_base) {
                              under_srun);
   const auto nodelist = first_env({"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"});
   if (!nodelist)
-    throw FailedPrecondition("SLURM: none of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST and "
-                             "SLURM_NODELIST is set; " + under_srun);
-  const std::vector<std::string> nodes = expand_nodelist(nodelist->second, nodelist->first);
+    throw FailedPrecondition(
+        "SLURM: none of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST and "
+        "SLURM_NODELIST is set; " +
+        under_srun);
+  const std::vector<std::string> nodes = expand_nodelist(nodelist->second, nodelist->first + "=");
   const std::string nodes_text = nodelist->first + "=" + quote(nodelist->second);
 
   std::vector<int> counts;
   if (auto tpn = first_env({"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})) {
-    counts = parse_tpn(tpn->second, tpn->first);
+    counts = parse_tpn(tpn->second, tpn->first + "=");
     const std::string tpn_text = tpn->first + "=" + quote(tpn->second);
     if (counts.size() != nodes.size())
       throw InvalidArgument("SLURM: " + tpn_text + " gives " + std::to_string(counts.size()) +
@@ -204,10 +209,10 @@ ClusterResolution resolve_slurm(int port_base) {
                             "; they must describe the same step");
   } else {
     if (*ntasks % static_cast<int>(nodes.size()) != 0)
-      throw InvalidArgument("SLURM: " + ntasks_name + "=" + std::to_string(*ntasks) +
-                            " tasks do not split evenly over the " + std::to_string(nodes.size()) +
-                            " nodes of " + nodes_text +
-                            " and SLURM_STEP_TASKS_PER_NODE is unset; run under srun, which sets it");
+      throw InvalidArgument(
+          "SLURM: " + ntasks_name + "=" + std::to_string(*ntasks) +
+          " tasks do not split evenly over the " + std::to_string(nodes.size()) + " nodes of " +
+          nodes_text + " and SLURM_STEP_TASKS_PER_NODE is unset; run under srun, which sets it");
     counts.assign(nodes.size(), *ntasks / static_cast<int>(nodes.size()));
   }
   if (*procid >= *ntasks)
@@ -226,7 +231,8 @@ ClusterResolution resolve_slurm(int port_base) {
   const int max_per_node = *std::max_element(counts.begin(), counts.end());
   if (port_base < 1 || static_cast<long long>(port_base) + max_per_node - 1 > 65535)
     throw InvalidArgument("SLURM: port base " + std::to_string(port_base) + " with up to " +
-                          std::to_string(max_per_node) + " tasks per node leaves the ports "
+                          std::to_string(max_per_node) +
+                          " tasks per node leaves the ports "
                           "1-65535; pick a base such as 23456");
 
   // Replay the distribution: task -> (node, index on that node).
@@ -250,19 +256,21 @@ ClusterResolution resolve_slurm(int port_base) {
   }
   std::vector<std::string> workers(num_tasks);
   for (size_t t = 0; t < num_tasks; ++t)
-    workers[t] = nodes[static_cast<size_t>(node_of[t])] + ":" + std::to_string(port_base + local_of[t]);
+    workers[t] =
+        nodes[static_cast<size_t>(node_of[t])] + ":" + std::to_string(port_base + local_of[t]);
 
   const size_t me = static_cast<size_t>(*procid);
   const int local_rank = local_of[me];
   const int local_size = counts[static_cast<size_t>(node_of[me])];
   if (auto localid = cluster_detail::env_int("SLURM_LOCALID", 0, 1 << 24, under_srun);
       localid && *localid != local_rank)
-    throw FailedPrecondition(
-        "SLURM: SLURM_LOCALID=" + std::to_string(*localid) + " but task " +
-        std::to_string(*procid) + " should be local task " + std::to_string(local_rank) + " on " +
-        nodes[static_cast<size_t>(node_of[me])] + " under the " + (cyclic ? "cyclic" : "block") +
-        " distribution of " + nodes_text + "; set SLURM_DISTRIBUTION to match srun's "
-        "--distribution, or set TF_CONFIG");
+    throw FailedPrecondition("SLURM: SLURM_LOCALID=" + std::to_string(*localid) + " but task " +
+                             std::to_string(*procid) + " should be local task " +
+                             std::to_string(local_rank) + " on " +
+                             nodes[static_cast<size_t>(node_of[me])] + " under the " +
+                             (cyclic ? "cyclic" : "block") + " distribution of " + nodes_text +
+                             "; set SLURM_DISTRIBUTION to match srun's "
+                             "--distribution, or set TF_CONFIG");
 
   ClusterResolution r(ClusterSpec({{TaskType::kWorker, std::move(workers)}}), TaskType::kWorker,
                       *procid, "SLURM");

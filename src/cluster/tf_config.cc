@@ -87,9 +87,10 @@ json parse_json(const std::string& text) {
     const size_t from = at > 30 ? at - 30 : 0;
     const std::string before = text.substr(from, at - from);
     const std::string after = at < text.size() ? text.substr(at, 10) : "";
-    fail("is not valid JSON: error at byte " + std::to_string(e.byte) + ", after " +
-         quote(before) + (after.empty() ? " (the text ends there)" : " at " + quote(after)) +
-         " (" + printable(e.what()) + ")");
+    fail("is not valid JSON: error at byte " + std::to_string(e.byte) + ", " +
+         (before.empty() ? "at the start" : "after " + quote(before)) +
+         (after.empty() ? " (the text ends there)" : " at " + quote(after)) + " (" +
+         printable(e.what()) + ")");
   }
 }
 
@@ -112,8 +113,9 @@ ClusterSpec::JobMap read_cluster(const json& config) {
            (task_type_from_name(cluster_detail::lower(name)) ? " (job names are lower-case)" : ""));
     const json& tasks = it.value();
     if (!tasks.is_array())
-      fail("\"cluster\" job " + quote(name) + " must be a list of \"host:port\" strings, but it is " +
-           described(tasks) + "; write " + quote(name) + ": [\"host1:2222\", \"host2:2222\"]");
+      fail("\"cluster\" job " + quote(name) +
+           " must be a list of \"host:port\" strings, but it is " + described(tasks) + "; write " +
+           quote(name) + ": [\"host1:2222\", \"host2:2222\"]");
     auto& out = jobs[*type];
     for (size_t i = 0; i < tasks.size(); ++i) {
       if (!tasks[i].is_string())
@@ -175,15 +177,15 @@ ClusterResolution resolve(const std::string& text) {
   if (!index.is_number_unsigned() && index.get<int64_t>() < 0)
     fail("\"task\".\"index\" " + brief(index) + " is negative; indices start at 0");
   const uint64_t value = index.is_number_unsigned() ? index.get<uint64_t>()
-                                                     : static_cast<uint64_t>(index.get<int64_t>());
+                                                    : static_cast<uint64_t>(index.get<int64_t>());
   const int n = spec.num_tasks(*type);
   if (n == 0 && *type != TaskType::kEvaluator)
     fail("\"task\".\"type\" " + quote(type_name) + " is not a job of \"cluster\", whose jobs are " +
          spec.to_json() + "; add a " + quote(type_name) + " job or fix the type");
   if (n > 0 && value >= static_cast<uint64_t>(n))
     fail("\"task\".\"index\" " + brief(index) + " is out of range: job " + quote(type_name) +
-         " has " + std::to_string(n) + (n == 1 ? " task" : " tasks") + ", so the index must be in 0.." +
-         std::to_string(n - 1));
+         " has " + std::to_string(n) + (n == 1 ? " task" : " tasks") +
+         ", so the index must be in 0.." + std::to_string(n - 1));
   if (value > static_cast<uint64_t>(std::numeric_limits<int>::max()))
     fail("\"task\".\"index\" " + brief(index) + " is too large");
   return ClusterResolution(spec, *type, static_cast<int>(value), "TF_CONFIG");

@@ -102,8 +102,8 @@ TEST(TfConfig, ChiefWorkersPsAndEvaluator) {
 TEST(TfConfig, WorkersOnlyMakeWorkerZeroChief) {
   const std::string cluster = R"({"worker": ["a:1000", "b:1000", "c:1000"]})";
   for (int i = 0; i < 3; ++i) {
-    const auto r = resolve_tf_config(config(cluster, R"({"type": "worker", "index": )" +
-                                                         std::to_string(i) + "}"));
+    const auto r = resolve_tf_config(
+        config(cluster, R"({"type": "worker", "index": )" + std::to_string(i) + "}"));
     EXPECT_EQ(r.is_chief(), i == 0);
     EXPECT_EQ(r.worker_rank(), i);
     EXPECT_EQ(r.num_workers(), 3);
@@ -128,8 +128,7 @@ TEST(TfConfig, ExtraKeysIpv6AndLocalPlacement) {
           "task": {"type": "worker", "index": 2}, "environment": "cloud", "rpc_layer": "grpc"})");
   EXPECT_EQ(r.local_rank(), 1);
   EXPECT_EQ(r.local_size(), 2);
-  EXPECT_EQ(resolve_tf_config(config(R"({"worker": ["[::1]:5001", "[fe80::1%eth0]:2"]})",
-                                     kWorker0))
+  EXPECT_EQ(resolve_tf_config(config(R"({"worker": ["[::1]:5001", "[fe80::1%eth0]:2"]})", kWorker0))
                 .task_address(),
             "[::1]:5001");
   EXPECT_NE(r.to_string().find("worker:2 (rank 2 of 4"), std::string::npos) << r.to_string();
@@ -181,8 +180,7 @@ TEST(TfConfigRejects, TaskType) {
                   {R"("master" is not a task type)", R"("chief", "worker", "ps" or "evaluator")"});
   expect_rejected(config(kWorkers, R"({"type": "Worker", "index": 0})"),
                   {R"("Worker" is not a task type)", "lower-case"});
-  expect_rejected(config(kWorkers, R"({"type": 1, "index": 0})"),
-                  {"must be a string", "number 1"});
+  expect_rejected(config(kWorkers, R"({"type": 1, "index": 0})"), {"must be a string", "number 1"});
 }
 
 TEST(TfConfigRejects, TaskIndex) {
@@ -237,7 +235,7 @@ TEST(TfConfigRejects, BadHostPort) {
       {"[]:2222", "empty host"},
       {"host/1:2222", "in its host"},
       {"-host:2222", "starts with '-'"},
-      {"", "an address is empty"},
+      {"", "\"\" is empty"},
   };
   for (const auto& [address, why] : cases)
     expect_rejected(config(R"({"worker": ["ok:1", ")" + address + R"("]})", kWorker0),
@@ -293,7 +291,8 @@ TEST(ClusterSpec, AccessorsAndJson) {
                           {TaskType::kWorker, {"w0:1", "w1:1"}},
                           {TaskType::kEvaluator, {}},
                           {TaskType::kChief, {"c:1"}}});
-  EXPECT_EQ(spec.jobs(), (std::vector<TaskType>{TaskType::kChief, TaskType::kWorker, TaskType::kPs}));
+  EXPECT_EQ(spec.jobs(),
+            (std::vector<TaskType>{TaskType::kChief, TaskType::kWorker, TaskType::kPs}));
   EXPECT_FALSE(spec.has_job(TaskType::kEvaluator));  // empty jobs are dropped
   EXPECT_EQ(spec.num_tasks(TaskType::kWorker), 2);
   EXPECT_EQ(spec.num_tasks(TaskType::kEvaluator), 0);

@@ -15,11 +15,21 @@
 namespace dtrain {
 namespace {
 
-constexpr const char* kVars[] = {
-    "TF_CONFIG", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_STEP_NODELIST",
-    "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
-    "SLURM_LOCALID", "SLURM_DISTRIBUTION", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"};
+constexpr const char* kVars[] = {"TF_CONFIG",
+                                 "SLURM_PROCID",
+                                 "SLURM_STEP_NUM_TASKS",
+                                 "SLURM_NTASKS",
+                                 "SLURM_STEP_NODELIST",
+                                 "SLURM_JOB_NODELIST",
+                                 "SLURM_NODELIST",
+                                 "SLURM_STEP_TASKS_PER_NODE",
+                                 "SLURM_TASKS_PER_NODE",
+                                 "SLURM_LOCALID",
+                                 "SLURM_DISTRIBUTION",
+                                 "OMPI_COMM_WORLD_RANK",
+                                 "OMPI_COMM_WORLD_SIZE",
+                                 "OMPI_COMM_WORLD_LOCAL_RANK",
+                                 "OMPI_COMM_WORLD_LOCAL_SIZE"};
 
 class LauncherEnv : public ::testing::Test {
  protected:
@@ -70,10 +80,17 @@ TEST(SlurmNodelist, Expands) {
 
 TEST(SlurmNodelist, RejectsMalformedLists) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"node[01-", "never closed"}, {"node]", "has no '['"},   {"a[[1]]", "nest"},
-      {"a[3-1]", "goes down"},      {"a[x]", "is not a number"}, {"a,,b", "empty host name"},
-      {"", "it is empty"},          {"a b", "has the character"}, {"a[]", "is not a number"},
-      {"a[1,]", "is not a number"}, {"a[1-2000000]", "more than 1048576 hosts"},
+      {"node[01-", "never closed"},
+      {"node]", "has no '['"},
+      {"a[[1]]", "nest"},
+      {"a[3-1]", "goes down"},
+      {"a[x]", "is not a number"},
+      {"a,,b", "empty host name"},
+      {"", "it is empty"},
+      {"a b", "has the character"},
+      {"a[]", "is not a number"},
+      {"a[1,]", "is not a number"},
+      {"a[1-2000000]", "more than 1048576 hosts"},
       {"a[-2]", "is not a number"}};
   for (const auto& [list, why] : cases) {
     SCOPED_TRACE(list);
@@ -93,8 +110,8 @@ TEST(SlurmTasksPerNode, Parses) {
   EXPECT_EQ(parse_slurm_tasks_per_node("2(x3),1"), (std::vector<int>{2, 2, 2, 1}));
   EXPECT_EQ(parse_slurm_tasks_per_node("4"), (std::vector<int>{4}));
   EXPECT_EQ(parse_slurm_tasks_per_node("1(x2),3,2(x1)"), (std::vector<int>{1, 1, 3, 2}));
-  for (const char* bad : {"", "0", "2(x0)", "2(3)", "a", "2(x3", "2,", "-1", "+2", "2(x+1)",
-                          "2(x3)(x2)", "(x2)"}) {
+  for (const char* bad :
+       {"", "0", "2(x0)", "2(3)", "a", "2(x3", "2,", "-1", "+2", "2(x+1)", "2(x3)(x2)", "(x2)"}) {
     SCOPED_TRACE(bad);
     EXPECT_THROW(parse_slurm_tasks_per_node(bad), InvalidArgument);
   }
@@ -103,8 +120,10 @@ TEST(SlurmTasksPerNode, Parses) {
 // --- SLURM environment --------------------------------------------------------------------------
 
 TEST_F(LauncherEnv, SlurmBlockDistribution) {
-  set({{"SLURM_PROCID", "3"}, {"SLURM_STEP_NUM_TASKS", "4"},
-       {"SLURM_STEP_NODELIST", "node[01-02]"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
+  set({{"SLURM_PROCID", "3"},
+       {"SLURM_STEP_NUM_TASKS", "4"},
+       {"SLURM_STEP_NODELIST", "node[01-02]"},
+       {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"},
        {"SLURM_LOCALID", "1"}});
   const auto r = resolve_slurm();
   EXPECT_EQ(r.task_name(), "worker:3");
@@ -117,9 +136,9 @@ TEST_F(LauncherEnv, SlurmBlockDistribution) {
   EXPECT_EQ(r.local_size(), 2);
   EXPECT_EQ(r.replica_ids(2), (std::vector<int>{6, 7}));
   EXPECT_EQ(r.source(), "SLURM");
-  EXPECT_EQ(r.cluster().job_tasks(TaskType::kWorker),
-            (std::vector<std::string>{"node01:23456", "node01:23457", "node02:23456",
-                                      "node02:23457"}));
+  EXPECT_EQ(
+      r.cluster().job_tasks(TaskType::kWorker),
+      (std::vector<std::string>{"node01:23456", "node01:23457", "node02:23456", "node02:23457"}));
   set({{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}});
   const auto chief = resolve_slurm(3000);
   EXPECT_TRUE(chief.is_chief());
@@ -128,7 +147,9 @@ TEST_F(LauncherEnv, SlurmBlockDistribution) {
 
 TEST_F(LauncherEnv, SlurmUnevenNodesAndJobFallbacks) {
   // Job-level variables when the step ones are absent; "2,1" places tasks 0,1 | 2.
-  set({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "3"}, {"SLURM_JOB_NODELIST", "a[1-2]"},
+  set({{"SLURM_PROCID", "2"},
+       {"SLURM_NTASKS", "3"},
+       {"SLURM_JOB_NODELIST", "a[1-2]"},
        {"SLURM_TASKS_PER_NODE", "2,1"}});
   const auto r = resolve_slurm();
   EXPECT_EQ(r.task_address(), "a2:23456");
@@ -143,8 +164,11 @@ TEST_F(LauncherEnv, SlurmUnevenNodesAndJobFallbacks) {
 }
 
 TEST_F(LauncherEnv, SlurmCyclicDistribution) {
-  set({{"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "3"}, {"SLURM_STEP_NODELIST", "n[1-2]"},
-       {"SLURM_STEP_TASKS_PER_NODE", "2,1"}, {"SLURM_DISTRIBUTION", "cyclic:block"},
+  set({{"SLURM_PROCID", "1"},
+       {"SLURM_STEP_NUM_TASKS", "3"},
+       {"SLURM_STEP_NODELIST", "n[1-2]"},
+       {"SLURM_STEP_TASKS_PER_NODE", "2,1"},
+       {"SLURM_DISTRIBUTION", "cyclic:block"},
        {"SLURM_LOCALID", "0"}});
   const auto r = resolve_slurm();
   EXPECT_EQ(r.task_address(), "n2:23456");
@@ -184,8 +208,10 @@ TEST_F(LauncherEnv, SlurmErrors) {
 TEST_F(LauncherEnv, OpenMpi) {
   expect_error<FailedPrecondition>([] { resolve_openmpi("n0:5000"); },
                                    "OMPI_COMM_WORLD_RANK is unset");
-  set({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-       {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  set({{"OMPI_COMM_WORLD_RANK", "1"},
+       {"OMPI_COMM_WORLD_SIZE", "4"},
+       {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
   const auto r = resolve_openmpi("n0:5000");
   EXPECT_EQ(r.task_name(), "worker:1");
   EXPECT_FALSE(r.is_chief());

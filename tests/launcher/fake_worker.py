@@ -22,6 +22,7 @@ def main():
     p.add_argument("--fail-after", type=float, default=0.0)
     p.add_argument("--sleep", type=float, default=0.0, help="then exit 0")
     p.add_argument("--sleep-tasks", default="", help="only these tasks sleep (comma-separated)")
+    p.add_argument("--wait-for", default="", help="first wait (<= 20 s) for these tasks' reports")
     p.add_argument("--grandchild", action="store_true", help="start a `sleep` in the same group")
     p.add_argument("--on-term", choices=["default", "exit0", "ignore"], default="default")
     p.add_argument("--on-int", choices=["default", "exit0", "ignore"], default="default")
@@ -68,6 +69,12 @@ def main():
     for i in range(args.lines):
         sys.stdout.write(f"line {i} of {task} " + "x" * (i % 300) + "\n")
     sys.stdout.flush()
+
+    others = [t for t in args.wait_for.split(",") if t and t != task]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not all(
+            os.path.exists(os.path.join(args.report_dir, f"{t}.json")) for t in others):
+        time.sleep(0.02)
 
     if task == args.fail_task:
         time.sleep(args.fail_after)

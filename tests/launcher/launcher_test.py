@@ -3,9 +3,9 @@
 
   python3 tests/launcher/launcher_test.py --launcher build/tools/dtrain-run [unittest args...]
 
-e.g. `... LocalJob` or `... Failure.test_failed_worker_stops_the_others` to run a part. Every wait is
-bounded; a launcher still alive at the end of a test is killed (its children die with it, through
-PR_SET_PDEATHSIG), so a broken launcher fails the tests instead of hanging them.
+e.g. `... LocalJob` or `... Failure.test_failed_worker_stops_the_others` to run a part.
+Every wait is bounded; a launcher still alive at the end of a test is killed (its children die
+with it, through PR_SET_PDEATHSIG), so a broken launcher fails the tests instead of hanging them.
 """
 import argparse
 import json
@@ -65,7 +65,8 @@ class LauncherCase(unittest.TestCase):
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired as e:
-            self.fail(f"dtrain-run did not finish within {timeout} s: {cmd}\n{e.stdout}\n{e.stderr}")
+            self.fail(f"dtrain-run did not finish within {timeout} s: {cmd}\n"
+                      f"{e.stdout}\n{e.stderr}")
         return r.returncode, r.stdout, r.stderr, time.monotonic() - start
 
     def start_launcher(self, launcher_args, command):
@@ -168,7 +169,8 @@ class LocalJob(LauncherCase):
     def test_ps_and_evaluator(self):
         status, out, err, _ = self.run_launcher(
             ["-np", "2", "--ps", "2", "--evaluator"],
-            self.fake("--sleep", "60", "--sleep-tasks", "ps:0,ps:1"), timeout=30)
+            self.fake("--sleep", "60", "--sleep-tasks", "ps:0,ps:1",
+                      "--wait-for", "ps:0,ps:1,evaluator:0"), timeout=30)
         self.assertEqual(status, 0, err)  # parameter servers are stopped once the workers are done
         self.assertIn("stopping 2 parameter server(s)", err)
         tasks = ["worker:0", "worker:1", "ps:0", "ps:1", "evaluator:0"]
@@ -204,8 +206,8 @@ class LocalJob(LauncherCase):
 class Failure(LauncherCase):
     def test_failed_worker_stops_the_others(self):
         p = self.start_launcher(["-np", "3"], self.fake(
-            "--fail-task", "worker:1", "--fail-code", "3", "--fail-after", "1",
-            "--sleep", "60", "--grandchild"))
+            "--fail-task", "worker:1", "--fail-code", "3", "--fail-after", "0.5",
+            "--sleep", "60", "--grandchild", "--wait-for", "worker:0,worker:1,worker:2"))
         reports = self.wait_reports([f"worker:{i}" for i in range(3)])
         t0 = time.monotonic()
         status, out, err = self.finish(p, timeout=20)
@@ -216,7 +218,7 @@ class Failure(LauncherCase):
         # The worker's own last words come before the launcher's line about it.
         self.assertLess(err.index("[worker:1] worker:1 failing on purpose"),
                         err.index("dtrain-run: worker:1 exited"))
-        pids = [r["pid"] for r in reports.values()] + [r["grandchild_pid"] for r in reports.values()]
+        pids = [r[k] for r in reports.values() for k in ("pid", "grandchild_pid")]
         self.assert_gone(pids)
 
     def test_killed_worker_reports_signal(self):
@@ -231,7 +233,7 @@ class Failure(LauncherCase):
     def test_sigkill_after_grace_when_sigterm_is_ignored(self):
         p = self.start_launcher(["-np", "3", "--grace", "1"], self.fake(
             "--fail-task", "worker:2", "--fail-code", "5", "--fail-after", "0.5",
-            "--sleep", "60", "--on-term", "ignore"))
+            "--sleep", "60", "--on-term", "ignore", "--wait-for", "worker:0,worker:1,worker:2"))
         reports = self.wait_reports([f"worker:{i}" for i in range(3)])
         t0 = time.monotonic()
         status, out, err = self.finish(p, timeout=20)
@@ -242,12 +244,12 @@ class Failure(LauncherCase):
         self.assert_gone([r["pid"] for r in reports.values()])
 
     def test_timeout(self):
-        status, _, err, secs = self.run_launcher(["-np", "2", "--timeout", "1.5"],
+        status, _, err, secs = self.run_launcher(["-np", "2", "--timeout", "2.5"],
                                                  self.fake("--sleep", "60"), timeout=20)
         self.assertEqual(status, 124, err)
-        self.assertIn("timed out after 1.5 s", err)
-        self.assertGreaterEqual(secs, 1.4)
-        self.assertLess(secs, 6)
+        self.assertIn("timed out after 2.5 s", err)
+        self.assertGreaterEqual(secs, 2.4)
+        self.assertLess(secs, 8)
         self.assert_gone([self.report(f"worker:{i}")["pid"] for i in range(2)])
 
     def test_program_not_found(self):

@@ -1,5 +1,6 @@
-// The job's tasks and their TF_CONFIG: which tasks a `dtrain-run` job has (workers, parameter servers,
-// an evaluator), the address each listens on, and the TF_CONFIG JSON each one is started with.
+// The job's tasks and their TF_CONFIG: which tasks a `dtrain-run` job has (workers, parameter
+// servers, an evaluator), the address each listens on, and the TF_CONFIG JSON each one is started
+// with.
 //
 // Addresses come from one of two places: free loopback ports for a job started on this machine, or
 // host:slots lists (`-H host1:2,host2:2`) with ports port_base + slot for --print-config of a
@@ -43,14 +44,14 @@ std::vector<Task> plan_tasks(int workers, int ps, bool evaluator);
 // malformed entry and showing a correct example.
 std::vector<HostSlots> parse_hosts(const std::string& spec);
 
-// Places tasks on hosts in order, filling each host's slots before the next; the task in slot s of a
-// host listens on port_base + s. Throws UsageError when the tasks do not fit the slots or a port
+// Places tasks on hosts in order, filling each host's slots before the next; the task in slot s of
+// a host listens on port_base + s. Throws UsageError when the tasks do not fit the slots or a port
 // would exceed 65535.
 void assign_hosts(std::vector<Task>& tasks, const std::vector<HostSlots>& hosts, int port_base);
 
-// Gives every task a distinct free port on 127.0.0.1, found by binding port 0 (all probe sockets stay
-// open until every port is chosen, so the ports differ). With port_base > 0, uses port_base + i
-// instead. Throws std::runtime_error when no socket can be bound.
+// Gives every task a distinct free port on 127.0.0.1, found by binding port 0 (all probe sockets
+// stay open until every port is chosen, so the ports differ). With port_base > 0, uses port_base +
+// i instead. Throws std::runtime_error when no socket can be bound.
 void assign_local_ports(std::vector<Task>& tasks, int port_base);
 
 // The TF_CONFIG of tasks[i]: {"cluster": {"worker": [...], "ps": [...], "evaluator": [...]},

@@ -46,11 +46,16 @@ std::string seconds_text(double s) {
 
 std::string signal_name(int sig) {
   switch (sig) {
-    case SIGINT: return "SIGINT";
-    case SIGTERM: return "SIGTERM";
-    case SIGHUP: return "SIGHUP";
-    case SIGKILL: return "SIGKILL";
-    default: return "signal " + std::to_string(sig);
+    case SIGINT:
+      return "SIGINT";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGKILL:
+      return "SIGKILL";
+    default:
+      return "signal " + std::to_string(sig);
   }
 }
 
@@ -89,10 +94,17 @@ void ensure_std_fds_open() {
   }
 }
 
+// "[worker:1] ". Built by appending: GCC 12 at -O3 warns falsely (-Wrestrict) on "[" + string.
+std::string prefix_of(const Task& t) {
+  std::string p = "[";
+  p += t.name();
+  p += "] ";
+  return p;
+}
+
 struct Child {
   explicit Child(Task t)
-      : task(std::move(t)),
-        relays{LineRelay(1, "[" + task.name() + "] "), LineRelay(2, "[" + task.name() + "] ")} {}
+      : task(std::move(t)), relays{LineRelay(1, prefix_of(task)), LineRelay(2, prefix_of(task))} {}
 
   bool has_open_fds() const { return fds[0] >= 0 || fds[1] >= 0; }
   // The group may still hold processes: the leader is not reaped, or someone holds its pipes.
@@ -194,7 +206,8 @@ std::string Supervisor::start(Child& c, const std::vector<std::string>& argv,
     ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
     ::execvpe(argvp[0], argvp.data(), envp.data());
     const char* why = std::strerror(errno);
-    if (::write(2, exec_error.data(), exec_error.size()) > 0 && ::write(2, why, std::strlen(why)) > 0) {
+    if (::write(2, exec_error.data(), exec_error.size()) > 0 &&
+        ::write(2, why, std::strlen(why)) > 0) {
       [[maybe_unused]] auto n = ::write(2, "\n", 1);
     }
     ::_exit(kExitNotFound);
@@ -354,7 +367,8 @@ void Supervisor::check_deadlines(Clock::time_point now) {
       if (c.stop_requested || stopping_) {
         ::kill(-c.pid, SIGKILL);
       } else {
-        log_line(c.task.name() + " exited but a process it started still holds its output; "
+        log_line(c.task.name() +
+                 " exited but a process it started still holds its output; "
                  "no longer relaying it");
       }
       close_fds(c);
@@ -368,7 +382,8 @@ int Supervisor::poll_timeout_ms(Clock::time_point now) const {
     if (!c.sigkilled && c.group_alive()) next = std::min(next, c.kill_at);
     if (!c.reaped) next = std::min(next, c.give_up_at);
     if (c.reaped && c.has_open_fds()) {
-      next = std::min(next, c.reaped_at + std::chrono::duration_cast<Clock::duration>(kDrainAfterExit));
+      next = std::min(next,
+                      c.reaped_at + std::chrono::duration_cast<Clock::duration>(kDrainAfterExit));
     }
   }
   if (next == kNever) return kMaxPollMs;
@@ -440,7 +455,8 @@ int Supervisor::run() {
   children_.reserve(o_.tasks.size());
   for (const auto& t : o_.tasks) children_.emplace_back(t);
   if (o_.timeout_s > 0) {
-    job_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(Seconds(o_.timeout_s));
+    job_deadline_ =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(Seconds(o_.timeout_s));
   }
   for (size_t i = 0; i < children_.size(); ++i) {
     std::vector<std::string> env = base_env;
@@ -468,10 +484,9 @@ std::vector<std::string> task_argv(const std::vector<std::string>& command,
                                    const std::string& devices) {
   std::vector<std::string> argv = command;
   if (devices.empty()) return argv;
-  const bool has_devices = std::any_of(argv.begin() + (argv.empty() ? 0 : 1), argv.end(),
-                                       [](const std::string& a) {
-                                         return a == "--devices" || a.rfind("--devices=", 0) == 0;
-                                       });
+  const bool has_devices = std::any_of(
+      argv.begin() + (argv.empty() ? 0 : 1), argv.end(),
+      [](const std::string& a) { return a == "--devices" || a.rfind("--devices=", 0) == 0; });
   if (!has_devices) argv.push_back("--devices=" + devices);
   return argv;
 }

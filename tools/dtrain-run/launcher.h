@@ -2,10 +2,11 @@
 // supervises it until the job ends.
 //
 // Each child runs in its own process group, with stdin from /dev/null, TF_CONFIG, DTRAIN_TASK and
-// DTRAIN_JOB_TOKEN in its environment, and its stdout/stderr relayed line by line with a "[worker:1] "
-// prefix. The launcher never hangs: a failed child stops the job (SIGTERM to every group, SIGKILL
-// after the grace period), SIGINT/SIGTERM/SIGHUP are forwarded (a second SIGINT kills), --timeout
-// bounds the whole job, and children die with the launcher (PR_SET_PDEATHSIG). Linux only.
+// DTRAIN_JOB_TOKEN in its environment, and its stdout/stderr relayed line by line with a
+// "[worker:1] " prefix. The launcher never hangs: a failed child stops the job (SIGTERM to every
+// group, SIGKILL after the grace period), SIGINT/SIGTERM/SIGHUP are forwarded (a second SIGINT
+// kills), --timeout bounds the whole job, and children die with the launcher (PR_SET_PDEATHSIG).
+// Linux only.
 //
 // Not thread-safe; call launch() once, from the main thread, before any other thread exists (it
 // blocks signals and reads them through a signalfd).

@@ -21,7 +21,8 @@ bool write_all(int fd, const std::string& data) {
 void LineRelay::feed(const char* data, size_t n) {
   const char* end = data + n;
   while (data < end) {
-    const char* nl = static_cast<const char*>(std::memchr(data, '\n', static_cast<size_t>(end - data)));
+    const char* nl =
+        static_cast<const char*>(std::memchr(data, '\n', static_cast<size_t>(end - data)));
     if (nl == nullptr) {
       pending_.append(data, static_cast<size_t>(end - data));
       while (pending_.size() >= kMaxLine) {

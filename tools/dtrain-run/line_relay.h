@@ -1,7 +1,8 @@
 // LineRelay copies one child's output stream (stdout or stderr) to the launcher's matching stream,
 // a whole line at a time with the task's prefix ("[worker:1] "), so lines of different tasks never
-// interleave mid-line. Partial lines wait in a buffer until their newline arrives; a line longer than
-// kMaxLine is cut into kMaxLine pieces so a child that never writes a newline cannot exhaust memory.
+// interleave mid-line. Partial lines wait in a buffer until their newline arrives; a line longer
+// than kMaxLine is cut into kMaxLine pieces so a child that never writes a newline cannot exhaust
+// memory.
 //
 // Not thread-safe: the launcher's single poll loop owns every relay.
 #pragma once

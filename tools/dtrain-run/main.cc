@@ -4,10 +4,11 @@
 //   dtrain-run -np 2 --ps 1 --devices cpu:2 --timeout 600 -- ./prog --flag
 //   dtrain-run --print-config -H node1:2,node2:2 --port-base 23456 [-- ./prog args]
 //
-// Every task gets TF_CONFIG (free loopback ports), DTRAIN_TASK ("worker:1") and one DTRAIN_JOB_TOKEN
-// per job; its output lines are prefixed with "[worker:1] ". See launcher.h for how the job is
-// supervised and the exit statuses. Bad usage exits 2.
+// Every task gets TF_CONFIG (free loopback ports), DTRAIN_TASK ("worker:1") and one
+// DTRAIN_JOB_TOKEN per job; its output lines are prefixed with "[worker:1] ". See launcher.h for
+// how the job is supervised and the exit statuses. Bad usage exits 2.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -62,8 +63,9 @@ int print_config(const Args& a) {
       for (const auto& h : hosts) slots += h.slots;
       workers = slots - others;
       if (workers < 1) {
-        throw UsageError("-H '" + a.hosts + "' has " + std::to_string(slots) + " slots, no room for a " +
-                         "worker beside " + std::to_string(others) + " other task(s); add slots");
+        throw UsageError("-H '" + a.hosts + "' has " + std::to_string(slots) +
+                         " slots, no room for a " + "worker beside " + std::to_string(others) +
+                         " other task(s); add slots");
       }
     }
   } else if (a.np_given) {
@@ -93,8 +95,10 @@ int print_config(const Args& a) {
 int run_local(const Args& a) {
   using namespace dtrain::run;
   if (!a.hosts.empty()) {
-    throw UsageError("-H is for --print-config: start each host's tasks there with the TF_CONFIG "
-                     "that `dtrain-run --print-config -H " + a.hosts + "` prints");
+    throw UsageError(
+        "-H is for --print-config: start each host's tasks there with the TF_CONFIG "
+        "that `dtrain-run --print-config -H " +
+        a.hosts + "` prints");
   }
   if (!a.np_given) throw UsageError("give the number of workers, e.g. dtrain-run -np 2 -- ./prog");
   if (a.command.empty()) {
@@ -116,10 +120,12 @@ int run_local(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"dtrain-run: start a dtrain job of N worker processes (+ parameter servers) on this "
-               "machine, each with its TF_CONFIG; or print the TF_CONFIGs of a multi-host job.\n"
-               "  dtrain-run -np 2 [--ps 1] [--devices cpu:2] -- ./prog args...\n"
-               "  dtrain-run --print-config -H node1:2,node2:2 [--port-base 23456]"};
+  CLI::App app{
+      "dtrain-run: start a dtrain job of N worker processes (+ parameter servers) on this "
+      "machine, each with its TF_CONFIG; or print the TF_CONFIGs of a multi-host job.\n"
+      "  dtrain-run -np 2 [--ps 1] [--devices cpu:2] -- ./prog args...\n"
+      "  dtrain-run --print-config -H node1:2,node2:2 [--port-base 23456]"};
+  app.name("dtrain-run");
   Args a;
   auto* np = app.add_option("--np,-n", a.np, "number of worker processes (also -np)");
   app.add_option("--ps", a.ps, "number of parameter-server processes")->capture_default_str();
@@ -127,15 +133,17 @@ int main(int argc, char** argv) {
   app.add_option("--devices", a.devices,
                  "passed to every task as --devices=<value> unless its arguments have --devices "
                  "(e.g. cpu:2)");
-  app.add_option("--timeout", a.timeout_s, "stop the job and exit 124 after this many seconds (0: none)")
-      ->check(CLI::NonNegativeNumber)
+  app.add_option("--timeout", a.timeout_s,
+                 "stop the job and exit 124 after this many seconds (0: none)")
+      ->check(CLI::Range(0.0, 1e8))
       ->capture_default_str();
   app.add_option("--grace", a.grace_s, "seconds between SIGTERM and SIGKILL when stopping tasks")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(0.0, 1e8))
       ->capture_default_str();
   app.add_flag("--print-config", a.print_config,
                "print every task's TF_CONFIG (one line each) and exit; starts nothing");
-  app.add_option("-H,--hosts", a.hosts, "hosts of a multi-host job as host:slots,... (--print-config)");
+  app.add_option("-H,--hosts", a.hosts,
+                 "hosts of a multi-host job as host:slots,... (--print-config)");
   auto* port_base = app.add_option("--port-base", a.port_base,
                                    "with -H: task in slot s of a host listens on port-base + s; "
                                    "locally: fixed ports port-base + i instead of free ones")

@@ -103,12 +103,12 @@ class ClusterResolution {
 
 // --- TF_CONFIG -------------------------------------------------------------------------------
 // Parses a TF_CONFIG string: {"cluster": {"chief": [...], "worker": [...], "ps": [...],
-// "evaluator": [...]}, "task": {"type": "worker", "index": 0}}. Other top-level keys ("environment",
-// "rpc_layer") are ignored, as TF does. Every malformed config (not JSON, not an object, "cluster"
-// or "task" missing or of the wrong type, unknown job or task type, index missing, not an integer,
-// negative or out of range, a job that is not a list of strings, a bad or duplicate host:port, more
-// than one chief or evaluator, a task type absent from the cluster, an empty cluster) throws
-// InvalidArgument quoting the offending part and showing a valid TF_CONFIG.
+// "evaluator": [...]}, "task": {"type": "worker", "index": 0}}. Other top-level keys
+// ("environment", "rpc_layer") are ignored, as TF does. Every malformed config (not JSON, not an
+// object, "cluster" or "task" missing or of the wrong type, unknown job or task type, index
+// missing, not an integer, negative or out of range, a job that is not a list of strings, a bad or
+// duplicate host:port, more than one chief or evaluator, a task type absent from the cluster, an
+// empty cluster) throws InvalidArgument quoting the offending part and showing a valid TF_CONFIG.
 ClusterResolution resolve_tf_config(const std::string& json);
 
 // Reads the TF_CONFIG environment variable. Returns nullopt when it is unset or blank: not a
@@ -116,7 +116,8 @@ ClusterResolution resolve_tf_config(const std::string& json);
 std::optional<ClusterResolution> from_environment();
 
 // The TF_CONFIG of task `index` of job `type` in `cluster`, for a launcher to hand to its
-// processes (resolve_tf_config reads it back). Throws what the ClusterResolution constructor throws.
+// processes (resolve_tf_config reads it back). Throws what the ClusterResolution constructor
+// throws.
 std::string make_tf_config(const ClusterSpec& cluster, TaskType type, int index);
 
 // --- SLURM -----------------------------------------------------------------------------------
@@ -128,8 +129,8 @@ inline constexpr int kDefaultSlurmPortBase = 23456;
 // SLURM_TASKS_PER_NODE; else an even split) tasks each, by SLURM_DISTRIBUTION (block, the default,
 // or cyclic). The tasks of one node listen on consecutive ports from `port_base`.
 // Throws FailedPrecondition when not under srun (SLURM_PROCID or the task count unset) or when
-// SLURM_LOCALID disagrees with the computed placement; InvalidArgument, quoting the variable, when a
-// variable is malformed or they disagree (counts, node numbers), or port_base + tasks per node
+// SLURM_LOCALID disagrees with the computed placement; InvalidArgument, quoting the variable, when
+// a variable is malformed or they disagree (counts, node numbers), or port_base + tasks per node
 // leaves 1-65535; Unimplemented for the plane and arbitrary distributions.
 ClusterResolution resolve_slurm(int port_base = kDefaultSlurmPortBase);
 

@@ -1,0 +1,36 @@
+// Wire format of the TCP transport. Every message starts with this header (little-endian, packed
+// to 48 bytes); payload_bytes follow. Receivers reject a bad magic/version, an unknown kind, or a
+// payload over the group's bound before reading the payload.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace dtrain::tcp {
+
+constexpr uint32_t kMagic = 0x4e525444;  // "DTRN"
+constexpr uint16_t kVersion = 1;
+
+enum class FrameKind : uint16_t { kHello = 1, kProof = 2, kData = 3, kAbort = 4 };
+
+#pragma pack(push, 1)
+struct FrameHeader {
+  uint32_t magic = kMagic;
+  uint16_t version = kVersion;
+  uint16_t kind = 0;
+  uint64_t seq = 0;        // collective sequence number (fingerprint)
+  uint16_t op = 0;         // collective op
+  uint8_t dtype = 0;
+  uint8_t reduce = 0;
+  uint32_t sender = 0;     // sender's rank
+  uint64_t count = 0;      // elements in the whole collective
+  uint64_t payload_bytes = 0;
+  uint64_t offset = 0;     // element offset of this payload in the collective's buffer
+};
+#pragma pack(pop)
+static_assert(sizeof(FrameHeader) == 48, "frame header must be 48 bytes");
+
+// "allreduce #12 (float32 x 1000, SUM)" for error messages.
+std::string describe(const FrameHeader& h);
+
+}  // namespace dtrain::tcp

@@ -1,0 +1,117 @@
+#include "collectives/tcp/io.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "dtrain/core/dtype.h"
+#include "dtrain/core/error.h"
+
+namespace dtrain::tcp {
+namespace {
+
+int ms_left(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 1000));
+}
+
+[[noreturn]] void closed(const Peer& p) {
+  throw Unavailable("connection to " + p.name + " (" + p.address +
+                    ") closed: that task died, was killed, or aborted the job; check its log");
+}
+
+void wait_fd(const Peer& p, short events, Clock::time_point deadline, const char* what) {
+  for (;;) {
+    pollfd pfd{p.fd, events, 0};
+    const int r = ::poll(&pfd, 1, ms_left(deadline));
+    if (r > 0) {
+      if (pfd.revents & (POLLERR | POLLNVAL)) closed(p);
+      return;
+    }
+    if (r < 0 && errno != EINTR) throw Unavailable(std::string("poll failed: ") + std::strerror(errno));
+    if (Clock::now() >= deadline)
+      throw DeadlineExceeded(std::string(what) + " " + p.name + " (" + p.address +
+                             ") timed out: the peer is stuck or unreachable; check its log, or raise the timeout");
+  }
+}
+
+}  // namespace
+
+std::string describe(const FrameHeader& h) {
+  static const char* kOps[] = {"?", "allreduce", "allgather", "broadcast", "reduce", "reduce_scatter", "barrier"};
+  static const char* kRed[] = {"SUM", "MEAN", "MAX", "MIN"};
+  return detail::str_cat(h.op < 7 ? kOps[h.op] : "?", " #", h.seq, " (",
+                         h.dtype < 6 ? dtype_name(static_cast<DType>(h.dtype)) : "?", " x", h.count, ", ",
+                         h.reduce < 4 ? kRed[h.reduce] : "?", ")");
+}
+
+void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+void set_socket_options(int fd) {
+  int one = 1, buf = 4 << 20;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+}
+
+void write_exact(const Peer& p, const void* data, size_t n, Clock::time_point deadline) {
+  const char* c = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::send(p.fd, c, n, MSG_NOSIGNAL);
+    if (w > 0) {
+      c += w;
+      n -= static_cast<size_t>(w);
+    } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      wait_fd(p, POLLOUT, deadline, "sending to");
+    } else {
+      closed(p);
+    }
+  }
+}
+
+void read_exact(const Peer& p, void* data, size_t n, Clock::time_point deadline) {
+  char* c = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::recv(p.fd, c, n, 0);
+    if (r > 0) {
+      c += r;
+      n -= static_cast<size_t>(r);
+    } else if (r == 0) {
+      closed(p);
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+      wait_fd(p, POLLIN, deadline, "waiting for");
+    } else {
+      closed(p);
+    }
+  }
+}
+
+FrameHeader read_header(const Peer& p, size_t max_payload, Clock::time_point deadline) {
+  FrameHeader h;
+  read_exact(p, &h, sizeof(h), deadline);
+  if (h.magic != kMagic)
+    throw DataLoss(detail::str_cat("malformed frame from ", p.name, " (", p.address, "): bad magic 0x", std::hex,
+                                   h.magic, "; is something other than a dtrain task connected to this port?"));
+  if (h.version != kVersion)
+    throw DataLoss(detail::str_cat("frame from ", p.name, " has protocol version ", h.version, ", this task speaks ",
+                                   kVersion, "; run the same dtrain build on every task"));
+  if (h.kind < 1 || h.kind > 4)
+    throw DataLoss(detail::str_cat("malformed frame from ", p.name, ": unknown kind ", h.kind));
+  if (h.kind == static_cast<uint16_t>(FrameKind::kAbort)) {
+    std::string msg(static_cast<size_t>(std::min<uint64_t>(h.payload_bytes, 4096)), '\0');
+    read_exact(p, msg.data(), msg.size(), deadline);
+    throw Unavailable(p.name + " aborted the job: " + msg);
+  }
+  if (h.payload_bytes > max_payload)
+    throw DataLoss(detail::str_cat("frame from ", p.name, " announces ", h.payload_bytes,
+                                   " payload bytes, over the limit of ", max_payload, "; refusing it"));
+  return h;
+}
+
+}  // namespace dtrain::tcp

@@ -1,0 +1,32 @@
+// Private to src/collectives/tcp: deadline-bounded socket I/O on non-blocking file descriptors.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+#include "collectives/tcp/frame.h"
+
+namespace dtrain::tcp {
+
+using Clock = std::chrono::steady_clock;
+
+// One connected, authenticated peer.
+struct Peer {
+  int fd = -1;
+  int rank = -1;
+  std::string name;     // "worker:1"
+  std::string address;  // "127.0.0.1:5000"
+};
+
+// Blocks (poll) until all n bytes are written/read or the deadline passes. Throws
+// DeadlineExceeded / Unavailable (peer closed or socket error) naming `peer`.
+void write_exact(const Peer& peer, const void* data, size_t n, Clock::time_point deadline);
+void read_exact(const Peer& peer, void* data, size_t n, Clock::time_point deadline);
+// Reads one header and checks magic, version, kind and the payload bound; an ABORT frame is
+// turned into Unavailable carrying the peer's message. Throws DataLoss for a malformed frame.
+FrameHeader read_header(const Peer& peer, size_t max_payload, Clock::time_point deadline);
+void set_nonblocking(int fd);
+void set_socket_options(int fd);  // TCP_NODELAY, 4 MiB buffers
+
+}  // namespace dtrain::tcp

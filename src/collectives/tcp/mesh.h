@@ -1,0 +1,16 @@
+// Private to src/collectives/tcp: builds the authenticated full mesh of connections.
+#pragma once
+
+#include <vector>
+
+#include "collectives/tcp/io.h"
+#include "dtrain/collectives/tcp.h"
+
+namespace dtrain::tcp {
+
+// peers[r] is the connection to rank r (fd -1 for ourselves). See tcp.h for the errors.
+std::vector<Peer> build_mesh(const TcpGroupOptions& options);
+// Parses "host:port" / "[v6]:port"; throws InvalidArgument quoting the address.
+void split_address(const std::string& address, std::string* host, int* port);
+
+}  // namespace dtrain::tcp

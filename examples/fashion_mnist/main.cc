@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
       model = dtrain::examples::reference_cnn();
       optimizer = std::make_unique<dtrain::Adam>(lr);
     }
-    std::fprintf(stderr, "strategy %s, %d replica(s) on", strategy->name().c_str(), strategy->num_replicas_in_sync());
+    std::fprintf(stderr, "strategy %s, %d replica(s) in sync; local devices:", strategy->name().c_str(), strategy->num_replicas_in_sync());
     for (const auto& d : strategy->worker_devices())
       std::fprintf(stderr, " %s", dtrain::get_device(d).description().c_str());
     std::fprintf(stderr, "\n");
@@ -63,10 +63,10 @@ int main(int argc, char** argv) {
     fit.steps = steps;
     fit.global_batch_size = batch;
     fit.shuffle_seed = seed;
-    fit.callbacks = {&progress};
+    if (strategy->is_chief()) fit.callbacks = {&progress};  // multi-worker: the chief reports
     fit.warmup_steps = warmup;
     const dtrain::History h = dtrain::fit(*strategy, model, *optimizer, train, no_eval ? nullptr : &test, fit);
-    if (json) {
+    if (json && strategy->is_chief()) {
       nlohmann::json j{{"strategy", strategy_name},
                        {"replicas", strategy->num_replicas_in_sync()},
                        {"devices", devices_flag},

@@ -18,6 +18,7 @@
 #include "dtrain/model/variable.h"
 #include "dtrain/strategies/make_strategy.h"
 #include "dtrain/strategies/mirrored_strategy.h"
+#include "dtrain/strategies/multi_worker_mirrored_strategy.h"
 #include "dtrain/strategies/one_device_strategy.h"
 #include "dtrain/strategies/strategy.h"
 #include "dtrain/train/callbacks.h"

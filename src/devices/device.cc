@@ -36,7 +36,8 @@ void create_cpus_locked(Registry& r) {
   if (!r.cpus.empty()) return;
   r.frozen = true;
   const int threads = threads_per_cpu(r.config);
-  for (int i = 0; i < r.config.num_cpu_devices; ++i) r.cpus.push_back(make_cpu_device(i, threads));
+  const bool pin = r.config.num_cpu_devices > 1;
+  for (int i = 0; i < r.config.num_cpu_devices; ++i) r.cpus.push_back(make_cpu_device(i, threads, pin));
   DTRAIN_LOG(INFO) << r.config.num_cpu_devices << " logical CPU device(s), " << threads
                    << " thread(s) each";
 }

@@ -1,12 +1,17 @@
 #include "dtrain/strategies/make_strategy.h"
 
 #include "dtrain/strategies/mirrored_strategy.h"
+#include "dtrain/strategies/multi_worker_mirrored_strategy.h"
 #include "dtrain/strategies/one_device_strategy.h"
+#include <cstdlib>
+
 #include "strategies/default_strategy.h"
 
 namespace dtrain {
 
-std::vector<std::string> strategy_names() { return {"default", "one_device", "mirrored", "central_storage"}; }
+std::vector<std::string> strategy_names() {
+  return {"default", "one_device", "mirrored", "central_storage", "multi_worker_mirrored"};
+}
 
 std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyOptions& options) {
   const std::vector<DeviceSpec> devices =
@@ -23,6 +28,18 @@ std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyO
     m.devices = options.devices;  // empty: all GPUs, else CPU:0
     if (name == "mirrored") return std::make_unique<MirroredStrategy>(m);
     return std::make_unique<CentralStorageStrategy>(m, DeviceSpec::cpu(0));
+  }
+  if (name == "multi_worker_mirrored") {
+    MirroredOptions m = options.mirrored;
+    m.devices = options.devices;
+    CommunicationOptions c;
+    c.bytes_per_pack = m.bytes_per_pack;
+    if (const char* t = std::getenv("DTRAIN_RENDEZVOUS_TIMEOUT")) {  // seconds
+      const int secs = std::atoi(t);
+      if (secs < 1) throw InvalidArgument(std::string("DTRAIN_RENDEZVOUS_TIMEOUT='") + t + "' must be a positive number of seconds");
+      c.connect_timeout = std::chrono::seconds(secs);
+    }
+    return std::make_unique<MultiWorkerMirroredStrategy>(m, c);  // cluster from TF_CONFIG, token from DTRAIN_JOB_TOKEN
   }
   std::string valid;
   for (const auto& n : strategy_names()) valid += (valid.empty() ? "" : ", ") + n;

@@ -43,7 +43,8 @@ class MirroredReplicaContext final : public ReplicaContext {
  public:
   MirroredReplicaContext(MirroredStrategy* s, MirroredStrategy::Impl* impl, int replica);
   Strategy& strategy() const override;
-  int replica_id_in_sync_group() const override { return replica_; }
+  int replica_id_in_sync_group() const override;
+  int local_replica() const { return replica_; }
   int num_replicas_in_sync() const override;
   DeviceSpec device() const override;
   std::vector<Tensor> all_reduce(ReduceOp op, const std::vector<Tensor>& values) override;
@@ -71,6 +72,11 @@ struct MirroredStrategy::Impl {
   MirroredOptions options;
   CrossDeviceOps chosen = CrossDeviceOps::kInproc;
   std::vector<DeviceSpec> devices;
+  // Multi-worker: this worker's first global replica id, and the replicas of the whole job.
+  int replica_offset = 0;
+  int global_replicas = 0;  // 0: local only
+  // Called after make_group() so a multi-worker strategy can wrap the local communicators.
+  std::function<void()> on_group_made;
   std::vector<std::unique_ptr<Communicator>> comms;         // one per replica
   std::vector<std::unique_ptr<WorkerThread>> comm_threads;  // one per replica: collectives in FIFO order
   std::vector<std::unique_ptr<MirroredReplicaContext>> contexts;

@@ -11,7 +11,10 @@ MirroredReplicaContext::MirroredReplicaContext(MirroredStrategy* s, MirroredStra
     : strategy_(s), impl_(impl), replica_(replica), packer_(this) {}
 
 Strategy& MirroredReplicaContext::strategy() const { return *strategy_; }
-int MirroredReplicaContext::num_replicas_in_sync() const { return static_cast<int>(impl_->devices.size()); }
+int MirroredReplicaContext::num_replicas_in_sync() const {
+  return impl_->global_replicas ? impl_->global_replicas : static_cast<int>(impl_->devices.size());
+}
+int MirroredReplicaContext::replica_id_in_sync_group() const { return impl_->replica_offset + replica_; }
 DeviceSpec MirroredReplicaContext::device() const { return impl_->devices[static_cast<size_t>(replica_)]; }
 
 std::future<std::vector<Tensor>> MirroredReplicaContext::all_reduce_async(ReduceOp op, std::vector<Tensor> values,

@@ -33,6 +33,7 @@ void MirroredStrategy::Impl::make_group() {
   CollectiveOptions co;
   co.timeout = options.timeout;
   comms = make_cross_device_group(devices, options.cross_device_ops, co, &chosen);
+  if (on_group_made) on_group_made();
 }
 
 MirroredStrategy::MirroredStrategy(MirroredOptions options) : impl_(std::make_unique<Impl>()) {
@@ -67,7 +68,9 @@ std::string MirroredStrategy::name() const {
   return s + ")";
 }
 
-int MirroredStrategy::num_replicas_in_sync() const { return static_cast<int>(impl_->devices.size()); }
+int MirroredStrategy::num_replicas_in_sync() const {
+  return impl_->global_replicas ? impl_->global_replicas : static_cast<int>(impl_->devices.size());
+}
 std::vector<DeviceSpec> MirroredStrategy::worker_devices() const { return impl_->devices; }
 CrossDeviceOps MirroredStrategy::cross_device_ops() const { return impl_->chosen; }
 
@@ -132,11 +135,11 @@ PerReplica MirroredStrategy::do_run(const ReplicaFn& fn, const PerReplica& input
 }
 
 std::shared_ptr<Variable> MirroredStrategy::do_create_variable(const VariableSpec& spec) {
-  return std::make_shared<MirroredVariable>(spec, this, impl_->devices);
+  return std::make_shared<MirroredVariable>(spec, this, impl_->devices, impl_->replica_offset);
 }
 
 PerReplica MirroredStrategy::do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch) {
-  const int n = num_replicas_in_sync();
+  const int n = static_cast<int>(impl_->devices.size());  // local replicas
   PerReplica out;
   out.values.resize(static_cast<size_t>(n));
   if (batch.empty()) return out;
@@ -158,7 +161,7 @@ PerReplica MirroredStrategy::do_split_batch(const std::vector<Tensor>& batch, in
 
 std::function<bool(PerReplica*)> MirroredStrategy::distribute_datasets_from_function(
     const std::function<Dataset(const InputContext&)>& fn) {
-  const int n = num_replicas_in_sync();
+  const int n = static_cast<int>(impl_->devices.size());
   std::vector<std::shared_ptr<Dataset::Iterator>> its;
   for (int r = 0; r < n; ++r) {
     InputContext ic{n, r, n};

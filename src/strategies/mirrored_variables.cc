@@ -41,8 +41,9 @@ Tensor aggregate_in_replica(ReplicaContext& ctx, const Variable& var, const Tens
 
 // --- MirroredVariable ---
 
-MirroredVariable::MirroredVariable(VariableSpec spec, const Strategy* owner, const std::vector<DeviceSpec>& devices)
-    : Variable(std::move(spec)), owner_(owner) {
+MirroredVariable::MirroredVariable(VariableSpec spec, const Strategy* owner, const std::vector<DeviceSpec>& devices,
+                                   int replica_offset)
+    : Variable(std::move(spec)), owner_(owner), offset_(replica_offset) {
   // Initialised once, on the first device, and copied: every replica starts identical.
   Tensor init = spec_.initializer(spec_.shape, spec_.dtype, devices.front());
   if (init.shape() != spec_.shape || init.dtype() != spec_.dtype)
@@ -61,7 +62,7 @@ ReplicaContext* MirroredVariable::my_replica() const {
 }
 
 Tensor MirroredVariable::value() const {
-  if (ReplicaContext* ctx = my_replica()) return values_[static_cast<size_t>(ctx->replica_id_in_sync_group())];
+  if (ReplicaContext* ctx = my_replica()) return values_[local(*ctx)];
   if (!on_read() || values_.size() == 1) return values_[0];
   // Cross-replica read of a sync-on-read variable: the aggregate of the replicas' copies.
   Kernels& k = kernels_for(values_[0]);
@@ -78,7 +79,7 @@ void MirroredVariable::write(const Tensor& v, Kind kind) {
   check_same(*this, v, kind == Kind::kAssign ? "assign" : kind == Kind::kAdd ? "assign_add" : "assign_sub");
   const int sign = kind == Kind::kAssign ? 0 : kind == Kind::kAdd ? 1 : -1;
   if (ReplicaContext* ctx = my_replica()) {
-    Tensor& mine = values_[static_cast<size_t>(ctx->replica_id_in_sync_group())];
+    Tensor& mine = values_[local(*ctx)];
     Tensor local = v.to(mine.device());
     if (!on_read() && ctx->num_replicas_in_sync() > 1) local = aggregate_in_replica(*ctx, *this, local);
     mine.copy_from(combine(mine, local, sign));
@@ -94,7 +95,7 @@ void MirroredVariable::write(const Tensor& v, Kind kind) {
 
 void MirroredVariable::update(const std::function<void(Tensor&, size_t)>& fn) {
   if (ReplicaContext* ctx = my_replica()) {
-    const size_t r = static_cast<size_t>(ctx->replica_id_in_sync_group());
+    const size_t r = local(*ctx);
     fn(values_[r], r);
     return;
   }

@@ -9,7 +9,9 @@ namespace dtrain {
 // One copy per replica device (TF's MirroredVariable for ON_WRITE, SyncOnReadVariable for ON_READ).
 class MirroredVariable final : public Variable {
  public:
-  MirroredVariable(VariableSpec spec, const Strategy* owner, const std::vector<DeviceSpec>& devices);
+  // replica_offset: the global id of this worker's first replica (multi-worker), else 0.
+  MirroredVariable(VariableSpec spec, const Strategy* owner, const std::vector<DeviceSpec>& devices,
+                   int replica_offset = 0);
   Tensor value() const override;
   void assign(const Tensor& v) override { write(v, Kind::kAssign); }
   void assign_add(const Tensor& d) override { write(d, Kind::kAdd); }
@@ -23,7 +25,11 @@ class MirroredVariable final : public Variable {
   bool on_read() const { return spec_.synchronization == VariableSynchronization::kOnRead; }
   // The replica context of the owning strategy on this thread, or nullptr (cross-replica).
   ReplicaContext* my_replica() const;
+  size_t local(const ReplicaContext& ctx) const {
+    return static_cast<size_t>(ctx.replica_id_in_sync_group() - offset_);
+  }
   const Strategy* owner_;
+  int offset_;
   std::vector<Tensor> values_;
 };
 

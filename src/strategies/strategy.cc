@@ -90,7 +90,8 @@ std::vector<Tensor> Strategy::reduce(ReduceOp op, const PerReplica& values, std:
     throw InvalidArgument("strategy.reduce() supports SUM and MEAN (as in TF), got " + std::string(reduce_op_name(op)));
   const DeviceSpec dst = worker_devices().front();
   const size_t k = values.values.front().size();
-  std::vector<Tensor> out;
+  std::vector<Tensor> sums;
+  std::vector<int64_t> counts;
   for (size_t j = 0; j < k; ++j) {
     Tensor acc;
     int64_t count = 0;
@@ -109,11 +110,14 @@ std::vector<Tensor> Strategy::reduce(ReduceOp op, const PerReplica& values, std:
       }
       acc = acc.defined() ? kern.binary(BinaryOp::kAdd, acc, v) : v.clone();
     }
-    if (op == ReduceOp::kMean)
-      acc = kernels_for(acc).affine(acc, count ? 1.f / static_cast<float>(count) : 0.f, 0.f);
-    out.push_back(acc);
+    sums.push_back(acc);
+    counts.push_back(count);
   }
-  return out;
+  reduce_across_workers(sums, counts);
+  if (op == ReduceOp::kMean)
+    for (size_t j = 0; j < k; ++j)
+      sums[j] = kernels_for(sums[j]).affine(sums[j], counts[j] ? 1.f / static_cast<float>(counts[j]) : 0.f, 0.f);
+  return sums;
 }
 
 std::vector<Tensor> Strategy::gather(const PerReplica& values, int axis) {
@@ -172,9 +176,14 @@ std::function<bool(PerReplica*)> Strategy::distribute_dataset(const Dataset& dat
   auto gb = std::make_shared<int64_t>(global_batch);
   return [this, it, gb](PerReplica* out) {
     std::vector<Tensor> batch;
-    if (!it->next(&batch)) return false;
+    if (!agree_on_next(it->next(&batch))) return false;
     if (*gb <= 0) *gb = batch.empty() ? 0 : batch.front().shape()[0];
     *out = do_split_batch(batch, *gb);
+    if (out->global_rows < 0) {
+      out->global_rows = 0;
+      for (const auto& r : out->values)
+        if (!r.empty()) out->global_rows += r[0].shape()[0];
+    }
     return true;
   };
 }

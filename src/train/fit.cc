@@ -51,7 +51,11 @@ EvalResult evaluate(Strategy& strategy, Sequential& model, const Dataset& test, 
         },
         batch);
   }
-  return EvalResult{acc.result(), mean_loss.result(), acc.count()};
+  // Every worker evaluated its share of the test set: combine them.
+  const std::vector<double> t = strategy.sum_across_workers(
+      {acc.result() * static_cast<double>(acc.count()), static_cast<double>(acc.count()),
+       mean_loss.result() * static_cast<double>(acc.count())});
+  return EvalResult{t[1] > 0 ? t[0] / t[1] : 0, t[1] > 0 ? t[2] / t[1] : 0, static_cast<int64_t>(t[1])};
 }
 
 History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const Dataset& train,
@@ -113,13 +117,13 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
     while (logs.step < logs.steps_per_epoch) {
       const auto t0 = Clock::now();  // timed from input fetch to the loss on the host
       if (!next(&batch)) break;
-      rows_this_step = total_rows(batch);
+      rows_this_step = batch.global_rows >= 0 ? batch.global_rows : total_rows(batch);
       PerReplica out = strategy.run(step, batch);
       const double loss = strategy.reduce(ReduceOp::kSum, out)[0].item();
       epoch_loss.update(loss, static_cast<double>(rows_this_step));
       if (h.steps >= options.warmup_steps) {
         timed_seconds += seconds_since(t0);
-        timed_images += rows_this_step;
+        timed_images += rows_this_step;  // the global batch: images/sec of the whole job
       }
       ++h.steps;
       ++logs.step;

@@ -54,6 +54,9 @@ inline Kernels& kernels_for(const Tensor& t) { return get_device(t.device()).ker
 // Implemented by src/devices/cuda when CUDA is compiled in, else by a stub returning 0 / throwing.
 int cuda_device_count();
 std::unique_ptr<Device> make_cuda_device(int index);
-std::unique_ptr<Device> make_cpu_device(int index, int threads);
+// pin: bind the device's thread to cores [index*threads, (index+1)*threads) (used when one process
+// splits the CPU into several logical devices; never for a lone device, which may share the
+// machine with other worker processes).
+std::unique_ptr<Device> make_cpu_device(int index, int threads, bool pin);
 
 }  // namespace dtrain

@@ -31,6 +31,9 @@ class Dataset;
 // Values that differ per replica: values[replica][k] is output k of replica `replica`.
 struct PerReplica {
   std::vector<std::vector<Tensor>> values;
+  // For batches from distribute_dataset: the rows of this step's global batch over all workers
+  // (-1 when unknown). compute_average_loss should divide by it.
+  int64_t global_rows = -1;
   size_t num_replicas() const { return values.size(); }
 };
 
@@ -88,7 +91,13 @@ class Strategy {
   [[nodiscard]] StrategyScope scope();
 
   virtual std::string name() const = 0;
+  // Replicas in sync over the whole job (all workers).
   virtual int num_replicas_in_sync() const = 0;
+  // Whether this process should log, print progress and write files (true unless multi-worker).
+  virtual bool is_chief() const { return true; }
+  // Sums host values over every worker of the job (identity for single-process strategies); call
+  // from cross-replica context, the same number of times on every worker.
+  virtual std::vector<double> sum_across_workers(std::vector<double> values) { return values; }
   // The devices replicas run on, in replica order (local replicas only).
   virtual std::vector<DeviceSpec> worker_devices() const = 0;
 
@@ -118,6 +127,12 @@ class Strategy {
   virtual std::shared_ptr<Variable> do_create_variable(const VariableSpec& spec) = 0;
   // Splits one global batch (components with the global batch as leading dim) per replica.
   virtual PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch) = 0;
+  // Multi-worker strategies combine the local reduction with the other workers' (SUM, and the
+  // example counts for MEAN). Default: nothing to combine.
+  virtual void reduce_across_workers(std::vector<Tensor>& sums, std::vector<int64_t>& counts) {}
+  // Called by distribute_dataset for every step: multi-worker strategies make all workers agree to
+  // stop when any one runs out of data. Returns whether this step runs.
+  virtual bool agree_on_next(bool have_batch) { return have_batch; }
 };
 
 // How TF's rebatching splits `rows` (<= global_batch) over replicas: each takes up to

@@ -17,8 +17,7 @@ namespace dtrain {
 namespace {
 
 // Logical device i with t threads runs on cores [i*t, (i+1)*t) when the machine has that many, so
-// replicas do not migrate across each other's cores. Skipped for the single whole-CPU device and
-// when DTRAIN_NO_PIN is set.
+// replicas do not migrate across each other's cores. Skipped when DTRAIN_NO_PIN is set.
 void pin_to_cores(int index, int threads) {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   if (std::getenv("DTRAIN_NO_PIN") || (index + 1) * threads > cores || threads >= cores) return;
@@ -30,13 +29,13 @@ void pin_to_cores(int index, int threads) {
 
 class CpuDevice final : public Device {
  public:
-  CpuDevice(int index, int threads)
+  CpuDevice(int index, int threads, bool pin)
       : spec_(DeviceSpec::cpu(index)),
         threads_(threads),
         kernels_(spec_),
-        worker_([index, threads] {
+        worker_([index, threads, pin] {
           omp_set_num_threads(threads);
-          pin_to_cores(index, threads);
+          if (pin) pin_to_cores(index, threads);
         }) {}
 
   DeviceSpec spec() const override { return spec_; }
@@ -59,8 +58,8 @@ class CpuDevice final : public Device {
 
 }  // namespace
 
-std::unique_ptr<Device> make_cpu_device(int index, int threads) {
-  return std::make_unique<CpuDevice>(index, threads);
+std::unique_ptr<Device> make_cpu_device(int index, int threads, bool pin) {
+  return std::make_unique<CpuDevice>(index, threads, pin);
 }
 
 }  // namespace dtrain

@@ -1,0 +1,60 @@
+// MultiWorkerMirroredStrategy: synchronous data parallelism over several processes (TF's
+// tf.distribute.MultiWorkerMirroredStrategy). Each worker process mirrors the model on its local
+// devices; replicas = workers x local devices. A gradient all-reduce is hierarchical: the local
+// replicas reduce in shared memory, local replica 0 all-reduces across workers over the TCP ring
+// (authenticated with the job token), and broadcasts the result back to the local replicas.
+//
+// Initial variables are broadcast from the chief. Datasets batched at the global batch are
+// auto-sharded: with DATA (the default for in-memory datasets) every worker reads the same global
+// batches and keeps its replicas' rows, so N workers see exactly what one device would; with OFF
+// each worker keeps its whole batch and the workers agree to stop when any runs out.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+
+#include "dtrain/cluster/cluster_resolver.h"
+#include "dtrain/strategies/mirrored_strategy.h"
+
+namespace dtrain {
+
+struct CommunicationOptions {
+  enum class Implementation { kAuto, kRing, kNccl };
+  Implementation implementation = Implementation::kAuto;
+  size_t bytes_per_pack = size_t{4} << 20;
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(120)};
+};
+
+enum class AutoShardPolicy { kAuto, kData, kFile, kOff };
+
+class MultiWorkerMirroredStrategy : public MirroredStrategy {
+ public:
+  // cluster: nullopt = TF_CONFIG from the environment. token: "" = DTRAIN_JOB_TOKEN.
+  // Throws InvalidArgument for a missing/malformed TF_CONFIG, a ps/evaluator task, a missing
+  // token; DeadlineExceeded / PermissionDenied when the workers cannot all connect.
+  explicit MultiWorkerMirroredStrategy(MirroredOptions local = {}, CommunicationOptions communication = {},
+                                       std::optional<ClusterResolution> cluster = std::nullopt,
+                                       std::string token = "");
+  ~MultiWorkerMirroredStrategy() override;
+  std::string name() const override;
+  bool is_chief() const override;
+  std::vector<double> sum_across_workers(std::vector<double> values) override;
+  const ClusterResolution& cluster() const { return cluster_; }
+  void set_auto_shard_policy(AutoShardPolicy p);
+  struct Cross;
+
+ protected:
+  std::shared_ptr<Variable> do_create_variable(const VariableSpec& spec) override;
+  PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch) override;
+  void reduce_across_workers(std::vector<Tensor>& sums, std::vector<int64_t>& counts) override;
+  bool agree_on_next(bool have_batch) override;
+
+ private:
+  ClusterResolution cluster_;
+  std::shared_ptr<Cross> cross_;
+  AutoShardPolicy policy_ = AutoShardPolicy::kData;
+};
+
+}  // namespace dtrain

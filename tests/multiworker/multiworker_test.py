@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""MultiWorkerMirroredStrategy with real processes over TCP on 127.0.0.1.
+
+  multiworker_test.py --launcher dtrain-run --trainer train_weights --example fashion_mnist SUITE
+
+Suites: Equivalence (2 and 3 workers vs OneDevice at the same global batch), Faults (kill -9 a
+worker mid-training, a worker that never starts, a wrong job token). Every wait is bounded.
+"""
+import argparse, json, os, signal, socket, struct, subprocess, sys, tempfile, time, unittest
+
+ARGS = None
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def read_weights(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    loss = struct.unpack_from("d", data, 0)[0]
+    off, tensors = 8, []
+    while off < len(data):
+        (n,) = struct.unpack_from("q", data, off)
+        off += 8
+        tensors.append(struct.unpack_from(f"{n}f", data, off))
+        off += 4 * n
+    return loss, tensors
+
+
+def max_rel_error(a, b):
+    worst = 0.0
+    for x, y in zip(a, b):
+        scale = max(1e-12, max(abs(v) for v in y))
+        worst = max(worst, max(abs(p - q) for p, q in zip(x, y)) / scale)
+    return worst
+
+
+def tf_config(ports, i):
+    return json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]}, "task": {"type": "worker", "index": i}})
+
+
+class Equivalence(unittest.TestCase):
+    def train(self, launcher_np, steps, out):
+        cmd = [ARGS.trainer, "--steps", str(steps), "--batch-size", "64", "--out", out]
+        if launcher_np:
+            cmd = [ARGS.launcher, "-np", str(launcher_np), "--timeout", "300", "--"] + cmd + ["--strategy=multi_worker_mirrored"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=320)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        return read_weights(out)
+
+    def test_two_and_three_workers_match_one_device(self):
+        with tempfile.TemporaryDirectory() as d:
+            for steps, bound in ((10, 1e-5),):
+                ref_loss, ref = self.train(0, steps, os.path.join(d, "one.bin"))
+                for n in (2, 3):
+                    loss, w = self.train(n, steps, os.path.join(d, f"mw{n}.bin"))
+                    err = max_rel_error(w, ref)
+                    print(f"{n} workers, {steps} steps: max relative error {err:.3g}, loss {loss:.6f} vs {ref_loss:.6f}")
+                    self.assertLessEqual(err, bound, f"{n} workers")
+
+
+class Faults(unittest.TestCase):
+    def start(self, ports, i, token, extra_env=None, steps=100000):
+        env = dict(os.environ, TF_CONFIG=tf_config(ports, i), DTRAIN_JOB_TOKEN=token, DTRAIN_RENDEZVOUS_TIMEOUT="5")
+        env.update(extra_env or {})
+        return subprocess.Popen([ARGS.example, "--strategy=multi_worker_mirrored", "--devices=cpu", "--threads", "1",
+                                 "--steps", str(steps), "--batch-size", "96", "--no-eval"],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def finish(self, p, timeout):
+        try:
+            _, err = p.communicate(timeout=timeout)
+            return p.returncode, err
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+            return None, err
+
+    def test_kill_9_a_worker_mid_training(self):
+        ports = free_ports(3)
+        procs = [self.start(ports, i, "t0ken-for-the-kill-test-0123") for i in range(3)]
+        time.sleep(4)  # past rendezvous, in the middle of training
+        self.assertIsNone(procs[1].poll(), "worker 1 ended before it could be killed")
+        procs[1].send_signal(signal.SIGKILL)
+        t0 = time.time()
+        for i in (0, 2):
+            code, err = self.finish(procs[i], 30)
+            self.assertIsNotNone(code, f"worker {i} still running 30 s after worker 1 was killed")
+            self.assertNotEqual(code, 0)
+            self.assertIn("worker:1", err, err[-2000:])
+        print(f"survivors exited {time.time() - t0:.2f} s after the kill")
+        self.finish(procs[1], 5)
+
+    def test_a_worker_that_never_starts_is_named(self):
+        ports = free_ports(3)
+        procs = [self.start(ports, i, "t0ken-for-the-absent-test-01") for i in range(2)]
+        for p in procs:
+            code, err = self.finish(p, 30)
+            self.assertNotEqual(code, 0)
+            self.assertIn("worker:2", err, err[-2000:])
+            self.assertIn("never heard from", err)
+
+    def test_a_wrong_job_token_is_refused(self):
+        ports = free_ports(2)
+        good = self.start(ports, 0, "the-right-job-token-0123456")
+        bad = self.start(ports, 1, "a-wrong-job-token-987654321")
+        code, err = self.finish(bad, 30)
+        self.assertNotEqual(code, 0)
+        self.assertIn("job token", err, err[-2000:])
+        code, err = self.finish(good, 30)
+        self.assertNotEqual(code, 0)
+        self.assertIn("refused a connection", err + "", err[-2000:])
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--launcher", required=True)
+    p.add_argument("--trainer", required=True)
+    p.add_argument("--example", required=True)
+    ARGS, rest = p.parse_known_args()
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)

@@ -1,0 +1,58 @@
+// Test helper: trains the reference CNN for --steps steps on the first steps*batch Fashion-MNIST
+// images under --strategy (the same code path as the example) and, on the chief, writes every
+// trainable weight as float32 to --out, preceded by the final loss. Used by multiworker_test.py
+// to compare MultiWorkerMirrored (via dtrain-run) with OneDevice.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "dtrain/dtrain.h"
+#include "fashion_mnist/reference_cnn.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"train the reference CNN and dump the weights"};
+  std::string strategy_name = "one_device", devices = "cpu", out;
+  int64_t steps = 10, batch = 64;
+  app.add_option("--strategy", strategy_name);
+  app.add_option("--devices", devices);
+  app.add_option("--steps", steps);
+  app.add_option("--batch-size", batch);
+  app.add_option("--out", out)->required();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    dtrain::set_global_seed(7);
+    dtrain::StrategyOptions o;
+    o.devices = dtrain::parse_devices_flag(devices, 1);
+    auto strategy = dtrain::make_strategy(strategy_name, o);
+    const dtrain::FashionMnist data = dtrain::load_fashion_mnist();
+    const int64_t n = steps * batch;
+    dtrain::Sequential model;
+    std::unique_ptr<dtrain::Adam> opt;
+    {
+      auto scope = strategy->scope();
+      model = dtrain::examples::reference_cnn();
+      opt = std::make_unique<dtrain::Adam>(1e-3f);
+    }
+    dtrain::FitOptions f;
+    f.steps = steps;
+    f.global_batch_size = batch;
+    f.shuffle_seed = 11;
+    const auto ds = dtrain::Dataset::from_tensors({data.train_images.slice_rows(0, n), data.train_labels.slice_rows(0, n)});
+    const dtrain::History h = dtrain::fit(*strategy, model, *opt, ds, nullptr, f);
+    if (strategy->is_chief()) {
+      std::FILE* fp = std::fopen(out.c_str(), "wb");
+      const double loss = h.final_loss;
+      std::fwrite(&loss, sizeof(loss), 1, fp);
+      for (const auto& v : model.trainable_variables()) {
+        const auto w = v->value().to_vector<float>();
+        const int64_t count = static_cast<int64_t>(w.size());
+        std::fwrite(&count, sizeof(count), 1, fp);
+        std::fwrite(w.data(), sizeof(float), w.size(), fp);
+      }
+      std::fclose(fp);
+    }
+  } catch (const dtrain::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,12 +1,19 @@
 // `dtrain-bench allreduce`: nccl-tests style table for dtrain's collectives, optionally next to a
 // peer (OpenMPI's MPI_Allreduce over shared memory) measured in the same run.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <functional>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
 
 #include "bench_util.h"
 #include "dtrain/collectives/inproc.h"
+#include "dtrain/collectives/tcp.h"
 
 namespace dtrain::bench {
 namespace {
@@ -46,34 +53,128 @@ void print_table(const std::vector<nlohmann::json>& rows, bool json) {
     for (const auto& r : rows) std::printf("%s\n", r.dump().c_str());
 }
 
+std::vector<std::string> free_addresses(int n) {
+  std::vector<int> fds;
+  std::vector<std::string> out;
+  for (int i = 0; i < n; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+    socklen_t len = sizeof(sa);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+    out.push_back("127.0.0.1:" + std::to_string(ntohs(sa.sin_port)));
+    fds.push_back(fd);
+  }
+  for (int fd : fds) ::close(fd);
+  return out;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
+  return s;
+}
+
+// Starts `ranks` copies of cmd(r) in the background and rank 0 in the foreground; JSON from rank 0.
+std::vector<nlohmann::json> run_ranks(int ranks, const std::function<std::string(int)>& cmd) {
+  std::string sh = "(";
+  for (int r = 1; r < ranks; ++r) sh += cmd(r) + " >/dev/null & ";
+  sh += cmd(0) + "; wait)";
+  return run_json_lines(sh);
+}
+
+void print_ratios(const std::vector<nlohmann::json>& ours, const std::vector<std::vector<nlohmann::json>>& peers) {
+  std::printf("\n%12s %22s\n", "bytes", "busbw / best peer");
+  for (size_t i = 0; i < ours.size(); ++i) {
+    double best = 0;
+    for (const auto& p : peers)
+      for (const auto& r : p)
+        if (r["bytes"].get<long>() == ours[i]["bytes"].get<long>()) best = std::max(best, r["busbw_GBps"].get<double>());
+    if (best > 0) std::printf("%12ld %21.2fx\n", ours[i]["bytes"].get<long>(), ours[i]["busbw_GBps"].get<double>() / best);
+  }
+}
+
 }  // namespace
 
+int allreduce_worker(int rank, const std::string& addresses, const std::string& token, const std::string& sizes_arg,
+                     int iters, int warmup) {
+  TcpGroupOptions o;
+  o.rank = rank;
+  size_t p = 0;
+  while (p < addresses.size()) {
+    const size_t c = addresses.find(',', p);
+    o.addresses.push_back(addresses.substr(p, c == std::string::npos ? std::string::npos : c - p));
+    if (c == std::string::npos) break;
+    p = c + 1;
+  }
+  o.token = token;
+  auto comm = connect_tcp_group(o);
+  const int n = static_cast<int>(o.addresses.size());
+  for (long bytes : parse_sizes(sizes_arg)) {
+    Tensor t = Tensor::full(Shape{std::max(1L, bytes / 4)}, 1.f + rank);
+    for (int i = 0; i < warmup; ++i) comm->allreduce(t, ReduceOp::kSum).wait();
+    comm->barrier().wait();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) comm->allreduce(t, ReduceOp::kSum).wait();
+    Tensor secs = Tensor::from_vector<double>({std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters}, Shape{1});
+    comm->allreduce(secs, ReduceOp::kMax).wait();
+    if (rank == 0) std::printf("%s\n", row("tcp", n, t.numel() * 4, secs.to_vector<double>()[0]).dump().c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 int allreduce_bench(const AllreduceArgs& a) {
-  if (a.backend != "inproc")
-    throw std::invalid_argument("--backend=" + a.backend + " is not available in this build; valid: inproc");
+  if (a.backend != "inproc" && a.backend != "tcp")
+    throw std::invalid_argument("--backend=" + a.backend + " is not available; valid: inproc, tcp");
   const std::vector<long> sizes = parse_sizes(a.sizes);
-  std::vector<nlohmann::json> ours, theirs;
+  std::vector<nlohmann::json> ours;
   std::string size_list;
   for (long b : sizes) {
     if (!size_list.empty()) size_list += ',';
     size_list += std::to_string(b);
   }
-  for (long b : sizes) ours.push_back(row("inproc", a.ranks, std::max(4L, b / 4 * 4), time_inproc(a.ranks, b, a.iters, a.warmup)));
+  const std::string common = " --sizes " + size_list + " --iters " + std::to_string(a.iters) + " --warmup " + std::to_string(a.warmup);
+  if (a.backend == "inproc") {
+    for (long b : sizes) ours.push_back(row("inproc", a.ranks, std::max(4L, b / 4 * 4), time_inproc(a.ranks, b, a.iters, a.warmup)));
+  } else {
+    const auto addrs = free_addresses(a.ranks);
+    const std::string self = self_dir() + "/dtrain-bench";
+    ours = run_ranks(a.ranks, [&](int r) {
+      return self + " allreduce-worker --rank " + std::to_string(r) + " --addresses " + join(addrs) +
+             " --token bench-token-0123456789abcdef" + common;
+    });
+  }
   print_table(ours, a.json);
-  if (a.peer == "mpi") {
+  std::vector<std::vector<nlohmann::json>> peers;
+  const bool want_mpi = a.peer == "mpi" || a.peer == "all", want_gloo = a.peer == "gloo" || a.peer == "all";
+  if (want_mpi) {
     const std::string peer = self_dir() + "/mpi_allreduce";
     if (!std::filesystem::exists(peer))
       throw std::runtime_error(peer + " was not built: install libopenmpi-dev openmpi-bin and re-run cmake");
-    theirs = run_json_lines("mpirun --allow-run-as-root --oversubscribe --bind-to none -np " + std::to_string(a.ranks) +
-                            " --mca btl self,vader " + peer + " --sizes " + size_list + " --iters " +
-                            std::to_string(a.iters) + " --warmup " + std::to_string(a.warmup));
-    std::printf("\npeer: OpenMPI MPI_Allreduce (shared memory, vader)\n");
-    print_table(theirs, a.json);
-    std::printf("\n%12s %16s\n", "bytes", "busbw ratio");
-    for (size_t i = 0; i < ours.size() && i < theirs.size(); ++i)
-      std::printf("%12ld %15.2fx\n", ours[i]["bytes"].get<long>(),
-                  ours[i]["busbw_GBps"].get<double>() / theirs[i]["busbw_GBps"].get<double>());
+    const std::string btl = a.backend == "tcp" ? "tcp,self --mca btl_tcp_if_include lo" : "self,vader";
+    peers.push_back(run_json_lines("mpirun --allow-run-as-root --oversubscribe --bind-to none -np " + std::to_string(a.ranks) +
+                                   " --mca btl " + btl + " " + peer + common));
+    std::printf("\npeer: OpenMPI MPI_Allreduce (btl %s)\n", a.backend == "tcp" ? "tcp" : "vader shared memory");
+    print_table(peers.back(), a.json);
   }
+  if (want_gloo) {
+    const std::string peer = self_dir() + "/gloo_allreduce";
+    if (!std::filesystem::exists(peer))
+      throw std::runtime_error(peer + " was not built: install libgloo-dev and re-run cmake");
+    const std::string store = "/tmp/dtrain-bench-gloo-" + std::to_string(::getpid());
+    std::filesystem::remove_all(store);
+    std::filesystem::create_directories(store);
+    peers.push_back(run_ranks(a.ranks, [&](int r) {
+      return peer + " --rank " + std::to_string(r) + " --size " + std::to_string(a.ranks) + " --store " + store + common;
+    }));
+    std::filesystem::remove_all(store);
+    std::printf("\npeer: Gloo allreduce_ring / allreduce_ring_chunked (TCP)\n");
+    print_table(peers.back(), a.json);
+  }
+  if (!peers.empty()) print_ratios(ours, peers);
   return 0;
 }
 

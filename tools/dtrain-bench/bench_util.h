@@ -28,5 +28,8 @@ struct AllreduceArgs {
   bool json = false;
 };
 int allreduce_bench(const AllreduceArgs& a);
+// One rank of `allreduce --backend=tcp` (a process started by allreduce_bench).
+int allreduce_worker(int rank, const std::string& addresses, const std::string& token, const std::string& sizes,
+                     int iters, int warmup);
 
 }  // namespace dtrain::bench

@@ -27,17 +27,28 @@ int main(int argc, char** argv) {
   train->add_flag("--json", t.json, "also print one JSON object");
   AllreduceArgs r;
   auto* ar = app.add_subcommand("allreduce", "allreduce bandwidth, nccl-tests style");
-  ar->add_option("--backend", r.backend, "inproc")->capture_default_str();
+  ar->add_option("--backend", r.backend, "inproc (threads of one process) or tcp (one process per rank)")->check(CLI::IsMember({"inproc", "tcp"}))->capture_default_str();
   ar->add_option("--ranks", r.ranks, "ranks")->check(CLI::PositiveNumber)->capture_default_str();
   ar->add_option("--sizes", r.sizes, "message sizes in bytes, K/M suffixes")->capture_default_str();
   ar->add_option("--iters", r.iters, "timed iterations per size")->check(CLI::PositiveNumber)->capture_default_str();
   ar->add_option("--warmup", r.warmup, "untimed iterations per size")->check(CLI::NonNegativeNumber)->capture_default_str();
-  ar->add_option("--peer", r.peer, "mpi: also run OpenMPI's MPI_Allreduce on the same sizes")->check(CLI::IsMember({"", "mpi"}));
+  ar->add_option("--peer", r.peer, "mpi, gloo (tcp only) or all: also run the peer on the same sizes")->check(CLI::IsMember({"", "mpi", "gloo", "all"}));
+  int wrank = 0;
+  std::string waddrs, wtoken;
+  auto* aw = app.add_subcommand("allreduce-worker", "one rank of allreduce --backend=tcp (internal)");
+  aw->group("");  // hidden
+  aw->add_option("--rank", wrank)->required();
+  aw->add_option("--addresses", waddrs)->required();
+  aw->add_option("--token", wtoken)->required();
+  aw->add_option("--sizes", r.sizes);
+  aw->add_option("--iters", r.iters);
+  aw->add_option("--warmup", r.warmup);
   ar->add_flag("--json", r.json, "also print one JSON object per result line");
   CLI11_PARSE(app, argc, argv);
   try {
     if (*train) return train_bench(t);
     if (*ar) return allreduce_bench(r);
+    if (*aw) return allreduce_worker(wrank, waddrs, wtoken, r.sizes, r.iters, r.warmup);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dtrain-bench: %s\n", e.what());
     return 1;

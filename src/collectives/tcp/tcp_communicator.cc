@@ -7,6 +7,7 @@
 // group (fewest round trips). Each element is reduced in one place and copied, so every rank gets
 // bitwise identical results.
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -272,7 +273,14 @@ class TcpCommunicator final : public Communicator {
                                                o_.collective.timeout.count(), " ms waiting for ",
                                                r_done < rbytes ? peers_[static_cast<size_t>(from)].name : peers_[static_cast<size_t>(to)].name,
                                                "; that task is stuck or unreachable"));
-      const int pr = ::poll(pfds.data(), pfds.size(), std::min(left, 1000));
+      // Poll without sleeping for a short while (yielding the core, which matters when ranks
+      // outnumber cores), then block: small messages complete in microseconds, big ones sleep.
+      int pr = ::poll(pfds.data(), pfds.size(), 0);
+      for (int spin = 0; pr == 0 && spin < 200; ++spin) {
+        sched_yield();
+        pr = ::poll(pfds.data(), pfds.size(), 0);
+      }
+      if (pr == 0) pr = ::poll(pfds.data(), pfds.size(), std::min(left, 1000));
       if (pr < 0 && errno != EINTR) throw Unavailable(std::string("poll failed: ") + std::strerror(errno));
       for (size_t i = 0; i < pfds.size(); ++i) {
         const int r = who[i];

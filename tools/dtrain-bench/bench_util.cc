@@ -15,6 +15,8 @@ std::vector<nlohmann::json> run_json_lines(const std::string& cmd) {
   std::array<char, 8192> buf;
   while (std::fgets(buf.data(), buf.size(), p)) {
     std::string line = buf.data();
+    if (line.rfind("[", 0) == 0 && line.find("] {") != std::string::npos)  // "[worker:0] {...}" from dtrain-run
+      line = line.substr(line.find("] {") + 2);
     if (!line.empty() && line[0] == '{') {
       try {
         out.push_back(nlohmann::json::parse(line));

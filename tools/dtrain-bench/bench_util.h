@@ -16,7 +16,7 @@ std::vector<long> parse_sizes(const std::string& s);
 
 struct TrainArgs {
   std::string strategy = "one_device", devices = "cpu", peer = "torch", python = "/usr/bin/python3";
-  int runs = 5, threads = 1, warmup = 20;
+  int runs = 5, threads = 1, warmup = 20, workers = 2;
   long steps = 300, batch_per_replica = 64;
   bool json = false;
 };

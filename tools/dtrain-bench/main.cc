@@ -15,9 +15,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   TrainArgs t;
   auto* train = app.add_subcommand("train", "reference CNN training throughput vs PyTorch");
-  train->add_option("--strategy", t.strategy, "dtrain strategy")->check(CLI::IsMember({"one_device", "mirrored", "central_storage"}))->capture_default_str();
+  train->add_option("--strategy", t.strategy, "dtrain strategy")->check(CLI::IsMember({"one_device", "mirrored", "central_storage", "multi_worker_mirrored"}))->capture_default_str();
   train->add_option("--devices", t.devices, "dtrain devices (cpu or cpu:N)")->capture_default_str();
   train->add_option("--peer", t.peer, "torch (one process) or torch-ddp (one process per replica, gloo)")->check(CLI::IsMember({"torch", "torch-ddp"}))->capture_default_str();
+  train->add_option("--workers", t.workers, "worker processes for multi_worker_mirrored (started with dtrain-run)")->check(CLI::PositiveNumber)->capture_default_str();
   train->add_option("--runs", t.runs, "interleaved runs of each")->check(CLI::PositiveNumber)->capture_default_str();
   train->add_option("--steps", t.steps, "training steps per run")->check(CLI::PositiveNumber)->capture_default_str();
   train->add_option("--warmup", t.warmup, "steps excluded from timing")->check(CLI::NonNegativeNumber)->capture_default_str();

@@ -12,10 +12,15 @@ int train_bench(const TrainArgs& a) {
   const fs::path bench_dir = fs::path(DTRAIN_SOURCE_DIR) / "bench";
   int replicas = 1;
   if (a.devices.rfind("cpu:", 0) == 0) replicas = std::stoi(a.devices.substr(4));
+  const bool multi_worker = a.strategy == "multi_worker_mirrored";
+  if (multi_worker) replicas *= a.workers;
   const long global = a.batch_per_replica * replicas;
   const std::string omp = "OMP_NUM_THREADS=" + std::to_string(a.threads) + " ";
   const std::string steps = " --steps " + std::to_string(a.steps) + " --warmup " + std::to_string(a.warmup) + " --json";
-  const std::string ours = omp + example.string() + " --strategy=" + a.strategy + " --devices=" + a.devices +
+  const std::string launcher = multi_worker ? (fs::path(self_dir()) / "dtrain-run").string() + " -np " +
+                                                  std::to_string(a.workers) + " -- "
+                                            : std::string();
+  const std::string ours = omp + launcher + example.string() + " --strategy=" + a.strategy + " --devices=" + a.devices +
                            " --threads " + std::to_string(a.threads) + " --no-eval --batch-size " +
                            std::to_string(global) + steps;
   // One replica on one thread, for the scaling efficiency of multi-replica runs.
@@ -41,7 +46,8 @@ int train_bench(const TrainArgs& a) {
   }
   const double mo = median(o), mt = median(t);
   std::printf("%-44s %14s\n", "benchmark (median of runs)", "images/sec");
-  std::printf("%-44s %14.0f\n", ("dtrain " + a.strategy + " --devices=" + a.devices).c_str(), mo);
+  std::printf("%-44s %14.0f\n", ("dtrain " + a.strategy + " --devices=" + a.devices +
+                                   (multi_worker ? " x " + std::to_string(a.workers) + " workers" : "")).c_str(), mo);
   std::printf("%-44s %14.0f\n", (a.peer == "torch" ? std::string("pytorch 1.13") : "pytorch 1.13 DDP gloo x" + std::to_string(replicas)).c_str(), mt);
   std::printf("ratio dtrain / %s: %.2fx\n", a.peer.c_str(), mo / mt);
   double eff = 0;

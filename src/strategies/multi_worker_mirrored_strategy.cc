@@ -90,6 +90,7 @@ class HierarchicalCommunicator final : public Communicator {
 ClusterResolution resolve_cluster(std::optional<ClusterResolution> given) {
   if (given) return *given;
   std::optional<ClusterResolution> env = from_environment();
+  if (!env && std::getenv("SLURM_PROCID")) return resolve_slurm();  // srun without TF_CONFIG
   if (!env)
     throw InvalidArgument("multi_worker_mirrored needs TF_CONFIG: start the job with dtrain-run -np N -- ./prog "
                           "--strategy=multi_worker_mirrored, or set TF_CONFIG on every task, e.g. "

@@ -208,6 +208,66 @@ TEST(Tcp, GarbageAndOversizedFramesOnThePortAreRefused) {
   EXPECT_EQ(errs[1], "");
 }
 
+// A corpus of 300 malformed frames (random bytes, truncated and mutated valid headers, absurd
+// lengths, unknown kinds, wrong versions) thrown at a listening rank before its peer arrives: each is
+// refused and logged, nothing crashes, and the real group still forms and computes.
+TEST(Tcp, FuzzedFramesAreRejectedWithoutCrashing) {
+  const auto addrs = testing::free_loopback_addresses(2);
+  std::string err0;
+  std::thread r0([&] {
+    try {
+      auto o = options(addrs, 0);
+      o.connect_timeout = std::chrono::seconds(60);
+      auto c = connect_tcp_group(o);
+      Tensor t = Tensor::full(Shape{5}, 2.f);
+      c->allreduce(t, ReduceOp::kSum).wait();
+      if (t.to_vector<float>()[4] != 4.f) err0 = "wrong result";
+    } catch (const std::exception& e) {
+      err0 = e.what();
+    }
+  });
+  const uint16_t port = static_cast<uint16_t>(std::stoi(addrs[0].substr(addrs[0].rfind(':') + 1)));
+  uint64_t state = 12345;
+  auto rnd = [&] { state = state * 6364136223846793005ull + 1442695040888963407ull; return static_cast<uint32_t>(state >> 33); };
+  int sent = 0;
+  for (int i = 0; i < 300; ++i) {
+    std::vector<unsigned char> frame(48 + rnd() % 64);
+    for (auto& b : frame) b = static_cast<unsigned char>(rnd());
+    if (i % 3 != 0) {  // start from a valid-looking hello header, then break one field
+      uint32_t* w = reinterpret_cast<uint32_t*>(frame.data());
+      w[0] = 0x4e525444u;
+      w[1] = 1u | ((1u + rnd() % 6) << 16);
+      if (i % 3 == 2) reinterpret_cast<uint64_t*>(frame.data())[4] = rnd() % 2 ? (1ull << 40) : rnd();
+      if (i % 7 == 0) frame.resize(rnd() % 48);  // truncated header
+    }
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (int attempt = 0; attempt < 50 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0; ++attempt)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (!frame.empty()) sent += ::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL) > 0;
+    ::shutdown(fd, SHUT_WR);  // the acceptor sees EOF rather than waiting for more bytes
+    char drain[256];
+    while (::recv(fd, drain, sizeof(drain), 0) > 0) {
+    }
+    ::close(fd);
+  }
+  EXPECT_GT(sent, 250);
+  std::string err1;
+  try {
+    auto c = connect_tcp_group(options(addrs, 1));
+    Tensor t = Tensor::full(Shape{5}, 2.f);
+    c->allreduce(t, ReduceOp::kSum).wait();
+  } catch (const std::exception& e) {
+    err1 = e.what();
+  }
+  r0.join();
+  EXPECT_EQ(err0, "");
+  EXPECT_EQ(err1, "");
+}
+
 // Real processes: worker 2 is killed with SIGKILL in the middle of a run of allreduces; the
 // survivors must fail with Unavailable naming it, within seconds.
 TEST(Tcp, KilledProcessIsNamedBySurvivorsWithinSeconds) {

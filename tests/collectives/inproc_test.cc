@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "dtrain/collectives/inproc.h"
+#include "testing/collective_inputs.h"
 
 namespace dtrain {
 namespace {
@@ -29,26 +30,8 @@ std::vector<std::string> run_ranks(int n, const std::function<void(int, Communic
   return errors;
 }
 
-// Rank r's value at element i: distinct per rank and element, exact in every dtype.
-double value(int r, int64_t i) { return static_cast<double>((r + 1) * 3 + (i % 17)); }
-
-Tensor make(DType t, int64_t n, int r) {
-  std::vector<double> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = value(r, i);
-  Tensor x = Tensor::empty(Shape{n}, t);
-  for (int64_t i = 0; i < n; ++i) {
-    const double d = v[static_cast<size_t>(i)];
-    switch (t) {
-      case DType::kFloat32: x.data<float>()[i] = static_cast<float>(d); break;
-      case DType::kFloat64: x.data<double>()[i] = d; break;
-      case DType::kInt32: x.data<int32_t>()[i] = static_cast<int32_t>(d); break;
-      case DType::kInt64: x.data<int64_t>()[i] = static_cast<int64_t>(d); break;
-      case DType::kFloat16: static_cast<uint16_t*>(x.raw_data())[i] = float_to_f16(static_cast<float>(d)); break;
-      case DType::kBFloat16: static_cast<uint16_t*>(x.raw_data())[i] = float_to_bf16(static_cast<float>(d)); break;
-    }
-  }
-  return x;
-}
+double value(int r, int64_t i) { return testing::collective_value(r, i); }
+Tensor make(DType t, int64_t n, int r) { return testing::collective_input(t, n, r); }
 
 double expected(ReduceOp op, int n, int64_t i) {
   double acc = value(0, i);

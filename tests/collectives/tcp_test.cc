@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "dtrain/collectives/tcp.h"
+#include "testing/collective_inputs.h"
 #include "testing/ports.h"
 
 namespace dtrain {
@@ -47,23 +48,8 @@ std::vector<std::string> run_group(int n, const std::function<void(int, Communic
   return errs;
 }
 
-double value(int r, int64_t i) { return static_cast<double>((r + 1) * 5 + (i % 13)); }
-
-Tensor make(DType t, int64_t n, int r) {
-  Tensor x = Tensor::empty(Shape{n}, t);
-  for (int64_t i = 0; i < n; ++i) {
-    const double d = value(r, i);
-    switch (t) {
-      case DType::kFloat32: x.data<float>()[i] = static_cast<float>(d); break;
-      case DType::kFloat64: x.data<double>()[i] = d; break;
-      case DType::kInt32: x.data<int32_t>()[i] = static_cast<int32_t>(d); break;
-      case DType::kInt64: x.data<int64_t>()[i] = static_cast<int64_t>(d); break;
-      case DType::kFloat16: static_cast<uint16_t*>(x.raw_data())[i] = float_to_f16(static_cast<float>(d)); break;
-      case DType::kBFloat16: static_cast<uint16_t*>(x.raw_data())[i] = float_to_bf16(static_cast<float>(d)); break;
-    }
-  }
-  return x;
-}
+double value(int r, int64_t i) { return testing::collective_value(r, i); }
+Tensor make(DType t, int64_t n, int r) { return testing::collective_input(t, n, r); }
 
 TEST(Tcp, AllreduceExactForSizesCountsDtypes) {
   for (int n : {1, 2, 3, 4}) {

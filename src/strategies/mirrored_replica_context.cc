@@ -16,6 +16,7 @@ int MirroredReplicaContext::num_replicas_in_sync() const {
 }
 int MirroredReplicaContext::replica_id_in_sync_group() const { return impl_->replica_offset + replica_; }
 DeviceSpec MirroredReplicaContext::device() const { return impl_->devices[static_cast<size_t>(replica_)]; }
+size_t MirroredReplicaContext::bytes_per_pack() const { return impl_->options.bytes_per_pack; }
 
 std::future<std::vector<Tensor>> MirroredReplicaContext::all_reduce_async(ReduceOp op, std::vector<Tensor> values,
                                                                           bool deferred) {
@@ -155,8 +156,4 @@ bool GradientPacker::take(const std::vector<Tensor>& grads, ReduceOp op, std::ve
   return true;
 }
 
-}  // namespace dtrain
-
-namespace dtrain {
-size_t MirroredReplicaContext::bytes_per_pack() const { return impl_->options.bytes_per_pack; }
 }  // namespace dtrain

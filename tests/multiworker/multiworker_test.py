@@ -98,6 +98,24 @@ class Faults(unittest.TestCase):
         print(f"survivors exited {time.time() - t0:.2f} s after the kill")
         self.finish(procs[1], 5)
 
+    def test_a_hung_worker_is_named_by_heartbeat_timeout(self):
+        ports = free_ports(3)
+        procs = [self.start(ports, i, "t0ken-for-the-hang-test-0123") for i in range(3)]
+        time.sleep(4)
+        self.assertIsNone(procs[1].poll(), "worker 1 ended before it could be stopped")
+        procs[1].send_signal(signal.SIGSTOP)  # alive but silent: no data, no heartbeats
+        t0 = time.time()
+        try:
+            for i in (0, 2):
+                code, err = self.finish(procs[i], 30)
+                self.assertIsNotNone(code, f"worker {i} still running 30 s after worker 1 hung")
+                self.assertNotEqual(code, 0)
+                self.assertIn("worker:1", err, err[-2000:])
+            print(f"survivors exited {time.time() - t0:.2f} s after worker 1 was stopped")
+        finally:
+            procs[1].send_signal(signal.SIGKILL)
+            self.finish(procs[1], 5)
+
     def test_a_worker_that_never_starts_is_named(self):
         ports = free_ports(3)
         procs = [self.start(ports, i, "t0ken-for-the-absent-test-01") for i in range(2)]

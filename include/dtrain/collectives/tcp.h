@@ -27,6 +27,10 @@ struct TcpGroupOptions {
   CollectiveOptions collective;        // per-collective timeout
   size_t max_frame_bytes = size_t{1} << 30;
   size_t segment_bytes = size_t{1} << 20;  // ring pipelining granularity
+  // Every rank sends a heartbeat to every peer this often; a peer a collective needs that sends
+  // nothing for heartbeat_timeout is reported hung (Unavailable naming it) long before `timeout`.
+  std::chrono::milliseconds heartbeat_interval{500};
+  std::chrono::milliseconds heartbeat_timeout{std::chrono::seconds(5)};
 };
 
 // Listens on addresses[rank], connects to every other rank, authenticates. Throws

@@ -11,7 +11,9 @@ namespace dtrain::tcp {
 constexpr uint32_t kMagic = 0x4e525444;  // "DTRN"
 constexpr uint16_t kVersion = 1;
 
-enum class FrameKind : uint16_t { kHello = 1, kProof = 2, kData = 3, kAbort = 4 };
+// kHeartbeat: sent between frames by every rank's heartbeat thread; carries nothing and is skipped
+// by receivers, which treat a needed peer that sends no byte for the heartbeat timeout as hung.
+enum class FrameKind : uint16_t { kHello = 1, kProof = 2, kData = 3, kAbort = 4, kHeartbeat = 5 };
 
 #pragma pack(push, 1)
 struct FrameHeader {

@@ -6,13 +6,18 @@
 // pipelined through the socket buffers), or recursive doubling for small messages on a power-of-two
 // group (fewest round trips). Each element is reduced in one place and copied, so every rank gets
 // bitwise identical results.
+#include <linux/sockios.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
+#include <thread>
 
 #include "collectives/reduction.h"
 #include "collectives/tcp/mesh.h"
@@ -32,8 +37,20 @@ constexpr size_t kSmallMessage = 64 * 1024;
 class TcpCommunicator final : public Communicator {
  public:
   TcpCommunicator(TcpGroupOptions o, std::vector<Peer> peers)
-      : o_(std::move(o)), peers_(std::move(peers)), closed_(peers_.size(), false) {}
+      : o_(std::move(o)),
+        peers_(std::move(peers)),
+        closed_(peers_.size(), false),
+        send_mu_(peers_.size()),
+        last_rx_(peers_.size()) {
+    heartbeat_ = std::thread([this] { heartbeat_loop(); });
+  }
   ~TcpCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(hb_mu_);
+      stop_ = true;
+    }
+    hb_cv_.notify_all();
+    heartbeat_.join();
     for (auto& p : peers_)
       if (p.fd >= 0) ::close(p.fd);
   }
@@ -124,6 +141,25 @@ class TcpCommunicator final : public Communicator {
   void abort(const std::string& reason) override { broadcast_abort(reason); }
 
  private:
+  // Sends a heartbeat header to every peer that is between frames and has socket room, so a peer
+  // waiting on us can tell "busy" from "hung" even while we compute.
+  void heartbeat_loop() {
+    FrameHeader h;
+    h.kind = static_cast<uint16_t>(FrameKind::kHeartbeat);
+    h.sender = static_cast<uint32_t>(rank());
+    std::unique_lock<std::mutex> lock(hb_mu_);
+    while (!hb_cv_.wait_for(lock, o_.heartbeat_interval, [this] { return stop_; })) {
+      for (size_t r = 0; r < peers_.size(); ++r) {
+        if (peers_[r].fd < 0) continue;  // a closed peer just fails the send (MSG_NOSIGNAL)
+        std::unique_lock<std::mutex> send(send_mu_[r], std::try_to_lock);
+        if (!send.owns_lock()) continue;  // a data frame is in progress: that is traffic enough
+        int queued = 0;
+        if (::ioctl(peers_[r].fd, SIOCOUTQ, &queued) == 0 && queued > (1 << 20)) continue;  // full: skip
+        ::send(peers_[r].fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+    }
+  }
+
   int mod(int k) const { return ((k % size()) + size()) % size(); }
   int next() const { return mod(rank() + 1); }
   int prev() const { return mod(rank() - 1); }
@@ -163,8 +199,10 @@ class TcpCommunicator final : public Communicator {
     aborted_ = true;
     abort_reason_ = "collective group aborted on " + name() + ": " + reason;
     const std::string msg = reason.substr(0, 4000);
-    for (auto& p : peers_) {
+    for (size_t r = 0; r < peers_.size(); ++r) {
+      const Peer& p = peers_[r];
       if (p.fd < 0) continue;
+      std::lock_guard<std::mutex> whole_frame(send_mu_[r]);  // never interleaved with a heartbeat
       FrameHeader h;
       h.kind = static_cast<uint16_t>(FrameKind::kAbort);
       h.sender = static_cast<uint32_t>(rank());
@@ -252,6 +290,9 @@ class TcpCommunicator final : public Communicator {
     size_t r_done = 0, r_hdr_got = 0, r_pay_left = 0, r_seg_start = 0;
     FrameHeader rh;
     std::vector<bool> parked(peers_.size(), false);  // peers with an early frame for a later step
+    const auto start = Clock::now();
+    for (auto& t : last_rx_) t = start;
+    std::unique_lock<std::mutex> send_lock;  // held while a frame to `to` is partly written
     for (int r : {to, from})
       if (r >= 0 && closed_[static_cast<size_t>(r)])
         throw Unavailable("connection to " + peers_[static_cast<size_t>(r)].name + " (" + peers_[static_cast<size_t>(r)].address +
@@ -266,6 +307,14 @@ class TcpCommunicator final : public Communicator {
         if (sending) ev |= POLLOUT;
         pfds.push_back({peers_[static_cast<size_t>(r)].fd, ev, 0});
         who.push_back(r);
+      }
+      for (int r : {to, from}) {
+        if (r < 0) continue;
+        const bool needed = (r == from && r_done < rbytes) || (r == to && (s_done < sbytes || s_pay_left > 0));
+        if (needed && Clock::now() - last_rx_[static_cast<size_t>(r)] > o_.heartbeat_timeout)
+          throw Unavailable(detail::str_cat(peers_[static_cast<size_t>(r)].name, " (", peers_[static_cast<size_t>(r)].address,
+                                            ") sent nothing, not even a heartbeat, for ", o_.heartbeat_timeout.count(),
+                                            " ms during ", tcp::describe(fp), ": it is hung (stopped, swapping, or its host is unreachable)"));
       }
       const int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
       if (left <= 0)
@@ -288,6 +337,7 @@ class TcpCommunicator final : public Communicator {
         if (pfds[i].revents & POLLOUT) {
           // Start a new segment, then push header and payload bytes as far as the socket takes.
           if (s_hdr_sent == sizeof(FrameHeader) && s_pay_left == 0 && s_done < sbytes) {
+            if (!send_lock.owns_lock()) send_lock = std::unique_lock<std::mutex>(send_mu_[static_cast<size_t>(to)]);
             const size_t n = std::min(seg, sbytes - s_done);
             sh = fp;
             sh.payload_bytes = n;
@@ -307,6 +357,7 @@ class TcpCommunicator final : public Communicator {
             s_done += static_cast<size_t>(w);
             s_pay_left -= static_cast<size_t>(w);
           }
+          if (s_hdr_sent == sizeof(FrameHeader) && s_pay_left == 0 && send_lock.owns_lock()) send_lock.unlock();
         }
         if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
         if (r != from || r_done >= rbytes) {
@@ -322,6 +373,12 @@ class TcpCommunicator final : public Communicator {
           }
           if (k == static_cast<ssize_t>(sizeof(peek)) && peek.magic == tcp::kMagic && peek.kind == static_cast<uint16_t>(FrameKind::kAbort))
             tcp::read_header(p, o_.max_frame_bytes, deadline);  // throws Unavailable with the message
+          if (k > 0) last_rx_[static_cast<size_t>(r)] = Clock::now();
+          if (k == static_cast<ssize_t>(sizeof(peek)) && peek.magic == tcp::kMagic &&
+              peek.kind == static_cast<uint16_t>(FrameKind::kHeartbeat)) {
+            ::recv(p.fd, &peek, sizeof(peek), MSG_DONTWAIT);  // consume it
+            continue;
+          }
           if (k > 0) parked[static_cast<size_t>(r)] = true;
           continue;
         }
@@ -331,8 +388,13 @@ class TcpCommunicator final : public Communicator {
             const ssize_t k = ::recv(p.fd, reinterpret_cast<char*>(&rh) + r_hdr_got, sizeof(FrameHeader) - r_hdr_got, MSG_DONTWAIT);
             if (k == 0) throw Unavailable("connection to " + p.name + " (" + p.address + ") closed during " + tcp::describe(fp) + ": that task died, was killed, or aborted the job");
             if (k < 0) break;
+            last_rx_[static_cast<size_t>(r)] = Clock::now();
             r_hdr_got += static_cast<size_t>(k);
             if (r_hdr_got < sizeof(FrameHeader)) continue;
+            if (rh.magic == tcp::kMagic && rh.kind == static_cast<uint16_t>(FrameKind::kHeartbeat)) {
+              r_hdr_got = 0;  // nothing follows a heartbeat
+              continue;
+            }
             if (rh.magic != tcp::kMagic || rh.version != tcp::kVersion)
               throw DataLoss(detail::str_cat("malformed frame from ", p.name, " (bad magic or version) during ", tcp::describe(fp)));
             if (rh.kind == static_cast<uint16_t>(FrameKind::kAbort)) {
@@ -351,6 +413,7 @@ class TcpCommunicator final : public Communicator {
           }
           if (r_pay_left == 0) break;
           const ssize_t k = ::recv(p.fd, rbuf + r_done, r_pay_left, MSG_DONTWAIT);
+          if (k > 0) last_rx_[static_cast<size_t>(r)] = Clock::now();
           if (k == 0) throw Unavailable("connection to " + p.name + " (" + p.address + ") closed during " + tcp::describe(fp) + ": that task died, was killed, or aborted the job");
           if (k < 0) break;
           r_done += static_cast<size_t>(k);
@@ -368,6 +431,12 @@ class TcpCommunicator final : public Communicator {
   TcpGroupOptions o_;
   std::vector<Peer> peers_;
   std::vector<bool> closed_;  // peers whose socket reached EOF
+  std::vector<std::mutex> send_mu_;          // per peer: one frame at a time (data vs heartbeat)
+  std::vector<Clock::time_point> last_rx_;   // per peer: last byte received (liveness)
+  std::thread heartbeat_;
+  std::mutex hb_mu_;
+  std::condition_variable hb_cv_;
+  bool stop_ = false;
   uint64_t seq_ = 0;
   bool aborted_ = false;
   std::string abort_reason_;

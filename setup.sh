@@ -11,7 +11,7 @@ what=${1:-demo}
 case "$what" in demo|test|build) ;; *) echo "usage: $0 demo|test|build" >&2; exit 2;; esac
 
 packages=(build-essential cmake python3 libdnnl-dev nlohmann-json3-dev libboost-dev libgtest-dev
-          libcli11-dev zlib1g-dev libssl-dev dataset-fashion-mnist)
+          libcli11-dev zlib1g-dev libssl-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

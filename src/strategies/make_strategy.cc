@@ -34,6 +34,13 @@ std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyO
     m.devices = options.devices;
     CommunicationOptions c;
     c.bytes_per_pack = m.bytes_per_pack;
+    if (const char* impl = std::getenv("DTRAIN_COLLECTIVE")) {  // ring (default) or mpi
+      const std::string v = impl;
+      if (v == "mpi") c.implementation = CommunicationOptions::Implementation::kMpi;
+      else if (v != "ring" && !v.empty())
+        throw InvalidArgument("DTRAIN_COLLECTIVE='" + v + "': valid values are ring (TCP, the default) and mpi "
+                              "(OpenMPI, when launched by mpirun)");
+    }
     if (const char* t = std::getenv("DTRAIN_RENDEZVOUS_TIMEOUT")) {  // seconds
       const int secs = std::atoi(t);
       if (secs < 1) throw InvalidArgument(std::string("DTRAIN_RENDEZVOUS_TIMEOUT='") + t + "' must be a positive number of seconds");

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "collectives/mpi/mpi_communicator.h"
 #include "collectives/reduction.h"
 #include "dtrain/collectives/tcp.h"
 #include "dtrain/core/logging.h"
@@ -87,8 +88,10 @@ class HierarchicalCommunicator final : public Communicator {
   std::shared_ptr<MultiWorkerMirroredStrategy::Cross> cross_;
 };
 
-ClusterResolution resolve_cluster(std::optional<ClusterResolution> given) {
+ClusterResolution resolve_cluster(std::optional<ClusterResolution> given, CommunicationOptions::Implementation impl) {
   if (given) return *given;
+  // MPI wires the ranks itself; the resolver still wants a rendezvous address, which nothing uses.
+  if (impl == CommunicationOptions::Implementation::kMpi) return resolve_openmpi("127.0.0.1:1");
   std::optional<ClusterResolution> env = from_environment();
   if (!env && std::getenv("SLURM_PROCID")) return resolve_slurm();  // srun without TF_CONFIG
   if (!env)
@@ -108,13 +111,26 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(MirroredOptions local, 
         local.timeout = comm.timeout;
         return local;
       }()),
-      cluster_(resolve_cluster(std::move(cluster))),
+      cluster_(resolve_cluster(std::move(cluster), comm.implementation)),
       cross_(std::make_shared<Cross>()) {
   if (!cluster_.is_training_worker())
     throw InvalidArgument("task " + cluster_.task_name() + " is not a training worker; MultiWorkerMirroredStrategy "
                           "runs on the chief and worker tasks (ps and evaluator tasks belong to other strategies)");
   if (comm.implementation == CommunicationOptions::Implementation::kNccl)
-    throw Unavailable("cross-worker NCCL is not available in this build: use implementation RING (TCP)");
+    throw Unavailable("cross-worker NCCL is not available in this build: use implementation RING (TCP) or MPI");
+  Impl& m = impl();
+  cross_->workers = cluster_.num_workers();
+  cross_->local = static_cast<int>(m.devices.size());
+  if (comm.implementation == CommunicationOptions::Implementation::kMpi) {
+    if (!mpi_available()) make_mpi_communicator({});  // throws, saying how to get it
+    CollectiveOptions co;
+    co.timeout = comm.timeout;
+    cross_->comm = make_mpi_communicator(co);
+    if (cross_->comm->size() != cross_->workers || cross_->comm->rank() != cluster_.worker_rank())
+      throw Internal("MPI world disagrees with the OpenMPI environment variables");
+    finish_setup();
+    return;
+  }
   if (token.empty()) {
     const char* env = std::getenv("DTRAIN_JOB_TOKEN");
     token = env ? env : "";
@@ -122,9 +138,6 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(MirroredOptions local, 
   if (token.empty())
     throw InvalidArgument("DTRAIN_JOB_TOKEN is not set: every task of a multi-worker job must share a secret token "
                           "(dtrain-run generates one; or export DTRAIN_JOB_TOKEN=$(openssl rand -hex 32) on every task)");
-  Impl& m = impl();
-  cross_->workers = cluster_.num_workers();
-  cross_->local = static_cast<int>(m.devices.size());
   TcpGroupOptions o;
   o.rank = cluster_.worker_rank();
   for (TaskType t : {TaskType::kChief, TaskType::kWorker})
@@ -137,6 +150,11 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(MirroredOptions local, 
   o.connect_timeout = comm.connect_timeout;
   o.collective.timeout = comm.timeout;
   cross_->comm = connect_tcp_group(o);
+  finish_setup();
+}
+
+void MultiWorkerMirroredStrategy::finish_setup() {
+  Impl& m = impl();
   m.replica_offset = cluster_.worker_rank() * cross_->local;
   m.global_replicas = cross_->workers * cross_->local;
   auto cross = cross_;
@@ -146,7 +164,7 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(MirroredOptions local, 
   };
   m.on_group_made();
   DTRAIN_LOG(INFO) << cluster_.task_name() << ": " << cross_->workers << " workers x " << cross_->local
-                   << " local replicas, cross-worker ring over TCP";
+                   << " local replicas (" << cluster_.source() << ")";
 }
 
 MultiWorkerMirroredStrategy::~MultiWorkerMirroredStrategy() = default;

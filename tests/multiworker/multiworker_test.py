@@ -6,7 +6,7 @@
 Suites: Equivalence (2 and 3 workers vs OneDevice at the same global batch), Faults (kill -9 a
 worker mid-training, a worker that never starts, a wrong job token). Every wait is bounded.
 """
-import argparse, json, os, signal, socket, struct, subprocess, sys, tempfile, time, unittest
+import argparse, json, os, shutil, signal, socket, struct, subprocess, sys, tempfile, time, unittest
 
 ARGS = None
 
@@ -64,6 +64,30 @@ class Equivalence(unittest.TestCase):
                     err = max_rel_error(w, ref)
                     print(f"{n} workers, {steps} steps: max relative error {err:.3g}, loss {loss:.6f} vs {ref_loss:.6f}")
                     self.assertLessEqual(err, bound, f"{n} workers")
+
+
+class Mpi(unittest.TestCase):
+    """The MPI backend: the same training under mpirun with DTRAIN_COLLECTIVE=mpi."""
+
+    def test_two_workers_under_mpirun_match_one_device(self):
+        mpirun = shutil.which("mpirun")
+        if not mpirun:
+            self.skipTest("mpirun not installed (apt-get install openmpi-bin libopenmpi-dev)")
+        env = dict(os.environ, DTRAIN_COLLECTIVE="mpi", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        with tempfile.TemporaryDirectory() as d:
+            one, mpi = os.path.join(d, "one.bin"), os.path.join(d, "mpi.bin")
+            r = subprocess.run([ARGS.trainer, "--steps", "10", "--out", one], capture_output=True, text=True, timeout=300)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            r = subprocess.run([mpirun, "--oversubscribe", "--bind-to", "none", "-np", "2", ARGS.trainer,
+                                "--strategy=multi_worker_mirrored", "--steps", "10", "--out", mpi],
+                               capture_output=True, text=True, timeout=300, env=env)
+            if "no MPI backend" in r.stderr:
+                self.skipTest("this build has no MPI backend")
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            (l1, w1), (l2, w2) = read_weights(one), read_weights(mpi)
+            err = max_rel_error(w2, w1)
+            print(f"mpirun -np 2: max relative error {err:.3g}, loss {l2:.6f} vs {l1:.6f}")
+            self.assertLessEqual(err, 1e-5)
 
 
 class Faults(unittest.TestCase):

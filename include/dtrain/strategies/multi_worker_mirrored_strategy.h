@@ -20,7 +20,9 @@
 namespace dtrain {
 
 struct CommunicationOptions {
-  enum class Implementation { kAuto, kRing, kNccl };
+  // kAuto/kRing: TCP ring between workers (TF_CONFIG / SLURM); kMpi: OpenMPI's collectives when the
+  // job was launched by mpirun; kNccl: not available across processes in this build.
+  enum class Implementation { kAuto, kRing, kNccl, kMpi };
   Implementation implementation = Implementation::kAuto;
   size_t bytes_per_pack = size_t{4} << 20;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
@@ -52,6 +54,7 @@ class MultiWorkerMirroredStrategy : public MirroredStrategy {
   bool agree_on_next(bool have_batch) override;
 
  private:
+  void finish_setup();  // replica ids, hierarchical communicators
   ClusterResolution cluster_;
   std::shared_ptr<Cross> cross_;
   AutoShardPolicy policy_ = AutoShardPolicy::kData;

@@ -345,17 +345,25 @@ class TcpCommunicator final : public Communicator {
             s_hdr_sent = 0;
             s_pay_left = n;
           }
-          while (s_hdr_sent < sizeof(FrameHeader)) {
-            const ssize_t w = ::send(p.fd, reinterpret_cast<const char*>(&sh) + s_hdr_sent, sizeof(FrameHeader) - s_hdr_sent, MSG_NOSIGNAL | MSG_DONTWAIT);
-            if (w <= 0) break;
-            s_hdr_sent += static_cast<size_t>(w);
-          }
-          while (s_hdr_sent == sizeof(FrameHeader) && s_pay_left > 0) {
-            const ssize_t w = ::send(p.fd, sbuf + s_done, s_pay_left, MSG_NOSIGNAL | MSG_DONTWAIT);
+          // Header and payload leave in one gathered sendmsg, straight from the tensor's memory.
+          while (s_hdr_sent < sizeof(FrameHeader) || s_pay_left > 0) {
+            iovec iov[2];
+            int n_iov = 0;
+            if (s_hdr_sent < sizeof(FrameHeader))
+              iov[n_iov++] = {reinterpret_cast<char*>(&sh) + s_hdr_sent, sizeof(FrameHeader) - s_hdr_sent};
+            if (s_pay_left > 0) iov[n_iov++] = {const_cast<char*>(sbuf + s_done), s_pay_left};
+            msghdr msg{};
+            msg.msg_iov = iov;
+            msg.msg_iovlen = static_cast<size_t>(n_iov);
+            const ssize_t w = ::sendmsg(p.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
             if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
             if (w <= 0) throw Unavailable("connection to " + p.name + " (" + p.address + ") closed while sending " + tcp::describe(fp) + ": that task died or aborted");
-            s_done += static_cast<size_t>(w);
-            s_pay_left -= static_cast<size_t>(w);
+            size_t k = static_cast<size_t>(w);
+            const size_t h = std::min(k, sizeof(FrameHeader) - s_hdr_sent);
+            s_hdr_sent += h;
+            k -= h;
+            s_done += k;
+            s_pay_left -= k;
           }
           if (s_hdr_sent == sizeof(FrameHeader) && s_pay_left == 0 && send_lock.owns_lock()) send_lock.unlock();
         }

@@ -19,13 +19,6 @@ LossFn default_loss(const LossFn& f) {
   };
 }
 
-int64_t total_rows(const PerReplica& batch) {
-  int64_t n = 0;
-  for (const auto& r : batch.values)
-    if (!r.empty()) n += r[0].shape()[0];
-  return n;
-}
-
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
@@ -117,7 +110,8 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
     while (logs.step < logs.steps_per_epoch) {
       const auto t0 = Clock::now();  // timed from input fetch to the loss on the host
       if (!next(&batch)) break;
-      rows_this_step = batch.global_rows >= 0 ? batch.global_rows : total_rows(batch);
+      rows_this_step = batch.global_rows;  // set by distribute_dataset: all workers' rows this step
+      DTRAIN_CHECK(rows_this_step >= 0, "distribute_dataset left global_rows unset");
       PerReplica out = strategy.run(step, batch);
       const double loss = strategy.reduce(ReduceOp::kSum, out)[0].item();
       epoch_loss.update(loss, static_cast<double>(rows_this_step));

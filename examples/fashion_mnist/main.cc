@@ -34,12 +34,23 @@ int main(int argc, char** argv) {
   app.add_option("--data-dir", data_dir, "Fashion-MNIST IDX directory (default $DTRAIN_DATA_DIR, then /usr/share/datasets/fashion-mnist)");
   app.add_option("--warmup", warmup, "steps excluded from images/sec")->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_flag("--json", json, "print one JSON object with the results as the last line");
+  dtrain::ParameterServerOptions ps;
+  int ps_shards = 0;
+  app.add_option("--checkpoint-dir", ps.checkpoint_dir, "parameter_server: the chief's checkpoints (restored from on start)");
+  app.add_option("--checkpoint-every", ps.checkpoint_every, "parameter_server: global steps between checkpoints")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--max-staleness", ps.max_staleness, "parameter_server: steps a worker may run ahead of the slowest (-1 = unbounded)")
+      ->capture_default_str();
+  app.add_option("--ps-shards", ps_shards, "parameter_server: split each variable with >= 2 rows into this many shards (0 = whole)")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
   try {
     dtrain::set_global_seed(seed);
     dtrain::StrategyOptions opts;
     opts.devices = dtrain::parse_devices_flag(devices_flag, threads);
+    if (ps_shards > 0) ps.partitioner = dtrain::fixed_shards_partitioner(ps_shards);
+    opts.parameter_server = ps;
     auto strategy = dtrain::make_strategy(strategy_name, opts);
     const dtrain::FashionMnist data = dtrain::load_fashion_mnist(data_dir);
 
@@ -71,6 +82,7 @@ int main(int argc, char** argv) {
                        {"replicas", strategy->num_replicas_in_sync()},
                        {"devices", devices_flag},
                        {"steps", h.steps},
+                       {"job_step", strategy->job_step() >= 0 ? nlohmann::json(strategy->job_step()) : nlohmann::json()},
                        {"global_batch", batch},
                        {"images_per_sec", h.images_per_sec},
                        {"final_loss", h.final_loss},

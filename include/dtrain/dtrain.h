@@ -1,6 +1,7 @@
 // Umbrella header: everything a training program needs.
 #pragma once
 
+#include "dtrain/core/checkpoint.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/logging.h"
 #include "dtrain/core/random.h"
@@ -20,6 +21,7 @@
 #include "dtrain/strategies/mirrored_strategy.h"
 #include "dtrain/strategies/multi_worker_mirrored_strategy.h"
 #include "dtrain/strategies/one_device_strategy.h"
+#include "dtrain/strategies/parameter_server_strategy.h"
 #include "dtrain/strategies/strategy.h"
 #include "dtrain/train/callbacks.h"
 #include "dtrain/train/fit.h"

@@ -1,5 +1,8 @@
 #include "dtrain/model/optimizers.h"
 
+#include <cstdio>
+#include <sstream>
+
 #include "dtrain/devices/device.h"
 #include "dtrain/model/initializers.h"
 #include "dtrain/strategies/strategy.h"
@@ -28,7 +31,8 @@ std::vector<std::shared_ptr<Variable>>& Optimizer::slots_for(const Variable* v) 
 
 void Optimizer::build(const std::vector<std::shared_ptr<Variable>>& vars) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& v : vars) slots_for(v.get());
+  for (const auto& v : vars)
+    if (!v->updates_remotely()) slots_for(v.get());
 }
 
 int64_t Optimizer::iterations() const {
@@ -75,11 +79,17 @@ void Optimizer::apply_gradients(const std::vector<Tensor>& grads,
   {
     std::lock_guard<std::mutex> lock(mu_);
     step = ++steps_[replica];
-    for (const auto& v : vars) slot_lists.push_back(&slots_for(v.get()));
+    for (const auto& v : vars) slot_lists.push_back(v->updates_remotely() ? nullptr : &slots_for(v.get()));
   }
+  std::string remote_config;
   for (size_t i = 0; i < vars.size(); ++i) {
     if (!g[i].defined()) continue;
     const Tensor& grad = g[i];
+    if (!slot_lists[i]) {  // the variable lives on a parameter server, which applies the update
+      if (remote_config.empty()) remote_config = config();
+      vars[i]->apply_remote_update(remote_config, grad);
+      continue;
+    }
     vars[i]->update([&](Tensor& value, size_t copy) {
       std::vector<Tensor> slots;
       for (const auto& s : *slot_lists[i]) slots.push_back(s->device_values().at(copy));
@@ -87,6 +97,47 @@ void Optimizer::apply_gradients(const std::vector<Tensor>& grads,
     });
   }
 }
+
+namespace {
+
+std::string format_floats(const std::string& name, std::initializer_list<double> values) {
+  std::string out = name;
+  char buf[32];
+  for (double v : values) {
+    std::snprintf(buf, sizeof(buf), " %.9g", v);
+    out += buf;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<Optimizer> Optimizer::from_config(const std::string& config) {
+  std::istringstream in(config);
+  std::string name;
+  in >> name;
+  std::vector<double> v;
+  double x;
+  while (in >> x) v.push_back(x);
+  const bool clean = in.eof();
+  auto bad = [&](const char* want) {
+    return InvalidArgument("malformed optimizer config '" + config + "': expected " + want);
+  };
+  if (name == "sgd") {
+    if (!clean || v.size() != 3) throw bad("'sgd <lr> <momentum> <nesterov 0|1>'");
+    return std::make_unique<SGD>(static_cast<float>(v[0]), static_cast<float>(v[1]), v[2] != 0);
+  }
+  if (name == "adam") {
+    if (!clean || v.size() != 4) throw bad("'adam <lr> <beta1> <beta2> <epsilon>'");
+    return std::make_unique<Adam>(static_cast<float>(v[0]), static_cast<float>(v[1]), static_cast<float>(v[2]),
+                                  static_cast<float>(v[3]));
+  }
+  throw bad("an optimizer name: sgd or adam");
+}
+
+std::string SGD::config() const { return format_floats("sgd", {lr_, momentum_, nesterov_ ? 1.0 : 0.0}); }
+
+std::string Adam::config() const { return format_floats("adam", {lr_, beta1_, beta2_, epsilon_}); }
 
 SGD::SGD(float lr, float momentum, bool nesterov) : Optimizer(lr), momentum_(momentum), nesterov_(nesterov) {
   if (momentum < 0.f || momentum >= 1.f)

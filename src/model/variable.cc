@@ -4,6 +4,10 @@
 
 namespace dtrain {
 
+void Variable::apply_remote_update(const std::string&, const Tensor&) {
+  throw Internal("apply_remote_update called on variable '" + name() + "', which is updated locally");
+}
+
 PlainVariable::PlainVariable(VariableSpec spec, DeviceSpec device) : Variable(std::move(spec)) {
   Tensor init = spec_.initializer(spec_.shape, spec_.dtype, device);
   if (init.shape() != spec_.shape || init.dtype() != spec_.dtype)

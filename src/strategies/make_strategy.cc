@@ -3,6 +3,8 @@
 #include "dtrain/strategies/mirrored_strategy.h"
 #include "dtrain/strategies/multi_worker_mirrored_strategy.h"
 #include "dtrain/strategies/one_device_strategy.h"
+#include "dtrain/strategies/parameter_server_strategy.h"
+#include "dtrain/core/logging.h"
 #include <cstdlib>
 
 #include "strategies/default_strategy.h"
@@ -10,7 +12,7 @@
 namespace dtrain {
 
 std::vector<std::string> strategy_names() {
-  return {"default", "one_device", "mirrored", "central_storage", "multi_worker_mirrored"};
+  return {"default", "one_device", "mirrored", "central_storage", "multi_worker_mirrored", "parameter_server"};
 }
 
 std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyOptions& options) {
@@ -47,6 +49,19 @@ std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyO
       c.connect_timeout = std::chrono::seconds(secs);
     }
     return std::make_unique<MultiWorkerMirroredStrategy>(m, c);  // cluster from TF_CONFIG, token from DTRAIN_JOB_TOKEN
+  }
+  if (name == "parameter_server") {
+    auto cluster = from_environment();
+    if (cluster && cluster->task_type() == TaskType::kPs) {
+      // The same binary started as a ps task serves variables until told to stop (as TF's
+      // tf.distribute.Server(...).join()), and the process ends there.
+      serve_parameter_server(*cluster);
+      std::exit(0);
+    }
+    if (devices.size() != 1)
+      throw InvalidArgument("--strategy=parameter_server trains on one device per worker but --devices gave " +
+                            std::to_string(devices.size()) + "; pass --devices=cpu or --devices=gpu:0");
+    return std::make_unique<ParameterServerStrategy>(options.parameter_server, devices[0], std::move(cluster));
   }
   std::string valid;
   for (const auto& n : strategy_names()) valid += (valid.empty() ? "" : ", ") + n;

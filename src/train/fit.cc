@@ -1,6 +1,7 @@
 #include "dtrain/train/fit.h"
 
 #include <chrono>
+#include <limits>
 
 #include "dtrain/model/gradient_tape.h"
 #include "dtrain/model/losses.h"
@@ -72,12 +73,23 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
   }
   const VariableList vars = model.trainable_variables();
 
-  const Dataset epoch_ds = train.shuffle(options.shuffle_seed).batch(options.global_batch_size, options.drop_remainder);
+  // Asynchronous strategies: each worker trains on its own shard of the data, and the job stops
+  // when its global step (which survives restarts) reaches the target.
+  const Strategy::InputShard shard = strategy.input_shard();
+  const Dataset my_train = shard.count > 1 ? train.shard(shard.count, shard.index) : train;
+  const Dataset epoch_ds = my_train.shuffle(options.shuffle_seed).batch(options.global_batch_size, options.drop_remainder);
   const int64_t steps_per_epoch = epoch_ds.cardinality();
   if (steps_per_epoch == 0) throw InvalidArgument("fit(): no full batch in the training data");
   int epochs = options.epochs;
   if (options.steps > 0 && steps_per_epoch > 0)
     epochs = static_cast<int>((options.steps + steps_per_epoch - 1) / steps_per_epoch);
+  const bool async = strategy.job_step() >= 0;
+  int64_t job_target = 0;
+  if (async) {
+    job_target = options.steps > 0 ? options.steps : options.epochs * steps_per_epoch * shard.count;
+    epochs = options.steps > 0 ? std::numeric_limits<int>::max() : options.epochs;
+  }
+  auto job_done = [&] { return async && strategy.job_step() >= job_target; };
   auto next = strategy.distribute_dataset(epoch_ds.repeat().prefetch(2), options.global_batch_size);
 
   int64_t rows_this_step = 0;
@@ -93,6 +105,9 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
   History h;
   TrainLogs logs;
   logs.epochs = epochs;
+  if (async && options.steps > 0)  // for the progress display: about how many epochs that is
+    logs.epochs = static_cast<int>(std::max<int64_t>(1, (options.steps + steps_per_epoch * shard.count - 1) /
+                                                            (steps_per_epoch * shard.count)));
   logs.steps_per_epoch = steps_per_epoch;
   for (Callback* c : options.callbacks) c->on_train_begin(logs);
   int64_t timed_images = 0;
@@ -100,14 +115,14 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
   for (int epoch = 0; epoch < epochs; ++epoch) {
     logs.epoch = epoch;
     logs.step = 0;
-    if (options.steps > 0)
+    if (options.steps > 0 && !async)
       logs.steps_per_epoch = std::min<int64_t>(steps_per_epoch, options.steps - h.steps);
     for (Callback* c : options.callbacks) c->on_epoch_begin(logs);
     Mean epoch_loss;
     int64_t epoch_images = 0;
     const auto epoch_start = Clock::now();
     PerReplica batch;
-    while (logs.step < logs.steps_per_epoch) {
+    while (logs.step < logs.steps_per_epoch && !job_done()) {
       const auto t0 = Clock::now();  // timed from input fetch to the loss on the host
       if (!next(&batch)) break;
       rows_this_step = batch.global_rows;  // set by distribute_dataset: all workers' rows this step
@@ -127,13 +142,16 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
       logs.images_per_sec = static_cast<double>(epoch_images) / std::max(1e-9, seconds_since(epoch_start));
       for (Callback* c : options.callbacks) c->on_batch_end(logs);
     }
-    h.epoch_loss.push_back(epoch_loss.result());
-    if (test) {
+    if (!async || epoch_images > 0 || h.epoch_loss.empty()) h.epoch_loss.push_back(epoch_loss.result());
+    const bool last = epoch + 1 == epochs || job_done();
+    if (last) strategy.on_training_end();
+    if (test && (last || !async)) {
       const EvalResult r = evaluate(strategy, model, *test, options.eval_batch_size, loss_fn);
       logs.test_accuracy = h.test_accuracy = r.accuracy;
       logs.test_loss = h.test_loss = r.loss;
     }
     for (Callback* c : options.callbacks) c->on_epoch_end(logs);
+    if (last) break;
   }
   h.final_loss = h.epoch_loss.empty() ? 0 : h.epoch_loss.back();
   h.images_per_sec = timed_seconds > 0 ? static_cast<double>(timed_images) / timed_seconds : 0;

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "dtrain/model/variable.h"
@@ -33,6 +34,18 @@ class Optimizer {
   // All slot variables, for checkpoints.
   std::vector<std::shared_ptr<Variable>> slot_variables() const;
 
+  // The optimizer and its hyper-parameters as one line ("adam 0.001 0.9 0.999 1e-07"), which
+  // from_config() turns back into an equal optimizer: how a parameter server learns the job's
+  // optimizer. Throws InvalidArgument naming the problem for a malformed line.
+  virtual std::string config() const = 0;
+  static std::unique_ptr<Optimizer> from_config(const std::string& config);
+  int slots_per_variable() const { return num_slots(); }
+  // One update of `value` in place, with `slots` (slots_per_variable() tensors shaped like value,
+  // zero-initialised before the first step) and the 1-based step count of this variable.
+  void apply_dense(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step) {
+    update(value, grad, slots, step);
+  }
+
  protected:
   // Number of slots per variable and how to create them.
   virtual int num_slots() const = 0;
@@ -50,6 +63,7 @@ class Optimizer {
 class SGD : public Optimizer {
  public:
   explicit SGD(float learning_rate = 0.01f, float momentum = 0.f, bool nesterov = false);
+  std::string config() const override;
 
  protected:
   int num_slots() const override { return momentum_ > 0.f ? 1 : 0; }
@@ -64,6 +78,7 @@ class Adam : public Optimizer {
  public:
   explicit Adam(float learning_rate = 1e-3f, float beta1 = 0.9f, float beta2 = 0.999f,
                 float epsilon = 1e-7f);
+  std::string config() const override;
 
  protected:
   int num_slots() const override { return 2; }

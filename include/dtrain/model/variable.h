@@ -68,6 +68,13 @@ class Variable {
   // Every device copy (one for a plain variable).
   virtual std::vector<Tensor> device_values() const { return {value()}; }
 
+  // Variables that live in another process (ParameterServer) are updated where they live, as TF
+  // colocates an optimizer's update with its variable: the optimizer hands over its config()
+  // and the gradient instead of updating a local copy, and keeps no local slots for them.
+  virtual bool updates_remotely() const { return false; }
+  // Throws Internal unless updates_remotely().
+  virtual void apply_remote_update(const std::string& optimizer_config, const Tensor& grad);
+
  protected:
   VariableSpec spec_;
 };

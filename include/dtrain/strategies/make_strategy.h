@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "dtrain/strategies/mirrored_strategy.h"
+#include "dtrain/strategies/parameter_server_strategy.h"
 #include "dtrain/strategies/strategy.h"
 
 namespace dtrain {
@@ -15,6 +16,8 @@ struct StrategyOptions {
   std::vector<DeviceSpec> devices;
   // mirrored / central_storage: cross-device ops, pack size, overlap, timeout (devices ignored).
   MirroredOptions mirrored;
+  // parameter_server: partitioner, staleness bound, checkpoints, timeouts.
+  ParameterServerOptions parameter_server;
 };
 
 // The --strategy values this build accepts, e.g. {"default", "one_device"}.

@@ -101,6 +101,20 @@ class Strategy {
   // The devices replicas run on, in replica order (local replicas only).
   virtual std::vector<DeviceSpec> worker_devices() const = 0;
 
+  // Asynchronous strategies (ParameterServer) have each worker train on its own part of the
+  // data: fit() keeps shard `index` of `count` of the training set. Synchronous strategies split
+  // every global batch in distribute_dataset instead and return {1, 0}.
+  struct InputShard {
+    int count = 1, index = 0;
+  };
+  virtual InputShard input_shard() const { return {}; }
+  // The job-wide step count kept by asynchronous strategies (restored with checkpoints), which
+  // fit() trains up to; -1 when the strategy keeps none (fit counts its own steps).
+  virtual int64_t job_step() const { return -1; }
+  // fit() calls this once when training ends, before the final evaluation: an asynchronous
+  // chief waits there for the other workers and writes its final checkpoint.
+  virtual void on_training_end() {}
+
   // Calls fn once per local replica with that replica's inputs (inputs.values[r]; an empty
   // PerReplica gives every replica no inputs). Rethrows the first replica's exception after all
   // replicas have finished. Throws FailedPrecondition when called from inside a replica.

@@ -13,7 +13,12 @@ constexpr uint16_t kVersion = 1;
 
 // kHeartbeat: sent between frames by every rank's heartbeat thread; carries nothing and is skipped
 // by receivers, which treat a needed peer that sends no byte for the heartbeat timeout as hung.
-enum class FrameKind : uint16_t { kHello = 1, kProof = 2, kData = 3, kAbort = 4, kHeartbeat = 5 };
+// kRequest / kResponse: the request/response traffic of rpc.h (parameter servers); seq is the
+// request id, op the method, reduce the response status, count the number of tensors.
+enum class FrameKind : uint16_t {
+  kHello = 1, kProof = 2, kData = 3, kAbort = 4, kHeartbeat = 5, kRequest = 6, kResponse = 7
+};
+constexpr uint16_t kMaxFrameKind = 7;
 
 #pragma pack(push, 1)
 struct FrameHeader {

@@ -101,7 +101,7 @@ FrameHeader read_header(const Peer& p, size_t max_payload, Clock::time_point dea
   if (h.version != kVersion)
     throw DataLoss(detail::str_cat("frame from ", p.name, " has protocol version ", h.version, ", this task speaks ",
                                    kVersion, "; run the same dtrain build on every task"));
-  if (h.kind < 1 || h.kind > 5)
+  if (h.kind < 1 || h.kind > kMaxFrameKind)
     throw DataLoss(detail::str_cat("malformed frame from ", p.name, ": unknown kind ", h.kind));
   if (h.kind == static_cast<uint16_t>(FrameKind::kAbort)) {
     std::string msg(static_cast<size_t>(std::min<uint64_t>(h.payload_bytes, 4096)), '\0');

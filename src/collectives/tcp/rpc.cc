@@ -1,0 +1,425 @@
+#include "collectives/tcp/rpc.h"
+
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "collectives/tcp/auth.h"
+#include "collectives/tcp/mesh.h"
+#include "dtrain/core/logging.h"
+
+namespace dtrain::tcp {
+namespace {
+
+constexpr uint64_t kMaxTensors = 1 << 16;
+constexpr int kMaxRank = 8;
+
+enum Status : uint8_t {
+  kOk = 0, kInvalidArgument, kFailedPrecondition, kUnavailable, kDeadlineExceeded, kDataLoss,
+  kPermissionDenied, kNotFound, kUnimplemented, kInternal
+};
+
+uint8_t status_of(const Error& e) {
+  if (dynamic_cast<const InvalidArgument*>(&e)) return kInvalidArgument;
+  if (dynamic_cast<const FailedPrecondition*>(&e)) return kFailedPrecondition;
+  if (dynamic_cast<const Unavailable*>(&e)) return kUnavailable;
+  if (dynamic_cast<const DeadlineExceeded*>(&e)) return kDeadlineExceeded;
+  if (dynamic_cast<const DataLoss*>(&e)) return kDataLoss;
+  if (dynamic_cast<const PermissionDenied*>(&e)) return kPermissionDenied;
+  if (dynamic_cast<const NotFound*>(&e)) return kNotFound;
+  if (dynamic_cast<const Unimplemented*>(&e)) return kUnimplemented;
+  return kInternal;
+}
+
+// The server's message without its "Name: " prefix (the rethrown error adds it back).
+std::string strip_prefix(const std::string& m) {
+  const auto colon = m.find(": ");
+  return colon != std::string::npos && colon < 24 && m.find(' ') > colon ? m.substr(colon + 2) : m;
+}
+
+[[noreturn]] void rethrow(uint8_t status, const std::string& msg) {
+  switch (status) {
+    case kInvalidArgument: throw InvalidArgument(msg);
+    case kFailedPrecondition: throw FailedPrecondition(msg);
+    case kUnavailable: throw Unavailable(msg);
+    case kDeadlineExceeded: throw DeadlineExceeded(msg);
+    case kDataLoss: throw DataLoss(msg);
+    case kPermissionDenied: throw PermissionDenied(msg);
+    case kNotFound: throw NotFound(msg);
+    case kUnimplemented: throw Unimplemented(msg);
+    default: throw Internal(msg);
+  }
+}
+
+int open_listener(const std::string& address, const std::string& who) {
+  std::string host;
+  int port = 0;
+  split_address(address, &host, &port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (rc != 0 || !res)
+    throw InvalidArgument("cannot resolve '" + address + "': " + ::gai_strerror(rc) +
+                          "; use an IP address or a resolvable host name");
+  const int fd = ::socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, 0);
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  const bool ok = fd >= 0 && ::bind(fd, res->ai_addr, res->ai_addrlen) == 0 && ::listen(fd, 128) == 0;
+  const int err = errno;
+  ::freeaddrinfo(res);
+  if (!ok) {
+    if (fd >= 0) ::close(fd);
+    throw Unavailable("cannot listen on " + address + " (" + who + "): " + std::strerror(err) +
+                      "; is the port in use or the address not on this host?");
+  }
+  set_nonblocking(fd);
+  return fd;
+}
+
+int dial(const std::string& address) {
+  std::string host;
+  int port = 0;
+  split_address(address, &host, &port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res) return -1;
+  int fd = ::socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
+    ::close(fd);
+    fd = -1;
+  }
+  ::freeaddrinfo(res);
+  return fd;
+}
+
+}  // namespace
+
+MetaWriter& MetaWriter::raw(const void* p, size_t n) {
+  out_.append(static_cast<const char*>(p), n);
+  return *this;
+}
+
+MetaWriter& MetaWriter::str(const std::string& s) {
+  u64(s.size());
+  out_ += s;
+  return *this;
+}
+
+void MetaReader::need(size_t n) const {
+  if (s_.size() - pos_ < n)
+    throw DataLoss(detail::str_cat("malformed ", what_, ": its fields end after ", s_.size(),
+                                   " bytes; is every task running the same dtrain build?"));
+}
+
+uint64_t MetaReader::u64() {
+  need(8);
+  uint64_t v;
+  std::memcpy(&v, s_.data() + pos_, 8);
+  pos_ += 8;
+  return v;
+}
+
+int64_t MetaReader::i64() { return static_cast<int64_t>(u64()); }
+
+uint8_t MetaReader::u8() {
+  need(1);
+  return static_cast<uint8_t>(s_[pos_++]);
+}
+
+std::string MetaReader::str(size_t max_len) {
+  const uint64_t n = u64();
+  if (n > max_len) throw DataLoss(detail::str_cat("malformed ", what_, ": a string of ", n, " bytes (limit ", max_len, ")"));
+  need(n);
+  std::string out = s_.substr(pos_, n);
+  pos_ += n;
+  return out;
+}
+
+void MetaReader::expect_end() const {
+  if (pos_ != s_.size())
+    throw DataLoss(detail::str_cat("malformed ", what_, ": ", s_.size() - pos_, " unexpected trailing bytes"));
+}
+
+void write_message(const Peer& peer, FrameKind kind, uint64_t id, uint32_t sender, uint8_t status,
+                   const RpcMessage& m, Clock::time_point deadline) {
+  std::string prefix(sizeof(FrameHeader), '\0');
+  const uint32_t meta_len = static_cast<uint32_t>(m.meta.size());
+  prefix.append(reinterpret_cast<const char*>(&meta_len), 4);
+  prefix += m.meta;
+  size_t data = 0;
+  for (const Tensor& t : m.tensors) {
+    DTRAIN_CHECK(t.defined() && t.device().host_accessible(), "rpc tensors must be defined CPU tensors");
+    prefix.push_back(static_cast<char>(t.dtype()));
+    prefix.push_back(static_cast<char>(t.rank()));
+    for (int64_t d : t.shape().dims()) prefix.append(reinterpret_cast<const char*>(&d), 8);
+    data += t.nbytes();
+  }
+  FrameHeader h;
+  h.kind = static_cast<uint16_t>(kind);
+  h.seq = id;
+  h.op = m.method;
+  h.reduce = status;
+  h.sender = sender;
+  h.count = m.tensors.size();
+  h.payload_bytes = prefix.size() - sizeof(FrameHeader) + data;
+  std::memcpy(prefix.data(), &h, sizeof(h));
+  if (data <= (64u << 10)) {  // small: one send
+    for (const Tensor& t : m.tensors) prefix.append(static_cast<const char*>(t.raw_data()), t.nbytes());
+    write_exact(peer, prefix.data(), prefix.size(), deadline);
+    return;
+  }
+  write_exact(peer, prefix.data(), prefix.size(), deadline);
+  for (const Tensor& t : m.tensors) write_exact(peer, t.raw_data(), t.nbytes(), deadline);
+}
+
+RpcMessage read_message_body(const Peer& peer, const FrameHeader& h, Clock::time_point deadline) {
+  const std::string what = std::string(h.kind == static_cast<uint16_t>(FrameKind::kRequest) ? "request" : "response") +
+                           " from " + peer.name;
+  uint64_t left = h.payload_bytes;
+  auto take = [&](uint64_t n) {
+    if (n > left)
+      throw DataLoss(detail::str_cat("malformed ", what, " (", peer.address, "): its parts need more than the ",
+                                     h.payload_bytes, " payload bytes the header announced"));
+    left -= n;
+  };
+  if (h.count > kMaxTensors) throw DataLoss(detail::str_cat("malformed ", what, ": ", h.count, " tensors (limit ", kMaxTensors, ")"));
+  RpcMessage m;
+  m.method = h.op;
+  uint32_t meta_len = 0;
+  take(4);
+  read_exact(peer, &meta_len, 4, deadline);
+  take(meta_len);
+  m.meta.resize(meta_len);
+  read_exact(peer, m.meta.data(), meta_len, deadline);
+  std::vector<std::pair<DType, Shape>> specs;
+  for (uint64_t i = 0; i < h.count; ++i) {
+    uint8_t dr[2];
+    take(2);
+    read_exact(peer, dr, 2, deadline);
+    if (dr[0] > static_cast<uint8_t>(DType::kInt64) || dr[1] > kMaxRank)
+      throw DataLoss(detail::str_cat("malformed ", what, ": tensor ", i, " has dtype code ", int(dr[0]), " and rank ", int(dr[1])));
+    std::vector<int64_t> dims(dr[1]);
+    take(8ull * dr[1]);
+    read_exact(peer, dims.data(), 8ull * dr[1], deadline);
+    uint64_t numel = 1;
+    for (int64_t d : dims) {
+      if (d < 0 || (d > 0 && numel > left / static_cast<uint64_t>(d)))
+        throw DataLoss(detail::str_cat("malformed ", what, ": tensor ", i, " has a bad or oversized dimension ", d));
+      numel *= static_cast<uint64_t>(d);
+    }
+    specs.emplace_back(static_cast<DType>(dr[0]), Shape(dims));
+  }
+  for (auto& [dtype, shape] : specs) {
+    const uint64_t n = static_cast<uint64_t>(shape.numel()) * dtype_size(dtype);
+    take(n);
+    Tensor t = Tensor::empty(shape, dtype);
+    if (n) read_exact(peer, t.raw_data(), n, deadline);
+    m.tensors.push_back(std::move(t));
+  }
+  if (left != 0)
+    throw DataLoss(detail::str_cat("malformed ", what, ": ", left, " payload bytes left over after its parts"));
+  return m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Server
+
+RpcServer::RpcServer(TcpGroupOptions options, RpcHandler handler, RpcDisconnect on_disconnect)
+    : o_(std::move(options)), fingerprint_(job_fingerprint(o_.addresses)), handler_(std::move(handler)),
+      on_disconnect_(std::move(on_disconnect)) {
+  if (o_.rank < 0 || o_.rank >= static_cast<int>(o_.addresses.size()))
+    throw InvalidArgument(detail::str_cat("rank ", o_.rank, " out of range for ", o_.addresses.size(), " addresses"));
+  if (o_.token.size() < 16)
+    throw InvalidArgument("the job token must be at least 16 characters; set DTRAIN_JOB_TOKEN (dtrain-run generates one)");
+  listen_fd_ = open_listener(o_.addresses[static_cast<size_t>(o_.rank)], name_of(o_, o_.rank));
+  acceptor_ = std::thread([this] { accept_loop(); });
+}
+
+RpcServer::~RpcServer() { stop(); }
+
+void RpcServer::stop() {
+  if (stopping_.exchange(true)) return;
+  if (acceptor_.joinable()) acceptor_.join();
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
+    threads.swap(threads_);
+  }
+  for (auto& t : threads) t.join();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  listen_fd_ = -1;
+}
+
+void RpcServer::accept_loop() {
+  while (!stopping_.load()) {
+    pollfd pfd{listen_fd_, POLLIN, 0};
+    if (::poll(&pfd, 1, 100) <= 0) continue;
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    char host[NI_MAXHOST] = "?", serv[NI_MAXSERV] = "?";
+    ::getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof(host), serv, sizeof(serv),
+                  NI_NUMERICHOST | NI_NUMERICSERV);
+    Peer p;
+    p.fd = fd;
+    p.address = std::string(host) + ":" + serv;
+    p.name = p.address;
+    set_nonblocking(fd);
+    set_socket_options(fd);
+    std::lock_guard<std::mutex> lock(mu_);
+    fds_.push_back(fd);
+    ++live_;
+    threads_.emplace_back([this, p] { serve(p); });
+  }
+}
+
+void RpcServer::serve(Peer p) {
+  bool authenticated = false;
+  try {
+    authenticate(p, o_, fingerprint_, -1, /*any_rank=*/true, Clock::now() + std::chrono::seconds(10));
+    authenticated = true;
+    while (!stopping_.load()) {
+      pollfd pfd{p.fd, POLLIN, 0};
+      const int r = ::poll(&pfd, 1, 200);
+      if (r <= 0) continue;
+      const auto deadline = Clock::now() + o_.collective.timeout;
+      const FrameHeader h = read_header(p, o_.max_frame_bytes, deadline);
+      if (h.kind == static_cast<uint16_t>(FrameKind::kHeartbeat)) continue;
+      if (h.kind != static_cast<uint16_t>(FrameKind::kRequest))
+        throw DataLoss(detail::str_cat("unexpected frame kind ", h.kind, " from ", p.name, " (expected a request)"));
+      const RpcMessage req = read_message_body(p, h, deadline);
+      RpcMessage resp;
+      uint8_t status = kOk;
+      try {
+        resp = handler_(req, p.rank);
+      } catch (const Error& e) {
+        status = status_of(e);
+        resp = RpcMessage{};
+        resp.meta = strip_prefix(e.what());
+      } catch (const std::exception& e) {
+        status = kInternal;
+        resp = RpcMessage{};
+        resp.meta = e.what();
+      }
+      resp.method = h.op;
+      write_message(p, FrameKind::kResponse, h.seq, static_cast<uint32_t>(o_.rank), status, resp,
+                    Clock::now() + o_.collective.timeout);
+    }
+  } catch (const Unavailable&) {
+    if (!stopping_.load()) {
+      DTRAIN_LOG(INFO) << name_of(o_, o_.rank) << ": " << p.name << " disconnected";
+    }
+  } catch (const Error& e) {
+    if (!stopping_.load()) {
+      DTRAIN_LOG(WARNING) << name_of(o_, o_.rank) << " closed the connection from " << p.name << ": " << e.what();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& fd : fds_)
+      if (fd == p.fd) fd = fds_.back();
+    if (!fds_.empty()) fds_.pop_back();
+  }
+  ::close(p.fd);
+  --live_;
+  if (authenticated && on_disconnect_) on_disconnect_(p.rank);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client
+
+RpcClient::RpcClient(const TcpGroupOptions& options, int server) : o_(options) {
+  if (server < 0 || server >= static_cast<int>(o_.addresses.size()) || server == o_.rank)
+    throw InvalidArgument(detail::str_cat("RpcClient: bad server index ", server));
+  if (o_.token.size() < 16)
+    throw InvalidArgument("the job token must be at least 16 characters; set DTRAIN_JOB_TOKEN (dtrain-run generates one)");
+  const std::string& address = o_.addresses[static_cast<size_t>(server)];
+  const auto deadline = Clock::now() + o_.connect_timeout;
+  for (;;) {
+    const int fd = dial(address);
+    if (fd >= 0) {
+      peer_.fd = fd;
+      peer_.address = address;
+      peer_.name = name_of(o_, server);
+      set_nonblocking(fd);
+      set_socket_options(fd);
+      try {
+        authenticate(peer_, o_, job_fingerprint(o_.addresses), server, false, deadline);
+        return;
+      } catch (...) {
+        ::close(fd);
+        peer_.fd = -1;
+        throw;
+      }
+    }
+    if (Clock::now() >= deadline)
+      throw DeadlineExceeded(detail::str_cat(name_of(o_, o_.rank), " could not reach ", name_of(o_, server), " (",
+                                             address, ") within ", o_.connect_timeout.count(),
+                                             " ms; start every task of the job (dtrain-run does) or check the addresses"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+RpcClient::~RpcClient() {
+  if (peer_.fd >= 0) ::close(peer_.fd);
+}
+
+uint64_t RpcClient::send(const RpcMessage& request) {
+  if (broken_) throw Unavailable(broken_why_);
+  const uint64_t id = next_id_++;
+  try {
+    write_message(peer_, FrameKind::kRequest, id, static_cast<uint32_t>(o_.rank), 0, request,
+                  Clock::now() + o_.collective.timeout);
+  } catch (const Error& e) {
+    broken_ = true;
+    broken_why_ = e.what();
+    throw;
+  }
+  return id;
+}
+
+RpcMessage RpcClient::receive(uint64_t id) {
+  if (broken_) throw Unavailable(broken_why_);
+  uint8_t status = kOk;
+  std::string message;
+  try {
+    const auto deadline = Clock::now() + o_.collective.timeout;
+    FrameHeader h;
+    do {
+      h = read_header(peer_, o_.max_frame_bytes, deadline);
+    } while (h.kind == static_cast<uint16_t>(FrameKind::kHeartbeat));
+    if (h.kind != static_cast<uint16_t>(FrameKind::kResponse) || h.seq != id)
+      throw DataLoss(detail::str_cat("out-of-order answer from ", peer_.name, ": expected response #", id, ", got kind ",
+                                     h.kind, " #", h.seq));
+    RpcMessage m = read_message_body(peer_, h, deadline);
+    if (h.reduce == kOk) return m;
+    status = h.reduce;
+    message = peer_.name + " (" + peer_.address + "): " + m.meta;
+  } catch (const DeadlineExceeded& e) {
+    broken_ = true;  // a late answer would desynchronise the stream
+    broken_why_ = e.what();
+    throw;
+  } catch (const Unavailable& e) {
+    broken_ = true;
+    broken_why_ = e.what();
+    throw;
+  } catch (const DataLoss& e) {
+    broken_ = true;
+    broken_why_ = e.what();
+    throw;
+  }
+  rethrow(status, message);  // the server answered with an error; the connection stays usable
+}
+
+}  // namespace dtrain::tcp

@@ -1,0 +1,570 @@
+// Safetensors files and CheckpointManager. nlohmann/json is used only inside this file; its
+// exceptions are caught where it is called and rethrown as dtrain errors.
+//
+// Loading never trusts the header: every size is checked against the file size before anything
+// is allocated, and the entries must tile the data section exactly (the same rule as the Rust
+// reference implementation), so a corrupt file is reported, not half-loaded.
+#include "dtrain/core/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "dtrain/core/logging.h"
+
+namespace dtrain {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors data is little-endian; this host needs byte swapping added");
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
+constexpr size_t kMaxIndexBytes = 64 << 10;
+constexpr int kMaxJsonDepth = 16;  // a safetensors header nests 3 deep
+constexpr const char* kIndexName = "checkpoint";
+
+struct DTypeName {
+  DType dtype;
+  const char* name;
+};
+constexpr DTypeName kDTypes[] = {{DType::kFloat32, "F32"}, {DType::kFloat64, "F64"},
+                                 {DType::kFloat16, "F16"}, {DType::kBFloat16, "BF16"},
+                                 {DType::kInt32, "I32"},   {DType::kInt64, "I64"}};
+// Valid in the safetensors spec but not a dtrain DType.
+constexpr const char* kOtherSpecDTypes[] = {"BOOL", "U8",      "I8",      "U16",     "I16",
+                                            "U32",  "U64",     "F8_E4M3", "F8_E5M2", "F8_E8M0",
+                                            "F4",   "F6_E2M3", "F6_E3M2", "C64"};
+
+const char* safetensors_name(DType t) {
+  for (const auto& d : kDTypes)
+    if (d.dtype == t) return d.name;
+  throw Internal(std::string("no safetensors name for dtype ") + dtype_name(t));
+}
+
+// nlohmann's messages and file contents may hold raw bytes; keep messages printable and short.
+std::string printable(const std::string& s, size_t limit = 200) {
+  std::string out = s.substr(0, limit);
+  for (char& c : out)
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+  if (s.size() > limit) out += "...";
+  return out;
+}
+
+// Owns a file descriptor.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  // Closes now, returning close()'s errno (0 on success): on NFS a failed close is a failed write.
+  int close() {
+    const int r = ::close(fd_);
+    fd_ = -1;
+    return r == 0 ? 0 : errno;
+  }
+
+ private:
+  int fd_;
+};
+
+[[noreturn]] void throw_io(const std::string& what, const std::string& path, int err) {
+  throw Unavailable(detail::str_cat(what, " ", path, ": ", std::strerror(err)));
+}
+
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t{1} << 30));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw_io("cannot write", path, errno);
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+// Reads exactly n bytes at `offset`; a short file is DataLoss (it shrank after we checked its
+// size).
+void pread_all(int fd, void* data, size_t n, uint64_t offset, const std::string& path) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t r =
+        ::pread(fd, p, std::min<size_t>(n, size_t{1} << 30), static_cast<off_t>(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw_io("cannot read", path, errno);
+    }
+    if (r == 0)
+      throw DataLoss(detail::str_cat(path, ": truncated: end of file at byte ", offset, " while ",
+                                     n, " more bytes were expected"));
+    p += r;
+    n -= static_cast<size_t>(r);
+    offset += static_cast<uint64_t>(r);
+  }
+}
+
+std::string parent_dir(const std::string& path) {
+  const std::string parent = fs::path(path).parent_path().string();
+  return parent.empty() ? "." : parent;
+}
+
+// Makes a rename in `dir` durable.
+void fsync_dir(const std::string& dir) {
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) throw_io("cannot open directory", dir, errno);
+  if (::fsync(fd.get()) != 0 && errno != EINVAL) throw_io("cannot fsync directory", dir, errno);
+}
+
+struct Piece {
+  const void* data;
+  size_t size;
+};
+
+// Writes the pieces to a temporary file beside `path`, fsyncs it and renames it over `path`. The
+// name carries pid and a sequence number so concurrent writers never share a temporary file.
+void write_atomically(const std::string& path, const std::vector<Piece>& pieces) {
+  static std::atomic<uint64_t> seq{0};
+  const std::string tmp = detail::str_cat(path, ".tmp.", ::getpid(), ".", seq.fetch_add(1));
+  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) throw_io("cannot create", tmp, errno);
+  try {
+    for (const Piece& piece : pieces)
+      if (piece.size > 0) write_all(fd.get(), piece.data, piece.size, tmp);
+    if (::fsync(fd.get()) != 0) throw_io("cannot fsync", tmp, errno);
+    if (const int err = fd.close(); err != 0) throw_io("cannot close", tmp, err);
+    if (::rename(tmp.c_str(), path.c_str()) != 0)
+      throw_io("cannot rename " + tmp + " to", path, errno);
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  fsync_dir(parent_dir(path));
+}
+
+bool is_valid_utf8(const std::string& s) {
+  try {
+    (void)ojson(s).dump();
+    return true;
+  } catch (const nlohmann::json::exception&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+const Tensor* CheckpointData::find(const std::string& name) const {
+  for (const auto& [n, t] : tensors)
+    if (n == name) return &t;
+  return nullptr;
+}
+
+void save_safetensors(const std::string& path, const CheckpointData& data) {
+  const std::string where = "save_safetensors(" + path + "): ";
+  std::set<std::string> seen;
+  std::vector<Tensor> host;
+  host.reserve(data.tensors.size());
+  ojson header = ojson::object();
+  uint64_t offset = 0;
+  for (const auto& [name, t] : data.tensors) {
+    if (name.empty()) throw InvalidArgument(where + "a tensor has an empty name");
+    if (name.rfind("__", 0) == 0)
+      throw InvalidArgument(where + "tensor name '" + printable(name) +
+                            "' starts with \"__\", which safetensors reserves; rename it");
+    if (!seen.insert(name).second)
+      throw InvalidArgument(where + "duplicate tensor name '" + printable(name) + "'");
+    if (!is_valid_utf8(name))
+      throw InvalidArgument(where + "tensor name '" + printable(name) + "' is not valid UTF-8");
+    if (!t.defined())
+      throw InvalidArgument(where + "tensor '" + name + "' is undefined (default-constructed)");
+    host.push_back(t.device().host_accessible() ? t : t.to(DeviceSpec::cpu()));
+    const uint64_t end = offset + host.back().nbytes();
+    ojson entry = ojson::object();
+    entry["dtype"] = safetensors_name(t.dtype());
+    entry["shape"] = t.shape().dims();
+    entry["data_offsets"] = ojson::array({offset, end});
+    header[name] = std::move(entry);
+    offset = end;
+  }
+  if (!data.metadata.empty()) {
+    ojson meta = ojson::object();
+    for (const auto& [k, v] : data.metadata) meta[k] = v;
+    header["__metadata__"] = std::move(meta);
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(where + "metadata is not valid UTF-8 (" + printable(e.what()) + ")");
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
+  unsigned char prefix[8];
+  for (int i = 0; i < 8; ++i)
+    prefix[i] = static_cast<unsigned char>(uint64_t{text.size()} >> (8 * i));
+
+  std::vector<Piece> pieces{{prefix, 8}, {text.data(), text.size()}};
+  for (const Tensor& t : host) pieces.push_back({t.raw_data(), t.nbytes()});
+  write_atomically(path, pieces);
+}
+
+namespace {
+
+struct Entry {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> dims;
+  uint64_t begin, end;
+};
+
+DType parse_dtype(const std::string& where, const std::string& name, const ojson& v) {
+  if (!v.is_string()) throw DataLoss(where + "tensor '" + name + "' has a non-string dtype");
+  const auto& s = v.get_ref<const std::string&>();
+  for (const auto& d : kDTypes)
+    if (s == d.name) return d.dtype;
+  for (const char* other : kOtherSpecDTypes)
+    if (s == other)
+      throw Unimplemented(where + "tensor '" + name + "' has dtype " + s +
+                          ", which dtrain cannot hold (supported: F32, F64, F16, BF16, I32, I64)");
+  throw DataLoss(where + "tensor '" + name + "' has unknown dtype '" + printable(s, 40) + "'");
+}
+
+uint64_t as_u64(const std::string& what, const ojson& v) {
+  if (!v.is_number_unsigned()) throw DataLoss(what + " is not a non-negative integer");
+  return v.get<uint64_t>();
+}
+
+Entry parse_entry(const std::string& where, const std::string& name, const ojson& v) {
+  const std::string tn = "tensor '" + printable(name) + "'";
+  if (!v.is_object()) throw DataLoss(where + tn + " is not a JSON object");
+  for (const char* key : {"dtype", "shape", "data_offsets"})
+    if (!v.contains(key)) throw DataLoss(where + tn + " has no \"" + key + "\"");
+  Entry e;
+  e.name = name;
+  e.dtype = parse_dtype(where, printable(name), v["dtype"]);
+  const ojson& shape = v["shape"];
+  if (!shape.is_array()) throw DataLoss(where + tn + " has a shape that is not an array");
+  uint64_t numel = 1;
+  bool overflow = false;
+  for (const ojson& d : shape) {
+    const uint64_t dim = as_u64(where + tn + " shape entry", d);
+    if (dim > static_cast<uint64_t>(INT64_MAX))
+      throw DataLoss(where + tn + " has a dimension over 2^63");
+    overflow = overflow || __builtin_mul_overflow(numel, dim, &numel);
+    e.dims.push_back(static_cast<int64_t>(dim));
+  }
+  const ojson& offs = v["data_offsets"];
+  if (!offs.is_array() || offs.size() != 2)
+    throw DataLoss(where + tn + " data_offsets is not an array [begin, end]");
+  e.begin = as_u64(where + tn + " data_offsets[0]", offs[0]);
+  e.end = as_u64(where + tn + " data_offsets[1]", offs[1]);
+  if (e.end < e.begin)
+    throw DataLoss(
+        detail::str_cat(where, tn, " data_offsets [", e.begin, ", ", e.end, "] end before begin"));
+  uint64_t bytes = 0;
+  overflow = overflow || __builtin_mul_overflow(numel, uint64_t{dtype_size(e.dtype)}, &bytes);
+  if (overflow || bytes != e.end - e.begin)
+    throw DataLoss(detail::str_cat(
+        where, tn, ": shape ", Shape(e.dims).to_string(), " of ", v["dtype"].get<std::string>(),
+        " needs ", overflow ? std::string("over 2^64") : std::to_string(bytes),
+        " bytes but data_offsets [", e.begin, ", ", e.end, "] span ", e.end - e.begin));
+  return e;
+}
+
+// Parses and checks the header of a file whose data section holds `data_size` bytes.
+std::vector<Entry> parse_header(const std::string& where, const std::string& text,
+                                uint64_t data_size, std::map<std::string, std::string>* metadata) {
+  if (text.empty() || text[0] != '{') throw DataLoss(where + "header does not start with '{'");
+  // nlohmann stops at a NUL byte as if the input ended there; the format has none.
+  if (text.find('\0') != std::string::npos) throw DataLoss(where + "header contains a NUL byte");
+  ojson h;
+  try {
+    h = ojson::parse(text, [&](int depth, ojson::parse_event_t, ojson&) {
+      if (depth > kMaxJsonDepth) throw DataLoss(where + "header JSON is nested too deeply");
+      return true;
+    });
+  } catch (const nlohmann::json::exception& e) {
+    throw DataLoss(where + "header is not valid JSON: " + printable(e.what()));
+  }
+  if (!h.is_object()) throw DataLoss(where + "header is not a JSON object");
+  std::vector<Entry> entries;
+  for (auto it = h.begin(); it != h.end(); ++it) {
+    if (it.key() != "__metadata__") {
+      entries.push_back(parse_entry(where, it.key(), it.value()));
+      continue;
+    }
+    if (!it->is_object()) throw DataLoss(where + "__metadata__ is not a JSON object");
+    for (auto m = it->begin(); m != it->end(); ++m) {
+      if (!m->is_string())
+        throw DataLoss(where + "__metadata__ value of '" + printable(m.key()) +
+                       "' is not a string");
+      (*metadata)[m.key()] = m->get<std::string>();
+    }
+  }
+  // File order; an empty tensor sorts before a non-empty one at the same offset.
+  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t cursor = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const Entry& e = entries[i];
+    if (e.begin < cursor)
+      throw DataLoss(detail::str_cat(where, "tensor '", printable(e.name), "' data_offsets [",
+                                     e.begin, ", ", e.end, "] overlap tensor '",
+                                     printable(entries[i - 1].name), "' which ends at ", cursor));
+    if (e.begin > cursor)
+      throw DataLoss(detail::str_cat(where, "data bytes [", cursor, ", ", e.begin,
+                                     ") belong to no tensor (gap before '", printable(e.name),
+                                     "')"));
+    cursor = e.end;
+  }
+  if (cursor > data_size)
+    throw DataLoss(detail::str_cat(where, "truncated: header says ", cursor,
+                                   " bytes of data, file has ", data_size));
+  if (cursor < data_size)
+    throw DataLoss(detail::str_cat(where, "header says ", cursor, " bytes of data, file has ",
+                                   data_size, ": ", data_size - cursor,
+                                   " trailing bytes belong to no tensor"));
+  return entries;
+}
+
+}  // namespace
+
+CheckpointData load_safetensors(const std::string& path) {
+  const std::string where = "safetensors file " + path + ": ";
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    const int err = errno;
+    if (err == ENOENT) throw NotFound("checkpoint file " + path + " does not exist");
+    throw_io("cannot open checkpoint file", path, err);
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) throw_io("cannot stat", path, errno);
+  if (!S_ISREG(st.st_mode)) throw Unavailable(where + "not a regular file");
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (file_size < 8)
+    throw DataLoss(detail::str_cat(where, "truncated: file has ", file_size,
+                                   " bytes, fewer than the 8-byte header length"));
+  unsigned char prefix[8];
+  pread_all(fd.get(), prefix, 8, 0, path);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t{prefix[i]} << (8 * i);
+  if (n > kMaxHeaderBytes)
+    throw DataLoss(detail::str_cat(where, "header length ", n, " exceeds the ", kMaxHeaderBytes,
+                                   "-byte limit (corrupt length prefix?)"));
+  if (n > file_size - 8)
+    throw DataLoss(detail::str_cat(where, "truncated: header length says ", n, " bytes, file has ",
+                                   file_size - 8, " after the length prefix"));
+  if (n < 2) throw DataLoss(detail::str_cat(where, "header length ", n, " is too small for JSON"));
+  std::string text(n, '\0');
+  pread_all(fd.get(), text.data(), n, 8, path);
+
+  CheckpointData out;
+  const std::vector<Entry> entries = parse_header(where, text, file_size - 8 - n, &out.metadata);
+  out.tensors.reserve(entries.size());
+  for (const Entry& e : entries) {
+    Tensor t = Tensor::empty(Shape(e.dims), e.dtype);
+    pread_all(fd.get(), t.raw_data(), e.end - e.begin, 8 + n + e.begin, path);
+    out.tensors.emplace_back(e.name, std::move(t));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// CheckpointManager
+
+namespace {
+
+std::mutex g_save_mu;  // serialises save() within the process (checkpoints are rare and large)
+
+std::string ckpt_name(int64_t step) { return "ckpt-" + std::to_string(step) + ".safetensors"; }
+
+// The step of "ckpt-<digits>.safetensors", or nullopt for any other name.
+std::optional<int64_t> parse_ckpt_name(const std::string& name) {
+  static const std::string kPrefix = "ckpt-", kSuffix = ".safetensors";
+  if (name.size() <= kPrefix.size() + kSuffix.size() || name.rfind(kPrefix, 0) != 0 ||
+      name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) != 0)
+    return std::nullopt;
+  const std::string digits =
+      name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
+  if (digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  return std::stoll(digits);
+}
+
+std::string join_path(const std::string& dir, const std::string& name) {
+  return (fs::path(dir) / name).string();
+}
+
+// (step, file name) of every checkpoint file in `dir`, highest step first.
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (auto step = parse_ckpt_name(name)) out.emplace_back(*step, name);
+  }
+  if (ec) throw Unavailable("cannot list checkpoint directory " + dir + ": " + ec.message());
+  std::sort(out.begin(), out.end(), std::greater<>());
+  return out;
+}
+
+void remove_file(const std::string& path, const char* why) {
+  if (::unlink(path.c_str()) == 0 || errno == ENOENT) return;
+  const int err = errno;
+  DTRAIN_LOG(WARNING) << "CheckpointManager: cannot remove " << why << " " << path << ": "
+                      << std::strerror(err) << "; it is left in place";
+}
+
+// Leftovers of a writer killed mid-save: "ckpt-*.tmp.*" and "checkpoint.tmp.*".
+void remove_temporaries(const std::string& dir) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if ((name.rfind("ckpt-", 0) == 0 || name.rfind(kIndexName, 0) == 0) &&
+        name.find(".tmp.") != std::string::npos)
+      remove_file(it->path().string(), "temporary file");
+  }
+}
+
+// The checkpoint file the index names, or nullopt with *why set (empty when there is no index).
+std::optional<std::string> read_index(const std::string& dir, std::string* why) {
+  const std::string path = join_path(dir, kIndexName);
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    *why = errno == ENOENT ? "" : "index " + path + " cannot be opened: " + std::strerror(errno);
+    return std::nullopt;
+  }
+  std::string text(kMaxIndexBytes, '\0');
+  ssize_t r;
+  do r = ::pread(fd.get(), text.data(), text.size(), 0);
+  while (r < 0 && errno == EINTR);
+  if (r < 0) {
+    *why = "index " + path + " cannot be read: " + std::strerror(errno);
+    return std::nullopt;
+  }
+  text.resize(static_cast<size_t>(r));
+  try {
+    const ojson j = ojson::parse(text);
+    const auto step = parse_ckpt_name(j.at("latest").get<std::string>());
+    if (!step || j.at("step").get<int64_t>() != *step) throw std::invalid_argument("inconsistent");
+    return ckpt_name(*step);
+  } catch (const std::exception&) {  // json errors and our own "inconsistent"
+    *why = "index " + path + " is corrupt ('" + printable(text, 100) + "')";
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+CheckpointManager::CheckpointManager(std::string directory, int max_to_keep)
+    : directory_(std::move(directory)), max_to_keep_(max_to_keep) {
+  if (directory_.empty()) throw InvalidArgument("CheckpointManager: the directory name is empty");
+  if (max_to_keep_ < 1)
+    throw InvalidArgument(detail::str_cat("CheckpointManager: max_to_keep is ", max_to_keep_,
+                                          "; it must be at least 1"));
+  std::error_code ec;
+  fs::create_directories(directory_, ec);
+  if (ec) throw Unavailable("CheckpointManager: cannot create " + directory_ + ": " + ec.message());
+  if (!fs::is_directory(directory_, ec))
+    throw Unavailable("CheckpointManager: " + directory_ + " exists and is not a directory");
+}
+
+std::string CheckpointManager::save(int64_t step, CheckpointData data) {
+  if (step < 0)
+    throw InvalidArgument(detail::str_cat("CheckpointManager::save: step ", step, " is negative"));
+  std::lock_guard<std::mutex> lock(g_save_mu);
+  remove_temporaries(directory_);
+  data.metadata["step"] = std::to_string(step);
+  const std::string name = ckpt_name(step);
+  const std::string path = join_path(directory_, name);
+  save_safetensors(path, data);  // durable before the index can name it
+
+  ojson index = ojson::object();
+  index["latest"] = name;
+  index["step"] = step;
+  const std::string text = index.dump() + "\n";
+  write_atomically(join_path(directory_, kIndexName), {{text.data(), text.size()}});
+
+  int kept = 1;  // the one just written
+  for (const auto& [s, file] : list_checkpoints(directory_)) {
+    if (s == step) continue;
+    if (kept < max_to_keep_)
+      ++kept;
+    else
+      remove_file(join_path(directory_, file), "old checkpoint");
+  }
+  return path;
+}
+
+std::optional<CheckpointData> CheckpointManager::restore_latest(int64_t* step) const {
+  std::vector<std::string> skipped;  // "what: why", for the one warning line
+  auto try_load = [&](const std::string& name) -> std::optional<CheckpointData> {
+    const int64_t s = *parse_ckpt_name(name);
+    try {
+      CheckpointData d = load_safetensors(join_path(directory_, name));
+      auto it = d.metadata.find("step");
+      if (it != d.metadata.end() && it->second != std::to_string(s))
+        throw DataLoss("its metadata says step " + printable(it->second, 40));
+      if (step) *step = s;
+      return d;
+    } catch (const Error& e) {
+      skipped.push_back(name + " (" + e.what() + ")");
+      return std::nullopt;
+    }
+  };
+
+  std::string why;
+  const std::optional<std::string> indexed = read_index(directory_, &why);
+  if (indexed)
+    if (auto d = try_load(*indexed)) return d;
+  const auto files = list_checkpoints(directory_);
+  if (!indexed && why.empty() && !files.empty()) why = "index file 'checkpoint' is missing";
+  if (!why.empty()) skipped.insert(skipped.begin(), why);
+
+  for (const auto& [s, name] : files) {
+    if (indexed && name == *indexed) continue;
+    if (auto d = try_load(name)) {
+      std::string line;
+      for (const std::string& what : skipped) line += (line.empty() ? "" : "; ") + what;
+      DTRAIN_LOG(WARNING) << "CheckpointManager(" << directory_ << "): restored " << name
+                          << " after skipping: " << line;
+      return d;
+    }
+  }
+  if (skipped.empty()) return std::nullopt;  // no index, no checkpoint files: a fresh directory
+  std::string all;
+  for (const std::string& what : skipped) all += (all.empty() ? "" : "; ") + what;
+  throw DataLoss("CheckpointManager(" + directory_ + "): no checkpoint can be restored: " + all);
+}
+
+std::optional<std::string> CheckpointManager::latest_path() const {
+  std::string why;
+  if (auto indexed = read_index(directory_, &why)) {
+    const std::string path = join_path(directory_, *indexed);
+    std::error_code ec;
+    if (fs::is_regular_file(path, ec)) return path;
+  }
+  const auto files = list_checkpoints(directory_);
+  if (files.empty()) return std::nullopt;
+  return join_path(directory_, files.front().second);
+}
+
+}  // namespace dtrain

@@ -1,0 +1,318 @@
+#include "dtrain/strategies/parameter_server_strategy.h"
+
+#include <cstdlib>
+#include <thread>
+
+#include "dtrain/core/logging.h"
+#include "strategies/ps/ps_impl.h"
+#include "strategies/ps/ps_protocol.h"
+#include "strategies/ps/ps_tasks.h"
+
+namespace dtrain {
+
+using tcp::MetaReader;
+using tcp::MetaWriter;
+using tcp::RpcMessage;
+
+namespace {
+
+ClusterResolution resolve(std::optional<ClusterResolution> cluster) {
+  if (cluster) return std::move(*cluster);
+  auto env = from_environment();
+  if (!env)
+    throw InvalidArgument("ParameterServerStrategy needs a cluster: set TF_CONFIG with ps and worker tasks, e.g. "
+                          "{\"cluster\": {\"worker\": [\"127.0.0.1:2222\"], \"ps\": [\"127.0.0.1:2223\"]}, "
+                          "\"task\": {\"type\": \"worker\", \"index\": 0}} (dtrain-run -np 2 --ps 1 does this)");
+  return std::move(*env);
+}
+
+ClusterResolution check(ClusterResolution c) {
+  if (c.cluster().num_tasks(TaskType::kPs) == 0)
+    throw InvalidArgument("ParameterServerStrategy needs at least one ps task in the cluster (" + c.cluster().to_json() +
+                          "); add \"ps\": [\"host:port\"] to TF_CONFIG, or use --strategy=multi_worker_mirrored");
+  if (c.task_type() == TaskType::kPs)
+    throw InvalidArgument("task " + c.task_name() + " is a parameter server: run serve_parameter_server() (or the "
+                          "dtrain-ps tool) there; make_strategy(\"parameter_server\") does so automatically");
+  if (!c.is_training_worker())
+    throw InvalidArgument("task " + c.task_name() + " does not train; ParameterServerStrategy runs on the chief and "
+                          "the workers (an evaluator reads the checkpoints instead)");
+  return c;
+}
+
+}  // namespace
+
+ParameterServerStrategy::ParameterServerStrategy(ParameterServerOptions options, DeviceSpec device,
+                                                 std::optional<ClusterResolution> cluster, std::string token)
+    : OneDeviceStrategy(device) {
+  if (const char* dir = std::getenv("DTRAIN_CHECKPOINT_DIR"); dir && *dir) options.checkpoint_dir = dir;
+  if (options.checkpoint_every < 1)
+    throw InvalidArgument("checkpoint_every must be >= 1 global steps, got " + std::to_string(options.checkpoint_every));
+  ClusterResolution c = check(resolve(std::move(cluster)));
+  impl_ = std::make_unique<Impl>(std::move(options), std::move(c), device, ps::job_token(std::move(token)));
+  Impl& m = *impl_;
+  if (m.cluster.is_chief() && !m.opts.checkpoint_dir.empty()) {
+    m.checkpoints = std::make_unique<CheckpointManager>(m.opts.checkpoint_dir);
+    int64_t step = 0;
+    m.restored = m.checkpoints->restore_latest(&step);
+    if (m.restored) {
+      RpcMessage req;
+      req.method = ps::kSetStep;
+      req.meta = MetaWriter().i64(step).take();
+      std::lock_guard<std::mutex> lock(m.rpc_mu);
+      try {
+        MetaReader r(m.ps[0]->call(req).meta, "set-step response");
+        m.global_step = r.i64();
+      } catch (const Error& e) {
+        m.fail(0, e, "restoring the global step");
+      }
+      m.last_checkpoint_step = m.global_step.load();
+      DTRAIN_LOG(INFO) << m.cluster.task_name() << ": restoring from checkpoint " << m.checkpoints->latest_path().value_or("?")
+                       << " (global step " << step << ")";
+    }
+  }
+  m.clock(false, nullptr);  // register with ps:0
+  DTRAIN_LOG(INFO) << m.cluster.task_name() << ": parameter-server training with " << m.ps.size()
+                   << " ps task(s), global step " << m.global_step.load();
+}
+
+ParameterServerStrategy::~ParameterServerStrategy() = default;
+
+std::string ParameterServerStrategy::name() const {
+  return "ParameterServerStrategy(" + impl_->cluster.task_name() + ", " + std::to_string(impl_->ps.size()) + " ps, " +
+         OneDeviceStrategy::name() + ")";
+}
+
+bool ParameterServerStrategy::is_chief() const { return impl_->cluster.is_chief(); }
+const ClusterResolution& ParameterServerStrategy::cluster() const { return impl_->cluster; }
+int64_t ParameterServerStrategy::global_step() const { return impl_->global_step.load(); }
+
+Strategy::InputShard ParameterServerStrategy::input_shard() const {
+  return {impl_->cluster.num_workers(), impl_->cluster.worker_rank()};
+}
+
+std::shared_ptr<Variable> ParameterServerStrategy::do_create_variable(const VariableSpec& spec) {
+  Impl& m = *impl_;
+  const int num_ps = static_cast<int>(m.ps.size());
+  int shards = 1;
+  if (m.opts.partitioner && spec.shape.rank() > 0 && spec.shape[0] > 1)
+    shards = std::clamp<int64_t>(m.opts.partitioner(spec.shape, spec.dtype, num_ps), 1, spec.shape[0]);
+  // Names repeat when a model is built twice; the creation order makes keys agree across workers.
+  const int use = m.name_uses[spec.name]++;
+  const std::string base = use == 0 ? spec.name : spec.name + "_" + std::to_string(use);
+  std::vector<PsVariable::Shard> layout;
+  const std::vector<int64_t> rows = spec.shape.rank() > 0 ? shard_rows(spec.shape[0], shards) : std::vector<int64_t>{0};
+  int64_t begin = 0;
+  for (int s = 0; s < shards; ++s) {
+    PsVariable::Shard sh;
+    sh.ps = m.next_ps;
+    m.next_ps = (m.next_ps + 1) % num_ps;
+    sh.key = shards == 1 ? base : base + "/part_" + std::to_string(s);
+    sh.row_begin = begin;
+    sh.rows = rows[static_cast<size_t>(s)];
+    begin += sh.rows;
+    layout.push_back(sh);
+  }
+  auto var = std::make_shared<PsVariable>(spec, impl_.get(), layout, device());
+
+  if (m.cluster.is_chief()) {
+    Tensor init;  // computed only when some shard is not in the checkpoint
+    for (int s = 0; s < shards; ++s) {
+      const auto& sh = layout[static_cast<size_t>(s)];
+      RpcMessage req;
+      req.method = ps::kCreate;
+      int64_t updates = 0;
+      const Tensor* saved = m.restored ? m.restored->find(sh.key) : nullptr;
+      if (saved && saved->shape() == var->shard_shape(s) && saved->dtype() == spec.dtype) {
+        req.tensors.push_back(*saved);
+        for (int j = 0;; ++j) {
+          const Tensor* slot = m.restored->find(sh.key + "/slot_" + std::to_string(j));
+          if (!slot) break;
+          req.tensors.push_back(*slot);
+        }
+        auto it = m.restored->metadata.find(sh.key + "/updates");
+        if (it != m.restored->metadata.end()) updates = std::atoll(it->second.c_str());
+      } else {
+        if (m.restored) {
+          DTRAIN_LOG(WARNING) << "checkpoint has no '" << sh.key << "' of shape " << var->shard_shape(s).to_string()
+                              << "; initialising it afresh";
+        }
+        if (!init.defined()) {
+          init = spec.initializer(spec.shape, spec.dtype, DeviceSpec::cpu()).to(DeviceSpec::cpu());
+          if (init.shape() != spec.shape || init.dtype() != spec.dtype)
+            throw InvalidArgument("initializer of variable '" + spec.name + "' returned " + init.to_string() +
+                                  ", expected shape " + spec.shape.to_string());
+        }
+        req.tensors.push_back(var->shard_of(init, s).clone());
+      }
+      req.meta = MetaWriter().str(sh.key).i64(updates).take();
+      std::lock_guard<std::mutex> lock(m.rpc_mu);
+      try {
+        m.ps[static_cast<size_t>(sh.ps)]->call(req);
+      } catch (const Error& e) {
+        m.fail(sh.ps, e, "creating a variable");
+      }
+    }
+  } else {
+    // Wait for the chief to create every shard, then check this worker's model agrees.
+    const auto deadline = std::chrono::steady_clock::now() + m.opts.connect_timeout;
+    for (int s = 0; s < shards; ++s) {
+      const auto& sh = layout[static_cast<size_t>(s)];
+      for (;;) {
+        RpcMessage req;
+        req.method = ps::kLookup;
+        req.meta = MetaWriter().str(sh.key).u64(1000).take();
+        RpcMessage resp;
+        {
+          std::lock_guard<std::mutex> lock(m.rpc_mu);
+          try {
+            resp = m.ps[static_cast<size_t>(sh.ps)]->call(req);
+          } catch (const Error& e) {
+            m.fail(sh.ps, e, "looking up a variable");
+          }
+        }
+        MetaReader r(resp.meta, "lookup response");
+        if (r.u8()) {
+          const DType dtype = static_cast<DType>(r.u8());
+          std::vector<int64_t> dims(r.u64());
+          for (auto& d : dims) d = r.i64();
+          if (Shape(dims) != var->shard_shape(s) || dtype != spec.dtype)
+            throw InvalidArgument("variable '" + sh.key + "' on " + m.ps_names[static_cast<size_t>(sh.ps)] + " is " +
+                                  dtype_name(dtype) + " " + Shape(dims).to_string() + " but this worker's model has " +
+                                  dtype_name(spec.dtype) + " " + var->shard_shape(s).to_string() +
+                                  ": every worker must build the same model");
+          break;
+        }
+        if (std::chrono::steady_clock::now() >= deadline)
+          throw DeadlineExceeded("variable '" + sh.key + "' was not created on " + m.ps_names[static_cast<size_t>(sh.ps)] +
+                                 " within " + std::to_string(m.opts.connect_timeout.count()) +
+                                 " ms: the chief creates the variables; is it running, with the same model?");
+      }
+    }
+  }
+  m.vars.push_back(var);
+  return var;
+}
+
+PerReplica ParameterServerStrategy::do_run(const ReplicaFn& fn, const PerReplica& inputs) {
+  Impl& m = *impl_;
+  if (m.opts.max_staleness >= 0) {
+    const auto deadline = std::chrono::steady_clock::now() + m.opts.timeout;
+    for (;;) {
+      int64_t slowest = 0;
+      m.clock(false, &slowest);
+      if (m.local_steps - slowest <= m.opts.max_staleness) break;
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw DeadlineExceeded(m.cluster.task_name() + " waited " + std::to_string(m.opts.timeout.count()) +
+                               " ms for the slowest worker (step " + std::to_string(slowest) + ", this worker at " +
+                               std::to_string(m.local_steps) + ", max_staleness " +
+                               std::to_string(m.opts.max_staleness) + ")");
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  std::vector<PsVariable*> all;
+  for (const auto& v : m.vars) all.push_back(v.get());
+  m.pull(all);
+  PerReplica out;
+  m.in_run = true;
+  try {
+    out = OneDeviceStrategy::do_run(fn, inputs);
+  } catch (...) {
+    m.in_run = false;
+    std::lock_guard<std::mutex> lock(m.out_mu);
+    m.outbox.clear();
+    throw;
+  }
+  m.in_run = false;
+  bool pushed;
+  {
+    std::lock_guard<std::mutex> lock(m.out_mu);
+    pushed = !m.outbox.empty();
+  }
+  if (pushed) {
+    m.flush();
+    ++m.local_steps;
+    if (m.checkpoints && m.global_step.load() - m.last_checkpoint_step >= m.opts.checkpoint_every) save_checkpoint();
+  }
+  return out;
+}
+
+std::string ParameterServerStrategy::save_checkpoint() {
+  Impl& m = *impl_;
+  if (!m.cluster.is_chief()) throw FailedPrecondition("only the chief writes checkpoints; this is " + m.cluster.task_name());
+  if (!m.checkpoints) throw FailedPrecondition("no checkpoint directory: set ParameterServerOptions::checkpoint_dir or DTRAIN_CHECKPOINT_DIR");
+  const int64_t step = m.global_step.load();
+  CheckpointData data = m.snapshot();
+  data.metadata["global_step"] = std::to_string(step);
+  const std::string path = m.checkpoints->save(step, std::move(data));
+  m.last_checkpoint_step = step;
+  DTRAIN_LOG(INFO) << m.cluster.task_name() << ": wrote checkpoint " << path << " at global step " << step;
+  return path;
+}
+
+void ParameterServerStrategy::on_training_end() {
+  Impl& m = *impl_;
+  m.clock(true, nullptr);
+  if (!m.cluster.is_chief()) return;
+  // The chief waits for the other workers (done, or gone: a dead worker does not stop the job).
+  const auto start = std::chrono::steady_clock::now();
+  auto last_log = start;
+  for (;;) {
+    const std::vector<uint8_t> states = m.clock(true, nullptr);
+    std::string waiting;
+    for (size_t w = 0; w < states.size(); ++w)
+      if (states[w] == ps::kActive || states[w] == ps::kNeverSeen)
+        waiting += (waiting.empty() ? "" : ", ") + ps::task_names(m.cluster.cluster()).at(w);
+    if (waiting.empty()) break;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - start >= m.opts.join_timeout) {
+      DTRAIN_LOG(WARNING) << "chief gave up waiting for " << waiting << " after "
+                          << std::chrono::duration_cast<std::chrono::seconds>(now - start).count() << " s";
+      break;
+    }
+    if (now - last_log >= std::chrono::seconds(10)) {
+      DTRAIN_LOG(INFO) << "chief waiting for " << waiting << " to finish";
+      last_log = now;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (m.checkpoints) save_checkpoint();
+}
+
+// --- Partitioners ----------------------------------------------------------------------------
+
+std::vector<int64_t> shard_rows(int64_t rows, int shards) {
+  if (shards < 1) throw InvalidArgument("shard_rows: need at least one shard, got " + std::to_string(shards));
+  std::vector<int64_t> out(static_cast<size_t>(shards), rows / shards);
+  for (int64_t i = 0; i < rows % shards; ++i) ++out[static_cast<size_t>(i)];
+  return out;
+}
+
+Partitioner fixed_shards_partitioner(int num_shards) {
+  if (num_shards < 1) throw InvalidArgument("fixed_shards_partitioner: num_shards must be >= 1, got " + std::to_string(num_shards));
+  return [num_shards](const Shape&, DType, int) { return num_shards; };
+}
+
+Partitioner min_size_partitioner(int64_t min_shard_bytes, int max_shards) {
+  if (min_shard_bytes < 1 || max_shards < 1)
+    throw InvalidArgument("min_size_partitioner: min_shard_bytes and max_shards must be >= 1");
+  return [=](const Shape& shape, DType dtype, int) {
+    const int64_t bytes = shape.numel() * static_cast<int64_t>(dtype_size(dtype));
+    return static_cast<int>(std::clamp<int64_t>(bytes / min_shard_bytes, 1, max_shards));
+  };
+}
+
+Partitioner max_size_partitioner(int64_t max_shard_bytes, int max_shards) {
+  if (max_shard_bytes < 1) throw InvalidArgument("max_size_partitioner: max_shard_bytes must be >= 1");
+  return [=](const Shape& shape, DType dtype, int) {
+    const int64_t bytes = shape.numel() * static_cast<int64_t>(dtype_size(dtype));
+    const int64_t rows = std::max<int64_t>(shape.rank() > 0 ? shape[0] : 1, 1);
+    const int64_t row_bytes = std::max<int64_t>(bytes / rows, 1);
+    // Shards hold whole rows: the fewest shards whose largest (ceil(rows / n) rows) fits.
+    const int64_t rows_per_shard = std::max<int64_t>(max_shard_bytes / row_bytes, 1);
+    int64_t n = (rows + rows_per_shard - 1) / rows_per_shard;
+    if (max_shards > 0) n = std::min<int64_t>(n, max_shards);
+    return static_cast<int>(std::max<int64_t>(n, 1));
+  };
+}
+
+}  // namespace dtrain

@@ -1,0 +1,93 @@
+// Private to the parameter-server strategy: the worker side (connections to every server, the
+// variables, the per-step pull and push) and the variable handle model code sees.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "collectives/tcp/rpc.h"
+#include "dtrain/core/checkpoint.h"
+#include "dtrain/strategies/parameter_server_strategy.h"
+
+namespace dtrain {
+
+class PsVariable;
+
+struct ParameterServerStrategy::Impl {
+  ParameterServerOptions opts;
+  ClusterResolution cluster;
+  TcpGroupOptions group;
+  DeviceSpec device;
+  std::vector<std::unique_ptr<tcp::RpcClient>> ps;  // one per ps task, in task order
+  std::vector<std::string> ps_names;
+  std::mutex rpc_mu;                                 // one user of the connections at a time
+  std::vector<std::shared_ptr<PsVariable>> vars;     // creation order
+  std::map<std::string, int> name_uses;
+  int next_ps = 0;                                   // round-robin placement
+  std::atomic<bool> in_run{false};
+  struct Pending {
+    PsVariable* var;
+    Tensor grad;
+  };
+  std::mutex out_mu;
+  std::vector<Pending> outbox;  // pushes queued by the optimizer during run()
+  std::string outbox_config;
+  std::atomic<int64_t> global_step{0};
+  int64_t local_steps = 0;
+  std::unique_ptr<CheckpointManager> checkpoints;
+  std::optional<CheckpointData> restored;  // chief: the checkpoint to initialise from
+  int64_t last_checkpoint_step = 0;
+
+  Impl(ParameterServerOptions o, ClusterResolution c, DeviceSpec d, const std::string& token);
+  // Pulls every shard of `vars` (all servers at once) into their caches.
+  void pull(const std::vector<PsVariable*>& vars);
+  // Sends the queued pushes (one request per server, the step count to ps:0).
+  void flush();
+  // ps:0's view of the training workers; reports this worker's step (and whether it is done).
+  std::vector<uint8_t> clock(bool done, int64_t* min_active_step);
+  CheckpointData snapshot();
+  // Wraps a transport failure in an error that names the server and what to do.
+  [[noreturn]] void fail(int ps_index, const Error& e, const char* during);
+};
+
+class PsVariable final : public ShardedVariable {
+ public:
+  struct Shard {
+    int ps = 0;
+    std::string key;
+    int64_t row_begin = 0, rows = 0;  // of axis 0 (a scalar: one shard of 0 rows)
+  };
+  PsVariable(VariableSpec spec, ParameterServerStrategy::Impl* impl, std::vector<Shard> shards, DeviceSpec device);
+
+  // Inside run(): the values pulled at the start of the step; elsewhere pulled now.
+  Tensor value() const override;
+  void assign(const Tensor& v) override;
+  void assign_add(const Tensor& delta) override;
+  void assign_sub(const Tensor& delta) override;
+  void update(const std::function<void(Tensor& value, size_t copy_index)>& fn) override;
+  bool updates_remotely() const override { return true; }
+  void apply_remote_update(const std::string& optimizer_config, const Tensor& grad) override;
+
+  int num_shards() const override { return static_cast<int>(shards_.size()); }
+  std::string shard_task(int i) const override;
+  Shape shard_shape(int i) const override;
+  Tensor read_shard(int i) const override;
+
+  const std::vector<Shard>& shards() const { return shards_; }
+  Tensor& cache() { return cache_; }
+  // The rows of `t` (shaped like the variable) that shard i holds.
+  Tensor shard_of(const Tensor& t, int i) const;
+
+ private:
+  void send_assign(uint8_t mode, const Tensor& v);
+  ParameterServerStrategy::Impl* impl_;
+  std::vector<Shard> shards_;
+  Tensor cache_;
+};
+
+}  // namespace dtrain

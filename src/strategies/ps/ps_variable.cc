@@ -1,0 +1,115 @@
+#include "dtrain/devices/device.h"
+#include "strategies/ps/ps_impl.h"
+#include "strategies/ps/ps_protocol.h"
+
+namespace dtrain {
+
+using tcp::MetaWriter;
+using tcp::RpcMessage;
+
+PsVariable::PsVariable(VariableSpec spec, ParameterServerStrategy::Impl* impl, std::vector<Shard> shards,
+                       DeviceSpec device)
+    : ShardedVariable(std::move(spec)), impl_(impl), shards_(std::move(shards)) {
+  cache_ = Tensor::zeros(spec_.shape, spec_.dtype, device);
+  cache_.set_trainable_variable(spec_.trainable);
+}
+
+Tensor PsVariable::value() const {
+  if (!impl_->in_run.load()) {
+    // Outside a step nothing refreshes the cache: read the servers' current values.
+    impl_->pull({const_cast<PsVariable*>(this)});
+  }
+  return cache_;
+}
+
+Tensor PsVariable::shard_of(const Tensor& t, int i) const {
+  if (t.rank() == 0) return t;
+  const Shard& s = shards_[static_cast<size_t>(i)];
+  return t.slice_rows(s.row_begin, s.row_begin + s.rows);
+}
+
+std::string PsVariable::shard_task(int i) const { return impl_->ps_names.at(static_cast<size_t>(shards_.at(static_cast<size_t>(i)).ps)); }
+
+Shape PsVariable::shard_shape(int i) const {
+  if (spec_.shape.rank() == 0) return spec_.shape;
+  std::vector<int64_t> dims = spec_.shape.dims();
+  dims[0] = shards_.at(static_cast<size_t>(i)).rows;
+  return Shape(dims);
+}
+
+Tensor PsVariable::read_shard(int i) const {
+  const Shard& s = shards_.at(static_cast<size_t>(i));
+  RpcMessage req;
+  req.method = ps::kPull;
+  req.meta = MetaWriter().u8(0).u64(1).str(s.key).take();
+  std::lock_guard<std::mutex> lock(impl_->rpc_mu);
+  try {
+    RpcMessage resp = impl_->ps[static_cast<size_t>(s.ps)]->call(req);
+    if (resp.tensors.size() != 1) throw DataLoss("pull of '" + s.key + "' answered with " + std::to_string(resp.tensors.size()) + " tensors");
+    return resp.tensors[0];
+  } catch (const Error& e) {
+    impl_->fail(s.ps, e, "reading a shard");
+  }
+}
+
+void PsVariable::send_assign(uint8_t mode, const Tensor& v) {
+  if (v.shape() != spec_.shape || v.dtype() != spec_.dtype)
+    throw InvalidArgument("assign to variable '" + spec_.name + "' of shape " + spec_.shape.to_string() + " with " +
+                          v.to_string());
+  const Tensor host = v.to(DeviceSpec::cpu());
+  std::lock_guard<std::mutex> lock(impl_->rpc_mu);
+  std::vector<uint64_t> ids(shards_.size());
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    RpcMessage req;
+    req.method = ps::kAssign;
+    req.meta = MetaWriter().u8(mode).str(shards_[i].key).take();
+    req.tensors.push_back(shard_of(host, static_cast<int>(i)));
+    try {
+      ids[i] = impl_->ps[static_cast<size_t>(shards_[i].ps)]->send(req);
+    } catch (const Error& e) {
+      impl_->fail(shards_[i].ps, e, "assigning a variable");
+    }
+  }
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    try {
+      impl_->ps[static_cast<size_t>(shards_[i].ps)]->receive(ids[i]);
+    } catch (const Error& e) {
+      impl_->fail(shards_[i].ps, e, "assigning a variable");
+    }
+  }
+}
+
+void PsVariable::assign(const Tensor& v) {
+  send_assign(0, v);
+  cache_.copy_from(v);
+}
+
+void PsVariable::assign_add(const Tensor& delta) {
+  send_assign(1, delta);
+  cache_.copy_from(kernels_for(cache_).binary(BinaryOp::kAdd, cache_, delta.to(cache_.device())));
+}
+
+void PsVariable::assign_sub(const Tensor& delta) {
+  send_assign(2, delta);
+  cache_.copy_from(kernels_for(cache_).binary(BinaryOp::kSub, cache_, delta.to(cache_.device())));
+}
+
+void PsVariable::update(const std::function<void(Tensor& value, size_t copy_index)>& fn) {
+  Tensor v = value().clone();
+  fn(v, 0);
+  assign(v);
+}
+
+void PsVariable::apply_remote_update(const std::string& config, const Tensor& grad) {
+  if (grad.shape() != spec_.shape || grad.dtype() != spec_.dtype)
+    throw InvalidArgument("gradient " + grad.to_string() + " for variable '" + spec_.name + "' of shape " +
+                          spec_.shape.to_string());
+  {
+    std::lock_guard<std::mutex> lock(impl_->out_mu);
+    impl_->outbox.push_back({this, grad.to(DeviceSpec::cpu())});
+    impl_->outbox_config = config;
+  }
+  if (!impl_->in_run.load()) impl_->flush();  // apply_gradients outside run(): push now
+}
+
+}  // namespace dtrain

@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
     if (strategy->is_chief()) fit.callbacks = {&progress};  // multi-worker: the chief reports
     fit.warmup_steps = warmup;
     const dtrain::History h = dtrain::fit(*strategy, model, *optimizer, train, no_eval ? nullptr : &test, fit);
-    if (json && strategy->is_chief()) {
+    if (json && (strategy->is_chief() || strategy->job_step() >= 0)) {  // async workers: each its own
       nlohmann::json j{{"strategy", strategy_name},
                        {"replicas", strategy->num_replicas_in_sync()},
                        {"devices", devices_flag},

@@ -2,8 +2,10 @@
 """A stand-in for a dtrain task, started by dtrain-run in tests/launcher/launcher_test.py.
 
 It reports what the launcher gave it (TF_CONFIG, DTRAIN_TASK, DTRAIN_JOB_TOKEN, argv, pid) as
-<report-dir>/<task>.json, prints a line to stdout and to stderr, then behaves as asked: fail with a
-status, sleep, start a grandchild, catch or ignore signals. Every sleep is bounded.
+<report-dir>/<task>.json, and as <task>#<n>.json for its n-th start (0, then 1 after a restart),
+prints a line to stdout and to stderr, then behaves as asked: fail with a status (leaving
+<task>.failed just before), sleep, start a grandchild, catch or ignore signals, wait for other
+tasks' files. Every sleep and wait is bounded.
 """
 import argparse
 import json
@@ -23,6 +25,11 @@ def main():
     p.add_argument("--sleep", type=float, default=0.0, help="then exit 0")
     p.add_argument("--sleep-tasks", default="", help="only these tasks sleep (comma-separated)")
     p.add_argument("--wait-for", default="", help="first wait (<= 20 s) for these tasks' reports")
+    p.add_argument("--wait-files", default="",
+                   help="then wait (<= 20 s) for these files in the report dir (comma-separated)")
+    p.add_argument("--wait-files-tasks", default="", help="only these tasks wait for --wait-files")
+    p.add_argument("--restarted-exit0", action="store_true",
+                   help="a restarted start (n >= 1) reports, prints and exits 0")
     p.add_argument("--grandchild", action="store_true", help="start a `sleep` in the same group")
     p.add_argument("--on-term", choices=["default", "exit0", "ignore"], default="default")
     p.add_argument("--on-int", choices=["default", "exit0", "ignore"], default="default")
@@ -49,8 +56,15 @@ def main():
         if mode != "default":
             signal.signal(sig, handler)
 
+    # Before the report, so a test that acts on the report (or a launcher stopping the task once
+    # the others are done) never misses these lines.
+    print(f"hello from {task}", flush=True)
+    print(f"error stream of {task}", file=sys.stderr, flush=True)
+    instance = sum(1 for f in os.listdir(args.report_dir)
+                   if f.startswith(f"{task}#") and f.endswith(".json"))
     report = {
         "task": task,
+        "instance": instance,
         "tf_config": os.environ.get("TF_CONFIG"),
         "token": os.environ.get("DTRAIN_JOB_TOKEN"),
         "argv": sys.argv[1:],
@@ -59,13 +73,12 @@ def main():
         "grandchild_pid": grandchild.pid if grandchild else None,
         "stdin_is_devnull": os.path.samestat(os.fstat(0), os.stat(os.devnull)),
     }
-    tmp = os.path.join(args.report_dir, f".{task}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(report, f)
-    os.rename(tmp, os.path.join(args.report_dir, f"{task}.json"))  # appears whole
+    for name in (f"{task}#{instance}.json", f"{task}.json"):
+        tmp = os.path.join(args.report_dir, f".{task}.tmp")
+        with open(tmp, "w") as f:
+            json.dump(report, f)
+        os.rename(tmp, os.path.join(args.report_dir, name))  # appears whole
 
-    print(f"hello from {task}", flush=True)
-    print(f"error stream of {task}", file=sys.stderr, flush=True)
     for i in range(args.lines):
         sys.stdout.write(f"line {i} of {task} " + "x" * (i % 300) + "\n")
     sys.stdout.flush()
@@ -76,9 +89,21 @@ def main():
             os.path.exists(os.path.join(args.report_dir, f"{t}.json")) for t in others):
         time.sleep(0.02)
 
+    if instance >= 1 and args.restarted_exit0:
+        return
+
+    files = [f for f in args.wait_files.split(",") if f]
+    if files and (not args.wait_files_tasks or task in args.wait_files_tasks.split(",")):
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not all(
+                os.path.exists(os.path.join(args.report_dir, f)) for f in files):
+            time.sleep(0.02)
+
     if task == args.fail_task:
         time.sleep(args.fail_after)
         print(f"{task} failing on purpose", file=sys.stderr, flush=True)
+        with open(os.path.join(args.report_dir, f"{task}.failed"), "w") as f:
+            f.write(str(args.fail_code))
         sys.exit(args.fail_code)
     if args.sleep > 0 and (not args.sleep_tasks or task in args.sleep_tasks.split(",")):
         deadline = time.monotonic() + args.sleep

@@ -301,6 +301,161 @@ class Signals(LauncherCase):
         self.assert_gone([r["pid"] for r in reports.values()])
 
 
+class PsJob(LauncherCase):
+    """Jobs with parameter servers survive a non-chief worker or the evaluator failing."""
+
+    def marker(self, name):
+        return os.path.exists(os.path.join(self.dir, name))
+
+    def test_failed_worker_does_not_stop_the_job(self):
+        tasks = ["worker:0", "worker:1", "worker:2", "ps:0"]
+        status, out, err, _ = self.run_launcher(
+            ["-np", "3", "--ps", "1"],
+            self.fake("--fail-task", "worker:1", "--fail-code", "3", "--sleep", "60",
+                      "--sleep-tasks", "ps:0", "--on-term", "exit0", "--wait-for", ",".join(tasks),
+                      # the chief and worker:2 are still running when worker:1 fails
+                      "--wait-files", "worker:1.failed", "--wait-files-tasks", "worker:0,worker:2"),
+            timeout=40)
+        self.assertEqual(status, 0, err)
+        self.assertIn("dtrain-run: worker:1 exited with status 3; the parameter-server job "
+                      "continues without it (--restart-workers=N restarts it)\n", err)
+        self.assertLess(err.index("[worker:1] worker:1 failing on purpose"),
+                        err.index("dtrain-run: worker:1 exited"))
+        for t in ("worker:0", "worker:2"):
+            self.assertFalse(self.marker(f"{t}.SIGTERM"), f"{t} was stopped:\n{out}\n{err}")
+            self.assertIn(f"[{t}] hello from {t}\n", out)
+        self.assertTrue(self.marker("ps:0.SIGTERM"), "the ps is stopped once the workers are done")
+        self.assertIn("all workers finished; stopping 1 parameter server(s) (SIGTERM)", err)
+        self.assertNotIn("restarting", err)
+        last = err.strip().splitlines()[-1]
+        self.assertRegex(last, r"^dtrain-run: the job ran on without worker:1 \(exited with "
+                               r"status 3\);.*do not change the exit status")
+        self.assert_gone([self.report(t)["pid"] for t in tasks])
+
+    def test_killed_worker_is_restarted_with_the_same_tf_config(self):
+        p = self.start_launcher(["-np", "2", "--ps", "1", "--restart-workers=1"], self.fake(
+            "--sleep", "60", "--sleep-tasks", "ps:0,worker:1", "--restarted-exit0",
+            "--wait-files", "worker:1#1.json", "--wait-files-tasks", "worker:0"))
+        first = self.wait_reports(["worker:0", "worker:1", "ps:0"])["worker:1"]
+        os.kill(first["pid"], signal.SIGKILL)
+        status, out, err = self.finish(p, timeout=30)
+        self.assertEqual(status, 0, err)
+        self.assertIn("dtrain-run: worker:1 killed by signal 9; the parameter-server job "
+                      "continues, restarting it in 1 s\n", err)
+        self.assertEqual(err.count("dtrain-run: restarting worker:1 (restart 1 of 1)\n"), 1, err)
+        self.assertEqual(out.count("[worker:1] hello from worker:1\n"), 2, out)
+        self.assertFalse(self.marker("worker:1#2.json"), "restarted more than once")
+        again = self.report("worker:1#1")
+        self.assertEqual((first["instance"], again["instance"]), (0, 1))
+        self.assertNotEqual(again["pid"], first["pid"])
+        for key in ("tf_config", "token", "argv", "task"):
+            self.assertEqual(again[key], first[key], key)
+        self.assertEqual(json.loads(again["tf_config"])["task"], {"type": "worker", "index": 1})
+        self.assertFalse(self.marker("worker:0.SIGTERM"))
+        self.assertNotIn("ran on without", err)  # restarted, so nothing was lost
+        self.assert_gone([again["pid"], self.report("ps:0")["pid"]])
+
+    def test_restarts_are_bounded(self):
+        status, out, err, _ = self.run_launcher(
+            ["-np", "2", "--ps", "1", "--restart-workers", "2"],
+            self.fake("--fail-task", "worker:1", "--fail-code", "3", "--sleep", "60",
+                      "--sleep-tasks", "ps:0", "--wait-files", "worker:1#2.json",
+                      "--wait-files-tasks", "worker:0"), timeout=40)
+        self.assertEqual(status, 0, err)
+        self.assertEqual(out.count("[worker:1] hello from worker:1\n"), 3, out)
+        for n in (1, 2):
+            self.assertIn(f"dtrain-run: restarting worker:1 (restart {n} of 2)\n", err)
+        self.assertNotIn("restart 3", err)
+        self.assertIn("dtrain-run: worker:1 exited with status 3; the parameter-server job "
+                      "continues without it (no restarts left of --restart-workers=2)\n",
+                      err)
+        self.assertIn("the job ran on without worker:1 (exited with status 3)", err)
+
+    def test_failed_evaluator_does_not_stop_the_job(self):
+        status, out, err, _ = self.run_launcher(
+            ["-np", "2", "--ps", "1", "--evaluator", "--restart-workers", "1"],
+            self.fake("--fail-task", "evaluator:0", "--fail-code", "7", "--sleep", "60",
+                      "--sleep-tasks", "ps:0", "--wait-files", "evaluator:0.failed",
+                      "--wait-files-tasks", "worker:0,worker:1"), timeout=40)
+        self.assertEqual(status, 0, err)
+        self.assertIn("dtrain-run: evaluator:0 exited with status 7; the parameter-server job "
+                      "continues without it\n", err)  # evaluators are not restarted
+        self.assertNotIn("restarting", err)
+        self.assertIn("the job ran on without evaluator:0 (exited with status 7)", err)
+
+    def test_running_evaluator_is_stopped_after_the_workers(self):
+        status, out, err, _ = self.run_launcher(
+            ["-np", "1", "--ps", "1", "--evaluator"],
+            self.fake("--sleep", "60", "--sleep-tasks", "ps:0,evaluator:0", "--on-term", "exit0",
+                      "--wait-for", "worker:0,ps:0,evaluator:0"), timeout=30)
+        self.assertEqual(status, 0, err)
+        self.assertIn("all workers finished; stopping 1 parameter server(s) and the evaluator "
+                      "(SIGTERM)", err)
+        self.assertTrue(self.marker("evaluator:0.SIGTERM"))
+        self.assertTrue(self.marker("ps:0.SIGTERM"))
+
+    def test_failed_ps_stops_the_job(self):
+        tasks = ["worker:0", "worker:1", "ps:0"]
+        p = self.start_launcher(["-np", "2", "--ps", "1", "--restart-workers", "1"], self.fake(
+            "--fail-task", "ps:0", "--fail-code", "4", "--fail-after", "0.3", "--sleep", "60",
+            "--wait-for", ",".join(tasks)))
+        reports = self.wait_reports(tasks)
+        t0 = time.monotonic()
+        status, out, err = self.finish(p, timeout=20)
+        self.assertEqual(status, 4, err)
+        self.assertLess(time.monotonic() - t0, 6, "should stop within a few seconds")
+        self.assertIn("dtrain-run: ps:0 exited with status 4\n", err)
+        self.assertNotIn("restarting", err)
+        self.assertNotIn("continues", err)
+        self.assert_gone([r["pid"] for r in reports.values()])
+
+    def test_failed_chief_stops_the_job(self):
+        tasks = ["worker:0", "worker:1", "worker:2", "ps:0"]
+        p = self.start_launcher(["-np", "3", "--ps", "1", "--restart-workers", "2"], self.fake(
+            "--fail-task", "worker:0", "--fail-code", "6", "--fail-after", "0.3", "--sleep", "60",
+            "--wait-for", ",".join(tasks)))
+        reports = self.wait_reports(tasks)
+        status, out, err = self.finish(p, timeout=20)
+        self.assertEqual(status, 6, err)
+        self.assertIn("dtrain-run: worker:0 exited with status 6\n", err)
+        self.assertEqual(err.count("dtrain-run: "), 1, err)
+        self.assert_gone([r["pid"] for r in reports.values()])
+
+    def test_killed_chief_stops_the_job(self):
+        p = self.start_launcher(["-np", "2", "--ps", "1", "--restart-workers", "1"],
+                                self.fake("--sleep", "60"))
+        reports = self.wait_reports(["worker:0", "worker:1", "ps:0"])
+        os.kill(reports["worker:0"]["pid"], signal.SIGKILL)
+        status, _, err = self.finish(p, timeout=20)
+        self.assertEqual(status, 128 + 9, err)
+        self.assertIn("dtrain-run: worker:0 killed by signal 9\n", err)
+        self.assertNotIn("restarting", err)
+        self.assert_gone([reports[t]["pid"] for t in ("worker:1", "ps:0")])
+
+    def test_no_restart_once_the_job_is_stopping(self):
+        p = self.start_launcher(["-np", "2", "--ps", "1", "--restart-workers", "1"],
+                                self.fake("--sleep", "60"))
+        reports = self.wait_reports(["worker:0", "worker:1", "ps:0"])
+        os.kill(reports["worker:1"]["pid"], signal.SIGKILL)
+        p.send_signal(signal.SIGTERM)  # within the restart delay
+        status, out, err = self.finish(p, timeout=20)
+        self.assertEqual(status, 128 + signal.SIGTERM, err)
+        self.assertNotIn("restarting worker:1", err)
+        self.assertEqual(out.count("[worker:1] hello from worker:1\n"), 1, out)
+        self.assert_gone([reports[t]["pid"] for t in ("worker:0", "ps:0")])
+
+    def test_without_ps_a_failed_evaluator_stops_the_job(self):
+        p = self.start_launcher(["-np", "2", "--evaluator"], self.fake(
+            "--fail-task", "evaluator:0", "--fail-code", "7", "--fail-after", "0.3",
+            "--sleep", "60", "--wait-for", "worker:0,worker:1,evaluator:0"))
+        reports = self.wait_reports(["worker:0", "worker:1", "evaluator:0"])
+        status, _, err = self.finish(p, timeout=20)
+        self.assertEqual(status, 7, err)
+        self.assertIn("dtrain-run: evaluator:0 exited with status 7\n", err)
+        self.assertNotIn("continues", err)
+        self.assert_gone([r["pid"] for r in reports.values()])
+
+
 class PrintConfig(LauncherCase):
     LINE = re.compile(r"^(\w+):(\d+) (\S+) TF_CONFIG='([^']*)'(.*)$")
 
@@ -374,6 +529,14 @@ class BadUsage(LauncherCase):
 
     def test_bad_number(self):
         self.check(["-np", "two"], "two", ["true"])
+
+    def test_restart_workers_needs_ps(self):
+        self.check(["-np", "2", "--restart-workers=1"],
+                   "--restart-workers needs --ps: synchronous jobs cannot lose a worker", ["true"])
+        self.check(["-np", "2", "--ps", "1", "--restart-workers", "-1"], "--restart-workers",
+                   ["true"])
+        self.check(["--print-config", "-np", "2", "--ps", "1", "--restart-workers", "1",
+                    "-H", "h1:3"], "--print-config starts nothing")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -53,6 +54,14 @@ std::vector<Task> plan_tasks(int workers, int ps, bool evaluator) {
   for (int i = 0; i < ps; ++i) tasks.push_back({"ps", i, "", 0});
   if (evaluator) tasks.push_back({"evaluator", 0, "", 0});
   return tasks;
+}
+
+bool is_chief(const std::vector<Task>& tasks, size_t i) {
+  const Task& t = tasks.at(i);
+  if (t.type == "chief") return true;
+  const bool has_chief =
+      std::any_of(tasks.begin(), tasks.end(), [](const Task& o) { return o.type == "chief"; });
+  return t.type == "worker" && t.index == 0 && !has_chief;
 }
 
 std::vector<HostSlots> parse_hosts(const std::string& spec) {

@@ -21,7 +21,7 @@ class UsageError : public std::runtime_error {
 
 // One process of the job.
 struct Task {
-  std::string type;  // "worker", "ps" or "evaluator"
+  std::string type;  // "worker", "ps" or "evaluator" ("chief" in hand-written clusters)
   int index = 0;     // index within its type
   std::string host;
   int port = 0;
@@ -39,6 +39,10 @@ struct HostSlots {
 // The tasks of a job in launch order: workers, then parameter servers, then the evaluator.
 // Addresses are left empty. Throws UsageError when workers < 1 or ps < 0.
 std::vector<Task> plan_tasks(int workers, int ps, bool evaluator);
+
+// Whether tasks[i] is the chief, as TensorFlow decides it: the "chief" task, or worker 0 when the
+// job has no "chief" task (dtrain-run jobs have none, so theirs is worker:0).
+bool is_chief(const std::vector<Task>& tasks, size_t i);
 
 // Parses "host1:2,host2:2" (a host without ":slots" has one slot). Throws UsageError quoting the
 // malformed entry and showing a correct example.

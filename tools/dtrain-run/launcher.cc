@@ -3,9 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/signalfd.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,10 +12,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 
 #include "line_relay.h"
+#include "spawn.h"
 
 extern char** environ;
 
@@ -59,41 +57,6 @@ std::string signal_name(int sig) {
   }
 }
 
-bool is_executable_file(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
-}
-
-// Empty when `prog` can be executed (the way execvpe will look it up), else why not.
-std::string check_program(const std::string& prog) {
-  if (prog.empty()) return "the program name is empty";
-  if (prog.find('/') != std::string::npos) {
-    if (is_executable_file(prog)) return "";
-    struct stat st {};
-    if (::stat(prog.c_str(), &st) != 0) return "no such file";
-    if (S_ISDIR(st.st_mode)) return "it is a directory";
-    return "it is not executable (chmod +x " + prog + ")";
-  }
-  const char* path = std::getenv("PATH");
-  const std::string dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
-  size_t start = 0;
-  while (start <= dirs.size()) {
-    size_t colon = dirs.find(':', start);
-    if (colon == std::string::npos) colon = dirs.size();
-    const std::string dir = colon == start ? "." : dirs.substr(start, colon - start);
-    if (is_executable_file(dir + "/" + prog)) return "";
-    start = colon + 1;
-  }
-  return "not found in PATH; give its path, e.g. ./" + prog;
-}
-
-// A closed fd 0, 1 or 2 would be reused by a pipe and break the children's redirections.
-void ensure_std_fds_open() {
-  for (int fd = 0; fd <= 2; ++fd) {
-    if (::fcntl(fd, F_GETFD) == -1) ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
-  }
-}
-
 // "[worker:1] ". Built by appending: GCC 12 at -O3 warns falsely (-Wrestrict) on "[" + string.
 std::string prefix_of(const Task& t) {
   std::string p = "[";
@@ -111,7 +74,13 @@ struct Child {
   bool group_alive() const { return pid > 0 && (!reaped || has_open_fds()); }
 
   Task task;
-  pid_t pid = -1;  // also its process group id
+  std::vector<std::string> env;  // kept for a restart, which gets the same TF_CONFIG
+  // A parameter-server job goes on without it when it fails (a non-chief worker, the evaluator).
+  bool expendable = false;
+  int restarts = 0;
+  Clock::time_point restart_at = kNever;  // a failed worker starts again then
+  std::string lost;  // how it failed for good when the job went on without it, else empty
+  pid_t pid = -1;    // also its process group id
   bool reaped = true;
   int fds[2] = {-1, -1};  // read ends of its stdout and stderr pipes
   LineRelay relays[2];
@@ -129,29 +98,34 @@ class Supervisor {
 
  private:
   bool setup_signals();
-  std::string start(Child& c, const std::vector<std::string>& argv,
-                    const std::vector<std::string>& env);
+  std::string start(Child& c);
   void loop();
   void on_signal(int sig);
   void reap();
   void on_exit(Child& c, int status);
+  void carry_on_without(Child& c, const std::string& what);
+  void restart(Child& c);
   void read_from(Child& c, int which, bool drain);
   void close_fds(Child& c);
   void signal_child(Child& c, int sig);
   void begin_stop(int sig);
-  void stop_parameter_servers_when_workers_done();
+  void stop_servers_when_workers_done();
+  void log_summary() const;
   void check_deadlines(Clock::time_point now);
   int poll_timeout_ms(Clock::time_point now) const;
 
   const LaunchOptions& o_;
+  std::vector<std::string> argv_;
   std::vector<Child> children_;
   int sfd_ = -1;
   int devnull_ = -1;
   sigset_t old_mask_{};
   Seconds grace_{10.0};
+  Seconds restart_delay_{1.0};
   Clock::time_point job_deadline_ = kNever;
   bool stopping_ = false;  // the job is being stopped; exit_code_ is final
-  bool ps_stopped_ = false;
+  bool ps_job_ = false;    // has parameter servers: workers may come and go (asynchronous training)
+  bool servers_stopped_ = false;
   int exit_code_ = 0;
 };
 
@@ -175,58 +149,14 @@ bool Supervisor::setup_signals() {
   return sfd_ >= 0;
 }
 
-std::string Supervisor::start(Child& c, const std::vector<std::string>& argv,
-                              const std::vector<std::string>& env) {
-  int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) return std::string("pipe: ") + std::strerror(errno);
-  if (::pipe2(err, O_CLOEXEC) != 0) {
-    const std::string msg = std::string("pipe: ") + std::strerror(errno);
-    ::close(out[0]);
-    ::close(out[1]);
-    return msg;
-  }
-  std::vector<char*> argvp, envp;
-  for (const auto& a : argv) argvp.push_back(const_cast<char*>(a.c_str()));
-  argvp.push_back(nullptr);
-  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
-  const std::string exec_error = "dtrain-run: cannot execute '" + argv[0] + "': ";
-  const pid_t parent = ::getpid();
-
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    // Own process group, so a terminal's Ctrl-C reaches only the launcher, which forwards it.
-    ::setpgid(0, 0);
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(1);  // the launcher died before prctl
-    ::dup2(devnull_, 0);
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
-    ::signal(SIGPIPE, SIG_DFL);
-    ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
-    ::execvpe(argvp[0], argvp.data(), envp.data());
-    const char* why = std::strerror(errno);
-    if (::write(2, exec_error.data(), exec_error.size()) > 0 &&
-        ::write(2, why, std::strlen(why)) > 0) {
-      [[maybe_unused]] auto n = ::write(2, "\n", 1);
-    }
-    ::_exit(kExitNotFound);
-  }
-  ::close(out[1]);
-  ::close(err[1]);
-  if (pid < 0) {
-    const std::string msg = std::string("fork: ") + std::strerror(errno);
-    ::close(out[0]);
-    ::close(err[0]);
-    return msg;
-  }
-  // Also here, so that signalling the group works before the child gets to its own setpgid.
-  ::setpgid(pid, pid);
-  c.pid = pid;
+std::string Supervisor::start(Child& c) {
+  Spawned s;
+  const std::string err = spawn(argv_, c.env, devnull_, old_mask_, s);
+  if (!err.empty()) return err;
+  c.pid = s.pid;
   c.reaped = false;
-  c.fds[0] = out[0];
-  c.fds[1] = err[0];
-  for (int fd : c.fds) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  c.fds[0] = s.out_fd;
+  c.fds[1] = s.err_fd;
   return "";
 }
 
@@ -274,7 +204,10 @@ void Supervisor::signal_child(Child& c, int sig) {
 
 void Supervisor::begin_stop(int sig) {
   stopping_ = true;
-  for (auto& c : children_) signal_child(c, sig);
+  for (auto& c : children_) {
+    c.restart_at = kNever;  // a worker waiting for its restart stays down
+    signal_child(c, sig);
+  }
 }
 
 void Supervisor::on_signal(int sig) {
@@ -301,10 +234,58 @@ void Supervisor::on_exit(Child& c, int status) {
   const bool by_signal = WIFSIGNALED(status);
   const int code = by_signal ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
   if (code == 0 || stopping_ || c.stop_requested) return;
-  log_line(c.task.name() + (by_signal ? " killed by signal " + std::to_string(WTERMSIG(status))
-                                      : " exited with status " + std::to_string(code)));
+  const std::string what = by_signal ? "killed by signal " + std::to_string(WTERMSIG(status))
+                                     : "exited with status " + std::to_string(code);
+  if (c.expendable) {
+    carry_on_without(c, what);
+    return;
+  }
+  log_line(c.task.name() + " " + what);
   exit_code_ = code;
   begin_stop(SIGTERM);
+}
+
+// As under TensorFlow's ParameterServerStrategy, asynchronous training goes on when a non-chief
+// worker or the evaluator fails: the variables live on the parameter servers, and the chief decides
+// when training is done. A worker with --restart-workers left starts again with the same TF_CONFIG.
+void Supervisor::carry_on_without(Child& c, const std::string& what) {
+  const bool worker = c.task.type == "worker";
+  if (worker && c.restarts < o_.restart_workers) {
+    log_line(c.task.name() + " " + what +
+             "; the parameter-server job continues, restarting it in " +
+             seconds_text(restart_delay_.count()) + " s");
+    c.restart_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(restart_delay_);
+    return;
+  }
+  std::string hint;
+  if (worker && o_.restart_workers == 0) hint = " (--restart-workers=N restarts it)";
+  if (worker && o_.restart_workers > 0) {
+    hint = " (no restarts left of --restart-workers=" + std::to_string(o_.restart_workers) + ")";
+  }
+  log_line(c.task.name() + " " + what + "; the parameter-server job continues without it" + hint);
+  c.lost = what;
+}
+
+void Supervisor::restart(Child& c) {
+  c.restart_at = kNever;
+  if (c.has_open_fds()) {
+    // A process the failed instance started still holds its output (and maybe its port).
+    ::kill(-c.pid, SIGKILL);
+    close_fds(c);
+  }
+  ++c.restarts;
+  log_line("restarting " + c.task.name() + " (restart " + std::to_string(c.restarts) + " of " +
+           std::to_string(o_.restart_workers) + ")");
+  c.stop_requested = false;
+  c.sigkilled = false;
+  c.kill_at = c.give_up_at = c.reaped_at = kNever;
+  const std::string err = start(c);
+  if (!err.empty()) {
+    log_line("cannot restart " + c.task.name() + ": " + err +
+             "; the parameter-server job continues without it");
+    c.reaped_at = Clock::now();
+    c.lost = "could not be restarted: " + err;
+  }
 }
 
 void Supervisor::reap() {
@@ -320,25 +301,42 @@ void Supervisor::reap() {
       c.reaped_at = Clock::now();
     }
   }
-  stop_parameter_servers_when_workers_done();
+  stop_servers_when_workers_done();
 }
 
-// Parameter servers serve until told to stop (as in TensorFlow), so once every worker has exited 0
-// the launcher stops them, and the job succeeds.
-void Supervisor::stop_parameter_servers_when_workers_done() {
-  if (ps_stopped_ || stopping_) return;
+// Parameter servers serve until told to stop (as in TensorFlow), so once every worker has finished
+// (exited 0, or failed for good in this parameter-server job) the launcher stops them and the
+// evaluator, and the job succeeds.
+void Supervisor::stop_servers_when_workers_done() {
+  if (servers_stopped_ || stopping_ || !ps_job_) return;
   int running_ps = 0;
+  bool running_evaluator = false;
   for (const auto& c : children_) {
-    if (c.task.type == "worker" && !c.reaped) return;
+    const bool trains = c.task.type == "worker" || c.task.type == "chief";
+    if (trains && (!c.reaped || c.restart_at != kNever)) return;
     if (c.task.type == "ps" && !c.reaped) ++running_ps;
+    if (c.task.type == "evaluator" && !c.reaped) running_evaluator = true;
   }
-  ps_stopped_ = true;
-  if (running_ps == 0) return;
-  log_line("all workers finished; stopping " + std::to_string(running_ps) +
-           " parameter server(s) (SIGTERM)");
+  servers_stopped_ = true;
+  if (running_ps == 0 && !running_evaluator) return;
+  std::string what;
+  if (running_ps > 0) what = std::to_string(running_ps) + " parameter server(s)";
+  if (running_evaluator) what += running_ps > 0 ? " and the evaluator" : "the evaluator";
+  log_line("all workers finished; stopping " + what + " (SIGTERM)");
   for (auto& c : children_) {
-    if (c.task.type == "ps") signal_child(c, SIGTERM);
+    if (c.task.type == "ps" || c.task.type == "evaluator") signal_child(c, SIGTERM);
   }
+}
+
+void Supervisor::log_summary() const {
+  std::string lost;
+  for (const auto& c : children_) {
+    if (!c.lost.empty()) lost += (lost.empty() ? "" : ", ") + c.task.name() + " (" + c.lost + ")";
+  }
+  if (lost.empty()) return;
+  log_line("the job ran on without " + lost +
+           "; in a parameter-server job such failures do not change the exit status, which the "
+           "chief and the parameter servers decide");
 }
 
 void Supervisor::check_deadlines(Clock::time_point now) {
@@ -350,6 +348,7 @@ void Supervisor::check_deadlines(Clock::time_point now) {
     begin_stop(SIGTERM);
   }
   for (auto& c : children_) {
+    if (!stopping_ && now >= c.restart_at) restart(c);
     if (!c.sigkilled && c.group_alive() && now >= c.kill_at) {
       log_line(c.task.name() + " still running " + seconds_text(o_.grace_s) +
                " s after SIGTERM; sending SIGKILL");
@@ -381,6 +380,7 @@ int Supervisor::poll_timeout_ms(Clock::time_point now) const {
   for (const auto& c : children_) {
     if (!c.sigkilled && c.group_alive()) next = std::min(next, c.kill_at);
     if (!c.reaped) next = std::min(next, c.give_up_at);
+    next = std::min(next, c.restart_at);
     if (c.reaped && c.has_open_fds()) {
       next = std::min(next,
                       c.reaped_at + std::chrono::duration_cast<Clock::duration>(kDrainAfterExit));
@@ -397,8 +397,9 @@ void Supervisor::loop() {
   while (true) {
     reap();
     check_deadlines(Clock::now());
-    const bool done = std::all_of(children_.begin(), children_.end(),
-                                  [](const Child& c) { return c.reaped && !c.has_open_fds(); });
+    const bool done = std::all_of(children_.begin(), children_.end(), [](const Child& c) {
+      return c.reaped && !c.has_open_fds() && c.restart_at == kNever;
+    });
     if (done) return;
     pfds.assign(1, pollfd{sfd_, POLLIN, 0});
     owners.clear();
@@ -430,13 +431,14 @@ void Supervisor::loop() {
 }
 
 int Supervisor::run() {
-  const std::vector<std::string> argv = task_argv(o_.command, o_.devices);
-  const std::string why = check_program(argv.at(0));
+  argv_ = task_argv(o_.command, o_.devices);
+  const std::string why = check_program(argv_.at(0));
   if (!why.empty()) {
-    log_line("cannot run '" + argv[0] + "': " + why + " (nothing was started)");
+    log_line("cannot run '" + argv_[0] + "': " + why + " (nothing was started)");
     return kExitNotFound;
   }
   grace_ = Seconds(std::max(0.0, o_.grace_s));
+  restart_delay_ = Seconds(std::max(0.0, o_.restart_delay_s));
   ensure_std_fds_open();
   devnull_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (devnull_ < 0 || !setup_signals()) {
@@ -452,18 +454,24 @@ int Supervisor::run() {
     }
     base_env.push_back(kv);
   }
+  ps_job_ =
+      std::any_of(o_.tasks.begin(), o_.tasks.end(), [](const Task& t) { return t.type == "ps"; });
   children_.reserve(o_.tasks.size());
-  for (const auto& t : o_.tasks) children_.emplace_back(t);
+  for (size_t i = 0; i < o_.tasks.size(); ++i) {
+    Child& c = children_.emplace_back(o_.tasks[i]);
+    c.env = base_env;
+    c.env.push_back("TF_CONFIG=" + tf_config(o_.tasks, i));
+    c.env.push_back("DTRAIN_TASK=" + o_.tasks[i].name());
+    c.env.push_back("DTRAIN_JOB_TOKEN=" + o_.job_token);
+    const std::string& type = o_.tasks[i].type;
+    c.expendable = ps_job_ && ((type == "worker" && !is_chief(o_.tasks, i)) || type == "evaluator");
+  }
   if (o_.timeout_s > 0) {
     job_deadline_ =
         Clock::now() + std::chrono::duration_cast<Clock::duration>(Seconds(o_.timeout_s));
   }
   for (size_t i = 0; i < children_.size(); ++i) {
-    std::vector<std::string> env = base_env;
-    env.push_back("TF_CONFIG=" + tf_config(o_.tasks, i));
-    env.push_back("DTRAIN_TASK=" + o_.tasks[i].name());
-    env.push_back("DTRAIN_JOB_TOKEN=" + o_.job_token);
-    const std::string err = start(children_[i], argv, env);
+    const std::string err = start(children_[i]);
     if (!err.empty()) {
       log_line("cannot start " + o_.tasks[i].name() + ": " + err + "; stopping the job");
       exit_code_ = kExitLaunchFailed;
@@ -472,6 +480,7 @@ int Supervisor::run() {
     }
   }
   loop();
+  log_summary();
   // Signals stay blocked: one arriving now must not kill the launcher before it returns the status.
   ::close(sfd_);
   ::close(devnull_);

@@ -6,7 +6,14 @@
 // "[worker:1] " prefix. The launcher never hangs: a failed child stops the job (SIGTERM to every
 // group, SIGKILL after the grace period), SIGINT/SIGTERM/SIGHUP are forwarded (a second SIGINT
 // kills), --timeout bounds the whole job, and children die with the launcher (PR_SET_PDEATHSIG).
-// Linux only.
+//
+// A job with parameter servers trains asynchronously, as under TensorFlow's
+// ParameterServerStrategy, and survives workers coming and going: when a non-chief worker or the
+// evaluator fails (non-zero exit or a signal), the job goes on without it, and a worker is started
+// again (same argv, environment and TF_CONFIG, after restart_delay_s) up to restart_workers times.
+// The chief (worker:0) or a parameter server failing still stops the job. Once every worker has
+// finished, the parameter servers and the evaluator are stopped with SIGTERM. Jobs without
+// parameter servers are synchronous: any failure stops them. Linux only.
 //
 // Not thread-safe; call launch() once, from the main thread, before any other thread exists (it
 // blocks signals and reads them through a signalfd).
@@ -26,6 +33,8 @@ struct LaunchOptions {
   double timeout_s = 0;              // whole-job limit; 0 = none
   double grace_s = 10;               // SIGTERM to SIGKILL when stopping the job
   std::string job_token;             // DTRAIN_JOB_TOKEN for every task
+  int restart_workers = 0;           // jobs with ps: restarts of each failed non-chief worker
+  double restart_delay_s = 1;        // between a worker's failure and its restart
 };
 
 // Exit statuses besides a child's own.
@@ -38,10 +47,13 @@ constexpr int kExitLaunchFailed = 1;
 std::vector<std::string> task_argv(const std::vector<std::string>& command,
                                    const std::string& devices);
 
-// Runs the job to its end and returns the launcher's exit status: 0 when every task exited 0; the
-// first failed task's status (128 + signal when killed by a signal); 124 on --timeout; 128 + signal
-// when the launcher was interrupted; 127 when the program cannot be found (nothing started); 1 when
-// a task cannot be started. Reports each of these with one line on stderr. Does not throw.
+// Runs the job to its end and returns the launcher's exit status: 0 when every task exited 0 (in a
+// job with parameter servers: when the chief did and no parameter server failed; a non-chief
+// worker or the evaluator that failed for good is named in a last line on stderr but does not
+// count); the first failed task's status that stops the job (128 + signal when killed by a
+// signal); 124 on --timeout; 128 + signal when the launcher was interrupted; 127 when the program
+// cannot be found (nothing started); 1 when a task cannot be started. Reports each of these with
+// one line on stderr. Does not throw.
 int launch(const LaunchOptions& options);
 
 }  // namespace dtrain::run

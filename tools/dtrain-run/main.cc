@@ -2,6 +2,7 @@
 //
 //   dtrain-run -np 2 -- ./fashion_mnist --strategy=multi_worker_mirrored --steps=100
 //   dtrain-run -np 2 --ps 1 --devices cpu:2 --timeout 600 -- ./prog --flag
+//   dtrain-run -np 4 --ps 2 --restart-workers 3 -- ./prog --strategy=parameter_server
 //   dtrain-run --print-config -H node1:2,node2:2 --port-base 23456 [-- ./prog args]
 //
 // Every task gets TF_CONFIG (free loopback ports), DTRAIN_TASK ("worker:1") and one
@@ -25,6 +26,7 @@ constexpr int kExitUsage = 2;
 struct Args {
   int np = 0;
   int ps = 0;
+  int restart_workers = 0;
   bool evaluator = false;
   std::string devices;
   double timeout_s = 0;
@@ -112,6 +114,7 @@ int run_local(const Args& a) {
   o.devices = a.devices;
   o.timeout_s = a.timeout_s;
   o.grace_s = a.grace_s;
+  o.restart_workers = a.restart_workers;
   const char* token = std::getenv("DTRAIN_JOB_TOKEN");
   o.job_token = token != nullptr && *token != '\0' ? token : make_job_token();
   return launch(o);
@@ -126,10 +129,28 @@ int main(int argc, char** argv) {
       "  dtrain-run -np 2 [--ps 1] [--devices cpu:2] -- ./prog args...\n"
       "  dtrain-run --print-config -H node1:2,node2:2 [--port-base 23456]"};
   app.name("dtrain-run");
+  app.footer(
+      "When a task fails (exits non-zero or is killed by a signal), dtrain-run stops the others "
+      "(SIGTERM, SIGKILL after --grace) and exits with that task's status (128 + signal).\n"
+      "A job with --ps trains asynchronously (as under TensorFlow's ParameterServerStrategy) and "
+      "survives workers coming and going: a non-chief worker (worker:1 and up) or the evaluator "
+      "that fails does not stop it; the job goes on without that task, or restarts the worker "
+      "(--restart-workers). Only the chief (worker:0) and the parameter servers stop the job by "
+      "failing. Once every worker has finished, the parameter servers and the evaluator are "
+      "stopped with SIGTERM, and dtrain-run exits 0 if the chief exited 0: a worker or evaluator "
+      "that failed for good is named in a last line on stderr but does not make the status "
+      "non-zero.\n"
+      "Exit statuses: a failed task's; 124 on --timeout; 128 + signal when interrupted; 127 when "
+      "the program is not found; 2 on bad usage.");
   Args a;
   auto* np = app.add_option("--np,-n", a.np, "number of worker processes (also -np)");
   app.add_option("--ps", a.ps, "number of parameter-server processes")->capture_default_str();
   app.add_flag("--evaluator", a.evaluator, "also start one evaluator task");
+  app.add_option("--restart-workers", a.restart_workers,
+                 "with --ps: start a failed non-chief worker again (same TF_CONFIG, after 1 s), at "
+                 "most this many times per worker")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
   app.add_option("--devices", a.devices,
                  "passed to every task as --devices=<value> unless its arguments have --devices "
                  "(e.g. cpu:2)");
@@ -168,6 +189,17 @@ int main(int argc, char** argv) {
     }
     if (a.devices.empty() && app.count("--devices") > 0) {
       throw UsageError("--devices needs a value, e.g. --devices cpu:2");
+    }
+    if (a.restart_workers > 0 && a.ps == 0) {
+      throw UsageError(
+          "--restart-workers needs --ps: synchronous jobs cannot lose a worker (every step waits "
+          "for all of them); give the job parameter servers, e.g. --ps 1, or drop "
+          "--restart-workers");
+    }
+    if (a.restart_workers > 0 && a.print_config) {
+      throw UsageError(
+          "--restart-workers is for a job dtrain-run runs itself; --print-config "
+          "starts nothing");
     }
     return a.print_config ? print_config(a) : run_local(a);
   } catch (const UsageError& e) {

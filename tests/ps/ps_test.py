@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""ParameterServerStrategy with real ps and worker processes over TCP on 127.0.0.1.
+
+  ps_test.py --launcher dtrain-run --check ps_check --example fashion_mnist SUITE
+
+Suites:
+  Basics    concurrent pushes lose no update; partitioners place shards; wrong token; garbage frames
+  Faults    kill -9 a worker (the job finishes); kill -9 a ps (every worker names it); relaunch
+            after a kill resumes from the checkpoint with the step count intact
+  Accuracy  2 workers + 2 ps train the reference CNN to >= 88% test accuracy (slow)
+Every wait is bounded; every process is killed on the way out.
+"""
+import argparse, json, os, signal, socket, struct, subprocess, sys, tempfile, time, unittest
+
+ARGS = None
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def last_json(text):
+    for line in reversed(text.splitlines()):
+        line = line.split("] ", 1)[-1] if line.startswith("[") else line
+        if line.startswith("{"):
+            return json.loads(line)
+    raise AssertionError("no JSON line in output:\n" + text[-3000:])
+
+
+class Job:
+    """The tasks of one job started by hand, each with its TF_CONFIG, as a user does in shells."""
+
+    def __init__(self, workers, ps, token="a-job-token-for-the-ps-tests-0123"):
+        ports = free_ports(workers + ps)
+        self.cluster = {"worker": [f"127.0.0.1:{p}" for p in ports[:workers]],
+                        "ps": [f"127.0.0.1:{p}" for p in ports[workers:]]}
+        self.token = token
+        self.procs = {}
+
+    def env(self, kind, i, token=None, extra=None):
+        env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": self.cluster, "task": {"type": kind, "index": i}}),
+                   DTRAIN_JOB_TOKEN=token or self.token, DTRAIN_LOG_LEVEL="INFO")
+        env.update(extra or {})
+        return env
+
+    def start(self, kind, i, argv, token=None, extra=None):
+        p = subprocess.Popen(argv, env=self.env(kind, i, token, extra), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        self.procs[(kind, i)] = p
+        return p
+
+    def start_ps(self, argv):
+        for i in range(len(self.cluster["ps"])):
+            self.start("ps", i, argv)
+
+    def finish(self, kind, i, timeout):
+        p = self.procs[(kind, i)]
+        try:
+            out, err = p.communicate(timeout=timeout)
+            return p.returncode, out, err
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            return None, out, err
+
+    def stop(self):
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.communicate()
+
+
+def example(*extra):
+    return [ARGS.example, "--strategy=parameter_server", "--devices=cpu", "--threads", "1", "--batch-size", "64",
+            "--no-eval", "--json"] + list(extra)
+
+
+class Basics(unittest.TestCase):
+    def run_launcher(self, np, ps, argv, timeout=120):
+        r = subprocess.run([ARGS.launcher, "-np", str(np), "--ps", str(ps), "--timeout", str(timeout), "--"] + argv,
+                           capture_output=True, text=True, timeout=timeout + 20)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+        return r
+
+    def test_concurrent_pushes_lose_no_update(self):
+        for ps in (1, 2):
+            r = self.run_launcher(3, ps, [ARGS.check, "counter", "1000"])
+            j = last_json(r.stdout)
+            print(f"3 workers x 1000 pushes of -1, {ps} ps: value {j['value']}, global step {j['global_step']}")
+            self.assertEqual(j["value"], 3000.0)
+            self.assertEqual(j["global_step"], 3000)
+
+    def test_partitioners_place_shards_and_read_back_whole(self):
+        j = last_json(self.run_launcher(1, 2, [ARGS.check, "shards"]).stdout)
+        def layout(name):
+            return [(s["task"], s["shape"]) for s in j[name]["shards"]]
+        self.assertEqual(layout("fixed3"), [("ps:0", "[4, 4]"), ("ps:1", "[3, 4]"), ("ps:0", "[3, 4]")])
+        self.assertEqual(layout("min_size"), [("ps:0", "[5, 4]"), ("ps:1", "[5, 4]")])
+        self.assertEqual(layout("max_size"), [("ps:0", "[3, 4]"), ("ps:1", "[3, 4]"), ("ps:0", "[2, 4]"),
+                                              ("ps:1", "[2, 4]")])
+        self.assertEqual(layout("scalar"), [("ps:0", "[]")])
+        for name, case in j.items():
+            self.assertTrue(case["whole"], name)
+            self.assertTrue(all(s["match"] for s in case["shards"]), name)
+
+    def test_a_wrong_job_token_is_refused(self):
+        job = Job(1, 1)
+        try:
+            job.start_ps([ARGS.check])
+            job.start("worker", 0, [ARGS.check, "counter", "10"], token="not-the-job-token-987654321")
+            code, _, err = job.finish("worker", 0, 60)
+            self.assertNotEqual(code, 0)
+            self.assertIn("job token", err, err[-2000:])
+            self.assertIsNone(job.procs[("ps", 0)].poll(), "the ps died on an unauthenticated connection")
+        finally:
+            job.stop()
+        _, _, ps_err = job.finish("ps", 0, 10)
+        self.assertIn("refused", ps_err, ps_err[-2000:])
+
+    def test_garbage_and_unauthenticated_frames_do_not_hurt_the_server(self):
+        job = Job(1, 1)
+        try:
+            job.start_ps([ARGS.check])
+            host, port = job.cluster["ps"][0].split(":")
+            time.sleep(0.5)
+            payloads = [b"GET / HTTP/1.0\r\n\r\n", b"\x00" * 48, os.urandom(4096),
+                        # a well-formed header claiming a 1 TB payload, then silence
+                        struct.pack("<IHHQHBBIQQQ", 0x4e525444, 1, 6, 1, 4, 0, 0, 0, 0, 1 << 40, 0)]
+            for data in payloads:
+                for _ in range(50):
+                    try:
+                        s = socket.create_connection((host, int(port)), timeout=5)
+                        break
+                    except OSError:
+                        time.sleep(0.1)
+                s.sendall(data)
+                s.close()
+            job.start("worker", 0, [ARGS.check, "counter", "50"])
+            code, out, err = job.finish("worker", 0, 60)
+            self.assertEqual(code, 0, err[-2000:])
+            self.assertEqual(last_json(out)["value"], 50.0)
+        finally:
+            job.stop()
+
+
+class Faults(unittest.TestCase):
+    def test_kill_9_a_worker_the_job_finishes_and_a_restarted_one_rejoins(self):
+        job = Job(3, 1)
+        try:
+            job.start_ps(example())
+            for i in range(3):
+                job.start("worker", i, example("--steps", "600"))
+            time.sleep(3)
+            self.assertIsNone(job.procs[("worker", 2)].poll(), "worker 2 ended before it could be killed")
+            job.procs[("worker", 2)].send_signal(signal.SIGKILL)
+            job.finish("worker", 2, 5)
+            time.sleep(1)
+            self.assertIsNone(job.procs[("worker", 0)].poll(), "the chief stopped when worker 2 died")
+            job.start("worker", 2, example("--steps", "600"))  # the same task again
+            results = {i: job.finish("worker", i, 180) for i in range(3)}
+            for i, (code, out, err) in results.items():
+                self.assertEqual(code, 0, f"worker {i}: " + err[-3000:])
+            restarted = last_json(results[2][1])
+            chief = last_json(results[0][1])
+            print(f"after the kill: chief ran {chief['steps']} steps, the restarted worker {restarted['steps']}, "
+                  f"job step {chief['job_step']}")
+            self.assertGreater(restarted["steps"], 0, "the restarted worker did not train")
+            self.assertGreaterEqual(chief["job_step"], 600)
+        finally:
+            job.stop()
+
+    def test_kill_9_a_ps_every_worker_names_it(self):
+        job = Job(2, 2)
+        try:
+            job.start_ps(example())
+            for i in range(2):
+                job.start("worker", i, example("--steps", "100000"))
+            time.sleep(4)
+            self.assertIsNone(job.procs[("ps", 1)].poll(), "ps 1 ended before it could be killed")
+            job.procs[("ps", 1)].send_signal(signal.SIGKILL)
+            t0 = time.time()
+            for i in range(2):
+                code, _, err = job.finish("worker", i, 30)
+                self.assertIsNotNone(code, f"worker {i} still running 30 s after ps:1 was killed")
+                self.assertNotEqual(code, 0)
+                self.assertIn("ps:1", err, err[-2000:])
+                self.assertIn("Unavailable", err, err[-2000:])
+            print(f"workers exited {time.time() - t0:.2f} s after ps:1 was killed")
+        finally:
+            job.stop()
+
+    def test_relaunch_after_a_kill_resumes_from_the_checkpoint(self):
+        with tempfile.TemporaryDirectory() as d:
+            ckpt = os.path.join(d, "ckpt")
+            job = Job(2, 2)
+            args = ["--steps", "100000", "--checkpoint-dir", ckpt, "--checkpoint-every", "50"]
+            try:
+                job.start_ps(example())
+                for i in range(2):
+                    job.start("worker", i, example(*args))
+                deadline = time.time() + 60
+                while time.time() < deadline and not os.path.exists(os.path.join(ckpt, "checkpoint")):
+                    time.sleep(0.2)
+                time.sleep(1.5)
+                job.procs[("ps", 0)].send_signal(signal.SIGKILL)
+                for i in range(2):
+                    code, _, err = job.finish("worker", i, 30)
+                    self.assertNotEqual(code, 0, err[-2000:])
+            finally:
+                job.stop()
+            with open(os.path.join(ckpt, "checkpoint")) as f:
+                saved = json.load(f)["step"]
+            self.assertGreaterEqual(saved, 50)
+            # The whole job again, new processes, same checkpoint directory: 60 more global steps.
+            target = saved + 60
+            job = Job(2, 2)
+            try:
+                job.start_ps(example())
+                for i in range(2):
+                    job.start("worker", i, example("--steps", str(target), "--checkpoint-dir", ckpt,
+                                                   "--checkpoint-every", "50"))
+                code, out, err = job.finish("worker", 0, 120)
+                self.assertEqual(code, 0, err[-3000:])
+                self.assertIn(f"restoring from checkpoint", err)
+                self.assertIn(f"(global step {saved})", err)
+                j = last_json(out)
+                print(f"killed after checkpoint step {saved}; relaunch ran {j['steps']} local steps to job step "
+                      f"{j['job_step']}")
+                self.assertGreaterEqual(j["job_step"], target)
+                self.assertLess(j["steps"], 60 + 2, "the relaunch started over instead of resuming")
+            finally:
+                job.stop()
+            with open(os.path.join(ckpt, "checkpoint")) as f:
+                self.assertGreaterEqual(json.load(f)["step"], target)
+
+
+class Accuracy(unittest.TestCase):
+    def test_two_workers_two_ps_reach_88_percent(self):
+        r = subprocess.run([ARGS.launcher, "-np", "2", "--ps", "2", "--timeout", "1100", "--", ARGS.example,
+                            "--strategy=parameter_server", "--threads", "1", "--epochs", "3", "--json"],
+                           capture_output=True, text=True, timeout=1150)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+        j = last_json(r.stdout)
+        print(f"2 workers + 2 ps, 3 epochs: test accuracy {j['test_accuracy']:.4f}, job step {j['job_step']}, "
+              f"{j['images_per_sec']:.0f} images/sec on the chief")
+        self.assertGreaterEqual(j["test_accuracy"], 0.88)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--launcher", required=True)
+    p.add_argument("--check", required=True)
+    p.add_argument("--example", required=True)
+    ARGS, rest = p.parse_known_args()
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)

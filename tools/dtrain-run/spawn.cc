@@ -1,0 +1,104 @@
+#include "spawn.h"
+
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace dtrain::run {
+namespace {
+
+bool is_executable_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+}  // namespace
+
+std::string check_program(const std::string& prog) {
+  if (prog.empty()) return "the program name is empty";
+  if (prog.find('/') != std::string::npos) {
+    if (is_executable_file(prog)) return "";
+    struct stat st {};
+    if (::stat(prog.c_str(), &st) != 0) return "no such file";
+    if (S_ISDIR(st.st_mode)) return "it is a directory";
+    return "it is not executable (chmod +x " + prog + ")";
+  }
+  const char* path = std::getenv("PATH");
+  const std::string dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t colon = dirs.find(':', start);
+    if (colon == std::string::npos) colon = dirs.size();
+    const std::string dir = colon == start ? "." : dirs.substr(start, colon - start);
+    if (is_executable_file(dir + "/" + prog)) return "";
+    start = colon + 1;
+  }
+  return "not found in PATH; give its path, e.g. ./" + prog;
+}
+
+void ensure_std_fds_open() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) == -1) ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+  }
+}
+
+std::string spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                  int stdin_fd, const sigset_t& child_mask, Spawned& result) {
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return std::string("pipe: ") + std::strerror(errno);
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    const std::string msg = std::string("pipe: ") + std::strerror(errno);
+    ::close(out[0]);
+    ::close(out[1]);
+    return msg;
+  }
+  std::vector<char*> argvp, envp;
+  for (const auto& a : argv) argvp.push_back(const_cast<char*>(a.c_str()));
+  argvp.push_back(nullptr);
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  const std::string exec_error = "dtrain-run: cannot execute '" + argv.at(0) + "': ";
+  const pid_t parent = ::getpid();
+
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    // Own process group, so a terminal's Ctrl-C reaches only the launcher, which forwards it.
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);  // the launcher died before prctl
+    ::dup2(stdin_fd, 0);
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    ::signal(SIGPIPE, SIG_DFL);
+    ::sigprocmask(SIG_SETMASK, &child_mask, nullptr);
+    ::execvpe(argvp[0], argvp.data(), envp.data());
+    const char* why = std::strerror(errno);
+    if (::write(2, exec_error.data(), exec_error.size()) > 0 &&
+        ::write(2, why, std::strlen(why)) > 0) {
+      [[maybe_unused]] auto n = ::write(2, "\n", 1);
+    }
+    ::_exit(kExitExecFailed);
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  if (pid < 0) {
+    const std::string msg = std::string("fork: ") + std::strerror(errno);
+    ::close(out[0]);
+    ::close(err[0]);
+    return msg;
+  }
+  // Also here, so that signalling the group works before the child gets to its own setpgid.
+  ::setpgid(pid, pid);
+  result.pid = pid;
+  result.out_fd = out[0];
+  result.err_fd = err[0];
+  for (int fd : {out[0], err[0]}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  return "";
+}
+
+}  // namespace dtrain::run

@@ -32,4 +32,15 @@ int allreduce_bench(const AllreduceArgs& a);
 int allreduce_worker(int rank, const std::string& addresses, const std::string& token, const std::string& sizes,
                      int iters, int warmup);
 
+struct PsArgs {
+  std::string ps = "1,2", workers = "1,2,4", sizes = "4K,1M,16M";
+  int runs = 3;
+  double seconds = 2;
+  bool train = false, json = false;
+  long steps = 300;
+};
+int ps_bench(const PsArgs& a);
+// One task of `ps` (started by dtrain-run): a ps task serves, a worker times pull+push steps.
+int ps_worker(long bytes, double seconds);
+
 }  // namespace dtrain::bench

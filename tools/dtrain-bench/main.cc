@@ -4,6 +4,7 @@
 //   dtrain-bench train --peer=torch --runs=5 --steps=300 --threads=1
 //   dtrain-bench train --strategy=mirrored --devices=cpu:2 --peer=torch-ddp --runs=3
 //   dtrain-bench allreduce --backend=inproc --ranks=2 --sizes=4K,64K,1M,16M,64M --peer=mpi
+//   dtrain-bench ps --ps=1,2 --workers=1,2,4 --sizes=4K,1M,16M --train
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -45,10 +46,28 @@ int main(int argc, char** argv) {
   aw->add_option("--iters", r.iters);
   aw->add_option("--warmup", r.warmup);
   ar->add_flag("--json", r.json, "also print one JSON object per result line");
+  PsArgs p;
+  auto* ps = app.add_subcommand("ps", "parameter-server push+pull traffic, and PS vs MultiWorkerMirrored training");
+  ps->add_option("--ps", p.ps, "numbers of ps tasks, e.g. 1,2")->capture_default_str();
+  ps->add_option("--workers", p.workers, "numbers of workers, e.g. 1,2,4")->capture_default_str();
+  ps->add_option("--sizes", p.sizes, "variable sizes in bytes, K/M suffixes (none = skip the traffic table)")->capture_default_str();
+  ps->add_option("--seconds", p.seconds, "timed seconds per worker and configuration")->check(CLI::PositiveNumber)->capture_default_str();
+  ps->add_option("--runs", p.runs, "runs of each configuration (median)")->check(CLI::PositiveNumber)->capture_default_str();
+  ps->add_flag("--train", p.train, "also time the reference CNN: parameter_server vs multi_worker_mirrored, 2 workers");
+  ps->add_option("--steps", p.steps, "--train: global steps per run")->check(CLI::PositiveNumber)->capture_default_str();
+  ps->add_flag("--json", p.json, "also print one JSON object per result");
+  long pw_size = 4096;
+  double pw_seconds = 2;
+  auto* pw = app.add_subcommand("ps-worker", "one task of ps (internal)");
+  pw->group("");  // hidden
+  pw->add_option("--size", pw_size);
+  pw->add_option("--seconds", pw_seconds);
   CLI11_PARSE(app, argc, argv);
   try {
     if (*train) return train_bench(t);
     if (*ar) return allreduce_bench(r);
+    if (*ps) return ps_bench(p);
+    if (*pw) return ps_worker(pw_size, pw_seconds);
     if (*aw) return allreduce_worker(wrank, waddrs, wtoken, r.sizes, r.iters, r.warmup);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dtrain-bench: %s\n", e.what());

@@ -4,11 +4,18 @@
 //   ./fashion_mnist --strategy=one_device --epochs=5
 //   ./fashion_mnist --strategy=one_device --devices=cpu --threads=1 --steps=300 --json
 #include <CLI/CLI.hpp>
+#include <atomic>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "dtrain/dtrain.h"
 #include "reference_cnn.h"
+
+namespace {
+std::atomic<bool> g_stop{false};  // SIGTERM to the evaluator task: finish the newest checkpoint, exit
+}  // namespace
 
 
 int main(int argc, char** argv) {
@@ -51,6 +58,23 @@ int main(int argc, char** argv) {
     opts.devices = dtrain::parse_devices_flag(devices_flag, threads);
     if (ps_shards > 0) ps.partitioner = dtrain::fixed_shards_partitioner(ps_shards);
     opts.parameter_server = ps;
+    if (auto task = dtrain::from_environment(); task && task->task_type() == dtrain::TaskType::kEvaluator) {
+      // The evaluator task of a job (TF's sidecar evaluation): evaluates each checkpoint the chief
+      // writes, until the final one, on plain variables of its own.
+      std::signal(SIGTERM, [](int) { g_stop = true; });
+      const dtrain::FashionMnist data = dtrain::load_fashion_mnist(data_dir);
+      dtrain::Sequential model = dtrain::examples::reference_cnn();
+      std::vector<int64_t> dims = data.test_images.shape().dims();
+      dims[0] = 1;
+      model.build(dtrain::Shape(dims));
+      dtrain::SidecarEvaluatorOptions so;
+      so.checkpoint_dir = ps.checkpoint_dir;
+      if (const char* d = std::getenv("DTRAIN_CHECKPOINT_DIR"); d && *d) so.checkpoint_dir = d;
+      so.stop = &g_stop;
+      so.json = json;
+      dtrain::SidecarEvaluator(model, dtrain::Dataset::from_tensors({data.test_images, data.test_labels}), so).run();
+      return 0;
+    }
     auto strategy = dtrain::make_strategy(strategy_name, opts);
     const dtrain::FashionMnist data = dtrain::load_fashion_mnist(data_dir);
 

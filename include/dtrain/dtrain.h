@@ -25,3 +25,4 @@
 #include "dtrain/strategies/strategy.h"
 #include "dtrain/train/callbacks.h"
 #include "dtrain/train/fit.h"
+#include "dtrain/train/sidecar_evaluator.h"

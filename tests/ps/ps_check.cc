@@ -1,12 +1,16 @@
 // A worker program for the parameter-server tests, run through dtrain-run as a real job.
 //   ps_check counter <pushes>   each worker pushes a gradient of -1 to a zero scalar <pushes> times
 //                               (SGD, lr 1); the chief prints {"value": V} once every worker is done.
+//   ps_check stale <k> <pushes> <ms>  as counter, with max_staleness k; worker 1 sleeps <ms> per step;
+//                               every worker prints {"worker": i, "seconds": its time}
 //   ps_check shards             creates variables under three partitioners and prints, as JSON,
 //                               where each shard lives, its shape, and whether it reads back whole.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
+#include <chrono>
 
 #include "dtrain/dtrain.h"
 #include "dtrain/strategies/parameter_server_strategy.h"
@@ -19,6 +23,36 @@ dtrain::Initializer arange() {
     for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
     return dtrain::Tensor::from_vector(v, shape);
   };
+}
+
+// Every worker pushes `pushes` times; worker 1 sleeps `sleep_ms` per step. Each prints its time.
+int stale(int max_staleness, int pushes, int sleep_ms) {
+  dtrain::ParameterServerOptions o;
+  o.max_staleness = max_staleness;
+  dtrain::ParameterServerStrategy strategy(o);
+  std::shared_ptr<dtrain::Variable> var;
+  {
+    auto scope = strategy.scope();
+    dtrain::VariableSpec spec;
+    spec.name = "counter";
+    spec.shape = dtrain::Shape{};
+    spec.initializer = dtrain::initializers::zeros();
+    var = dtrain::create_variable(spec);
+  }
+  const int me = strategy.cluster().worker_rank();
+  dtrain::SGD sgd(1.0f);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < pushes; ++i)
+    strategy.run([&](dtrain::ReplicaContext&, const std::vector<dtrain::Tensor>&) -> std::vector<dtrain::Tensor> {
+      if (me == 1) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+      sgd.apply_gradients({dtrain::Tensor::scalar(-1.f)}, {var});
+      return {};
+    });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("{\"worker\": %d, \"seconds\": %.3f}\n", me, secs);
+  std::fflush(stdout);
+  strategy.on_training_end();
+  return 0;
 }
 
 int counter(int pushes) {
@@ -107,7 +141,9 @@ int main(int argc, char** argv) {
     }
     if (argc >= 3 && std::strcmp(argv[1], "counter") == 0) return counter(std::atoi(argv[2]));
     if (argc >= 2 && std::strcmp(argv[1], "shards") == 0) return shards();
-    std::fprintf(stderr, "usage: ps_check counter <pushes> | shards\n");
+    if (argc >= 5 && std::strcmp(argv[1], "stale") == 0)
+      return stale(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]));
+    std::fprintf(stderr, "usage: ps_check counter <pushes> | stale <k> <pushes> <ms> | shards\n");
     return 2;
   } catch (const dtrain::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -87,8 +87,9 @@ def example(*extra):
 
 
 class Basics(unittest.TestCase):
-    def run_launcher(self, np, ps, argv, timeout=120):
-        r = subprocess.run([ARGS.launcher, "-np", str(np), "--ps", str(ps), "--timeout", str(timeout), "--"] + argv,
+    def run_launcher(self, np, ps, argv, timeout=120, extra=()):
+        r = subprocess.run([ARGS.launcher, "-np", str(np), "--ps", str(ps), "--timeout", str(timeout)] + list(extra) +
+                           ["--"] + argv,
                            capture_output=True, text=True, timeout=timeout + 20)
         self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
         return r
@@ -152,6 +153,35 @@ class Basics(unittest.TestCase):
             self.assertEqual(last_json(out)["value"], 50.0)
         finally:
             job.stop()
+
+
+    def test_staleness_bound_holds_the_fast_worker_back(self):
+        times = {}
+        for k in (-1, 2):
+            r = self.run_launcher(2, 1, [ARGS.check, "stale", str(k), "60", "20"])
+            t = {}
+            for line in r.stdout.splitlines():
+                if "{" in line and '"seconds"' in line:
+                    j = json.loads(line[line.index("{"):])
+                    t[j["worker"]] = j["seconds"]
+            times[k] = t
+            print(f"max_staleness {k}: fast worker {t[0]:.2f} s, slow worker (20 ms/step) {t[1]:.2f} s")
+        self.assertLess(times[-1][0], 0.5 * times[-1][1], "without a bound the fast worker should not wait")
+        self.assertGreater(times[2][0], 0.8 * times[2][1], "with max_staleness 2 the fast worker ran ahead")
+
+    def test_the_evaluator_follows_the_checkpoints_to_the_final_one(self):
+        with tempfile.TemporaryDirectory() as d:
+            r = self.run_launcher(2, 1, [ARGS.example, "--strategy=parameter_server", "--threads", "1", "--no-eval",
+                                         "--steps", "300", "--checkpoint-dir", d, "--checkpoint-every", "100", "--json"],
+                                  extra=["--evaluator"])
+            evals = [json.loads(l[l.index("{"):]) for l in r.stdout.splitlines()
+                     if l.startswith("[evaluator:0] {")]
+            print("evaluator saw steps", [e["evaluator_step"] for e in evals], "final accuracy",
+                  evals[-1]["test_accuracy"] if evals else None)
+            self.assertTrue(evals, r.stdout[-3000:] + r.stderr[-3000:])
+            self.assertTrue(evals[-1]["final"])
+            self.assertGreaterEqual(evals[-1]["evaluator_step"], 300)
+            self.assertGreater(evals[-1]["test_accuracy"], 0.6)
 
 
 class Faults(unittest.TestCase):

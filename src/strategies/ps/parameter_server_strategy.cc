@@ -243,6 +243,7 @@ std::string ParameterServerStrategy::save_checkpoint() {
   const int64_t step = m.global_step.load();
   CheckpointData data = m.snapshot();
   data.metadata["global_step"] = std::to_string(step);
+  if (m.final_checkpoint) data.metadata.insert_or_assign("final", std::string(1, '1'));  // not = "1": GCC 12 -Wrestrict false positive
   const std::string path = m.checkpoints->save(step, std::move(data));
   m.last_checkpoint_step = step;
   DTRAIN_LOG(INFO) << m.cluster.task_name() << ": wrote checkpoint " << path << " at global step " << step;
@@ -275,6 +276,7 @@ void ParameterServerStrategy::on_training_end() {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+  m.final_checkpoint = true;
   if (m.checkpoints) save_checkpoint();
 }
 

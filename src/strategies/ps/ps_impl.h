@@ -42,6 +42,7 @@ struct ParameterServerStrategy::Impl {
   std::unique_ptr<CheckpointManager> checkpoints;
   std::optional<CheckpointData> restored;  // chief: the checkpoint to initialise from
   int64_t last_checkpoint_step = 0;
+  bool final_checkpoint = false;  // the chief's last: an evaluator stops after it
 
   Impl(ParameterServerOptions o, ClusterResolution c, DeviceSpec d, const std::string& token);
   // Pulls every shard of `vars` (all servers at once) into their caches.

@@ -1,0 +1,63 @@
+// SidecarEvaluator: evaluates a model on each new checkpoint a training job writes, while it
+// trains (TF's tf.keras.utils.SidecarEvaluator; the `evaluator` task of a ParameterServer job).
+//
+//   Sequential model = build();  model.build(input_shape);        // plain variables, no strategy
+//   SidecarEvaluator eval(model, test, {.checkpoint_dir = "/ckpt"});
+//   eval.run();   // until the chief's final checkpoint has been evaluated
+//
+// Checkpoint entries are matched to the model's variables by name, in creation order, the way
+// ParameterServerStrategy names them (a repeated name gets "_1", "_2", ...; a variable split by a
+// partitioner is stored as "<name>/part_<i>" and is concatenated back along axis 0).
+//
+// Thread-safety: one thread runs run(); `stop` may be set from anywhere (e.g. a signal handler).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "dtrain/data/dataset.h"
+#include "dtrain/core/checkpoint.h"
+#include "dtrain/model/layers.h"
+#include "dtrain/train/fit.h"
+
+namespace dtrain {
+
+struct SidecarEvaluatorOptions {
+  std::string checkpoint_dir;
+  int64_t batch_size = 1000;
+  std::chrono::milliseconds poll{std::chrono::milliseconds(250)};
+  // Give up (DeadlineExceeded) when no new checkpoint appears for this long.
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  // When set, evaluate the newest checkpoint not yet evaluated and return.
+  const std::atomic<bool>* stop = nullptr;
+  std::FILE* out = stdout;  // one line per evaluation
+  bool json = false;        // the lines as JSON objects
+};
+
+struct SidecarResult {
+  int64_t step = 0;
+  bool final = false;
+  EvalResult eval;
+};
+
+class SidecarEvaluator {
+ public:
+  // The model must be built (its variables exist). Throws InvalidArgument otherwise.
+  SidecarEvaluator(Sequential& model, Dataset test, SidecarEvaluatorOptions options);
+  // Evaluates every new checkpoint until one marked final (the chief's last) or `stop`. Returns the
+  // results in order. Throws DeadlineExceeded after `timeout` without a new checkpoint, NotFound
+  // when a checkpoint lacks one of the model's variables, InvalidArgument on a shape mismatch.
+  std::vector<SidecarResult> run();
+  // Loads `data` into the model's variables (the matching rules above).
+  static void load_into(Sequential& model, const CheckpointData& data);
+
+ private:
+  Sequential& model_;
+  Dataset test_;
+  SidecarEvaluatorOptions o_;
+};
+
+}  // namespace dtrain

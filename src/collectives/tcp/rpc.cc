@@ -249,13 +249,13 @@ RpcServer::~RpcServer() { stop(); }
 void RpcServer::stop() {
   if (stopping_.exchange(true)) return;
   if (acceptor_.joinable()) acceptor_.join();
-  std::vector<std::thread> threads;
+  std::vector<Connection> threads;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (int fd : fds_) ::shutdown(fd, SHUT_RDWR);
     threads.swap(threads_);
   }
-  for (auto& t : threads) t.join();
+  for (auto& c : threads) c.thread.join();
   if (listen_fd_ >= 0) ::close(listen_fd_);
   listen_fd_ = -1;
 }
@@ -278,13 +278,24 @@ void RpcServer::accept_loop() {
     set_nonblocking(fd);
     set_socket_options(fd);
     std::lock_guard<std::mutex> lock(mu_);
+    // Join the threads of connections that have ended (workers come and go for days).
+    for (size_t i = 0; i < threads_.size();) {
+      if (threads_[i].finished->load()) {
+        threads_[i].thread.join();
+        threads_[i] = std::move(threads_.back());
+        threads_.pop_back();
+      } else {
+        ++i;
+      }
+    }
     fds_.push_back(fd);
     ++live_;
-    threads_.emplace_back([this, p] { serve(p); });
+    auto finished = std::make_shared<std::atomic<bool>>(false);
+    threads_.push_back(Connection{std::thread([this, p, finished] { serve(p, finished); }), finished});
   }
 }
 
-void RpcServer::serve(Peer p) {
+void RpcServer::serve(Peer p, std::shared_ptr<std::atomic<bool>> finished) {
   bool authenticated = false;
   try {
     authenticate(p, o_, fingerprint_, -1, /*any_rank=*/true, Clock::now() + std::chrono::seconds(10));
@@ -334,6 +345,7 @@ void RpcServer::serve(Peer p) {
   ::close(p.fd);
   --live_;
   if (authenticated && on_disconnect_) on_disconnect_(p.rank);
+  finished->store(true);
 }
 
 // ---------------------------------------------------------------------------------------------

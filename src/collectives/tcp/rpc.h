@@ -88,7 +88,7 @@ class RpcServer {
 
  private:
   void accept_loop();
-  void serve(Peer peer);
+  void serve(Peer peer, std::shared_ptr<std::atomic<bool>> finished);
   TcpGroupOptions o_;
   uint64_t fingerprint_;
   RpcHandler handler_;
@@ -98,7 +98,11 @@ class RpcServer {
   std::atomic<int> live_{0};
   std::mutex mu_;
   std::vector<int> fds_;              // open connections, for stop()
-  std::vector<std::thread> threads_;  // guarded by mu_
+  struct Connection {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> finished;
+  };
+  std::vector<Connection> threads_;  // guarded by mu_; finished ones are joined at the next accept
   std::thread acceptor_;
 };
 

@@ -259,12 +259,15 @@ void ParameterServerStrategy::on_training_end() {
   auto last_log = start;
   for (;;) {
     const std::vector<uint8_t> states = m.clock(true, nullptr);
+    // Training workers wait up to join_timeout; one that never showed up (it may have failed to
+    // start, and the job goes on without it) only as long as a worker may take to connect.
+    const auto now = std::chrono::steady_clock::now();
+    const bool still_arriving = now - start < m.opts.connect_timeout;
     std::string waiting;
     for (size_t w = 0; w < states.size(); ++w)
-      if (states[w] == ps::kActive || states[w] == ps::kNeverSeen)
+      if (states[w] == ps::kActive || (states[w] == ps::kNeverSeen && still_arriving))
         waiting += (waiting.empty() ? "" : ", ") + ps::task_names(m.cluster.cluster()).at(w);
     if (waiting.empty()) break;
-    const auto now = std::chrono::steady_clock::now();
     if (now - start >= m.opts.join_timeout) {
       DTRAIN_LOG(WARNING) << "chief gave up waiting for " << waiting << " after "
                           << std::chrono::duration_cast<std::chrono::seconds>(now - start).count() << " s";

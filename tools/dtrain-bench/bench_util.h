@@ -33,7 +33,7 @@ int allreduce_worker(int rank, const std::string& addresses, const std::string& 
                      int iters, int warmup);
 
 struct PsArgs {
-  std::string ps = "1,2", workers = "1,2,4", sizes = "4K,1M,16M";
+  std::string ps = "1,2", workers = "1,2,4", sizes = "4K,1M,16M", peer, python = "/usr/bin/python3";
   int runs = 3;
   double seconds = 2;
   bool train = false, json = false;

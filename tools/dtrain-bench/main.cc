@@ -53,6 +53,9 @@ int main(int argc, char** argv) {
   ps->add_option("--sizes", p.sizes, "variable sizes in bytes, K/M suffixes (none = skip the traffic table)")->capture_default_str();
   ps->add_option("--seconds", p.seconds, "timed seconds per worker and configuration")->check(CLI::PositiveNumber)->capture_default_str();
   ps->add_option("--runs", p.runs, "runs of each configuration (median)")->check(CLI::PositiveNumber)->capture_default_str();
+  ps->add_option("--peer", p.peer, "torch-rpc: also time a PyTorch torch.distributed.rpc parameter server")
+      ->check(CLI::IsMember({"", "torch-rpc"}));
+  ps->add_option("--python", p.python, "python with torch 1.13")->capture_default_str();
   ps->add_flag("--train", p.train, "also time the reference CNN: parameter_server vs multi_worker_mirrored, 2 workers");
   ps->add_option("--steps", p.steps, "--train: global steps per run")->check(CLI::PositiveNumber)->capture_default_str();
   ps->add_flag("--json", p.json, "also print one JSON object per result");

@@ -93,12 +93,21 @@ int ps_bench(const PsArgs& a) {
   const std::string launcher = (fs::path(self_dir()) / "dtrain-run").string();
   std::vector<nlohmann::json> results;
   if (!a.sizes.empty() && a.sizes != "none") {
-    std::printf("%-6s %-8s %-8s %18s %14s %16s\n", "ps", "workers", "size", "round trips/sec", "MB/sec", "per worker rt/s");
+    const bool peer = a.peer == "torch-rpc";
+    const std::string peer_script = (fs::path(DTRAIN_SOURCE_DIR) / "bench" / "peers" / "torch_rpc_ps.py").string();
+    std::printf("%-6s %-8s %-8s %18s %14s %16s%s\n", "ps", "workers", "size", "round trips/sec", "MB/sec",
+                "per worker rt/s", peer ? "   torch-rpc rt/s   ratio" : "");
     for (int ps : parse_counts(a.ps, "--ps"))
       for (int w : parse_counts(a.workers, "--workers"))
         for (long size : parse_sizes(a.sizes)) {
-          std::vector<double> rt, bw;
+          std::vector<double> rt, bw, prt;
           for (int r = 0; r < a.runs; ++r) {
+            if (peer)
+              prt.push_back(run_json_lines("OMP_NUM_THREADS=1 " + a.python + " " + peer_script + " --ps " +
+                                           std::to_string(ps) + " --workers " + std::to_string(w) + " --size " +
+                                           std::to_string(size) + " --seconds " + std::to_string(a.seconds))
+                                .back()["round_trips_per_sec"]
+                                .get<double>());
             const auto lines = run_json_lines(launcher + " -np " + std::to_string(w) + " --ps " + std::to_string(ps) +
                                               " --timeout 300 -- " + self + " ps-worker --size " + std::to_string(size) +
                                               " --seconds " + std::to_string(a.seconds));
@@ -111,11 +120,20 @@ int ps_bench(const PsArgs& a) {
             bw.push_back(sum_bw);
           }
           const double mrt = median(rt), mbw = median(bw);
-          std::printf("%-6d %-8d %-8s %18.0f %14.1f %16.0f\n", ps, w, human(size).c_str(), mrt, mbw / 1e6, mrt / w);
+          std::printf("%-6d %-8d %-8s %18.0f %14.1f %16.0f", ps, w, human(size).c_str(), mrt, mbw / 1e6, mrt / w);
+          nlohmann::json j{{"benchmark", "ps_push_pull"}, {"ps", ps}, {"workers", w}, {"variable_bytes", size},
+                           {"round_trips_per_sec", mrt}, {"bytes_per_sec", mbw}, {"runs", a.runs},
+                           {"seconds", a.seconds}};
+          if (peer) {
+            const double mp = median(prt);
+            std::printf(" %18.0f %6.2fx", mp, mrt / mp);
+            j["peer"] = "torch-rpc";
+            j["peer_round_trips_per_sec"] = mp;
+            j["ratio"] = mrt / mp;
+          }
+          std::printf("\n");
           std::fflush(stdout);
-          results.push_back({{"benchmark", "ps_push_pull"}, {"ps", ps}, {"workers", w}, {"variable_bytes", size},
-                             {"round_trips_per_sec", mrt}, {"bytes_per_sec", mbw}, {"runs", a.runs},
-                             {"seconds", a.seconds}});
+          results.push_back(j);
         }
   }
   if (a.train) {

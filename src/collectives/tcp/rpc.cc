@@ -181,7 +181,8 @@ void write_message(const Peer& peer, FrameKind kind, uint64_t id, uint32_t sende
   for (const Tensor& t : m.tensors) write_exact(peer, t.raw_data(), t.nbytes(), deadline);
 }
 
-RpcMessage read_message_body(const Peer& peer, const FrameHeader& h, Clock::time_point deadline) {
+RpcMessage read_message_body(const Peer& peer, const FrameHeader& h, Clock::time_point deadline,
+                             const std::vector<Tensor>* into) {
   const std::string what = std::string(h.kind == static_cast<uint16_t>(FrameKind::kRequest) ? "request" : "response") +
                            " from " + peer.name;
   uint64_t left = h.payload_bytes;
@@ -218,10 +219,13 @@ RpcMessage read_message_body(const Peer& peer, const FrameHeader& h, Clock::time
     }
     specs.emplace_back(static_cast<DType>(dr[0]), Shape(dims));
   }
-  for (auto& [dtype, shape] : specs) {
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto& [dtype, shape] = specs[i];
     const uint64_t n = static_cast<uint64_t>(shape.numel()) * dtype_size(dtype);
     take(n);
-    Tensor t = Tensor::empty(shape, dtype);
+    const bool direct = into && i < into->size() && (*into)[i].defined() && (*into)[i].shape() == shape &&
+                        (*into)[i].dtype() == dtype && (*into)[i].device().host_accessible();
+    Tensor t = direct ? (*into)[i] : Tensor::empty(shape, dtype);
     if (n) read_exact(peer, t.raw_data(), n, deadline);
     m.tensors.push_back(std::move(t));
   }
@@ -401,7 +405,7 @@ uint64_t RpcClient::send(const RpcMessage& request) {
   return id;
 }
 
-RpcMessage RpcClient::receive(uint64_t id) {
+RpcMessage RpcClient::receive(uint64_t id, const std::vector<Tensor>* into) {
   if (broken_) throw Unavailable(broken_why_);
   uint8_t status = kOk;
   std::string message;
@@ -414,7 +418,7 @@ RpcMessage RpcClient::receive(uint64_t id) {
     if (h.kind != static_cast<uint16_t>(FrameKind::kResponse) || h.seq != id)
       throw DataLoss(detail::str_cat("out-of-order answer from ", peer_.name, ": expected response #", id, ", got kind ",
                                      h.kind, " #", h.seq));
-    RpcMessage m = read_message_body(peer_, h, deadline);
+    RpcMessage m = read_message_body(peer_, h, deadline, h.reduce == kOk ? into : nullptr);
     if (h.reduce == kOk) return m;
     status = h.reduce;
     message = peer_.name + " (" + peer_.address + "): " + m.meta;

@@ -121,7 +121,9 @@ class RpcClient {
   uint64_t send(const RpcMessage& request);
   // Waits (options.collective.timeout) for the response to `id`. Rethrows the server's error with
   // its type; Unavailable when the server's connection closed; DeadlineExceeded when it is silent.
-  RpcMessage receive(uint64_t id);
+  // into: tensors the response's tensors are read straight into when shape and dtype match (the
+  // returned message then holds those same tensors), saving a copy of large pulls.
+  RpcMessage receive(uint64_t id, const std::vector<Tensor>* into = nullptr);
   RpcMessage call(const RpcMessage& request) { return receive(send(request)); }
   const std::string& server_name() const { return peer_.name; }
   const std::string& server_address() const { return peer_.address; }
@@ -137,6 +139,7 @@ class RpcClient {
 // Wire helpers, exposed for the fuzz tests.
 void write_message(const Peer& peer, FrameKind kind, uint64_t id, uint32_t sender, uint8_t status,
                    const RpcMessage& m, Clock::time_point deadline);
-RpcMessage read_message_body(const Peer& peer, const FrameHeader& h, Clock::time_point deadline);
+RpcMessage read_message_body(const Peer& peer, const FrameHeader& h, Clock::time_point deadline,
+                             const std::vector<Tensor>* into = nullptr);
 
 }  // namespace dtrain::tcp

@@ -61,9 +61,11 @@ void ParameterServerStrategy::Impl::pull(const std::vector<PsVariable*>& which) 
   }
   for (size_t p = 0; p < ps.size(); ++p) {
     if (per_ps[p].empty()) continue;
+    std::vector<Tensor> dst;  // read the values straight into the caches
+    for (auto [v, s] : per_ps[p]) dst.push_back(v->shard_of(v->cache(), s));
     RpcMessage resp;
     try {
-      resp = ps[p]->receive(ids[p]);
+      resp = ps[p]->receive(ids[p], &dst);
     } catch (const Error& e) {
       fail(static_cast<int>(p), e, "pulling variables");
     }
@@ -72,12 +74,12 @@ void ParameterServerStrategy::Impl::pull(const std::vector<PsVariable*>& which) 
                      std::to_string(resp.tensors.size()) + " tensors");
     for (size_t k = 0; k < per_ps[p].size(); ++k) {
       auto [v, s] = per_ps[p][k];
-      Tensor dst = v->shard_of(v->cache(), s);
-      if (resp.tensors[k].shape() != dst.shape() || resp.tensors[k].dtype() != dst.dtype())
+      const Tensor& d = dst[k];
+      if (resp.tensors[k].shape() != d.shape() || resp.tensors[k].dtype() != d.dtype())
         throw InvalidArgument(ps_names[p] + " holds '" + v->shards()[static_cast<size_t>(s)].key + "' as " +
-                              resp.tensors[k].to_string() + " but this worker's model has " + dst.to_string() +
+                              resp.tensors[k].to_string() + " but this worker's model has " + d.to_string() +
                               ": every worker must build the same model");
-      dst.copy_from(resp.tensors[k]);
+      if (d.raw_data() != resp.tensors[k].raw_data()) dst[k].copy_from(resp.tensors[k]);
     }
   }
 }

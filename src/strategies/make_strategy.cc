@@ -39,9 +39,11 @@ std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyO
     if (const char* impl = std::getenv("DTRAIN_COLLECTIVE")) {  // ring (default) or mpi
       const std::string v = impl;
       if (v == "mpi") c.implementation = CommunicationOptions::Implementation::kMpi;
-      else if (v != "ring" && !v.empty())
-        throw InvalidArgument("DTRAIN_COLLECTIVE='" + v + "': valid values are ring (TCP, the default) and mpi "
-                              "(OpenMPI, when launched by mpirun)");
+      else if (v == "nccl") c.implementation = CommunicationOptions::Implementation::kNccl;
+      else if (v == "ring") c.implementation = CommunicationOptions::Implementation::kRing;
+      else if (!v.empty())
+        throw InvalidArgument("DTRAIN_COLLECTIVE='" + v + "': valid values are ring (TCP), nccl (GPUs; the default "
+                              "for GPU devices) and mpi (OpenMPI, when launched by mpirun)");
     }
     if (const char* t = std::getenv("DTRAIN_RENDEZVOUS_TIMEOUT")) {  // seconds
       const int secs = std::atoi(t);

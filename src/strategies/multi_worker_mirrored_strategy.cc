@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "collectives/mpi/mpi_communicator.h"
+#include "collectives/nccl/nccl_local.h"
 #include "collectives/reduction.h"
 #include "dtrain/collectives/tcp.h"
 #include "dtrain/core/logging.h"
@@ -15,6 +16,9 @@ namespace dtrain {
 // thread between steps — never by both at once.
 struct MultiWorkerMirroredStrategy::Cross {
   std::unique_ptr<Communicator> comm;
+  // NCCL between the workers' first GPUs (unique id sent over `comm`): carries device tensors
+  // without staging them through host memory. Null for CPU devices and RING/MPI.
+  std::unique_ptr<Communicator> device_comm;
   int workers = 1;
   int local = 1;
 };
@@ -35,9 +39,13 @@ class HierarchicalCommunicator final : public Communicator {
     const ReduceOp partial = op == ReduceOp::kMean ? ReduceOp::kSum : op;
     local_->allreduce(t, partial).wait();
     if (local_->rank() == 0) {
-      Tensor h = to_host(t);
-      cross_->comm->allreduce(h, partial).wait();
-      if (h.raw_data() != t.raw_data()) t.copy_from(h);
+      if (cross_->device_comm && !t.device().host_accessible()) {
+        cross_->device_comm->allreduce(t, partial).wait();
+      } else {
+        Tensor h = to_host(t);
+        cross_->comm->allreduce(h, partial).wait();
+        if (h.raw_data() != t.raw_data()) t.copy_from(h);
+      }
     }
     local_->broadcast(t, 0).wait();
     if (op == ReduceOp::kMean) {
@@ -58,9 +66,13 @@ class HierarchicalCommunicator final : public Communicator {
   Work broadcast(Tensor& t, int root) override {
     if (root != 0) throw Unimplemented("hierarchical broadcast supports root 0 (the chief's first replica)");
     if (local_->rank() == 0) {
-      Tensor h = to_host(t);
-      cross_->comm->broadcast(h, 0).wait();
-      if (h.raw_data() != t.raw_data()) t.copy_from(h);
+      if (cross_->device_comm && !t.device().host_accessible()) {
+        cross_->device_comm->broadcast(t, 0).wait();
+      } else {
+        Tensor h = to_host(t);
+        cross_->comm->broadcast(h, 0).wait();
+        if (h.raw_data() != t.raw_data()) t.copy_from(h);
+      }
     }
     return local_->broadcast(t, 0);
   }
@@ -81,6 +93,7 @@ class HierarchicalCommunicator final : public Communicator {
   void abort(const std::string& reason) override {
     local_->abort(reason);
     cross_->comm->abort(reason);
+    if (cross_->device_comm) cross_->device_comm->abort(reason);
   }
 
  private:
@@ -116,9 +129,13 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(MirroredOptions local, 
   if (!cluster_.is_training_worker())
     throw InvalidArgument("task " + cluster_.task_name() + " is not a training worker; MultiWorkerMirroredStrategy "
                           "runs on the chief and worker tasks (ps and evaluator tasks belong to other strategies)");
-  if (comm.implementation == CommunicationOptions::Implementation::kNccl)
-    throw Unavailable("cross-worker NCCL is not available in this build: use implementation RING (TCP) or MPI");
   Impl& m = impl();
+  const bool gpus = !m.devices.empty() && m.devices[0].type == DeviceType::kCUDA;
+  if (comm.implementation == CommunicationOptions::Implementation::kNccl && !gpus)
+    throw InvalidArgument("cross-worker NCCL needs GPU devices (--devices=gpu), but this worker's are CPUs; use "
+                          "implementation RING (the TCP ring, DTRAIN_COLLECTIVE=ring) for CPU devices");
+  const bool use_nccl = comm.implementation == CommunicationOptions::Implementation::kNccl ||
+                        (comm.implementation == CommunicationOptions::Implementation::kAuto && gpus && nccl_available());
   cross_->workers = cluster_.num_workers();
   cross_->local = static_cast<int>(m.devices.size());
   if (comm.implementation == CommunicationOptions::Implementation::kMpi) {
@@ -150,6 +167,12 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(MirroredOptions local, 
   o.connect_timeout = comm.connect_timeout;
   o.collective.timeout = comm.timeout;
   cross_->comm = connect_tcp_group(o);
+  if (use_nccl && cross_->workers > 1) {
+    CollectiveOptions co;
+    co.timeout = comm.timeout;
+    cross_->device_comm = make_nccl_process_group(m.devices[0], *cross_->comm, co);
+    DTRAIN_LOG(INFO) << cluster_.task_name() << ": gradients cross workers over NCCL (unique id via the TCP rendezvous)";
+  }
   finish_setup();
 }
 

@@ -20,8 +20,9 @@
 namespace dtrain {
 
 struct CommunicationOptions {
-  // kAuto/kRing: TCP ring between workers (TF_CONFIG / SLURM); kMpi: OpenMPI's collectives when the
-  // job was launched by mpirun; kNccl: not available across processes in this build.
+  // kRing: TCP ring between workers (TF_CONFIG / SLURM); kNccl: NCCL between the workers' GPUs, its
+  // unique id sent over the authenticated TCP rendezvous (host values still use the ring); kAuto:
+  // NCCL for GPU devices when built in, else the ring; kMpi: OpenMPI's collectives under mpirun.
   enum class Implementation { kAuto, kRing, kNccl, kMpi };
   Implementation implementation = Implementation::kAuto;
   size_t bytes_per_pack = size_t{4} << 20;

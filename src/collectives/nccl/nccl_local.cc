@@ -1,12 +1,15 @@
-// NCCL among the GPUs of one process. Each replica thread drives its own rank's communicator on a
-// dedicated stream; waits poll the stream against the group's deadline and abort the NCCL
-// communicator (ncclCommAbort) instead of hanging when a peer never arrives.
+// NCCL communicators: among the GPUs of one process (ncclCommInitAll), and one GPU per process
+// across processes (ncclCommInitRank with a unique id sent over the job's TCP rendezvous). Each
+// rank drives its communicator on a dedicated stream; waits poll the stream against the group's
+// deadline and abort the NCCL communicator (ncclCommAbort) instead of hanging when a peer never
+// arrives.
 #include "collectives/nccl/nccl_local.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <atomic>
+#include <cstring>
 #include <chrono>
 #include <mutex>
 #include <thread>
@@ -61,18 +64,21 @@ struct Shared {
   }
 };
 
-class NcclLocalCommunicator final : public Communicator {
+// Rank `rank` of `size`, driving comms[index] on gpus[index] of the shared state (index == rank
+// for a local group, 0 for one GPU per process).
+class NcclCommunicator final : public Communicator {
  public:
-  NcclLocalCommunicator(std::shared_ptr<Shared> s, int rank) : s_(std::move(s)), rank_(rank) {
+  NcclCommunicator(std::shared_ptr<Shared> s, int index, int rank, int size)
+      : s_(std::move(s)), index_(index), rank_(rank), size_(size) {
     check_cuda(cudaSetDevice(gpu()), "cudaSetDevice");
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   }
-  ~NcclLocalCommunicator() override {
+  ~NcclCommunicator() override {
     cudaSetDevice(gpu());
     cudaStreamDestroy(stream_);
   }
   int rank() const override { return rank_; }
-  int size() const override { return static_cast<int>(s_->gpus.size()); }
+  int size() const override { return size_; }
 
   Work allreduce(Tensor& t, ReduceOp op) override {
     prepare(t, "allreduce");
@@ -122,8 +128,8 @@ class NcclLocalCommunicator final : public Communicator {
   }
 
  private:
-  int gpu() const { return s_->gpus[static_cast<size_t>(rank_)]; }
-  ncclComm_t comm() const { return s_->comms[static_cast<size_t>(rank_)]; }
+  int gpu() const { return s_->gpus[static_cast<size_t>(index_)]; }
+  ncclComm_t comm() const { return s_->comms[static_cast<size_t>(index_)]; }
 
   void prepare(const Tensor& t, const char* what) {
     if (t.device() != DeviceSpec::gpu(gpu()))
@@ -153,13 +159,13 @@ class NcclLocalCommunicator final : public Communicator {
       ncclCommGetAsyncError(comm(), &async);
       if (async != ncclSuccess && async != ncclInProgress) {
         ncclCommAbort(comm());
-        s_->comms[static_cast<size_t>(rank_)] = nullptr;
+        s_->comms[static_cast<size_t>(index_)] = nullptr;
         throw Unavailable(std::string("NCCL ") + what + " failed on rank " + std::to_string(rank_) + ": " +
                           ncclGetErrorString(async));
       }
       if (s_->aborted || std::chrono::steady_clock::now() > deadline) {
         ncclCommAbort(comm());
-        s_->comms[static_cast<size_t>(rank_)] = nullptr;
+        s_->comms[static_cast<size_t>(index_)] = nullptr;
         if (s_->aborted) throw_if_aborted();
         throw DeadlineExceeded(std::string("NCCL ") + what + " on rank " + std::to_string(rank_) +
                                " did not finish within " + std::to_string(s_->options.timeout.count()) +
@@ -170,7 +176,7 @@ class NcclLocalCommunicator final : public Communicator {
   }
 
   std::shared_ptr<Shared> s_;
-  int rank_;
+  int index_, rank_, size_;
   cudaStream_t stream_ = nullptr;
 };
 
@@ -194,8 +200,55 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_local_group(const std::vect
   DTRAIN_LOG(INFO) << "NCCL " << version << " communicators for " << devices.size() << " GPU(s)";
   std::vector<std::unique_ptr<Communicator>> out;
   for (size_t r = 0; r < devices.size(); ++r)
-    out.push_back(std::make_unique<NcclLocalCommunicator>(s, static_cast<int>(r)));
+    out.push_back(std::make_unique<NcclCommunicator>(s, static_cast<int>(r), static_cast<int>(r),
+                                                     static_cast<int>(devices.size())));
   return out;
+}
+
+std::unique_ptr<Communicator> make_nccl_process_group(DeviceSpec device, Communicator& bootstrap,
+                                                      CollectiveOptions options) {
+  if (device.type != DeviceType::kCUDA)
+    throw InvalidArgument("cross-process NCCL needs a GPU device, got " + device.to_string() +
+                          "; use the TCP ring (implementation RING) for CPU devices");
+  get_device(device);
+  const int rank = bootstrap.rank(), size = bootstrap.size();
+  // Rank 0 makes the unique id; the job's authenticated TCP group carries it to everyone.
+  ncclUniqueId id{};
+  static_assert(sizeof(ncclUniqueId) % sizeof(int64_t) == 0, "ncclUniqueId size");
+  Tensor box = Tensor::zeros(Shape{static_cast<int64_t>(sizeof(ncclUniqueId) / sizeof(int64_t))}, DType::kInt64);
+  if (rank == 0) {
+    check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    std::memcpy(box.raw_data(), &id, sizeof(id));
+  }
+  bootstrap.broadcast(box, 0).wait(options.timeout);
+  std::memcpy(&id, box.raw_data(), sizeof(id));
+
+  auto s = std::make_shared<Shared>();
+  s->options = options;
+  s->gpus = {device.index};
+  s->comms.resize(1);
+  check_cuda(cudaSetDevice(device.index), "cudaSetDevice");
+  // Non-blocking init, polled against the deadline: a peer that never calls it cannot hang us.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  check_nccl(ncclCommInitRankConfig(&s->comms[0], size, id, rank, &config), "ncclCommInitRankConfig");
+  const auto deadline = std::chrono::steady_clock::now() + options.timeout;
+  for (;;) {
+    ncclResult_t state = ncclInProgress;
+    ncclCommGetAsyncError(s->comms[0], &state);
+    if (state == ncclSuccess) break;
+    if (state != ncclInProgress || std::chrono::steady_clock::now() > deadline) {
+      ncclCommAbort(s->comms[0]);
+      s->comms[0] = nullptr;
+      if (state != ncclInProgress) throw Unavailable(std::string("NCCL init across processes failed: ") + ncclGetErrorString(state));
+      throw DeadlineExceeded("NCCL init across " + std::to_string(size) + " processes did not finish within " +
+                             std::to_string(options.timeout.count()) + " ms on rank " + std::to_string(rank) +
+                             "; is every worker's GPU reachable (NCCL_DEBUG=INFO says why)?");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  DTRAIN_LOG(INFO) << "NCCL communicator rank " << rank << " of " << size << " on " << device.to_string();
+  return std::make_unique<NcclCommunicator>(s, 0, rank, size);
 }
 
 }  // namespace dtrain

@@ -1,6 +1,7 @@
 #include "collectives/tcp/io.h"
 
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -49,6 +50,45 @@ std::string describe(const FrameHeader& h) {
   return detail::str_cat(h.op < 7 ? kOps[h.op] : "?", " #", h.seq, " (",
                          h.dtype < 6 ? dtype_name(static_cast<DType>(h.dtype)) : "?", " x", h.count, ", ",
                          h.reduce < 4 ? kRed[h.reduce] : "?", ")");
+}
+
+int connect_until(const std::string& address, Clock::time_point deadline) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string::npos) return -1;
+  std::string host = address.substr(0, colon);
+  if (host.size() > 1 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), address.substr(colon + 1).c_str(), &hints, &res) != 0 || !res) return -1;
+  const auto until = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+  int fd = -1;
+  for (addrinfo* a = res; a && fd < 0; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) continue;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) break;
+    bool ok = false;
+    if (errno == EINPROGRESS) {
+      for (;;) {
+        pollfd pfd{fd, POLLOUT, 0};
+        const int r = ::poll(&pfd, 1, ms_left(until));
+        if (r > 0) {
+          int err = 0;
+          socklen_t len = sizeof(err);
+          ok = ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+          break;
+        }
+        if ((r < 0 && errno != EINTR) || Clock::now() >= until) break;
+      }
+    }
+    if (!ok) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(res);
+  return fd;
 }
 
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }

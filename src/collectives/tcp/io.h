@@ -27,6 +27,10 @@ void read_exact(const Peer& peer, void* data, size_t n, Clock::time_point deadli
 // turned into Unavailable carrying the peer's message. Throws DataLoss for a malformed frame.
 FrameHeader read_header(const Peer& peer, size_t max_payload, Clock::time_point deadline);
 void set_nonblocking(int fd);
+// A non-blocking TCP connection to "host:port", trying each resolved address, bounded by
+// min(deadline, now + 5 s) so that a black-holed host cannot stall the caller's retry loop. Returns
+// the connected (non-blocking) fd, or -1 when refused, unreachable or out of time.
+int connect_until(const std::string& address, Clock::time_point deadline);
 void set_socket_options(int fd);  // TCP_NODELAY, 4 MiB buffers
 
 }  // namespace dtrain::tcp

@@ -120,14 +120,12 @@ std::vector<Peer> build_mesh(const TcpGroupOptions& o) {
   std::exception_ptr dial_error;
   try {
     for (int r = 0; r < o.rank; ++r) {
-      const tcp::endpoint target = endpoint_of(io, o.addresses[static_cast<size_t>(r)]);
+      endpoint_of(io, o.addresses[static_cast<size_t>(r)]);  // a bad address fails now, clearly
       for (;;) {
-        tcp::socket s(io);
-        boost::system::error_code cec;
-        s.connect(target, cec);
-        if (!cec) {
+        const int fd = connect_until(o.addresses[static_cast<size_t>(r)], deadline);
+        if (fd >= 0) {
           Peer p;
-          p.fd = ::dup(s.native_handle());
+          p.fd = fd;
           p.address = o.addresses[static_cast<size_t>(r)];
           p.name = name_of(o, r);
           set_nonblocking(p.fd);

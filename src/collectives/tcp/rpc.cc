@@ -1,6 +1,8 @@
 #include "collectives/tcp/rpc.h"
 
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -83,22 +85,13 @@ int open_listener(const std::string& address, const std::string& who) {
   return fd;
 }
 
-int dial(const std::string& address) {
-  std::string host;
-  int port = 0;
-  split_address(address, &host, &port);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res) return -1;
-  int fd = ::socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, 0);
-  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
-    ::close(fd);
-    fd = -1;
-  }
-  ::freeaddrinfo(res);
-  return fd;
+// Dead peers are noticed even when no request is in flight (a host that vanished sends no FIN).
+void set_keepalive(int fd) {
+  int one = 1, idle = 10, interval = 2, count = 3;
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
 }
 
 }  // namespace
@@ -271,7 +264,13 @@ void RpcServer::accept_loop() {
     sockaddr_storage addr{};
     socklen_t len = sizeof(addr);
     const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOMEM) {  // out of descriptors: back off, say so
+        DTRAIN_LOG(WARNING) << name_of(o_, o_.rank) << " cannot accept connections: " << std::strerror(errno);
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+      continue;
+    }
     char host[NI_MAXHOST] = "?", serv[NI_MAXSERV] = "?";
     ::getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof(host), serv, sizeof(serv),
                   NI_NUMERICHOST | NI_NUMERICSERV);
@@ -281,6 +280,7 @@ void RpcServer::accept_loop() {
     p.name = p.address;
     set_nonblocking(fd);
     set_socket_options(fd);
+    set_keepalive(fd);
     std::lock_guard<std::mutex> lock(mu_);
     // Join the threads of connections that have ended (workers come and go for days).
     for (size_t i = 0; i < threads_.size();) {
@@ -295,7 +295,14 @@ void RpcServer::accept_loop() {
     fds_.push_back(fd);
     ++live_;
     auto finished = std::make_shared<std::atomic<bool>>(false);
-    threads_.push_back(Connection{std::thread([this, p, finished] { serve(p, finished); }), finished});
+    try {
+      threads_.push_back(Connection{std::thread([this, p, finished] { serve(p, finished); }), finished});
+    } catch (const std::exception& e) {  // no thread for it: refuse the connection, keep serving
+      DTRAIN_LOG(WARNING) << name_of(o_, o_.rank) << " cannot serve another connection: " << e.what();
+      fds_.pop_back();
+      --live_;
+      ::close(fd);
+    }
   }
 }
 
@@ -318,6 +325,9 @@ void RpcServer::serve(Peer p, std::shared_ptr<std::atomic<bool>> finished) {
       uint8_t status = kOk;
       try {
         resp = handler_(req, p.rank);
+        for (const Tensor& t : resp.tensors)
+          if (!t.defined() || !t.device().host_accessible())
+            throw Internal("the server's handler answered with an undefined or device tensor");
       } catch (const Error& e) {
         status = status_of(e);
         resp = RpcMessage{};
@@ -326,6 +336,10 @@ void RpcServer::serve(Peer p, std::shared_ptr<std::atomic<bool>> finished) {
         status = kInternal;
         resp = RpcMessage{};
         resp.meta = e.what();
+      } catch (...) {
+        status = kInternal;
+        resp = RpcMessage{};
+        resp.meta = "unknown exception in the server's handler";
       }
       resp.method = h.op;
       write_message(p, FrameKind::kResponse, h.seq, static_cast<uint32_t>(o_.rank), status, resp,
@@ -335,10 +349,12 @@ void RpcServer::serve(Peer p, std::shared_ptr<std::atomic<bool>> finished) {
     if (!stopping_.load()) {
       DTRAIN_LOG(INFO) << name_of(o_, o_.rank) << ": " << p.name << " disconnected";
     }
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // malformed frames, and e.g. bad_alloc: drop this connection only
     if (!stopping_.load()) {
       DTRAIN_LOG(WARNING) << name_of(o_, o_.rank) << " closed the connection from " << p.name << ": " << e.what();
     }
+  } catch (...) {
+    DTRAIN_LOG(WARNING) << name_of(o_, o_.rank) << " closed the connection from " << p.name << " after an unknown error";
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -348,7 +364,13 @@ void RpcServer::serve(Peer p, std::shared_ptr<std::atomic<bool>> finished) {
   }
   ::close(p.fd);
   --live_;
-  if (authenticated && on_disconnect_) on_disconnect_(p.rank);
+  if (authenticated && on_disconnect_) {
+    try {
+      on_disconnect_(p.rank);
+    } catch (...) {
+      DTRAIN_LOG(WARNING) << name_of(o_, o_.rank) << ": the disconnect handler for " << p.name << " failed";
+    }
+  }
   finished->store(true);
 }
 
@@ -363,13 +385,13 @@ RpcClient::RpcClient(const TcpGroupOptions& options, int server) : o_(options) {
   const std::string& address = o_.addresses[static_cast<size_t>(server)];
   const auto deadline = Clock::now() + o_.connect_timeout;
   for (;;) {
-    const int fd = dial(address);
+    const int fd = connect_until(address, deadline);
     if (fd >= 0) {
       peer_.fd = fd;
       peer_.address = address;
       peer_.name = name_of(o_, server);
-      set_nonblocking(fd);
       set_socket_options(fd);
+      set_keepalive(fd);
       try {
         authenticate(peer_, o_, job_fingerprint(o_.addresses), server, false, deadline);
         return;
@@ -392,7 +414,13 @@ RpcClient::~RpcClient() {
 }
 
 uint64_t RpcClient::send(const RpcMessage& request) {
-  if (broken_) throw Unavailable(broken_why_);
+  if (broken_) throw Unavailable("the connection to " + peer_.name + " is unusable after an earlier failure: " + broken_why_);
+  size_t bytes = request.meta.size();
+  for (const Tensor& t : request.tensors) bytes += t.nbytes() + 2 + 8 * static_cast<size_t>(t.rank());
+  if (bytes > o_.max_frame_bytes)
+    throw InvalidArgument(detail::str_cat("a request of ", bytes, " bytes to ", peer_.name, " exceeds the frame bound of ",
+                                          o_.max_frame_bytes, " bytes; split the variables (a partitioner) or raise "
+                                          "max_frame_bytes"));
   const uint64_t id = next_id_++;
   try {
     write_message(peer_, FrameKind::kRequest, id, static_cast<uint32_t>(o_.rank), 0, request,
@@ -406,11 +434,26 @@ uint64_t RpcClient::send(const RpcMessage& request) {
 }
 
 RpcMessage RpcClient::receive(uint64_t id, const std::vector<Tensor>* into) {
-  if (broken_) throw Unavailable(broken_why_);
+  if (broken_) throw Unavailable("the connection to " + peer_.name + " is unusable after an earlier failure: " + broken_why_);
+  if (id < next_to_read_ || id >= next_id_)
+    throw InvalidArgument(detail::str_cat("receive(", id, ") from ", peer_.name, ": no such outstanding request"));
   uint8_t status = kOk;
   std::string message;
   try {
     const auto deadline = Clock::now() + o_.collective.timeout;
+    // Answers to earlier requests nobody waited for (a fan-out that failed elsewhere) are skipped,
+    // so the stream stays in step.
+    while (next_to_read_ < id) {
+      FrameHeader h;
+      do {
+        h = read_header(peer_, o_.max_frame_bytes, deadline);
+      } while (h.kind == static_cast<uint16_t>(FrameKind::kHeartbeat));
+      if (h.kind != static_cast<uint16_t>(FrameKind::kResponse) || h.seq != next_to_read_)
+        throw DataLoss(detail::str_cat("out-of-order answer from ", peer_.name, ": expected response #", next_to_read_,
+                                       ", got kind ", h.kind, " #", h.seq));
+      read_message_body(peer_, h, deadline);
+      ++next_to_read_;
+    }
     FrameHeader h;
     do {
       h = read_header(peer_, o_.max_frame_bytes, deadline);
@@ -419,6 +462,7 @@ RpcMessage RpcClient::receive(uint64_t id, const std::vector<Tensor>* into) {
       throw DataLoss(detail::str_cat("out-of-order answer from ", peer_.name, ": expected response #", id, ", got kind ",
                                      h.kind, " #", h.seq));
     RpcMessage m = read_message_body(peer_, h, deadline, h.reduce == kOk ? into : nullptr);
+    ++next_to_read_;
     if (h.reduce == kOk) return m;
     status = h.reduce;
     message = peer_.name + " (" + peer_.address + "): " + m.meta;
@@ -431,6 +475,10 @@ RpcMessage RpcClient::receive(uint64_t id, const std::vector<Tensor>* into) {
     broken_why_ = e.what();
     throw;
   } catch (const DataLoss& e) {
+    broken_ = true;
+    broken_why_ = e.what();
+    throw;
+  } catch (const std::exception& e) {  // e.g. bad_alloc half-way through a body: the stream is lost
     broken_ = true;
     broken_why_ = e.what();
     throw;

@@ -132,6 +132,7 @@ class RpcClient {
   TcpGroupOptions o_;
   Peer peer_;
   uint64_t next_id_ = 1;
+  uint64_t next_to_read_ = 1;  // responses arrive in request order
   bool broken_ = false;
   std::string broken_why_;
 };

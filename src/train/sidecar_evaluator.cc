@@ -1,7 +1,8 @@
 #include "dtrain/train/sidecar_evaluator.h"
 
 #include <cstring>
-#include <map>
+#include <filesystem>
+#include <set>
 #include <thread>
 
 #include "dtrain/devices/device.h"
@@ -16,10 +17,11 @@ SidecarEvaluator::SidecarEvaluator(Sequential& model, Dataset test, SidecarEvalu
 }
 
 void SidecarEvaluator::load_into(Sequential& model, const CheckpointData& data) {
-  std::map<std::string, int> uses;
+  std::set<std::string> used;  // ParameterServerStrategy's naming: the first free of name, name_1, name_2...
   for (const auto& var : model.variables()) {
-    const int use = uses[var->name()]++;
-    const std::string key = use == 0 ? var->name() : var->name() + "_" + std::to_string(use);
+    std::string key = var->name();
+    for (int n = 1; used.count(key); ++n) key = var->name() + "_" + std::to_string(n);
+    used.insert(key);
     Tensor value;
     if (const Tensor* whole = data.find(key)) {
       value = *whole;
@@ -51,16 +53,24 @@ void SidecarEvaluator::load_into(Sequential& model, const CheckpointData& data) 
 std::vector<SidecarResult> SidecarEvaluator::run() {
   CheckpointManager manager(o_.checkpoint_dir);
   std::vector<SidecarResult> results;
-  std::string last_path;
+  // A checkpoint is new when its path or its modification time differs from the last one
+  // evaluated: the chief's final checkpoint may rewrite the file of the same step.
+  auto identity = [](const std::string& path) {
+    std::error_code ec;
+    const auto t = std::filesystem::last_write_time(path, ec);
+    return path + "@" + (ec ? std::string("?") : std::to_string(t.time_since_epoch().count()));
+  };
+  std::string last_seen;
   auto last_change = std::chrono::steady_clock::now();
   for (;;) {
     const bool stopping = o_.stop && o_.stop->load();
     const std::optional<std::string> path = manager.latest_path();
-    if (path && *path != last_path) {
+    if (path && identity(*path) != last_seen) {
       int64_t step = 0;
       std::optional<CheckpointData> data = manager.restore_latest(&step);
       if (data) {
-        last_path = *path;
+        // What was loaded (a newer file may have landed since latest_path()).
+        last_seen = identity((std::filesystem::path(o_.checkpoint_dir) / ("ckpt-" + std::to_string(step) + ".safetensors")).string());
         last_change = std::chrono::steady_clock::now();
         load_into(model_, *data);
         SidecarResult r;

@@ -252,14 +252,15 @@ class Faults(unittest.TestCase):
             with open(os.path.join(ckpt, "checkpoint")) as f:
                 saved = json.load(f)["step"]
             self.assertGreaterEqual(saved, 50)
-            # The whole job again, new processes, same checkpoint directory: 60 more global steps.
+            # The whole job again, new processes, same checkpoint directory, 60 more global steps, and
+            # the variables now split in 3 shards (checkpoints hold whole variables).
             target = saved + 60
             job = Job(2, 2)
             try:
                 job.start_ps(example())
                 for i in range(2):
                     job.start("worker", i, example("--steps", str(target), "--checkpoint-dir", ckpt,
-                                                   "--checkpoint-every", "50"))
+                                                   "--checkpoint-every", "50", "--ps-shards", "3"))
                 code, out, err = job.finish("worker", 0, 120)
                 self.assertEqual(code, 0, err[-3000:])
                 self.assertIn(f"restoring from checkpoint", err)

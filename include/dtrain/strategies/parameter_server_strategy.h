@@ -97,7 +97,7 @@ class ParameterServerStrategy : public OneDeviceStrategy {
   std::shared_ptr<Variable> do_create_variable(const VariableSpec& spec) override;
 
  private:
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Impl> impl_;  // variables hold weak references
 };
 
 // Runs a parameter server for task `cluster` (a ps task) until SIGTERM/SIGINT, then returns.

@@ -6,8 +6,8 @@
 //   eval.run();   // until the chief's final checkpoint has been evaluated
 //
 // Checkpoint entries are matched to the model's variables by name, in creation order, the way
-// ParameterServerStrategy names them (a repeated name gets "_1", "_2", ...; a variable split by a
-// partitioner is stored as "<name>/part_<i>" and is concatenated back along axis 0).
+// ParameterServerStrategy names them (a repeated name gets the first free of "_1", "_2", ...;
+// variables are stored whole; older files with "<name>/part_<i>" shards are concatenated back).
 //
 // Thread-safety: one thread runs run(); `stop` may be set from anywhere (e.g. a signal handler).
 #pragma once

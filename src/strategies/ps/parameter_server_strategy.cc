@@ -48,7 +48,7 @@ ParameterServerStrategy::ParameterServerStrategy(ParameterServerOptions options,
   if (options.checkpoint_every < 1)
     throw InvalidArgument("checkpoint_every must be >= 1 global steps, got " + std::to_string(options.checkpoint_every));
   ClusterResolution c = check(resolve(std::move(cluster)));
-  impl_ = std::make_unique<Impl>(std::move(options), std::move(c), device, ps::job_token(std::move(token)));
+  impl_ = std::make_shared<Impl>(std::move(options), std::move(c), device, ps::job_token(std::move(token)));
   Impl& m = *impl_;
   if (m.cluster.is_chief() && !m.opts.checkpoint_dir.empty()) {
     m.checkpoints = std::make_unique<CheckpointManager>(m.opts.checkpoint_dir);
@@ -70,7 +70,11 @@ ParameterServerStrategy::ParameterServerStrategy(ParameterServerOptions options,
                        << " (global step " << step << ")";
     }
   }
-  m.clock(false, nullptr);  // register with ps:0
+  // Register with ps:0. A worker that (re)joins a running job starts at the slowest other worker's
+  // step, so that a staleness bound does not hold everyone back until it has caught up.
+  int64_t slowest_other = 0;
+  m.clock(false, &slowest_other);
+  m.local_steps = std::max<int64_t>(m.local_steps, slowest_other);
   DTRAIN_LOG(INFO) << m.cluster.task_name() << ": parameter-server training with " << m.ps.size()
                    << " ps task(s), global step " << m.global_step.load();
 }
@@ -96,9 +100,11 @@ std::shared_ptr<Variable> ParameterServerStrategy::do_create_variable(const Vari
   int shards = 1;
   if (m.opts.partitioner && spec.shape.rank() > 0 && spec.shape[0] > 1)
     shards = std::clamp<int64_t>(m.opts.partitioner(spec.shape, spec.dtype, num_ps), 1, spec.shape[0]);
-  // Names repeat when a model is built twice; the creation order makes keys agree across workers.
-  const int use = m.name_uses[spec.name]++;
-  const std::string base = use == 0 ? spec.name : spec.name + "_" + std::to_string(use);
+  // Names repeat when a model is built twice; the creation order makes keys agree across workers
+  // (and with SidecarEvaluator, which names the same way).
+  std::string base = spec.name;
+  for (int n = 1; m.used_keys.count(base); ++n) base = spec.name + "_" + std::to_string(n);
+  m.used_keys.insert(base);
   std::vector<PsVariable::Shard> layout;
   const std::vector<int64_t> rows = spec.shape.rank() > 0 ? shard_rows(spec.shape[0], shards) : std::vector<int64_t>{0};
   int64_t begin = 0;
@@ -112,30 +118,35 @@ std::shared_ptr<Variable> ParameterServerStrategy::do_create_variable(const Vari
     begin += sh.rows;
     layout.push_back(sh);
   }
-  auto var = std::make_shared<PsVariable>(spec, impl_.get(), layout, device());
+  auto var = std::make_shared<PsVariable>(spec, impl_, layout, device());
+  var->set_base_key(base);
 
   if (m.cluster.is_chief()) {
-    Tensor init;  // computed only when some shard is not in the checkpoint
+    // Checkpoints hold whole variables (shards concatenated), so a job may restore into a
+    // different number of ps tasks or another partitioner.
+    const Tensor* saved = m.restored ? m.restored->find(base) : nullptr;
+    if (m.restored && (!saved || saved->shape() != spec.shape || saved->dtype() != spec.dtype))
+      throw FailedPrecondition("the checkpoint " + m.checkpoints->latest_path().value_or("?") + " has no variable '" + base +
+                               "' of " + dtype_name(spec.dtype) + " " + spec.shape.to_string() +
+                               (saved ? std::string(" (it has ") + saved->to_string() + ")" : std::string()) +
+                               ": it was written by a different model; use another --checkpoint-dir or remove it");
+    std::vector<const Tensor*> saved_slots;
+    int64_t updates = 0;
+    if (saved) {
+      for (int j = 0; const Tensor* slot = m.restored->find(base + "/slot_" + std::to_string(j)); ++j)
+        saved_slots.push_back(slot);
+      auto it = m.restored->metadata.find(base + "/updates");
+      if (it != m.restored->metadata.end()) updates = std::atoll(it->second.c_str());
+    }
+    Tensor init;  // computed only when not restored
     for (int s = 0; s < shards; ++s) {
       const auto& sh = layout[static_cast<size_t>(s)];
       RpcMessage req;
       req.method = ps::kCreate;
-      int64_t updates = 0;
-      const Tensor* saved = m.restored ? m.restored->find(sh.key) : nullptr;
-      if (saved && saved->shape() == var->shard_shape(s) && saved->dtype() == spec.dtype) {
-        req.tensors.push_back(*saved);
-        for (int j = 0;; ++j) {
-          const Tensor* slot = m.restored->find(sh.key + "/slot_" + std::to_string(j));
-          if (!slot) break;
-          req.tensors.push_back(*slot);
-        }
-        auto it = m.restored->metadata.find(sh.key + "/updates");
-        if (it != m.restored->metadata.end()) updates = std::atoll(it->second.c_str());
+      if (saved) {
+        req.tensors.push_back(var->shard_of(*saved, s).clone());
+        for (const Tensor* slot : saved_slots) req.tensors.push_back(var->shard_of(*slot, s).clone());
       } else {
-        if (m.restored) {
-          DTRAIN_LOG(WARNING) << "checkpoint has no '" << sh.key << "' of shape " << var->shard_shape(s).to_string()
-                              << "; initialising it afresh";
-        }
         if (!init.defined()) {
           init = spec.initializer(spec.shape, spec.dtype, DeviceSpec::cpu()).to(DeviceSpec::cpu());
           if (init.shape() != spec.shape || init.dtype() != spec.dtype)
@@ -173,7 +184,9 @@ std::shared_ptr<Variable> ParameterServerStrategy::do_create_variable(const Vari
         MetaReader r(resp.meta, "lookup response");
         if (r.u8()) {
           const DType dtype = static_cast<DType>(r.u8());
-          std::vector<int64_t> dims(r.u64());
+          const uint64_t rank = r.u64();
+          if (rank > 8) throw DataLoss("lookup response from " + m.ps_names[static_cast<size_t>(sh.ps)] + " has rank " + std::to_string(rank));
+          std::vector<int64_t> dims(rank);
           for (auto& d : dims) d = r.i64();
           if (Shape(dims) != var->shard_shape(s) || dtype != spec.dtype)
             throw InvalidArgument("variable '" + sh.key + "' on " + m.ps_names[static_cast<size_t>(sh.ps)] + " is " +
@@ -190,12 +203,13 @@ std::shared_ptr<Variable> ParameterServerStrategy::do_create_variable(const Vari
     }
   }
   m.vars.push_back(var);
+  m.pull({var.get()});  // the cache holds the real values even if the variable is first used mid-step
   return var;
 }
 
 PerReplica ParameterServerStrategy::do_run(const ReplicaFn& fn, const PerReplica& inputs) {
   Impl& m = *impl_;
-  if (m.opts.max_staleness >= 0) {
+  if (m.opts.max_staleness >= 0 && !m.ended) {
     const auto deadline = std::chrono::steady_clock::now() + m.opts.timeout;
     for (;;) {
       int64_t slowest = 0;
@@ -252,6 +266,7 @@ std::string ParameterServerStrategy::save_checkpoint() {
 
 void ParameterServerStrategy::on_training_end() {
   Impl& m = *impl_;
+  m.ended = true;
   m.clock(true, nullptr);
   if (!m.cluster.is_chief()) return;
   // The chief waits for the other workers (done, or gone: a dead worker does not stop the job).

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -27,22 +28,23 @@ struct ParameterServerStrategy::Impl {
   std::vector<std::string> ps_names;
   std::mutex rpc_mu;                                 // one user of the connections at a time
   std::vector<std::shared_ptr<PsVariable>> vars;     // creation order
-  std::map<std::string, int> name_uses;
+  std::set<std::string> used_keys;
   int next_ps = 0;                                   // round-robin placement
   std::atomic<bool> in_run{false};
   struct Pending {
     PsVariable* var;
     Tensor grad;
+    std::string config;  // the optimizer that pushed it (a step may use several)
   };
   std::mutex out_mu;
   std::vector<Pending> outbox;  // pushes queued by the optimizer during run()
-  std::string outbox_config;
   std::atomic<int64_t> global_step{0};
   int64_t local_steps = 0;
   std::unique_ptr<CheckpointManager> checkpoints;
   std::optional<CheckpointData> restored;  // chief: the checkpoint to initialise from
   int64_t last_checkpoint_step = 0;
   bool final_checkpoint = false;  // the chief's last: an evaluator stops after it
+  bool ended = false;             // on_training_end ran: no more staleness waits
 
   Impl(ParameterServerOptions o, ClusterResolution c, DeviceSpec d, const std::string& token);
   // Pulls every shard of `vars` (all servers at once) into their caches.
@@ -63,7 +65,8 @@ class PsVariable final : public ShardedVariable {
     std::string key;
     int64_t row_begin = 0, rows = 0;  // of axis 0 (a scalar: one shard of 0 rows)
   };
-  PsVariable(VariableSpec spec, ParameterServerStrategy::Impl* impl, std::vector<Shard> shards, DeviceSpec device);
+  PsVariable(VariableSpec spec, const std::shared_ptr<ParameterServerStrategy::Impl>& impl, std::vector<Shard> shards,
+             DeviceSpec device);
 
   // Inside run(): the values pulled at the start of the step; elsewhere pulled now.
   Tensor value() const override;
@@ -80,14 +83,20 @@ class PsVariable final : public ShardedVariable {
   Tensor read_shard(int i) const override;
 
   const std::vector<Shard>& shards() const { return shards_; }
+  // The variable's name on the servers and in checkpoints (shards add "/part_<i>").
+  const std::string& base_key() const { return base_key_; }
+  void set_base_key(std::string k) { base_key_ = std::move(k); }
   Tensor& cache() { return cache_; }
   // The rows of `t` (shaped like the variable) that shard i holds.
   Tensor shard_of(const Tensor& t, int i) const;
 
  private:
   void send_assign(uint8_t mode, const Tensor& v);
-  ParameterServerStrategy::Impl* impl_;
+  // The strategy's state; FailedPrecondition once the strategy is gone (the model may outlive it).
+  std::shared_ptr<ParameterServerStrategy::Impl> impl() const;
+  std::weak_ptr<ParameterServerStrategy::Impl> impl_;
   std::vector<Shard> shards_;
+  std::string base_key_;
   Tensor cache_;
 };
 

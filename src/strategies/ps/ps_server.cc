@@ -226,12 +226,14 @@ class PsServer {
     std::lock_guard lock(clock_mu_);
     if (client >= 0 && client < num_workers_) {
       auto& w = workers_[static_cast<size_t>(client)];
-      w.state = done ? ps::kDone : ps::kActive;
+      // Done is final for that run of the worker (its evaluation steps must not make it count as
+      // training again); a worker that died (Gone) and comes back is active again.
+      if (w.state != ps::kDone || done) w.state = done ? ps::kDone : ps::kActive;
       w.step = step;
     }
-    int64_t min_step = INT64_MAX;
-    for (const auto& w : workers_)
-      if (w.state == ps::kActive) min_step = std::min(min_step, w.step);
+    int64_t min_step = INT64_MAX;  // the slowest active worker other than the caller
+    for (size_t i = 0; i < workers_.size(); ++i)
+      if (workers_[i].state == ps::kActive && static_cast<int>(i) != client) min_step = std::min(min_step, workers_[i].step);
     MetaWriter m;
     m.i64(min_step == INT64_MAX ? step : min_step).i64(global_step_).u64(workers_.size());
     for (const auto& w : workers_) m.u8(w.state);

@@ -7,17 +7,26 @@ namespace dtrain {
 using tcp::MetaWriter;
 using tcp::RpcMessage;
 
-PsVariable::PsVariable(VariableSpec spec, ParameterServerStrategy::Impl* impl, std::vector<Shard> shards,
-                       DeviceSpec device)
+PsVariable::PsVariable(VariableSpec spec, const std::shared_ptr<ParameterServerStrategy::Impl>& impl,
+                       std::vector<Shard> shards, DeviceSpec device)
     : ShardedVariable(std::move(spec)), impl_(impl), shards_(std::move(shards)) {
   cache_ = Tensor::zeros(spec_.shape, spec_.dtype, device);
   cache_.set_trainable_variable(spec_.trainable);
 }
 
+std::shared_ptr<ParameterServerStrategy::Impl> PsVariable::impl() const {
+  auto m = impl_.lock();
+  if (!m)
+    throw FailedPrecondition("variable '" + spec_.name + "' lives on the parameter servers of a "
+                             "ParameterServerStrategy that no longer exists; keep the strategy alive while using the model");
+  return m;
+}
+
 Tensor PsVariable::value() const {
-  if (!impl_->in_run.load()) {
+  auto m = impl();
+  if (!m->in_run.load()) {
     // Outside a step nothing refreshes the cache: read the servers' current values.
-    impl_->pull({const_cast<PsVariable*>(this)});
+    m->pull({const_cast<PsVariable*>(this)});
   }
   return cache_;
 }
@@ -28,7 +37,7 @@ Tensor PsVariable::shard_of(const Tensor& t, int i) const {
   return t.slice_rows(s.row_begin, s.row_begin + s.rows);
 }
 
-std::string PsVariable::shard_task(int i) const { return impl_->ps_names.at(static_cast<size_t>(shards_.at(static_cast<size_t>(i)).ps)); }
+std::string PsVariable::shard_task(int i) const { return impl()->ps_names.at(static_cast<size_t>(shards_.at(static_cast<size_t>(i)).ps)); }
 
 Shape PsVariable::shard_shape(int i) const {
   if (spec_.shape.rank() == 0) return spec_.shape;
@@ -42,13 +51,14 @@ Tensor PsVariable::read_shard(int i) const {
   RpcMessage req;
   req.method = ps::kPull;
   req.meta = MetaWriter().u8(0).u64(1).str(s.key).take();
-  std::lock_guard<std::mutex> lock(impl_->rpc_mu);
+  auto m = impl();
+  std::lock_guard<std::mutex> lock(m->rpc_mu);
   try {
-    RpcMessage resp = impl_->ps[static_cast<size_t>(s.ps)]->call(req);
+    RpcMessage resp = m->ps[static_cast<size_t>(s.ps)]->call(req);
     if (resp.tensors.size() != 1) throw DataLoss("pull of '" + s.key + "' answered with " + std::to_string(resp.tensors.size()) + " tensors");
     return resp.tensors[0];
   } catch (const Error& e) {
-    impl_->fail(s.ps, e, "reading a shard");
+    m->fail(s.ps, e, "reading a shard");
   }
 }
 
@@ -57,7 +67,8 @@ void PsVariable::send_assign(uint8_t mode, const Tensor& v) {
     throw InvalidArgument("assign to variable '" + spec_.name + "' of shape " + spec_.shape.to_string() + " with " +
                           v.to_string());
   const Tensor host = v.to(DeviceSpec::cpu());
-  std::lock_guard<std::mutex> lock(impl_->rpc_mu);
+  auto m = impl();
+  std::lock_guard<std::mutex> lock(m->rpc_mu);
   std::vector<uint64_t> ids(shards_.size());
   for (size_t i = 0; i < shards_.size(); ++i) {
     RpcMessage req;
@@ -65,16 +76,16 @@ void PsVariable::send_assign(uint8_t mode, const Tensor& v) {
     req.meta = MetaWriter().u8(mode).str(shards_[i].key).take();
     req.tensors.push_back(shard_of(host, static_cast<int>(i)));
     try {
-      ids[i] = impl_->ps[static_cast<size_t>(shards_[i].ps)]->send(req);
+      ids[i] = m->ps[static_cast<size_t>(shards_[i].ps)]->send(req);
     } catch (const Error& e) {
-      impl_->fail(shards_[i].ps, e, "assigning a variable");
+      m->fail(shards_[i].ps, e, "assigning a variable");
     }
   }
   for (size_t i = 0; i < shards_.size(); ++i) {
     try {
-      impl_->ps[static_cast<size_t>(shards_[i].ps)]->receive(ids[i]);
+      m->ps[static_cast<size_t>(shards_[i].ps)]->receive(ids[i]);
     } catch (const Error& e) {
-      impl_->fail(shards_[i].ps, e, "assigning a variable");
+      m->fail(shards_[i].ps, e, "assigning a variable");
     }
   }
 }
@@ -95,21 +106,24 @@ void PsVariable::assign_sub(const Tensor& delta) {
 }
 
 void PsVariable::update(const std::function<void(Tensor& value, size_t copy_index)>& fn) {
-  Tensor v = value().clone();
-  fn(v, 0);
-  assign(v);
+  // Sent as a difference (assign_add), which the server applies atomically: several workers
+  // updating e.g. batch-norm statistics at once all count, as TF's assign_sub on a PS variable.
+  const Tensor before = value().clone();
+  Tensor after = before.clone();
+  fn(after, 0);
+  assign_add(kernels_for(after).binary(BinaryOp::kSub, after, before));
 }
 
 void PsVariable::apply_remote_update(const std::string& config, const Tensor& grad) {
   if (grad.shape() != spec_.shape || grad.dtype() != spec_.dtype)
     throw InvalidArgument("gradient " + grad.to_string() + " for variable '" + spec_.name + "' of shape " +
                           spec_.shape.to_string());
+  auto m = impl();
   {
-    std::lock_guard<std::mutex> lock(impl_->out_mu);
-    impl_->outbox.push_back({this, grad.to(DeviceSpec::cpu())});
-    impl_->outbox_config = config;
+    std::lock_guard<std::mutex> lock(m->out_mu);
+    m->outbox.push_back({this, grad.to(DeviceSpec::cpu()), config});
   }
-  if (!impl_->in_run.load()) impl_->flush();  // apply_gradients outside run(): push now
+  if (!m->in_run.load()) m->flush();  // apply_gradients outside run(): push now
 }
 
 }  // namespace dtrain

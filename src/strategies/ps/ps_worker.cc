@@ -1,5 +1,6 @@
 // The worker side of the parameter-server strategy: connections, pull, push, the worker clock and
 // checkpoint snapshots.
+#include <map>
 #include <thread>
 
 #include "dtrain/core/logging.h"
@@ -86,47 +87,62 @@ void ParameterServerStrategy::Impl::pull(const std::vector<PsVariable*>& which) 
 
 void ParameterServerStrategy::Impl::flush() {
   std::vector<Pending> pending;
-  std::string config;
   {
     std::lock_guard<std::mutex> lock(out_mu);
     pending.swap(outbox);
-    config = outbox_config;
   }
   if (pending.empty()) return;
-  std::vector<RpcMessage> reqs(ps.size());
-  std::vector<std::vector<std::string>> keys(ps.size());
+  // One request per (server, optimizer); ps:0's first request also counts the step.
+  struct Request {
+    size_t ps;
+    std::string config;
+    std::vector<std::string> keys;
+    RpcMessage msg;
+    uint64_t id = 0;
+  };
+  std::vector<Request> reqs;
+  auto request_for = [&](size_t p, const std::string& config) -> Request& {
+    for (auto& r : reqs)
+      if (r.ps == p && r.config == config) return r;
+    reqs.push_back(Request{p, config, {}, {}, 0});
+    return reqs.back();
+  };
   for (const Pending& p : pending)
     for (int s = 0; s < p.var->num_shards(); ++s) {
       const auto& shard = p.var->shards()[static_cast<size_t>(s)];
-      keys[static_cast<size_t>(shard.ps)].push_back(shard.key);
-      reqs[static_cast<size_t>(shard.ps)].tensors.push_back(p.var->shard_of(p.grad, s));
+      Request& r = request_for(static_cast<size_t>(shard.ps), p.config);
+      r.keys.push_back(shard.key);
+      r.msg.tensors.push_back(p.var->shard_of(p.grad, s));
     }
+  bool counted = false;
+  for (auto& r : reqs)
+    if (r.ps == 0) counted = true;
+  if (!counted) reqs.push_back(Request{0, pending.front().config, {}, {}, 0});  // just the step count
   std::lock_guard<std::mutex> lock(rpc_mu);
-  std::vector<uint64_t> ids(ps.size(), 0);
-  for (size_t p = 0; p < ps.size(); ++p) {
-    const uint64_t increment = p == 0 ? 1 : 0;  // ps:0 counts the job's steps
-    if (keys[p].empty() && increment == 0) continue;
+  counted = false;
+  for (auto& r : reqs) {
+    const uint64_t increment = r.ps == 0 && !counted ? 1 : 0;
+    if (increment) counted = true;
     MetaWriter w;
-    w.str(config).u64(increment).u64(keys[p].size());
-    for (const auto& k : keys[p]) w.str(k);
-    reqs[p].method = ps::kPush;
-    reqs[p].meta = w.take();
+    w.str(r.config).u64(increment).u64(r.keys.size());
+    for (const auto& k : r.keys) w.str(k);
+    r.msg.method = ps::kPush;
+    r.msg.meta = w.take();
     try {
-      ids[p] = ps[p]->send(reqs[p]);
+      r.id = ps[r.ps]->send(r.msg);
     } catch (const Error& e) {
-      fail(static_cast<int>(p), e, "pushing gradients");
+      fail(static_cast<int>(r.ps), e, "pushing gradients");
     }
   }
-  for (size_t p = 0; p < ps.size(); ++p) {
-    if (ids[p] == 0) continue;
+  for (auto& r : reqs) {
     try {
-      const RpcMessage resp = ps[p]->receive(ids[p]);
-      if (p == 0) {
-        MetaReader r(resp.meta, "push response from ps:0");
-        global_step.store(r.i64());
+      const RpcMessage resp = ps[r.ps]->receive(r.id);
+      if (r.ps == 0) {
+        MetaReader m(resp.meta, "push response from ps:0");
+        global_step.store(std::max(global_step.load(), m.i64()));
       }
     } catch (const Error& e) {
-      fail(static_cast<int>(p), e, "pushing gradients");
+      fail(static_cast<int>(r.ps), e, "pushing gradients");
     }
   }
 }
@@ -156,44 +172,77 @@ std::vector<uint8_t> ParameterServerStrategy::Impl::clock(bool done, int64_t* mi
 }
 
 CheckpointData ParameterServerStrategy::Impl::snapshot() {
-  CheckpointData data;
-  std::vector<std::vector<std::string>> keys(ps.size());
+  // Every shard with its slots, all servers at once; then each variable whole (shards
+  // concatenated), so a checkpoint restores into any number of ps tasks or another partitioner.
+  std::vector<std::vector<std::pair<PsVariable*, int>>> per_ps(ps.size());
   for (const auto& v : vars)
-    for (const auto& s : v->shards()) keys[static_cast<size_t>(s.ps)].push_back(s.key);
-  std::lock_guard<std::mutex> lock(rpc_mu);
-  std::vector<uint64_t> ids(ps.size(), 0);
-  for (size_t p = 0; p < ps.size(); ++p) {
-    if (keys[p].empty()) continue;
-    MetaWriter w;
-    w.u8(1).u64(keys[p].size());
-    for (const auto& k : keys[p]) w.str(k);
-    RpcMessage req;
-    req.method = ps::kPull;
-    req.meta = w.take();
-    try {
-      ids[p] = ps[p]->send(req);
-    } catch (const Error& e) {
-      fail(static_cast<int>(p), e, "reading a checkpoint");
+    for (int s = 0; s < v->num_shards(); ++s) per_ps[static_cast<size_t>(v->shards()[static_cast<size_t>(s)].ps)].emplace_back(v.get(), s);
+  struct Got {
+    Tensor value;
+    std::vector<Tensor> slots;
+    int64_t updates = 0;
+  };
+  std::map<std::pair<PsVariable*, int>, Got> got;
+  {
+    std::lock_guard<std::mutex> lock(rpc_mu);
+    std::vector<uint64_t> ids(ps.size(), 0);
+    for (size_t p = 0; p < ps.size(); ++p) {
+      if (per_ps[p].empty()) continue;
+      MetaWriter w;
+      w.u8(1).u64(per_ps[p].size());
+      for (auto [v, s] : per_ps[p]) w.str(v->shards()[static_cast<size_t>(s)].key);
+      RpcMessage req;
+      req.method = ps::kPull;
+      req.meta = w.take();
+      try {
+        ids[p] = ps[p]->send(req);
+      } catch (const Error& e) {
+        fail(static_cast<int>(p), e, "reading a checkpoint");
+      }
+    }
+    for (size_t p = 0; p < ps.size(); ++p) {
+      if (per_ps[p].empty()) continue;
+      RpcMessage resp;
+      try {
+        resp = ps[p]->receive(ids[p]);
+      } catch (const Error& e) {
+        fail(static_cast<int>(p), e, "reading a checkpoint");
+      }
+      MetaReader r(resp.meta, "checkpoint pull from " + ps_names[p]);
+      size_t t = 0;
+      for (auto entry : per_ps[p]) {
+        Got g;
+        g.updates = r.i64();
+        const uint64_t slots = r.u64();
+        if (slots > 16 || t + 1 + slots > resp.tensors.size()) throw DataLoss("checkpoint pull from " + ps_names[p] + " is short");
+        g.value = resp.tensors[t++];
+        for (uint64_t j = 0; j < slots; ++j) g.slots.push_back(resp.tensors[t++]);
+        got[entry] = std::move(g);
+      }
     }
   }
-  for (size_t p = 0; p < ps.size(); ++p) {
-    if (keys[p].empty()) continue;
-    RpcMessage resp;
-    try {
-      resp = ps[p]->receive(ids[p]);
-    } catch (const Error& e) {
-      fail(static_cast<int>(p), e, "reading a checkpoint");
+  CheckpointData data;
+  for (const auto& v : vars) {
+    const std::string& key = v->base_key();
+    const int n = v->num_shards();
+    const Got& first = got.at({v.get(), 0});
+    size_t slots = first.slots.size();
+    int64_t updates = 0;
+    for (int s = 0; s < n; ++s) {
+      const Got& g = got.at({v.get(), s});
+      slots = std::min(slots, g.slots.size());  // a shard never pushed to has no slots yet
+      updates = std::max(updates, g.updates);
     }
-    MetaReader r(resp.meta, "checkpoint pull from " + ps_names[p]);
-    size_t t = 0;
-    for (const auto& key : keys[p]) {
-      const int64_t updates = r.i64();
-      const uint64_t slots = r.u64();
-      if (t + 1 + slots > resp.tensors.size()) throw DataLoss("checkpoint pull from " + ps_names[p] + " is short");
-      data.tensors.emplace_back(key, resp.tensors[t++]);
-      for (uint64_t s = 0; s < slots; ++s) data.tensors.emplace_back(key + "/slot_" + std::to_string(s), resp.tensors[t++]);
-      data.metadata[key + "/updates"] = std::to_string(updates);
-    }
+    auto whole = [&](auto part_of) {
+      if (n == 1) return part_of(got.at({v.get(), 0}));
+      Tensor t = Tensor::empty(v->shape(), v->dtype());
+      for (int s = 0; s < n; ++s) v->shard_of(t, s).copy_from(part_of(got.at({v.get(), s})));
+      return t;
+    };
+    data.tensors.emplace_back(key, whole([](const Got& g) { return g.value; }));
+    for (size_t j = 0; j < slots; ++j)
+      data.tensors.emplace_back(key + "/slot_" + std::to_string(j), whole([j](const Got& g) { return g.slots[j]; }));
+    data.metadata[key + "/updates"] = std::to_string(updates);
   }
   return data;
 }

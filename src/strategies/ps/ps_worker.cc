@@ -1,5 +1,7 @@
 // The worker side of the parameter-server strategy: connections, pull, push, the worker clock and
 // checkpoint snapshots.
+#include <algorithm>
+#include <exception>
 #include <map>
 #include <thread>
 
@@ -39,37 +41,69 @@ void ParameterServerStrategy::Impl::fail(int i, const Error& e, const char* duri
   throw;  // the server refused the request (InvalidArgument, NotFound, ...): its message says why
 }
 
+namespace {
+
+// Runs fn(p) for every server p in `servers`: on a thread each when `bytes` (the traffic) is large,
+// so that transfers to and from several servers overlap, else in turn. Every server gets its turn;
+// then the first failure (in server order) is rethrown through fail(), which names the server.
+template <typename Fn>
+void for_each_server(ParameterServerStrategy::Impl& m, const std::vector<size_t>& servers, size_t bytes,
+                     const char* during, Fn fn) {
+  std::vector<std::exception_ptr> errors(servers.size());
+  auto run = [&](size_t i) {
+    try {
+      fn(servers[i]);
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
+  };
+  if (servers.size() > 1 && bytes >= (size_t{4} << 20)) {  // below ~4 MB a thread costs more than it saves
+    std::vector<std::thread> threads;
+    for (size_t i = 1; i < servers.size(); ++i) threads.emplace_back(run, i);
+    run(0);
+    for (auto& t : threads) t.join();
+  } else {
+    for (size_t i = 0; i < servers.size(); ++i) run(i);
+  }
+  for (size_t i = 0; i < servers.size(); ++i) {
+    if (!errors[i]) continue;
+    try {
+      std::rethrow_exception(errors[i]);
+    } catch (const Error& e) {
+      m.fail(static_cast<int>(servers[i]), e, during);
+    }
+  }
+}
+
+}  // namespace
+
 void ParameterServerStrategy::Impl::pull(const std::vector<PsVariable*>& which) {
   // Group the shards by server: one request per server, all in flight at once.
   std::vector<std::vector<std::pair<PsVariable*, int>>> per_ps(ps.size());
   for (PsVariable* v : which)
     for (int s = 0; s < v->num_shards(); ++s) per_ps[static_cast<size_t>(v->shards()[static_cast<size_t>(s)].ps)].emplace_back(v, s);
-  std::lock_guard<std::mutex> lock(rpc_mu);
-  std::vector<uint64_t> ids(ps.size(), 0);
+  std::vector<size_t> servers;
+  size_t bytes = 0;
   for (size_t p = 0; p < ps.size(); ++p) {
     if (per_ps[p].empty()) continue;
+    servers.push_back(p);
+    for (auto [v, s] : per_ps[p]) bytes += v->shard_of(v->cache(), s).nbytes();
+  }
+  std::lock_guard<std::mutex> lock(rpc_mu);
+  std::vector<uint64_t> ids(ps.size(), 0);
+  for_each_server(*this, servers, 0, "pulling variables", [&](size_t p) {
     MetaWriter w;
     w.u8(0).u64(per_ps[p].size());
     for (auto& [v, s] : per_ps[p]) w.str(v->shards()[static_cast<size_t>(s)].key);
     RpcMessage req;
     req.method = ps::kPull;
     req.meta = w.take();
-    try {
-      ids[p] = ps[p]->send(req);
-    } catch (const Error& e) {
-      fail(static_cast<int>(p), e, "pulling variables");
-    }
-  }
-  for (size_t p = 0; p < ps.size(); ++p) {
-    if (per_ps[p].empty()) continue;
+    ids[p] = ps[p]->send(req);
+  });
+  for_each_server(*this, servers, bytes, "pulling variables", [&](size_t p) {
     std::vector<Tensor> dst;  // read the values straight into the caches
     for (auto [v, s] : per_ps[p]) dst.push_back(v->shard_of(v->cache(), s));
-    RpcMessage resp;
-    try {
-      resp = ps[p]->receive(ids[p], &dst);
-    } catch (const Error& e) {
-      fail(static_cast<int>(p), e, "pulling variables");
-    }
+    RpcMessage resp = ps[p]->receive(ids[p], &dst);
     if (resp.tensors.size() != per_ps[p].size())
       throw DataLoss(ps_names[p] + " answered a pull of " + std::to_string(per_ps[p].size()) + " shards with " +
                      std::to_string(resp.tensors.size()) + " tensors");
@@ -82,7 +116,7 @@ void ParameterServerStrategy::Impl::pull(const std::vector<PsVariable*>& which) 
                               ": every worker must build the same model");
       if (d.raw_data() != resp.tensors[k].raw_data()) dst[k].copy_from(resp.tensors[k]);
     }
-  }
+  });
 }
 
 void ParameterServerStrategy::Impl::flush() {
@@ -118,8 +152,9 @@ void ParameterServerStrategy::Impl::flush() {
   for (auto& r : reqs)
     if (r.ps == 0) counted = true;
   if (!counted) reqs.push_back(Request{0, pending.front().config, {}, {}, 0});  // just the step count
-  std::lock_guard<std::mutex> lock(rpc_mu);
   counted = false;
+  std::vector<size_t> servers;
+  size_t bytes = 0;
   for (auto& r : reqs) {
     const uint64_t increment = r.ps == 0 && !counted ? 1 : 0;
     if (increment) counted = true;
@@ -128,23 +163,24 @@ void ParameterServerStrategy::Impl::flush() {
     for (const auto& k : r.keys) w.str(k);
     r.msg.method = ps::kPush;
     r.msg.meta = w.take();
-    try {
-      r.id = ps[r.ps]->send(r.msg);
-    } catch (const Error& e) {
-      fail(static_cast<int>(r.ps), e, "pushing gradients");
-    }
+    for (const Tensor& t : r.msg.tensors) bytes += t.nbytes();
+    if (std::find(servers.begin(), servers.end(), r.ps) == servers.end()) servers.push_back(r.ps);
   }
-  for (auto& r : reqs) {
-    try {
-      const RpcMessage resp = ps[r.ps]->receive(r.id);
-      if (r.ps == 0) {
+  std::lock_guard<std::mutex> lock(rpc_mu);
+  for_each_server(*this, servers, bytes, "pushing gradients", [&](size_t p) {
+    for (auto& r : reqs)
+      if (r.ps == p) r.id = ps[p]->send(r.msg);
+  });
+  for_each_server(*this, servers, 0, "pushing gradients", [&](size_t p) {
+    for (auto& r : reqs) {
+      if (r.ps != p) continue;
+      const RpcMessage resp = ps[p]->receive(r.id);
+      if (p == 0) {
         MetaReader m(resp.meta, "push response from ps:0");
         global_step.store(std::max(global_step.load(), m.i64()));
       }
-    } catch (const Error& e) {
-      fail(static_cast<int>(r.ps), e, "pushing gradients");
     }
-  }
+  });
 }
 
 std::vector<uint8_t> ParameterServerStrategy::Impl::clock(bool done, int64_t* min_active_step) {

@@ -168,6 +168,22 @@ class Basics(unittest.TestCase):
             print(f"max_staleness {k}: fast worker {t[0]:.2f} s, slow worker (20 ms/step) {t[1]:.2f} s")
         self.assertLess(times[-1][0], 0.5 * times[-1][1], "without a bound the fast worker should not wait")
         self.assertGreater(times[2][0], 0.8 * times[2][1], "with max_staleness 2 the fast worker ran ahead")
+        # The slow worker starting 1.5 s late: the bound holds the fast one from the start.
+        job = Job(2, 1)
+        try:
+            job.start_ps([ARGS.check])
+            job.start("worker", 0, [ARGS.check, "stale", "2", "60", "20"])
+            time.sleep(1.5)
+            job.start("worker", 1, [ARGS.check, "stale", "2", "60", "20"])
+            t = {}
+            for i in (0, 1):
+                code, out, err = job.finish("worker", i, 60)
+                self.assertEqual(code, 0, err[-2000:])
+                t[i] = last_json(out)["seconds"]
+            print(f"late slow worker: fast {t[0]:.2f} s, slow {t[1]:.2f} s")
+            self.assertGreater(t[0], t[1], "the fast worker ran ahead before the slow one arrived")
+        finally:
+            job.stop()
 
     def test_the_evaluator_follows_the_checkpoints_to_the_final_one(self):
         with tempfile.TemporaryDirectory() as d:

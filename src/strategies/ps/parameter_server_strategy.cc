@@ -213,7 +213,12 @@ PerReplica ParameterServerStrategy::do_run(const ReplicaFn& fn, const PerReplica
     const auto deadline = std::chrono::steady_clock::now() + m.opts.timeout;
     for (;;) {
       int64_t slowest = 0;
-      m.clock(false, &slowest);
+      const std::vector<uint8_t> states = m.clock(false, &slowest);
+      // A worker that has not connected yet counts as at step 0 while workers may still be starting
+      // (connect_timeout), so a fast starter cannot run away before the others arrive.
+      if (std::chrono::steady_clock::now() - m.started < m.opts.connect_timeout)
+        for (size_t w = 0; w < states.size(); ++w)
+          if (states[w] == ps::kNeverSeen && static_cast<int>(w) != m.cluster.worker_rank()) slowest = 0;
       if (m.local_steps - slowest <= m.opts.max_staleness) break;
       if (std::chrono::steady_clock::now() >= deadline)
         throw DeadlineExceeded(m.cluster.task_name() + " waited " + std::to_string(m.opts.timeout.count()) +

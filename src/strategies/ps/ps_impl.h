@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <set>
 #include <memory>
@@ -45,6 +46,7 @@ struct ParameterServerStrategy::Impl {
   int64_t last_checkpoint_step = 0;
   bool final_checkpoint = false;  // the chief's last: an evaluator stops after it
   bool ended = false;             // on_training_end ran: no more staleness waits
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 
   Impl(ParameterServerOptions o, ClusterResolution c, DeviceSpec d, const std::string& token);
   // Pulls every shard of `vars` (all servers at once) into their caches.

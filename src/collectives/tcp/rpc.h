@@ -52,6 +52,7 @@ class MetaReader {
  public:
   // `what` names the message in errors ("push request from worker:1").
   MetaReader(const std::string& meta, std::string what) : s_(meta), what_(std::move(what)) {}
+  MetaReader(std::string&&, std::string) = delete;  // it keeps a reference: no temporaries
   uint64_t u64();
   int64_t i64();
   uint8_t u8();

@@ -60,7 +60,8 @@ ParameterServerStrategy::ParameterServerStrategy(ParameterServerOptions options,
       req.meta = MetaWriter().i64(step).take();
       std::lock_guard<std::mutex> lock(m.rpc_mu);
       try {
-        MetaReader r(m.ps[0]->call(req).meta, "set-step response");
+        const RpcMessage resp = m.ps[0]->call(req);  // MetaReader keeps a reference: not a temporary
+        MetaReader r(resp.meta, "set-step response");
         m.global_step = r.i64();
       } catch (const Error& e) {
         m.fail(0, e, "restoring the global step");

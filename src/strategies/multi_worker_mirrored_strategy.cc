@@ -9,6 +9,7 @@
 #include "dtrain/core/logging.h"
 #include "dtrain/devices/device.h"
 #include "strategies/mirrored_impl.h"
+#include "strategies/ps/ps_tasks.h"
 
 namespace dtrain {
 
@@ -148,13 +149,7 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(MirroredOptions local, 
     finish_setup();
     return;
   }
-  if (token.empty()) {
-    const char* env = std::getenv("DTRAIN_JOB_TOKEN");
-    token = env ? env : "";
-  }
-  if (token.empty())
-    throw InvalidArgument("DTRAIN_JOB_TOKEN is not set: every task of a multi-worker job must share a secret token "
-                          "(dtrain-run generates one; or export DTRAIN_JOB_TOKEN=$(openssl rand -hex 32) on every task)");
+  token = ps::job_token(std::move(token));
   TcpGroupOptions o;
   o.rank = cluster_.worker_rank();
   for (TaskType t : {TaskType::kChief, TaskType::kWorker})

@@ -6,19 +6,12 @@
 Suites: Equivalence (2 and 3 workers vs OneDevice at the same global batch), Faults (kill -9 a
 worker mid-training, a worker that never starts, a wrong job token). Every wait is bounded.
 """
-import argparse, json, os, shutil, signal, socket, struct, subprocess, sys, tempfile, time, unittest
+import argparse, json, os, shutil, signal, struct, subprocess, sys, tempfile, time, unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+from ports import free_ports  # noqa: E402
 
 ARGS = None
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def read_weights(path):

@@ -25,20 +25,22 @@ dtrain::Initializer arange() {
   };
 }
 
+// A scalar "counter" variable, zero-initialised, on the parameter servers.
+std::shared_ptr<dtrain::Variable> zero_scalar(dtrain::Strategy& strategy) {
+  auto scope = strategy.scope();
+  dtrain::VariableSpec spec;
+  spec.name = "counter";
+  spec.shape = dtrain::Shape{};
+  spec.initializer = dtrain::initializers::zeros();
+  return dtrain::create_variable(spec);
+}
+
 // Every worker pushes `pushes` times; worker 1 sleeps `sleep_ms` per step. Each prints its time.
 int stale(int max_staleness, int pushes, int sleep_ms) {
   dtrain::ParameterServerOptions o;
   o.max_staleness = max_staleness;
   dtrain::ParameterServerStrategy strategy(o);
-  std::shared_ptr<dtrain::Variable> var;
-  {
-    auto scope = strategy.scope();
-    dtrain::VariableSpec spec;
-    spec.name = "counter";
-    spec.shape = dtrain::Shape{};
-    spec.initializer = dtrain::initializers::zeros();
-    var = dtrain::create_variable(spec);
-  }
+  const std::shared_ptr<dtrain::Variable> var = zero_scalar(strategy);
   const int me = strategy.cluster().worker_rank();
   dtrain::SGD sgd(1.0f);
   const auto t0 = std::chrono::steady_clock::now();
@@ -57,15 +59,7 @@ int stale(int max_staleness, int pushes, int sleep_ms) {
 
 int counter(int pushes) {
   dtrain::ParameterServerStrategy strategy;
-  std::shared_ptr<dtrain::Variable> var;
-  {
-    auto scope = strategy.scope();
-    dtrain::VariableSpec spec;
-    spec.name = "counter";
-    spec.shape = dtrain::Shape{};
-    spec.initializer = dtrain::initializers::zeros();
-    var = dtrain::create_variable(spec);
-  }
+  const std::shared_ptr<dtrain::Variable> var = zero_scalar(strategy);
   dtrain::SGD sgd(1.0f);
   for (int i = 0; i < pushes; ++i)
     strategy.run([&](dtrain::ReplicaContext&, const std::vector<dtrain::Tensor>&) -> std::vector<dtrain::Tensor> {

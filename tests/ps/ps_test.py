@@ -12,17 +12,10 @@ Every wait is bounded; every process is killed on the way out.
 """
 import argparse, json, os, signal, socket, struct, subprocess, sys, tempfile, time, unittest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+from ports import free_ports  # noqa: E402
+
 ARGS = None
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def last_json(text):

@@ -18,6 +18,8 @@
 // read the environment call getenv and must not run concurrently with setenv/unsetenv.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,7 +28,7 @@
 
 namespace dtrain {
 
-class ClusterResolution {
+class DTRAIN_API ClusterResolution {
  public:
   // This task is task `index` of job `type` in `cluster`; `source` says where that came from
   // ("TF_CONFIG", "SLURM", ...) for messages. Local placement (local rank and size) is derived from
@@ -109,16 +111,16 @@ class ClusterResolution {
 // missing, not an integer, negative or out of range, a job that is not a list of strings, a bad or
 // duplicate host:port, more than one chief or evaluator, a task type absent from the cluster, an
 // empty cluster) throws InvalidArgument quoting the offending part and showing a valid TF_CONFIG.
-ClusterResolution resolve_tf_config(const std::string& json);
+DTRAIN_API ClusterResolution resolve_tf_config(const std::string& json);
 
 // Reads the TF_CONFIG environment variable. Returns nullopt when it is unset or blank: not a
 // multi-worker job, as in TF. Throws what resolve_tf_config throws.
-std::optional<ClusterResolution> from_environment();
+DTRAIN_API std::optional<ClusterResolution> from_environment();
 
 // The TF_CONFIG of task `index` of job `type` in `cluster`, for a launcher to hand to its
 // processes (resolve_tf_config reads it back). Throws what the ClusterResolution constructor
 // throws.
-std::string make_tf_config(const ClusterSpec& cluster, TaskType type, int index);
+DTRAIN_API std::string make_tf_config(const ClusterSpec& cluster, TaskType type, int index);
 
 // --- SLURM -----------------------------------------------------------------------------------
 inline constexpr int kDefaultSlurmPortBase = 23456;
@@ -132,18 +134,18 @@ inline constexpr int kDefaultSlurmPortBase = 23456;
 // SLURM_LOCALID disagrees with the computed placement; InvalidArgument, quoting the variable, when
 // a variable is malformed or they disagree (counts, node numbers), or port_base + tasks per node
 // leaves 1-65535; Unimplemented for the plane and arbitrary distributions.
-ClusterResolution resolve_slurm(int port_base = kDefaultSlurmPortBase);
+DTRAIN_API ClusterResolution resolve_slurm(int port_base = kDefaultSlurmPortBase);
 
 // Expands a SLURM host list: "node[01-04,07]" -> node01 node02 node03 node04 node07,
 // "a[1-2],b3" -> a1 a2 b3, "x[8-10]" -> x8 x9 x10 (the width of a range's first number is kept as
 // zero-padding), "r[1-2]n[1-2]" -> r1n1 r1n2 r2n1 r2n2. Throws InvalidArgument quoting the list on
 // unbalanced or nested brackets, empty names, descending or non-numeric ranges, or more than
 // 1,048,576 hosts.
-std::vector<std::string> expand_slurm_nodelist(const std::string& nodelist);
+DTRAIN_API std::vector<std::string> expand_slurm_nodelist(const std::string& nodelist);
 
 // Expands SLURM's tasks-per-node: "2(x3),1" -> 2 2 2 1. Throws InvalidArgument quoting the string
 // when it is malformed or a count is below 1.
-std::vector<int> parse_slurm_tasks_per_node(const std::string& tasks_per_node);
+DTRAIN_API std::vector<int> parse_slurm_tasks_per_node(const std::string& tasks_per_node);
 
 // --- OpenMPI ---------------------------------------------------------------------------------
 // Resolves the process mpirun started: worker OMPI_COMM_WORLD_RANK of OMPI_COMM_WORLD_SIZE, local
@@ -152,12 +154,12 @@ std::vector<int> parse_slurm_tasks_per_node(const std::string& tasks_per_node);
 // the tasks run, so the caller names the rendezvous "host:port" (rank 0 must run on that host).
 // The result comes from ClusterResolution::from_ranks. Throws FailedPrecondition when not under
 // mpirun (rank or size unset); InvalidArgument, quoting it, for a malformed variable or address.
-ClusterResolution resolve_openmpi(const std::string& rendezvous_address);
+DTRAIN_API ClusterResolution resolve_openmpi(const std::string& rendezvous_address);
 
 // --- Explicit --------------------------------------------------------------------------------
 // Task `rank` of a cluster whose only job is "worker" = `workers` (worker 0 is chief).
 // Throws InvalidArgument for an empty list, a bad or duplicate address, or rank out of range.
-ClusterResolution explicit_cluster(std::vector<std::string> workers, int rank);
+DTRAIN_API ClusterResolution explicit_cluster(std::vector<std::string> workers, int rank);
 
 // --- Device pinning --------------------------------------------------------------------------
 // The GPUs a process with local rank `local_rank` of `local_size` should use on a machine with
@@ -166,6 +168,6 @@ ClusterResolution explicit_cluster(std::vector<std::string> workers, int rank);
 // when num_gpus is not a multiple of local_size stay idle (local rank 0 logs that at WARNING).
 // Throws InvalidArgument when local_rank is outside [0, local_size) or local_size exceeds num_gpus
 // (the message says how to start fewer tasks per machine or use CPU devices).
-std::vector<int> gpus_for_local_rank(int local_rank, int local_size, int num_gpus);
+DTRAIN_API std::vector<int> gpus_for_local_rank(int local_rank, int local_size, int num_gpus);
 
 }  // namespace dtrain

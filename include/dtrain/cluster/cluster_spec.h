@@ -8,6 +8,8 @@
 // Thread-safety: an immutable value type; concurrent const use is safe.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <map>
 #include <optional>
 #include <string>
@@ -20,13 +22,13 @@ namespace dtrain {
 enum class TaskType { kChief, kWorker, kPs, kEvaluator };
 
 // "chief", "worker", "ps" or "evaluator". Never throws.
-const char* task_type_name(TaskType type);
+DTRAIN_API const char* task_type_name(TaskType type);
 // Parses a TF job name (exact, lower-case as TF writes them). Returns nullopt for anything else.
 // Never throws.
-std::optional<TaskType> task_type_from_name(std::string_view name);
+DTRAIN_API std::optional<TaskType> task_type_from_name(std::string_view name);
 
 // A parsed "host:port". IPv6 hosts are held without their brackets.
-struct HostPort {
+struct DTRAIN_API HostPort {
   std::string host;
   int port = 0;
 
@@ -37,9 +39,9 @@ struct HostPort {
 // Parses "host0:2222", "10.0.0.1:2222" or "[::1]:2222". Throws InvalidArgument, quoting `address`,
 // when the host is empty or has characters a host name cannot have (spaces, a "grpc://" scheme,
 // an unbracketed IPv6 address), or the port is missing, not a number, or outside 1-65535.
-HostPort parse_host_port(const std::string& address);
+DTRAIN_API HostPort parse_host_port(const std::string& address);
 
-class ClusterSpec {
+class DTRAIN_API ClusterSpec {
  public:
   using JobMap = std::map<TaskType, std::vector<std::string>>;
 

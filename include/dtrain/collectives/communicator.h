@@ -9,6 +9,8 @@
 // any thread.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -22,16 +24,16 @@
 namespace dtrain {
 
 enum class ReduceOp { kSum, kMean, kMax, kMin };
-const char* reduce_op_name(ReduceOp op);
+DTRAIN_API const char* reduce_op_name(ReduceOp op);
 
-struct CollectiveOptions {
+struct DTRAIN_API CollectiveOptions {
   // Every blocking step of a collective gives up after this long with DeadlineExceeded naming
   // the op and the ranks that did not arrive.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
 };
 
 // The pending result of an asynchronous collective.
-class Work {
+class DTRAIN_API Work {
  public:
   Work() = default;
   explicit Work(std::shared_future<void> f, std::string what) : f_(std::move(f)), what_(std::move(what)) {}
@@ -45,7 +47,7 @@ class Work {
   std::string what_;
 };
 
-class Communicator {
+class DTRAIN_API Communicator {
  public:
   virtual ~Communicator() = default;
   virtual int rank() const = 0;

@@ -8,6 +8,8 @@
 // has the group's timeout and fails fast when another rank aborts the group.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <memory>
 #include <vector>
 
@@ -17,6 +19,6 @@ namespace dtrain {
 
 // One Communicator per rank; rank r must only be used by one thread at a time. The group lives
 // until every communicator is destroyed.
-std::vector<std::unique_ptr<Communicator>> make_inproc_group(int size, CollectiveOptions options = {});
+DTRAIN_API std::vector<std::unique_ptr<Communicator>> make_inproc_group(int size, CollectiveOptions options = {});
 
 }  // namespace dtrain

@@ -9,6 +9,8 @@
 // rank that fails a collective tells every peer (an ABORT frame) so that nobody waits for it.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <chrono>
 #include <memory>
 #include <string>
@@ -18,7 +20,7 @@
 
 namespace dtrain {
 
-struct TcpGroupOptions {
+struct DTRAIN_API TcpGroupOptions {
   int rank = 0;
   std::vector<std::string> addresses;  // "host:port" of every rank, in rank order
   std::vector<std::string> task_names; // for messages, e.g. "worker:1" (defaults to "rank N")
@@ -36,6 +38,6 @@ struct TcpGroupOptions {
 // Listens on addresses[rank], connects to every other rank, authenticates. Throws
 // DeadlineExceeded naming the ranks that never showed up, PermissionDenied when a peer proves a
 // different token, InvalidArgument for malformed addresses.
-std::unique_ptr<Communicator> connect_tcp_group(const TcpGroupOptions& options);
+DTRAIN_API std::unique_ptr<Communicator> connect_tcp_group(const TcpGroupOptions& options);
 
 }  // namespace dtrain

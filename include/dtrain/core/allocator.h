@@ -3,6 +3,8 @@
 // Thread-safety: allocate/copy may be called from any thread concurrently.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <cstddef>
 #include <memory>
 
@@ -11,7 +13,7 @@
 namespace dtrain {
 
 // A block of device memory. The deleter returns it to its allocator.
-class Storage {
+class DTRAIN_API Storage {
  public:
   Storage(void* ptr, size_t nbytes, DeviceSpec device, void (*release)(void* ctx, void* ptr, size_t),
           void* ctx)
@@ -33,7 +35,7 @@ class Storage {
   void* ctx_;
 };
 
-class Allocator {
+class DTRAIN_API Allocator {
  public:
   virtual ~Allocator() = default;
   // Returns at least nbytes of memory on `device`, 64-byte aligned. Throws Unavailable when out of memory.
@@ -46,10 +48,10 @@ class Allocator {
 };
 
 // The host allocator: caches freed blocks by size so that training steps do not page-fault.
-Allocator& host_allocator();
+DTRAIN_API Allocator& host_allocator();
 // Registers the allocator for non-host memory of `type` (called by the CUDA device).
-void register_allocator(DeviceType type, Allocator* allocator);
+DTRAIN_API void register_allocator(DeviceType type, Allocator* allocator);
 // The allocator serving `device`. Throws Unavailable when that device type is not compiled in.
-Allocator& allocator_for(DeviceSpec device);
+DTRAIN_API Allocator& allocator_for(DeviceSpec device);
 
 }  // namespace dtrain

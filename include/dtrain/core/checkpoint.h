@@ -20,6 +20,8 @@
 // process (e.g. the chief) per directory: save() removes the temporary files that it finds there.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -32,7 +34,7 @@
 namespace dtrain {
 
 // The contents of one checkpoint file.
-struct CheckpointData {
+struct DTRAIN_API CheckpointData {
   // Name -> tensor, in file order (by data offset). Tensors returned by a load are on the CPU.
   std::vector<std::pair<std::string, Tensor>> tensors;
   // The safetensors "__metadata__" map (string -> string).
@@ -47,7 +49,7 @@ struct CheckpointData {
 // duplicate name, a name starting with "__" (reserved by the format), or a name or metadata string
 // that is not valid UTF-8; Unavailable when the file cannot be written (the message names the path
 // and the system's error text). On failure the previous file at `path`, if any, is untouched.
-void save_safetensors(const std::string& path, const CheckpointData& data);
+DTRAIN_API void save_safetensors(const std::string& path, const CheckpointData& data);
 
 // Reads a safetensors file and checks all of it: the header length (at most 100 MB and within the
 // file), the JSON, each entry's dtype, shape and offsets (end - begin == numel * dtype size), and
@@ -56,13 +58,13 @@ void save_safetensors(const std::string& path, const CheckpointData& data);
 // Unavailable when it cannot be read, Unimplemented for a safetensors dtype dtrain does not hold
 // (U8, BOOL, F8_E4M3, ...), and DataLoss naming the file and what is wrong for anything else, e.g.
 // "truncated: header says 4096 bytes of data, file has 100".
-CheckpointData load_safetensors(const std::string& path);
+DTRAIN_API CheckpointData load_safetensors(const std::string& path);
 
 // A directory of numbered checkpoints "ckpt-<step>.safetensors" plus an index file "checkpoint"
 // holding {"latest":"ckpt-120.safetensors","step":120}. The index is replaced atomically only after
 // the data file it names is durable, so it never points at a missing or partial file; older files
 // are deleted only after the index has moved past them.
-class CheckpointManager {
+class DTRAIN_API CheckpointManager {
  public:
   // Creates `directory` (and its parents) if needed. Keeps the newest `max_to_keep` checkpoints.
   // Throws InvalidArgument when max_to_keep < 1, Unavailable when the directory cannot be created.

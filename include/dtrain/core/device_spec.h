@@ -2,13 +2,15 @@
 // Tensor can say where its memory lives. Plain value type.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <string>
 
 namespace dtrain {
 
 enum class DeviceType { kCPU, kCUDA };
 
-struct DeviceSpec {
+struct DTRAIN_API DeviceSpec {
   DeviceType type = DeviceType::kCPU;
   int index = 0;
 

@@ -1,6 +1,8 @@
 // Element types a Tensor can hold. float16/bfloat16 are storage types: kernels compute in fp32.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -10,11 +12,11 @@ namespace dtrain {
 enum class DType : uint8_t { kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64 };
 
 // Bytes per element.
-size_t dtype_size(DType t);
+DTRAIN_API size_t dtype_size(DType t);
 // "float32", "bfloat16", ...
-const char* dtype_name(DType t);
+DTRAIN_API const char* dtype_name(DType t);
 // Inverse of dtype_name; throws InvalidArgument listing the valid names.
-DType dtype_from_name(const std::string& name);
+DTRAIN_API DType dtype_from_name(const std::string& name);
 
 template <typename T>
 constexpr DType dtype_of();
@@ -24,9 +26,9 @@ template <> constexpr DType dtype_of<int32_t>() { return DType::kInt32; }
 template <> constexpr DType dtype_of<int64_t>() { return DType::kInt64; }
 
 // Scalar conversions for the 16-bit storage types (round-to-nearest-even).
-uint16_t float_to_bf16(float f);
-float bf16_to_float(uint16_t h);
-uint16_t float_to_f16(float f);
-float f16_to_float(uint16_t h);
+DTRAIN_API uint16_t float_to_bf16(float f);
+DTRAIN_API float bf16_to_float(uint16_t h);
+DTRAIN_API uint16_t float_to_f16(float f);
+DTRAIN_API float f16_to_float(uint16_t h);
 
 }  // namespace dtrain

@@ -2,19 +2,21 @@
 // went wrong and how to fix it. Thread-safety: plain value types.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <sstream>
 #include <stdexcept>
 #include <string>
 
 namespace dtrain {
 
-class Error : public std::runtime_error {
+class DTRAIN_API Error : public std::runtime_error {
  public:
   explicit Error(const std::string& msg) : std::runtime_error(msg) {}
 };
 
 #define DTRAIN_DECLARE_ERROR(Name) \
-  class Name : public Error {      \
+  class DTRAIN_API Name : public Error { \
    public:                         \
     explicit Name(const std::string& msg) : Error(#Name ": " + msg) {} \
   }
@@ -38,7 +40,7 @@ std::string str_cat(const Args&... args) {
   (os << ... << args);
   return os.str();
 }
-[[noreturn]] void check_failed(const char* file, int line, const char* cond, const std::string& msg);
+[[noreturn]] DTRAIN_API void check_failed(const char* file, int line, const char* cond, const std::string& msg);
 }  // namespace detail
 
 }  // namespace dtrain

@@ -3,6 +3,8 @@
 // set_log_level(). Each line is written atomically. Thread-safe.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <sstream>
 #include <string>
 
@@ -10,13 +12,13 @@ namespace dtrain {
 
 enum class LogLevel { DEBUG = 0, INFO = 1, WARNING = 2, ERROR = 3 };
 
-LogLevel log_level();
-void set_log_level(LogLevel level);
+DTRAIN_API LogLevel log_level();
+DTRAIN_API void set_log_level(LogLevel level);
 // A prefix added to every line (e.g. "[worker:1] "), set by multi-process jobs.
-void set_log_prefix(const std::string& prefix);
+DTRAIN_API void set_log_prefix(const std::string& prefix);
 
 namespace detail {
-class LogLine {
+class DTRAIN_API LogLine {
  public:
   LogLine(LogLevel level, const char* file, int line);
   ~LogLine();

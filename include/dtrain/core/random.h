@@ -4,12 +4,14 @@
 // safe; next_stream() is not.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <array>
 #include <cstdint>
 
 namespace dtrain {
 
-class Philox {
+class DTRAIN_API Philox {
  public:
   Philox(uint64_t seed, uint64_t stream) : key_{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)}, stream_(stream) {}
   // Four 32-bit random words for block `counter`.
@@ -26,7 +28,7 @@ class Philox {
 
 // Hands out independent streams from one seed: each variable initializer, dropout layer and
 // shuffle asks for its own, in creation order, so a run is reproducible from --seed.
-class SeedSequence {
+class DTRAIN_API SeedSequence {
  public:
   explicit SeedSequence(uint64_t seed = 0) : seed_(seed) {}
   Philox next_stream() { return Philox(seed_, counter_++); }
@@ -39,7 +41,7 @@ class SeedSequence {
 };
 
 // The process-wide sequence (set from --seed); thread-safe.
-Philox global_next_stream();
-void set_global_seed(uint64_t seed);
+DTRAIN_API Philox global_next_stream();
+DTRAIN_API void set_global_seed(uint64_t seed);
 
 }  // namespace dtrain

@@ -1,6 +1,8 @@
 // Shape: the dimensions of a dense, row-major tensor. Plain value type.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -8,7 +10,7 @@
 
 namespace dtrain {
 
-class Shape {
+class DTRAIN_API Shape {
  public:
   Shape() = default;
   Shape(std::initializer_list<int64_t> dims) : dims_(dims) {}

@@ -6,6 +6,8 @@
 // writing the same memory from two threads is the caller's race.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -19,7 +21,7 @@
 
 namespace dtrain {
 
-class Tensor {
+class DTRAIN_API Tensor {
  public:
   Tensor() = default;  // an undefined tensor; defined() is false
 

@@ -17,6 +17,8 @@
 // pipeline over them is being iterated.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -32,7 +34,7 @@ namespace detail {
 class DatasetNode;
 }  // namespace detail
 
-class Dataset {
+class DTRAIN_API Dataset {
  public:
   // A pipeline whose i-th element is row i of every component (tf.data's from_tensor_slices).
   // Components on a device are copied to the CPU once. Throws InvalidArgument when `components`

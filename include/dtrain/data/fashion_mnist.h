@@ -4,6 +4,8 @@
 // Files may be raw or gzip-compressed. Thread-safety: free functions with no shared state.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -13,7 +15,7 @@
 namespace dtrain {
 
 // An unsigned-byte IDX array: dims as stored, data row-major.
-struct IdxArray {
+struct DTRAIN_API IdxArray {
   std::vector<int64_t> dims;
   std::vector<uint8_t> data;
 };
@@ -24,9 +26,9 @@ struct IdxArray {
 // exists but cannot be opened, and DataLoss when it is truncated or corrupt: bad magic, a type
 // code other than 0x08, or a payload whose size differs from the product of the dims (the message
 // names the file and the expected and actual byte counts).
-IdxArray read_idx(const std::string& path);
+DTRAIN_API IdxArray read_idx(const std::string& path);
 
-struct FashionMnist {
+struct DTRAIN_API FashionMnist {
   Tensor train_images;  // float32 [60000, 28, 28, 1] in [0, 1]
   Tensor train_labels;  // int32 [60000], values 0..9
   Tensor test_images;   // float32 [10000, 28, 28, 1]
@@ -37,13 +39,13 @@ struct FashionMnist {
 inline constexpr const char* kDefaultFashionMnistDir = "/usr/share/datasets/fashion-mnist";
 
 // `dir` if non-empty, else $DTRAIN_DATA_DIR if set and non-empty, else kDefaultFashionMnistDir.
-std::string resolve_data_dir(const std::string& dir);
+DTRAIN_API std::string resolve_data_dir(const std::string& dir);
 
 // Loads the four files train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte
 // and t10k-labels-idx1-ubyte (each preferring a ".gz" version) from resolve_data_dir(dir).
 // Throws NotFound when a file is missing (naming the directory, how it was chosen and how to
 // change it), and DataLoss when a file is corrupt, images are not N x 28 x 28, image and label
 // counts differ, or a label is outside 0..9.
-FashionMnist load_fashion_mnist(const std::string& dir = "");
+DTRAIN_API FashionMnist load_fashion_mnist(const std::string& dir = "");
 
 }  // namespace dtrain

@@ -7,6 +7,8 @@
 // the device's own thread; ops called directly run on the calling thread with the device's kernels.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <functional>
 #include <future>
 #include <memory>
@@ -18,7 +20,7 @@
 
 namespace dtrain {
 
-class Device {
+class DTRAIN_API Device {
  public:
   virtual ~Device() = default;
   virtual DeviceSpec spec() const = 0;
@@ -32,31 +34,31 @@ class Device {
   virtual void synchronize() = 0;
 };
 
-struct DeviceConfig {
+struct DTRAIN_API DeviceConfig {
   int num_cpu_devices = 1;      // logical CPU devices
   int threads_per_cpu_device = 0;  // 0 = hardware threads / num_cpu_devices (at least 1)
 };
 
 // Sets the logical CPU device layout. Must be called before the first get_device(); throws
 // FailedPrecondition afterwards.
-void configure_devices(const DeviceConfig& config);
+DTRAIN_API void configure_devices(const DeviceConfig& config);
 // The device for `spec`. Throws NotFound naming the devices that exist.
-Device& get_device(DeviceSpec spec);
+DTRAIN_API Device& get_device(DeviceSpec spec);
 // The CPU devices configured and the CUDA GPUs visible (CUDA_VISIBLE_DEVICES honoured).
-std::vector<DeviceSpec> list_devices(DeviceType type);
+DTRAIN_API std::vector<DeviceSpec> list_devices(DeviceType type);
 // Parses a --devices flag: "cpu", "cpu:N" (N logical CPU devices), "gpu" (all GPUs), "gpu:0,2",
 // or "auto" (all GPUs, else the CPU). Configures logical CPU devices as a side effect. Throws
 // InvalidArgument with the accepted forms.
-std::vector<DeviceSpec> parse_devices_flag(const std::string& flag, int threads_per_cpu_device = 0);
+DTRAIN_API std::vector<DeviceSpec> parse_devices_flag(const std::string& flag, int threads_per_cpu_device = 0);
 // Kernels for the device a tensor lives on.
 inline Kernels& kernels_for(const Tensor& t) { return get_device(t.device()).kernels(); }
 
 // Implemented by src/devices/cuda when CUDA is compiled in, else by a stub returning 0 / throwing.
-int cuda_device_count();
-std::unique_ptr<Device> make_cuda_device(int index);
+DTRAIN_API int cuda_device_count();
+DTRAIN_API std::unique_ptr<Device> make_cuda_device(int index);
 // pin: bind the device's thread to cores [index*threads, (index+1)*threads) (used when one process
 // splits the CPU into several logical devices; never for a lone device, which may share the
 // machine with other worker processes).
-std::unique_ptr<Device> make_cpu_device(int index, int threads, bool pin);
+DTRAIN_API std::unique_ptr<Device> make_cpu_device(int index, int threads, bool pin);
 
 }  // namespace dtrain

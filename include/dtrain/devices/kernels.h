@@ -8,6 +8,8 @@
 // from several threads at once (implementations lock their primitive caches).
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <cstdint>
 #include <vector>
 
@@ -19,28 +21,28 @@ enum class UnaryOp { kRelu, kTanh, kSigmoid, kNeg, kExp, kLog, kSquare, kSqrt, k
 enum class BinaryOp { kAdd, kSub, kMul, kDiv, kMax, kMin };
 enum class ReductionKind { kSum, kMean, kMax };
 
-struct Conv2dParams {
+struct DTRAIN_API Conv2dParams {
   int stride_h = 1, stride_w = 1;
   int pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
 };
 
-struct Pool2dParams {
+struct DTRAIN_API Pool2dParams {
   int window_h = 2, window_w = 2;
   int stride_h = 2, stride_w = 2;
   int pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
 };
 
-struct BatchNormForward {
+struct DTRAIN_API BatchNormForward {
   Tensor y;     // normalised output, shape of x
   Tensor mean;  // [C] batch mean
   Tensor var;   // [C] biased batch variance
 };
 
-struct BatchNormBackward {
+struct DTRAIN_API BatchNormBackward {
   Tensor dx, dgamma, dbeta;
 };
 
-class Kernels {
+class DTRAIN_API Kernels {
  public:
   virtual ~Kernels() = default;
 
@@ -111,8 +113,8 @@ class Kernels {
 };
 
 // Output shape of a convolution / pooling window; throws InvalidArgument when it would be empty.
-int64_t conv_output_size(int64_t in, int window, int stride, int pad_before, int pad_after);
+DTRAIN_API int64_t conv_output_size(int64_t in, int window, int stride, int pad_before, int pad_after);
 // Numpy broadcast of two shapes; throws InvalidArgument naming both when incompatible.
-Shape broadcast_shapes(const Shape& a, const Shape& b);
+DTRAIN_API Shape broadcast_shapes(const Shape& a, const Shape& b);
 
 }  // namespace dtrain

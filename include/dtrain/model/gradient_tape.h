@@ -14,6 +14,8 @@
 // Thread-safety: a tape records only the ops of the thread that created it.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <functional>
 #include <memory>
 #include <unordered_set>
@@ -28,7 +30,7 @@ namespace tape {
 class GradientReadyHook;
 }
 
-class GradientTape {
+class DTRAIN_API GradientTape {
  public:
   // persistent: gradient() may be called more than once (TF's persistent=True).
   explicit GradientTape(bool persistent = false);
@@ -75,7 +77,7 @@ namespace tape {
 // start all-reducing a pack of gradients while the rest of backward runs (PyTorch DDP's bucket
 // hooks). Installed per thread by the strategy for the duration of a replica step; used only by
 // GradientTape::gradient(target, variables) on the outermost tape.
-class GradientReadyHook {
+class DTRAIN_API GradientReadyHook {
  public:
   virtual ~GradientReadyHook() = default;
   // grad may be undefined (the target does not depend on that source).
@@ -84,17 +86,17 @@ class GradientReadyHook {
   virtual void on_done() = 0;
 };
 // Sets the calling thread's hook (nullptr clears it); returns the previous one.
-GradientReadyHook* set_gradient_ready_hook(GradientReadyHook* hook);
+DTRAIN_API GradientReadyHook* set_gradient_ready_hook(GradientReadyHook* hook);
 
 // Given gradients w.r.t. the outputs (undefined = zero), returns gradients w.r.t. each input
 // (undefined = no gradient / not differentiable w.r.t. that input).
 using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& output_grads)>;
 // True when some active tape on this thread watches one of `inputs`.
-bool should_record(std::initializer_list<const Tensor*> inputs);
-void record(const char* op, std::vector<Tensor> inputs, std::vector<Tensor> outputs, BackwardFn fn);
+DTRAIN_API bool should_record(std::initializer_list<const Tensor*> inputs);
+DTRAIN_API void record(const char* op, std::vector<Tensor> inputs, std::vector<Tensor> outputs, BackwardFn fn);
 // Records an op that is not differentiable (again); differentiating through it throws
 // Unimplemented naming `op`.
-void record_nondifferentiable(const char* op, std::vector<Tensor> inputs, std::vector<Tensor> outputs);
+DTRAIN_API void record_nondifferentiable(const char* op, std::vector<Tensor> inputs, std::vector<Tensor> outputs);
 }  // namespace tape
 
 }  // namespace dtrain

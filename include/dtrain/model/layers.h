@@ -6,6 +6,8 @@
 // Thread-safety: after build, call() may run concurrently on several replica threads.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <atomic>
 #include <memory>
 #include <string>
@@ -17,11 +19,11 @@
 namespace dtrain {
 
 enum class Activation { kNone, kRelu, kTanh, kSigmoid };
-Tensor apply_activation(Activation a, const Tensor& x);
+DTRAIN_API Tensor apply_activation(Activation a, const Tensor& x);
 
 using VariableList = std::vector<std::shared_ptr<Variable>>;
 
-class Layer {
+class DTRAIN_API Layer {
  public:
   explicit Layer(std::string name) : name_(std::move(name)) {}
   virtual ~Layer() = default;
@@ -38,7 +40,7 @@ class Layer {
   void build(const Shape& input_shape);
 
  protected:
-  virtual void build_weights(const Shape& input_shape) {}
+  virtual void build_weights(const Shape& /*input_shape*/) {}
   virtual Tensor call(const Tensor& x, bool training) = 0;
   std::shared_ptr<Variable> add_weight(const std::string& name, const Shape& shape, Initializer init,
                                        bool trainable = true,
@@ -51,7 +53,7 @@ class Layer {
   VariableList weights_;
 };
 
-class Dense : public Layer {
+class DTRAIN_API Dense : public Layer {
  public:
   Dense(int64_t units, Activation activation = Activation::kNone, bool use_bias = true,
         std::string name = "dense");
@@ -67,7 +69,7 @@ class Dense : public Layer {
   bool use_bias_;
 };
 
-class Conv2D : public Layer {
+class DTRAIN_API Conv2D : public Layer {
  public:
   Conv2D(int64_t filters, int kernel_h, int kernel_w, Activation activation = Activation::kNone,
          ops::Padding padding = ops::Padding::kValid, int stride = 1, bool use_bias = true,
@@ -87,7 +89,7 @@ class Conv2D : public Layer {
   bool use_bias_;
 };
 
-class MaxPool2D : public Layer {
+class DTRAIN_API MaxPool2D : public Layer {
  public:
   explicit MaxPool2D(int pool = 2, int stride = 0, ops::Padding padding = ops::Padding::kValid,
                      std::string name = "max_pool2d");
@@ -100,20 +102,20 @@ class MaxPool2D : public Layer {
   ops::Padding padding_;
 };
 
-class Flatten : public Layer {
+class DTRAIN_API Flatten : public Layer {
  public:
   explicit Flatten(std::string name = "flatten") : Layer(std::move(name)) {}
 
  protected:
-  Tensor call(const Tensor& x, bool training) override { return ops::flatten(x); }
+  Tensor call(const Tensor& x, bool /*training*/) override { return ops::flatten(x); }
 };
 
-class ActivationLayer : public Layer {
+class DTRAIN_API ActivationLayer : public Layer {
  public:
   explicit ActivationLayer(Activation a, std::string name = "activation") : Layer(std::move(name)), a_(a) {}
 
  protected:
-  Tensor call(const Tensor& x, bool training) override { return apply_activation(a_, x); }
+  Tensor call(const Tensor& x, bool /*training*/) override { return apply_activation(a_, x); }
 
  private:
   Activation a_;
@@ -121,7 +123,7 @@ class ActivationLayer : public Layer {
 
 // Inverted dropout. Each call draws a new Philox stream from (seed, layer, replica, call), so
 // masks are reproducible from --seed and differ across replicas and steps.
-class Dropout : public Layer {
+class DTRAIN_API Dropout : public Layer {
  public:
   explicit Dropout(float rate, std::string name = "dropout");
 
@@ -138,7 +140,7 @@ class Dropout : public Layer {
 // variables with MEAN aggregation. By default each replica normalises with its own batch's
 // statistics; synchronized = true (SyncBatchNorm) uses the global batch's, all-reduced across
 // replicas in training (identical to one device at the same global batch).
-class BatchNormalization : public Layer {
+class DTRAIN_API BatchNormalization : public Layer {
  public:
   explicit BatchNormalization(float momentum = 0.99f, float epsilon = 1e-3f, bool synchronized = false,
                               std::string name = "batch_normalization");
@@ -154,7 +156,7 @@ class BatchNormalization : public Layer {
 };
 
 // A linear stack of layers (keras.Sequential).
-class Sequential {
+class DTRAIN_API Sequential {
  public:
   Sequential() = default;
   explicit Sequential(std::vector<std::shared_ptr<Layer>> layers) : layers_(std::move(layers)) {}

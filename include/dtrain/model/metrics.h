@@ -2,6 +2,8 @@
 // combines everything seen since reset().
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <cstdint>
 #include <mutex>
 
@@ -10,7 +12,7 @@
 namespace dtrain {
 
 // Fraction of rows whose argmax(logits) equals the int32 label.
-class SparseCategoricalAccuracy {
+class DTRAIN_API SparseCategoricalAccuracy {
  public:
   void update(const Tensor& logits, const Tensor& labels);
   double result() const;
@@ -23,7 +25,7 @@ class SparseCategoricalAccuracy {
 };
 
 // Weighted mean of scalar values (e.g. the loss per step).
-class Mean {
+class DTRAIN_API Mean {
  public:
   void update(double value, double weight = 1.0);
   double result() const;

@@ -6,6 +6,8 @@
 // Thread-safety: apply_gradients may be called concurrently by the replicas of one strategy.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <map>
 #include <memory>
 #include <mutex>
@@ -16,7 +18,7 @@
 
 namespace dtrain {
 
-class Optimizer {
+class DTRAIN_API Optimizer {
  public:
   explicit Optimizer(float learning_rate);
   virtual ~Optimizer() = default;
@@ -60,7 +62,7 @@ class Optimizer {
   std::map<int, int64_t> steps_;  // per replica id
 };
 
-class SGD : public Optimizer {
+class DTRAIN_API SGD : public Optimizer {
  public:
   explicit SGD(float learning_rate = 0.01f, float momentum = 0.f, bool nesterov = false);
   std::string config() const override;
@@ -74,7 +76,7 @@ class SGD : public Optimizer {
   bool nesterov_;
 };
 
-class Adam : public Optimizer {
+class DTRAIN_API Adam : public Optimizer {
  public:
   explicit Adam(float learning_rate = 1e-3f, float beta1 = 0.9f, float beta2 = 0.999f,
                 float epsilon = 1e-7f);

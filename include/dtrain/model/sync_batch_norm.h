@@ -1,6 +1,8 @@
 // Batch normalisation over the global batch of all replicas in sync (see sync_batch_norm.cc).
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include "dtrain/core/tensor.h"
 
 namespace dtrain {
@@ -8,7 +10,7 @@ class ReplicaContext;
 namespace ops {
 // Training-mode batch norm over all but the last axis, with statistics of the global batch.
 // Every replica must call it (it all-reduces in forward and backward); replicas may have 0 rows.
-Tensor sync_batch_norm_training(ReplicaContext& ctx, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+DTRAIN_API Tensor sync_batch_norm_training(ReplicaContext& ctx, const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                 float epsilon, Tensor* batch_mean, Tensor* batch_var);
 }  // namespace ops
 }  // namespace dtrain

@@ -8,6 +8,8 @@
 // Writes from several replicas follow the variable's synchronization/aggregation (TF semantics).
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <functional>
 #include <memory>
 #include <string>
@@ -25,7 +27,7 @@ enum class VariableAggregation { kNone, kSum, kMean, kOnlyFirstReplica };
 // Produces the initial value on `device`. Initializers in model/initializers.h are seeded.
 using Initializer = std::function<Tensor(const Shape& shape, DType dtype, DeviceSpec device)>;
 
-struct VariableSpec {
+struct DTRAIN_API VariableSpec {
   std::string name;
   Shape shape;
   DType dtype = DType::kFloat32;
@@ -35,7 +37,7 @@ struct VariableSpec {
   VariableAggregation aggregation = VariableAggregation::kNone;
 };
 
-class Variable {
+class DTRAIN_API Variable {
  public:
   explicit Variable(VariableSpec spec) : spec_(std::move(spec)) {}
   virtual ~Variable() = default;
@@ -80,7 +82,7 @@ class Variable {
 };
 
 // A variable with exactly one copy on one device.
-class PlainVariable : public Variable {
+class DTRAIN_API PlainVariable : public Variable {
  public:
   PlainVariable(VariableSpec spec, DeviceSpec device);
   Tensor value() const override { return value_; }
@@ -94,6 +96,6 @@ class PlainVariable : public Variable {
 
 // Asks the innermost active strategy (or the default strategy) to create a variable.
 // Throws InvalidArgument if spec.initializer is empty or the shape has a negative dimension.
-std::shared_ptr<Variable> create_variable(const VariableSpec& spec);
+DTRAIN_API std::shared_ptr<Variable> create_variable(const VariableSpec& spec);
 
 }  // namespace dtrain

@@ -1,6 +1,8 @@
 // Maps the --strategy flag to an implementation.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,7 +13,7 @@
 
 namespace dtrain {
 
-struct StrategyOptions {
+struct DTRAIN_API StrategyOptions {
   // Replica devices, from parse_devices_flag(); empty = CPU:0.
   std::vector<DeviceSpec> devices;
   // mirrored / central_storage: cross-device ops, pack size, overlap, timeout (devices ignored).
@@ -21,9 +23,9 @@ struct StrategyOptions {
 };
 
 // The --strategy values this build accepts, e.g. {"default", "one_device"}.
-std::vector<std::string> strategy_names();
+DTRAIN_API std::vector<std::string> strategy_names();
 // Throws InvalidArgument naming the valid values for an unknown name, and for a device list the
 // strategy cannot use (e.g. one_device with two devices).
-std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyOptions& options);
+DTRAIN_API std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyOptions& options);
 
 }  // namespace dtrain

@@ -7,6 +7,8 @@
 // bitwise identical results, so with fixed intra-op threads repeated runs are bitwise identical.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <functional>
 #include <memory>
 
@@ -23,9 +25,9 @@ enum class CrossDeviceOps {
   kNccl,              // NCCL all-reduce (GPUs; needs a build with NCCL)
   kReduceToOneDevice  // copy to the first device, reduce there, copy back (always works)
 };
-const char* cross_device_ops_name(CrossDeviceOps ops);
+DTRAIN_API const char* cross_device_ops_name(CrossDeviceOps ops);
 
-struct MirroredOptions {
+struct DTRAIN_API MirroredOptions {
   std::vector<DeviceSpec> devices;            // empty: all GPUs, else CPU:0
   CrossDeviceOps cross_device_ops = CrossDeviceOps::kAuto;
   // Gradients are fused into packs of about this many bytes; a pack's all-reduce starts as soon as
@@ -36,7 +38,7 @@ struct MirroredOptions {
 };
 
 // What a per-replica input pipeline is told (TF's tf.distribute.InputContext).
-struct InputContext {
+struct DTRAIN_API InputContext {
   int num_input_pipelines = 1;
   int input_pipeline_id = 0;
   int num_replicas_in_sync = 1;
@@ -44,7 +46,7 @@ struct InputContext {
   int64_t get_per_replica_batch_size(int64_t global_batch_size) const;
 };
 
-class MirroredStrategy : public Strategy {
+class DTRAIN_API MirroredStrategy : public Strategy {
  public:
   explicit MirroredStrategy(MirroredOptions options = {});
   ~MirroredStrategy() override;
@@ -74,7 +76,7 @@ class MirroredStrategy : public Strategy {
 // once on the parameter device (the CPU by default); replicas compute on the compute devices with
 // copies read at the start of the step; gradients are summed across replicas and applied once,
 // to the central copy.
-class CentralStorageStrategy : public MirroredStrategy {
+class DTRAIN_API CentralStorageStrategy : public MirroredStrategy {
  public:
   CentralStorageStrategy(MirroredOptions compute, DeviceSpec parameter_device = DeviceSpec::cpu(0));
   std::string name() const override;

@@ -10,6 +10,8 @@
 // each worker keeps its whole batch and the workers agree to stop when any runs out.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -19,7 +21,7 @@
 
 namespace dtrain {
 
-struct CommunicationOptions {
+struct DTRAIN_API CommunicationOptions {
   // kRing: TCP ring between workers (TF_CONFIG / SLURM); kNccl: NCCL between the workers' GPUs, its
   // unique id sent over the authenticated TCP rendezvous (host values still use the ring); kAuto:
   // NCCL for GPU devices when built in, else the ring; kMpi: OpenMPI's collectives under mpirun.
@@ -32,7 +34,7 @@ struct CommunicationOptions {
 
 enum class AutoShardPolicy { kAuto, kData, kFile, kOff };
 
-class MultiWorkerMirroredStrategy : public MirroredStrategy {
+class DTRAIN_API MultiWorkerMirroredStrategy : public MirroredStrategy {
  public:
   // cluster: nullopt = TF_CONFIG from the environment. token: "" = DTRAIN_JOB_TOKEN.
   // Throws InvalidArgument for a missing/malformed TF_CONFIG, a ps/evaluator task, a missing

@@ -3,13 +3,15 @@
 // thread; inputs are copied to the device.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <memory>
 
 #include "dtrain/strategies/strategy.h"
 
 namespace dtrain {
 
-class OneDeviceStrategy : public Strategy {
+class DTRAIN_API OneDeviceStrategy : public Strategy {
  public:
   explicit OneDeviceStrategy(DeviceSpec device);
   ~OneDeviceStrategy() override;

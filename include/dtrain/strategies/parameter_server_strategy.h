@@ -22,6 +22,8 @@
 // Thread-safety: as Strategy. The servers serve any number of workers concurrently.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -37,17 +39,17 @@ namespace dtrain {
 // Results are clamped to [1, shape[0]] (scalars are never split).
 using Partitioner = std::function<int(const Shape& shape, DType dtype, int num_ps)>;
 // TF's FixedShardsPartitioner: exactly `num_shards` shards.
-Partitioner fixed_shards_partitioner(int num_shards);
+DTRAIN_API Partitioner fixed_shards_partitioner(int num_shards);
 // TF's MinSizePartitioner: as many shards as keep each at least min_shard_bytes, at most max_shards.
-Partitioner min_size_partitioner(int64_t min_shard_bytes = 256 << 10, int max_shards = 1);
+DTRAIN_API Partitioner min_size_partitioner(int64_t min_shard_bytes = 256 << 10, int max_shards = 1);
 // TF's MaxSizePartitioner: the fewest shards that keep each at most max_shard_bytes (at most
 // max_shards when > 0).
-Partitioner max_size_partitioner(int64_t max_shard_bytes, int max_shards = 0);
+DTRAIN_API Partitioner max_size_partitioner(int64_t max_shard_bytes, int max_shards = 0);
 // Rows of each shard when `rows` are split into `shards` (the first rows % shards get one more).
-std::vector<int64_t> shard_rows(int64_t rows, int shards);
+DTRAIN_API std::vector<int64_t> shard_rows(int64_t rows, int shards);
 
 // A variable split along axis 0 over parameter servers. value() is the whole variable.
-class ShardedVariable : public Variable {
+class DTRAIN_API ShardedVariable : public Variable {
  public:
   using Variable::Variable;
   virtual int num_shards() const = 0;
@@ -58,7 +60,7 @@ class ShardedVariable : public Variable {
   virtual Tensor read_shard(int i) const = 0;
 };
 
-struct ParameterServerOptions {
+struct DTRAIN_API ParameterServerOptions {
   Partitioner partitioner;          // empty: every variable whole on one server
   int max_staleness = -1;           // >= 0: a worker waits while it is more steps ahead of the slowest
   std::string checkpoint_dir;       // empty: no checkpoints (DTRAIN_CHECKPOINT_DIR overrides)
@@ -68,7 +70,7 @@ struct ParameterServerOptions {
   std::chrono::milliseconds join_timeout{std::chrono::minutes(30)};      // chief waiting for workers
 };
 
-class ParameterServerStrategy : public OneDeviceStrategy {
+class DTRAIN_API ParameterServerStrategy : public OneDeviceStrategy {
  public:
   // cluster: nullopt = TF_CONFIG. token: "" = DTRAIN_JOB_TOKEN. Throws InvalidArgument for a
   // cluster without ps tasks or a ps task (run serve_parameter_server() there), a missing token;
@@ -102,6 +104,6 @@ class ParameterServerStrategy : public OneDeviceStrategy {
 
 // Runs a parameter server for task `cluster` (a ps task) until SIGTERM/SIGINT, then returns.
 // Throws InvalidArgument when the task is not a ps task, Unavailable when its address cannot be bound.
-void serve_parameter_server(const ClusterResolution& cluster, std::string token = "");
+DTRAIN_API void serve_parameter_server(const ClusterResolution& cluster, std::string token = "");
 
 }  // namespace dtrain

@@ -13,6 +13,8 @@
 // the replica functions concurrently, one per replica thread.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <functional>
 #include <memory>
 #include <optional>
@@ -29,7 +31,7 @@ class Strategy;
 class Dataset;
 
 // Values that differ per replica: values[replica][k] is output k of replica `replica`.
-struct PerReplica {
+struct DTRAIN_API PerReplica {
   std::vector<std::vector<Tensor>> values;
   // For batches from distribute_dataset: the rows of this step's global batch over all workers
   // (-1 when unknown). compute_average_loss should divide by it.
@@ -38,7 +40,7 @@ struct PerReplica {
 };
 
 // What one replica sees inside Strategy::run.
-class ReplicaContext {
+class DTRAIN_API ReplicaContext {
  public:
   virtual ~ReplicaContext() = default;
   virtual Strategy& strategy() const = 0;
@@ -60,13 +62,13 @@ class ReplicaContext {
 // The replica context of the calling thread: inside run() the replica's; outside any strategy
 // the default strategy's single replica; nullptr in cross-replica context of a non-default
 // strategy (as TF's tf.distribute.get_replica_context()).
-ReplicaContext* get_replica_context();
+DTRAIN_API ReplicaContext* get_replica_context();
 // The innermost strategy in scope on this thread, or the default strategy.
-Strategy& get_strategy();
-bool has_strategy();  // true when some non-default strategy is in scope
+DTRAIN_API Strategy& get_strategy();
+DTRAIN_API bool has_strategy();  // true when some non-default strategy is in scope
 
 // RAII guard returned by Strategy::scope(); pops the strategy when destroyed.
-class StrategyScope {
+class DTRAIN_API StrategyScope {
  public:
   explicit StrategyScope(Strategy* s);
   ~StrategyScope();
@@ -80,7 +82,7 @@ class StrategyScope {
 
 using ReplicaFn = std::function<std::vector<Tensor>(ReplicaContext& ctx, const std::vector<Tensor>& inputs)>;
 
-class Strategy {
+class DTRAIN_API Strategy {
  public:
   virtual ~Strategy() = default;
   Strategy(const Strategy&) = delete;
@@ -143,7 +145,7 @@ class Strategy {
   virtual PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch) = 0;
   // Multi-worker strategies combine the local reduction with the other workers' (SUM, and the
   // example counts for MEAN). Default: nothing to combine.
-  virtual void reduce_across_workers(std::vector<Tensor>& sums, std::vector<int64_t>& counts) {}
+  virtual void reduce_across_workers(std::vector<Tensor>& /*sums*/, std::vector<int64_t>& /*counts*/) {}
   // Called by distribute_dataset for every step: multi-worker strategies make all workers agree to
   // stop when any one runs out of data. Returns whether this step runs.
   virtual bool agree_on_next(bool have_batch) { return have_batch; }
@@ -152,6 +154,6 @@ class Strategy {
 // How TF's rebatching splits `rows` (<= global_batch) over replicas: each takes up to
 // ceil(global_batch / num_replicas) rows in replica order, so a last batch of 6 at global batch 8
 // on 2 replicas is 4/2 and on 4 replicas 2/2/2/0. Replicas may get 0 rows.
-std::vector<int64_t> split_batch_sizes(int64_t rows, int64_t global_batch, int num_replicas);
+DTRAIN_API std::vector<int64_t> split_batch_sizes(int64_t rows, int64_t global_batch, int num_replicas);
 
 }  // namespace dtrain

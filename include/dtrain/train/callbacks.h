@@ -2,6 +2,8 @@
 // jobs only the chief prints.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -9,7 +11,7 @@
 
 namespace dtrain {
 
-struct TrainLogs {
+struct DTRAIN_API TrainLogs {
   int epoch = 0;                // 0-based
   int epochs = 0;
   int64_t step = 0;             // steps done in this epoch
@@ -21,7 +23,7 @@ struct TrainLogs {
   double test_loss = -1;
 };
 
-class Callback {
+class DTRAIN_API Callback {
  public:
   virtual ~Callback() = default;
   virtual void on_train_begin(const TrainLogs&) {}
@@ -33,7 +35,7 @@ class Callback {
 
 // A progress bar with loss and images/sec on a terminal; plain periodic lines otherwise (logs,
 // CI). Writes to `out` (stdout by default).
-class ProgressBar : public Callback {
+class DTRAIN_API ProgressBar : public Callback {
  public:
   explicit ProgressBar(FILE* out = stdout);
   void on_epoch_begin(const TrainLogs& logs) override;

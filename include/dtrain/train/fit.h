@@ -3,6 +3,8 @@
 // step (GradientTape, compute_average_loss, apply_gradients) with strategy.run, and evaluates.
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -18,7 +20,7 @@ namespace dtrain {
 // Per-example loss from (predictions, labels).
 using LossFn = std::function<Tensor(const Tensor& predictions, const Tensor& labels)>;
 
-struct FitOptions {
+struct DTRAIN_API FitOptions {
   int epochs = 1;
   int64_t steps = 0;                 // > 0: stop after this many steps in total (repeats data)
   int64_t global_batch_size = 64;    // split over num_replicas_in_sync
@@ -30,7 +32,7 @@ struct FitOptions {
   std::vector<Callback*> callbacks;
 };
 
-struct History {
+struct DTRAIN_API History {
   std::vector<double> epoch_loss;
   int64_t steps = 0;
   double final_loss = 0;          // mean loss of the last epoch (or of the steps run)
@@ -40,14 +42,14 @@ struct History {
 };
 
 // train: unbatched (features [N,...], labels [N]); test: unbatched or nullptr.
-History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const Dataset& train,
+DTRAIN_API History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const Dataset& train,
             const Dataset* test, const FitOptions& options);
 
-struct EvalResult {
+struct DTRAIN_API EvalResult {
   double accuracy = 0, loss = 0;
   int64_t examples = 0;
 };
-EvalResult evaluate(Strategy& strategy, Sequential& model, const Dataset& test, int64_t batch_size,
+DTRAIN_API EvalResult evaluate(Strategy& strategy, Sequential& model, const Dataset& test, int64_t batch_size,
                     const LossFn& loss = {});
 
 }  // namespace dtrain

@@ -12,6 +12,8 @@
 // Thread-safety: one thread runs run(); `stop` may be set from anywhere (e.g. a signal handler).
 #pragma once
 
+#include "dtrain/core/export.h"
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -25,7 +27,7 @@
 
 namespace dtrain {
 
-struct SidecarEvaluatorOptions {
+struct DTRAIN_API SidecarEvaluatorOptions {
   std::string checkpoint_dir;
   int64_t batch_size = 1000;
   std::chrono::milliseconds poll{std::chrono::milliseconds(250)};
@@ -37,13 +39,13 @@ struct SidecarEvaluatorOptions {
   bool json = false;        // the lines as JSON objects
 };
 
-struct SidecarResult {
+struct DTRAIN_API SidecarResult {
   int64_t step = 0;
   bool final = false;
   EvalResult eval;
 };
 
-class SidecarEvaluator {
+class DTRAIN_API SidecarEvaluator {
  public:
   // The model must be built (its variables exist). Throws InvalidArgument otherwise.
   SidecarEvaluator(Sequential& model, Dataset test, SidecarEvaluatorOptions options);

@@ -1,0 +1,44 @@
+# Builds and runs tests/consumer against dtrain both ways a CMake user does (run by CTest):
+#   cmake -DDTRAIN_BUILD_DIR=<dtrain build> -DDTRAIN_SOURCE_DIR=<checkout> -DWORK_DIR=<scratch>
+#         -DMODE=install|subdirectory -P check.cmake
+# install: `cmake --install` into a prefix, then find_package(dtrain) from there.
+# subdirectory: add_subdirectory() of the source tree (a full build of libdtrain, CUDA and MPI off).
+cmake_minimum_required(VERSION 3.25)
+foreach(v DTRAIN_BUILD_DIR DTRAIN_SOURCE_DIR WORK_DIR MODE)
+  if(NOT DEFINED ${v})
+    message(FATAL_ERROR "check.cmake: -D${v}=... is required")
+  endif()
+endforeach()
+set(consumer ${DTRAIN_SOURCE_DIR}/tests/consumer)
+file(REMOVE_RECURSE ${WORK_DIR})
+file(MAKE_DIRECTORY ${WORK_DIR})
+
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    string(REPLACE ";" " " cmd "${ARGN}")
+    message(FATAL_ERROR "failed (${rc}): ${cmd}")
+  endif()
+endfunction()
+
+cmake_host_system_information(RESULT cores QUERY NUMBER_OF_LOGICAL_CORES)
+if(MODE STREQUAL "install")
+  run(${CMAKE_COMMAND} --install ${DTRAIN_BUILD_DIR} --prefix ${WORK_DIR}/prefix)
+  foreach(f include/dtrain/dtrain.h include/dtrain/core/export.h bin/dtrain-run bin/dtrain-ps bin/dtrain-bench
+            lib/cmake/dtrain/dtrainConfig.cmake lib/cmake/dtrain/dtrainConfigVersion.cmake
+            lib/cmake/dtrain/dtrainTargets.cmake)
+    if(NOT EXISTS ${WORK_DIR}/prefix/${f})
+      message(FATAL_ERROR "cmake --install did not install ${f}")
+    endif()
+  endforeach()
+  run(${CMAKE_COMMAND} -S ${consumer} -B ${WORK_DIR}/build -DCMAKE_BUILD_TYPE=Release
+      -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+elseif(MODE STREQUAL "subdirectory")
+  run(${CMAKE_COMMAND} -S ${consumer} -B ${WORK_DIR}/build -DCMAKE_BUILD_TYPE=Release
+      -DDTRAIN_SOURCE_DIR=${DTRAIN_SOURCE_DIR} -DDTRAIN_WITH_CUDA=OFF -DDTRAIN_WITH_MPI=OFF)
+else()
+  message(FATAL_ERROR "MODE must be install or subdirectory, got '${MODE}'")
+endif()
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/build -j ${cores})
+run(${WORK_DIR}/build/consumer)
+message(STATUS "consumer project built and ran (${MODE})")

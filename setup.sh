@@ -3,6 +3,7 @@
 #   ./setup.sh demo   trains the reference CNN on Fashion-MNIST
 #   ./setup.sh test   runs the whole test suite (what CI runs)
 #   ./setup.sh build  only builds
+#   ./setup.sh deps   only installs the missing packages
 # Environment: BUILD_DIR (default build), JOBS (default: number of cores), DTRAIN_WITH_CUDA
 # (AUTO/ON/OFF; AUTO compiles the CUDA device when nvcc and cuDNN are present), CTEST_ARGS (extra ctest
 # arguments, e.g. "-L unit").
@@ -10,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 what=${1:-demo}
-case "$what" in demo|test|build) ;; *) echo "usage: $0 demo|test|build" >&2; exit 2;; esac
+case "$what" in demo|test|build|deps) ;; *) echo "usage: $0 demo|test|build|deps" >&2; exit 2;; esac
 
 # Debian 12 package names. Debian's oneDNN (libdnnl-dev) is built with its OpenCL GPU runtime, so its
 # CMake config (dnnl-config.cmake) needs the OpenCL headers and ICD loader to be found.
@@ -44,6 +45,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   "${sudo[@]}" apt-get update -qq
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+[ "$what" = deps ] && { echo "setup.sh: all ${#packages[@]} packages are installed"; exit 0; }
 
 build=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}

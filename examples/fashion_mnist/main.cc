@@ -58,9 +58,13 @@ int main(int argc, char** argv) {
     opts.devices = dtrain::parse_devices_flag(devices_flag, threads);
     if (ps_shards > 0) ps.partitioner = dtrain::fixed_shards_partitioner(ps_shards);
     opts.parameter_server = ps;
-    if (auto task = dtrain::from_environment(); task && task->task_type() == dtrain::TaskType::kEvaluator) {
-      // The evaluator task of a job (TF's sidecar evaluation): evaluates each checkpoint the chief
-      // writes, until the final one, on plain variables of its own.
+
+    // One binary for every task of a job: run_task() serves a ps task, calls evaluate on an
+    // evaluator task and train on the chief and the workers.
+    dtrain::TaskFunctions task;
+    task.evaluate = [&](const dtrain::TaskInfo& info) {
+      // TF's sidecar evaluation: evaluates each checkpoint the chief writes, until the final one,
+      // on plain variables of its own.
       std::signal(SIGTERM, [](int) { g_stop = true; });
       const dtrain::FashionMnist data = dtrain::load_fashion_mnist(data_dir);
       dtrain::Sequential model = dtrain::examples::reference_cnn();
@@ -68,52 +72,54 @@ int main(int argc, char** argv) {
       dims[0] = 1;
       model.build(dtrain::Shape(dims));
       dtrain::SidecarEvaluatorOptions so;
-      so.checkpoint_dir = ps.checkpoint_dir;
-      if (const char* d = std::getenv("DTRAIN_CHECKPOINT_DIR"); d && *d) so.checkpoint_dir = d;
+      so.checkpoint_dir = info.checkpoint_dir;
       so.stop = &g_stop;
       so.json = json;
       dtrain::SidecarEvaluator(model, dtrain::Dataset::from_tensors({data.test_images, data.test_labels}), so).run();
-      return 0;
-    }
-    auto strategy = dtrain::make_strategy(strategy_name, opts);
-    const dtrain::FashionMnist data = dtrain::load_fashion_mnist(data_dir);
+    };
+    task.train = [&](dtrain::Strategy& strategy) {
+      const dtrain::FashionMnist data = dtrain::load_fashion_mnist(data_dir);
+      dtrain::Sequential model;
+      std::unique_ptr<dtrain::Optimizer> optimizer;
+      {
+        auto scope = strategy.scope();
+        model = dtrain::examples::reference_cnn();
+        optimizer = std::make_unique<dtrain::Adam>(lr);
+      }
+      std::fprintf(stderr, "strategy %s, %d replica(s) in sync; local devices:", strategy.name().c_str(),
+                   strategy.num_replicas_in_sync());
+      for (const auto& d : strategy.worker_devices())
+        std::fprintf(stderr, " %s", dtrain::get_device(d).description().c_str());
+      std::fprintf(stderr, "\n");
 
-    dtrain::Sequential model;
-    std::unique_ptr<dtrain::Optimizer> optimizer;
-    {
-      auto scope = strategy->scope();
-      model = dtrain::examples::reference_cnn();
-      optimizer = std::make_unique<dtrain::Adam>(lr);
-    }
-    std::fprintf(stderr, "strategy %s, %d replica(s) in sync; local devices:", strategy->name().c_str(), strategy->num_replicas_in_sync());
-    for (const auto& d : strategy->worker_devices())
-      std::fprintf(stderr, " %s", dtrain::get_device(d).description().c_str());
-    std::fprintf(stderr, "\n");
-
-    const auto train = dtrain::Dataset::from_tensors({data.train_images, data.train_labels});
-    const auto test = dtrain::Dataset::from_tensors({data.test_images, data.test_labels});
-    dtrain::ProgressBar progress(json ? stderr : stdout);
-    dtrain::FitOptions fit;
-    fit.epochs = epochs;
-    fit.steps = steps;
-    fit.global_batch_size = batch;
-    fit.shuffle_seed = seed;
-    if (strategy->is_chief()) fit.callbacks = {&progress};  // multi-worker: the chief reports
-    fit.warmup_steps = warmup;
-    const dtrain::History h = dtrain::fit(*strategy, model, *optimizer, train, no_eval ? nullptr : &test, fit);
-    if (json && (strategy->is_chief() || strategy->job_step() >= 0)) {  // async workers: each its own
-      nlohmann::json j{{"strategy", strategy_name},
-                       {"replicas", strategy->num_replicas_in_sync()},
-                       {"devices", devices_flag},
-                       {"steps", h.steps},
-                       {"job_step", strategy->job_step() >= 0 ? nlohmann::json(strategy->job_step()) : nlohmann::json()},
-                       {"global_batch", batch},
-                       {"images_per_sec", h.images_per_sec},
-                       {"final_loss", h.final_loss},
-                       {"test_accuracy", no_eval ? nlohmann::json() : nlohmann::json(h.test_accuracy)},
-                       {"test_loss", no_eval ? nlohmann::json() : nlohmann::json(h.test_loss)}};
-      std::printf("%s\n", j.dump().c_str());
-    }
+      const auto train = dtrain::Dataset::from_tensors({data.train_images, data.train_labels});
+      const auto test = dtrain::Dataset::from_tensors({data.test_images, data.test_labels});
+      dtrain::ProgressBar progress(json ? stderr : stdout);
+      dtrain::FitOptions fit;
+      fit.epochs = epochs;
+      fit.steps = steps;
+      fit.global_batch_size = batch;
+      fit.shuffle_seed = seed;
+      const dtrain::StrategyExtended& ext = strategy.extended();
+      if (ext.is_chief()) fit.callbacks = {&progress};  // multi-worker: the chief reports
+      fit.warmup_steps = warmup;
+      const dtrain::History h = dtrain::fit(strategy, model, *optimizer, train, no_eval ? nullptr : &test, fit);
+      if (json && (ext.is_chief() || !ext.synchronous())) {  // async workers: each its own
+        const std::optional<int64_t> job_step = ext.job_step();
+        nlohmann::json j{{"strategy", strategy_name},
+                         {"replicas", strategy.num_replicas_in_sync()},
+                         {"devices", devices_flag},
+                         {"steps", h.steps},
+                         {"job_step", job_step ? nlohmann::json(*job_step) : nlohmann::json()},
+                         {"global_batch", batch},
+                         {"images_per_sec", h.images_per_sec},
+                         {"final_loss", h.final_loss},
+                         {"test_accuracy", no_eval ? nlohmann::json() : nlohmann::json(h.test_accuracy)},
+                         {"test_loss", no_eval ? nlohmann::json() : nlohmann::json(h.test_loss)}};
+        std::printf("%s\n", j.dump().c_str());
+      }
+    };
+    dtrain::run_task(strategy_name, opts, task);
   } catch (const dtrain::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

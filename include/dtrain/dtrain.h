@@ -23,6 +23,8 @@
 #include "dtrain/strategies/one_device_strategy.h"
 #include "dtrain/strategies/parameter_server_strategy.h"
 #include "dtrain/strategies/strategy.h"
+#include "dtrain/strategies/strategy_extended.h"
 #include "dtrain/train/callbacks.h"
 #include "dtrain/train/fit.h"
+#include "dtrain/train/run_task.h"
 #include "dtrain/train/sidecar_evaluator.h"

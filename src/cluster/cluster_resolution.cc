@@ -1,3 +1,4 @@
+#include <cstdlib>
 #include <limits>
 
 #include "cluster/cluster_util.h"
@@ -168,6 +169,26 @@ std::vector<int> gpus_for_local_rank(int local_rank, int local_size, int num_gpu
   std::vector<int> gpus;
   for (int k = 0; k < per_rank; ++k) gpus.push_back(local_rank + k * local_size);
   return gpus;
+}
+
+std::optional<ClusterResolution> resolve_cluster(bool mpi) {
+  // The MPI transport wires the ranks itself; the resolution still wants a rendezvous address,
+  // which nothing dials.
+  if (mpi) return resolve_openmpi("127.0.0.1:1");
+  if (std::optional<ClusterResolution> tf = from_environment()) return tf;
+  if (std::getenv("SLURM_PROCID")) return resolve_slurm();  // srun without TF_CONFIG
+  return std::nullopt;
+}
+
+std::string resolve_job_token(std::string token) {
+  if (token.empty()) {
+    const char* env = std::getenv("DTRAIN_JOB_TOKEN");
+    token = env ? env : "";
+  }
+  if (token.empty())
+    throw InvalidArgument("DTRAIN_JOB_TOKEN is not set: every task of a multi-process job must share a secret token "
+                          "(dtrain-run generates one; or export DTRAIN_JOB_TOKEN=$(openssl rand -hex 32) on every task)");
+  return token;
 }
 
 }  // namespace dtrain

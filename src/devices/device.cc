@@ -14,6 +14,7 @@ struct Registry {
   std::mutex mu;
   DeviceConfig config;
   bool frozen = false;  // set by configure_devices() or the first device creation
+  bool configured = false;  // configure_devices() has been called (not only defaults used)
   std::vector<std::unique_ptr<Device>> cpus;
   std::vector<std::unique_ptr<Device>> gpus;
   bool gpus_probed = false;
@@ -62,12 +63,20 @@ void configure_devices(const DeviceConfig& config) {
     if (config.num_cpu_devices == r.config.num_cpu_devices &&
         threads_per_cpu(config) == threads_per_cpu(r.config))
       return;
-    throw FailedPrecondition("devices are already in use with " +
-                             std::to_string(r.config.num_cpu_devices) +
-                             " logical CPU device(s); call configure_devices() (or pass --devices) "
-                             "before creating any tensor or strategy");
+    const std::string have = std::to_string(r.config.num_cpu_devices) + " logical CPU device(s) with " +
+                             std::to_string(threads_per_cpu(r.config)) + " thread(s) each";
+    const std::string want = std::to_string(config.num_cpu_devices) + " with " +
+                             std::to_string(threads_per_cpu(config)) + " thread(s) each";
+    if (r.configured)
+      throw FailedPrecondition("the device layout was already configured in this process (" + have +
+                               ") and cannot change to " + want + ": the layout is set once per process; call "
+                               "configure_devices() (or parse_devices_flag / --devices) once and reuse its devices");
+    throw FailedPrecondition("devices are already in use with the default layout (" + have + "), so it cannot "
+                             "change to " + want + ": call configure_devices() (or pass --devices) before "
+                             "creating any tensor or strategy");
   }
   r.config = config;
+  r.configured = true;
   r.frozen = true;  // tensors may already name these devices: the layout is fixed from here on
 }
 

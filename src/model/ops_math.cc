@@ -101,7 +101,7 @@ void same_device(const char* op, const Tensor& a, const Tensor& b) {
   if (a.device() != b.device())
     throw InvalidArgument(std::string(op) + ": operands are on different devices (" +
                           a.device().to_string() + " and " + b.device().to_string() +
-                          "); move one with .to(device)");
+                          "); if one is a model weight, the model was built outside the strategy.scope() that runs it (build the model and optimizer inside that scope); otherwise move one with .to(device)");
 }
 
 Tensor add(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::kAdd, "add", a, b); }

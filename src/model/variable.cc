@@ -1,8 +1,22 @@
 #include "dtrain/model/variable.h"
 
+#include "dtrain/strategies/strategy.h"
+
 #include "dtrain/devices/device.h"
 
 namespace dtrain {
+
+void Variable::check_strategy(const char* use) const {
+  if (strategy_id_ == 0) return;  // made directly, not through create_variable(): no owner to check
+  std::string running_name;
+  const uint64_t running = detail::running_strategy_id(&running_name);
+  if (running == 0 || running == strategy_id_) return;
+  throw FailedPrecondition("variable '" + name() + "' belongs to " + strategy_name_ + " but is " + use +
+                           " inside the run() of " + running_name +
+                           ": a variable is only usable under the strategy that made it. Build the model and the "
+                           "optimizer inside the training strategy's scope ({ auto scope = strategy.scope(); "
+                           "model = ...; optimizer = ...; }) and train them with that strategy");
+}
 
 void Variable::apply_remote_update(const std::string&, const Tensor&) {
   throw Internal("apply_remote_update called on variable '" + name() + "', which is updated locally");

@@ -1,21 +1,66 @@
 #include "dtrain/strategies/make_strategy.h"
 
-#include "dtrain/strategies/mirrored_strategy.h"
-#include "dtrain/strategies/multi_worker_mirrored_strategy.h"
-#include "dtrain/strategies/one_device_strategy.h"
-#include "dtrain/strategies/parameter_server_strategy.h"
-#include "dtrain/core/logging.h"
+#include <algorithm>
 #include <cstdlib>
 
+#include "dtrain/core/logging.h"
+#include "dtrain/strategies/one_device_strategy.h"
 #include "strategies/default_strategy.h"
 
 namespace dtrain {
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+}  // namespace
+
+StrategyOptions apply_environment(StrategyOptions o) {
+  using Impl = CommunicationOptions::Implementation;
+  if (o.environment_applied) return o;
+  o.environment_applied = true;
+  if (const char* v = env("DTRAIN_COLLECTIVE")) {
+    const std::string s = v;
+    if (s == "mpi") o.communication.implementation = Impl::kMpi;
+    else if (s == "nccl") o.communication.implementation = Impl::kNccl;
+    else if (s == "ring") o.communication.implementation = Impl::kRing;
+    else
+      throw InvalidArgument("DTRAIN_COLLECTIVE='" + s + "': valid values are ring (TCP), nccl (GPUs; the default "
+                            "for GPU devices) and mpi (OpenMPI, when launched by mpirun)");
+  }
+  if (const char* v = env("DTRAIN_RENDEZVOUS_TIMEOUT")) {  // seconds
+    char* end = nullptr;
+    const long secs = std::strtol(v, &end, 10);
+    if (end == v || *end != '\0' || secs < 1)
+      throw InvalidArgument(std::string("DTRAIN_RENDEZVOUS_TIMEOUT='") + v + "' must be a positive number of seconds");
+    o.communication.connect_timeout = std::chrono::seconds(secs);
+  }
+  if (const char* v = env("DTRAIN_CHECKPOINT_DIR")) o.parameter_server.checkpoint_dir = v;
+  if (o.job_token.empty())
+    if (const char* v = env("DTRAIN_JOB_TOKEN")) o.job_token = v;
+  if (!o.cluster) o.cluster = resolve_cluster(o.communication.implementation == Impl::kMpi);
+  return o;
+}
 
 std::vector<std::string> strategy_names() {
   return {"default", "one_device", "mirrored", "central_storage", "multi_worker_mirrored", "parameter_server"};
 }
 
-std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyOptions& options) {
+std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyOptions& given) {
+  const std::vector<std::string> names = strategy_names();
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
+    std::string valid;
+    for (const auto& n : names) valid += (valid.empty() ? "" : ", ") + n;
+    throw InvalidArgument("unknown --strategy '" + name + "'; valid values: " + valid);
+  }
+  const StrategyOptions options = apply_environment(given);
+  if (options.cluster && !options.cluster->is_training_worker())
+    throw FailedPrecondition("this process is task " + options.cluster->task_name() + " of its job (" +
+                             options.cluster->source() + "), which does not train, so make_strategy(\"" + name +
+                             "\") has nothing to build: start every task through dtrain::run_task(), which serves "
+                             "a ps task and runs an evaluator's evaluate function");
   const std::vector<DeviceSpec> devices =
       options.devices.empty() ? std::vector<DeviceSpec>{DeviceSpec::cpu(0)} : options.devices;
   if (name == "default") return std::make_unique<DefaultStrategy>();
@@ -34,40 +79,16 @@ std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyO
   if (name == "multi_worker_mirrored") {
     MirroredOptions m = options.mirrored;
     m.devices = options.devices;
-    CommunicationOptions c;
+    CommunicationOptions c = options.communication;
     c.bytes_per_pack = m.bytes_per_pack;
-    if (const char* impl = std::getenv("DTRAIN_COLLECTIVE")) {  // ring (default) or mpi
-      const std::string v = impl;
-      if (v == "mpi") c.implementation = CommunicationOptions::Implementation::kMpi;
-      else if (v == "nccl") c.implementation = CommunicationOptions::Implementation::kNccl;
-      else if (v == "ring") c.implementation = CommunicationOptions::Implementation::kRing;
-      else if (!v.empty())
-        throw InvalidArgument("DTRAIN_COLLECTIVE='" + v + "': valid values are ring (TCP), nccl (GPUs; the default "
-                              "for GPU devices) and mpi (OpenMPI, when launched by mpirun)");
-    }
-    if (const char* t = std::getenv("DTRAIN_RENDEZVOUS_TIMEOUT")) {  // seconds
-      const int secs = std::atoi(t);
-      if (secs < 1) throw InvalidArgument(std::string("DTRAIN_RENDEZVOUS_TIMEOUT='") + t + "' must be a positive number of seconds");
-      c.connect_timeout = std::chrono::seconds(secs);
-    }
-    return std::make_unique<MultiWorkerMirroredStrategy>(m, c);  // cluster from TF_CONFIG, token from DTRAIN_JOB_TOKEN
+    return std::make_unique<MultiWorkerMirroredStrategy>(m, c, options.cluster, options.job_token);
   }
-  if (name == "parameter_server") {
-    auto cluster = from_environment();
-    if (cluster && cluster->task_type() == TaskType::kPs) {
-      // The same binary started as a ps task serves variables until told to stop (as TF's
-      // tf.distribute.Server(...).join()), and the process ends there.
-      serve_parameter_server(*cluster);
-      std::exit(0);
-    }
-    if (devices.size() != 1)
-      throw InvalidArgument("--strategy=parameter_server trains on one device per worker but --devices gave " +
-                            std::to_string(devices.size()) + "; pass --devices=cpu or --devices=gpu:0");
-    return std::make_unique<ParameterServerStrategy>(options.parameter_server, devices[0], std::move(cluster));
-  }
-  std::string valid;
-  for (const auto& n : strategy_names()) valid += (valid.empty() ? "" : ", ") + n;
-  throw InvalidArgument("unknown --strategy '" + name + "'; valid values: " + valid);
+  // parameter_server
+  if (devices.size() != 1)
+    throw InvalidArgument("--strategy=parameter_server trains on one device per worker but --devices gave " +
+                          std::to_string(devices.size()) + "; pass --devices=cpu or --devices=gpu:0");
+  return std::make_unique<ParameterServerStrategy>(options.parameter_server, devices[0], options.cluster,
+                                                   options.job_token);
 }
 
 }  // namespace dtrain

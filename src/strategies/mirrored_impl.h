@@ -7,6 +7,7 @@
 #include "dtrain/collectives/communicator.h"
 #include "dtrain/model/gradient_tape.h"
 #include "dtrain/strategies/mirrored_strategy.h"
+#include "dtrain/strategies/strategy_extended.h"
 
 namespace dtrain {
 
@@ -72,11 +73,11 @@ struct MirroredStrategy::Impl {
   MirroredOptions options;
   CrossDeviceOps chosen = CrossDeviceOps::kInproc;
   std::vector<DeviceSpec> devices;
-  // Multi-worker: this worker's first global replica id, and the replicas of the whole job.
-  int replica_offset = 0;
-  int global_replicas = 0;  // 0: local only
-  // Called after make_group() so a multi-worker strategy can wrap the local communicators.
-  std::function<void()> on_group_made;
+  // The other workers of a multi-worker job (null for one process): spans each replica's
+  // communicator over the job; replica ids and counts are global.
+  std::shared_ptr<CrossWorkerOps> cross;
+  int replica_offset = 0;   // this worker's first global replica id
+  int global_replicas = 1;  // replicas of the whole job
   std::vector<std::unique_ptr<Communicator>> comms;         // one per replica
   std::vector<std::unique_ptr<WorkerThread>> comm_threads;  // one per replica: collectives in FIFO order
   std::vector<std::unique_ptr<MirroredReplicaContext>> contexts;

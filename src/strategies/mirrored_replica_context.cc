@@ -12,7 +12,7 @@ MirroredReplicaContext::MirroredReplicaContext(MirroredStrategy* s, MirroredStra
 
 Strategy& MirroredReplicaContext::strategy() const { return *strategy_; }
 int MirroredReplicaContext::num_replicas_in_sync() const {
-  return impl_->global_replicas ? impl_->global_replicas : static_cast<int>(impl_->devices.size());
+  return impl_->global_replicas;
 }
 int MirroredReplicaContext::replica_id_in_sync_group() const { return impl_->replica_offset + replica_; }
 DeviceSpec MirroredReplicaContext::device() const { return impl_->devices[static_cast<size_t>(replica_)]; }

@@ -22,36 +22,46 @@ const char* cross_device_ops_name(CrossDeviceOps ops) {
   return "?";
 }
 
-int64_t InputContext::get_per_replica_batch_size(int64_t global_batch_size) const {
-  if (global_batch_size % num_replicas_in_sync != 0)
-    throw InvalidArgument("global batch size " + std::to_string(global_batch_size) +
-                          " is not divisible by the " + std::to_string(num_replicas_in_sync) + " replicas");
-  return global_batch_size / num_replicas_in_sync;
-}
-
 void MirroredStrategy::Impl::make_group() {
   CollectiveOptions co;
   co.timeout = options.timeout;
   comms = make_cross_device_group(devices, options.cross_device_ops, co, &chosen);
-  if (on_group_made) on_group_made();
+  if (cross)
+    for (auto& c : comms) c = cross->span_workers(std::move(c), static_cast<int>(devices.size()));
 }
 
-MirroredStrategy::MirroredStrategy(MirroredOptions options) : impl_(std::make_unique<Impl>()) {
-  Impl& m = *impl_;
-  m.options = options;
-  m.devices = options.devices;
-  if (m.devices.empty()) {
-    m.devices = list_devices(DeviceType::kCUDA);
-    if (m.devices.empty()) m.devices = {DeviceSpec::cpu(0)};
+std::vector<DeviceSpec> mirrored_devices(const MirroredOptions& options) {
+  std::vector<DeviceSpec> devices = options.devices;
+  if (devices.empty()) {
+    devices = list_devices(DeviceType::kCUDA);
+    if (devices.empty()) devices = {DeviceSpec::cpu(0)};
   }
-  for (size_t i = 0; i < m.devices.size(); ++i) {
-    get_device(m.devices[i]);  // fails now, listing what exists
+  for (size_t i = 0; i < devices.size(); ++i) {
+    get_device(devices[i]);  // fails now, listing what exists
     for (size_t j = 0; j < i; ++j)
-      if (m.devices[i] == m.devices[j])
-        throw InvalidArgument("MirroredStrategy: device " + m.devices[i].to_string() +
+      if (devices[i] == devices[j])
+        throw InvalidArgument("MirroredStrategy: device " + devices[i].to_string() +
                               " is listed twice; each replica needs its own device (use --devices=cpu:N)");
   }
+  return devices;
+}
+
+MirroredStrategy::MirroredStrategy(MirroredOptions options) : MirroredStrategy(std::move(options), StrategyExtended()) {}
+
+MirroredStrategy::MirroredStrategy(MirroredOptions options, StrategyExtended parts) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.options = options;
+  m.devices = mirrored_devices(options);
+  const int local = static_cast<int>(m.devices.size());
+  if (parts.cross_worker()) {
+    m.cross = parts.shared_cross_worker();
+    m.replica_offset = parts.worker_rank() * local;
+    m.global_replicas = parts.num_workers() * local;
+  } else {
+    m.global_replicas = local;
+  }
   if (options.bytes_per_pack == 0) m.options.bytes_per_pack = ~size_t{0};  // 0 = one pack
+  assemble(std::move(parts));
   m.make_group();
   m.exchange.resize(m.devices.size());
   for (size_t r = 0; r < m.devices.size(); ++r) {
@@ -68,9 +78,7 @@ std::string MirroredStrategy::name() const {
   return s + ")";
 }
 
-int MirroredStrategy::num_replicas_in_sync() const {
-  return impl_->global_replicas ? impl_->global_replicas : static_cast<int>(impl_->devices.size());
-}
+int MirroredStrategy::num_replicas_in_sync() const { return impl_->global_replicas; }
 std::vector<DeviceSpec> MirroredStrategy::worker_devices() const { return impl_->devices; }
 CrossDeviceOps MirroredStrategy::cross_device_ops() const { return impl_->chosen; }
 
@@ -135,48 +143,42 @@ PerReplica MirroredStrategy::do_run(const ReplicaFn& fn, const PerReplica& input
 }
 
 std::shared_ptr<Variable> MirroredStrategy::do_create_variable(const VariableSpec& spec) {
-  return std::make_shared<MirroredVariable>(spec, this, impl_->devices, impl_->replica_offset);
+  auto v = std::make_shared<MirroredVariable>(spec, this, impl_->devices, impl_->replica_offset);
+  if (impl_->cross && impl_->cross->num_workers() > 1) {  // every worker starts from the chief's values
+    Tensor h = v->device_values()[0].to(DeviceSpec::cpu()).clone();
+    impl_->cross->broadcast_from_chief(h);
+    for (Tensor copy : v->device_values()) copy.copy_from(h);  // handles alias the variable's memory
+  }
+  return v;
 }
 
 PerReplica MirroredStrategy::do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch) {
-  const int n = static_cast<int>(impl_->devices.size());  // local replicas
+  Impl& m = *impl_;
+  const int local = static_cast<int>(m.devices.size());
+  const bool off = m.cross && extended().auto_shard_policy() == AutoShardPolicy::kOff;
   PerReplica out;
-  out.values.resize(static_cast<size_t>(n));
-  if (batch.empty()) return out;
-  const int64_t rows = batch[0].shape()[0];
-  const std::vector<int64_t> sizes = split_batch_sizes(rows, std::max(global_batch, rows), n);
+  out.values.resize(static_cast<size_t>(local));
+  const int64_t rows = batch.empty() ? 0 : batch[0].shape()[0];
+  for (const auto& t : batch)
+    if (t.shape()[0] != rows)
+      throw InvalidArgument("distribute_dataset: batch components have different leading dimensions");
+  // One worker, or OFF: this worker's batch is split over its replicas. DATA (multi-worker): every
+  // worker reads the same global batch and keeps its own replicas' rows.
+  const int total = off ? local : m.global_replicas;
+  const int first = off ? 0 : m.replica_offset;
+  const std::vector<int64_t> sizes = split_batch_sizes(rows, std::max(global_batch, rows), total);
   int64_t begin = 0;
-  for (int r = 0; r < n; ++r) {
-    const int64_t end = begin + sizes[static_cast<size_t>(r)];
-    for (const auto& t : batch) {
-      if (t.shape()[0] != rows)
-        throw InvalidArgument("distribute_dataset: batch components have different leading dimensions");
-      // Input batches are read-only: logical CPU devices share them without a copy.
-      out.values[static_cast<size_t>(r)].push_back(t.slice_rows(begin, end).share_to(impl_->devices[static_cast<size_t>(r)]));
-    }
-    begin = end;
+  for (int r = 0; r < first; ++r) begin += sizes[static_cast<size_t>(r)];
+  for (int r = 0; r < local; ++r) {
+    const int64_t n = sizes[static_cast<size_t>(first + r)];
+    // Input batches are read-only: logical CPU devices share them without a copy.
+    for (const auto& t : batch)
+      out.values[static_cast<size_t>(r)].push_back(t.slice_rows(begin, begin + n).share_to(m.devices[static_cast<size_t>(r)]));
+    begin += n;
   }
+  if (batch.empty()) out.values.assign(static_cast<size_t>(local), {});
+  out.global_rows = off ? static_cast<int64_t>(extended().sum_across_workers({static_cast<double>(rows)})[0]) : rows;
   return out;
-}
-
-std::function<bool(PerReplica*)> MirroredStrategy::distribute_datasets_from_function(
-    const std::function<Dataset(const InputContext&)>& fn) {
-  const int n = static_cast<int>(impl_->devices.size());
-  std::vector<std::shared_ptr<Dataset::Iterator>> its;
-  for (int r = 0; r < n; ++r) {
-    InputContext ic{n, r, n};
-    its.push_back(fn(ic).make_iterator());
-  }
-  auto devices = impl_->devices;
-  return [its, devices](PerReplica* out) {
-    out->values.assign(its.size(), {});
-    for (size_t r = 0; r < its.size(); ++r) {
-      std::vector<Tensor> b;
-      if (!its[r]->next(&b)) return false;
-      for (auto& t : b) out->values[r].push_back(t.to(devices[r]));
-    }
-    return true;
-  };
 }
 
 // --- CentralStorageStrategy ---

@@ -61,7 +61,7 @@ ReplicaContext* MirroredVariable::my_replica() const {
   return ctx && &ctx->strategy() == owner_ ? ctx : nullptr;
 }
 
-Tensor MirroredVariable::value() const {
+Tensor MirroredVariable::read_value() const {
   if (ReplicaContext* ctx = my_replica()) return values_[local(*ctx)];
   if (!on_read() || values_.size() == 1) return values_[0];
   // Cross-replica read of a sync-on-read variable: the aggregate of the replicas' copies.
@@ -93,7 +93,7 @@ void MirroredVariable::write(const Tensor& v, Kind kind) {
   for (auto& copy : values_) copy.copy_from(combine(copy, per, sign));
 }
 
-void MirroredVariable::update(const std::function<void(Tensor&, size_t)>& fn) {
+void MirroredVariable::do_update(const std::function<void(Tensor&, size_t)>& fn) {
   if (ReplicaContext* ctx = my_replica()) {
     const size_t r = local(*ctx);
     fn(values_[r], r);
@@ -118,7 +118,7 @@ ReplicaContext* CentralVariable::my_replica() const {
   return ctx && &ctx->strategy() == owner_ ? ctx : nullptr;
 }
 
-Tensor CentralVariable::value() const {
+Tensor CentralVariable::read_value() const {
   ReplicaContext* ctx = my_replica();
   if (!ctx) return storage_;
   // One copy per replica per version: the tape sees the same tensor for every read in a step.
@@ -150,7 +150,7 @@ void CentralVariable::write(const Tensor& v, int sign) {
   version_.fetch_add(1, std::memory_order_release);
 }
 
-void CentralVariable::update(const std::function<void(Tensor&, size_t)>& fn) {
+void CentralVariable::do_update(const std::function<void(Tensor&, size_t)>& fn) {
   ReplicaContext* ctx = my_replica();
   if (ctx && ctx->replica_id_in_sync_group() != 0) return;  // the others' gradients are identical
   fn(storage_, 0);

@@ -12,11 +12,11 @@ class MirroredVariable final : public Variable {
   // replica_offset: the global id of this worker's first replica (multi-worker), else 0.
   MirroredVariable(VariableSpec spec, const Strategy* owner, const std::vector<DeviceSpec>& devices,
                    int replica_offset = 0);
-  Tensor value() const override;
+  Tensor read_value() const override;
   void assign(const Tensor& v) override { write(v, Kind::kAssign); }
   void assign_add(const Tensor& d) override { write(d, Kind::kAdd); }
   void assign_sub(const Tensor& d) override { write(d, Kind::kSub); }
-  void update(const std::function<void(Tensor& value, size_t copy_index)>& fn) override;
+  void do_update(const std::function<void(Tensor& value, size_t copy_index)>& fn) override;
   std::vector<Tensor> device_values() const override { return values_; }
 
  private:
@@ -37,11 +37,11 @@ class MirroredVariable final : public Variable {
 class CentralVariable final : public Variable {
  public:
   CentralVariable(VariableSpec spec, const Strategy* owner, DeviceSpec parameter_device, size_t replicas);
-  Tensor value() const override;
+  Tensor read_value() const override;
   void assign(const Tensor& v) override { write(v, 0); }
   void assign_add(const Tensor& d) override { write(d, 1); }
   void assign_sub(const Tensor& d) override { write(d, -1); }
-  void update(const std::function<void(Tensor& value, size_t copy_index)>& fn) override;
+  void do_update(const std::function<void(Tensor& value, size_t copy_index)>& fn) override;
   std::vector<Tensor> device_values() const override { return {storage_}; }
 
  private:

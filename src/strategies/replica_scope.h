@@ -15,6 +15,7 @@ class ReplicaThreadScope {
 
  private:
   ReplicaContext* saved_ctx_;
+  const Strategy* saved_running_;
   size_t saved_depth_;
 };
 

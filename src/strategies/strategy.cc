@@ -1,6 +1,7 @@
 #include "dtrain/strategies/strategy.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "dtrain/data/dataset.h"
@@ -13,20 +14,30 @@ namespace {
 
 thread_local std::vector<Strategy*> t_scopes;
 thread_local ReplicaContext* t_replica_ctx = nullptr;
+thread_local const Strategy* t_running = nullptr;  // whose run() this thread is inside
+std::atomic<uint64_t> g_next_strategy_id{1};
 
 }  // namespace
 
 namespace detail {
 
 ReplicaThreadScope::ReplicaThreadScope(Strategy* strategy, ReplicaContext* ctx)
-    : saved_ctx_(t_replica_ctx), saved_depth_(t_scopes.size()) {
+    : saved_ctx_(t_replica_ctx), saved_running_(t_running), saved_depth_(t_scopes.size()) {
   t_scopes.push_back(strategy);
   t_replica_ctx = ctx;
+  t_running = strategy;
 }
 
 ReplicaThreadScope::~ReplicaThreadScope() {
   t_scopes.resize(saved_depth_);
   t_replica_ctx = saved_ctx_;
+  t_running = saved_running_;
+}
+
+uint64_t running_strategy_id(std::string* name) {
+  if (!t_running) return 0;
+  if (name) *name = t_running->name();
+  return t_running->instance_id();
 }
 
 Strategy& default_strategy() {
@@ -59,7 +70,17 @@ StrategyScope::~StrategyScope() {
   if (strategy_ && !t_scopes.empty()) t_scopes.pop_back();
 }
 
+Strategy::Strategy() : id_(g_next_strategy_id.fetch_add(1)) {}
+Strategy::~Strategy() = default;
+
 StrategyScope Strategy::scope() { return StrategyScope(this); }
+
+int64_t InputContext::get_per_replica_batch_size(int64_t global_batch_size) const {
+  if (global_batch_size % num_replicas_in_sync != 0)
+    throw InvalidArgument("global batch size " + std::to_string(global_batch_size) +
+                          " is not divisible by the " + std::to_string(num_replicas_in_sync) + " replicas");
+  return global_batch_size / num_replicas_in_sync;
+}
 
 std::shared_ptr<Variable> create_variable(const VariableSpec& spec) {
   if (!spec.initializer)
@@ -70,7 +91,11 @@ std::shared_ptr<Variable> create_variable(const VariableSpec& spec) {
 }
 
 std::shared_ptr<Variable> Strategy::create_variable(const VariableSpec& spec) {
-  return do_create_variable(spec);
+  std::shared_ptr<Variable> v = do_create_variable(spec);
+  v->set_strategy(id_, this == &detail::default_strategy()
+                           ? "the default strategy (it was made outside every strategy.scope())"
+                           : name());
+  return v;
 }
 
 PerReplica Strategy::run(const ReplicaFn& fn, const PerReplica& inputs) {
@@ -113,7 +138,7 @@ std::vector<Tensor> Strategy::reduce(ReduceOp op, const PerReplica& values, std:
     sums.push_back(acc);
     counts.push_back(count);
   }
-  reduce_across_workers(sums, counts);
+  extended_.reduce_across_workers(sums, counts);
   if (op == ReduceOp::kMean)
     for (size_t j = 0; j < k; ++j)
       sums[j] = kernels_for(sums[j]).affine(sums[j], counts[j] ? 1.f / static_cast<float>(counts[j]) : 0.f, 0.f);
@@ -176,7 +201,7 @@ std::function<bool(PerReplica*)> Strategy::distribute_dataset(const Dataset& dat
   auto gb = std::make_shared<int64_t>(global_batch);
   return [this, it, gb](PerReplica* out) {
     std::vector<Tensor> batch;
-    if (!agree_on_next(it->next(&batch))) return false;
+    if (!extended_.agree_on_next(it->next(&batch))) return false;
     if (*gb <= 0) *gb = batch.empty() ? 0 : batch.front().shape()[0];
     *out = do_split_batch(batch, *gb);
     if (out->global_rows < 0) {
@@ -186,6 +211,51 @@ std::function<bool(PerReplica*)> Strategy::distribute_dataset(const Dataset& dat
     }
     return true;
   };
+}
+
+std::function<bool(PerReplica*)> Strategy::distribute_datasets_from_function(
+    const std::function<Dataset(const InputContext&)>& fn) {
+  if (!fn) throw InvalidArgument("distribute_datasets_from_function: fn is empty");
+  const std::vector<DeviceSpec> devices = worker_devices();
+  const int local = static_cast<int>(devices.size());
+  std::vector<std::shared_ptr<Dataset::Iterator>> its;
+  for (int r = 0; r < local; ++r) {
+    InputContext ic{extended_.num_workers() * local, extended_.worker_rank() * local + r, num_replicas_in_sync()};
+    Dataset ds = fn(ic);
+    if (!ds.is_batched())
+      throw InvalidArgument("distribute_datasets_from_function: the dataset for input pipeline " +
+                            std::to_string(ic.input_pipeline_id) + " is not batched; batch it at the per-replica "
+                            "batch size (ic.get_per_replica_batch_size(global_batch))");
+    its.push_back(ds.make_iterator());
+  }
+  const bool multi_worker = extended_.cross_worker() && extended_.num_workers() > 1;
+  return [its, devices, multi_worker](PerReplica* out) {
+    out->values.assign(its.size(), {});
+    out->global_rows = -1;
+    int64_t rows = 0;
+    for (size_t r = 0; r < its.size(); ++r) {
+      std::vector<Tensor> b;
+      if (!its[r]->next(&b)) return false;
+      if (!b.empty()) rows += b[0].shape()[0];
+      for (auto& t : b) out->values[r].push_back(t.to(devices[r]));
+    }
+    out->global_rows = multi_worker ? -1 : rows;  // other workers' rows are not known here
+    return true;
+  };
+}
+
+PerReplica Strategy::experimental_distribute_values_from_function(
+    const std::function<std::vector<Tensor>(const ValueContext&)>& fn) {
+  if (!fn) throw InvalidArgument("experimental_distribute_values_from_function: fn is empty");
+  const std::vector<DeviceSpec> devices = worker_devices();
+  const int local = static_cast<int>(devices.size());
+  PerReplica out;
+  out.values.resize(devices.size());
+  for (int r = 0; r < local; ++r) {
+    const ValueContext vc{extended_.worker_rank() * local + r, num_replicas_in_sync()};
+    for (const Tensor& t : fn(vc)) out.values[static_cast<size_t>(r)].push_back(t.to(devices[static_cast<size_t>(r)]));
+  }
+  return out;
 }
 
 }  // namespace dtrain

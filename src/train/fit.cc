@@ -46,7 +46,7 @@ EvalResult evaluate(Strategy& strategy, Sequential& model, const Dataset& test, 
         batch);
   }
   // Every worker evaluated its share of the test set: combine them.
-  const std::vector<double> t = strategy.sum_across_workers(
+  const std::vector<double> t = strategy.extended().sum_across_workers(
       {acc.result() * static_cast<double>(acc.count()), static_cast<double>(acc.count()),
        mean_loss.result() * static_cast<double>(acc.count())});
   return EvalResult{t[1] > 0 ? t[0] / t[1] : 0, t[1] > 0 ? t[2] / t[1] : 0, static_cast<int64_t>(t[1])};
@@ -75,7 +75,8 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
 
   // Asynchronous strategies: each worker trains on its own shard of the data, and the job stops
   // when its global step (which survives restarts) reaches the target.
-  const Strategy::InputShard shard = strategy.input_shard();
+  StrategyExtended& ext = strategy.extended();
+  const InputShard shard = ext.input_shard();
   const Dataset my_train = shard.count > 1 ? train.shard(shard.count, shard.index) : train;
   const Dataset epoch_ds = my_train.shuffle(options.shuffle_seed).batch(options.global_batch_size, options.drop_remainder);
   const int64_t steps_per_epoch = epoch_ds.cardinality();
@@ -83,13 +84,13 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
   int epochs = options.epochs;
   if (options.steps > 0 && steps_per_epoch > 0)
     epochs = static_cast<int>((options.steps + steps_per_epoch - 1) / steps_per_epoch);
-  const bool async = strategy.job_step() >= 0;
+  const bool async = !ext.synchronous();
   int64_t job_target = 0;
   if (async) {
     job_target = options.steps > 0 ? options.steps : options.epochs * steps_per_epoch * shard.count;
     epochs = options.steps > 0 ? std::numeric_limits<int>::max() : options.epochs;
   }
-  auto job_done = [&] { return async && strategy.job_step() >= job_target; };
+  auto job_done = [&] { return async && ext.job_step().value_or(0) >= job_target; };
   auto next = strategy.distribute_dataset(epoch_ds.repeat().prefetch(2), options.global_batch_size);
 
   int64_t rows_this_step = 0;
@@ -144,7 +145,7 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
     }
     if (!async || epoch_images > 0 || h.epoch_loss.empty()) h.epoch_loss.push_back(epoch_loss.result());
     const bool last = epoch + 1 == epochs || job_done();
-    if (last) strategy.on_training_end();
+    if (last) ext.on_training_end();
     if (test && (last || !async)) {
       const EvalResult r = evaluate(strategy, model, *test, options.eval_batch_size, loss_fn);
       logs.test_accuracy = h.test_accuracy = r.accuracy;

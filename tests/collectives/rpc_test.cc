@@ -18,8 +18,10 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <ostream>
 #include <random>
 #include <thread>
+#include <typeinfo>
 
 #include "collectives/tcp/auth.h"
 #include "collectives/tcp/rpc.h"
@@ -72,22 +74,36 @@ bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds lim
   return true;
 }
 
-// what() of the E that f throws, or a text saying it threw something else or nothing.
+// What f threw. `typed`: it threw an E and `what` is its what(); otherwise `what` says what it threw
+// instead (or that it threw nothing), and no comparison with a message succeeds, so a wrong type
+// with the right text fails.
+struct Thrown {
+  bool threw = false;
+  bool typed = false;
+  std::string what;
+  friend bool operator==(const Thrown& t, const std::string& message) { return t.typed && t.what == message; }
+  friend std::ostream& operator<<(std::ostream& os, const Thrown& t) {
+    return os << (t.typed ? "" : t.threw ? "[WRONG EXCEPTION TYPE] " : "[NO EXCEPTION] ") << t.what;
+  }
+};
+
 template <typename E>
-std::string what_of(const std::function<void()>& f) {
+Thrown what_of(const std::function<void()>& f) {
   try {
     f();
   } catch (const E& e) {
-    return e.what();
+    return {true, true, e.what()};
   } catch (const std::exception& e) {
-    return std::string("WRONG TYPE: ") + e.what();
+    return {true, false, std::string(typeid(e).name()) + ": " + e.what()};
   }
-  return "NO EXCEPTION";
+  return {false, false, ""};
 }
 
-::testing::AssertionResult has(const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "'" << text << "' does not contain '" << part << "'";
+// An E was thrown and its message contains `part`.
+::testing::AssertionResult has(const Thrown& t, const std::string& part) {
+  if (!t.typed) return ::testing::AssertionFailure() << "not the expected exception type: " << t;
+  if (t.what.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << t.what << "' does not contain '" << part << "'";
 }
 
 Tensor random_tensor(const Shape& s, DType t, uint64_t seed) {
@@ -163,7 +179,7 @@ TEST(Rpc, PipelinedRequestsAreAnsweredInOrder) {
 }
 
 TEST(Rpc, HandlerErrorsComeBackTypedAndTheConnectionStaysUsable) {
-  const auto addrs = testing::free_loopback_addresses(3);
+  const auto addrs = testing::free_loopback_addresses(4);
   RpcServer server(options(addrs, 0), [](const RpcMessage& m, int) -> RpcMessage {
     switch (m.method) {
       case 1: throw InvalidArgument("shape [3] does not match [4]");
@@ -177,6 +193,7 @@ TEST(Rpc, HandlerErrorsComeBackTypedAndTheConnectionStaysUsable) {
       case 9: throw Internal("invariant broken");
       case 10: throw std::runtime_error("plain: failure");
       case 11: return RpcMessage{11, "", {Tensor()}};  // a handler bug: an undefined tensor
+      case 12: return RpcMessage{12, "", {Tensor::zeros(Shape{1 << 19}, DType::kFloat32)}};  // 2 MiB
       default: return m;
     }
   });
@@ -200,10 +217,23 @@ TEST(Rpc, HandlerErrorsComeBackTypedAndTheConnectionStaysUsable) {
   EXPECT_EQ(what_of<Internal>(call(9)), "Internal: " + from + "invariant broken");
   EXPECT_EQ(what_of<Internal>(call(10)), "Internal: " + from + "plain: failure");
   ok();
-  // An invalid answer costs that connection only (today the client sees Unavailable; the cause,
-  // a failed check in write_message, is only in the server's log).
-  EXPECT_FALSE(has(what_of<Error>(call(11)), "WRONG TYPE"));
-  RpcClient other(options(addrs, 2), 0);
+  // A handler answering with an undefined tensor is the server's bug: the server turns it into an
+  // Internal error before anything goes on the wire, and the connection stays usable.
+  EXPECT_EQ(what_of<Internal>(call(11)), "Internal: " + from + "the server's handler answered with an undefined or device tensor");
+  ok();
+  // An answer the client must refuse (over its frame bound) costs that connection only: the refusal
+  // is DataLoss, every later call on that client is Unavailable naming the cause, and the other
+  // connections, old and new, are still served.
+  auto po = options(addrs, 2);
+  po.max_frame_bytes = 1 << 20;
+  RpcClient picky(po, 0);
+  EXPECT_EQ(picky.call(RpcMessage{100, "small", {}}).meta, "small");
+  EXPECT_TRUE(has(what_of<DataLoss>([&] { picky.call(RpcMessage{12, "", {}}); }), "over the limit of 1048576"));
+  const Thrown after = what_of<Unavailable>([&] { picky.call(RpcMessage{100, "again", {}}); });
+  EXPECT_TRUE(has(after, "unusable after an earlier failure"));
+  EXPECT_TRUE(has(after, "over the limit of 1048576"));
+  ok();
+  RpcClient other(options(addrs, 3), 0);
   EXPECT_EQ(other.call(RpcMessage{100, "still serving", {}}).meta, "still serving");
 }
 
@@ -247,7 +277,7 @@ TEST(Rpc, WrongTokenOrClusterIsRefusedAndTheServerKeepsServing) {
   const auto addrs = testing::free_loopback_addresses(3);
   Disconnects gone;
   RpcServer server(options(addrs, 0), echo, gone.callback());
-  const std::string bad_token = what_of<PermissionDenied>([&] { RpcClient c(options(addrs, 1, "another-jobs-token-999"), 0); });
+  const Thrown bad_token = what_of<PermissionDenied>([&] { RpcClient c(options(addrs, 1, "another-jobs-token-999"), 0); });
   EXPECT_TRUE(has(bad_token, "PermissionDenied: ps:0 (" + addrs[0] + ") refused this task's job token"));
   auto other = addrs;
   other[2] = "127.0.0.1:1";  // same size, different job fingerprint
@@ -506,8 +536,8 @@ TEST(Rpc, FuzzedMessagesDecodeOrThrowTypedErrors) {
   EXPECT_LE(g_largest_new.load(), (size_t{1} << 20) + 64) << "an allocation beyond the 1 MiB frame bound";
 }
 
-// DataLoss text of reading `bytes` with f, or what went wrong instead.
-std::string meta_error(const std::string bytes, const std::function<void(MetaReader&)>& f) {
+// The DataLoss of reading `bytes` with f, or what went wrong instead.
+Thrown meta_error(const std::string bytes, const std::function<void(MetaReader&)>& f) {
   MetaReader r(bytes, "pull request");
   return what_of<DataLoss>([&] { f(r); });
 }
@@ -524,7 +554,8 @@ TEST(Rpc, MetaReaderRejectsShortOversizedAndTrailingFields) {
   EXPECT_TRUE(has(meta_error(meta.substr(0, 5), [](MetaReader& m) { m.u64(); }), "its fields end after 5 bytes"));
   const std::string long_str = MetaWriter().str(std::string(5000, 'x')).take();
   EXPECT_TRUE(has(meta_error(long_str, [](MetaReader& m) { m.str(); }), "a string of 5000 bytes (limit 4096)"));
-  EXPECT_EQ(meta_error(long_str, [](MetaReader& m) { EXPECT_EQ(m.str(5000).size(), 5000u); }), "NO EXCEPTION");
+  const Thrown raised_limit = meta_error(long_str, [](MetaReader& m) { EXPECT_EQ(m.str(5000).size(), 5000u); });
+  EXPECT_FALSE(raised_limit.threw) << raised_limit;
   const std::string claims_all = MetaWriter().u64(~0ull).take() + "abc";
   EXPECT_TRUE(has(meta_error(claims_all, [](MetaReader& m) { m.str(~size_t{0}); }), "its fields end after 11"));
   const std::string trailing = MetaWriter().u64(1).u8(2).take();

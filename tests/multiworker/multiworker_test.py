@@ -88,18 +88,30 @@ class Faults(unittest.TestCase):
         env = dict(os.environ, TF_CONFIG=tf_config(ports, i), DTRAIN_JOB_TOKEN=token, DTRAIN_RENDEZVOUS_TIMEOUT="5",
                    DTRAIN_LOG_LEVEL="WARNING")  # the refusal is a WARNING line
         env.update(extra_env or {})
-        return subprocess.Popen([ARGS.example, "--strategy=multi_worker_mirrored", "--devices=cpu", "--threads", "1",
-                                 "--steps", str(steps), "--batch-size", "96", "--no-eval"],
-                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen([ARGS.example, "--strategy=multi_worker_mirrored", "--devices=cpu", "--threads", "1",
+                              "--steps", str(steps), "--batch-size", "96", "--no-eval"],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(self.reap, p)  # a failed assertion leaves no process behind
+        return p
 
-    def finish(self, p, timeout):
+    @staticmethod
+    def reap(p):
+        if p.poll() is None:
+            p.kill()
+        p.communicate()
+
+    def finish(self, p, timeout, what="the process"):
+        """(exit code, stderr) of a process that exits within timeout s. One that does not is killed
+        and fails the test: a fault must end the process, printing the right error and then hanging
+        is a failure."""
         try:
             _, err = p.communicate(timeout=timeout)
-            return p.returncode, err
         except subprocess.TimeoutExpired:
             p.kill()
             _, err = p.communicate()
-            return None, err
+            self.fail(f"{what} did not exit within {timeout} s (hung); killed it. stderr:\n{err[-2000:]}")
+        self.assertIsInstance(p.returncode, int)
+        return p.returncode, err
 
     def test_kill_9_a_worker_mid_training(self):
         ports = free_ports(3)
@@ -109,9 +121,8 @@ class Faults(unittest.TestCase):
         procs[1].send_signal(signal.SIGKILL)
         t0 = time.time()
         for i in (0, 2):
-            code, err = self.finish(procs[i], 30)
-            self.assertIsNotNone(code, f"worker {i} still running 30 s after worker 1 was killed")
-            self.assertNotEqual(code, 0)
+            code, err = self.finish(procs[i], 30, f"worker {i}, 30 s after worker 1 was killed,")
+            self.assertNotEqual(code, 0, err[-2000:])
             self.assertIn("worker:1", err, err[-2000:])
         print(f"survivors exited {time.time() - t0:.2f} s after the kill")
         self.finish(procs[1], 5)
@@ -125,9 +136,8 @@ class Faults(unittest.TestCase):
         t0 = time.time()
         try:
             for i in (0, 2):
-                code, err = self.finish(procs[i], 30)
-                self.assertIsNotNone(code, f"worker {i} still running 30 s after worker 1 hung")
-                self.assertNotEqual(code, 0)
+                code, err = self.finish(procs[i], 30, f"worker {i}, 30 s after worker 1 hung,")
+                self.assertNotEqual(code, 0, err[-2000:])
                 self.assertIn("worker:1", err, err[-2000:])
             print(f"survivors exited {time.time() - t0:.2f} s after worker 1 was stopped")
         finally:
@@ -137,9 +147,9 @@ class Faults(unittest.TestCase):
     def test_a_worker_that_never_starts_is_named(self):
         ports = free_ports(3)
         procs = [self.start(ports, i, "t0ken-for-the-absent-test-01") for i in range(2)]
-        for p in procs:
-            code, err = self.finish(p, 30)
-            self.assertNotEqual(code, 0)
+        for i, p in enumerate(procs):
+            code, err = self.finish(p, 30, f"worker {i}, waiting for an absent worker:2,")
+            self.assertNotEqual(code, 0, err[-2000:])
             self.assertIn("worker:2", err, err[-2000:])
             self.assertIn("never heard from", err)
 
@@ -147,11 +157,11 @@ class Faults(unittest.TestCase):
         ports = free_ports(2)
         good = self.start(ports, 0, "the-right-job-token-0123456")
         bad = self.start(ports, 1, "a-wrong-job-token-987654321")
-        code, err = self.finish(bad, 30)
-        self.assertNotEqual(code, 0)
+        code, err = self.finish(bad, 30, "the worker with the wrong token")
+        self.assertNotEqual(code, 0, err[-2000:])
         self.assertIn("job token", err, err[-2000:])
-        code, err = self.finish(good, 30)
-        self.assertNotEqual(code, 0)
+        code, err = self.finish(good, 30, "the worker that refused the wrong token")
+        self.assertNotEqual(code, 0, err[-2000:])
         self.assertIn("refused a connection", err + "", err[-2000:])
 
 

@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
     f.shuffle_seed = 11;
     const auto ds = dtrain::Dataset::from_tensors({data.train_images.slice_rows(0, n), data.train_labels.slice_rows(0, n)});
     const dtrain::History h = dtrain::fit(*strategy, model, *opt, ds, nullptr, f);
-    if (strategy->is_chief()) {
+    if (strategy->extended().is_chief()) {
       std::FILE* fp = std::fopen(out.c_str(), "wb");
       const double loss = h.final_loss;
       std::fwrite(&loss, sizeof(loss), 1, fp);

@@ -53,7 +53,7 @@ int stale(int max_staleness, int pushes, int sleep_ms) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("{\"worker\": %d, \"seconds\": %.3f}\n", me, secs);
   std::fflush(stdout);
-  strategy.on_training_end();
+  strategy.finish_training();
   return 0;
 }
 
@@ -66,8 +66,8 @@ int counter(int pushes) {
       sgd.apply_gradients({dtrain::Tensor::scalar(-1.f)}, {var});
       return {};
     });
-  strategy.on_training_end();
-  if (strategy.is_chief())
+  strategy.finish_training();
+  if (strategy.extended().is_chief())
     std::printf("{\"value\": %.1f, \"global_step\": %lld}\n", static_cast<double>(var->value().item()),
                 static_cast<long long>(strategy.global_step()));
   return 0;

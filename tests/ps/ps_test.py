@@ -35,6 +35,7 @@ class Job:
                         "ps": [f"127.0.0.1:{p}" for p in ports[workers:]]}
         self.token = token
         self.procs = {}
+        self.killed = set()  # processes this test killed on purpose (their exit status is not checked)
 
     def env(self, kind, i, token=None, extra=None):
         env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": self.cluster, "task": {"type": kind, "index": i}}),
@@ -52,26 +53,58 @@ class Job:
         for i in range(len(self.cluster["ps"])):
             self.start("ps", i, argv)
 
+    def kill(self, kind, i):
+        """kill -9 a task on purpose."""
+        p = self.procs[(kind, i)]
+        self.killed.add(p)
+        p.send_signal(signal.SIGKILL)
+
     def finish(self, kind, i, timeout):
+        """(exit code, stdout, stderr) of a task that exits within timeout s. One that does not is
+        killed and fails the test: printing the right error and then hanging is a failure."""
         p = self.procs[(kind, i)]
         try:
             out, err = p.communicate(timeout=timeout)
-            return p.returncode, out, err
         except subprocess.TimeoutExpired:
             p.kill()
             out, err = p.communicate()
-            return None, out, err
+            raise AssertionError(f"{kind}:{i} did not exit within {timeout} s (hung); killed it. "
+                                 f"stderr:\n{err[-2000:]}")
+        assert isinstance(p.returncode, int), p.returncode
+        return p.returncode, out, err
 
     def stop(self):
+        """SIGTERM to every task still running, then the parameter servers' exit status checked: a ps
+        task serves until SIGTERM and exits 0 (README), so one that exits otherwise, ends early on its
+        own, or hangs on SIGTERM fails the test. Tasks the test killed on purpose are not checked."""
+        ended_early = set()
         for p in self.procs.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
+            else:
+                ended_early.add(p)
+        hung = set()
         for p in self.procs.values():
             try:
                 p.communicate(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.communicate()
+                hung.add(p)
+        problems = []
+        for (kind, i), p in self.procs.items():
+            if kind != "ps" or p in self.killed:
+                continue
+            _, err = p.communicate()
+            if p in hung:
+                problems.append(f"ps:{i} did not exit within 10 s of SIGTERM (hung)")
+            elif p in ended_early:
+                problems.append(f"ps:{i} ended with {p.returncode} before it was stopped; stderr:\n{err[-2000:]}")
+            elif p.returncode != 0:
+                problems.append(f"ps:{i} exited with {p.returncode}, not 0 (a ps task exits 0 on SIGTERM); "
+                                f"stderr:\n{err[-2000:]}")
+        if problems:
+            raise AssertionError("\n".join(problems))
 
 
 def example(*extra):
@@ -114,7 +147,7 @@ class Basics(unittest.TestCase):
             job.start_ps([ARGS.check])
             job.start("worker", 0, [ARGS.check, "counter", "10"], token="not-the-job-token-987654321")
             code, _, err = job.finish("worker", 0, 60)
-            self.assertNotEqual(code, 0)
+            self.assertNotEqual(code, 0, err[-2000:])
             self.assertIn("job token", err, err[-2000:])
             self.assertIsNone(job.procs[("ps", 0)].poll(), "the ps died on an unauthenticated connection")
         finally:
@@ -202,7 +235,7 @@ class Faults(unittest.TestCase):
                 job.start("worker", i, example("--steps", "600"))
             time.sleep(3)
             self.assertIsNone(job.procs[("worker", 2)].poll(), "worker 2 ended before it could be killed")
-            job.procs[("worker", 2)].send_signal(signal.SIGKILL)
+            job.kill("worker", 2)
             job.finish("worker", 2, 5)
             time.sleep(1)
             self.assertIsNone(job.procs[("worker", 0)].poll(), "the chief stopped when worker 2 died")
@@ -227,12 +260,11 @@ class Faults(unittest.TestCase):
                 job.start("worker", i, example("--steps", "100000"))
             time.sleep(4)
             self.assertIsNone(job.procs[("ps", 1)].poll(), "ps 1 ended before it could be killed")
-            job.procs[("ps", 1)].send_signal(signal.SIGKILL)
+            job.kill("ps", 1)
             t0 = time.time()
             for i in range(2):
-                code, _, err = job.finish("worker", i, 30)
-                self.assertIsNotNone(code, f"worker {i} still running 30 s after ps:1 was killed")
-                self.assertNotEqual(code, 0)
+                code, _, err = job.finish("worker", i, 30)  # fails the test if it is still running after 30 s
+                self.assertNotEqual(code, 0, err[-2000:])
                 self.assertIn("ps:1", err, err[-2000:])
                 self.assertIn("Unavailable", err, err[-2000:])
             print(f"workers exited {time.time() - t0:.2f} s after ps:1 was killed")
@@ -252,7 +284,7 @@ class Faults(unittest.TestCase):
                 while time.time() < deadline and not os.path.exists(os.path.join(ckpt, "checkpoint")):
                     time.sleep(0.2)
                 time.sleep(1.5)
-                job.procs[("ps", 0)].send_signal(signal.SIGKILL)
+                job.kill("ps", 0)
                 for i in range(2):
                     code, _, err = job.finish("worker", i, 30)
                     self.assertNotEqual(code, 0, err[-2000:])

@@ -133,8 +133,18 @@ TEST_F(Strategies, SplitBatchSizesFollowTfRebatching) {
   EXPECT_EQ(split_batch_sizes(7, 9, 3), (std::vector<int64_t>{3, 3, 1}));
 }
 
+// The trainable weights as fit() starts (built, not yet trained).
+struct InitialWeights : Callback {
+  const Sequential* model = nullptr;
+  std::vector<std::vector<float>> w;
+  void on_train_begin(const TrainLogs&) override {
+    for (const auto& v : model->trainable_variables()) w.push_back(v->value().to_vector<float>());
+  }
+};
+
 // A small CNN with every layer kind of the reference model, trained for some steps with fit().
-std::vector<std::vector<float>> train_small_cnn(Strategy* strategy) {
+// `initial`, if given, receives the weights before the first step.
+std::vector<std::vector<float>> train_small_cnn(Strategy* strategy, std::vector<std::vector<float>>* initial = nullptr) {
   set_global_seed(3);
   Sequential model;
   std::unique_ptr<Adam> opt;
@@ -158,21 +168,33 @@ std::vector<std::vector<float>> train_small_cnn(Strategy* strategy) {
   o.steps = 12;
   o.global_batch_size = 16;
   o.shuffle_seed = 9;
+  InitialWeights start;
+  start.model = &model;
+  o.callbacks.push_back(&start);
   Strategy& s = strategy ? *strategy : get_strategy();
   const History h = fit(s, model, *opt, ds, nullptr, o);
   EXPECT_EQ(h.steps, 12);
+  if (initial) *initial = start.w;
   std::vector<std::vector<float>> w;
   for (const auto& v : model.trainable_variables()) w.push_back(v->value().to_vector<float>());
   return w;
 }
 
 TEST_F(Strategies, DefaultAndOneDeviceGiveIdenticalWeights) {
-  const auto a = train_small_cnn(nullptr);
+  std::vector<std::vector<float>> initial;
+  const auto a = train_small_cnn(nullptr, &initial);
   OneDeviceStrategy s(DeviceSpec::cpu(1));
   const auto b = train_small_cnn(&s);
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "variable " << i;
-  // And training moved them.
+  // And training moved them: every variable differs from its value before the first step
+  // (identical untrained weights would also be "identical").
+  ASSERT_EQ(initial.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(initial[i].size(), a[i].size()) << "variable " << i;
+    EXPECT_NE(initial[i], a[i]) << "variable " << i << " did not change in 12 steps of training";
+  }
+  // And the run is repeatable.
   const auto again = train_small_cnn(nullptr);
   EXPECT_EQ(a, again);
 }

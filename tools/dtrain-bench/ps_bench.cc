@@ -83,7 +83,7 @@ int ps_worker(long bytes, double seconds) {
   nlohmann::json j{{"round_trips_per_sec", n / elapsed}, {"bytes_per_sec", 2 * payload * n / elapsed},
                    {"variable_bytes", payload}};
   std::printf("%s\n", j.dump().c_str());
-  strategy.on_training_end();  // the chief waits for the others, so no worker loses its server early
+  strategy.finish_training();  // the chief waits for the others, so no worker loses its server early
   return 0;
 }
 

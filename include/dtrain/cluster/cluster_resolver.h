@@ -161,6 +161,16 @@ DTRAIN_API ClusterResolution resolve_openmpi(const std::string& rendezvous_addre
 // Throws InvalidArgument for an empty list, a bad or duplicate address, or rank out of range.
 DTRAIN_API ClusterResolution explicit_cluster(std::vector<std::string> workers, int rank);
 
+// --- The one resolver every strategy, run_task() and the tools use -------------------------------
+// This process's task, resolved once: TF_CONFIG when set; else SLURM's variables under srun (a
+// SLURM_PROCID without TF_CONFIG); with `mpi`, OpenMPI's variables under mpirun (ranks only; the MPI
+// transport wires the peers itself). Returns nullopt when none is set: a single-process job.
+// Throws what the chosen resolver throws (InvalidArgument quoting a malformed variable).
+DTRAIN_API std::optional<ClusterResolution> resolve_cluster(bool mpi = false);
+// The job's shared secret: `token` when given, else DTRAIN_JOB_TOKEN. Throws InvalidArgument saying
+// how to set it when both are empty (multi-process jobs authenticate every connection with it).
+DTRAIN_API std::string resolve_job_token(std::string token = "");
+
 // --- Device pinning --------------------------------------------------------------------------
 // The GPUs a process with local rank `local_rank` of `local_size` should use on a machine with
 // `num_gpus` GPUs: GPUs are dealt to the local ranks round-robin, the same number to each (rank r

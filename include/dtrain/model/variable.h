@@ -10,6 +10,7 @@
 
 #include "dtrain/core/export.h"
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -52,7 +53,12 @@ class DTRAIN_API Variable {
 
   // The value the calling replica reads (its own device's copy), or the primary copy in
   // cross-replica context. The handle aliases the variable's memory: in-place kernels update it.
-  virtual Tensor value() const = 0;
+  // Throws FailedPrecondition inside the run() of a strategy other than the one that made the
+  // variable (or inside any strategy's run() for a variable made outside every scope).
+  Tensor value() const {
+    check_strategy("read");
+    return read_value();
+  }
   // Writes, with the variable's aggregation applied across replicas when called in replica
   // context. Throw InvalidArgument on a shape/dtype mismatch.
   virtual void assign(const Tensor& v) = 0;
@@ -63,9 +69,10 @@ class DTRAIN_API Variable {
   // cross-replica context every copy. copy_index indexes device_values() and lines up across the
   // variables of one strategy, so an optimizer pairs a variable's copy with its slots' copies.
   // Optimizers call it with a gradient that is identical on every replica, so copies stay equal.
-  virtual void update(const std::function<void(Tensor& value, size_t copy_index)>& fn) {
-    Tensor v = value();
-    fn(v, 0);
+  // Throws FailedPrecondition as value() does.
+  void update(const std::function<void(Tensor& value, size_t copy_index)>& fn) {
+    check_strategy("updated");
+    do_update(fn);
   }
   // Every device copy (one for a plain variable).
   virtual std::vector<Tensor> device_values() const { return {value()}; }
@@ -77,18 +84,41 @@ class DTRAIN_API Variable {
   // Throws Internal unless updates_remotely().
   virtual void apply_remote_update(const std::string& optimizer_config, const Tensor& grad);
 
+  // The strategy that made the variable: its name (for messages) and a process-unique id (0: the
+  // default strategy, i.e. made outside every scope). Set once by Strategy::create_variable.
+  const std::string& strategy_name() const { return strategy_name_; }
+  uint64_t strategy_id() const { return strategy_id_; }
+  void set_strategy(uint64_t id, std::string name) {
+    strategy_id_ = id;
+    strategy_name_ = std::move(name);
+  }
+
  protected:
+  virtual Tensor read_value() const = 0;
+  virtual void do_update(const std::function<void(Tensor& value, size_t copy_index)>& fn) {
+    Tensor v = read_value();
+    fn(v, 0);
+  }
+  // Inside some strategy's run(), throws FailedPrecondition unless it is this variable's strategy.
+  void check_strategy(const char* use) const;
+
   VariableSpec spec_;
+
+ private:
+  uint64_t strategy_id_ = 0;
+  std::string strategy_name_ = "the default strategy (made outside every strategy.scope())";
 };
 
 // A variable with exactly one copy on one device.
 class DTRAIN_API PlainVariable : public Variable {
  public:
   PlainVariable(VariableSpec spec, DeviceSpec device);
-  Tensor value() const override { return value_; }
   void assign(const Tensor& v) override;
   void assign_add(const Tensor& delta) override;
   void assign_sub(const Tensor& delta) override;
+
+ protected:
+  Tensor read_value() const override { return value_; }
 
  private:
   Tensor value_;

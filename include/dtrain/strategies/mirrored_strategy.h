@@ -37,15 +37,6 @@ struct DTRAIN_API MirroredOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
 };
 
-// What a per-replica input pipeline is told (TF's tf.distribute.InputContext).
-struct DTRAIN_API InputContext {
-  int num_input_pipelines = 1;
-  int input_pipeline_id = 0;
-  int num_replicas_in_sync = 1;
-  // The per-replica batch for a global batch (throws InvalidArgument if not divisible).
-  int64_t get_per_replica_batch_size(int64_t global_batch_size) const;
-};
-
 class DTRAIN_API MirroredStrategy : public Strategy {
  public:
   explicit MirroredStrategy(MirroredOptions options = {});
@@ -55,22 +46,25 @@ class DTRAIN_API MirroredStrategy : public Strategy {
   std::vector<DeviceSpec> worker_devices() const override;
   CrossDeviceOps cross_device_ops() const;  // the ops actually chosen
 
-  // One dataset per replica from fn (TF's distribute_datasets_from_function); each must already be
-  // batched at the per-replica batch size. Ends when any replica's pipeline ends.
-  std::function<bool(PerReplica*)> distribute_datasets_from_function(
-      const std::function<Dataset(const InputContext&)>& fn);
-
   struct Impl;
 
  protected:
+  // Mirrored over the local devices plus the other workers of a job: each replica's communicator is
+  // spanned across workers by `cross_worker`, replica ids are global (worker rank x local devices +
+  // local index), variables start from the chief's values, and datasets are sharded by the
+  // extended() policy. `parts` must hold `cross_worker` and the task's cluster.
+  MirroredStrategy(MirroredOptions options, StrategyExtended parts);
   PerReplica do_run(const ReplicaFn& fn, const PerReplica& inputs) override;
   std::shared_ptr<Variable> do_create_variable(const VariableSpec& spec) override;
   PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch) override;
-  Impl& impl() { return *impl_; }
 
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+// The devices a MirroredOptions names: its devices, else every GPU, else CPU:0. Throws NotFound for a
+// device that does not exist and InvalidArgument for one listed twice.
+DTRAIN_API std::vector<DeviceSpec> mirrored_devices(const MirroredOptions& options);
 
 // CentralStorageStrategy (TF's tf.distribute.experimental.CentralStorageStrategy): variables live
 // once on the parameter device (the CPU by default); replicas compute on the compute devices with

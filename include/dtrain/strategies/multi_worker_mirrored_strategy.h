@@ -32,35 +32,22 @@ struct DTRAIN_API CommunicationOptions {
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(120)};
 };
 
-enum class AutoShardPolicy { kAuto, kData, kFile, kOff };
-
+// MirroredStrategy assembled with a cross-worker part (a TCP ring, NCCL or MPI communicator between
+// the workers) and this task's cluster context; it adds no behaviour of its own.
 class DTRAIN_API MultiWorkerMirroredStrategy : public MirroredStrategy {
  public:
-  // cluster: nullopt = TF_CONFIG from the environment. token: "" = DTRAIN_JOB_TOKEN.
-  // Throws InvalidArgument for a missing/malformed TF_CONFIG, a ps/evaluator task, a missing
-  // token; DeadlineExceeded / PermissionDenied when the workers cannot all connect.
+  // cluster: nullopt = resolved from the environment (TF_CONFIG, else SLURM under srun; OpenMPI's
+  // variables for kMpi). token: "" = DTRAIN_JOB_TOKEN.
+  // Throws InvalidArgument for a missing/malformed TF_CONFIG or a missing token, FailedPrecondition
+  // for a ps/evaluator task; DeadlineExceeded / PermissionDenied when the workers cannot all connect.
   explicit MultiWorkerMirroredStrategy(MirroredOptions local = {}, CommunicationOptions communication = {},
                                        std::optional<ClusterResolution> cluster = std::nullopt,
                                        std::string token = "");
   ~MultiWorkerMirroredStrategy() override;
   std::string name() const override;
-  bool is_chief() const override;
-  std::vector<double> sum_across_workers(std::vector<double> values) override;
-  const ClusterResolution& cluster() const { return cluster_; }
-  void set_auto_shard_policy(AutoShardPolicy p);
-  struct Cross;
-
- protected:
-  std::shared_ptr<Variable> do_create_variable(const VariableSpec& spec) override;
-  PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch) override;
-  void reduce_across_workers(std::vector<Tensor>& sums, std::vector<int64_t>& counts) override;
-  bool agree_on_next(bool have_batch) override;
-
- private:
-  void finish_setup();  // replica ids, hierarchical communicators
-  ClusterResolution cluster_;
-  std::shared_ptr<Cross> cross_;
-  AutoShardPolicy policy_ = AutoShardPolicy::kData;
+  const ClusterResolution& cluster() const { return *extended().cluster(); }
+  // Same as extended().set_auto_shard_policy().
+  void set_auto_shard_policy(AutoShardPolicy p) { extended().set_auto_shard_policy(p); }
 };
 
 }  // namespace dtrain

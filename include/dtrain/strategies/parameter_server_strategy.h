@@ -3,7 +3,7 @@
 // own training loop).
 //
 // A job has `ps` tasks, which run serve_parameter_server() (the same training binary started with
-// a ps task does so from make_strategy(), or the dtrain-ps tool), and workers (chief = the `chief`
+// a ps task does so from run_task(), or the dtrain-ps tool), and workers (chief = the `chief`
 // task, else worker 0). Variables created in scope() live on the parameter servers, placed
 // round-robin; a Partitioner splits large ones along axis 0 into shards spread over the servers,
 // and model code uses the resulting ShardedVariable like any other. The optimizer's update runs on
@@ -63,7 +63,7 @@ class DTRAIN_API ShardedVariable : public Variable {
 struct DTRAIN_API ParameterServerOptions {
   Partitioner partitioner;          // empty: every variable whole on one server
   int max_staleness = -1;           // >= 0: a worker waits while it is more steps ahead of the slowest
-  std::string checkpoint_dir;       // empty: no checkpoints (DTRAIN_CHECKPOINT_DIR overrides)
+  std::string checkpoint_dir;       // empty: no checkpoints (make_strategy: DTRAIN_CHECKPOINT_DIR overrides)
   int64_t checkpoint_every = 200;   // global steps between the chief's checkpoints (and one at the end)
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};           // per request
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(120)};  // reaching the servers
@@ -72,25 +72,25 @@ struct DTRAIN_API ParameterServerOptions {
 
 class DTRAIN_API ParameterServerStrategy : public OneDeviceStrategy {
  public:
-  // cluster: nullopt = TF_CONFIG. token: "" = DTRAIN_JOB_TOKEN. Throws InvalidArgument for a
-  // cluster without ps tasks or a ps task (run serve_parameter_server() there), a missing token;
+  // cluster: nullopt = resolved from the environment (TF_CONFIG). token: "" = DTRAIN_JOB_TOKEN.
+  // extended() is asynchronous: each worker reads its own shard of the data and fit() trains up to
+  // the job's global step. Throws InvalidArgument for a cluster without ps tasks, FailedPrecondition
+  // for a ps or evaluator task (run_task() serves those), InvalidArgument for a missing token;
   // DeadlineExceeded / PermissionDenied when the servers cannot be reached.
   explicit ParameterServerStrategy(ParameterServerOptions options = {}, DeviceSpec device = DeviceSpec::cpu(),
                                    std::optional<ClusterResolution> cluster = std::nullopt,
                                    std::string token = "");
   ~ParameterServerStrategy() override;
   std::string name() const override;
-  bool is_chief() const override;
   const ClusterResolution& cluster() const;
   // The job's step count (pushes applied, restored from checkpoints), as last seen by this worker.
   int64_t global_step() const;
   // Chief: writes a checkpoint of every variable with its optimizer slots now. Returns its path.
   // Throws FailedPrecondition without a checkpoint_dir or on a non-chief worker.
   std::string save_checkpoint();
-
-  InputShard input_shard() const override;
-  int64_t job_step() const override { return global_step(); }
-  void on_training_end() override;
+  // Ends this worker's training (extended().on_training_end() calls it): tells ps:0 this worker is
+  // done; the chief then waits for the other workers and writes the final checkpoint.
+  void finish_training();
 
   struct Impl;
 

@@ -6,8 +6,9 @@
 //   strategy->run(step_fn, dist_batch);    // step_fn runs once per replica on its device's thread
 //
 // The public methods check context (cross-replica vs replica) and arguments, then delegate to the
-// private virtual hooks of each implementation (TF's Strategy/StrategyExtended split). Model code
-// never asks which strategy it runs under.
+// protected do_* of each implementation. What a training loop needs beyond this API (chief, cross-
+// worker sums, sync or async, data sharding, job step) is in strategy.extended(), assembled from parts
+// (strategy_extended.h). Model code never asks which strategy it runs under.
 //
 // Thread-safety: scope() is per thread. run() may be called from one thread at a time; it runs
 // the replica functions concurrently, one per replica thread.
@@ -24,6 +25,7 @@
 #include "dtrain/collectives/communicator.h"
 #include "dtrain/core/tensor.h"
 #include "dtrain/model/variable.h"
+#include "dtrain/strategies/strategy_extended.h"
 
 namespace dtrain {
 
@@ -82,9 +84,24 @@ class DTRAIN_API StrategyScope {
 
 using ReplicaFn = std::function<std::vector<Tensor>(ReplicaContext& ctx, const std::vector<Tensor>& inputs)>;
 
+// What a per-replica input pipeline is told (TF's tf.distribute.InputContext).
+struct DTRAIN_API InputContext {
+  int num_input_pipelines = 1;
+  int input_pipeline_id = 0;
+  int num_replicas_in_sync = 1;
+  // The per-replica batch for a global batch (throws InvalidArgument if not divisible).
+  int64_t get_per_replica_batch_size(int64_t global_batch_size) const;
+};
+
+// What experimental_distribute_values_from_function tells fn (TF's tf.distribute.ValueContext).
+struct DTRAIN_API ValueContext {
+  int replica_id_in_sync_group = 0;
+  int num_replicas_in_sync = 1;
+};
+
 class DTRAIN_API Strategy {
  public:
-  virtual ~Strategy() = default;
+  virtual ~Strategy();
   Strategy(const Strategy&) = delete;
   Strategy& operator=(const Strategy&) = delete;
 
@@ -95,35 +112,22 @@ class DTRAIN_API Strategy {
   virtual std::string name() const = 0;
   // Replicas in sync over the whole job (all workers).
   virtual int num_replicas_in_sync() const = 0;
-  // Whether this process should log, print progress and write files (true unless multi-worker).
-  virtual bool is_chief() const { return true; }
-  // Sums host values over every worker of the job (identity for single-process strategies); call
-  // from cross-replica context, the same number of times on every worker.
-  virtual std::vector<double> sum_across_workers(std::vector<double> values) { return values; }
   // The devices replicas run on, in replica order (local replicas only).
   virtual std::vector<DeviceSpec> worker_devices() const = 0;
-
-  // Asynchronous strategies (ParameterServer) have each worker train on its own part of the
-  // data: fit() keeps shard `index` of `count` of the training set. Synchronous strategies split
-  // every global batch in distribute_dataset instead and return {1, 0}.
-  struct InputShard {
-    int count = 1, index = 0;
-  };
-  virtual InputShard input_shard() const { return {}; }
-  // The job-wide step count kept by asynchronous strategies (restored with checkpoints), which
-  // fit() trains up to; -1 when the strategy keeps none (fit counts its own steps).
-  virtual int64_t job_step() const { return -1; }
-  // fit() calls this once when training ends, before the final evaluation: an asynchronous
-  // chief waits there for the other workers and writes its final checkpoint.
-  virtual void on_training_end() {}
+  // A number unique to this strategy object in this process (never reused); variables record it.
+  uint64_t instance_id() const { return id_; }
+  // The parts this strategy is assembled from: cluster context, cross-worker ops, training policy.
+  StrategyExtended& extended() { return extended_; }
+  const StrategyExtended& extended() const { return extended_; }
 
   // Calls fn once per local replica with that replica's inputs (inputs.values[r]; an empty
   // PerReplica gives every replica no inputs). Rethrows the first replica's exception after all
-  // replicas have finished. Throws FailedPrecondition when called from inside a replica.
+  // replicas have finished. Throws FailedPrecondition when called from inside a replica, and when fn
+  // touches a variable that belongs to another strategy (or to none: made outside every scope).
   PerReplica run(const ReplicaFn& fn, const PerReplica& inputs = {});
   // Reduces per-replica values across replicas (axis = nullopt) or across replicas and `axis`
-  // (e.g. MEAN over axis 0 divides by the total number of examples). Returns tensors on the
-  // first worker device.
+  // (e.g. MEAN over axis 0 divides by the total number of examples), over every worker of the job.
+  // Returns tensors on the first worker device.
   std::vector<Tensor> reduce(ReduceOp op, const PerReplica& values, std::optional<int> axis = std::nullopt);
   // Concatenates per-replica values along `axis` in replica order (TF's strategy.gather), on the
   // first worker device. Replicas may contribute 0 rows.
@@ -131,25 +135,41 @@ class DTRAIN_API Strategy {
   // Splits a dataset batched at the global batch size into per-replica batches on each replica's
   // device. The returned function yields the next PerReplica and returns false at the end.
   // global_batch_size 0 = the leading dimension of the first batch.
-  std::function<bool(PerReplica*)> distribute_dataset(const Dataset& dataset,
-                                                      int64_t global_batch_size = 0);
+  std::function<bool(PerReplica*)> distribute_dataset(const Dataset& dataset, int64_t global_batch_size = 0);
+  // One dataset per local replica from fn (TF's distribute_datasets_from_function, per replica):
+  // fn gets the replica's InputContext (pipelines = workers x local replicas, id = this replica's
+  // pipeline: worker rank x local replicas + local index)
+  // and returns a dataset batched at the per-replica batch size. Ends when any replica's ends.
+  std::function<bool(PerReplica*)> distribute_datasets_from_function(
+      const std::function<Dataset(const InputContext&)>& fn);
+  // Per-replica values from fn, called once per local replica with its ValueContext; each value is
+  // placed on its replica's device (TF's experimental_distribute_values_from_function).
+  PerReplica experimental_distribute_values_from_function(
+      const std::function<std::vector<Tensor>(const ValueContext&)>& fn);
 
-  // Called by dtrain::create_variable for the innermost strategy in scope.
+  // Called by dtrain::create_variable for the innermost strategy in scope. The variable remembers
+  // its strategy, so that run() can refuse it under another one.
   std::shared_ptr<Variable> create_variable(const VariableSpec& spec);
 
  protected:
-  Strategy() = default;
+  Strategy();
+  // Strategies made of more than the single-process parts install them here, in their constructor.
+  void assemble(StrategyExtended parts) { extended_ = std::move(parts); }
   virtual PerReplica do_run(const ReplicaFn& fn, const PerReplica& inputs) = 0;
   virtual std::shared_ptr<Variable> do_create_variable(const VariableSpec& spec) = 0;
-  // Splits one global batch (components with the global batch as leading dim) per replica.
+  // Splits one global batch (components with the global batch as leading dim) per local replica.
   virtual PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch) = 0;
-  // Multi-worker strategies combine the local reduction with the other workers' (SUM, and the
-  // example counts for MEAN). Default: nothing to combine.
-  virtual void reduce_across_workers(std::vector<Tensor>& /*sums*/, std::vector<int64_t>& /*counts*/) {}
-  // Called by distribute_dataset for every step: multi-worker strategies make all workers agree to
-  // stop when any one runs out of data. Returns whether this step runs.
-  virtual bool agree_on_next(bool have_batch) { return have_batch; }
+
+ private:
+  StrategyExtended extended_;
+  uint64_t id_;  // unique per strategy object in this process; never reused
 };
+
+namespace detail {
+// The id of the strategy whose run() the calling thread is inside (0 outside every run()), and its
+// name in *name. Variables use it to refuse a strategy that is not theirs.
+DTRAIN_API uint64_t running_strategy_id(std::string* name);
+}  // namespace detail
 
 // How TF's rebatching splits `rows` (<= global_batch) over replicas: each takes up to
 // ceil(global_batch / num_replicas) rows in replica order, so a last batch of 6 at global batch 8

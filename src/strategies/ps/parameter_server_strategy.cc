@@ -1,6 +1,5 @@
 #include "dtrain/strategies/parameter_server_strategy.h"
 
-#include <cstdlib>
 #include <thread>
 
 #include "dtrain/core/logging.h"
@@ -17,13 +16,12 @@ using tcp::RpcMessage;
 namespace {
 
 ClusterResolution resolve(std::optional<ClusterResolution> cluster) {
-  if (cluster) return std::move(*cluster);
-  auto env = from_environment();
-  if (!env)
+  if (!cluster) cluster = resolve_cluster();
+  if (!cluster)
     throw InvalidArgument("ParameterServerStrategy needs a cluster: set TF_CONFIG with ps and worker tasks, e.g. "
                           "{\"cluster\": {\"worker\": [\"127.0.0.1:2222\"], \"ps\": [\"127.0.0.1:2223\"]}, "
                           "\"task\": {\"type\": \"worker\", \"index\": 0}} (dtrain-run -np 2 --ps 1 does this)");
-  return std::move(*env);
+  return std::move(*cluster);
 }
 
 ClusterResolution check(ClusterResolution c) {
@@ -31,24 +29,39 @@ ClusterResolution check(ClusterResolution c) {
     throw InvalidArgument("ParameterServerStrategy needs at least one ps task in the cluster (" + c.cluster().to_json() +
                           "); add \"ps\": [\"host:port\"] to TF_CONFIG, or use --strategy=multi_worker_mirrored");
   if (c.task_type() == TaskType::kPs)
-    throw InvalidArgument("task " + c.task_name() + " is a parameter server: run serve_parameter_server() (or the "
-                          "dtrain-ps tool) there; make_strategy(\"parameter_server\") does so automatically");
+    throw FailedPrecondition("task " + c.task_name() + " is a parameter server, which serves variables instead of "
+                             "training: start every task through dtrain::run_task() (it serves ps tasks), or run "
+                             "serve_parameter_server() / the dtrain-ps tool there");
   if (!c.is_training_worker())
-    throw InvalidArgument("task " + c.task_name() + " does not train; ParameterServerStrategy runs on the chief and "
-                          "the workers (an evaluator reads the checkpoints instead)");
+    throw FailedPrecondition("task " + c.task_name() + " does not train; ParameterServerStrategy runs on the chief and "
+                             "the workers (run_task() runs an evaluator task's evaluate function instead)");
   return c;
 }
+
+// The asynchronous training policy: each worker reads its own shard, and the job trains up to its
+// global step, which the chief restores from checkpoints.
+class PsTrainingPolicy final : public TrainingPolicy {
+ public:
+  explicit PsTrainingPolicy(ParameterServerStrategy* s) : s_(s) {}
+  bool synchronous() const override { return false; }
+  InputShard input_shard() const override { return {s_->cluster().num_workers(), s_->cluster().worker_rank()}; }
+  std::optional<int64_t> job_step() const override { return s_->global_step(); }
+  void on_training_end() override { s_->finish_training(); }
+
+ private:
+  ParameterServerStrategy* s_;  // owns this policy (through its extended())
+};
 
 }  // namespace
 
 ParameterServerStrategy::ParameterServerStrategy(ParameterServerOptions options, DeviceSpec device,
                                                  std::optional<ClusterResolution> cluster, std::string token)
     : OneDeviceStrategy(device) {
-  if (const char* dir = std::getenv("DTRAIN_CHECKPOINT_DIR"); dir && *dir) options.checkpoint_dir = dir;
   if (options.checkpoint_every < 1)
     throw InvalidArgument("checkpoint_every must be >= 1 global steps, got " + std::to_string(options.checkpoint_every));
   ClusterResolution c = check(resolve(std::move(cluster)));
-  impl_ = std::make_shared<Impl>(std::move(options), std::move(c), device, ps::job_token(std::move(token)));
+  assemble(StrategyExtended(c, nullptr, std::make_shared<PsTrainingPolicy>(this)));
+  impl_ = std::make_shared<Impl>(std::move(options), std::move(c), device, resolve_job_token(std::move(token)));
   Impl& m = *impl_;
   if (m.cluster.is_chief() && !m.opts.checkpoint_dir.empty()) {
     m.checkpoints = std::make_unique<CheckpointManager>(m.opts.checkpoint_dir);
@@ -87,13 +100,8 @@ std::string ParameterServerStrategy::name() const {
          OneDeviceStrategy::name() + ")";
 }
 
-bool ParameterServerStrategy::is_chief() const { return impl_->cluster.is_chief(); }
 const ClusterResolution& ParameterServerStrategy::cluster() const { return impl_->cluster; }
 int64_t ParameterServerStrategy::global_step() const { return impl_->global_step.load(); }
-
-Strategy::InputShard ParameterServerStrategy::input_shard() const {
-  return {impl_->cluster.num_workers(), impl_->cluster.worker_rank()};
-}
 
 std::shared_ptr<Variable> ParameterServerStrategy::do_create_variable(const VariableSpec& spec) {
   Impl& m = *impl_;
@@ -270,7 +278,7 @@ std::string ParameterServerStrategy::save_checkpoint() {
   return path;
 }
 
-void ParameterServerStrategy::on_training_end() {
+void ParameterServerStrategy::finish_training() {
   Impl& m = *impl_;
   m.ended = true;
   m.clock(true, nullptr);

@@ -281,7 +281,7 @@ class PsServer {
 void serve_parameter_server(const ClusterResolution& cluster, std::string token) {
   if (cluster.task_type() != TaskType::kPs)
     throw InvalidArgument("serve_parameter_server() runs on a ps task, but this task is " + cluster.task_name());
-  TcpGroupOptions o = ps::group_options(cluster, ps::job_token(std::move(token)));
+  TcpGroupOptions o = ps::group_options(cluster, resolve_job_token(std::move(token)));
   // Block the stop signals before any thread starts, so that only sigwait below sees them.
   sigset_t set;
   sigemptyset(&set);

@@ -1,7 +1,5 @@
 #include "strategies/ps/ps_tasks.h"
 
-#include <cstdlib>
-
 #include "dtrain/core/error.h"
 
 namespace dtrain::ps {
@@ -29,17 +27,6 @@ TcpGroupOptions group_options(const ClusterResolution& cluster, const std::strin
   o.rank = rank_of(cluster.cluster(), cluster.task_type(), cluster.task_index());
   o.token = token;
   return o;
-}
-
-std::string job_token(std::string token) {
-  if (token.empty()) {
-    const char* env = std::getenv("DTRAIN_JOB_TOKEN");
-    token = env ? env : "";
-  }
-  if (token.empty())
-    throw InvalidArgument("DTRAIN_JOB_TOKEN is not set: every task of a multi-process job must share a secret token "
-                          "(dtrain-run generates one; or export DTRAIN_JOB_TOKEN=$(openssl rand -hex 32) on every task)");
-  return token;
 }
 
 }  // namespace dtrain::ps

@@ -17,8 +17,5 @@ std::vector<std::string> task_names(const ClusterSpec& cluster);
 int rank_of(const ClusterSpec& cluster, TaskType type, int index);
 // Options for this task's connections (rank, addresses, names, token).
 TcpGroupOptions group_options(const ClusterResolution& cluster, const std::string& token);
-// `token`, else DTRAIN_JOB_TOKEN; throws InvalidArgument saying how to set it when both are empty.
-// (MultiWorkerMirroredStrategy uses it too.)
-std::string job_token(std::string token);
 
 }  // namespace dtrain::ps

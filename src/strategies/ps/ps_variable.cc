@@ -22,7 +22,7 @@ std::shared_ptr<ParameterServerStrategy::Impl> PsVariable::impl() const {
   return m;
 }
 
-Tensor PsVariable::value() const {
+Tensor PsVariable::read_value() const {
   auto m = impl();
   if (!m->in_run.load()) {
     // Outside a step nothing refreshes the cache: read the servers' current values.
@@ -105,7 +105,7 @@ void PsVariable::assign_sub(const Tensor& delta) {
   cache_.copy_from(kernels_for(cache_).binary(BinaryOp::kSub, cache_, delta.to(cache_.device())));
 }
 
-void PsVariable::update(const std::function<void(Tensor& value, size_t copy_index)>& fn) {
+void PsVariable::do_update(const std::function<void(Tensor& value, size_t copy_index)>& fn) {
   // Sent as a difference (assign_add), which the server applies atomically: several workers
   // updating e.g. batch-norm statistics at once all count, as TF's assign_sub on a PS variable.
   const Tensor before = value().clone();

@@ -5,6 +5,7 @@
 
 #include "cluster/cluster_util.h"
 #include "dtrain/cluster/cluster_resolver.h"
+#include "dtrain/core/strings.h"
 #include "dtrain/core/error.h"
 
 namespace dtrain {
@@ -31,11 +32,7 @@ bool is_name_char(char c) {
 std::vector<std::string> expand_group(std::string_view group, const std::string& label,
                                       const std::string& list) {
   std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= group.size()) {
-    size_t end = group.find(',', start);
-    if (end == std::string_view::npos) end = group.size();
-    const std::string_view range = group.substr(start, end - start);
+  for (const std::string_view range : split_list(group)) {
     const size_t dash = range.find('-');
     const std::string_view lo = range.substr(0, dash);
     const std::string_view hi = dash == std::string_view::npos ? lo : range.substr(dash + 1);
@@ -55,7 +52,6 @@ std::vector<std::string> expand_group(std::string_view group, const std::string&
       if (digits.size() < lo.size()) digits.insert(0, lo.size() - digits.size(), '0');
       out.push_back(std::move(digits));
     }
-    start = end + 1;
   }
   return out;
 }
@@ -124,11 +120,7 @@ std::vector<int> parse_tpn(const std::string& text, const std::string& label) {
   };
   if (text.empty()) bad("it is empty");
   std::vector<int> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t end = text.find(',', start);
-    if (end == std::string::npos) end = text.size();
-    const std::string_view item = std::string_view(text).substr(start, end - start);
+  for (const std::string_view item : split_list(text)) {
     const size_t paren = item.find('(');
     const auto count = cluster_detail::parse_int(item.substr(0, paren), 1, 1 << 20);
     if (!count || item.substr(0, paren).front() == '+')
@@ -145,7 +137,6 @@ std::vector<int> parse_tpn(const std::string& text, const std::string& label) {
     if (out.size() + static_cast<size_t>(repeat) > kMaxHosts)
       bad("it lists more than " + std::to_string(kMaxHosts) + " nodes");
     out.insert(out.end(), static_cast<size_t>(repeat), static_cast<int>(*count));
-    start = end + 1;
   }
   return out;
 }

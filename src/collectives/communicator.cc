@@ -14,8 +14,9 @@ const char* reduce_op_name(ReduceOp op) {
 
 void Work::wait(std::chrono::milliseconds timeout) const {
   if (!f_.valid()) return;
+  if (help_ && f_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) help_(state_.get(), id_, timeout);
   if (f_.wait_for(timeout) != std::future_status::ready)
-    throw DeadlineExceeded(what_ + " did not finish within " + std::to_string(timeout.count()) +
+    throw DeadlineExceeded((what_ ? *what_ : std::string("a collective")) + " did not finish within " + std::to_string(timeout.count()) +
                            " ms; a peer is stuck or gone — check the other ranks' logs, or raise "
                            "the collective timeout");
   f_.get();

@@ -1,6 +1,8 @@
 // The process-wide device registry: logical CPU devices as configured, GPUs as discovered.
 #include "dtrain/devices/device.h"
 
+#include "dtrain/core/strings.h"
+
 #include <algorithm>
 #include <mutex>
 #include <thread>
@@ -142,14 +144,8 @@ std::vector<DeviceSpec> parse_devices_flag(const std::string& flag, int threads)
     if (f == "gpu") {
       for (int i = 0; i < visible; ++i) out.push_back(DeviceSpec::gpu(i));
     } else {
-      std::string rest = f.substr(4);
-      size_t pos = 0;
-      while (pos <= rest.size()) {
-        const size_t comma = rest.find(',', pos);
-        out.push_back(DeviceSpec::gpu(parse_int(rest.substr(pos, comma - pos))));
-        if (comma == std::string::npos) break;
-        pos = comma + 1;
-      }
+      for (const std::string_view index : split_list(std::string_view(f).substr(4)))
+        out.push_back(DeviceSpec::gpu(parse_int(std::string(index))));
     }
     if (out.empty())
       throw Unavailable("--devices=" + flag + " asks for GPUs but none is visible (" +

@@ -1,4 +1,5 @@
 // Picks how replicas' tensors are combined, and says why in one log line.
+#include "collectives/sync_collectives.h"
 #include "collectives/nccl/nccl_local.h"
 #include "dtrain/collectives/inproc.h"
 #include "dtrain/core/logging.h"
@@ -9,44 +10,39 @@ namespace {
 
 // Reduction through host memory: each rank stages device tensors in host buffers and the ranks
 // all-reduce those in place (a no-op staging for CPU tensors). Works for any device type.
-class HostStagedCommunicator final : public Communicator {
+class HostStagedCommunicator final : public SyncCollectives {
  public:
   explicit HostStagedCommunicator(std::unique_ptr<Communicator> inner) : inner_(std::move(inner)) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
-  Work allreduce(Tensor& t, ReduceOp op) override {
-    if (t.device().host_accessible()) return inner_->allreduce(t, op);
+  void allreduce(Tensor& t, ReduceOp op) override {
+    if (t.device().host_accessible()) return inner_->allreduce(t, op).wait();
     Tensor h = t.to(DeviceSpec::cpu());
     inner_->allreduce(h, op).wait();
     t.copy_from(h);
-    return Work::completed();
   }
-  Work allgather(const Tensor& in, Tensor& out) override {
+  void allgather(const Tensor& in, Tensor& out) override {
     Tensor hi = in.to(DeviceSpec::cpu()), ho = Tensor::empty(out.shape(), out.dtype());
     inner_->allgather(hi, ho).wait();
     out.copy_from(ho);
-    return Work::completed();
   }
-  Work broadcast(Tensor& t, int root) override {
+  void broadcast(Tensor& t, int root) override {
     Tensor h = t.to(DeviceSpec::cpu());
     inner_->broadcast(h, root).wait();
     if (!t.device().host_accessible()) t.copy_from(h);
-    return Work::completed();
   }
-  Work reduce(Tensor& t, int root, ReduceOp op) override {
-    if (t.device().host_accessible()) return inner_->reduce(t, root, op);
+  void reduce(Tensor& t, int root, ReduceOp op) override {
+    if (t.device().host_accessible()) return inner_->reduce(t, root, op).wait();
     Tensor h = t.to(DeviceSpec::cpu());
     inner_->reduce(h, root, op).wait();
     if (inner_->rank() == root) t.copy_from(h);
-    return Work::completed();
   }
-  Work reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
+  void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
     Tensor hi = in.to(DeviceSpec::cpu()), ho = Tensor::empty(out.shape(), out.dtype());
     inner_->reduce_scatter(hi, ho, op).wait();
     out.copy_from(ho);
-    return Work::completed();
   }
-  Work barrier() override { return inner_->barrier(); }
+  void barrier() override { inner_->barrier().wait(); }
   void abort(const std::string& reason) override { inner_->abort(reason); }
 
  private:
@@ -55,7 +51,7 @@ class HostStagedCommunicator final : public Communicator {
 
 std::vector<std::unique_ptr<Communicator>> staged(int n, CollectiveOptions o) {
   std::vector<std::unique_ptr<Communicator>> out;
-  for (auto& c : make_inproc_group(n, o)) out.push_back(std::make_unique<HostStagedCommunicator>(std::move(c)));
+  for (auto& c : make_inproc_group(n, o)) out.push_back(make_async_communicator(std::make_unique<HostStagedCommunicator>(std::move(c)), o.timeout));
   return out;
 }
 

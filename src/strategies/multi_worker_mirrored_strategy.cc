@@ -53,6 +53,7 @@ StrategyExtended connect_workers(const std::vector<DeviceSpec>& devices, const C
                           "implementation RING (the TCP ring, DTRAIN_COLLECTIVE=ring) for CPU devices");
   auto comms = std::make_shared<CrossWorkerCommunicators>();
   comms->workers = cluster.num_workers();
+  comms->timeout = comm.timeout;
   CollectiveOptions co;
   co.timeout = comm.timeout;
   if (comm.implementation == Implementation::kMpi) {

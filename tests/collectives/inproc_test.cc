@@ -2,6 +2,7 @@
 // {0,1,odd,large} and every dtype, plus mismatch, abort and timeout behaviour.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <thread>
@@ -142,6 +143,61 @@ TEST(Inproc, MissingRankTimesOutNamingIt) {
     c.barrier().wait();
   }, o);
   EXPECT_NE(errs[0].find("rank(s) 2 did not arrive"), std::string::npos) << errs[0];
+}
+
+
+// Work is really asynchronous: collectives return before they complete, run on the communicator's
+// thread in issue order, and wait(timeout) is bounded even while a peer is missing.
+TEST(Async, CollectivesReturnAtOnceAndCompleteInOrder) {
+  CollectiveOptions o;
+  o.timeout = std::chrono::seconds(20);
+  auto comms = make_inproc_group(2, o);
+  Tensor a0 = Tensor::full(Shape{1000}, 1.f), b0 = Tensor::full(Shape{10}, 5.f);
+  Tensor a1 = Tensor::full(Shape{1000}, 2.f), b1 = Tensor::full(Shape{10}, 7.f);
+  // Rank 0 issues two collectives; rank 1 has issued nothing, so neither can have completed.
+  Work w0a = comms[0]->allreduce(a0, ReduceOp::kSum);
+  Work w0b = comms[0]->allreduce(b0, ReduceOp::kMax);
+  EXPECT_FALSE(w0a.ready());
+  EXPECT_FALSE(w0b.ready());
+  // A short wait gives up with DeadlineExceeded naming the collective; the collective goes on.
+  try {
+    w0a.wait(std::chrono::milliseconds(100));
+    ADD_FAILURE() << "a collective completed without its peer";
+  } catch (const DeadlineExceeded& e) {
+    EXPECT_NE(std::string(e.what()).find("allreduce on rank 0 of 2"), std::string::npos) << e.what();
+  }
+  // Rank 1 joins from another thread; both of rank 0's collectives complete, in order.
+  std::thread t1([&] {
+    comms[1]->allreduce(a1, ReduceOp::kSum).wait();
+    comms[1]->allreduce(b1, ReduceOp::kMax).wait();
+  });
+  w0b.wait();  // waiting on the later one first is fine: it runs after the first
+  EXPECT_TRUE(w0a.ready());
+  w0a.wait();
+  t1.join();
+  EXPECT_EQ(a0.to_vector<float>()[999], 3.f);
+  EXPECT_EQ(a1.to_vector<float>()[0], 3.f);
+  EXPECT_EQ(b0.to_vector<float>()[3], 7.f);
+}
+
+TEST(Async, AnErrorOnTheCommunicationThreadIsRethrownByWait) {
+  auto comms = make_inproc_group(2, {});
+  Tensor in = Tensor::zeros(Shape{5}), out = Tensor::zeros(Shape{7});  // not size * 5 elements
+  Work w = comms[0]->allgather(in, out);
+  EXPECT_THROW(w.wait(), InvalidArgument);
+  EXPECT_THROW(w.wait(), InvalidArgument);  // every wait sees it
+}
+
+TEST(Async, DestroyingACommunicatorWithPendingWorkFailsItFast) {
+  CollectiveOptions o;
+  o.timeout = std::chrono::seconds(60);
+  auto comms = make_inproc_group(2, o);
+  Tensor t = Tensor::zeros(Shape{4});
+  Work w = comms[0]->allreduce(t, ReduceOp::kSum);  // rank 1 never joins
+  const auto t0 = std::chrono::steady_clock::now();
+  comms[0].reset();  // aborts the group instead of waiting out the 60 s timeout
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_THROW(w.wait(), Unavailable);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "bench_util.h"
 #include "dtrain/collectives/inproc.h"
+#include "dtrain/core/strings.h"
 #include "dtrain/collectives/tcp.h"
 
 namespace dtrain::bench {
@@ -102,13 +103,7 @@ int allreduce_worker(int rank, const std::string& addresses, const std::string& 
                      int iters, int warmup) {
   TcpGroupOptions o;
   o.rank = rank;
-  size_t p = 0;
-  while (p < addresses.size()) {
-    const size_t c = addresses.find(',', p);
-    o.addresses.push_back(addresses.substr(p, c == std::string::npos ? std::string::npos : c - p));
-    if (c == std::string::npos) break;
-    p = c + 1;
-  }
+  for (const std::string_view a : split_list(addresses)) o.addresses.emplace_back(a);
   o.token = token;
   auto comm = connect_tcp_group(o);
   const int n = static_cast<int>(o.addresses.size());

@@ -1,5 +1,7 @@
 #include "bench_util.h"
 
+#include "dtrain/core/strings.h"
+
 #include <algorithm>
 #include <array>
 #include <cstdio>
@@ -42,10 +44,8 @@ std::string self_dir() { return std::filesystem::canonical("/proc/self/exe").par
 
 std::vector<long> parse_sizes(const std::string& s) {
   std::vector<long> out;
-  size_t p = 0;
-  while (p < s.size()) {
-    const size_t c = s.find(',', p);
-    std::string item = s.substr(p, c == std::string::npos ? std::string::npos : c - p);
+  for (const std::string_view given : split_list(s)) {
+    std::string item(given);
     long mult = 1;
     if (!item.empty() && (item.back() == 'K' || item.back() == 'k')) mult = 1024;
     if (!item.empty() && (item.back() == 'M' || item.back() == 'm')) mult = 1024 * 1024;
@@ -57,10 +57,8 @@ std::vector<long> parse_sizes(const std::string& s) {
     } catch (const std::exception&) {
     }
     if (v < 0 || used != item.size())
-      throw std::invalid_argument("bad size '" + s.substr(p, c - p) + "' in --sizes; use bytes with K/M suffixes, e.g. 4K,1M,64M");
+      throw std::invalid_argument("bad size '" + std::string(given) + "' in --sizes; use bytes with K/M suffixes, e.g. 4K,1M,64M");
     out.push_back(v * mult);
-    if (c == std::string::npos) break;
-    p = c + 1;
   }
   return out;
 }

@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "dtrain/core/strings.h"
+
 namespace dtrain::run {
 namespace {
 
@@ -68,11 +70,8 @@ std::vector<HostSlots> parse_hosts(const std::string& spec) {
   if (spec.empty()) throw UsageError(std::string("-H needs a host list, ") + kHostsExample);
   std::vector<HostSlots> hosts;
   std::set<std::string> seen;
-  size_t start = 0;
-  while (start <= spec.size()) {
-    size_t comma = spec.find(',', start);
-    if (comma == std::string::npos) comma = spec.size();
-    const std::string entry = spec.substr(start, comma - start);
+  for (const std::string_view item : dtrain::split_list(spec)) {
+    const std::string entry(item);
     const auto bad = [&](const std::string& why) {
       return UsageError("malformed -H entry '" + entry + "' in '" + spec + "': " + why + "; " +
                         kHostsExample);
@@ -92,7 +91,6 @@ std::vector<HostSlots> parse_hosts(const std::string& spec) {
       throw bad("host '" + h.host + "' is listed twice; give it once with all its slots");
     }
     hosts.push_back(h);
-    start = comma + 1;
   }
   return hosts;
 }

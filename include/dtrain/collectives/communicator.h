@@ -3,8 +3,9 @@
 // issue the same collectives in the same order; each call carries a fingerprint (sequence number,
 // op, dtype, count) that peers check, and a finite timeout.
 //
-// Collectives are asynchronous: they return a Work whose wait() blocks (with a timeout) until the
-// result is in place and rethrows any error. Tensors passed in must stay alive and untouched until
+// Collectives are asynchronous: they return at once with a Work, completed by the communicator's
+// communication thread (in issue order); wait() blocks (with a timeout) until the result is in place
+// and rethrows any error. Tensors passed in must stay alive and untouched until
 // wait() returns. Thread-safety: one thread per rank issues collectives; Work may be waited on from
 // any thread.
 #pragma once
@@ -32,11 +33,22 @@ struct DTRAIN_API CollectiveOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
 };
 
-// The pending result of an asynchronous collective.
+// The pending result of an asynchronous collective. The communicator's communication thread runs
+// collectives in the order they were issued and completes their Work; a wait() on a collective that
+// has not started yet (and is next in line) runs it on the waiting thread instead, when the wait's
+// timeout is at least the collective's own bound, so a caller that waits at once pays no hand-off.
 class DTRAIN_API Work {
  public:
+  // What wait() calls first with (state, id, timeout): it may run collective `id` on the waiting
+  // thread when `timeout` allows for the collective's own bound (see make_async_communicator).
+  using HelpFn = void (*)(void* state, uint64_t id, std::chrono::milliseconds timeout);
+
   Work() = default;
-  explicit Work(std::shared_future<void> f, std::string what) : f_(std::move(f)), what_(std::move(what)) {}
+  Work(std::shared_future<void> f, std::string what)
+      : f_(std::move(f)), what_(std::make_shared<const std::string>(std::move(what))) {}
+  Work(std::shared_future<void> f, std::shared_ptr<const std::string> what, std::shared_ptr<void> state, HelpFn help,
+       uint64_t id)
+      : f_(std::move(f)), what_(std::move(what)), state_(std::move(state)), help_(help), id_(id) {}
   // Blocks until done or `timeout` passes (DeadlineExceeded). Rethrows the collective's error.
   void wait(std::chrono::milliseconds timeout = std::chrono::minutes(10)) const;
   bool ready() const;
@@ -44,7 +56,10 @@ class DTRAIN_API Work {
 
  private:
   std::shared_future<void> f_;
-  std::string what_;
+  std::shared_ptr<const std::string> what_;  // shared: no string is built per collective
+  std::shared_ptr<void> state_;
+  HelpFn help_ = nullptr;
+  uint64_t id_ = 0;
 };
 
 class DTRAIN_API Communicator {

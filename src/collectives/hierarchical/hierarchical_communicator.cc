@@ -1,3 +1,4 @@
+#include "collectives/sync_collectives.h"
 #include "collectives/hierarchical/hierarchical_communicator.h"
 
 #include "collectives/reduction.h"
@@ -10,14 +11,14 @@ namespace {
 Tensor to_host(const Tensor& t) { return t.device().host_accessible() ? t : t.to(DeviceSpec::cpu()); }
 
 // Local shared-memory reduction, then local replica 0 across workers, then local broadcast.
-class HierarchicalCommunicator final : public Communicator {
+class HierarchicalCommunicator final : public SyncCollectives {
  public:
   HierarchicalCommunicator(std::unique_ptr<Communicator> local, std::shared_ptr<CrossWorkerCommunicators> cross, int local_size)
       : local_(std::move(local)), cross_(std::move(cross)), local_size_(local_size) {}
   int rank() const override { return cross_->host->rank() * local_size_ + local_->rank(); }
   int size() const override { return cross_->workers * local_size_; }
 
-  Work allreduce(Tensor& t, ReduceOp op) override {
+  void allreduce(Tensor& t, ReduceOp op) override {
     const ReduceOp partial = op == ReduceOp::kMean ? ReduceOp::kSum : op;
     local_->allreduce(t, partial).wait();
     if (local_->rank() == 0) {
@@ -37,15 +38,13 @@ class HierarchicalCommunicator final : public Communicator {
         t.copy_from(kernels_for(t).affine(t, 1.f / static_cast<float>(size()), 0.f));
       }
     }
-    return Work::completed();
   }
-  Work barrier() override {
+  void barrier() override {
     local_->barrier().wait();
     if (local_->rank() == 0) cross_->host->barrier().wait();
     local_->barrier().wait();
-    return Work::completed();
   }
-  Work broadcast(Tensor& t, int root) override {
+  void broadcast(Tensor& t, int root) override {
     if (root != 0) throw Unimplemented("hierarchical broadcast supports root 0 (the chief's first replica)");
     if (local_->rank() == 0) {
       if (cross_->device && !t.device().host_accessible()) {
@@ -56,20 +55,19 @@ class HierarchicalCommunicator final : public Communicator {
         if (h.raw_data() != t.raw_data()) t.copy_from(h);
       }
     }
-    return local_->broadcast(t, 0);
+    local_->broadcast(t, 0).wait();
   }
-  Work reduce(Tensor& t, int root, ReduceOp op) override {
+  void reduce(Tensor& t, int root, ReduceOp op) override {
     if (root != 0) throw Unimplemented("hierarchical reduce supports root 0");
     Tensor copy = t.clone();
     allreduce(copy, op);
     if (rank() == 0) t.copy_from(copy);
-    return Work::completed();
   }
-  Work allgather(const Tensor&, Tensor&) override {
+  void allgather(const Tensor&, Tensor&) override {
     throw Unimplemented("MultiWorkerMirroredStrategy's replica contexts gather with merge_call; "
                         "use connect_tcp_group() directly for a cross-worker allgather");
   }
-  Work reduce_scatter(const Tensor&, Tensor&, ReduceOp) override {
+  void reduce_scatter(const Tensor&, Tensor&, ReduceOp) override {
     throw Unimplemented("MultiWorkerMirroredStrategy does not reduce-scatter; use connect_tcp_group() directly");
   }
   void abort(const std::string& reason) override {
@@ -89,7 +87,8 @@ class HierarchicalCommunicator final : public Communicator {
 std::unique_ptr<Communicator> make_hierarchical_communicator(std::unique_ptr<Communicator> local,
                                                              std::shared_ptr<CrossWorkerCommunicators> cross,
                                                              int local_size) {
-  return std::make_unique<HierarchicalCommunicator>(std::move(local), std::move(cross), local_size);
+  const std::chrono::milliseconds bound = cross->timeout;
+  return make_async_communicator(std::make_unique<HierarchicalCommunicator>(std::move(local), std::move(cross), local_size), bound);
 }
 
 }  // namespace dtrain

@@ -6,6 +6,7 @@
 // Only local replica 0 touches the cross-worker communicators during a collective.
 #pragma once
 
+#include <chrono>
 #include <memory>
 
 #include "dtrain/collectives/communicator.h"
@@ -16,6 +17,7 @@ struct CrossWorkerCommunicators {
   std::unique_ptr<Communicator> host;    // TCP ring or MPI between the workers (host tensors)
   std::unique_ptr<Communicator> device;  // NCCL between the workers' first GPUs; null when absent
   int workers = 1;
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // one collective's bound
 };
 
 // rank = cross rank x local size + local rank; size = workers x local size.

@@ -1,3 +1,4 @@
+#include "collectives/sync_collectives.h"
 #include <immintrin.h>
 
 #include <atomic>
@@ -60,7 +61,6 @@ class Group {
       gen_.fetch_add(1, std::memory_order_release);
       std::lock_guard<std::mutex> lock(mu_);
       cv_.notify_all();
-      return;
     }
     if (spin_) {
       // ~50 us of spinning (pause is ~140 cycles on recent cores), then sleep: a longer spin
@@ -126,13 +126,13 @@ class Group {
   std::string abort_reason_;
 };
 
-class InprocCommunicator final : public Communicator {
+class InprocCommunicator final : public SyncCollectives {
  public:
   InprocCommunicator(std::shared_ptr<Group> g, int rank) : g_(std::move(g)), rank_(rank) {}
   int rank() const override { return rank_; }
   int size() const override { return g_->size(); }
 
-  Work allreduce(Tensor& t, ReduceOp op) override {
+  void allreduce(Tensor& t, ReduceOp op) override {
     require_host(t, "allreduce");
     post(Op::kAllreduce, t.dtype(), t.numel(), static_cast<int>(op), 0, t.raw_data(), t.raw_data());
     run("allreduce", [&] {
@@ -154,10 +154,9 @@ class InprocCommunicator final : public Communicator {
           if (r != rank_) std::memcpy(static_cast<char*>(g_->slot(r).out) + static_cast<size_t>(b) * esize, mine, m * esize);
       }
     });
-    return Work::completed();
   }
 
-  Work allgather(const Tensor& in, Tensor& out) override {
+  void allgather(const Tensor& in, Tensor& out) override {
     require_host(in, "allgather");
     require_host(out, "allgather");
     if (out.numel() != in.numel() * size() || out.dtype() != in.dtype())
@@ -169,20 +168,18 @@ class InprocCommunicator final : public Communicator {
       for (int r = 0; r < size(); ++r)
         std::memcpy(static_cast<char*>(out.raw_data()) + static_cast<size_t>(r) * bytes, g_->slot(r).in, bytes);
     });
-    return Work::completed();
   }
 
-  Work broadcast(Tensor& t, int root) override {
+  void broadcast(Tensor& t, int root) override {
     require_host(t, "broadcast");
     if (root < 0 || root >= size()) throw InvalidArgument("broadcast: root " + std::to_string(root) + " out of range");
     post(Op::kBroadcast, t.dtype(), t.numel(), 0, root, t.raw_data(), t.raw_data());
     run("broadcast", [&] {
       if (rank_ != root) std::memcpy(t.raw_data(), g_->slot(root).in, t.nbytes());
     });
-    return Work::completed();
   }
 
-  Work reduce(Tensor& t, int root, ReduceOp op) override {
+  void reduce(Tensor& t, int root, ReduceOp op) override {
     require_host(t, "reduce");
     if (root < 0 || root >= size()) throw InvalidArgument("reduce: root " + std::to_string(root) + " out of range");
     post(Op::kReduce, t.dtype(), t.numel(), static_cast<int>(op), root, t.raw_data(), t.raw_data());
@@ -199,10 +196,9 @@ class InprocCommunicator final : public Communicator {
                                    static_cast<size_t>(end - begin), t.dtype(), op);
       if (op == ReduceOp::kMean) collectives::scale_for_mean(dst, static_cast<size_t>(end - begin), t.dtype(), n);
     });
-    return Work::completed();
   }
 
-  Work reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
+  void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
     require_host(in, "reduce_scatter");
     const int n = size();
     if (in.numel() % n != 0 || out.numel() != in.numel() / n || out.dtype() != in.dtype())
@@ -218,13 +214,11 @@ class InprocCommunicator final : public Communicator {
         collectives::reduce_into(out.raw_data(), static_cast<const char*>(g_->slot(r).in) + off, m, in.dtype(), op);
       if (op == ReduceOp::kMean) collectives::scale_for_mean(out.raw_data(), m, in.dtype(), n);
     });
-    return Work::completed();
   }
 
-  Work barrier() override {
+  void barrier() override {
     post(Op::kBarrier, DType::kFloat32, 0, 0, 0, nullptr, nullptr);
     g_->barrier(rank_, "barrier");
-    return Work::completed();
   }
 
   void abort(const std::string& reason) override { g_->abort(reason); }
@@ -281,7 +275,7 @@ std::vector<std::unique_ptr<Communicator>> make_inproc_group(int size, Collectiv
   if (size < 1) throw InvalidArgument("an in-process group needs at least one rank, got " + std::to_string(size));
   auto g = std::make_shared<Group>(size, options);
   std::vector<std::unique_ptr<Communicator>> out;
-  for (int r = 0; r < size; ++r) out.push_back(std::make_unique<InprocCommunicator>(g, r));
+  for (int r = 0; r < size; ++r) out.push_back(make_async_communicator(std::make_unique<InprocCommunicator>(g, r), options.timeout));
   return out;
 }
 

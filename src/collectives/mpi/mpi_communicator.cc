@@ -1,3 +1,4 @@
+#include "collectives/sync_collectives.h"
 #include "collectives/mpi/mpi_communicator.h"
 
 #include <mpi.h>
@@ -34,7 +35,7 @@ MPI_Op mpi_op(ReduceOp op) {
   return MPI_SUM;
 }
 
-class MpiCommunicator final : public Communicator {
+class MpiCommunicator final : public SyncCollectives {
  public:
   explicit MpiCommunicator(CollectiveOptions o) : o_(o) {
     int inited = 0;
@@ -59,30 +60,27 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  Work allreduce(Tensor& t, ReduceOp op) override {
+  void allreduce(Tensor& t, ReduceOp op) override {
     host(t, "allreduce");
     MPI_Request req;
     MPI_Iallreduce(MPI_IN_PLACE, t.raw_data(), count(t), mpi_type(t.dtype(), "allreduce"), mpi_op(op), MPI_COMM_WORLD, &req);
     wait(req, "allreduce");
     if (op == ReduceOp::kMean) collectives::scale_for_mean(t.raw_data(), static_cast<size_t>(t.numel()), t.dtype(), size_);
-    return Work::completed();
   }
-  Work allgather(const Tensor& in, Tensor& out) override {
+  void allgather(const Tensor& in, Tensor& out) override {
     host(in, "allgather");
     MPI_Request req;
     const MPI_Datatype dt = mpi_type(in.dtype(), "allgather");
     MPI_Iallgather(in.raw_data(), count(in), dt, out.raw_data(), count(in), dt, MPI_COMM_WORLD, &req);
     wait(req, "allgather");
-    return Work::completed();
   }
-  Work broadcast(Tensor& t, int root) override {
+  void broadcast(Tensor& t, int root) override {
     host(t, "broadcast");
     MPI_Request req;
     MPI_Ibcast(t.raw_data(), count(t), mpi_type(t.dtype(), "broadcast"), root, MPI_COMM_WORLD, &req);
     wait(req, "broadcast");
-    return Work::completed();
   }
-  Work reduce(Tensor& t, int root, ReduceOp op) override {
+  void reduce(Tensor& t, int root, ReduceOp op) override {
     host(t, "reduce");
     MPI_Request req;
     MPI_Ireduce(rank_ == root ? MPI_IN_PLACE : t.raw_data(), rank_ == root ? t.raw_data() : nullptr, count(t),
@@ -90,22 +88,19 @@ class MpiCommunicator final : public Communicator {
     wait(req, "reduce");
     if (op == ReduceOp::kMean && rank_ == root)
       collectives::scale_for_mean(t.raw_data(), static_cast<size_t>(t.numel()), t.dtype(), size_);
-    return Work::completed();
   }
-  Work reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
+  void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
     host(in, "reduce_scatter");
     MPI_Request req;
     MPI_Ireduce_scatter_block(in.raw_data(), out.raw_data(), count(out), mpi_type(in.dtype(), "reduce_scatter"),
                               mpi_op(op), MPI_COMM_WORLD, &req);
     wait(req, "reduce_scatter");
     if (op == ReduceOp::kMean) collectives::scale_for_mean(out.raw_data(), static_cast<size_t>(out.numel()), in.dtype(), size_);
-    return Work::completed();
   }
-  Work barrier() override {
+  void barrier() override {
     MPI_Request req;
     MPI_Ibarrier(MPI_COMM_WORLD, &req);
     wait(req, "barrier");
-    return Work::completed();
   }
   void abort(const std::string& reason) override {
     // MPI cannot cancel a collective another rank is blocked in: end the whole job, loudly.
@@ -146,7 +141,7 @@ class MpiCommunicator final : public Communicator {
 bool mpi_available() { return true; }
 
 std::unique_ptr<Communicator> make_mpi_communicator(CollectiveOptions options) {
-  return std::make_unique<MpiCommunicator>(options);
+  return make_async_communicator(std::make_unique<MpiCommunicator>(options), options.timeout);
 }
 
 }  // namespace dtrain

@@ -3,6 +3,7 @@
 // rank drives its communicator on a dedicated stream; waits poll the stream against the group's
 // deadline and abort the NCCL communicator (ncclCommAbort) instead of hanging when a peer never
 // arrives.
+#include "collectives/sync_collectives.h"
 #include "collectives/nccl/nccl_local.h"
 
 #include <cuda_runtime.h>
@@ -66,7 +67,7 @@ struct Shared {
 
 // Rank `rank` of `size`, driving comms[index] on gpus[index] of the shared state (index == rank
 // for a local group, 0 for one GPU per process).
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public SyncCollectives {
  public:
   NcclCommunicator(std::shared_ptr<Shared> s, int index, int rank, int size)
       : s_(std::move(s)), index_(index), rank_(rank), size_(size) {
@@ -80,44 +81,39 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  Work allreduce(Tensor& t, ReduceOp op) override {
+  void allreduce(Tensor& t, ReduceOp op) override {
     prepare(t, "allreduce");
     check_nccl(ncclAllReduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()),
                              nccl_op(op), comm(), stream_), "ncclAllReduce");
     wait("allreduce");
-    return Work::completed();
   }
-  Work allgather(const Tensor& in, Tensor& out) override {
+  void allgather(const Tensor& in, Tensor& out) override {
     prepare(in, "allgather");
     check_nccl(ncclAllGather(in.raw_data(), out.raw_data(), static_cast<size_t>(in.numel()), nccl_type(in.dtype()),
                              comm(), stream_), "ncclAllGather");
     wait("allgather");
-    return Work::completed();
   }
-  Work broadcast(Tensor& t, int root) override {
+  void broadcast(Tensor& t, int root) override {
     prepare(t, "broadcast");
     check_nccl(ncclBroadcast(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()), root,
                              comm(), stream_), "ncclBroadcast");
     wait("broadcast");
-    return Work::completed();
   }
-  Work reduce(Tensor& t, int root, ReduceOp op) override {
+  void reduce(Tensor& t, int root, ReduceOp op) override {
     prepare(t, "reduce");
     check_nccl(ncclReduce(t.raw_data(), t.raw_data(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()),
                           nccl_op(op), root, comm(), stream_), "ncclReduce");
     wait("reduce");
-    return Work::completed();
   }
-  Work reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
+  void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
     prepare(in, "reduce_scatter");
     check_nccl(ncclReduceScatter(in.raw_data(), out.raw_data(), static_cast<size_t>(out.numel()),
                                  nccl_type(in.dtype()), nccl_op(op), comm(), stream_), "ncclReduceScatter");
     wait("reduce_scatter");
-    return Work::completed();
   }
-  Work barrier() override {
+  void barrier() override {
     Tensor one = Tensor::zeros(Shape{1}, DType::kInt32, DeviceSpec::gpu(gpu()));
-    return allreduce(one, ReduceOp::kSum);
+    allreduce(one, ReduceOp::kSum);
   }
   void abort(const std::string& reason) override {
     {
@@ -200,8 +196,8 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_local_group(const std::vect
   DTRAIN_LOG(INFO) << "NCCL " << version << " communicators for " << devices.size() << " GPU(s)";
   std::vector<std::unique_ptr<Communicator>> out;
   for (size_t r = 0; r < devices.size(); ++r)
-    out.push_back(std::make_unique<NcclCommunicator>(s, static_cast<int>(r), static_cast<int>(r),
-                                                     static_cast<int>(devices.size())));
+    out.push_back(make_async_communicator(std::make_unique<NcclCommunicator>(
+        s, static_cast<int>(r), static_cast<int>(r), static_cast<int>(devices.size())), options.timeout));
   return out;
 }
 
@@ -248,7 +244,7 @@ std::unique_ptr<Communicator> make_nccl_process_group(DeviceSpec device, Communi
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   DTRAIN_LOG(INFO) << "NCCL communicator rank " << rank << " of " << size << " on " << device.to_string();
-  return std::make_unique<NcclCommunicator>(s, 0, rank, size);
+  return make_async_communicator(std::make_unique<NcclCommunicator>(s, 0, rank, size), options.timeout);
 }
 
 }  // namespace dtrain

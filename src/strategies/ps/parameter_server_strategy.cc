@@ -9,10 +9,6 @@
 
 namespace dtrain {
 
-using tcp::MetaReader;
-using tcp::MetaWriter;
-using tcp::RpcMessage;
-
 namespace {
 
 ClusterResolution resolve(std::optional<ClusterResolution> cluster) {
@@ -52,6 +48,138 @@ class PsTrainingPolicy final : public TrainingPolicy {
   ParameterServerStrategy* s_;  // owns this policy (through its extended())
 };
 
+using Impl = ParameterServerStrategy::Impl;
+
+// The variable's key on the servers and in checkpoints. Names repeat when a model is built twice;
+// the creation order makes keys agree across workers (and with SidecarEvaluator, which names the
+// same way).
+std::string claim_key(Impl& m, const std::string& name) {
+  std::string key = name;
+  for (int n = 1; m.used_keys.count(key); ++n) key = name + "_" + std::to_string(n);
+  m.used_keys.insert(key);
+  return key;
+}
+
+// How many shards the variable is split into along axis 0: the partitioner's answer, at most one
+// per row.
+int shard_count(const Impl& m, const VariableSpec& spec) {
+  if (!m.opts.partitioner || spec.shape.rank() == 0 || spec.shape[0] <= 1) return 1;
+  return static_cast<int>(
+      std::clamp<int64_t>(m.opts.partitioner(spec.shape, spec.dtype, static_cast<int>(m.ps.size())), 1, spec.shape[0]));
+}
+
+// The rows of each of the `shards` shards of the variable `base`, placed on the servers round
+// robin, continuing from the previous variable.
+std::vector<PsVariable::Shard> place_shards(Impl& m, const VariableSpec& spec, const std::string& base, int shards) {
+  const int num_ps = static_cast<int>(m.ps.size());
+  const std::vector<int64_t> rows = spec.shape.rank() > 0 ? shard_rows(spec.shape[0], shards) : std::vector<int64_t>{0};
+  std::vector<PsVariable::Shard> layout;
+  int64_t begin = 0;
+  for (int s = 0; s < shards; ++s) {
+    PsVariable::Shard sh;
+    sh.ps = m.next_ps;
+    m.next_ps = (m.next_ps + 1) % num_ps;
+    sh.key = shards == 1 ? base : base + "/part_" + std::to_string(s);
+    sh.row_begin = begin;
+    sh.rows = rows[static_cast<size_t>(s)];
+    begin += sh.rows;
+    layout.push_back(sh);
+  }
+  return layout;
+}
+
+// A variable as the chief's checkpoint holds it (whole: shards concatenated, so a job may restore
+// into a different number of ps tasks or another partitioner).
+struct SavedVariable {
+  const Tensor* value = nullptr;
+  std::vector<const Tensor*> slots;
+  int64_t updates = 0;
+};
+
+// The chief's checkpointed value of the variable `key`; nullopt when the chief is not restoring.
+// Throws FailedPrecondition when the checkpoint has no such variable (another model wrote it).
+std::optional<SavedVariable> find_saved(const Impl& m, const VariableSpec& spec, const std::string& key) {
+  if (!m.restored) return std::nullopt;
+  const Tensor* saved = m.restored->find(key);
+  if (!saved || saved->shape() != spec.shape || saved->dtype() != spec.dtype)
+    throw FailedPrecondition("the checkpoint " + m.checkpoints->latest_path().value_or("?") + " has no variable '" + key +
+                             "' of " + dtype_name(spec.dtype) + " " + spec.shape.to_string() +
+                             (saved ? std::string(" (it has ") + saved->to_string() + ")" : std::string()) +
+                             ": it was written by a different model; use another --checkpoint-dir or remove it");
+  SavedVariable out;
+  out.value = saved;
+  for (int j = 0; const Tensor* slot = m.restored->find(key + "/slot_" + std::to_string(j)); ++j) out.slots.push_back(slot);
+  auto it = m.restored->metadata.find(key + "/updates");
+  if (it != m.restored->metadata.end()) out.updates = std::atoll(it->second.c_str());
+  return out;
+}
+
+// The initializer's value of a new variable, on the CPU.
+Tensor initial_value(const VariableSpec& spec) {
+  Tensor init = spec.initializer(spec.shape, spec.dtype, DeviceSpec::cpu()).to(DeviceSpec::cpu());
+  if (init.shape() != spec.shape || init.dtype() != spec.dtype)
+    throw InvalidArgument("initializer of variable '" + spec.name + "' returned " + init.to_string() +
+                          ", expected shape " + spec.shape.to_string());
+  return init;
+}
+
+// The chief: creates every shard of `var` on its server, from the checkpoint when restoring, else
+// from the initializer.
+void create_shards(Impl& m, const VariableSpec& spec, const PsVariable& var) {
+  const std::optional<SavedVariable> saved = find_saved(m, spec, var.base_key());
+  const Tensor init = saved ? Tensor() : initial_value(spec);
+  for (int s = 0; s < var.num_shards(); ++s) {
+    const auto& sh = var.shards()[static_cast<size_t>(s)];
+    ps::CreateRequest req;
+    req.key = sh.key;
+    req.updates = saved ? saved->updates : 0;
+    if (saved) {
+      req.value = var.shard_of(*saved->value, s).clone();
+      for (const Tensor* slot : saved->slots) req.slots.push_back(var.shard_of(*slot, s).clone());
+    } else {
+      req.value = var.shard_of(init, s).clone();
+    }
+    std::lock_guard<std::mutex> lock(m.rpc_mu);
+    try {
+      m.ps[static_cast<size_t>(sh.ps)]->create(req);
+    } catch (const Error& e) {
+      m.fail(sh.ps, e, "creating a variable");
+    }
+  }
+}
+
+// Any other worker: waits (connect_timeout) for the chief to create every shard of `var`, then
+// checks that this worker's model agrees with it.
+void await_shards(Impl& m, const VariableSpec& spec, const PsVariable& var) {
+  const auto deadline = std::chrono::steady_clock::now() + m.opts.connect_timeout;
+  for (int s = 0; s < var.num_shards(); ++s) {
+    const auto& sh = var.shards()[static_cast<size_t>(s)];
+    const std::string& server = m.ps_names[static_cast<size_t>(sh.ps)];
+    for (;;) {
+      ps::LookupResponse found;
+      {
+        std::lock_guard<std::mutex> lock(m.rpc_mu);
+        try {
+          found = m.ps[static_cast<size_t>(sh.ps)]->lookup({.key = sh.key, .wait_ms = 1000});
+        } catch (const Error& e) {
+          m.fail(sh.ps, e, "looking up a variable");
+        }
+      }
+      if (found.found) {
+        if (found.shape != var.shard_shape(s) || found.dtype != spec.dtype)
+          throw InvalidArgument("variable '" + sh.key + "' on " + server + " is " + dtype_name(found.dtype) + " " +
+                                found.shape.to_string() + " but this worker's model has " + dtype_name(spec.dtype) +
+                                " " + var.shard_shape(s).to_string() + ": every worker must build the same model");
+        break;
+      }
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw DeadlineExceeded("variable '" + sh.key + "' was not created on " + server + " within " +
+                               std::to_string(m.opts.connect_timeout.count()) +
+                               " ms: the chief creates the variables; is it running, with the same model?");
+    }
+  }
+}
+
 }  // namespace
 
 ParameterServerStrategy::ParameterServerStrategy(ParameterServerOptions options, DeviceSpec device,
@@ -68,14 +196,9 @@ ParameterServerStrategy::ParameterServerStrategy(ParameterServerOptions options,
     int64_t step = 0;
     m.restored = m.checkpoints->restore_latest(&step);
     if (m.restored) {
-      RpcMessage req;
-      req.method = ps::kSetStep;
-      req.meta = MetaWriter().i64(step).take();
       std::lock_guard<std::mutex> lock(m.rpc_mu);
       try {
-        const RpcMessage resp = m.ps[0]->call(req);  // MetaReader keeps a reference: not a temporary
-        MetaReader r(resp.meta, "set-step response");
-        m.global_step = r.i64();
+        m.global_step = m.ps[0]->set_step({.step = step}).global_step;
       } catch (const Error& e) {
         m.fail(0, e, "restoring the global step");
       }
@@ -86,9 +209,7 @@ ParameterServerStrategy::ParameterServerStrategy(ParameterServerOptions options,
   }
   // Register with ps:0. A worker that (re)joins a running job starts at the slowest other worker's
   // step, so that a staleness bound does not hold everyone back until it has caught up.
-  int64_t slowest_other = 0;
-  m.clock(false, &slowest_other);
-  m.local_steps = std::max<int64_t>(m.local_steps, slowest_other);
+  m.local_steps = std::max<int64_t>(m.local_steps, m.clock(false).min_active_step);
   DTRAIN_LOG(INFO) << m.cluster.task_name() << ": parameter-server training with " << m.ps.size()
                    << " ps task(s), global step " << m.global_step.load();
 }
@@ -105,112 +226,14 @@ int64_t ParameterServerStrategy::global_step() const { return impl_->global_step
 
 std::shared_ptr<Variable> ParameterServerStrategy::do_create_variable(const VariableSpec& spec) {
   Impl& m = *impl_;
-  const int num_ps = static_cast<int>(m.ps.size());
-  int shards = 1;
-  if (m.opts.partitioner && spec.shape.rank() > 0 && spec.shape[0] > 1)
-    shards = std::clamp<int64_t>(m.opts.partitioner(spec.shape, spec.dtype, num_ps), 1, spec.shape[0]);
-  // Names repeat when a model is built twice; the creation order makes keys agree across workers
-  // (and with SidecarEvaluator, which names the same way).
-  std::string base = spec.name;
-  for (int n = 1; m.used_keys.count(base); ++n) base = spec.name + "_" + std::to_string(n);
-  m.used_keys.insert(base);
-  std::vector<PsVariable::Shard> layout;
-  const std::vector<int64_t> rows = spec.shape.rank() > 0 ? shard_rows(spec.shape[0], shards) : std::vector<int64_t>{0};
-  int64_t begin = 0;
-  for (int s = 0; s < shards; ++s) {
-    PsVariable::Shard sh;
-    sh.ps = m.next_ps;
-    m.next_ps = (m.next_ps + 1) % num_ps;
-    sh.key = shards == 1 ? base : base + "/part_" + std::to_string(s);
-    sh.row_begin = begin;
-    sh.rows = rows[static_cast<size_t>(s)];
-    begin += sh.rows;
-    layout.push_back(sh);
-  }
-  auto var = std::make_shared<PsVariable>(spec, impl_, layout, device());
+  const int shards = shard_count(m, spec);
+  const std::string base = claim_key(m, spec.name);
+  auto var = std::make_shared<PsVariable>(spec, impl_, place_shards(m, spec, base, shards), device());
   var->set_base_key(base);
-
-  if (m.cluster.is_chief()) {
-    // Checkpoints hold whole variables (shards concatenated), so a job may restore into a
-    // different number of ps tasks or another partitioner.
-    const Tensor* saved = m.restored ? m.restored->find(base) : nullptr;
-    if (m.restored && (!saved || saved->shape() != spec.shape || saved->dtype() != spec.dtype))
-      throw FailedPrecondition("the checkpoint " + m.checkpoints->latest_path().value_or("?") + " has no variable '" + base +
-                               "' of " + dtype_name(spec.dtype) + " " + spec.shape.to_string() +
-                               (saved ? std::string(" (it has ") + saved->to_string() + ")" : std::string()) +
-                               ": it was written by a different model; use another --checkpoint-dir or remove it");
-    std::vector<const Tensor*> saved_slots;
-    int64_t updates = 0;
-    if (saved) {
-      for (int j = 0; const Tensor* slot = m.restored->find(base + "/slot_" + std::to_string(j)); ++j)
-        saved_slots.push_back(slot);
-      auto it = m.restored->metadata.find(base + "/updates");
-      if (it != m.restored->metadata.end()) updates = std::atoll(it->second.c_str());
-    }
-    Tensor init;  // computed only when not restored
-    for (int s = 0; s < shards; ++s) {
-      const auto& sh = layout[static_cast<size_t>(s)];
-      RpcMessage req;
-      req.method = ps::kCreate;
-      if (saved) {
-        req.tensors.push_back(var->shard_of(*saved, s).clone());
-        for (const Tensor* slot : saved_slots) req.tensors.push_back(var->shard_of(*slot, s).clone());
-      } else {
-        if (!init.defined()) {
-          init = spec.initializer(spec.shape, spec.dtype, DeviceSpec::cpu()).to(DeviceSpec::cpu());
-          if (init.shape() != spec.shape || init.dtype() != spec.dtype)
-            throw InvalidArgument("initializer of variable '" + spec.name + "' returned " + init.to_string() +
-                                  ", expected shape " + spec.shape.to_string());
-        }
-        req.tensors.push_back(var->shard_of(init, s).clone());
-      }
-      req.meta = MetaWriter().str(sh.key).i64(updates).take();
-      std::lock_guard<std::mutex> lock(m.rpc_mu);
-      try {
-        m.ps[static_cast<size_t>(sh.ps)]->call(req);
-      } catch (const Error& e) {
-        m.fail(sh.ps, e, "creating a variable");
-      }
-    }
-  } else {
-    // Wait for the chief to create every shard, then check this worker's model agrees.
-    const auto deadline = std::chrono::steady_clock::now() + m.opts.connect_timeout;
-    for (int s = 0; s < shards; ++s) {
-      const auto& sh = layout[static_cast<size_t>(s)];
-      for (;;) {
-        RpcMessage req;
-        req.method = ps::kLookup;
-        req.meta = MetaWriter().str(sh.key).u64(1000).take();
-        RpcMessage resp;
-        {
-          std::lock_guard<std::mutex> lock(m.rpc_mu);
-          try {
-            resp = m.ps[static_cast<size_t>(sh.ps)]->call(req);
-          } catch (const Error& e) {
-            m.fail(sh.ps, e, "looking up a variable");
-          }
-        }
-        MetaReader r(resp.meta, "lookup response");
-        if (r.u8()) {
-          const DType dtype = static_cast<DType>(r.u8());
-          const uint64_t rank = r.u64();
-          if (rank > 8) throw DataLoss("lookup response from " + m.ps_names[static_cast<size_t>(sh.ps)] + " has rank " + std::to_string(rank));
-          std::vector<int64_t> dims(rank);
-          for (auto& d : dims) d = r.i64();
-          if (Shape(dims) != var->shard_shape(s) || dtype != spec.dtype)
-            throw InvalidArgument("variable '" + sh.key + "' on " + m.ps_names[static_cast<size_t>(sh.ps)] + " is " +
-                                  dtype_name(dtype) + " " + Shape(dims).to_string() + " but this worker's model has " +
-                                  dtype_name(spec.dtype) + " " + var->shard_shape(s).to_string() +
-                                  ": every worker must build the same model");
-          break;
-        }
-        if (std::chrono::steady_clock::now() >= deadline)
-          throw DeadlineExceeded("variable '" + sh.key + "' was not created on " + m.ps_names[static_cast<size_t>(sh.ps)] +
-                                 " within " + std::to_string(m.opts.connect_timeout.count()) +
-                                 " ms: the chief creates the variables; is it running, with the same model?");
-      }
-    }
-  }
+  if (m.cluster.is_chief())
+    create_shards(m, spec, *var);
+  else
+    await_shards(m, spec, *var);
   m.vars.push_back(var);
   m.pull({var.get()});  // the cache holds the real values even if the variable is first used mid-step
   return var;
@@ -221,8 +244,9 @@ PerReplica ParameterServerStrategy::do_run(const ReplicaFn& fn, const PerReplica
   if (m.opts.max_staleness >= 0 && !m.ended) {
     const auto deadline = std::chrono::steady_clock::now() + m.opts.timeout;
     for (;;) {
-      int64_t slowest = 0;
-      const std::vector<uint8_t> states = m.clock(false, &slowest);
+      const ps::ClockResponse clock = m.clock(false);
+      const std::vector<ps::WorkerState>& states = clock.states;
+      int64_t slowest = clock.min_active_step;
       // A worker that has not connected yet counts as at step 0 while workers may still be starting
       // (connect_timeout), so a fast starter cannot run away before the others arrive.
       if (std::chrono::steady_clock::now() - m.started < m.opts.connect_timeout)
@@ -281,13 +305,13 @@ std::string ParameterServerStrategy::save_checkpoint() {
 void ParameterServerStrategy::finish_training() {
   Impl& m = *impl_;
   m.ended = true;
-  m.clock(true, nullptr);
+  m.clock(true);
   if (!m.cluster.is_chief()) return;
   // The chief waits for the other workers (done, or gone: a dead worker does not stop the job).
   const auto start = std::chrono::steady_clock::now();
   auto last_log = start;
   for (;;) {
-    const std::vector<uint8_t> states = m.clock(true, nullptr);
+    const std::vector<ps::WorkerState> states = m.clock(true).states;
     // Training workers wait up to join_timeout; one that never showed up (it may have failed to
     // start, and the job goes on without it) only as long as a worker may take to connect.
     const auto now = std::chrono::steady_clock::now();

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "collectives/tcp/rpc.h"
 #include "dtrain/core/checkpoint.h"
 #include "dtrain/strategies/parameter_server_strategy.h"
+#include "strategies/ps/ps_client.h"
 
 namespace dtrain {
 
@@ -25,7 +25,7 @@ struct ParameterServerStrategy::Impl {
   ClusterResolution cluster;
   TcpGroupOptions group;
   DeviceSpec device;
-  std::vector<std::unique_ptr<tcp::RpcClient>> ps;  // one per ps task, in task order
+  std::vector<std::unique_ptr<ps::PsClient>> ps;    // one per ps task, in task order
   std::vector<std::string> ps_names;
   std::mutex rpc_mu;                                 // one user of the connections at a time
   std::vector<std::shared_ptr<PsVariable>> vars;     // creation order
@@ -53,8 +53,9 @@ struct ParameterServerStrategy::Impl {
   void pull(const std::vector<PsVariable*>& vars);
   // Sends the queued pushes (one request per server, the step count to ps:0).
   void flush();
-  // ps:0's view of the training workers; reports this worker's step (and whether it is done).
-  std::vector<uint8_t> clock(bool done, int64_t* min_active_step);
+  // Reports this worker's step (and whether it is done) to ps:0; returns ps:0's view of the
+  // training workers (and takes the global step from it).
+  ps::ClockResponse clock(bool done);
   CheckpointData snapshot();
   // Wraps a transport failure in an error that names the server and what to do.
   [[noreturn]] void fail(int ps_index, const Error& e, const char* during);
@@ -93,7 +94,7 @@ class PsVariable final : public ShardedVariable {
   Tensor shard_of(const Tensor& t, int i) const;
 
  private:
-  void send_assign(uint8_t mode, const Tensor& v);
+  void send_assign(ps::AssignMode mode, const Tensor& v);
   // The strategy's state; FailedPrecondition once the strategy is gone (the model may outlive it).
   std::shared_ptr<ParameterServerStrategy::Impl> impl() const;
   std::weak_ptr<ParameterServerStrategy::Impl> impl_;

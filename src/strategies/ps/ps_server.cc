@@ -19,8 +19,6 @@
 namespace dtrain {
 namespace {
 
-using tcp::MetaReader;
-using tcp::MetaWriter;
 using tcp::RpcMessage;
 
 struct ServerVar {
@@ -53,15 +51,16 @@ class PsServer {
   }
 
  private:
+  // Decodes the typed request, serves it, encodes the typed response.
   RpcMessage handle(const RpcMessage& req, int client) {
     switch (req.method) {
-      case ps::kCreate: return create(req);
-      case ps::kLookup: return lookup(req);
-      case ps::kPull: return pull(req);
-      case ps::kPush: return push(req);
-      case ps::kAssign: return assign(req);
-      case ps::kClock: return clock(req, client);
-      case ps::kSetStep: return set_step(req);
+      case ps::kCreate: return ps::encode(create(ps::decode_create_request(req)));
+      case ps::kLookup: return ps::encode(lookup(ps::decode_lookup_request(req)));
+      case ps::kPull: return ps::encode(pull(ps::decode_pull_request(req)));
+      case ps::kPush: return ps::encode(push(ps::decode_push_request(req)));
+      case ps::kAssign: return ps::encode(assign(ps::decode_assign_request(req)));
+      case ps::kClock: return ps::encode(clock(ps::decode_clock_request(req), client));
+      case ps::kSetStep: return ps::encode(set_step(ps::decode_set_step_request(req)));
       default:
         throw InvalidArgument(detail::str_cat(name_, " got unknown request method ", req.method,
                                               "; run the same dtrain build on every task"));
@@ -81,104 +80,75 @@ class PsServer {
     return std::string(dtype_name(t.dtype())) + " " + t.shape().to_string();
   }
 
-  RpcMessage create(const RpcMessage& req) {
-    MetaReader r(req.meta, "create request");
-    const std::string key = r.str();
-    const int64_t updates = r.i64();
-    r.expect_end();
-    if (req.tensors.empty()) throw InvalidArgument("create '" + key + "' carries no initial value");
-    RpcMessage out;
+  ps::CreateResponse create(const ps::CreateRequest& req) {
     std::unique_lock lock(mu_);
-    auto it = vars_.find(key);
+    auto it = vars_.find(req.key);
     if (it != vars_.end()) {
       const Tensor& have = it->second->value;
-      if (have.shape() != req.tensors[0].shape() || have.dtype() != req.tensors[0].dtype())
-        throw InvalidArgument("variable '" + key + "' exists on " + name_ + " as " + describe(have) +
-                              " but this worker's model has " + describe(req.tensors[0]) +
+      if (have.shape() != req.value.shape() || have.dtype() != req.value.dtype())
+        throw InvalidArgument("variable '" + req.key + "' exists on " + name_ + " as " + describe(have) +
+                              " but this worker's model has " + describe(req.value) +
                               ": every worker must build the same model");
-      out.meta = MetaWriter().u8(0).take();
-      return out;
+      return {.created = false};
     }
     auto v = std::make_shared<ServerVar>();
-    v->value = req.tensors[0];
-    v->slots.assign(req.tensors.begin() + 1, req.tensors.end());
+    v->value = req.value;
+    v->slots = req.slots;
     for (const Tensor& s : v->slots)
       if (s.shape() != v->value.shape() || s.dtype() != v->value.dtype())
-        throw InvalidArgument("create '" + key + "': a slot of " + describe(s) + " for a variable of " + describe(v->value));
-    v->updates = updates;
-    vars_.emplace(key, std::move(v));
+        throw InvalidArgument("create '" + req.key + "': a slot of " + describe(s) + " for a variable of " +
+                              describe(v->value));
+    v->updates = req.updates;
+    vars_.emplace(req.key, std::move(v));
     lock.unlock();
     created_.notify_all();
-    out.meta = MetaWriter().u8(1).take();
-    return out;
+    return {.created = true};
   }
 
-  RpcMessage lookup(const RpcMessage& req) {
-    MetaReader r(req.meta, "lookup request");
-    const std::string key = r.str();
-    const uint64_t wait_ms = std::min<uint64_t>(r.u64(), 5000);
-    r.expect_end();
+  ps::LookupResponse lookup(const ps::LookupRequest& req) {
+    const uint64_t wait_ms = std::min<uint64_t>(req.wait_ms, 5000);
     std::shared_ptr<ServerVar> v;
     {
       std::unique_lock lock(mu_);
-      created_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return vars_.count(key) != 0; });
-      auto it = vars_.find(key);
+      created_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return vars_.count(req.key) != 0; });
+      auto it = vars_.find(req.key);
       if (it != vars_.end()) v = it->second;
     }
-    RpcMessage out;
-    MetaWriter w;
-    w.u8(v ? 1 : 0);
+    ps::LookupResponse out;
     if (v) {
       std::lock_guard lock(v->mu);
-      w.u8(static_cast<uint8_t>(v->value.dtype())).u64(static_cast<uint64_t>(v->value.rank()));
-      for (int64_t d : v->value.shape().dims()) w.i64(d);
+      out.found = true;
+      out.dtype = v->value.dtype();
+      out.shape = v->value.shape();
     }
-    out.meta = w.take();
     return out;
   }
 
-  RpcMessage pull(const RpcMessage& req) {
-    MetaReader r(req.meta, "pull request");
-    const bool with_slots = r.u8() != 0;
-    const uint64_t n = r.u64();
-    if (n > (1u << 16)) throw InvalidArgument(detail::str_cat("pull of ", n, " variables"));
-    std::vector<std::string> keys;
-    for (uint64_t i = 0; i < n; ++i) keys.push_back(r.str());
-    r.expect_end();
-    RpcMessage out;
-    MetaWriter w;
-    for (const auto& key : keys) {
+  ps::PullResponse pull(const ps::PullRequest& req) {
+    ps::PullResponse out;
+    for (const auto& key : req.keys) {
       auto v = find(key);
       std::lock_guard lock(v->mu);
-      out.tensors.push_back(v->value.clone());
-      w.i64(v->updates).u64(with_slots ? v->slots.size() : 0);
-      if (with_slots)
-        for (const Tensor& s : v->slots) out.tensors.push_back(s.clone());
+      ps::PulledVariable& got = out.vars.emplace_back();
+      got.updates = v->updates;
+      got.value = v->value.clone();
+      if (req.with_slots)
+        for (const Tensor& s : v->slots) got.slots.push_back(s.clone());
     }
-    out.meta = w.take();
     return out;
   }
 
-  RpcMessage push(const RpcMessage& req) {
-    MetaReader r(req.meta, "push request");
-    const std::string config = r.str();
-    const uint64_t increment = r.u64();
-    const uint64_t n = r.u64();
-    if (n != req.tensors.size())
-      throw InvalidArgument(detail::str_cat("push of ", n, " variables carries ", req.tensors.size(), " gradients"));
-    std::vector<std::string> keys;
-    for (uint64_t i = 0; i < n; ++i) keys.push_back(r.str());
-    r.expect_end();
-    for (uint64_t i = 0; i < n; ++i) {
-      auto v = find(keys[i]);
-      const Tensor& g = req.tensors[i];
+  ps::PushResponse push(const ps::PushRequest& req) {
+    for (size_t i = 0; i < req.keys.size(); ++i) {
+      auto v = find(req.keys[i]);
+      const Tensor& g = req.grads[i];
       std::lock_guard lock(v->mu);
       if (g.shape() != v->value.shape() || g.dtype() != v->value.dtype())
-        throw InvalidArgument("gradient of " + describe(g) + " pushed for variable '" + keys[i] + "' of " +
+        throw InvalidArgument("gradient of " + describe(g) + " pushed for variable '" + req.keys[i] + "' of " +
                               describe(v->value));
-      if (!v->opt || v->opt_config != config) {
-        v->opt = Optimizer::from_config(config);
-        v->opt_config = config;
+      if (!v->opt || v->opt_config != req.optimizer_config) {
+        v->opt = Optimizer::from_config(req.optimizer_config);
+        v->opt_config = req.optimizer_config;
       }
       if (static_cast<int>(v->slots.size()) != v->opt->slots_per_variable()) {
         v->slots.clear();
@@ -187,70 +157,49 @@ class PsServer {
       }
       v->opt->apply_dense(v->value, g, v->slots, ++v->updates);
     }
-    int64_t step;
-    {
-      std::lock_guard lock(clock_mu_);
-      global_step_ += static_cast<int64_t>(increment);
-      step = global_step_;
-    }
-    RpcMessage out;
-    out.meta = MetaWriter().i64(step).take();
-    return out;
+    std::lock_guard lock(clock_mu_);
+    global_step_ += static_cast<int64_t>(req.step_increment);
+    return {.global_step = global_step_};
   }
 
-  RpcMessage assign(const RpcMessage& req) {
-    MetaReader r(req.meta, "assign request");
-    const uint8_t mode = r.u8();
-    const std::string key = r.str();
-    r.expect_end();
-    if (mode > 2 || req.tensors.size() != 1) throw InvalidArgument("malformed assign request for '" + key + "'");
-    auto v = find(key);
+  ps::AssignResponse assign(const ps::AssignRequest& req) {
+    auto v = find(req.key);
     std::lock_guard lock(v->mu);
-    const Tensor& t = req.tensors[0];
+    const Tensor& t = req.value;
     if (t.shape() != v->value.shape() || t.dtype() != v->value.dtype())
-      throw InvalidArgument("assign of " + describe(t) + " to variable '" + key + "' of " + describe(v->value));
-    if (mode == 0) {
+      throw InvalidArgument("assign of " + describe(t) + " to variable '" + req.key + "' of " + describe(v->value));
+    if (req.mode == ps::AssignMode::kSet) {
       v->value.copy_from(t);
     } else {
       Kernels& k = kernels_for(v->value);
-      v->value.copy_from(k.binary(mode == 1 ? BinaryOp::kAdd : BinaryOp::kSub, v->value, t));
+      v->value.copy_from(k.binary(req.mode == ps::AssignMode::kAdd ? BinaryOp::kAdd : BinaryOp::kSub, v->value, t));
     }
-    return RpcMessage{};
+    return {};
   }
 
-  RpcMessage clock(const RpcMessage& req, int client) {
-    MetaReader r(req.meta, "clock request");
-    const int64_t step = r.i64();
-    const bool done = r.u8() != 0;
-    r.expect_end();
+  ps::ClockResponse clock(const ps::ClockRequest& req, int client) {
     std::lock_guard lock(clock_mu_);
     if (client >= 0 && client < num_workers_) {
       auto& w = workers_[static_cast<size_t>(client)];
       // Done is final for that run of the worker (its evaluation steps must not make it count as
       // training again); a worker that died (Gone) and comes back is active again.
-      if (w.state != ps::kDone || done) w.state = done ? ps::kDone : ps::kActive;
-      w.step = step;
+      if (w.state != ps::kDone || req.done) w.state = req.done ? ps::kDone : ps::kActive;
+      w.step = req.step;
     }
     int64_t min_step = INT64_MAX;  // the slowest active worker other than the caller
     for (size_t i = 0; i < workers_.size(); ++i)
       if (workers_[i].state == ps::kActive && static_cast<int>(i) != client) min_step = std::min(min_step, workers_[i].step);
-    MetaWriter m;
-    m.i64(min_step == INT64_MAX ? step : min_step).i64(global_step_).u64(workers_.size());
-    for (const auto& w : workers_) m.u8(w.state);
-    RpcMessage out;
-    out.meta = m.take();
+    ps::ClockResponse out;
+    out.min_active_step = min_step == INT64_MAX ? req.step : min_step;
+    out.global_step = global_step_;
+    for (const auto& w : workers_) out.states.push_back(w.state);
     return out;
   }
 
-  RpcMessage set_step(const RpcMessage& req) {
-    MetaReader r(req.meta, "set-step request");
-    const int64_t step = r.i64();
-    r.expect_end();
+  ps::SetStepResponse set_step(const ps::SetStepRequest& req) {
     std::lock_guard lock(clock_mu_);
-    if (global_step_ == 0) global_step_ = step;
-    RpcMessage out;
-    out.meta = MetaWriter().i64(global_step_).take();
-    return out;
+    if (global_step_ == 0) global_step_ = req.step;
+    return {.global_step = global_step_};
   }
 
   void on_disconnect(int client) {
@@ -262,7 +211,7 @@ class PsServer {
   }
 
   struct WorkerClock {
-    uint8_t state = ps::kNeverSeen;
+    ps::WorkerState state = ps::kNeverSeen;
     int64_t step = 0;
   };
   const int num_workers_;

@@ -4,9 +4,6 @@
 
 namespace dtrain {
 
-using tcp::MetaWriter;
-using tcp::RpcMessage;
-
 PsVariable::PsVariable(VariableSpec spec, const std::shared_ptr<ParameterServerStrategy::Impl>& impl,
                        std::vector<Shard> shards, DeviceSpec device)
     : ShardedVariable(std::move(spec)), impl_(impl), shards_(std::move(shards)) {
@@ -48,21 +45,16 @@ Shape PsVariable::shard_shape(int i) const {
 
 Tensor PsVariable::read_shard(int i) const {
   const Shard& s = shards_.at(static_cast<size_t>(i));
-  RpcMessage req;
-  req.method = ps::kPull;
-  req.meta = MetaWriter().u8(0).u64(1).str(s.key).take();
   auto m = impl();
   std::lock_guard<std::mutex> lock(m->rpc_mu);
   try {
-    RpcMessage resp = m->ps[static_cast<size_t>(s.ps)]->call(req);
-    if (resp.tensors.size() != 1) throw DataLoss("pull of '" + s.key + "' answered with " + std::to_string(resp.tensors.size()) + " tensors");
-    return resp.tensors[0];
+    return m->ps[static_cast<size_t>(s.ps)]->pull({.with_slots = false, .keys = {s.key}}).vars[0].value;
   } catch (const Error& e) {
     m->fail(s.ps, e, "reading a shard");
   }
 }
 
-void PsVariable::send_assign(uint8_t mode, const Tensor& v) {
+void PsVariable::send_assign(ps::AssignMode mode, const Tensor& v) {
   if (v.shape() != spec_.shape || v.dtype() != spec_.dtype)
     throw InvalidArgument("assign to variable '" + spec_.name + "' of shape " + spec_.shape.to_string() + " with " +
                           v.to_string());
@@ -71,10 +63,7 @@ void PsVariable::send_assign(uint8_t mode, const Tensor& v) {
   std::lock_guard<std::mutex> lock(m->rpc_mu);
   std::vector<uint64_t> ids(shards_.size());
   for (size_t i = 0; i < shards_.size(); ++i) {
-    RpcMessage req;
-    req.method = ps::kAssign;
-    req.meta = MetaWriter().u8(mode).str(shards_[i].key).take();
-    req.tensors.push_back(shard_of(host, static_cast<int>(i)));
+    const ps::AssignRequest req{.mode = mode, .key = shards_[i].key, .value = shard_of(host, static_cast<int>(i))};
     try {
       ids[i] = m->ps[static_cast<size_t>(shards_[i].ps)]->send(req);
     } catch (const Error& e) {
@@ -83,7 +72,7 @@ void PsVariable::send_assign(uint8_t mode, const Tensor& v) {
   }
   for (size_t i = 0; i < shards_.size(); ++i) {
     try {
-      m->ps[static_cast<size_t>(shards_[i].ps)]->receive(ids[i]);
+      m->ps[static_cast<size_t>(shards_[i].ps)]->receive_assign(ids[i]);
     } catch (const Error& e) {
       m->fail(shards_[i].ps, e, "assigning a variable");
     }
@@ -91,17 +80,17 @@ void PsVariable::send_assign(uint8_t mode, const Tensor& v) {
 }
 
 void PsVariable::assign(const Tensor& v) {
-  send_assign(0, v);
+  send_assign(ps::AssignMode::kSet, v);
   cache_.copy_from(v);
 }
 
 void PsVariable::assign_add(const Tensor& delta) {
-  send_assign(1, delta);
+  send_assign(ps::AssignMode::kAdd, delta);
   cache_.copy_from(kernels_for(cache_).binary(BinaryOp::kAdd, cache_, delta.to(cache_.device())));
 }
 
 void PsVariable::assign_sub(const Tensor& delta) {
-  send_assign(2, delta);
+  send_assign(ps::AssignMode::kSub, delta);
   cache_.copy_from(kernels_for(cache_).binary(BinaryOp::kSub, cache_, delta.to(cache_.device())));
 }
 

@@ -12,10 +12,6 @@
 
 namespace dtrain {
 
-using tcp::MetaReader;
-using tcp::MetaWriter;
-using tcp::RpcMessage;
-
 ParameterServerStrategy::Impl::Impl(ParameterServerOptions o, ClusterResolution c, DeviceSpec d, const std::string& token)
     : opts(std::move(o)), cluster(std::move(c)), device(d) {
   group = ps::group_options(cluster, token);
@@ -25,7 +21,7 @@ ParameterServerStrategy::Impl::Impl(ParameterServerOptions o, ClusterResolution 
   for (int i = 0; i < n; ++i) {
     const int rank = ps::rank_of(cluster.cluster(), TaskType::kPs, i);
     ps_names.push_back("ps:" + std::to_string(i));
-    ps.push_back(std::make_unique<tcp::RpcClient>(group, rank));
+    ps.push_back(std::make_unique<ps::PsClient>(group, rank));
   }
 }
 
@@ -89,32 +85,23 @@ void ParameterServerStrategy::Impl::pull(const std::vector<PsVariable*>& which) 
     servers.push_back(p);
     for (auto [v, s] : per_ps[p]) bytes += v->shard_of(v->cache(), s).nbytes();
   }
+  std::vector<ps::PullRequest> reqs(ps.size());
+  for (size_t p : servers)
+    for (auto [v, s] : per_ps[p]) reqs[p].keys.push_back(v->shards()[static_cast<size_t>(s)].key);
   std::lock_guard<std::mutex> lock(rpc_mu);
   std::vector<uint64_t> ids(ps.size(), 0);
-  for_each_server(*this, servers, 0, "pulling variables", [&](size_t p) {
-    MetaWriter w;
-    w.u8(0).u64(per_ps[p].size());
-    for (auto& [v, s] : per_ps[p]) w.str(v->shards()[static_cast<size_t>(s)].key);
-    RpcMessage req;
-    req.method = ps::kPull;
-    req.meta = w.take();
-    ids[p] = ps[p]->send(req);
-  });
+  for_each_server(*this, servers, 0, "pulling variables", [&](size_t p) { ids[p] = ps[p]->send(reqs[p]); });
   for_each_server(*this, servers, bytes, "pulling variables", [&](size_t p) {
     std::vector<Tensor> dst;  // read the values straight into the caches
     for (auto [v, s] : per_ps[p]) dst.push_back(v->shard_of(v->cache(), s));
-    RpcMessage resp = ps[p]->receive(ids[p], &dst);
-    if (resp.tensors.size() != per_ps[p].size())
-      throw DataLoss(ps_names[p] + " answered a pull of " + std::to_string(per_ps[p].size()) + " shards with " +
-                     std::to_string(resp.tensors.size()) + " tensors");
+    const ps::PullResponse resp = ps[p]->receive_pull(ids[p], reqs[p], &dst);
     for (size_t k = 0; k < per_ps[p].size(); ++k) {
-      auto [v, s] = per_ps[p][k];
+      const Tensor& got = resp.vars[k].value;
       const Tensor& d = dst[k];
-      if (resp.tensors[k].shape() != d.shape() || resp.tensors[k].dtype() != d.dtype())
-        throw InvalidArgument(ps_names[p] + " holds '" + v->shards()[static_cast<size_t>(s)].key + "' as " +
-                              resp.tensors[k].to_string() + " but this worker's model has " + d.to_string() +
-                              ": every worker must build the same model");
-      if (d.raw_data() != resp.tensors[k].raw_data()) dst[k].copy_from(resp.tensors[k]);
+      if (got.shape() != d.shape() || got.dtype() != d.dtype())
+        throw InvalidArgument(ps_names[p] + " holds '" + reqs[p].keys[k] + "' as " + got.to_string() +
+                              " but this worker's model has " + d.to_string() + ": every worker must build the same model");
+      if (d.raw_data() != got.raw_data()) dst[k].copy_from(got);
     }
   });
 }
@@ -128,83 +115,64 @@ void ParameterServerStrategy::Impl::flush() {
   if (pending.empty()) return;
   // One request per (server, optimizer); ps:0's first request also counts the step.
   struct Request {
-    size_t ps;
-    std::string config;
-    std::vector<std::string> keys;
-    RpcMessage msg;
+    size_t ps = 0;
+    ps::PushRequest push;
     uint64_t id = 0;
   };
   std::vector<Request> reqs;
   auto request_for = [&](size_t p, const std::string& config) -> Request& {
     for (auto& r : reqs)
-      if (r.ps == p && r.config == config) return r;
-    reqs.push_back(Request{p, config, {}, {}, 0});
+      if (r.ps == p && r.push.optimizer_config == config) return r;
+    reqs.emplace_back().ps = p;
+    reqs.back().push.optimizer_config = config;
     return reqs.back();
   };
   for (const Pending& p : pending)
     for (int s = 0; s < p.var->num_shards(); ++s) {
       const auto& shard = p.var->shards()[static_cast<size_t>(s)];
       Request& r = request_for(static_cast<size_t>(shard.ps), p.config);
-      r.keys.push_back(shard.key);
-      r.msg.tensors.push_back(p.var->shard_of(p.grad, s));
+      r.push.keys.push_back(shard.key);
+      r.push.grads.push_back(p.var->shard_of(p.grad, s));
     }
   bool counted = false;
   for (auto& r : reqs)
     if (r.ps == 0) counted = true;
-  if (!counted) reqs.push_back(Request{0, pending.front().config, {}, {}, 0});  // just the step count
+  if (!counted) request_for(0, pending.front().config);  // just the step count
   counted = false;
   std::vector<size_t> servers;
   size_t bytes = 0;
   for (auto& r : reqs) {
-    const uint64_t increment = r.ps == 0 && !counted ? 1 : 0;
-    if (increment) counted = true;
-    MetaWriter w;
-    w.str(r.config).u64(increment).u64(r.keys.size());
-    for (const auto& k : r.keys) w.str(k);
-    r.msg.method = ps::kPush;
-    r.msg.meta = w.take();
-    for (const Tensor& t : r.msg.tensors) bytes += t.nbytes();
+    r.push.step_increment = r.ps == 0 && !counted ? 1 : 0;
+    if (r.push.step_increment) counted = true;
+    for (const Tensor& t : r.push.grads) bytes += t.nbytes();
     if (std::find(servers.begin(), servers.end(), r.ps) == servers.end()) servers.push_back(r.ps);
   }
   std::lock_guard<std::mutex> lock(rpc_mu);
   for_each_server(*this, servers, bytes, "pushing gradients", [&](size_t p) {
     for (auto& r : reqs)
-      if (r.ps == p) r.id = ps[p]->send(r.msg);
+      if (r.ps == p) r.id = ps[p]->send(r.push);
   });
   for_each_server(*this, servers, 0, "pushing gradients", [&](size_t p) {
     for (auto& r : reqs) {
       if (r.ps != p) continue;
-      const RpcMessage resp = ps[p]->receive(r.id);
-      if (p == 0) {
-        MetaReader m(resp.meta, "push response from ps:0");
-        global_step.store(std::max(global_step.load(), m.i64()));
-      }
+      const ps::PushResponse resp = ps[p]->receive_push(r.id);
+      if (p == 0) global_step.store(std::max(global_step.load(), resp.global_step));
     }
   });
 }
 
-std::vector<uint8_t> ParameterServerStrategy::Impl::clock(bool done, int64_t* min_active_step) {
-  RpcMessage req;
-  req.method = ps::kClock;
-  req.meta = MetaWriter().i64(local_steps).u8(done ? 1 : 0).take();
-  RpcMessage resp;
+ps::ClockResponse ParameterServerStrategy::Impl::clock(bool done) {
+  ps::ClockResponse resp;
   {
     std::lock_guard<std::mutex> lock(rpc_mu);
     try {
-      resp = ps[0]->call(req);
+      resp = ps[0]->clock({.step = local_steps, .done = done});
     } catch (const Error& e) {
       fail(0, e, "reporting this worker's progress");
     }
   }
-  MetaReader r(resp.meta, "clock response from ps:0");
-  const int64_t min_step = r.i64();
-  global_step.store(std::max(global_step.load(), r.i64()));
-  const uint64_t n = r.u64();
-  if (n > 1u << 20) throw DataLoss("clock response from ps:0 lists " + std::to_string(n) + " workers");
-  std::vector<uint8_t> states;
-  for (uint64_t i = 0; i < n; ++i) states.push_back(r.u8());
-  if (min_active_step) *min_active_step = min_step;
-  return states;
+  global_step.store(std::max(global_step.load(), resp.global_step));
+  return resp;
 }
 
 CheckpointData ParameterServerStrategy::Impl::snapshot() {
@@ -213,48 +181,33 @@ CheckpointData ParameterServerStrategy::Impl::snapshot() {
   std::vector<std::vector<std::pair<PsVariable*, int>>> per_ps(ps.size());
   for (const auto& v : vars)
     for (int s = 0; s < v->num_shards(); ++s) per_ps[static_cast<size_t>(v->shards()[static_cast<size_t>(s)].ps)].emplace_back(v.get(), s);
-  struct Got {
-    Tensor value;
-    std::vector<Tensor> slots;
-    int64_t updates = 0;
-  };
-  std::map<std::pair<PsVariable*, int>, Got> got;
+  using Got = ps::PulledVariable;
+  std::map<std::pair<PsVariable*, int>, ps::PulledVariable> got;
   {
+    std::vector<ps::PullRequest> reqs(ps.size());
+    for (size_t p = 0; p < ps.size(); ++p) {
+      reqs[p].with_slots = true;
+      for (auto [v, s] : per_ps[p]) reqs[p].keys.push_back(v->shards()[static_cast<size_t>(s)].key);
+    }
     std::lock_guard<std::mutex> lock(rpc_mu);
     std::vector<uint64_t> ids(ps.size(), 0);
     for (size_t p = 0; p < ps.size(); ++p) {
       if (per_ps[p].empty()) continue;
-      MetaWriter w;
-      w.u8(1).u64(per_ps[p].size());
-      for (auto [v, s] : per_ps[p]) w.str(v->shards()[static_cast<size_t>(s)].key);
-      RpcMessage req;
-      req.method = ps::kPull;
-      req.meta = w.take();
       try {
-        ids[p] = ps[p]->send(req);
+        ids[p] = ps[p]->send(reqs[p]);
       } catch (const Error& e) {
         fail(static_cast<int>(p), e, "reading a checkpoint");
       }
     }
     for (size_t p = 0; p < ps.size(); ++p) {
       if (per_ps[p].empty()) continue;
-      RpcMessage resp;
+      ps::PullResponse resp;
       try {
-        resp = ps[p]->receive(ids[p]);
+        resp = ps[p]->receive_pull(ids[p], reqs[p]);
       } catch (const Error& e) {
         fail(static_cast<int>(p), e, "reading a checkpoint");
       }
-      MetaReader r(resp.meta, "checkpoint pull from " + ps_names[p]);
-      size_t t = 0;
-      for (auto entry : per_ps[p]) {
-        Got g;
-        g.updates = r.i64();
-        const uint64_t slots = r.u64();
-        if (slots > 16 || t + 1 + slots > resp.tensors.size()) throw DataLoss("checkpoint pull from " + ps_names[p] + " is short");
-        g.value = resp.tensors[t++];
-        for (uint64_t j = 0; j < slots; ++j) g.slots.push_back(resp.tensors[t++]);
-        got[entry] = std::move(g);
-      }
+      for (size_t k = 0; k < per_ps[p].size(); ++k) got[per_ps[p][k]] = std::move(resp.vars[k]);
     }
   }
   CheckpointData data;

@@ -1,0 +1,41 @@
+// SyncCollectives: what a collective backend implements (in-process, TCP, NCCL, MPI, hierarchical):
+// blocking collectives, every wait bounded by the group's timeout. make_async_communicator() turns
+// one into the public, asynchronous Communicator: its collectives run in order on a communication
+// thread of their own and complete the Work the caller waits on. Private to src/collectives.
+//
+// Thread-safety: the communication thread alone calls the collectives; abort() may come from any
+// thread at any time and must make a running collective fail fast.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "dtrain/collectives/communicator.h"
+
+namespace dtrain {
+
+class SyncCollectives {
+ public:
+  virtual ~SyncCollectives() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The semantics of the Communicator method of the same name; each returns once the result is in place.
+  virtual void allreduce(Tensor& tensor, ReduceOp op) = 0;
+  virtual void allgather(const Tensor& input, Tensor& output) = 0;
+  virtual void broadcast(Tensor& tensor, int root) = 0;
+  virtual void reduce(Tensor& tensor, int root, ReduceOp op) = 0;
+  virtual void reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) = 0;
+  virtual void barrier() = 0;
+  virtual void abort(const std::string& reason) = 0;
+};
+
+// The public face of a backend: collectives return at once with a Work completed by the
+// communicator's communication thread (FIFO, so every rank's order is kept). A wait() whose timeout
+// is at least `collective_timeout` (the backend's own bound on one collective) may run the next
+// collective on the waiting thread instead; a shorter wait always waits for the thread, so that its
+// timeout holds.
+std::unique_ptr<Communicator> make_async_communicator(std::unique_ptr<SyncCollectives> backend,
+                                                      std::chrono::milliseconds collective_timeout);
+
+}  // namespace dtrain

@@ -1,0 +1,268 @@
+#include "collectives/tcp/tcp_transport.h"
+
+#include <linux/sockios.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "dtrain/core/logging.h"
+
+namespace dtrain::tcp {
+
+TcpTransport::TcpTransport(TcpGroupOptions o, std::vector<Peer> peers)
+    : o_(std::move(o)),
+      peers_(std::move(peers)),
+      closed_(peers_.size(), false),
+      send_mu_(peers_.size()),
+      last_rx_(peers_.size()) {
+  heartbeat_ = std::thread([this] { heartbeat_loop(); });
+}
+
+TcpTransport::~TcpTransport() {
+  {
+    std::lock_guard<std::mutex> lock(hb_mu_);
+    stop_ = true;
+  }
+  hb_cv_.notify_all();
+  heartbeat_.join();
+  for (auto& p : peers_)
+    if (p.fd >= 0) ::close(p.fd);
+}
+
+void TcpTransport::check_not_aborted() const {
+  if (!aborted_) return;
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  throw Unavailable(abort_reason_);
+}
+
+FrameHeader TcpTransport::header_of(const collectives::Fingerprint& fp) const {
+  FrameHeader h;
+  h.kind = static_cast<uint16_t>(FrameKind::kData);
+  h.seq = fp.seq;
+  h.op = fp.op;
+  h.dtype = static_cast<uint8_t>(fp.dtype);
+  h.reduce = fp.reduce;
+  h.sender = static_cast<uint32_t>(rank());
+  h.count = fp.count;
+  return h;
+}
+
+  // Sends a heartbeat header to every peer that is between frames and has socket room, so a peer
+  // waiting on us can tell "busy" from "hung" even while we compute.
+void TcpTransport::heartbeat_loop() {
+    FrameHeader h;
+    h.kind = static_cast<uint16_t>(FrameKind::kHeartbeat);
+    h.sender = static_cast<uint32_t>(rank());
+    std::unique_lock<std::mutex> lock(hb_mu_);
+    while (!hb_cv_.wait_for(lock, o_.heartbeat_interval, [this] { return stop_; })) {
+      for (size_t r = 0; r < peers_.size(); ++r) {
+        if (peers_[r].fd < 0) continue;  // a closed peer just fails the send (MSG_NOSIGNAL)
+        std::unique_lock<std::mutex> send(send_mu_[r], std::try_to_lock);
+        if (!send.owns_lock()) continue;  // a data frame is in progress: that is traffic enough
+        int queued = 0;
+        if (::ioctl(peers_[r].fd, SIOCOUTQ, &queued) == 0 && queued > (1 << 20)) continue;  // full: skip
+        ::send(peers_[r].fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+    }
+  }
+
+void TcpTransport::abort(const std::string& reason) {
+    {
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      if (aborted_) return;
+      abort_reason_ = "collective group aborted on " + name() + ": " + reason;
+      aborted_ = true;
+    }
+    const std::string msg = reason.substr(0, 4000);
+    for (size_t r = 0; r < peers_.size(); ++r) {
+      const Peer& p = peers_[r];
+      if (p.fd < 0) continue;
+      std::lock_guard<std::mutex> whole_frame(send_mu_[r]);  // never interleaved with a heartbeat
+      FrameHeader h;
+      h.kind = static_cast<uint16_t>(FrameKind::kAbort);
+      h.sender = static_cast<uint32_t>(rank());
+      h.payload_bytes = msg.size();
+      // Best effort, non-blocking: a dead peer must not stall the survivors.
+      ::send(p.fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
+      ::send(p.fd, msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+  }
+
+std::string TcpTransport::name() const {
+    return o_.rank < static_cast<int>(o_.task_names.size()) ? o_.task_names[static_cast<size_t>(o_.rank)] : "rank " + std::to_string(o_.rank);
+  }
+
+[[noreturn]] void TcpTransport::mismatch(const Peer& p, const FrameHeader& got, const FrameHeader& want) const {
+    throw InvalidArgument("collective mismatch: " + name() + " issued " + tcp::describe(want) + " but " + p.name +
+                          " issued " + tcp::describe(got) +
+                          "; every worker must run the same collectives on tensors of the same shape, in the same order");
+  }
+
+  // Sends sbytes from sbuf to rank `to` (as data frames of at most segment_bytes) while receiving
+  // rbytes from rank `from` into rbuf; on_segment(offset, n) runs after each received segment.
+void TcpTransport::exchange(int to, const void* sbuf_v, size_t sbytes, int from, void* rbuf_v, size_t rbytes,
+                            const collectives::Fingerprint& print, const collectives::SegmentFn& on_segment) {
+    const char* sbuf = static_cast<const char*>(sbuf_v);
+    char* rbuf = static_cast<char*>(rbuf_v);
+    const FrameHeader fp = header_of(print);
+    const auto deadline = Clock::now() + o_.collective.timeout;
+    const size_t seg = std::max<size_t>(dtype_size(static_cast<DType>(fp.dtype)),
+                                        o_.segment_bytes / dtype_size(static_cast<DType>(fp.dtype)) * dtype_size(static_cast<DType>(fp.dtype)));
+    // send state
+    size_t s_done = 0, s_hdr_sent = sizeof(FrameHeader), s_pay_left = 0;
+    FrameHeader sh = fp;
+    // receive state
+    size_t r_done = 0, r_hdr_got = 0, r_pay_left = 0, r_seg_start = 0;
+    FrameHeader rh;
+    std::vector<bool> parked(peers_.size(), false);  // peers with an early frame for a later step
+    const auto start = Clock::now();
+    for (auto& t : last_rx_) t = start;
+    std::unique_lock<std::mutex> send_lock;  // held while a frame to `to` is partly written
+    for (int r : {to, from})
+      if (r >= 0 && closed_[static_cast<size_t>(r)])
+        throw Unavailable("connection to " + peers_[static_cast<size_t>(r)].name + " (" + peers_[static_cast<size_t>(r)].address +
+                          ") is closed: that task exited, died or was killed before " + tcp::describe(fp));
+    while (s_done < sbytes || s_pay_left > 0 || s_hdr_sent < sizeof(FrameHeader) || r_done < rbytes) {
+      std::vector<pollfd> pfds;
+      std::vector<int> who;
+      for (int r = 0; r < size(); ++r) {
+        if (r == rank() || parked[static_cast<size_t>(r)] || closed_[static_cast<size_t>(r)]) continue;
+        short ev = POLLIN;  // every peer: an ABORT or a closed socket must wake us
+        const bool sending = r == to && (s_done < sbytes || s_pay_left > 0 || s_hdr_sent < sizeof(FrameHeader));
+        if (sending) ev |= POLLOUT;
+        pfds.push_back({peers_[static_cast<size_t>(r)].fd, ev, 0});
+        who.push_back(r);
+      }
+      for (int r : {to, from}) {
+        if (r < 0) continue;
+        const bool needed = (r == from && r_done < rbytes) || (r == to && (s_done < sbytes || s_pay_left > 0));
+        if (needed && Clock::now() - last_rx_[static_cast<size_t>(r)] > o_.heartbeat_timeout)
+          throw Unavailable(detail::str_cat(peers_[static_cast<size_t>(r)].name, " (", peers_[static_cast<size_t>(r)].address,
+                                            ") sent nothing, not even a heartbeat, for ", o_.heartbeat_timeout.count(),
+                                            " ms during ", tcp::describe(fp), ": it is hung (stopped, swapping, or its host is unreachable)"));
+      }
+      const int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+      if (left <= 0)
+        throw DeadlineExceeded(detail::str_cat(tcp::describe(fp), " on ", name(), " timed out after ",
+                                               o_.collective.timeout.count(), " ms waiting for ",
+                                               r_done < rbytes ? peers_[static_cast<size_t>(from)].name : peers_[static_cast<size_t>(to)].name,
+                                               "; that task is stuck or unreachable"));
+      // Poll without sleeping for a short while (yielding the core, which matters when ranks
+      // outnumber cores), then block: small messages complete in microseconds, big ones sleep.
+      int pr = ::poll(pfds.data(), pfds.size(), 0);
+      for (int spin = 0; pr == 0 && spin < 200; ++spin) {
+        sched_yield();
+        pr = ::poll(pfds.data(), pfds.size(), 0);
+      }
+      if (pr == 0) pr = ::poll(pfds.data(), pfds.size(), std::min(left, 1000));
+      if (pr < 0 && errno != EINTR) throw Unavailable(std::string("poll failed: ") + std::strerror(errno));
+      for (size_t i = 0; i < pfds.size(); ++i) {
+        const int r = who[i];
+        Peer& p = peers_[static_cast<size_t>(r)];
+        if (pfds[i].revents & POLLOUT) {
+          // Start a new segment, then push header and payload bytes as far as the socket takes.
+          if (s_hdr_sent == sizeof(FrameHeader) && s_pay_left == 0 && s_done < sbytes) {
+            if (!send_lock.owns_lock()) send_lock = std::unique_lock<std::mutex>(send_mu_[static_cast<size_t>(to)]);
+            const size_t n = std::min(seg, sbytes - s_done);
+            sh = fp;
+            sh.payload_bytes = n;
+            sh.offset = s_done;
+            s_hdr_sent = 0;
+            s_pay_left = n;
+          }
+          // Header and payload leave in one gathered sendmsg, straight from the tensor's memory.
+          while (s_hdr_sent < sizeof(FrameHeader) || s_pay_left > 0) {
+            iovec iov[2];
+            int n_iov = 0;
+            if (s_hdr_sent < sizeof(FrameHeader))
+              iov[n_iov++] = {reinterpret_cast<char*>(&sh) + s_hdr_sent, sizeof(FrameHeader) - s_hdr_sent};
+            if (s_pay_left > 0) iov[n_iov++] = {const_cast<char*>(sbuf + s_done), s_pay_left};
+            msghdr msg{};
+            msg.msg_iov = iov;
+            msg.msg_iovlen = static_cast<size_t>(n_iov);
+            const ssize_t w = ::sendmsg(p.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
+            if (w <= 0) throw Unavailable("connection to " + p.name + " (" + p.address + ") closed while sending " + tcp::describe(fp) + ": that task died or aborted");
+            size_t k = static_cast<size_t>(w);
+            const size_t h = std::min(k, sizeof(FrameHeader) - s_hdr_sent);
+            s_hdr_sent += h;
+            k -= h;
+            s_done += k;
+            s_pay_left -= k;
+          }
+          if (s_hdr_sent == sizeof(FrameHeader) && s_pay_left == 0 && send_lock.owns_lock()) send_lock.unlock();
+        }
+        if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        if (r != from || r_done >= rbytes) {
+          // Not our sender (or nothing more expected): only an ABORT or EOF matters; data for a
+          // later step is left queued and the peer parked until this exchange ends.
+          FrameHeader peek;
+          const ssize_t k = ::recv(p.fd, &peek, sizeof(peek), MSG_PEEK | MSG_DONTWAIT);
+          if (k == 0) {
+            // A peer we do not need right now closed: it may simply have finished. Fatal only if
+            // a later exchange needs it (then its neighbours fail and ABORT reaches everyone).
+            closed_[static_cast<size_t>(r)] = true;
+            continue;
+          }
+          if (k == static_cast<ssize_t>(sizeof(peek)) && peek.magic == tcp::kMagic && peek.kind == static_cast<uint16_t>(FrameKind::kAbort))
+            tcp::read_header(p, o_.max_frame_bytes, deadline);  // throws Unavailable with the message
+          if (k > 0) last_rx_[static_cast<size_t>(r)] = Clock::now();
+          if (k == static_cast<ssize_t>(sizeof(peek)) && peek.magic == tcp::kMagic &&
+              peek.kind == static_cast<uint16_t>(FrameKind::kHeartbeat)) {
+            ::recv(p.fd, &peek, sizeof(peek), MSG_DONTWAIT);  // consume it
+            continue;
+          }
+          if (k > 0) parked[static_cast<size_t>(r)] = true;
+          continue;
+        }
+        // Our sender: header, then payload straight into place.
+        for (;;) {
+          if (r_pay_left == 0 && r_hdr_got < sizeof(FrameHeader)) {
+            const ssize_t k = ::recv(p.fd, reinterpret_cast<char*>(&rh) + r_hdr_got, sizeof(FrameHeader) - r_hdr_got, MSG_DONTWAIT);
+            if (k == 0) throw Unavailable("connection to " + p.name + " (" + p.address + ") closed during " + tcp::describe(fp) + ": that task died, was killed, or aborted the job");
+            if (k < 0) break;
+            last_rx_[static_cast<size_t>(r)] = Clock::now();
+            r_hdr_got += static_cast<size_t>(k);
+            if (r_hdr_got < sizeof(FrameHeader)) continue;
+            if (rh.magic == tcp::kMagic && rh.kind == static_cast<uint16_t>(FrameKind::kHeartbeat)) {
+              r_hdr_got = 0;  // nothing follows a heartbeat
+              continue;
+            }
+            if (rh.magic != tcp::kMagic || rh.version != tcp::kVersion)
+              throw DataLoss(detail::str_cat("malformed frame from ", p.name, " (bad magic or version) during ", tcp::describe(fp)));
+            if (rh.kind == static_cast<uint16_t>(FrameKind::kAbort)) {
+              std::string msg(static_cast<size_t>(std::min<uint64_t>(rh.payload_bytes, 4096)), '\0');
+              tcp::read_exact(p, msg.data(), msg.size(), deadline);
+              throw Unavailable(p.name + " aborted the job: " + msg);
+            }
+            if (rh.kind != static_cast<uint16_t>(FrameKind::kData) || rh.seq != fp.seq || rh.op != fp.op ||
+                rh.dtype != fp.dtype || rh.count != fp.count || rh.reduce != fp.reduce)
+              mismatch(p, rh, fp);
+            if (rh.payload_bytes > rbytes - r_done || rh.offset != r_done)
+              throw DataLoss(detail::str_cat("malformed frame from ", p.name, ": ", rh.payload_bytes, " bytes at offset ",
+                                             rh.offset, " but ", rbytes - r_done, " expected at offset ", r_done));
+            r_pay_left = rh.payload_bytes;
+            r_seg_start = r_done;
+          }
+          if (r_pay_left == 0) break;
+          const ssize_t k = ::recv(p.fd, rbuf + r_done, r_pay_left, MSG_DONTWAIT);
+          if (k > 0) last_rx_[static_cast<size_t>(r)] = Clock::now();
+          if (k == 0) throw Unavailable("connection to " + p.name + " (" + p.address + ") closed during " + tcp::describe(fp) + ": that task died, was killed, or aborted the job");
+          if (k < 0) break;
+          r_done += static_cast<size_t>(k);
+          r_pay_left -= static_cast<size_t>(k);
+          if (r_pay_left == 0) {
+            r_hdr_got = 0;
+            if (on_segment) on_segment(r_seg_start, r_done - r_seg_start);
+            if (r_done >= rbytes) break;
+          }
+        }
+      }
+    }
+  }
+
+}  // namespace dtrain::tcp

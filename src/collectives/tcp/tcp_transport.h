@@ -1,0 +1,59 @@
+// The TCP transport of the collectives: a full mesh of authenticated connections (mesh.h), framed
+// segments that carry each collective's fingerprint, heartbeats, and the ABORT frame. It implements
+// the algorithms' Transport (collectives/algorithms/transport.h) with one poll loop that sends
+// segments to one peer while receiving segments from another (full duplex, no threads), checking
+// every received header's fingerprint and watching every other peer for an ABORT or a closed socket.
+//
+// Thread-safety: one thread runs exchanges; abort() and the heartbeat thread may run concurrently
+// (a per-peer send mutex keeps frames whole).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/algorithms/transport.h"
+#include "collectives/tcp/mesh.h"
+
+namespace dtrain::tcp {
+
+class TcpTransport final : public collectives::Transport {
+ public:
+  TcpTransport(TcpGroupOptions options, std::vector<Peer> peers);
+  ~TcpTransport() override;
+  int rank() const override { return o_.rank; }
+  int size() const override { return static_cast<int>(peers_.size()); }
+  void exchange(int to, const void* sbuf, size_t sbytes, int from, void* rbuf, size_t rbytes,
+                const collectives::Fingerprint& fp, const collectives::SegmentFn& on_segment) override;
+  // Tells every peer (an ABORT frame, best effort, non-blocking) and fails every later collective
+  // here with Unavailable(reason). Idempotent.
+  void abort(const std::string& reason);
+  // Throws Unavailable with the abort reason once aborted.
+  void check_not_aborted() const;
+  // "worker:1", for messages.
+  std::string name() const;
+  const TcpGroupOptions& options() const { return o_; }
+
+ private:
+  void heartbeat_loop();
+  [[noreturn]] void mismatch(const Peer& p, const FrameHeader& got, const FrameHeader& want) const;
+  FrameHeader header_of(const collectives::Fingerprint& fp) const;
+
+  TcpGroupOptions o_;
+  std::vector<Peer> peers_;
+  std::vector<bool> closed_;  // peers whose socket reached EOF
+  std::vector<std::mutex> send_mu_;          // per peer: one frame at a time (data vs heartbeat)
+  std::vector<Clock::time_point> last_rx_;   // per peer: last byte received (liveness)
+  std::thread heartbeat_;
+  std::mutex hb_mu_;
+  std::condition_variable hb_cv_;
+  bool stop_ = false;
+  mutable std::mutex abort_mu_;  // guards abort_reason_
+  std::atomic<bool> aborted_{false};
+  std::string abort_reason_;
+};
+
+}  // namespace dtrain::tcp

@@ -1,5 +1,6 @@
 // TCP collectives between processes (one rank per process): a full mesh of authenticated
-// connections, framed messages, and bandwidth-optimal ring algorithms (see ring.h).
+// connections, framed messages, and the bandwidth-optimal ring algorithms of
+// src/collectives/algorithms (ring, recursive doubling) over the TCP transport (tcp_transport.h).
 //
 // Every connection proves knowledge of the job token in both directions (HMAC-SHA256 over the
 // peer's random nonce) and checks that both sides agree on the protocol version, the world size

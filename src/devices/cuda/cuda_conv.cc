@@ -7,6 +7,7 @@
 // (TF "SAME" with an even window) is applied by an explicit zero-pad kernel, after which cuDNN
 // runs unpadded, and the input gradient is cropped back.
 // Algorithms: cuDNN's heuristics rank candidates; the first that runs is cached per problem.
+#include <array>
 #include <string>
 #include <vector>
 
@@ -156,8 +157,8 @@ int run_first_supported(CudaContext& ctx, ConvDesc& cd, int cached, CandidatesFn
 
 // cuDNN's ranked candidates that report success, then the implicit-GEMM algorithms, which support
 // NHWC float32 in every cuDNN release, as a last resort.
-template <typename Perf, typename Algo, typename QueryFn>
-std::vector<Algo> ranked(QueryFn query, int max_count, std::initializer_list<Algo> fallbacks) {
+template <typename Perf, typename Algo, typename QueryFn, typename Fallbacks>
+std::vector<Algo> ranked(QueryFn query, int max_count, const Fallbacks& fallbacks) {
   std::vector<Perf> perf(static_cast<size_t>(max_count));
   int got = 0;
   // A failed query leaves only the fallbacks, which the caller tries anyway.
@@ -172,6 +173,112 @@ std::vector<Algo> ranked(QueryFn query, int max_count, std::initializer_list<Alg
     if (!present) out.push_back(a);
   }
   return out;
+}
+
+
+// The descriptors of one convolution problem, shared by its three directions: the (padded) input x,
+// the output y, the filter w (KRSC) and the convolution itself.
+struct ConvProblem {
+  TensorDesc x, y;
+  FilterDesc w;
+  ConvDesc conv;
+  ConvProblem(const ConvGeometry& g, const Conv2dParams& p, const char* op) {
+    x.set_nhwc(g.n, g.hp, g.wp, g.cin, op);
+    y.set_nhwc(g.n, g.oh, g.ow, g.cout, op);
+    w.set_krsc(g.cout, g.kh, g.kw, g.cin, op);
+    conv.set(g.pad_h, g.pad_w, p.stride_h, p.stride_w);
+  }
+};
+
+// The key a direction's algorithm choice is cached under.
+std::vector<int64_t> algo_key(int direction, const ConvGeometry& g, const Conv2dParams& p) {
+  return {direction, g.n, g.hp, g.wp, g.cin, g.kh, g.kw, g.cout, g.pad_h, g.pad_w, p.stride_h, p.stride_w};
+}
+
+// What differs between the three directions: cuDNN's types, calls and operand order. run() takes
+// the two inputs and the output of that direction (forward: x, w -> y; backward data: w, dy -> dx;
+// backward filter: x, dy -> dw).
+struct Forward {
+  using Perf = cudnnConvolutionFwdAlgoPerf_t;
+  using Algo = cudnnConvolutionFwdAlgo_t;
+  static constexpr int kDirection = 0;
+  static constexpr int kCount = CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
+  static constexpr const char* kCall = "cudnnConvolutionForward";
+  static constexpr std::array<Algo, 2> kFallbacks = {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+                                                     CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM};
+  static cudnnStatus_t query(cudnnHandle_t h, ConvProblem& c, int n, int* got, Perf* perf) {
+    return cudnnGetConvolutionForwardAlgorithm_v7(h, c.x.get(), c.w.get(), c.conv.get(), c.y.get(), n, got, perf);
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, ConvProblem& c, Algo a, size_t* bytes) {
+    return cudnnGetConvolutionForwardWorkspaceSize(h, c.x.get(), c.w.get(), c.conv.get(), c.y.get(), a, bytes);
+  }
+  static cudnnStatus_t run(cudnnHandle_t h, ConvProblem& c, const void* x, const void* w, void* y, Algo a, void* ws,
+                           size_t bytes) {
+    const float alpha = 1.f, beta = 0.f;
+    return cudnnConvolutionForward(h, &alpha, c.x.get(), x, c.w.get(), w, c.conv.get(), a, ws, bytes, &beta, c.y.get(), y);
+  }
+};
+
+struct BackwardData {
+  using Perf = cudnnConvolutionBwdDataAlgoPerf_t;
+  using Algo = cudnnConvolutionBwdDataAlgo_t;
+  static constexpr int kDirection = 1;
+  static constexpr int kCount = CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
+  static constexpr const char* kCall = "cudnnConvolutionBackwardData";
+  static constexpr std::array<Algo, 2> kFallbacks = {CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, CUDNN_CONVOLUTION_BWD_DATA_ALGO_0};
+  static cudnnStatus_t query(cudnnHandle_t h, ConvProblem& c, int n, int* got, Perf* perf) {
+    return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, c.w.get(), c.y.get(), c.conv.get(), c.x.get(), n, got, perf);
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, ConvProblem& c, Algo a, size_t* bytes) {
+    return cudnnGetConvolutionBackwardDataWorkspaceSize(h, c.w.get(), c.y.get(), c.conv.get(), c.x.get(), a, bytes);
+  }
+  static cudnnStatus_t run(cudnnHandle_t h, ConvProblem& c, const void* w, const void* dy, void* dx, Algo a, void* ws,
+                           size_t bytes) {
+    const float alpha = 1.f, beta = 0.f;
+    return cudnnConvolutionBackwardData(h, &alpha, c.w.get(), w, c.y.get(), dy, c.conv.get(), a, ws, bytes, &beta,
+                                        c.x.get(), dx);
+  }
+};
+
+struct BackwardFilter {
+  using Perf = cudnnConvolutionBwdFilterAlgoPerf_t;
+  using Algo = cudnnConvolutionBwdFilterAlgo_t;
+  static constexpr int kDirection = 2;
+  static constexpr int kCount = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
+  static constexpr const char* kCall = "cudnnConvolutionBackwardFilter";
+  static constexpr std::array<Algo, 2> kFallbacks = {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
+                                                     CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0};
+  static cudnnStatus_t query(cudnnHandle_t h, ConvProblem& c, int n, int* got, Perf* perf) {
+    return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, c.x.get(), c.y.get(), c.conv.get(), c.w.get(), n, got, perf);
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, ConvProblem& c, Algo a, size_t* bytes) {
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, c.x.get(), c.y.get(), c.conv.get(), c.w.get(), a, bytes);
+  }
+  static cudnnStatus_t run(cudnnHandle_t h, ConvProblem& c, const void* x, const void* dy, void* dw, Algo a, void* ws,
+                           size_t bytes) {
+    const float alpha = 1.f, beta = 0.f;
+    return cudnnConvolutionBackwardFilter(h, &alpha, c.x.get(), x, c.y.get(), dy, c.conv.get(), a, ws, bytes, &beta,
+                                          c.w.get(), dw);
+  }
+};
+
+// Runs direction D of problem `c` on (a, b) -> out with the cached algorithm choice, else the first
+// of cuDNN's ranked candidates that accepts it (run_first_supported). Returns the choice to cache.
+template <typename D>
+int convolve(CudaContext& ctx, ConvProblem& c, int cached, const void* a, const void* b, void* out,
+             const std::string& problem) {
+  using Algo = typename D::Algo;
+  auto lock = ctx.lock_cudnn();
+  cudnnHandle_t h = ctx.cudnn();
+  return run_first_supported<Algo>(
+      ctx, c.conv, cached,
+      [&] {
+        return ranked<typename D::Perf, Algo>(
+            [&](int n, int* got, typename D::Perf* perf) { return D::query(h, c, n, got, perf); }, D::kCount,
+            D::kFallbacks);
+      },
+      [&](Algo algo, size_t* bytes) { return D::workspace(h, c, algo, bytes); },
+      [&](Algo algo, void* ws, size_t bytes) { return D::run(h, c, a, b, out, algo, ws, bytes); }, D::kCall, problem);
 }
 
 }  // namespace
@@ -218,40 +325,10 @@ Tensor CudaKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
     const Tensor xin =
         g.explicit_pad ? pad_nhwc(x, p.pad_top, p.pad_bottom, p.pad_left, p.pad_right, 0.f) : x;
     const Tensor wk = hwio_to_krsc(w, ctx_.spec(), ctx_.stream());
-    TensorDesc xd, yd;
-    FilterDesc wd;
-    ConvDesc cd;
-    xd.set_nhwc(g.n, g.hp, g.wp, g.cin, "conv2d");
-    yd.set_nhwc(g.n, g.oh, g.ow, g.cout, "conv2d");
-    wd.set_krsc(g.cout, g.kh, g.kw, g.cin, "conv2d");
-    cd.set(g.pad_h, g.pad_w, p.stride_h, p.stride_w);
-    const AlgoKey key{0,    g.n,    g.hp,    g.wp,    g.cin,      g.kh,
-                      g.kw, g.cout, g.pad_h, g.pad_w, p.stride_h, p.stride_w};
-    const float alpha = 1.f, beta = 0.f;
-    auto lock = ctx_.lock_cudnn();
-    cudnnHandle_t h = ctx_.cudnn();
-    const int algo = run_first_supported<cudnnConvolutionFwdAlgo_t>(
-        ctx_, cd, cached_algo(key),
-        [&] {
-          return ranked<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(
-              [&](int count, int* got, cudnnConvolutionFwdAlgoPerf_t* perf) {
-                return cudnnGetConvolutionForwardAlgorithm_v7(h, xd.get(), wd.get(), cd.get(),
-                                                              yd.get(), count, got, perf);
-              },
-              CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-              {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
-               CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM});
-        },
-        [&](cudnnConvolutionFwdAlgo_t a, size_t* bytes) {
-          return cudnnGetConvolutionForwardWorkspaceSize(h, xd.get(), wd.get(), cd.get(), yd.get(),
-                                                         a, bytes);
-        },
-        [&](cudnnConvolutionFwdAlgo_t a, void* ws, size_t bytes) {
-          return cudnnConvolutionForward(h, &alpha, xd.get(), xin.raw_data(), wd.get(),
-                                         wk.raw_data(), cd.get(), a, ws, bytes, &beta, yd.get(),
-                                         y.raw_data());
-        },
-        "cudnnConvolutionForward", describe(g, p));
+    ConvProblem c(g, p, "conv2d");
+    const AlgoKey key = algo_key(Forward::kDirection, g, p);
+    const int algo = convolve<Forward>(ctx_, c, cached_algo(key), xin.raw_data(), wk.raw_data(), y.raw_data(),
+                                       describe(g, p));
     remember_algo(key, algo);
   }
   if (bias.defined())
@@ -277,40 +354,11 @@ Tensor CudaKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, con
   }
   const Tensor wk = hwio_to_krsc(w, ctx_.spec(), ctx_.stream());
   const Tensor dxp = g.explicit_pad ? empty(Shape{g.n, g.hp, g.wp, g.cin}) : dx;
-  TensorDesc dxd, dyd;
-  FilterDesc wd;
-  ConvDesc cd;
-  dxd.set_nhwc(g.n, g.hp, g.wp, g.cin, "conv2d_backward_input");
-  dyd.set_nhwc(g.n, g.oh, g.ow, g.cout, "conv2d_backward_input");
-  wd.set_krsc(g.cout, g.kh, g.kw, g.cin, "conv2d_backward_input");
-  cd.set(g.pad_h, g.pad_w, p.stride_h, p.stride_w);
-  const AlgoKey key{1,    g.n,    g.hp,    g.wp,    g.cin,      g.kh,
-                    g.kw, g.cout, g.pad_h, g.pad_w, p.stride_h, p.stride_w};
-  const float alpha = 1.f, beta = 0.f;
+  ConvProblem c(g, p, "conv2d_backward_input");
+  const AlgoKey key = algo_key(BackwardData::kDirection, g, p);
   {
-    auto lock = ctx_.lock_cudnn();
-    cudnnHandle_t h = ctx_.cudnn();
-    const int algo = run_first_supported<cudnnConvolutionBwdDataAlgo_t>(
-        ctx_, cd, cached_algo(key),
-        [&] {
-          return ranked<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t>(
-              [&](int count, int* got, cudnnConvolutionBwdDataAlgoPerf_t* perf) {
-                return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, wd.get(), dyd.get(), cd.get(),
-                                                                   dxd.get(), count, got, perf);
-              },
-              CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-              {CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, CUDNN_CONVOLUTION_BWD_DATA_ALGO_0});
-        },
-        [&](cudnnConvolutionBwdDataAlgo_t a, size_t* bytes) {
-          return cudnnGetConvolutionBackwardDataWorkspaceSize(h, wd.get(), dyd.get(), cd.get(),
-                                                              dxd.get(), a, bytes);
-        },
-        [&](cudnnConvolutionBwdDataAlgo_t a, void* ws, size_t bytes) {
-          return cudnnConvolutionBackwardData(h, &alpha, wd.get(), wk.raw_data(), dyd.get(),
-                                              dy.raw_data(), cd.get(), a, ws, bytes, &beta,
-                                              dxd.get(), dxp.raw_data());
-        },
-        "cudnnConvolutionBackwardData", describe(g, p));
+    const int algo = convolve<BackwardData>(ctx_, c, cached_algo(key), wk.raw_data(), dy.raw_data(), dxp.raw_data(),
+                                            describe(g, p));
     remember_algo(key, algo);
   }
   if (g.explicit_pad)
@@ -345,40 +393,11 @@ Tensor CudaKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, co
   const Tensor xin =
       g.explicit_pad ? pad_nhwc(x, p.pad_top, p.pad_bottom, p.pad_left, p.pad_right, 0.f) : x;
   Tensor dwk = empty(Shape{g.cout, g.kh, g.kw, g.cin});
-  TensorDesc xd, dyd;
-  FilterDesc dwd;
-  ConvDesc cd;
-  xd.set_nhwc(g.n, g.hp, g.wp, g.cin, "conv2d_backward_filter");
-  dyd.set_nhwc(g.n, g.oh, g.ow, g.cout, "conv2d_backward_filter");
-  dwd.set_krsc(g.cout, g.kh, g.kw, g.cin, "conv2d_backward_filter");
-  cd.set(g.pad_h, g.pad_w, p.stride_h, p.stride_w);
-  const AlgoKey key{2,    g.n,    g.hp,    g.wp,    g.cin,      g.kh,
-                    g.kw, g.cout, g.pad_h, g.pad_w, p.stride_h, p.stride_w};
-  const float alpha = 1.f, beta = 0.f;
+  ConvProblem c(g, p, "conv2d_backward_filter");
+  const AlgoKey key = algo_key(BackwardFilter::kDirection, g, p);
   {
-    auto lock = ctx_.lock_cudnn();
-    cudnnHandle_t h = ctx_.cudnn();
-    const int algo = run_first_supported<cudnnConvolutionBwdFilterAlgo_t>(
-        ctx_, cd, cached_algo(key),
-        [&] {
-          return ranked<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(
-              [&](int count, int* got, cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
-                return cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-                    h, xd.get(), dyd.get(), cd.get(), dwd.get(), count, got, perf);
-              },
-              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-              {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0});
-        },
-        [&](cudnnConvolutionBwdFilterAlgo_t a, size_t* bytes) {
-          return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, xd.get(), dyd.get(), cd.get(),
-                                                                dwd.get(), a, bytes);
-        },
-        [&](cudnnConvolutionBwdFilterAlgo_t a, void* ws, size_t bytes) {
-          return cudnnConvolutionBackwardFilter(h, &alpha, xd.get(), xin.raw_data(), dyd.get(),
-                                                dy.raw_data(), cd.get(), a, ws, bytes, &beta,
-                                                dwd.get(), dwk.raw_data());
-        },
-        "cudnnConvolutionBackwardFilter", describe(g, p));
+    const int algo = convolve<BackwardFilter>(ctx_, c, cached_algo(key), xin.raw_data(), dy.raw_data(), dwk.raw_data(),
+                                              describe(g, p));
     remember_algo(key, algo);
   }
   return krsc_to_hwio(dwk, ctx_.spec(), ctx_.stream());

@@ -1,4 +1,6 @@
 // The process-wide device registry: logical CPU devices as configured, GPUs as discovered.
+#include <sched.h>
+
 #include "dtrain/devices/device.h"
 
 #include "dtrain/core/strings.h"
@@ -28,7 +30,13 @@ Registry& registry() {
   return *r;
 }
 
-int hardware_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
+// The cores this process may run on (its affinity mask: a launcher such as dtrain-run or taskset
+// may have given it a share of the machine), else every core.
+int hardware_threads() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
 
 int threads_per_cpu(const DeviceConfig& c) {
   if (c.threads_per_cpu_device > 0) return c.threads_per_cpu_device;

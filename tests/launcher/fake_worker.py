@@ -67,6 +67,8 @@ def main():
         "instance": instance,
         "tf_config": os.environ.get("TF_CONFIG"),
         "token": os.environ.get("DTRAIN_JOB_TOKEN"),
+        "cpus": sorted(os.sched_getaffinity(0)),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "argv": sys.argv[1:],
         "extra_args": rest,
         "pid": os.getpid(),

@@ -129,6 +129,38 @@ class LocalJob(LauncherCase):
         self.assertEqual(len(tokens), 1, "one job token for every task")
         self.assertRegex(tokens.pop(), HEX64)
 
+    def test_each_task_is_bound_to_its_share_of_the_cores(self):
+        allowed = sorted(os.sched_getaffinity(0))
+        env = dict(os.environ)
+        env.pop("OMP_NUM_THREADS", None)
+        for n in (1, 2, 3):
+            status, _, err, _ = self.run_launcher(["-np", str(n)], self.fake(), env=env)
+            self.assertEqual(status, 0, err)
+            reports = [self.report(f"worker:{i}") for i in range(n)]
+            if n <= len(allowed):  # an equal, disjoint share each
+                per = len(allowed) // n
+                for i, r in enumerate(reports):
+                    self.assertEqual(r["cpus"], allowed[i * per:(i + 1) * per], f"worker:{i} of {n}")
+                    self.assertEqual(r["omp_num_threads"], str(per))
+            else:  # more tasks than cores: one core each, round robin
+                for i, r in enumerate(reports):
+                    self.assertEqual(r["cpus"], [allowed[i % len(allowed)]])
+                    self.assertEqual(r["omp_num_threads"], "1")
+
+    def test_bind_to_none_and_a_given_omp_num_threads_are_respected(self):
+        allowed = sorted(os.sched_getaffinity(0))
+        env = dict(os.environ, OMP_NUM_THREADS="7")
+        status, _, err, _ = self.run_launcher(["-np", "2"], self.fake(), env=env)
+        self.assertEqual(status, 0, err)
+        self.assertEqual(self.report("worker:0")["omp_num_threads"], "7")  # the user's setting wins
+        env.pop("OMP_NUM_THREADS")
+        status, _, err, _ = self.run_launcher(["--bind-to", "none", "-np", "2"], self.fake(), env=env)
+        self.assertEqual(status, 0, err)
+        for i in range(2):
+            r = self.report(f"worker:{i}")
+            self.assertEqual(r["cpus"], allowed)
+            self.assertIsNone(r["omp_num_threads"])
+
     def test_job_token_from_environment_is_kept(self):
         env = dict(os.environ, DTRAIN_JOB_TOKEN="my-token")
         status, _, err, _ = self.run_launcher(["-np", "2"], self.fake(), env=env)

@@ -1,8 +1,11 @@
 // The strategy contract: a variable belongs to the strategy that made it, the role of a process is
 // resolved once and returned as a value, the training policy is reached through extended(), and the
 // input API is on every Strategy. Each test checks the error type and what its message tells the user.
+#include <omp.h>
+
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "dtrain/data/dataset.h"
 #include "dtrain/model/initializers.h"
@@ -175,6 +178,18 @@ TEST_F(Contract, ConfiguringDevicesTwiceSaysOncePerProcess) {
   EXPECT_NE(what.find("already configured in this process"), std::string::npos) << what;
   EXPECT_NE(what.find("once per process"), std::string::npos) << what;
   EXPECT_EQ(what.find("before creating any tensor"), std::string::npos) << what;
+}
+
+// The intra-op thread count belongs to the device: the training loop's own thread, left at the
+// process default (every core), runs CPU:0's kernels with CPU:0's one thread, so it starts no OpenMP
+// team whose idle workers would spin on the replicas' cores.
+TEST_F(Contract, KernelsRunWithTheirDevicesThreadCountOnAnyThread) {
+  std::thread([] {
+    omp_set_num_threads(8);  // a thread at some other default
+    const Tensor a = testing::random_tensor(Shape{64, 64}, 3, -1.f, 1.f, DeviceSpec::cpu(0));
+    ops::matmul(a, a);  // a oneDNN primitive of CPU:0, run on this thread
+    EXPECT_EQ(omp_get_max_threads(), 1);
+  }).join();
 }
 
 TEST_F(Contract, SingleProcessStrategiesHaveTheSingleProcessParts) {

@@ -75,6 +75,7 @@ struct Child {
 
   Task task;
   std::vector<std::string> env;  // kept for a restart, which gets the same TF_CONFIG
+  std::vector<int> cpus;         // the cores it is bound to (empty: not bound)
   // A parameter-server job goes on without it when it fails (a non-chief worker, the evaluator).
   bool expendable = false;
   int restarts = 0;
@@ -151,7 +152,7 @@ bool Supervisor::setup_signals() {
 
 std::string Supervisor::start(Child& c) {
   Spawned s;
-  const std::string err = spawn(argv_, c.env, devnull_, old_mask_, s);
+  const std::string err = spawn(argv_, c.env, devnull_, old_mask_, c.cpus, s);
   if (!err.empty()) return err;
   c.pid = s.pid;
   c.reaped = false;
@@ -456,6 +457,10 @@ int Supervisor::run() {
   }
   ps_job_ =
       std::any_of(o_.tasks.begin(), o_.tasks.end(), [](const Task& t) { return t.type == "ps"; });
+  const bool user_omp = std::any_of(base_env.begin(), base_env.end(),
+                                    [](const std::string& kv) { return kv.rfind("OMP_NUM_THREADS=", 0) == 0; });
+  const std::vector<std::vector<int>> shares =
+      o_.bind_cores ? share_cpus(allowed_cpus(), static_cast<int>(o_.tasks.size())) : std::vector<std::vector<int>>{};
   children_.reserve(o_.tasks.size());
   for (size_t i = 0; i < o_.tasks.size(); ++i) {
     Child& c = children_.emplace_back(o_.tasks[i]);
@@ -463,6 +468,10 @@ int Supervisor::run() {
     c.env.push_back("TF_CONFIG=" + tf_config(o_.tasks, i));
     c.env.push_back("DTRAIN_TASK=" + o_.tasks[i].name());
     c.env.push_back("DTRAIN_JOB_TOKEN=" + o_.job_token);
+    if (!shares.empty() && !shares[i].empty()) {
+      c.cpus = shares[i];
+      if (!user_omp) c.env.push_back("OMP_NUM_THREADS=" + std::to_string(c.cpus.size()));
+    }
     const std::string& type = o_.tasks[i].type;
     c.expendable = ps_job_ && ((type == "worker" && !is_chief(o_.tasks, i)) || type == "evaluator");
   }

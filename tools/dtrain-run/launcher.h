@@ -35,6 +35,9 @@ struct LaunchOptions {
   std::string job_token;             // DTRAIN_JOB_TOKEN for every task
   int restart_workers = 0;           // jobs with ps: restarts of each failed non-chief worker
   double restart_delay_s = 1;        // between a worker's failure and its restart
+  // Each local task is bound to its share of this process's cores (share_cpus) and, unless the
+  // environment sets OMP_NUM_THREADS, told that many threads; false (--bind-to none): no binding.
+  bool bind_cores = true;
 };
 
 // Exit statuses besides a child's own.

@@ -29,6 +29,7 @@ struct Args {
   int restart_workers = 0;
   bool evaluator = false;
   std::string devices;
+  std::string bind_to = "core";
   double timeout_s = 0;
   double grace_s = 10;
   bool print_config = false;
@@ -112,6 +113,7 @@ int run_local(const Args& a) {
   assign_local_ports(o.tasks, a.port_base_given ? a.port_base : 0);
   o.command = a.command;
   o.devices = a.devices;
+  o.bind_cores = a.bind_to == "core";
   o.timeout_s = a.timeout_s;
   o.grace_s = a.grace_s;
   o.restart_workers = a.restart_workers;
@@ -160,6 +162,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--grace", a.grace_s, "seconds between SIGTERM and SIGKILL when stopping tasks")
       ->check(CLI::Range(0.0, 1e8))
+      ->capture_default_str();
+  app.add_option("--bind-to", a.bind_to,
+                 "core (default): bind each local task to an equal share of the cores this launcher may "
+                 "use (2 tasks on 4 cores: 2 each; more tasks than cores: one core each, round robin) "
+                 "and set OMP_NUM_THREADS to its share unless the environment sets it, as torchrun and "
+                 "mpirun do; none: no binding, every task sees every core")
+      ->check(CLI::IsMember({"core", "none"}))
       ->capture_default_str();
   app.add_flag("--print-config", a.print_config,
                "print every task's TF_CONFIG (one line each) and exit; starts nothing");

@@ -1,3 +1,6 @@
+#include <sched.h>
+
+#include <algorithm>
 #include "spawn.h"
 
 #include <fcntl.h>
@@ -48,7 +51,7 @@ void ensure_std_fds_open() {
 }
 
 std::string spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                  int stdin_fd, const sigset_t& child_mask, Spawned& result) {
+                  int stdin_fd, const sigset_t& child_mask, const std::vector<int>& cpus, Spawned& result) {
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0) return std::string("pipe: ") + std::strerror(errno);
   if (::pipe2(err, O_CLOEXEC) != 0) {
@@ -76,6 +79,12 @@ std::string spawn(const std::vector<std::string>& argv, const std::vector<std::s
     ::dup2(err[1], 2);
     ::signal(SIGPIPE, SIG_DFL);
     ::sigprocmask(SIG_SETMASK, &child_mask, nullptr);
+    if (!cpus.empty()) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      for (int c : cpus) CPU_SET(c, &set);
+      ::sched_setaffinity(0, sizeof(set), &set);  // best effort: an unpinned task still runs
+    }
     ::execvpe(argvp[0], argvp.data(), envp.data());
     const char* why = std::strerror(errno);
     if (::write(2, exec_error.data(), exec_error.size()) > 0 &&
@@ -99,6 +108,29 @@ std::string spawn(const std::vector<std::string>& argv, const std::vector<std::s
   result.err_fd = err[0];
   for (int fd : {out[0], err[0]}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   return "";
+}
+
+std::vector<int> allowed_cpus() {
+  std::vector<int> out;
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) out.push_back(c);
+  return out;
+}
+
+std::vector<std::vector<int>> share_cpus(const std::vector<int>& cpus, int tasks) {
+  std::vector<std::vector<int>> out(static_cast<size_t>(std::max(tasks, 0)));
+  if (cpus.empty() || tasks <= 0) return out;
+  const size_t n = cpus.size(), t = static_cast<size_t>(tasks);
+  if (t >= n) {
+    for (size_t i = 0; i < t; ++i) out[i] = {cpus[i % n]};
+    return out;
+  }
+  const size_t per = n / t;
+  for (size_t i = 0; i < t; ++i)
+    out[i].assign(cpus.begin() + static_cast<long>(i * per), cpus.begin() + static_cast<long>((i + 1) * per));
+  return out;
 }
 
 }  // namespace dtrain::run

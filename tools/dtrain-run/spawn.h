@@ -38,7 +38,16 @@ void ensure_std_fds_open();
 // child must not inherit that). Returns "" and fills `out`, or why it could not start (pipe or
 // fork failed; then nothing is left open). An exec failure shows later as exit status 127.
 // Never throws.
+// `cpus`, when not empty: the cores the child is bound to (sched_setaffinity before exec; the cores
+// dtrain's devices and OpenMP then use).
 std::string spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                  int stdin_fd, const sigset_t& child_mask, Spawned& out);
+                  int stdin_fd, const sigset_t& child_mask, const std::vector<int>& cpus, Spawned& out);
+
+// The cores this process may run on (its affinity mask), in order. Never throws.
+std::vector<int> allowed_cpus();
+
+// The cores each of `tasks` local tasks is bound to: an equal share of `cpus` each, contiguous
+// (task i of 2 on 4 cores: {2i, 2i+1}); with more tasks than cores, one core each, round-robin.
+std::vector<std::vector<int>> share_cpus(const std::vector<int>& cpus, int tasks);
 
 }  // namespace dtrain::run

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <thread>
+#include <vector>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -16,14 +17,20 @@
 namespace dtrain {
 namespace {
 
-// Logical device i with t threads runs on cores [i*t, (i+1)*t) when the machine has that many, so
-// replicas do not migrate across each other's cores. Skipped when DTRAIN_NO_PIN is set.
+// Logical device i with t threads runs on the i-th t cores of those this process may use (its
+// affinity mask, which a launcher may have narrowed), when there are that many, so replicas do not
+// migrate across each other's cores. Skipped when DTRAIN_NO_PIN is set.
 void pin_to_cores(int index, int threads) {
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  if (std::getenv("DTRAIN_NO_PIN") || (index + 1) * threads > cores || threads >= cores) return;
+  cpu_set_t allowed;
+  if (std::getenv("DTRAIN_NO_PIN") || sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
+  std::vector<int> cores;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) cores.push_back(c);
+  const int n = static_cast<int>(cores.size());
+  if ((index + 1) * threads > n || threads >= n) return;
   cpu_set_t set;
   CPU_ZERO(&set);
-  for (int c = index * threads; c < (index + 1) * threads; ++c) CPU_SET(c, &set);
+  for (int i = index * threads; i < (index + 1) * threads; ++i) CPU_SET(cores[static_cast<size_t>(i)], &set);
   pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
 }
 
@@ -32,7 +39,7 @@ class CpuDevice final : public Device {
   CpuDevice(int index, int threads, bool pin)
       : spec_(DeviceSpec::cpu(index)),
         threads_(threads),
-        kernels_(spec_),
+        kernels_(spec_, threads),
         worker_([index, threads, pin] {
           omp_set_num_threads(threads);
           if (pin) pin_to_cores(index, threads);

@@ -1,4 +1,6 @@
 // oneDNN-backed dense, elementwise, reduction, normalisation and reorder kernels.
+#include <omp.h>
+
 #include <atomic>
 #include <limits>
 
@@ -98,16 +100,21 @@ memory::dims bn_dims(const Shape& s) {
                  " (status " + std::to_string(static_cast<int>(e.status)) + ")");
 }
 
-CpuKernels::State::State() : uid(g_state_uid.fetch_add(1)) {}
+CpuKernels::State::State(int t) : uid(g_state_uid.fetch_add(1)), threads(t) {}
 
 dnnl::stream& CpuKernels::State::stream() {
+  // The thread count belongs to the device, not to the calling thread: the training loop's thread
+  // (reductions, metrics) and the replica threads all run this device's primitives with its count.
+  // Otherwise a thread left at the process default (all cores) starts an OpenMP team whose idle
+  // workers spin on the cores the replicas need.
+  if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
   thread_local std::unordered_map<uint64_t, dnnl::stream> streams;
   auto it = streams.find(uid);
   if (it == streams.end()) it = streams.emplace(uid, dnnl::stream(engine)).first;
   return it->second;
 }
 
-CpuKernels::CpuKernels(DeviceSpec spec) : spec_(spec), state_(std::make_unique<State>()) {}
+CpuKernels::CpuKernels(DeviceSpec spec, int threads) : spec_(spec), state_(std::make_unique<State>(threads)) {}
 CpuKernels::~CpuKernels() = default;
 
 Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {

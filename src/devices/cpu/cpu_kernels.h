@@ -4,7 +4,7 @@
 // dropout masks, optimizer updates) are plain loops the compiler vectorises.
 //
 // Thread-safety: the primitive cache is guarded by a mutex; primitives execute on the calling
-// thread (oneDNN's OpenMP runtime uses that thread's omp_get_max_threads()).
+// thread with the device's thread count (set as the calling thread's OpenMP thread count).
 #pragma once
 
 #include <memory>
@@ -15,7 +15,8 @@ namespace dtrain::cpu {
 
 class CpuKernels final : public Kernels {
  public:
-  explicit CpuKernels(DeviceSpec spec);
+  // threads: the device's intra-op threads; every primitive runs with that many, on any thread.
+  CpuKernels(DeviceSpec spec, int threads);
   ~CpuKernels() override;
 
   Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) override;

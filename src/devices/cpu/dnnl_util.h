@@ -19,9 +19,11 @@ struct CpuKernels::State {
   uint64_t uid;
   std::mutex mu;
   std::unordered_map<std::string, std::shared_ptr<void>> cache;
+  int threads;  // the device's intra-op threads
 
-  State();
-  // The calling thread's stream on this engine (CPU streams execute on the calling thread).
+  explicit State(int threads);
+  // The calling thread's stream on this engine (CPU streams execute on the calling thread); sets the
+  // calling thread's OpenMP thread count to the device's.
   dnnl::stream& stream();
 
   // Returns the cached object for `key`, building it with make() on first use.

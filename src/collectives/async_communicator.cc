@@ -1,15 +1,17 @@
 // The asynchronous face of every collective backend: a FIFO of collectives run by one communication
-// thread, each completing the Work its caller holds (errors are stored there and rethrown by wait()).
+// thread. Collectives complete strictly in issue order, so a Work is just (tracker, id) and "done"
+// is "the completed count has passed id": nothing is allocated per collective but its queue slot,
+// and an error is kept for the collective that raised it and rethrown by every wait() on it.
 //
 // Help-first: a waiter whose collective is next in line and not started runs it itself, and the
 // thread leaves a new collective to its waiter for kGrace before taking it, so the common
 // issue-then-wait pattern costs no thread hand-off and no wake-up. Either way at most one collective
-// runs at a time, in issue order. A collective is a plain record (no std::function), so issuing one
-// costs a promise and a queue slot.
+// runs at a time, in issue order.
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
-#include <future>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -40,78 +42,107 @@ struct Task {
   const Tensor* input = nullptr;   // allgather, reduce_scatter
   ReduceOp reduce = ReduceOp::kSum;
   int root = 0;
-  std::promise<void> done;
 };
 
 // Shared by the communicator, its thread and the Works it hands out (which may outlive it; once the
-// communicator is gone its queue is empty, so a late helper finds nothing to run).
-struct Queue {
-  explicit Queue(std::unique_ptr<SyncCollectives> b, std::chrono::milliseconds bound)
-      : backend(std::move(b)), collective_timeout(bound) {}
-  std::unique_ptr<SyncCollectives> backend;
-  const std::chrono::milliseconds collective_timeout;
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<Task> tasks;
-  uint64_t next_id = 0;
-  bool busy = false;    // a collective is running (on the thread or on a helping waiter)
-  bool stop = false;
-  bool parked = false;  // the thread sleeps until notified (no collective for kIdle)
+// communicator is gone its queue is empty, so a late waiter finds nothing to run).
+class Queue final : public Work::Tracker {
+ public:
+  Queue(std::unique_ptr<SyncCollectives> b, std::chrono::milliseconds bound)
+      : backend(std::move(b)), collective_timeout(bound), rank_(backend->rank()), size_(backend->size()) {}
 
-  void execute(Task& t) {
-    SyncCollectives& b = *backend;
-    switch (t.op) {
-      case Op::kAllreduce: b.allreduce(*t.tensor, t.reduce); break;
-      case Op::kAllgather: b.allgather(*t.input, *t.tensor); break;
-      case Op::kBroadcast: b.broadcast(*t.tensor, t.root); break;
-      case Op::kReduce: b.reduce(*t.tensor, t.root, t.reduce); break;
-      case Op::kReduceScatter: b.reduce_scatter(*t.input, *t.tensor, t.reduce); break;
-      case Op::kBarrier: b.barrier(); break;
-    }
+  bool done(uint64_t id) const override { return completed.load(std::memory_order_acquire) > id; }
+
+  bool wait(uint64_t id, std::chrono::milliseconds timeout) override {
+    if (done(id)) return true;
+    if (timeout >= collective_timeout) help(id);  // a shorter wait leaves it to the thread: its timeout holds
+    std::unique_lock<std::mutex> lock(mu);
+    return done_cv.wait_for(lock, timeout, [&] { return done(id); });
   }
 
-  // Runs `task` (claimed under the lock, busy set) outside the lock; marks the queue idle before
-  // completing the Work, so a caller that waited may destroy the communicator right away.
-  void run(Task& task) {
+  void rethrow(uint64_t id) const override {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = errors.find(id);
+    if (it != errors.end()) std::rethrow_exception(it->second);
+  }
+
+  std::string describe(uint64_t id) const override {
+    std::lock_guard<std::mutex> lock(mu);
+    std::string op = "collective";
+    if (running && running_id == id) op = kOpNames[static_cast<size_t>(running_op)];
+    for (const Task& t : tasks)
+      if (t.id == id) op = kOpNames[static_cast<size_t>(t.op)];
+    return op + " #" + std::to_string(id) + " on rank " + std::to_string(rank_) + " of " + std::to_string(size_);
+  }
+
+  // Runs the task claimed under the lock (running set), outside the lock; then marks it complete.
+  void run(const Task& task) {
     std::exception_ptr error;
     try {
-      execute(task);
+      SyncCollectives& b = *backend;
+      switch (task.op) {
+        case Op::kAllreduce: b.allreduce(*task.tensor, task.reduce); break;
+        case Op::kAllgather: b.allgather(*task.input, *task.tensor); break;
+        case Op::kBroadcast: b.broadcast(*task.tensor, task.root); break;
+        case Op::kReduce: b.reduce(*task.tensor, task.root, task.reduce); break;
+        case Op::kReduceScatter: b.reduce_scatter(*task.input, *task.tensor, task.reduce); break;
+        case Op::kBarrier: b.barrier(); break;
+      }
     } catch (...) {
-      error = std::current_exception();  // stored in the Work, never lost on this thread
+      error = std::current_exception();  // kept for every wait(), never lost on this thread
     }
     {
       std::lock_guard<std::mutex> lock(mu);
-      busy = false;
+      if (error) errors.emplace(task.id, error);
+      running = false;
+      completed.store(task.id + 1, std::memory_order_release);
     }
-    if (error) {
-      task.done.set_exception(error);
-    } else {
-      task.done.set_value();
-    }
+    done_cv.notify_all();
   }
 
-  static void help(void* state, uint64_t id, std::chrono::milliseconds wait_timeout) {
-    Queue& q = *static_cast<Queue*>(state);
-    if (wait_timeout < q.collective_timeout) return;  // it may block that long: let the thread run it
+  // Claims collective `id` if it is next and nothing runs, and runs it on this thread.
+  void help(uint64_t id) {
     Task mine;
     {
-      std::lock_guard<std::mutex> lock(q.mu);
-      if (q.busy || q.tasks.empty() || q.tasks.front().id != id) return;  // running, done, or not next
-      mine = std::move(q.tasks.front());
-      q.tasks.pop_front();
-      q.busy = true;
+      std::lock_guard<std::mutex> lock(mu);
+      if (running || tasks.empty() || tasks.front().id != id) return;  // running, done, or not next
+      mine = claim_locked();
     }
-    q.run(mine);
+    run(mine);
   }
+
+  Task claim_locked() {
+    Task t = tasks.front();
+    tasks.pop_front();
+    running = true;
+    running_id = t.id;
+    running_op = t.op;
+    return t;
+  }
+
+  std::unique_ptr<SyncCollectives> backend;
+  const std::chrono::milliseconds collective_timeout;
+  mutable std::mutex mu;
+  std::condition_variable cv;       // the thread: new work, stop
+  std::condition_variable done_cv;  // waiters: a collective completed
+  std::deque<Task> tasks;
+  std::map<uint64_t, std::exception_ptr> errors;
+  std::atomic<uint64_t> completed{0};  // collectives [0, completed) are done
+  uint64_t next_id = 0;
+  bool running = false;  // a collective is running (on the thread or on a helping waiter)
+  uint64_t running_id = 0;
+  Op running_op = Op::kBarrier;
+  bool stop = false;
+  bool parked = false;  // the thread sleeps until notified (no collective for kIdle)
+
+ private:
+  const int rank_, size_;
 };
 
 class AsyncCommunicator final : public Communicator {
  public:
   AsyncCommunicator(std::unique_ptr<SyncCollectives> backend, std::chrono::milliseconds collective_timeout)
       : q_(std::make_shared<Queue>(std::move(backend), collective_timeout)) {
-    for (size_t i = 0; i < kOpNames.size(); ++i)
-      what_[i] = std::make_shared<const std::string>(std::string(kOpNames[i]) + " on rank " + std::to_string(rank()) +
-                                                     " of " + std::to_string(size()));
     thread_ = std::thread([this] { loop(); });
   }
   ~AsyncCommunicator() override {
@@ -119,11 +150,11 @@ class AsyncCommunicator final : public Communicator {
     {
       std::lock_guard<std::mutex> lock(q_->mu);
       q_->stop = true;
-      pending = q_->busy || !q_->tasks.empty();
+      pending = q_->running || !q_->tasks.empty();
     }
     // Collectives nobody waited for would block on peers that may be gone: fail them fast.
     if (pending) q_->backend->abort("the communicator of rank " + std::to_string(rank()) + " was destroyed with collectives pending");
-    q_->cv.notify_all();  // the thread drains what is left (failed fast after an abort) and ends
+    q_->cv.notify_all();  // stop: the thread drains what is left (failed fast after an abort) and ends
     thread_.join();
   }
 
@@ -144,26 +175,18 @@ class AsyncCommunicator final : public Communicator {
   // The caller keeps the tensors alive and untouched until wait() returns (Communicator's contract),
   // so the task holds pointers to them.
   Work submit(Op op, Tensor* tensor, const Tensor* input, ReduceOp reduce, int root) {
-    Task task;
-    task.op = op;
-    task.tensor = tensor;
-    task.input = input;
-    task.reduce = reduce;
-    task.root = root;
-    std::shared_future<void> done = task.done.get_future().share();
     uint64_t id;
     bool wake;
     {
       std::lock_guard<std::mutex> lock(q_->mu);
       if (q_->stop)
         throw FailedPrecondition(std::string(kOpNames[static_cast<size_t>(op)]) + " on a communicator that is being destroyed");
-      id = task.id = q_->next_id++;
-      task.submitted = Clock::now();
-      q_->tasks.push_back(std::move(task));
+      id = q_->next_id++;
+      q_->tasks.push_back(Task{id, Clock::now(), op, tensor, input, reduce, root});
       wake = q_->parked;
     }
     if (wake) q_->cv.notify_all();
-    return Work(std::move(done), what_[static_cast<size_t>(op)], q_, &Queue::help, id);
+    return Work(q_, id);
   }
 
   void loop() {
@@ -174,11 +197,11 @@ class AsyncCommunicator final : public Communicator {
       {
         std::unique_lock<std::mutex> lock(q.mu);
         for (;;) {
-          if (q.stop && !q.busy && q.tasks.empty()) return;
+          if (q.stop && !q.running && q.tasks.empty()) return;
           const Clock::time_point now = Clock::now();
           if (!q.tasks.empty()) last_activity = now;
-          if (!q.busy && !q.tasks.empty() && (q.stop || now >= q.tasks.front().submitted + kGrace)) break;  // ours
-          if (q.tasks.empty() && !q.busy && now - last_activity > kIdle) {
+          if (!q.running && !q.tasks.empty() && (q.stop || now >= q.tasks.front().submitted + kGrace)) break;  // ours
+          if (q.tasks.empty() && !q.running && now - last_activity > kIdle) {
             q.parked = true;  // nothing for a while: sleep until a collective is issued
             q.cv.wait(lock, [&] { return q.stop || !q.tasks.empty(); });
             q.parked = false;
@@ -187,9 +210,7 @@ class AsyncCommunicator final : public Communicator {
           }
           q.cv.wait_for(lock, kPoll);  // a waiter may claim the fresh collective meanwhile
         }
-        task = std::move(q.tasks.front());
-        q.tasks.pop_front();
-        q.busy = true;
+        task = q.claim_locked();
       }
       q.run(task);
       last_activity = Clock::now();
@@ -197,7 +218,6 @@ class AsyncCommunicator final : public Communicator {
   }
 
   std::shared_ptr<Queue> q_;
-  std::array<std::shared_ptr<const std::string>, kOpNames.size()> what_;
   std::thread thread_;
 };
 

@@ -13,18 +13,15 @@ const char* reduce_op_name(ReduceOp op) {
 }
 
 void Work::wait(std::chrono::milliseconds timeout) const {
-  if (!f_.valid()) return;
-  if (help_ && f_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) help_(state_.get(), id_, timeout);
-  if (f_.wait_for(timeout) != std::future_status::ready)
-    throw DeadlineExceeded((what_ ? *what_ : std::string("a collective")) + " did not finish within " + std::to_string(timeout.count()) +
+  if (!tracker_) return;
+  if (!tracker_->wait(id_, timeout))
+    throw DeadlineExceeded(tracker_->describe(id_) + " did not finish within " + std::to_string(timeout.count()) +
                            " ms; a peer is stuck or gone — check the other ranks' logs, or raise "
                            "the collective timeout");
-  f_.get();
+  tracker_->rethrow(id_);
 }
 
-bool Work::ready() const {
-  return !f_.valid() || f_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-}
+bool Work::ready() const { return !tracker_ || tracker_->done(id_); }
 
 Work Work::completed() { return Work(); }
 

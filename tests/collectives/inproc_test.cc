@@ -164,7 +164,7 @@ TEST(Async, CollectivesReturnAtOnceAndCompleteInOrder) {
     w0a.wait(std::chrono::milliseconds(100));
     ADD_FAILURE() << "a collective completed without its peer";
   } catch (const DeadlineExceeded& e) {
-    EXPECT_NE(std::string(e.what()).find("allreduce on rank 0 of 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("allreduce #0 on rank 0 of 2"), std::string::npos) << e.what();
   }
   // Rank 1 joins from another thread; both of rank 0's collectives complete, in order.
   std::thread t1([&] {

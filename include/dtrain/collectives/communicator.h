@@ -37,28 +37,34 @@ struct DTRAIN_API CollectiveOptions {
 // collectives in the order they were issued and completes their Work; a wait() on a collective that
 // has not started yet (and is next in line) runs it on the waiting thread instead, when the wait's
 // timeout is at least the collective's own bound, so a caller that waits at once pays no hand-off.
+// A Work is a handle (copies refer to the same collective) and may outlive its communicator.
 class DTRAIN_API Work {
  public:
-  // What wait() calls first with (state, id, timeout): it may run collective `id` on the waiting
-  // thread when `timeout` allows for the collective's own bound (see make_async_communicator).
-  using HelpFn = void (*)(void* state, uint64_t id, std::chrono::milliseconds timeout);
+  // How a communicator tracks its collectives; one per communicator, shared by its Works.
+  class Tracker {
+   public:
+    virtual ~Tracker() = default;
+    virtual bool done(uint64_t id) const = 0;
+    // Waits (possibly running the collective on this thread) until `id` is done or `timeout` has
+    // passed; returns whether it is done.
+    virtual bool wait(uint64_t id, std::chrono::milliseconds timeout) = 0;
+    // Rethrows the error collective `id` ended with, if any.
+    virtual void rethrow(uint64_t id) const = 0;
+    // "allreduce on rank 0 of 2", for messages.
+    virtual std::string describe(uint64_t id) const = 0;
+  };
 
-  Work() = default;
-  Work(std::shared_future<void> f, std::string what)
-      : f_(std::move(f)), what_(std::make_shared<const std::string>(std::move(what))) {}
-  Work(std::shared_future<void> f, std::shared_ptr<const std::string> what, std::shared_ptr<void> state, HelpFn help,
-       uint64_t id)
-      : f_(std::move(f)), what_(std::move(what)), state_(std::move(state)), help_(help), id_(id) {}
-  // Blocks until done or `timeout` passes (DeadlineExceeded). Rethrows the collective's error.
+  Work() = default;  // an already completed collective
+  Work(std::shared_ptr<Tracker> tracker, uint64_t id) : tracker_(std::move(tracker)), id_(id) {}
+  // Blocks until done or `timeout` passes (DeadlineExceeded naming the collective; it goes on).
+  // Rethrows the collective's error, on every wait.
   void wait(std::chrono::milliseconds timeout = std::chrono::minutes(10)) const;
+  // Whether the collective has completed (without waiting): poll().
   bool ready() const;
   static Work completed();
 
  private:
-  std::shared_future<void> f_;
-  std::shared_ptr<const std::string> what_;  // shared: no string is built per collective
-  std::shared_ptr<void> state_;
-  HelpFn help_ = nullptr;
+  std::shared_ptr<Tracker> tracker_;
   uint64_t id_ = 0;
 };
 

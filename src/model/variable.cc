@@ -8,9 +8,10 @@ namespace dtrain {
 
 void Variable::check_strategy(const char* use) const {
   if (strategy_id_ == 0) return;  // made directly, not through create_variable(): no owner to check
-  std::string running_name;
-  const uint64_t running = detail::running_strategy_id(&running_name);
+  const uint64_t running = detail::running_strategy_id(nullptr);  // hot path: no name built
   if (running == 0 || running == strategy_id_) return;
+  std::string running_name;
+  detail::running_strategy_id(&running_name);
   throw FailedPrecondition("variable '" + name() + "' belongs to " + strategy_name_ + " but is " + use +
                            " inside the run() of " + running_name +
                            ": a variable is only usable under the strategy that made it. Build the model and the "

@@ -166,8 +166,8 @@ class DTRAIN_API Strategy {
 };
 
 namespace detail {
-// The id of the strategy whose run() the calling thread is inside (0 outside every run()), and its
-// name in *name. Variables use it to refuse a strategy that is not theirs.
+// The id of the strategy whose run() the calling thread is inside (0 outside every run()), and, when
+// `name` is not null, its name in *name. Variables use it to refuse a strategy that is not theirs.
 DTRAIN_API uint64_t running_strategy_id(std::string* name);
 }  // namespace detail
 

@@ -57,7 +57,21 @@ class Queue final : public Work::Tracker {
     if (done(id)) return true;
     if (timeout >= collective_timeout) help(id);  // a shorter wait leaves it to the thread: its timeout holds
     std::unique_lock<std::mutex> lock(mu);
+    if (timeout == std::chrono::milliseconds::max()) {
+      // No limit of our own: the backend's collective timeout ends it. (wait_for(max) would overflow.)
+      while (!done(id)) done_cv.wait_for(lock, std::chrono::seconds(1));
+      return true;
+    }
     return done_cv.wait_for(lock, timeout, [&] { return done(id); });
+  }
+
+  void abort_and_drain(uint64_t id, const std::string& reason) override {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (backend) backend->abort(reason);
+    }
+    std::unique_lock<std::mutex> lock(mu);
+    while (!done(id)) done_cv.wait_for(lock, std::chrono::seconds(1));
   }
 
   void rethrow(uint64_t id) const override {
@@ -135,6 +149,9 @@ class Queue final : public Work::Tracker {
   bool stop = false;
   bool parked = false;  // the thread sleeps until notified (no collective for kIdle)
 
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
  private:
   const int rank_, size_;
 };
@@ -148,18 +165,24 @@ class AsyncCommunicator final : public Communicator {
   ~AsyncCommunicator() override {
     bool pending;
     {
-      std::lock_guard<std::mutex> lock(q_->mu);
+      std::unique_lock<std::mutex> lock(q_->mu);
       q_->stop = true;
+      q_->cv.notify_all();  // the thread runs what is queued, then ends
+      // Collectives nobody waited for get their own timeout to finish with their peers...
+      q_->done_cv.wait_for(lock, q_->collective_timeout, [&] { return !q_->running && q_->tasks.empty(); });
       pending = q_->running || !q_->tasks.empty();
     }
-    // Collectives nobody waited for would block on peers that may be gone: fail them fast.
+    // ...then, if peers are gone, they fail fast rather than block shutdown.
     if (pending) q_->backend->abort("the communicator of rank " + std::to_string(rank()) + " was destroyed with collectives pending");
-    q_->cv.notify_all();  // stop: the thread drains what is left (failed fast after an abort) and ends
+    q_->cv.notify_all();
     thread_.join();
+    // A Work may outlive us; the sockets, threads and streams of the backend must not.
+    std::lock_guard<std::mutex> lock(q_->mu);
+    q_->backend.reset();
   }
 
-  int rank() const override { return q_->backend->rank(); }
-  int size() const override { return q_->backend->size(); }
+  int rank() const override { return q_->rank(); }
+  int size() const override { return q_->size(); }
 
   Work allreduce(Tensor& t, ReduceOp op) override { return submit(Op::kAllreduce, &t, nullptr, op, 0); }
   Work allgather(const Tensor& in, Tensor& out) override { return submit(Op::kAllgather, &out, &in, ReduceOp::kSum, 0); }

@@ -14,10 +14,12 @@ const char* reduce_op_name(ReduceOp op) {
 
 void Work::wait(std::chrono::milliseconds timeout) const {
   if (!tracker_) return;
-  if (!tracker_->wait(id_, timeout))
-    throw DeadlineExceeded(tracker_->describe(id_) + " did not finish within " + std::to_string(timeout.count()) +
-                           " ms; a peer is stuck or gone — check the other ranks' logs, or raise "
-                           "the collective timeout");
+  if (!tracker_->wait(id_, timeout)) {
+    const std::string what = tracker_->describe(id_) + " did not finish within " + std::to_string(timeout.count()) +
+                             " ms; a peer is stuck or gone — check the other ranks' logs, or wait longer";
+    tracker_->abort_and_drain(id_, what);  // it must not touch the caller's tensors after we return
+    throw DeadlineExceeded(what);
+  }
   tracker_->rethrow(id_);
 }
 

@@ -1,6 +1,8 @@
 // The process-wide device registry: logical CPU devices as configured, GPUs as discovered.
 #include <sched.h>
 
+#include <cstdlib>
+
 #include "dtrain/devices/device.h"
 
 #include "dtrain/core/strings.h"
@@ -30,12 +32,18 @@ Registry& registry() {
   return *r;
 }
 
-// The cores this process may run on (its affinity mask: a launcher such as dtrain-run or taskset
-// may have given it a share of the machine), else every core.
+// The threads this process's CPU devices share by default: the cores it may run on (its affinity
+// mask: a launcher such as dtrain-run or taskset may have given it a share of the machine), or
+// OMP_NUM_THREADS when the user set fewer.
 int hardware_threads() {
+  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = std::max(1, CPU_COUNT(&set));
+  if (const char* omp = std::getenv("OMP_NUM_THREADS")) {
+    const int n = std::atoi(omp);
+    if (n > 0 && n < cores) cores = n;
+  }
+  return cores;
 }
 
 int threads_per_cpu(const DeviceConfig& c) {

@@ -40,17 +40,17 @@ void check_same(const Variable& v, const Tensor& t, const char* op) {
 }
 }  // namespace
 
-void PlainVariable::assign(const Tensor& v) {
+void PlainVariable::do_assign(const Tensor& v) {
   check_same(*this, v, "assign");
   value_.copy_from(v);
 }
 
-void PlainVariable::assign_add(const Tensor& d) {
+void PlainVariable::do_assign_add(const Tensor& d) {
   check_same(*this, d, "assign_add");
   value_.copy_from(kernels_for(value_).binary(BinaryOp::kAdd, value_, d.to(value_.device())));
 }
 
-void PlainVariable::assign_sub(const Tensor& d) {
+void PlainVariable::do_assign_sub(const Tensor& d) {
   check_same(*this, d, "assign_sub");
   value_.copy_from(kernels_for(value_).binary(BinaryOp::kSub, value_, d.to(value_.device())));
 }

@@ -40,7 +40,6 @@ StrategyOptions apply_environment(StrategyOptions o) {
   if (const char* v = env("DTRAIN_CHECKPOINT_DIR")) o.parameter_server.checkpoint_dir = v;
   if (o.job_token.empty())
     if (const char* v = env("DTRAIN_JOB_TOKEN")) o.job_token = v;
-  if (!o.cluster) o.cluster = resolve_cluster(o.communication.implementation == Impl::kMpi);
   return o;
 }
 
@@ -55,7 +54,12 @@ std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyO
     for (const auto& n : names) valid += (valid.empty() ? "" : ", ") + n;
     throw InvalidArgument("unknown --strategy '" + name + "'; valid values: " + valid);
   }
-  const StrategyOptions options = apply_environment(given);
+  StrategyOptions options = apply_environment(given);
+  // Only the multi-process strategies need this task's place in a job: a single-process strategy
+  // does not read TF_CONFIG / SLURM / OpenMPI variables, so a job environment cannot break it.
+  const bool multi_process = name == "multi_worker_mirrored" || name == "parameter_server";
+  if (multi_process && !options.cluster)
+    options.cluster = resolve_cluster(options.communication.implementation == CommunicationOptions::Implementation::kMpi);
   if (options.cluster && !options.cluster->is_training_worker())
     throw FailedPrecondition("this process is task " + options.cluster->task_name() + " of its job (" +
                              options.cluster->source() + "), which does not train, so make_strategy(\"" + name +

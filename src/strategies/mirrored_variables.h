@@ -13,9 +13,9 @@ class MirroredVariable final : public Variable {
   MirroredVariable(VariableSpec spec, const Strategy* owner, const std::vector<DeviceSpec>& devices,
                    int replica_offset = 0);
   Tensor read_value() const override;
-  void assign(const Tensor& v) override { write(v, Kind::kAssign); }
-  void assign_add(const Tensor& d) override { write(d, Kind::kAdd); }
-  void assign_sub(const Tensor& d) override { write(d, Kind::kSub); }
+  void do_assign(const Tensor& v) override { write(v, Kind::kAssign); }
+  void do_assign_add(const Tensor& d) override { write(d, Kind::kAdd); }
+  void do_assign_sub(const Tensor& d) override { write(d, Kind::kSub); }
   void do_update(const std::function<void(Tensor& value, size_t copy_index)>& fn) override;
   std::vector<Tensor> device_values() const override { return values_; }
 
@@ -38,9 +38,9 @@ class CentralVariable final : public Variable {
  public:
   CentralVariable(VariableSpec spec, const Strategy* owner, DeviceSpec parameter_device, size_t replicas);
   Tensor read_value() const override;
-  void assign(const Tensor& v) override { write(v, 0); }
-  void assign_add(const Tensor& d) override { write(d, 1); }
-  void assign_sub(const Tensor& d) override { write(d, -1); }
+  void do_assign(const Tensor& v) override { write(v, 0); }
+  void do_assign_add(const Tensor& d) override { write(d, 1); }
+  void do_assign_sub(const Tensor& d) override { write(d, -1); }
   void do_update(const std::function<void(Tensor& value, size_t copy_index)>& fn) override;
   std::vector<Tensor> device_values() const override { return {storage_}; }
 

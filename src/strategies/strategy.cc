@@ -25,7 +25,9 @@ ReplicaThreadScope::ReplicaThreadScope(Strategy* strategy, ReplicaContext* ctx)
     : saved_ctx_(t_replica_ctx), saved_running_(t_running), saved_depth_(t_scopes.size()) {
   t_scopes.push_back(strategy);
   t_replica_ctx = ctx;
-  t_running = strategy;
+  // The default strategy runs inline on the caller's thread and reads any variable as cross-replica
+  // code would (evaluate(get_strategy(), ...) of a model built under Mirrored): no ownership check.
+  t_running = dynamic_cast<const DefaultStrategy*>(strategy) ? nullptr : strategy;
 }
 
 ReplicaThreadScope::~ReplicaThreadScope() {

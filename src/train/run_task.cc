@@ -15,7 +15,22 @@ const char* task_role_name(TaskRole role) {
 }
 
 TaskRole run_task(const std::string& strategy_name, const StrategyOptions& given, const TaskFunctions& functions) {
-  const StrategyOptions options = apply_environment(given);  // the role is decided here, once
+  StrategyOptions options = apply_environment(given);
+  // The role is decided here, once. A single-process strategy in a broken job environment still
+  // runs (it needs no cluster), and says so in one line.
+  if (!options.cluster) {
+    const bool mpi = options.communication.implementation == CommunicationOptions::Implementation::kMpi;
+    if (strategy_name == "multi_worker_mirrored" || strategy_name == "parameter_server") {
+      options.cluster = resolve_cluster(mpi);
+    } else {
+      try {
+        options.cluster = resolve_cluster(mpi);
+      } catch (const Error& e) {
+        DTRAIN_LOG(WARNING) << "ignoring the job environment for --strategy=" << strategy_name
+                            << ", which runs in one process: " << e.what();
+      }
+    }
+  }
   const std::optional<ClusterResolution>& cluster = options.cluster;
   if (cluster && cluster->task_type() == TaskType::kPs) {
     if (strategy_name != "parameter_server")

@@ -24,9 +24,13 @@ endfunction()
 cmake_host_system_information(RESULT cores QUERY NUMBER_OF_LOGICAL_CORES)
 if(MODE STREQUAL "install")
   run(${CMAKE_COMMAND} --install ${DTRAIN_BUILD_DIR} --prefix ${WORK_DIR}/prefix)
-  foreach(f include/dtrain/dtrain.h include/dtrain/core/export.h bin/dtrain-run bin/dtrain-ps bin/dtrain-bench
-            lib/cmake/dtrain/dtrainConfig.cmake lib/cmake/dtrain/dtrainConfigVersion.cmake
-            lib/cmake/dtrain/dtrainTargets.cmake)
+  set(expected include/dtrain/dtrain.h include/dtrain/core/export.h bin/dtrain-run bin/dtrain-ps
+               lib/cmake/dtrain/dtrainConfig.cmake lib/cmake/dtrain/dtrainConfigVersion.cmake
+               lib/cmake/dtrain/dtrainTargets.cmake)
+  if(EXISTS ${DTRAIN_BUILD_DIR}/tools/dtrain-bench)  # built unless DTRAIN_BUILD_BENCH=OFF
+    list(APPEND expected bin/dtrain-bench)
+  endif()
+  foreach(f ${expected})
     if(NOT EXISTS ${WORK_DIR}/prefix/${f})
       message(FATAL_ERROR "cmake --install did not install ${f}")
     endif()

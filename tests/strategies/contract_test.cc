@@ -91,6 +91,39 @@ TEST_F(Contract, AVariableOfAnotherStrategyIsRefusedInsideRun) {
   EXPECT_FLOAT_EQ(w->value().to_vector<float>()[0], 1.f);
 }
 
+TEST_F(Contract, AWriteToAnotherStrategysVariableIsRefusedToo) {
+  OneDeviceStrategy one(DeviceSpec::cpu(0));
+  std::shared_ptr<Variable> w;
+  {
+    auto scope = one.scope();
+    w = scalar_variable("w", 1.f);
+  }
+  MirroredStrategy mirrored(two_cpus());
+  const std::string what = failed_precondition([&] {
+    mirrored.run([&](ReplicaContext&, const std::vector<Tensor>&) -> std::vector<Tensor> {
+      w->assign_add(Tensor::from_vector<float>({1.f}, Shape{1}));  // no read first
+      return {};
+    });
+  });
+  EXPECT_NE(what.find("is assigned inside the run() of MirroredStrategy"), std::string::npos) << what;
+  EXPECT_FLOAT_EQ(w->value().to_vector<float>()[0], 1.f);
+}
+
+TEST_F(Contract, TheDefaultStrategyEvaluatesAModelOfAnyStrategy) {
+  // As SidecarEvaluator and user code do: evaluate(get_strategy(), ...) outside every scope.
+  MirroredStrategy mirrored(two_cpus());
+  Sequential model;
+  {
+    auto scope = mirrored.scope();
+    model.add(std::make_shared<Dense>(2));
+    model.build(Shape{1, 3});
+  }
+  const Tensor x = testing::random_tensor(Shape{8, 3}, 2);
+  const Tensor y = Tensor::from_vector<int32_t>(std::vector<int32_t>(8, 0), Shape{8});
+  const EvalResult r = evaluate(get_strategy(), model, Dataset::from_tensors({x, y}), 4);
+  EXPECT_EQ(r.examples, 8);
+}
+
 TEST_F(Contract, TheRightStrategyTrainsItsVariable) {
   MirroredStrategy mirrored(two_cpus());
   std::shared_ptr<Variable> w;

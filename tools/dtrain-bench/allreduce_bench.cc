@@ -103,7 +103,8 @@ int allreduce_worker(int rank, const std::string& addresses, const std::string& 
                      int iters, int warmup) {
   TcpGroupOptions o;
   o.rank = rank;
-  for (const std::string_view a : split_list(addresses)) o.addresses.emplace_back(a);
+  for (const std::string_view a : split_list(addresses))
+    if (!a.empty()) o.addresses.emplace_back(a);
   o.token = token;
   auto comm = connect_tcp_group(o);
   const int n = static_cast<int>(o.addresses.size());

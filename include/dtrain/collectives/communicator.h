@@ -3,7 +3,8 @@
 // issue the same collectives in the same order; each call carries a fingerprint (sequence number,
 // op, dtype, count) that peers check, and a finite timeout.
 //
-// Collectives are asynchronous: they return at once with a Work, completed by the communicator's
+// Collectives are asynchronous: they return at once with a Work (nodiscard: wait on it before using
+// the result or dropping the tensors), completed by the communicator's
 // communication thread (in issue order); wait() blocks (with a timeout) until the result is in place
 // and rethrows any error. Tensors passed in must stay alive and untouched until
 // wait() returns. Thread-safety: one thread per rank issues collectives; Work may be waited on from
@@ -46,8 +47,10 @@ class DTRAIN_API Work {
     virtual ~Tracker() = default;
     virtual bool done(uint64_t id) const = 0;
     // Waits (possibly running the collective on this thread) until `id` is done or `timeout` has
-    // passed; returns whether it is done.
+    // passed (milliseconds::max(): no limit); returns whether it is done.
     virtual bool wait(uint64_t id, std::chrono::milliseconds timeout) = 0;
+    // Aborts the communicator (with `reason`) and waits until collective `id` has ended.
+    virtual void abort_and_drain(uint64_t id, const std::string& reason) = 0;
     // Rethrows the error collective `id` ended with, if any.
     virtual void rethrow(uint64_t id) const = 0;
     // "allreduce on rank 0 of 2", for messages.
@@ -56,9 +59,12 @@ class DTRAIN_API Work {
 
   Work() = default;  // an already completed collective
   Work(std::shared_ptr<Tracker> tracker, uint64_t id) : tracker_(std::move(tracker)), id_(id) {}
-  // Blocks until done or `timeout` passes (DeadlineExceeded naming the collective; it goes on).
-  // Rethrows the collective's error, on every wait.
-  void wait(std::chrono::milliseconds timeout = std::chrono::minutes(10)) const;
+  // Blocks until the collective is done (by default as long as it runs: its communicator's own
+  // collective timeout bounds it) and rethrows its error, on every wait. When `timeout` passes
+  // first, the communicator is aborted (every pending collective of the group fails fast, as when
+  // the collective times out itself), the collective is waited out, so that nothing touches the
+  // caller's tensors any more, and DeadlineExceeded names it.
+  void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds::max()) const;
   // Whether the collective has completed (without waiting): poll().
   bool ready() const;
   static Work completed();
@@ -74,16 +80,16 @@ class DTRAIN_API Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   // In place: every rank's `tensor` becomes op(all ranks' tensors). Same shape/dtype on all ranks.
-  virtual Work allreduce(Tensor& tensor, ReduceOp op) = 0;
+  [[nodiscard]] virtual Work allreduce(Tensor& tensor, ReduceOp op) = 0;
   // output[r * n : (r + 1) * n] = rank r's input (n = input.numel()); output has size * n elements.
-  virtual Work allgather(const Tensor& input, Tensor& output) = 0;
+  [[nodiscard]] virtual Work allgather(const Tensor& input, Tensor& output) = 0;
   // Every rank's tensor becomes root's.
-  virtual Work broadcast(Tensor& tensor, int root) = 0;
+  [[nodiscard]] virtual Work broadcast(Tensor& tensor, int root) = 0;
   // Reduce to one: root's tensor becomes op(all ranks' tensors); the others' are left unchanged.
-  virtual Work reduce(Tensor& tensor, int root, ReduceOp op) = 0;
+  [[nodiscard]] virtual Work reduce(Tensor& tensor, int root, ReduceOp op) = 0;
   // output (n / size elements) = rank's slice of op(all inputs) (n divisible by size).
-  virtual Work reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) = 0;
-  virtual Work barrier() = 0;
+  [[nodiscard]] virtual Work reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) = 0;
+  [[nodiscard]] virtual Work barrier() = 0;
   // Makes every pending and future collective of the group fail fast with `reason` (used when one
   // rank has failed, so the others do not wait for it).
   virtual void abort(const std::string& reason) = 0;

@@ -61,9 +61,19 @@ class DTRAIN_API Variable {
   }
   // Writes, with the variable's aggregation applied across replicas when called in replica
   // context. Throw InvalidArgument on a shape/dtype mismatch.
-  virtual void assign(const Tensor& v) = 0;
-  virtual void assign_add(const Tensor& delta) = 0;
-  virtual void assign_sub(const Tensor& delta) = 0;
+  // Throw FailedPrecondition as value() does.
+  void assign(const Tensor& v) {
+    check_strategy("assigned");
+    do_assign(v);
+  }
+  void assign_add(const Tensor& delta) {
+    check_strategy("assigned");
+    do_assign_add(delta);
+  }
+  void assign_sub(const Tensor& delta) {
+    check_strategy("assigned");
+    do_assign_sub(delta);
+  }
   // Runs fn(copy, copy_index) on each copy this call owns: in replica context the replica's own
   // copy (mirrored) or the single central copy from replica 0 only (central storage); in
   // cross-replica context every copy. copy_index indexes device_values() and lines up across the
@@ -84,8 +94,9 @@ class DTRAIN_API Variable {
   // Throws Internal unless updates_remotely().
   virtual void apply_remote_update(const std::string& optimizer_config, const Tensor& grad);
 
-  // The strategy that made the variable: its name (for messages) and a process-unique id (0: the
-  // default strategy, i.e. made outside every scope). Set once by Strategy::create_variable.
+  // The strategy that made the variable: its name (for messages) and its Strategy::instance_id()
+  // (0: made directly, not through create_variable; never checked). Set once by
+  // Strategy::create_variable.
   const std::string& strategy_name() const { return strategy_name_; }
   uint64_t strategy_id() const { return strategy_id_; }
   void set_strategy(uint64_t id, std::string name) {
@@ -95,6 +106,9 @@ class DTRAIN_API Variable {
 
  protected:
   virtual Tensor read_value() const = 0;
+  virtual void do_assign(const Tensor& v) = 0;
+  virtual void do_assign_add(const Tensor& delta) = 0;
+  virtual void do_assign_sub(const Tensor& delta) = 0;
   virtual void do_update(const std::function<void(Tensor& value, size_t copy_index)>& fn) {
     Tensor v = read_value();
     fn(v, 0);
@@ -113,12 +127,12 @@ class DTRAIN_API Variable {
 class DTRAIN_API PlainVariable : public Variable {
  public:
   PlainVariable(VariableSpec spec, DeviceSpec device);
-  void assign(const Tensor& v) override;
-  void assign_add(const Tensor& delta) override;
-  void assign_sub(const Tensor& delta) override;
 
  protected:
   Tensor read_value() const override { return value_; }
+  void do_assign(const Tensor& v) override;
+  void do_assign_add(const Tensor& delta) override;
+  void do_assign_sub(const Tensor& delta) override;
 
  private:
   Tensor value_;

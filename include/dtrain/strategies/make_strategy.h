@@ -41,8 +41,9 @@ struct DTRAIN_API StrategyOptions {
   bool environment_applied = false;
 };
 
-// Returns `options` with the environment's settings (the list above) applied, the cluster resolved
-// unless already given. Throws InvalidArgument naming a malformed variable and its valid values.
+// Returns `options` with the environment's DTRAIN_* settings (the list above) applied; the cluster is
+// resolved by make_strategy / run_task, for the strategies that need one. Throws InvalidArgument naming
+// a malformed variable and its valid values.
 DTRAIN_API StrategyOptions apply_environment(StrategyOptions options);
 
 // The --strategy values this build accepts, e.g. {"default", "one_device"}.

@@ -73,9 +73,9 @@ class PsVariable final : public ShardedVariable {
 
   // Inside run(): the values pulled at the start of the step; elsewhere pulled now.
   Tensor read_value() const override;
-  void assign(const Tensor& v) override;
-  void assign_add(const Tensor& delta) override;
-  void assign_sub(const Tensor& delta) override;
+  void do_assign(const Tensor& v) override;
+  void do_assign_add(const Tensor& delta) override;
+  void do_assign_sub(const Tensor& delta) override;
   void do_update(const std::function<void(Tensor& value, size_t copy_index)>& fn) override;
   bool updates_remotely() const override { return true; }
   void apply_remote_update(const std::string& optimizer_config, const Tensor& grad) override;

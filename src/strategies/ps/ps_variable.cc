@@ -79,17 +79,17 @@ void PsVariable::send_assign(ps::AssignMode mode, const Tensor& v) {
   }
 }
 
-void PsVariable::assign(const Tensor& v) {
+void PsVariable::do_assign(const Tensor& v) {
   send_assign(ps::AssignMode::kSet, v);
   cache_.copy_from(v);
 }
 
-void PsVariable::assign_add(const Tensor& delta) {
+void PsVariable::do_assign_add(const Tensor& delta) {
   send_assign(ps::AssignMode::kAdd, delta);
   cache_.copy_from(kernels_for(cache_).binary(BinaryOp::kAdd, cache_, delta.to(cache_.device())));
 }
 
-void PsVariable::assign_sub(const Tensor& delta) {
+void PsVariable::do_assign_sub(const Tensor& delta) {
   send_assign(ps::AssignMode::kSub, delta);
   cache_.copy_from(kernels_for(cache_).binary(BinaryOp::kSub, cache_, delta.to(cache_.device())));
 }

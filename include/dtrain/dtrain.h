@@ -16,6 +16,7 @@
 #include "dtrain/model/metrics.h"
 #include "dtrain/model/ops.h"
 #include "dtrain/model/optimizers.h"
+#include "dtrain/model/schedules.h"
 #include "dtrain/model/variable.h"
 #include "dtrain/strategies/make_strategy.h"
 #include "dtrain/strategies/mirrored_strategy.h"

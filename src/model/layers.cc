@@ -1,5 +1,7 @@
 #include "dtrain/model/layers.h"
 
+#include <algorithm>
+
 #include "dtrain/core/random.h"
 #include "dtrain/devices/device.h"
 #include "dtrain/model/initializers.h"
@@ -115,12 +117,23 @@ Dropout::Dropout(float rate, std::string name) : Layer(std::move(name)), rate_(r
   layer_stream_ = p.block(0)[2];
 }
 
+namespace {
+// Replicas of the current strategy in this process: each calls a layer once per step.
+uint64_t local_replicas() { return std::max<uint64_t>(1, get_strategy().worker_devices().size()); }
+}  // namespace
+
+int64_t Dropout::rng_calls() const { return static_cast<int64_t>(calls_.load() / local_replicas()); }
+void Dropout::set_rng_calls(int64_t calls) {
+  if (calls < 0) throw InvalidArgument("Dropout '" + name() + "': call count must be >= 0");
+  calls_.store(static_cast<uint64_t>(calls) * local_replicas());
+}
+
 Tensor Dropout::call(const Tensor& x, bool training) {
   if (!training || rate_ == 0.f) return x;
   ReplicaContext* ctx = get_replica_context();
   const uint64_t replica = ctx ? static_cast<uint64_t>(ctx->replica_id_in_sync_group()) : 0;
   // Calls are counted per replica so that replicas stay in step.
-  const uint64_t call = calls_.fetch_add(1) / static_cast<uint64_t>(ctx ? ctx->num_replicas_in_sync() : 1);
+  const uint64_t call = calls_.fetch_add(1) / local_replicas();
   const uint64_t stream = (layer_stream_ << 40) ^ (replica << 32) ^ call;
   return ops::dropout(x, rate_, true, seed_, stream);
 }
@@ -166,8 +179,26 @@ Tensor BatchNormalization::call(const Tensor& x, bool training) {
 }
 
 // --- Sequential ---
+Sequential::Sequential(std::vector<std::shared_ptr<Layer>> layers) {
+  for (auto& l : layers) add(std::move(l));
+}
+
 Sequential& Sequential::add(std::shared_ptr<Layer> layer) {
   if (built_) throw FailedPrecondition("cannot add layers to a Sequential model after build()");
+  if (!layer) throw InvalidArgument("Sequential::add: the layer is null");
+  auto taken = [&](const std::string& n) {
+    for (const auto& l : layers_)
+      if (l->name() == n) return true;
+    return false;
+  };
+  if (taken(layer->name())) {
+    if (layer->built())
+      throw FailedPrecondition("layer '" + layer->name() + "' is already built and its name is taken in this model");
+    const std::string base = layer->name();
+    int i = 1;
+    while (taken(base + "_" + std::to_string(i))) ++i;
+    layer->name_ = base + "_" + std::to_string(i);
+  }
   layers_.push_back(std::move(layer));
   return *this;
 }

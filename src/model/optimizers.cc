@@ -1,32 +1,74 @@
 #include "dtrain/model/optimizers.h"
 
-#include <cstdio>
-#include <sstream>
+#include <cmath>
 
+#include "config_line.h"
 #include "dtrain/devices/device.h"
 #include "dtrain/model/initializers.h"
 #include "dtrain/strategies/strategy.h"
 
 namespace dtrain {
 
-Optimizer::Optimizer(float lr) : lr_(lr) {
-  if (!(lr > 0.f)) throw InvalidArgument("learning rate must be > 0, got " + std::to_string(lr));
+using detail::kv;
+
+namespace {
+
+void check_options(const OptimizerOptions& o) {
+  auto nonneg = [](float v, const char* what) {
+    if (!(v >= 0.f)) throw InvalidArgument(std::string(what) + " must be >= 0, got " + std::to_string(v));
+  };
+  nonneg(o.weight_decay, "weight_decay");
+  nonneg(o.clipnorm, "clipnorm");
+  nonneg(o.clipvalue, "clipvalue");
+  nonneg(o.global_clipnorm, "global_clipnorm");
+  if (o.clipnorm > 0.f && o.global_clipnorm > 0.f)
+    throw InvalidArgument("clipnorm and global_clipnorm are exclusive (as in Keras): set one of them");
+}
+
+// Sum of squares of every element, in double (host).
+double squared_norm(const Tensor& g) {
+  Kernels& k = kernels_for(g);
+  std::vector<int> axes(static_cast<size_t>(g.shape().rank()));
+  for (size_t i = 0; i < axes.size(); ++i) axes[i] = static_cast<int>(i);
+  const Tensor sum = k.reduce(ReductionKind::kSum, k.unary(UnaryOp::kSquare, g), axes, false);
+  return static_cast<double>(sum.to(DeviceSpec::cpu()).to_vector<float>().at(0));
+}
+
+}  // namespace
+
+Optimizer::Optimizer(float lr, OptimizerOptions options)
+    : Optimizer(std::make_shared<ConstantSchedule>(lr), options) {}
+
+Optimizer::Optimizer(std::shared_ptr<LearningRateSchedule> schedule, OptimizerOptions options)
+    : schedule_(std::move(schedule)), options_(options) {
+  if (!schedule_) throw InvalidArgument("optimizer: the learning-rate schedule is null");
+  check_options(options_);
+}
+
+float Optimizer::learning_rate() const { return (*schedule_)(iterations()); }
+void Optimizer::set_learning_rate(float lr) { schedule_ = std::make_shared<ConstantSchedule>(lr); }
+void Optimizer::set_schedule(std::shared_ptr<LearningRateSchedule> s) {
+  if (!s) throw InvalidArgument("set_schedule: the schedule is null");
+  schedule_ = std::move(s);
 }
 
 std::vector<std::shared_ptr<Variable>>& Optimizer::slots_for(const Variable* v) {
   // Caller holds mu_.
-  auto it = slots_.find(v);
-  if (it != slots_.end()) return it->second;
+  auto it = slot_index_.find(v);
+  if (it != slot_index_.end()) return slots_[it->second];
   std::vector<std::shared_ptr<Variable>> s;
-  for (int i = 0; i < num_slots(); ++i) {
+  const std::vector<std::string> names = slot_names_impl();
+  for (size_t i = 0; i < names.size(); ++i) {
     VariableSpec spec;
-    spec.name = v->name() + "/slot" + std::to_string(i);
+    spec.name = "optimizer/" + v->name() + "/" + names[i];
     spec.shape = v->shape();
-    spec.initializer = initializers::zeros();
+    spec.initializer = initializers::constant(slot_initial_value(static_cast<int>(i)));
     spec.trainable = false;
     s.push_back(create_variable(spec));
   }
-  return slots_.emplace(v, std::move(s)).first->second;
+  slot_index_.emplace(v, slots_.size());
+  slots_.push_back(std::move(s));
+  return slots_.back();
 }
 
 void Optimizer::build(const std::vector<std::shared_ptr<Variable>>& vars) {
@@ -38,14 +80,58 @@ void Optimizer::build(const std::vector<std::shared_ptr<Variable>>& vars) {
 int64_t Optimizer::iterations() const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = steps_.find(0);
-  return it == steps_.end() ? 0 : it->second;
+  return it == steps_.end() ? base_iterations_ : it->second;
+}
+
+void Optimizer::set_iterations(int64_t n) {
+  if (n < 0) throw InvalidArgument("set_iterations: the count must be >= 0, got " + std::to_string(n));
+  std::lock_guard<std::mutex> lock(mu_);
+  base_iterations_ = n;
+  for (auto& [replica, steps] : steps_) steps = n;
 }
 
 std::vector<std::shared_ptr<Variable>> Optimizer::slot_variables() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::shared_ptr<Variable>> out;
-  for (const auto& [v, s] : slots_) out.insert(out.end(), s.begin(), s.end());
+  for (const auto& s : slots_) out.insert(out.end(), s.begin(), s.end());
   return out;
+}
+
+std::vector<Tensor> Optimizer::clip(std::vector<Tensor> g) const {
+  const OptimizerOptions& o = options_;
+  if (o.clipvalue > 0.f)
+    for (Tensor& t : g)
+      if (t.defined()) {
+        Kernels& k = kernels_for(t);
+        const Tensor hi = Tensor::full(Shape{1}, o.clipvalue).to(t.device());
+        const Tensor lo = Tensor::full(Shape{1}, -o.clipvalue).to(t.device());
+        t = k.binary(BinaryOp::kMax, k.binary(BinaryOp::kMin, t, hi), lo);
+      }
+  if (o.clipnorm > 0.f)
+    for (Tensor& t : g)
+      if (t.defined()) {
+        const double norm = std::sqrt(squared_norm(t));
+        if (norm > o.clipnorm) t = kernels_for(t).affine(t, static_cast<float>(o.clipnorm / norm), 0.f);
+      }
+  if (o.global_clipnorm > 0.f) {
+    double sq = 0;
+    for (const Tensor& t : g)
+      if (t.defined()) sq += squared_norm(t);
+    const double norm = std::sqrt(sq);
+    if (norm > o.global_clipnorm)
+      for (Tensor& t : g)
+        if (t.defined()) t = kernels_for(t).affine(t, static_cast<float>(o.global_clipnorm / norm), 0.f);
+  }
+  return g;
+}
+
+void Optimizer::apply_dense(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step, float lr) {
+  if (static_cast<int>(slots.size()) != slots_per_variable())
+    throw InvalidArgument(name() + " needs " + std::to_string(slots_per_variable()) + " slots per variable, got " +
+                          std::to_string(slots.size()));
+  if (options_.weight_decay > 0.f)
+    value.copy_from(kernels_for(value).affine(value, 1.f - lr * options_.weight_decay, 0.f));
+  update(value, grad, slots, step, lr);
 }
 
 void Optimizer::apply_gradients(const std::vector<Tensor>& grads,
@@ -73,86 +159,89 @@ void Optimizer::apply_gradients(const std::vector<Tensor>& grads,
     std::vector<Tensor> reduced = ctx->all_reduce(ReduceOp::kSum, defined);
     for (size_t j = 0; j < where.size(); ++j) g[where[j]] = reduced[j];
   }
+  g = clip(std::move(g));
   const int replica = ctx ? ctx->replica_id_in_sync_group() : 0;
   int64_t step;
   std::vector<std::vector<std::shared_ptr<Variable>>*> slot_lists;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    step = ++steps_[replica];
+    auto [it, fresh] = steps_.try_emplace(replica, base_iterations_);
+    step = ++it->second;
     for (const auto& v : vars) slot_lists.push_back(v->updates_remotely() ? nullptr : &slots_for(v.get()));
   }
+  const float lr = (*schedule_)(step - 1);
   std::string remote_config;
   for (size_t i = 0; i < vars.size(); ++i) {
     if (!g[i].defined()) continue;
     const Tensor& grad = g[i];
     if (!slot_lists[i]) {  // the variable lives on a parameter server, which applies the update
-      if (remote_config.empty()) remote_config = config();
+      if (remote_config.empty()) remote_config = name() + kv("learning_rate", lr) + hyper_config() +
+                                                 kv("weight_decay", options_.weight_decay);
       vars[i]->apply_remote_update(remote_config, grad);
       continue;
     }
     vars[i]->update([&](Tensor& value, size_t copy) {
       std::vector<Tensor> slots;
       for (const auto& s : *slot_lists[i]) slots.push_back(s->device_values().at(copy));
-      update(value, grad.device() == value.device() ? grad : grad.to(value.device()), slots, step);
+      apply_dense(value, grad.device() == value.device() ? grad : grad.to(value.device()), slots, step, lr);
     });
   }
 }
 
-namespace {
-
-std::string format_floats(const std::string& name, std::initializer_list<double> values) {
-  std::string out = name;
-  char buf[32];
-  for (double v : values) {
-    std::snprintf(buf, sizeof(buf), " %.9g", v);
-    out += buf;
-  }
-  return out;
+std::string Optimizer::config() const {
+  return name() + kv("learning_rate", learning_rate()) + hyper_config() + kv("weight_decay", options_.weight_decay) +
+         kv("clipnorm", options_.clipnorm) + kv("clipvalue", options_.clipvalue) +
+         kv("global_clipnorm", options_.global_clipnorm);
 }
-
-}  // namespace
 
 std::unique_ptr<Optimizer> Optimizer::from_config(const std::string& config) {
-  std::istringstream in(config);
-  std::string name;
-  in >> name;
-  std::vector<double> v;
-  double x;
-  while (in >> x) v.push_back(x);
-  const bool clean = in.eof();
-  auto bad = [&](const char* want) {
-    return InvalidArgument("malformed optimizer config '" + config + "': expected " + want);
-  };
-  if (name == "sgd") {
-    if (!clean || v.size() != 3) throw bad("'sgd <lr> <momentum> <nesterov 0|1>'");
-    return std::make_unique<SGD>(static_cast<float>(v[0]), static_cast<float>(v[1]), v[2] != 0);
+  detail::ConfigLine c(config, "optimizer config");
+  const std::string n = c.name();
+  const std::string common = "learning_rate, weight_decay, clipnorm, clipvalue, global_clipnorm";
+  try {
+    const bool adamw = n == "adamw";
+    const float lr = static_cast<float>(c.number("learning_rate", n == "sgd" ? 0.01 : 1e-3));
+    OptimizerOptions o;
+    o.weight_decay = static_cast<float>(c.number("weight_decay", adamw ? 0.004 : 0.0));
+    o.clipnorm = static_cast<float>(c.number("clipnorm", 0));
+    o.clipvalue = static_cast<float>(c.number("clipvalue", 0));
+    o.global_clipnorm = static_cast<float>(c.number("global_clipnorm", 0));
+    auto f = [&](const char* key, double fallback) { return static_cast<float>(c.number(key, fallback)); };
+    std::unique_ptr<Optimizer> opt;
+    if (n == "sgd") {
+      const float momentum = f("momentum", 0);
+      const bool nesterov = c.number("nesterov", 0) != 0;
+      c.finish(common + ", momentum, nesterov");
+      opt = std::make_unique<SGD>(lr, momentum, nesterov, o);
+    } else if (n == "adam" || adamw) {
+      const float b1 = f("beta_1", 0.9), b2 = f("beta_2", 0.999), eps = f("epsilon", 1e-7);
+      c.finish(common + ", beta_1, beta_2, epsilon");
+      if (adamw) opt = std::make_unique<AdamW>(lr, o.weight_decay, b1, b2, eps, o);
+      else opt = std::make_unique<Adam>(lr, b1, b2, eps, o);
+    } else if (n == "rmsprop") {
+      const float rho = f("rho", 0.9), momentum = f("momentum", 0), eps = f("epsilon", 1e-7);
+      const bool centered = c.number("centered", 0) != 0;
+      c.finish(common + ", rho, momentum, epsilon, centered");
+      opt = std::make_unique<RMSprop>(lr, rho, momentum, eps, centered, o);
+    } else if (n == "adagrad") {
+      const float init = f("initial_accumulator_value", 0.1), eps = f("epsilon", 1e-7);
+      c.finish(common + ", initial_accumulator_value, epsilon");
+      opt = std::make_unique<Adagrad>(lr, init, eps, o);
+    } else {
+      throw c.error("unknown optimizer '" + n + "' (sgd, adam, adamw, rmsprop, adagrad)");
+    }
+    return opt;
+  } catch (const InvalidArgument& e) {
+    if (std::string(e.what()).rfind("malformed", 0) == 0) throw;
+    throw c.error(e.what());
   }
-  if (name == "adam") {
-    if (!clean || v.size() != 4) throw bad("'adam <lr> <beta1> <beta2> <epsilon>'");
-    return std::make_unique<Adam>(static_cast<float>(v[0]), static_cast<float>(v[1]), static_cast<float>(v[2]),
-                                  static_cast<float>(v[3]));
-  }
-  throw bad("an optimizer name: sgd or adam");
 }
 
-std::string SGD::config() const { return format_floats("sgd", {lr_, momentum_, nesterov_ ? 1.0 : 0.0}); }
-
-std::string Adam::config() const { return format_floats("adam", {lr_, beta1_, beta2_, epsilon_}); }
-
-SGD::SGD(float lr, float momentum, bool nesterov) : Optimizer(lr), momentum_(momentum), nesterov_(nesterov) {
-  if (momentum < 0.f || momentum >= 1.f)
-    throw InvalidArgument("SGD momentum must be in [0, 1), got " + std::to_string(momentum));
-}
-
-void SGD::update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t) {
-  kernels_for(value).sgd_update(value, grad, slots.empty() ? nullptr : &slots[0], lr_, momentum_, nesterov_);
-}
-
-Adam::Adam(float lr, float beta1, float beta2, float epsilon)
-    : Optimizer(lr), beta1_(beta1), beta2_(beta2), epsilon_(epsilon) {}
-
-void Adam::update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step) {
-  kernels_for(value).adam_update(value, slots[0], slots[1], grad, lr_, beta1_, beta2_, epsilon_, step);
+float scale_learning_rate(float lr, int num_replicas_in_sync) {
+  if (num_replicas_in_sync < 1)
+    throw InvalidArgument("scale_learning_rate: num_replicas_in_sync must be >= 1, got " +
+                          std::to_string(num_replicas_in_sync));
+  return lr * static_cast<float>(num_replicas_in_sync);
 }
 
 }  // namespace dtrain

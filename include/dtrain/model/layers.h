@@ -38,6 +38,9 @@ class DTRAIN_API Layer {
   VariableList trainable_variables() const;
   // Creates the weights for inputs of `input_shape` (batch dimension included).
   void build(const Shape& input_shape);
+  // Random state a checkpoint keeps (Dropout: calls per local replica so far); -1 when none.
+  virtual int64_t rng_calls() const { return -1; }
+  virtual void set_rng_calls(int64_t /*calls*/) {}
 
  protected:
   virtual void build_weights(const Shape& /*input_shape*/) {}
@@ -48,6 +51,7 @@ class DTRAIN_API Layer {
                                        VariableAggregation agg = VariableAggregation::kNone);
 
  private:
+  friend class Sequential;  // makes names unique within a model before build
   std::string name_;
   bool built_ = false;
   VariableList weights_;
@@ -126,6 +130,8 @@ class DTRAIN_API ActivationLayer : public Layer {
 class DTRAIN_API Dropout : public Layer {
  public:
   explicit Dropout(float rate, std::string name = "dropout");
+  int64_t rng_calls() const override;
+  void set_rng_calls(int64_t calls) override;
 
  protected:
   Tensor call(const Tensor& x, bool training) override;
@@ -155,11 +161,14 @@ class DTRAIN_API BatchNormalization : public Layer {
   bool synchronized_;
 };
 
-// A linear stack of layers (keras.Sequential).
+// A linear stack of layers (keras.Sequential). Layer names are made unique within the model as
+// Keras does: a second "dense" becomes "dense_1", a third "dense_2", so variable names
+// ("dense_1/kernel") identify a weight in checkpoints.
 class DTRAIN_API Sequential {
  public:
   Sequential() = default;
-  explicit Sequential(std::vector<std::shared_ptr<Layer>> layers) : layers_(std::move(layers)) {}
+  explicit Sequential(std::vector<std::shared_ptr<Layer>> layers);
+  // Throws FailedPrecondition after build() or for a layer that is already built.
   Sequential& add(std::shared_ptr<Layer> layer);
   // Creates all weights by running a zero batch of `input_shape` (batch dim included) through the
   // model on the current strategy's first device. Call inside strategy.scope().

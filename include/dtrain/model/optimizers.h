@@ -3,24 +3,44 @@
 // (losses.h: compute_average_loss), exactly as in TF. The optimizer never asks which strategy runs
 // it. Slot variables are made with create_variable(), so they live where their variable lives.
 //
+// One step of apply_gradients, in order (as Keras 3 does it):
+//   1. all-reduce the gradients across replicas (SUM);
+//   2. clip them: clipvalue (each element to [-c, c]), clipnorm (each gradient to L2 norm <= c),
+//      global_clipnorm (all gradients together to L2 norm <= c); at most one of the norms;
+//   3. lr = the schedule at iterations() (the count before this step);
+//   4. decoupled weight decay: var -= lr * weight_decay * var;
+//   5. the optimizer's own update with lr;  6. iterations() += 1.
+//
 // Thread-safety: apply_gradients may be called concurrently by the replicas of one strategy.
 #pragma once
 
 #include "dtrain/core/export.h"
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "dtrain/model/schedules.h"
 #include "dtrain/model/variable.h"
 
 namespace dtrain {
 
+// What every optimizer takes beside its own hyper-parameters (keras.optimizers.Optimizer's
+// weight_decay, clipnorm, clipvalue, global_clipnorm). 0 = off.
+struct DTRAIN_API OptimizerOptions {
+  float weight_decay = 0.f;
+  float clipnorm = 0.f;
+  float clipvalue = 0.f;
+  float global_clipnorm = 0.f;
+};
+
 class DTRAIN_API Optimizer {
  public:
-  explicit Optimizer(float learning_rate);
+  Optimizer(float learning_rate, OptimizerOptions options);
+  Optimizer(std::shared_ptr<LearningRateSchedule> schedule, OptimizerOptions options);
   virtual ~Optimizer() = default;
 
   // grads[i] belongs to vars[i]; undefined gradients are skipped (as TF skips None).
@@ -31,63 +51,145 @@ class DTRAIN_API Optimizer {
   void build(const std::vector<std::shared_ptr<Variable>>& vars);
   // Number of apply_gradients calls so far (replica 0's count).
   int64_t iterations() const;
-  float learning_rate() const { return lr_; }
-  void set_learning_rate(float lr) { lr_ = lr; }
-  // All slot variables, for checkpoints.
+  // Sets the count (a restored checkpoint's), for every replica; call between steps.
+  void set_iterations(int64_t iterations);
+  // The rate the next step uses: the schedule at iterations().
+  float learning_rate() const;
+  // Replaces the schedule with a constant rate (what keras' LearningRateScheduler does).
+  void set_learning_rate(float lr);
+  void set_schedule(std::shared_ptr<LearningRateSchedule> schedule);
+  const std::shared_ptr<LearningRateSchedule>& schedule() const { return schedule_; }
+  const OptimizerOptions& options() const { return options_; }
+  // The optimizer's name in configs and checkpoints: "sgd", "adam", "adamw", "rmsprop", "adagrad".
+  virtual std::string name() const = 0;
+  // Slot variables in a fixed order: by the order variables were first seen (build() or
+  // apply_gradients()), then by slot. Slot i of variable "dense/kernel" is named
+  // "optimizer/dense/kernel/<slot_names()[i]>".
   std::vector<std::shared_ptr<Variable>> slot_variables() const;
+  std::vector<std::string> slot_names() const { return slot_names_impl(); }
+  int slots_per_variable() const { return static_cast<int>(slot_names_impl().size()); }
+  // The value slot i starts from (0 for all but Adagrad's accumulator).
+  virtual float slot_initial_value(int /*slot*/) const { return 0.f; }
 
-  // The optimizer and its hyper-parameters as one line ("adam 0.001 0.9 0.999 1e-07"), which
-  // from_config() turns back into an equal optimizer: how a parameter server learns the job's
-  // optimizer. Throws InvalidArgument naming the problem for a malformed line.
-  virtual std::string config() const = 0;
+  // The optimizer and all its hyper-parameters as one line, e.g.
+  // "adam learning_rate=0.001 beta_1=0.9 beta_2=0.999 epsilon=1e-07 weight_decay=0 clipnorm=0
+  // clipvalue=0 global_clipnorm=0", with the learning rate the next step uses; from_config() turns
+  // it back into an equal optimizer (how a parameter server learns the job's optimizer, and what
+  // --optimizer parses). Keys left out take their defaults. Throws InvalidArgument naming the
+  // line and the problem (unknown name or key, a value that is not a number or out of range).
+  std::string config() const;
   static std::unique_ptr<Optimizer> from_config(const std::string& config);
-  int slots_per_variable() const { return num_slots(); }
-  // One update of `value` in place, with `slots` (slots_per_variable() tensors shaped like value,
-  // zero-initialised before the first step) and the 1-based step count of this variable.
+
+  // One update of `value` in place with learning rate `lr`, with `slots` (slots_per_variable()
+  // tensors shaped like value, set to slot_initial_value() before the first step) and the 1-based
+  // step count of this variable. Weight decay included; clipping is not (it needs all gradients).
+  void apply_dense(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step, float lr);
+  // The same with the rate config() carried (parameter servers).
   void apply_dense(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step) {
-    update(value, grad, slots, step);
+    apply_dense(value, grad, slots, step, learning_rate());
   }
 
  protected:
-  // Number of slots per variable and how to create them.
-  virtual int num_slots() const = 0;
+  virtual std::vector<std::string> slot_names_impl() const = 0;
+  // The optimizer's own hyper-parameters as " key=value" pairs (config() adds the rest).
+  virtual std::string hyper_config() const = 0;
   // Applies one update to `value` (this replica's copy) given slots (this replica's copies).
-  virtual void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step) = 0;
-  float lr_;
+  virtual void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step, float lr) = 0;
 
  private:
   std::vector<std::shared_ptr<Variable>>& slots_for(const Variable* v);
+  std::vector<Tensor> clip(std::vector<Tensor> grads) const;
+  std::shared_ptr<LearningRateSchedule> schedule_;
+  OptimizerOptions options_;
   mutable std::mutex mu_;
-  std::map<const Variable*, std::vector<std::shared_ptr<Variable>>> slots_;
+  std::map<const Variable*, size_t> slot_index_;
+  std::deque<std::vector<std::shared_ptr<Variable>>> slots_;  // in first-seen order; stable references
+  int64_t base_iterations_ = 0;
   std::map<int, int64_t> steps_;  // per replica id
 };
 
+// Stochastic gradient descent, with momentum and Nesterov momentum (keras SGD).
 class DTRAIN_API SGD : public Optimizer {
  public:
-  explicit SGD(float learning_rate = 0.01f, float momentum = 0.f, bool nesterov = false);
-  std::string config() const override;
+  explicit SGD(float learning_rate = 0.01f, float momentum = 0.f, bool nesterov = false, OptimizerOptions options = {});
+  SGD(std::shared_ptr<LearningRateSchedule> schedule, float momentum = 0.f, bool nesterov = false,
+      OptimizerOptions options = {});
+  std::string name() const override { return "sgd"; }
 
  protected:
-  int num_slots() const override { return momentum_ > 0.f ? 1 : 0; }
-  void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step) override;
+  std::vector<std::string> slot_names_impl() const override;
+  std::string hyper_config() const override;
+  void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step, float lr) override;
 
  private:
   float momentum_;
   bool nesterov_;
 };
 
+// Adam (keras Adam; epsilon outside the square root, bias correction folded into the rate).
 class DTRAIN_API Adam : public Optimizer {
  public:
-  explicit Adam(float learning_rate = 1e-3f, float beta1 = 0.9f, float beta2 = 0.999f,
-                float epsilon = 1e-7f);
-  std::string config() const override;
+  explicit Adam(float learning_rate = 1e-3f, float beta1 = 0.9f, float beta2 = 0.999f, float epsilon = 1e-7f,
+                OptimizerOptions options = {});
+  Adam(std::shared_ptr<LearningRateSchedule> schedule, float beta1 = 0.9f, float beta2 = 0.999f,
+       float epsilon = 1e-7f, OptimizerOptions options = {});
+  std::string name() const override { return "adam"; }
 
  protected:
-  int num_slots() const override { return 2; }
-  void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step) override;
+  std::vector<std::string> slot_names_impl() const override { return {"m", "v"}; }
+  std::string hyper_config() const override;
+  void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step, float lr) override;
 
- private:
   float beta1_, beta2_, epsilon_;
 };
+
+// AdamW: Adam with decoupled weight decay (keras AdamW; weight_decay defaults to 0.004).
+class DTRAIN_API AdamW : public Adam {
+ public:
+  explicit AdamW(float learning_rate = 1e-3f, float weight_decay = 0.004f, float beta1 = 0.9f,
+                 float beta2 = 0.999f, float epsilon = 1e-7f, OptimizerOptions options = {});
+  std::string name() const override { return "adamw"; }
+};
+
+// RMSprop (keras RMSprop): v = rho v + (1-rho) g^2; with centered, a = rho a + (1-rho) g and the
+// denominator is v - a^2; step = lr g / sqrt(denominator + epsilon); with momentum,
+// m = momentum m + step and var -= m, else var -= step.
+class DTRAIN_API RMSprop : public Optimizer {
+ public:
+  explicit RMSprop(float learning_rate = 1e-3f, float rho = 0.9f, float momentum = 0.f, float epsilon = 1e-7f,
+                   bool centered = false, OptimizerOptions options = {});
+  std::string name() const override { return "rmsprop"; }
+
+ protected:
+  std::vector<std::string> slot_names_impl() const override;
+  std::string hyper_config() const override;
+  void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step, float lr) override;
+
+ private:
+  float rho_, momentum_, epsilon_;
+  bool centered_;
+};
+
+// Adagrad (keras Adagrad): acc += g^2; var -= lr g / sqrt(acc + epsilon); acc starts at
+// initial_accumulator_value.
+class DTRAIN_API Adagrad : public Optimizer {
+ public:
+  explicit Adagrad(float learning_rate = 1e-3f, float initial_accumulator_value = 0.1f, float epsilon = 1e-7f,
+                   OptimizerOptions options = {});
+  std::string name() const override { return "adagrad"; }
+  float slot_initial_value(int) const override { return initial_; }
+
+ protected:
+  std::vector<std::string> slot_names_impl() const override { return {"accumulator"}; }
+  std::string hyper_config() const override;
+  void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step, float lr) override;
+
+ private:
+  float initial_, epsilon_;
+};
+
+// Horovod's rule for data parallelism: the rate multiplied by the number of replicas in sync
+// (hvd.size()), for use with a global batch that grows with the replicas.
+DTRAIN_API float scale_learning_rate(float learning_rate, int num_replicas_in_sync);
 
 }  // namespace dtrain

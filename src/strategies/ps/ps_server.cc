@@ -153,7 +153,7 @@ class PsServer {
       if (static_cast<int>(v->slots.size()) != v->opt->slots_per_variable()) {
         v->slots.clear();
         for (int s = 0; s < v->opt->slots_per_variable(); ++s)
-          v->slots.push_back(Tensor::zeros(v->value.shape(), v->value.dtype()));
+          v->slots.push_back(Tensor::full(v->value.shape(), v->opt->slot_initial_value(s)));
       }
       v->opt->apply_dense(v->value, g, v->slots, ++v->updates);
     }

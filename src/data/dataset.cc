@@ -77,16 +77,18 @@ class PhiloxIntegers {
 
 class ShuffleNode final : public DatasetNode {
  public:
-  ShuffleNode(NodePtr up, uint64_t seed, bool reshuffle)
+  ShuffleNode(NodePtr up, uint64_t seed, bool reshuffle, uint64_t first_pass)
       : DatasetNode(up->source(), up->cardinality(), up->batched(),
                     str_cat(up->description(), ".shuffle(seed=", seed,
-                            reshuffle ? "" : ", reshuffle_each_iteration=false", ")")),
+                            reshuffle ? "" : ", reshuffle_each_iteration=false",
+                            first_pass ? str_cat(", first_pass=", first_pass) : std::string(), ")")),
         up_(std::move(up)),
         seed_(seed),
-        reshuffle_(reshuffle) {}
+        reshuffle_(reshuffle),
+        first_pass_(first_pass) {}
 
   std::unique_ptr<DatasetNodeIterator> make_iterator() const override {
-    const uint64_t pass = reshuffle_ ? passes_->fetch_add(1, std::memory_order_relaxed) : 0;
+    const uint64_t pass = first_pass_ + (reshuffle_ ? passes_->fetch_add(1, std::memory_order_relaxed) : 0);
     return std::make_unique<It>(up_->make_iterator(), Philox(seed_, pass));
   }
 
@@ -122,6 +124,7 @@ class ShuffleNode final : public DatasetNode {
   NodePtr up_;
   uint64_t seed_;
   bool reshuffle_;
+  uint64_t first_pass_;
   // Shared by every Dataset handle built on this stage, like TF's seed generator resource.
   std::shared_ptr<std::atomic<uint64_t>> passes_ = std::make_shared<std::atomic<uint64_t>>(0);
 };
@@ -259,6 +262,37 @@ class TakeNode final : public DatasetNode {
      private:
       std::unique_ptr<DatasetNodeIterator> up_;
       int64_t left_;  // -1 = unlimited
+    };
+    return std::make_unique<It>(up_->make_iterator(), count_);
+  }
+
+ private:
+  NodePtr up_;
+  int64_t count_;
+};
+
+// ---- skip ----
+
+class SkipNode final : public DatasetNode {
+ public:
+  SkipNode(NodePtr up, int64_t count)
+      : DatasetNode(up->source(), up->cardinality() < 0 ? -1 : std::max<int64_t>(0, up->cardinality() - count),
+                    up->batched(), str_cat(up->description(), ".skip(", count, ")")),
+        up_(std::move(up)),
+        count_(count) {}
+  std::unique_ptr<DatasetNodeIterator> make_iterator() const override {
+    class It final : public DatasetNodeIterator {
+     public:
+      It(std::unique_ptr<DatasetNodeIterator> up, int64_t count) : up_(std::move(up)), skip_(count) {}
+      bool next(DatasetElement* out) override {
+        for (; skip_ > 0; --skip_)  // advance without materialising the skipped elements
+          if (!up_->next(nullptr)) return false;
+        return up_->next(out);
+      }
+
+     private:
+      std::unique_ptr<DatasetNodeIterator> up_;
+      int64_t skip_;
     };
     return std::make_unique<It>(up_->make_iterator(), count_);
   }
@@ -463,12 +497,12 @@ Dataset Dataset::from_tensors(std::vector<Tensor> components) {
   return Dataset(std::make_shared<detail::SourceNode>(std::move(src)));
 }
 
-Dataset Dataset::shuffle(uint64_t seed, bool reshuffle_each_iteration) const {
+Dataset Dataset::shuffle(uint64_t seed, bool reshuffle_each_iteration, uint64_t first_pass) const {
   if (node_->cardinality() < 0)
     throw InvalidArgument(str_cat("shuffle() over an infinite dataset (", node_->description(),
                                   ") would never yield: dtrain shuffles a whole pass; put "
                                   "shuffle() before repeat()"));
-  return Dataset(std::make_shared<detail::ShuffleNode>(node_, seed, reshuffle_each_iteration));
+  return Dataset(std::make_shared<detail::ShuffleNode>(node_, seed, reshuffle_each_iteration, first_pass));
 }
 
 Dataset Dataset::shard(int num_shards, int index) const {
@@ -488,6 +522,12 @@ Dataset Dataset::take(int64_t count) const {
   if (count < -1)
     throw InvalidArgument(str_cat("take(", count, "): count must be >= 0, or -1 for all"));
   return Dataset(std::make_shared<detail::TakeNode>(node_, count));
+}
+
+Dataset Dataset::skip(int64_t count) const {
+  if (count < 0) throw InvalidArgument(str_cat("skip(", count, "): count must be >= 0"));
+  if (count == 0) return *this;
+  return Dataset(std::make_shared<detail::SkipNode>(node_, count));
 }
 
 Dataset Dataset::batch(int64_t batch_size, bool drop_remainder) const {

@@ -2,26 +2,96 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <set>
 #include <string>
 
+#include "dtrain/core/error.h"
+#include "dtrain/core/logging.h"
+#include "dtrain/model/layers.h"
+#include "dtrain/model/optimizers.h"
+#include "dtrain/strategies/strategy.h"
+
 namespace dtrain {
+
+double TrainLogs::get(const std::string& key) const {
+  auto it = values.find(key);
+  if (it != values.end()) return it->second;
+  std::string have;
+  for (const auto& [k, v] : values) have += (have.empty() ? "" : ", ") + k;
+  throw NotFound("no log value '" + key + "' (the logs hold: " + (have.empty() ? "nothing yet" : have) +
+                 "); a val_ key needs a test set");
+}
+
+TrainingContext& Callback::context() const {
+  if (!ctx_) throw FailedPrecondition("a callback's model, optimizer and strategy exist only while fit() runs it");
+  return *ctx_;
+}
+Sequential& Callback::model() const { return *context().model; }
+Optimizer& Callback::optimizer() const { return *context().optimizer; }
+Strategy& Callback::strategy() const { return *context().strategy; }
+
+namespace {
+
+bool maximizes(const std::string& monitor, MonitorMode mode) {
+  if (mode != MonitorMode::kAuto) return mode == MonitorMode::kMax;
+  return monitor.find("acc") != std::string::npos || monitor.find("auc") != std::string::npos;
+}
+
+std::string format_duration(double s) {
+  char buf[32];
+  if (s >= 3600) std::snprintf(buf, sizeof(buf), "%d:%02d:%02d", static_cast<int>(s / 3600), static_cast<int>(s / 60) % 60,
+                               static_cast<int>(s) % 60);
+  else if (s >= 60) std::snprintf(buf, sizeof(buf), "%d:%02d", static_cast<int>(s / 60), static_cast<int>(s) % 60);
+  else std::snprintf(buf, sizeof(buf), "%ds", static_cast<int>(std::lround(s)));
+  return buf;
+}
+
+std::string format_step_time(double s) {
+  char buf[32];
+  if (s >= 1) std::snprintf(buf, sizeof(buf), "%.2fs/step", s);
+  else std::snprintf(buf, sizeof(buf), "%.0fms/step", s * 1e3);
+  return buf;
+}
+
+// " - accuracy: 0.8123 - val_loss: 0.3012" for every value but the loss.
+std::string other_values(const TrainLogs& logs) {
+  std::string out;
+  char buf[96];
+  for (const auto& [k, v] : logs.values) {
+    if (k == "loss" || k == "learning_rate") continue;
+    std::snprintf(buf, sizeof(buf), " - %s: %.4f", k.c_str(), v);
+    out += buf;
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---- ProgressBar ----
 
 ProgressBar::ProgressBar(FILE* out) : out_(out), tty_(isatty(fileno(out)) != 0) {}
 
 void ProgressBar::on_epoch_begin(const TrainLogs& logs) {
+  if (!is_chief()) return;
   last_print_ = std::chrono::steady_clock::now();
   std::fprintf(out_, "Epoch %d/%d\n", logs.epoch + 1, logs.epochs);
   std::fflush(out_);
 }
 
-void ProgressBar::on_batch_end(const TrainLogs& logs) {
+void ProgressBar::on_train_batch_end(const TrainLogs& logs) {
+  if (!is_chief()) return;
   const auto now = std::chrono::steady_clock::now();
   const double since = std::chrono::duration<double>(now - last_print_).count();
+  const bool known = logs.steps_per_epoch > 0;
+  const double eta = known ? logs.seconds_per_step * static_cast<double>(logs.steps_per_epoch - logs.step) : 0;
   if (tty_) {
     if (since < 0.1 && logs.step != logs.steps_per_epoch) return;
     last_print_ = now;
     std::string bar;
-    if (logs.steps_per_epoch > 0) {
+    if (known) {
       const int width = 30;
       const int done = static_cast<int>(width * logs.step / logs.steps_per_epoch);
       bar.reserve(width + 2);
@@ -31,20 +101,26 @@ void ProgressBar::on_batch_end(const TrainLogs& logs) {
       bar.append(static_cast<size_t>(std::max(0, width - done - 1)), '.');
       bar.push_back(']');
     }
-    std::fprintf(out_, "\r%6lld/%lld %s loss: %.4f - %.0f images/sec", static_cast<long long>(logs.step),
-                 static_cast<long long>(logs.steps_per_epoch), bar.c_str(), logs.loss, logs.images_per_sec);
+    std::fprintf(out_, "\r%6lld/%lld %s - ETA: %s - %s - loss: %.4f%s - %.0f images/sec\033[K",
+                 static_cast<long long>(logs.step), static_cast<long long>(logs.steps_per_epoch), bar.c_str(),
+                 format_duration(eta).c_str(), format_step_time(logs.seconds_per_step).c_str(), logs.loss,
+                 other_values(logs).c_str(), logs.images_per_sec);
   } else {
     if (since < 10.0) return;  // plain lines for logs and CI: one every 10 s
     last_print_ = now;
-    std::fprintf(out_, "step %lld/%lld loss %.4f images/sec %.0f\n", static_cast<long long>(logs.step),
-                 static_cast<long long>(logs.steps_per_epoch), logs.loss, logs.images_per_sec);
+    std::fprintf(out_, "step %lld/%lld - ETA: %s - %s - loss: %.4f%s - %.0f images/sec\n",
+                 static_cast<long long>(logs.step), static_cast<long long>(logs.steps_per_epoch),
+                 format_duration(eta).c_str(), format_step_time(logs.seconds_per_step).c_str(), logs.loss,
+                 other_values(logs).c_str(), logs.images_per_sec);
   }
   std::fflush(out_);
 }
 
 void ProgressBar::on_epoch_end(const TrainLogs& logs) {
+  if (!is_chief()) return;
   if (tty_) std::fprintf(out_, "\n");
-  std::fprintf(out_, "epoch %d: loss %.4f, %.0f images/sec", logs.epoch + 1, logs.loss, logs.images_per_sec);
+  std::fprintf(out_, "epoch %d: loss %.4f%s, %.0f images/sec, %s", logs.epoch + 1, logs.loss,
+               other_values(logs).c_str(), logs.images_per_sec, format_step_time(logs.seconds_per_step).c_str());
   if (logs.test_accuracy >= 0)
     std::fprintf(out_, ", test loss %.4f, test accuracy %.2f%%", logs.test_loss, 100.0 * logs.test_accuracy);
   std::fprintf(out_, "\n");
@@ -52,10 +128,153 @@ void ProgressBar::on_epoch_end(const TrainLogs& logs) {
 }
 
 void ProgressBar::on_train_end(const TrainLogs& logs) {
+  if (!is_chief()) return;
   std::fprintf(out_, "done: %lld steps, final loss %.4f", static_cast<long long>(logs.global_step), logs.loss);
   if (logs.test_accuracy >= 0) std::fprintf(out_, ", test accuracy %.2f%%", 100.0 * logs.test_accuracy);
   std::fprintf(out_, "\n");
   std::fflush(out_);
+}
+
+// ---- EarlyStopping ----
+
+EarlyStopping::EarlyStopping(std::string monitor, double min_delta, int patience, MonitorMode mode,
+                             bool restore_best_weights, int start_from_epoch)
+    : monitor_(std::move(monitor)), min_delta_(std::fabs(min_delta)), patience_(patience),
+      start_from_epoch_(start_from_epoch), restore_best_(restore_best_weights), mode_(mode) {
+  if (patience < 0) throw InvalidArgument("EarlyStopping patience must be >= 0, got " + std::to_string(patience));
+  maximize_ = maximizes(monitor_, mode_);
+}
+
+void EarlyStopping::on_train_begin(const TrainLogs&) {
+  wait_ = 0;
+  best_epoch_ = stopped_epoch_ = -1;
+  best_ = maximize_ ? -INFINITY : INFINITY;
+  best_weights_.clear();
+}
+
+void EarlyStopping::on_epoch_end(const TrainLogs& logs) {
+  if (logs.epoch < start_from_epoch_) return;
+  const double v = logs.get(monitor_);
+  const bool better = maximize_ ? v - min_delta_ > best_ : v + min_delta_ < best_;
+  if (best_epoch_ < 0 || better) {
+    best_ = v;
+    best_epoch_ = logs.epoch;
+    wait_ = 0;
+    if (restore_best_) {
+      best_weights_.clear();
+      for (const auto& var : model().variables()) best_weights_.push_back(var->value().to(DeviceSpec::cpu()).to_vector<float>());
+    }
+    return;
+  }
+  if (++wait_ >= patience_) {
+    stopped_epoch_ = logs.epoch;
+    stop_training();
+    if (is_chief()) {
+      DTRAIN_LOG(INFO) << "EarlyStopping: '" << monitor_ << "' did not improve for " << wait_
+                       << " epoch(s); stopping after epoch " << logs.epoch + 1 << " (best " << best_ << " at epoch "
+                       << best_epoch_ + 1 << ")";
+    }
+  }
+}
+
+void EarlyStopping::on_train_end(const TrainLogs&) {
+  if (!restore_best_ || best_weights_.empty() || best_epoch_ < 0) return;
+  const auto vars = model().variables();
+  for (size_t i = 0; i < vars.size() && i < best_weights_.size(); ++i)
+    vars[i]->assign(Tensor::from_vector(best_weights_[i], vars[i]->shape()));
+}
+
+// ---- CSVLogger ----
+
+CSVLogger::CSVLogger(std::string path, bool append) : path_(std::move(path)), append_(append) {}
+
+void CSVLogger::on_train_begin(const TrainLogs&) {
+  keys_.clear();
+  if (!is_chief() || append_) return;
+  std::ofstream f(path_, std::ios::trunc);
+  if (!f) throw Unavailable("CSVLogger cannot write '" + path_ + "'");
+}
+
+void CSVLogger::on_epoch_end(const TrainLogs& logs) {
+  if (!is_chief()) return;
+  const bool header = keys_.empty();
+  if (header)
+    for (const auto& [k, v] : logs.values) keys_.push_back(k);
+  std::ofstream f(path_, std::ios::app);
+  if (!f) throw Unavailable("CSVLogger cannot write '" + path_ + "'");
+  if (header && (!append_ || f.tellp() == 0)) {
+    f << "epoch";
+    for (const auto& k : keys_) f << ',' << k;
+    f << '\n';
+  }
+  f << logs.epoch;
+  char buf[32];
+  for (const auto& k : keys_) {
+    auto it = logs.values.find(k);
+    if (it == logs.values.end()) {
+      f << ',';
+      continue;
+    }
+    std::snprintf(buf, sizeof(buf), ",%.9g", it->second);
+    f << buf;
+  }
+  f << '\n';
+}
+
+// ---- LearningRateScheduler ----
+
+LearningRateScheduler::LearningRateScheduler(Fn fn) : fn_(std::move(fn)) {
+  if (!fn_) throw InvalidArgument("LearningRateScheduler: the schedule function is empty");
+}
+
+void LearningRateScheduler::on_epoch_begin(const TrainLogs& logs) {
+  const double lr = fn_(logs.epoch, optimizer().learning_rate());
+  if (!(lr > 0) || !std::isfinite(lr))
+    throw InvalidArgument("LearningRateScheduler returned " + std::to_string(lr) + " for epoch " +
+                          std::to_string(logs.epoch) + "; a learning rate must be a finite number > 0");
+  optimizer().set_learning_rate(static_cast<float>(lr));
+}
+
+// ---- LearningRateWarmup ----
+
+LearningRateWarmup::LearningRateWarmup(double warmup_epochs, int verbose)
+    : warmup_epochs_(warmup_epochs), verbose_(verbose) {
+  if (!(warmup_epochs > 0)) throw InvalidArgument("LearningRateWarmup needs warmup_epochs > 0");
+}
+
+void LearningRateWarmup::on_train_begin(const TrainLogs&) {
+  target_ = optimizer().learning_rate();
+  saved_schedule_ = optimizer().schedule();
+  done_ = false;
+}
+
+void LearningRateWarmup::on_train_batch_begin(const TrainLogs& logs) {
+  if (done_) return;
+  const double e = logs.epoch + (logs.steps_per_epoch > 0 ? static_cast<double>(logs.step) /
+                                                                 static_cast<double>(logs.steps_per_epoch)
+                                                           : 0.0);
+  if (e >= warmup_epochs_) {
+    optimizer().set_schedule(saved_schedule_);
+    done_ = true;
+    if (verbose_ && is_chief()) {
+      DTRAIN_LOG(INFO) << "LearningRateWarmup: warm-up done at epoch " << logs.epoch + 1 << ", learning rate "
+                       << optimizer().learning_rate();
+    }
+    return;
+  }
+  const double n = strategy().num_replicas_in_sync();
+  optimizer().set_learning_rate(static_cast<float>(target_ / n * (e * (n - 1) / warmup_epochs_ + 1)));
+}
+
+// ---- TerminateOnNaN ----
+
+void TerminateOnNaN::on_train_batch_end(const TrainLogs& logs) {
+  if (std::isfinite(logs.loss)) return;
+  terminated_ = true;
+  stop_training();
+  if (is_chief()) {
+    DTRAIN_LOG(WARNING) << "TerminateOnNaN: batch " << logs.step << " gave loss " << logs.loss << "; stopping training";
+  }
 }
 
 }  // namespace dtrain

@@ -48,9 +48,11 @@ class DTRAIN_API Dataset {
   // decided by Philox(seed, pass): Fisher-Yates over the elements of one pass. Pass k is the k-th
   // time this shuffle stage starts (each repeat() epoch and each make_iterator() on this Dataset or
   // a Dataset built from it counts, in the order they start, as TF's seed generator does). With
-  // reshuffle_each_iteration=false every pass uses permutation 0. Throws InvalidArgument when the
-  // input is infinite (put shuffle() before repeat()).
-  Dataset shuffle(uint64_t seed, bool reshuffle_each_iteration = true) const;
+  // reshuffle_each_iteration=false every pass uses permutation 0. Passes are numbered from
+  // first_pass: shuffle(seed, false, e) is the order shuffle(seed) gives epoch e, which is how fit()
+  // starts a resumed job at epoch e. Throws InvalidArgument when the input is infinite (put
+  // shuffle() before repeat()).
+  Dataset shuffle(uint64_t seed, bool reshuffle_each_iteration = true, uint64_t first_pass = 0) const;
 
   // Keeps the elements i with i % num_shards == index (tf.data semantics: shard before shuffle
   // and batch for a disjoint split). Throws InvalidArgument unless 1 <= num_shards and
@@ -64,6 +66,11 @@ class DTRAIN_API Dataset {
 
   // The first `count` elements (-1 = all). Throws InvalidArgument for count < -1.
   Dataset take(int64_t count) const;
+
+  // All but the first `count` elements (tf.data skip). Before batch() it costs nothing per
+  // skipped element (indices only); fit() resumes mid-epoch with it. Throws InvalidArgument for
+  // count < 0.
+  Dataset skip(int64_t count) const;
 
   // Consecutive elements stacked into tensors of shape [b, ...]; the last batch of a finite
   // input holds the remainder unless drop_remainder. Throws InvalidArgument for batch_size < 1

@@ -1,5 +1,8 @@
-// Training callbacks (Keras style). Called from the training loop's thread only; in multi-worker
-// jobs only the chief prints.
+// Training callbacks (Keras style). fit() calls them on the training loop's thread, on every
+// worker of a multi-worker job with the same logs (loss and epoch metrics are global), so a
+// callback that stops training decides the same everywhere; fit() also agrees on stop_training
+// across workers at every epoch end. Callbacks that write files or print do so on the chief only
+// (is_chief()).
 #pragma once
 
 #include "dtrain/core/export.h"
@@ -7,39 +10,96 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace dtrain {
+
+class Strategy;
+class Sequential;
+class Optimizer;
+class LearningRateSchedule;
 
 struct DTRAIN_API TrainLogs {
   int epoch = 0;                // 0-based
   int epochs = 0;
-  int64_t step = 0;             // steps done in this epoch
+  int64_t step = 0;             // batches done in this epoch (test: in this evaluation)
   int64_t steps_per_epoch = 0;  // -1 when unknown
-  int64_t global_step = 0;
+  int64_t global_step = 0;      // batches done in this fit() (and before a restored backup)
   double loss = 0;              // running mean over the epoch
   double images_per_sec = 0;    // over the epoch so far
+  double seconds_per_step = 0;  // mean over the epoch so far
+  double learning_rate = 0;     // the rate the next step uses
   double test_accuracy = -1;    // set at epoch end when evaluated
   double test_loss = -1;
+  // Keras' logs: "loss", every metric by name, "val_loss" and "val_<metric>" after an epoch with
+  // validation data, "learning_rate". Epoch-end values are over all examples of all workers.
+  std::map<std::string, double> values;
+  // The value of `key`; throws NotFound naming the keys there are.
+  double get(const std::string& key) const;
+  bool has(const std::string& key) const { return values.count(key) != 0; }
+};
+
+// What callbacks see of the training run: set by fit() before on_train_begin.
+struct DTRAIN_API TrainingContext {
+  Strategy* strategy = nullptr;
+  Sequential* model = nullptr;
+  Optimizer* optimizer = nullptr;
+  bool is_chief = true;
+  // Set by a callback to end training after the current batch (keras model.stop_training).
+  bool stop_training = false;
+  // Where training starts: a callback's on_train_begin (BackupAndRestore) may move it forward.
+  int initial_epoch = 0;
+  int64_t initial_step = 0;        // batches into initial_epoch
+  int64_t initial_global_step = 0;
+  // The epoch's loss and metric sums at initial_step, so that a resumed epoch reports what an
+  // uninterrupted one would (see Metric::state()).
+  std::map<std::string, std::vector<double>> initial_epoch_state;
+  // Filled by fit() for callbacks that save the data position: the loss and metric sums so far.
+  std::function<std::map<std::string, std::vector<double>>()> epoch_state;
+  uint64_t shuffle_seed = 0;
+  // True while gradient accumulation holds batches not yet applied (no consistent backup then).
+  bool accumulating = false;
 };
 
 class DTRAIN_API Callback {
  public:
   virtual ~Callback() = default;
+  void set_context(TrainingContext* context) { ctx_ = context; }
+  // Valid from on_train_begin to on_train_end; FailedPrecondition outside fit().
+  TrainingContext& context() const;
+  Sequential& model() const;
+  Optimizer& optimizer() const;
+  Strategy& strategy() const;
+  bool is_chief() const { return ctx_ == nullptr || ctx_->is_chief; }
+  void stop_training() { context().stop_training = true; }
+
   virtual void on_train_begin(const TrainLogs&) {}
-  virtual void on_epoch_begin(const TrainLogs&) {}
-  virtual void on_batch_end(const TrainLogs&) {}
-  virtual void on_epoch_end(const TrainLogs&) {}
   virtual void on_train_end(const TrainLogs&) {}
+  virtual void on_epoch_begin(const TrainLogs&) {}
+  virtual void on_epoch_end(const TrainLogs&) {}
+  virtual void on_train_batch_begin(const TrainLogs&) {}
+  virtual void on_train_batch_end(const TrainLogs&) {}
+  virtual void on_test_begin(const TrainLogs&) {}
+  virtual void on_test_end(const TrainLogs&) {}
+  virtual void on_test_batch_begin(const TrainLogs&) {}
+  virtual void on_test_batch_end(const TrainLogs&) {}
+
+ private:
+  TrainingContext* ctx_ = nullptr;
 };
 
-// A progress bar with loss and images/sec on a terminal; plain periodic lines otherwise (logs,
-// CI). Writes to `out` (stdout by default).
+// A progress bar with loss, metrics, ETA and time per step on a terminal (as Keras prints);
+// plain periodic lines otherwise (logs, CI). Writes to `out` (stdout by default), chief only.
 class DTRAIN_API ProgressBar : public Callback {
  public:
   explicit ProgressBar(FILE* out = stdout);
   void on_epoch_begin(const TrainLogs& logs) override;
-  void on_batch_end(const TrainLogs& logs) override;
+  void on_train_batch_end(const TrainLogs& logs) override;
   void on_epoch_end(const TrainLogs& logs) override;
   void on_train_end(const TrainLogs& logs) override;
 
@@ -47,6 +107,86 @@ class DTRAIN_API ProgressBar : public Callback {
   FILE* out_;
   bool tty_;
   std::chrono::steady_clock::time_point last_print_;
+};
+
+// "min" or "max" from the monitored key as Keras decides it ("auto": max for accuracy-like keys).
+enum class MonitorMode { kAuto, kMin, kMax };
+
+// Stops training when `monitor` has not improved by more than min_delta for `patience` epochs;
+// with restore_best_weights, puts back the best epoch's weights when it stops or training ends.
+class DTRAIN_API EarlyStopping : public Callback {
+ public:
+  explicit EarlyStopping(std::string monitor = "val_loss", double min_delta = 0, int patience = 0,
+                         MonitorMode mode = MonitorMode::kAuto, bool restore_best_weights = false,
+                         int start_from_epoch = 0);
+  void on_train_begin(const TrainLogs& logs) override;
+  void on_epoch_end(const TrainLogs& logs) override;
+  void on_train_end(const TrainLogs& logs) override;
+  int stopped_epoch() const { return stopped_epoch_; }  // 0-based; -1 when it did not stop
+  int best_epoch() const { return best_epoch_; }
+
+ private:
+  std::string monitor_;
+  double min_delta_;
+  int patience_, start_from_epoch_;
+  bool maximize_ = false, restore_best_;
+  MonitorMode mode_;
+  double best_ = 0;
+  int wait_ = 0, best_epoch_ = -1, stopped_epoch_ = -1;
+  std::vector<std::vector<float>> best_weights_;
+};
+
+// Appends one CSV row per epoch (epoch and every log value, sorted by key) to `path`; chief only.
+// append = false starts the file afresh.
+class DTRAIN_API CSVLogger : public Callback {
+ public:
+  explicit CSVLogger(std::string path, bool append = false);
+  void on_train_begin(const TrainLogs& logs) override;
+  void on_epoch_end(const TrainLogs& logs) override;
+
+ private:
+  std::string path_;
+  bool append_;
+  std::vector<std::string> keys_;
+};
+
+// Sets the learning rate at each epoch's start to schedule(epoch, current rate).
+class DTRAIN_API LearningRateScheduler : public Callback {
+ public:
+  using Fn = std::function<double(int epoch, double lr)>;
+  explicit LearningRateScheduler(Fn schedule);
+  void on_epoch_begin(const TrainLogs& logs) override;
+
+ private:
+  Fn fn_;
+};
+
+// Horovod's gradual warm-up (Goyal et al.): over the first warmup_epochs the rate rises from
+// target / num_replicas to target = the optimizer's rate at train begin (already scaled by the
+// number of replicas), per batch: lr = target / n * (e * (n - 1) / warmup_epochs + 1), e the
+// fractional epoch. After warm-up the optimizer's schedule takes over again.
+class DTRAIN_API LearningRateWarmup : public Callback {
+ public:
+  explicit LearningRateWarmup(double warmup_epochs = 5, int verbose = 0);
+  void on_train_begin(const TrainLogs& logs) override;
+  void on_train_batch_begin(const TrainLogs& logs) override;
+
+ private:
+  double warmup_epochs_;
+  int verbose_;
+  double target_ = 0;
+  bool done_ = false;
+  std::shared_ptr<LearningRateSchedule> saved_schedule_;
+};
+
+// Stops training when the loss becomes NaN or infinite (after that batch).
+class DTRAIN_API TerminateOnNaN : public Callback {
+ public:
+  void on_train_batch_end(const TrainLogs& logs) override;
+  bool terminated() const { return terminated_; }
+
+ private:
+  bool terminated_ = false;
 };
 
 }  // namespace dtrain

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "dtrain/data/dataset.h"
@@ -21,7 +23,7 @@ namespace dtrain {
 using LossFn = std::function<Tensor(const Tensor& predictions, const Tensor& labels)>;
 
 struct DTRAIN_API FitOptions {
-  int epochs = 1;
+  int epochs = 1;                    // the epoch to end at (as Keras: also counts restored ones)
   int64_t steps = 0;                 // > 0: stop after this many steps in total (repeats data)
   int64_t global_batch_size = 64;    // split over num_replicas_in_sync
   uint64_t shuffle_seed = 0;
@@ -29,10 +31,22 @@ struct DTRAIN_API FitOptions {
   int64_t eval_batch_size = 1000;
   int warmup_steps = 5;              // excluded from images_per_sec
   LossFn loss;                       // default: sparse softmax cross-entropy
+  // Metric names (metrics.h: make_metric) computed on the training batches and on the test set,
+  // reported in the logs as "<name>" and "val_<name>". Empty: {"accuracy"} with the default loss,
+  // none with a user loss.
+  std::vector<std::string> metrics;
+  // Gradient accumulation (Horovod's backward_passes_per_step, DDP's no_sync): gradients of this
+  // many consecutive batches are summed on each replica and applied with one all-reduce, which
+  // equals one batch that many times larger. Each batch still counts as a step in the logs; an
+  // epoch ending mid-group applies what it has.
+  int accumulate = 1;
   std::vector<Callback*> callbacks;
 };
 
 struct DTRAIN_API History {
+  // keras History.history: per epoch run, every log value by key ("loss", "accuracy",
+  // "val_loss", "learning_rate", ...).
+  std::map<std::string, std::vector<double>> history;
   std::vector<double> epoch_loss;
   int64_t steps = 0;
   double final_loss = 0;          // mean loss of the last epoch (or of the steps run)
@@ -46,10 +60,20 @@ DTRAIN_API History fit(Strategy& strategy, Sequential& model, Optimizer& optimiz
             const Dataset* test, const FitOptions& options);
 
 struct DTRAIN_API EvalResult {
-  double accuracy = 0, loss = 0;
+  double accuracy = -1, loss = 0;  // accuracy: -1 when not among the metrics
   int64_t examples = 0;
+  std::map<std::string, double> metrics;  // by name, over all examples of all workers
 };
+// Loss and metrics (as FitOptions::metrics; empty: accuracy with the default loss) over the whole
+// test set, each worker taking its share, combined exactly. `callbacks` get the test hooks.
 DTRAIN_API EvalResult evaluate(Strategy& strategy, Sequential& model, const Dataset& test, int64_t batch_size,
-                    const LossFn& loss = {});
+                    const LossFn& loss = {}, const std::vector<std::string>& metrics = {},
+                    const std::vector<Callback*>& callbacks = {});
+
+// The model's outputs for every row of `data` (unbatched features, or features and labels: the
+// first component is used), in order, as one CPU tensor [N, ...]. Each batch is split over the
+// local replicas; every worker computes all rows (no cross-worker traffic), so each gets the
+// whole result.
+DTRAIN_API Tensor predict(Strategy& strategy, Sequential& model, const Dataset& data, int64_t batch_size = 256);
 
 }  // namespace dtrain

@@ -208,6 +208,25 @@ std::unique_ptr<Communicator> make_nccl_process_group(DeviceSpec device, Communi
                           "; use the TCP ring (implementation RING) for CPU devices");
   get_device(device);
   const int rank = bootstrap.rank(), size = bootstrap.size();
+  // NCCL refuses two ranks on one GPU with a bare "invalid usage" at init. Compare the GPUs' UUIDs
+  // first (every rank sees the same list, so every rank fails alike) and say what to do instead.
+  {
+    cudaDeviceProp prop{};
+    check_cuda(cudaGetDeviceProperties(&prop, device.index), "cudaGetDeviceProperties");
+    static_assert(sizeof(prop.uuid) == 2 * sizeof(int64_t), "cudaUUID_t size");
+    Tensor mine = Tensor::zeros(Shape{2}, DType::kInt64);
+    std::memcpy(mine.raw_data(), &prop.uuid, sizeof(prop.uuid));
+    Tensor all = Tensor::zeros(Shape{2 * static_cast<int64_t>(size)}, DType::kInt64);
+    bootstrap.allgather(mine, all).wait(options.timeout);
+    const auto* u = static_cast<const int64_t*>(all.raw_data());
+    for (int a = 0; a < size; ++a)
+      for (int b = a + 1; b < size; ++b)
+        if (u[2 * a] == u[2 * b] && u[2 * a + 1] == u[2 * b + 1])
+          throw InvalidArgument("cross-process NCCL needs a GPU of its own for every worker, but workers " +
+                                std::to_string(a) + " and " + std::to_string(b) +
+                                " are on the same GPU; give each worker its own GPU (CUDA_VISIBLE_DEVICES) "
+                                "or use the TCP ring (DTRAIN_COLLECTIVE=ring)");
+  }
   // Rank 0 makes the unique id; the job's authenticated TCP group carries it to everyone.
   ncclUniqueId id{};
   static_assert(sizeof(ncclUniqueId) % sizeof(int64_t) == 0, "ncclUniqueId size");

@@ -1,0 +1,273 @@
+#include "dtrain/train/checkpoint.h"
+
+#include <filesystem>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "dtrain/core/error.h"
+#include "dtrain/core/logging.h"
+#include "dtrain/model/layers.h"
+#include "dtrain/model/optimizers.h"
+#include "dtrain/strategies/strategy.h"
+
+namespace dtrain {
+
+namespace {
+
+const char* kIterations = "optimizer/iterations";
+
+std::string rng_name(const Layer& l) { return "rng/" + l.name() + "/calls"; }
+
+Tensor int64_scalar(int64_t v) { return Tensor::from_vector<int64_t>({v}, Shape{1}); }
+
+int64_t int64_of(const Tensor& t, const std::string& name) {
+  if (t.dtype() != DType::kInt64 || t.numel() != 1)
+    throw FailedPrecondition("checkpoint entry '" + name + "' should be one int64, got " + t.shape().to_string());
+  return t.to_vector<int64_t>()[0];
+}
+
+int64_t meta_int(const std::map<std::string, std::string>& m, const std::string& key) {
+  auto it = m.find(key);
+  if (it == m.end()) return 0;
+  try {
+    return std::stoll(it->second);
+  } catch (const std::exception&) {
+    throw DataLoss("checkpoint metadata '" + key + "' is not a number: '" + it->second + "'");
+  }
+}
+
+std::string describe(const Tensor& t) { return std::string(dtype_name(t.dtype())) + " " + t.shape().to_string(); }
+
+}  // namespace
+
+Checkpoint::Checkpoint(Sequential& model, Optimizer* optimizer, Strategy* strategy)
+    : model_(model), optimizer_(optimizer), strategy_(strategy ? strategy : &get_strategy()) {}
+
+CheckpointData Checkpoint::capture(const TrainingPosition& p, const std::map<std::string, std::string>& extra) const {
+  if (!model_.built()) throw FailedPrecondition("Checkpoint: the model is not built yet; build it (or fit) first");
+  CheckpointData d;
+  for (const auto& v : model_.variables()) d.tensors.emplace_back(v->name(), v->value());
+  if (optimizer_) {
+    for (const auto& s : optimizer_->slot_variables()) d.tensors.emplace_back(s->name(), s->value());
+    d.tensors.emplace_back(kIterations, int64_scalar(optimizer_->iterations()));
+    d.metadata["dtrain.optimizer"] = optimizer_->config();
+  }
+  for (const auto& l : model_.layers())
+    if (l->rng_calls() >= 0) d.tensors.emplace_back(rng_name(*l), int64_scalar(l->rng_calls()));
+  d.metadata["dtrain.epoch"] = std::to_string(p.epoch);
+  d.metadata["dtrain.step"] = std::to_string(p.step);
+  d.metadata["dtrain.global_step"] = std::to_string(p.global_step);
+  d.metadata["dtrain.strategy"] = strategy_->name();
+  d.metadata["dtrain.replicas"] = std::to_string(strategy_->num_replicas_in_sync());
+  for (const auto& [k, v] : extra) d.metadata[k] = v;
+  return d;
+}
+
+bool Checkpoint::save(const std::string& path, const TrainingPosition& p,
+                      const std::map<std::string, std::string>& extra) const {
+  CheckpointData d = capture(p, extra);  // on every worker: reads may take part in collectives
+  if (!strategy_->extended().is_chief()) return false;
+  save_safetensors(path, d);
+  return true;
+}
+
+bool Checkpoint::save(CheckpointManager& manager, const TrainingPosition& p,
+                      const std::map<std::string, std::string>& extra) const {
+  CheckpointData d = capture(p, extra);
+  if (!strategy_->extended().is_chief()) return false;
+  manager.save(p.global_step, std::move(d));
+  return true;
+}
+
+TrainingPosition Checkpoint::restore(const std::string& path, std::map<std::string, std::string>* metadata) const {
+  try {
+    return restore(load_safetensors(path), metadata);
+  } catch (const FailedPrecondition& e) {
+    throw FailedPrecondition(std::string(e.what()) + " (file " + path + ")");
+  }
+}
+
+TrainingPosition Checkpoint::restore(const CheckpointData& d, std::map<std::string, std::string>* metadata) const {
+  if (!model_.built()) throw FailedPrecondition("Checkpoint::restore: build the model first (same layers, same input shape)");
+  // Check everything before changing anything.
+  std::set<std::string> known;
+  for (const auto& v : model_.variables()) {
+    known.insert(v->name());
+    const Tensor* t = d.find(v->name());
+    if (!t)
+      throw FailedPrecondition("the checkpoint does not match the model: variable '" + v->name() + "' (" +
+                               dtype_name(v->dtype()) + " " + v->shape().to_string() + ") is not in it");
+    if (t->shape() != v->shape() || t->dtype() != v->dtype())
+      throw FailedPrecondition("the checkpoint does not match the model: variable '" + v->name() + "': the model has " +
+                               dtype_name(v->dtype()) + " " + v->shape().to_string() + ", the checkpoint " + describe(*t));
+  }
+  for (const auto& [name, t] : d.tensors)
+    if (!known.count(name) && name.rfind("optimizer/", 0) != 0 && name.rfind("rng/", 0) != 0)
+      throw FailedPrecondition("the checkpoint does not match the model: it holds variable '" + name + "' (" + describe(t) +
+                               "), which the model does not have");
+
+  for (const auto& v : model_.variables()) {
+    const Tensor* t = d.find(v->name());
+    v->assign(t->to(v->value().device()));
+  }
+  if (optimizer_) {
+    {
+      auto scope = strategy_->scope();
+      optimizer_->build(model_.trainable_variables());
+    }
+    std::vector<std::string> missing;
+    for (const auto& s : optimizer_->slot_variables()) {
+      const Tensor* t = d.find(s->name());
+      if (!t) {
+        missing.push_back(s->name());
+        continue;
+      }
+      if (t->shape() != s->shape())
+        throw FailedPrecondition("checkpoint slot '" + s->name() + "' is " + describe(*t) + ", the optimizer's " +
+                                 s->shape().to_string());
+      s->assign(t->to(s->value().device()));
+    }
+    if (const Tensor* it = d.find(kIterations)) optimizer_->set_iterations(int64_of(*it, kIterations));
+    if (!missing.empty()) {
+      DTRAIN_LOG(WARNING) << "checkpoint holds no optimizer state for " << missing.size() << " slot(s) (first: '"
+                          << missing.front() << "'); they start afresh (a checkpoint written under "
+                          << "parameter_server keeps slots on the servers)";
+    }
+  }
+  for (const auto& l : model_.layers())
+    if (l->rng_calls() >= 0)
+      if (const Tensor* t = d.find(rng_name(*l))) l->set_rng_calls(int64_of(*t, rng_name(*l)));
+  if (metadata) *metadata = d.metadata;
+  TrainingPosition p;
+  p.epoch = meta_int(d.metadata, "dtrain.epoch");
+  p.step = meta_int(d.metadata, "dtrain.step");
+  p.global_step = meta_int(d.metadata, "dtrain.global_step");
+  return p;
+}
+
+std::optional<TrainingPosition> Checkpoint::restore_latest(const CheckpointManager& manager,
+                                                           std::map<std::string, std::string>* metadata) const {
+  std::optional<CheckpointData> d = manager.restore_latest();
+  if (!d) return std::nullopt;
+  return restore(*d, metadata);
+}
+
+// ---- ModelCheckpoint ----
+
+ModelCheckpoint::ModelCheckpoint(std::string directory, std::string monitor, bool save_best_only, MonitorMode mode,
+                                 int64_t save_freq, int max_to_keep)
+    : directory_(std::move(directory)), monitor_(std::move(monitor)), save_best_only_(save_best_only), mode_(mode),
+      save_freq_(save_freq), max_to_keep_(max_to_keep) {
+  if (directory_.empty()) throw InvalidArgument("ModelCheckpoint: the directory is empty");
+  if (save_freq < 0) throw InvalidArgument("ModelCheckpoint: save_freq must be >= 0 (0 = every epoch)");
+  maximize_ = mode == MonitorMode::kMax ||
+              (mode == MonitorMode::kAuto && monitor_.find("acc") != std::string::npos);
+}
+
+void ModelCheckpoint::on_train_begin(const TrainLogs&) {
+  best_.reset();
+  if (is_chief() && !manager_) manager_.emplace(directory_, max_to_keep_);
+}
+
+void ModelCheckpoint::save(const TrainLogs& logs, int64_t epoch, int64_t step) {
+  if (save_best_only_) {
+    const double v = logs.get(monitor_);
+    if (best_ && !(maximize_ ? v > *best_ : v < *best_)) return;
+    best_ = v;
+  }
+  TrainingPosition p{epoch, step, logs.global_step};
+  const Checkpoint ckpt(model(), &optimizer(), &strategy());
+  CheckpointData d = ckpt.capture(p, {{"dtrain.monitor", monitor_}});
+  if (!manager_) return;  // not the chief
+  last_saved_ = manager_->save(p.global_step, std::move(d));
+}
+
+void ModelCheckpoint::on_train_batch_end(const TrainLogs& logs) {
+  if (save_freq_ > 0 && logs.global_step % save_freq_ == 0 && !context().accumulating)
+    save(logs, logs.epoch, logs.step);
+}
+
+void ModelCheckpoint::on_epoch_end(const TrainLogs& logs) {
+  if (save_freq_ == 0) save(logs, logs.epoch + 1, 0);
+}
+
+// ---- BackupAndRestore ----
+
+BackupAndRestore::BackupAndRestore(std::string dir, int64_t save_freq, bool delete_checkpoint)
+    : dir_(std::move(dir)), save_freq_(save_freq), delete_(delete_checkpoint) {
+  if (dir_.empty()) throw InvalidArgument("BackupAndRestore: the backup directory is empty");
+  if (save_freq < 0) throw InvalidArgument("BackupAndRestore: save_freq must be >= 0 (0 = every epoch)");
+}
+
+void BackupAndRestore::on_train_begin(const TrainLogs&) {
+  restored_.reset();
+  if (!manager_) manager_.emplace(dir_, 1);
+  TrainingContext& ctx = context();
+  std::map<std::string, std::string> meta;
+  const Checkpoint ckpt(model(), &optimizer(), &strategy());
+  std::optional<TrainingPosition> p = ckpt.restore_latest(*manager_, &meta);
+  // Every worker must resume from the same place (a backup directory all of them can read).
+  const std::vector<double> agree = strategy().extended().sum_across_workers(
+      {p ? 1.0 : 0.0, p ? static_cast<double>(p->global_step) : 0.0});
+  const double workers = static_cast<double>(strategy().extended().num_workers());
+  const bool synchronous = strategy().extended().synchronous();
+  if (synchronous && workers > 1 &&
+      (agree[0] != 0 && (agree[0] != workers || agree[1] != workers * static_cast<double>(p ? p->global_step : 0))))
+    throw FailedPrecondition("BackupAndRestore: the workers found different backups in '" + dir_ + "' (" +
+                             std::to_string(static_cast<int>(agree[0])) + " of " + std::to_string(static_cast<int>(workers)) +
+                             " found one); every worker must read the same directory (a shared file system)");
+  if (!p) return;
+  if (auto it = meta.find("dtrain.shuffle_seed"); it != meta.end() && it->second != std::to_string(ctx.shuffle_seed))
+    throw FailedPrecondition("BackupAndRestore: the backup in '" + dir_ + "' was made with shuffle seed " + it->second +
+                             ", this run uses " + std::to_string(ctx.shuffle_seed) +
+                             "; run the same command again, or remove the directory to start afresh");
+  ctx.initial_epoch = static_cast<int>(p->epoch);
+  ctx.initial_step = p->step;
+  ctx.initial_global_step = p->global_step;
+  ctx.initial_epoch_state.clear();
+  if (auto it = meta.find("dtrain.epoch_state"); it != meta.end()) {
+    try {
+      for (const auto& [k, v] : nlohmann::json::parse(it->second).items())
+        ctx.initial_epoch_state[k] = v.get<std::vector<double>>();
+    } catch (const nlohmann::json::exception& e) {
+      throw DataLoss("BackupAndRestore: the backup's epoch state is not valid JSON: " + std::string(e.what()));
+    }
+  }
+  restored_ = p;
+  if (is_chief()) {
+    DTRAIN_LOG(INFO) << "BackupAndRestore: resuming from " << dir_ << " at epoch " << p->epoch + 1 << ", step "
+                     << p->step << " (global step " << p->global_step << ")";
+  }
+}
+
+void BackupAndRestore::backup(const TrainLogs&, const TrainingPosition& p) {
+  std::map<std::string, std::string> extra{{"dtrain.shuffle_seed", std::to_string(context().shuffle_seed)}};
+  if (p.step > 0 && context().epoch_state) {
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& [k, v] : context().epoch_state()) j[k] = v;
+    extra["dtrain.epoch_state"] = j.dump();
+  }
+  Checkpoint(model(), &optimizer(), &strategy()).save(*manager_, p, extra);
+}
+
+void BackupAndRestore::on_train_batch_end(const TrainLogs& logs) {
+  if (save_freq_ > 0 && logs.global_step % save_freq_ == 0 && !context().accumulating &&
+      logs.step != logs.steps_per_epoch)  // the epoch's end backs up on its own
+    backup(logs, TrainingPosition{logs.epoch, logs.step, logs.global_step});
+}
+
+void BackupAndRestore::on_epoch_end(const TrainLogs& logs) {
+  backup(logs, TrainingPosition{logs.epoch + 1, 0, logs.global_step});
+}
+
+void BackupAndRestore::on_train_end(const TrainLogs&) {
+  if (!delete_ || !is_chief()) return;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n == "checkpoint" || n.rfind("ckpt-", 0) == 0) std::filesystem::remove(e.path(), ec);
+  }
+}
+
+}  // namespace dtrain

@@ -42,6 +42,9 @@ void check_sparse(const std::string& metric, const Tensor& logits, const Tensor&
   const bool labels_ok = labels.rank() == 1 || (labels.rank() == 2 && labels.shape()[1] == 1);
   if (logits.rank() != 2 || !labels_ok || logits.shape()[0] != labels.shape()[0])
     throw shape_error(metric, "logits [N, C] and integer labels [N]", logits, labels);
+  if (labels.dtype() != DType::kInt32 && labels.dtype() != DType::kInt64)
+    throw InvalidArgument(metric + " expects integer class labels, got " + dtype_name(labels.dtype()) +
+                          " labels (a regression target? use metrics such as mse or mae)");
 }
 
 }  // namespace

@@ -228,8 +228,8 @@ void BackupAndRestore::on_train_begin(const TrainLogs&) {
   ctx.initial_epoch_state.clear();
   if (auto it = meta.find("dtrain.epoch_state"); it != meta.end()) {
     try {
-      for (const auto& [k, v] : nlohmann::json::parse(it->second).items())
-        ctx.initial_epoch_state[k] = v.get<std::vector<double>>();
+      const nlohmann::json state = nlohmann::json::parse(it->second);
+      for (const auto& [k, v] : state.items()) ctx.initial_epoch_state[k] = v.get<std::vector<double>>();
     } catch (const nlohmann::json::exception& e) {
       throw DataLoss("BackupAndRestore: the backup's epoch state is not valid JSON: " + std::string(e.what()));
     }

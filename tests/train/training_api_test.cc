@@ -1,0 +1,491 @@
+// The training API around fit(): callbacks, metrics, evaluate/predict, gradient accumulation,
+// Checkpoint, ModelCheckpoint and BackupAndRestore (in one process; the multi-process fault tests
+// are in backup_restore_test.py).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "dtrain/dtrain.h"
+
+namespace dtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TrainingApi : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    configure_devices({4, 1});
+    dir_ = fs::temp_directory_path() / ("dtrain_train_api_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  static MirroredOptions on(int n) {
+    MirroredOptions o;
+    for (int i = 0; i < n; ++i) o.devices.push_back(DeviceSpec::cpu(i));
+    return o;
+  }
+  fs::path dir_;
+};
+
+// 3 classes from 4 features, learnable: the class is the argmax of a fixed linear map.
+Dataset classification(int64_t n, uint64_t seed = 5) {
+  Philox rng(seed, 0);
+  std::vector<float> x(static_cast<size_t>(n * 4));
+  std::vector<int32_t> y(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    float s[3] = {0, 0, 0};
+    for (int j = 0; j < 4; ++j) {
+      const float v = 2.f * rng.uniform(static_cast<uint64_t>(i * 4 + j)) - 1.f;
+      x[static_cast<size_t>(i * 4 + j)] = v;
+      s[0] += v * (j % 2 ? 1.f : -1.f);
+      s[1] += v * (j < 2 ? 1.f : -1.f);
+      s[2] += v * 0.3f;
+    }
+    y[static_cast<size_t>(i)] = static_cast<int32_t>(std::max_element(s, s + 3) - s);
+  }
+  return Dataset::from_tensors({Tensor::from_vector(x, Shape{n, 4}), Tensor::from_vector(y, Shape{n})});
+}
+
+Sequential mlp(int out = 3) {
+  Sequential m;
+  m.add(std::make_shared<Dense>(16, Activation::kRelu));
+  m.add(std::make_shared<Dense>(out));
+  return m;
+}
+
+std::vector<std::vector<float>> weights(Sequential& m) {
+  std::vector<std::vector<float>> w;
+  for (const auto& v : m.variables()) w.push_back(v->value().to(DeviceSpec::cpu()).to_vector<float>());
+  return w;
+}
+
+struct Recorder : Callback {
+  std::vector<std::string> events;
+  void on_train_begin(const TrainLogs&) override {
+    events.push_back("train_begin");
+    EXPECT_TRUE(model().built());
+    EXPECT_GT(optimizer().learning_rate(), 0.f);
+  }
+  void on_epoch_begin(const TrainLogs& l) override { events.push_back("epoch_begin " + std::to_string(l.epoch)); }
+  void on_train_batch_begin(const TrainLogs&) override { events.push_back("b"); }
+  void on_train_batch_end(const TrainLogs& l) override {
+    events.push_back("e");
+    EXPECT_TRUE(l.has("loss"));
+    EXPECT_TRUE(l.has("accuracy"));
+  }
+  void on_test_begin(const TrainLogs&) override { events.push_back("test_begin"); }
+  void on_test_batch_end(const TrainLogs&) override { events.push_back("t"); }
+  void on_test_end(const TrainLogs& l) override { events.push_back("test_end"); EXPECT_TRUE(l.has("accuracy")); }
+  void on_epoch_end(const TrainLogs& l) override {
+    events.push_back("epoch_end " + std::to_string(l.epoch));
+    EXPECT_TRUE(l.has("val_loss"));
+    EXPECT_TRUE(l.has("val_accuracy"));
+    EXPECT_TRUE(l.has("learning_rate"));
+  }
+  void on_train_end(const TrainLogs&) override { events.push_back("train_end"); }
+};
+
+TEST_F(TrainingApi, CallbacksSeeEveryHookInKerasOrder) {
+  OneDeviceStrategy s(DeviceSpec::cpu(0));
+  Sequential m;
+  std::unique_ptr<Optimizer> opt;
+  {
+    auto scope = s.scope();
+    m = mlp();
+    opt = std::make_unique<SGD>(0.1f);
+  }
+  const Dataset train = classification(40), test = classification(20, 9);
+  Recorder r;
+  FitOptions o;
+  o.epochs = 2;
+  o.global_batch_size = 20;
+  o.eval_batch_size = 10;
+  o.callbacks = {&r};
+  const History h = fit(s, m, *opt, train, &test, o);
+  const std::vector<std::string> want{"train_begin", "epoch_begin 0", "b", "e", "b", "e", "test_begin", "t", "t",
+                                      "test_end", "epoch_end 0", "epoch_begin 1", "b", "e", "b", "e", "test_begin",
+                                      "t", "t", "test_end", "epoch_end 1", "train_end"};
+  EXPECT_EQ(r.events, want);
+  EXPECT_EQ(h.history.at("loss").size(), 2u);
+  EXPECT_EQ(h.history.at("val_accuracy").size(), 2u);
+  EXPECT_THROW(r.model(), FailedPrecondition);  // outside fit()
+}
+
+struct StopAfter : Callback {
+  int64_t n;
+  explicit StopAfter(int64_t k) : n(k) {}
+  void on_train_batch_end(const TrainLogs& l) override {
+    if (l.global_step == n) stop_training();
+  }
+};
+
+TEST_F(TrainingApi, StopTrainingEndsAfterTheBatch) {
+  MirroredStrategy s(on(2));
+  Sequential m;
+  std::unique_ptr<Optimizer> opt;
+  {
+    auto scope = s.scope();
+    m = mlp();
+    opt = std::make_unique<SGD>(0.1f);
+  }
+  StopAfter stop(3);
+  FitOptions o;
+  o.epochs = 5;
+  o.global_batch_size = 8;
+  o.callbacks = {&stop};
+  const History h = fit(s, m, *opt, classification(64), nullptr, o);
+  EXPECT_EQ(h.steps, 3);
+  EXPECT_EQ(opt->iterations(), 3);
+  EXPECT_EQ(h.epoch_loss.size(), 1u);
+}
+
+TEST_F(TrainingApi, EarlyStoppingStopsAndRestoresTheBestWeights) {
+  OneDeviceStrategy s(DeviceSpec::cpu(0));
+  Sequential m;
+  std::unique_ptr<Optimizer> opt;
+  {
+    auto scope = s.scope();
+    m = mlp();
+    opt = std::make_unique<SGD>(0.1f);
+  }
+  // In "max" mode a falling loss never improves after epoch 0: patience 2 stops after epoch 2,
+  // and restore_best_weights puts back epoch 0's weights.
+  EarlyStopping es("loss", 0, 2, MonitorMode::kMax, true);
+  struct Snap : Callback {
+    std::vector<std::vector<float>> first;
+    void on_epoch_end(const TrainLogs& l) override {
+      if (l.epoch == 0) first = weights(model());
+    }
+  } snap;
+  FitOptions o;
+  o.epochs = 10;
+  o.global_batch_size = 16;
+  o.callbacks = {&snap, &es};
+  const History h = fit(s, m, *opt, classification(64), nullptr, o);
+  EXPECT_EQ(h.epoch_loss.size(), 3u);
+  EXPECT_EQ(es.stopped_epoch(), 2);
+  EXPECT_EQ(es.best_epoch(), 0);
+  EXPECT_EQ(weights(m), snap.first);
+  EarlyStopping missing("val_auc");
+  o.callbacks = {&missing};
+  EXPECT_THROW(fit(s, m, *opt, classification(64), nullptr, o), NotFound);
+}
+
+TEST_F(TrainingApi, CsvLoggerSchedulerAndTerminateOnNan) {
+  OneDeviceStrategy s(DeviceSpec::cpu(0));
+  Sequential m;
+  std::unique_ptr<Optimizer> opt;
+  {
+    auto scope = s.scope();
+    m = mlp();
+    opt = std::make_unique<Adam>(0.01f);
+  }
+  const std::string csv = (dir_ / "log.csv").string();
+  CSVLogger logger(csv);
+  LearningRateScheduler sched([](int epoch, double lr) { return epoch == 0 ? lr : lr * 0.5; });
+  FitOptions o;
+  o.epochs = 3;
+  o.global_batch_size = 16;
+  o.callbacks = {&sched, &logger};
+  const History h = fit(s, m, *opt, classification(48), nullptr, o);
+  EXPECT_NEAR(h.history.at("learning_rate")[0], 0.01, 1e-9);
+  EXPECT_NEAR(h.history.at("learning_rate")[2], 0.0025, 1e-9);
+  std::ifstream f(csv);
+  std::string header, row;
+  std::getline(f, header);
+  EXPECT_EQ(header, "epoch,accuracy,learning_rate,loss");
+  int rows = 0;
+  while (std::getline(f, row)) ++rows;
+  EXPECT_EQ(rows, 3);
+
+  TerminateOnNaN nan;
+  o.callbacks = {&nan};
+  o.loss = [](const Tensor& p, const Tensor&) { return ops::log(ops::scale(ops::sum(p, {1}), 0.f)); };  // log 0 = -inf
+  o.metrics = {"accuracy"};
+  const History bad = fit(s, m, *opt, classification(48), nullptr, o);
+  EXPECT_TRUE(nan.terminated());
+  EXPECT_EQ(bad.steps, 1);
+}
+
+TEST_F(TrainingApi, WarmupRisesToTheScaledRateThenHandsBack) {
+  MirroredStrategy s(on(4));
+  Sequential m;
+  std::unique_ptr<Optimizer> opt;
+  {
+    auto scope = s.scope();
+    m = mlp();
+    opt = std::make_unique<SGD>(scale_learning_rate(0.01f, s.num_replicas_in_sync()));
+  }
+  LearningRateWarmup warm(1.0);
+  struct Lr : Callback {
+    std::vector<double> seen;
+    void on_train_batch_begin(const TrainLogs&) override { seen.push_back(optimizer().learning_rate()); }
+  } lr;
+  FitOptions o;
+  o.epochs = 2;
+  o.global_batch_size = 16;  // 4 batches per epoch
+  o.callbacks = {&warm, &lr};
+  fit(s, m, *opt, classification(64), nullptr, o);
+  ASSERT_EQ(lr.seen.size(), 8u);
+  // lr = 0.04 / 4 * (e * 3 / 1 + 1) for e = 0, 0.25, 0.5, 0.75; then 0.04.
+  const double want[] = {0.01, 0.0175, 0.025, 0.0325, 0.04, 0.04, 0.04, 0.04};
+  for (size_t i = 0; i < 8; ++i) EXPECT_NEAR(lr.seen[i], want[i], 1e-7) << i;
+}
+
+TEST_F(TrainingApi, MetricsAreExactSumsAcrossReplicas) {
+  // The same weights evaluated on 1 and 3 replicas with a batch that does not split evenly: the
+  // metrics are sums over all examples, so they are equal.
+  OneDeviceStrategy one(DeviceSpec::cpu(0));
+  MirroredStrategy three(on(3));
+  Sequential a, b;
+  {
+    auto scope = one.scope();
+    set_global_seed(3);
+    a = mlp();
+    a.build(Shape{1, 4});
+  }
+  {
+    auto scope = three.scope();
+    set_global_seed(3);
+    b = mlp();
+    b.build(Shape{1, 4});
+  }
+  const Dataset test = classification(101, 4);
+  const std::vector<std::string> metrics{"accuracy", "top_2", "sparse_categorical_accuracy"};
+  const EvalResult r1 = evaluate(one, a, test, 25, {}, metrics);
+  const EvalResult r3 = evaluate(three, b, test, 25, {}, metrics);
+  EXPECT_EQ(r1.examples, 101);
+  EXPECT_EQ(r3.examples, 101);
+  for (const auto& name : metrics) EXPECT_EQ(r1.metrics.at(name), r3.metrics.at(name)) << name;
+  EXPECT_NEAR(r1.loss, r3.loss, 1e-6);
+  EXPECT_GE(r1.metrics.at("top_2"), r1.metrics.at("accuracy"));
+  // By hand: accuracy = correct / 101 from predict().
+  const Tensor logits = predict(one, a, test, 30);
+  ASSERT_EQ(logits.shape(), (Shape{101, 3}));
+  SparseCategoricalAccuracy acc;
+  std::vector<Tensor> all;
+  test.batch(101).make_iterator()->next(&all);
+  acc.update_state(logits, all[1]);
+  EXPECT_EQ(acc.result(), r1.accuracy);
+  EXPECT_EQ(predict(three, b, test, 30).to_vector<float>(), logits.to_vector<float>());
+}
+
+TEST_F(TrainingApi, RegressionFitWithATestSetAndPredict) {
+  MirroredStrategy s(on(3));
+  Sequential m;
+  std::unique_ptr<Optimizer> opt;
+  {
+    auto scope = s.scope();
+    m = mlp(1);
+    opt = std::make_unique<Adam>(0.01f);
+  }
+  // y = sum(x): a regression target [N, 1].
+  auto make = [](int64_t n, uint64_t seed) {
+    Philox rng(seed, 1);
+    std::vector<float> x(static_cast<size_t>(n * 4)), y(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+      for (int j = 0; j < 4; ++j) {
+        x[static_cast<size_t>(i * 4 + j)] = rng.uniform(static_cast<uint64_t>(i * 4 + j));
+        y[static_cast<size_t>(i)] += x[static_cast<size_t>(i * 4 + j)];
+      }
+    return Dataset::from_tensors({Tensor::from_vector(x, Shape{n, 4}), Tensor::from_vector(y, Shape{n, 1})});
+  };
+  FitOptions o;
+  o.epochs = 30;
+  o.global_batch_size = 32;
+  o.loss = [](const Tensor& p, const Tensor& y) { return ops::mean_squared_error(p, y); };
+  o.metrics = {"mse", "mae"};
+  const Dataset train = make(256, 1), test = make(64, 2);
+  const History h = fit(s, m, *opt, train, &test, o);
+  EXPECT_LT(h.history.at("val_mse").back(), 0.05);
+  EXPECT_LT(h.history.at("val_mae").back(), h.history.at("val_mae").front());
+  EXPECT_EQ(h.test_accuracy, -1);
+  EXPECT_NEAR(h.history.at("val_mse").back(), h.test_loss, 1e-6);  // the loss is the MSE
+  const Tensor p = predict(s, m, test, 20);
+  EXPECT_EQ(p.shape(), (Shape{64, 1}));
+  EXPECT_THROW(evaluate(s, m, test, 16, o.loss, {"accuracy"}), InvalidArgument);  // [N,1] labels are not classes
+  EXPECT_THROW(make_metric("f1"), InvalidArgument);
+}
+
+// k batches of b accumulated = one batch of k*b (SGD, exact up to float reassociation).
+TEST_F(TrainingApi, GradientAccumulationEqualsTheLargerBatch) {
+  for (int replicas : {1, 2}) {
+    auto train = [&](int64_t batch, int accumulate) {
+      MirroredStrategy s(on(replicas));
+      Sequential m;
+      std::unique_ptr<Optimizer> opt;
+      {
+        auto scope = s.scope();
+        set_global_seed(21);
+        m = mlp();
+        opt = std::make_unique<SGD>(0.5f, 0.9f);
+      }
+      FitOptions o;
+      o.epochs = 2;
+      o.global_batch_size = batch;
+      o.accumulate = accumulate;
+      o.shuffle_seed = 3;
+      fit(s, m, *opt, classification(96), nullptr, o);
+      return std::make_pair(weights(m), opt->iterations());
+    };
+    const auto [big, big_steps] = train(48, 1);
+    const auto [acc, acc_steps] = train(12, 4);
+    EXPECT_EQ(big_steps, 4);
+    EXPECT_EQ(acc_steps, 4);
+    ASSERT_EQ(big.size(), acc.size());
+    for (size_t i = 0; i < big.size(); ++i)
+      for (size_t j = 0; j < big[i].size(); ++j) ASSERT_NEAR(acc[i][j], big[i][j], 2e-5) << replicas << " replicas";
+  }
+}
+
+TEST_F(TrainingApi, CheckpointMovesBetweenStrategiesAndRefusesAnotherModel) {
+  MirroredStrategy two(on(2));
+  Sequential a;
+  std::unique_ptr<Optimizer> opt_a;
+  {
+    auto scope = two.scope();
+    a = mlp();
+    opt_a = std::make_unique<Adam>(0.01f);
+  }
+  FitOptions o;
+  o.epochs = 1;
+  o.global_batch_size = 16;
+  fit(two, a, *opt_a, classification(64), nullptr, o);
+  const std::string path = (dir_ / "model.safetensors").string();
+  ASSERT_TRUE(Checkpoint(a, opt_a.get(), &two).save(path, {1, 0, 4}));
+
+  OneDeviceStrategy one(DeviceSpec::cpu(1));
+  Sequential b;
+  std::unique_ptr<Optimizer> opt_b;
+  {
+    auto scope = one.scope();
+    set_global_seed(999);  // other initial weights
+    b = mlp();
+    b.build(Shape{1, 4});
+    opt_b = std::make_unique<Adam>(0.01f);
+  }
+  const TrainingPosition p = Checkpoint(b, opt_b.get(), &one).restore(path);
+  EXPECT_EQ(p.epoch, 1);
+  EXPECT_EQ(p.global_step, 4);
+  EXPECT_EQ(weights(b), weights(a));
+  EXPECT_EQ(opt_b->iterations(), 4);
+  ASSERT_EQ(opt_b->slot_variables().size(), opt_a->slot_variables().size());
+  for (size_t i = 0; i < opt_a->slot_variables().size(); ++i)
+    EXPECT_EQ(opt_b->slot_variables()[i]->value().to_vector<float>(), opt_a->slot_variables()[i]->value().to_vector<float>());
+  // And back, into three replicas.
+  MirroredStrategy three(on(3));
+  Sequential c;
+  {
+    auto scope = three.scope();
+    c = mlp();
+    c.build(Shape{1, 4});
+  }
+  Checkpoint(c, nullptr, &three).restore(path);
+  for (const auto& v : c.variables())
+    for (const Tensor& copy : v->device_values()) EXPECT_EQ(copy.to_vector<float>(), v->value().to_vector<float>());
+  EXPECT_EQ(weights(c), weights(a));
+
+  // Another model: the first variable that differs is named, and nothing changes.
+  Sequential d;
+  {
+    auto scope = one.scope();
+    d.add(std::make_shared<Dense>(16, Activation::kRelu));
+    d.add(std::make_shared<Dense>(4));
+    d.build(Shape{1, 4});
+  }
+  const auto before = weights(d);
+  try {
+    Checkpoint(d, nullptr, &one).restore(path);
+    ADD_FAILURE() << "a checkpoint of another model was restored";
+  } catch (const FailedPrecondition& e) {
+    EXPECT_NE(std::string(e.what()).find("variable 'dense_1/kernel': the model has float32 [16, 4], the checkpoint float32 [16, 3]"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(weights(d), before);
+}
+
+// One fit() killed mid-epoch (an exception from a callback after a backup) and run again with a
+// fresh model and optimizer ends bitwise equal to an uninterrupted fit().
+TEST_F(TrainingApi, BackupAndRestoreResumesBitwise) {
+  struct Crash : Callback {
+    int64_t at;
+    explicit Crash(int64_t s) : at(s) {}
+    void on_train_batch_end(const TrainLogs& l) override {
+      if (l.global_step == at) throw Unavailable("simulated crash");
+    }
+  };
+  auto run = [&](const std::string& backup, Callback* extra, History* out) {
+    MirroredStrategy s(on(2));
+    Sequential m;
+    std::unique_ptr<Optimizer> opt;
+    {
+      auto scope = s.scope();
+      set_global_seed(8);
+      m = mlp();
+      m.add(std::make_shared<Dropout>(0.2f));  // its random state is in the backup too
+      opt = std::make_unique<Adam>(0.01f);
+    }
+    BackupAndRestore bar(backup, /*save_freq=*/3);
+    FitOptions o;
+    o.epochs = 3;
+    o.global_batch_size = 10;  // 7 batches per epoch, the last one partial
+    o.shuffle_seed = 17;
+    o.callbacks = {&bar};
+    if (extra) o.callbacks.push_back(extra);
+    *out = fit(s, m, *opt, classification(64), nullptr, o);
+    return weights(m);
+  };
+  History h;
+  const auto straight = run((dir_ / "a").string(), nullptr, &h);
+  EXPECT_EQ(h.steps, 21);
+  for (int64_t crash_at : {5, 7, 13, 19}) {  // mid-epoch after a step backup, at an epoch end, in the last epoch
+    const std::string b = (dir_ / ("b" + std::to_string(crash_at))).string();
+    Crash crash(crash_at);
+    History first;
+    EXPECT_THROW(run(b, &crash, &first), Unavailable);
+    History second;
+    const auto resumed = run(b, nullptr, &second);
+    EXPECT_EQ(resumed, straight) << "crash at " << crash_at;
+    EXPECT_EQ(second.steps, 21);
+    EXPECT_EQ(second.final_loss, h.final_loss) << "crash at " << crash_at;  // the epoch's sums were restored
+    EXPECT_FALSE(fs::exists(fs::path(b) / "checkpoint"));  // deleted once training finished
+  }
+}
+
+TEST_F(TrainingApi, ModelCheckpointKeepsTheBest) {
+  OneDeviceStrategy s(DeviceSpec::cpu(0));
+  Sequential m;
+  std::unique_ptr<Optimizer> opt;
+  {
+    auto scope = s.scope();
+    m = mlp();
+    opt = std::make_unique<SGD>(0.1f);
+  }
+  // "max" of a falling loss: only epoch 0 is ever the best, so one file.
+  ModelCheckpoint mc((dir_ / "ckpt").string(), "loss", true, MonitorMode::kMax);
+  FitOptions o;
+  o.epochs = 3;
+  o.global_batch_size = 16;
+  o.callbacks = {&mc};
+  fit(s, m, *opt, classification(64), nullptr, o);
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir_ / "ckpt")) files += e.path().extension() == ".safetensors";
+  EXPECT_EQ(files, 1);
+  EXPECT_NE(mc.last_saved().find("ckpt-4.safetensors"), std::string::npos) << mc.last_saved();
+  ModelCheckpoint every((dir_ / "every").string());
+  o.callbacks = {&every};
+  fit(s, m, *opt, classification(64), nullptr, o);
+  EXPECT_NE(every.last_saved().find("ckpt-12.safetensors"), std::string::npos) << every.last_saved();
+  ModelCheckpoint none((dir_ / "none").string(), "val_loss", true);  // no test set: no val_loss
+  o.callbacks = {&none};
+  EXPECT_THROW(fit(s, m, *opt, classification(64), nullptr, o), NotFound);
+}
+
+}  // namespace
+}  // namespace dtrain

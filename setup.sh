@@ -17,7 +17,7 @@ case "$what" in demo|test|build|deps) ;; *) echo "usage: $0 demo|test|build|deps
 # CMake config (dnnl-config.cmake) needs the OpenCL headers and ICD loader to be found.
 packages=(build-essential cmake python3 libdnnl-dev ocl-icd-opencl-dev opencl-headers nlohmann-json3-dev
           libboost-dev libgtest-dev libcli11-dev zlib1g-dev libssl-dev libopenmpi-dev
-          openmpi-bin dataset-fashion-mnist)
+          openmpi-bin dataset-fashion-mnist libprotobuf-dev protobuf-compiler python3-venv)
 
 if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
   echo "setup.sh: this system has no apt/dpkg, so nothing was installed." >&2
@@ -60,5 +60,12 @@ case "$what" in
   demo)
     "$build/examples/fashion_mnist" --strategy=mirrored --devices=cpu:2 --epochs=5 ;;
   test)
+    # TensorBoard's own reader checks dtrain's event files (tensorboard_events_test); it comes from
+    # PyPI into a virtual environment beside the build. Without network the test says it skipped.
+    if [ ! -x "$build/venv/bin/python" ] || ! "$build/venv/bin/python" -c 'import tensorboard' 2>/dev/null; then
+      python3 -m venv "$build/venv" &&
+        "$build/venv/bin/pip" install -q --disable-pip-version-check tensorboard ||
+        echo "setup.sh: could not install tensorboard from PyPI; tensorboard_events_test will skip" >&2
+    fi
     cd "$build" && ctest --output-on-failure -j "$jobs" ${CTEST_ARGS:-} ;;
 esac

@@ -3,11 +3,16 @@
 //
 //   ./fashion_mnist --strategy=one_device --epochs=5
 //   ./fashion_mnist --strategy=one_device --devices=cpu --threads=1 --steps=300 --json
+//   dtrain-run -np 3 --max-restarts 2 -- ./fashion_mnist --strategy=multi_worker_mirrored
+//       --backup-dir /tmp/backup --checkpoint-dir /tmp/ckpt --optimizer "sgd momentum=0.9"
+//       --lr-schedule "cosine decay_steps=4000" --warmup-epochs 1 --scale-lr
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "dtrain/dtrain.h"
@@ -41,9 +46,42 @@ int main(int argc, char** argv) {
   app.add_option("--data-dir", data_dir, "Fashion-MNIST IDX directory (default $DTRAIN_DATA_DIR, then /usr/share/datasets/fashion-mnist)");
   app.add_option("--warmup", warmup, "steps excluded from images/sec")->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_flag("--json", json, "print one JSON object with the results as the last line");
+  std::string optimizer_flag = "adam", schedule_flag, backup_dir, tensorboard_dir, csv_path;
+  double warmup_epochs = 0;
+  int accumulate = 1;
+  int64_t backup_every = 0, train_limit = 0;
+  bool scale_lr = false;
+  app.add_option("--optimizer", optimizer_flag,
+                 "sgd, adam, adamw, rmsprop or adagrad, with Keras' hyper-parameters as key=value, e.g. "
+                 "\"sgd momentum=0.9 nesterov=1\" or \"adamw weight_decay=0.01 global_clipnorm=1\"; "
+                 "the rate comes from --lr unless the line sets learning_rate")
+      ->capture_default_str();
+  app.add_option("--lr-schedule", schedule_flag,
+                 "a learning-rate schedule: \"piecewise_constant boundaries=500;1000 values=1e-3;5e-4;1e-4\", "
+                 "\"exponential decay_steps=1000 decay_rate=0.9\", \"cosine decay_steps=5000 "
+                 "warmup_target=0.01 warmup_steps=500\", \"polynomial decay_steps=5000\"; "
+                 "initial_learning_rate defaults to --lr");
+  app.add_flag("--scale-lr", scale_lr, "multiply the learning rate by the number of replicas (Horovod's rule)");
+  app.add_option("--warmup-epochs", warmup_epochs,
+                 "Horovod's gradual warm-up: the rate rises from lr / replicas to lr over this many epochs")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--accumulate", accumulate, "sum the gradients of this many batches per update (one all-reduce)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--backup-dir", backup_dir,
+                 "BackupAndRestore: back up each epoch (and every --backup-every steps) here; running the "
+                 "same command again after a failure resumes from the last backup, with the same result");
+  app.add_option("--backup-every", backup_every, "also back up every this many steps (0: at epoch ends only)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--tensorboard-dir", tensorboard_dir, "write TensorBoard event files here (chief)");
+  app.add_option("--csv-log", csv_path, "append one CSV row of logs per epoch here (chief); tools/plot_history.py draws it");
+  app.add_option("--train-limit", train_limit, "train on the first N training images only (tests)")
+      ->check(CLI::NonNegativeNumber);
   dtrain::ParameterServerOptions ps;
   int ps_shards = 0;
-  app.add_option("--checkpoint-dir", ps.checkpoint_dir, "parameter_server: the chief's checkpoints (restored from on start)");
+  std::string checkpoint_dir;
+  app.add_option("--checkpoint-dir", checkpoint_dir,
+                 "ModelCheckpoint: a checkpoint each epoch (parameter_server: the chief's checkpoints of the "
+                 "servers, restored from on start), and the final weights as final.safetensors");
   app.add_option("--checkpoint-every", ps.checkpoint_every, "parameter_server: global steps between checkpoints")
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--max-staleness", ps.max_staleness, "parameter_server: steps a worker may run ahead of the slowest (-1 = unbounded)")
@@ -57,6 +95,7 @@ int main(int argc, char** argv) {
     dtrain::StrategyOptions opts;
     opts.devices = dtrain::parse_devices_flag(devices_flag, threads);
     if (ps_shards > 0) ps.partitioner = dtrain::fixed_shards_partitioner(ps_shards);
+    if (strategy_name == "parameter_server") ps.checkpoint_dir = checkpoint_dir;
     opts.parameter_server = ps;
 
     // One binary for every task of a job: run_task() serves a ps task, calls evaluate on an
@@ -78,13 +117,27 @@ int main(int argc, char** argv) {
       dtrain::SidecarEvaluator(model, dtrain::Dataset::from_tensors({data.test_images, data.test_labels}), so).run();
     };
     task.train = [&](dtrain::Strategy& strategy) {
-      const dtrain::FashionMnist data = dtrain::load_fashion_mnist(data_dir);
+      dtrain::FashionMnist data = dtrain::load_fashion_mnist(data_dir);
+      if (train_limit > 0 && train_limit < data.train_images.shape()[0]) {
+        data.train_images = data.train_images.slice_rows(0, train_limit);
+        data.train_labels = data.train_labels.slice_rows(0, train_limit);
+      }
       dtrain::Sequential model;
       std::unique_ptr<dtrain::Optimizer> optimizer;
+      const float rate = scale_lr ? dtrain::scale_learning_rate(lr, strategy.num_replicas_in_sync()) : lr;
       {
         auto scope = strategy.scope();
         model = dtrain::examples::reference_cnn();
-        optimizer = std::make_unique<dtrain::Adam>(lr);
+        std::string line = optimizer_flag;
+        if (line.find("learning_rate=") == std::string::npos) line += " learning_rate=" + std::to_string(rate);
+        optimizer = dtrain::Optimizer::from_config(line);
+        if (!schedule_flag.empty()) {
+          std::string s = schedule_flag;
+          const bool has_initial = s.find("initial_learning_rate=") != std::string::npos;
+          if (!has_initial && s.rfind("piecewise_constant", 0) != 0 && s.rfind("constant", 0) != 0)
+            s += " initial_learning_rate=" + std::to_string(rate);
+          optimizer->set_schedule(dtrain::LearningRateSchedule::from_config(s));
+        }
       }
       std::fprintf(stderr, "strategy %s, %d replica(s) in sync; local devices:", strategy.name().c_str(),
                    strategy.num_replicas_in_sync());
@@ -101,9 +154,31 @@ int main(int argc, char** argv) {
       fit.global_batch_size = batch;
       fit.shuffle_seed = seed;
       const dtrain::StrategyExtended& ext = strategy.extended();
-      if (ext.is_chief()) fit.callbacks = {&progress};  // multi-worker: the chief reports
+      fit.accumulate = accumulate;
       fit.warmup_steps = warmup;
+      // Every worker runs the callbacks (they agree on stopping); only the chief prints and writes.
+      fit.callbacks = {&progress};
+      std::optional<dtrain::LearningRateWarmup> warm;
+      if (warmup_epochs > 0) fit.callbacks.push_back(&warm.emplace(warmup_epochs));
+      std::optional<dtrain::BackupAndRestore> backup;
+      if (!backup_dir.empty()) fit.callbacks.push_back(&backup.emplace(backup_dir, backup_every));
+      std::optional<dtrain::ModelCheckpoint> ckpt;
+      if (!checkpoint_dir.empty() && strategy_name != "parameter_server")
+        fit.callbacks.push_back(&ckpt.emplace(checkpoint_dir, no_eval ? "loss" : "val_loss"));
+      std::optional<dtrain::CSVLogger> csv;
+      if (!csv_path.empty()) fit.callbacks.push_back(&csv.emplace(csv_path));
+      std::unique_ptr<dtrain::Callback> board;
+      if (!tensorboard_dir.empty()) {
+        board = std::make_unique<dtrain::TensorBoard>(tensorboard_dir);
+        fit.callbacks.push_back(board.get());
+      }
       const dtrain::History h = dtrain::fit(strategy, model, *optimizer, train, no_eval ? nullptr : &test, fit);
+      if (!checkpoint_dir.empty()) {
+        std::filesystem::create_directories(checkpoint_dir);
+        const std::string final_path = checkpoint_dir + "/final.safetensors";
+        if (dtrain::Checkpoint(model, optimizer.get(), &strategy).save(final_path, {epochs, 0, h.steps}))
+          std::fprintf(stderr, "final weights: %s\n", final_path.c_str());
+      }
       if (json && (ext.is_chief() || !ext.synchronous())) {  // async workers: each its own
         const std::optional<int64_t> job_step = ext.job_step();
         nlohmann::json j{{"strategy", strategy_name},

@@ -96,6 +96,8 @@ class Supervisor {
  public:
   explicit Supervisor(const LaunchOptions& o) : o_(o) {}
   int run();
+  // A task's failure (not an interrupt or the timeout) ended the job.
+  bool task_failed() const;
 
  private:
   bool setup_signals();
@@ -128,6 +130,7 @@ class Supervisor {
   bool ps_job_ = false;    // has parameter servers: workers may come and go (asynchronous training)
   bool servers_stopped_ = false;
   int exit_code_ = 0;
+  bool task_failed_ = false;
 };
 
 bool Supervisor::setup_signals() {
@@ -243,6 +246,7 @@ void Supervisor::on_exit(Child& c, int status) {
   }
   log_line(c.task.name() + " " + what);
   exit_code_ = code;
+  task_failed_ = true;
   begin_stop(SIGTERM);
 }
 
@@ -431,6 +435,8 @@ void Supervisor::loop() {
   }
 }
 
+bool Supervisor::task_failed() const { return task_failed_; }
+
 int Supervisor::run() {
   argv_ = task_argv(o_.command, o_.devices);
   const std::string why = check_program(argv_.at(0));
@@ -509,13 +515,16 @@ std::vector<std::string> task_argv(const std::vector<std::string>& command,
   return argv;
 }
 
-int launch(const LaunchOptions& options) {
+int launch(const LaunchOptions& options, bool* task_failed) {
+  if (task_failed) *task_failed = false;
   if (options.command.empty()) {
     log_line("no program to run; e.g. dtrain-run -np 2 -- ./prog --flag");
     return 2;
   }
   Supervisor s(options);
-  return s.run();
+  const int status = s.run();
+  if (task_failed) *task_failed = s.task_failed();
+  return status;
 }
 
 }  // namespace dtrain::run

@@ -10,6 +10,8 @@
 // how the job is supervised and the exit statuses. Bad usage exits 2.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -27,6 +29,7 @@ struct Args {
   int np = 0;
   int ps = 0;
   int restart_workers = 0;
+  int max_restarts = 0;
   bool evaluator = false;
   std::string devices;
   std::string bind_to = "core";
@@ -118,8 +121,19 @@ int run_local(const Args& a) {
   o.grace_s = a.grace_s;
   o.restart_workers = a.restart_workers;
   const char* token = std::getenv("DTRAIN_JOB_TOKEN");
-  o.job_token = token != nullptr && *token != '\0' ? token : make_job_token();
-  return launch(o);
+  const bool user_token = token != nullptr && *token != '\0';
+  for (int attempt = 0;; ++attempt) {
+    o.job_token = user_token ? token : make_job_token();
+    bool task_failed = false;
+    const int status = launch(o, &task_failed);
+    if (status == 0 || !task_failed || attempt >= a.max_restarts) return status;
+    std::fprintf(stderr,
+                 "dtrain-run: the job failed (status %d); relaunching all of it, restart %d of %d "
+                 "(--max-restarts); a program with --backup-dir resumes from its last backup\n",
+                 status, attempt + 1, a.max_restarts);
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    if (!a.port_base_given) assign_local_ports(o.tasks, 0);  // fresh ports: the old ones may linger
+  }
 }
 
 }  // namespace
@@ -151,6 +165,12 @@ int main(int argc, char** argv) {
   app.add_option("--restart-workers", a.restart_workers,
                  "with --ps: start a failed non-chief worker again (same TF_CONFIG, after 1 s), at "
                  "most this many times per worker")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
+  app.add_option("--max-restarts", a.max_restarts,
+                 "relaunch the whole job after a task fails, at most this many times (as torchrun "
+                 "does); with BackupAndRestore (--backup-dir) the relaunched job resumes from the last "
+                 "backup. An interrupt or --timeout is not retried")
       ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
   app.add_option("--devices", a.devices,

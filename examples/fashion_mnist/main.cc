@@ -157,7 +157,6 @@ int main(int argc, char** argv) {
       fit.accumulate = accumulate;
       fit.warmup_steps = warmup;
       // Every worker runs the callbacks (they agree on stopping); only the chief prints and writes.
-      fit.callbacks = {&progress};
       std::optional<dtrain::LearningRateWarmup> warm;
       if (warmup_epochs > 0) fit.callbacks.push_back(&warm.emplace(warmup_epochs));
       std::optional<dtrain::BackupAndRestore> backup;
@@ -172,6 +171,7 @@ int main(int argc, char** argv) {
         board = std::make_unique<dtrain::TensorBoard>(tensorboard_dir);
         fit.callbacks.push_back(board.get());
       }
+      fit.callbacks.push_back(&progress);  // last: it reports what the others did (a restored backup)
       const dtrain::History h = dtrain::fit(strategy, model, *optimizer, train, no_eval ? nullptr : &test, fit);
       if (!checkpoint_dir.empty()) {
         std::filesystem::create_directories(checkpoint_dir);

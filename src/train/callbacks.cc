@@ -74,10 +74,23 @@ std::string other_values(const TrainLogs& logs) {
 
 ProgressBar::ProgressBar(FILE* out) : out_(out), tty_(isatty(fileno(out)) != 0) {}
 
+void ProgressBar::on_train_begin(const TrainLogs&) {
+  if (!is_chief()) return;
+  const TrainingContext& c = context();
+  if (c.initial_global_step > 0 || c.initial_epoch > 0) {
+    std::fprintf(out_, "resuming from a backup: epoch %d, step %lld (global step %lld)\n", c.initial_epoch + 1,
+                 static_cast<long long>(c.initial_step), static_cast<long long>(c.initial_global_step));
+    std::fflush(out_);
+  }
+}
+
 void ProgressBar::on_epoch_begin(const TrainLogs& logs) {
   if (!is_chief()) return;
   last_print_ = std::chrono::steady_clock::now();
-  std::fprintf(out_, "Epoch %d/%d\n", logs.epoch + 1, logs.epochs);
+  if (logs.step > 0)
+    std::fprintf(out_, "Epoch %d/%d (from step %lld)\n", logs.epoch + 1, logs.epochs, static_cast<long long>(logs.step));
+  else
+    std::fprintf(out_, "Epoch %d/%d\n", logs.epoch + 1, logs.epochs);
   std::fflush(out_);
 }
 

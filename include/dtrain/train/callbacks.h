@@ -98,6 +98,7 @@ class DTRAIN_API Callback {
 class DTRAIN_API ProgressBar : public Callback {
  public:
   explicit ProgressBar(FILE* out = stdout);
+  void on_train_begin(const TrainLogs& logs) override;  // says so when a backup was restored
   void on_epoch_begin(const TrainLogs& logs) override;
   void on_train_batch_end(const TrainLogs& logs) override;
   void on_epoch_end(const TrainLogs& logs) override;

@@ -209,7 +209,15 @@ void Sequential::build(const Shape& input_shape) {
   if (!d.empty()) d[0] = 1;
   const DeviceSpec dev = get_strategy().worker_devices().front();
   Tensor x = Tensor::zeros(Shape(d), DType::kFloat32, dev);
-  for (auto& l : layers_) x = (*l)(x, false);
+  for (auto& l : layers_) {
+    l->build(x.shape());
+    // In cross-replica context a variable reads as its primary copy, which need not be on the
+    // first worker device (CentralStorage keeps it on the parameter device): run the shape pass
+    // where the layer's weights are.
+    const VariableList w = l->variables();
+    if (!w.empty()) x = x.to(w.front()->value().device());
+    x = (*l)(x, false);
+  }
   built_ = true;
 }
 

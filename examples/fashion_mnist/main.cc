@@ -74,6 +74,12 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--tensorboard-dir", tensorboard_dir, "write TensorBoard event files here (chief)");
   app.add_option("--csv-log", csv_path, "append one CSV row of logs per epoch here (chief); tools/plot_history.py draws it");
+  std::string restore_path;
+  bool eval_only = false;
+  app.add_option("--restore", restore_path,
+                 "start from this checkpoint (a final.safetensors or ckpt-N.safetensors from any strategy "
+                 "and replica count): weights, optimizer state and the random state");
+  app.add_flag("--eval-only", eval_only, "evaluate (the restored model) on the test set and stop; no training");
   app.add_option("--train-limit", train_limit, "train on the first N training images only (tests)")
       ->check(CLI::NonNegativeNumber);
   dtrain::ParameterServerOptions ps;
@@ -147,6 +153,27 @@ int main(int argc, char** argv) {
 
       const auto train = dtrain::Dataset::from_tensors({data.train_images, data.train_labels});
       const auto test = dtrain::Dataset::from_tensors({data.test_images, data.test_labels});
+      if (!restore_path.empty()) {
+        {
+          auto scope = strategy.scope();
+          model.build(dtrain::Shape{1, 28, 28, 1});
+        }
+        const dtrain::TrainingPosition p = dtrain::Checkpoint(model, optimizer.get(), &strategy).restore(restore_path);
+        std::fprintf(stderr, "restored %s (saved after %lld steps)\n", restore_path.c_str(),
+                     static_cast<long long>(p.global_step));
+      }
+      if (eval_only) {
+        const dtrain::EvalResult r = dtrain::evaluate(strategy, model, test, 1000);
+        if (strategy.extended().is_chief() || !strategy.extended().synchronous()) {
+          nlohmann::json j{{"strategy", strategy_name}, {"replicas", strategy.num_replicas_in_sync()},
+                           {"examples", r.examples}, {"test_accuracy", r.accuracy}, {"test_loss", r.loss}};
+          if (json) std::printf("%s\n", j.dump().c_str());
+          else std::printf("test loss %.4f, test accuracy %.2f%% over %lld images\n", r.loss, 100 * r.accuracy,
+                           static_cast<long long>(r.examples));
+        }
+        strategy.extended().on_training_end();
+        return;
+      }
       dtrain::ProgressBar progress(json ? stderr : stdout);
       dtrain::FitOptions fit;
       fit.epochs = epochs;

@@ -19,6 +19,7 @@ def main():
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         sys.exit("plot_history.py needs matplotlib: apt-get install python3-matplotlib")
     labels = a.labels.split(",") if a.labels else a.csv
@@ -44,6 +45,7 @@ def main():
                 ax.plot(epochs, [float(r["val_" + key]) for r in rows], "--s", color=c, ms=3, label=f"{label} test")
         ax.set_title(key)
         ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.suptitle(a.title)

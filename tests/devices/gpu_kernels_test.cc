@@ -240,6 +240,34 @@ TEST(GpuKernels, Conv2dBackwardFilter) {
   }
 }
 
+// Training must be bitwise reproducible on a GPU (BackupAndRestore: a run resumed from a backup
+// ends bit for bit where an uninterrupted one does), so the convolution gradients must not use
+// cuDNN's non-deterministic (atomic) algorithms. The reference CNN's two convolutions, at the
+// batch sizes the tests and benchmarks use: every repeat must equal the first bit for bit.
+TEST(GpuKernels, Conv2dGradientsAreBitwiseRepeatable) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  uint64_t s = 400;
+  for (int64_t n : {64, 96, 256}) {
+    for (const ConvCase& c : {ConvCase{Shape{n, 28, 28, 1}, Shape{3, 3, 1, 32}, {}},
+                              ConvCase{Shape{n, 13, 13, 32}, Shape{3, 3, 32, 64}, {}}}) {
+      const Tensor x = G(random_tensor(c.x, s++)), w = G(random_tensor(c.w, s++));
+      const Tensor dy = G(random_tensor(gpu().conv2d(x, w, Tensor(), c.p).shape(), s++));
+      Tensor db0;
+      const Tensor dw0 = gpu().conv2d_backward_filter(x, dy, c.w, c.p, true, &db0).to(kCpu);
+      const Tensor dx0 = gpu().conv2d_backward_input(dy, w, c.x, c.p).to(kCpu);
+      db0 = db0.to(kCpu);
+      for (int rep = 0; rep < 5; ++rep) {
+        Tensor db;
+        const std::string what = conv_name(c) + " repeat " + std::to_string(rep);
+        expect_bitwise_equal(dw0, gpu().conv2d_backward_filter(x, dy, c.w, c.p, true, &db), "dw " + what);
+        expect_bitwise_equal(db0, db, "db " + what);
+        expect_bitwise_equal(dx0, gpu().conv2d_backward_input(dy, w, c.x, c.p), "dx " + what);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
 // --- pooling ---
 
 TEST(GpuKernels, MaxPool2dForwardAndBackward) {

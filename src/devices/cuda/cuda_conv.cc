@@ -7,6 +7,10 @@
 // (TF "SAME" with an even window) is applied by an explicit zero-pad kernel, after which cuDNN
 // runs unpadded, and the input gradient is cropped back.
 // Algorithms: cuDNN's heuristics rank candidates; the first that runs is cached per problem.
+// Deterministic algorithms come first: cuDNN's non-deterministic ones (backward data ALGO_0,
+// backward filter ALGO_0 and ALGO_3 accumulate with atomics) give different bits on every run,
+// which breaks bitwise-reproducible training (a run resumed from a backup must end bit for bit
+// where an uninterrupted one does). They are tried only when no deterministic algorithm runs.
 #include <array>
 #include <string>
 #include <vector>
@@ -103,6 +107,15 @@ bool not_supported(cudnnStatus_t st) {
 // A cached choice: the algorithm, plus this flag when it needed cuDNN's default math.
 constexpr int kDefaultMathFlag = 0x100;
 
+// A candidate algorithm, whether it gives the same bits on every run, and its place in cuDNN's
+// ranking (-1: a fallback cuDNN did not rank).
+template <typename Algo>
+struct Candidate {
+  Algo algo;
+  bool deterministic;
+  int rank;
+};
+
 // Runs `run(algo, workspace, bytes)` with the cached choice, else with each candidate in order,
 // until one is accepted (cuDNN reports some layout/algorithm combinations as NOT_SUPPORTED only
 // at execution). Candidates are first sought with FP32 FMA math; only if none accepts the problem
@@ -140,38 +153,73 @@ int run_first_supported(CudaContext& ctx, ConvDesc& cd, int cached, CandidatesFn
     if (attempt(static_cast<Algo>(cached & ~kDefaultMathFlag))) return cached;
   }
   cd.set_math(CUDNN_FMA_MATH);
-  for (Algo algo : candidates())
-    if (attempt(algo)) return static_cast<int>(algo);
+  // Logs a fresh choice: at DEBUG when deterministic, else as a warning.
+  auto chosen = [&](const std::vector<Candidate<Algo>>& list, const Candidate<Algo>& c,
+                    const char* math) {
+    if (!c.deterministic) {
+      DTRAIN_LOG(WARNING) << call << ": no deterministic cuDNN algorithm accepts " << problem
+                          << "; using non-deterministic algorithm " << static_cast<int>(c.algo)
+                          << ", so results may differ bitwise between runs";
+      return;
+    }
+    std::string first = "none";
+    for (const auto& r : list)
+      if (r.rank == 0)
+        first = std::to_string(static_cast<int>(r.algo)) +
+                (r.deterministic ? "" : " (non-deterministic, passed over)");
+    DTRAIN_LOG(DEBUG) << call << ": algorithm " << static_cast<int>(c.algo) << " (deterministic, "
+                      << math << ") for " << problem << "; cuDNN ranked first: " << first;
+  };
+  {
+    const std::vector<Candidate<Algo>> list = candidates();
+    for (const auto& c : list)
+      if (attempt(c.algo)) {
+        chosen(list, c, "FMA math");
+        return static_cast<int>(c.algo);
+      }
+  }
   cd.set_math(CUDNN_DEFAULT_MATH);
-  for (Algo algo : candidates()) {
-    if (attempt(algo)) {
+  const std::vector<Candidate<Algo>> list = candidates();
+  for (const auto& c : list) {
+    if (attempt(c.algo)) {
       DTRAIN_LOG(WARNING) << call << ": no FP32 (FMA) cuDNN algorithm accepts " << problem
                           << "; using cuDNN's default math, which may use TF32 (about 1e-3 "
                              "relative error)";
-      return static_cast<int>(algo) | kDefaultMathFlag;
+      chosen(list, c, "default math");
+      return static_cast<int>(c.algo) | kDefaultMathFlag;
     }
   }
   throw Unimplemented(detail::str_cat(call, ": no cuDNN algorithm accepts ", problem,
                                       " (last status: ", cudnnGetErrorString(last), ")"));
 }
 
-// cuDNN's ranked candidates that report success, then the implicit-GEMM algorithms, which support
-// NHWC float32 in every cuDNN release, as a last resort.
-template <typename Perf, typename Algo, typename QueryFn, typename Fallbacks>
-std::vector<Algo> ranked(QueryFn query, int max_count, const Fallbacks& fallbacks) {
+// cuDNN's ranked candidates that report success, then the fallbacks (algorithms that support NHWC
+// float32 in every cuDNN release) as a last resort; all deterministic candidates in that order
+// first, then the non-deterministic ones. An algorithm counts as non-deterministic when cuDNN's
+// answer says so or `nondeterministic(algo)` does (for the fallbacks, which come without one).
+template <typename Perf, typename Algo, typename QueryFn, typename Fallbacks, typename NondetFn>
+std::vector<Candidate<Algo>> ranked(QueryFn query, int max_count, const Fallbacks& fallbacks,
+                                    NondetFn nondeterministic) {
   std::vector<Perf> perf(static_cast<size_t>(max_count));
   int got = 0;
   // A failed query leaves only the fallbacks, which the caller tries anyway.
   if (query(max_count, &got, perf.data()) != CUDNN_STATUS_SUCCESS) got = 0;
-  std::vector<Algo> out;
-  for (int i = 0; i < got; ++i)
-    if (perf[static_cast<size_t>(i)].status == CUDNN_STATUS_SUCCESS)
-      out.push_back(perf[static_cast<size_t>(i)].algo);
-  for (Algo a : fallbacks) {
-    bool present = false;
-    for (Algo b : out) present = present || a == b;
-    if (!present) out.push_back(a);
+  std::vector<Candidate<Algo>> all;
+  auto add = [&](Algo a, bool deterministic, int rank) {
+    for (const auto& c : all)
+      if (c.algo == a) return;
+    all.push_back({a, deterministic && !nondeterministic(a), rank});
+  };
+  for (int i = 0; i < got; ++i) {
+    const Perf& r = perf[static_cast<size_t>(i)];
+    if (r.status == CUDNN_STATUS_SUCCESS) add(r.algo, r.determinism == CUDNN_DETERMINISTIC, i);
   }
+  for (Algo a : fallbacks) add(a, true, -1);
+  std::vector<Candidate<Algo>> out;
+  for (const auto& c : all)
+    if (c.deterministic) out.push_back(c);
+  for (const auto& c : all)
+    if (!c.deterministic) out.push_back(c);
   return out;
 }
 
@@ -206,6 +254,7 @@ struct Forward {
   static constexpr const char* kCall = "cudnnConvolutionForward";
   static constexpr std::array<Algo, 2> kFallbacks = {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
                                                      CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM};
+  static bool nondeterministic(Algo) { return false; }
   static cudnnStatus_t query(cudnnHandle_t h, ConvProblem& c, int n, int* got, Perf* perf) {
     return cudnnGetConvolutionForwardAlgorithm_v7(h, c.x.get(), c.w.get(), c.conv.get(), c.y.get(), n, got, perf);
   }
@@ -226,6 +275,7 @@ struct BackwardData {
   static constexpr int kCount = CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
   static constexpr const char* kCall = "cudnnConvolutionBackwardData";
   static constexpr std::array<Algo, 2> kFallbacks = {CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, CUDNN_CONVOLUTION_BWD_DATA_ALGO_0};
+  static bool nondeterministic(Algo a) { return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0; }
   static cudnnStatus_t query(cudnnHandle_t h, ConvProblem& c, int n, int* got, Perf* perf) {
     return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, c.w.get(), c.y.get(), c.conv.get(), c.x.get(), n, got, perf);
   }
@@ -248,6 +298,9 @@ struct BackwardFilter {
   static constexpr const char* kCall = "cudnnConvolutionBackwardFilter";
   static constexpr std::array<Algo, 2> kFallbacks = {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
                                                      CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0};
+  static bool nondeterministic(Algo a) {
+    return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
+  }
   static cudnnStatus_t query(cudnnHandle_t h, ConvProblem& c, int n, int* got, Perf* perf) {
     return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, c.x.get(), c.y.get(), c.conv.get(), c.w.get(), n, got, perf);
   }
@@ -275,7 +328,7 @@ int convolve(CudaContext& ctx, ConvProblem& c, int cached, const void* a, const 
       [&] {
         return ranked<typename D::Perf, Algo>(
             [&](int n, int* got, typename D::Perf* perf) { return D::query(h, c, n, got, perf); }, D::kCount,
-            D::kFallbacks);
+            D::kFallbacks, [](Algo a) { return D::nondeterministic(a); });
       },
       [&](Algo algo, size_t* bytes) { return D::workspace(h, c, algo, bytes); },
       [&](Algo algo, void* ws, size_t bytes) { return D::run(h, c, a, b, out, algo, ws, bytes); }, D::kCall, problem);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """One checkpoint across strategies and replica counts, with real processes.
 
-Saved under mirrored cpu:2, restored (--restore --eval-only) under one_device, mirrored cpu:3,
+Saved under mirrored cpu:2, restored (--restore --eval-only, which also scores
+predict()'s output by hand) under one_device, mirrored cpu:3,
 3 MultiWorkerMirrored workers (dtrain-run -np 3) and parameter_server (2 workers, 1 ps): the same
 test accuracy (exact: it is a count) and loss (float tolerance). Then trained on under
 parameter_server with Adagrad, saved there, and restored back under mirrored and one_device: again equal to
@@ -38,15 +39,18 @@ def main():
         for s in strategies:
             got = last_json(run(under(s, ["--restore", path, "--eval-only"] + common), f"{s} restore"), s)
             if got["examples"] != 10000 or got["test_accuracy"] != want["test_accuracy"] or \
+                    got["predict_accuracy"] != want["test_accuracy"] or \
                     abs(got["test_loss"] - want["test_loss"]) > 1e-6 * want["test_loss"]:
                 sys.exit(f"{what}: under {s} the restored model gives {got}, expected {want}")
-            print(f"ok: {what}, restored under {s}: accuracy {got['test_accuracy']}, loss {got['test_loss']:.7f}")
+            print(f"ok: {what}, restored under {s}: accuracy {got['test_accuracy']} (predict() agrees), "
+                  f"loss {got['test_loss']:.7f}")
 
     with tempfile.TemporaryDirectory() as d:
         saved = last_json(run(under("mirrored --devices=cpu:2", ["--epochs=1", "--checkpoint-dir", f"{d}/a"] + common),
                               "mirrored training"), "mirrored")
         a = f"{d}/a/final.safetensors"
-        check_everywhere(a, saved, ["one_device", "mirrored --devices=cpu:3", "multi_worker_mirrored", "parameter_server"],
+        check_everywhere(a, saved, ["one_device", "mirrored --devices=cpu:3", "central_storage --devices=cpu:2",
+                                    "multi_worker_mirrored", "parameter_server"],
                          "saved under mirrored cpu:2")
         # Trained on with Adagrad, whose slots start at 0.1 on the servers (the optimizer's config travels).
         run(under("parameter_server", ["--restore", a, "--epochs=1", "--no-eval", "--optimizer", "adagrad learning_rate=0.01",

@@ -28,6 +28,7 @@
 #include "dtrain/train/callbacks.h"
 #include "dtrain/train/checkpoint.h"
 #include "dtrain/train/tensorboard.h"
+#include "dtrain/horovod.h"
 #include "dtrain/train/fit.h"
 #include "dtrain/train/run_task.h"
 #include "dtrain/train/sidecar_evaluator.h"

@@ -159,6 +159,14 @@ void Optimizer::apply_gradients(const std::vector<Tensor>& grads,
     std::vector<Tensor> reduced = ctx->all_reduce(ReduceOp::kSum, defined);
     for (size_t j = 0; j < where.size(); ++j) g[where[j]] = reduced[j];
   }
+  if (aggregator_) {
+    std::optional<std::vector<Tensor>> aggregated = aggregator_(std::move(g));
+    if (!aggregated) return;  // accumulating: nothing applied this call
+    g = std::move(*aggregated);
+    if (g.size() != vars.size())
+      throw Internal("the gradient aggregator returned " + std::to_string(g.size()) + " gradients for " +
+                     std::to_string(vars.size()) + " variables");
+  }
   g = clip(std::move(g));
   const int replica = ctx ? ctx->replica_id_in_sync_group() : 0;
   int64_t step;

@@ -250,9 +250,10 @@ void LearningRateScheduler::on_epoch_begin(const TrainLogs& logs) {
 
 // ---- LearningRateWarmup ----
 
-LearningRateWarmup::LearningRateWarmup(double warmup_epochs, int verbose)
-    : warmup_epochs_(warmup_epochs), verbose_(verbose) {
+LearningRateWarmup::LearningRateWarmup(double warmup_epochs, int verbose, int num_replicas)
+    : warmup_epochs_(warmup_epochs), verbose_(verbose), num_replicas_(num_replicas) {
   if (!(warmup_epochs > 0)) throw InvalidArgument("LearningRateWarmup needs warmup_epochs > 0");
+  if (num_replicas < 0) throw InvalidArgument("LearningRateWarmup: num_replicas must be >= 0 (0: the strategy's)");
 }
 
 void LearningRateWarmup::on_train_begin(const TrainLogs&) {
@@ -275,7 +276,7 @@ void LearningRateWarmup::on_train_batch_begin(const TrainLogs& logs) {
     }
     return;
   }
-  const double n = strategy().num_replicas_in_sync();
+  const double n = num_replicas_ > 0 ? num_replicas_ : strategy().num_replicas_in_sync();
   optimizer().set_learning_rate(static_cast<float>(target_ / n * (e * (n - 1) / warmup_epochs_ + 1)));
 }
 

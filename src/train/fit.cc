@@ -372,9 +372,11 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
     }
     logs.learning_rate = optimizer.learning_rate();
     logs.values["learning_rate"] = logs.learning_rate;
+    ctx.epoch_logs = &logs.values;  // callbacks may change them (hvd::MetricAverageCallback)
+    call(options.callbacks, &Callback::on_epoch_end, logs);
+    ctx.epoch_logs = nullptr;
     if (ran)
       for (const auto& [key, v] : logs.values) h.history[key].push_back(v);
-    call(options.callbacks, &Callback::on_epoch_end, logs);
     if (last) break;
   }
   if (!ended) ext.on_training_end();  // a callback stopped training at an epoch's end

@@ -4,7 +4,8 @@
 // it. Slot variables are made with create_variable(), so they live where their variable lives.
 //
 // One step of apply_gradients, in order (as Keras 3 does it):
-//   1. all-reduce the gradients across replicas (SUM);
+//   1. all-reduce the gradients across replicas (SUM), then the gradient aggregator, if one is set
+//      (hvd::DistributedOptimizer's all-reduce across processes);
 //   2. clip them: clipvalue (each element to [-c, c]), clipnorm (each gradient to L2 norm <= c),
 //      global_clipnorm (all gradients together to L2 norm <= c); at most one of the norms;
 //   3. lr = the schedule at iterations() (the count before this step);
@@ -17,7 +18,9 @@
 #include "dtrain/core/export.h"
 
 #include <deque>
+#include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -59,6 +62,11 @@ class DTRAIN_API Optimizer {
   void set_learning_rate(float lr);
   void set_schedule(std::shared_ptr<LearningRateSchedule> schedule);
   const std::shared_ptr<LearningRateSchedule>& schedule() const { return schedule_; }
+  // Runs on the replica-reduced gradients before clipping and the update (step 1 above). It may
+  // return nullopt to apply nothing this call (the iteration count does not move): gradient
+  // accumulation. Set it before training; one aggregator at a time (an empty function removes it).
+  using GradientAggregator = std::function<std::optional<std::vector<Tensor>>(std::vector<Tensor> grads)>;
+  void set_gradient_aggregator(GradientAggregator aggregator) { aggregator_ = std::move(aggregator); }
   const OptimizerOptions& options() const { return options_; }
   // The optimizer's name in configs and checkpoints: "sgd", "adam", "adamw", "rmsprop", "adagrad".
   virtual std::string name() const = 0;
@@ -101,6 +109,7 @@ class DTRAIN_API Optimizer {
   std::vector<Tensor> clip(std::vector<Tensor> grads) const;
   std::shared_ptr<LearningRateSchedule> schedule_;
   OptimizerOptions options_;
+  GradientAggregator aggregator_;
   mutable std::mutex mu_;
   std::map<const Variable*, size_t> slot_index_;
   std::deque<std::vector<std::shared_ptr<Variable>>> slots_;  // in first-seen order; stable references

@@ -64,6 +64,9 @@ struct DTRAIN_API TrainingContext {
   uint64_t shuffle_seed = 0;
   // True while gradient accumulation holds batches not yet applied (no consistent backup then).
   bool accumulating = false;
+  // During on_epoch_end: the epoch's log values, which a callback may change for the callbacks
+  // after it and for the History (hvd::MetricAverageCallback averages them over the ranks).
+  std::map<std::string, double>* epoch_logs = nullptr;
 };
 
 class DTRAIN_API Callback {
@@ -168,13 +171,14 @@ class DTRAIN_API LearningRateScheduler : public Callback {
 // fractional epoch. After warm-up the optimizer's schedule takes over again.
 class DTRAIN_API LearningRateWarmup : public Callback {
  public:
-  explicit LearningRateWarmup(double warmup_epochs = 5, int verbose = 0);
+  // num_replicas: n above; 0 = the strategy's num_replicas_in_sync() (hvd: the number of ranks).
+  explicit LearningRateWarmup(double warmup_epochs = 5, int verbose = 0, int num_replicas = 0);
   void on_train_begin(const TrainLogs& logs) override;
   void on_train_batch_begin(const TrainLogs& logs) override;
 
  private:
   double warmup_epochs_;
-  int verbose_;
+  int verbose_, num_replicas_;
   double target_ = 0;
   bool done_ = false;
   std::shared_ptr<LearningRateSchedule> saved_schedule_;

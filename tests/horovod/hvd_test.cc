@@ -1,0 +1,222 @@
+// dtrain::hvd, run as `dtrain-run -np 3 -- hvd_test`: every rank runs the same tests in the same
+// order; results are checked exactly (integer-valued floats) on every rank.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "dtrain/dtrain.h"
+
+namespace dtrain::hvd {
+namespace {
+
+Tensor vec(std::vector<float> v) { return Tensor::from_vector(v, Shape{static_cast<int64_t>(v.size())}); }
+std::vector<float> host(const Tensor& t) { return t.to(DeviceSpec::cpu()).to_vector<float>(); }
+
+template <typename F>
+std::string failure(F f) {
+  try {
+    f();
+  } catch (const FailedPrecondition& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Hvd, RanksAndSizes) {
+  ASSERT_TRUE(is_initialized());
+  EXPECT_EQ(size(), 3);
+  EXPECT_GE(rank(), 0);
+  EXPECT_LT(rank(), 3);
+  EXPECT_EQ(local_size(), 3);  // dtrain-run: one machine
+  EXPECT_EQ(local_rank(), rank());
+  EXPECT_EQ(cross_size(), 1);
+  EXPECT_EQ(cross_rank(), 0);
+}
+
+TEST(Hvd, AllreduceOpsAreExact) {
+  const float r = static_cast<float>(rank());
+  EXPECT_EQ(host(allreduce(vec({r, 2 * r, 1}), "sum", Op::kSum)), (std::vector<float>{3, 6, 3}));
+  EXPECT_EQ(host(allreduce(vec({r, 3 * r}), "avg")), (std::vector<float>{1, 3}));
+  EXPECT_EQ(host(allreduce(vec({r, -r}), "max", Op::kMax)), (std::vector<float>{2, 0}));
+  EXPECT_EQ(host(allreduce(vec({r, -r}), "min", Op::kMin)), (std::vector<float>{0, -2}));
+  // A rank-2 tensor keeps its shape; float64 averages too.
+  const Tensor m = allreduce(Tensor::full(Shape{2, 2}, r), "matrix", Op::kSum);
+  EXPECT_EQ(m.shape(), (Shape{2, 2}));
+  EXPECT_EQ(host(m), (std::vector<float>{3, 3, 3, 3}));
+  const Tensor d = allreduce(Tensor::from_vector<double>({r * 1.5}, Shape{1}), "double");
+  EXPECT_EQ(d.to_vector<double>()[0], 1.5);
+}
+
+TEST(Hvd, AsyncHandlesCompleteInOrder) {
+  const float r = static_cast<float>(rank());
+  std::vector<Handle> hs;
+  for (int i = 0; i < 5; ++i) hs.push_back(allreduce_async(vec({r + i}), "async." + std::to_string(i), Op::kSum));
+  for (int i = 4; i >= 0; --i) EXPECT_EQ(host(hs[static_cast<size_t>(i)].synchronize())[0], 3.f + 3 * i);
+  for (const auto& h : hs) EXPECT_TRUE(h.poll());
+}
+
+TEST(Hvd, AllgatherTakesDifferentFirstDimensions) {
+  // Rank r contributes r + 1 rows of [r, r].
+  const int64_t rows = rank() + 1;
+  const Tensor t = Tensor::full(Shape{rows, 2}, static_cast<float>(rank()));
+  const Tensor all = allgather(t, "ragged");
+  EXPECT_EQ(all.shape(), (Shape{6, 2}));
+  EXPECT_EQ(host(all), (std::vector<float>{0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2}));
+}
+
+TEST(Hvd, BroadcastAlltoallReducescatter) {
+  const float r = static_cast<float>(rank());
+  EXPECT_EQ(host(broadcast(vec({r, r + 10}), 1, "bcast")), (std::vector<float>{1, 11}));
+  // alltoall: rank r sends block j (2 rows: 100 r + 10 j + {0, 1}) to rank j.
+  std::vector<float> v;
+  for (int j = 0; j < 3; ++j)
+    for (int k = 0; k < 2; ++k) v.push_back(100 * r + 10 * j + k);
+  const std::vector<float> got = host(alltoall(Tensor::from_vector(v, Shape{6}), "a2a"));
+  std::vector<float> want;
+  for (int q = 0; q < 3; ++q)
+    for (int k = 0; k < 2; ++k) want.push_back(100.f * q + 10 * r + k);
+  EXPECT_EQ(got, want);
+  // reducescatter: sum of [r, r, r, r+1, r+1, r+1] over ranks = [3, 3, 3, 6, 6, 6]; rank r keeps 2 of them.
+  const Tensor rs = reducescatter(vec({r, r, r, r + 1, r + 1, r + 1}), "rs", Op::kSum);
+  const std::vector<float> all{3, 3, 3, 6, 6, 6};
+  EXPECT_EQ(host(rs), std::vector<float>(all.begin() + 2 * rank(), all.begin() + 2 * rank() + 2));
+  EXPECT_THROW(alltoall(vec({1, 2, 3, 4}), "a2a.bad"), InvalidArgument);  // 4 rows into 3 blocks
+}
+
+TEST(Hvd, CompressionHalvesThePrecisionNotTheResult) {
+  const float r = static_cast<float>(rank());
+  for (Compression c : {Compression::kFP16, Compression::kBF16}) {
+    const Tensor t = allreduce(vec({0.1f * (r + 1), 1000.f + r}), std::string("comp.") + compression_name(c), Op::kSum, c);
+    EXPECT_EQ(t.dtype(), DType::kFloat32);
+    const std::vector<float> v = host(t);
+    const double tol = c == Compression::kFP16 ? 2e-3 : 2e-2;
+    EXPECT_NEAR(v[0], 0.6, 0.6 * tol) << compression_name(c);
+    EXPECT_NEAR(v[1], 3003, 3003 * tol) << compression_name(c);
+  }
+  EXPECT_EQ(parse_compression("bf16"), Compression::kBF16);
+  EXPECT_THROW(parse_compression("int8"), InvalidArgument);
+}
+
+TEST(Hvd, MismatchedNamesShapesAndOrderFailOnEveryRank) {
+  // Another name on rank 1.
+  std::string e = failure([] { allreduce(vec({1}), rank() == 1 ? "b" : "a"); });
+  EXPECT_NE(e.find("rank 0: allreduce 'a' float32 [1] average"), std::string::npos) << e;
+  EXPECT_NE(e.find("rank 1: allreduce 'b' float32 [1] average"), std::string::npos) << e;
+  // Another shape on rank 2.
+  e = failure([] { allreduce(Tensor::zeros(Shape{rank() == 2 ? 3 : 2}), "shape"); });
+  EXPECT_NE(e.find("rank 2: allreduce 'shape' float32 [3]"), std::string::npos) << e;
+  // Another order on rank 0: both collectives fail everywhere, and the group still works after.
+  const bool first = rank() == 0;
+  e = failure([&] { allreduce(vec({1}), first ? "x" : "y"); });
+  EXPECT_NE(e.find("different collectives"), std::string::npos) << e;
+  e = failure([&] { allreduce(vec({1}), first ? "y" : "x"); });
+  EXPECT_NE(e.find("different collectives"), std::string::npos) << e;
+  // Another op, another kind.
+  e = failure([] { allreduce(vec({1}), "op", rank() == 0 ? Op::kSum : Op::kMax); });
+  EXPECT_NE(e.find("sum"), std::string::npos) << e;
+  e = failure([] {
+    if (rank() == 1) allgather(vec({1}), "kind");
+    else allreduce(vec({1}), "kind");
+  });
+  EXPECT_NE(e.find("rank 1: allgather 'kind'"), std::string::npos) << e;
+  EXPECT_EQ(host(allreduce(vec({1}), "after", Op::kSum))[0], 3.f);
+}
+
+TEST(Hvd, JoinLetsARankStopEarly) {
+  // The last rank runs out of data at once; the others run two more all-reduces, then join.
+  if (rank() == 2) {
+    EXPECT_EQ(join(), 1);  // ranks 0 and 1 join in the same round; the higher is reported
+    return;
+  }
+  const float r = static_cast<float>(rank());
+  EXPECT_EQ(host(allreduce(vec({r + 1}), "j.sum", Op::kSum))[0], 3.f);  // 1 + 2 + rank 2's zero
+  EXPECT_EQ(host(allreduce(vec({r + 1}), "j.avg"))[0], 1.5f);          // over the 2 that contributed
+  const Tensor g = allgather(Tensor::full(Shape{1, 1}, r), "j.gather");
+  EXPECT_EQ(g.shape(), (Shape{2, 1}));  // nothing from the joined rank
+  EXPECT_EQ(join(), 1);
+}
+
+TEST(Hvd, BroadcastVariablesAndObjects) {
+  auto v = create_variable({"w", Shape{3}, DType::kFloat32, initializers::constant(static_cast<float>(rank()))});
+  broadcast_variables({v}, 2);
+  EXPECT_EQ(host(v->value()), (std::vector<float>{2, 2, 2}));
+  const std::string msg = rank() == 0 ? std::string("epoch=7;best=0.91 and some bytes\0\1", 34) : "";
+  const std::string got = broadcast_object(msg, 0);
+  EXPECT_EQ(got.size(), 34u);
+  EXPECT_EQ(got.substr(0, 16), "epoch=7;best=0.9");
+}
+
+TEST(Hvd, DistributedOptimizerAveragesAndAccumulates) {
+  auto w = create_variable({"w", Shape{2}, DType::kFloat32, initializers::constant(1.f)});
+  auto opt = DistributedOptimizer(std::make_unique<SGD>(1.f));
+  const float r = static_cast<float>(rank());
+  opt->apply_gradients({vec({r, 2 * r})}, {w});  // mean gradient [1, 2]
+  EXPECT_EQ(host(w->value()), (std::vector<float>{0, -1}));
+  EXPECT_EQ(opt->iterations(), 1);
+  auto acc = DistributedOptimizer(std::make_unique<SGD>(1.f), Compression::kNone, 2);
+  auto u = create_variable({"u", Shape{1}, DType::kFloat32, initializers::constant(0.f)});
+  acc->apply_gradients({vec({r})}, {u});  // held
+  EXPECT_EQ(host(u->value())[0], 0.f);
+  EXPECT_EQ(acc->iterations(), 0);
+  acc->apply_gradients({vec({r + 2})}, {u});  // mean over passes (r + 1), then over ranks: 2
+  EXPECT_EQ(host(u->value())[0], -2.f);
+  EXPECT_EQ(acc->iterations(), 1);
+}
+
+TEST(Hvd, DistributedGradientTapeAverages) {
+  auto w = create_variable({"w", Shape{1}, DType::kFloat32, initializers::constant(3.f)});
+  DistributedGradientTape tape;
+  const Tensor loss = ops::scale(ops::sum(ops::mul(w->value(), w->value())), static_cast<float>(rank() + 1));
+  // d/dw (r + 1) w^2 = 2 (r + 1) w = 6 (r + 1): average over ranks 12.
+  EXPECT_EQ(host(tape.gradient(loss, {w})[0])[0], 12.f);
+}
+
+// fit() with one device per rank, Horovod-style: each rank its own shard, DistributedOptimizer,
+// weights broadcast from rank 0 at the start, metrics averaged: every rank ends with the same weights.
+TEST(Hvd, FitKeepsEveryRankInStep) {
+  OneDeviceStrategy s(DeviceSpec::cpu());
+  Sequential m;
+  std::unique_ptr<Optimizer> opt;
+  {
+    auto scope = s.scope();
+    set_global_seed(100 + static_cast<uint64_t>(rank()));  // different initial weights per rank
+    m.add(std::make_shared<Dense>(8, Activation::kRelu));
+    m.add(std::make_shared<Dense>(3));
+    opt = DistributedOptimizer(std::make_unique<Adam>(0.01f * static_cast<float>(size())));
+  }
+  std::vector<float> x(96 * 4);
+  std::vector<int32_t> y(96);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 37) % 11) / 11.f - 0.5f;
+  for (size_t i = 0; i < y.size(); ++i) y[i] = static_cast<int32_t>(i % 3);
+  const Dataset all = Dataset::from_tensors({Tensor::from_vector(x, Shape{96, 4}), Tensor::from_vector(y, Shape{96})});
+  BroadcastGlobalVariablesCallback bcast(0);
+  MetricAverageCallback avg;
+  LearningRateWarmupCallback warm(1.0);
+  FitOptions o;
+  o.epochs = 2;
+  o.global_batch_size = 8;
+  o.callbacks = {&avg, &bcast, &warm};
+  const Dataset test = all.take(30);
+  const History h = fit(s, m, *opt, all.shard(size(), rank()), &test, o);
+  std::vector<float> mine;
+  for (const auto& v : m.variables())
+    for (float f : host(v->value())) mine.push_back(f);
+  const std::vector<float> root = host(broadcast(vec(mine), 0, "final-weights"));
+  EXPECT_EQ(mine, root);
+  // The averaged epoch metrics are equal on every rank.
+  const double acc = h.history.at("accuracy").back();
+  EXPECT_EQ(host(broadcast(vec({static_cast<float>(acc)}), 0, "acc"))[0], static_cast<float>(acc));
+}
+
+}  // namespace
+}  // namespace dtrain::hvd
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  dtrain::hvd::InitOptions o;
+  o.timeout = std::chrono::seconds(30);  // a bug shows as an error, not a hang
+  dtrain::hvd::init(o);
+  const int rc = RUN_ALL_TESTS();
+  dtrain::hvd::shutdown();
+  return rc;
+}

@@ -132,7 +132,8 @@ void ProgressBar::on_train_batch_end(const TrainLogs& logs) {
 void ProgressBar::on_epoch_end(const TrainLogs& logs) {
   if (!is_chief()) return;
   if (tty_) std::fprintf(out_, "\n");
-  std::fprintf(out_, "epoch %d: loss %.4f%s, %.0f images/sec, %s", logs.epoch + 1, logs.loss,
+  std::fprintf(out_, "epoch %d: loss %.4f%s, %.0f images/sec, %s", logs.epoch + 1,
+               logs.has("loss") ? logs.get("loss") : logs.loss,
                other_values(logs).c_str(), logs.images_per_sec, format_step_time(logs.seconds_per_step).c_str());
   if (logs.test_accuracy >= 0)
     std::fprintf(out_, ", test loss %.4f, test accuracy %.2f%%", logs.test_loss, 100.0 * logs.test_accuracy);

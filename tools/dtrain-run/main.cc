@@ -9,6 +9,8 @@
 // DTRAIN_JOB_TOKEN per job; its output lines are prefixed with "[worker:1] ". See launcher.h for
 // how the job is supervised and the exit statuses. Bad usage exits 2.
 #include <CLI/CLI.hpp>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -100,19 +102,34 @@ int print_config(const Args& a) {
 
 int run_local(const Args& a) {
   using namespace dtrain::run;
+  int np = a.np;
   if (!a.hosts.empty()) {
-    throw UsageError(
-        "-H is for --print-config: start each host's tasks there with the TF_CONFIG "
-        "that `dtrain-run --print-config -H " +
-        a.hosts + "` prints");
+    // horovodrun's -H: this machine's slots run here; other hosts' tasks are started there.
+    char self[256] = "";
+    ::gethostname(self, sizeof(self) - 1);
+    int slots = 0;
+    for (const auto& h : parse_hosts(a.hosts)) {
+      if (h.host != "localhost" && h.host != "127.0.0.1" && h.host != self) {
+        throw UsageError("-H names host '" + h.host +
+                         "': dtrain-run starts tasks on this machine only; start each host's tasks there with "
+                         "the TF_CONFIG that `dtrain-run --print-config -H " + a.hosts + "` prints");
+      }
+      slots += h.slots;
+    }
+    if (!a.np_given) np = slots - a.ps - (a.evaluator ? 1 : 0);
+    if (np < 1 || np + a.ps + (a.evaluator ? 1 : 0) > slots) {
+      throw UsageError("-H " + a.hosts + " has " + std::to_string(slots) + " slot(s), too few for " +
+                       std::to_string(std::max(np, 1)) + " worker(s) and the other tasks");
+    }
+  } else if (!a.np_given) {
+    throw UsageError("give the number of workers, e.g. dtrain-run -np 2 -- ./prog (or -H localhost:2)");
   }
-  if (!a.np_given) throw UsageError("give the number of workers, e.g. dtrain-run -np 2 -- ./prog");
   if (a.command.empty()) {
     throw UsageError("no program to run; put it after --, e.g. dtrain-run -np " +
                      std::to_string(a.np) + " -- ./prog --flag");
   }
   LaunchOptions o;
-  o.tasks = plan_tasks(a.np, a.ps, a.evaluator);
+  o.tasks = plan_tasks(np, a.ps, a.evaluator);
   assign_local_ports(o.tasks, a.port_base_given ? a.port_base : 0);
   o.command = a.command;
   o.devices = a.devices;
@@ -193,7 +210,8 @@ int main(int argc, char** argv) {
   app.add_flag("--print-config", a.print_config,
                "print every task's TF_CONFIG (one line each) and exit; starts nothing");
   app.add_option("-H,--hosts", a.hosts,
-                 "hosts of a multi-host job as host:slots,... (--print-config)");
+                 "hosts as host:slots,... (horovodrun's -H): with --print-config, every host's TF_CONFIG; "
+                 "otherwise this machine's slots (localhost:N) run here, -np defaulting to their number");
   auto* port_base = app.add_option("--port-base", a.port_base,
                                    "with -H: task in slot s of a host listens on port-base + s; "
                                    "locally: fixed ports port-base + i instead of free ones")

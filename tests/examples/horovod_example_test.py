@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""examples/horovod_fashion_mnist started the ways Horovod jobs start: dtrain-run -np 2, dtrain-run -H
+localhost:2 (horovodrun's syntax), mpirun -np 2, and srun (two processes with the variables srun
+sets). Each must train as a job of 2 ranks. With --accuracy: 5 epochs against MultiWorkerMirrored
+at the same global batch and learning rate; the test accuracies must agree within 1 point.
+
+  horovod_example_test.py DTRAIN_RUN HOROVOD_EXAMPLE FASHION_MNIST [--accuracy]
+"""
+import json, os, shutil, subprocess, sys
+
+def result(out, what):
+    lines = [l.split("] ", 1)[-1] for l in out.splitlines() if '"test_accuracy"' in l]
+    if not lines:
+        sys.exit(f"{what}: no JSON result:\n{out}")
+    return json.loads(lines[-1])
+
+def run(cmd, what, env=None, timeout=600):
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if r.returncode != 0:
+        sys.exit(f"{what} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    return r.stdout + r.stderr
+
+def check(j, what, min_acc=0.6):
+    if j["size"] != 2 or j["global_batch"] != 64 or not j["test_accuracy"] >= min_acc:
+        sys.exit(f"{what}: unexpected result {j}")
+    print(f"ok: {what}: 2 ranks, test accuracy {j['test_accuracy']:.4f}, {j['images_per_sec']:.0f} images/sec")
+
+def main():
+    dtrain_run, example, fashion = sys.argv[1:4]
+    quick = ["--epochs=1", "--train-limit=6000", "--json"]
+    if "--accuracy" in sys.argv:
+        hvd = result(run([dtrain_run, "-np", "2", "--", example, "--epochs=5", "--warmup-epochs=0", "--lr=0.0005",
+                          "--json"], "hvd 5 epochs"), "hvd")
+        mwms = result(run([dtrain_run, "-np", "2", "--", fashion, "--strategy=multi_worker_mirrored", "--epochs=5",
+                           "--batch-size=64", "--lr=0.001", "--json"], "MWMS 5 epochs"), "mwms")
+        print(f"hvd (2 ranks x 32, Adam 5e-4 x 2): {hvd['test_accuracy']:.4f}; "
+              f"MultiWorkerMirrored (global 64, Adam 1e-3): {mwms['test_accuracy']:.4f}")
+        if abs(hvd["test_accuracy"] - mwms["test_accuracy"]) > 0.01 or hvd["test_accuracy"] < 0.895:
+            sys.exit("the Horovod port does not reach MultiWorkerMirrored's accuracy")
+        print("ok: same accuracy within 1 point")
+        return
+    check(result(run([dtrain_run, "-np", "2", "--", example] + quick, "dtrain-run -np 2"), "x"), "dtrain-run -np 2")
+    check(result(run([dtrain_run, "-H", "localhost:2", "--", example, "--compression=fp16"] + quick,
+                     "dtrain-run -H localhost:2"), "x"), "dtrain-run -H localhost:2 --compression=fp16")
+    # srun: the variables srun sets for a 2-task step on one node.
+    env = dict(os.environ, DTRAIN_JOB_TOKEN="srun-test-token-0123456789")
+    procs = []
+    for r in range(2):
+        e = dict(env, SLURM_PROCID=str(r), SLURM_LOCALID=str(r), SLURM_NODEID="0", SLURM_NTASKS="2",
+                 SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NODELIST="localhost", SLURM_STEP_TASKS_PER_NODE="2")
+        procs.append(subprocess.Popen([example] + quick, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e))
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    if any(p.returncode != 0 for p in procs):
+        sys.exit("srun-style start failed:\n" + "\n".join(outs))
+    check(result(outs[0], "srun"), "srun (SLURM_PROCID, SLURM_STEP_NODELIST, ...)")
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        print("skipped: mpirun -np 2 (OpenMPI is not installed)")
+        return
+    cmd = [mpirun, "--oversubscribe", "-np", "2"] + (["--allow-run-as-root"] if os.geteuid() == 0 else []) + [example] + quick
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0 and "needs dtrain built with OpenMPI" in r.stdout + r.stderr:
+        print("skipped: mpirun -np 2 (this dtrain is built without OpenMPI)")
+        return
+    if r.returncode != 0:
+        sys.exit(f"mpirun -np 2 failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    check(result(r.stdout + r.stderr, "mpirun"), "mpirun -np 2")
+
+if __name__ == "__main__":
+    main()

@@ -67,6 +67,10 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--accumulate", accumulate, "sum the gradients of this many batches per update (one all-reduce)")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  std::string compression_flag = "none";
+  app.add_option("--compression", compression_flag,
+                 "multi_worker_mirrored: cross-worker gradient compression, none, fp16 or bf16 (half the bytes "
+                 "on the wire)")->capture_default_str();
   app.add_option("--backup-dir", backup_dir,
                  "BackupAndRestore: back up each epoch (and every --backup-every steps) here; running the "
                  "same command again after a failure resumes from the last backup, with the same result");
@@ -102,6 +106,7 @@ int main(int argc, char** argv) {
     opts.devices = dtrain::parse_devices_flag(devices_flag, threads);
     if (ps_shards > 0) ps.partitioner = dtrain::fixed_shards_partitioner(ps_shards);
     if (strategy_name == "parameter_server") ps.checkpoint_dir = checkpoint_dir;
+    opts.communication.compression = dtrain::parse_compression(compression_flag);
     opts.parameter_server = ps;
 
     // One binary for every task of a job: run_task() serves a ps task, calls evaluate on an

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/collectives/communicator.h"
 #include "dtrain/core/tensor.h"
 #include "dtrain/model/gradient_tape.h"
 #include "dtrain/model/optimizers.h"
@@ -35,12 +36,10 @@
 namespace dtrain::hvd {
 
 enum class Op { kAverage, kSum, kMin, kMax };
-// Gradient compression for all-reduce (hvd.Compression): float32 tensors are cast to the 16-bit
-// type before they are sent, reduced pairwise in float32, and cast back to float32 at the end.
-enum class Compression { kNone, kFP16, kBF16 };
-// "none", "fp16", "bf16"; InvalidArgument naming the accepted values otherwise.
-DTRAIN_API Compression parse_compression(const std::string& name);
-DTRAIN_API const char* compression_name(Compression c);
+// hvd.Compression: none, fp16, bf16 (collectives/communicator.h), shared with MultiWorkerMirrored.
+using dtrain::Compression;
+using dtrain::compression_name;
+using dtrain::parse_compression;
 
 struct DTRAIN_API InitOptions {
   // A collective's own bound (the negotiation and the data transfer each): DeadlineExceeded after it.

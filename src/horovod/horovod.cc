@@ -44,22 +44,6 @@ Tensor Handle::synchronize() const {
   return s_->result;
 }
 
-Compression parse_compression(const std::string& n) {
-  if (n == "none") return Compression::kNone;
-  if (n == "fp16") return Compression::kFP16;
-  if (n == "bf16") return Compression::kBF16;
-  throw InvalidArgument("unknown compression '" + n + "' (none, fp16, bf16)");
-}
-
-const char* compression_name(Compression c) {
-  switch (c) {
-    case Compression::kNone: return "none";
-    case Compression::kFP16: return "fp16";
-    case Compression::kBF16: return "bf16";
-  }
-  return "?";
-}
-
 namespace {
 
 enum Kind : int64_t { kAllreduce = 1, kAllgather, kBroadcast, kAlltoall, kReducescatter, kJoin };

@@ -30,6 +30,14 @@ StrategyOptions apply_environment(StrategyOptions o) {
       throw InvalidArgument("DTRAIN_COLLECTIVE='" + s + "': valid values are ring (TCP), nccl (GPUs; the default "
                             "for GPU devices) and mpi (OpenMPI, when launched by mpirun)");
   }
+  if (const char* v = env("DTRAIN_COMPRESSION")) {
+    try {
+      o.communication.compression = parse_compression(v);
+    } catch (const InvalidArgument&) {
+      throw InvalidArgument(std::string("DTRAIN_COMPRESSION='") + v +
+                            "': valid values are none, fp16 and bf16 (cross-worker gradient compression)");
+    }
+  }
   if (const char* v = env("DTRAIN_RENDEZVOUS_TIMEOUT")) {  // seconds
     char* end = nullptr;
     const long secs = std::strtol(v, &end, 10);

@@ -54,6 +54,7 @@ StrategyExtended connect_workers(const std::vector<DeviceSpec>& devices, const C
   auto comms = std::make_shared<CrossWorkerCommunicators>();
   comms->workers = cluster.num_workers();
   comms->timeout = comm.timeout;
+  comms->compression = comm.compression;
   CollectiveOptions co;
   co.timeout = comm.timeout;
   if (comm.implementation == Implementation::kMpi) {

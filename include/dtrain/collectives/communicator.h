@@ -28,6 +28,14 @@ namespace dtrain {
 enum class ReduceOp { kSum, kMean, kMax, kMin };
 DTRAIN_API const char* reduce_op_name(ReduceOp op);
 
+// Gradient compression for cross-worker all-reduce (Horovod's hvd.Compression): float32 tensors are
+// cast to the 16-bit type before they go on the wire (half the bytes), reduced pairwise in float32
+// (rounded to 16 bits between hops), and cast back to float32 at the end.
+enum class Compression { kNone, kFP16, kBF16 };
+// "none", "fp16", "bf16"; InvalidArgument naming the accepted values otherwise.
+DTRAIN_API Compression parse_compression(const std::string& name);
+DTRAIN_API const char* compression_name(Compression c);
+
 struct DTRAIN_API CollectiveOptions {
   // Every blocking step of a collective gives up after this long with DeadlineExceeded naming
   // the op and the ranks that did not arrive.

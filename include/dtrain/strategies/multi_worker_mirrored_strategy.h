@@ -28,6 +28,9 @@ struct DTRAIN_API CommunicationOptions {
   enum class Implementation { kAuto, kRing, kNccl, kMpi };
   Implementation implementation = Implementation::kAuto;
   size_t bytes_per_pack = size_t{4} << 20;
+  // Cross-worker gradient compression (the local all-reduce inside a worker stays float32);
+  // DTRAIN_COMPRESSION=none|fp16|bf16 sets it for make_strategy.
+  Compression compression = Compression::kNone;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(120)};
 };

@@ -22,11 +22,25 @@ class HierarchicalCommunicator final : public SyncCollectives {
     const ReduceOp partial = op == ReduceOp::kMean ? ReduceOp::kSum : op;
     local_->allreduce(t, partial).wait();
     if (local_->rank() == 0) {
+      const bool compress = cross_->compression != Compression::kNone && t.dtype() == DType::kFloat32;
+      const DType wire = cross_->compression == Compression::kBF16 ? DType::kBFloat16 : DType::kFloat16;
       if (cross_->device && !t.device().host_accessible()) {
-        cross_->device->allreduce(t, partial).wait();
+        if (compress) {
+          Tensor c = kernels_for(t).cast(t, wire);
+          cross_->device->allreduce(c, partial).wait();
+          t.copy_from(kernels_for(c).cast(c, DType::kFloat32));
+        } else {
+          cross_->device->allreduce(t, partial).wait();
+        }
       } else {
         Tensor h = to_host(t);
-        cross_->host->allreduce(h, partial).wait();
+        if (compress) {
+          Tensor c = kernels_for(h).cast(h, wire);
+          cross_->host->allreduce(c, partial).wait();
+          h = kernels_for(c).cast(c, DType::kFloat32);
+        } else {
+          cross_->host->allreduce(h, partial).wait();
+        }
         if (h.raw_data() != t.raw_data()) t.copy_from(h);
       }
     }

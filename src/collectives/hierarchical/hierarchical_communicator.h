@@ -18,6 +18,7 @@ struct CrossWorkerCommunicators {
   std::unique_ptr<Communicator> device;  // NCCL between the workers' first GPUs; null when absent
   int workers = 1;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // one collective's bound
+  Compression compression = Compression::kNone;  // float32 all-reduces between the workers
 };
 
 // rank = cross rank x local size + local rank; size = workers x local size.

@@ -6,6 +6,7 @@
 #include "dtrain/core/logging.h"
 #include "dtrain/core/random.h"
 #include "dtrain/core/tensor.h"
+#include "dtrain/core/timeline.h"
 #include "dtrain/data/dataset.h"
 #include "dtrain/data/fashion_mnist.h"
 #include "dtrain/devices/device.h"

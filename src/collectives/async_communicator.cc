@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "collectives/sync_collectives.h"
+#include "dtrain/core/timeline.h"
 #include "dtrain/core/error.h"
 
 namespace dtrain {
@@ -160,7 +161,10 @@ class AsyncCommunicator final : public Communicator {
  public:
   AsyncCommunicator(std::unique_ptr<SyncCollectives> backend, std::chrono::milliseconds collective_timeout)
       : q_(std::make_shared<Queue>(std::move(backend), collective_timeout)) {
-    thread_ = std::thread([this] { loop(); });
+    thread_ = std::thread([this] {
+      timeline::set_thread_name("collectives (communication thread)");
+      loop();
+    });
   }
   ~AsyncCommunicator() override {
     bool pending;

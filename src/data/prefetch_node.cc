@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "data/dataset_node.h"
+#include "dtrain/core/timeline.h"
 
 namespace dtrain::detail {
 namespace {
@@ -31,7 +32,10 @@ class PrefetchNode final : public DatasetNode {
    public:
     It(std::unique_ptr<DatasetNodeIterator> up, size_t capacity) : capacity_(capacity) {
       try {
-        thread_ = std::thread([this, u = std::move(up)]() mutable { produce(std::move(u)); });
+        thread_ = std::thread([this, u = std::move(up)]() mutable {
+          timeline::set_thread_name("input pipeline (prefetch)");
+          produce(std::move(u));
+        });
       } catch (const std::system_error& e) {
         throw Unavailable(str_cat("prefetch: cannot start the producer thread: ", e.what()));
       }

@@ -15,6 +15,7 @@
 #include "dtrain/cluster/cluster_resolver.h"
 #include "dtrain/collectives/tcp.h"
 #include "dtrain/core/logging.h"
+#include "dtrain/core/timeline.h"
 #include "dtrain/devices/device.h"
 #include "dtrain/model/layers.h"
 #include "dtrain/model/ops.h"
@@ -256,6 +257,7 @@ class Runtime {
 
  private:
   void loop() {
+    timeline::set_thread_name("hvd collectives");
     for (;;) {
       Request r;
       {
@@ -426,8 +428,13 @@ class Runtime {
   }
 
   Tensor run(const Request& r) {
-    const std::vector<Desc> ds = exchange(descriptor(r, false));
+    std::vector<Desc> ds;
+    {
+      timeline::Span s("hvd negotiate '" + r.name + "'", "collective");
+      ds = exchange(descriptor(r, false));
+    }
     const std::vector<int> active = check(ds);
+    timeline::Span s(std::string("hvd ") + kind_name(r.kind) + " '" + r.name + "'", "collective");
     return execute(ds[static_cast<size_t>(rank_)], r.input, active, ds, false);
   }
 

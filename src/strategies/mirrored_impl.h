@@ -32,6 +32,7 @@ class GradientPacker final : public tape::GradientReadyHook {
     std::vector<Tensor> grads;
     size_t bytes = 0;
     std::future<std::vector<Tensor>> result;
+    int64_t first_ready_us = 0;  // timeline: when its first gradient was ready
   };
   void launch(bool last);
   MirroredReplicaContext* ctx_;

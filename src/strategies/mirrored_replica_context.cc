@@ -1,6 +1,7 @@
 #include <cstring>
 
 #include "devices/worker_thread.h"
+#include "dtrain/core/timeline.h"
 #include "dtrain/devices/device.h"
 #include "strategies/mirrored_impl.h"
 #include "strategies/replica_scope.h"
@@ -22,6 +23,7 @@ std::future<std::vector<Tensor>> MirroredReplicaContext::all_reduce_async(Reduce
                                                                           bool deferred) {
   auto body = [this, op, values = std::move(values)] {
     const DeviceSpec dev = device();
+    timeline::Span whole("all-reduce " + std::to_string(values.size()) + " tensor(s)", "collective");
     std::vector<Tensor> out(values.size());
     // One flat buffer per dtype: one collective regardless of how many tensors.
     for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16, DType::kInt32, DType::kInt64}) {
@@ -33,12 +35,20 @@ std::future<std::vector<Tensor>> MirroredReplicaContext::all_reduce_async(Reduce
       if (!any) continue;
       Tensor buf = Tensor::empty(Shape{total}, dt, dev);
       int64_t off = 0;
-      for (const auto& v : values) {
-        if (v.dtype() != dt) continue;
-        if (v.numel()) buf.slice_rows(off, off + v.numel()).copy_from(v.view(Shape{v.numel()}));
-        off += v.numel();
+      {
+        timeline::Span pack("pack", "collective");
+        for (const auto& v : values) {
+          if (v.dtype() != dt) continue;
+          if (v.numel()) buf.slice_rows(off, off + v.numel()).copy_from(v.view(Shape{v.numel()}));
+          off += v.numel();
+        }
       }
-      impl_->comms[static_cast<size_t>(replica_)]->allreduce(buf, op).wait();
+      {
+        timeline::Span reduce("all-reduce " + std::to_string(total * static_cast<int64_t>(dtype_size(dt)) / 1024) + " KiB",
+                              "collective");
+        impl_->comms[static_cast<size_t>(replica_)]->allreduce(buf, op).wait();
+      }
+      timeline::Span unpack("unpack", "collective");
       off = 0;
       for (size_t i = 0; i < values.size(); ++i) {
         if (values[i].dtype() != dt) continue;
@@ -116,6 +126,7 @@ void GradientPacker::reset() {
 
 void GradientPacker::on_ready(size_t index, const Tensor& grad) {
   if (seen_.size() <= index) seen_.resize(index + 1);
+  if (current_.grads.empty() && timeline::enabled()) current_.first_ready_us = timeline::now_us();
   seen_[index] = grad;
   if (!grad.defined()) return;
   current_.indices.push_back(index);
@@ -129,6 +140,9 @@ void GradientPacker::on_done() { launch(true); }
 
 void GradientPacker::launch(bool last) {
   if (current_.grads.empty()) return;
+  if (current_.first_ready_us > 0)
+    timeline::complete("gradient pack " + std::to_string(packs_.size()) + ": wait for its gradients", "collective",
+                       current_.first_ready_us, timeline::now_us());
   packs_.push_back(std::move(current_));
   current_ = Pack();
   // Optimizers all-reduce gradients with SUM (losses are scaled by the global batch).

@@ -1,4 +1,5 @@
 #include "dtrain/strategies/mirrored_strategy.h"
+#include "dtrain/core/timeline.h"
 
 #include <exception>
 
@@ -65,7 +66,8 @@ MirroredStrategy::MirroredStrategy(MirroredOptions options, StrategyExtended par
   m.make_group();
   m.exchange.resize(m.devices.size());
   for (size_t r = 0; r < m.devices.size(); ++r) {
-    m.comm_threads.push_back(std::make_unique<WorkerThread>(nullptr));
+    const std::string comm_name = m.devices[r].to_string() + " replica " + std::to_string(r) + " collectives";
+    m.comm_threads.push_back(std::make_unique<WorkerThread>([comm_name] { timeline::set_thread_name(comm_name); }));
     m.contexts.push_back(std::make_unique<MirroredReplicaContext>(this, impl_.get(), static_cast<int>(r)));
   }
 }

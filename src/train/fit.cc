@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "dtrain/core/timeline.h"
 #include "dtrain/devices/device.h"
 #include "dtrain/model/gradient_tape.h"
 #include "dtrain/model/losses.h"
@@ -90,6 +91,7 @@ EvalResult evaluate(Strategy& strategy, Sequential& model, const Dataset& test, 
   const LossFn loss_fn = default_loss(loss);
   Tally tally(metric_names(loss, metrics));
   TrainLogs logs;
+  timeline::Span span("evaluate", "step");
   call(callbacks, &Callback::on_test_begin, logs);
   auto next = strategy.distribute_dataset(test.batch(batch_size, false), batch_size);
   PerReplica batch;
@@ -212,6 +214,7 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
   }
   auto job_done = [&] { return async && ext.job_step().value_or(0) >= job_target; };
 
+  timeline::set_thread_name("training loop");
   Tally tally(names);
   TrainingContext ctx;
   ctx.strategy = &strategy;
@@ -243,12 +246,17 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
     Tensor loss;
     {
       GradientTape tape;
-      Tensor out = model(in[0], /*training=*/true);
-      if (in[0].shape()[0] > 0)
-        for (auto& m : tally.metrics) m->update_state(ops::stop_gradient(out), in[1]);
-      loss = compute_average_loss(loss_fn(out, in[1]), rows_this_step);
+      {
+        timeline::Span s("forward", "compute");
+        Tensor out = model(in[0], /*training=*/true);
+        loss = compute_average_loss(loss_fn(out, in[1]), rows_this_step);
+        if (in[0].shape()[0] > 0)
+          for (auto& m : tally.metrics) m->update_state(ops::stop_gradient(out), in[1]);
+      }
+      timeline::Span s("backward", "compute");
       grads = tape.gradient(loss, vars);
     }
+    timeline::Span update(k == 1 || apply_now ? "optimizer update" : "accumulate gradients", "compute");
     if (k == 1) {
       optimizer.apply_gradients(grads, vars);
       return {loss};
@@ -314,7 +322,11 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
       logs.learning_rate = optimizer.learning_rate();
       call(options.callbacks, &Callback::on_train_batch_begin, logs);
       const auto t0 = Clock::now();  // timed from input fetch to the loss on the host
-      if (!next(&batch)) break;
+      timeline::Span step_span("step " + std::to_string(h.steps + 1), "step");
+      {
+        timeline::Span data_span("input batch", "data");
+        if (!next(&batch)) break;
+      }
       rows_this_step = batch.global_rows;  // set by distribute_dataset: all workers' rows this step
       DTRAIN_CHECK(rows_this_step >= 0, "distribute_dataset left global_rows unset");
       acc_rows += static_cast<double>(rows_this_step);

@@ -474,6 +474,7 @@ int Supervisor::run() {
     c.env.push_back("TF_CONFIG=" + tf_config(o_.tasks, i));
     c.env.push_back("DTRAIN_TASK=" + o_.tasks[i].name());
     c.env.push_back("DTRAIN_JOB_TOKEN=" + o_.job_token);
+    for (const std::string& kv : o_.extra_env) c.env.push_back(kv);
     if (!shares.empty() && !shares[i].empty()) {
       c.cpus = shares[i];
       if (!user_omp) c.env.push_back("OMP_NUM_THREADS=" + std::to_string(c.cpus.size()));

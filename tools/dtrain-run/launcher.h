@@ -38,6 +38,7 @@ struct LaunchOptions {
   // Each local task is bound to its share of this process's cores (share_cpus) and, unless the
   // environment sets OMP_NUM_THREADS, told that many threads; false (--bind-to none): no binding.
   bool bind_cores = true;
+  std::vector<std::string> extra_env;  // "NAME=value" for every task (e.g. DTRAIN_TIMELINE)
 };
 
 // Exit statuses besides a child's own.

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <thread>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 
 #include "cluster_config.h"
 #include "launcher.h"
+#include "dtrain/core/timeline.h"
 
 namespace {
 
@@ -32,6 +34,7 @@ struct Args {
   int ps = 0;
   int restart_workers = 0;
   int max_restarts = 0;
+  std::string timeline;
   bool evaluator = false;
   std::string devices;
   std::string bind_to = "core";
@@ -100,6 +103,30 @@ int print_config(const Args& a) {
   return 0;
 }
 
+// Merges the tasks' "<path>.<task>.json" files into <path> (dtrain/core/timeline.h).
+void merge_task_timelines(const std::vector<dtrain::run::Task>& tasks, const std::string& path) {
+  std::vector<std::string> parts;
+  for (const auto& t : tasks) {
+    std::string file = t.name();
+    for (char& c : file)
+      if (c == ':') c = '-';
+    file = path + "." + file + ".json";
+    if (std::filesystem::exists(file)) parts.push_back(file);
+  }
+  if (parts.empty()) {
+    std::fprintf(stderr, "dtrain-run: no task wrote a timeline (%s.<task>.json)\n", path.c_str());
+    return;
+  }
+  try {
+    dtrain::timeline::merge_timeline_files(parts, path);
+    for (const auto& p : parts) std::filesystem::remove(p);
+    std::fprintf(stderr, "dtrain-run: timeline of %zu task(s) in %s (chrome://tracing or ui.perfetto.dev)\n",
+                 parts.size(), path.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dtrain-run: could not merge the timelines: %s\n", e.what());
+  }
+}
+
 int run_local(const Args& a) {
   using namespace dtrain::run;
   int np = a.np;
@@ -139,10 +166,18 @@ int run_local(const Args& a) {
   o.restart_workers = a.restart_workers;
   const char* token = std::getenv("DTRAIN_JOB_TOKEN");
   const bool user_token = token != nullptr && *token != '\0';
+  std::string timeline = a.timeline;
+  if (timeline.empty())
+    if (const char* t = std::getenv("DTRAIN_TIMELINE"); t && *t) timeline = t;
+  if (!timeline.empty()) {
+    timeline = std::filesystem::absolute(timeline).string();
+    o.extra_env.push_back("DTRAIN_TIMELINE=" + timeline);
+  }
   for (int attempt = 0;; ++attempt) {
     o.job_token = user_token ? token : make_job_token();
     bool task_failed = false;
     const int status = launch(o, &task_failed);
+    if (!timeline.empty()) merge_task_timelines(o.tasks, timeline);
     if (status == 0 || !task_failed || attempt >= a.max_restarts) return status;
     std::fprintf(stderr,
                  "dtrain-run: the job failed (status %d); relaunching all of it, restart %d of %d "
@@ -190,6 +225,10 @@ int main(int argc, char** argv) {
                  "backup. An interrupt or --timeout is not retried")
       ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
+  app.add_option("--timeline-filename", a.timeline,
+                 "write a Chrome trace of every task (horovodrun's flag; same as DTRAIN_TIMELINE): each task "
+                 "records its steps, passes, gradient packs and collectives, and dtrain-run merges them into "
+                 "this one file, one process row per task");
   app.add_option("--devices", a.devices,
                  "passed to every task as --devices=<value> unless its arguments have --devices "
                  "(e.g. cpu:2)");

@@ -3,6 +3,7 @@
 
 #include "collectives/reduction.h"
 #include "dtrain/core/error.h"
+#include "dtrain/core/timeline.h"
 #include "dtrain/devices/device.h"
 
 namespace dtrain {
@@ -20,8 +21,16 @@ class HierarchicalCommunicator final : public SyncCollectives {
 
   void allreduce(Tensor& t, ReduceOp op) override {
     const ReduceOp partial = op == ReduceOp::kMean ? ReduceOp::kSum : op;
-    local_->allreduce(t, partial).wait();
+    {
+      timeline::Span s("all-reduce stage 1: within the worker", "collective");
+      local_->allreduce(t, partial).wait();
+    }
     if (local_->rank() == 0) {
+      timeline::Span s(std::string("all-reduce stage 2: across workers (") +
+                           (cross_->device && !t.device().host_accessible() ? "NCCL" : "ring") +
+                           (cross_->compression != Compression::kNone ? std::string(", ") + compression_name(cross_->compression)
+                                                                      : std::string()) + ")",
+                       "collective");
       const bool compress = cross_->compression != Compression::kNone && t.dtype() == DType::kFloat32;
       const DType wire = cross_->compression == Compression::kBF16 ? DType::kBFloat16 : DType::kFloat16;
       if (cross_->device && !t.device().host_accessible()) {
@@ -44,7 +53,10 @@ class HierarchicalCommunicator final : public SyncCollectives {
         if (h.raw_data() != t.raw_data()) t.copy_from(h);
       }
     }
-    local_->broadcast(t, 0).wait();
+    {
+      timeline::Span s("all-reduce stage 3: within the worker", "collective");
+      local_->broadcast(t, 0).wait();
+    }
     if (op == ReduceOp::kMean) {
       if (t.device().host_accessible()) {
         collectives::scale_for_mean(t.raw_data(), static_cast<size_t>(t.numel()), t.dtype(), size());

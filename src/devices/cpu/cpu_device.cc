@@ -11,6 +11,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "devices/cpu/cpu_kernels.h"
+#include "dtrain/core/timeline.h"
 #include "devices/worker_thread.h"
 #include "dtrain/devices/device.h"
 
@@ -43,6 +44,7 @@ class CpuDevice final : public Device {
         worker_([index, threads, pin] {
           omp_set_num_threads(threads);
           if (pin) pin_to_cores(index, threads);
+          timeline::set_thread_name("CPU:" + std::to_string(index) + " device");
         }) {}
 
   DeviceSpec spec() const override { return spec_; }

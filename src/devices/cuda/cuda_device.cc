@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "devices/cuda/cuda_allocator.h"
+#include "dtrain/core/timeline.h"
 #include "devices/cuda/cuda_check.h"
 #include "devices/cuda/cuda_context.h"
 #include "devices/cuda/cuda_kernels.h"
@@ -27,6 +28,7 @@ class CudaDevice final : public Device {
         worker_([index] {
           (void)cudaSetDevice(index);
           (void)cudaGetLastError();
+          timeline::set_thread_name("GPU:" + std::to_string(index) + " device");
         }) {}
 
   DeviceSpec spec() const override { return ctx_.spec(); }

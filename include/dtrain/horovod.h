@@ -49,6 +49,11 @@ struct DTRAIN_API InitOptions {
   // Horovod's HOROVOD_FUSION_THRESHOLD: DistributedOptimizer packs gradients into all-reduces of at
   // most this many bytes (default 64 MiB, as Horovod; env DTRAIN_FUSION_THRESHOLD overrides).
   size_t fusion_threshold_bytes = size_t{64} << 20;
+  // Horovod's stall inspector (HOROVOD_STALL_CHECK_TIME_SECONDS): a rank that has waited this long for
+  // the other ranks to start a collective logs a WARNING naming the collective and the ranks that have
+  // not reached it (they announce their progress in the TCP heartbeats), again each period, until the
+  // collective runs or its timeout fails it. 0 turns it off; env DTRAIN_STALL_CHECK_SECONDS overrides.
+  std::chrono::seconds stall_warning{60};
 };
 
 // Resolves this process's rank (TF_CONFIG from dtrain-run, SLURM under srun, OpenMPI under mpirun;

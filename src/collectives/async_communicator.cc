@@ -197,6 +197,14 @@ class AsyncCommunicator final : public Communicator {
   }
   Work barrier() override { return submit(Op::kBarrier, nullptr, nullptr, ReduceOp::kSum, 0); }
   void abort(const std::string& reason) override { q_->backend->abort(reason); }
+  void set_progress_marker(int64_t marker) override {
+    std::lock_guard<std::mutex> lock(q_->mu);
+    if (q_->backend) q_->backend->set_progress_marker(marker);
+  }
+  std::vector<int64_t> peer_markers() const override {
+    std::lock_guard<std::mutex> lock(q_->mu);
+    return q_->backend ? q_->backend->peer_markers() : std::vector<int64_t>{};
+  }
 
  private:
   // The caller keeps the tensors alive and untouched until wait() returns (Communicator's contract),

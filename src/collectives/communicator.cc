@@ -25,6 +25,8 @@ void Work::wait(std::chrono::milliseconds timeout) const {
 
 bool Work::ready() const { return !tracker_ || tracker_->done(id_); }
 
+bool Work::wait_for(std::chrono::milliseconds timeout) const { return !tracker_ || tracker_->wait(id_, timeout); }
+
 Work Work::completed() { return Work(); }
 
 Compression parse_compression(const std::string& n) {

@@ -28,6 +28,9 @@ class SyncCollectives {
   virtual void reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) = 0;
   virtual void barrier() = 0;
   virtual void abort(const std::string& reason) = 0;
+  // Communicator::set_progress_marker / peer_markers (backends with heartbeats).
+  virtual void set_progress_marker(int64_t /*marker*/) {}
+  virtual std::vector<int64_t> peer_markers() const { return {}; }
 };
 
 // The public face of a backend: collectives return at once with a Work completed by the

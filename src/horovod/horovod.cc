@@ -149,6 +149,13 @@ class Runtime {
         throw InvalidArgument(std::string("DTRAIN_FUSION_THRESHOLD must be a byte count >= 0, got '") + f + "'");
       opts_.fusion_threshold_bytes = static_cast<size_t>(v);
     }
+    if (const char* v = std::getenv("DTRAIN_STALL_CHECK_SECONDS"); v && *v) {
+      char* end = nullptr;
+      const long long secs = std::strtoll(v, &end, 10);
+      if (*end != '\0' || secs < 0)
+        throw InvalidArgument(std::string("DTRAIN_STALL_CHECK_SECONDS must be a number of seconds >= 0, got '") + v + "'");
+      opts_.stall_warning = std::chrono::seconds(secs);
+    }
     std::optional<ClusterResolution> c = resolve_cluster(false);
     bool mpi = false;
     if (!c && std::getenv("OMPI_COMM_WORLD_SIZE")) {
@@ -305,7 +312,8 @@ class Runtime {
     if (!comm_) return {mine};
     Tensor in = Tensor::from_vector<int64_t>(mine, Shape{kDescLen});
     Tensor out = Tensor::empty(Shape{static_cast<int64_t>(size_) * kDescLen}, DType::kInt64);
-    comm_->allgather(in, out).wait();
+    comm_->set_progress_marker(static_cast<int64_t>(seq_));  // "I have entered collective #seq_"
+    wait_reporting_stalls(comm_->allgather(in, out), mine);
     const std::vector<int64_t> all = out.to_vector<int64_t>();
     std::vector<Desc> ds(static_cast<size_t>(size_));
     for (int q = 0; q < size_; ++q) ds[static_cast<size_t>(q)].assign(all.begin() + q * kDescLen, all.begin() + (q + 1) * kDescLen);
@@ -315,6 +323,36 @@ class Runtime {
         last_joined_ = q;
       }
     return ds;
+  }
+
+  // Waits for the negotiation; every stall_warning seconds without it, names the ranks that have not
+  // reached this collective (from their heartbeats' progress markers).
+  void wait_reporting_stalls(const Work& w, const Desc& mine) {
+    const auto period = std::chrono::duration_cast<std::chrono::milliseconds>(opts_.stall_warning);
+    if (period.count() <= 0 || period >= opts_.timeout) {
+      w.wait();
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    while (!w.wait_for(period)) {
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const std::vector<int64_t> markers = comm_->peer_markers();
+      std::string missing;
+      for (size_t q = 0; q < markers.size(); ++q) {
+        if (static_cast<int>(q) == rank_ || markers[q] >= static_cast<int64_t>(seq_)) continue;
+        missing += (missing.empty() ? "" : ", ") + std::string("rank ") + std::to_string(q) +
+                   (markers[q] < 0 ? " (no collective yet)" : " (at #" + std::to_string(markers[q]) + ")");
+      }
+      char secs[32];
+      std::snprintf(secs, sizeof(secs), "%.1f", waited);
+      DTRAIN_LOG(WARNING) << "hvd stall: rank " << rank_ << " has waited " << secs << " s for collective #" << seq_
+                          << ", " << describe(mine) << "; "
+                          << (markers.empty() ? std::string("this transport cannot tell which ranks are missing")
+                              : missing.empty() ? std::string("every rank has reached it; its data is still moving")
+                                                : "not reached by: " + missing)
+                          << ". It fails after " << opts_.timeout.count() / 1000 << " s (InitOptions::timeout)";
+    }
+    w.wait();
   }
 
   // The descriptions of the ranks that have not joined; throws on every rank when they differ.

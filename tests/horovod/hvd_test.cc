@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <thread>
 
 #include "dtrain/dtrain.h"
 
@@ -215,6 +217,17 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   dtrain::hvd::InitOptions o;
   o.timeout = std::chrono::seconds(30);  // a bug shows as an error, not a hang
+  if (argc > 1 && std::string(argv[1]) == "--stall-demo") {
+    // The stall inspector: the last rank starts its all-reduce 3.5 s late; the others warn each second.
+    o.stall_warning = std::chrono::seconds(1);
+    dtrain::hvd::init(o);
+    dtrain::hvd::allreduce(dtrain::Tensor::full(dtrain::Shape{4}, 1.f), "warm-up", dtrain::hvd::Op::kSum);
+    if (dtrain::hvd::rank() == dtrain::hvd::size() - 1) std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+    const dtrain::Tensor t = dtrain::hvd::allreduce(dtrain::Tensor::full(dtrain::Shape{4}, 1.f), "late_tensor", dtrain::hvd::Op::kSum);
+    std::printf("stall demo: rank %d got %g\n", dtrain::hvd::rank(), t.to_vector<float>()[0]);
+    dtrain::hvd::shutdown();
+    return 0;
+  }
   dtrain::hvd::init(o);
   const int rc = RUN_ALL_TESTS();
   dtrain::hvd::shutdown();

@@ -73,6 +73,9 @@ class DTRAIN_API Work {
   // the collective times out itself), the collective is waited out, so that nothing touches the
   // caller's tensors any more, and DeadlineExceeded names it.
   void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds::max()) const;
+  // Waits up to `timeout` and says whether the collective is done; on false nothing is aborted (the
+  // collective goes on; wait() later). Errors are rethrown by wait(), not here.
+  bool wait_for(std::chrono::milliseconds timeout) const;
   // Whether the collective has completed (without waiting): poll().
   bool ready() const;
   static Work completed();
@@ -101,6 +104,12 @@ class DTRAIN_API Communicator {
   // Makes every pending and future collective of the group fail fast with `reason` (used when one
   // rank has failed, so the others do not wait for it).
   virtual void abort(const std::string& reason) = 0;
+  // Progress markers, for stall reports (hvd's stall inspector): this rank announces `marker` (e.g.
+  // the number of the collective it has entered) to every peer with its heartbeats, and
+  // peer_markers()[r] is the last marker heard from rank r (-1: none yet; empty: this backend has no
+  // heartbeats). Markers travel only while a collective is waiting for peers, which is when they matter.
+  virtual void set_progress_marker(int64_t /*marker*/) {}
+  virtual std::vector<int64_t> peer_markers() const { return {}; }
 };
 
 }  // namespace dtrain

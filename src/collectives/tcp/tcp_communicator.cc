@@ -23,6 +23,8 @@ class TcpCollectives final : public SyncCollectives {
   TcpCollectives(TcpGroupOptions o, std::vector<tcp::Peer> peers) : t_(std::move(o), std::move(peers)) {}
   int rank() const override { return t_.rank(); }
   int size() const override { return t_.size(); }
+  void set_progress_marker(int64_t marker) override { t_.set_progress_marker(marker); }
+  std::vector<int64_t> peer_markers() const override { return t_.peer_markers(); }
 
   void allreduce(Tensor& t, ReduceOp op) override {
     require_host(t, "allreduce");

@@ -19,6 +19,8 @@ TcpTransport::TcpTransport(TcpGroupOptions o, std::vector<Peer> peers)
       closed_(peers_.size(), false),
       send_mu_(peers_.size()),
       last_rx_(peers_.size()) {
+  peer_marker_ = std::make_unique<std::atomic<int64_t>[]>(peers_.size());
+  for (size_t r = 0; r < peers_.size(); ++r) peer_marker_[r].store(-1);
   heartbeat_ = std::thread([this] { heartbeat_loop(); });
 }
 
@@ -59,6 +61,7 @@ void TcpTransport::heartbeat_loop() {
     h.sender = static_cast<uint32_t>(rank());
     std::unique_lock<std::mutex> lock(hb_mu_);
     while (!hb_cv_.wait_for(lock, o_.heartbeat_interval, [this] { return stop_; })) {
+      h.seq = static_cast<uint64_t>(marker_.load(std::memory_order_relaxed));
       for (size_t r = 0; r < peers_.size(); ++r) {
         if (peers_[r].fd < 0) continue;  // a closed peer just fails the send (MSG_NOSIGNAL)
         std::unique_lock<std::mutex> send(send_mu_[r], std::try_to_lock);
@@ -91,6 +94,13 @@ void TcpTransport::abort(const std::string& reason) {
       ::send(p.fd, msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     }
   }
+
+std::vector<int64_t> TcpTransport::peer_markers() const {
+  std::vector<int64_t> out(peers_.size());
+  for (size_t r = 0; r < peers_.size(); ++r) out[r] = peer_marker_[r].load(std::memory_order_relaxed);
+  if (rank() >= 0 && static_cast<size_t>(rank()) < out.size()) out[static_cast<size_t>(rank())] = marker_.load();
+  return out;
+}
 
 std::string TcpTransport::name() const {
     return o_.rank < static_cast<int>(o_.task_names.size()) ? o_.task_names[static_cast<size_t>(o_.rank)] : "rank " + std::to_string(o_.rank);
@@ -214,6 +224,7 @@ void TcpTransport::exchange(int to, const void* sbuf_v, size_t sbytes, int from,
           if (k == static_cast<ssize_t>(sizeof(peek)) && peek.magic == tcp::kMagic &&
               peek.kind == static_cast<uint16_t>(FrameKind::kHeartbeat)) {
             ::recv(p.fd, &peek, sizeof(peek), MSG_DONTWAIT);  // consume it
+            peer_marker_[static_cast<size_t>(r)].store(static_cast<int64_t>(peek.seq), std::memory_order_relaxed);
             continue;
           }
           if (k > 0) parked[static_cast<size_t>(r)] = true;
@@ -229,6 +240,7 @@ void TcpTransport::exchange(int to, const void* sbuf_v, size_t sbytes, int from,
             r_hdr_got += static_cast<size_t>(k);
             if (r_hdr_got < sizeof(FrameHeader)) continue;
             if (rh.magic == tcp::kMagic && rh.kind == static_cast<uint16_t>(FrameKind::kHeartbeat)) {
+              peer_marker_[static_cast<size_t>(r)].store(static_cast<int64_t>(rh.seq), std::memory_order_relaxed);
               r_hdr_got = 0;  // nothing follows a heartbeat
               continue;
             }

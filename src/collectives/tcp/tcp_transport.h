@@ -36,6 +36,9 @@ class TcpTransport final : public collectives::Transport {
   // "worker:1", for messages.
   std::string name() const;
   const TcpGroupOptions& options() const { return o_; }
+  // Sent in the seq field of this rank's heartbeats; the last one heard from each peer (-1: none).
+  void set_progress_marker(int64_t marker) { marker_.store(marker, std::memory_order_relaxed); }
+  std::vector<int64_t> peer_markers() const;
 
  private:
   void heartbeat_loop();
@@ -54,6 +57,8 @@ class TcpTransport final : public collectives::Transport {
   mutable std::mutex abort_mu_;  // guards abort_reason_
   std::atomic<bool> aborted_{false};
   std::string abort_reason_;
+  std::atomic<int64_t> marker_{-1};
+  std::unique_ptr<std::atomic<int64_t>[]> peer_marker_;  // per peer, from its heartbeats
 };
 
 }  // namespace dtrain::tcp

@@ -102,12 +102,13 @@ memory::dims bn_dims(const Shape& s) {
 
 CpuKernels::State::State(int t) : uid(g_state_uid.fetch_add(1)), threads(t) {}
 
-dnnl::stream& CpuKernels::State::stream() {
+dnnl::stream& CpuKernels::State::stream(int64_t work) {
   // The thread count belongs to the device, not to the calling thread: the training loop's thread
   // (reductions, metrics) and the replica threads all run this device's primitives with its count.
   // Otherwise a thread left at the process default (all cores) starts an OpenMP team whose idle
   // workers spin on the cores the replicas need.
-  if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
+  const int want = work < kSerialWork ? 1 : threads;
+  if (omp_get_max_threads() != want) omp_set_num_threads(want);
   thread_local std::unordered_map<uint64_t, dnnl::stream> streams;
   auto it = streams.find(uid);
   if (it == streams.end()) it = streams.emplace(uid, dnnl::stream(engine)).first;
@@ -144,7 +145,7 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
       dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(amd, bmd, cmd), state_->engine);
       return std::make_shared<Matmul>(Matmul{dnnl::matmul(pd)});
     });
-    e->prim.execute(state_->stream(), {{DNNL_ARG_SRC, mem(amd, state_->engine, a)},
+    e->prim.execute(state_->stream(m * n * k / 8), {{DNNL_ARG_SRC, mem(amd, state_->engine, a)},
                                        {DNNL_ARG_WEIGHTS, mem(bmd, state_->engine, b)},
                                        {DNNL_ARG_DST, mem(cmd, state_->engine, c)}});
   } catch (const dnnl::error& err) {
@@ -168,7 +169,7 @@ Tensor CpuKernels::unary(UnaryOp op, const Tensor& x) {
           {prop_kind::forward_inference, alg, md, alpha, 0.f}, state_->engine);
       return std::make_shared<Eltwise>(Eltwise{dnnl::eltwise_forward(pd)});
     });
-    e->prim.execute(state_->stream(), {{DNNL_ARG_SRC, mem(md, state_->engine, x)},
+    e->prim.execute(state_->stream(x.numel()), {{DNNL_ARG_SRC, mem(md, state_->engine, x)},
                                        {DNNL_ARG_DST, mem(md, state_->engine, y)}});
   } catch (const dnnl::error& err) {
     rethrow_dnnl("unary", err);
@@ -201,7 +202,7 @@ Tensor CpuKernels::activation_backward(UnaryOp op, const Tensor& x_or_y, const T
       dnnl::eltwise_backward::primitive_desc pd({alg, md, md, 0.f, 0.f}, state_->engine, hint);
       return std::make_shared<EltwiseBwd>(EltwiseBwd{dnnl::eltwise_backward(pd)});
     });
-    e->prim.execute(state_->stream(), {{data_arg, mem(md, state_->engine, x_or_y)},
+    e->prim.execute(state_->stream(x_or_y.numel()), {{data_arg, mem(md, state_->engine, x_or_y)},
                                        {DNNL_ARG_DIFF_DST, mem(md, state_->engine, dy)},
                                        {DNNL_ARG_DIFF_SRC, mem(md, state_->engine, dx)}});
   } catch (const dnnl::error& err) {
@@ -242,7 +243,7 @@ Tensor CpuKernels::binary(BinaryOp op, const Tensor& a, const Tensor& b) {
                                       state_->engine);
       return std::make_shared<Binary>(Binary{dnnl::binary(pd)});
     });
-    e->prim.execute(state_->stream(), {{DNNL_ARG_SRC_0, mem(plain_md(ad), state_->engine, *src0)},
+    e->prim.execute(state_->stream(c.numel()), {{DNNL_ARG_SRC_0, mem(plain_md(ad), state_->engine, *src0)},
                                        {DNNL_ARG_SRC_1, mem(plain_md(bd), state_->engine, *src1)},
                                        {DNNL_ARG_DST, mem(plain_md(cd), state_->engine, c)}});
   } catch (const dnnl::error& err) {
@@ -300,7 +301,7 @@ Tensor CpuKernels::reduce(ReductionKind kind, const Tensor& x, const std::vector
       dnnl::reduction::primitive_desc pd({alg, plain_md(sd), plain_md(dd), 0.f, 0.f}, state_->engine);
       return std::make_shared<Reduction>(Reduction{dnnl::reduction(pd)});
     });
-    e->prim.execute(state_->stream(), {{DNNL_ARG_SRC, mem(plain_md(sd), state_->engine, x)},
+    e->prim.execute(state_->stream(x.numel()), {{DNNL_ARG_SRC, mem(plain_md(sd), state_->engine, x)},
                                        {DNNL_ARG_DST, mem(plain_md(dd), state_->engine, y)}});
   } catch (const dnnl::error& err) {
     rethrow_dnnl("reduce", err);
@@ -328,7 +329,7 @@ Tensor CpuKernels::cast(const Tensor& x, DType to) {
           dnnl::reorder::primitive_desc(state_->engine, src, state_->engine, dst))});
     });
     memory sm = mem(src, state_->engine, x), dm = mem(dst, state_->engine, y);
-    e->prim.execute(state_->stream(), sm, dm);
+    e->prim.execute(state_->stream(x.numel()), sm, dm);
   } catch (const dnnl::error& err) {
     rethrow_dnnl("cast", err);
   }
@@ -358,7 +359,7 @@ BatchNormForward CpuKernels::batch_norm_training(const Tensor& x, const Tensor& 
       return std::make_shared<BnFwd>(BnFwd{pd, dnnl::batch_normalization_forward(pd)});
     });
     const memory::desc cmd({d[1]}, dt::f32, tag::a);
-    e->prim.execute(state_->stream(), {{DNNL_ARG_SRC, mem(md, state_->engine, x)},
+    e->prim.execute(state_->stream(x.numel()), {{DNNL_ARG_SRC, mem(md, state_->engine, x)},
                                        {DNNL_ARG_DST, mem(md, state_->engine, out.y)},
                                        {DNNL_ARG_SCALE, mem(cmd, state_->engine, gamma)},
                                        {DNNL_ARG_SHIFT, mem(cmd, state_->engine, beta)},
@@ -388,7 +389,7 @@ Tensor CpuKernels::batch_norm_inference(const Tensor& x, const Tensor& gamma, co
       return std::make_shared<BnFwd>(BnFwd{pd, dnnl::batch_normalization_forward(pd)});
     });
     const memory::desc cmd({d[1]}, dt::f32, tag::a);
-    e->prim.execute(state_->stream(), {{DNNL_ARG_SRC, mem(md, state_->engine, x)},
+    e->prim.execute(state_->stream(x.numel()), {{DNNL_ARG_SRC, mem(md, state_->engine, x)},
                                        {DNNL_ARG_DST, mem(md, state_->engine, y)},
                                        {DNNL_ARG_SCALE, mem(cmd, state_->engine, gamma)},
                                        {DNNL_ARG_SHIFT, mem(cmd, state_->engine, beta)},
@@ -426,7 +427,7 @@ BatchNormBackward CpuKernels::batch_norm_backward(const Tensor& dy, const Tensor
       return std::make_shared<BnBwd>(BnBwd{dnnl::batch_normalization_backward(pd)});
     });
     const memory::desc cmd({d[1]}, dt::f32, tag::a);
-    e->prim.execute(state_->stream(), {{DNNL_ARG_SRC, mem(md, state_->engine, x)},
+    e->prim.execute(state_->stream(x.numel()), {{DNNL_ARG_SRC, mem(md, state_->engine, x)},
                                        {DNNL_ARG_DIFF_DST, mem(md, state_->engine, dy)},
                                        {DNNL_ARG_MEAN, mem(cmd, state_->engine, mean)},
                                        {DNNL_ARG_VARIANCE, mem(cmd, state_->engine, var)},

@@ -24,7 +24,12 @@ struct CpuKernels::State {
   explicit State(int threads);
   // The calling thread's stream on this engine (CPU streams execute on the calling thread); sets the
   // calling thread's OpenMP thread count to the device's.
-  dnnl::stream& stream();
+  // The calling thread's stream for this engine, with the OpenMP thread count set for a primitive of
+  // `work` units (elements touched; matmul: m n k / 8): the device's threads, or 1 below
+  // kSerialWork, where starting a team costs more than the op (a 32-wide MLP runs 8x faster on 2
+  // cores serially).
+  static constexpr int64_t kSerialWork = 65536;
+  dnnl::stream& stream(int64_t work = INT64_MAX);
 
   // Returns the cached object for `key`, building it with make() on first use.
   template <typename T>

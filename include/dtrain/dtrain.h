@@ -19,6 +19,7 @@
 #include "dtrain/model/optimizers.h"
 #include "dtrain/model/schedules.h"
 #include "dtrain/model/variable.h"
+#include "dtrain/strategies/ensemble_strategy.h"
 #include "dtrain/strategies/make_strategy.h"
 #include "dtrain/strategies/mirrored_strategy.h"
 #include "dtrain/strategies/multi_worker_mirrored_strategy.h"

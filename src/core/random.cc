@@ -55,4 +55,21 @@ void set_global_seed(uint64_t seed) {
   g_seq.reset(seed);
 }
 
+namespace {
+thread_local uint64_t t_branch = 0;
+}  // namespace
+
+uint64_t initializer_branch() { return t_branch; }
+void set_initializer_branch(uint64_t branch) { t_branch = branch; }
+
+Philox Philox::fork(uint64_t branch) const {
+  if (branch == 0) return *this;
+  uint64_t z = branch * 0x9E3779B97F4A7C15ull;  // splitmix64 of the branch, folded into the stream
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  Philox p = *this;
+  p.stream_ ^= z ^ (z >> 31);
+  return p;
+}
+
 }  // namespace dtrain

@@ -13,7 +13,8 @@ Initializer from_host(std::function<float(const Philox&, int64_t, const Shape&)>
     if (dtype != DType::kFloat32)
       throw InvalidArgument(std::string("initializers produce float32 variables, got ") + dtype_name(dtype));
     std::vector<float> v(static_cast<size_t>(shape.numel()));
-    for (int64_t i = 0; i < shape.numel(); ++i) v[static_cast<size_t>(i)] = f(rng, i, shape);
+    const Philox mine = rng.fork(initializer_branch());  // ensemble members draw their own weights
+    for (int64_t i = 0; i < shape.numel(); ++i) v[static_cast<size_t>(i)] = f(mine, i, shape);
     return Tensor::from_vector(v, shape, device);
   };
 }

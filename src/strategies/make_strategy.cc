@@ -1,5 +1,7 @@
 #include "dtrain/strategies/make_strategy.h"
 
+#include "dtrain/strategies/ensemble_strategy.h"
+
 #include <algorithm>
 #include <cstdlib>
 
@@ -52,7 +54,7 @@ StrategyOptions apply_environment(StrategyOptions o) {
 }
 
 std::vector<std::string> strategy_names() {
-  return {"default", "one_device", "mirrored", "central_storage", "multi_worker_mirrored", "parameter_server"};
+  return {"default", "one_device", "mirrored", "central_storage", "multi_worker_mirrored", "parameter_server", "ensemble"};
 }
 
 std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyOptions& given) {
@@ -88,6 +90,7 @@ std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyO
     if (name == "mirrored") return std::make_unique<MirroredStrategy>(m);
     return std::make_unique<CentralStorageStrategy>(m, DeviceSpec::cpu(0));
   }
+  if (name == "ensemble") return std::make_unique<EnsembleStrategy>(devices);
   if (name == "multi_worker_mirrored") {
     MirroredOptions m = options.mirrored;
     m.devices = options.devices;

@@ -39,6 +39,11 @@ int64_t meta_int(const std::map<std::string, std::string>& m, const std::string&
 
 std::string describe(const Tensor& t) { return std::string(dtype_name(t.dtype())) + " " + t.shape().to_string(); }
 
+// EnsembleStrategy: member m >= 1 of variable v is saved as "ensemble/member_<m>/<v>".
+std::string member_name(size_t m, const std::string& v) { return "ensemble/member_" + std::to_string(m) + "/" + v; }
+
+bool is_ensemble(const Strategy& s) { return s.extended().independent_replicas() && s.worker_devices().size() > 1; }
+
 }  // namespace
 
 Checkpoint::Checkpoint(Sequential& model, Optimizer* optimizer, Strategy* strategy)
@@ -47,9 +52,17 @@ Checkpoint::Checkpoint(Sequential& model, Optimizer* optimizer, Strategy* strate
 CheckpointData Checkpoint::capture(const TrainingPosition& p, const std::map<std::string, std::string>& extra) const {
   if (!model_.built()) throw FailedPrecondition("Checkpoint: the model is not built yet; build it (or fit) first");
   CheckpointData d;
-  for (const auto& v : model_.variables()) d.tensors.emplace_back(v->name(), v->value());
+  const bool ensemble = is_ensemble(*strategy_);
+  auto put = [&](const std::shared_ptr<Variable>& v) {
+    d.tensors.emplace_back(v->name(), v->value());  // member 0 (or the one model)
+    if (!ensemble) return;
+    const std::vector<Tensor> copies = v->device_values();
+    for (size_t m = 1; m < copies.size(); ++m) d.tensors.emplace_back(member_name(m, v->name()), copies[m]);
+  };
+  for (const auto& v : model_.variables()) put(v);
+  if (ensemble) d.metadata["dtrain.ensemble_members"] = std::to_string(strategy_->worker_devices().size());
   if (optimizer_) {
-    for (const auto& s : optimizer_->slot_variables()) d.tensors.emplace_back(s->name(), s->value());
+    for (const auto& s : optimizer_->slot_variables()) put(s);
     d.tensors.emplace_back(kIterations, int64_scalar(optimizer_->iterations()));
     d.metadata["dtrain.optimizer"] = optimizer_->config();
   }
@@ -103,13 +116,35 @@ TrainingPosition Checkpoint::restore(const CheckpointData& d, std::map<std::stri
                                dtype_name(v->dtype()) + " " + v->shape().to_string() + ", the checkpoint " + describe(*t));
   }
   for (const auto& [name, t] : d.tensors)
-    if (!known.count(name) && name.rfind("optimizer/", 0) != 0 && name.rfind("rng/", 0) != 0)
+    if (!known.count(name) && name.rfind("optimizer/", 0) != 0 && name.rfind("rng/", 0) != 0 &&
+        name.rfind("ensemble/", 0) != 0)
       throw FailedPrecondition("the checkpoint does not match the model: it holds variable '" + name + "' (" + describe(t) +
                                "), which the model does not have");
 
+  const bool ensemble = is_ensemble(*strategy_);
+  int members_found = 0;
+  // Every member gets the saved model (member 0's); ensemble checkpoints then give each its own.
+  auto set_members = [&](const std::shared_ptr<Variable>& v) {
+    if (!ensemble) return;
+    const size_t n = v->device_values().size();
+    for (size_t m = 1; m < n; ++m)
+      if (const Tensor* t = d.find(member_name(m, v->name()))) {
+        if (t->shape() != v->shape() || t->dtype() != v->dtype())
+          throw FailedPrecondition("checkpoint entry '" + member_name(m, v->name()) + "' is " + describe(*t) +
+                                   ", the variable " + v->shape().to_string());
+        v->update([&](Tensor& value, size_t copy) {
+          if (copy == m) value.copy_from(t->to(value.device()));
+        });
+        ++members_found;
+      }
+  };
   for (const auto& v : model_.variables()) {
     const Tensor* t = d.find(v->name());
     v->assign(t->to(v->value().device()));
+    set_members(v);
+  }
+  if (ensemble && members_found == 0) {
+    DTRAIN_LOG(WARNING) << "the checkpoint holds one model; every ensemble member starts from it";
   }
   if (optimizer_) {
     {
@@ -127,6 +162,7 @@ TrainingPosition Checkpoint::restore(const CheckpointData& d, std::map<std::stri
         throw FailedPrecondition("checkpoint slot '" + s->name() + "' is " + describe(*t) + ", the optimizer's " +
                                  s->shape().to_string());
       s->assign(t->to(s->value().device()));
+      set_members(s);
     }
     if (const Tensor* it = d.find(kIterations)) optimizer_->set_iterations(int64_of(*it, kIterations));
     if (!missing.empty()) {

@@ -131,6 +131,7 @@ EvalResult evaluate(Strategy& strategy, Sequential& model, const Dataset& test, 
 Tensor predict(Strategy& strategy, Sequential& model, const Dataset& data, int64_t batch_size) {
   if (batch_size < 1) throw InvalidArgument("predict(): batch_size must be >= 1, got " + std::to_string(batch_size));
   if (data.is_batched()) throw InvalidArgument("predict() takes an unbatched dataset; it batches by batch_size");
+  if (strategy.extended().independent_replicas()) return predict_ensemble(strategy, model, data, batch_size).mean;
   const std::vector<DeviceSpec> devices = strategy.worker_devices();
   const int local = static_cast<int>(devices.size());
   auto it = data.batch(batch_size, false).make_iterator();
@@ -170,6 +171,58 @@ Tensor predict(Strategy& strategy, Sequential& model, const Dataset& data, int64
   return all;
 }
 
+EnsemblePrediction predict_ensemble(Strategy& strategy, Sequential& model, const Dataset& data, int64_t batch_size) {
+  if (batch_size < 1) throw InvalidArgument("predict_ensemble(): batch_size must be >= 1, got " + std::to_string(batch_size));
+  if (data.is_batched()) throw InvalidArgument("predict_ensemble() takes an unbatched dataset; it batches by batch_size");
+  const std::vector<DeviceSpec> devices = strategy.worker_devices();
+  const size_t members = strategy.extended().independent_replicas() ? devices.size() : 1;
+  std::vector<std::vector<Tensor>> parts(members);
+  auto it = data.batch(batch_size, false).make_iterator();
+  std::vector<Tensor> b;
+  while (it->next(&b)) {
+    PerReplica in;
+    for (size_t m = 0; m < devices.size(); ++m) in.values.push_back({b[0].share_to(devices[m])});
+    const PerReplica out = strategy.run(
+        [&](ReplicaContext& rc, const std::vector<Tensor>& x) -> std::vector<Tensor> {
+          if (static_cast<size_t>(rc.replica_id_in_sync_group()) >= members) return {};
+          return {model(x[0], false)};
+        },
+        in);
+    for (size_t m = 0; m < members; ++m) parts[m].push_back(out.values.at(m).at(0).to(DeviceSpec::cpu()));
+  }
+  if (parts[0].empty()) throw InvalidArgument("predict_ensemble(): the dataset is empty");
+  EnsemblePrediction r;
+  for (auto& p : parts) {
+    std::vector<int64_t> dims = p[0].shape().dims();
+    dims[0] = 0;
+    for (const Tensor& t : p) dims[0] += t.shape()[0];
+    Tensor all = Tensor::empty(Shape(dims), p[0].dtype());
+    char* dst = static_cast<char*>(all.raw_data());
+    for (const Tensor& t : p) {
+      std::memcpy(dst, t.raw_data(), t.nbytes());
+      dst += t.nbytes();
+    }
+    r.members.push_back(all);
+  }
+  const int64_t n = r.members[0].numel();
+  std::vector<float> mean(static_cast<size_t>(n), 0.f), sd(static_cast<size_t>(n), 0.f);
+  for (const Tensor& t : r.members) {
+    const float* p = static_cast<const float*>(t.raw_data());
+    for (int64_t i = 0; i < n; ++i) mean[static_cast<size_t>(i)] += p[i] / static_cast<float>(members);
+  }
+  for (const Tensor& t : r.members) {
+    const float* p = static_cast<const float*>(t.raw_data());
+    for (int64_t i = 0; i < n; ++i) {
+      const float d = p[i] - mean[static_cast<size_t>(i)];
+      sd[static_cast<size_t>(i)] += d * d / static_cast<float>(members);
+    }
+  }
+  for (float& v : sd) v = std::sqrt(v);
+  r.mean = Tensor::from_vector(mean, r.members[0].shape());
+  r.stddev = Tensor::from_vector(sd, r.members[0].shape());
+  return r;
+}
+
 History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const Dataset& train,
             const Dataset* test, const FitOptions& options) {
   if (options.global_batch_size < 1)
@@ -207,6 +260,8 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
     epochs = static_cast<int>((options.steps + steps_per_epoch - 1) / steps_per_epoch);
   const bool async = !ext.synchronous();
   const bool across_workers = !async && ext.num_workers() > 1;
+  const bool independent = ext.independent_replicas();  // ensemble members
+  const double members = static_cast<double>(strategy.worker_devices().size());
   int64_t job_target = 0;
   if (async) {
     job_target = options.steps > 0 ? options.steps : options.epochs * steps_per_epoch * shard.count;
@@ -309,11 +364,17 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
     if (epoch == first_epoch) tally.set_states(ctx.initial_epoch_state);
     call(options.callbacks, &Callback::on_epoch_begin, logs);
     // The data order depends only on (seed, epoch, step): epoch e is shuffle(seed)'s pass e.
-    const Dataset epoch_ds = my_train.shuffle(options.shuffle_seed, false, static_cast<uint64_t>(epoch))
-                                 .skip(first_step * B)
-                                 .batch(B, options.drop_remainder)
-                                 .prefetch(2);
-    auto next = strategy.distribute_dataset(epoch_ds, B);
+    auto epoch_data = [&](uint64_t seed) {
+      return my_train.shuffle(seed, false, static_cast<uint64_t>(epoch))
+          .skip(first_step * B)
+          .batch(B, options.drop_remainder)
+          .prefetch(2);
+    };
+    // Ensemble members: each its own shuffle (seed + member) of all the data, at the full batch.
+    auto next = independent ? strategy.distribute_datasets_from_function([&](const InputContext& ic) {
+                                return epoch_data(options.shuffle_seed + static_cast<uint64_t>(ic.input_pipeline_id));
+                              })
+                            : strategy.distribute_dataset(epoch_data(options.shuffle_seed), B);
     int64_t epoch_images = 0;
     double epoch_seconds = 0;
     const auto epoch_start = Clock::now();
@@ -328,6 +389,7 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
         if (!next(&batch)) break;
       }
       rows_this_step = batch.global_rows;  // set by distribute_dataset: all workers' rows this step
+      if (independent) rows_this_step = batch.values.at(0).empty() ? 0 : batch.values[0][0].shape()[0];
       DTRAIN_CHECK(rows_this_step >= 0, "distribute_dataset left global_rows unset");
       acc_rows += static_cast<double>(rows_this_step);
       apply_now = k == 1 || ++micro == k;
@@ -336,7 +398,8 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
         micro = 0;
         acc_rows = 0;
       }
-      const double loss = strategy.reduce(ReduceOp::kSum, out)[0].item();
+      double loss = strategy.reduce(ReduceOp::kSum, out)[0].item();
+      if (independent) loss /= members;  // the members' mean
       tally.loss.update(loss, static_cast<double>(rows_this_step));
       const double secs = seconds_since(t0);
       if (h.steps - ctx.initial_global_step >= options.warmup_steps) {

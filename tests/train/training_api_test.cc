@@ -489,3 +489,105 @@ TEST_F(TrainingApi, ModelCheckpointKeepsTheBest) {
 
 }  // namespace
 }  // namespace dtrain
+
+namespace dtrain {
+namespace {
+
+TEST_F(TrainingApi, EnsembleOfOneIsOneDeviceBitwise) {
+  auto train = [&](Strategy& s) {
+    Sequential m;
+    std::unique_ptr<Optimizer> opt;
+    {
+      auto scope = s.scope();
+      set_global_seed(31);
+      m = mlp();
+      m.add(std::make_shared<Dropout>(0.1f));
+      opt = std::make_unique<Adam>(0.01f);
+    }
+    FitOptions o;
+    o.epochs = 2;
+    o.global_batch_size = 16;
+    o.shuffle_seed = 4;
+    const History h = fit(s, m, *opt, classification(80), nullptr, o);
+    return std::make_pair(weights(m), h.final_loss);
+  };
+  OneDeviceStrategy one(DeviceSpec::cpu(0));
+  EnsembleStrategy ens({DeviceSpec::cpu(0)});
+  EXPECT_EQ(ens.num_members(), 1);
+  EXPECT_EQ(train(one), train(ens));
+}
+
+TEST_F(TrainingApi, EnsembleMembersTrainApartPredictTogetherAndCheckpoint) {
+  EnsembleStrategy ens({DeviceSpec::cpu(0), DeviceSpec::cpu(1), DeviceSpec::cpu(2)});
+  Sequential m;
+  std::unique_ptr<Optimizer> opt;
+  {
+    auto scope = ens.scope();
+    set_global_seed(5);
+    m = mlp();
+    m.build(Shape{1, 4});
+    opt = std::make_unique<Adam>(0.02f);
+  }
+  // Members start apart (their own seeds).
+  const auto k0 = m.variables()[0]->device_values();
+  ASSERT_EQ(k0.size(), 3u);
+  EXPECT_NE(k0[0].to_vector<float>(), k0[1].to_vector<float>());
+  FitOptions o;
+  o.epochs = 6;
+  o.global_batch_size = 16;
+  const Dataset test = classification(60, 8);
+  const History h = fit(ens, m, *opt, classification(120), &test, o);
+  EXPECT_LT(h.epoch_loss.back(), h.epoch_loss.front());  // the members' mean loss falls
+  EXPECT_EQ(opt->iterations(), 6 * 8);                    // 120 / 16 -> 8 steps per epoch, per member
+  const auto k1 = m.variables()[0]->device_values();
+  EXPECT_NE(k1[1].to_vector<float>(), k1[2].to_vector<float>());
+  // Prediction: every member, the mean and the spread; predict() is the mean.
+  const EnsemblePrediction p = predict_ensemble(ens, m, test, 25);
+  ASSERT_EQ(p.members.size(), 3u);
+  const std::vector<float> a = p.members[0].to_vector<float>(), b = p.members[1].to_vector<float>(),
+                           c = p.members[2].to_vector<float>(), mean = p.mean.to_vector<float>(),
+                           sd = p.stddev.to_vector<float>();
+  double spread = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(mean[i], (a[i] + b[i] + c[i]) / 3, 1e-5);
+    const double mu = (a[i] + b[i] + c[i]) / 3.0;
+    EXPECT_NEAR(sd[i], std::sqrt(((a[i] - mu) * (a[i] - mu) + (b[i] - mu) * (b[i] - mu) + (c[i] - mu) * (c[i] - mu)) / 3), 1e-4);
+    spread += sd[i];
+  }
+  EXPECT_GT(spread, 0);
+  EXPECT_EQ(predict(ens, m, test, 25).to_vector<float>(), mean);
+  // A checkpoint holds every member: restored into another ensemble, every member comes back; into
+  // one device, member 0.
+  const std::string path = (dir_ / "ensemble.safetensors").string();
+  Checkpoint(m, opt.get(), &ens).save(path);
+  const CheckpointData saved = load_safetensors(path);
+  EXPECT_NE(saved.find("ensemble/member_2/dense/kernel"), nullptr);
+  EXPECT_NE(saved.find("ensemble/member_1/optimizer/dense/kernel/m"), nullptr);
+  EnsembleStrategy ens2({DeviceSpec::cpu(1), DeviceSpec::cpu(2), DeviceSpec::cpu(3)});
+  Sequential m2;
+  std::unique_ptr<Optimizer> opt2;
+  {
+    auto scope = ens2.scope();
+    m2 = mlp();
+    m2.build(Shape{1, 4});
+    opt2 = std::make_unique<Adam>(0.02f);
+  }
+  Checkpoint(m2, opt2.get(), &ens2).restore(path);
+  for (size_t v = 0; v < m.variables().size(); ++v)
+    for (size_t k = 0; k < 3; ++k)
+      EXPECT_EQ(m2.variables()[v]->device_values()[k].to_vector<float>(),
+                m.variables()[v]->device_values()[k].to_vector<float>());
+  OneDeviceStrategy one(DeviceSpec::cpu(0));
+  Sequential single;
+  {
+    auto scope = one.scope();
+    single = mlp();
+    single.build(Shape{1, 4});
+  }
+  Checkpoint(single, nullptr, &one).restore(path);
+  EXPECT_EQ(single.variables()[0]->value().to_vector<float>(), k1[0].to_vector<float>());
+  EXPECT_THROW(EnsembleStrategy({DeviceSpec::cpu(0), DeviceSpec::cpu(0)}), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -20,6 +20,9 @@ class DTRAIN_API Philox {
   float uniform(uint64_t i) const;
   // Standard normal for element i (Box-Muller on the block's words).
   float normal(uint64_t i) const;
+  // An independent stream for `branch` (branch 0: this one). EnsembleStrategy's member m draws its
+  // initial weights from branch m of each initializer's stream.
+  Philox fork(uint64_t branch) const;
 
  private:
   std::array<uint32_t, 2> key_;
@@ -43,5 +46,9 @@ class DTRAIN_API SeedSequence {
 // The process-wide sequence (set from --seed); thread-safe.
 DTRAIN_API Philox global_next_stream();
 DTRAIN_API void set_global_seed(uint64_t seed);
+// The branch random initializers fork their stream by on the calling thread (0 by default):
+// EnsembleStrategy sets it to the member whose copy of a variable it is initializing.
+DTRAIN_API uint64_t initializer_branch();
+DTRAIN_API void set_initializer_branch(uint64_t branch);
 
 }  // namespace dtrain

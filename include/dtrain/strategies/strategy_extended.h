@@ -68,6 +68,10 @@ class DTRAIN_API TrainingPolicy {
   // Called once when training ends, before the final evaluation: an asynchronous chief waits for the
   // other workers there and writes its final checkpoint.
   virtual void on_training_end() {}
+  // true: the local replicas are independent models (EnsembleStrategy's members): no gradient is
+  // all-reduced, each replica reads its own shuffle of all the data with the full batch, losses are
+  // averaged over them, and predictions gather every member.
+  virtual bool independent_replicas() const { return false; }
 };
 
 class DTRAIN_API StrategyExtended {
@@ -102,6 +106,7 @@ class DTRAIN_API StrategyExtended {
   InputShard input_shard() const { return policy_->input_shard(); }
   std::optional<int64_t> job_step() const { return policy_->job_step(); }
   void on_training_end() { policy_->on_training_end(); }
+  bool independent_replicas() const { return policy_->independent_replicas(); }
 
   AutoShardPolicy auto_shard_policy() const { return auto_shard_; }
   // kAuto becomes kData. Throws InvalidArgument for kFile (dtrain datasets are in memory).

@@ -74,6 +74,16 @@ DTRAIN_API EvalResult evaluate(Strategy& strategy, Sequential& model, const Data
 // first component is used), in order, as one CPU tensor [N, ...]. Each batch is split over the
 // local replicas; every worker computes all rows (no cross-worker traffic), so each gets the
 // whole result.
+// Under EnsembleStrategy: the members' mean (predict_ensemble gives each member and the spread).
 DTRAIN_API Tensor predict(Strategy& strategy, Sequential& model, const Dataset& data, int64_t batch_size = 256);
+
+// Every ensemble member's outputs for every row (float32 models), their mean and their standard
+// deviation (over members, population). Under another strategy: one member, the model's output.
+struct DTRAIN_API EnsemblePrediction {
+  std::vector<Tensor> members;  // [N, ...] each, on the CPU, member order
+  Tensor mean, stddev;
+};
+DTRAIN_API EnsemblePrediction predict_ensemble(Strategy& strategy, Sequential& model, const Dataset& data,
+                                               int64_t batch_size = 256);
 
 }  // namespace dtrain

@@ -1,0 +1,47 @@
+// EnsembleStrategy: every local device holds its own member of an ensemble. The model code is the
+// same as under any strategy (scope() and create_variable): each variable gets one copy per member,
+// member m's drawn from branch m of its initializer's random stream (branch 0 is the stream itself,
+// so an ensemble of one equals OneDeviceStrategy bit for bit). fit() gives every
+// member its own shuffle of all the training data (seed + m) at the full batch size and all-reduces
+// nothing; each member is its own sync group of one (num_replicas_in_sync() == 1;
+// replica_id_in_sync_group() is the member index). predict() returns the members' mean and
+// predict_ensemble() every member with the mean and spread; checkpoints hold every member.
+//
+// Thread-safety: as every Strategy (run() from one thread at a time).
+#pragma once
+
+#include "dtrain/core/export.h"
+
+#include <memory>
+#include <vector>
+
+#include "dtrain/core/random.h"
+#include "dtrain/strategies/strategy.h"
+
+namespace dtrain {
+
+class DTRAIN_API EnsembleStrategy : public Strategy {
+ public:
+  // One member per device (cpu:N splits the CPU into N logical devices). Throws InvalidArgument for
+  // no devices or a device listed twice; NotFound for one that does not exist.
+  explicit EnsembleStrategy(std::vector<DeviceSpec> devices);
+  ~EnsembleStrategy() override;
+  std::string name() const override;
+  int num_replicas_in_sync() const override { return 1; }
+  std::vector<DeviceSpec> worker_devices() const override { return devices_; }
+  int num_members() const { return static_cast<int>(devices_.size()); }
+
+  class Context;
+
+ protected:
+  PerReplica do_run(const ReplicaFn& fn, const PerReplica& inputs) override;
+  std::shared_ptr<Variable> do_create_variable(const VariableSpec& spec) override;
+  // Every member gets the whole batch (evaluation: each member on every example).
+  PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch) override;
+
+ private:
+  std::vector<DeviceSpec> devices_;
+  std::vector<std::unique_ptr<Context>> contexts_;
+};
+
+}  // namespace dtrain

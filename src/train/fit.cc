@@ -174,8 +174,15 @@ Tensor predict(Strategy& strategy, Sequential& model, const Dataset& data, int64
 EnsemblePrediction predict_ensemble(Strategy& strategy, Sequential& model, const Dataset& data, int64_t batch_size) {
   if (batch_size < 1) throw InvalidArgument("predict_ensemble(): batch_size must be >= 1, got " + std::to_string(batch_size));
   if (data.is_batched()) throw InvalidArgument("predict_ensemble() takes an unbatched dataset; it batches by batch_size");
+  if (!strategy.extended().independent_replicas()) {  // one model: its predictions, no spread
+    EnsemblePrediction one;
+    one.mean = predict(strategy, model, data, batch_size);
+    one.members.push_back(one.mean);
+    one.stddev = Tensor::zeros(one.mean.shape(), one.mean.dtype());
+    return one;
+  }
   const std::vector<DeviceSpec> devices = strategy.worker_devices();
-  const size_t members = strategy.extended().independent_replicas() ? devices.size() : 1;
+  const size_t members = devices.size();
   std::vector<std::vector<Tensor>> parts(members);
   auto it = data.batch(batch_size, false).make_iterator();
   std::vector<Tensor> b;
@@ -183,10 +190,7 @@ EnsemblePrediction predict_ensemble(Strategy& strategy, Sequential& model, const
     PerReplica in;
     for (size_t m = 0; m < devices.size(); ++m) in.values.push_back({b[0].share_to(devices[m])});
     const PerReplica out = strategy.run(
-        [&](ReplicaContext& rc, const std::vector<Tensor>& x) -> std::vector<Tensor> {
-          if (static_cast<size_t>(rc.replica_id_in_sync_group()) >= members) return {};
-          return {model(x[0], false)};
-        },
+        [&](ReplicaContext&, const std::vector<Tensor>& x) -> std::vector<Tensor> { return {model(x[0], false)}; },
         in);
     for (size_t m = 0; m < members; ++m) parts[m].push_back(out.values.at(m).at(0).to(DeviceSpec::cpu()));
   }

@@ -26,8 +26,12 @@ def main():
         x = [float(r["x"]) for r in rows]
         if i == 0:
             ax[0].plot(x, [float(r["exact"]) for r in rows], "k-", lw=3, alpha=0.25, label="exact: sin(pi x)")
-        ax[0].plot(x, [float(r["u"]) for r in rows], "--", lw=1.3, label=f"PINN: {label}")
-        ax[1].plot(x, [float(r["error"]) for r in rows], lw=1.2, label=label)
+        line, = ax[0].plot(x, [float(r["u"]) for r in rows], "--", lw=1.3, label=f"PINN: {label}")
+        ax[1].plot(x, [float(r["error"]) for r in rows], lw=1.2, color=line.get_color(), label=label)
+        sd = [float(r.get("stddev") or 0) for r in rows]
+        if any(sd):  # an ensemble: the members' spread around its mean
+            ax[1].fill_between(x, [-2 * s for s in sd], [2 * s for s in sd], color=line.get_color(), alpha=0.2,
+                               label=f"{label}: +- 2 sd of the members")
     ax[0].set_title("u(x) for -u'' = pi^2 sin(pi x), u(0) = u(1) = 0")
     ax[1].set_title("pointwise error u - sin(pi x)")
     ax[1].axhline(0, color="k", lw=0.6)

@@ -43,4 +43,14 @@ int ps_bench(const PsArgs& a);
 // One task of `ps` (started by dtrain-run): a ps task serves, a worker times pull+push steps.
 int ps_worker(long bytes, double seconds);
 
+struct ScalingArgs {
+  int max_replicas = 2;
+  int runs = 3;
+  int steps = 200;
+  int warmup = 20;
+  long batch_per_replica = 64;
+  bool json = false;
+};
+int scaling_bench(const ScalingArgs& a);
+
 }  // namespace dtrain::bench

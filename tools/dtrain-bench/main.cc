@@ -5,6 +5,7 @@
 //   dtrain-bench train --strategy=mirrored --devices=cpu:2 --peer=torch-ddp --runs=3
 //   dtrain-bench allreduce --backend=inproc --ranks=2 --sizes=4K,64K,1M,16M,64M --peer=mpi
 //   dtrain-bench ps --ps=1,2 --workers=1,2,4 --sizes=4K,1M,16M --train
+//   dtrain-bench scaling --max-replicas=2 --runs=3 --json
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -65,11 +66,20 @@ int main(int argc, char** argv) {
   pw->group("");  // hidden
   pw->add_option("--size", pw_size);
   pw->add_option("--seconds", pw_seconds);
+  ScalingArgs sc;
+  auto* scaling = app.add_subcommand("scaling", "images/sec and scaling efficiency, 1..N replicas in one process and 1..N processes");
+  scaling->add_option("--max-replicas", sc.max_replicas, "largest N")->check(CLI::PositiveNumber)->capture_default_str();
+  scaling->add_option("--runs", sc.runs, "interleaved rounds (median)")->check(CLI::PositiveNumber)->capture_default_str();
+  scaling->add_option("--steps", sc.steps, "training steps per run")->check(CLI::PositiveNumber)->capture_default_str();
+  scaling->add_option("--warmup", sc.warmup, "steps excluded from timing")->check(CLI::NonNegativeNumber)->capture_default_str();
+  scaling->add_option("--batch-size", sc.batch_per_replica, "batch per replica")->check(CLI::PositiveNumber)->capture_default_str();
+  scaling->add_flag("--json", sc.json, "also print one JSON object per result (tools/plot/plot_scaling.py)");
   CLI11_PARSE(app, argc, argv);
   try {
     if (*train) return train_bench(t);
     if (*ar) return allreduce_bench(r);
     if (*ps) return ps_bench(p);
+    if (*scaling) return scaling_bench(sc);
     if (*pw) return ps_worker(pw_size, pw_seconds);
     if (*aw) return allreduce_worker(wrank, waddrs, wtoken, r.sizes, r.iters, r.warmup);
   } catch (const std::exception& e) {

@@ -140,13 +140,15 @@ int main(int argc, char** argv) {
         auto scope = strategy.scope();
         model = dtrain::examples::reference_cnn();
         std::string line = optimizer_flag;
-        if (line.find("learning_rate=") == std::string::npos) line += " learning_rate=" + std::to_string(rate);
+        char rate_text[32];
+        std::snprintf(rate_text, sizeof(rate_text), "%.9g", static_cast<double>(rate));
+        if (line.find("learning_rate=") == std::string::npos) line += std::string(" learning_rate=") + rate_text;
         optimizer = dtrain::Optimizer::from_config(line);
         if (!schedule_flag.empty()) {
           std::string s = schedule_flag;
           const bool has_initial = s.find("initial_learning_rate=") != std::string::npos;
           if (!has_initial && s.rfind("piecewise_constant", 0) != 0 && s.rfind("constant", 0) != 0)
-            s += " initial_learning_rate=" + std::to_string(rate);
+            s += std::string(" initial_learning_rate=") + rate_text;
           optimizer->set_schedule(dtrain::LearningRateSchedule::from_config(s));
         }
       }

@@ -44,8 +44,12 @@ int main(int argc, char** argv) {
     hvd::init();
 
     // Horovod: pin GPU to be used to process local rank (one GPU per process).
-    const bool gpus = devices == "gpu" || (devices == "auto" && !dtrain::list_devices(dtrain::DeviceType::kCUDA).empty());
-    const dtrain::DeviceSpec device = gpus ? dtrain::DeviceSpec::gpu(hvd::local_rank()) : dtrain::DeviceSpec::cpu();
+    // (More ranks on a machine than GPUs: ranks share them round-robin, as CUDA_VISIBLE_DEVICES would.)
+    const int gpu_count = static_cast<int>(dtrain::list_devices(dtrain::DeviceType::kCUDA).size());
+    const bool gpus = devices == "gpu" || (devices == "auto" && gpu_count > 0);
+    if (gpus && gpu_count == 0) throw dtrain::NotFound("--devices=gpu but no CUDA GPU is visible");
+    const dtrain::DeviceSpec device =
+        gpus ? dtrain::DeviceSpec::gpu(hvd::local_rank() % gpu_count) : dtrain::DeviceSpec::cpu();
     dtrain::OneDeviceStrategy strategy(device);
 
     dtrain::set_global_seed(seed);
@@ -55,7 +59,10 @@ int main(int argc, char** argv) {
       data.train_labels = data.train_labels.slice_rows(0, train_limit);
     }
     // Horovod: each rank reads its own shard of the data.
-    const auto dataset = dtrain::Dataset::from_tensors({data.train_images, data.train_labels}).shard(hvd::size(), hvd::rank());
+    // Every rank takes the same number of examples (the smallest shard), so all run the same steps.
+    const int64_t per_rank = data.train_images.shape()[0] / hvd::size();
+    const auto dataset =
+        dtrain::Dataset::from_tensors({data.train_images, data.train_labels}).shard(hvd::size(), hvd::rank()).take(per_rank);
     const auto test = dtrain::Dataset::from_tensors({data.test_images, data.test_labels});
 
     dtrain::Sequential mnist_model;

@@ -69,8 +69,10 @@ DTRAIN_API int rank();
 DTRAIN_API int size();
 DTRAIN_API int local_rank();   // among the ranks on this machine
 DTRAIN_API int local_size();
-DTRAIN_API int cross_rank();   // this machine's index among the machines
-DTRAIN_API int cross_size();   // the number of machines
+// This machine's index among the machines and their number, assuming every machine runs the same
+// number of ranks, numbered contiguously (as dtrain-run -H and srun's block distribution do).
+DTRAIN_API int cross_rank();
+DTRAIN_API int cross_size();
 DTRAIN_API size_t fusion_threshold_bytes();
 
 // The pending result of an asynchronous collective (hvd.allreduce_async and friends).

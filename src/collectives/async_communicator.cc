@@ -161,8 +161,11 @@ class AsyncCommunicator final : public Communicator {
  public:
   AsyncCommunicator(std::unique_ptr<SyncCollectives> backend, std::chrono::milliseconds collective_timeout)
       : q_(std::make_shared<Queue>(std::move(backend), collective_timeout)) {
-    thread_ = std::thread([this] {
-      timeline::set_thread_name("collectives (communication thread)");
+    static std::atomic<int> groups{0};
+    const std::string name = "collectives #" + std::to_string(groups++) + " (rank " + std::to_string(q_->rank()) +
+                             " of " + std::to_string(q_->size()) + ")";
+    thread_ = std::thread([this, name] {
+      timeline::set_thread_name(name);  // distinct per communicator: rows of one name are merged
       loop();
     });
   }

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -30,8 +31,12 @@ struct ThreadBuffer {
   std::mutex mu;  // taken by the owner per event (uncontended) and by flush
 };
 
+constexpr int64_t kMaxEvents = 4'000'000;  // about 400 MB of trace: then recording stops, with a warning
+thread_local std::string t_name;           // set_thread_name's, kept until the buffer exists
+
 struct Recorder {
   std::atomic<bool> on{false};
+  std::atomic<int64_t> events{0};
   std::mutex mu;
   std::string path;
   std::vector<std::shared_ptr<ThreadBuffer>> threads;
@@ -53,7 +58,7 @@ struct Recorder {
       mine = std::make_shared<ThreadBuffer>();
       std::lock_guard<std::mutex> lock(mu);
       mine->tid = next_tid++;
-      mine->name = mine->tid == 0 ? "main" : "thread " + std::to_string(mine->tid);
+      mine->name = !t_name.empty() ? t_name : mine->tid == 0 ? "main" : "thread " + std::to_string(mine->tid);
       threads.push_back(mine);
     }
     return mine;
@@ -105,12 +110,20 @@ int64_t now_us() {
 
 void complete(const std::string& name, const char* category, int64_t begin, int64_t end) {
   if (!enabled()) return;
+  if (recorder().events.fetch_add(1, std::memory_order_relaxed) >= kMaxEvents) {
+    if (recorder().on.exchange(false)) {
+      DTRAIN_LOG(WARNING) << "timeline: " << kMaxEvents << " events recorded; recording stops here (the file keeps them)";
+    }
+    return;
+  }
   auto b = recorder().buffer();
   std::lock_guard<std::mutex> lock(b->mu);
   b->events.push_back({name, category, begin, std::max(begin, end)});
 }
 
 void set_thread_name(const std::string& name) {
+  t_name = name;
+  if (!enabled()) return;  // the buffer, made at the first event, takes the name then
   auto b = recorder().buffer();
   std::lock_guard<std::mutex> lock(b->mu);
   b->name = name;
@@ -118,18 +131,22 @@ void set_thread_name(const std::string& name) {
 
 std::string flush_timeline() {
   Recorder& r = recorder();
-  if (!r.on.load()) return "";
+  if (r.path.empty()) return "";
   std::lock_guard<std::mutex> lock(r.mu);
   const auto [file, row] = destination(r.path);
   const int pid = process_index(row);
   nlohmann::json events = nlohmann::json::array();
   events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", row}}}});
   events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
+  // Threads of the same name share a row (one input pipeline thread per epoch, say).
+  std::map<std::string, int> row_of;
   for (const auto& t : r.threads) {
     std::lock_guard<std::mutex> tl(t->mu);
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", t->tid}, {"args", {{"name", t->name}}}});
+    auto [it, fresh] = row_of.try_emplace(t->name, static_cast<int>(row_of.size()));
+    if (fresh)
+      events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", it->second}, {"args", {{"name", t->name}}}});
     for (const Event& e : t->events)
-      events.push_back({{"name", e.name}, {"cat", e.category}, {"ph", "X"}, {"pid", pid}, {"tid", t->tid},
+      events.push_back({{"name", e.name}, {"cat", e.category}, {"ph", "X"}, {"pid", pid}, {"tid", it->second},
                         {"ts", e.begin}, {"dur", e.end - e.begin}});
   }
   const std::string tmp = file + ".tmp." + std::to_string(::getpid());

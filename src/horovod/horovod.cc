@@ -166,6 +166,7 @@ class Runtime {
     size_ = 1;
     local_rank_ = 0;
     local_size_ = 1;
+    last_joined_ = 0;
     if (c) {
       if (!c->is_training_worker())
         throw FailedPrecondition("hvd::init() on task " + c->task_name() +
@@ -196,6 +197,7 @@ class Runtime {
         comm_ = make_mpi_communicator(co);
       }
     }
+    joined_.assign(static_cast<size_t>(size_), false);
     stopping_ = false;
     worker_ = std::thread([this] { loop(); });
     initialized_ = true;
@@ -248,6 +250,7 @@ class Runtime {
     r.state = std::make_shared<Handle::State>();
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (!initialized_) throw FailedPrecondition("hvd: a collective was issued after hvd::shutdown()");
       if (name.empty()) name = std::string(kind_name(kind)) + "." + std::to_string(counters_[kind]++);
       if (name.size() > kNameBytes) name = name.substr(0, kNameBytes);
       r.name = std::move(name);
@@ -404,6 +407,10 @@ class Runtime {
           } else if (out.dtype() == DType::kFloat64) {
             double* p = static_cast<double*>(out.raw_data());
             for (int64_t i = 0; i < out.numel(); ++i) p[i] /= n_active;
+          } else if (out.dtype() == DType::kFloat16 || out.dtype() == DType::kBFloat16) {
+            const DType dt = out.dtype();
+            Tensor f = ops::cast(out, DType::kFloat32);
+            out = ops::cast(kernels_for(f).affine(f, 1.f / static_cast<float>(n_active), 0.f), dt);
           } else {
             throw InvalidArgument("hvd::allreduce average needs a float tensor, got " + std::string(dtype_name(out.dtype())) +
                                   "; use Op::kSum");
@@ -503,7 +510,7 @@ class Runtime {
   std::map<int64_t, int64_t> counters_;
   // Worker-thread state.
   uint64_t seq_ = 0;
-  std::vector<bool> joined_ = std::vector<bool>(1024, false);
+  std::vector<bool> joined_;  // per rank, sized by init()
   int last_joined_ = 0;
 
 };

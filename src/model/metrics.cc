@@ -159,7 +159,8 @@ std::unique_ptr<Metric> make_metric(const std::string& name) {
   if (name == "sparse_categorical_accuracy") return std::make_unique<SparseCategoricalAccuracy>();
   if (name == "top_k" || name == "sparse_top_k_categorical_accuracy")
     return std::make_unique<SparseTopKCategoricalAccuracy>(5, name);
-  if (name.rfind("top_", 0) == 0 && name.size() > 4 && name.find_first_not_of("0123456789", 4) == std::string::npos)
+  if (name.rfind("top_", 0) == 0 && name.size() > 4 && name.size() < 12 &&
+      name.find_first_not_of("0123456789", 4) == std::string::npos)
     return std::make_unique<SparseTopKCategoricalAccuracy>(std::stoi(name.substr(4)), name);
   if (name == "mse" || name == "mean_squared_error") return std::make_unique<MeanSquaredError>(name);
   if (name == "mae" || name == "mean_absolute_error") return std::make_unique<MeanAbsoluteError>(name);

@@ -79,8 +79,9 @@ void Optimizer::build(const std::vector<std::shared_ptr<Variable>>& vars) {
 
 int64_t Optimizer::iterations() const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = steps_.find(0);
-  return it == steps_.end() ? base_iterations_ : it->second;
+  // This process's first replica (replica ids start at worker rank x local replicas elsewhere than
+  // on the chief of a multi-worker job).
+  return steps_.empty() ? base_iterations_ : steps_.begin()->second;
 }
 
 void Optimizer::set_iterations(int64_t n) {

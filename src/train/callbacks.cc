@@ -174,9 +174,11 @@ void EarlyStopping::on_epoch_end(const TrainLogs& logs) {
     best_ = v;
     best_epoch_ = logs.epoch;
     wait_ = 0;
-    if (restore_best_) {
+    if (restore_best_) {  // every copy (an ensemble's members differ)
       best_weights_.clear();
-      for (const auto& var : model().variables()) best_weights_.push_back(var->value().to(DeviceSpec::cpu()).to_vector<float>());
+      for (const auto& var : model().variables()) best_weights_.push_back(var->device_values());
+      for (auto& copies : best_weights_)
+        for (Tensor& t : copies) t = t.to(DeviceSpec::cpu()).clone();
     }
     return;
   }
@@ -194,8 +196,14 @@ void EarlyStopping::on_epoch_end(const TrainLogs& logs) {
 void EarlyStopping::on_train_end(const TrainLogs&) {
   if (!restore_best_ || best_weights_.empty() || best_epoch_ < 0) return;
   const auto vars = model().variables();
-  for (size_t i = 0; i < vars.size() && i < best_weights_.size(); ++i)
-    vars[i]->assign(Tensor::from_vector(best_weights_[i], vars[i]->shape()));
+  for (size_t i = 0; i < vars.size() && i < best_weights_.size(); ++i) {
+    const std::vector<Tensor>& best = best_weights_[i];
+    if (best.size() == 1) {
+      vars[i]->assign(best[0]);
+      continue;
+    }
+    vars[i]->update([&](Tensor& value, size_t copy) { value.copy_from(best.at(copy).to(value.device())); });
+  }
 }
 
 // ---- CSVLogger ----
@@ -279,6 +287,11 @@ void LearningRateWarmup::on_train_batch_begin(const TrainLogs& logs) {
   }
   const double n = num_replicas_ > 0 ? num_replicas_ : strategy().num_replicas_in_sync();
   optimizer().set_learning_rate(static_cast<float>(target_ / n * (e * (n - 1) / warmup_epochs_ + 1)));
+}
+
+void LearningRateWarmup::on_train_end(const TrainLogs&) {
+  if (!done_ && saved_schedule_) optimizer().set_schedule(saved_schedule_);
+  done_ = true;
 }
 
 // ---- TerminateOnNaN ----

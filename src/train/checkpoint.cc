@@ -1,6 +1,7 @@
 #include "dtrain/train/checkpoint.h"
 
 #include <filesystem>
+#include <optional>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -103,77 +104,90 @@ TrainingPosition Checkpoint::restore(const std::string& path, std::map<std::stri
 
 TrainingPosition Checkpoint::restore(const CheckpointData& d, std::map<std::string, std::string>* metadata) const {
   if (!model_.built()) throw FailedPrecondition("Checkpoint::restore: build the model first (same layers, same input shape)");
-  // Check everything before changing anything.
+  const bool ensemble = is_ensemble(*strategy_);
+  // 1. Check everything before changing anything.
   std::set<std::string> known;
+  auto require_like = [&](const std::shared_ptr<Variable>& v, const std::string& name, const Tensor& t) {
+    if (t.shape() != v->shape() || t.dtype() != v->dtype())
+      throw FailedPrecondition("the checkpoint does not match the model: variable '" + name + "': the model has " +
+                               dtype_name(v->dtype()) + " " + v->shape().to_string() + ", the checkpoint " + describe(t));
+  };
   for (const auto& v : model_.variables()) {
     known.insert(v->name());
     const Tensor* t = d.find(v->name());
     if (!t)
       throw FailedPrecondition("the checkpoint does not match the model: variable '" + v->name() + "' (" +
                                dtype_name(v->dtype()) + " " + v->shape().to_string() + ") is not in it");
-    if (t->shape() != v->shape() || t->dtype() != v->dtype())
-      throw FailedPrecondition("the checkpoint does not match the model: variable '" + v->name() + "': the model has " +
-                               dtype_name(v->dtype()) + " " + v->shape().to_string() + ", the checkpoint " + describe(*t));
+    require_like(v, v->name(), *t);
   }
   for (const auto& [name, t] : d.tensors)
     if (!known.count(name) && name.rfind("optimizer/", 0) != 0 && name.rfind("rng/", 0) != 0 &&
         name.rfind("ensemble/", 0) != 0)
       throw FailedPrecondition("the checkpoint does not match the model: it holds variable '" + name + "' (" + describe(t) +
                                "), which the model does not have");
+  // The optimizer's state, when the checkpoint's optimizer is the same kind.
+  std::vector<std::shared_ptr<Variable>> slots;
+  bool same_optimizer = false;
+  std::optional<int64_t> iterations;
+  if (optimizer_) {
+    {
+      auto scope = strategy_->scope();
+      optimizer_->build(model_.trainable_variables());  // creates missing slots (zero state), changes no weight
+    }
+    const auto it = d.metadata.find("dtrain.optimizer");
+    const std::string saved = it == d.metadata.end() ? "" : it->second.substr(0, it->second.find(' '));
+    same_optimizer = saved.empty() || saved == optimizer_->name();
+    if (!same_optimizer) {
+      DTRAIN_LOG(WARNING) << "the checkpoint was written with optimizer '" << saved << "', this one is '"
+                          << optimizer_->name() << "': the weights are restored, the optimizer starts afresh";
+    } else {
+      slots = optimizer_->slot_variables();
+      for (const auto& sv : slots)
+        if (const Tensor* t = d.find(sv->name())) require_like(sv, sv->name(), *t);
+      if (const Tensor* t = d.find(kIterations)) iterations = int64_of(*t, kIterations);
+    }
+  }
+  std::vector<std::shared_ptr<Variable>> all = model_.variables();
+  all.insert(all.end(), slots.begin(), slots.end());
+  if (ensemble)
+    for (const auto& v : all)
+      for (size_t m = 1; m < v->device_values().size(); ++m)
+        if (const Tensor* t = d.find(member_name(m, v->name()))) require_like(v, member_name(m, v->name()), *t);
+  std::vector<std::pair<std::shared_ptr<Layer>, int64_t>> rng;
+  for (const auto& l : model_.layers())
+    if (l->rng_calls() >= 0)
+      if (const Tensor* t = d.find(rng_name(*l))) rng.emplace_back(l, int64_of(*t, rng_name(*l)));
 
-  const bool ensemble = is_ensemble(*strategy_);
+  // 2. Apply: every copy gets the saved value (member 0's); ensemble checkpoints then give each
+  // member its own.
   int members_found = 0;
-  // Every member gets the saved model (member 0's); ensemble checkpoints then give each its own.
-  auto set_members = [&](const std::shared_ptr<Variable>& v) {
-    if (!ensemble) return;
-    const size_t n = v->device_values().size();
-    for (size_t m = 1; m < n; ++m)
-      if (const Tensor* t = d.find(member_name(m, v->name()))) {
-        if (t->shape() != v->shape() || t->dtype() != v->dtype())
-          throw FailedPrecondition("checkpoint entry '" + member_name(m, v->name()) + "' is " + describe(*t) +
-                                   ", the variable " + v->shape().to_string());
+  std::vector<std::string> missing;
+  for (const auto& v : all) {
+    const Tensor* t = d.find(v->name());
+    if (!t) {
+      missing.push_back(v->name());
+      continue;
+    }
+    v->assign(t->to(v->value().device()));
+    if (!ensemble) continue;
+    for (size_t m = 1; m < v->device_values().size(); ++m)
+      if (const Tensor* tm = d.find(member_name(m, v->name()))) {
         v->update([&](Tensor& value, size_t copy) {
-          if (copy == m) value.copy_from(t->to(value.device()));
+          if (copy == m) value.copy_from(tm->to(value.device()));
         });
         ++members_found;
       }
-  };
-  for (const auto& v : model_.variables()) {
-    const Tensor* t = d.find(v->name());
-    v->assign(t->to(v->value().device()));
-    set_members(v);
   }
   if (ensemble && members_found == 0) {
     DTRAIN_LOG(WARNING) << "the checkpoint holds one model; every ensemble member starts from it";
   }
-  if (optimizer_) {
-    {
-      auto scope = strategy_->scope();
-      optimizer_->build(model_.trainable_variables());
-    }
-    std::vector<std::string> missing;
-    for (const auto& s : optimizer_->slot_variables()) {
-      const Tensor* t = d.find(s->name());
-      if (!t) {
-        missing.push_back(s->name());
-        continue;
-      }
-      if (t->shape() != s->shape())
-        throw FailedPrecondition("checkpoint slot '" + s->name() + "' is " + describe(*t) + ", the optimizer's " +
-                                 s->shape().to_string());
-      s->assign(t->to(s->value().device()));
-      set_members(s);
-    }
-    if (const Tensor* it = d.find(kIterations)) optimizer_->set_iterations(int64_of(*it, kIterations));
-    if (!missing.empty()) {
-      DTRAIN_LOG(WARNING) << "checkpoint holds no optimizer state for " << missing.size() << " slot(s) (first: '"
-                          << missing.front() << "'); they start afresh (a checkpoint written under "
-                          << "parameter_server keeps slots on the servers)";
-    }
+  if (iterations) optimizer_->set_iterations(*iterations);
+  if (!missing.empty()) {
+    DTRAIN_LOG(WARNING) << "checkpoint holds no optimizer state for " << missing.size() << " slot(s) (first: '"
+                        << missing.front() << "'); they start afresh (a checkpoint written under "
+                        << "parameter_server keeps slots on the servers)";
   }
-  for (const auto& l : model_.layers())
-    if (l->rng_calls() >= 0)
-      if (const Tensor* t = d.find(rng_name(*l))) l->set_rng_calls(int64_of(*t, rng_name(*l)));
+  for (const auto& [layer, calls] : rng) layer->set_rng_calls(calls);
   if (metadata) *metadata = d.metadata;
   TrainingPosition p;
   p.epoch = meta_int(d.metadata, "dtrain.epoch");
@@ -254,6 +268,10 @@ void BackupAndRestore::on_train_begin(const TrainLogs&) {
                              std::to_string(static_cast<int>(agree[0])) + " of " + std::to_string(static_cast<int>(workers)) +
                              " found one); every worker must read the same directory (a shared file system)");
   if (!p) return;
+  if (auto it = meta.find("dtrain.global_batch"); it != meta.end() && it->second != std::to_string(ctx.global_batch_size))
+    throw FailedPrecondition("BackupAndRestore: the backup in '" + dir_ + "' was made with global batch " + it->second +
+                             ", this run uses " + std::to_string(ctx.global_batch_size) +
+                             " (the data position would be wrong); run the same command again, or remove the directory");
   if (auto it = meta.find("dtrain.shuffle_seed"); it != meta.end() && it->second != std::to_string(ctx.shuffle_seed))
     throw FailedPrecondition("BackupAndRestore: the backup in '" + dir_ + "' was made with shuffle seed " + it->second +
                              ", this run uses " + std::to_string(ctx.shuffle_seed) +
@@ -278,7 +296,8 @@ void BackupAndRestore::on_train_begin(const TrainLogs&) {
 }
 
 void BackupAndRestore::backup(const TrainLogs&, const TrainingPosition& p) {
-  std::map<std::string, std::string> extra{{"dtrain.shuffle_seed", std::to_string(context().shuffle_seed)}};
+  std::map<std::string, std::string> extra{{"dtrain.shuffle_seed", std::to_string(context().shuffle_seed)},
+                                          {"dtrain.global_batch", std::to_string(context().global_batch_size)}};
   if (p.step > 0 && context().epoch_state) {
     nlohmann::json j = nlohmann::json::object();
     for (const auto& [k, v] : context().epoch_state()) j[k] = v;

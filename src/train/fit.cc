@@ -118,6 +118,8 @@ EvalResult evaluate(Strategy& strategy, Sequential& model, const Dataset& test, 
   flat = strategy.extended().sum_across_workers(flat);
   EvalResult r;
   r.examples = static_cast<int64_t>(flat[1]);
+  if (strategy.extended().independent_replicas())  // every member saw every example
+    r.examples /= static_cast<int64_t>(std::max<size_t>(1, strategy.worker_devices().size()));
   r.loss = flat[1] > 0 ? flat[0] / flat[1] : 0;
   tally.put_results(flat, 2, "", &r.metrics);
   if (auto it = r.metrics.find("accuracy"); it != r.metrics.end()) r.accuracy = it->second;
@@ -195,6 +197,9 @@ EnsemblePrediction predict_ensemble(Strategy& strategy, Sequential& model, const
     for (size_t m = 0; m < members; ++m) parts[m].push_back(out.values.at(m).at(0).to(DeviceSpec::cpu()));
   }
   if (parts[0].empty()) throw InvalidArgument("predict_ensemble(): the dataset is empty");
+  if (parts[0][0].dtype() != DType::kFloat32)
+    throw InvalidArgument(std::string("predict_ensemble(): the model's outputs are ") + dtype_name(parts[0][0].dtype()) +
+                          "; the mean and spread are computed for float32 outputs");
   EnsemblePrediction r;
   for (auto& p : parts) {
     std::vector<int64_t> dims = p[0].shape().dims();
@@ -261,7 +266,8 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
   if (steps_per_epoch == 0) throw InvalidArgument("fit(): no full batch in the training data");
   int epochs = options.epochs;
   if (options.steps > 0 && steps_per_epoch > 0)
-    epochs = static_cast<int>((options.steps + steps_per_epoch - 1) / steps_per_epoch);
+    epochs = static_cast<int>(std::min<int64_t>((options.steps + steps_per_epoch - 1) / steps_per_epoch,
+                                                std::numeric_limits<int>::max()));
   const bool async = !ext.synchronous();
   const bool across_workers = !async && ext.num_workers() > 1;
   const bool independent = ext.independent_replicas();  // ensemble members
@@ -281,6 +287,7 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
   ctx.optimizer = &optimizer;
   ctx.is_chief = ext.is_chief();
   ctx.shuffle_seed = options.shuffle_seed;
+  ctx.global_batch_size = options.global_batch_size;
   ctx.epoch_state = [&tally] { return tally.states(); };
   for (Callback* c : options.callbacks) c->set_context(&ctx);
 
@@ -300,6 +307,9 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
   };
 
   int64_t rows_this_step = 0;
+  bool request_stop = false;  // this worker's callbacks asked to stop (sent with the next step)
+  bool agreed_stop = false;   // every worker knows a stop was asked: all leave after the same step
+  auto stopping = [&] { return across_workers ? agreed_stop : ctx.stop_training; };
   const ReplicaFn step = [&](ReplicaContext& rc, const std::vector<Tensor>& in) -> std::vector<Tensor> {
     std::vector<Tensor> grads;
     Tensor loss;
@@ -313,12 +323,28 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
           for (auto& m : tally.metrics) m->update_state(ops::stop_gradient(out), in[1]);
       }
       timeline::Span s("backward", "compute");
-      grads = tape.gradient(loss, vars);
+      // Accumulating: the strategy's gradient packs must not start all-reduces of each micro-batch
+      // (the one all-reduce is of the accumulated sum, in apply_accumulated).
+      tape::GradientReadyHook* hook = k > 1 ? tape::set_gradient_ready_hook(nullptr) : nullptr;
+      try {
+        grads = tape.gradient(loss, vars);
+      } catch (...) {
+        if (k > 1) tape::set_gradient_ready_hook(hook);
+        throw;
+      }
+      if (k > 1) tape::set_gradient_ready_hook(hook);
     }
+    // Across workers, each step also carries whether this worker's callbacks asked to stop, so that
+    // every worker stops after the same step.
+    auto outputs = [&](Tensor l) {
+      std::vector<Tensor> o{std::move(l)};
+      if (across_workers) o.push_back(Tensor::full(Shape{1}, request_stop ? 1.f : 0.f, rc.device()));
+      return o;
+    };
     timeline::Span update(k == 1 || apply_now ? "optimizer update" : "accumulate gradients", "compute");
     if (k == 1) {
       optimizer.apply_gradients(grads, vars);
-      return {loss};
+      return outputs(loss);
     }
     std::vector<Tensor>& a = acc[static_cast<size_t>(rc.replica_id_in_sync_group()) % acc.size()];
     if (a.empty()) a.assign(vars.size(), Tensor());
@@ -329,7 +355,7 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
       a[i] = a[i].defined() ? kern.binary(BinaryOp::kAdd, a[i], weighted) : weighted;
     }
     if (apply_now) apply_accumulated(rc);
-    return {loss};
+    return outputs(loss);
   };
   int micro = 0;  // batches accumulated and not yet applied
   auto flush = [&] {
@@ -383,7 +409,7 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
     double epoch_seconds = 0;
     const auto epoch_start = Clock::now();
     PerReplica batch;
-    while (logs.step < logs.steps_per_epoch && !job_done() && !ctx.stop_training) {
+    while (logs.step < logs.steps_per_epoch && !job_done() && !stopping()) {
       logs.learning_rate = optimizer.learning_rate();
       call(options.callbacks, &Callback::on_train_batch_begin, logs);
       const auto t0 = Clock::now();  // timed from input fetch to the loss on the host
@@ -397,13 +423,16 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
       DTRAIN_CHECK(rows_this_step >= 0, "distribute_dataset left global_rows unset");
       acc_rows += static_cast<double>(rows_this_step);
       apply_now = k == 1 || ++micro == k;
+      request_stop = ctx.stop_training;
       PerReplica out = strategy.run(step, batch);
       if (apply_now) {
         micro = 0;
         acc_rows = 0;
       }
-      double loss = strategy.reduce(ReduceOp::kSum, out)[0].item();
+      const std::vector<Tensor> reduced = strategy.reduce(ReduceOp::kSum, out);
+      double loss = reduced[0].item();
       if (independent) loss /= members;  // the members' mean
+      if (across_workers && reduced.at(1).item() > 0) agreed_stop = ctx.stop_training = true;
       tally.loss.update(loss, static_cast<double>(rows_this_step));
       const double secs = seconds_since(t0);
       if (h.steps - ctx.initial_global_step >= options.warmup_steps) {
@@ -431,7 +460,7 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
     std::vector<double> flat = tally.flat_metric_states();
     flat.push_back(ctx.stop_training ? 1.0 : 0.0);
     if (across_workers) flat = ext.sum_across_workers(flat);
-    ctx.stop_training = flat.back() > 0;
+    agreed_stop = ctx.stop_training = flat.back() > 0;
     logs.values.clear();
     logs.loss = tally.loss.result();
     logs.values["loss"] = logs.loss;
@@ -457,6 +486,8 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
     if (ran)
       for (const auto& [key, v] : logs.values) h.history[key].push_back(v);
     if (last) break;
+    if (across_workers)  // a stop asked in on_epoch_end: every worker learns of it before the next epoch
+      agreed_stop = ctx.stop_training = ext.sum_across_workers({ctx.stop_training ? 1.0 : 0.0})[0] > 0;
   }
   if (!ended) ext.on_training_end();  // a callback stopped training at an epoch's end
   h.final_loss = h.epoch_loss.empty() ? 0 : h.epoch_loss.back();
@@ -464,6 +495,7 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
   logs.loss = h.final_loss;
   call(options.callbacks, &Callback::on_train_end, logs);
   for (Callback* c : options.callbacks) c->set_context(nullptr);
+  if (timeline::enabled()) timeline::flush_timeline();  // what a later kill would lose
   return h;
 }
 

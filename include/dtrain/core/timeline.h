@@ -11,7 +11,9 @@
 // one machine line up.
 //
 // Cost: when off, a Span is one relaxed atomic load. When on, events go to a buffer per thread
-// (no lock on the hot path) and are written once, at exit or flush_timeline().
+// (an uncontended lock per event) and are written at the end of every fit(), at exit, and by
+// flush_timeline(); after 4 million events recording stops with a WARNING. A task stopped by a
+// signal keeps what the last flush wrote.
 #pragma once
 
 #include "dtrain/core/export.h"

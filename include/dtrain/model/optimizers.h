@@ -52,7 +52,7 @@ class DTRAIN_API Optimizer {
                        const std::vector<std::shared_ptr<Variable>>& vars);
   // Creates slot variables up front (call inside strategy.scope(); apply_gradients does it lazily).
   void build(const std::vector<std::shared_ptr<Variable>>& vars);
-  // Number of apply_gradients calls so far (replica 0's count).
+  // Number of apply_gradients calls so far (this process's first replica's count).
   int64_t iterations() const;
   // Sets the count (a restored checkpoint's), for every replica; call between steps.
   void set_iterations(int64_t iterations);

@@ -1,8 +1,10 @@
 // Training callbacks (Keras style). fit() calls them on the training loop's thread, on every
 // worker of a multi-worker job with the same logs (loss and epoch metrics are global), so a
-// callback that stops training decides the same everywhere; fit() also agrees on stop_training
-// across workers at every epoch end. Callbacks that write files or print do so on the chief only
-// (is_chief()).
+// callback that stops training usually decides the same everywhere. When only some workers ask
+// (e.g. a wall-clock budget), fit() still stops them together: a stop asked in a batch callback
+// travels with the next step's loss and every worker leaves after that step; one asked at an
+// epoch's end is agreed on before the next epoch. Callbacks that write files or print do so on the
+// chief only (is_chief()).
 #pragma once
 
 #include "dtrain/core/export.h"
@@ -16,6 +18,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "dtrain/core/tensor.h"
 
 namespace dtrain {
 
@@ -62,6 +66,7 @@ struct DTRAIN_API TrainingContext {
   // Filled by fit() for callbacks that save the data position: the loss and metric sums so far.
   std::function<std::map<std::string, std::vector<double>>()> epoch_state;
   uint64_t shuffle_seed = 0;
+  int64_t global_batch_size = 0;
   // True while gradient accumulation holds batches not yet applied (no consistent backup then).
   bool accumulating = false;
   // During on_epoch_end: the epoch's log values, which a callback may change for the callbacks
@@ -137,7 +142,7 @@ class DTRAIN_API EarlyStopping : public Callback {
   MonitorMode mode_;
   double best_ = 0;
   int wait_ = 0, best_epoch_ = -1, stopped_epoch_ = -1;
-  std::vector<std::vector<float>> best_weights_;
+  std::vector<std::vector<Tensor>> best_weights_;  // per variable, every copy (host)
 };
 
 // Appends one CSV row per epoch (epoch and every log value, sorted by key) to `path`; chief only.
@@ -175,6 +180,7 @@ class DTRAIN_API LearningRateWarmup : public Callback {
   explicit LearningRateWarmup(double warmup_epochs = 5, int verbose = 0, int num_replicas = 0);
   void on_train_begin(const TrainLogs& logs) override;
   void on_train_batch_begin(const TrainLogs& logs) override;
+  void on_train_end(const TrainLogs& logs) override;  // hands the schedule back if warm-up was cut short
 
  private:
   double warmup_epochs_;

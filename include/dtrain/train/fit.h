@@ -65,7 +65,9 @@ struct DTRAIN_API EvalResult {
   std::map<std::string, double> metrics;  // by name, over all examples of all workers
 };
 // Loss and metrics (as FitOptions::metrics; empty: accuracy with the default loss) over the whole
-// test set, each worker taking its share, combined exactly. `callbacks` get the test hooks.
+// test set, each worker taking its share, combined exactly. `callbacks` get the test hooks. Under
+// EnsembleStrategy every member scores every example and the results are the members' means (the
+// accuracy of the ensemble's mean prediction comes from predict()).
 DTRAIN_API EvalResult evaluate(Strategy& strategy, Sequential& model, const Dataset& test, int64_t batch_size,
                     const LossFn& loss = {}, const std::vector<std::string>& metrics = {},
                     const std::vector<Callback*>& callbacks = {});

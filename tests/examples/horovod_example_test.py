@@ -47,7 +47,8 @@ def main():
     procs = []
     for r in range(2):
         e = dict(env, SLURM_PROCID=str(r), SLURM_LOCALID=str(r), SLURM_NODEID="0", SLURM_NTASKS="2",
-                 SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NODELIST="localhost", SLURM_STEP_TASKS_PER_NODE="2")
+                 SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NODELIST="127.0.0.1", SLURM_STEP_TASKS_PER_NODE="2")
+        # (an address: a minimal system may not resolve "localhost")
         procs.append(subprocess.Popen([example] + quick, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e))
     outs = [p.communicate(timeout=300)[0] for p in procs]
     if any(p.returncode != 0 for p in procs):

@@ -44,12 +44,21 @@ void half_pair(uint16_t* d, const uint16_t* a, const uint16_t* b, size_t n, Redu
   float fa[kChunk], fb[kChunk];
   for (size_t base = 0; base < n; base += kChunk) {
     const size_t m = std::min(kChunk, n - base);
-    for (size_t i = 0; i < m; ++i) {
-      fa[i] = bf16 ? bf16_to_float(a[base + i]) : f16_to_float(a[base + i]);
-      fb[i] = bf16 ? bf16_to_float(b[base + i]) : f16_to_float(b[base + i]);
+    if (bf16) {
+      for (size_t i = 0; i < m; ++i) {
+        fa[i] = bf16_to_float(a[base + i]);
+        fb[i] = bf16_to_float(b[base + i]);
+      }
+    } else {
+      f16_to_floats(a + base, fa, m);
+      f16_to_floats(b + base, fb, m);
     }
     into_loop(fa, fb, m, op);
-    for (size_t i = 0; i < m; ++i) d[base + i] = bf16 ? float_to_bf16(fa[i]) : float_to_f16(fa[i]);
+    if (bf16) {
+      for (size_t i = 0; i < m; ++i) d[base + i] = float_to_bf16(fa[i]);
+    } else {
+      floats_to_f16(fa, d + base, m);
+    }
   }
 }
 

@@ -1,5 +1,9 @@
 #include "dtrain/core/dtype.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <cmath>
 #include <cstring>
 
@@ -96,6 +100,38 @@ float f16_to_float(uint16_t h) {
   u |= sign;
   std::memcpy(&out, &u, 4);
   return out;
+}
+
+#if defined(__x86_64__)
+namespace {
+__attribute__((target("avx,f16c"))) void f32_to_f16_f16c(const float* in, uint16_t* out, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) out[i] = float_to_f16(in[i]);
+}
+__attribute__((target("avx,f16c"))) void f16_to_f32_f16c(const uint16_t* in, float* out, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+  for (; i < n; ++i) out[i] = f16_to_float(in[i]);
+}
+const bool kHaveF16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+}  // namespace
+#endif
+
+void floats_to_f16(const float* in, uint16_t* out, size_t n) {
+#if defined(__x86_64__)
+  if (kHaveF16c) return f32_to_f16_f16c(in, out, n);
+#endif
+  for (size_t i = 0; i < n; ++i) out[i] = float_to_f16(in[i]);
+}
+
+void f16_to_floats(const uint16_t* in, float* out, size_t n) {
+#if defined(__x86_64__)
+  if (kHaveF16c) return f16_to_f32_f16c(in, out, n);
+#endif
+  for (size_t i = 0; i < n; ++i) out[i] = f16_to_float(in[i]);
 }
 
 }  // namespace dtrain

@@ -6,6 +6,7 @@
 
 #include "dtrain/devices/device.h"
 #include "strategies/replica_scope.h"
+#include "strategies/solo_replica_context.h"
 
 namespace dtrain {
 namespace {
@@ -73,28 +74,10 @@ class EnsembleVariable final : public Variable {
 
 }  // namespace
 
-class EnsembleStrategy::Context final : public ReplicaContext {
+// A member: its own sync group of one, whose replica id is the member index.
+class EnsembleStrategy::Context final : public detail::SoloReplicaContext {
  public:
-  Context(Strategy* s, int member, DeviceSpec d) : strategy_(s), member_(member), device_(d) {}
-  Strategy& strategy() const override { return *strategy_; }
-  int replica_id_in_sync_group() const override { return member_; }
-  int num_replicas_in_sync() const override { return 1; }
-  DeviceSpec device() const override { return device_; }
-  std::vector<Tensor> all_reduce(ReduceOp, const std::vector<Tensor>& values) override {
-    std::vector<Tensor> out;  // a member's own group of one: SUM and MEAN are the identity
-    for (const auto& v : values) out.push_back(v.to(device_));
-    return out;
-  }
-  Tensor all_gather(const Tensor& value, int) override { return value.to(device_); }
-  std::vector<Tensor> merge_call(const std::function<std::vector<Tensor>(Strategy&, const PerReplica&)>& fn,
-                                 const std::vector<Tensor>& args) override {
-    return fn(*strategy_, PerReplica{{args}});
-  }
-
- private:
-  Strategy* strategy_;
-  int member_;
-  DeviceSpec device_;
+  Context(Strategy* s, int member, DeviceSpec d) : SoloReplicaContext(s, member, d) {}
 };
 
 EnsembleStrategy::EnsembleStrategy(std::vector<DeviceSpec> devices) : devices_(std::move(devices)) {

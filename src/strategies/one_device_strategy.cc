@@ -2,30 +2,14 @@
 
 #include "dtrain/devices/device.h"
 #include "strategies/replica_scope.h"
+#include "strategies/solo_replica_context.h"
 
 namespace dtrain {
 
-class OneDeviceStrategy::Context final : public ReplicaContext {
+// OneDevice's one replica: replica 0 of a group of one.
+class OneDeviceStrategy::Context final : public detail::SoloReplicaContext {
  public:
-  Context(Strategy* s, DeviceSpec d) : strategy_(s), device_(d) {}
-  Strategy& strategy() const override { return *strategy_; }
-  int replica_id_in_sync_group() const override { return 0; }
-  int num_replicas_in_sync() const override { return 1; }
-  DeviceSpec device() const override { return device_; }
-  std::vector<Tensor> all_reduce(ReduceOp, const std::vector<Tensor>& values) override {
-    std::vector<Tensor> out;  // SUM and MEAN over one replica are the identity
-    for (const auto& v : values) out.push_back(v.to(device_));
-    return out;
-  }
-  Tensor all_gather(const Tensor& value, int) override { return value.to(device_); }
-  std::vector<Tensor> merge_call(const std::function<std::vector<Tensor>(Strategy&, const PerReplica&)>& fn,
-                                 const std::vector<Tensor>& args) override {
-    return fn(*strategy_, PerReplica{{args}});
-  }
-
- private:
-  Strategy* strategy_;
-  DeviceSpec device_;
+  Context(Strategy* s, DeviceSpec d) : SoloReplicaContext(s, 0, d) {}
 };
 
 OneDeviceStrategy::OneDeviceStrategy(DeviceSpec device) : OneDeviceStrategy(device, false) {}

@@ -1,0 +1,128 @@
+// Shared by the GPU kernel tests (gpu_kernels_test.cc, gpu_training_kernels_test.cc): the devices,
+// random inputs, and the CPU-vs-GPU comparisons (close to float32 rounding, or bit for bit).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iomanip>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtrain/core/dtype.h"
+#include "dtrain/core/error.h"
+#include "dtrain/core/random.h"
+#include "dtrain/core/tensor.h"
+#include "dtrain/devices/device.h"
+
+
+namespace dtrain::gpu_test {
+
+
+const DeviceSpec kCpu = DeviceSpec::cpu(0);
+const DeviceSpec kGpu = DeviceSpec::gpu(0);
+
+inline Kernels& cpu() { return get_device(kCpu).kernels(); }
+inline Kernels& gpu() { return get_device(kGpu).kernels(); }
+
+// Uniform values in [lo, hi) from a Philox stream (host tensor).
+inline Tensor random_tensor(const Shape& s, uint64_t stream, float lo = -1.f, float hi = 1.f) {
+  Philox rng(2024, stream);
+  std::vector<float> v(static_cast<size_t>(s.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = lo + (hi - lo) * rng.uniform(i);
+  return Tensor::from_vector(v, s, kCpu);
+}
+
+inline Tensor random_labels(int64_t n, int32_t classes, uint64_t stream) {
+  Philox rng(7, stream);
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = static_cast<int32_t>(rng.uniform(i) * static_cast<float>(classes)) % classes;
+  return Tensor::from_vector(v, Shape{n}, kCpu);
+}
+
+// A copy on GPU:0. The device is created first: it registers the CUDA allocator.
+inline Tensor G(const Tensor& t) {
+  get_device(kGpu);
+  return t.to(kGpu);
+}
+
+// |cpu - gpu| <= atol + rtol * |cpu| elementwise (NaNs must match NaNs, infinities exactly).
+inline void expect_close(const Tensor& c, const Tensor& g, float rtol = 1e-4f, float atol = 1e-4f,
+                  const std::string& what = "") {
+  ASSERT_TRUE(c.defined() && g.defined()) << what;
+  ASSERT_EQ(c.shape().to_string(), g.shape().to_string()) << what;
+  ASSERT_EQ(c.dtype(), g.dtype()) << what;
+  EXPECT_EQ(g.device(), kGpu) << what;
+  const std::vector<float> a = c.to_vector<float>(), b = g.to_vector<float>();
+  size_t bad = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const bool ok = (std::isnan(a[i]) && std::isnan(b[i])) || a[i] == b[i] ||
+                    std::fabs(a[i] - b[i]) <= atol + rtol * std::fabs(a[i]);
+    if (!ok && bad++ < 8)
+      ADD_FAILURE() << what << " element " << i << ": cpu " << a[i] << " gpu " << b[i];
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << a.size() << " elements differ";
+}
+
+// An element's bytes as hex (most significant first), for messages.
+inline std::string hex_bits(const unsigned char* p, size_t n) {
+  std::ostringstream o;
+  o << "0x" << std::hex << std::setfill('0');
+  for (size_t i = n; i-- > 0;) o << std::setw(2) << static_cast<int>(p[i]);
+  return o.str();
+}
+
+// Whether an element of a floating-point dtype is +0 or -0.
+inline bool is_float_zero(const unsigned char* p, DType t) {
+  switch (t) {
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      uint16_t b;
+      std::memcpy(&b, p, 2);
+      return (b & 0x7fffu) == 0;
+    }
+    case DType::kFloat32: {
+      uint32_t b;
+      std::memcpy(&b, p, 4);
+      return (b & 0x7fffffffu) == 0;
+    }
+    case DType::kFloat64: {
+      uint64_t b;
+      std::memcpy(&b, p, 8);
+      return (b & 0x7fffffffffffffffull) == 0;
+    }
+    default:
+      return false;
+  }
+}
+
+// Bitwise equality of two tensors' contents (after copying to the host). With
+// signed_zeros_equal, +0 and -0 match (the CPU device's oneDNN float32 -> float16 reorder
+// returns +0 for -0; see the Cast test).
+inline void expect_bitwise_equal(const Tensor& c, const Tensor& g, const std::string& what = "",
+                          bool signed_zeros_equal = false) {
+  ASSERT_EQ(c.shape().to_string(), g.shape().to_string()) << what;
+  ASSERT_EQ(c.dtype(), g.dtype()) << what;
+  const Tensor hc = c.to(kCpu), hg = g.to(kCpu);
+  ASSERT_EQ(hc.nbytes(), hg.nbytes());
+  const auto* pa = static_cast<const unsigned char*>(hc.raw_data());
+  const auto* pb = static_cast<const unsigned char*>(hg.raw_data());
+  const size_t elem = dtype_size(c.dtype());
+  size_t bad = 0;
+  for (size_t i = 0; i < hc.nbytes(); i += elem) {
+    if (std::memcmp(pa + i, pb + i, elem) == 0) continue;
+    if (signed_zeros_equal && is_float_zero(pa + i, c.dtype()) && is_float_zero(pb + i, c.dtype())) continue;
+    if (bad++ < 8)
+      ADD_FAILURE() << what << " element " << i / elem << " differs bitwise: cpu " << hex_bits(pa + i, elem)
+                    << " gpu " << hex_bits(pb + i, elem);
+  }
+  EXPECT_EQ(bad, 0u) << what;
+}
+
+}  // namespace dtrain::gpu_test

@@ -1,0 +1,156 @@
+// GPU kernels of training against the CPU reference: losses, dropout masks, batch norm and the
+// optimizer updates (see gpu_kernels_test.cc). Every test skips when no CUDA device is visible.
+#include "devices/gpu_test_util.h"
+
+namespace dtrain {
+namespace {
+
+using namespace gpu_test;
+
+// --- losses ---
+
+TEST(GpuKernels, SoftmaxCrossEntropy) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const std::vector<std::pair<int64_t, int32_t>> cases = {{16, 10}, {5, 1}, {7, 1000}, {300, 33}};
+  for (const auto& [n, classes] : cases) {
+    const Tensor logits = random_tensor(Shape{n, classes}, 1100 + n, -4.f, 4.f);
+    const Tensor labels = random_labels(n, classes, 1200 + n);
+    Tensor loss_c, probs_c, loss_g, probs_g;
+    cpu().softmax_cross_entropy(logits, labels, &loss_c, &probs_c);
+    gpu().softmax_cross_entropy(G(logits), G(labels), &loss_g, &probs_g);
+    const std::string what = "N " + std::to_string(n) + " C " + std::to_string(classes);
+    expect_close(loss_c, loss_g, 1e-5f, 1e-6f, "loss " + what);
+    expect_close(probs_c, probs_g, 1e-5f, 1e-7f, "probs " + what);
+  }
+  const Tensor logits = random_tensor(Shape{3, 4}, 1300);
+  Tensor loss, probs;
+  for (int32_t bad : {4, -1}) {
+    const Tensor labels = Tensor::from_vector<int32_t>({0, bad, 1}, Shape{3});
+    EXPECT_THROW(cpu().softmax_cross_entropy(logits, labels, &loss, &probs), InvalidArgument);
+    EXPECT_THROW(gpu().softmax_cross_entropy(G(logits), G(labels), &loss, &probs), InvalidArgument);
+  }
+}
+
+TEST(GpuKernels, SoftmaxCrossEntropyBackward) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const int64_t n = 37;
+  const int32_t classes = 11;
+  const Tensor logits = random_tensor(Shape{n, classes}, 1400, -3.f, 3.f);
+  const Tensor labels = random_labels(n, classes, 1401);
+  const Tensor dloss = random_tensor(Shape{n}, 1402);
+  Tensor loss, probs;
+  cpu().softmax_cross_entropy(logits, labels, &loss, &probs);
+  expect_close(cpu().softmax_cross_entropy_backward(probs, labels, dloss),
+               gpu().softmax_cross_entropy_backward(G(probs), G(labels), G(dloss)), 1e-6f, 1e-7f);
+}
+
+// --- regularisation / normalisation ---
+
+TEST(GpuKernels, DropoutMaskIsBitIdenticalToCpuAndPhilox) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const std::vector<Shape> shapes = {Shape{1001}, Shape{3, 5, 7}, Shape{64, 257}, Shape{0}};
+  const std::vector<std::pair<uint64_t, uint64_t>> seeds = {
+      {0, 0}, {42, 7}, {0x123456789abcdefull, 1ull << 40}};
+  for (const Shape& shape : shapes)
+    for (float rate : {0.f, 0.1f, 0.5f, 0.9f})
+      for (const auto& [seed, stream] : seeds) {
+        const std::string what = shape.to_string() + " rate " + std::to_string(rate) + " seed " +
+                                 std::to_string(seed) + " stream " + std::to_string(stream);
+        const Tensor c = cpu().dropout_mask(shape, rate, seed, stream);
+        const Tensor g = gpu().dropout_mask(shape, rate, seed, stream);
+        expect_bitwise_equal(c, g, what);
+        const Philox rng(seed, stream);
+        const std::vector<float> gv = g.to_vector<float>();
+        const float keep = 1.f / (1.f - rate);
+        for (size_t i = 0; i < gv.size(); ++i)
+          ASSERT_EQ(gv[i], rng.uniform(i) >= rate ? keep : 0.f) << what << " element " << i;
+      }
+  EXPECT_THROW(gpu().dropout_mask(Shape{4}, 1.f, 0, 0), InvalidArgument);
+  EXPECT_THROW(gpu().dropout_mask(Shape{4}, -0.1f, 0, 0), InvalidArgument);
+}
+
+TEST(GpuKernels, BatchNormTrainingAndInference) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  uint64_t s = 1500;
+  for (const Shape& shape : {Shape{8, 5, 5, 6}, Shape{32, 10}, Shape{3, 1}, Shape{4096, 3}}) {
+    const int64_t c = shape[-1];
+    // An offset mean makes a one-pass variance lose digits; both devices must not.
+    const Tensor x = random_tensor(shape, s++, 2.f, 4.f);
+    const Tensor gamma = random_tensor(Shape{c}, s++, 0.5f, 1.5f);
+    const Tensor beta = random_tensor(Shape{c}, s++);
+    const BatchNormForward fc = cpu().batch_norm_training(x, gamma, beta, 1e-3f);
+    const BatchNormForward fg = gpu().batch_norm_training(G(x), G(gamma), G(beta), 1e-3f);
+    expect_close(fc.mean, fg.mean, 1e-5f, 1e-5f, "mean " + shape.to_string());
+    expect_close(fc.var, fg.var, 1e-4f, 1e-5f, "var " + shape.to_string());
+    expect_close(fc.y, fg.y, 1e-4f, 1e-4f, "y " + shape.to_string());
+    const Tensor mean = random_tensor(Shape{c}, s++), var = random_tensor(Shape{c}, s++, 0.1f, 2.f);
+    expect_close(cpu().batch_norm_inference(x, gamma, beta, mean, var, 1e-3f),
+                 gpu().batch_norm_inference(G(x), G(gamma), G(beta), G(mean), G(var), 1e-3f), 1e-5f,
+                 1e-5f, "inference " + shape.to_string());
+  }
+}
+
+TEST(GpuKernels, BatchNormBackward) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  uint64_t s = 1600;
+  for (const Shape& shape : {Shape{8, 5, 5, 6}, Shape{32, 10}, Shape{4096, 3}}) {
+    const int64_t c = shape[-1];
+    const Tensor x = random_tensor(shape, s++);
+    const Tensor dy = random_tensor(shape, s++);
+    const Tensor gamma = random_tensor(Shape{c}, s++, 0.5f, 1.5f);
+    const Tensor beta = random_tensor(Shape{c}, s++);
+    const BatchNormForward f = cpu().batch_norm_training(x, gamma, beta, 1e-3f);
+    const BatchNormBackward bc = cpu().batch_norm_backward(dy, x, gamma, f.mean, f.var, 1e-3f);
+    const BatchNormBackward bg =
+        gpu().batch_norm_backward(G(dy), G(x), G(gamma), G(f.mean), G(f.var), 1e-3f);
+    const float atol = 1e-4f * std::sqrt(static_cast<float>(shape.numel() / c));
+    expect_close(bc.dbeta, bg.dbeta, 1e-4f, atol, "dbeta " + shape.to_string());
+    expect_close(bc.dgamma, bg.dgamma, 1e-4f, atol, "dgamma " + shape.to_string());
+    expect_close(bc.dx, bg.dx, 1e-3f, 1e-4f, "dx " + shape.to_string());
+  }
+}
+
+// --- optimizers ---
+
+TEST(GpuKernels, SgdUpdate) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  for (int mode = 0; mode < 3; ++mode) {  // plain, momentum, nesterov
+    Tensor var_c = random_tensor(Shape{513}, 1700), var_g = G(var_c);
+    Tensor mom_c = Tensor::zeros(Shape{513}, DType::kFloat32, kCpu);
+    Tensor mom_g = Tensor::zeros(Shape{513}, DType::kFloat32, kGpu);
+    for (int step = 0; step < 3; ++step) {
+      const Tensor grad = random_tensor(Shape{513}, 1710 + static_cast<uint64_t>(step));
+      cpu().sgd_update(var_c, grad, mode ? &mom_c : nullptr, 0.1f, 0.9f, mode == 2);
+      gpu().sgd_update(var_g, G(grad), mode ? &mom_g : nullptr, 0.1f, 0.9f, mode == 2);
+    }
+    expect_close(var_c, var_g, 1e-5f, 1e-6f, "var mode " + std::to_string(mode));
+    expect_close(mom_c, mom_g, 1e-5f, 1e-6f, "momentum mode " + std::to_string(mode));
+  }
+}
+
+TEST(GpuKernels, AdamUpdate) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  Tensor var_c = random_tensor(Shape{1000}, 1800), var_g = G(var_c);
+  Tensor m_c = Tensor::zeros(Shape{1000}, DType::kFloat32, kCpu);
+  Tensor v_c = Tensor::zeros(Shape{1000}, DType::kFloat32, kCpu);
+  Tensor m_g = Tensor::zeros(Shape{1000}, DType::kFloat32, kGpu);
+  Tensor v_g = Tensor::zeros(Shape{1000}, DType::kFloat32, kGpu);
+  for (int64_t step = 1; step <= 4; ++step) {
+    const Tensor grad = random_tensor(Shape{1000}, 1810 + static_cast<uint64_t>(step));
+    cpu().adam_update(var_c, m_c, v_c, grad, 1e-2f, 0.9f, 0.999f, 1e-7f, step);
+    gpu().adam_update(var_g, m_g, v_g, G(grad), 1e-2f, 0.9f, 0.999f, 1e-7f, step);
+  }
+  expect_close(var_c, var_g, 1e-5f, 1e-6f, "var");
+  expect_close(m_c, m_g, 1e-5f, 1e-7f, "m");
+  expect_close(v_c, v_g, 1e-5f, 1e-8f, "v");
+}
+
+TEST(GpuKernels, RejectsCpuTensorsAndOtherDtypes) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Tensor x = random_tensor(Shape{4}, 1);
+  EXPECT_THROW(gpu().unary(UnaryOp::kRelu, x), InvalidArgument);  // on the CPU
+  EXPECT_THROW(gpu().unary(UnaryOp::kRelu, G(cpu().cast(x, DType::kFloat64))), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -58,6 +58,14 @@ Sequential mlp(int out = 3) {
   return m;
 }
 
+// The test model and its optimizer, made inside `s`'s scope (as user code does).
+template <typename MakeOptimizer>
+std::pair<Sequential, std::unique_ptr<Optimizer>> build(Strategy& s, MakeOptimizer make_optimizer, int outputs = 3) {
+  auto scope = s.scope();
+  Sequential m = mlp(outputs);
+  return {std::move(m), make_optimizer()};
+}
+
 std::vector<std::vector<float>> weights(Sequential& m) {
   std::vector<std::vector<float>> w;
   for (const auto& v : m.variables()) w.push_back(v->value().to(DeviceSpec::cpu()).to_vector<float>());
@@ -92,13 +100,7 @@ struct Recorder : Callback {
 
 TEST_F(TrainingApi, CallbacksSeeEveryHookInKerasOrder) {
   OneDeviceStrategy s(DeviceSpec::cpu(0));
-  Sequential m;
-  std::unique_ptr<Optimizer> opt;
-  {
-    auto scope = s.scope();
-    m = mlp();
-    opt = std::make_unique<SGD>(0.1f);
-  }
+  auto [m, opt] = build(s, [&] { return std::unique_ptr<Optimizer>(std::make_unique<SGD>(0.1f)); });
   const Dataset train = classification(40), test = classification(20, 9);
   Recorder r;
   FitOptions o;
@@ -126,13 +128,7 @@ struct StopAfter : Callback {
 
 TEST_F(TrainingApi, StopTrainingEndsAfterTheBatch) {
   MirroredStrategy s(on(2));
-  Sequential m;
-  std::unique_ptr<Optimizer> opt;
-  {
-    auto scope = s.scope();
-    m = mlp();
-    opt = std::make_unique<SGD>(0.1f);
-  }
+  auto [m, opt] = build(s, [&] { return std::unique_ptr<Optimizer>(std::make_unique<SGD>(0.1f)); });
   StopAfter stop(3);
   FitOptions o;
   o.epochs = 5;
@@ -146,13 +142,7 @@ TEST_F(TrainingApi, StopTrainingEndsAfterTheBatch) {
 
 TEST_F(TrainingApi, EarlyStoppingStopsAndRestoresTheBestWeights) {
   OneDeviceStrategy s(DeviceSpec::cpu(0));
-  Sequential m;
-  std::unique_ptr<Optimizer> opt;
-  {
-    auto scope = s.scope();
-    m = mlp();
-    opt = std::make_unique<SGD>(0.1f);
-  }
+  auto [m, opt] = build(s, [&] { return std::unique_ptr<Optimizer>(std::make_unique<SGD>(0.1f)); });
   // In "max" mode a falling loss never improves after epoch 0: patience 2 stops after epoch 2,
   // and restore_best_weights puts back epoch 0's weights.
   EarlyStopping es("loss", 0, 2, MonitorMode::kMax, true);
@@ -178,13 +168,7 @@ TEST_F(TrainingApi, EarlyStoppingStopsAndRestoresTheBestWeights) {
 
 TEST_F(TrainingApi, CsvLoggerSchedulerAndTerminateOnNan) {
   OneDeviceStrategy s(DeviceSpec::cpu(0));
-  Sequential m;
-  std::unique_ptr<Optimizer> opt;
-  {
-    auto scope = s.scope();
-    m = mlp();
-    opt = std::make_unique<Adam>(0.01f);
-  }
+  auto [m, opt] = build(s, [&] { return std::unique_ptr<Optimizer>(std::make_unique<Adam>(0.01f)); });
   const std::string csv = (dir_ / "log.csv").string();
   CSVLogger logger(csv);
   LearningRateScheduler sched([](int epoch, double lr) { return epoch == 0 ? lr : lr * 0.5; });
@@ -214,13 +198,7 @@ TEST_F(TrainingApi, CsvLoggerSchedulerAndTerminateOnNan) {
 
 TEST_F(TrainingApi, WarmupRisesToTheScaledRateThenHandsBack) {
   MirroredStrategy s(on(4));
-  Sequential m;
-  std::unique_ptr<Optimizer> opt;
-  {
-    auto scope = s.scope();
-    m = mlp();
-    opt = std::make_unique<SGD>(scale_learning_rate(0.01f, s.num_replicas_in_sync()));
-  }
+  auto [m, opt] = build(s, [&] { return std::unique_ptr<Optimizer>(std::make_unique<SGD>(scale_learning_rate(0.01f, s.num_replicas_in_sync()))); });
   LearningRateWarmup warm(1.0);
   struct Lr : Callback {
     std::vector<double> seen;
@@ -277,13 +255,7 @@ TEST_F(TrainingApi, MetricsAreExactSumsAcrossReplicas) {
 
 TEST_F(TrainingApi, RegressionFitWithATestSetAndPredict) {
   MirroredStrategy s(on(3));
-  Sequential m;
-  std::unique_ptr<Optimizer> opt;
-  {
-    auto scope = s.scope();
-    m = mlp(1);
-    opt = std::make_unique<Adam>(0.01f);
-  }
+  auto [m, opt] = build(s, [&] { return std::unique_ptr<Optimizer>(std::make_unique<Adam>(0.01f)); }, 1);
   // y = sum(x): a regression target [N, 1].
   auto make = [](int64_t n, uint64_t seed) {
     Philox rng(seed, 1);
@@ -460,13 +432,7 @@ TEST_F(TrainingApi, BackupAndRestoreResumesBitwise) {
 
 TEST_F(TrainingApi, ModelCheckpointKeepsTheBest) {
   OneDeviceStrategy s(DeviceSpec::cpu(0));
-  Sequential m;
-  std::unique_ptr<Optimizer> opt;
-  {
-    auto scope = s.scope();
-    m = mlp();
-    opt = std::make_unique<SGD>(0.1f);
-  }
+  auto [m, opt] = build(s, [&] { return std::unique_ptr<Optimizer>(std::make_unique<SGD>(0.1f)); });
   // "max" of a falling loss: only epoch 0 is ever the best, so one file.
   ModelCheckpoint mc((dir_ / "ckpt").string(), "loss", true, MonitorMode::kMax);
   FitOptions o;

@@ -5,6 +5,7 @@
 #include <future>
 
 #include "dtrain/devices/device.h"
+#include "strategies/cross_worker.h"
 #include "strategies/replica_scope.h"
 #include "strategies/solo_replica_context.h"
 
@@ -81,6 +82,37 @@ class EnsembleStrategy::Context final : public detail::SoloReplicaContext {
 };
 
 EnsembleStrategy::EnsembleStrategy(std::vector<DeviceSpec> devices) : devices_(std::move(devices)) {
+  make_contexts();
+  assemble(StrategyExtended(std::nullopt, nullptr, std::make_shared<EnsemblePolicy>()));
+}
+
+EnsembleStrategy::EnsembleStrategy(std::vector<DeviceSpec> devices, ClusterResolution cluster,
+                                   CommunicationOptions communication, std::string token)
+    : devices_(std::move(devices)) {
+  make_contexts();
+  cluster = detail::training_worker(std::move(cluster), communication.implementation, "ensemble");
+  std::shared_ptr<CrossWorkerOps> cross;
+  if (cluster.num_workers() > 1) {
+    cross = detail::connect_cross_worker(devices_, communication, cluster, std::move(token));
+    // Member numbers are worker * L + i: every worker must hold the same number L of members.
+    Tensor counts = Tensor::zeros(Shape{cluster.num_workers()}, DType::kFloat64);
+    static_cast<double*>(counts.raw_data())[cluster.worker_rank()] = static_cast<double>(devices_.size());
+    cross->all_reduce_sum(counts);
+    const std::vector<double> c = counts.to_vector<double>();
+    std::string table;
+    bool differ = false;
+    for (size_t w = 0; w < c.size(); ++w) {
+      differ = differ || c[w] != c[0];
+      table += (w ? ", " : "") + std::string("worker ") + std::to_string(w) + ": " + std::to_string(static_cast<int>(c[w]));
+    }
+    if (differ)
+      throw FailedPrecondition("ensemble across workers: every worker must have the same number of devices (one "
+                               "member each), but they have " + table + "; pass the same --devices to every worker");
+  }
+  assemble(StrategyExtended(std::move(cluster), std::move(cross), std::make_shared<EnsemblePolicy>()));
+}
+
+void EnsembleStrategy::make_contexts() {
   if (devices_.empty()) throw InvalidArgument("EnsembleStrategy needs at least one device (one per member)");
   for (size_t i = 0; i < devices_.size(); ++i) {
     for (size_t j = 0; j < i; ++j)
@@ -90,15 +122,19 @@ EnsembleStrategy::EnsembleStrategy(std::vector<DeviceSpec> devices) : devices_(s
     get_device(devices_[i]);  // NotFound, with the device list, now
     contexts_.push_back(std::make_unique<Context>(this, static_cast<int>(i), devices_[i]));
   }
-  assemble(StrategyExtended(std::nullopt, nullptr, std::make_shared<EnsemblePolicy>()));
 }
 
 EnsembleStrategy::~EnsembleStrategy() = default;
 
 std::string EnsembleStrategy::name() const {
   std::string s = "EnsembleStrategy(";
-  s += std::to_string(devices_.size());
-  s += " member(s):";
+  s += std::to_string(num_members());
+  s += " member(s)";
+  if (extended().num_workers() > 1)
+    s += ", members " + std::to_string(first_member()) + ".." +
+         std::to_string(first_member() + static_cast<int>(devices_.size()) - 1) + " on worker " +
+         std::to_string(extended().worker_rank()) + " of " + std::to_string(extended().num_workers());
+  s += ":";
   for (const auto& d : devices_) {
     s += ' ';
     s += d.to_string();
@@ -110,8 +146,8 @@ std::string EnsembleStrategy::name() const {
 std::shared_ptr<Variable> EnsembleStrategy::do_create_variable(const VariableSpec& spec) {
   std::vector<Tensor> copies;
   for (size_t m = 0; m < devices_.size(); ++m) {
-    // Member m draws from branch m of the initializer's random stream (member 0: the stream itself).
-    set_initializer_branch(m);
+    // Member g draws from branch g of the initializer's random stream (member 0: the stream itself).
+    set_initializer_branch(static_cast<uint64_t>(first_member()) + m);
     Tensor init;
     try {
       init = spec.initializer(spec.shape, spec.dtype, devices_[m]);

@@ -67,6 +67,7 @@ std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyO
   StrategyOptions options = apply_environment(given);
   // Only the multi-process strategies need this task's place in a job: a single-process strategy
   // does not read TF_CONFIG / SLURM / OpenMPI variables, so a job environment cannot break it.
+  // (ensemble reads it below: its members span the workers of a job when there is one.)
   const bool multi_process = name == "multi_worker_mirrored" || name == "parameter_server";
   if (multi_process && !options.cluster)
     options.cluster = resolve_cluster(options.communication.implementation == CommunicationOptions::Implementation::kMpi);
@@ -90,7 +91,14 @@ std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyO
     if (name == "mirrored") return std::make_unique<MirroredStrategy>(m);
     return std::make_unique<CentralStorageStrategy>(m, DeviceSpec::cpu(0));
   }
-  if (name == "ensemble") return std::make_unique<EnsembleStrategy>(devices);
+  if (name == "ensemble") {
+    // Under dtrain-run (a TF_CONFIG naming several training workers) the members span the workers.
+    std::optional<ClusterResolution> c = options.cluster;
+    if (!c) c = resolve_cluster(options.communication.implementation == CommunicationOptions::Implementation::kMpi);
+    if (c && c->num_workers() > 1)
+      return std::make_unique<EnsembleStrategy>(devices, std::move(*c), options.communication, options.job_token);
+    return std::make_unique<EnsembleStrategy>(devices);
+  }
   if (name == "multi_worker_mirrored") {
     MirroredOptions m = options.mirrored;
     m.devices = options.devices;

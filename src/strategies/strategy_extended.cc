@@ -28,6 +28,11 @@ std::vector<double> StrategyExtended::sum_across_workers(std::vector<double> val
   return t.to_vector<double>();
 }
 
+Tensor StrategyExtended::gather_across_workers(const Tensor& host) {
+  if (!cross_worker_ || cross_worker_->num_workers() == 1) return host;
+  return cross_worker_->all_gather(host);
+}
+
 void StrategyExtended::reduce_across_workers(std::vector<Tensor>& sums, std::vector<int64_t>& counts) {
   if (!cross_worker_ || cross_worker_->num_workers() == 1) return;
   for (Tensor& s : sums) {

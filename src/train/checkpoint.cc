@@ -1,5 +1,6 @@
 #include "dtrain/train/checkpoint.h"
 
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -43,7 +44,35 @@ std::string describe(const Tensor& t) { return std::string(dtype_name(t.dtype())
 // EnsembleStrategy: member m >= 1 of variable v is saved as "ensemble/member_<m>/<v>".
 std::string member_name(size_t m, const std::string& v) { return "ensemble/member_" + std::to_string(m) + "/" + v; }
 
-bool is_ensemble(const Strategy& s) { return s.extended().independent_replicas() && s.worker_devices().size() > 1; }
+// Members in the whole job (each worker holds worker_devices().size()) and this worker's first.
+size_t job_members(const Strategy& s) {
+  return s.worker_devices().size() * static_cast<size_t>(s.extended().num_workers());
+}
+size_t first_member(const Strategy& s) {
+  return s.worker_devices().size() * static_cast<size_t>(s.extended().worker_rank());
+}
+bool is_ensemble(const Strategy& s) { return s.extended().independent_replicas() && job_members(s) > 1; }
+
+// Every member's copy of a variable, in job-wide member order: this worker's copies, and under a
+// multi-worker ensemble the other workers' (gathered; collective).
+std::vector<Tensor> all_member_copies(Strategy& s, const Variable& v) {
+  std::vector<Tensor> copies = v.device_values();
+  if (s.extended().num_workers() == 1) {
+    for (Tensor& c : copies) c = c.to(DeviceSpec::cpu());
+    return copies;
+  }
+  std::vector<int64_t> dims = v.shape().dims();
+  dims.insert(dims.begin(), static_cast<int64_t>(copies.size()));
+  Tensor mine = Tensor::empty(Shape(dims), v.dtype());
+  for (size_t m = 0; m < copies.size(); ++m) {
+    const Tensor h = copies[m].to(DeviceSpec::cpu());
+    std::memcpy(static_cast<char*>(mine.raw_data()) + m * h.nbytes(), h.raw_data(), h.nbytes());
+  }
+  const Tensor all = s.extended().gather_across_workers(mine);
+  std::vector<Tensor> out;
+  for (int64_t g = 0; g < all.shape()[0]; ++g) out.push_back(all.slice_rows(g, g + 1).view(v.shape()).clone());
+  return out;
+}
 
 }  // namespace
 
@@ -55,13 +84,16 @@ CheckpointData Checkpoint::capture(const TrainingPosition& p, const std::map<std
   CheckpointData d;
   const bool ensemble = is_ensemble(*strategy_);
   auto put = [&](const std::shared_ptr<Variable>& v) {
-    d.tensors.emplace_back(v->name(), v->value());  // member 0 (or the one model)
-    if (!ensemble) return;
-    const std::vector<Tensor> copies = v->device_values();
+    if (!ensemble) {
+      d.tensors.emplace_back(v->name(), v->value());  // the one model
+      return;
+    }
+    const std::vector<Tensor> copies = all_member_copies(*strategy_, *v);  // collective across workers
+    d.tensors.emplace_back(v->name(), copies[0]);                         // member 0
     for (size_t m = 1; m < copies.size(); ++m) d.tensors.emplace_back(member_name(m, v->name()), copies[m]);
   };
   for (const auto& v : model_.variables()) put(v);
-  if (ensemble) d.metadata["dtrain.ensemble_members"] = std::to_string(strategy_->worker_devices().size());
+  if (ensemble) d.metadata["dtrain.ensemble_members"] = std::to_string(job_members(*strategy_));
   if (optimizer_) {
     for (const auto& s : optimizer_->slot_variables()) put(s);
     d.tensors.emplace_back(kIterations, int64_scalar(optimizer_->iterations()));
@@ -149,10 +181,17 @@ TrainingPosition Checkpoint::restore(const CheckpointData& d, std::map<std::stri
   }
   std::vector<std::shared_ptr<Variable>> all = model_.variables();
   all.insert(all.end(), slots.begin(), slots.end());
+  // Ensemble: this worker's local copy m is member first + m of the job ("ensemble/member_<g>/",
+  // member 0 under the plain name).
+  const size_t first = ensemble ? first_member(*strategy_) : 0;
+  auto member_tensor = [&](const std::shared_ptr<Variable>& v, size_t g) -> const Tensor* {
+    return g == 0 ? d.find(v->name()) : d.find(member_name(g, v->name()));
+  };
   if (ensemble)
     for (const auto& v : all)
-      for (size_t m = 1; m < v->device_values().size(); ++m)
-        if (const Tensor* t = d.find(member_name(m, v->name()))) require_like(v, member_name(m, v->name()), *t);
+      for (size_t m = 0; m < v->device_values().size(); ++m)
+        if (first + m > 0)
+          if (const Tensor* t = member_tensor(v, first + m)) require_like(v, member_name(first + m, v->name()), *t);
   std::vector<std::pair<std::shared_ptr<Layer>, int64_t>> rng;
   for (const auto& l : model_.layers())
     if (l->rng_calls() >= 0)
@@ -170,13 +209,14 @@ TrainingPosition Checkpoint::restore(const CheckpointData& d, std::map<std::stri
     }
     v->assign(t->to(v->value().device()));
     if (!ensemble) continue;
-    for (size_t m = 1; m < v->device_values().size(); ++m)
-      if (const Tensor* tm = d.find(member_name(m, v->name()))) {
-        v->update([&](Tensor& value, size_t copy) {
-          if (copy == m) value.copy_from(tm->to(value.device()));
-        });
-        ++members_found;
-      }
+    for (size_t m = 0; m < v->device_values().size(); ++m)
+      if (first + m > 0)
+        if (const Tensor* tm = member_tensor(v, first + m)) {
+          v->update([&](Tensor& value, size_t copy) {
+            if (copy == m) value.copy_from(tm->to(value.device()));
+          });
+          ++members_found;
+        }
   }
   if (ensemble && members_found == 0) {
     DTRAIN_LOG(WARNING) << "the checkpoint holds one model; every ensemble member starts from it";

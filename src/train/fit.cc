@@ -118,8 +118,9 @@ EvalResult evaluate(Strategy& strategy, Sequential& model, const Dataset& test, 
   flat = strategy.extended().sum_across_workers(flat);
   EvalResult r;
   r.examples = static_cast<int64_t>(flat[1]);
-  if (strategy.extended().independent_replicas())  // every member saw every example
-    r.examples /= static_cast<int64_t>(std::max<size_t>(1, strategy.worker_devices().size()));
+  if (strategy.extended().independent_replicas())  // every member (of every worker) saw every example
+    r.examples /= static_cast<int64_t>(std::max<size_t>(1, strategy.worker_devices().size())) *
+                  strategy.extended().num_workers();
   r.loss = flat[1] > 0 ? flat[0] / flat[1] : 0;
   tally.put_results(flat, 2, "", &r.metrics);
   if (auto it = r.metrics.find("accuracy"); it != r.metrics.end()) r.accuracy = it->second;
@@ -184,8 +185,8 @@ EnsemblePrediction predict_ensemble(Strategy& strategy, Sequential& model, const
     return one;
   }
   const std::vector<DeviceSpec> devices = strategy.worker_devices();
-  const size_t members = devices.size();
-  std::vector<std::vector<Tensor>> parts(members);
+  const size_t local = devices.size();
+  std::vector<std::vector<Tensor>> parts(local);
   auto it = data.batch(batch_size, false).make_iterator();
   std::vector<Tensor> b;
   while (it->next(&b)) {
@@ -194,7 +195,7 @@ EnsemblePrediction predict_ensemble(Strategy& strategy, Sequential& model, const
     const PerReplica out = strategy.run(
         [&](ReplicaContext&, const std::vector<Tensor>& x) -> std::vector<Tensor> { return {model(x[0], false)}; },
         in);
-    for (size_t m = 0; m < members; ++m) parts[m].push_back(out.values.at(m).at(0).to(DeviceSpec::cpu()));
+    for (size_t m = 0; m < local; ++m) parts[m].push_back(out.values.at(m).at(0).to(DeviceSpec::cpu()));
   }
   if (parts[0].empty()) throw InvalidArgument("predict_ensemble(): the dataset is empty");
   if (parts[0][0].dtype() != DType::kFloat32)
@@ -213,6 +214,22 @@ EnsemblePrediction predict_ensemble(Strategy& strategy, Sequential& model, const
     }
     r.members.push_back(all);
   }
+  // Members on other workers: every worker gets every member's predictions, in member order
+  // (worker w's local member i is member w * local + i).
+  StrategyExtended& ext = strategy.extended();
+  if (ext.num_workers() > 1) {
+    std::vector<int64_t> dims = r.members[0].shape().dims();
+    dims.insert(dims.begin(), static_cast<int64_t>(local));
+    Tensor mine = Tensor::empty(Shape(dims), DType::kFloat32);
+    for (size_t m = 0; m < local; ++m)
+      std::memcpy(static_cast<char*>(mine.raw_data()) + m * r.members[m].nbytes(), r.members[m].raw_data(),
+                  r.members[m].nbytes());
+    const Shape one = r.members[0].shape();
+    const Tensor all = ext.gather_across_workers(mine);
+    r.members.clear();
+    for (int64_t g = 0; g < all.shape()[0]; ++g) r.members.push_back(all.slice_rows(g, g + 1).view(one).clone());
+  }
+  const size_t members = r.members.size();
   const int64_t n = r.members[0].numel();
   std::vector<float> mean(static_cast<size_t>(n), 0.f), sd(static_cast<size_t>(n), 0.f);
   for (const Tensor& t : r.members) {
@@ -271,7 +288,8 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
   const bool async = !ext.synchronous();
   const bool across_workers = !async && ext.num_workers() > 1;
   const bool independent = ext.independent_replicas();  // ensemble members
-  const double members = static_cast<double>(strategy.worker_devices().size());
+  // Ensemble members in the whole job (every worker holds as many).
+  const double members = static_cast<double>(strategy.worker_devices().size() * static_cast<size_t>(ext.num_workers()));
   int64_t job_target = 0;
   if (async) {
     job_target = options.steps > 0 ? options.steps : options.epochs * steps_per_epoch * shard.count;

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """examples/function_approximation: data-parallel fits (one_device, mirrored cpu:2, 2 MWMS workers)
 reach RMSE < 0.05 against the target and agree with each other; an ensemble of 3 has 3 members, a
-mean with RMSE < 0.06 and a non-zero spread; an ensemble of one gives exactly the one_device fit; the
+mean with RMSE < 0.06 and a non-zero spread; an ensemble over 2 workers x 2 devices gives exactly
+what one process with 4 devices gives; an ensemble of one gives exactly the one_device fit; the
 plot script draws them.
 
   function_approximation_test.py BINARY DTRAIN_RUN PLOT_SCRIPT
@@ -31,6 +32,12 @@ def main():
             sys.exit(f"ensemble of 3: {ens}")
         print(f"ok: ensemble of 3: mean RMSE {ens['rmse']:.4f}, members {ens['member_rmse']:.4f}, "
               f"target inside +-2 sd on {100 * ens['inside_two_sd']:.0f}% of the grid")
+        # Members as workers: 2 processes x 2 devices train the members of one process with 4 devices.
+        four = run([binary, "--strategy=ensemble", "--devices=cpu:4"] + short)
+        spread = run([dtrain_run, "-np", "2", "--", binary, "--strategy=ensemble", "--devices=cpu:2"] + short)
+        if spread["members"] != 4 or spread["rmse"] != four["rmse"] or spread["member_rmse"] != four["member_rmse"]:
+            sys.exit(f"an ensemble of 2 workers x 2 devices differs from one process with 4 devices: {spread} vs {four}")
+        print(f"ok: ensemble over 2 workers x 2 devices = 1 process x 4 devices (mean RMSE {four['rmse']:.4f})")
         single = run([binary, "--strategy=ensemble", "--devices=cpu:1"] + short)
         if single["rmse"] != one["rmse"] or single["final_loss"] != one["final_loss"]:
             sys.exit(f"an ensemble of one differs from one_device: {single} vs {one}")

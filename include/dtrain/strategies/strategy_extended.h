@@ -49,6 +49,11 @@ class DTRAIN_API CrossWorkerOps {
   virtual void all_reduce_sum(Tensor& host) = 0;
   // Replaces `host` with worker 0's value. Collective.
   virtual void broadcast_from_chief(Tensor& host) = 0;
+  // Every worker's `host` (a CPU tensor of rank >= 1, the same shape and dtype on every worker)
+  // concatenated along axis 0 in worker order. Collective. The default sums zero tensors holding
+  // each worker's rows in its slot (exact: x + 0 == x) at num_workers() times the bytes of a real
+  // all-gather; the TCP ring and MPI override it.
+  virtual Tensor all_gather(const Tensor& host);
   // Extends the communicator of one local replica (of `local_replicas` in this process) to span
   // every replica of the job: reduce locally, cross workers, broadcast locally.
   virtual std::unique_ptr<Communicator> span_workers(std::unique_ptr<Communicator> local, int local_replicas) = 0;
@@ -96,6 +101,9 @@ class DTRAIN_API StrategyExtended {
   // Sums host values over every worker of a synchronous multi-worker job; the identity where workers
   // do not synchronize (a single process, or an asynchronous job whose workers each report their own).
   std::vector<double> sum_across_workers(std::vector<double> values);
+  // every worker's `host` concatenated along axis 0 (CrossWorkerOps::all_gather); `host` itself
+  // for a single process. Collective.
+  Tensor gather_across_workers(const Tensor& host);
   // Sums tensors and example counts over every worker (Strategy::reduce's cross-worker step). Collective.
   void reduce_across_workers(std::vector<Tensor>& sums, std::vector<int64_t>& counts);
   // Called by distribute_dataset before every step: under AutoShardPolicy OFF the workers agree to

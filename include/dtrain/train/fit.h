@@ -81,6 +81,8 @@ DTRAIN_API Tensor predict(Strategy& strategy, Sequential& model, const Dataset& 
 
 // Every ensemble member's outputs for every row (float32 models), their mean and their standard
 // deviation (over members, population). Under another strategy: one member, the model's output.
+// Members on several workers: collective (every worker calls it with the same data) and every
+// worker gets every member, in job-wide member order.
 struct DTRAIN_API EnsemblePrediction {
   std::vector<Tensor> members;  // [N, ...] each, on the CPU, member order
   Tensor mean, stddev;

@@ -133,7 +133,7 @@ std::vector<DeviceSpec> list_devices(DeviceType type) {
 std::vector<DeviceSpec> parse_devices_flag(const std::string& flag, int threads) {
   const std::string usage =
       "; accepted: --devices=cpu, --devices=cpu:N (N logical CPU devices), --devices=gpu (all "
-      "GPUs), --devices=gpu:0,1, --devices=auto";
+      "GPUs), --devices=gpu:0,1, --devices=gpu:local (the GPU of this process's local rank), --devices=auto";
   std::string f = flag;
   std::transform(f.begin(), f.end(), f.begin(), [](unsigned char c) { return std::tolower(c); });
   if (f == "auto") {
@@ -157,6 +157,25 @@ std::vector<DeviceSpec> parse_devices_flag(const std::string& flag, int threads)
   if (f == "gpu" || f.rfind("gpu:", 0) == 0) {
     const int visible = cuda_device_count();
     std::vector<DeviceSpec> out;
+    if (f == "gpu:local") {
+      // One GPU per process, by local rank (Horovod's pinning): the launcher's LOCAL_RANK
+      // (dtrain-run, torchrun), OpenMPI's or SLURM's; 0 when started alone.
+      int local = 0;
+      for (const char* name : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"})
+        if (const char* v = std::getenv(name); v && *v) {
+          const std::string sv = v;
+          if (!std::all_of(sv.begin(), sv.end(), ::isdigit))
+            throw InvalidArgument(std::string("--devices=gpu:local: ") + name + "='" + sv + "' is not a local rank");
+          local = std::stoi(sv);
+          break;
+        }
+      if (visible == 0)
+        throw Unavailable("--devices=gpu:local asks for this process's GPU (local rank " + std::to_string(local) +
+                          ") but none is visible (no CUDA device or no CUDA in this build); use --devices=cpu");
+      out.push_back(DeviceSpec::gpu(local % visible));
+      configure_devices({1, threads});
+      return out;
+    }
     if (f == "gpu") {
       for (int i = 0; i < visible; ++i) out.push_back(DeviceSpec::gpu(i));
     } else {

@@ -94,6 +94,24 @@ TEST(Devices, ParseFlagAndDescribe) {
   }
 }
 
+TEST(Devices, GpuLocalPinsTheGpuOfTheLocalRank) {
+  ::setenv("LOCAL_RANK", "x", 1);
+  EXPECT_THROW(parse_devices_flag("gpu:local"), InvalidArgument);  // a malformed LOCAL_RANK is named
+  ::setenv("LOCAL_RANK", "3", 1);
+  const int n = cuda_device_count();
+  if (n == 0) {
+    try {
+      parse_devices_flag("gpu:local");
+      FAIL() << "expected Unavailable";
+    } catch (const Unavailable& e) {
+      EXPECT_NE(std::string(e.what()).find("local rank 3"), std::string::npos) << e.what();
+    }
+  } else {
+    EXPECT_EQ(parse_devices_flag("gpu:local"), std::vector<DeviceSpec>{DeviceSpec::gpu(3 % n)});
+  }
+  ::unsetenv("LOCAL_RANK");
+}
+
 TEST(Errors, CheckFailuresAreInternalErrors) {
   EXPECT_THROW(DTRAIN_CHECK(1 == 2, "math"), Internal);
 }

@@ -69,6 +69,8 @@ def main():
         "token": os.environ.get("DTRAIN_JOB_TOKEN"),
         "cpus": sorted(os.sched_getaffinity(0)),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "local_rank": os.environ.get("LOCAL_RANK"),
+        "local_world_size": os.environ.get("LOCAL_WORLD_SIZE"),
         "argv": sys.argv[1:],
         "extra_args": rest,
         "pid": os.getpid(),

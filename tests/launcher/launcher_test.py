@@ -142,6 +142,7 @@ class LocalJob(LauncherCase):
                 for i, r in enumerate(reports):
                     self.assertEqual(r["cpus"], allowed[i * per:(i + 1) * per], f"worker:{i} of {n}")
                     self.assertEqual(r["omp_num_threads"], str(per))
+                    self.assertEqual((r["local_rank"], r["local_world_size"]), (str(i), str(n)))  # torchrun's
             else:  # more tasks than cores: one core each, round robin
                 for i, r in enumerate(reports):
                     self.assertEqual(r["cpus"], [allowed[i % len(allowed)]])
@@ -207,6 +208,8 @@ class LocalJob(LauncherCase):
         self.assertIn("stopping 2 parameter server(s)", err)
         tasks = ["worker:0", "worker:1", "ps:0", "ps:1", "evaluator:0"]
         reports = {t: self.report(t) for t in tasks}
+        # LOCAL_RANK numbers the training tasks on a host; ps and evaluator tasks get none.
+        self.assertEqual([reports[t]["local_rank"] for t in tasks], ["0", "1", None, None, None])
         for t in tasks:
             typ, idx = t.split(":")
             cfg = json.loads(reports[t]["tf_config"])

@@ -50,6 +50,7 @@ struct ScalingArgs {
   int warmup = 20;
   long batch_per_replica = 64;
   bool json = false;
+  std::string devices = "cpu";  // or "gpu"
 };
 int scaling_bench(const ScalingArgs& a);
 

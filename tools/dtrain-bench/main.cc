@@ -74,6 +74,11 @@ int main(int argc, char** argv) {
   scaling->add_option("--warmup", sc.warmup, "steps excluded from timing")->check(CLI::NonNegativeNumber)->capture_default_str();
   scaling->add_option("--batch-size", sc.batch_per_replica, "batch per replica")->check(CLI::PositiveNumber)->capture_default_str();
   scaling->add_flag("--json", sc.json, "also print one JSON object per result (tools/plot/plot_scaling.py)");
+  scaling->add_option("--devices", sc.devices,
+                      "cpu: replicas are logical CPU devices / processes with one thread each; gpu: one GPU per "
+                      "replica (Mirrored on gpu:0..N-1, and N processes pinned by --devices=gpu:local)")
+      ->check(CLI::IsMember({"cpu", "gpu"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     if (*train) return train_bench(t);

@@ -437,6 +437,10 @@ void Supervisor::loop() {
 
 bool Supervisor::task_failed() const { return task_failed_; }
 
+namespace {
+bool is_training(const Task& t) { return t.type == "worker" || t.type == "chief"; }
+}  // namespace
+
 int Supervisor::run() {
   argv_ = task_argv(o_.command, o_.devices);
   const std::string why = check_program(argv_.at(0));
@@ -456,7 +460,8 @@ int Supervisor::run() {
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string kv = *e;
     if (kv.rfind("TF_CONFIG=", 0) == 0 || kv.rfind("DTRAIN_TASK=", 0) == 0 ||
-        kv.rfind("DTRAIN_JOB_TOKEN=", 0) == 0) {
+        kv.rfind("DTRAIN_JOB_TOKEN=", 0) == 0 || kv.rfind("LOCAL_RANK=", 0) == 0 ||
+        kv.rfind("LOCAL_WORLD_SIZE=", 0) == 0) {
       continue;
     }
     base_env.push_back(kv);
@@ -474,6 +479,18 @@ int Supervisor::run() {
     c.env.push_back("TF_CONFIG=" + tf_config(o_.tasks, i));
     c.env.push_back("DTRAIN_TASK=" + o_.tasks[i].name());
     c.env.push_back("DTRAIN_JOB_TOKEN=" + o_.job_token);
+    if (is_training(o_.tasks[i])) {
+      // torchrun's LOCAL_RANK / LOCAL_WORLD_SIZE: this training task's place among those on its
+      // host (--devices=gpu:local pins GPU LOCAL_RANK; hvd::local_rank() is the same number).
+      int local = 0, local_size = 0;
+      for (size_t j = 0; j < o_.tasks.size(); ++j)
+        if (is_training(o_.tasks[j]) && o_.tasks[j].host == o_.tasks[i].host) {
+          if (j < i) ++local;
+          ++local_size;
+        }
+      c.env.push_back("LOCAL_RANK=" + std::to_string(local));
+      c.env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(local_size));
+    }
     for (const std::string& kv : o_.extra_env) c.env.push_back(kv);
     if (!shares.empty() && !shares[i].empty()) {
       c.cpus = shares[i];

@@ -47,7 +47,9 @@ DTRAIN_API Device& get_device(DeviceSpec spec);
 // The CPU devices configured and the CUDA GPUs visible (CUDA_VISIBLE_DEVICES honoured).
 DTRAIN_API std::vector<DeviceSpec> list_devices(DeviceType type);
 // Parses a --devices flag: "cpu", "cpu:N" (N logical CPU devices), "gpu" (all GPUs), "gpu:0,2",
-// or "auto" (all GPUs, else the CPU). Configures logical CPU devices as a side effect. Throws
+// "gpu:local" (one GPU per process: LOCAL_RANK mod the visible GPUs; LOCAL_RANK comes from
+// dtrain-run or torchrun, else OMPI_COMM_WORLD_LOCAL_RANK or SLURM_LOCALID, else 0), or "auto"
+// (all GPUs, else the CPU). Configures logical CPU devices as a side effect. Throws
 // InvalidArgument with the accepted forms.
 DTRAIN_API std::vector<DeviceSpec> parse_devices_flag(const std::string& flag, int threads_per_cpu_device = 0);
 // Kernels for the device a tensor lives on.

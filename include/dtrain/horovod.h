@@ -15,8 +15,9 @@
 // every rank throws FailedPrecondition with a table of what each rank issued, instead of hanging
 // or mixing up tensors. Ranks that called join() take part with zeros until every rank has joined.
 //
-// Thread-safety: collectives may be issued from any thread; they run one at a time, in issue order,
-// on one background thread per process (issue them in the same order on every rank).
+// Thread-safety: collectives may be issued from any thread; they run in issue order on one
+// background thread per process (issue them in the same order on every rank), all-reduces queued
+// together fused (InitOptions::cycle_time, fusion_threshold_bytes).
 #pragma once
 
 #include "dtrain/core/export.h"
@@ -46,9 +47,19 @@ struct DTRAIN_API InitOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};
   std::string token;  // the job token; default DTRAIN_JOB_TOKEN (dtrain-run sets it)
-  // Horovod's HOROVOD_FUSION_THRESHOLD: DistributedOptimizer packs gradients into all-reduces of at
-  // most this many bytes (default 64 MiB, as Horovod; env DTRAIN_FUSION_THRESHOLD overrides).
-  size_t fusion_threshold_bytes = size_t{64} << 20;
+  // Tensor Fusion, as Horovod's: all-reduces queued within one cycle are negotiated together and
+  // reduced in fused buffers of at most fusion_threshold_bytes (consecutive tensors of one dtype,
+  // op and compression; a larger tensor goes alone; 0 turns fusion off). DistributedOptimizer packs
+  // its gradients the same way. Default 128 MiB, Horovod's since 0.21. Env DTRAIN_FUSION_THRESHOLD
+  // (bytes), else HOROVOD_FUSION_THRESHOLD, overrides.
+  size_t fusion_threshold_bytes = size_t{128} << 20;
+  // Horovod's cycle time: an all-reduce at the head of the queue waits up to this long for more to
+  // queue behind it before the run is negotiated. The cycle ends early when the run fills the
+  // fusion threshold, another kind of collective is queued, or a thread blocks on a result
+  // (Handle::synchronize, or a synchronous call) — so a lone synchronous all-reduce pays no
+  // cycle. Default 1 ms, Horovod's since 0.21; 0 turns the wait off. Env DTRAIN_CYCLE_TIME (in
+  // milliseconds, e.g. 3.5), else HOROVOD_CYCLE_TIME, overrides.
+  std::chrono::microseconds cycle_time{1000};
   // Horovod's stall inspector (HOROVOD_STALL_CHECK_TIME_SECONDS): a rank that has waited this long for
   // the other ranks to start a collective logs a WARNING naming the collective and the ranks that have
   // not reached it (they announce their progress in the TCP heartbeats), again each period, until the
@@ -74,6 +85,14 @@ DTRAIN_API int local_size();
 DTRAIN_API int cross_rank();
 DTRAIN_API int cross_size();
 DTRAIN_API size_t fusion_threshold_bytes();
+DTRAIN_API std::chrono::microseconds cycle_time();
+
+// What this rank's collectives cost so far: negotiation rounds, data transfers (one per fused
+// buffer or unfused collective) and tensors completed. Fusion shows as transfers < tensors.
+struct DTRAIN_API CollectiveStats {
+  int64_t negotiations = 0, transfers = 0, tensors = 0;
+};
+DTRAIN_API CollectiveStats collective_stats();
 
 // The pending result of an asynchronous collective (hvd.allreduce_async and friends).
 class DTRAIN_API Handle {
@@ -103,8 +122,8 @@ DTRAIN_API Tensor allgather(const Tensor& tensor, const std::string& name = "");
 DTRAIN_API Handle broadcast_async(const Tensor& tensor, int root_rank, const std::string& name = "");
 DTRAIN_API Tensor broadcast(const Tensor& tensor, int root_rank, const std::string& name = "");
 // Rank r's result is the concatenation of block r of every rank's tensor (axis 0 split into size()
-// equal blocks; InvalidArgument unless divisible). Built on allgather: each rank receives every
-// block and keeps its own, so it moves size() times the bytes a pairwise exchange would.
+// equal blocks; InvalidArgument unless divisible). A pairwise exchange over the TCP mesh
+// (MPI_Alltoall under mpirun): each block crosses one link once.
 DTRAIN_API Handle alltoall_async(const Tensor& tensor, const std::string& name = "");
 DTRAIN_API Tensor alltoall(const Tensor& tensor, const std::string& name = "");
 // op over all ranks, then rank r keeps block r of axis 0 (InvalidArgument unless divisible).

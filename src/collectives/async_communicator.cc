@@ -31,9 +31,9 @@ constexpr auto kGrace = std::chrono::microseconds(50);
 constexpr auto kPoll = std::chrono::milliseconds(1);
 constexpr auto kIdle = std::chrono::milliseconds(20);
 
-enum class Op { kAllreduce, kAllgather, kBroadcast, kReduce, kReduceScatter, kBarrier };
-constexpr std::array<const char*, 6> kOpNames = {"allreduce", "allgather", "broadcast", "reduce", "reduce_scatter",
-                                                 "barrier"};
+enum class Op { kAllreduce, kAllgather, kBroadcast, kReduce, kReduceScatter, kBarrier, kAlltoall };
+constexpr std::array<const char*, 7> kOpNames = {"allreduce", "allgather", "broadcast", "reduce", "reduce_scatter",
+                                                 "barrier", "alltoall"};
 
 struct Task {
   uint64_t id = 0;
@@ -102,6 +102,7 @@ class Queue final : public Work::Tracker {
         case Op::kReduce: b.reduce(*task.tensor, task.root, task.reduce); break;
         case Op::kReduceScatter: b.reduce_scatter(*task.input, *task.tensor, task.reduce); break;
         case Op::kBarrier: b.barrier(); break;
+        case Op::kAlltoall: b.alltoall(*task.input, *task.tensor); break;
       }
     } catch (...) {
       error = std::current_exception();  // kept for every wait(), never lost on this thread
@@ -199,6 +200,7 @@ class AsyncCommunicator final : public Communicator {
     return submit(Op::kReduceScatter, &out, &in, op, 0);
   }
   Work barrier() override { return submit(Op::kBarrier, nullptr, nullptr, ReduceOp::kSum, 0); }
+  Work alltoall(const Tensor& in, Tensor& out) override { return submit(Op::kAlltoall, &out, &in, ReduceOp::kSum, 0); }
   void abort(const std::string& reason) override { q_->backend->abort(reason); }
   void set_progress_marker(int64_t marker) override {
     std::lock_guard<std::mutex> lock(q_->mu);

@@ -1,5 +1,9 @@
 #include "dtrain/collectives/communicator.h"
 
+#include <cstring>
+
+#include "collectives/sync_collectives.h"
+
 namespace dtrain {
 
 const char* reduce_op_name(ReduceOp op) {
@@ -28,6 +32,40 @@ bool Work::ready() const { return !tracker_ || tracker_->done(id_); }
 bool Work::wait_for(std::chrono::milliseconds timeout) const { return !tracker_ || tracker_->wait(id_, timeout); }
 
 Work Work::completed() { return Work(); }
+
+namespace {
+
+void check_alltoall(const Tensor& in, const Tensor& out, int n) {
+  if (in.numel() % n != 0 || out.numel() != in.numel() || out.dtype() != in.dtype())
+    throw InvalidArgument("alltoall: input and output must hold the same number of elements of one dtype, divisible "
+                          "into size() = " + std::to_string(n) + " blocks; got " + in.to_string() + " and " +
+                          out.to_string());
+}
+
+// out's block j = all's block (j * n + r), all = every rank's input one after another.
+void keep_own_blocks(const Tensor& all, Tensor& out, int n, int r) {
+  const size_t block = out.nbytes() / static_cast<size_t>(n);
+  for (int j = 0; j < n; ++j)
+    std::memcpy(static_cast<char*>(out.raw_data()) + static_cast<size_t>(j) * block,
+                static_cast<const char*>(all.raw_data()) + (static_cast<size_t>(j) * n + r) * block, block);
+}
+
+}  // namespace
+
+Work Communicator::alltoall(const Tensor& input, Tensor& output) {
+  check_alltoall(input, output, size());
+  Tensor all = Tensor::empty(Shape{input.numel() * size()}, input.dtype());
+  allgather(input.view(Shape{input.numel()}), all).wait();
+  keep_own_blocks(all, output, size(), rank());
+  return Work::completed();
+}
+
+void SyncCollectives::alltoall(const Tensor& input, Tensor& output) {
+  check_alltoall(input, output, size());
+  Tensor all = Tensor::empty(Shape{input.numel() * size()}, input.dtype());
+  allgather(input.view(Shape{input.numel()}), all);
+  keep_own_blocks(all, output, size(), rank());
+}
 
 Compression parse_compression(const std::string& n) {
   if (n == "none") return Compression::kNone;

@@ -27,6 +27,9 @@ class SyncCollectives {
   virtual void reduce(Tensor& tensor, int root, ReduceOp op) = 0;
   virtual void reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) = 0;
   virtual void barrier() = 0;
+  // Communicator::alltoall. The default gathers every rank's whole input and keeps the blocks meant
+  // for this rank (size() times the bytes); the TCP and MPI backends exchange blocks pairwise.
+  virtual void alltoall(const Tensor& input, Tensor& output);
   virtual void abort(const std::string& reason) = 0;
   // Communicator::set_progress_marker / peer_markers (backends with heartbeats).
   virtual void set_progress_marker(int64_t /*marker*/) {}

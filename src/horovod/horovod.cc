@@ -37,8 +37,20 @@ bool Handle::poll() const {
   return s_->done;
 }
 
+namespace {
+void request_flush();  // ends the background thread's fusion cycle now (defined with the Runtime)
+}  // namespace
+
 Tensor Handle::synchronize() const {
   if (!s_) throw FailedPrecondition("hvd::Handle::synchronize on an empty handle");
+  {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    if (s_->done) {
+      if (s_->error) std::rethrow_exception(s_->error);
+      return s_->result;
+    }
+  }
+  request_flush();  // a caller blocked on a result adds nothing more to this cycle: run it now
   std::unique_lock<std::mutex> lock(s_->mu);
   s_->cv.wait(lock, [&] { return s_->done; });
   if (s_->error) std::rethrow_exception(s_->error);
@@ -72,8 +84,14 @@ const char* op_name(int64_t op) {
 }
 
 // One rank's description of the collective it is about to run: exchanged (allgather) before it.
-constexpr int kDescLen = 32, kMaxRank = 8, kNameBytes = 128;
-enum Field { fKind, fOp, fDtype, fNdim, fDims, fRoot = fDims + kMaxRank, fJoined, fCompression, fSeq, fName = 16 };
+// fCount: how many fusible all-reduces this rank has ready in this cycle (this one first).
+constexpr int kDescLen = 33, kMaxRank = 8, kNameBytes = 128;
+enum Field { fKind, fOp, fDtype, fNdim, fDims, fRoot = fDims + kMaxRank, fJoined, fCompression, fSeq, fName = 16,
+             fCount = fName + kNameBytes / 8 };
+static_assert(fCount + 1 == kDescLen, "descriptor layout");
+// The most all-reduces one cycle fuses (Horovod's cycles are bounded by the fusion buffer alone;
+// this also bounds the second negotiation's message: 64 x 33 int64 per rank).
+constexpr size_t kMaxBatch = 64;
 
 struct Request {
   int64_t kind = 0;
@@ -142,12 +160,25 @@ class Runtime {
     std::lock_guard<std::mutex> lock(mu_);
     if (initialized_) return;
     opts_ = o;
-    if (const char* f = std::getenv("DTRAIN_FUSION_THRESHOLD"); f && *f) {
+    // Horovod's own variables work too, for scripts that set them; dtrain's win when both are set.
+    auto env = [](const char* dtrain_name, const char* horovod_name) -> std::pair<const char*, const char*> {
+      for (const char* n : {dtrain_name, horovod_name})
+        if (const char* v = std::getenv(n); v && *v) return {n, v};
+      return {nullptr, nullptr};
+    };
+    if (auto [name, f] = env("DTRAIN_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD"); f) {
       char* end = nullptr;
       const long long v = std::strtoll(f, &end, 10);
       if (*end != '\0' || v < 0)
-        throw InvalidArgument(std::string("DTRAIN_FUSION_THRESHOLD must be a byte count >= 0, got '") + f + "'");
+        throw InvalidArgument(std::string(name) + " must be a byte count >= 0, got '" + f + "'");
       opts_.fusion_threshold_bytes = static_cast<size_t>(v);
+    }
+    if (auto [name, f] = env("DTRAIN_CYCLE_TIME", "HOROVOD_CYCLE_TIME"); f) {
+      char* end = nullptr;
+      const double ms = std::strtod(f, &end);
+      if (*end != '\0' || !(ms >= 0) || ms > 60000)
+        throw InvalidArgument(std::string(name) + " must be milliseconds in [0, 60000] (e.g. 1 or 3.5), got '" + f + "'");
+      opts_.cycle_time = std::chrono::microseconds(static_cast<int64_t>(ms * 1000));
     }
     if (const char* v = std::getenv("DTRAIN_STALL_CHECK_SECONDS"); v && *v) {
       char* end = nullptr;
@@ -229,6 +260,11 @@ class Runtime {
   int local_rank() { return require(), local_rank_; }
   int local_size() { return require(), local_size_; }
   size_t fusion() { return require(), opts_.fusion_threshold_bytes; }
+  std::chrono::microseconds cycle() { return require(), opts_.cycle_time; }
+  CollectiveStats stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
 
   Handle submit(int64_t kind, const Tensor& t, std::string name, Op op, Compression comp, int root) {
     require();
@@ -266,33 +302,88 @@ class Runtime {
   }
 
  private:
+  // The background thread. An all-reduce at the head of the queue opens a fusion cycle (Horovod's
+  // cycle time): the thread waits up to cycle_time for more all-reduces to queue behind it, until
+  // they fill the fusion threshold, something else is queued, or a caller blocks on a result. It
+  // then negotiates the whole run at once and reduces it in fused buffers (run_batch).
   void loop() {
     timeline::set_thread_name("hvd collectives");
     for (;;) {
-      Request r;
+      std::vector<Request> batch;
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
         if (queue_.empty()) return;
-        r = std::move(queue_.front());
+        if (fusible(queue_.front()) && opts_.cycle_time.count() > 0) {
+          const auto deadline = std::chrono::steady_clock::now() + opts_.cycle_time;
+          cv_.wait_until(lock, deadline, [&] { return stopping_ || flush_ || !cycle_open_locked(); });
+        }
+        flush_ = false;
+        batch.push_back(std::move(queue_.front()));
         queue_.pop_front();
+        while (fusible(batch.front()) && !queue_.empty() && fusible(queue_.front()) && batch.size() < kMaxBatch) {
+          batch.push_back(std::move(queue_.front()));
+          queue_.pop_front();
+        }
       }
-      Tensor result;
-      std::exception_ptr error;
-      try {
-        result = r.kind == kJoin ? run_join() : run(r);
-        if (result.defined() && r.device.type != DeviceType::kCPU) result = result.to(r.device);
-      } catch (...) {
-        error = std::current_exception();
+      if (batch.front().kind == kJoin) {
+        complete(batch.front(), [&] { return run_join(); });
+        continue;
       }
-      {
-        std::lock_guard<std::mutex> lock(r.state->mu);
-        r.state->result = std::move(result);
-        r.state->error = error;
-        r.state->done = true;
-      }
-      r.state->cv.notify_all();
+      run_batch(batch);
     }
+  }
+
+  static bool fusible(const Request& r) { return r.kind == kAllreduce; }
+
+  // Whether waiting longer may still add to the cycle's run of all-reduces.
+  bool cycle_open_locked() const {
+    size_t bytes = 0, n = 0;
+    for (const Request& r : queue_) {
+      if (!fusible(r)) return false;
+      bytes += r.input.nbytes();
+      if (++n >= kMaxBatch) return false;
+    }
+    return bytes < opts_.fusion_threshold_bytes;
+  }
+
+ public:
+  void flush() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      flush_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  // Runs `f` for request `r` and completes its handle with the result (moved back to the caller's
+  // device) or the error.
+  template <typename F>
+  void complete(Request& r, F f) {
+    Tensor result;
+    std::exception_ptr error;
+    try {
+      result = f();
+      if (result.defined() && r.device.type != DeviceType::kCPU) result = result.to(r.device);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    finish(r, std::move(result), error);
+  }
+
+  void finish(Request& r, Tensor result, std::exception_ptr error) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.tensors;  // counted before the caller can see the result
+    }
+    {
+      std::lock_guard<std::mutex> lock(r.state->mu);
+      r.state->result = std::move(result);
+      r.state->error = error;
+      r.state->done = true;
+    }
+    r.state->cv.notify_all();
   }
 
   Desc descriptor(const Request& r, bool joined) {
@@ -310,8 +401,38 @@ class Runtime {
     return d;
   }
 
+  // The second round of a fused cycle: every rank's descriptors of positions 1..m of the run (m
+  // agreed in the first round); result[q][j] is rank q's j-th.
+  std::vector<std::vector<Desc>> exchange_many(const std::vector<Desc>& mine) {
+    ++seq_;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.negotiations;
+    }
+    const size_t m = mine.size();
+    if (!comm_) return {mine};
+    std::vector<int64_t> flat;
+    for (const Desc& d : mine) flat.insert(flat.end(), d.begin(), d.end());
+    Tensor in = Tensor::from_vector<int64_t>(flat, Shape{static_cast<int64_t>(flat.size())});
+    Tensor out = Tensor::empty(Shape{static_cast<int64_t>(size_ * flat.size())}, DType::kInt64);
+    comm_->set_progress_marker(static_cast<int64_t>(seq_));
+    wait_reporting_stalls(comm_->allgather(in, out), mine.front());
+    const std::vector<int64_t> all = out.to_vector<int64_t>();
+    std::vector<std::vector<Desc>> ds(static_cast<size_t>(size_), std::vector<Desc>(m));
+    for (size_t q = 0; q < static_cast<size_t>(size_); ++q)
+      for (size_t j = 0; j < m; ++j) {
+        const auto b = all.begin() + static_cast<std::ptrdiff_t>((q * m + j) * kDescLen);
+        ds[q][j].assign(b, b + kDescLen);
+      }
+    return ds;
+  }
+
   std::vector<Desc> exchange(const Desc& mine) {
     ++seq_;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.negotiations;
+    }
     if (!comm_) return {mine};
     Tensor in = Tensor::from_vector<int64_t>(mine, Shape{kDescLen});
     Tensor out = Tensor::empty(Shape{static_cast<int64_t>(size_) * kDescLen}, DType::kInt64);
@@ -385,6 +506,10 @@ class Runtime {
   // Runs the collective `d` (agreed by the active ranks) with this rank's host tensor `x`
   // (zeros of the agreed shape when this rank has joined).
   Tensor execute(const Desc& d, Tensor x, const std::vector<int>& active, const std::vector<Desc>& ds, bool joined) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.transfers;
+    }
     const int64_t kind = d[fKind];
     const Op op = static_cast<Op>(d[fOp]);
     const int n_active = static_cast<int>(active.size());
@@ -445,15 +570,10 @@ class Runtime {
         if (n % size_ != 0)
           throw InvalidArgument("hvd::alltoall '" + describe(d) + "': the first dimension (" + std::to_string(n) +
                                 ") must divide into " + std::to_string(size_) + " equal blocks");
-        std::vector<int64_t> dims = x.shape().dims();
-        dims[0] = n * size_;
-        Tensor all = Tensor::empty(Shape(dims), x.dtype());
-        if (comm_) comm_->allgather(x, all).wait();
-        else all = x.clone();
-        const int64_t b = n / size_;
-        std::vector<Tensor> parts;
-        for (int q = 0; q < size_; ++q) parts.push_back(all.slice_rows(q * n + rank_ * b, q * n + (rank_ + 1) * b));
-        return concat_rows(parts, x.shape());
+        Tensor out = Tensor::empty(x.shape(), x.dtype());
+        if (comm_) comm_->alltoall(x, out).wait();  // pairwise: each block crosses one link once
+        else out = x.clone();
+        return out;
       }
       case kReducescatter: {
         const int64_t n = x.shape()[0];
@@ -472,22 +592,149 @@ class Runtime {
     throw Internal("hvd: unknown collective kind " + std::to_string(kind));
   }
 
-  Tensor run(const Request& r) {
-    std::vector<Desc> ds;
-    {
-      timeline::Span s("hvd negotiate '" + r.name + "'", "collective");
-      ds = exchange(descriptor(r, false));
+  // The number of all-reduces of this cycle that every rank has ready: the smallest count among the
+  // ranks that have not joined (each announced its own in the first round).
+  size_t agreed_count(const std::vector<Desc>& ds) const {
+    int64_t k = static_cast<int64_t>(kMaxBatch);
+    for (const Desc& d : ds)
+      if (!d[fJoined]) k = std::min(k, std::max<int64_t>(d[fCount], 1));
+    return static_cast<size_t>(std::max<int64_t>(k, 1));
+  }
+
+  // A fused cycle's second round: checks positions 1..k-1 like the first (the same table on every
+  // rank when any differs) and returns the agreed descriptors of the whole run.
+  std::vector<Desc> negotiate_rest(const std::vector<Desc>& first_round, std::vector<Desc> mine_rest,
+                                   const std::vector<int>& active) {
+    const std::vector<std::vector<Desc>> rest = exchange_many(mine_rest);
+    std::vector<Desc> agreed{first_round[static_cast<size_t>(active[0])]};
+    for (size_t j = 0; j < mine_rest.size(); ++j) {
+      std::vector<Desc> at_j(static_cast<size_t>(size_));
+      for (int q = 0; q < size_; ++q) {
+        at_j[static_cast<size_t>(q)] = rest[static_cast<size_t>(q)][j];
+        at_j[static_cast<size_t>(q)][fJoined] = first_round[static_cast<size_t>(q)][fJoined];
+      }
+      check(at_j);
+      agreed.push_back(at_j[static_cast<size_t>(active[0])]);
     }
-    const std::vector<int> active = check(ds);
-    timeline::Span s(std::string("hvd ") + kind_name(r.kind) + " '" + r.name + "'", "collective");
-    return execute(ds[static_cast<size_t>(rank_)], r.input, active, ds, false);
+    return agreed;
+  }
+
+  // All-reduces a negotiated run (agreed[j] describes inputs[j]) in fused buffers, as Horovod's
+  // Tensor Fusion: the run's tensors of one dtype, op and compression (in run order) share buffers
+  // of at most the fusion threshold (a larger tensor goes alone), one data transfer per buffer.
+  // The grouping depends on the agreed descriptors only, so every rank builds the same buffers.
+  // Returns each tensor's result, in its shape.
+  std::vector<Tensor> execute_fused(const std::vector<Desc>& agreed, const std::vector<Tensor>& inputs,
+                                    const std::vector<int>& active, bool joined) {
+    std::vector<Tensor> out(inputs.size());
+    const size_t limit = std::max<size_t>(opts_.fusion_threshold_bytes, 1);
+    std::vector<std::vector<size_t>> groups;  // by (dtype, op, compression), first appearance first
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      auto same = [&](const std::vector<size_t>& g) {
+        for (int f : {fDtype, fOp, fCompression})
+          if (agreed[g.front()][f] != agreed[j][f]) return false;
+        return true;
+      };
+      auto it = std::find_if(groups.begin(), groups.end(), same);
+      if (it == groups.end()) groups.push_back({j});
+      else it->push_back(j);
+    }
+    for (const std::vector<size_t>& g : groups) {
+      size_t begin = 0;
+      while (begin < g.size()) {
+        size_t end = begin + 1, bytes = inputs[g[begin]].nbytes();
+        while (end < g.size() && bytes + inputs[g[end]].nbytes() <= limit) bytes += inputs[g[end++]].nbytes();
+        const size_t first = g[begin];
+        if (end == begin + 1) {
+          timeline::Span sp("hvd allreduce '" + describe_name(agreed[first]) + "'", "collective");
+          out[first] = execute(agreed[first], inputs[first], active, {}, joined);
+        } else {
+          int64_t elements = 0;
+          for (size_t i = begin; i < end; ++i) elements += inputs[g[i]].numel();
+          timeline::Span sp("hvd allreduce fused " + std::to_string(end - begin) + " tensors ('" +
+                                describe_name(agreed[first]) + "' ...)", "collective");
+          Tensor flat = Tensor::empty(Shape{elements}, inputs[first].dtype());
+          char* dst = static_cast<char*>(flat.raw_data());
+          for (size_t i = begin; i < end; ++i) {
+            std::memcpy(dst, inputs[g[i]].raw_data(), inputs[g[i]].nbytes());
+            dst += inputs[g[i]].nbytes();
+          }
+          Desc d = agreed[first];
+          d[fNdim] = 1;
+          d[fDims] = elements;
+          const Tensor reduced = execute(d, flat, active, {}, joined);
+          const char* src = static_cast<const char*>(reduced.raw_data());
+          for (size_t i = begin; i < end; ++i) {
+            Tensor t = Tensor::empty(inputs[g[i]].shape(), reduced.dtype());
+            std::memcpy(t.raw_data(), src, t.nbytes());
+            src += t.nbytes();
+            out[g[i]] = std::move(t);
+          }
+        }
+        begin = end;
+      }
+    }
+    return out;
+  }
+
+  static std::string describe_name(const Desc& d) {
+    std::string name(reinterpret_cast<const char*>(&d[fName]), kNameBytes);
+    return name.substr(0, name.find('\0'));
+  }
+
+  // One cycle: negotiates the run (one round for a lone collective; two for a fused run of k
+  // all-reduces, k agreed by every rank), executes it and completes every handle. All-reduces this
+  // rank had ready beyond k go back to the head of the queue for the next cycle. A disagreement
+  // fails the whole run on every rank.
+  void run_batch(std::vector<Request>& batch) {
+    Desc mine = descriptor(batch[0], false);
+    mine[fCount] = static_cast<int64_t>(batch.size());
+    std::vector<Desc> ds;
+    try {
+      timeline::Span sp("hvd negotiate '" + batch[0].name + "'" +
+                            (batch.size() > 1 ? " +" + std::to_string(batch.size() - 1) : std::string()),
+                        "collective");
+      ds = exchange(mine);
+    } catch (...) {
+      const std::exception_ptr e = std::current_exception();
+      for (Request& r : batch) finish(r, Tensor(), e);
+      return;
+    }
+    const size_t k = std::min(batch.size(), agreed_count(ds));
+    if (k < batch.size()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t j = batch.size(); j-- > k;) queue_.push_front(std::move(batch[j]));
+      batch.resize(k);
+    }
+    std::vector<Tensor> results;
+    try {
+      const std::vector<int> active = check(ds);
+      if (k == 1) {
+        timeline::Span sp(std::string("hvd ") + kind_name(batch[0].kind) + " '" + batch[0].name + "'", "collective");
+        results.push_back(execute(ds[static_cast<size_t>(rank_)], batch[0].input, active, ds, false));
+      } else {
+        std::vector<Desc> rest;
+        for (size_t j = 1; j < k; ++j) rest.push_back(descriptor(batch[j], false));
+        const std::vector<Desc> agreed = negotiate_rest(ds, std::move(rest), active);
+        std::vector<Tensor> inputs;
+        for (const Request& r : batch) inputs.push_back(r.input);
+        results = execute_fused(agreed, inputs, active, false);
+      }
+    } catch (...) {
+      const std::exception_ptr e = std::current_exception();
+      for (Request& r : batch) finish(r, Tensor(), e);
+      return;
+    }
+    for (size_t j = 0; j < k; ++j) complete(batch[j], [&] { return results[j]; });
   }
 
   Tensor run_join() {
     Request me;
     me.kind = kJoin;
     for (;;) {
-      const std::vector<Desc> ds = exchange(descriptor(me, true));
+      Desc mine = descriptor(me, true);
+      mine[fCount] = static_cast<int64_t>(kMaxBatch);  // a joined rank never limits a cycle
+      const std::vector<Desc> ds = exchange(mine);
       const std::vector<int> active = check(ds);
       if (active.empty()) {
         const int last = last_joined_;
@@ -495,7 +742,16 @@ class Runtime {
         return Tensor::from_vector<int64_t>({last}, Shape{1});
       }
       const Desc& d = ds[static_cast<size_t>(active[0])];
-      execute(d, d[fKind] == kAllgather ? zeros_like_desc(d, 0) : zeros_like_desc(d, -1), active, ds, true);
+      const size_t k = agreed_count(ds);
+      if (k == 1) {
+        execute(d, d[fKind] == kAllgather ? zeros_like_desc(d, 0) : zeros_like_desc(d, -1), active, ds, true);
+        continue;
+      }
+      // A fused run of k all-reduces: take part with zeros of each agreed shape.
+      const std::vector<Desc> agreed = negotiate_rest(ds, std::vector<Desc>(k - 1, mine), active);
+      std::vector<Tensor> zeros;
+      for (const Desc& a : agreed) zeros.push_back(zeros_like_desc(a, -1));
+      execute_fused(agreed, zeros, active, true);
     }
   }
 
@@ -507,6 +763,8 @@ class Runtime {
   std::unique_ptr<Communicator> comm_;
   std::thread worker_;
   std::deque<Request> queue_;
+  bool flush_ = false;  // a caller blocks on a result: end the fusion cycle now
+  CollectiveStats stats_;
   std::map<int64_t, int64_t> counters_;
   // Worker-thread state.
   uint64_t seq_ = 0;
@@ -514,6 +772,8 @@ class Runtime {
   int last_joined_ = 0;
 
 };
+
+void request_flush() { Runtime::get().flush(); }
 
 }  // namespace
 
@@ -527,6 +787,8 @@ int local_size() { return Runtime::get().local_size(); }
 int cross_size() { return std::max(1, size() / std::max(1, local_size())); }
 int cross_rank() { return rank() / std::max(1, local_size()); }
 size_t fusion_threshold_bytes() { return Runtime::get().fusion(); }
+std::chrono::microseconds cycle_time() { return Runtime::get().cycle(); }
+CollectiveStats collective_stats() { return Runtime::get().stats(); }
 
 Handle allreduce_async(const Tensor& t, const std::string& name, Op op, Compression c) {
   return Runtime::get().submit(kAllreduce, t, name, op, c, 0);

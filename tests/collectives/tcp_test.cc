@@ -110,6 +110,30 @@ TEST(Tcp, AllgatherBroadcastReduceReduceScatterBarrier) {
   }
 }
 
+TEST(Tcp, AlltoallExchangesBlocksPairwise) {
+  for (int n : {2, 3, 4}) {
+    for (int64_t block : {1, 5, 300000}) {  // 300000 float32 blocks: many segments per exchange
+      auto errs = run_group(n, [&](int r, Communicator& c) {
+        // Rank r's block j holds 1000 r + j + (i mod 7): every element names its sender and receiver.
+        std::vector<float> in(static_cast<size_t>(block * n));
+        for (int j = 0; j < n; ++j)
+          for (int64_t i = 0; i < block; ++i) in[static_cast<size_t>(j * block + i)] = 1000.f * r + j + static_cast<float>(i % 7);
+        const Tensor x = Tensor::from_vector(in, Shape{block * n});
+        Tensor out = Tensor::empty(Shape{block * n});
+        c.alltoall(x, out).wait();
+        const std::vector<float> got = out.to_vector<float>();
+        for (int q = 0; q < n; ++q)
+          for (int64_t i = 0; i < block; i += std::max<int64_t>(1, block / 101))
+            ASSERT_EQ(got[static_cast<size_t>(q * block + i)], 1000.f * q + r + static_cast<float>(i % 7))
+                << "n=" << n << " block " << block << " from rank " << q << " i " << i;
+        Tensor bad = Tensor::empty(Shape{block * n + 1});
+        EXPECT_THROW(c.alltoall(x, bad).wait(), InvalidArgument);  // checked before anything moves
+      });
+      for (const auto& e : errs) ASSERT_EQ(e, "") << "n=" << n;
+    }
+  }
+}
+
 TEST(Tcp, WrongJobTokenIsRefused) {
   auto errs = run_group(2, [](int, Communicator&) {}, [](const std::vector<std::string>& a, int r) {
     auto o = options(a, r, r == 0 ? "the-right-token-0123" : "a-wrong-token-456789");

@@ -57,6 +57,55 @@ TEST(Hvd, AsyncHandlesCompleteInOrder) {
   for (const auto& h : hs) EXPECT_TRUE(h.poll());
 }
 
+TEST(Hvd, AllreducesQueuedTogetherAreFusedAndExact) {
+  // 24 all-reduces of three dtypes queued at once: negotiated together, reduced in one buffer per
+  // dtype (Tensor Fusion), each result exact and in its own shape.
+  const CollectiveStats before = collective_stats();
+  const int r = rank();
+  std::vector<Handle> hs;
+  for (int i = 0; i < 24; ++i) {
+    const std::string name = "fuse." + std::to_string(i);
+    if (i % 3 == 0) hs.push_back(allreduce_async(Tensor::full(Shape{i + 1}, static_cast<float>(r + i)), name, Op::kSum));
+    if (i % 3 == 1)
+      hs.push_back(allreduce_async(Tensor::from_vector<double>({r + i + 0.5, -r - 1.0, 0, 1}, Shape{2, 2}), name));
+    if (i % 3 == 2) hs.push_back(allreduce_async(Tensor::from_vector<int32_t>({r, i, r * i}, Shape{3}), name, Op::kSum));
+  }
+  for (int i = 23; i >= 0; --i) {
+    const Tensor t = hs[static_cast<size_t>(i)].synchronize();
+    if (i % 3 == 0) {
+      EXPECT_EQ(t.shape(), (Shape{i + 1}));
+      EXPECT_EQ(host(t), std::vector<float>(static_cast<size_t>(i + 1), 3.f + 3.f * static_cast<float>(i))) << i;
+    } else if (i % 3 == 1) {
+      EXPECT_EQ(t.shape(), (Shape{2, 2}));  // the average over 3 ranks
+      EXPECT_EQ(t.to_vector<double>(), (std::vector<double>{i + 1.5, -2, 0, 1})) << i;
+    } else {
+      EXPECT_EQ(t.to_vector<int32_t>(), (std::vector<int32_t>{3, 3 * i, 3 * i})) << i;
+    }
+  }
+  const CollectiveStats after = collective_stats();
+  EXPECT_EQ(after.tensors - before.tensors, 24);
+  // Fused: far fewer data transfers than tensors (3 when all 24 land in one cycle on every rank).
+  EXPECT_LT(after.transfers - before.transfers, 24);
+  std::printf("rank %d: 24 all-reduces in %lld transfers after %lld negotiation rounds\n", r,
+              static_cast<long long>(after.transfers - before.transfers),
+              static_cast<long long>(after.negotiations - before.negotiations));
+  EXPECT_EQ(cycle_time(), std::chrono::microseconds(1000));  // Horovod's default
+  EXPECT_EQ(fusion_threshold_bytes(), size_t{128} << 20);
+}
+
+TEST(Hvd, AsyncAllreducesInAnotherOrderFailOnEveryRank) {
+  // Rank 0 queues p then q, the others q then p: both fail everywhere (fused or not), and the
+  // group still works after.
+  const bool first = rank() == 0;
+  Handle a = allreduce_async(vec({1}), first ? "p" : "q");
+  Handle b = allreduce_async(vec({1}), first ? "q" : "p");
+  std::string e = failure([&] { a.synchronize(); });
+  EXPECT_NE(e.find("different collectives"), std::string::npos) << e;
+  e = failure([&] { b.synchronize(); });
+  EXPECT_NE(e.find("different collectives"), std::string::npos) << e;
+  EXPECT_EQ(host(allreduce(vec({1}), "after.order", Op::kSum))[0], 3.f);
+}
+
 TEST(Hvd, AllgatherTakesDifferentFirstDimensions) {
   // Rank r contributes r + 1 rows of [r, r].
   const int64_t rows = rank() + 1;
@@ -135,6 +184,11 @@ TEST(Hvd, JoinLetsARankStopEarly) {
   EXPECT_EQ(host(allreduce(vec({r + 1}), "j.avg"))[0], 1.5f);          // over the 2 that contributed
   const Tensor g = allgather(Tensor::full(Shape{1, 1}, r), "j.gather");
   EXPECT_EQ(g.shape(), (Shape{2, 1}));  // nothing from the joined rank
+  // A fused run: the joined rank takes part with zeros of every tensor's shape.
+  std::vector<Handle> hs;
+  for (int i = 0; i < 6; ++i) hs.push_back(allreduce_async(Tensor::full(Shape{i + 1}, r + i), "j.fused." + std::to_string(i)));
+  for (int i = 0; i < 6; ++i)  // the average of (0 + i) and (1 + i) over the 2 that contributed
+    EXPECT_EQ(host(hs[static_cast<size_t>(i)].synchronize()), std::vector<float>(static_cast<size_t>(i + 1), 0.5f + i));
   EXPECT_EQ(join(), 1);
 }
 

@@ -101,6 +101,10 @@ class DTRAIN_API Communicator {
   // output (n / size elements) = rank's slice of op(all inputs) (n divisible by size).
   [[nodiscard]] virtual Work reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) = 0;
   [[nodiscard]] virtual Work barrier() = 0;
+  // input and output: n elements each (n divisible by size), seen as size() blocks; output's block
+  // j becomes rank j's input block rank(). The TCP and MPI transports exchange blocks pairwise
+  // (each block crosses one link once); the default gathers everything and keeps this rank's blocks.
+  [[nodiscard]] virtual Work alltoall(const Tensor& input, Tensor& output);
   // Makes every pending and future collective of the group fail fast with `reason` (used when one
   // rank has failed, so the others do not wait for it).
   virtual void abort(const std::string& reason) = 0;

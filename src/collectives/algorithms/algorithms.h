@@ -24,6 +24,10 @@ void ring_allgather(Transport& t, void* out, size_t block_bytes, const Fingerpri
 // log2(size) pairwise exchanges; size() must be a power of two.
 void recursive_doubling_allreduce(Transport& t, void* buf, int64_t count, DType dt, ReduceOp op, const Fingerprint& fp);
 
+// in and out hold size() blocks of block_bytes; out's block j becomes rank j's block for this rank
+// (its in block rank()). Pairwise exchange: n-1 steps, each block crosses one link once.
+void pairwise_alltoall(Transport& t, const void* in, void* out, size_t block_bytes, const Fingerprint& fp);
+
 // The root sends buf to every other rank.
 void star_broadcast(Transport& t, void* buf, size_t bytes, int root, const Fingerprint& fp);
 

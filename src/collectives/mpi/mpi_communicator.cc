@@ -13,26 +13,53 @@
 namespace dtrain {
 namespace {
 
+// float16 / bfloat16: MPI has no such types, so they travel as 2-byte opaque elements and reduce
+// with user-defined operations that widen to float32 (collectives/reduction), created once after
+// MPI_Init: [0] float16, [1] bfloat16, each for sum, max, min.
+struct HalfTypes {
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  MPI_Op ops[2][3] = {};
+};
+
+template <DType D, ReduceOp O>
+void half_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  collectives::reduce_into(inout, in, static_cast<size_t>(*len), D, O);  // commutative: inout = inout op in
+}
+
+const HalfTypes& half_types() {
+  static const HalfTypes h = [] {
+    HalfTypes t;
+    MPI_Type_contiguous(2, MPI_BYTE, &t.type);
+    MPI_Type_commit(&t.type);
+    MPI_Op_create(&half_reduce<DType::kFloat16, ReduceOp::kSum>, 1, &t.ops[0][0]);
+    MPI_Op_create(&half_reduce<DType::kFloat16, ReduceOp::kMax>, 1, &t.ops[0][1]);
+    MPI_Op_create(&half_reduce<DType::kFloat16, ReduceOp::kMin>, 1, &t.ops[0][2]);
+    MPI_Op_create(&half_reduce<DType::kBFloat16, ReduceOp::kSum>, 1, &t.ops[1][0]);
+    MPI_Op_create(&half_reduce<DType::kBFloat16, ReduceOp::kMax>, 1, &t.ops[1][1]);
+    MPI_Op_create(&half_reduce<DType::kBFloat16, ReduceOp::kMin>, 1, &t.ops[1][2]);
+    return t;
+  }();
+  return h;
+}
+
+bool is_half(DType t) { return t == DType::kFloat16 || t == DType::kBFloat16; }
+
 MPI_Datatype mpi_type(DType t, const char* op) {
   switch (t) {
     case DType::kFloat32: return MPI_FLOAT;
     case DType::kFloat64: return MPI_DOUBLE;
     case DType::kInt32: return MPI_INT32_T;
     case DType::kInt64: return MPI_INT64_T;
-    default:
-      throw Unimplemented(std::string("MPI ") + op + " of " + dtype_name(t) +
-                          ": MPI has no 16-bit float type; cast to float32 or use the TCP ring");
+    case DType::kFloat16:
+    case DType::kBFloat16: return half_types().type;
   }
+  throw Unimplemented(std::string("MPI ") + op + " of " + dtype_name(t));
 }
 
-MPI_Op mpi_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kMean: return MPI_SUM;
-    case ReduceOp::kMax: return MPI_MAX;
-    case ReduceOp::kMin: return MPI_MIN;
-  }
-  return MPI_SUM;
+MPI_Op mpi_op(ReduceOp op, DType t) {
+  const int k = op == ReduceOp::kMax ? 1 : op == ReduceOp::kMin ? 2 : 0;
+  if (is_half(t)) return half_types().ops[t == DType::kFloat16 ? 0 : 1][k];
+  return k == 1 ? MPI_MAX : k == 2 ? MPI_MIN : MPI_SUM;
 }
 
 class MpiCommunicator final : public SyncCollectives {
@@ -63,7 +90,7 @@ class MpiCommunicator final : public SyncCollectives {
   void allreduce(Tensor& t, ReduceOp op) override {
     host(t, "allreduce");
     MPI_Request req;
-    MPI_Iallreduce(MPI_IN_PLACE, t.raw_data(), count(t), mpi_type(t.dtype(), "allreduce"), mpi_op(op), MPI_COMM_WORLD, &req);
+    MPI_Iallreduce(MPI_IN_PLACE, t.raw_data(), count(t), mpi_type(t.dtype(), "allreduce"), mpi_op(op, t.dtype()), MPI_COMM_WORLD, &req);
     wait(req, "allreduce");
     if (op == ReduceOp::kMean) collectives::scale_for_mean(t.raw_data(), static_cast<size_t>(t.numel()), t.dtype(), size_);
   }
@@ -84,7 +111,7 @@ class MpiCommunicator final : public SyncCollectives {
     host(t, "reduce");
     MPI_Request req;
     MPI_Ireduce(rank_ == root ? MPI_IN_PLACE : t.raw_data(), rank_ == root ? t.raw_data() : nullptr, count(t),
-                mpi_type(t.dtype(), "reduce"), mpi_op(op), root, MPI_COMM_WORLD, &req);
+                mpi_type(t.dtype(), "reduce"), mpi_op(op, t.dtype()), root, MPI_COMM_WORLD, &req);
     wait(req, "reduce");
     if (op == ReduceOp::kMean && rank_ == root)
       collectives::scale_for_mean(t.raw_data(), static_cast<size_t>(t.numel()), t.dtype(), size_);
@@ -93,9 +120,20 @@ class MpiCommunicator final : public SyncCollectives {
     host(in, "reduce_scatter");
     MPI_Request req;
     MPI_Ireduce_scatter_block(in.raw_data(), out.raw_data(), count(out), mpi_type(in.dtype(), "reduce_scatter"),
-                              mpi_op(op), MPI_COMM_WORLD, &req);
+                              mpi_op(op, in.dtype()), MPI_COMM_WORLD, &req);
     wait(req, "reduce_scatter");
     if (op == ReduceOp::kMean) collectives::scale_for_mean(out.raw_data(), static_cast<size_t>(out.numel()), in.dtype(), size_);
+  }
+  void alltoall(const Tensor& in, Tensor& out) override {
+    host(in, "alltoall");
+    if (in.numel() % size_ != 0 || out.numel() != in.numel() || out.dtype() != in.dtype())
+      throw InvalidArgument("alltoall: input and output must hold the same number of elements of one dtype, divisible "
+                            "into size() blocks; got " + in.to_string() + " and " + out.to_string());
+    MPI_Request req;
+    const MPI_Datatype dt = mpi_type(in.dtype(), "alltoall");
+    const int block = static_cast<int>(in.numel() / size_);
+    MPI_Ialltoall(in.raw_data(), block, dt, out.raw_data(), block, dt, MPI_COMM_WORLD, &req);
+    wait(req, "alltoall");
   }
   void barrier() override {
     MPI_Request req;

@@ -16,7 +16,7 @@ namespace {
 using collectives::Fingerprint;
 using tcp::TcpTransport;
 
-enum Op : uint16_t { kAllreduce = 1, kAllgather, kBroadcast, kReduce, kReduceScatter, kBarrier };
+enum Op : uint16_t { kAllreduce = 1, kAllgather, kBroadcast, kReduce, kReduceScatter, kBarrier, kAlltoall };
 
 class TcpCollectives final : public SyncCollectives {
  public:
@@ -86,6 +86,18 @@ class TcpCollectives final : public SyncCollectives {
     std::vector<int32_t> v(static_cast<size_t>(size()), 1);
     const Fingerprint fp = begin(kBarrier, DType::kInt32, size(), ReduceOp::kSum);
     guarded([&] { collectives::ring_allreduce(t_, v.data(), size(), DType::kInt32, ReduceOp::kSum, fp); });
+  }
+
+  void alltoall(const Tensor& in, Tensor& out) override {
+    require_host(in, "alltoall");
+    require_host(out, "alltoall");
+    const int n = size();
+    if (in.numel() % n != 0 || out.numel() != in.numel() || out.dtype() != in.dtype())
+      throw InvalidArgument("alltoall: input and output must hold the same number of elements of one dtype, divisible "
+                            "into size() = " + std::to_string(n) + " blocks; got " + in.to_string() + " and " +
+                            out.to_string());
+    const Fingerprint fp = begin(kAlltoall, in.dtype(), in.numel(), ReduceOp::kSum);
+    guarded([&] { collectives::pairwise_alltoall(t_, in.raw_data(), out.raw_data(), in.nbytes() / static_cast<size_t>(n), fp); });
   }
 
   void abort(const std::string& reason) override { t_.abort(reason); }

@@ -25,6 +25,7 @@ import argparse
 import datetime
 import json
 import os
+import resource
 import socket
 import sys
 import time
@@ -90,6 +91,12 @@ def worker(rank, args, data_dir, port, result_q):
         torch.set_num_interop_threads(args.threads_per_proc)
     except RuntimeError:
         pass
+    # One share of the cores per process, as dtrain-run gives its workers (torchrun sets only
+    # OMP_NUM_THREADS); all cores when there are fewer than processes.
+    cores = sorted(os.sched_getaffinity(0))
+    per = args.threads_per_proc
+    if len(cores) >= args.nproc * per:
+        os.sched_setaffinity(0, set(cores[rank * per:(rank + 1) * per]))
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=args.nproc,
@@ -149,12 +156,15 @@ def worker(rank, args, data_dir, port, result_q):
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         loss_sum = stats[1:].clone()
         dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+        rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0], dtype=torch.float64)
+        dist.all_reduce(rss, op=dist.ReduceOp.MAX)
         if rank == 0:
             result_q.put({
                 "elapsed": float(elapsed[0]),
                 "final_loss": float(loss_sum[0]) / nproc,
                 "timed_steps": args.steps,
                 "warmup": warmup,
+                "peak_rss_mb": float(rss[0]),
             })
     finally:
         dist.destroy_process_group()
@@ -214,6 +224,7 @@ def main(argv=None):
             "steps": r["timed_steps"],
             "images_per_sec": round(ips, 3),
             "final_loss": r["final_loss"],
+            "peak_rss_mb": r["peak_rss_mb"],
         }), flush=True)
     return 0
 

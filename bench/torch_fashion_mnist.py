@@ -25,6 +25,7 @@ import argparse
 import gzip
 import json
 import os
+import resource
 import signal
 import struct
 import sys
@@ -276,6 +277,7 @@ def main(argv=None):
             "images_per_sec": round(ips, 3),
             "final_loss": final_loss,
             "test_accuracy": test_acc,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         }), flush=True)
     return 0
 

@@ -13,7 +13,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
+#include <algorithm>
 #include <nlohmann/json.hpp>
+#include <sys/resource.h>
 
 #include "dtrain/dtrain.h"
 #include "reference_cnn.h"
@@ -218,6 +220,15 @@ int main(int argc, char** argv) {
         if (dtrain::Checkpoint(model, optimizer.get(), &strategy).save(final_path, {epochs, 0, h.steps}))
           std::fprintf(stderr, "final weights: %s\n", final_path.c_str());
       }
+      // Peak resident memory: this process's, or the largest worker's of a synchronous job.
+      struct rusage usage {};
+      getrusage(RUSAGE_SELF, &usage);
+      double peak_rss_mb = static_cast<double>(usage.ru_maxrss) / 1024.0;
+      if (ext.synchronous() && ext.num_workers() > 1) {
+        const std::vector<double> all =
+            strategy.extended().gather_across_workers(dtrain::Tensor::from_vector<double>({peak_rss_mb}, dtrain::Shape{1})).to_vector<double>();
+        peak_rss_mb = *std::max_element(all.begin(), all.end());
+      }
       if (json && (ext.is_chief() || !ext.synchronous())) {  // async workers: each its own
         const std::optional<int64_t> job_step = ext.job_step();
         nlohmann::json j{{"strategy", strategy_name},
@@ -229,7 +240,8 @@ int main(int argc, char** argv) {
                          {"images_per_sec", h.images_per_sec},
                          {"final_loss", h.final_loss},
                          {"test_accuracy", no_eval ? nlohmann::json() : nlohmann::json(h.test_accuracy)},
-                         {"test_loss", no_eval ? nlohmann::json() : nlohmann::json(h.test_loss)}};
+                         {"test_loss", no_eval ? nlohmann::json() : nlohmann::json(h.test_loss)},
+                         {"peak_rss_mb", peak_rss_mb}};
         std::printf("%s\n", j.dump().c_str());
       }
     };

@@ -54,4 +54,14 @@ struct ScalingArgs {
 };
 int scaling_bench(const ScalingArgs& a);
 
+struct CompareArgs {
+  std::string batch_sizes = "64", rows = "one_thread,mirrored,workers", precision = "fp32";
+  std::string peers_python;  // default: <build>/peers-venv/bin/python
+  std::string debian_python = "/usr/bin/python3";
+  int runs = 3, warmup = 20;
+  long steps = 300;
+  bool json = false;
+};
+int compare_bench(const CompareArgs& a);
+
 }  // namespace dtrain::bench

@@ -79,12 +79,28 @@ int main(int argc, char** argv) {
                       "replica (Mirrored on gpu:0..N-1, and N processes pinned by --devices=gpu:local)")
       ->check(CLI::IsMember({"cpu", "gpu"}))
       ->capture_default_str();
+  CompareArgs cmp;
+  auto* compare = app.add_subcommand(
+      "compare", "the reference CNN against TensorFlow 2.21, PyTorch 2.x and PyTorch 1.13 (bench/peers/setup.sh)");
+  compare->add_option("--batch-sizes", cmp.batch_sizes, "images per replica, comma-separated (e.g. 32,64,256)")
+      ->capture_default_str();
+  compare->add_option("--rows", cmp.rows, "setups: one_thread, mirrored, workers")->capture_default_str();
+  compare->add_option("--precision", cmp.precision, "fp32, or bf16 (dtrain --precision=bf16 vs Keras mixed_bfloat16)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  compare->add_option("--runs", cmp.runs, "interleaved rounds (median)")->check(CLI::PositiveNumber)->capture_default_str();
+  compare->add_option("--steps", cmp.steps, "timed steps per run")->check(CLI::PositiveNumber)->capture_default_str();
+  compare->add_option("--warmup", cmp.warmup, "steps before timing")->check(CLI::NonNegativeNumber)->capture_default_str();
+  compare->add_option("--peers-python", cmp.peers_python, "interpreter with tensorflow and torch (default: build/peers-venv)");
+  compare->add_option("--debian-python", cmp.debian_python, "interpreter with Debian's torch 1.13")->capture_default_str();
+  compare->add_flag("--json", cmp.json, "also print one JSON object per result");
   CLI11_PARSE(app, argc, argv);
   try {
     if (*train) return train_bench(t);
     if (*ar) return allreduce_bench(r);
     if (*ps) return ps_bench(p);
     if (*scaling) return scaling_bench(sc);
+    if (*compare) return compare_bench(cmp);
     if (*pw) return ps_worker(pw_size, pw_seconds);
     if (*aw) return allreduce_worker(wrank, waddrs, wtoken, r.sizes, r.iters, r.warmup);
   } catch (const std::exception& e) {

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs the peers `dtrain-bench compare` measures dtrain against, all on this machine:
+#   - TensorFlow 2.21 (tensorflow-cpu) and a current PyTorch 2.x, from PyPI, in a virtual environment
+#     (default build/peers-venv; the first argument overrides);
+#   - Debian's PyTorch 1.13 (python3-torch), run with /usr/bin/python3.
+# Idempotent: a second run only checks. Needs root (or sudo) for the Debian package.
+#
+#   bench/peers/setup.sh [VENV]
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+venv="${1:-$root/build/peers-venv}"
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+
+need=()
+/usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+/usr/bin/python3 -c 'import torch' 2>/dev/null || need+=(python3-torch)
+if [ "${#need[@]}" -gt 0 ]; then
+  echo "peers: apt-get install ${need[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "peers: creating $venv"
+  /usr/bin/python3 -m venv "$venv"
+fi
+if ! "$venv/bin/python" -c 'import tensorflow, torch' 2>/dev/null; then
+  echo "peers: pip install tensorflow-cpu 2.21 and torch 2.x into $venv (about 1 GB the first time)"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q "tensorflow-cpu==2.21.*" "torch>=2.5"
+fi
+"$venv/bin/python" - <<'PY'
+import tensorflow as tf, torch
+print(f"peers: TensorFlow {tf.__version__}, PyTorch {torch.__version__} in", __import__("sys").prefix)
+PY
+/usr/bin/python3 -c 'import torch; print(f"peers: Debian PyTorch {torch.__version__} (/usr/bin/python3)")'

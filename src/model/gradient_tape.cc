@@ -19,6 +19,17 @@ struct GradientTape::Node {
 namespace {
 thread_local std::vector<GradientTape*> t_tapes;
 thread_local tape::GradientReadyHook* t_hook = nullptr;
+thread_local const std::vector<bool>* t_needed = nullptr;  // the running BackwardFn's inputs
+
+// Sets which inputs the BackwardFn about to run must differentiate, for its duration.
+class NeededScope {
+ public:
+  explicit NeededScope(const std::vector<bool>* needed) : prev_(t_needed) { t_needed = needed; }
+  ~NeededScope() { t_needed = prev_; }
+
+ private:
+  const std::vector<bool>* prev_;
+};
 }  // namespace
 
 struct TapeAccess {
@@ -108,7 +119,13 @@ std::vector<Tensor> GradientTape::compute(const Tensor& target, const std::vecto
     for (size_t j = 0; j < og.size(); ++j)
       if (!og[j].defined())
         og[j] = Tensor::zeros(n.output_shapes[j], DType::kFloat32, n.output_devices[j]);
-    std::vector<Tensor> ig = n.fn(og);
+    std::vector<bool> needed(n.input_ids.size());
+    for (size_t i = 0; i < needed.size(); ++i) needed[i] = n.input_ids[i] != 0 && watched_.count(n.input_ids[i]) > 0;
+    std::vector<Tensor> ig;
+    {
+      NeededScope scope(&needed);
+      ig = n.fn(og);
+    }
     DTRAIN_CHECK(ig.size() == n.input_ids.size(), "backward of ", n.op, " returned ", ig.size(),
                  " gradients for ", n.input_ids.size(), " inputs");
     for (size_t i = 0; i < ig.size(); ++i) {
@@ -155,6 +172,8 @@ GradientReadyHook* set_gradient_ready_hook(GradientReadyHook* hook) {
   t_hook = hook;
   return prev;
 }
+
+bool needs_gradient(size_t index) { return !t_needed || (index < t_needed->size() && (*t_needed)[index]); }
 
 bool should_record(std::initializer_list<const Tensor*> inputs) {
   for (GradientTape* t : t_tapes) {

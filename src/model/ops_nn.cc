@@ -34,11 +34,18 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int sh, int 
   if (tape::should_record({&x, &w, &bias})) {
     tape::record("conv2d", {x, w, bias}, {y}, [x, w, bias, p](const std::vector<Tensor>& g) -> std::vector<Tensor> {
       Kernels& k = kernels_for(x);
-      Tensor db;
-      Tensor dx = k.conv2d_backward_input(g[0], w, x.shape(), p);
-      Tensor dw = k.conv2d_backward_filter(x, g[0], w.shape(), p, bias.defined(), &db);
-      if (tape::should_record({&g[0], &x, &w}))
-        tape::record_nondifferentiable("conv2d_grad", {g[0], x, w}, {dx, dw, db.defined() ? db : dw});
+      Tensor db, dx, dw;
+      // The input's gradient only when the tape wants it: never for the data fed to the first
+      // layer (TF and PyTorch skip it too); the filter's and bias's likewise.
+      if (tape::needs_gradient(0)) dx = k.conv2d_backward_input(g[0], w, x.shape(), p);
+      if (tape::needs_gradient(1) || tape::needs_gradient(2))
+        dw = k.conv2d_backward_filter(x, g[0], w.shape(), p, bias.defined(), &db);
+      if (tape::should_record({&g[0], &x, &w})) {
+        std::vector<Tensor> outs;
+        for (const Tensor* t : {&dx, &dw, &db})
+          if (t->defined()) outs.push_back(*t);
+        if (!outs.empty()) tape::record_nondifferentiable("conv2d_grad", {g[0], x, w}, outs);
+      }
       return {dx, dw, db};
     });
   }

@@ -24,6 +24,47 @@ TEST_F(Tape, UnwatchedTensorHasNoGradient) {
   EXPECT_FALSE(g[1].defined());  // TF returns None
 }
 
+TEST_F(Tape, BackwardFunctionsAreToldWhichInputsNeedAGradient) {
+  // A recorded op sees, inside its backward pass, which of its inputs the tape wants: the data fed
+  // in (unwatched) does not need one, a watched tensor and a variable's value do.
+  Tensor data = Tensor::from_vector<float>({1, 2}, Shape{2});
+  Tensor watched = Tensor::from_vector<float>({3, 4}, Shape{2});
+  Tensor weight = Tensor::from_vector<float>({5, 6}, Shape{2});
+  weight.set_trainable_variable(true);
+  std::vector<bool> seen;
+  GradientTape tape;
+  tape.watch(watched);
+  Tensor y = ops::add(ops::mul(data, weight), watched);
+  Tensor out = Tensor::from_vector<float>({0, 0}, Shape{2});
+  tape::record("probe", {data, watched, weight, y}, {out}, [&](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+    for (size_t i = 0; i < 4; ++i) seen.push_back(tape::needs_gradient(i));
+    return {Tensor(), Tensor(), Tensor(), g[0]};
+  });
+  EXPECT_TRUE(tape::needs_gradient(0));  // outside a backward pass
+  tape.gradient(ops::sum(out), {weight});
+  EXPECT_EQ(seen, (std::vector<bool>{false, true, true, true}));
+}
+
+TEST_F(Tape, ConvolutionSkipsTheDataGradientButKeepsTheOthersExact) {
+  // conv2d's backward computes dx only when the tape wants it; dw and db are the same either way.
+  Tensor x = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6, 7, 8, 9}, Shape{1, 3, 3, 1});
+  Tensor w = Tensor::from_vector<float>({1, -1, 2, 0.5f}, Shape{2, 2, 1, 1});
+  Tensor b = Tensor::from_vector<float>({0.25f}, Shape{1});
+  auto grads = [&](bool watch_x) {
+    GradientTape tape;
+    tape.watch(w);
+    tape.watch(b);
+    if (watch_x) tape.watch(x);
+    Tensor y = ops::sum(ops::square(ops::conv2d(x, w, b, 1, 1, ops::Padding::kValid)));
+    return tape.gradient(y, {x, w, b});
+  };
+  const auto with_dx = grads(true), without = grads(false);
+  ASSERT_TRUE(with_dx[0].defined());
+  EXPECT_FALSE(without[0].defined());
+  EXPECT_EQ(with_dx[1].to_vector<float>(), without[1].to_vector<float>());
+  EXPECT_EQ(with_dx[2].to_vector<float>(), without[2].to_vector<float>());
+}
+
 TEST_F(Tape, AccumulatesWhenATensorIsUsedTwice) {
   Tensor x = Tensor::from_vector<float>({2}, Shape{1});
   GradientTape tape;

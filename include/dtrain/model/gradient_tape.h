@@ -91,6 +91,11 @@ DTRAIN_API GradientReadyHook* set_gradient_ready_hook(GradientReadyHook* hook);
 // Given gradients w.r.t. the outputs (undefined = zero), returns gradients w.r.t. each input
 // (undefined = no gradient / not differentiable w.r.t. that input).
 using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& output_grads)>;
+// Inside a BackwardFn: whether the tape running it wants the gradient of input `index` (a watched
+// tensor: a variable, a watched input, or the output of a recorded op). An op may skip computing
+// the others (return them undefined), as TF and PyTorch skip inputs that need no gradient — the
+// data fed to the first layer, say. True outside a backward pass.
+DTRAIN_API bool needs_gradient(size_t index);
 // True when some active tape on this thread watches one of `inputs`.
 DTRAIN_API bool should_record(std::initializer_list<const Tensor*> inputs);
 DTRAIN_API void record(const char* op, std::vector<Tensor> inputs, std::vector<Tensor> outputs, BackwardFn fn);

@@ -50,6 +50,35 @@ TEST_F(Layers, Conv2DAndMaxPoolByHand) {
   EXPECT_EQ(pool(Tensor::from_vector(p, Shape{1, 4, 4, 1})).to_vector<float>(), (std::vector<float>{6, 8, 14, 16}));
 }
 
+TEST_F(Layers, ConvReluThenMaxPoolEqualsTheLayersOneByOneBitwise) {
+  // Sequential runs Conv2D(relu) + MaxPool2D as conv, pool, ReLU: the outputs and every gradient
+  // must be exactly those of the layers applied one after another, for both paddings, including
+  // windows that are all negative (ReLU gives 0 either way).
+  for (ops::Padding pad : {ops::Padding::kValid, ops::Padding::kSame}) {
+    set_global_seed(17);
+    Sequential m;
+    m.add(std::make_shared<Conv2D>(4, 3, 3, Activation::kRelu, pad));
+    m.add(std::make_shared<MaxPool2D>(2, 2, pad));
+    m.add(std::make_shared<Flatten>());
+    m.add(std::make_shared<Dense>(3));
+    m.build(Shape{2, 7, 7, 2});
+    std::vector<float> xs(2 * 7 * 7 * 2);
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.7f * static_cast<float>(i)) - 0.3f;
+    const Tensor x = Tensor::from_vector(xs, Shape{2, 7, 7, 2});
+    GradientTape fused_tape;
+    const Tensor fused = m(x, true);
+    const auto fused_grads = fused_tape.gradient(ops::sum(ops::square(fused)), m.trainable_variables());
+    GradientTape plain_tape;
+    Tensor y = x;
+    for (const auto& l : m.layers()) y = (*l)(y, true);  // each layer on its own: conv+relu, then pool
+    const auto plain_grads = plain_tape.gradient(ops::sum(ops::square(y)), m.trainable_variables());
+    EXPECT_EQ(fused.to_vector<float>(), y.to_vector<float>());
+    ASSERT_EQ(fused_grads.size(), plain_grads.size());
+    for (size_t i = 0; i < fused_grads.size(); ++i)
+      EXPECT_EQ(fused_grads[i].to_vector<float>(), plain_grads[i].to_vector<float>()) << "gradient " << i;
+  }
+}
+
 TEST_F(Layers, ConvSamePaddingKeepsSize) {
   Conv2D c(4, 3, 3, Activation::kRelu, ops::Padding::kSame);
   EXPECT_EQ(c(Tensor::zeros(Shape{2, 5, 5, 3})).shape(), (Shape{2, 5, 5, 4}));

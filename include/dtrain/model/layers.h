@@ -85,6 +85,8 @@ class DTRAIN_API Conv2D : public Layer {
   Tensor call(const Tensor& x, bool training) override;
 
  private:
+  friend class Sequential;  // runs conv + ReLU + max-pool as conv, pool, ReLU (same values)
+  Tensor linear(const Tensor& x);  // the convolution and bias, without the activation
   int64_t filters_;
   int kh_, kw_;
   Activation activation_;

@@ -187,7 +187,9 @@ void CpuKernels::sgd_update(Tensor& var, const Tensor& grad, Tensor* momentum, f
 namespace {
 // Adam's elementwise pass, built for AVX-512 and AVX2 beside the baseline and picked at load time
 // (the library itself targets baseline x86-64). This file is compiled with -fno-math-errno, so
-// the square root vectorizes; the results are the same IEEE operations in the same order.
+// the square root vectorizes, and -ffp-contract=off, so no clone fuses a multiply-add: every
+// element gets the same IEEE operations in the same order, whichever path (vector body, peeled
+// head or tail) computes it.
 __attribute__((target_clones("avx512f", "avx2", "default"))) void adam_loop(float* __restrict w, float* __restrict pm,
                                                                               float* __restrict pv,
                                                                               const float* __restrict g, int64_t n,

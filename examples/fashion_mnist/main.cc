@@ -100,10 +100,16 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--ps-shards", ps_shards, "parameter_server: split each variable with >= 2 rows into this many shards (0 = whole)")
       ->check(CLI::NonNegativeNumber);
+  std::string precision_flag = "fp32";
+  app.add_option("--precision", precision_flag,
+                 "fp32, or bf16: Keras' mixed_bfloat16 policy (convolutions and matmuls in bfloat16 with float32 "
+                 "accumulation; float32 variables, optimizer and losses; CPU devices)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {
     dtrain::set_global_seed(seed);
+    dtrain::set_precision_policy(dtrain::parse_precision(precision_flag));
     dtrain::StrategyOptions opts;
     opts.devices = dtrain::parse_devices_flag(devices_flag, threads);
     if (ps_shards > 0) ps.partitioner = dtrain::fixed_shards_partitioner(ps_shards);
@@ -232,6 +238,7 @@ int main(int argc, char** argv) {
       if (json && (ext.is_chief() || !ext.synchronous())) {  // async workers: each its own
         const std::optional<int64_t> job_step = ext.job_step();
         nlohmann::json j{{"strategy", strategy_name},
+                         {"precision", dtrain::precision_name(dtrain::precision_policy())},
                          {"replicas", strategy.num_replicas_in_sync()},
                          {"devices", devices_flag},
                          {"steps", h.steps},

@@ -4,6 +4,7 @@
 #include "dtrain/core/checkpoint.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/logging.h"
+#include "dtrain/core/precision.h"
 #include "dtrain/core/random.h"
 #include "dtrain/core/tensor.h"
 #include "dtrain/core/timeline.h"

@@ -1,6 +1,7 @@
 // Layers, initializers and optimizers against hand-computed values.
 #include <cmath>
 
+#include "dtrain/core/precision.h"
 #include "dtrain/model/initializers.h"
 #include "dtrain/model/layers.h"
 #include "dtrain/model/losses.h"
@@ -77,6 +78,54 @@ TEST_F(Layers, ConvReluThenMaxPoolEqualsTheLayersOneByOneBitwise) {
     for (size_t i = 0; i < fused_grads.size(); ++i)
       EXPECT_EQ(fused_grads[i].to_vector<float>(), plain_grads[i].to_vector<float>()) << "gradient " << i;
   }
+}
+
+TEST_F(Layers, MixedBfloat16ConvAndMatmulRoundTheirInputsOnly) {
+  // Under mixed_bfloat16, conv2d and matmul (forward and both backward passes) read bfloat16 and
+  // return float32: within bfloat16's rounding (2^-8 relative per input) of float32, not equal to it,
+  // and exactly float32 again once the policy is back.
+  std::vector<float> xs(2 * 6 * 6 * 3), ws(3 * 3 * 3 * 4), as(5 * 7), bs(7 * 3);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.37f * static_cast<float>(i));
+  for (size_t i = 0; i < ws.size(); ++i) ws[i] = std::cos(0.91f * static_cast<float>(i)) * 0.5f;
+  for (size_t i = 0; i < as.size(); ++i) as[i] = std::sin(1.3f * static_cast<float>(i));
+  for (size_t i = 0; i < bs.size(); ++i) bs[i] = std::cos(0.7f * static_cast<float>(i));
+  const Tensor x = Tensor::from_vector(xs, Shape{2, 6, 6, 3}), a = Tensor::from_vector(as, Shape{5, 7});
+  auto run = [&] {
+    Tensor w = Tensor::from_vector(ws, Shape{3, 3, 3, 4}), b = Tensor::from_vector(bs, Shape{7, 3});
+    GradientTape tape;
+    tape.watch(w);
+    tape.watch(b);
+    Tensor xw = x;
+    tape.watch(xw);
+    const Tensor y = ops::conv2d(xw, w, Tensor(), 1, 1, ops::Padding::kValid);
+    const Tensor z = ops::matmul(a, b);
+    const auto g = tape.gradient(ops::add(ops::sum(ops::square(y)), ops::sum(ops::square(z))), {xw, w, b});
+    return std::vector<std::vector<float>>{y.to_vector<float>(), z.to_vector<float>(), g[0].to_vector<float>(),
+                                           g[1].to_vector<float>(), g[2].to_vector<float>()};
+  };
+  const auto f32 = run();
+  set_precision_policy(Precision::kMixedBFloat16);
+  std::vector<std::vector<float>> b16;
+  try {
+    b16 = run();
+  } catch (...) {
+    set_precision_policy(Precision::kFloat32);
+    throw;
+  }
+  set_precision_policy(Precision::kFloat32);
+  const char* what[] = {"conv2d", "matmul", "conv2d dx", "conv2d dw", "matmul db"};
+  for (size_t k = 0; k < f32.size(); ++k) {
+    double scale = 0, err = 0;
+    for (size_t i = 0; i < f32[k].size(); ++i) {
+      scale = std::max(scale, std::abs(static_cast<double>(f32[k][i])));
+      err = std::max(err, std::abs(static_cast<double>(f32[k][i]) - b16[k][i]));
+    }
+    EXPECT_GT(err, 0.0) << what[k] << ": bfloat16 gave exactly float32's values (did it run?)";
+    EXPECT_LT(err, 3e-2 * scale) << what[k];
+  }
+  EXPECT_EQ(run(), f32);  // float32 again, bit for bit
+  EXPECT_EQ(parse_precision("mixed_bfloat16"), Precision::kMixedBFloat16);
+  EXPECT_THROW(parse_precision("fp16"), InvalidArgument);
 }
 
 TEST_F(Layers, ConvSamePaddingKeepsSize) {

@@ -3,6 +3,7 @@
 // into the primitive's preferred blocked layout per call (a few KB, so cheaper than keeping a
 // second copy in sync with the optimizer).
 #include "devices/cpu/dnnl_util.h"
+#include "dtrain/core/precision.h"
 
 namespace dtrain::cpu {
 namespace {
@@ -30,8 +31,14 @@ ConvShapes conv_shapes(const Shape& x, const Shape& w, const Conv2dParams& p) {
           {p.stride_h, p.stride_w}, {p.pad_top, p.pad_left}, {p.pad_bottom, p.pad_right}};
 }
 
+// Under the mixed_bfloat16 policy the convolution reads bfloat16 (src, weights, diff_dst) and
+// writes float32 (dst, diff_src, diff_weights, bias): what its kernels read is rounded, nothing else.
+bool mixed_bf16() { return precision_policy() == Precision::kMixedBFloat16; }
+dt in_type(bool bf16) { return bf16 ? dt::bf16 : dt::f32; }
+
 std::string conv_key(const char* op, const ConvShapes& s, bool bias) {
   std::string k = op;
+  if (mixed_bf16()) k += "@bf16";
   key_dims(k, s.src);
   key_dims(k, s.wei);
   key_dims(k, s.strides);
@@ -41,9 +48,9 @@ std::string conv_key(const char* op, const ConvShapes& s, bool bias) {
   return k;
 }
 
-dnnl::convolution_forward::desc conv_fwd_desc(const ConvShapes& s, bool bias) {
-  const memory::desc src(s.src, dt::f32, tag::nhwc), dst(s.dst, dt::f32, tag::nhwc);
-  const memory::desc wei(s.wei, dt::f32, tag::any);
+dnnl::convolution_forward::desc conv_fwd_desc(const ConvShapes& s, bool bias, bool bf16) {
+  const memory::desc src(s.src, in_type(bf16), tag::nhwc), dst(s.dst, dt::f32, tag::nhwc);
+  const memory::desc wei(s.wei, in_type(bf16), tag::any);
   if (bias)
     return {prop_kind::forward_training, algorithm::convolution_direct, src, wei,
             memory::desc(s.bias, dt::f32, tag::a), dst, s.strides, s.pad_l, s.pad_r};
@@ -67,7 +74,8 @@ struct ConvBwdWeights {
   memory::desc user_w;
 };
 
-// Runs a reorder from the user's HWIO filter into `want` if they differ; returns the memory to use.
+// Runs a reorder from the user's tensor (an HWIO filter, an NHWC activation or gradient) into `want`
+// if they differ (a blocked layout, or bfloat16); returns the memory to use.
 memory filter_in(CpuKernels::State& st, const memory::desc& user, const memory::desc& want,
                  const Tensor& w, Tensor* holder) {
   memory user_mem(user, st.engine, w.raw_data());
@@ -128,14 +136,16 @@ Tensor CpuKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, 
   Tensor y = Tensor::empty(Shape{s.dst[0], s.dst[2], s.dst[3], s.dst[1]}, DType::kFloat32, spec_);
   if (y.numel() == 0) return y;
   try {
+    const bool bf16 = mixed_bf16();
     auto e = state_->get<ConvFwd>(conv_key("cf", s, has_bias), [&] {
-      dnnl::convolution_forward::primitive_desc pd(conv_fwd_desc(s, has_bias), state_->engine);
+      dnnl::convolution_forward::primitive_desc pd(conv_fwd_desc(s, has_bias, bf16), state_->engine);
       return std::make_shared<ConvFwd>(ConvFwd{pd, dnnl::convolution_forward(pd),
                                                memory::desc(s.wei, dt::f32, tag::hwio)});
     });
-    Tensor holder;
+    Tensor holder, x_holder;
     memory wm = filter_in(*state_, e->user_w, e->pd.weights_desc(), w, &holder);
-    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, mem(e->pd.src_desc(), state_->engine, x)},
+    memory xm = filter_in(*state_, memory::desc(s.src, dt::f32, tag::nhwc), e->pd.src_desc(), x, &x_holder);
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, xm},
                                          {DNNL_ARG_WEIGHTS, wm},
                                          {DNNL_ARG_DST, mem(e->pd.dst_desc(), state_->engine, y)}};
     if (has_bias) args.emplace(DNNL_ARG_BIAS, mem(e->pd.bias_desc(), state_->engine, bias));
@@ -153,20 +163,22 @@ Tensor CpuKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, cons
   Tensor dx = Tensor::empty(x_shape, DType::kFloat32, spec_);
   if (dx.numel() == 0) return dx;
   try {
+    const bool bf16 = mixed_bf16();
     auto e = state_->get<ConvBwdData>(conv_key("cbd", s, false), [&] {
-      dnnl::convolution_forward::primitive_desc hint(conv_fwd_desc(s, false), state_->engine);
+      dnnl::convolution_forward::primitive_desc hint(conv_fwd_desc(s, false, bf16), state_->engine);
       dnnl::convolution_backward_data::desc d(
           algorithm::convolution_direct, memory::desc(s.src, dt::f32, tag::nhwc),
-          memory::desc(s.wei, dt::f32, tag::any), memory::desc(s.dst, dt::f32, tag::nhwc),
+          memory::desc(s.wei, in_type(bf16), tag::any), memory::desc(s.dst, in_type(bf16), tag::nhwc),
           s.strides, s.pad_l, s.pad_r);
       dnnl::convolution_backward_data::primitive_desc pd(d, state_->engine, hint);
       return std::make_shared<ConvBwdData>(ConvBwdData{pd, dnnl::convolution_backward_data(pd),
                                                        memory::desc(s.wei, dt::f32, tag::hwio)});
     });
-    Tensor holder;
+    Tensor holder, dy_holder;
     memory wm = filter_in(*state_, e->user_w, e->pd.weights_desc(), w, &holder);
+    memory dym = filter_in(*state_, memory::desc(s.dst, dt::f32, tag::nhwc), e->pd.diff_dst_desc(), dy, &dy_holder);
     e->prim.execute(state_->stream(),
-                    {{DNNL_ARG_DIFF_DST, mem(e->pd.diff_dst_desc(), state_->engine, dy)},
+                    {{DNNL_ARG_DIFF_DST, dym},
                      {DNNL_ARG_WEIGHTS, wm},
                      {DNNL_ARG_DIFF_SRC, mem(e->pd.diff_src_desc(), state_->engine, dx)}});
   } catch (const dnnl::error& err) {
@@ -188,9 +200,10 @@ Tensor CpuKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, con
     return dw;
   }
   try {
+    const bool bf16 = mixed_bf16();
     auto e = state_->get<ConvBwdWeights>(conv_key("cbw", s, want_bias), [&] {
-      dnnl::convolution_forward::primitive_desc hint(conv_fwd_desc(s, want_bias), state_->engine);
-      const memory::desc src(s.src, dt::f32, tag::nhwc), ddst(s.dst, dt::f32, tag::nhwc);
+      dnnl::convolution_forward::primitive_desc hint(conv_fwd_desc(s, want_bias, bf16), state_->engine);
+      const memory::desc src(s.src, in_type(bf16), tag::nhwc), ddst(s.dst, in_type(bf16), tag::nhwc);
       const memory::desc dwei(s.wei, dt::f32, tag::any);
       auto d = want_bias ? dnnl::convolution_backward_weights::desc(
                                algorithm::convolution_direct, src, dwei,
@@ -204,9 +217,11 @@ Tensor CpuKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, con
     const bool direct = e->pd.diff_weights_desc() == e->user_w;
     Tensor holder = direct ? dw : scratch(e->pd.diff_weights_desc().get_size(), spec_);
     memory dwm(e->pd.diff_weights_desc(), state_->engine, holder.raw_data());
+    Tensor x_holder, dy_holder;
     std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, mem(e->pd.src_desc(), state_->engine, x)},
-        {DNNL_ARG_DIFF_DST, mem(e->pd.diff_dst_desc(), state_->engine, dy)},
+        {DNNL_ARG_SRC, filter_in(*state_, memory::desc(s.src, dt::f32, tag::nhwc), e->pd.src_desc(), x, &x_holder)},
+        {DNNL_ARG_DIFF_DST,
+         filter_in(*state_, memory::desc(s.dst, dt::f32, tag::nhwc), e->pd.diff_dst_desc(), dy, &dy_holder)},
         {DNNL_ARG_DIFF_WEIGHTS, dwm}};
     if (want_bias) args.emplace(DNNL_ARG_DIFF_BIAS, mem(e->pd.diff_bias_desc(), state_->engine, *db));
     e->prim.execute(state_->stream(), args);

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "devices/cpu/dnnl_util.h"
+#include "dtrain/core/precision.h"
 
 namespace dtrain::cpu {
 namespace {
@@ -139,14 +140,30 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   const memory::desc bmd({k, n}, dt::f32, tb ? memory::dims{1, k} : memory::dims{n, 1});
   const memory::desc cmd({m, n}, dt::f32, memory::dims{n, 1});
   try {
-    std::string key = "mm";
+    // mixed_bfloat16 (core/precision.h): both operands rounded to bfloat16 (row-major copies),
+    // float32 accumulation and result.
+    const bool bf16 = precision_policy() == Precision::kMixedBFloat16;
+    const memory::desc abf({m, k}, dt::bf16, memory::dims{k, 1}), bbf({k, n}, dt::bf16, memory::dims{n, 1});
+    std::string key = bf16 ? "mm@bf16" : "mm";
     key_dims(key, {m, k, n, ta, tb});
     auto e = state_->get<Matmul>(key, [&] {
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(amd, bmd, cmd), state_->engine);
+      dnnl::matmul::primitive_desc pd(bf16 ? dnnl::matmul::desc(abf, bbf, cmd) : dnnl::matmul::desc(amd, bmd, cmd),
+                                      state_->engine);
       return std::make_shared<Matmul>(Matmul{dnnl::matmul(pd)});
     });
-    e->prim.execute(state_->stream(m * n * k / 8), {{DNNL_ARG_SRC, mem(amd, state_->engine, a)},
-                                       {DNNL_ARG_WEIGHTS, mem(bmd, state_->engine, b)},
+    memory am = mem(amd, state_->engine, a), bm = mem(bmd, state_->engine, b);
+    Tensor a16, b16;
+    if (bf16) {
+      a16 = scratch(abf.get_size(), spec_);
+      b16 = scratch(bbf.get_size(), spec_);
+      memory a_out(abf, state_->engine, a16.raw_data()), b_out(bbf, state_->engine, b16.raw_data());
+      dnnl::reorder(am, a_out).execute(state_->stream(m * k), am, a_out);
+      dnnl::reorder(bm, b_out).execute(state_->stream(k * n), bm, b_out);
+      am = a_out;
+      bm = b_out;
+    }
+    e->prim.execute(state_->stream(m * n * k / 8), {{DNNL_ARG_SRC, am},
+                                       {DNNL_ARG_WEIGHTS, bm},
                                        {DNNL_ARG_DST, mem(cmd, state_->engine, c)}});
   } catch (const dnnl::error& err) {
     rethrow_dnnl("matmul", err);

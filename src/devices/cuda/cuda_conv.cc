@@ -360,6 +360,7 @@ Tensor CudaKernels::pad_nhwc(const Tensor& x, int top, int bottom, int left, int
 Tensor CudaKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                            const Conv2dParams& p) {
   DeviceGuard guard(ctx_.index());
+  require_float32_policy("conv2d");
   check_f32(x, "conv2d", "x");
   check_f32(w, "conv2d", "w");
   const ConvGeometry g = conv_geometry("conv2d", x.shape(), w.shape(), p);
@@ -392,6 +393,7 @@ Tensor CudaKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
 Tensor CudaKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, const Shape& x_shape,
                                           const Conv2dParams& p) {
   DeviceGuard guard(ctx_.index());
+  require_float32_policy("conv2d_backward_input");
   check_f32(dy, "conv2d_backward_input", "dy");
   check_f32(w, "conv2d_backward_input", "w");
   const ConvGeometry g = conv_geometry("conv2d_backward_input", x_shape, w.shape(), p);
@@ -423,6 +425,7 @@ Tensor CudaKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, con
 Tensor CudaKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Shape& w_shape,
                                            const Conv2dParams& p, bool want_bias, Tensor* db) {
   DeviceGuard guard(ctx_.index());
+  require_float32_policy("conv2d_backward_filter");
   check_f32(x, "conv2d_backward_filter", "x");
   check_f32(dy, "conv2d_backward_filter", "dy");
   if (want_bias && !db)

@@ -8,6 +8,7 @@
 #include "devices/cuda/cuda_guard.h"
 #include "devices/cuda/cuda_launch.h"
 #include "dtrain/core/error.h"
+#include "dtrain/core/precision.h"
 
 namespace dtrain::cuda {
 namespace {
@@ -100,6 +101,13 @@ void CudaKernels::check_device(const Tensor& t, const char* op, const char* arg)
     throw InvalidArgument(detail::str_cat(op, ": ", arg, " ", t.to_string(), " is not on ",
                                           ctx_.spec().to_string(), "; move it with .to(",
                                           ctx_.spec().to_string(), ") first"));
+}
+
+void CudaKernels::require_float32_policy(const char* op) {
+  if (precision_policy() != Precision::kFloat32)
+    throw Unimplemented(std::string("CUDA ") + op + " under the " + precision_name(precision_policy()) +
+                        " policy: the GPU kernels are float32 only so far; use --precision=fp32 on GPUs "
+                        "(mixed_bfloat16 runs on CPU devices)");
 }
 
 void CudaKernels::check_f32(const Tensor& t, const char* op, const char* arg) const {

@@ -73,6 +73,9 @@ class CudaKernels final : public Kernels {
   void check_device(const Tensor& t, const char* op, const char* arg) const;
   // check_device plus dtype float32.
   void check_f32(const Tensor& t, const char* op, const char* arg) const;
+  // Unimplemented under the mixed_bfloat16 policy (core/precision.h): the cuDNN/cuBLAS paths are
+  // float32 only so far, and must not run float32 where bfloat16 was asked for.
+  static void require_float32_policy(const char* op);
   // Throws InvalidArgument naming both shapes unless they are equal.
   static void check_same_shape(const Tensor& a, const Tensor& b, const char* op);
   Tensor empty(const Shape& shape, DType dtype = DType::kFloat32) const;

@@ -13,6 +13,7 @@ namespace dtrain::cuda {
 
 Tensor CudaKernels::matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
   DeviceGuard guard(ctx_.index());
+  require_float32_policy("matmul");
   check_f32(a, "matmul", "a");
   check_f32(b, "matmul", "b");
   if (a.rank() != 2 || b.rank() != 2)

@@ -1,0 +1,30 @@
+// Mixed precision, as Keras' mixed_precision policies: under "mixed_bfloat16" the convolutions and
+// matrix products (forward and both backward passes) round their inputs — activations, weights and
+// incoming gradients — to bfloat16 and run oneDNN's bfloat16 kernels (AVX512-BF16 on CPUs that have
+// it), accumulating and returning float32. Variables, optimizer state, activations between layers,
+// losses and gradients stay float32, so it needs no loss scaling (bfloat16 has float32's range).
+// Unlike Keras, the layer outputs are not rounded to bfloat16 as well; what is rounded is exactly
+// what the bfloat16 kernels read.
+//
+//   dtrain::set_precision_policy(dtrain::Precision::kMixedBFloat16);   // --precision=bf16
+//
+// The policy is process-wide and read by the CPU kernels each call; set it before training. CUDA
+// devices do not implement it yet: their kernels throw Unimplemented under it, never run float32
+// silently. Thread-safety: set and read atomically.
+#pragma once
+
+#include "dtrain/core/export.h"
+
+#include <string>
+
+namespace dtrain {
+
+enum class Precision { kFloat32, kMixedBFloat16 };
+
+DTRAIN_API void set_precision_policy(Precision p);
+DTRAIN_API Precision precision_policy();
+// "fp32" / "float32", "bf16" / "mixed_bfloat16"; InvalidArgument naming the accepted values.
+DTRAIN_API Precision parse_precision(const std::string& name);
+DTRAIN_API const char* precision_name(Precision p);  // "float32", "mixed_bfloat16"
+
+}  // namespace dtrain

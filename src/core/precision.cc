@@ -1,0 +1,26 @@
+#include "dtrain/core/precision.h"
+
+#include <atomic>
+
+#include "dtrain/core/error.h"
+
+namespace dtrain {
+namespace {
+std::atomic<Precision> g_policy{Precision::kFloat32};
+}  // namespace
+
+void set_precision_policy(Precision p) { g_policy.store(p, std::memory_order_relaxed); }
+
+Precision precision_policy() { return g_policy.load(std::memory_order_relaxed); }
+
+Precision parse_precision(const std::string& name) {
+  if (name == "fp32" || name == "float32") return Precision::kFloat32;
+  if (name == "bf16" || name == "mixed_bfloat16") return Precision::kMixedBFloat16;
+  throw InvalidArgument("unknown precision '" + name + "'; valid: fp32 (float32), bf16 (mixed_bfloat16)");
+}
+
+const char* precision_name(Precision p) {
+  return p == Precision::kMixedBFloat16 ? "mixed_bfloat16" : "float32";
+}
+
+}  // namespace dtrain

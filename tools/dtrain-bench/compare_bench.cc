@@ -5,9 +5,12 @@
 //   mirrored    two replicas in one process: dtrain Mirrored cpu:2; TF MirroredStrategy on 2 logical CPUs
 //   workers     two worker processes: plain `dtrain-run -np 2` MultiWorkerMirrored; TF MWMS (RING);
 //               PyTorch DDP over gloo (one core each)
+// --steps timed steps at 64 images per replica; other batch sizes time the same number of images.
+// --precision=bf16: dtrain --precision=bf16 against Keras' mixed_bfloat16 (PyTorch left out).
 // The peers come from bench/peers/setup.sh (a venv with tensorflow-cpu and torch; python3-torch).
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -65,10 +68,13 @@ int compare_bench(const CompareArgs& a) {
   std::vector<long> batches;
   for (const std::string& b : split(a.batch_sizes)) batches.push_back(std::stol(b));
 
-  const std::string timing = " --steps " + std::to_string(a.steps) + " --warmup " + std::to_string(a.warmup) + " --json";
   const std::string prec = bf16 ? " --precision=bf16" : "";
+  // --steps is for 64 images per replica; other batch sizes run the same number of images.
+  auto steps_for = [&](long b) { return std::max<long>(20, a.steps * 64 / b); };
   // The command of one system in one row, or "" when it has no such setup.
   auto command = [&](const std::string& row, const std::string& sys, long b) -> std::string {
+    const std::string timing =
+        " --steps " + std::to_string(steps_for(b)) + " --warmup " + std::to_string(a.warmup) + " --json";
     const std::string B = std::to_string(b), B2 = std::to_string(2 * b);
     const std::string tf = peers + " " + (bench_dir / "tf_fashion_mnist.py").string();
     const std::string pt = (bench_dir / "torch_fashion_mnist.py").string();
@@ -155,7 +161,7 @@ int compare_bench(const CompareArgs& a) {
           if (v <= 0) continue;
           nlohmann::json j{{"benchmark", "compare"}, {"row", row}, {"system", s.key}, {"batch_per_replica", b},
                            {"precision", a.precision}, {"images_per_sec", v}, {"peak_rss_mb", med(row, s.key, true)},
-                           {"ratio_dtrain", med(row, "dtrain") / v}, {"runs", a.runs}, {"steps", a.steps}};
+                           {"ratio_dtrain", med(row, "dtrain") / v}, {"runs", a.runs}, {"steps", steps_for(b)}};
           std::printf("%s\n", j.dump().c_str());
         }
     }

@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
   compare->add_option("--runs", cmp.runs, "interleaved rounds (median)")->check(CLI::PositiveNumber)->capture_default_str();
-  compare->add_option("--steps", cmp.steps, "timed steps per run")->check(CLI::PositiveNumber)->capture_default_str();
+  compare->add_option("--steps", cmp.steps, "timed steps per run at 64 images per replica (others: as many images)")->check(CLI::PositiveNumber)->capture_default_str();
   compare->add_option("--warmup", cmp.warmup, "steps before timing")->check(CLI::NonNegativeNumber)->capture_default_str();
   compare->add_option("--peers-python", cmp.peers_python, "interpreter with tensorflow and torch (default: build/peers-venv)");
   compare->add_option("--debian-python", cmp.debian_python, "interpreter with Debian's torch 1.13")->capture_default_str();

@@ -95,6 +95,10 @@ std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyO
     // Under dtrain-run (a TF_CONFIG naming several training workers) the members span the workers.
     std::optional<ClusterResolution> c = options.cluster;
     if (!c) c = resolve_cluster(options.communication.implementation == CommunicationOptions::Implementation::kMpi);
+    if (c && !c->is_training_worker())
+      throw FailedPrecondition("this process is task " + c->task_name() + " of its job (" + c->source() +
+                               "), which does not train, so make_strategy(\"ensemble\") has nothing to build: "
+                               "start every task through dtrain::run_task()");
     if (c && c->num_workers() > 1)
       return std::make_unique<EnsembleStrategy>(devices, std::move(*c), options.communication, options.job_token);
     return std::make_unique<EnsembleStrategy>(devices);

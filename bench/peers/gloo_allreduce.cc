@@ -1,5 +1,6 @@
 // Peer for `dtrain-bench allreduce --backend=tcp --peer=gloo`: Gloo's ring and ring_chunked
-// allreduce (float SUM) over its TCP transport on 127.0.0.1, rendezvous through a FileStore.
+// allreduce (float SUM) over its TCP transport on 127.0.0.1 (or --host, this rank's address on a
+// dtrain-netns test host), rendezvous through a FileStore.
 // Timed like dtrain's (max over ranks of the mean time per call after warm-up); rank 0 prints one
 // JSON object per size and algorithm.
 //   gloo_allreduce --rank R --size N --store DIR --sizes 65536,1048576 --iters 20
@@ -20,13 +21,14 @@
 
 int main(int argc, char** argv) {
   int rank = 0, size = 1, iters = 20, warmup = 5;
-  std::string store_dir = "/tmp/gloo-store";
+  std::string store_dir = "/tmp/gloo-store", host = "127.0.0.1";
   std::vector<long> sizes;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--rank") rank = std::stoi(v);
     else if (k == "--size") size = std::stoi(v);
     else if (k == "--store") store_dir = v;
+    else if (k == "--host") host = v;
     else if (k == "--iters") iters = std::stoi(v);
     else if (k == "--warmup") warmup = std::stoi(v);
     else if (k == "--sizes") {
@@ -40,7 +42,7 @@ int main(int argc, char** argv) {
     }
   }
   gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
+  attr.hostname = host;
   auto dev = gloo::transport::tcp::CreateDevice(attr);
   gloo::rendezvous::FileStore store(store_dir);
   auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);

@@ -9,6 +9,7 @@
 #include <functional>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "bench_util.h"
@@ -70,6 +71,20 @@ std::vector<std::string> free_addresses(int n) {
   }
   for (int fd : fds) ::close(fd);
   return out;
+}
+
+// The test hosts of `dtrain-netns up --prefix P`: (namespace, address) per host.
+std::vector<std::pair<std::string, std::string>> netns_hosts(const std::string& prefix, int ranks) {
+  const std::string file = "/run/dtrain-netns/" + prefix + ".hosts";
+  std::ifstream in(file);
+  std::vector<std::pair<std::string, std::string>> hosts;
+  for (std::string ns, addr; in >> ns >> addr;) hosts.emplace_back(ns, addr);
+  if (static_cast<int>(hosts.size()) < ranks)
+    throw std::runtime_error("--netns " + prefix + ": " + std::to_string(hosts.size()) + " test host(s) in " + file +
+                             ", fewer than --ranks " + std::to_string(ranks) + "; run tools/netns/dtrain-netns up "
+                             "--prefix " + prefix + " --hosts " + std::to_string(ranks));
+  hosts.resize(static_cast<size_t>(ranks));
+  return hosts;
 }
 
 std::string join(const std::vector<std::string>& v) {
@@ -136,10 +151,15 @@ int allreduce_bench(const AllreduceArgs& a) {
   if (a.backend == "inproc") {
     for (long b : sizes) ours.push_back(row("inproc", a.ranks, std::max(4L, b / 4 * 4), time_inproc(a.ranks, b, a.iters, a.warmup)));
   } else {
-    const auto addrs = free_addresses(a.ranks);
+    // On test hosts (--netns): rank r runs in host r's namespace and listens on its address.
+    const auto hosts = a.netns.empty() ? std::vector<std::pair<std::string, std::string>>{} : netns_hosts(a.netns, a.ranks);
+    std::vector<std::string> addrs;
+    if (hosts.empty()) addrs = free_addresses(a.ranks);
+    for (const auto& h : hosts) addrs.push_back(h.second + ":29500");
     const std::string self = self_dir() + "/dtrain-bench";
     ours = run_ranks(a.ranks, [&](int r) {
-      return self + " allreduce-worker --rank " + std::to_string(r) + " --addresses " + join(addrs) +
+      const std::string in_ns = hosts.empty() ? "" : "ip netns exec " + hosts[static_cast<size_t>(r)].first + " ";
+      return in_ns + self + " allreduce-worker --rank " + std::to_string(r) + " --addresses " + join(addrs) +
              " --token bench-token-0123456789abcdef" + common;
     });
   }
@@ -151,8 +171,20 @@ int allreduce_bench(const AllreduceArgs& a) {
     if (!std::filesystem::exists(peer))
       throw std::runtime_error(peer + " was not built: install libopenmpi-dev openmpi-bin and re-run cmake");
     const std::string btl = a.backend == "tcp" ? "tcp,self --mca btl_tcp_if_include lo" : "self,vader";
-    peers.push_back(run_json_lines("mpirun --allow-run-as-root --oversubscribe --bind-to none -np " + std::to_string(a.ranks) +
-                                   " --mca btl " + btl + " " + peer + common));
+    if (a.netns.empty()) {
+      peers.push_back(run_json_lines("mpirun --allow-run-as-root --oversubscribe --bind-to none -np " +
+                                     std::to_string(a.ranks) + " --mca btl " + btl + " " + peer + common));
+    } else {
+      // mpirun on host 0 starts its daemons on the other hosts through dtrain-netns-rsh (its ssh).
+      const auto hosts = netns_hosts(a.netns, a.ranks);
+      std::string list;
+      for (const auto& h : hosts) list += (list.empty() ? "" : ",") + h.second;
+      const std::string rsh = std::string(DTRAIN_SOURCE_DIR) + "/tools/netns/dtrain-netns-rsh";
+      peers.push_back(run_json_lines("ip netns exec " + hosts[0].first + " mpirun --allow-run-as-root --bind-to none -np " +
+                                     std::to_string(a.ranks) + " --host " + list + " --mca plm_rsh_agent " + rsh +
+                                     " --mca btl tcp,self --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 " +
+                                     peer + common));
+    }
     std::printf("\npeer: OpenMPI MPI_Allreduce (btl %s)\n", a.backend == "tcp" ? "tcp" : "vader shared memory");
     print_table(peers.back(), a.json);
   }
@@ -163,8 +195,13 @@ int allreduce_bench(const AllreduceArgs& a) {
     const std::string store = "/tmp/dtrain-bench-gloo-" + std::to_string(::getpid());
     std::filesystem::remove_all(store);
     std::filesystem::create_directories(store);
+    const auto hosts = a.netns.empty() ? std::vector<std::pair<std::string, std::string>>{} : netns_hosts(a.netns, a.ranks);
     peers.push_back(run_ranks(a.ranks, [&](int r) {
-      return peer + " --rank " + std::to_string(r) + " --size " + std::to_string(a.ranks) + " --store " + store + common;
+      if (hosts.empty())
+        return peer + " --rank " + std::to_string(r) + " --size " + std::to_string(a.ranks) + " --store " + store + common;
+      const auto& h = hosts[static_cast<size_t>(r)];
+      return "ip netns exec " + h.first + " " + peer + " --rank " + std::to_string(r) + " --size " +
+             std::to_string(a.ranks) + " --store " + store + " --host " + h.second + common;
     }));
     std::filesystem::remove_all(store);
     std::printf("\npeer: Gloo allreduce_ring / allreduce_ring_chunked (TCP)\n");

@@ -24,6 +24,7 @@ int train_bench(const TrainArgs& a);
 
 struct AllreduceArgs {
   std::string backend = "inproc", peer, sizes = "4K,64K,1M,16M,64M";
+  std::string netns;  // --backend=tcp across the test hosts of tools/netns/dtrain-netns (PREFIX)
   int ranks = 2, iters = 20, warmup = 5;
   bool json = false;
 };

@@ -36,6 +36,9 @@ int main(int argc, char** argv) {
   ar->add_option("--iters", r.iters, "timed iterations per size")->check(CLI::PositiveNumber)->capture_default_str();
   ar->add_option("--warmup", r.warmup, "untimed iterations per size")->check(CLI::NonNegativeNumber)->capture_default_str();
   ar->add_option("--peer", r.peer, "mpi, gloo (tcp only) or all: also run the peer on the same sizes")->check(CLI::IsMember({"", "mpi", "gloo", "all"}));
+  ar->add_option("--netns", r.netns,
+                 "--backend=tcp across test hosts: rank r (and each peer's) on host r of `tools/netns/dtrain-netns up "
+                 "--prefix PREFIX` (own namespace, address and shaped link; needs root)");
   int wrank = 0;
   std::string waddrs, wtoken;
   auto* aw = app.add_subcommand("allreduce-worker", "one rank of allreduce --backend=tcp (internal)");

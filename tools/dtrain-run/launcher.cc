@@ -74,6 +74,7 @@ struct Child {
   bool group_alive() const { return pid > 0 && (!reaped || has_open_fds()); }
 
   Task task;
+  std::string netns;             // the network namespace it runs in ("" = ours)
   std::vector<std::string> env;  // kept for a restart, which gets the same TF_CONFIG
   std::vector<int> cpus;         // the cores it is bound to (empty: not bound)
   // A parameter-server job goes on without it when it fails (a non-chief worker, the evaluator).
@@ -155,7 +156,9 @@ bool Supervisor::setup_signals() {
 
 std::string Supervisor::start(Child& c) {
   Spawned s;
-  const std::string err = spawn(argv_, c.env, devnull_, old_mask_, c.cpus, s);
+  std::vector<std::string> argv = argv_;
+  if (!c.netns.empty()) argv.insert(argv.begin(), {"ip", "netns", "exec", c.netns});
+  const std::string err = spawn(argv, c.env, devnull_, old_mask_, c.cpus, s);
   if (!err.empty()) return err;
   c.pid = s.pid;
   c.reaped = false;
@@ -448,6 +451,14 @@ int Supervisor::run() {
     log_line("cannot run '" + argv_[0] + "': " + why + " (nothing was started)");
     return kExitNotFound;
   }
+  if (std::any_of(o_.netns.begin(), o_.netns.end(), [](const std::string& n) { return !n.empty(); })) {
+    const std::string no_ip = check_program("ip");
+    if (!no_ip.empty()) {
+      log_line("--netns runs tasks through `ip netns exec`, but 'ip' cannot run: " + no_ip +
+               " (apt-get install iproute2; nothing was started)");
+      return kExitNotFound;
+    }
+  }
   grace_ = Seconds(std::max(0.0, o_.grace_s));
   restart_delay_ = Seconds(std::max(0.0, o_.restart_delay_s));
   ensure_std_fds_open();
@@ -475,6 +486,7 @@ int Supervisor::run() {
   children_.reserve(o_.tasks.size());
   for (size_t i = 0; i < o_.tasks.size(); ++i) {
     Child& c = children_.emplace_back(o_.tasks[i]);
+    if (!o_.netns.empty()) c.netns = o_.netns.at(i);
     c.env = base_env;
     c.env.push_back("TF_CONFIG=" + tf_config(o_.tasks, i));
     c.env.push_back("DTRAIN_TASK=" + o_.tasks[i].name());

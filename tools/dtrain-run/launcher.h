@@ -39,6 +39,9 @@ struct LaunchOptions {
   // environment sets OMP_NUM_THREADS, told that many threads; false (--bind-to none): no binding.
   bool bind_cores = true;
   std::vector<std::string> extra_env;  // "NAME=value" for every task (e.g. DTRAIN_TIMELINE)
+  // Per task (empty, or one per task): the network namespace it runs in, through `ip netns exec`
+  // (--netns: the test hosts of tools/netns/dtrain-netns); "" = this process's namespace.
+  std::vector<std::string> netns;
 };
 
 // Exit statuses besides a child's own.

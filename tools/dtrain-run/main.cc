@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 #include <cstdio>
 #include <cstdlib>
@@ -42,6 +43,7 @@ struct Args {
   double grace_s = 10;
   bool print_config = false;
   std::string hosts;
+  std::string netns;  // --netns PREFIX: the test hosts of tools/netns/dtrain-netns
   int port_base = 23456;
   bool port_base_given = false;
   bool np_given = false;
@@ -129,6 +131,8 @@ void merge_task_timelines(const std::vector<dtrain::run::Task>& tasks, const std
 
 int run_local(const Args& a) {
   using namespace dtrain::run;
+  if (!a.netns.empty() && !a.hosts.empty())
+    throw UsageError("--netns and -H both say where tasks run; give one of them");
   int np = a.np;
   if (!a.hosts.empty()) {
     // horovodrun's -H: this machine's slots run here; other hosts' tasks are started there.
@@ -157,7 +161,25 @@ int run_local(const Args& a) {
   }
   LaunchOptions o;
   o.tasks = plan_tasks(np, a.ps, a.evaluator);
-  assign_local_ports(o.tasks, a.port_base_given ? a.port_base : 0);
+  if (!a.netns.empty()) {
+    // Task i runs on test host i mod H, at that host's address; ports count up per host.
+    const std::string file = "/run/dtrain-netns/" + a.netns + ".hosts";
+    std::ifstream in(file);
+    std::vector<std::pair<std::string, std::string>> hosts;  // namespace, address
+    for (std::string ns, addr; in >> ns >> addr;) hosts.emplace_back(ns, addr);
+    if (hosts.empty()) {
+      throw UsageError("--netns " + a.netns + ": no test hosts are up (" + file + " is missing or empty); make them "
+                       "with tools/netns/dtrain-netns up --prefix " + a.netns + " --hosts N");
+    }
+    for (size_t i = 0; i < o.tasks.size(); ++i) {
+      const auto& [ns, addr] = hosts[i % hosts.size()];
+      o.tasks[i].host = addr;
+      o.tasks[i].port = a.port_base + static_cast<int>(i / hosts.size());
+      o.netns.push_back(ns);
+    }
+  } else {
+    assign_local_ports(o.tasks, a.port_base_given ? a.port_base : 0);
+  }
   o.command = a.command;
   o.devices = a.devices;
   o.bind_cores = a.bind_to == "core";
@@ -232,6 +254,10 @@ int main(int argc, char** argv) {
   app.add_option("--devices", a.devices,
                  "passed to every task as --devices=<value> unless its arguments have --devices "
                  "(e.g. cpu:2)");
+  app.add_option("--netns", a.netns,
+                 "run task i on test host i mod H made by `tools/netns/dtrain-netns up --prefix PREFIX "
+                 "--hosts H` (its own network namespace, address and shaped link; needs root): each task "
+                 "listens on its host's 192.0.2.x address, ports from --port-base");
   app.add_option("--timeout", a.timeout_s,
                  "stop the job and exit 124 after this many seconds (0: none)")
       ->check(CLI::Range(0.0, 1e8))

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Test hosts in network namespaces (tools/netns/dtrain-netns) and dtrain-run --netns.
+
+Makes 3 hosts with 200 Mbit/s links, checks the shaping (a TCP stream between two hosts runs at
+80-105% of the link rate), that a cut link stops traffic and a restored one carries it again, runs a
+MultiWorkerMirrored job of 3 workers and a ParameterServer job (2 workers + 1 ps) across the hosts with
+`dtrain-run --netns` (each task on its own host and address), and removes everything. Exits 77 (CTest:
+skipped) with the reason where namespaces cannot be created (not root, no CAP_NET_ADMIN).
+
+  netns_test.py DTRAIN_NETNS DTRAIN_RUN FASHION_MNIST
+"""
+import json, os, subprocess, sys, time
+
+netns, dtrain_run, example = sys.argv[1:4]
+prefix = f"dt{os.getpid() % 10000}"
+
+def sh(*cmd, timeout=120, check=True):
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise SystemExit(f"failed ({r.returncode}): {' '.join(cmd)}\n{r.stdout}\n{r.stderr}")
+    return r
+
+THROUGHPUT = r'''
+import socket, sys, time
+mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if mode == "server":
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((host, port)); s.listen(1)
+    s.settimeout(20); c, _ = s.accept(); c.settimeout(20); n = 0; t0 = None
+    while True:
+        b = c.recv(1 << 20)
+        if not b: break
+        t0 = t0 or time.time(); n += len(b)
+    print(8 * n / (time.time() - t0) / 1e6)
+else:
+    c = socket.create_connection((host, port), timeout=5); buf = b"x" * (1 << 20)
+    for _ in range(30): c.sendall(buf)
+    c.close()
+'''
+
+def mbits(port):
+    server = subprocess.Popen([netns, "exec", "--prefix", prefix, "1", "--", sys.executable, "-c", THROUGHPUT,
+                               "server", "192.0.2.11", str(port)], stdout=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    sh(netns, "exec", "--prefix", prefix, "0", "--", sys.executable, "-c", THROUGHPUT, "client", "192.0.2.11", str(port))
+    out, _ = server.communicate(timeout=30)
+    return float(out.strip())
+
+def job_json(args, expect_tasks):
+    r = sh(dtrain_run, "--netns", prefix, "--timeout", "120", *args, timeout=180)
+    lines = [l.split("] ", 1)[-1] for l in r.stdout.splitlines() if "] {" in l]
+    return [json.loads(l) for l in lines], r
+
+def main():
+    up = subprocess.run([netns, "up", "--prefix", prefix, "--hosts", "3", "--rate", "200mbit"],
+                        capture_output=True, text=True, timeout=60)
+    if up.returncode == 77:
+        print("skipped:", up.stderr.strip())
+        return 77
+    if up.returncode != 0:
+        raise SystemExit(f"dtrain-netns up failed:\n{up.stdout}\n{up.stderr}")
+    try:
+        hosts = sh(netns, "list", "--prefix", prefix).stdout.split()
+        assert hosts == [f"{prefix}-h0", "192.0.2.10", f"{prefix}-h1", "192.0.2.11", f"{prefix}-h2", "192.0.2.12"], hosts
+        rate = mbits(5001)
+        print(f"ok: a TCP stream between two hosts: {rate:.0f} Mbit/s on a 200 Mbit/s link")
+        assert 160 <= rate <= 210, rate
+        sh(netns, "link", "--prefix", prefix, "1", "--down")
+        cut = subprocess.run([netns, "exec", "--prefix", prefix, "0", "--", sys.executable, "-c",
+                              "import socket; socket.create_connection(('192.0.2.11', 5002), timeout=2)"],
+                             capture_output=True, text=True, timeout=30)
+        assert cut.returncode != 0 and "timed out" in cut.stderr, cut.stderr
+        sh(netns, "link", "--prefix", prefix, "1", "--up")
+        print(f"ok: a cut link carries nothing; restored, {mbits(5003):.0f} Mbit/s")
+
+        # Each task runs in its host's namespace and listens on that host's address.
+        where = sh(dtrain_run, "--netns", prefix, "-np", "3", "--", "sh", "-c",
+                   'echo "$DTRAIN_TASK $(ip -4 -o addr show eth0 | awk \'{print $4}\')"').stdout
+        for i in range(3):
+            assert f"worker:{i} 192.0.2.1{i}/24" in where, where
+        print("ok: dtrain-run --netns puts task i on host i")
+
+        quick = ["--no-eval", "--steps=20", "--train-limit=4096", "--batch-size=96", "--json"]
+        rows, r = job_json(["-np", "3", "--", example, "--strategy=multi_worker_mirrored"] + quick, 3)
+        assert rows and rows[-1]["replicas"] == 3 and rows[-1]["steps"] == 20, r.stdout + r.stderr
+        print(f"ok: MultiWorkerMirrored, 3 workers on 3 hosts: {rows[-1]['images_per_sec']:.0f} images/sec")
+        rows, r = job_json(["-np", "2", "--ps", "1", "--", example, "--strategy=parameter_server"] + quick, 2)
+        assert rows, r.stdout + r.stderr
+        print(f"ok: ParameterServer, 2 workers + 1 ps on 3 hosts: {len(rows)} worker result(s)")
+    finally:
+        sh(netns, "down", "--prefix", prefix, check=False)
+    left = [l for l in sh("ip", "netns", "list").stdout.splitlines() if l.startswith(prefix + "-")]
+    assert not left, left
+    print("ok: every namespace removed")
+    return 0
+
+if __name__ == "__main__":
+    sys.exit(main())

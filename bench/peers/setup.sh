@@ -2,7 +2,9 @@
 # Installs the peers `dtrain-bench compare` measures dtrain against, all on this machine:
 #   - TensorFlow 2.21 (tensorflow-cpu) and a current PyTorch 2.x, from PyPI, in a virtual environment
 #     (default build/peers-venv; the first argument overrides);
-#   - Debian's PyTorch 1.13 (python3-torch), run with /usr/bin/python3.
+#   - Debian's PyTorch 1.13 (python3-torch), run with /usr/bin/python3;
+#   - Gloo (libgloo-dev) for `dtrain-bench allreduce --peer=gloo` (re-run cmake afterwards to build
+#     build/tools/gloo_allreduce); OpenMPI comes with the project's own set-up.
 # Idempotent: a second run only checks. Needs root (or sudo) for the Debian package.
 #
 #   bench/peers/setup.sh [VENV]
@@ -15,6 +17,7 @@ sudo=""
 need=()
 /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 /usr/bin/python3 -c 'import torch' 2>/dev/null || need+=(python3-torch)
+[ -e /usr/include/gloo/allreduce_ring.h ] || need+=(libgloo-dev)
 if [ "${#need[@]}" -gt 0 ]; then
   echo "peers: apt-get install ${need[*]}"
   $sudo apt-get update -qq

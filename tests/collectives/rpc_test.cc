@@ -211,6 +211,39 @@ TEST(Rpc, SlowHandlerIsADeadlineAndShutdownIsUnavailable) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
 }
 
+TEST(Rpc, ABusyServerKeepsItsClientWaitingASilentOneIsNamedAfterTheHeartbeatTimeout) {
+  // The server's heartbeats (every 100 ms) keep a client waiting 1.2 s for a slow answer under a
+  // 400 ms heartbeat timeout; a server that sends none (its heartbeats an hour apart, as when it is
+  // SIGSTOPped or its link is down) is named Unavailable after the heartbeat timeout, not the
+  // collective timeout.
+  const auto addrs = testing::free_loopback_addresses(4);
+  auto slow = [](const RpcMessage& m, int) {
+    if (m.method == 1) std::this_thread::sleep_for(1200ms);
+    return m;
+  };
+  auto so = options(addrs, 0);
+  so.heartbeat_interval = 100ms;
+  RpcServer busy(so, slow);
+  auto co = options(addrs, 1);
+  co.heartbeat_timeout = 400ms;
+  RpcClient client(co, 0);
+  EXPECT_EQ(client.call(RpcMessage{1, "slow but alive", {}}).meta, "slow but alive");
+
+  const std::vector<std::string> other{addrs[3], addrs[1], addrs[2]};  // ps:0 = a second server
+  auto quiet = options(other, 0);
+  quiet.heartbeat_interval = std::chrono::hours(1);
+  RpcServer silent(quiet, slow);
+  auto c2 = options(other, 1);
+  c2.heartbeat_timeout = 400ms;
+  RpcClient waiting(c2, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Thrown e = what_of<Unavailable>([&] { waiting.call(RpcMessage{1, "never", {}}); });
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_TRUE(has(e, "ps:0 (" + other[0] + ") sent nothing, not even a heartbeat, for 400 ms")) << e;
+  EXPECT_GE(took, 350ms);
+  EXPECT_LT(took, 1100ms);
+}
+
 TEST(Rpc, UnreachableServerIsADeadlineNamingIt) {
   const auto addrs = testing::free_loopback_addresses(2);  // nobody listens on addrs[0]
   auto o = options(addrs, 1);

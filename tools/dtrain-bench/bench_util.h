@@ -65,4 +65,13 @@ struct CompareArgs {
 };
 int compare_bench(const CompareArgs& a);
 
+struct ChaosArgs {
+  int jobs = 10, workers = 3, steps = 150;
+  uint64_t seed = 1;
+  double max_fault_s = 4, heartbeat_timeout_s = 5;
+  std::string prefix = "dtc", rate = "1gbit";
+  bool json = false;
+};
+int chaos_bench(const ChaosArgs& a);
+
 }  // namespace dtrain::bench

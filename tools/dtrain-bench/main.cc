@@ -97,6 +97,19 @@ int main(int argc, char** argv) {
   compare->add_option("--peers-python", cmp.peers_python, "interpreter with tensorflow and torch (default: build/peers-venv)");
   compare->add_option("--debian-python", cmp.debian_python, "interpreter with Debian's torch 1.13")->capture_default_str();
   compare->add_flag("--json", cmp.json, "also print one JSON object per result");
+  ChaosArgs ch;
+  auto* chaos = app.add_subcommand("chaos", "R jobs across netns test hosts, one fault each (kill -9, SIGSTOP, link "
+                                            "cut, all packets dropped); hangs, named losses, resumes (needs root)");
+  chaos->add_option("--jobs", ch.jobs, "R: jobs to run (alternately MultiWorkerMirrored and ParameterServer)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  chaos->add_option("--workers", ch.workers, "workers per job (>= 2)")->check(CLI::Range(2, 8))->capture_default_str();
+  chaos->add_option("--steps", ch.steps, "training steps per job")->check(CLI::PositiveNumber)->capture_default_str();
+  chaos->add_option("--seed", ch.seed, "picks the faults, victims and moments")->capture_default_str();
+  chaos->add_option("--max-fault-seconds", ch.max_fault_s, "the fault comes 1..this many seconds after the start")
+      ->check(CLI::Range(1.5, 60.0))->capture_default_str();
+  chaos->add_option("--rate", ch.rate, "link rate of each test host (tc tbf)")->capture_default_str();
+  chaos->add_option("--prefix", ch.prefix, "dtrain-netns prefix for the hosts it makes and removes")->capture_default_str();
+  chaos->add_flag("--json", ch.json, "also print one JSON object per case");
   CLI11_PARSE(app, argc, argv);
   try {
     if (*train) return train_bench(t);
@@ -104,6 +117,7 @@ int main(int argc, char** argv) {
     if (*ps) return ps_bench(p);
     if (*scaling) return scaling_bench(sc);
     if (*compare) return compare_bench(cmp);
+    if (*chaos) return chaos_bench(ch);
     if (*pw) return ps_worker(pw_size, pw_seconds);
     if (*aw) return allreduce_worker(wrank, waddrs, wtoken, r.sizes, r.iters, r.warmup);
   } catch (const std::exception& e) {

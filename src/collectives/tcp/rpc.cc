@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -239,12 +240,35 @@ RpcServer::RpcServer(TcpGroupOptions options, RpcHandler handler, RpcDisconnect 
     throw InvalidArgument("the job token must be at least 16 characters; set DTRAIN_JOB_TOKEN (dtrain-run generates one)");
   listen_fd_ = open_listener(o_.addresses[static_cast<size_t>(o_.rank)], name_of(o_, o_.rank));
   acceptor_ = std::thread([this] { accept_loop(); });
+  heartbeat_ = std::thread([this] { heartbeat_loop(); });
+}
+
+void RpcServer::heartbeat_loop() {
+  FrameHeader h;
+  h.kind = static_cast<uint16_t>(FrameKind::kHeartbeat);
+  h.sender = static_cast<uint32_t>(o_.rank);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!hb_cv_.wait_for(lock, o_.heartbeat_interval, [this] { return stopping_.load(); })) {
+    const std::vector<std::shared_ptr<Live>> conns = live_conns_;
+    lock.unlock();
+    for (const auto& c : conns) {
+      std::unique_lock<std::mutex> send(c->send_mu, std::try_to_lock);
+      if (!send.owns_lock() || c->fd < 0) continue;  // an answer is going out: traffic enough
+      ::send(c->fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);  // a full socket just skips one
+    }
+    lock.lock();
+  }
 }
 
 RpcServer::~RpcServer() { stop(); }
 
 void RpcServer::stop() {
   if (stopping_.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hb_cv_.notify_all();
+  }
+  if (heartbeat_.joinable()) heartbeat_.join();
   if (acceptor_.joinable()) acceptor_.join();
   std::vector<Connection> threads;
   {
@@ -308,9 +332,16 @@ void RpcServer::accept_loop() {
 
 void RpcServer::serve(Peer p, std::shared_ptr<std::atomic<bool>> finished) {
   bool authenticated = false;
+  std::shared_ptr<Live> live;
   try {
     authenticate(p, o_, fingerprint_, -1, /*any_rank=*/true, Clock::now() + std::chrono::seconds(10));
     authenticated = true;
+    live = std::make_shared<Live>();
+    live->fd = p.fd;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live_conns_.push_back(live);
+    }
     while (!stopping_.load()) {
       pollfd pfd{p.fd, POLLIN, 0};
       const int r = ::poll(&pfd, 1, 200);
@@ -342,6 +373,7 @@ void RpcServer::serve(Peer p, std::shared_ptr<std::atomic<bool>> finished) {
         resp.meta = "unknown exception in the server's handler";
       }
       resp.method = h.op;
+      std::lock_guard<std::mutex> send(live->send_mu);
       write_message(p, FrameKind::kResponse, h.seq, static_cast<uint32_t>(o_.rank), status, resp,
                     Clock::now() + o_.collective.timeout);
     }
@@ -361,6 +393,11 @@ void RpcServer::serve(Peer p, std::shared_ptr<std::atomic<bool>> finished) {
     for (auto& fd : fds_)
       if (fd == p.fd) fd = fds_.back();
     if (!fds_.empty()) fds_.pop_back();
+    if (live) {
+      live_conns_.erase(std::remove(live_conns_.begin(), live_conns_.end(), live), live_conns_.end());
+      std::lock_guard<std::mutex> send(live->send_mu);  // no heartbeat is on its way to this fd
+      live->fd = -1;
+    }
   }
   ::close(p.fd);
   --live_;
@@ -409,6 +446,24 @@ RpcClient::RpcClient(const TcpGroupOptions& options, int server) : o_(options) {
   }
 }
 
+FrameHeader RpcClient::next_header(Clock::time_point deadline) {
+  for (;;) {
+    const auto idle = std::min(deadline, Clock::now() + o_.heartbeat_timeout);
+    FrameHeader h;
+    try {
+      h = read_header(peer_, o_.max_frame_bytes, idle);
+    } catch (const DeadlineExceeded&) {
+      if (Clock::now() < deadline)  // the server sends a heartbeat every heartbeat_interval
+        throw Unavailable(detail::str_cat(peer_.name, " (", peer_.address, ") sent nothing, not even a heartbeat, for ",
+                                          o_.heartbeat_timeout.count(), " ms: it is stopped or hung, or its link is "
+                                          "down. The job cannot continue without it; relaunch the job to resume "
+                                          "from the last checkpoint"));
+      throw;
+    }
+    if (h.kind != static_cast<uint16_t>(FrameKind::kHeartbeat)) return h;
+  }
+}
+
 RpcClient::~RpcClient() {
   if (peer_.fd >= 0) ::close(peer_.fd);
 }
@@ -444,20 +499,14 @@ RpcMessage RpcClient::receive(uint64_t id, const std::vector<Tensor>* into) {
     // Answers to earlier requests nobody waited for (a fan-out that failed elsewhere) are skipped,
     // so the stream stays in step.
     while (next_to_read_ < id) {
-      FrameHeader h;
-      do {
-        h = read_header(peer_, o_.max_frame_bytes, deadline);
-      } while (h.kind == static_cast<uint16_t>(FrameKind::kHeartbeat));
+      const FrameHeader h = next_header(deadline);
       if (h.kind != static_cast<uint16_t>(FrameKind::kResponse) || h.seq != next_to_read_)
         throw DataLoss(detail::str_cat("out-of-order answer from ", peer_.name, ": expected response #", next_to_read_,
                                        ", got kind ", h.kind, " #", h.seq));
       read_message_body(peer_, h, deadline);
       ++next_to_read_;
     }
-    FrameHeader h;
-    do {
-      h = read_header(peer_, o_.max_frame_bytes, deadline);
-    } while (h.kind == static_cast<uint16_t>(FrameKind::kHeartbeat));
+    const FrameHeader h = next_header(deadline);
     if (h.kind != static_cast<uint16_t>(FrameKind::kResponse) || h.seq != id)
       throw DataLoss(detail::str_cat("out-of-order answer from ", peer_.name, ": expected response #", id, ", got kind ",
                                      h.kind, " #", h.seq));

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -75,7 +76,9 @@ using RpcHandler = std::function<RpcMessage(const RpcMessage& request, int clien
 using RpcDisconnect = std::function<void(int client_rank)>;
 
 // Listens on options.addresses[options.rank] and serves every task of the job that proves the
-// token; one thread per connection. Thread-safety: stop() may be called from any thread.
+// token; one thread per connection. A heartbeat thread sends every connection a heartbeat frame
+// each heartbeat_interval between answers, so a client waiting on a slow answer can tell a busy
+// server from a stopped, hung or unreachable one. Thread-safety: stop() may be called from any thread.
 class RpcServer {
  public:
   // Throws Unavailable when the address cannot be bound, InvalidArgument for a bad address/token.
@@ -90,6 +93,13 @@ class RpcServer {
  private:
   void accept_loop();
   void serve(Peer peer, std::shared_ptr<std::atomic<bool>> finished);
+  void heartbeat_loop();
+  // An authenticated connection: its socket (-1 once closed) and the lock that keeps an answer and a
+  // heartbeat from interleaving on it.
+  struct Live {
+    int fd = -1;
+    std::mutex send_mu;
+  };
   TcpGroupOptions o_;
   uint64_t fingerprint_;
   RpcHandler handler_;
@@ -104,7 +114,10 @@ class RpcServer {
     std::shared_ptr<std::atomic<bool>> finished;
   };
   std::vector<Connection> threads_;  // guarded by mu_; finished ones are joined at the next accept
+  std::vector<std::shared_ptr<Live>> live_conns_;  // guarded by mu_
   std::thread acceptor_;
+  std::thread heartbeat_;
+  std::condition_variable hb_cv_;  // with mu_: wakes the heartbeat thread to stop
 };
 
 // One authenticated connection to the server `server` (an index into options.addresses).
@@ -121,7 +134,9 @@ class RpcClient {
   // Sends a request and returns its id.
   uint64_t send(const RpcMessage& request);
   // Waits (options.collective.timeout) for the response to `id`. Rethrows the server's error with
-  // its type; Unavailable when the server's connection closed; DeadlineExceeded when it is silent.
+  // its type; Unavailable when the server's connection closed, or when nothing, not even a heartbeat,
+  // came from it for options.heartbeat_timeout (stopped, hung, or its link is down); DeadlineExceeded
+  // when it kept sending heartbeats but no answer within the timeout.
   // into: tensors the response's tensors are read straight into when shape and dtype match (the
   // returned message then holds those same tensors), saving a copy of large pulls.
   RpcMessage receive(uint64_t id, const std::vector<Tensor>* into = nullptr);
@@ -130,6 +145,8 @@ class RpcClient {
   const std::string& server_address() const { return peer_.address; }
 
  private:
+  // The next frame header that is not a heartbeat, enforcing the heartbeat timeout.
+  FrameHeader next_header(Clock::time_point deadline);
   TcpGroupOptions o_;
   Peer peer_;
   uint64_t next_id_ = 1;

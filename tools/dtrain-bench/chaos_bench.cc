@@ -1,0 +1,198 @@
+// `dtrain-bench chaos`: R training jobs across the test hosts of tools/netns/dtrain-netns, one fault
+// injected into each at a random moment — kill -9 a task, SIGSTOP it, cut its link at the switch, or
+// take its own interface down (all its packets dropped) — and then what happened: whether the job
+// ended (no hang), whether every survivor exited non-zero naming the lost task and how soon, and
+// whether the same job relaunched from its BackupAndRestore backup finished. MultiWorkerMirrored
+// jobs lose a non-chief worker; ParameterServer jobs lose their ps task (a ParameterServer job goes on
+// without a lost worker by design). Random loss needs tc netem, which some kernels lack; the probe
+// says so and leaves it out.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "bench_util.h"
+
+namespace dtrain::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+int run_quiet(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
+
+// Starts `cmd` under /bin/sh with stdout and stderr to `log`; returns the pid.
+pid_t start(const std::string& cmd, const std::string& log) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    const std::string full = "exec " + cmd + " >" + log + " 2>&1";
+    ::execl("/bin/sh", "sh", "-c", full.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// Waits up to `limit` for pid; returns its exit status, or -1 when it is still running.
+int wait_for(pid_t pid, std::chrono::milliseconds limit) {
+  const auto end = Clock::now() + limit;
+  for (;;) {
+    int status = 0;
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (Clock::now() >= end) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+std::vector<pid_t> pids_in(const std::string& ns) {
+  std::vector<pid_t> out;
+  std::FILE* p = ::popen(("ip netns pids " + ns + " 2>/dev/null").c_str(), "r");
+  if (!p) return out;
+  for (long v; std::fscanf(p, "%ld", &v) == 1;) out.push_back(static_cast<pid_t>(v));
+  ::pclose(p);
+  return out;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+int chaos_bench(const ChaosArgs& a) {
+  const std::string netns_tool = std::string(DTRAIN_SOURCE_DIR) + "/tools/netns/dtrain-netns";
+  const std::string dtrain_run = self_dir() + "/dtrain-run";
+  const std::string example = (fs::path(self_dir()).parent_path() / "examples" / "fashion_mnist").string();
+  const std::string prefix = a.prefix;
+  const int hosts = a.workers + 1;  // MWMS uses the first `workers`; a PS job adds its ps on the last
+  const int up = std::system((netns_tool + " up --prefix " + prefix + " --hosts " + std::to_string(hosts) +
+                              " --rate " + a.rate + " >/dev/null").c_str());
+  if (up != 0) {
+    std::fprintf(stderr, "dtrain-bench chaos: cannot make the test hosts (dtrain-netns up exited %d; needs root)\n",
+                 WEXITSTATUS(up));
+    return WEXITSTATUS(up) == 77 ? 77 : 1;
+  }
+  const fs::path dir = fs::temp_directory_path() / ("dtrain-chaos-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::mt19937_64 rng(a.seed);
+  const std::vector<std::string> faults = {"kill", "stop", "link_down", "drop"};
+  struct Tally {
+    int jobs = 0, hung = 0, named = 0, failed_not_named = 0, finished_anyway = 0, resumed = 0;
+    double worst_detect_s = 0;
+  };
+  std::map<std::string, Tally> tally;  // by "strategy fault"
+  const double bound_s = 2 * a.heartbeat_timeout_s;
+  int bad = 0;
+  for (int j = 0; j < a.jobs; ++j) {
+    const bool ps = j % 2 == 1;
+    const std::string strategy = ps ? "parameter_server" : "multi_worker_mirrored";
+    const std::string fault = faults[rng() % faults.size()];
+    const int victim = ps ? a.workers : 1 + static_cast<int>(rng() % static_cast<uint64_t>(a.workers - 1));
+    const std::string victim_task = ps ? "ps:0" : "worker:" + std::to_string(victim);
+    const double at_s = 1.0 + std::uniform_real_distribution<double>(0.0, a.max_fault_s - 1.0)(rng);
+    const fs::path backup = dir / ("job" + std::to_string(j));
+    const std::string job = dtrain_run + " --netns " + prefix + " --timeout 120 --grace 2 -np " +
+                            std::to_string(a.workers) + (ps ? " --ps 1" : "") + " -- " + example +
+                            " --strategy=" + strategy + " --steps=" + std::to_string(a.steps) +
+                            " --batch-size=96 --train-limit=6144 --no-eval --backup-dir " + backup.string() +
+                            " --backup-every 10 --json";
+    const std::string log = (dir / ("job" + std::to_string(j) + ".log")).string();
+    const pid_t pid = start(job, log);
+    int status = wait_for(pid, std::chrono::milliseconds(static_cast<int64_t>(at_s * 1000)));
+    Tally& t = tally[strategy + " " + fault];
+    ++t.jobs;
+    std::string what;
+    if (status >= 0) {
+      ++t.finished_anyway;  // ended before the fault: nothing was lost
+      what = "ended before the fault (" + std::to_string(status) + ")";
+    } else {
+      const std::string ns = prefix + "-h" + std::to_string(victim);
+      const auto fault_at = Clock::now();
+      if (fault == "kill" || fault == "stop")
+        for (pid_t p : pids_in(ns)) ::kill(p, fault == "kill" ? SIGKILL : SIGSTOP);
+      else if (fault == "link_down")
+        run_quiet(netns_tool + " link --prefix " + prefix + " " + std::to_string(victim) + " --down");
+      else
+        run_quiet("ip -n " + ns + " link set eth0 down");
+      status = wait_for(pid, std::chrono::milliseconds(static_cast<int64_t>((bound_s + 15) * 1000)));
+      const double took = std::chrono::duration<double>(Clock::now() - fault_at).count();
+      if (status < 0) {
+        ++t.hung;
+        ++bad;
+        ::kill(-pid, SIGKILL);
+        wait_for(pid, std::chrono::seconds(10));
+        what = "HUNG";
+      } else {
+        const std::string out = slurp(log);
+        // The lost task is named: by the survivors' errors (Unavailable naming it), or by dtrain-run
+        // when it saw the task die first and stopped the job.
+        const bool named = status != 0 && out.find(victim_task) != std::string::npos &&
+                           (out.find("Unavailable") != std::string::npos ||
+                            out.find("dtrain-run: " + victim_task) != std::string::npos);
+        if (named) {
+          ++t.named;
+          t.worst_detect_s = std::max(t.worst_detect_s, took);
+          if (took > bound_s + 2) ++bad;  // + the launcher's grace and process teardown
+        } else {
+          ++t.failed_not_named;
+          ++bad;
+        }
+        char buf[96];
+        std::snprintf(buf, sizeof(buf), "exit %d after %.1f s%s", status, took, named ? ", lost task named" : ", NOT NAMED");
+        what = buf;
+      }
+      // Heal: restart stopped processes (then reap), restore links.
+      for (pid_t p : pids_in(ns)) ::kill(p, SIGCONT), ::kill(p, SIGKILL);
+      run_quiet(netns_tool + " link --prefix " + prefix + " " + std::to_string(victim) + " --up");
+      run_quiet("ip -n " + ns + " link set eth0 up");
+    }
+    // The same job again: BackupAndRestore resumes from the last backup and it must finish.
+    const pid_t again = start(job, log + ".relaunch");
+    const int rs = wait_for(again, std::chrono::seconds(150));
+    if (rs == 0) {
+      ++t.resumed;
+    } else {
+      ++bad;
+      if (rs < 0) ::kill(-again, SIGKILL), wait_for(again, std::chrono::seconds(10));
+    }
+    std::fprintf(stderr, "job %d/%d: %s, %s on %s at %.1f s: %s; relaunch %s\n", j + 1, a.jobs, strategy.c_str(),
+                 fault.c_str(), victim_task.c_str(), at_s, what.c_str(), rs == 0 ? "finished" : "FAILED");
+  }
+  run_quiet(netns_tool + " down --prefix " + prefix);
+  std::printf("chaos: %d jobs on %d test hosts (%s links), heartbeat timeout %.0f s, bound %.0f s after the fault\n",
+              a.jobs, hosts, a.rate.c_str(), a.heartbeat_timeout_s, bound_s);
+  std::printf("%-34s %5s %5s %14s %10s %8s %12s %8s\n", "strategy / fault", "jobs", "hung", "named (worst)",
+              "not named", "no fault", "", "resumed");
+  for (const auto& [k, t] : tally) {
+    char worst[32];
+    std::snprintf(worst, sizeof(worst), "%d (%.1f s)", t.named, t.worst_detect_s);
+    std::printf("%-34s %5d %5d %14s %10d %8d %12s %8d\n", k.c_str(), t.jobs, t.hung, worst, t.failed_not_named,
+                t.finished_anyway, "", t.resumed);
+    if (a.json) {
+      nlohmann::json js{{"benchmark", "chaos"}, {"case", k}, {"jobs", t.jobs}, {"hung", t.hung}, {"named", t.named},
+                        {"worst_detect_s", t.worst_detect_s}, {"not_named", t.failed_not_named},
+                        {"ended_before_fault", t.finished_anyway}, {"resumed", t.resumed}};
+      std::printf("%s\n", js.dump().c_str());
+    }
+  }
+  std::printf("random packet loss: not injected (needs tc netem%s)\n",
+              run_quiet("tc qdisc add dev lo root netem loss 0%") == 0 ? "" : ", which this kernel lacks");
+  run_quiet("tc qdisc del dev lo root");
+  if (bad == 0) fs::remove_all(dir);
+  else std::printf("logs of every job: %s\n", dir.c_str());
+  return bad == 0 ? 0 : 1;
+}
+
+}  // namespace dtrain::bench

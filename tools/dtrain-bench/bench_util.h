@@ -66,7 +66,7 @@ struct CompareArgs {
 int compare_bench(const CompareArgs& a);
 
 struct ChaosArgs {
-  int jobs = 10, workers = 3, steps = 150;
+  int jobs = 10, workers = 3, steps = 400;
   uint64_t seed = 1;
   double max_fault_s = 4, heartbeat_timeout_s = 5;
   std::string prefix = "dtc", rate = "1gbit";

@@ -134,6 +134,9 @@ int chaos_bench(const ChaosArgs& a) {
         ::kill(-pid, SIGKILL);
         wait_for(pid, std::chrono::seconds(10));
         what = "HUNG";
+      } else if (status == 0 || slurp(log).find("all workers finished") != std::string::npos) {
+        ++t.finished_anyway;  // the fault came as training ended: every worker finished its steps
+        what = "training had ended (" + std::to_string(status) + ")";
       } else {
         const std::string out = slurp(log);
         // The lost task is named: by the survivors' errors (Unavailable naming it), or by dtrain-run

@@ -42,6 +42,20 @@ void wait_fd(const Peer& p, short events, Clock::time_point deadline, const char
   }
 }
 
+// wait_fd, but a wait of more than p.stall_timeout without the socket becoming ready is
+// Unavailable: the peer took (or sent) no bytes for that long.
+void wait_progress(const Peer& p, short events, Clock::time_point deadline, const char* what) {
+  const auto stall = Clock::now() + p.stall_timeout;
+  if (p.stall_timeout.count() <= 0 || stall >= deadline) return wait_fd(p, events, deadline, what);
+  try {
+    wait_fd(p, events, stall, what);
+  } catch (const DeadlineExceeded&) {
+    throw Unavailable(p.name + " (" + p.address + ") " + (events == POLLOUT ? "took" : "sent") + " no bytes for " +
+                      std::to_string(p.stall_timeout.count()) + " ms while " + what +
+                      " it: it is stopped or hung, or its link is down");
+  }
+}
+
 }  // namespace
 
 std::string describe(const FrameHeader& h) {
@@ -108,7 +122,7 @@ void write_exact(const Peer& p, const void* data, size_t n, Clock::time_point de
       c += w;
       n -= static_cast<size_t>(w);
     } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-      wait_fd(p, POLLOUT, deadline, "sending to");
+      wait_progress(p, POLLOUT, deadline, "sending to");
     } else {
       closed(p);
     }
@@ -125,7 +139,7 @@ void read_exact(const Peer& p, void* data, size_t n, Clock::time_point deadline)
     } else if (r == 0) {
       closed(p);
     } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-      wait_fd(p, POLLIN, deadline, "waiting for");
+      wait_progress(p, POLLIN, deadline, "waiting for");
     } else {
       closed(p);
     }

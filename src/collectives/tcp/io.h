@@ -17,6 +17,10 @@ struct Peer {
   int rank = -1;
   std::string name;     // "worker:1"
   std::string address;  // "127.0.0.1:5000"
+  // > 0: a read or write that makes no progress for this long throws Unavailable naming the peer
+  // (stopped, hung, or its link is down), however far the deadline is. RPC clients set it to the
+  // heartbeat timeout; the servers they talk to send heartbeats between answers.
+  std::chrono::milliseconds stall_timeout{0};
 };
 
 // Blocks (poll) until all n bytes are written/read or the deadline passes. Throws

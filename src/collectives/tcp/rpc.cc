@@ -431,6 +431,7 @@ RpcClient::RpcClient(const TcpGroupOptions& options, int server) : o_(options) {
       set_keepalive(fd);
       try {
         authenticate(peer_, o_, job_fingerprint(o_.addresses), server, false, deadline);
+        peer_.stall_timeout = o_.heartbeat_timeout;  // from now on the server sends heartbeats
         return;
       } catch (...) {
         ::close(fd);

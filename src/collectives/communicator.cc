@@ -33,14 +33,14 @@ bool Work::wait_for(std::chrono::milliseconds timeout) const { return !tracker_ 
 
 Work Work::completed() { return Work(); }
 
-namespace {
-
-void check_alltoall(const Tensor& in, const Tensor& out, int n) {
+void SyncCollectives::check_alltoall(const Tensor& in, const Tensor& out, int n) {
   if (in.numel() % n != 0 || out.numel() != in.numel() || out.dtype() != in.dtype())
     throw InvalidArgument("alltoall: input and output must hold the same number of elements of one dtype, divisible "
                           "into size() = " + std::to_string(n) + " blocks; got " + in.to_string() + " and " +
                           out.to_string());
 }
+
+namespace {
 
 // out's block j = all's block (j * n + r), all = every rank's input one after another.
 void keep_own_blocks(const Tensor& all, Tensor& out, int n, int r) {
@@ -53,7 +53,7 @@ void keep_own_blocks(const Tensor& all, Tensor& out, int n, int r) {
 }  // namespace
 
 Work Communicator::alltoall(const Tensor& input, Tensor& output) {
-  check_alltoall(input, output, size());
+  SyncCollectives::check_alltoall(input, output, size());
   Tensor all = Tensor::empty(Shape{input.numel() * size()}, input.dtype());
   allgather(input.view(Shape{input.numel()}), all).wait();
   keep_own_blocks(all, output, size(), rank());

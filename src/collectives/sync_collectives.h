@@ -30,6 +30,9 @@ class SyncCollectives {
   // Communicator::alltoall. The default gathers every rank's whole input and keeps the blocks meant
   // for this rank (size() times the bytes); the TCP and MPI backends exchange blocks pairwise.
   virtual void alltoall(const Tensor& input, Tensor& output);
+  // InvalidArgument unless input and output hold the same number of elements of one dtype,
+  // divisible into `size` blocks (every backend's alltoall checks this first).
+  static void check_alltoall(const Tensor& input, const Tensor& output, int size);
   virtual void abort(const std::string& reason) = 0;
   // Communicator::set_progress_marker / peer_markers (backends with heartbeats).
   virtual void set_progress_marker(int64_t /*marker*/) {}

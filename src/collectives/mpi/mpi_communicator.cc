@@ -126,9 +126,7 @@ class MpiCommunicator final : public SyncCollectives {
   }
   void alltoall(const Tensor& in, Tensor& out) override {
     host(in, "alltoall");
-    if (in.numel() % size_ != 0 || out.numel() != in.numel() || out.dtype() != in.dtype())
-      throw InvalidArgument("alltoall: input and output must hold the same number of elements of one dtype, divisible "
-                            "into size() blocks; got " + in.to_string() + " and " + out.to_string());
+    check_alltoall(in, out, size_);
     MPI_Request req;
     const MPI_Datatype dt = mpi_type(in.dtype(), "alltoall");
     const int block = static_cast<int>(in.numel() / size_);

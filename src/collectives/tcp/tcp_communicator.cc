@@ -92,10 +92,7 @@ class TcpCollectives final : public SyncCollectives {
     require_host(in, "alltoall");
     require_host(out, "alltoall");
     const int n = size();
-    if (in.numel() % n != 0 || out.numel() != in.numel() || out.dtype() != in.dtype())
-      throw InvalidArgument("alltoall: input and output must hold the same number of elements of one dtype, divisible "
-                            "into size() = " + std::to_string(n) + " blocks; got " + in.to_string() + " and " +
-                            out.to_string());
+    check_alltoall(in, out, n);
     const Fingerprint fp = begin(kAlltoall, in.dtype(), in.numel(), ReduceOp::kSum);
     guarded([&] { collectives::pairwise_alltoall(t_, in.raw_data(), out.raw_data(), in.nbytes() / static_cast<size_t>(n), fp); });
   }

@@ -30,6 +30,7 @@
 #include "dtrain/strategies/strategy_extended.h"
 #include "dtrain/train/callbacks.h"
 #include "dtrain/train/checkpoint.h"
+#include "dtrain/train/elastic.h"
 #include "dtrain/train/tensorboard.h"
 #include "dtrain/horovod.h"
 #include "dtrain/train/fit.h"

@@ -72,6 +72,25 @@ MirroredStrategy::MirroredStrategy(MirroredOptions options, StrategyExtended par
   }
 }
 
+void MirroredStrategy::reassemble(const std::function<StrategyExtended()>& connect) {
+  Impl& m = *impl_;
+  const int local = static_cast<int>(m.devices.size());
+  const AutoShardPolicy shard = extended().auto_shard_policy();
+  // The old communicators go first: their cross-worker connections close before new ones open.
+  for (auto& c : m.contexts) c->packer().reset();
+  m.comms.clear();
+  m.cross.reset();
+  assemble(StrategyExtended());
+  StrategyExtended parts = connect();
+  DTRAIN_CHECK(parts.cross_worker() != nullptr, "reassemble needs a cross-worker part");
+  m.cross = parts.shared_cross_worker();
+  m.replica_offset = parts.worker_rank() * local;
+  m.global_replicas = parts.num_workers() * local;
+  assemble(std::move(parts));
+  extended().set_auto_shard_policy(shard);
+  m.make_group();
+}
+
 MirroredStrategy::~MirroredStrategy() = default;
 
 std::string MirroredStrategy::name() const {
@@ -145,7 +164,7 @@ PerReplica MirroredStrategy::do_run(const ReplicaFn& fn, const PerReplica& input
 }
 
 std::shared_ptr<Variable> MirroredStrategy::do_create_variable(const VariableSpec& spec) {
-  auto v = std::make_shared<MirroredVariable>(spec, this, impl_->devices, impl_->replica_offset);
+  auto v = std::make_shared<MirroredVariable>(spec, this, impl_->devices);
   if (impl_->cross && impl_->cross->num_workers() > 1) {  // every worker starts from the chief's values
     Tensor h = v->device_values()[0].to(DeviceSpec::cpu()).clone();
     impl_->cross->broadcast_from_chief(h);

@@ -41,9 +41,8 @@ Tensor aggregate_in_replica(ReplicaContext& ctx, const Variable& var, const Tens
 
 // --- MirroredVariable ---
 
-MirroredVariable::MirroredVariable(VariableSpec spec, const Strategy* owner, const std::vector<DeviceSpec>& devices,
-                                   int replica_offset)
-    : Variable(std::move(spec)), owner_(owner), offset_(replica_offset) {
+MirroredVariable::MirroredVariable(VariableSpec spec, const Strategy* owner, const std::vector<DeviceSpec>& devices)
+    : Variable(std::move(spec)), owner_(owner) {
   // Initialised once, on the first device, and copied: every replica starts identical.
   Tensor init = spec_.initializer(spec_.shape, spec_.dtype, devices.front());
   if (init.shape() != spec_.shape || init.dtype() != spec_.dtype)

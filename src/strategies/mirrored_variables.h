@@ -9,9 +9,7 @@ namespace dtrain {
 // One copy per replica device (TF's MirroredVariable for ON_WRITE, SyncOnReadVariable for ON_READ).
 class MirroredVariable final : public Variable {
  public:
-  // replica_offset: the global id of this worker's first replica (multi-worker), else 0.
-  MirroredVariable(VariableSpec spec, const Strategy* owner, const std::vector<DeviceSpec>& devices,
-                   int replica_offset = 0);
+  MirroredVariable(VariableSpec spec, const Strategy* owner, const std::vector<DeviceSpec>& devices);
   Tensor read_value() const override;
   void do_assign(const Tensor& v) override { write(v, Kind::kAssign); }
   void do_assign_add(const Tensor& d) override { write(d, Kind::kAdd); }
@@ -25,11 +23,12 @@ class MirroredVariable final : public Variable {
   bool on_read() const { return spec_.synchronization == VariableSynchronization::kOnRead; }
   // The replica context of the owning strategy on this thread, or nullptr (cross-replica).
   ReplicaContext* my_replica() const;
+  // Global replica ids are worker rank x local replicas + local index; the worker rank may change
+  // (an elastic job's new membership), the local index does not.
   size_t local(const ReplicaContext& ctx) const {
-    return static_cast<size_t>(ctx.replica_id_in_sync_group() - offset_);
+    return static_cast<size_t>(ctx.replica_id_in_sync_group()) % values_.size();
   }
   const Strategy* owner_;
-  int offset_;
   std::vector<Tensor> values_;
 };
 

@@ -27,7 +27,14 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(MirroredOptions local, 
                                                          std::optional<ClusterResolution> cluster, std::string token)
     : MirroredStrategy(local_options(local, comm),
                        connect_workers(mirrored_devices(local), comm,
-                                       detail::training_worker(std::move(cluster), comm.implementation, "multi_worker_mirrored"), std::move(token))) {}
+                                       detail::training_worker(std::move(cluster), comm.implementation, "multi_worker_mirrored"), std::move(token))),
+      communication_(comm) {}
+
+void MultiWorkerMirroredStrategy::reconnect(ClusterResolution cluster, std::string token) {
+  if (!cluster.is_training_worker())
+    throw FailedPrecondition("MultiWorkerMirroredStrategy::reconnect: " + cluster.task_name() + " does not train");
+  reassemble([&] { return connect_workers(worker_devices(), communication_, std::move(cluster), std::move(token)); });
+}
 
 MultiWorkerMirroredStrategy::~MultiWorkerMirroredStrategy() = default;
 

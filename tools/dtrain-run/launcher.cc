@@ -13,6 +13,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
+#include <memory>
 
 #include "line_relay.h"
 #include "spawn.h"
@@ -79,6 +81,7 @@ struct Child {
   std::vector<int> cpus;         // the cores it is bound to (empty: not bound)
   // A parameter-server job goes on without it when it fails (a non-chief worker, the evaluator).
   bool expendable = false;
+  bool elastic = false;  // an elastic job's worker (task.index is its launcher id)
   int restarts = 0;
   Clock::time_point restart_at = kNever;  // a failed worker starts again then
   std::string lost;  // how it failed for good when the job went on without it, else empty
@@ -97,6 +100,7 @@ class Supervisor {
  public:
   explicit Supervisor(const LaunchOptions& o) : o_(o) {}
   int run();
+  int run_elastic();
   // A task's failure (not an interrupt or the timeout) ended the job.
   bool task_failed() const;
 
@@ -115,12 +119,22 @@ class Supervisor {
   void begin_stop(int sig);
   void stop_servers_when_workers_done();
   void log_summary() const;
+  void start_elastic(const ElasticSpawn& spawn);
+  void elastic_exit(Child& c, int code, const std::string& what);
+  void elastic_tick(Clock::time_point now);
   void check_deadlines(Clock::time_point now);
   int poll_timeout_ms(Clock::time_point now) const;
 
   const LaunchOptions& o_;
   std::vector<std::string> argv_;
-  std::vector<Child> children_;
+  std::deque<Child> children_;  // elastic jobs add workers: references must stay valid
+  std::vector<std::string> base_env_;
+  std::vector<std::vector<int>> shares_;
+  bool user_omp_ = false;
+  std::unique_ptr<ElasticDriver> elastic_;
+  bool elastic_success_ = false;       // an elastic worker finished
+  int elastic_failure_ = 0;            // the first elastic worker's failure status
+  bool elastic_failed_after_success_ = false;
   int sfd_ = -1;
   int devnull_ = -1;
   sigset_t old_mask_{};
@@ -240,9 +254,13 @@ void Supervisor::on_exit(Child& c, int status) {
   for (int w = 0; w < 2; ++w) read_from(c, w, /*drain=*/true);
   const bool by_signal = WIFSIGNALED(status);
   const int code = by_signal ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
-  if (code == 0 || stopping_ || c.stop_requested) return;
   const std::string what = by_signal ? "killed by signal " + std::to_string(WTERMSIG(status))
                                      : "exited with status " + std::to_string(code);
+  if (c.elastic) {
+    elastic_exit(c, code, what);
+    return;
+  }
+  if (code == 0 || stopping_ || c.stop_requested) return;
   if (c.expendable) {
     carry_on_without(c, what);
     return;
@@ -296,6 +314,73 @@ void Supervisor::restart(Child& c) {
   }
 }
 
+// An elastic job goes on while workers remain: the survivors re-form at the rendezvous.
+void Supervisor::elastic_exit(Child& c, int code, const std::string& what) {
+  elastic_->exited(c.task.index);
+  if (code == 0) {
+    elastic_success_ = true;
+    return;
+  }
+  if (stopping_) return;
+  if (c.stop_requested) {
+    log_line(c.task.name() + " stopped (its host is no longer listed)");
+    return;
+  }
+  if (elastic_failure_ == 0) elastic_failure_ = code;
+  if (elastic_success_) elastic_failed_after_success_ = true;
+  c.lost = what;
+  log_line(c.task.name() + " " + what + "; the elastic job continues with " + std::to_string(elastic_->running()) +
+           " worker(s) (--min-np " + std::to_string(o_.elastic.min_np) + ")");
+}
+
+void Supervisor::elastic_tick(Clock::time_point now) {
+  if (!elastic_ || stopping_ || elastic_->running() == 0 || elastic_success_) return;
+  std::vector<int> stop;
+  std::vector<ElasticSpawn> spawns;
+  try {
+    spawns = elastic_->tick(now, &stop);
+  } catch (const std::exception& e) {
+    log_line(std::string("elastic: ") + e.what());
+    return;
+  }
+  for (int id : stop)
+    for (auto& c : children_)
+      if (c.elastic && c.task.index == id && !c.reaped && !c.stop_requested) {
+        log_line("elastic: the host of " + c.task.name() + " is no longer listed; stopping it (SIGTERM)");
+        signal_child(c, SIGTERM);
+      }
+  for (const auto& sp : spawns) start_elastic(sp);
+}
+
+void Supervisor::start_elastic(const ElasticSpawn& sp) {
+  Task t;
+  t.type = "worker";
+  t.index = sp.id;
+  t.host = sp.host.address;
+  t.port = sp.port;
+  Child& c = children_.emplace_back(t);
+  c.elastic = true;
+  c.expendable = true;
+  c.netns = sp.host.netns;
+  c.env = base_env_;
+  for (const std::string& kv : sp.env) c.env.push_back(kv);
+  c.env.push_back("DTRAIN_TASK=" + t.name());
+  c.env.push_back("DTRAIN_JOB_TOKEN=" + o_.job_token);
+  for (const std::string& kv : o_.extra_env) c.env.push_back(kv);
+  if (!shares_.empty()) {
+    c.cpus = shares_[static_cast<size_t>(sp.id) % shares_.size()];
+    if (!user_omp_) c.env.push_back("OMP_NUM_THREADS=" + std::to_string(c.cpus.size()));
+  }
+  log_line("elastic: starting " + t.name() + " on " + sp.host.name + " (" + t.address() + ")");
+  const std::string err = start(c);
+  if (!err.empty()) {
+    log_line("cannot start " + t.name() + ": " + err);
+    elastic_->exited(sp.id);
+    c.lost = "could not be started: " + err;
+    c.reaped_at = Clock::now();
+  }
+}
+
 void Supervisor::reap() {
   for (auto& c : children_) {
     if (c.reaped) continue;
@@ -342,6 +427,10 @@ void Supervisor::log_summary() const {
     if (!c.lost.empty()) lost += (lost.empty() ? "" : ", ") + c.task.name() + " (" + c.lost + ")";
   }
   if (lost.empty()) return;
+  if (elastic_) {
+    log_line("the elastic job ran on without " + lost);
+    return;
+  }
   log_line("the job ran on without " + lost +
            "; in a parameter-server job such failures do not change the exit status, which the "
            "chief and the parameter servers decide");
@@ -355,6 +444,7 @@ void Supervisor::check_deadlines(Clock::time_point now) {
     exit_code_ = kExitTimeout;
     begin_stop(SIGTERM);
   }
+  elastic_tick(now);
   for (auto& c : children_) {
     if (!stopping_ && now >= c.restart_at) restart(c);
     if (!c.sigkilled && c.group_alive() && now >= c.kill_at) {
@@ -385,6 +475,7 @@ void Supervisor::check_deadlines(Clock::time_point now) {
 
 int Supervisor::poll_timeout_ms(Clock::time_point now) const {
   Clock::time_point next = stopping_ ? kNever : job_deadline_;
+  if (elastic_ && !stopping_ && !o_.elastic.discovery_script.empty()) next = std::min(next, elastic_->next_tick());
   for (const auto& c : children_) {
     if (!c.sigkilled && c.group_alive()) next = std::min(next, c.kill_at);
     if (!c.reaped) next = std::min(next, c.give_up_at);
@@ -467,7 +558,7 @@ int Supervisor::run() {
     log_line(std::string("cannot set up: ") + std::strerror(errno));
     return kExitLaunchFailed;
   }
-  std::vector<std::string> base_env;
+  std::vector<std::string>& base_env = base_env_;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string kv = *e;
     if (kv.rfind("TF_CONFIG=", 0) == 0 || kv.rfind("DTRAIN_TASK=", 0) == 0 ||
@@ -479,11 +570,12 @@ int Supervisor::run() {
   }
   ps_job_ =
       std::any_of(o_.tasks.begin(), o_.tasks.end(), [](const Task& t) { return t.type == "ps"; });
-  const bool user_omp = std::any_of(base_env.begin(), base_env.end(),
-                                    [](const std::string& kv) { return kv.rfind("OMP_NUM_THREADS=", 0) == 0; });
+  user_omp_ = std::any_of(base_env.begin(), base_env.end(),
+                          [](const std::string& kv) { return kv.rfind("OMP_NUM_THREADS=", 0) == 0; });
+  const bool user_omp = user_omp_;
+  if (o_.elastic.min_np > 0) return run_elastic();
   const std::vector<std::vector<int>> shares =
       o_.bind_cores ? share_cpus(allowed_cpus(), static_cast<int>(o_.tasks.size())) : std::vector<std::vector<int>>{};
-  children_.reserve(o_.tasks.size());
   for (size_t i = 0; i < o_.tasks.size(); ++i) {
     Child& c = children_.emplace_back(o_.tasks[i]);
     if (!o_.netns.empty()) c.netns = o_.netns.at(i);
@@ -530,6 +622,36 @@ int Supervisor::run() {
   ::close(sfd_);
   ::close(devnull_);
   return exit_code_;
+}
+
+int Supervisor::run_elastic() {
+  if (o_.timeout_s > 0)
+    job_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(Seconds(o_.timeout_s));
+  if (o_.bind_cores) shares_ = share_cpus(allowed_cpus(), std::max(1, std::min(o_.elastic.max_np, static_cast<int>(allowed_cpus().size()))));
+  try {
+    elastic_ = std::make_unique<ElasticDriver>(o_.elastic, o_.job_token);
+    log_line("elastic job: " + std::to_string(o_.elastic.np) + " worker(s) now, between --min-np " +
+             std::to_string(o_.elastic.min_np) + " and --max-np " + std::to_string(o_.elastic.max_np) +
+             "; rendezvous at " + o_.elastic.rendezvous_address);
+    for (const auto& sp : elastic_->initial()) start_elastic(sp);
+  } catch (const std::exception& e) {
+    log_line(std::string("cannot start the elastic job: ") + e.what());
+    ::close(sfd_);
+    ::close(devnull_);
+    return kExitLaunchFailed;
+  }
+  loop();
+  log_summary();
+  ::close(sfd_);
+  ::close(devnull_);
+  elastic_.reset();
+  if (exit_code_ != 0) return exit_code_;  // interrupted or timed out
+  if (elastic_success_ && !elastic_failed_after_success_) return 0;
+  task_failed_ = true;
+  if (elastic_failure_ == 0) elastic_failure_ = kExitLaunchFailed;
+  log_line(elastic_success_ ? "a worker failed after another had finished; the job failed"
+                            : "no elastic worker finished; the job failed");
+  return elastic_failure_;
 }
 
 }  // namespace

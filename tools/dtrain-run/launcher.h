@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cluster_config.h"
+#include "elastic_driver.h"
 
 namespace dtrain::run {
 
@@ -42,6 +43,10 @@ struct LaunchOptions {
   // Per task (empty, or one per task): the network namespace it runs in, through `ip netns exec`
   // (--netns: the test hosts of tools/netns/dtrain-netns); "" = this process's namespace.
   std::vector<std::string> netns;
+  // --min-np / --max-np: an elastic job (elastic_driver.h); `tasks` is then ignored. A worker that
+  // fails does not stop it; it ends when every worker has exited: 0 when one finished (exit 0) and
+  // none failed after that, else the first failure's status.
+  ElasticOptions elastic;
 };
 
 // Exit statuses besides a child's own.

@@ -47,6 +47,9 @@ struct Args {
   int port_base = 23456;
   bool port_base_given = false;
   bool np_given = false;
+  int min_np = 0, max_np = 0;  // an elastic job when given
+  std::string discovery_script;
+  double elastic_timeout_s = 300, elastic_settle_s = 10;
   std::vector<std::string> command;
 };
 
@@ -129,6 +132,39 @@ void merge_task_timelines(const std::vector<dtrain::run::Task>& tasks, const std
   }
 }
 
+// --min-np / --max-np: where the workers of an elastic job may run and where they meet.
+void set_up_elastic(const Args& a, int np, dtrain::run::LaunchOptions& o) {
+  using namespace dtrain::run;
+  if (a.min_np < 1 || a.max_np < a.min_np || np < a.min_np || np > a.max_np)
+    throw UsageError("an elastic job needs 1 <= --min-np <= -np <= --max-np, got --min-np " + std::to_string(a.min_np) +
+                     ", -np " + std::to_string(np) + ", --max-np " + std::to_string(a.max_np));
+  if (a.ps > 0 || a.evaluator || a.max_restarts > 0)
+    throw UsageError("--min-np/--max-np make a MultiWorkerMirrored job elastic; it takes no --ps, --evaluator or "
+                     "--max-restarts (its workers re-form on their own)");
+  ElasticOptions& e = o.elastic;
+  e.min_np = a.min_np;
+  e.max_np = a.max_np;
+  e.np = np;
+  e.discovery_script = a.discovery_script;
+  e.timeout_s = a.elastic_timeout_s;
+  e.settle_s = a.elastic_settle_s;
+  if (!a.netns.empty()) {
+    for (size_t i = 0; i < o.tasks.size(); ++i) e.hosts.push_back(ElasticHost{o.netns[i], o.tasks[i].host, o.netns[i], 1});
+    std::ifstream in("/run/dtrain-netns/" + a.netns + ".hosts");
+    for (std::string ns, addr; in >> ns >> addr;) e.known[ns] = ElasticHost{ns, addr, ns, 1};
+    // The switch's own address (tools/netns/dtrain-netns gives br0 192.0.2.1): every host reaches it.
+    e.rendezvous_address = "192.0.2.1:" + std::to_string(a.port_base_given ? a.port_base - 1 : 29400);
+    e.rendezvous_netns = a.netns + "-sw";
+    e.port_base = a.port_base;
+  } else {
+    e.hosts.push_back(ElasticHost{"localhost", "127.0.0.1", "", np});
+    e.known["localhost"] = e.known["127.0.0.1"] = ElasticHost{"localhost", "127.0.0.1", "", 1};
+    std::vector<Task> one(1);
+    assign_local_ports(one, 0);
+    e.rendezvous_address = one[0].address();
+  }
+}
+
 int run_local(const Args& a) {
   using namespace dtrain::run;
   if (!a.netns.empty() && !a.hosts.empty())
@@ -180,6 +216,7 @@ int run_local(const Args& a) {
   } else {
     assign_local_ports(o.tasks, a.port_base_given ? a.port_base : 0);
   }
+  if (a.min_np > 0 || a.max_np > 0) set_up_elastic(a, np, o);
   o.command = a.command;
   o.devices = a.devices;
   o.bind_cores = a.bind_to == "core";
@@ -277,6 +314,23 @@ int main(int argc, char** argv) {
   app.add_option("-H,--hosts", a.hosts,
                  "hosts as host:slots,... (horovodrun's -H): with --print-config, every host's TF_CONFIG; "
                  "otherwise this machine's slots (localhost:N) run here, -np defaulting to their number");
+  app.add_option("--min-np", a.min_np,
+                 "elastic job (Horovod elastic, torchrun --nnodes=MIN:MAX): keep a MultiWorkerMirrored job "
+                 "going while at least this many workers live; the program uses dtrain::elastic (survivors roll "
+                 "back to the last commit and re-form; new workers get the state by broadcast)");
+  app.add_option("--max-np", a.max_np, "elastic job: at most this many workers");
+  app.add_option("--host-discovery-script", a.discovery_script,
+                 "elastic job: a command printing the hosts workers may run on, host:slots per line (horovodrun's "
+                 "flag; localhost, or the namespaces of --netns), read every second: workers start on new slots "
+                 "up to --max-np, and those of a host no longer listed are stopped");
+  app.add_option("--elastic-timeout", a.elastic_timeout_s,
+                 "elastic job: seconds the workers wait for a round of at least --min-np workers to form "
+                 "(HOROVOD_ELASTIC_TIMEOUT)")
+      ->capture_default_str();
+  app.add_option("--elastic-settle", a.elastic_settle_s,
+                 "elastic job: seconds a round waits for a started worker that does not arrive (a hung one) "
+                 "before it forms without it")
+      ->capture_default_str();
   auto* port_base = app.add_option("--port-base", a.port_base,
                                    "with -H: task in slot s of a host listens on port-base + s; "
                                    "locally: fixed ports port-base + i instead of free ones")

@@ -57,6 +57,12 @@ class DTRAIN_API MirroredStrategy : public Strategy {
   PerReplica do_run(const ReplicaFn& fn, const PerReplica& inputs) override;
   std::shared_ptr<Variable> do_create_variable(const VariableSpec& spec) override;
   PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch) override;
+  // Replaces the cross-worker part and cluster context (a new membership of an elastic job): closes
+  // the current cross-worker connections, then assembles what `connect` returns; replica ids and
+  // counts follow the new worker rank and count, and every replica's communicator is rebuilt;
+  // variables and their values stay. Call between steps only. When `connect` throws, the strategy
+  // cannot run until a later reassemble succeeds.
+  void reassemble(const std::function<StrategyExtended()>& connect);
 
  private:
   std::unique_ptr<Impl> impl_;

@@ -51,6 +51,16 @@ class DTRAIN_API MultiWorkerMirroredStrategy : public MirroredStrategy {
   const ClusterResolution& cluster() const { return *extended().cluster(); }
   // Same as extended().set_auto_shard_policy().
   void set_auto_shard_policy(AutoShardPolicy p) { extended().set_auto_shard_policy(p); }
+  // Elastic training (dtrain/train/elastic.h): closes the connections to the current workers and
+  // connects to those of `cluster` (a new membership: other workers, another rank), authenticating
+  // with `token`. Variables and optimizer state stay as they are; num_replicas_in_sync(), replica
+  // ids and the data shard follow the new membership. Call between steps, on every worker of the new
+  // membership. Throws what the constructor throws for connecting; the strategy cannot run until a
+  // later reconnect succeeds.
+  void reconnect(ClusterResolution cluster, std::string token);
+
+ private:
+  CommunicationOptions communication_;
 };
 
 }  // namespace dtrain

@@ -1,0 +1,92 @@
+// Elastic training (Horovod elastic, torchrun's rendezvous) with MultiWorkerMirroredStrategy: the
+// reference CNN on Fashion-MNIST keeps training when workers die or join.
+//
+//   dtrain-run --min-np 2 --max-np 3 -np 3 --host-discovery-script ./hosts.sh -- ./elastic_fashion_mnist
+//
+// Kill a worker (kill -9) and the others roll back to the last commit, re-form and go on; list
+// another slot in the discovery script and a new worker starts, receives the committed state by
+// broadcast and is taken in at the next commit. The global batch (--batch-size) stays the same
+// whatever the number of workers, so the learning rate stays too (see dtrain/train/elastic.h).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "../fashion_mnist/reference_cnn.h"
+#include "dtrain/dtrain.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"elastic MultiWorkerMirrored training of the reference CNN on Fashion-MNIST"};
+  int epochs = 3;
+  int64_t batch = 96, train_limit = 0, commit_every = 10;
+  float lr = 1e-3f;
+  uint64_t seed = 42;
+  bool json = false;
+  std::string data_dir, devices = "cpu";
+  app.add_option("--epochs", epochs, "epochs to train")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--batch-size", batch, "global batch, split over the workers of each round")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--lr", lr, "Adam learning rate")->capture_default_str();
+  app.add_option("--commit-every", commit_every, "batches between commits")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--seed", seed, "seed for weights and shuffling")->capture_default_str();
+  app.add_option("--devices", devices, "this worker's devices, e.g. cpu or cpu:2")->capture_default_str();
+  app.add_option("--data-dir", data_dir, "Fashion-MNIST IDX directory");
+  app.add_option("--train-limit", train_limit, "train on the first N images only (tests)");
+  app.add_flag("--json", json, "the last round's rank 0 prints one JSON object with the results as the last line");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    dtrain::elastic::Job job;
+    dtrain::MirroredOptions local;
+    local.devices = dtrain::parse_devices_flag(devices, 1);
+    dtrain::MultiWorkerMirroredStrategy strategy(local, {}, job.join(), job.token());
+
+    dtrain::set_global_seed(seed);
+    dtrain::FashionMnist data = dtrain::load_fashion_mnist(data_dir);
+    if (train_limit > 0 && train_limit < data.train_images.shape()[0]) {
+      data.train_images = data.train_images.slice_rows(0, train_limit);
+      data.train_labels = data.train_labels.slice_rows(0, train_limit);
+    }
+    const auto train = dtrain::Dataset::from_tensors({data.train_images, data.train_labels});
+    const auto test = dtrain::Dataset::from_tensors({data.test_images, data.test_labels});
+    dtrain::Sequential model;
+    std::unique_ptr<dtrain::Adam> opt;
+    {
+      auto scope = strategy.scope();
+      model = dtrain::examples::reference_cnn();
+      opt = std::make_unique<dtrain::Adam>(lr);
+    }
+    dtrain::History history;
+    dtrain::elastic::RunOptions ro;
+    ro.commit_every = commit_every;
+    ro.on_reset = [&](const dtrain::elastic::Membership& m) {
+      if (m.rank == 0)
+        std::fprintf(stderr, "elastic: round %d, %zu workers, %d replicas in sync\n", m.generation, m.addresses.size(),
+                     strategy.num_replicas_in_sync());
+    };
+    const dtrain::elastic::RunReport report = dtrain::elastic::run(job, strategy, model, *opt, [&](dtrain::Callback& elastic) {
+      dtrain::ProgressBar progress(json ? stderr : stdout);
+      dtrain::FitOptions fit;
+      fit.epochs = epochs;
+      fit.global_batch_size = batch;
+      fit.shuffle_seed = seed;
+      fit.callbacks = {&elastic};
+      if (strategy.extended().is_chief()) fit.callbacks.push_back(&progress);
+      history = dtrain::fit(strategy, model, *opt, train, &test, fit);
+    }, ro);
+    if (json && strategy.extended().is_chief()) {
+      nlohmann::json j{{"example", "elastic_fashion_mnist"},
+                       {"workers", report.workers},
+                       {"rounds", report.generation},
+                       {"resets", report.resets},
+                       {"rolled_back_steps", report.rolled_back},
+                       {"global_batch", batch},
+                       {"optimizer_steps", opt->iterations()},
+                       {"final_loss", history.history.at("loss").back()},
+                       {"test_accuracy", history.history.at("val_accuracy").back()}};
+      std::printf("%s\n", j.dump().c_str());
+    }
+  } catch (const dtrain::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

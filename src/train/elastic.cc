@@ -1,0 +1,165 @@
+// elastic::run and its commit callback (dtrain/train/elastic.h).
+#include "dtrain/train/elastic.h"
+
+#include <cstring>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "dtrain/core/logging.h"
+#include "dtrain/model/layers.h"
+#include "dtrain/model/optimizers.h"
+#include "dtrain/strategies/multi_worker_mirrored_strategy.h"
+#include "dtrain/train/checkpoint.h"
+
+namespace dtrain::elastic {
+namespace {
+
+const char* kEpochState = "dtrain.epoch_state";
+
+// Horovod's KerasState with its commit callbacks: keeps the last committed state in memory, asks at
+// each commit whether the membership changes, and puts a restored state's position into fit().
+class CommitState final : public Callback {
+ public:
+  CommitState(Job& job, MultiWorkerMirroredStrategy& strategy, Sequential& model, Optimizer& optimizer, int64_t every)
+      : job_(job), strategy_(strategy), model_(model), optimizer_(optimizer), every_(every) {}
+
+  void on_train_begin(const TrainLogs&) override {
+    if (!resume_) return;
+    TrainingContext& ctx = context();
+    ctx.initial_epoch = static_cast<int>(resume_->epoch);
+    ctx.initial_step = resume_->step;
+    ctx.initial_global_step = resume_->global_step;
+    ctx.initial_epoch_state = resume_state_;
+    resume_.reset();
+  }
+  void on_train_batch_end(const TrainLogs& logs) override {
+    last_global_step_ = logs.global_step;
+    if (every_ > 0 && logs.global_step % every_ == 0 && !context().accumulating && logs.step != logs.steps_per_epoch)
+      commit(TrainingPosition{logs.epoch, logs.step, logs.global_step});
+  }
+  void on_epoch_end(const TrainLogs& logs) override {
+    last_global_step_ = logs.global_step;
+    commit(TrainingPosition{logs.epoch + 1, 0, logs.global_step});
+  }
+
+  // Rank 0's last committed state to every worker, which all restore; nothing on the first round
+  // (the strategy broadcast the chief's initial variables). Collective over the current workers.
+  // Returns the batches this worker had computed beyond the restored position.
+  int64_t sync() {
+    CrossWorkerOps* x = strategy_.extended().cross_worker();
+    const bool root = strategy_.extended().worker_rank() == 0;
+    std::string header;
+    if (root && committed_) {
+      nlohmann::json j;
+      j["metadata"] = committed_->metadata;
+      j["tensors"] = nlohmann::json::array();
+      for (const auto& [name, t] : committed_->tensors)
+        j["tensors"].push_back({{"name", name}, {"dtype", dtype_name(t.dtype())}, {"shape", t.shape().dims()}});
+      header = j.dump();
+    }
+    Tensor head = Tensor::from_vector<int64_t>({root && committed_ ? 1 : 0, static_cast<int64_t>(header.size())}, Shape{2});
+    x->broadcast_from_chief(head);
+    const int64_t* h = head.data<int64_t>();
+    if (h[0] == 0) return 0;
+    Tensor bytes = Tensor::zeros(Shape{(h[1] + 3) / 4}, DType::kInt32);
+    if (root) std::memcpy(bytes.raw_data(), header.data(), header.size());
+    x->broadcast_from_chief(bytes);
+    CheckpointData data;
+    if (root) {
+      data = *committed_;
+    } else {
+      header.assign(static_cast<const char*>(bytes.raw_data()), static_cast<size_t>(h[1]));
+      try {
+        const nlohmann::json j = nlohmann::json::parse(header);
+        data.metadata = j.at("metadata").get<std::map<std::string, std::string>>();
+        for (const auto& e : j.at("tensors"))
+          data.tensors.emplace_back(e.at("name").get<std::string>(),
+                                    Tensor::empty(Shape(e.at("shape").get<std::vector<int64_t>>()),
+                                                  dtype_from_name(e.at("dtype").get<std::string>())));
+      } catch (const nlohmann::json::exception& e) {
+        throw DataLoss(std::string("elastic: the committed state's header from rank 0 is malformed: ") + e.what());
+      }
+    }
+    for (auto& [name, t] : data.tensors) {
+      Tensor host = root ? t.clone() : t;
+      x->broadcast_from_chief(host);
+      if (!root) t = host;
+    }
+    std::map<std::string, std::string> meta;
+    const TrainingPosition p = Checkpoint(model_, &optimizer_, &strategy_).restore(data, &meta);
+    resume_ = p;
+    resume_state_.clear();
+    if (auto it = meta.find(kEpochState); it != meta.end()) {
+      const nlohmann::json s = nlohmann::json::parse(it->second);
+      for (const auto& [k, v] : s.items()) resume_state_[k] = v.get<std::vector<double>>();
+    }
+    committed_ = std::move(data);
+    const int64_t lost = std::max<int64_t>(0, last_global_step_ - p.global_step);
+    last_global_step_ = p.global_step;
+    return lost;
+  }
+
+ private:
+  void commit(const TrainingPosition& p) {
+    std::map<std::string, std::string> extra;
+    if (p.step > 0 && context().epoch_state) {
+      nlohmann::json j = nlohmann::json::object();
+      for (const auto& [k, v] : context().epoch_state()) j[k] = v;
+      extra[kEpochState] = j.dump();
+    }
+    committed_ = Checkpoint(model_, &optimizer_, &strategy_).capture(p, extra);
+    // Every worker asks; any yes stops all of them after this same commit.
+    const bool mine = job_.membership_changing();
+    if (strategy_.extended().sum_across_workers({mine ? 1.0 : 0.0})[0] > 0)
+      throw HostsUpdated("the membership changes after global step " + std::to_string(p.global_step));
+  }
+
+  Job& job_;
+  MultiWorkerMirroredStrategy& strategy_;
+  Sequential& model_;
+  Optimizer& optimizer_;
+  int64_t every_;
+  std::optional<CheckpointData> committed_;
+  std::optional<TrainingPosition> resume_;
+  std::map<std::string, std::vector<double>> resume_state_;
+  int64_t last_global_step_ = 0;
+};
+
+}  // namespace
+
+RunReport run(Job& job, MultiWorkerMirroredStrategy& strategy, Sequential& model, Optimizer& optimizer,
+              const std::function<void(Callback& elastic)>& train, const RunOptions& options) {
+  if (job.membership().generation == 0)
+    throw FailedPrecondition("elastic::run: the job has not joined a round; build the strategy with job.join()");
+  CommitState state(job, strategy, model, optimizer, options.commit_every);
+  RunReport report;
+  while (true) {
+    std::string why;
+    try {
+      report.rolled_back += state.sync();
+      train(state);
+      report.generation = job.membership().generation;
+      report.workers = static_cast<int>(job.membership().addresses.size());
+      return report;
+    } catch (const HostsUpdated& e) {
+      why = e.what();
+    } catch (const Unavailable& e) {
+      why = e.what();
+    } catch (const DeadlineExceeded& e) {
+      why = e.what();
+    }
+    if (++report.resets > options.max_resets)
+      throw FailedPrecondition("elastic::run: the membership changed more than " + std::to_string(options.max_resets) +
+                               " times (RunOptions::max_resets); last: " + why);
+    DTRAIN_LOG(WARNING) << "elastic worker " << job.id() << " (rank " << job.membership().rank << " of round "
+                        << job.membership().generation << "): " << why << "; rejoining";
+    ClusterResolution cluster = job.join();
+    strategy.reconnect(std::move(cluster), job.token());
+    DTRAIN_LOG(INFO) << "elastic worker " << job.id() << " is rank " << job.membership().rank << " of "
+                     << job.membership().addresses.size() << " in round " << job.membership().generation;
+    if (options.on_reset) options.on_reset(job.membership());
+  }
+}
+
+}  // namespace dtrain::elastic

@@ -1,0 +1,176 @@
+#include "elastic_driver.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <set>
+#include <stdexcept>
+
+#include "cluster_config.h"
+#include "dtrain/train/elastic.h"
+
+namespace dtrain::run {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Runs `make` with this thread in network namespace `ns` (sockets made there stay there).
+template <typename F>
+auto in_netns(const std::string& ns, F make) {
+  if (ns.empty()) return make();
+  const int self = ::open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+  const int target = ::open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
+  if (self < 0 || target < 0 || ::setns(target, CLONE_NEWNET) != 0) {
+    if (self >= 0) ::close(self);
+    if (target >= 0) ::close(target);
+    throw std::runtime_error("cannot enter network namespace " + ns + " for the elastic rendezvous");
+  }
+  ::close(target);
+  try {
+    auto r = make();
+    if (::setns(self, CLONE_NEWNET) != 0) throw std::runtime_error("cannot return to the launcher's network namespace");
+    ::close(self);
+    return r;
+  } catch (...) {
+    (void)::setns(self, CLONE_NEWNET);
+    ::close(self);
+    throw;
+  }
+}
+
+}  // namespace
+
+ElasticDriver::ElasticDriver(ElasticOptions options, const std::string& token)
+    : o_(std::move(options)), token_(token), next_tick_(Clock::now()) {
+  elastic::RendezvousOptions r;
+  r.address = o_.rendezvous_address;
+  r.token = token;
+  r.min_np = o_.min_np;
+  r.max_np = o_.max_np;
+  r.settle = std::chrono::milliseconds(static_cast<int64_t>(o_.settle_s * 1000));
+  server_ = in_netns(o_.rendezvous_netns, [&] { return std::make_unique<elastic::RendezvousServer>(r); });
+}
+
+ElasticDriver::~ElasticDriver() = default;
+
+ElasticSpawn ElasticDriver::make_spawn(const ElasticHost& host) {
+  if (next_id_ >= elastic::Job::kMaxWorkers)
+    throw std::runtime_error("an elastic job starts at most " + std::to_string(elastic::Job::kMaxWorkers) +
+                             " workers over its life");
+  ElasticSpawn s;
+  s.id = next_id_++;
+  s.host = host;
+  if (o_.port_base > 0) {
+    s.port = o_.port_base + s.id;
+  } else {
+    std::vector<Task> one(1);
+    assign_local_ports(one, 0);
+    s.port = one[0].port;
+  }
+  s.env = {"DTRAIN_ELASTIC_RENDEZVOUS=" + o_.rendezvous_address, "DTRAIN_ELASTIC_ID=" + std::to_string(s.id),
+           "DTRAIN_ELASTIC_ADDRESS=" + host.address + ":" + std::to_string(s.port),
+           "DTRAIN_ELASTIC_TIMEOUT=" + std::to_string(static_cast<int>(o_.timeout_s)),
+           "DTRAIN_ELASTIC_MIN_NP=" + std::to_string(o_.min_np), "DTRAIN_ELASTIC_MAX_NP=" + std::to_string(o_.max_np)};
+  server_->expect(s.id);
+  running_[s.id] = host.name;
+  return s;
+}
+
+std::vector<ElasticSpawn> ElasticDriver::initial() {
+  std::vector<ElasticSpawn> out;
+  std::map<std::string, int> used;
+  for (int i = 0; i < o_.np; ++i) {
+    // Fill the hosts in order, as -H does; past their slots, round robin.
+    const ElasticHost* pick = nullptr;
+    for (const auto& h : o_.hosts)
+      if (used[h.name] < h.slots) {
+        pick = &h;
+        break;
+      }
+    if (!pick) pick = &o_.hosts[static_cast<size_t>(i) % o_.hosts.size()];
+    ++used[pick->name];
+    out.push_back(make_spawn(*pick));
+  }
+  return out;
+}
+
+bool ElasticDriver::read_discovery(std::vector<ElasticHost>* hosts, std::string* error) const {
+  FILE* p = ::popen(("timeout 10 " + shell_quote(o_.discovery_script) + " 2>&1").c_str(), "r");
+  if (!p) {
+    *error = "cannot run the host discovery script";
+    return false;
+  }
+  std::string text;
+  char buf[512];
+  while (std::fgets(buf, sizeof(buf), p)) text += buf;
+  const int status = ::pclose(p);
+  if (status != 0) {
+    *error = "the host discovery script " + o_.discovery_script + " failed (status " + std::to_string(status) +
+             "): " + text.substr(0, 200);
+    return false;
+  }
+  try {
+    std::string spec;
+    for (char c : text) spec += (c == '\n' ? ',' : c);
+    while (!spec.empty() && (spec.back() == ',' || spec.back() == ' ')) spec.pop_back();
+    if (spec.empty()) return true;  // no hosts
+    for (const HostSlots& h : parse_hosts(spec)) {
+      auto it = o_.known.find(h.host);
+      if (it == o_.known.end()) {
+        *error = "the host discovery script names host '" + h.host + "', which this launcher cannot start workers on";
+        return false;
+      }
+      ElasticHost e = it->second;
+      e.slots = h.slots;
+      hosts->push_back(e);
+    }
+  } catch (const std::exception& e) {
+    *error = std::string("the host discovery script's output is malformed: ") + e.what();
+    return false;
+  }
+  return true;
+}
+
+std::vector<ElasticSpawn> ElasticDriver::tick(Clock::time_point now, std::vector<int>* stop) {
+  std::vector<ElasticSpawn> out;
+  if (o_.discovery_script.empty() || now < next_tick_) return out;
+  next_tick_ = now + std::chrono::seconds(1);
+  std::vector<ElasticHost> hosts;
+  std::string error;
+  if (!read_discovery(&hosts, &error)) {
+    if (error != last_error_) std::fprintf(stderr, "dtrain-run: elastic: %s; keeping the workers as they are\n", error.c_str());
+    last_error_ = error;
+    return out;
+  }
+  last_error_.clear();
+  std::map<std::string, int> used;
+  for (const auto& [id, host] : running_) {
+    const bool listed = std::any_of(hosts.begin(), hosts.end(), [&](const ElasticHost& h) { return h.name == host; });
+    if (!listed) {
+      stop->push_back(id);
+    } else {
+      ++used[host];
+    }
+  }
+  int slots = 0;
+  for (const auto& h : hosts) slots += h.slots;
+  int live = running() - static_cast<int>(stop->size());
+  const int target = std::min(o_.max_np, slots);
+  for (const auto& h : hosts) {
+    while (live < target && used[h.name] < h.slots) {
+      out.push_back(make_spawn(h));
+      ++used[h.name];
+      ++live;
+    }
+  }
+  return out;
+}
+
+void ElasticDriver::exited(int id) {
+  running_.erase(id);
+  server_->lost(id);
+}
+
+}  // namespace dtrain::run

@@ -37,7 +37,11 @@ int main(int argc, char** argv) {
     dtrain::elastic::Job job;
     dtrain::MirroredOptions local;
     local.devices = dtrain::parse_devices_flag(devices, 1);
-    dtrain::MultiWorkerMirroredStrategy strategy(local, {}, job.join(), job.token());
+    dtrain::CommunicationOptions comm;
+    comm.connect_timeout = std::chrono::seconds(30);  // a round whose member dies while connecting re-forms sooner
+    comm.broadcast_initial_values = false;            // elastic::run broadcasts the state (newcomers too)
+    dtrain::ClusterResolution cluster = job.join();  // before job.token(): the token belongs to the round
+    dtrain::MultiWorkerMirroredStrategy strategy(local, comm, cluster, job.token());
 
     dtrain::set_global_seed(seed);
     dtrain::FashionMnist data = dtrain::load_fashion_mnist(data_dir);
@@ -52,6 +56,9 @@ int main(int argc, char** argv) {
     {
       auto scope = strategy.scope();
       model = dtrain::examples::reference_cnn();
+      std::vector<int64_t> input = data.train_images.shape().dims();
+      input[0] = 1;
+      model.build(dtrain::Shape(input));  // the state elastic::run commits and broadcasts
       opt = std::make_unique<dtrain::Adam>(lr);
     }
     dtrain::History history;
@@ -70,7 +77,8 @@ int main(int argc, char** argv) {
       fit.shuffle_seed = seed;
       fit.callbacks = {&elastic};
       if (strategy.extended().is_chief()) fit.callbacks.push_back(&progress);
-      history = dtrain::fit(strategy, model, *opt, train, &test, fit);
+      dtrain::History h = dtrain::fit(strategy, model, *opt, train, &test, fit);
+      if (!h.history["loss"].empty()) history = h;  // a resumed call may find nothing left to train
     }, ro);
     if (json && strategy.extended().is_chief()) {
       nlohmann::json j{{"example", "elastic_fashion_mnist"},

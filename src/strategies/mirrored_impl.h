@@ -77,6 +77,7 @@ struct MirroredStrategy::Impl {
   // The other workers of a multi-worker job (null for one process): spans each replica's
   // communicator over the job; replica ids and counts are global.
   std::shared_ptr<CrossWorkerOps> cross;
+  bool broadcast_initial = true;  // variables start from the chief's values (multi-worker)
   int replica_offset = 0;   // this worker's first global replica id
   int global_replicas = 1;  // replicas of the whole job
   std::vector<std::unique_ptr<Communicator>> comms;         // one per replica

@@ -91,6 +91,8 @@ void MirroredStrategy::reassemble(const std::function<StrategyExtended()>& conne
   m.make_group();
 }
 
+void MirroredStrategy::set_broadcast_initial_values(bool on) { impl_->broadcast_initial = on; }
+
 MirroredStrategy::~MirroredStrategy() = default;
 
 std::string MirroredStrategy::name() const {
@@ -165,7 +167,7 @@ PerReplica MirroredStrategy::do_run(const ReplicaFn& fn, const PerReplica& input
 
 std::shared_ptr<Variable> MirroredStrategy::do_create_variable(const VariableSpec& spec) {
   auto v = std::make_shared<MirroredVariable>(spec, this, impl_->devices);
-  if (impl_->cross && impl_->cross->num_workers() > 1) {  // every worker starts from the chief's values
+  if (impl_->cross && impl_->cross->num_workers() > 1 && impl_->broadcast_initial) {  // every worker starts from the chief's values
     Tensor h = v->device_values()[0].to(DeviceSpec::cpu()).clone();
     impl_->cross->broadcast_from_chief(h);
     for (Tensor copy : v->device_values()) copy.copy_from(h);  // handles alias the variable's memory

@@ -28,7 +28,9 @@ MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(MirroredOptions local, 
     : MirroredStrategy(local_options(local, comm),
                        connect_workers(mirrored_devices(local), comm,
                                        detail::training_worker(std::move(cluster), comm.implementation, "multi_worker_mirrored"), std::move(token))),
-      communication_(comm) {}
+      communication_(comm) {
+  set_broadcast_initial_values(comm.broadcast_initial_values);
+}
 
 void MultiWorkerMirroredStrategy::reconnect(ClusterResolution cluster, std::string token) {
   if (!cluster.is_training_worker())

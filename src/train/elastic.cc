@@ -40,17 +40,20 @@ class CommitState final : public Callback {
   }
   void on_epoch_end(const TrainLogs& logs) override {
     last_global_step_ = logs.global_step;
-    commit(TrainingPosition{logs.epoch + 1, 0, logs.global_step});
+    // After the last epoch nothing is left to train: commit, but keep the round (a newcomer is
+    // turned away when the job ends).
+    commit(TrainingPosition{logs.epoch + 1, 0, logs.global_step}, /*ask=*/logs.epoch + 1 < logs.epochs);
   }
 
-  // Rank 0's last committed state to every worker, which all restore; nothing on the first round
-  // (the strategy broadcast the chief's initial variables). Collective over the current workers.
-  // Returns the batches this worker had computed beyond the restored position.
+  // Rank 0's last committed state (before the first commit: its current one) to every worker, which
+  // all restore. Collective over the current workers. Returns the batches this worker had computed
+  // beyond the restored position.
   int64_t sync() {
     CrossWorkerOps* x = strategy_.extended().cross_worker();
     const bool root = strategy_.extended().worker_rank() == 0;
+    if (root && !committed_) committed_ = Checkpoint(model_, &optimizer_, &strategy_).capture(TrainingPosition{});
     std::string header;
-    if (root && committed_) {
+    if (root) {
       nlohmann::json j;
       j["metadata"] = committed_->metadata;
       j["tensors"] = nlohmann::json::array();
@@ -58,7 +61,7 @@ class CommitState final : public Callback {
         j["tensors"].push_back({{"name", name}, {"dtype", dtype_name(t.dtype())}, {"shape", t.shape().dims()}});
       header = j.dump();
     }
-    Tensor head = Tensor::from_vector<int64_t>({root && committed_ ? 1 : 0, static_cast<int64_t>(header.size())}, Shape{2});
+    Tensor head = Tensor::from_vector<int64_t>({root ? 1 : 0, static_cast<int64_t>(header.size())}, Shape{2});
     x->broadcast_from_chief(head);
     const int64_t* h = head.data<int64_t>();
     if (h[0] == 0) return 0;
@@ -101,7 +104,7 @@ class CommitState final : public Callback {
   }
 
  private:
-  void commit(const TrainingPosition& p) {
+  void commit(const TrainingPosition& p, bool ask = true) {
     std::map<std::string, std::string> extra;
     if (p.step > 0 && context().epoch_state) {
       nlohmann::json j = nlohmann::json::object();
@@ -109,6 +112,7 @@ class CommitState final : public Callback {
       extra[kEpochState] = j.dump();
     }
     committed_ = Checkpoint(model_, &optimizer_, &strategy_).capture(p, extra);
+    if (!ask) return;
     // Every worker asks; any yes stops all of them after this same commit.
     const bool mine = job_.membership_changing();
     if (strategy_.extended().sum_across_workers({mine ? 1.0 : 0.0})[0] > 0)
@@ -132,6 +136,14 @@ RunReport run(Job& job, MultiWorkerMirroredStrategy& strategy, Sequential& model
               const std::function<void(Callback& elastic)>& train, const RunOptions& options) {
   if (job.membership().generation == 0)
     throw FailedPrecondition("elastic::run: the job has not joined a round; build the strategy with job.join()");
+  if (!model.built())
+    throw FailedPrecondition("elastic::run: build the model first (model.build(input_shape) inside strategy.scope()): "
+                             "its state is what the workers commit and broadcast");
+  {
+    // Slots now, so that the state every worker receives holds them (a newcomer builds its own here).
+    auto scope = strategy.scope();
+    optimizer.build(model.trainable_variables());
+  }
   CommitState state(job, strategy, model, optimizer, options.commit_every);
   RunReport report;
   while (true) {
@@ -154,8 +166,22 @@ RunReport run(Job& job, MultiWorkerMirroredStrategy& strategy, Sequential& model
                                " times (RunOptions::max_resets); last: " + why);
     DTRAIN_LOG(WARNING) << "elastic worker " << job.id() << " (rank " << job.membership().rank << " of round "
                         << job.membership().generation << "): " << why << "; rejoining";
-    ClusterResolution cluster = job.join();
-    strategy.reconnect(std::move(cluster), job.token());
+    // A worker of the new round may die while the round connects: rejoin then too. What join()
+    // throws (no round within the timeout, the job's state lost) ends the run.
+    while (true) {
+      ClusterResolution cluster = job.join();
+      try {
+        strategy.reconnect(std::move(cluster), job.token());
+        break;
+      } catch (const Error& e) {
+        if (!dynamic_cast<const Unavailable*>(&e) && !dynamic_cast<const DeadlineExceeded*>(&e) &&
+            !dynamic_cast<const PermissionDenied*>(&e))
+          throw;
+        if (++report.resets > options.max_resets) throw;
+        DTRAIN_LOG(WARNING) << "elastic worker " << job.id() << ": round " << job.membership().generation
+                            << " did not connect (" << e.what() << "); rejoining";
+      }
+    }
     DTRAIN_LOG(INFO) << "elastic worker " << job.id() << " is rank " << job.membership().rank << " of "
                      << job.membership().addresses.size() << " in round " << job.membership().generation;
     if (options.on_reset) options.on_reset(job.membership());

@@ -58,6 +58,7 @@ struct RendezvousServer::Impl {
   std::map<int, std::string> waiting;       // id -> address, waiting for the next round
   Clock::time_point first_wait{};
   bool stopping = false;
+  bool state_lost = false;  // every worker that held the job's state is gone
   std::unique_ptr<tcp::RpcServer> server;
 
   // Closes a round when its conditions hold (see elastic.h). Called with mu held.
@@ -71,10 +72,14 @@ struct RendezvousServer::Impl {
       if (waiting.count(id)) order.push_back(id);
     if (generation > 0 && order.empty()) {
       // Only newcomers: a round without a survivor would start over from fresh weights. Wait while
-      // a member of the running round is still connected (it will commit and come).
+      // a member of the running round is still connected (it will commit and come); with none left
+      // the job's state is gone, and the waiting workers are told so (join answers the error).
       bool member_alive = false;
       for (int id : members) member_alive = member_alive || connected.count(id) != 0;
       if (member_alive) return;
+      state_lost = true;
+      cv.notify_all();
+      return;
     }
     for (const auto& [id, addr] : waiting)
       if (std::find(order.begin(), order.end(), id) == order.end()) order.push_back(id);
@@ -113,6 +118,10 @@ struct RendezvousServer::Impl {
       try_close(Clock::now());
       if (generation > known && member_addr.count(id)) break;
       if (stopping) throw Unavailable("the elastic rendezvous is shutting down (the job is ending)");
+      if (state_lost)
+        throw FailedPrecondition("every worker that held the elastic job's state has gone (none of round " +
+                                 std::to_string(generation) + " is left); start the job again (with BackupAndRestore "
+                                 "it resumes from its last backup)");
       if (!connected.count(id)) throw Unavailable("elastic worker " + std::to_string(id) + " disconnected");
       cv.wait_for(lk, std::chrono::milliseconds(100));
     }
@@ -192,6 +201,11 @@ int RendezvousServer::workers() const {
   return static_cast<int>(impl_->members.size());
 }
 
+std::vector<int> RendezvousServer::members() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->members;
+}
+
 // --- worker ---
 
 struct Job::Impl {
@@ -263,7 +277,10 @@ ClusterResolution Job::join() {
   return ClusterResolution(spec, TaskType::kWorker, m.rank, "elastic rendezvous round " + std::to_string(m.generation));
 }
 
-std::string Job::token() const { return impl_->token + "/elastic-round-" + std::to_string(membership_.generation); }
+std::string Job::token() const {
+  if (membership_.generation == 0)
+    throw FailedPrecondition("elastic::Job::token(): call join() first (the token belongs to a round)");
+  return impl_->token + "/elastic-round-" + std::to_string(membership_.generation); }
 
 bool Job::membership_changing() {
   tcp::MetaWriter w;

@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <set>
 #include <stdexcept>
@@ -167,6 +168,8 @@ std::vector<ElasticSpawn> ElasticDriver::tick(Clock::time_point now, std::vector
   }
   return out;
 }
+
+std::vector<int> ElasticDriver::members() const { return server_->members(); }
 
 void ElasticDriver::exited(int id) {
   running_.erase(id);

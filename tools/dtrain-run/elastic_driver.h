@@ -62,6 +62,8 @@ class ElasticDriver {
   std::vector<ElasticSpawn> tick(std::chrono::steady_clock::time_point now, std::vector<int>* stop);
   void exited(int id);
   int running() const { return static_cast<int>(running_.size()); }
+  // The launcher ids of the last round's workers.
+  std::vector<int> members() const;
   std::chrono::steady_clock::time_point next_tick() const { return next_tick_; }
   std::string log_prefix() const { return "elastic: "; }
 

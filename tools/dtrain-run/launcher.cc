@@ -318,14 +318,21 @@ void Supervisor::restart(Child& c) {
 void Supervisor::elastic_exit(Child& c, int code, const std::string& what) {
   elastic_->exited(c.task.index);
   if (code == 0) {
+    if (!elastic_success_) {
+      // Training is over: workers outside the finishing round (waiting to join) have nothing to join.
+      const std::vector<int> members = elastic_->members();
+      for (auto& other : children_)
+        if (other.elastic && !other.reaped && !other.stop_requested &&
+            std::find(members.begin(), members.end(), other.task.index) == members.end()) {
+          log_line("elastic: the job finished; stopping " + other.task.name() + ", which was not in the last round");
+          signal_child(other, SIGTERM);
+        }
+    }
     elastic_success_ = true;
     return;
   }
   if (stopping_) return;
-  if (c.stop_requested) {
-    log_line(c.task.name() + " stopped (its host is no longer listed)");
-    return;
-  }
+  if (c.stop_requested) return;  // we stopped it (host no longer listed, or the job finished)
   if (elastic_failure_ == 0) elastic_failure_ = code;
   if (elastic_success_) elastic_failed_after_success_ = true;
   c.lost = what;

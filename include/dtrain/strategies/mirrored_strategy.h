@@ -63,6 +63,9 @@ class DTRAIN_API MirroredStrategy : public Strategy {
   // variables and their values stay. Call between steps only. When `connect` throws, the strategy
   // cannot run until a later reassemble succeeds.
   void reassemble(const std::function<StrategyExtended()>& connect);
+  // Whether variables created from now on start from the chief's value (broadcast at creation, the
+  // default for multi-worker jobs).
+  void set_broadcast_initial_values(bool on);
 
  private:
   std::unique_ptr<Impl> impl_;

@@ -33,6 +33,11 @@ struct DTRAIN_API CommunicationOptions {
   Compression compression = Compression::kNone;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(120)};
+  // true: every variable starts from the chief's value, broadcast when it is created (a collective:
+  // every worker creates the same variables in the same order). false: variables keep their local
+  // initial values; for elastic jobs, where a worker that joins later creates its variables alone and
+  // elastic::run brings it the state by broadcast instead.
+  bool broadcast_initial_values = true;
 };
 
 // MirroredStrategy assembled with a cross-worker part (a TCP ring, NCCL or MPI communicator between

@@ -7,7 +7,8 @@
 // variables. A worker program:
 //
 //   dtrain::elastic::Job job;                                  // from those variables
-//   dtrain::MultiWorkerMirroredStrategy strategy(local, comm, job.join(), job.token());
+//   dtrain::ClusterResolution cluster = job.join();            // first: token() belongs to the round
+//   dtrain::MultiWorkerMirroredStrategy strategy(local, comm, cluster, job.token());
 //   ... build the model and optimizer in strategy.scope() ...
 //   dtrain::elastic::run(job, strategy, model, optimizer, [&](dtrain::Callback& elastic) {
 //     options.callbacks.push_back(&elastic);
@@ -94,11 +95,13 @@ class DTRAIN_API Job {
   // Waits for the next round and returns this worker's place in it as a ClusterResolution (task
   // worker:<rank>, every member's address). Throws DeadlineExceeded when no round with --min-np
   // workers forms within the timeout (the message says how many came), Unavailable when the
-  // rendezvous is gone (the launcher ended the job).
+  // rendezvous is gone (the launcher ended the job), FailedPrecondition when every worker that held
+  // the job's state has gone (a round of newcomers only would silently start over).
   ClusterResolution join();
   const Membership& membership() const { return membership_; }
   // The token this round's connections authenticate with (the job token bound to the generation, so
-  // that a straggler of an old round cannot connect into a new one).
+  // that a straggler of an old round cannot connect into a new one). Throws FailedPrecondition
+  // before the first join().
   std::string token() const;
   // Asks the rendezvous whether the membership is about to change. Throws Unavailable when it is gone.
   bool membership_changing();
@@ -152,8 +155,9 @@ class DTRAIN_API RendezvousServer {
   void expect(int id);  // the launcher started worker `id`
   void lost(int id);    // worker `id` exited
   int generation() const;
-  // The last round's size, 0 before the first.
+  // The last round's size, 0 before the first; its workers' ids in rank order.
   int workers() const;
+  std::vector<int> members() const;
 
  private:
   struct Impl;

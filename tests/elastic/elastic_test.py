@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Elastic training: dtrain-run --min-np/--max-np with dtrain::elastic (examples/elastic_fashion_mnist).
+
+  elastic_test.py local DTRAIN_RUN EXAMPLE
+  elastic_test.py netns DTRAIN_RUN EXAMPLE DTRAIN_NETNS      (root; exits 77 where namespaces cannot be made)
+
+Both modes run the same job twice, 3 workers of a possible 2..3, 8 epochs of 19,200 Fashion-MNIST images
+at a global batch of 96 (1,600 optimizer steps):
+  - undisturbed, as the reference;
+  - disturbed: a worker is lost while training (local: kill -9 of a worker process; netns: its host is
+    removed, i.e. dropped from the discovery script's list and its link cut), the survivors must roll back
+    to their last commit and go on as a round of 2; then a slot (local) or a new host (netns) is listed
+    and the new worker must be taken in, with the committed state, as a round of 3.
+The disturbed job must exit 0 after exactly 1,600 optimizer steps (nothing lost, nothing applied twice),
+through rounds of 3, 2 and 3 workers, with test accuracy within 1.5 points of the reference.
+Local mode also checks the failures: a job that falls below --min-np ends non-zero within the elastic
+timeout, naming the reason, and bad flags are refused with exit status 2.
+"""
+import json, os, re, signal, subprocess, sys, tempfile, time
+
+mode, dtrain_run, example = sys.argv[1:4]
+netns = sys.argv[4] if len(sys.argv) > 4 else None
+prefix = f"de{os.getpid() % 10000}"
+work = tempfile.mkdtemp(prefix="dtrain-elastic-")
+ARGS = ["--train-limit", "19200", "--epochs", "8", "--batch-size", "96", "--json"]
+STEPS = 8 * 19200 // 96
+
+def fail(msg):
+    raise SystemExit("FAILED: " + msg)
+
+def discovery(lines):
+    path = os.path.join(work, "hosts")
+    with open(path + ".tmp", "w") as f:
+        f.write("".join(l + "\n" for l in lines))
+    os.replace(path + ".tmp", path)
+
+def start(np_, extra=(), settle="5"):
+    script = os.path.join(work, "discover.sh")
+    with open(script, "w") as f:
+        f.write(f"#!/bin/sh\ncat {os.path.join(work, 'hosts')}\n")
+    os.chmod(script, 0o755)
+    where = ["--netns", prefix] if mode == "netns" else []
+    cmd = [dtrain_run, *where, "--min-np", "2", "--max-np", "3", "-np", str(np_), "--host-discovery-script", script,
+           "--elastic-settle", settle, "--elastic-timeout", "20", "--timeout", "240", *extra, "--", example, *ARGS]
+    out, err = open(os.path.join(work, "out"), "w+"), open(os.path.join(work, "err"), "w+")
+    return subprocess.Popen(cmd, stdout=out, stderr=err), out, err
+
+def text(f):
+    f.flush(); f.seek(0); return f.read()
+
+def wait_for(err, pattern, proc, limit=120):
+    t0 = time.time()
+    while time.time() - t0 < limit:
+        m = re.search(pattern, text(err))
+        if m: return m
+        if proc.poll() is not None: fail(f"the job ended before '{pattern}':\n{text(err)[-3000:]}")
+        time.sleep(0.1)
+    fail(f"no '{pattern}' within {limit} s:\n{text(err)[-3000:]}")
+
+def pid_of(elastic_id, rendezvous):
+    for p in os.listdir("/proc"):
+        if not p.isdigit(): continue
+        try:
+            env = open(f"/proc/{p}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if f"DTRAIN_ELASTIC_ID={elastic_id}".encode() in env and f"DTRAIN_ELASTIC_RENDEZVOUS={rendezvous}".encode() in env:
+            return int(p)
+    return None
+
+def finish(proc, out, err, what):
+    try:
+        proc.wait(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.kill(); fail(f"{what}: dtrain-run did not end (hang)")
+    o, e = text(out), text(err)
+    if proc.returncode != 0: fail(f"{what}: exit {proc.returncode}\n{e[-4000:]}")
+    results = [json.loads(l.split("] ", 1)[-1]) for l in o.splitlines() if "] {" in l]
+    if len(results) != 1: fail(f"{what}: expected one JSON result, got {len(results)}:\n{o[-2000:]}")
+    return results[0], e
+
+def hosts(n):
+    return [f"{prefix}-h{i}:1" for i in range(n)] if mode == "netns" else [f"localhost:{n}"]
+
+def run_reference():
+    discovery(hosts(3))
+    proc, out, err = start(3)
+    r, _ = finish(proc, out, err, "undisturbed job")
+    if r["resets"] != 0 or r["workers"] != 3 or r["optimizer_steps"] != STEPS: fail(f"undisturbed job: {r}")
+    print(f"undisturbed: {r}")
+    return r
+
+def run_disturbed(ref):
+    discovery(hosts(3))
+    proc, out, err = start(3)
+    rdzv = wait_for(err, r"rendezvous at (\S+)", proc).group(1)
+    wait_for(err, r"\[worker:0\] Epoch 2/8", proc)  # well into training, with commits behind it
+    t_lost = time.time()
+    if mode == "local":
+        discovery(["localhost:2"])  # no slot for a replacement yet
+        victim = pid_of(2, rdzv)
+        if victim is None: fail("cannot find worker 2's process")
+        os.kill(victim, signal.SIGKILL)
+    else:
+        discovery([f"{prefix}-h0:1", f"{prefix}-h1:1"])  # host 2 is removed...
+        subprocess.run([netns, "link", "--prefix", prefix, "2", "--down"], check=True, capture_output=True)  # ...and cut off
+    wait_for(err, r"round 2, 2 workers", proc)
+    reform_s = time.time() - t_lost
+    # A new slot: a new worker starts, receives the committed state and is taken in.
+    discovery([f"{prefix}-h0:1", f"{prefix}-h1:1", f"{prefix}-h3:1"] if mode == "netns" else ["localhost:3"])
+    wait_for(err, r"round 3, 3 workers", proc)
+    r, e = finish(proc, out, err, "disturbed job")
+    print(f"disturbed: {r}; re-formed as 2 workers {reform_s:.1f} s after the loss")
+    if r["resets"] != 2 or r["rounds"] != 3 or r["workers"] != 3: fail(f"disturbed job: expected rounds 3/2/3 and 2 resets: {r}")
+    if r["optimizer_steps"] != STEPS: fail(f"disturbed job applied {r['optimizer_steps']} steps, expected {STEPS}")
+    if abs(r["test_accuracy"] - ref["test_accuracy"]) > 0.015:
+        fail(f"test accuracy {r['test_accuracy']:.4f} vs undisturbed {ref['test_accuracy']:.4f}")
+    if mode == "netns" and "worker:3 on " + f"{prefix}-h3" not in e: fail("the new worker did not start on the new host")
+    for needle in ["HostsUpdated", "rejoining"]:
+        if needle not in e: fail(f"'{needle}' missing from the log")
+
+def run_below_min_np():
+    discovery(["localhost:2"])
+    proc, out, err = start(2, settle="2")
+    rdzv = wait_for(err, r"rendezvous at (\S+)", proc).group(1)
+    wait_for(err, r"\[worker:0\] Epoch 2/8", proc)
+    discovery(["localhost:1"])
+    t0 = time.time()
+    os.kill(pid_of(1, rdzv), signal.SIGKILL)
+    try:
+        proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        proc.kill(); fail("a job below --min-np hung")
+    e = text(err)
+    if proc.returncode == 0: fail("a job below --min-np exited 0")
+    if "no round of at least --min-np workers formed" not in e: fail(f"no reason given:\n{e[-2000:]}")
+    print(f"below --min-np: exit {proc.returncode} after {time.time() - t0:.1f} s, reason named")
+
+def run_usage():
+    for args, needle in [(["--min-np", "3", "--max-np", "4", "-np", "2"], "1 <= --min-np <= -np <= --max-np"),
+                         (["--min-np", "1", "--max-np", "2", "-np", "2", "--ps", "1"], "takes no --ps")]:
+        r = subprocess.run([dtrain_run, *args, "--", example], capture_output=True, text=True, timeout=30)
+        if r.returncode != 2 or needle not in r.stderr: fail(f"{args}: exit {r.returncode}, {r.stderr}")
+    r = subprocess.run([example], capture_output=True, text=True, timeout=30,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("DTRAIN_ELASTIC")})
+    if r.returncode == 0 or "dtrain-run --min-np" not in r.stderr: fail(f"started by hand: {r.stderr}")
+    print("usage errors: refused with their fixes")
+
+def main():
+    if mode == "netns":
+        up = subprocess.run([netns, "up", "--prefix", prefix, "--hosts", "4", "--rate", "1gbit"],
+                            capture_output=True, text=True, timeout=60)
+        if up.returncode == 77:
+            print("skipped:", up.stderr.strip()); return 77
+        if up.returncode != 0: fail(f"dtrain-netns up:\n{up.stderr}")
+    try:
+        if mode == "local": run_usage()
+        ref = run_reference()
+        run_disturbed(ref)
+        if mode == "local": run_below_min_np()
+    finally:
+        if mode == "netns": subprocess.run([netns, "down", "--prefix", prefix], capture_output=True, timeout=60)
+    print("PASSED")
+    return 0
+
+sys.exit(main())

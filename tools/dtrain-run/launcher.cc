@@ -17,26 +17,17 @@
 #include <memory>
 
 #include "line_relay.h"
+#include "supervisor.h"
 #include "spawn.h"
 
 extern char** environ;
 
 namespace dtrain::run {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-using Seconds = std::chrono::duration<double>;
-
-// After its leader exits, how long a task's output pipes may stay open (held by a process it
-// started) before the launcher stops relaying them.
-constexpr Seconds kDrainAfterExit{2.0};
-// After SIGKILL, how long to wait for a process before giving up on it (it may be stuck in the
-// kernel, e.g. on a dead NFS mount); the launcher never waits forever.
-constexpr Seconds kGiveUpAfterKill{5.0};
-constexpr int kMaxPollMs = 1000;
-constexpr Clock::time_point kNever = Clock::time_point::max();
+namespace detail {
 
 void log_line(const std::string& msg) { write_all(2, "dtrain-run: " + msg + "\n"); }
+
+namespace {
 
 std::string seconds_text(double s) {
   char buf[32];
@@ -59,94 +50,8 @@ std::string signal_name(int sig) {
   }
 }
 
-// "[worker:1] ". Built by appending: GCC 12 at -O3 warns falsely (-Wrestrict) on "[" + string.
-std::string prefix_of(const Task& t) {
-  std::string p = "[";
-  p += t.name();
-  p += "] ";
-  return p;
-}
 
-struct Child {
-  explicit Child(Task t)
-      : task(std::move(t)), relays{LineRelay(1, prefix_of(task)), LineRelay(2, prefix_of(task))} {}
-
-  bool has_open_fds() const { return fds[0] >= 0 || fds[1] >= 0; }
-  // The group may still hold processes: the leader is not reaped, or someone holds its pipes.
-  bool group_alive() const { return pid > 0 && (!reaped || has_open_fds()); }
-
-  Task task;
-  std::string netns;             // the network namespace it runs in ("" = ours)
-  std::vector<std::string> env;  // kept for a restart, which gets the same TF_CONFIG
-  std::vector<int> cpus;         // the cores it is bound to (empty: not bound)
-  // A parameter-server job goes on without it when it fails (a non-chief worker, the evaluator).
-  bool expendable = false;
-  bool elastic = false;  // an elastic job's worker (task.index is its launcher id)
-  int restarts = 0;
-  Clock::time_point restart_at = kNever;  // a failed worker starts again then
-  std::string lost;  // how it failed for good when the job went on without it, else empty
-  pid_t pid = -1;    // also its process group id
-  bool reaped = true;
-  int fds[2] = {-1, -1};  // read ends of its stdout and stderr pipes
-  LineRelay relays[2];
-  bool stop_requested = false;  // we signalled it: a non-zero exit is not a failure
-  bool sigkilled = false;
-  Clock::time_point kill_at = kNever;     // SIGKILL when still alive then
-  Clock::time_point give_up_at = kNever;  // stop waiting for it then
-  Clock::time_point reaped_at = kNever;
-};
-
-class Supervisor {
- public:
-  explicit Supervisor(const LaunchOptions& o) : o_(o) {}
-  int run();
-  int run_elastic();
-  // A task's failure (not an interrupt or the timeout) ended the job.
-  bool task_failed() const;
-
- private:
-  bool setup_signals();
-  std::string start(Child& c);
-  void loop();
-  void on_signal(int sig);
-  void reap();
-  void on_exit(Child& c, int status);
-  void carry_on_without(Child& c, const std::string& what);
-  void restart(Child& c);
-  void read_from(Child& c, int which, bool drain);
-  void close_fds(Child& c);
-  void signal_child(Child& c, int sig);
-  void begin_stop(int sig);
-  void stop_servers_when_workers_done();
-  void log_summary() const;
-  void start_elastic(const ElasticSpawn& spawn);
-  void elastic_exit(Child& c, int code, const std::string& what);
-  void elastic_tick(Clock::time_point now);
-  void check_deadlines(Clock::time_point now);
-  int poll_timeout_ms(Clock::time_point now) const;
-
-  const LaunchOptions& o_;
-  std::vector<std::string> argv_;
-  std::deque<Child> children_;  // elastic jobs add workers: references must stay valid
-  std::vector<std::string> base_env_;
-  std::vector<std::vector<int>> shares_;
-  bool user_omp_ = false;
-  std::unique_ptr<ElasticDriver> elastic_;
-  bool elastic_success_ = false;       // an elastic worker finished
-  int elastic_failure_ = 0;            // the first elastic worker's failure status
-  bool elastic_failed_after_success_ = false;
-  int sfd_ = -1;
-  int devnull_ = -1;
-  sigset_t old_mask_{};
-  Seconds grace_{10.0};
-  Seconds restart_delay_{1.0};
-  Clock::time_point job_deadline_ = kNever;
-  bool stopping_ = false;  // the job is being stopped; exit_code_ is final
-  bool ps_job_ = false;    // has parameter servers: workers may come and go (asynchronous training)
-  bool servers_stopped_ = false;
-  int exit_code_ = 0;
-  bool task_failed_ = false;
-};
+}  // namespace
 
 bool Supervisor::setup_signals() {
   // Inherited "ignore SIGCHLD" would auto-reap the children and hide their statuses.
@@ -311,80 +216,6 @@ void Supervisor::restart(Child& c) {
              "; the parameter-server job continues without it");
     c.reaped_at = Clock::now();
     c.lost = "could not be restarted: " + err;
-  }
-}
-
-// An elastic job goes on while workers remain: the survivors re-form at the rendezvous.
-void Supervisor::elastic_exit(Child& c, int code, const std::string& what) {
-  elastic_->exited(c.task.index);
-  if (code == 0) {
-    if (!elastic_success_) {
-      // Training is over: workers outside the finishing round (waiting to join) have nothing to join.
-      const std::vector<int> members = elastic_->members();
-      for (auto& other : children_)
-        if (other.elastic && !other.reaped && !other.stop_requested &&
-            std::find(members.begin(), members.end(), other.task.index) == members.end()) {
-          log_line("elastic: the job finished; stopping " + other.task.name() + ", which was not in the last round");
-          signal_child(other, SIGTERM);
-        }
-    }
-    elastic_success_ = true;
-    return;
-  }
-  if (stopping_) return;
-  if (c.stop_requested) return;  // we stopped it (host no longer listed, or the job finished)
-  if (elastic_failure_ == 0) elastic_failure_ = code;
-  if (elastic_success_) elastic_failed_after_success_ = true;
-  c.lost = what;
-  log_line(c.task.name() + " " + what + "; the elastic job continues with " + std::to_string(elastic_->running()) +
-           " worker(s) (--min-np " + std::to_string(o_.elastic.min_np) + ")");
-}
-
-void Supervisor::elastic_tick(Clock::time_point now) {
-  if (!elastic_ || stopping_ || elastic_->running() == 0 || elastic_success_) return;
-  std::vector<int> stop;
-  std::vector<ElasticSpawn> spawns;
-  try {
-    spawns = elastic_->tick(now, &stop);
-  } catch (const std::exception& e) {
-    log_line(std::string("elastic: ") + e.what());
-    return;
-  }
-  for (int id : stop)
-    for (auto& c : children_)
-      if (c.elastic && c.task.index == id && !c.reaped && !c.stop_requested) {
-        log_line("elastic: the host of " + c.task.name() + " is no longer listed; stopping it (SIGTERM)");
-        signal_child(c, SIGTERM);
-      }
-  for (const auto& sp : spawns) start_elastic(sp);
-}
-
-void Supervisor::start_elastic(const ElasticSpawn& sp) {
-  Task t;
-  t.type = "worker";
-  t.index = sp.id;
-  t.host = sp.host.address;
-  t.port = sp.port;
-  Child& c = children_.emplace_back(t);
-  c.elastic = true;
-  c.expendable = true;
-  c.netns = sp.host.netns;
-  c.env = base_env_;
-  for (const std::string& kv : sp.env) c.env.push_back(kv);
-  c.env.push_back("DTRAIN_TASK=" + t.name());
-  c.env.push_back("DTRAIN_JOB_TOKEN=" + o_.job_token);
-  for (const std::string& kv : o_.extra_env) c.env.push_back(kv);
-  if (!shares_.empty()) {
-    c.cpus = shares_[static_cast<size_t>(sp.id) % shares_.size()];
-    if (!user_omp_) c.env.push_back("OMP_NUM_THREADS=" + std::to_string(c.cpus.size()));
-  }
-  log_line("elastic: starting " + t.name() + " on " + sp.host.name + " (" + t.address() + ")");
-  const std::string err = start(c);
-  if (!err.empty()) {
-    log_line("cannot start " + t.name() + ": " + err);
-    elastic_->exited(sp.id);
-    c.lost = "could not be started: " + err;
-    c.reaped_at = Clock::now();
   }
 }
 
@@ -631,37 +462,7 @@ int Supervisor::run() {
   return exit_code_;
 }
 
-int Supervisor::run_elastic() {
-  if (o_.timeout_s > 0)
-    job_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(Seconds(o_.timeout_s));
-  if (o_.bind_cores) shares_ = share_cpus(allowed_cpus(), std::max(1, std::min(o_.elastic.max_np, static_cast<int>(allowed_cpus().size()))));
-  try {
-    elastic_ = std::make_unique<ElasticDriver>(o_.elastic, o_.job_token);
-    log_line("elastic job: " + std::to_string(o_.elastic.np) + " worker(s) now, between --min-np " +
-             std::to_string(o_.elastic.min_np) + " and --max-np " + std::to_string(o_.elastic.max_np) +
-             "; rendezvous at " + o_.elastic.rendezvous_address);
-    for (const auto& sp : elastic_->initial()) start_elastic(sp);
-  } catch (const std::exception& e) {
-    log_line(std::string("cannot start the elastic job: ") + e.what());
-    ::close(sfd_);
-    ::close(devnull_);
-    return kExitLaunchFailed;
-  }
-  loop();
-  log_summary();
-  ::close(sfd_);
-  ::close(devnull_);
-  elastic_.reset();
-  if (exit_code_ != 0) return exit_code_;  // interrupted or timed out
-  if (elastic_success_ && !elastic_failed_after_success_) return 0;
-  task_failed_ = true;
-  if (elastic_failure_ == 0) elastic_failure_ = kExitLaunchFailed;
-  log_line(elastic_success_ ? "a worker failed after another had finished; the job failed"
-                            : "no elastic worker finished; the job failed");
-  return elastic_failure_;
-}
-
-}  // namespace
+}  // namespace detail
 
 std::vector<std::string> task_argv(const std::vector<std::string>& command,
                                    const std::string& devices) {
@@ -677,10 +478,10 @@ std::vector<std::string> task_argv(const std::vector<std::string>& command,
 int launch(const LaunchOptions& options, bool* task_failed) {
   if (task_failed) *task_failed = false;
   if (options.command.empty()) {
-    log_line("no program to run; e.g. dtrain-run -np 2 -- ./prog --flag");
+    detail::log_line("no program to run; e.g. dtrain-run -np 2 -- ./prog --flag");
     return 2;
   }
-  Supervisor s(options);
+  detail::Supervisor s(options);
   const int status = s.run();
   if (task_failed) *task_failed = s.task_failed();
   return status;

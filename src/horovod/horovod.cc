@@ -20,6 +20,8 @@
 #include "dtrain/model/layers.h"
 #include "dtrain/model/ops.h"
 #include "dtrain/strategies/strategy.h"
+#include "horovod/descriptor.h"
+#include "horovod/executor.h"
 
 namespace dtrain::hvd {
 
@@ -59,39 +61,7 @@ Tensor Handle::synchronize() const {
 
 namespace {
 
-enum Kind : int64_t { kAllreduce = 1, kAllgather, kBroadcast, kAlltoall, kReducescatter, kJoin };
-
-const char* kind_name(int64_t k) {
-  switch (k) {
-    case kAllreduce: return "allreduce";
-    case kAllgather: return "allgather";
-    case kBroadcast: return "broadcast";
-    case kAlltoall: return "alltoall";
-    case kReducescatter: return "reducescatter";
-    case kJoin: return "join";
-  }
-  return "?";
-}
-
-const char* op_name(int64_t op) {
-  switch (static_cast<Op>(op)) {
-    case Op::kAverage: return "average";
-    case Op::kSum: return "sum";
-    case Op::kMin: return "min";
-    case Op::kMax: return "max";
-  }
-  return "?";
-}
-
-// One rank's description of the collective it is about to run: exchanged (allgather) before it.
-// fCount: how many fusible all-reduces this rank has ready in this cycle (this one first).
-constexpr int kDescLen = 33, kMaxRank = 8, kNameBytes = 128;
-enum Field { fKind, fOp, fDtype, fNdim, fDims, fRoot = fDims + kMaxRank, fJoined, fCompression, fSeq, fName = 16,
-             fCount = fName + kNameBytes / 8 };
-static_assert(fCount + 1 == kDescLen, "descriptor layout");
-// The most all-reduces one cycle fuses (Horovod's cycles are bounded by the fusion buffer alone;
-// this also bounds the second negotiation's message: 64 x 33 int64 per rank).
-constexpr size_t kMaxBatch = 64;
+using namespace detail;
 
 struct Request {
   int64_t kind = 0;
@@ -103,51 +73,6 @@ struct Request {
   DeviceSpec device;
   std::shared_ptr<Handle::State> state;
 };
-
-using Desc = std::vector<int64_t>;
-
-std::string describe(const Desc& d) {
-  std::string name(reinterpret_cast<const char*>(&d[fName]), kNameBytes);
-  name = name.substr(0, name.find('\0'));
-  if (d[fKind] == kJoin) return "join()";
-  std::string s = std::string(kind_name(d[fKind])) + " '" + name + "' ";
-  s += d[fDtype] >= 0 ? dtype_name(static_cast<DType>(d[fDtype])) : "?";
-  s += " [";
-  for (int64_t i = 0; i < d[fNdim]; ++i) s += (i ? ", " : "") + std::to_string(d[fDims + i]);
-  s += "]";
-  if (d[fKind] == kAllreduce || d[fKind] == kReducescatter) s += std::string(" ") + op_name(d[fOp]);
-  if (d[fKind] == kBroadcast) s += " root " + std::to_string(d[fRoot]);
-  return s;
-}
-
-// Whether two active ranks' descriptions agree (allgather: all but the first dimension).
-bool agree(const Desc& a, const Desc& b) {
-  for (int f : {fKind, fOp, fDtype, fNdim, fRoot, fCompression})
-    if (a[f] != b[f]) return false;
-  for (int64_t i = a[fKind] == kAllgather ? 1 : 0; i < a[fNdim]; ++i)
-    if (a[fDims + i] != b[fDims + i]) return false;
-  return std::memcmp(&a[fName], &b[fName], kNameBytes) == 0;
-}
-
-Tensor zeros_like_desc(const Desc& d, int64_t rows) {
-  std::vector<int64_t> dims(d.begin() + fDims, d.begin() + fDims + d[fNdim]);
-  if (!dims.empty() && rows >= 0) dims[0] = rows;
-  return Tensor::zeros(Shape(dims), static_cast<DType>(d[fDtype]));
-}
-
-// Concatenates host tensors along axis 0.
-Tensor concat_rows(const std::vector<Tensor>& parts, const Shape& like) {
-  std::vector<int64_t> dims = like.dims();
-  dims[0] = 0;
-  for (const Tensor& p : parts) dims[0] += p.shape()[0];
-  Tensor out = Tensor::empty(Shape(dims), parts.empty() ? DType::kFloat32 : parts[0].dtype());
-  char* dst = static_cast<char*>(out.raw_data());
-  for (const Tensor& p : parts) {
-    std::memcpy(dst, p.raw_data(), p.nbytes());
-    dst += p.nbytes();
-  }
-  return out;
-}
 
 class Runtime {
  public:
@@ -495,103 +420,6 @@ class Runtime {
     return active;
   }
 
-  ReduceOp reduce_op(Op op) {
-    switch (op) {
-      case Op::kMin: return ReduceOp::kMin;
-      case Op::kMax: return ReduceOp::kMax;
-      default: return ReduceOp::kSum;
-    }
-  }
-
-  // Runs the collective `d` (agreed by the active ranks) with this rank's host tensor `x`
-  // (zeros of the agreed shape when this rank has joined).
-  Tensor execute(const Desc& d, Tensor x, const std::vector<int>& active, const std::vector<Desc>& ds, bool joined) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++stats_.transfers;
-    }
-    const int64_t kind = d[fKind];
-    const Op op = static_cast<Op>(d[fOp]);
-    const int n_active = static_cast<int>(active.size());
-    const bool someone_joined = n_active < size_;
-    if (someone_joined && kind != kAllreduce && kind != kAllgather)
-      throw FailedPrecondition(std::string("hvd::") + kind_name(kind) + " '" + describe(d) +
-                               "' was issued while a rank has joined; only allreduce and allgather run then");
-    if (someone_joined && kind == kAllreduce && (op == Op::kMin || op == Op::kMax))
-      throw FailedPrecondition("hvd::allreduce with op min/max was issued while a rank has joined (its zeros would count)");
-    switch (kind) {
-      case kAllreduce: {
-        const auto comp = static_cast<Compression>(d[fCompression]);
-        const bool cast = comp != Compression::kNone && x.dtype() == DType::kFloat32;
-        Tensor wire = cast ? ops::cast(x, comp == Compression::kFP16 ? DType::kFloat16 : DType::kBFloat16) : x.clone();
-        if (comm_) comm_->allreduce(wire, reduce_op(op)).wait();
-        Tensor out = cast ? ops::cast(wire, DType::kFloat32) : wire;
-        if (op == Op::kAverage && n_active > 1) {
-          if (out.dtype() == DType::kFloat32) {
-            out = kernels_for(out).affine(out, 1.f / static_cast<float>(n_active), 0.f);
-          } else if (out.dtype() == DType::kFloat64) {
-            double* p = static_cast<double*>(out.raw_data());
-            for (int64_t i = 0; i < out.numel(); ++i) p[i] /= n_active;
-          } else if (out.dtype() == DType::kFloat16 || out.dtype() == DType::kBFloat16) {
-            const DType dt = out.dtype();
-            Tensor f = ops::cast(out, DType::kFloat32);
-            out = ops::cast(kernels_for(f).affine(f, 1.f / static_cast<float>(n_active), 0.f), dt);
-          } else {
-            throw InvalidArgument("hvd::allreduce average needs a float tensor, got " + std::string(dtype_name(out.dtype())) +
-                                  "; use Op::kSum");
-          }
-        }
-        return out;
-      }
-      case kAllgather: {
-        int64_t most = 0;
-        std::vector<int64_t> rows(static_cast<size_t>(size_), 0);
-        for (int q : active) rows[static_cast<size_t>(q)] = ds[static_cast<size_t>(q)][fDims];
-        for (int64_t r : rows) most = std::max(most, r);
-        Tensor padded = zeros_like_desc(d, most);
-        if (!joined && x.nbytes() > 0) std::memcpy(padded.raw_data(), x.raw_data(), x.nbytes());
-        std::vector<int64_t> dims = padded.shape().dims();
-        dims[0] = most * size_;
-        Tensor all = Tensor::empty(Shape(dims), padded.dtype());
-        if (comm_) comm_->allgather(padded, all).wait();
-        else all = padded;
-        std::vector<Tensor> parts;
-        for (int q = 0; q < size_; ++q)
-          parts.push_back(all.slice_rows(q * most, q * most + rows[static_cast<size_t>(q)]));
-        return concat_rows(parts, padded.shape());
-      }
-      case kBroadcast: {
-        Tensor t = x.clone();
-        if (comm_) comm_->broadcast(t, static_cast<int>(d[fRoot])).wait();
-        return t;
-      }
-      case kAlltoall: {
-        const int64_t n = x.shape()[0];
-        if (n % size_ != 0)
-          throw InvalidArgument("hvd::alltoall '" + describe(d) + "': the first dimension (" + std::to_string(n) +
-                                ") must divide into " + std::to_string(size_) + " equal blocks");
-        Tensor out = Tensor::empty(x.shape(), x.dtype());
-        if (comm_) comm_->alltoall(x, out).wait();  // pairwise: each block crosses one link once
-        else out = x.clone();
-        return out;
-      }
-      case kReducescatter: {
-        const int64_t n = x.shape()[0];
-        if (n % size_ != 0)
-          throw InvalidArgument("hvd::reducescatter '" + describe(d) + "': the first dimension (" + std::to_string(n) +
-                                ") must divide into " + std::to_string(size_) + " equal blocks");
-        std::vector<int64_t> dims = x.shape().dims();
-        dims[0] = n / size_;
-        Tensor out = Tensor::empty(Shape(dims), x.dtype());
-        if (comm_) comm_->reduce_scatter(x, out, reduce_op(op)).wait();
-        else out = x.clone();
-        if (op == Op::kAverage && size_ > 1) out = kernels_for(out).affine(out, 1.f / static_cast<float>(size_), 0.f);
-        return out;
-      }
-    }
-    throw Internal("hvd: unknown collective kind " + std::to_string(kind));
-  }
-
   // The number of all-reduces of this cycle that every rank has ready: the smallest count among the
   // ranks that have not joined (each announced its own in the first round).
   size_t agreed_count(const std::vector<Desc>& ds) const {
@@ -617,69 +445,6 @@ class Runtime {
       agreed.push_back(at_j[static_cast<size_t>(active[0])]);
     }
     return agreed;
-  }
-
-  // All-reduces a negotiated run (agreed[j] describes inputs[j]) in fused buffers, as Horovod's
-  // Tensor Fusion: the run's tensors of one dtype, op and compression (in run order) share buffers
-  // of at most the fusion threshold (a larger tensor goes alone), one data transfer per buffer.
-  // The grouping depends on the agreed descriptors only, so every rank builds the same buffers.
-  // Returns each tensor's result, in its shape.
-  std::vector<Tensor> execute_fused(const std::vector<Desc>& agreed, const std::vector<Tensor>& inputs,
-                                    const std::vector<int>& active, bool joined) {
-    std::vector<Tensor> out(inputs.size());
-    const size_t limit = std::max<size_t>(opts_.fusion_threshold_bytes, 1);
-    std::vector<std::vector<size_t>> groups;  // by (dtype, op, compression), first appearance first
-    for (size_t j = 0; j < inputs.size(); ++j) {
-      auto same = [&](const std::vector<size_t>& g) {
-        for (int f : {fDtype, fOp, fCompression})
-          if (agreed[g.front()][f] != agreed[j][f]) return false;
-        return true;
-      };
-      auto it = std::find_if(groups.begin(), groups.end(), same);
-      if (it == groups.end()) groups.push_back({j});
-      else it->push_back(j);
-    }
-    for (const std::vector<size_t>& g : groups) {
-      size_t begin = 0;
-      while (begin < g.size()) {
-        size_t end = begin + 1, bytes = inputs[g[begin]].nbytes();
-        while (end < g.size() && bytes + inputs[g[end]].nbytes() <= limit) bytes += inputs[g[end++]].nbytes();
-        const size_t first = g[begin];
-        if (end == begin + 1) {
-          timeline::Span sp("hvd allreduce '" + describe_name(agreed[first]) + "'", "collective");
-          out[first] = execute(agreed[first], inputs[first], active, {}, joined);
-        } else {
-          int64_t elements = 0;
-          for (size_t i = begin; i < end; ++i) elements += inputs[g[i]].numel();
-          timeline::Span sp("hvd allreduce fused " + std::to_string(end - begin) + " tensors ('" +
-                                describe_name(agreed[first]) + "' ...)", "collective");
-          Tensor flat = Tensor::empty(Shape{elements}, inputs[first].dtype());
-          char* dst = static_cast<char*>(flat.raw_data());
-          for (size_t i = begin; i < end; ++i) {
-            std::memcpy(dst, inputs[g[i]].raw_data(), inputs[g[i]].nbytes());
-            dst += inputs[g[i]].nbytes();
-          }
-          Desc d = agreed[first];
-          d[fNdim] = 1;
-          d[fDims] = elements;
-          const Tensor reduced = execute(d, flat, active, {}, joined);
-          const char* src = static_cast<const char*>(reduced.raw_data());
-          for (size_t i = begin; i < end; ++i) {
-            Tensor t = Tensor::empty(inputs[g[i]].shape(), reduced.dtype());
-            std::memcpy(t.raw_data(), src, t.nbytes());
-            src += t.nbytes();
-            out[g[i]] = std::move(t);
-          }
-        }
-        begin = end;
-      }
-    }
-    return out;
-  }
-
-  static std::string describe_name(const Desc& d) {
-    std::string name(reinterpret_cast<const char*>(&d[fName]), kNameBytes);
-    return name.substr(0, name.find('\0'));
   }
 
   // One cycle: negotiates the run (one round for a lone collective; two for a fused run of k
@@ -711,14 +476,14 @@ class Runtime {
       const std::vector<int> active = check(ds);
       if (k == 1) {
         timeline::Span sp(std::string("hvd ") + kind_name(batch[0].kind) + " '" + batch[0].name + "'", "collective");
-        results.push_back(execute(ds[static_cast<size_t>(rank_)], batch[0].input, active, ds, false));
+        results.push_back(execute(exec(), ds[static_cast<size_t>(rank_)], batch[0].input, active, ds, false));
       } else {
         std::vector<Desc> rest;
         for (size_t j = 1; j < k; ++j) rest.push_back(descriptor(batch[j], false));
         const std::vector<Desc> agreed = negotiate_rest(ds, std::move(rest), active);
         std::vector<Tensor> inputs;
         for (const Request& r : batch) inputs.push_back(r.input);
-        results = execute_fused(agreed, inputs, active, false);
+        results = execute_fused(exec(), agreed, inputs, active, false);
       }
     } catch (...) {
       const std::exception_ptr e = std::current_exception();
@@ -726,6 +491,18 @@ class Runtime {
       return;
     }
     for (size_t j = 0; j < k; ++j) complete(batch[j], [&] { return results[j]; });
+  }
+
+  ExecContext exec() {
+    ExecContext c;
+    c.comm = comm_.get();
+    c.size = size_;
+    c.fusion_threshold = opts_.fusion_threshold_bytes;
+    c.count_transfer = [this] {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.transfers;
+    };
+    return c;
   }
 
   Tensor run_join() {
@@ -744,14 +521,14 @@ class Runtime {
       const Desc& d = ds[static_cast<size_t>(active[0])];
       const size_t k = agreed_count(ds);
       if (k == 1) {
-        execute(d, d[fKind] == kAllgather ? zeros_like_desc(d, 0) : zeros_like_desc(d, -1), active, ds, true);
+        execute(exec(), d, d[fKind] == kAllgather ? zeros_like_desc(d, 0) : zeros_like_desc(d, -1), active, ds, true);
         continue;
       }
       // A fused run of k all-reduces: take part with zeros of each agreed shape.
       const std::vector<Desc> agreed = negotiate_rest(ds, std::vector<Desc>(k - 1, mine), active);
       std::vector<Tensor> zeros;
       for (const Desc& a : agreed) zeros.push_back(zeros_like_desc(a, -1));
-      execute_fused(agreed, zeros, active, true);
+      execute_fused(exec(), agreed, zeros, active, true);
     }
   }
 

@@ -78,7 +78,7 @@ void ProgressBar::on_train_begin(const TrainLogs&) {
   if (!is_chief()) return;
   const TrainingContext& c = context();
   if (c.initial_global_step > 0 || c.initial_epoch > 0) {
-    std::fprintf(out_, "resuming from a backup: epoch %d, step %lld (global step %lld)\n", c.initial_epoch + 1,
+    std::fprintf(out_, "resuming from a backup or an elastic commit: epoch %d, step %lld (global step %lld)\n", c.initial_epoch + 1,
                  static_cast<long long>(c.initial_step), static_cast<long long>(c.initial_global_step));
     std::fflush(out_);
   }

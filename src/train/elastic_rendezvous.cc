@@ -138,7 +138,9 @@ struct RendezvousServer::Impl {
     r.expect_end();
     std::lock_guard<std::mutex> lk(mu);
     heard_from(id);
-    bool changing = gen != generation || !waiting.empty() || !expected.empty();
+    // A started worker counts once it has arrived (waiting): one that never connects (a host that is
+    // cut off) must not interrupt training again and again.
+    bool changing = gen != generation || !waiting.empty();
     for (int m : members) changing = changing || connected.count(m) == 0;
     tcp::MetaWriter w;
     w.u8(changing ? 1 : 0);

@@ -71,6 +71,7 @@ struct ChaosArgs {
   double max_fault_s = 4, heartbeat_timeout_s = 5;
   std::string prefix = "dtc", rate = "1gbit";
   bool json = false;
+  bool elastic = false;  // elastic MultiWorkerMirrored jobs (dtrain-run --min-np/--max-np) that must finish
 };
 int chaos_bench(const ChaosArgs& a);
 

@@ -69,6 +69,115 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
+// Heals host `victim` after a fault: stopped processes continued and killed, links restored.
+void heal(const std::string& netns_tool, const std::string& prefix, int victim) {
+  const std::string ns = prefix + "-h" + std::to_string(victim);
+  for (pid_t p : pids_in(ns)) ::kill(p, SIGCONT), ::kill(p, SIGKILL);
+  run_quiet(netns_tool + " link --prefix " + prefix + " " + std::to_string(victim) + " --up");
+  run_quiet("ip -n " + ns + " link set eth0 up");
+}
+
+void inject(const std::string& fault, const std::string& netns_tool, const std::string& prefix, int victim) {
+  const std::string ns = prefix + "-h" + std::to_string(victim);
+  if (fault == "kill" || fault == "stop")
+    for (pid_t p : pids_in(ns)) ::kill(p, fault == "kill" ? SIGKILL : SIGSTOP);
+  else if (fault == "link_down")
+    run_quiet(netns_tool + " link --prefix " + prefix + " " + std::to_string(victim) + " --down");
+  else
+    run_quiet("ip -n " + ns + " link set eth0 down");
+}
+
+// Elastic jobs: W workers on hosts 0..W-1 (any may be hit, rank 0 included) and a spare host W, all
+// listed by the discovery script; each job must re-form and finish with every optimizer step applied
+// once (the example's JSON), within a bound.
+int elastic_chaos(const ChaosArgs& a, const std::string& netns_tool, const std::string& dtrain_run, const fs::path& dir) {
+  const std::string example = (fs::path(self_dir()).parent_path() / "examples" / "elastic_fashion_mnist").string();
+  const std::string hosts_file = (dir / "hosts").string(), script = (dir / "discover.sh").string();
+  {
+    std::ofstream h(hosts_file);
+    for (int i = 0; i <= a.workers; ++i) h << a.prefix << "-h" << i << ":1\n";
+    std::ofstream s(script);
+    s << "#!/bin/sh\ncat " << hosts_file << "\n";
+  }
+  fs::permissions(script, fs::perms::owner_all);
+  const int64_t steps = 2 * 9600 / 96;
+  std::mt19937_64 rng(a.seed);
+  const std::vector<std::string> faults = {"kill", "stop", "link_down", "drop"};
+  struct Tally {
+    int jobs = 0, finished = 0, failed = 0, hung = 0, wrong_steps = 0, no_reset = 0;
+    double worst_s = 0;
+  };
+  std::map<std::string, Tally> tally;
+  int bad = 0;
+  for (int j = 0; j < a.jobs; ++j) {
+    const std::string fault = faults[rng() % faults.size()];
+    const int victim = static_cast<int>(rng() % static_cast<uint64_t>(a.workers));
+    const double at_s = 1.0 + std::uniform_real_distribution<double>(0.0, a.max_fault_s - 1.0)(rng);
+    const std::string job = dtrain_run + " --netns " + a.prefix + " --timeout 150 --grace 2 --min-np 2 --max-np " +
+                            std::to_string(a.workers) + " -np " + std::to_string(a.workers) +
+                            " --host-discovery-script " + script + " --elastic-settle 3 --elastic-timeout 40 -- " +
+                            example + " --train-limit=9600 --epochs=2 --batch-size=96 --commit-every=10 --json";
+    const std::string log = (dir / ("elastic" + std::to_string(j) + ".log")).string();
+    const auto t0 = Clock::now();
+    const pid_t pid = start(job, log);
+    int status = wait_for(pid, std::chrono::milliseconds(static_cast<int64_t>(at_s * 1000)));
+    const bool before = status >= 0;
+    if (!before) {
+      inject(fault, netns_tool, a.prefix, victim);
+      status = wait_for(pid, std::chrono::seconds(170));
+    }
+    const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+    Tally& t = tally[fault];
+    ++t.jobs;
+    std::string what;
+    if (status < 0) {
+      ++t.hung, ++bad;
+      ::kill(-pid, SIGKILL);
+      wait_for(pid, std::chrono::seconds(10));
+      what = "HUNG";
+    } else {
+      const std::string out = slurp(log);
+      nlohmann::json r;
+      for (size_t at = out.find("{\"example\""); at != std::string::npos; at = out.find("{\"example\"", at + 1))
+        r = nlohmann::json::parse(out.substr(at, out.find('\n', at) - at), nullptr, false);
+      const bool ok = status == 0 && r.is_object() && r.value("optimizer_steps", int64_t{-1}) == steps;
+      const int resets = r.is_object() ? r.value("resets", 0) : 0;
+      if (ok) {
+        ++t.finished;
+        t.worst_s = std::max(t.worst_s, took);
+        if (resets == 0) ++t.no_reset;  // the fault came after the last collective
+      } else {
+        ++bad;
+        if (status != 0) ++t.failed;
+        else ++t.wrong_steps;
+      }
+      char buf[160];
+      std::snprintf(buf, sizeof(buf), "exit %d after %.1f s, %s, %d reset(s)%s", status, took,
+                    r.is_object() ? (std::to_string(r.value("optimizer_steps", int64_t{-1})) + " steps").c_str() : "no result",
+                    resets, before ? " (ended before the fault)" : "");
+      what = buf;
+    }
+    heal(netns_tool, a.prefix, victim);
+    std::fprintf(stderr, "elastic job %d/%d: %s on worker host %d at %.1f s: %s\n", j + 1, a.jobs, fault.c_str(), victim,
+                 at_s, what.c_str());
+  }
+  std::printf("chaos --elastic: %d jobs of %d workers (--min-np 2) on %d test hosts (%s links), %lld steps each\n",
+              a.jobs, a.workers, a.workers + 1, a.rate.c_str(), static_cast<long long>(steps));
+  std::printf("%-12s %5s %9s %14s %7s %12s %12s\n", "fault", "jobs", "finished", "slowest (s)", "hung", "failed",
+              "wrong steps");
+  for (const auto& [k, t] : tally) {
+    std::printf("%-12s %5d %9d %14.1f %7d %12d %12d\n", k.c_str(), t.jobs, t.finished, t.worst_s, t.hung, t.failed,
+                t.wrong_steps);
+    if (a.json)
+      std::printf("%s\n", nlohmann::json{{"benchmark", "chaos_elastic"}, {"fault", k}, {"jobs", t.jobs},
+                                         {"finished", t.finished}, {"hung", t.hung}, {"failed", t.failed},
+                                         {"wrong_steps", t.wrong_steps}, {"slowest_s", t.worst_s}}
+                                .dump()
+                                .c_str());
+  }
+  return bad;
+}
+
 }  // namespace
 
 int chaos_bench(const ChaosArgs& a) {
@@ -86,6 +195,13 @@ int chaos_bench(const ChaosArgs& a) {
   }
   const fs::path dir = fs::temp_directory_path() / ("dtrain-chaos-" + std::to_string(::getpid()));
   fs::create_directories(dir);
+  if (a.elastic) {
+    const int bad = elastic_chaos(a, netns_tool, dtrain_run, dir);
+    run_quiet(netns_tool + " down --prefix " + prefix);
+    if (bad == 0) fs::remove_all(dir);
+    else std::printf("logs of every job: %s\n", dir.c_str());
+    return bad == 0 ? 0 : 1;
+  }
   std::mt19937_64 rng(a.seed);
   const std::vector<std::string> faults = {"kill", "stop", "link_down", "drop"};
   struct Tally {

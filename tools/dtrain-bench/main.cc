@@ -110,6 +110,9 @@ int main(int argc, char** argv) {
   chaos->add_option("--rate", ch.rate, "link rate of each test host (tc tbf)")->capture_default_str();
   chaos->add_option("--prefix", ch.prefix, "dtrain-netns prefix for the hosts it makes and removes")->capture_default_str();
   chaos->add_flag("--json", ch.json, "also print one JSON object per case");
+  chaos->add_flag("--elastic", ch.elastic,
+                  "elastic jobs instead (examples/elastic_fashion_mnist under dtrain-run --min-np 2 --max-np W on W+1 "
+                  "hosts, any worker hit, rank 0 included): each must re-form and finish with every step applied once");
   CLI11_PARSE(app, argc, argv);
   try {
     if (*train) return train_bench(t);

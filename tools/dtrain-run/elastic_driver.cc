@@ -160,6 +160,7 @@ std::vector<ElasticSpawn> ElasticDriver::tick(Clock::time_point now, std::vector
   int live = running() - static_cast<int>(stop->size());
   const int target = std::min(o_.max_np, slots);
   for (const auto& h : hosts) {
+    if (auto c = cooldown_.find(h.name); c != cooldown_.end() && now < c->second.until) continue;
     while (live < target && used[h.name] < h.slots) {
       out.push_back(make_spawn(h));
       ++used[h.name];
@@ -171,8 +172,21 @@ std::vector<ElasticSpawn> ElasticDriver::tick(Clock::time_point now, std::vector
 
 std::vector<int> ElasticDriver::members() const { return server_->members(); }
 
-void ElasticDriver::exited(int id) {
-  running_.erase(id);
+void ElasticDriver::exited(int id, bool failed) {
+  auto it = running_.find(id);
+  if (failed && it != running_.end()) {
+    // A host may lose one worker and take a new one at once (a process killed); a host whose workers
+    // keep failing (cut off, broken) gets none for 10 s after the second failure, doubling after each.
+    Cooldown& c = cooldown_[it->second];
+    if (++c.failures >= 2) {
+      const auto pause = std::chrono::seconds(10) * (1 << std::min(c.failures - 2, 5));
+      c.until = Clock::now() + pause;
+      std::fprintf(stderr, "dtrain-run: elastic: no new worker on %s for %lld s (%d workers failed there)\n",
+                   it->second.c_str(),
+                   static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(pause).count()), c.failures);
+    }
+  }
+  if (it != running_.end()) running_.erase(it);
   server_->lost(id);
 }
 

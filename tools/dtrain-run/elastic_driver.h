@@ -60,7 +60,9 @@ class ElasticDriver {
   // Reads the discovery script when due; returns workers to start now. `stop` gets the ids of
   // running workers whose host is no longer listed.
   std::vector<ElasticSpawn> tick(std::chrono::steady_clock::time_point now, std::vector<int>* stop);
-  void exited(int id);
+  // `failed`: a non-zero exit. A host whose workers keep failing gets no new worker for a while (10 s
+  // after the second failure there, doubling after each), as Horovod blacklists a failing host.
+  void exited(int id, bool failed);
   int running() const { return static_cast<int>(running_.size()); }
   // The launcher ids of the last round's workers.
   std::vector<int> members() const;
@@ -74,6 +76,11 @@ class ElasticDriver {
   std::string token_;
   std::unique_ptr<elastic::RendezvousServer> server_;
   std::map<int, std::string> running_;  // id -> host name
+  struct Cooldown {
+    int failures = 0;
+    std::chrono::steady_clock::time_point until{};
+  };
+  std::map<std::string, Cooldown> cooldown_;  // by host name
   int next_id_ = 0;
   std::chrono::steady_clock::time_point next_tick_;
   std::string last_error_;

@@ -9,7 +9,7 @@ namespace dtrain::run::detail {
 
 // An elastic job goes on while workers remain: the survivors re-form at the rendezvous.
 void Supervisor::elastic_exit(Child& c, int code, const std::string& what) {
-  elastic_->exited(c.task.index);
+  elastic_->exited(c.task.index, code != 0 && !c.stop_requested && !stopping_);
   if (code == 0) {
     if (!elastic_success_) {
       // Training is over: workers outside the finishing round (waiting to join) have nothing to join.
@@ -75,7 +75,7 @@ void Supervisor::start_elastic(const ElasticSpawn& sp) {
   const std::string err = start(c);
   if (!err.empty()) {
     log_line("cannot start " + t.name() + ": " + err);
-    elastic_->exited(sp.id);
+    elastic_->exited(sp.id, true);
     c.lost = "could not be started: " + err;
     c.reaped_at = Clock::now();
   }

@@ -92,6 +92,7 @@ void MirroredStrategy::reassemble(const std::function<StrategyExtended()>& conne
 }
 
 void MirroredStrategy::set_broadcast_initial_values(bool on) { impl_->broadcast_initial = on; }
+bool MirroredStrategy::broadcast_initial_values() const { return impl_->broadcast_initial; }
 
 MirroredStrategy::~MirroredStrategy() = default;
 

@@ -136,6 +136,10 @@ RunReport run(Job& job, MultiWorkerMirroredStrategy& strategy, Sequential& model
               const std::function<void(Callback& elastic)>& train, const RunOptions& options) {
   if (job.membership().generation == 0)
     throw FailedPrecondition("elastic::run: the job has not joined a round; build the strategy with job.join()");
+  if (strategy.broadcast_initial_values())
+    throw FailedPrecondition("elastic::run: build the strategy with CommunicationOptions::broadcast_initial_values = "
+                             "false: a worker that joins later creates its variables alone, and elastic::run gives it "
+                             "the state by broadcast (a broadcast at creation would meet no partner)");
   if (!model.built())
     throw FailedPrecondition("elastic::run: build the model first (model.build(input_shape) inside strategy.scope()): "
                              "its state is what the workers commit and broadcast");
@@ -173,14 +177,18 @@ RunReport run(Job& job, MultiWorkerMirroredStrategy& strategy, Sequential& model
       try {
         strategy.reconnect(std::move(cluster), job.token());
         break;
-      } catch (const Error& e) {
-        if (!dynamic_cast<const Unavailable*>(&e) && !dynamic_cast<const DeadlineExceeded*>(&e) &&
-            !dynamic_cast<const PermissionDenied*>(&e))
-          throw;
-        if (++report.resets > options.max_resets) throw;
-        DTRAIN_LOG(WARNING) << "elastic worker " << job.id() << ": round " << job.membership().generation
-                            << " did not connect (" << e.what() << "); rejoining";
+      } catch (const Unavailable& e) {
+        why = e.what();
+      } catch (const DeadlineExceeded& e) {
+        why = e.what();
+      } catch (const PermissionDenied& e) {
+        why = e.what();
       }
+      if (++report.resets > options.max_resets)
+        throw FailedPrecondition("elastic::run: the membership changed more than " +
+                                 std::to_string(options.max_resets) + " times (RunOptions::max_resets); last: " + why);
+      DTRAIN_LOG(WARNING) << "elastic worker " << job.id() << ": round " << job.membership().generation
+                          << " did not connect (" << why << "); rejoining";
     }
     DTRAIN_LOG(INFO) << "elastic worker " << job.id() << " is rank " << job.membership().rank << " of "
                      << job.membership().addresses.size() << " in round " << job.membership().generation;

@@ -7,6 +7,10 @@
 #include <thread>
 
 #include "dtrain/core/error.h"
+#include "dtrain/model/layers.h"
+#include "dtrain/model/optimizers.h"
+#include "dtrain/strategies/multi_worker_mirrored_strategy.h"
+#include "dtrain/train/callbacks.h"
 #include "dtrain/train/elastic.h"
 #include "testing/ports.h"
 
@@ -146,6 +150,35 @@ TEST(ElasticRendezvous, RefusesAWrongTokenAndMissingSettings) {
   ::setenv("DTRAIN_JOB_TOKEN", kToken.c_str(), 1);
   Job j;
   EXPECT_THROW(j.token(), FailedPrecondition);  // the token belongs to a round: join() first
+}
+
+TEST(ElasticRun, RefusesAStrategyThatBroadcastsInitialValuesBeforeAnyCollective) {
+  Fixture f(1, 1);
+  auto a = f.job(0);
+  const ClusterResolution cluster = a->join();
+  for (const bool broadcast : {true, false}) {
+    CommunicationOptions comm;
+    comm.broadcast_initial_values = broadcast;
+    MultiWorkerMirroredStrategy s({}, comm, cluster, a->token());
+    Sequential model;
+    std::unique_ptr<SGD> opt;
+    {
+      auto scope = s.scope();
+      model.add(std::make_shared<Dense>(2));
+      opt = std::make_unique<SGD>(0.1f);
+    }
+    bool trained = false;
+    auto train = [&](Callback&) { trained = true; };
+    try {
+      run(*a, s, model, *opt, train);
+      FAIL() << "ran with broadcast_initial_values=" << broadcast;
+    } catch (const FailedPrecondition& e) {
+      // true: the strategy is refused; false: the model is not built yet. Neither trains.
+      EXPECT_NE(std::string(e.what()).find(broadcast ? "broadcast_initial_values = false" : "build the model first"),
+                std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(trained);
+  }
 }
 
 TEST(ElasticRendezvous, RefusesBadBounds) {

@@ -45,6 +45,9 @@ class DTRAIN_API MirroredStrategy : public Strategy {
   int num_replicas_in_sync() const override;
   std::vector<DeviceSpec> worker_devices() const override;
   CrossDeviceOps cross_device_ops() const;  // the ops actually chosen
+  // Whether new variables start from the chief's value (multi-worker jobs; see
+  // CommunicationOptions::broadcast_initial_values).
+  bool broadcast_initial_values() const;
 
   struct Impl;
 

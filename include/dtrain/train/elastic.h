@@ -130,7 +130,9 @@ struct DTRAIN_API RunReport {
 
 // Runs `train` (which calls fit() with the callback it is given) until it returns, surviving
 // changes of membership as described above. Rethrows anything else `train` throws, and the
-// rendezvous' errors. `model` and `optimizer` are what is committed and broadcast.
+// rendezvous' errors. `model` and `optimizer` are what is committed and broadcast. Throws
+// FailedPrecondition before any collective when the strategy broadcasts initial values
+// (CommunicationOptions::broadcast_initial_values must be false) or the model is not built.
 DTRAIN_API RunReport run(Job& job, MultiWorkerMirroredStrategy& strategy, Sequential& model, Optimizer& optimizer,
                          const std::function<void(Callback& elastic)>& train, const RunOptions& options = {});
 

@@ -234,14 +234,8 @@ int chaos_bench(const ChaosArgs& a) {
       ++t.finished_anyway;  // ended before the fault: nothing was lost
       what = "ended before the fault (" + std::to_string(status) + ")";
     } else {
-      const std::string ns = prefix + "-h" + std::to_string(victim);
       const auto fault_at = Clock::now();
-      if (fault == "kill" || fault == "stop")
-        for (pid_t p : pids_in(ns)) ::kill(p, fault == "kill" ? SIGKILL : SIGSTOP);
-      else if (fault == "link_down")
-        run_quiet(netns_tool + " link --prefix " + prefix + " " + std::to_string(victim) + " --down");
-      else
-        run_quiet("ip -n " + ns + " link set eth0 down");
+      inject(fault, netns_tool, prefix, victim);
       status = wait_for(pid, std::chrono::milliseconds(static_cast<int64_t>((bound_s + 15) * 1000)));
       const double took = std::chrono::duration<double>(Clock::now() - fault_at).count();
       if (status < 0) {
@@ -272,10 +266,7 @@ int chaos_bench(const ChaosArgs& a) {
         std::snprintf(buf, sizeof(buf), "exit %d after %.1f s%s", status, took, named ? ", lost task named" : ", NOT NAMED");
         what = buf;
       }
-      // Heal: restart stopped processes (then reap), restore links.
-      for (pid_t p : pids_in(ns)) ::kill(p, SIGCONT), ::kill(p, SIGKILL);
-      run_quiet(netns_tool + " link --prefix " + prefix + " " + std::to_string(victim) + " --up");
-      run_quiet("ip -n " + ns + " link set eth0 up");
+      heal(netns_tool, prefix, victim);
     }
     // The same job again: BackupAndRestore resumes from the last backup and it must finish.
     const pid_t again = start(job, log + ".relaunch");

@@ -88,6 +88,8 @@ struct MirroredStrategy::Impl {
   std::vector<std::vector<Tensor>> exchange;
   std::vector<Tensor> exchange_result;
 
+  // Replica ids and counts from the job's workers in `parts` (none: this process alone).
+  void span_workers(const StrategyExtended& parts);
   void make_group();  // (re)creates comms; called at start and after a failed step
 };
 

@@ -23,6 +23,13 @@ const char* cross_device_ops_name(CrossDeviceOps ops) {
   return "?";
 }
 
+void MirroredStrategy::Impl::span_workers(const StrategyExtended& parts) {
+  const int local = static_cast<int>(devices.size());
+  cross = parts.shared_cross_worker();
+  replica_offset = cross ? parts.worker_rank() * local : 0;
+  global_replicas = cross ? parts.num_workers() * local : local;
+}
+
 void MirroredStrategy::Impl::make_group() {
   CollectiveOptions co;
   co.timeout = options.timeout;
@@ -53,14 +60,7 @@ MirroredStrategy::MirroredStrategy(MirroredOptions options, StrategyExtended par
   Impl& m = *impl_;
   m.options = options;
   m.devices = mirrored_devices(options);
-  const int local = static_cast<int>(m.devices.size());
-  if (parts.cross_worker()) {
-    m.cross = parts.shared_cross_worker();
-    m.replica_offset = parts.worker_rank() * local;
-    m.global_replicas = parts.num_workers() * local;
-  } else {
-    m.global_replicas = local;
-  }
+  m.span_workers(parts);
   if (options.bytes_per_pack == 0) m.options.bytes_per_pack = ~size_t{0};  // 0 = one pack
   assemble(std::move(parts));
   m.make_group();
@@ -74,7 +74,6 @@ MirroredStrategy::MirroredStrategy(MirroredOptions options, StrategyExtended par
 
 void MirroredStrategy::reassemble(const std::function<StrategyExtended()>& connect) {
   Impl& m = *impl_;
-  const int local = static_cast<int>(m.devices.size());
   const AutoShardPolicy shard = extended().auto_shard_policy();
   // The old communicators go first: their cross-worker connections close before new ones open.
   for (auto& c : m.contexts) c->packer().reset();
@@ -83,9 +82,7 @@ void MirroredStrategy::reassemble(const std::function<StrategyExtended()>& conne
   assemble(StrategyExtended());
   StrategyExtended parts = connect();
   DTRAIN_CHECK(parts.cross_worker() != nullptr, "reassemble needs a cross-worker part");
-  m.cross = parts.shared_cross_worker();
-  m.replica_offset = parts.worker_rank() * local;
-  m.global_replicas = parts.num_workers() * local;
+  m.span_workers(parts);
   assemble(std::move(parts));
   extended().set_auto_shard_policy(shard);
   m.make_group();

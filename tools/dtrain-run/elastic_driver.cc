@@ -72,8 +72,7 @@ ElasticSpawn ElasticDriver::make_spawn(const ElasticHost& host) {
   }
   s.env = {"DTRAIN_ELASTIC_RENDEZVOUS=" + o_.rendezvous_address, "DTRAIN_ELASTIC_ID=" + std::to_string(s.id),
            "DTRAIN_ELASTIC_ADDRESS=" + host.address + ":" + std::to_string(s.port),
-           "DTRAIN_ELASTIC_TIMEOUT=" + std::to_string(static_cast<int>(o_.timeout_s)),
-           "DTRAIN_ELASTIC_MIN_NP=" + std::to_string(o_.min_np), "DTRAIN_ELASTIC_MAX_NP=" + std::to_string(o_.max_np)};
+           "DTRAIN_ELASTIC_TIMEOUT=" + std::to_string(static_cast<int>(o_.timeout_s))};
   server_->expect(s.id);
   running_[s.id] = host.name;
   return s;

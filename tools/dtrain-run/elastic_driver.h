@@ -67,7 +67,6 @@ class ElasticDriver {
   // The launcher ids of the last round's workers.
   std::vector<int> members() const;
   std::chrono::steady_clock::time_point next_tick() const { return next_tick_; }
-  std::string log_prefix() const { return "elastic: "; }
 
  private:
   ElasticSpawn make_spawn(const ElasticHost& host);

@@ -18,6 +18,16 @@ ReduceOp reduce_op(Op op) {
   }
 }
 
+// The first dimension of `x`, which alltoall and reducescatter split into one equal block per rank.
+int64_t check_equal_blocks(const ExecContext& c, const Desc& d, const Tensor& x) {
+  const int64_t n = x.shape()[0];
+  if (n % c.size != 0)
+    throw InvalidArgument("hvd::" + std::string(kind_name(d[fKind])) + " '" + describe(d) + "': the first dimension (" +
+                          std::to_string(n) + ") must divide into " + std::to_string(c.size) +
+                          " equal blocks, one per rank; pad or trim it to a multiple of " + std::to_string(c.size));
+  return n;
+}
+
 }  // namespace
 
 // Runs the collective `d` (agreed by the active ranks) with this rank's host tensor `x`
@@ -80,20 +90,14 @@ Tensor execute(const ExecContext& c, const Desc& d, Tensor x, const std::vector<
       return t;
     }
     case kAlltoall: {
-      const int64_t n = x.shape()[0];
-      if (n % c.size != 0)
-        throw InvalidArgument("hvd::alltoall '" + describe(d) + "': the first dimension (" + std::to_string(n) +
-                              ") must divide into " + std::to_string(c.size) + " equal blocks");
+      check_equal_blocks(c, d, x);
       Tensor out = Tensor::empty(x.shape(), x.dtype());
       if (c.comm) c.comm->alltoall(x, out).wait();  // pairwise: each block crosses one link once
       else out = x.clone();
       return out;
     }
     case kReducescatter: {
-      const int64_t n = x.shape()[0];
-      if (n % c.size != 0)
-        throw InvalidArgument("hvd::reducescatter '" + describe(d) + "': the first dimension (" + std::to_string(n) +
-                              ") must divide into " + std::to_string(c.size) + " equal blocks");
+      const int64_t n = check_equal_blocks(c, d, x);
       std::vector<int64_t> dims = x.shape().dims();
       dims[0] = n / c.size;
       Tensor out = Tensor::empty(Shape(dims), x.dtype());

@@ -1,6 +1,8 @@
 #include "dtrain/core/allocator.h"
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -12,25 +14,32 @@
 namespace dtrain {
 namespace {
 
-// Size-exact free lists. Training allocates the same sizes every step, so after the first step
-// every allocation is a cache hit and no page is faulted in again.
+// Size-exact free lists, one set per logical CPU device. Training allocates the same sizes every
+// step, so after the first step every allocation is a cache hit and no page is faulted in again.
+// A block goes back to the pool of the device it was allocated for: each replica thread of
+// Mirrored cpu:N is pinned to its own core, and a block it freed is still in that core's cache,
+// while handing it to another replica would move every line of it across cores (and the two
+// replicas would contend on one lock). Measured: Mirrored cpu:2 spent 20-45% longer in its forward
+// pass than one device alone with one shared pool.
 class CachingHostAllocator final : public Allocator {
  public:
   ~CachingHostAllocator() override {
-    for (auto& [size, blocks] : free_)
-      for (void* p : blocks) std::free(p);
+    for (Pool& pool : pools_)
+      for (auto& [size, blocks] : pool.free)
+        for (void* p : blocks) std::free(p);
   }
 
   std::shared_ptr<Storage> allocate(size_t nbytes, DeviceSpec device) override {
     const size_t rounded = round_up(nbytes == 0 ? 64 : nbytes);
+    Pool& pool = pool_for(device);
     void* p = nullptr;
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = free_.find(rounded);
-      if (it != free_.end() && !it->second.empty()) {
+      std::lock_guard<std::mutex> lock(pool.mu);
+      auto it = pool.free.find(rounded);
+      if (it != pool.free.end() && !it->second.empty()) {
         p = it->second.back();
         it->second.pop_back();
-        cached_bytes_ -= rounded;
+        cached_bytes_.fetch_sub(rounded, std::memory_order_relaxed);
       }
     }
     if (!p) {
@@ -39,7 +48,7 @@ class CachingHostAllocator final : public Allocator {
         throw Unavailable(detail::str_cat("out of host memory allocating ", rounded,
                                           " bytes; reduce the batch size"));
     }
-    return std::make_shared<Storage>(p, rounded, device, &CachingHostAllocator::release, this);
+    return std::make_shared<Storage>(p, rounded, device, &CachingHostAllocator::release, &pool);
   }
 
   void copy(void* dst, DeviceSpec, const void* src, DeviceSpec, size_t nbytes) override {
@@ -50,24 +59,41 @@ class CachingHostAllocator final : public Allocator {
   }
 
  private:
-  static constexpr size_t kMaxCachedBytes = size_t{2} << 30;
+  static constexpr size_t kMaxCachedBytes = size_t{2} << 30;  // over all pools
+  static constexpr size_t kPools = 64;                         // cpu:63 and above share the last
+  struct Pool {
+    CachingHostAllocator* owner = nullptr;
+    std::mutex mu;
+    std::unordered_map<size_t, std::vector<void*>> free;
+  };
+
   static size_t round_up(size_t n) { return (n + 63) & ~size_t{63}; }
+  Pool& pool_for(DeviceSpec device) {
+    const size_t i = device.type == DeviceType::kCPU && device.index > 0
+                         ? std::min(static_cast<size_t>(device.index), kPools - 1)
+                         : 0;
+    return pools_[i];
+  }
   static void release(void* ctx, void* ptr, size_t nbytes) {
-    auto* self = static_cast<CachingHostAllocator*>(ctx);
-    {
-      std::lock_guard<std::mutex> lock(self->mu_);
-      if (self->cached_bytes_ + nbytes <= kMaxCachedBytes) {
-        self->free_[nbytes].push_back(ptr);
-        self->cached_bytes_ += nbytes;
-        return;
-      }
+    auto* pool = static_cast<Pool*>(ctx);
+    CachingHostAllocator* self = pool->owner;
+    if (self->cached_bytes_.fetch_add(nbytes, std::memory_order_relaxed) + nbytes <= kMaxCachedBytes) {
+      std::lock_guard<std::mutex> lock(pool->mu);
+      pool->free[nbytes].push_back(ptr);
+      return;
     }
+    self->cached_bytes_.fetch_sub(nbytes, std::memory_order_relaxed);
     std::free(ptr);
   }
 
-  std::mutex mu_;
-  std::unordered_map<size_t, std::vector<void*>> free_;
-  size_t cached_bytes_ = 0;
+ public:
+  CachingHostAllocator() {
+    for (Pool& pool : pools_) pool.owner = this;
+  }
+
+ private:
+  std::array<Pool, kPools> pools_;
+  std::atomic<size_t> cached_bytes_{0};
 };
 
 std::mutex g_registry_mu;

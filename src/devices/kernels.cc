@@ -31,4 +31,23 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
   return Shape(out);
 }
 
+Tensor Kernels::conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                  const Conv2dParams& cp, const Pool2dParams& pp, ConvPoolSaved* saved) {
+  saved->conv_out = conv2d(x, w, bias, cp);
+  saved->conv_shape = saved->conv_out.shape();
+  saved->chunk = 0;
+  return max_pool2d(saved->conv_out, pp, &saved->workspace);
+}
+
+ConvPoolGrads Kernels::conv2d_max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
+                                                  bool has_bias, const ConvPoolSaved& saved,
+                                                  const Conv2dParams& cp, const Pool2dParams& pp,
+                                                  bool want_dx, bool want_dw) {
+  ConvPoolGrads g;
+  const Tensor dconv = max_pool2d_backward(dy, saved.conv_out, saved.workspace, pp);
+  if (want_dx) g.dx = conv2d_backward_input(dconv, w, x.shape(), cp);
+  if (want_dw) g.dw = conv2d_backward_filter(x, dconv, w.shape(), cp, has_bias, &g.db);
+  return g;
+}
+
 }  // namespace dtrain

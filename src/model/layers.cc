@@ -228,12 +228,17 @@ Tensor Sequential::operator()(const Tensor& x, bool training) {
     // Conv2D(activation=relu) then MaxPool2D: pooled first, then ReLU. The values are the same
     // (ReLU is non-decreasing, so it commutes with max; pooling never reads padding), and so are the
     // gradients; the ReLU and its backward pass touch a quarter of the elements (a 2x2 pool), which
-    // is most of the memory traffic of the reference CNN's first layer.
+    // is most of the memory traffic of the reference CNN's first layer. The convolution and the
+    // pooling run as one op (ops::conv2d_max_pool2d), which a CPU runs a few images at a time
+    // (once the pooling layer is built: the first call of an unbuilt model runs the layers apart).
     auto* conv = dynamic_cast<Conv2D*>(layers_[i].get());
-    if (conv && conv->activation_ == Activation::kRelu && i + 1 < layers_.size() &&
-        dynamic_cast<MaxPool2D*>(layers_[i + 1].get())) {
+    auto* pool = i + 1 < layers_.size() ? dynamic_cast<MaxPool2D*>(layers_[i + 1].get()) : nullptr;
+    if (conv && conv->activation_ == Activation::kRelu && pool && pool->built_) {
       conv->build(y.shape());  // no-op once built
-      y = apply_activation(Activation::kRelu, (*layers_[i + 1])(conv->linear(y), training));
+      const Tensor pooled =
+          ops::conv2d_max_pool2d(y, conv->kernel->value(), conv->use_bias_ ? conv->bias->value() : Tensor(),
+                                 conv->stride_, conv->padding_, pool->pool_, pool->stride_, pool->padding_);
+      y = apply_activation(Activation::kRelu, pooled);
       ++i;
       continue;
     }

@@ -52,19 +52,10 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int sh, int 
   return y;
 }
 
+Pool2dParams pool_params(const Shape& x, int wh, int ww, int sh, int sw, Padding padding);
+
 Tensor max_pool2d(const Tensor& x, int wh, int ww, int sh, int sw, Padding padding) {
-  Pool2dParams p;
-  p.window_h = wh;
-  p.window_w = ww;
-  p.stride_h = sh;
-  p.stride_w = sw;
-  if (padding == Padding::kSame) {
-    const Conv2dParams c = conv_params(x.shape(), Shape{wh, ww}, sh, sw, padding);
-    p.pad_top = c.pad_top;
-    p.pad_bottom = c.pad_bottom;
-    p.pad_left = c.pad_left;
-    p.pad_right = c.pad_right;
-  }
+  const Pool2dParams p = pool_params(x.shape(), wh, ww, sh, sw, padding);
   Tensor ws;
   Tensor y = kernels_for(x).max_pool2d(x, p, &ws);
   if (tape::should_record({&x})) {
@@ -73,6 +64,56 @@ Tensor max_pool2d(const Tensor& x, int wh, int ww, int sh, int sw, Padding paddi
       if (tape::should_record({&g[0], &x})) tape::record_nondifferentiable("max_pool2d_grad", {g[0], x}, {dx});
       return {dx};
     });
+  }
+  return y;
+}
+
+Pool2dParams pool_params(const Shape& x, int wh, int ww, int sh, int sw, Padding padding) {
+  Pool2dParams p;
+  p.window_h = wh;
+  p.window_w = ww;
+  p.stride_h = sh;
+  p.stride_w = sw;
+  if (padding == Padding::kSame) {
+    const Conv2dParams c = conv_params(x, Shape{wh, ww}, sh, sw, padding);
+    p.pad_top = c.pad_top;
+    p.pad_bottom = c.pad_bottom;
+    p.pad_left = c.pad_left;
+    p.pad_right = c.pad_right;
+  }
+  return p;
+}
+
+Tensor conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias, int stride, Padding conv_padding,
+                         int window, int pool_stride, Padding pool_padding) {
+  same_device("conv2d_max_pool2d", x, w);
+  const Conv2dParams cp = conv_params(x.shape(), w.shape(), stride, stride, conv_padding);
+  if (x.rank() != 4 || w.rank() != 4)
+    throw InvalidArgument("conv2d_max_pool2d expects x [N,H,W,C] and w [KH,KW,Cin,Cout], got " +
+                          x.shape().to_string() + " and " + w.shape().to_string());
+  const Shape conv_shape{x.shape()[0],
+                         conv_output_size(x.shape()[1], static_cast<int>(w.shape()[0]), stride, cp.pad_top, cp.pad_bottom),
+                         conv_output_size(x.shape()[2], static_cast<int>(w.shape()[1]), stride, cp.pad_left, cp.pad_right),
+                         w.shape()[3]};
+  const Pool2dParams pp = pool_params(conv_shape, window, window, pool_stride, pool_stride, pool_padding);
+  auto saved = std::make_shared<ConvPoolSaved>();
+  Kernels& k = kernels_for(x);
+  Tensor y = k.conv2d_max_pool2d(x, w, bias, cp, pp, saved.get());
+  if (tape::should_record({&x, &w, &bias})) {
+    tape::record("conv2d_max_pool2d", {x, w, bias}, {y},
+                 [x, w, bias, cp, pp, saved](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                   const bool want_dx = tape::needs_gradient(0);
+                   const bool want_dw = tape::needs_gradient(1) || tape::needs_gradient(2);
+                   ConvPoolGrads r = kernels_for(x).conv2d_max_pool2d_backward(g[0], x, w, bias.defined(), *saved,
+                                                                               cp, pp, want_dx, want_dw);
+                   if (tape::should_record({&g[0], &x, &w})) {
+                     std::vector<Tensor> outs;
+                     for (const Tensor* t : {&r.dx, &r.dw, &r.db})
+                       if (t->defined()) outs.push_back(*t);
+                     if (!outs.empty()) tape::record_nondifferentiable("conv2d_max_pool2d_grad", {g[0], x, w}, outs);
+                   }
+                   return {r.dx, r.dw, r.db};
+                 });
   }
   return y;
 }

@@ -80,6 +80,80 @@ TEST_F(Layers, ConvReluThenMaxPoolEqualsTheLayersOneByOneBitwise) {
   }
 }
 
+// Largest absolute difference between two tensors, relative to the largest magnitude in `want`.
+double relative_error(const Tensor& got, const Tensor& want) {
+  const auto g = got.to_vector<float>(), w = want.to_vector<float>();
+  EXPECT_EQ(g.size(), w.size());
+  double scale = 1e-30, err = 0;
+  for (size_t i = 0; i < std::min(g.size(), w.size()); ++i) {
+    scale = std::max(scale, std::abs(static_cast<double>(w[i])));
+    err = std::max(err, std::abs(static_cast<double>(g[i]) - w[i]));
+  }
+  return err / scale;
+}
+
+TEST_F(Layers, ConvMaxPoolInChunksEqualsTheOpsApart) {
+  // ops::conv2d_max_pool2d runs on a CPU a few images at a time (a chunk's convolution output fits
+  // in 512 KB, half of an L2) and never keeps the convolution's output. 30x30 images through 32
+  // filters make 100 KB (valid: 28x28) or 115 KB (same: 30x30) of output each: chunks of 5 or 4.
+  // So 13 images run as 5+5+3, 10 as 4+4+2, 13 at stride 2 (29x29) as 4+4+4+1, and 4 images in one
+  // piece (the kernels apart). Every output and gradient must match conv2d then max_pool2d: the
+  // forward pass and the input's gradient to the bit (each image is computed alone either way), the
+  // filter's and bias's gradients to float32 rounding (they sum the chunks).
+  struct Case { int64_t n; int stride; ops::Padding conv_pad, pool_pad; bool bias; int window; int64_t chunk; };
+  for (const Case& c : {Case{13, 1, ops::Padding::kValid, ops::Padding::kValid, true, 2, 5},
+                        Case{10, 1, ops::Padding::kSame, ops::Padding::kSame, false, 3, 4},
+                        Case{13, 2, ops::Padding::kSame, ops::Padding::kValid, true, 2, 4},
+                        Case{4, 1, ops::Padding::kValid, ops::Padding::kValid, true, 2, 0}}) {
+    SCOPED_TRACE("n=" + std::to_string(c.n) + " stride=" + std::to_string(c.stride));
+    const int64_t hw = c.stride == 1 ? 30 : 58;
+    Tensor x = testing::random_tensor({c.n, hw, hw, 2}, 70);
+    Tensor w = testing::random_tensor({3, 3, 2, 32}, 71, -0.3f, 0.3f);
+    Tensor b = c.bias ? testing::random_tensor({32}, 72) : Tensor();
+    const Conv2dParams cp = ops::conv_params(x.shape(), w.shape(), c.stride, c.stride, c.conv_pad);
+    const Shape conv_shape = ops::conv2d(x, w, b, c.stride, c.stride, c.conv_pad).shape();
+    ConvPoolSaved saved;
+    Pool2dParams pp;
+    pp.window_h = pp.window_w = c.window;
+    const Conv2dParams pool_pad = ops::conv_params(conv_shape, Shape{c.window, c.window}, 2, 2, c.pool_pad);
+    pp.pad_top = pool_pad.pad_top;
+    pp.pad_bottom = pool_pad.pad_bottom;
+    pp.pad_left = pool_pad.pad_left;
+    pp.pad_right = pool_pad.pad_right;
+    get_device(DeviceSpec::cpu(0)).kernels().conv2d_max_pool2d(x, w, b, cp, pp, &saved);
+    EXPECT_EQ(saved.chunk, c.chunk);
+    EXPECT_EQ(saved.conv_out.defined(), c.chunk == 0) << "only the unchunked pass keeps the convolution output";
+
+    const Tensor dy_weights = testing::random_tensor(
+        ops::max_pool2d(ops::conv2d(x, w, b, c.stride, c.stride, c.conv_pad), c.window, c.window, 2, 2, c.pool_pad).shape(), 73);
+    auto run = [&](bool fused) {
+      GradientTape tape;
+      Tensor xv = x, wv = w, bv = b;
+      tape.watch(xv);
+      tape.watch(wv);
+      if (c.bias) tape.watch(bv);
+      const Tensor y = fused ? ops::conv2d_max_pool2d(xv, wv, bv, c.stride, c.conv_pad, c.window, 2, c.pool_pad)
+                             : ops::max_pool2d(ops::conv2d(xv, wv, bv, c.stride, c.stride, c.conv_pad), c.window,
+                                               c.window, 2, 2, c.pool_pad);
+      std::vector<Tensor> sources{xv, wv};
+      if (c.bias) sources.push_back(bv);
+      std::vector<Tensor> out{y};
+      for (Tensor& g : tape.gradient(ops::sum(ops::mul(y, dy_weights)), sources)) out.push_back(g);
+      return out;
+    };
+    const auto fused = run(true), apart = run(false);
+    ASSERT_EQ(fused.size(), apart.size());
+    EXPECT_EQ(fused[0].to_vector<float>(), apart[0].to_vector<float>()) << "forward";
+    const char* what[] = {"forward", "dx", "dw", "db"};
+    for (size_t i = 1; i < fused.size(); ++i) {
+      ASSERT_TRUE(fused[i].defined()) << what[i];
+      EXPECT_LT(relative_error(fused[i], apart[i]), 1e-5) << what[i];
+    }
+    // The input's gradient does not depend on the chunks' order: it is exact as well.
+    EXPECT_EQ(fused[1].to_vector<float>(), apart[1].to_vector<float>()) << "dx";
+  }
+}
+
 TEST_F(Layers, MixedBfloat16ConvAndMatmulRoundTheirInputsOnly) {
   // Under mixed_bfloat16, conv2d and matmul (forward and both backward passes) read bfloat16 and
   // return float32: within bfloat16's rounding (2^-8 relative per input) of float32, not equal to it,

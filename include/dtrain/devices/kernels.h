@@ -42,6 +42,19 @@ struct DTRAIN_API BatchNormBackward {
   Tensor dx, dgamma, dbeta;
 };
 
+// What conv2d_max_pool2d keeps for its backward pass. A device that runs the pair in batch chunks
+// (the CPU) keeps only the pooling's arg-max workspace, never the convolution's full output.
+struct DTRAIN_API ConvPoolSaved {
+  Tensor conv_out;      // the convolution's output, when the device keeps it (else undefined)
+  Tensor workspace;     // the pooling's workspace (device-specific)
+  Shape conv_shape;     // the convolution output's shape [N, OH, OW, Cout]
+  int64_t chunk = 0;    // images per chunk (0: not chunked)
+};
+
+struct DTRAIN_API ConvPoolGrads {
+  Tensor dx, dw, db;  // each defined only when asked for (db only with a bias)
+};
+
 class DTRAIN_API Kernels {
  public:
   virtual ~Kernels() = default;
@@ -59,6 +72,19 @@ class DTRAIN_API Kernels {
   virtual Tensor max_pool2d(const Tensor& x, const Pool2dParams& p, Tensor* workspace) = 0;
   virtual Tensor max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& workspace,
                                      const Pool2dParams& p) = 0;
+
+  // --- convolution then max pooling, as one op ---
+  // max_pool2d(conv2d(x, w, bias)). The default runs the two kernels; the CPU runs them a few
+  // images at a time, so that the convolution's output (the largest tensor of a small CNN) stays in
+  // the core's cache instead of making a round trip through memory, and is never kept whole.
+  virtual Tensor conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                   const Conv2dParams& cp, const Pool2dParams& pp, ConvPoolSaved* saved);
+  // The gradients of conv2d_max_pool2d for the pooled output's gradient dy: dx when want_dx, dw (and
+  // db when has_bias) when want_dw.
+  virtual ConvPoolGrads conv2d_max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
+                                                   bool has_bias, const ConvPoolSaved& saved,
+                                                   const Conv2dParams& cp, const Pool2dParams& pp,
+                                                   bool want_dx, bool want_dw);
 
   // --- dense algebra ---
   // op(a) @ op(b) for 2-D a, b.

@@ -104,6 +104,7 @@ class DTRAIN_API MaxPool2D : public Layer {
   Tensor call(const Tensor& x, bool training) override;
 
  private:
+  friend class Sequential;  // runs Conv2D(relu) + MaxPool2D as one op, then ReLU
   int pool_, stride_;
   ops::Padding padding_;
 };

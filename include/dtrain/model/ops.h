@@ -57,6 +57,12 @@ DTRAIN_API Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, i
               int stride_w = 1, Padding padding = Padding::kValid);
 DTRAIN_API Tensor max_pool2d(const Tensor& x, int window_h = 2, int window_w = 2, int stride_h = 2,
                   int stride_w = 2, Padding padding = Padding::kValid);
+// max_pool2d(conv2d(x, w, bias, stride, stride, conv_padding), window, window, pool_stride,
+// pool_stride, pool_padding) as one op, with the same values and gradients up to the order in which
+// the filter's gradient is summed over the batch. A CPU device runs it a few images at a time, so
+// the convolution's output stays in cache and is never kept whole for the backward pass.
+DTRAIN_API Tensor conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias, int stride,
+                                    Padding conv_padding, int window, int pool_stride, Padding pool_padding);
 // Per-example sparse softmax cross-entropy: logits [N, C], labels int32 [N] -> [N].
 DTRAIN_API Tensor sparse_softmax_cross_entropy(const Tensor& logits, const Tensor& labels);
 // Per-example mean squared error over the last axis: [N, ...] -> [N].

@@ -1,6 +1,8 @@
 // The TCP transport over real sockets on 127.0.0.1: exact results of every collective for 1-4
 // ranks, all dtypes and sizes up to 12 MB; authentication; rendezvous timeouts; fingerprint
-// mismatches; garbage on the port; and a process killed with SIGKILL mid-collective.
+// mismatches; garbage on the port; a process killed with SIGKILL and one stopped with SIGSTOP
+// mid-collective. The data-path tests run twice: with the data on the sockets, and through shared
+// memory (the default on one host), which they check is really in use.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -10,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <fstream>
 #include <thread>
 
 #include "dtrain/collectives/tcp.h"
@@ -19,8 +22,19 @@
 namespace dtrain {
 namespace {
 
+bool g_shared_memory = true;  // the transport the current TcpData test runs on
+
+// Mappings of dtrain's shared-memory segments in this process (their names are unlinked once mapped).
+int shm_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) n += line.find("/dtrain-") != std::string::npos;
+  return n;
+}
+
 TcpGroupOptions options(const std::vector<std::string>& addrs, int rank, const std::string& token = "0123456789abcdef0123") {
   TcpGroupOptions o;
+  o.shared_memory = g_shared_memory;
   o.rank = rank;
   o.addresses = addrs;
   for (size_t i = 0; i < addrs.size(); ++i) o.task_names.push_back("worker:" + std::to_string(i));
@@ -51,9 +65,17 @@ std::vector<std::string> run_group(int n, const std::function<void(int, Communic
 }
 
 double value(int r, int64_t i) { return testing::collective_value(r, i); }
+
+class TcpData : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { g_shared_memory = GetParam(); }
+  void TearDown() override { g_shared_memory = true; }
+};
+INSTANTIATE_TEST_SUITE_P(Transport, TcpData, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "SharedMemory" : "Sockets"; });
 Tensor make(DType t, int64_t n, int r) { return testing::collective_input(t, n, r); }
 
-TEST(Tcp, AllreduceExactForSizesCountsDtypes) {
+TEST_P(TcpData, AllreduceExactForSizesCountsDtypes) {
   for (int n : {1, 2, 3, 4}) {
     std::vector<std::vector<double>> got(static_cast<size_t>(n));
     struct Case { DType t; int64_t count; ReduceOp op; };
@@ -65,6 +87,8 @@ TEST(Tcp, AllreduceExactForSizesCountsDtypes) {
     cases.push_back({DType::kInt32, 777, ReduceOp::kMax});
     cases.push_back({DType::kFloat32, 100003, ReduceOp::kMin});
     auto errs = run_group(n, [&](int r, Communicator& c) {
+      // Each rank maps a ring to and from every peer while the group lives (threads of one process).
+      if (n > 1) EXPECT_EQ(shm_mappings() > 0, GetParam()) << "shared memory in use";
       for (const auto& k : cases) {
         Tensor t = make(k.t, k.count, r);
         c.allreduce(t, k.op).wait();
@@ -83,7 +107,7 @@ TEST(Tcp, AllreduceExactForSizesCountsDtypes) {
   }
 }
 
-TEST(Tcp, AllgatherBroadcastReduceReduceScatterBarrier) {
+TEST_P(TcpData, AllgatherBroadcastReduceReduceScatterBarrier) {
   for (int n : {2, 3, 4}) {
     auto errs = run_group(n, [&](int r, Communicator& c) {
       Tensor in = make(DType::kInt64, 7, r), out = Tensor::empty(Shape{7 * n}, DType::kInt64);
@@ -110,7 +134,7 @@ TEST(Tcp, AllgatherBroadcastReduceReduceScatterBarrier) {
   }
 }
 
-TEST(Tcp, AlltoallExchangesBlocksPairwise) {
+TEST_P(TcpData, AlltoallExchangesBlocksPairwise) {
   for (int n : {2, 3, 4}) {
     for (int64_t block : {1, 5, 300000}) {  // 300000 float32 blocks: many segments per exchange
       auto errs = run_group(n, [&](int r, Communicator& c) {
@@ -162,7 +186,7 @@ TEST(Tcp, AWorkerThatNeverStartsIsNamed) {
   for (const auto& e : errs) EXPECT_NE(e.find("worker:2 (" + addrs[2] + ")"), std::string::npos) << e;
 }
 
-TEST(Tcp, FingerprintMismatchFailsOnEveryRank) {
+TEST_P(TcpData, FingerprintMismatchFailsOnEveryRank) {
   auto errs = run_group(3, [](int r, Communicator& c) {
     Tensor t = Tensor::zeros(Shape{r == 1 ? 5 : 4});
     c.allreduce(t, ReduceOp::kSum).wait();
@@ -294,7 +318,7 @@ TEST(Tcp, FuzzedFramesAreRejectedWithoutCrashing) {
 
 // Real processes: worker 2 is killed with SIGKILL in the middle of a run of allreduces; the
 // survivors must fail with Unavailable naming it, within seconds.
-TEST(Tcp, KilledProcessIsNamedBySurvivorsWithinSeconds) {
+TEST_P(TcpData, KilledProcessIsNamedBySurvivorsWithinSeconds) {
   const auto addrs = testing::free_loopback_addresses(3);
   std::vector<pid_t> pids;
   for (int r = 0; r < 3; ++r) {
@@ -344,6 +368,54 @@ TEST(Tcp, KilledProcessIsNamedBySurvivorsWithinSeconds) {
   }
   EXPECT_LT(secs, 30);
   std::printf("survivors exited %.2f s after start (kill at iteration 50)\n", secs);
+}
+
+TEST_P(TcpData, StoppedProcessIsReportedHungByHeartbeats) {
+  // A peer stopped with SIGSTOP keeps its sockets open: only the missing heartbeats tell. Rank 0 must
+  // name it as hung within the heartbeat timeout (1 s here), long before the collective timeout.
+  const auto addrs = testing::free_loopback_addresses(2);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = 3;
+      try {
+        auto o = options(addrs, r);
+        o.heartbeat_interval = std::chrono::milliseconds(100);
+        o.heartbeat_timeout = std::chrono::seconds(1);
+        auto c = connect_tcp_group(o);
+        for (int i = 0;; ++i) {
+          if (r == 1 && i == 20) ::raise(SIGSTOP);
+          Tensor t = Tensor::full(Shape{100000}, 1.f);
+          c->allreduce(t, ReduceOp::kSum).wait();
+          if (t.to_vector<float>()[7] != 2.f) ::_exit(6);
+        }
+      } catch (const Unavailable& e) {
+        const std::string m = e.what();
+        code = m.find("worker:1") != std::string::npos && m.find("hung") != std::string::npos ? 0 : 4;
+      } catch (...) {
+        code = 5;
+      }
+      ::_exit(code);
+    }
+    pids.push_back(pid);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  int st = 0;
+  bool done = false;
+  while (!done && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
+    done = ::waitpid(pids[0], &st, WNOHANG) == pids[0];
+    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!done) ::kill(pids[0], SIGKILL);
+  ::kill(pids[1], SIGKILL);
+  ::waitpid(pids[1], nullptr, 0);
+  if (!done) ::waitpid(pids[0], nullptr, 0);
+  ASSERT_TRUE(done) << "rank 0 hung on a stopped peer";
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "rank 0 did not report worker:1 as hung";
+  EXPECT_LT(secs, 10);
 }
 
 }  // namespace

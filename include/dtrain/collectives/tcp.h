@@ -5,7 +5,8 @@
 // Every connection proves knowledge of the job token in both directions (HMAC-SHA256 over the
 // peer's random nonce) and checks that both sides agree on the protocol version, the world size
 // and the job fingerprint (a hash of the ordered address list); anything else is refused and
-// logged. Listeners bind to this rank's address from the cluster spec, not to every interface.
+// logged. Ranks on one host move the data through shared memory (TcpGroupOptions::shared_memory).
+// Listeners bind to this rank's address from the cluster spec, not to every interface.
 // Every wait has the group's timeout; a peer that dies is detected when its socket closes, and a
 // rank that fails a collective tells every peer (an ABORT frame) so that nobody waits for it.
 #pragma once
@@ -34,6 +35,12 @@ struct DTRAIN_API TcpGroupOptions {
   // nothing for heartbeat_timeout is reported hung (Unavailable naming it) long before `timeout`.
   std::chrono::milliseconds heartbeat_interval{500};
   std::chrono::milliseconds heartbeat_timeout{std::chrono::seconds(5)};
+  // When every rank's address names the same host, collective data moves through shared-memory
+  // rings (one per direction of each pair, POSIX shm) instead of loopback sockets; the sockets still
+  // carry heartbeats, ABORT frames and a dead peer's EOF. The ranks agree on it when they connect and
+  // fall back to the sockets when any of them cannot map a peer's segment (another /dev/shm, as in
+  // two containers sharing one network namespace). Env DTRAIN_SHARED_MEMORY=0 turns it off.
+  bool shared_memory = true;
 };
 
 // Listens on addresses[rank], connects to every other rank, authenticates. Throws

@@ -1,6 +1,7 @@
 // Collectives between processes: the algorithms (collectives/algorithms) over the TCP transport
 // (tcp_transport.h). This file only checks arguments, numbers each collective (its fingerprint) and
 // tells every peer when one fails.
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -98,6 +99,7 @@ class TcpCollectives final : public SyncCollectives {
   }
 
   void abort(const std::string& reason) override { t_.abort(reason); }
+  bool uses_shared_memory() const { return t_.uses_shared_memory(); }
 
  private:
   static void require_host(const Tensor& t, const char* op) {
@@ -134,10 +136,14 @@ class TcpCollectives final : public SyncCollectives {
 
 }  // namespace
 
-std::unique_ptr<Communicator> connect_tcp_group(const TcpGroupOptions& options) {
+std::unique_ptr<Communicator> connect_tcp_group(const TcpGroupOptions& given) {
+  TcpGroupOptions options = given;
+  if (const char* v = std::getenv("DTRAIN_SHARED_MEMORY"); v && std::string(v) == "0") options.shared_memory = false;
   std::vector<tcp::Peer> peers = tcp::build_mesh(options);
-  DTRAIN_LOG(INFO) << "TCP group of " << options.addresses.size() << " tasks connected and authenticated";
-  return make_async_communicator(std::make_unique<TcpCollectives>(options, std::move(peers)), options.collective.timeout);
+  auto collectives = std::make_unique<TcpCollectives>(options, std::move(peers));
+  DTRAIN_LOG(INFO) << "TCP group of " << options.addresses.size() << " tasks connected and authenticated"
+                   << (collectives->uses_shared_memory() ? "; collective data through shared memory (one host)" : "");
+  return make_async_communicator(std::move(collectives), options.collective.timeout);
 }
 
 }  // namespace dtrain

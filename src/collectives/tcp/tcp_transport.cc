@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <random>
 
+#include "collectives/algorithms/algorithms.h"
 #include "dtrain/core/logging.h"
 
 namespace dtrain::tcp {
@@ -22,6 +24,20 @@ TcpTransport::TcpTransport(TcpGroupOptions o, std::vector<Peer> peers)
   peer_marker_ = std::make_unique<std::atomic<int64_t>[]>(peers_.size());
   for (size_t r = 0; r < peers_.size(); ++r) peer_marker_[r].store(-1);
   heartbeat_ = std::thread([this] { heartbeat_loop(); });
+  try {
+    setup_shared_memory();
+  } catch (...) {
+    // No destructor runs for a constructor that throws: stop the heartbeat thread and close here.
+    {
+      std::lock_guard<std::mutex> lock(hb_mu_);
+      stop_ = true;
+    }
+    hb_cv_.notify_all();
+    heartbeat_.join();
+    for (auto& p : peers_)
+      if (p.fd >= 0) ::close(p.fd);
+    throw;
+  }
 }
 
 TcpTransport::~TcpTransport() {
@@ -119,6 +135,7 @@ void TcpTransport::exchange(int to, const void* sbuf_v, size_t sbytes, int from,
     const char* sbuf = static_cast<const char*>(sbuf_v);
     char* rbuf = static_cast<char*>(rbuf_v);
     const FrameHeader fp = header_of(print);
+    if (shm_) return exchange_shm(to, sbuf, sbytes, from, rbuf, rbytes, fp, on_segment);
     const auto deadline = Clock::now() + o_.collective.timeout;
     const size_t seg = std::max<size_t>(dtype_size(static_cast<DType>(fp.dtype)),
                                         o_.segment_bytes / dtype_size(static_cast<DType>(fp.dtype)) * dtype_size(static_cast<DType>(fp.dtype)));
@@ -276,5 +293,198 @@ void TcpTransport::exchange(int to, const void* sbuf_v, size_t sbytes, int from,
       }
     }
   }
+
+// Every rank decides alike from the address list (the same on all ranks): shared memory only when all
+// of them name one host. Each rank then creates one segment per peer (its sending side), the names
+// go to the peers over the sockets, every rank maps the segments meant for it, and an all-reduce
+// over the sockets (MIN of "mapped them all") makes the choice collective. The names are unlinked
+// as soon as everyone has mapped them, so nothing is left in /dev/shm whatever happens later.
+void TcpTransport::setup_shared_memory() {
+  const int n = size(), me = rank();
+  if (!o_.shared_memory || n < 2) return;
+  auto host = [](const std::string& a) { return a.substr(0, a.rfind(':')); };
+  for (const std::string& a : o_.addresses)
+    if (host(a) != host(o_.addresses[static_cast<size_t>(me)])) return;
+  constexpr size_t kName = 64;
+  std::random_device rd;
+  char nonce[24];
+  std::snprintf(nonce, sizeof(nonce), "%08x%08x", rd(), rd());
+  std::vector<ShmChannel> tx(static_cast<size_t>(n)), rx(static_cast<size_t>(n));
+  std::vector<std::string> created;
+  int32_t ok = 1;
+  try {
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      const std::string name = "/dtrain-" + std::string(nonce) + "-" + std::to_string(::getpid()) + "-" +
+                               std::to_string(me) + "-" + std::to_string(p);
+      tx[static_cast<size_t>(p)] = ShmChannel::create(name);
+      created.push_back(name);
+    }
+  } catch (const Unavailable& e) {
+    DTRAIN_LOG(WARNING) << name() << ": no shared memory for collectives (" << e.what() << "); using TCP";
+    ok = 0;
+  }
+  collectives::Fingerprint hs;
+  hs.op = 100;  // the handshake: never a collective's op
+  hs.dtype = DType::kInt32;
+  hs.count = kName;
+  try {
+    for (int d = 1; d < n; ++d) {
+      const int to = (me + d) % n, from = (me - d + n) % n;
+      char out[kName] = {}, in[kName] = {};
+      if (ok) {
+        const std::string& nm = created[static_cast<size_t>(to < me ? to : to - 1)];
+        std::memcpy(out, nm.data(), std::min(nm.size(), kName - 1));
+      }
+      exchange(to, out, kName, from, in, kName, hs, nullptr);
+      in[kName - 1] = '\0';
+      if (in[0] == '\0') {
+        ok = 0;
+        continue;
+      }
+      rx[static_cast<size_t>(from)] = ShmChannel::open(in);
+      if (!rx[static_cast<size_t>(from)].ok()) ok = 0;
+    }
+    hs.op = 101;
+    hs.count = static_cast<uint64_t>(n);  // an element per rank: every ring step moves data
+    hs.reduce = static_cast<uint8_t>(ReduceOp::kMin);
+    std::vector<int32_t> all(static_cast<size_t>(n), ok);
+    collectives::ring_allreduce(*this, all.data(), n, DType::kInt32, ReduceOp::kMin, hs);
+    ok = all[0];
+  } catch (...) {
+    for (const std::string& nm : created) ShmChannel::unlink(nm);
+    throw;
+  }
+  for (const std::string& nm : created) ShmChannel::unlink(nm);
+  if (!ok) {
+    DTRAIN_LOG(INFO) << name() << ": collective data goes over TCP (a peer could not map shared memory)";
+    return;
+  }
+  tx_ = std::move(tx);
+  rx_ = std::move(rx);
+  shm_ = true;
+}
+
+void TcpTransport::watch_sockets(const FrameHeader& fp, int need_a, int need_b, Clock::time_point deadline) {
+  std::vector<pollfd> pfds;
+  std::vector<int> who;
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank() || closed_[static_cast<size_t>(r)]) continue;
+    pfds.push_back({peers_[static_cast<size_t>(r)].fd, POLLIN, 0});
+    who.push_back(r);
+  }
+  if (::poll(pfds.data(), pfds.size(), 0) > 0) {
+    for (size_t i = 0; i < pfds.size(); ++i) {
+      if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      const int r = who[i];
+      Peer& p = peers_[static_cast<size_t>(r)];
+      for (;;) {  // every whole frame queued on this socket
+        FrameHeader peek;
+        const ssize_t k = ::recv(p.fd, &peek, sizeof(peek), MSG_PEEK | MSG_DONTWAIT);
+        if (k == 0) {
+          closed_[static_cast<size_t>(r)] = true;
+          if (r == need_a || r == need_b)
+            throw Unavailable("connection to " + p.name + " (" + p.address + ") closed during " + tcp::describe(fp) +
+                              ": that task died, was killed, or aborted the job");
+          break;
+        }
+        if (k < 0) break;
+        last_rx_[static_cast<size_t>(r)] = Clock::now();
+        if (k < static_cast<ssize_t>(sizeof(peek))) break;  // the rest is on its way
+        if (peek.magic != tcp::kMagic || peek.version != tcp::kVersion)
+          throw DataLoss(detail::str_cat("malformed frame from ", p.name, " (bad magic or version) during ", tcp::describe(fp)));
+        if (peek.kind == static_cast<uint16_t>(FrameKind::kAbort)) tcp::read_header(p, o_.max_frame_bytes, deadline);  // throws
+        if (peek.kind != static_cast<uint16_t>(FrameKind::kHeartbeat))
+          throw DataLoss(detail::str_cat("unexpected frame from ", p.name, " on its socket during ", tcp::describe(fp),
+                                         ": collective data goes through shared memory between these tasks"));
+        ::recv(p.fd, &peek, sizeof(peek), MSG_DONTWAIT);
+        peer_marker_[static_cast<size_t>(r)].store(static_cast<int64_t>(peek.seq), std::memory_order_relaxed);
+      }
+    }
+  }
+  for (int r : {need_a, need_b}) {
+    if (r < 0) continue;
+    if (Clock::now() - last_rx_[static_cast<size_t>(r)] > o_.heartbeat_timeout)
+      throw Unavailable(detail::str_cat(peers_[static_cast<size_t>(r)].name, " (", peers_[static_cast<size_t>(r)].address,
+                                        ") sent nothing, not even a heartbeat, for ", o_.heartbeat_timeout.count(),
+                                        " ms during ", tcp::describe(fp), ": it is hung (stopped, swapping, or its host is unreachable)"));
+  }
+  if (Clock::now() > deadline) {
+    const int r = need_a >= 0 ? need_a : need_b;
+    throw DeadlineExceeded(detail::str_cat(tcp::describe(fp), " on ", name(), " timed out after ", o_.collective.timeout.count(),
+                                           " ms waiting for ", r >= 0 ? peers_[static_cast<size_t>(r)].name : std::string("a peer"),
+                                           "; that task is stuck or unreachable"));
+  }
+}
+
+// The shared-memory exchange: frames go into the ring to `to` while frames come out of the ring from
+// `from`; when neither moves, spin for up to 200 us (yielding), then watch the sockets and sleep on
+// the ring's futex for at most half a millisecond at a time.
+void TcpTransport::exchange_shm(int to, const char* sbuf, size_t sbytes, int from, char* rbuf, size_t rbytes,
+                                const FrameHeader& fp, const collectives::SegmentFn& on_segment) {
+  const auto deadline = Clock::now() + o_.collective.timeout;
+  const size_t esize = dtype_size(static_cast<DType>(fp.dtype));
+  constexpr size_t kMaxPayload = ShmChannel::kCapacity / 4 - 64;
+  const size_t seg = std::max(esize, std::min(o_.segment_bytes, kMaxPayload) / esize * esize);
+  for (int r : {to, from})
+    if (r >= 0 && closed_[static_cast<size_t>(r)])
+      throw Unavailable("connection to " + peers_[static_cast<size_t>(r)].name + " (" + peers_[static_cast<size_t>(r)].address +
+                        ") is closed: that task exited, died or was killed before " + tcp::describe(fp));
+  const auto start = Clock::now();
+  for (auto& t : last_rx_) t = start;
+  size_t s_done = 0, r_done = 0;
+  // Spin (yielding) this long without progress before sleeping on the ring's futex: a wake-up costs
+  // tens of microseconds, more than a peer usually needs to publish its next segment.
+  constexpr auto kSpin = std::chrono::microseconds(200);
+  Clock::time_point idle_since{};
+  bool idle = false;
+  while (s_done < sbytes || r_done < rbytes) {
+    const bool sending = to >= 0 && s_done < sbytes, receiving = from >= 0 && r_done < rbytes;
+    ShmChannel* waiting_on = receiving ? &rx_[static_cast<size_t>(from)] : &tx_[static_cast<size_t>(to)];
+    const uint32_t bell = waiting_on->bell();  // before looking, so a change after the look wakes the wait
+    bool moved = false;
+    if (sending) {
+      const size_t n = std::min(seg, sbytes - s_done);
+      FrameHeader h = fp;
+      h.payload_bytes = n;
+      h.offset = s_done;
+      if (tx_[static_cast<size_t>(to)].try_send(h, sbuf + s_done, n)) {
+        s_done += n;
+        moved = true;
+      }
+    }
+    FrameHeader h;
+    if (receiving && rx_[static_cast<size_t>(from)].peek(&h)) {
+      const Peer& p = peers_[static_cast<size_t>(from)];
+      if (h.magic != tcp::kMagic || h.version != tcp::kVersion || h.kind != static_cast<uint16_t>(FrameKind::kData))
+        throw DataLoss(detail::str_cat("malformed frame from ", p.name, " in shared memory during ", tcp::describe(fp)));
+      if (h.seq != fp.seq || h.op != fp.op || h.dtype != fp.dtype || h.count != fp.count || h.reduce != fp.reduce)
+        mismatch(p, h, fp);
+      if (h.payload_bytes == 0 || h.payload_bytes > kMaxPayload || h.payload_bytes > rbytes - r_done || h.offset != r_done)
+        throw DataLoss(detail::str_cat("malformed frame from ", p.name, ": ", h.payload_bytes, " bytes at offset ", h.offset,
+                                       " but ", rbytes - r_done, " expected at offset ", r_done));
+      rx_[static_cast<size_t>(from)].consume(h, rbuf + r_done);
+      last_rx_[static_cast<size_t>(from)] = Clock::now();
+      const size_t at = r_done;
+      r_done += static_cast<size_t>(h.payload_bytes);
+      if (on_segment) on_segment(at, static_cast<size_t>(h.payload_bytes));
+      moved = true;
+    }
+    if (moved) {
+      idle = false;
+      continue;
+    }
+    if (!idle) {
+      idle = true;
+      idle_since = Clock::now();
+    }
+    if (Clock::now() - idle_since < kSpin) {
+      sched_yield();  // the peer may be about to publish; give it the core when ranks share cores
+      continue;
+    }
+    watch_sockets(fp, sending ? to : -1, receiving ? from : -1, deadline);
+    waiting_on->wait(bell, 500);
+  }
+}
 
 }  // namespace dtrain::tcp

@@ -17,6 +17,7 @@
 
 #include "collectives/algorithms/transport.h"
 #include "collectives/tcp/mesh.h"
+#include "collectives/tcp/shm_channel.h"
 
 namespace dtrain::tcp {
 
@@ -39,9 +40,17 @@ class TcpTransport final : public collectives::Transport {
   // Sent in the seq field of this rank's heartbeats; the last one heard from each peer (-1: none).
   void set_progress_marker(int64_t marker) { marker_.store(marker, std::memory_order_relaxed); }
   std::vector<int64_t> peer_markers() const;
+  // Whether collective data goes through shared memory (every rank on this host agreed to it).
+  bool uses_shared_memory() const { return shm_; }
 
  private:
   void heartbeat_loop();
+  void setup_shared_memory();
+  void exchange_shm(int to, const char* sbuf, size_t sbytes, int from, char* rbuf, size_t rbytes,
+                    const FrameHeader& fp, const collectives::SegmentFn& on_segment);
+  // Reads whatever the sockets hold while data moves through shared memory: heartbeats (liveness),
+  // an ABORT (throws), an EOF (throws when that peer is still needed).
+  void watch_sockets(const FrameHeader& fp, int need_a, int need_b, Clock::time_point deadline);
   [[noreturn]] void mismatch(const Peer& p, const FrameHeader& got, const FrameHeader& want) const;
   FrameHeader header_of(const collectives::Fingerprint& fp) const;
 
@@ -59,6 +68,8 @@ class TcpTransport final : public collectives::Transport {
   std::string abort_reason_;
   std::atomic<int64_t> marker_{-1};
   std::unique_ptr<std::atomic<int64_t>[]> peer_marker_;  // per peer, from its heartbeats
+  bool shm_ = false;
+  std::vector<ShmChannel> tx_, rx_;  // per peer, when shm_: to it and from it
 };
 
 }  // namespace dtrain::tcp

@@ -36,7 +36,7 @@ ShmChannel ShmChannel::create(const std::string& name) {
     ::shm_unlink(name.c_str());
     throw Unavailable("sizing shared memory " + name + " failed: " + std::strerror(err));
   }
-  void* p = ::mmap(nullptr, segment_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = ::mmap(nullptr, segment_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) {
     ::shm_unlink(name.c_str());
@@ -58,7 +58,7 @@ ShmChannel ShmChannel::open(const std::string& name) {
     ::close(fd);
     return c;
   }
-  void* p = ::mmap(nullptr, segment_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = ::mmap(nullptr, segment_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) return c;
   c.ctl_ = static_cast<Control*>(p);

@@ -52,21 +52,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int sh, int 
   return y;
 }
 
-Pool2dParams pool_params(const Shape& x, int wh, int ww, int sh, int sw, Padding padding);
-
-Tensor max_pool2d(const Tensor& x, int wh, int ww, int sh, int sw, Padding padding) {
-  const Pool2dParams p = pool_params(x.shape(), wh, ww, sh, sw, padding);
-  Tensor ws;
-  Tensor y = kernels_for(x).max_pool2d(x, p, &ws);
-  if (tape::should_record({&x})) {
-    tape::record("max_pool2d", {x}, {y}, [x, ws, p](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-      Tensor dx = kernels_for(x).max_pool2d_backward(g[0], x, ws, p);
-      if (tape::should_record({&g[0], &x})) tape::record_nondifferentiable("max_pool2d_grad", {g[0], x}, {dx});
-      return {dx};
-    });
-  }
-  return y;
-}
+namespace {
 
 Pool2dParams pool_params(const Shape& x, int wh, int ww, int sh, int sw, Padding padding) {
   Pool2dParams p;
@@ -84,13 +70,30 @@ Pool2dParams pool_params(const Shape& x, int wh, int ww, int sh, int sw, Padding
   return p;
 }
 
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x, int wh, int ww, int sh, int sw, Padding padding) {
+  const Pool2dParams p = pool_params(x.shape(), wh, ww, sh, sw, padding);
+  Tensor ws;
+  Tensor y = kernels_for(x).max_pool2d(x, p, &ws);
+  if (tape::should_record({&x})) {
+    tape::record("max_pool2d", {x}, {y}, [x, ws, p](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+      Tensor dx = kernels_for(x).max_pool2d_backward(g[0], x, ws, p);
+      if (tape::should_record({&g[0], &x})) tape::record_nondifferentiable("max_pool2d_grad", {g[0], x}, {dx});
+      return {dx};
+    });
+  }
+  return y;
+}
+
+
 Tensor conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias, int stride, Padding conv_padding,
                          int window, int pool_stride, Padding pool_padding) {
   same_device("conv2d_max_pool2d", x, w);
-  const Conv2dParams cp = conv_params(x.shape(), w.shape(), stride, stride, conv_padding);
   if (x.rank() != 4 || w.rank() != 4)
     throw InvalidArgument("conv2d_max_pool2d expects x [N,H,W,C] and w [KH,KW,Cin,Cout], got " +
                           x.shape().to_string() + " and " + w.shape().to_string());
+  const Conv2dParams cp = conv_params(x.shape(), w.shape(), stride, stride, conv_padding);
   const Shape conv_shape{x.shape()[0],
                          conv_output_size(x.shape()[1], static_cast<int>(w.shape()[0]), stride, cp.pad_top, cp.pad_bottom),
                          conv_output_size(x.shape()[2], static_cast<int>(w.shape()[1]), stride, cp.pad_left, cp.pad_right),

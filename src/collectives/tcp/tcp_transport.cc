@@ -27,20 +27,14 @@ TcpTransport::TcpTransport(TcpGroupOptions o, std::vector<Peer> peers)
   try {
     setup_shared_memory();
   } catch (...) {
-    // No destructor runs for a constructor that throws: stop the heartbeat thread and close here.
-    {
-      std::lock_guard<std::mutex> lock(hb_mu_);
-      stop_ = true;
-    }
-    hb_cv_.notify_all();
-    heartbeat_.join();
-    for (auto& p : peers_)
-      if (p.fd >= 0) ::close(p.fd);
+    shut_down();  // no destructor runs for a constructor that throws
     throw;
   }
 }
 
-TcpTransport::~TcpTransport() {
+TcpTransport::~TcpTransport() { shut_down(); }
+
+void TcpTransport::shut_down() {
   {
     std::lock_guard<std::mutex> lock(hb_mu_);
     stop_ = true;

@@ -45,6 +45,7 @@ class TcpTransport final : public collectives::Transport {
 
  private:
   void heartbeat_loop();
+  void shut_down();  // stops the heartbeat thread and closes the sockets
   void setup_shared_memory();
   void exchange_shm(int to, const char* sbuf, size_t sbytes, int from, char* rbuf, size_t rbytes,
                     const FrameHeader& fp, const collectives::SegmentFn& on_segment);

@@ -235,12 +235,7 @@ Tensor CpuKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, 
   Tensor y = Tensor::empty(Shape{s.dst[0], s.dst[2], s.dst[3], s.dst[1]}, DType::kFloat32, spec_);
   if (y.numel() == 0) return y;
   try {
-    const bool bf16 = mixed_bf16();
-    auto e = state_->get<ConvFwd>(conv_key("cf", s, has_bias), [&] {
-      dnnl::convolution_forward::primitive_desc pd(conv_fwd_desc(s, has_bias, bf16), state_->engine);
-      return std::make_shared<ConvFwd>(ConvFwd{pd, dnnl::convolution_forward(pd),
-                                               memory::desc(s.wei, dt::f32, tag::hwio)});
-    });
+    auto e = conv_fwd_prim(*state_, s, has_bias);
     Tensor holder, x_holder;
     memory wm = filter_in(*state_, e->user_w, e->pd.weights_desc(), w, &holder);
     memory xm = filter_in(*state_, memory::desc(s.src, dt::f32, tag::nhwc), e->pd.src_desc(), x, &x_holder);
@@ -262,17 +257,7 @@ Tensor CpuKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, cons
   Tensor dx = Tensor::empty(x_shape, DType::kFloat32, spec_);
   if (dx.numel() == 0) return dx;
   try {
-    const bool bf16 = mixed_bf16();
-    auto e = state_->get<ConvBwdData>(conv_key("cbd", s, false), [&] {
-      dnnl::convolution_forward::primitive_desc hint(conv_fwd_desc(s, false, bf16), state_->engine);
-      dnnl::convolution_backward_data::desc d(
-          algorithm::convolution_direct, memory::desc(s.src, dt::f32, tag::nhwc),
-          memory::desc(s.wei, in_type(bf16), tag::any), memory::desc(s.dst, in_type(bf16), tag::nhwc),
-          s.strides, s.pad_l, s.pad_r);
-      dnnl::convolution_backward_data::primitive_desc pd(d, state_->engine, hint);
-      return std::make_shared<ConvBwdData>(ConvBwdData{pd, dnnl::convolution_backward_data(pd),
-                                                       memory::desc(s.wei, dt::f32, tag::hwio)});
-    });
+    auto e = conv_bwd_data_prim(*state_, s);
     Tensor holder, dy_holder;
     memory wm = filter_in(*state_, e->user_w, e->pd.weights_desc(), w, &holder);
     memory dym = filter_in(*state_, memory::desc(s.dst, dt::f32, tag::nhwc), e->pd.diff_dst_desc(), dy, &dy_holder);
@@ -299,20 +284,7 @@ Tensor CpuKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, con
     return dw;
   }
   try {
-    const bool bf16 = mixed_bf16();
-    auto e = state_->get<ConvBwdWeights>(conv_key("cbw", s, want_bias), [&] {
-      dnnl::convolution_forward::primitive_desc hint(conv_fwd_desc(s, want_bias, bf16), state_->engine);
-      const memory::desc src(s.src, in_type(bf16), tag::nhwc), ddst(s.dst, in_type(bf16), tag::nhwc);
-      const memory::desc dwei(s.wei, dt::f32, tag::any);
-      auto d = want_bias ? dnnl::convolution_backward_weights::desc(
-                               algorithm::convolution_direct, src, dwei,
-                               memory::desc(s.bias, dt::f32, tag::a), ddst, s.strides, s.pad_l, s.pad_r)
-                         : dnnl::convolution_backward_weights::desc(
-                               algorithm::convolution_direct, src, dwei, ddst, s.strides, s.pad_l, s.pad_r);
-      dnnl::convolution_backward_weights::primitive_desc pd(d, state_->engine, hint);
-      return std::make_shared<ConvBwdWeights>(ConvBwdWeights{
-          pd, dnnl::convolution_backward_weights(pd), memory::desc(s.wei, dt::f32, tag::hwio)});
-    });
+    auto e = conv_bwd_weights_prim(*state_, s, want_bias);
     const bool direct = e->pd.diff_weights_desc() == e->user_w;
     Tensor holder = direct ? dw : scratch(e->pd.diff_weights_desc().get_size(), spec_);
     memory dwm(e->pd.diff_weights_desc(), state_->engine, holder.raw_data());
@@ -343,10 +315,7 @@ Tensor CpuKernels::max_pool2d(const Tensor& x, const Pool2dParams& p, Tensor* wo
     return y;
   }
   try {
-    auto e = state_->get<PoolFwd>(pool_key("pf", s), [&] {
-      dnnl::pooling_forward::primitive_desc pd(pool_fwd_desc(s), state_->engine);
-      return std::make_shared<PoolFwd>(PoolFwd{pd, dnnl::pooling_forward(pd)});
-    });
+    auto e = pool_fwd_prim(*state_, s);
     *workspace = scratch(e->pd.workspace_desc().get_size(), spec_);
     e->prim.execute(state_->stream(),
                     {{DNNL_ARG_SRC, mem(e->pd.src_desc(), state_->engine, x)},
@@ -368,14 +337,7 @@ Tensor CpuKernels::max_pool2d_backward(const Tensor& dy, const Tensor& x, const 
     return dx;
   }
   try {
-    auto e = state_->get<PoolBwd>(pool_key("pb", s), [&] {
-      dnnl::pooling_forward::primitive_desc hint(pool_fwd_desc(s), state_->engine);
-      dnnl::pooling_backward::desc d(algorithm::pooling_max, memory::desc(s.src, dt::f32, tag::nhwc),
-                                     memory::desc(s.dst, dt::f32, tag::nhwc), s.strides, s.kernel,
-                                     s.pad_l, s.pad_r);
-      dnnl::pooling_backward::primitive_desc pd(d, state_->engine, hint);
-      return std::make_shared<PoolBwd>(PoolBwd{pd, dnnl::pooling_backward(pd)});
-    });
+    auto e = pool_bwd_prim(*state_, s);
     e->prim.execute(state_->stream(),
                     {{DNNL_ARG_DIFF_DST, mem(e->pd.diff_dst_desc(), state_->engine, dy)},
                      {DNNL_ARG_DIFF_SRC, mem(e->pd.diff_src_desc(), state_->engine, dx)},

@@ -88,7 +88,9 @@ TEST_P(TcpData, AllreduceExactForSizesCountsDtypes) {
     cases.push_back({DType::kFloat32, 100003, ReduceOp::kMin});
     auto errs = run_group(n, [&](int r, Communicator& c) {
       // Each rank maps a ring to and from every peer while the group lives (threads of one process).
-      if (n > 1) EXPECT_EQ(shm_mappings() > 0, GetParam()) << "shared memory in use";
+      if (n > 1) {
+        EXPECT_EQ(shm_mappings() > 0, GetParam()) << "shared memory in use";
+      }
       for (const auto& k : cases) {
         Tensor t = make(k.t, k.count, r);
         c.allreduce(t, k.op).wait();

@@ -309,10 +309,10 @@ void TcpTransport::setup_shared_memory() {
   try {
     for (int p = 0; p < n; ++p) {
       if (p == me) continue;
-      const std::string name = "/dtrain-" + std::string(nonce) + "-" + std::to_string(::getpid()) + "-" +
+      const std::string ring = "/dtrain-" + std::string(nonce) + "-" + std::to_string(::getpid()) + "-" +
                                std::to_string(me) + "-" + std::to_string(p);
-      tx[static_cast<size_t>(p)] = ShmChannel::create(name);
-      created.push_back(name);
+      tx[static_cast<size_t>(p)] = ShmChannel::create(ring);
+      created.push_back(ring);
     }
   } catch (const Unavailable& e) {
     DTRAIN_LOG(WARNING) << name() << ": no shared memory for collectives (" << e.what() << "); using TCP";

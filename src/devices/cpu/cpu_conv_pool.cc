@@ -222,16 +222,23 @@ ChunkPrims chunk_prims(CpuKernels::State& st, const Shape& x, const Shape& w, co
   return c;
 }
 
+// Checks conv2d's operands (float32, the bias's shape) and returns the shapes; `op` names the caller.
+ConvShapes checked_conv_shapes(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias,
+                               const Conv2dParams& p) {
+  require_f32(x, op, "input");
+  require_f32(w, op, "filter");
+  const ConvShapes s = conv_shapes(x.shape(), w.shape(), p);
+  if (bias.defined() && bias.shape() != Shape{s.wei[0]})
+    throw InvalidArgument(std::string(op) + ": bias must be [" + std::to_string(s.wei[0]) + "], got " +
+                          bias.shape().to_string());
+  return s;
+}
+
 }  // namespace
 
 Tensor CpuKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) {
-  require_f32(x, "conv2d", "input");
-  require_f32(w, "conv2d", "filter");
-  const ConvShapes s = conv_shapes(x.shape(), w.shape(), p);
+  const ConvShapes s = checked_conv_shapes("conv2d", x, w, bias, p);
   const bool has_bias = bias.defined();
-  if (has_bias && bias.shape() != Shape{s.wei[0]})
-    throw InvalidArgument("conv2d: bias must be [" + std::to_string(s.wei[0]) + "], got " +
-                          bias.shape().to_string());
   Tensor y = Tensor::empty(Shape{s.dst[0], s.dst[2], s.dst[3], s.dst[1]}, DType::kFloat32, spec_);
   if (y.numel() == 0) return y;
   try {
@@ -354,13 +361,8 @@ Tensor CpuKernels::max_pool2d_backward(const Tensor& dy, const Tensor& x, const 
 // output is not kept at all: the backward pass needs only the pooling's arg-max.
 Tensor CpuKernels::conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& cp,
                                      const Pool2dParams& pp, ConvPoolSaved* saved) {
-  require_f32(x, "conv2d_max_pool2d", "input");
-  require_f32(w, "conv2d_max_pool2d", "filter");
-  const ConvShapes full = conv_shapes(x.shape(), w.shape(), cp);
+  const ConvShapes full = checked_conv_shapes("conv2d_max_pool2d", x, w, bias, cp);
   const bool has_bias = bias.defined();
-  if (has_bias && bias.shape() != Shape{full.wei[0]})
-    throw InvalidArgument("conv2d_max_pool2d: bias must be [" + std::to_string(full.wei[0]) + "], got " +
-                          bias.shape().to_string());
   const Shape conv_shape{full.dst[0], full.dst[2], full.dst[3], full.dst[1]};
   const int64_t n = x.shape()[0];
   const int64_t chunk = conv_pool_chunk(conv_shape, state_->threads);
@@ -442,7 +444,9 @@ ConvPoolGrads CpuKernels::conv2d_max_pool2d_backward(const Tensor& dy, const Ten
     Tensor acc, part, last_part, db_part;
     if (want_dw) {
       acc_desc = body.bwd_weights->pd.diff_weights_desc();
-      acc = scratch(acc_desc.get_size(), spec_);
+      g.dw = Tensor::empty(w.shape(), DType::kFloat32, spec_);
+      // Sum straight into dw when the primitive keeps the filter's own layout (HWIO).
+      acc = acc_desc == body.bwd_weights->user_w ? g.dw : scratch(acc_desc.get_size(), spec_);
       part = scratch(acc_desc.get_size(), spec_);
       if (has_bias) {
         g.db = Tensor::empty(Shape{saved.conv_shape[3]}, DType::kFloat32, spec_);
@@ -462,17 +466,20 @@ ConvPoolGrads CpuKernels::conv2d_max_pool2d_backward(const Tensor& dy, const Ten
                    {DNNL_ARG_DIFF_SRC, mem(c.pool_bwd->pd.diff_src_desc(), state_->engine, dconv_m)},
                    {DNNL_ARG_WORKSPACE, memory(c.pool_bwd->pd.workspace_desc(), state_->engine,
                                                static_cast<char*>(saved.workspace.raw_data()) + ws_chunk * static_cast<size_t>(k))}});
+      memory dconv_w;  // the chunk's gradient as the filter's backward pass reads it (bfloat16 under bf16)
+      Tensor dconv_holder;
       if (want_dw) {
         const bool first = off == 0;
         const bool direct = c.bwd_weights->pd.diff_weights_desc() == acc_desc;
         Tensor& out = first && direct ? acc : direct ? part : last_part;
         memory dwm(c.bwd_weights->pd.diff_weights_desc(), state_->engine, out.raw_data());
-        Tensor x_holder, dy_holder;
+        Tensor x_holder;
+        dconv_w = filter_in(*state_, memory::desc(c.cs.dst, dt::f32, tag::nhwc), c.bwd_weights->pd.diff_dst_desc(),
+                            dconv_m, &dconv_holder);
         std::unordered_map<int, memory> args{
             {DNNL_ARG_SRC, filter_in(*state_, memory::desc(c.cs.src, dt::f32, tag::nhwc), c.bwd_weights->pd.src_desc(),
                                      x.slice_rows(off, off + m), &x_holder)},
-            {DNNL_ARG_DIFF_DST, filter_in(*state_, memory::desc(c.cs.dst, dt::f32, tag::nhwc),
-                                          c.bwd_weights->pd.diff_dst_desc(), dconv_m, &dy_holder)},
+            {DNNL_ARG_DIFF_DST, dconv_w},
             {DNNL_ARG_DIFF_WEIGHTS, dwm}};
         if (has_bias)
           args.emplace(DNNL_ARG_DIFF_BIAS, mem(c.bwd_weights->pd.diff_bias_desc(), state_->engine, first ? g.db : db_part));
@@ -494,21 +501,20 @@ ConvPoolGrads CpuKernels::conv2d_max_pool2d_backward(const Tensor& dy, const Ten
       }
       if (want_dx) {
         Tensor dy_holder;
+        const memory dconv_x = want_dw && c.bwd_data->pd.diff_dst_desc() == c.bwd_weights->pd.diff_dst_desc()
+                                   ? dconv_w
+                                   : filter_in(*state_, memory::desc(c.cs.dst, dt::f32, tag::nhwc),
+                                               c.bwd_data->pd.diff_dst_desc(), dconv_m, &dy_holder);
         c.bwd_data->prim.execute(
-            stream, {{DNNL_ARG_DIFF_DST, filter_in(*state_, memory::desc(c.cs.dst, dt::f32, tag::nhwc),
-                                                   c.bwd_data->pd.diff_dst_desc(), dconv_m, &dy_holder)},
+            stream, {{DNNL_ARG_DIFF_DST, dconv_x},
                      {DNNL_ARG_WEIGHTS, m == chunk ? wm_body : wm_last},
                      {DNNL_ARG_DIFF_SRC, mem(c.bwd_data->pd.diff_src_desc(), state_->engine, g.dx.slice_rows(off, off + m))}});
       }
     }
-    if (want_dw) {
-      g.dw = Tensor::empty(w.shape(), DType::kFloat32, spec_);
+    if (want_dw && acc.raw_data() != g.dw.raw_data()) {
       memory from(acc_desc, state_->engine, acc.raw_data());
       memory to(body.bwd_weights->user_w, state_->engine, g.dw.raw_data());
-      if (acc_desc == body.bwd_weights->user_w)
-        std::copy_n(static_cast<const float*>(acc.raw_data()), g.dw.numel(), static_cast<float*>(g.dw.raw_data()));
-      else
-        dnnl::reorder(from, to).execute(stream, from, to);
+      dnnl::reorder(from, to).execute(stream, from, to);
     }
   } catch (const dnnl::error& err) {
     rethrow_dnnl("conv2d_max_pool2d_backward", err);

@@ -1,5 +1,6 @@
 #include "dtrain/core/timeline.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -123,6 +124,8 @@ void complete(const std::string& name, const char* category, int64_t begin, int6
 
 void set_thread_name(const std::string& name) {
   t_name = name;
+  // The system's name too (15 characters), for top -H, perf and gdb.
+  pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
   if (!enabled()) return;  // the buffer, made at the first event, takes the name then
   auto b = recorder().buffer();
   std::lock_guard<std::mutex> lock(b->mu);

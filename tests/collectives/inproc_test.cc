@@ -5,8 +5,10 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <mutex>
 #include <thread>
 
+#include "collectives/sync_collectives.h"
 #include "dtrain/collectives/inproc.h"
 #include "testing/collective_inputs.h"
 
@@ -214,6 +216,85 @@ TEST(Async, DestroyingACommunicatorGivesPendingWorkItsTimeoutThenFailsIt) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
   EXPECT_THROW(w.wait(), Error);  // the group's own timeout: rank 1 did not arrive
   EXPECT_TRUE(w.ready());
+}
+
+
+// A backend that records which thread ran each collective; the first one it runs can be made to
+// take a while.
+class RecordingBackend final : public SyncCollectives {
+ public:
+  explicit RecordingBackend(std::chrono::milliseconds first_takes = {}) : first_takes_(first_takes) {}
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void allreduce(Tensor&, ReduceOp) override { record(); }
+  void allgather(const Tensor&, Tensor&) override { record(); }
+  void broadcast(Tensor&, int) override { record(); }
+  void reduce(Tensor&, int, ReduceOp) override { record(); }
+  void reduce_scatter(const Tensor&, Tensor&, ReduceOp) override { record(); }
+  void barrier() override { record(); }
+  void abort(const std::string&) override {}
+  std::vector<std::thread::id> threads() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return threads_;
+  }
+
+ private:
+  void record() {
+    bool first;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      first = threads_.empty();
+      threads_.push_back(std::this_thread::get_id());
+    }
+    if (first) std::this_thread::sleep_for(first_takes_);
+  }
+  const std::chrono::milliseconds first_takes_;
+  mutable std::mutex mu_;
+  std::vector<std::thread::id> threads_;
+};
+
+bool ready_within(const Work& w, std::chrono::milliseconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (!w.ready() && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return w.ready();
+}
+
+// Issue-then-wait, the pattern of every strategy, runs on the caller's thread: no hand-off to the
+// communication thread (which would have to be woken on a core a replica computes on).
+TEST(Async, IssueThenWaitRunsOnTheCallersThread) {
+  auto backend = std::make_unique<RecordingBackend>();
+  RecordingBackend* rec = backend.get();
+  auto comm = make_async_communicator(std::move(backend), std::chrono::seconds(30));
+  Tensor t = Tensor::zeros(Shape{4});
+  for (int i = 0; i < 300; ++i) comm->allreduce(t, ReduceOp::kSum).wait();
+  comm->barrier().wait();
+  const auto threads = rec->threads();
+  ASSERT_EQ(threads.size(), 301u);
+  for (const auto& id : threads) ASSERT_EQ(id, std::this_thread::get_id());
+}
+
+// A collective nobody waits on is still started by the communication thread, which does not poll:
+// it is issued after the thread has slept a while, and again behind one that a waiter runs.
+TEST(Async, ACollectiveNobodyWaitsOnIsRunByTheThread) {
+  auto backend = std::make_unique<RecordingBackend>(std::chrono::milliseconds(150));
+  RecordingBackend* rec = backend.get();
+  auto comm = make_async_communicator(std::move(backend), std::chrono::seconds(30));
+  Tensor t = Tensor::zeros(Shape{4});
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the thread has gone to sleep
+  std::thread waiter([&] { comm->allreduce(t, ReduceOp::kSum).wait(); });  // runs #0, which takes 150 ms
+  while (rec->threads().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  Work behind = comm->allreduce(t, ReduceOp::kSum);  // #1: queued behind the waiter's, never waited on
+  EXPECT_FALSE(behind.ready());
+  EXPECT_TRUE(ready_within(behind, std::chrono::seconds(5)));
+  waiter.join();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Work alone = comm->allgather(t, t);  // #2, on an idle communicator, never waited on
+  EXPECT_TRUE(ready_within(alone, std::chrono::seconds(5)));
+  const auto threads = rec->threads();
+  ASSERT_EQ(threads.size(), 3u);
+  EXPECT_NE(threads[1], std::this_thread::get_id());
+  EXPECT_NE(threads[1], threads[0]);  // not the waiter's: the communication thread's
+  EXPECT_EQ(threads[2], threads[1]);
 }
 
 }  // namespace

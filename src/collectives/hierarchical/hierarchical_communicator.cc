@@ -11,7 +11,9 @@ namespace {
 
 Tensor to_host(const Tensor& t) { return t.device().host_accessible() ? t : t.to(DeviceSpec::cpu()); }
 
-// Local shared-memory reduction, then local replica 0 across workers, then local broadcast.
+// Local shared-memory reduction, then local replica 0 across workers, then local broadcast. A worker
+// with one replica skips the local stages: two hand-offs to the local group's thread for nothing
+// (11 and 22 us per step in the timeline of two single-replica workers).
 class HierarchicalCommunicator final : public SyncCollectives {
  public:
   HierarchicalCommunicator(std::unique_ptr<Communicator> local, std::shared_ptr<CrossWorkerCommunicators> cross, int local_size)
@@ -21,7 +23,7 @@ class HierarchicalCommunicator final : public SyncCollectives {
 
   void allreduce(Tensor& t, ReduceOp op) override {
     const ReduceOp partial = op == ReduceOp::kMean ? ReduceOp::kSum : op;
-    {
+    if (local_->size() > 1) {
       timeline::Span s("all-reduce stage 1: within the worker", "collective");
       local_->allreduce(t, partial).wait();
     }
@@ -53,7 +55,7 @@ class HierarchicalCommunicator final : public SyncCollectives {
         if (h.raw_data() != t.raw_data()) t.copy_from(h);
       }
     }
-    {
+    if (local_->size() > 1) {
       timeline::Span s("all-reduce stage 3: within the worker", "collective");
       local_->broadcast(t, 0).wait();
     }
@@ -81,7 +83,7 @@ class HierarchicalCommunicator final : public SyncCollectives {
         if (h.raw_data() != t.raw_data()) t.copy_from(h);
       }
     }
-    local_->broadcast(t, 0).wait();
+    if (local_->size() > 1) local_->broadcast(t, 0).wait();
   }
   void reduce(Tensor& t, int root, ReduceOp op) override {
     if (root != 0) throw Unimplemented("hierarchical reduce supports root 0");

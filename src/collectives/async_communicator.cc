@@ -112,7 +112,9 @@ class Queue final : public Work::Tracker {
       if (error) errors.emplace(task.id, error);
       running = false;
       completed.store(task.id + 1, std::memory_order_release);
-      wake = parked && !tasks.empty();  // a waiter ran it: the thread sleeps, and more is queued
+      // A waiter ran it while the thread slept: wake the thread if more is queued, or if the
+      // communicator is being destroyed (its destructor joins the thread).
+      wake = parked && (!tasks.empty() || stop);
     }
     done_cv.notify_all();
     if (wake) cv.notify_all();

@@ -297,5 +297,23 @@ TEST(Async, ACollectiveNobodyWaitsOnIsRunByTheThread) {
   EXPECT_EQ(threads[2], threads[1]);
 }
 
+
+// The communicator is destroyed while a waiter on another thread runs a collective that outlasts the
+// destructor's grace: the destructor returns once that collective is done (its thread is not left
+// asleep, which would hang the join).
+TEST(Async, DestroyingACommunicatorWhileAWaiterRunsACollectiveReturns) {
+  auto backend = std::make_unique<RecordingBackend>(std::chrono::milliseconds(400));
+  RecordingBackend* rec = backend.get();
+  std::unique_ptr<Communicator> comm = make_async_communicator(std::move(backend), std::chrono::milliseconds(100));
+  Tensor t = Tensor::zeros(Shape{4});
+  Communicator* c = comm.get();
+  std::thread waiter([&] { c->allreduce(t, ReduceOp::kSum).wait(); });  // runs it itself: 400 ms
+  while (rec->threads().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto start = std::chrono::steady_clock::now();
+  comm.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  waiter.join();
+}
+
 }  // namespace
 }  // namespace dtrain

@@ -148,6 +148,23 @@ void Optimizer::apply_gradients(const std::vector<Tensor>& grads,
 
   ReplicaContext* ctx = get_replica_context();
   std::vector<Tensor> g = grads;
+  // Replicas that share their variables' memory each update a slice of every variable (clipping by
+  // norm and aggregators see whole gradients, so those keep the whole-variable update).
+  if (ctx && ctx->num_replicas_in_sync() > 1 && !aggregator_ && options_.clipnorm == 0.f &&
+      options_.global_clipnorm == 0.f) {
+    std::vector<Tensor> defined;
+    std::vector<std::shared_ptr<Variable>> owners;
+    for (size_t i = 0; i < g.size(); ++i)
+      if (g[i].defined()) {
+        defined.push_back(g[i]);
+        owners.push_back(vars[i]);
+      }
+    if (!defined.empty())
+      if (std::optional<ReplicaContext::UpdateSlices> slices = ctx->reduce_scatter_for_update(defined, owners)) {
+        apply_slices(*ctx, slices->grads, slices->offsets, owners);
+        return;
+      }
+  }
   if (ctx && ctx->num_replicas_in_sync() > 1) {
     // Sum across replicas (losses are already scaled by the global batch).
     std::vector<Tensor> defined;
@@ -195,6 +212,46 @@ void Optimizer::apply_gradients(const std::vector<Tensor>& grads,
       apply_dense(value, grad.device() == value.device() ? grad : grad.to(value.device()), slots, step, lr);
     });
   }
+}
+
+void Optimizer::apply_slices(ReplicaContext& ctx, const std::vector<Tensor>& grads, const std::vector<int64_t>& offsets,
+                             const std::vector<std::shared_ptr<Variable>>& vars) {
+  // As apply_gradients, on flat slices: every rule here is elementwise, and clipvalue too.
+  if (grads.size() != vars.size() || offsets.size() != vars.size())
+    throw Internal("reduce_scatter_for_update returned " + std::to_string(grads.size()) + " slices for " +
+                   std::to_string(vars.size()) + " variables");
+  const std::vector<Tensor> g = clip(grads);
+  int64_t step;
+  std::vector<std::vector<std::shared_ptr<Variable>>*> slot_lists;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto [it, fresh] = steps_.try_emplace(ctx.replica_id_in_sync_group(), base_iterations_);
+    step = ++it->second;
+    for (const auto& v : vars) slot_lists.push_back(&slots_for(v.get()));
+  }
+  const float lr = (*schedule_)(step - 1);
+  auto part = [](const Tensor& whole, int64_t offset, int64_t count) {
+    return whole.view(Shape{whole.numel()}).slice_rows(offset, offset + count);
+  };
+  try {
+    for (size_t i = 0; i < vars.size(); ++i) {
+      const int64_t count = g[i].numel(), offset = offsets[i];
+      if (count == 0) continue;
+      vars[i]->update([&](Tensor& value, size_t copy) {
+        Tensor mine = part(value, offset, count);
+        std::vector<Tensor> slots;
+        for (const auto& s : *slot_lists[i]) slots.push_back(part(s->device_values().at(copy), offset, count));
+        apply_dense(mine, g[i].device() == value.device() ? g[i] : g[i].to(value.device()), slots, step, lr);
+      });
+    }
+  } catch (...) {
+    try {  // the other replicas are waiting for this one's slices; the first error is the one to report
+      ctx.end_sharded_update();
+    } catch (...) {
+    }
+    throw;
+  }
+  ctx.end_sharded_update();
 }
 
 std::string Optimizer::config() const {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <mutex>
+#include <optional>
 
 #include "devices/worker_thread.h"
 #include "dtrain/collectives/communicator.h"
@@ -13,8 +14,19 @@ namespace dtrain {
 
 class MirroredReplicaContext;
 
+// This replica's part of the sum of some float32 tensors over the replicas, from a reduce-scatter of
+// them packed into one buffer (padded to a whole number of 64-byte blocks per replica).
+struct ScatteredSum {
+  Tensor shard;                  // this replica's block of the packed sum
+  int64_t padded = 0;            // elements of the packed buffer (shard.numel() x replicas)
+  std::vector<int64_t> starts;   // per tensor: its first element in the packed buffer
+  std::vector<Tensor> slices;    // per tensor: its elements within `shard`, flat (possibly empty)
+  std::vector<int64_t> offsets;  // per tensor: where its slice starts within the tensor
+};
+
 // Fuses gradients into packs as backward produces them and all-reduces each pack on the
-// replica's communication thread (see MirroredOptions::bytes_per_pack).
+// replica's communication thread (see MirroredOptions::bytes_per_pack). When the replicas share
+// their variables, float32 packs are reduce-scattered instead (each replica then updates its part).
 class GradientPacker final : public tape::GradientReadyHook {
  public:
   explicit GradientPacker(MirroredReplicaContext* ctx) : ctx_(ctx) {}
@@ -24,6 +36,8 @@ class GradientPacker final : public tape::GradientReadyHook {
   // If `grads` are exactly the gradients this packer saw (same tensors, same order), waits for
   // their packs and returns the reduced tensors; otherwise returns false.
   bool take(const std::vector<Tensor>& grads, ReduceOp op, std::vector<Tensor>* out);
+  // As take(), for a sharded update: this replica's slices of the sums and where they start.
+  bool take_slices(const std::vector<Tensor>& grads, ReplicaContext::UpdateSlices* out);
   bool idle() const { return packs_.empty(); }
 
  private:
@@ -31,9 +45,12 @@ class GradientPacker final : public tape::GradientReadyHook {
     std::vector<size_t> indices;
     std::vector<Tensor> grads;
     size_t bytes = 0;
-    std::future<std::vector<Tensor>> result;
+    std::future<std::vector<Tensor>> result;  // all-reduced, or
+    std::future<ScatteredSum> scattered;       // reduce-scattered
     int64_t first_ready_us = 0;  // timeline: when its first gradient was ready
   };
+  // Whether `grads` are exactly the defined gradients seen, in order.
+  bool same_as_seen(const std::vector<Tensor>& grads) const;
   void launch(bool last);
   MirroredReplicaContext* ctx_;
   std::vector<Tensor> seen_;  // by source index
@@ -59,8 +76,21 @@ class MirroredReplicaContext final : public ReplicaContext {
   // calls get() (no thread hand-off; used when nothing is left to overlap with).
   std::future<std::vector<Tensor>> all_reduce_async(ReduceOp op, std::vector<Tensor> values,
                                                     bool deferred = false);
+  // Packs float32 `values` into one buffer and reduce-scatters it (SUM), on the communication
+  // thread or, with `deferred`, on the thread that calls get().
+  std::future<ScatteredSum> reduce_scatter_async(std::vector<Tensor> values, bool deferred = false);
+  // The whole sums back from a reduce-scatter (an all-gather of the shards); new tensors.
+  std::vector<Tensor> gather_sums(const ScatteredSum& s, const std::vector<Tensor>& like);
+  std::optional<UpdateSlices> reduce_scatter_for_update(const std::vector<Tensor>& grads,
+                                                        const std::vector<std::shared_ptr<Variable>>& vars) override;
+  void end_sharded_update() override;
+  // Between reduce_scatter_for_update() and end_sharded_update(): shared variables' update() hands
+  // this replica the shared copy to write its slices into.
+  bool in_sharded_update() const { return sharded_update_; }
+  void end_interrupted_update() { sharded_update_ = false; }  // a step that failed mid-update
   GradientPacker& packer() { return packer_; }
   size_t bytes_per_pack() const;
+  bool shares_variables() const;
   void barrier();
 
  private:
@@ -68,6 +98,7 @@ class MirroredReplicaContext final : public ReplicaContext {
   MirroredStrategy::Impl* impl_;
   int replica_;
   GradientPacker packer_;
+  bool sharded_update_ = false;
 };
 
 struct MirroredStrategy::Impl {
@@ -78,6 +109,9 @@ struct MirroredStrategy::Impl {
   // communicator over the job; replica ids and counts are global.
   std::shared_ptr<CrossWorkerOps> cross;
   bool broadcast_initial = true;  // variables start from the chief's values (multi-worker)
+  // Replicas share their ON_WRITE variables' memory and update slices of them (one process, logical
+  // CPU devices, MirroredOptions::share_host_variables); fixed at construction.
+  bool shared_variables = false;
   int replica_offset = 0;   // this worker's first global replica id
   int global_replicas = 1;  // replicas of the whole job
   std::vector<std::unique_ptr<Communicator>> comms;         // one per replica

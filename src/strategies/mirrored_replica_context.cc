@@ -1,9 +1,11 @@
+#include <algorithm>
 #include <cstring>
 
 #include "devices/worker_thread.h"
 #include "dtrain/core/timeline.h"
 #include "dtrain/devices/device.h"
 #include "strategies/mirrored_impl.h"
+#include "strategies/mirrored_variables.h"
 #include "strategies/replica_scope.h"
 
 namespace dtrain {
@@ -18,6 +20,7 @@ int MirroredReplicaContext::num_replicas_in_sync() const {
 int MirroredReplicaContext::replica_id_in_sync_group() const { return impl_->replica_offset + replica_; }
 DeviceSpec MirroredReplicaContext::device() const { return impl_->devices[static_cast<size_t>(replica_)]; }
 size_t MirroredReplicaContext::bytes_per_pack() const { return impl_->options.bytes_per_pack; }
+bool MirroredReplicaContext::shares_variables() const { return impl_->shared_variables; }
 
 std::future<std::vector<Tensor>> MirroredReplicaContext::all_reduce_async(ReduceOp op, std::vector<Tensor> values,
                                                                           bool deferred) {
@@ -63,6 +66,93 @@ std::future<std::vector<Tensor>> MirroredReplicaContext::all_reduce_async(Reduce
   std::future<std::vector<Tensor>> f = task->get_future();
   impl_->comm_threads[static_cast<size_t>(replica_)]->submit([task] { (*task)(); });
   return f;
+}
+
+std::future<ScatteredSum> MirroredReplicaContext::reduce_scatter_async(std::vector<Tensor> values, bool deferred) {
+  auto body = [this, values = std::move(values)] {
+    const DeviceSpec dev = device();
+    const int n = static_cast<int>(impl_->comms.size());
+    timeline::Span whole("reduce-scatter " + std::to_string(values.size()) + " tensor(s)", "collective");
+    ScatteredSum s;
+    int64_t total = 0;
+    for (const auto& v : values) {
+      DTRAIN_CHECK(v.dtype() == DType::kFloat32, "reduce_scatter_async takes float32 tensors");
+      s.starts.push_back(total);
+      total += v.numel();
+    }
+    // Whole 64-byte blocks per replica: no cache line is written by two replicas' updates.
+    const int64_t unit = 16 * static_cast<int64_t>(n);
+    s.padded = (total + unit - 1) / unit * unit;
+    Tensor buf = Tensor::empty(Shape{s.padded}, DType::kFloat32, dev);
+    {
+      timeline::Span pack("pack", "collective");
+      for (size_t i = 0; i < values.size(); ++i)
+        if (values[i].numel())
+          buf.slice_rows(s.starts[i], s.starts[i] + values[i].numel()).copy_from(values[i].view(Shape{values[i].numel()}));
+      if (s.padded > total) std::memset(static_cast<float*>(buf.raw_data()) + total, 0, static_cast<size_t>(s.padded - total) * sizeof(float));
+    }
+    const int64_t block = s.padded / n, begin = block * replica_, end = begin + block;
+    s.shard = Tensor::empty(Shape{block}, DType::kFloat32, dev);
+    {
+      timeline::Span reduce("reduce-scatter " + std::to_string(total * 4 / 1024) + " KiB", "collective");
+      impl_->comms[static_cast<size_t>(replica_)]->reduce_scatter(buf, s.shard, ReduceOp::kSum).wait();
+    }
+    for (size_t i = 0; i < values.size(); ++i) {
+      const int64_t lo = std::max(begin, s.starts[i]), hi = std::min(end, s.starts[i] + values[i].numel());
+      s.slices.push_back(lo < hi ? s.shard.slice_rows(lo - begin, hi - begin) : s.shard.slice_rows(0, 0));
+      s.offsets.push_back(lo < hi ? lo - s.starts[i] : 0);
+    }
+    return s;
+  };
+  if (deferred) return std::async(std::launch::deferred, std::move(body));
+  auto task = std::make_shared<std::packaged_task<ScatteredSum()>>(std::move(body));
+  std::future<ScatteredSum> f = task->get_future();
+  impl_->comm_threads[static_cast<size_t>(replica_)]->submit([task] { (*task)(); });
+  return f;
+}
+
+std::vector<Tensor> MirroredReplicaContext::gather_sums(const ScatteredSum& s, const std::vector<Tensor>& like) {
+  timeline::Span span("all-gather of the sums", "collective");
+  Tensor full = Tensor::empty(Shape{s.padded}, DType::kFloat32, device());
+  impl_->comms[static_cast<size_t>(replica_)]->allgather(s.shard, full).wait();
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < like.size(); ++i)
+    out.push_back(full.slice_rows(s.starts[i], s.starts[i] + like[i].numel()).view(like[i].shape()));
+  return out;
+}
+
+std::optional<ReplicaContext::UpdateSlices> MirroredReplicaContext::reduce_scatter_for_update(
+    const std::vector<Tensor>& grads, const std::vector<std::shared_ptr<Variable>>& vars) {
+  if (!impl_->shared_variables || impl_->global_replicas < 2) return std::nullopt;
+  if (grads.size() != vars.size())
+    throw InvalidArgument("reduce_scatter_for_update: " + std::to_string(grads.size()) + " gradients for " +
+                          std::to_string(vars.size()) + " variables");
+  for (size_t i = 0; i < vars.size(); ++i) {
+    const auto* mv = dynamic_cast<const MirroredVariable*>(vars[i].get());
+    if (!mv || !mv->shares_storage() || !grads[i].defined() || grads[i].dtype() != DType::kFloat32 ||
+        grads[i].numel() != vars[i]->shape().numel())
+      return std::nullopt;
+  }
+  UpdateSlices out;
+  if (!packer_.take_slices(grads, &out)) {
+    for (const auto& g : grads)
+      if (g.device() != device())
+        throw InvalidArgument("reduce_scatter_for_update on replica " + std::to_string(replica_) + ": " + g.to_string() +
+                              " is not on the replica's device " + device().to_string());
+    // Queued behind any collective still in flight (as all_reduce), else inline.
+    ScatteredSum s = reduce_scatter_async(grads, /*deferred=*/packer_.idle()).get();
+    out.grads = std::move(s.slices);
+    out.offsets = std::move(s.offsets);
+  }
+  sharded_update_ = true;
+  return out;
+}
+
+void MirroredReplicaContext::end_sharded_update() {
+  if (!sharded_update_) return;
+  sharded_update_ = false;
+  timeline::Span span("barrier: every slice updated", "collective");
+  impl_->comms[static_cast<size_t>(replica_)]->barrier().wait();
 }
 
 std::vector<Tensor> MirroredReplicaContext::all_reduce(ReduceOp op, const std::vector<Tensor>& values) {
@@ -145,27 +235,62 @@ void GradientPacker::launch(bool last) {
                        current_.first_ready_us, timeline::now_us());
   packs_.push_back(std::move(current_));
   current_ = Pack();
-  // Optimizers all-reduce gradients with SUM (losses are scaled by the global batch).
+  // Optimizers all-reduce gradients with SUM (losses are scaled by the global batch). Where the
+  // replicas share their variables, each will update a slice: reduce-scatter instead.
   Pack& p = packs_.back();
-  p.result = ctx_->all_reduce_async(ReduceOp::kSum, p.grads, /*deferred=*/last);
+  bool f32 = true;
+  for (const auto& g : p.grads) f32 = f32 && g.dtype() == DType::kFloat32;
+  if (ctx_->shares_variables() && f32) p.scattered = ctx_->reduce_scatter_async(p.grads, /*deferred=*/last);
+  else p.result = ctx_->all_reduce_async(ReduceOp::kSum, p.grads, /*deferred=*/last);
 }
 
-bool GradientPacker::take(const std::vector<Tensor>& grads, ReduceOp op, std::vector<Tensor>* out) {
-  if (op != ReduceOp::kSum || packs_.empty()) return false;
-  // Must be exactly the defined gradients we saw, in the same order.
+bool GradientPacker::same_as_seen(const std::vector<Tensor>& grads) const {
   std::vector<Tensor> defined;
   for (const auto& g : seen_)
     if (g.defined()) defined.push_back(g);
   bool same = defined.size() == grads.size();
   for (size_t i = 0; same && i < grads.size(); ++i) same = grads[i].defined() && grads[i].id() == defined[i].id();
-  if (!same) return false;
+  return same;
+}
+
+bool GradientPacker::take(const std::vector<Tensor>& grads, ReduceOp op, std::vector<Tensor>* out) {
+  if (op != ReduceOp::kSum || packs_.empty() || !same_as_seen(grads)) return false;
   std::unordered_map<uint64_t, Tensor> reduced;
   for (auto& p : packs_) {
-    std::vector<Tensor> r = p.result.get();
+    // A reduce-scattered pack (the optimizer did not shard its update after all) is gathered whole.
+    std::vector<Tensor> r = p.result.valid() ? p.result.get() : ctx_->gather_sums(p.scattered.get(), p.grads);
     for (size_t k = 0; k < p.grads.size(); ++k) reduced[p.grads[k].id()] = r[k];
   }
   out->clear();
   for (const auto& g : grads) out->push_back(reduced.at(g.id()));
+  reset();
+  return true;
+}
+
+bool GradientPacker::take_slices(const std::vector<Tensor>& grads, ReplicaContext::UpdateSlices* out) {
+  if (packs_.empty() || !same_as_seen(grads)) return false;
+  const int64_t n = ctx_->num_replicas_in_sync(), me = ctx_->replica_id_in_sync_group();
+  std::unordered_map<uint64_t, std::pair<Tensor, int64_t>> part;
+  for (auto& p : packs_) {
+    if (p.scattered.valid()) {
+      ScatteredSum s = p.scattered.get();
+      for (size_t k = 0; k < p.grads.size(); ++k) part[p.grads[k].id()] = {s.slices[k], s.offsets[k]};
+      continue;
+    }
+    // An all-reduced pack: every replica has the whole sums, and takes an even share of each.
+    std::vector<Tensor> r = p.result.get();
+    for (size_t k = 0; k < p.grads.size(); ++k) {
+      const int64_t count = r[k].numel(), b = count * me / n, e = count * (me + 1) / n;
+      part[p.grads[k].id()] = {r[k].view(Shape{count}).slice_rows(b, e), b};
+    }
+  }
+  out->grads.clear();
+  out->offsets.clear();
+  for (const auto& g : grads) {
+    const auto& [slice, offset] = part.at(g.id());
+    out->grads.push_back(slice);
+    out->offsets.push_back(offset);
+  }
   reset();
   return true;
 }

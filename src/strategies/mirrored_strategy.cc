@@ -62,6 +62,10 @@ MirroredStrategy::MirroredStrategy(MirroredOptions options, StrategyExtended par
   m.devices = mirrored_devices(options);
   m.span_workers(parts);
   if (options.bytes_per_pack == 0) m.options.bytes_per_pack = ~size_t{0};  // 0 = one pack
+  bool all_host = true;
+  for (const auto& d : m.devices) all_host = all_host && d.type == DeviceType::kCPU;
+  // Multi-worker jobs keep a copy per replica: their sums come from other processes too.
+  m.shared_variables = options.share_host_variables && all_host && m.devices.size() > 1 && !m.cross;
   assemble(std::move(parts));
   m.make_group();
   m.exchange.resize(m.devices.size());
@@ -82,6 +86,7 @@ void MirroredStrategy::reassemble(const std::function<StrategyExtended()>& conne
   assemble(StrategyExtended());
   StrategyExtended parts = connect();
   DTRAIN_CHECK(parts.cross_worker() != nullptr, "reassemble needs a cross-worker part");
+  DTRAIN_CHECK(!m.shared_variables, "a strategy whose replicas share variables has no workers to reassemble");
   m.span_workers(parts);
   assemble(std::move(parts));
   extended().set_auto_shard_policy(shard);
@@ -119,6 +124,7 @@ PerReplica MirroredStrategy::do_run(const ReplicaFn& fn, const PerReplica& input
           for (const auto& t : inputs.values[r]) in.push_back(t.defined() ? t.to(m.devices[r]) : t);
         detail::ReplicaThreadScope scope(this, &ctx);
         ctx.packer().reset();
+        ctx.end_interrupted_update();
         tape::GradientReadyHook* prev = tape::set_gradient_ready_hook(m.options.overlap_backward ? &ctx.packer() : nullptr);
         try {
           out.values[r] = fn(ctx, in);
@@ -164,7 +170,8 @@ PerReplica MirroredStrategy::do_run(const ReplicaFn& fn, const PerReplica& input
 }
 
 std::shared_ptr<Variable> MirroredStrategy::do_create_variable(const VariableSpec& spec) {
-  auto v = std::make_shared<MirroredVariable>(spec, this, impl_->devices);
+  const bool shared = impl_->shared_variables && spec.synchronization != VariableSynchronization::kOnRead;
+  auto v = std::make_shared<MirroredVariable>(spec, this, impl_->devices, shared);
   if (impl_->cross && impl_->cross->num_workers() > 1 && impl_->broadcast_initial) {  // every worker starts from the chief's values
     Tensor h = v->device_values()[0].to(DeviceSpec::cpu()).clone();
     impl_->cross->broadcast_from_chief(h);
@@ -204,8 +211,15 @@ PerReplica MirroredStrategy::do_split_batch(const std::vector<Tensor>& batch, in
 
 // --- CentralStorageStrategy ---
 
+namespace {
+MirroredOptions central_compute(MirroredOptions o) {
+  o.share_host_variables = false;  // its variables are central; the replicas all-reduce to update them
+  return o;
+}
+}  // namespace
+
 CentralStorageStrategy::CentralStorageStrategy(MirroredOptions compute, DeviceSpec parameter_device)
-    : MirroredStrategy(std::move(compute)), parameter_device_(parameter_device) {
+    : MirroredStrategy(central_compute(std::move(compute))), parameter_device_(parameter_device) {
   get_device(parameter_device);
 }
 

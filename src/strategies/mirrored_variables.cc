@@ -1,6 +1,7 @@
 #include "strategies/mirrored_variables.h"
 
 #include "dtrain/devices/device.h"
+#include "strategies/mirrored_impl.h"
 
 namespace dtrain {
 namespace {
@@ -41,15 +42,23 @@ Tensor aggregate_in_replica(ReplicaContext& ctx, const Variable& var, const Tens
 
 // --- MirroredVariable ---
 
-MirroredVariable::MirroredVariable(VariableSpec spec, const Strategy* owner, const std::vector<DeviceSpec>& devices)
-    : Variable(std::move(spec)), owner_(owner) {
+MirroredVariable::MirroredVariable(VariableSpec spec, const Strategy* owner, const std::vector<DeviceSpec>& devices,
+                                   bool shared)
+    : Variable(std::move(spec)), owner_(owner), shared_(shared && devices.size() > 1) {
   // Initialised once, on the first device, and copied: every replica starts identical.
   Tensor init = spec_.initializer(spec_.shape, spec_.dtype, devices.front());
   if (init.shape() != spec_.shape || init.dtype() != spec_.dtype)
     throw InvalidArgument("initializer of variable '" + spec_.name + "' returned " + init.to_string());
+  DTRAIN_CHECK(!shared_ || !on_read(), "sync-on-read variables keep one copy per replica");
   for (const auto& d : devices) {
-    Tensor copy = Tensor::empty(spec_.shape, spec_.dtype, d);
-    copy.copy_from(init);
+    Tensor copy;
+    if (shared_ && !values_.empty()) {
+      copy = values_.front().share_to(d);  // (share_to refuses a device that is not host memory)
+      DTRAIN_CHECK(copy.raw_data() == values_.front().raw_data(), "shared copies need host devices");
+    } else {
+      copy = Tensor::empty(spec_.shape, spec_.dtype, d);
+      copy.copy_from(init);
+    }
     copy.set_trainable_variable(spec_.trainable);
     values_.push_back(copy);
   }
@@ -81,7 +90,16 @@ void MirroredVariable::write(const Tensor& v, Kind kind) {
     Tensor& mine = values_[local(*ctx)];
     Tensor local = v.to(mine.device());
     if (!on_read() && ctx->num_replicas_in_sync() > 1) local = aggregate_in_replica(*ctx, *this, local);
-    mine.copy_from(combine(mine, local, sign));
+    if (!shared_) {
+      mine.copy_from(combine(mine, local, sign));
+      return;
+    }
+    // One block for every replica: all read it, then replica 0 writes, then all go on.
+    const Tensor next = combine(mine, local, sign).clone();
+    auto& mirrored = static_cast<MirroredReplicaContext&>(*ctx);
+    mirrored.barrier();
+    if (mirrored.local_replica() == 0) mine.copy_from(next);
+    mirrored.barrier();
     return;
   }
   // Cross-replica: write every copy. A SUM sync-on-read variable splits the value so that the
@@ -89,16 +107,25 @@ void MirroredVariable::write(const Tensor& v, Kind kind) {
   Tensor per = v;
   if (on_read() && spec_.aggregation == VariableAggregation::kSum && sign == 0 && values_.size() > 1)
     per = kernels_for(v).affine(v, 1.f / static_cast<float>(values_.size()), 0.f);
-  for (auto& copy : values_) copy.copy_from(combine(copy, per, sign));
+  for (size_t i = 0; i < (shared_ ? 1 : values_.size()); ++i) values_[i].copy_from(combine(values_[i], per, sign));
 }
 
 void MirroredVariable::do_update(const std::function<void(Tensor&, size_t)>& fn) {
   if (ReplicaContext* ctx = my_replica()) {
     const size_t r = local(*ctx);
-    fn(values_[r], r);
+    auto& mirrored = static_cast<MirroredReplicaContext&>(*ctx);
+    if (!shared_ || mirrored.in_sharded_update()) {
+      fn(values_[r], r);
+      return;
+    }
+    // A whole-variable update of the one block: once, by replica 0, after every replica has
+    // stopped reading the old value and before any reads the new one.
+    mirrored.barrier();
+    if (r == 0) fn(values_[0], 0);
+    mirrored.barrier();
     return;
   }
-  for (size_t i = 0; i < values_.size(); ++i) fn(values_[i], i);
+  for (size_t i = 0; i < (shared_ ? 1 : values_.size()); ++i) fn(values_[i], i);
 }
 
 // --- CentralVariable ---

@@ -7,9 +7,15 @@
 namespace dtrain {
 
 // One copy per replica device (TF's MirroredVariable for ON_WRITE, SyncOnReadVariable for ON_READ).
+// With `shared` (host devices, ON_WRITE only), the copies are handles of one block of memory: a
+// write lands once (cross-replica: on the block; replica context: from replica 0 between two
+// barriers), and update() in replica context hands each replica the block, to write its slice
+// during a sharded update (MirroredReplicaContext::in_sharded_update), else runs on replica 0 only.
 class MirroredVariable final : public Variable {
  public:
-  MirroredVariable(VariableSpec spec, const Strategy* owner, const std::vector<DeviceSpec>& devices);
+  MirroredVariable(VariableSpec spec, const Strategy* owner, const std::vector<DeviceSpec>& devices,
+                   bool shared = false);
+  bool shares_storage() const { return shared_; }
   Tensor read_value() const override;
   void do_assign(const Tensor& v) override { write(v, Kind::kAssign); }
   void do_assign_add(const Tensor& d) override { write(d, Kind::kAdd); }
@@ -30,6 +36,7 @@ class MirroredVariable final : public Variable {
   }
   const Strategy* owner_;
   std::vector<Tensor> values_;
+  bool shared_ = false;
 };
 
 // A single copy on the parameter device; replicas read a per-step copy on their own device.

@@ -75,6 +75,48 @@ TEST(Inproc, AllreduceExactForAllSizesCountsDtypesOps) {
         }
 }
 
+// Float sums depend on their order: every rank's slice of an all-reduce is summed in rank order,
+// as reduce_scatter sums, so the two agree bitwise (Mirrored's shared variables rely on it).
+// The inputs make order visible: (1e8 + 1) - 1e8 is 0 in float32, (1e8 - 1e8) + 1 is 1.
+TEST(Inproc, AllreduceSumsInRankOrderLikeReduceScatter) {
+  for (int n : {2, 3, 4, 7}) {
+    const int64_t count = 16 * 1024 * n + 5;  // every rank owns a slice, several 64 KB blocks each
+    auto input = [&](int r) {
+      std::vector<float> v(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) {
+        const int k = static_cast<int>((i + r) % 3);
+        v[static_cast<size_t>(i)] = k == 0 ? 1e8f : k == 1 ? 1.f : -1e8f;
+      }
+      return Tensor::from_vector(v, Shape{count});
+    };
+    std::vector<float> want(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) {
+      float acc = input(0).to_vector<float>()[static_cast<size_t>(i)];
+      for (int r = 1; r < n; ++r) acc += input(r).to_vector<float>()[static_cast<size_t>(i)];
+      want[static_cast<size_t>(i)] = acc;
+      if (i > 64) break;  // the pattern repeats every 3 elements; the rest below
+    }
+    for (int64_t i = 65; i < count; ++i) want[static_cast<size_t>(i)] = want[static_cast<size_t>(i % 3 + 3)];
+    const int64_t padded = (count + n - 1) / n * n;
+    std::vector<Tensor> ar(static_cast<size_t>(n)), rs(static_cast<size_t>(n));
+    auto errs = run_ranks(n, [&](int r, Communicator& c) {
+      ar[static_cast<size_t>(r)] = input(r);
+      c.allreduce(ar[static_cast<size_t>(r)], ReduceOp::kSum).wait();
+      Tensor in = Tensor::zeros(Shape{padded}, DType::kFloat32);
+      in.slice_rows(0, count).copy_from(input(r));
+      rs[static_cast<size_t>(r)] = Tensor::empty(Shape{padded / n}, DType::kFloat32);
+      c.reduce_scatter(in, rs[static_cast<size_t>(r)], ReduceOp::kSum).wait();
+    });
+    for (const auto& e : errs) ASSERT_EQ(e, "");
+    for (int r = 0; r < n; ++r) ASSERT_EQ(ar[static_cast<size_t>(r)].to_vector<float>(), want) << "n=" << n << " rank " << r;
+    for (int r = 0; r < n; ++r) {
+      const auto got = rs[static_cast<size_t>(r)].to_vector<float>();
+      for (int64_t i = 0; i < padded / n && r * (padded / n) + i < count; ++i)
+        ASSERT_EQ(got[static_cast<size_t>(i)], want[static_cast<size_t>(r * (padded / n) + i)]) << "n=" << n << " rank " << r;
+    }
+  }
+}
+
 TEST(Inproc, AllgatherBroadcastReduceScatterBarrier) {
   for (int n : {1, 2, 3, 4, 7}) {
     const int64_t count = 5;

@@ -31,6 +31,8 @@
 
 namespace dtrain {
 
+class ReplicaContext;
+
 // What every optimizer takes beside its own hyper-parameters (keras.optimizers.Optimizer's
 // weight_decay, clipnorm, clipvalue, global_clipnorm). 0 = off.
 struct DTRAIN_API OptimizerOptions {
@@ -107,6 +109,10 @@ class DTRAIN_API Optimizer {
  private:
   std::vector<std::shared_ptr<Variable>>& slots_for(const Variable* v);
   std::vector<Tensor> clip(std::vector<Tensor> grads) const;
+  // The update of this replica's slices of variables whose replicas share memory (see
+  // ReplicaContext::reduce_scatter_for_update); ends with ctx.end_sharded_update().
+  void apply_slices(ReplicaContext& ctx, const std::vector<Tensor>& grads, const std::vector<int64_t>& offsets,
+                    const std::vector<std::shared_ptr<Variable>>& vars);
   std::shared_ptr<LearningRateSchedule> schedule_;
   OptimizerOptions options_;
   GradientAggregator aggregator_;

@@ -1,7 +1,8 @@
 // MirroredStrategy: synchronous data parallelism over the devices of one process (TF's
 // tf.distribute.MirroredStrategy). One replica per device, each on its device's worker thread;
-// variables are mirrored (one copy per device, initialised from replica 0, kept equal on write);
-// gradients are all-reduced by the cross-device ops picked for the devices.
+// variables are mirrored (one copy per device, initialised from replica 0, kept equal on write;
+// on logical CPU devices one shared copy, see MirroredOptions::share_host_variables); gradients
+// are all-reduced by the cross-device ops picked for the devices.
 //
 // Determinism: the in-process all-reduce sums every slice in a fixed order and all replicas get
 // bitwise identical results, so with fixed intra-op threads repeated runs are bitwise identical.
@@ -34,6 +35,12 @@ struct DTRAIN_API MirroredOptions {
   // the backward pass has produced all of its gradients (overlapping the rest of backward).
   size_t bytes_per_pack = size_t{4} << 20;
   bool overlap_backward = true;
+  // Logical CPU devices of one process (Mirrored, not multi-worker): every replica's copy of a
+  // variable (synchronized on write) is one block of host memory, so the weights and optimizer
+  // slots are cached once, not once per replica. Gradients are reduce-scattered instead of
+  // all-reduced, each replica applies the optimizer to its slice of every variable, and a barrier
+  // ends the update. Results are bitwise those of separate copies. false: one copy per device.
+  bool share_host_variables = true;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
 };
 

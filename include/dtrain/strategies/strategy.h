@@ -59,6 +59,29 @@ class DTRAIN_API ReplicaContext {
   virtual std::vector<Tensor> merge_call(
       const std::function<std::vector<Tensor>(Strategy&, const PerReplica&)>& fn,
       const std::vector<Tensor>& args) = 0;
+
+  // The optimizer's update divided among the replicas, where the replicas of a strategy share each
+  // variable's memory (Mirrored on logical CPU devices, see MirroredOptions::share_host_variables).
+  // For gradients of `vars` (all defined, in the same order on every replica) returns this
+  // replica's part of their sum over replicas: for each gradient a flat slice (possibly empty) and
+  // the flat element of its variable where that slice starts; the replicas' slices cover every
+  // element once. Returns nullopt where each replica updates its own copy with all_reduce's sum
+  // (every other strategy, or a variable whose copies are not shared); the decision is the same
+  // on every replica. After a result, the caller updates each variable through Variable::update,
+  // which hands this replica the shared copy, writes only its slices, and then calls
+  // end_sharded_update(), which returns when every replica has written its slices.
+  // Collective: every replica calls both, or neither.
+  struct UpdateSlices {
+    std::vector<Tensor> grads;     // per gradient: this replica's slice of the sum, flat
+    std::vector<int64_t> offsets;  // per gradient: the slice's first element in the variable
+  };
+  virtual std::optional<UpdateSlices> reduce_scatter_for_update(const std::vector<Tensor>& grads,
+                                                                const std::vector<std::shared_ptr<Variable>>& vars) {
+    (void)grads;
+    (void)vars;
+    return std::nullopt;
+  }
+  virtual void end_sharded_update() {}
 };
 
 // The replica context of the calling thread: inside run() the replica's; outside any strategy

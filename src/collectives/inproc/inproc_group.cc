@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <vector>
 #include <thread>
 
 #include "collectives/reduction.h"
@@ -142,13 +143,23 @@ class InprocCommunicator final : public SyncCollectives {
       const int64_t begin = count * rank_ / n, end = count * (rank_ + 1) / n;
       const int64_t block = std::max<int64_t>(1, static_cast<int64_t>(kBlockBytes / esize));
       char* own = static_cast<char*>(t.raw_data());
+      // Every slice is reduced in rank order, whichever rank reduces it, so the result is bitwise
+      // that of reduce_scatter and of any other rank-ordered reduction. Ranks 0 and 1 can start from
+      // their own values (x1 + x0 == x0 + x1); a later rank sums into a block-sized scratch first.
+      static thread_local std::vector<char> scratch;
+      if (rank_ >= 2) scratch.resize(static_cast<size_t>(block) * esize);
       for (int64_t b = begin; b < end; b += block) {
         const size_t m = static_cast<size_t>(std::min(block, end - b));
         char* mine = own + static_cast<size_t>(b) * esize;
-        for (int r = 0; r < n; ++r)
-          if (r != rank_)
-            collectives::reduce_into(mine, static_cast<const char*>(g_->slot(r).in) + static_cast<size_t>(b) * esize,
-                                     m, t.dtype(), op);
+        auto in = [&](int r) { return static_cast<const char*>(g_->slot(r).in) + static_cast<size_t>(b) * esize; };
+        if (rank_ < 2) {
+          for (int r = 0; r < n; ++r)
+            if (r != rank_) collectives::reduce_into(mine, in(r), m, t.dtype(), op);
+        } else {
+          collectives::reduce_pair(scratch.data(), in(0), in(1), m, t.dtype(), op);
+          for (int r = 2; r < n; ++r) collectives::reduce_into(scratch.data(), in(r), m, t.dtype(), op);
+          std::memcpy(mine, scratch.data(), m * esize);
+        }
         if (op == ReduceOp::kMean) collectives::scale_for_mean(mine, m, t.dtype(), n);
         for (int r = 0; r < n; ++r)
           if (r != rank_) std::memcpy(static_cast<char*>(g_->slot(r).out) + static_cast<size_t>(b) * esize, mine, m * esize);

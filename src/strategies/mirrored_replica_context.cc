@@ -255,11 +255,20 @@ bool GradientPacker::same_as_seen(const std::vector<Tensor>& grads) const {
 
 bool GradientPacker::take(const std::vector<Tensor>& grads, ReduceOp op, std::vector<Tensor>* out) {
   if (op != ReduceOp::kSum || packs_.empty() || !same_as_seen(grads)) return false;
+  // Every pack's collective first: a gather issued from this thread while a later pack's
+  // reduce-scatter is still queued on the communication thread could be issued before it on one
+  // replica and after it on another.
+  std::vector<std::vector<Tensor>> results(packs_.size());
+  std::vector<std::optional<ScatteredSum>> scattered(packs_.size());
+  for (size_t i = 0; i < packs_.size(); ++i) {
+    if (packs_[i].result.valid()) results[i] = packs_[i].result.get();
+    else scattered[i] = packs_[i].scattered.get();
+  }
   std::unordered_map<uint64_t, Tensor> reduced;
-  for (auto& p : packs_) {
+  for (size_t i = 0; i < packs_.size(); ++i) {
     // A reduce-scattered pack (the optimizer did not shard its update after all) is gathered whole.
-    std::vector<Tensor> r = p.result.valid() ? p.result.get() : ctx_->gather_sums(p.scattered.get(), p.grads);
-    for (size_t k = 0; k < p.grads.size(); ++k) reduced[p.grads[k].id()] = r[k];
+    if (scattered[i]) results[i] = ctx_->gather_sums(*scattered[i], packs_[i].grads);
+    for (size_t k = 0; k < packs_[i].grads.size(); ++k) reduced[packs_[i].grads[k].id()] = results[i][k];
   }
   out->clear();
   for (const auto& g : grads) out->push_back(reduced.at(g.id()));

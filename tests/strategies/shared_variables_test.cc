@@ -177,6 +177,8 @@ TEST_F(SharedVariables, TrainingIsBitwiseThatOfSeparateCopies) {
     const Trained separate = train(on(n, false), optimizers[0]);
     expect_same(train(on(n), optimizers[0], 512), separate, "512-byte packs");
     expect_same(train(on(n), optimizers[0], 0, false), separate, "no overlap with backward");
+    // Small packs gathered back whole for clipping by norm.
+    expect_same(train(on(n), optimizers[6], 512), train(on(n, false), optimizers[6], 512), "512-byte packs, clipnorm");
   }
 }
 

@@ -35,7 +35,8 @@ struct Fixture {
   std::unique_ptr<Job> job(int id, const std::string& token = kToken, int timeout_s = 20) {
     ::setenv("DTRAIN_ELASTIC_RENDEZVOUS", address.c_str(), 1);
     ::setenv("DTRAIN_ELASTIC_ID", std::to_string(id).c_str(), 1);
-    ::setenv("DTRAIN_ELASTIC_ADDRESS", ("127.0.0.1:" + std::to_string(40000 + id)).c_str(), 1);
+    // A free port: the one test that trains listens on it (a fixed one collided with other tests under ctest -j2).
+    ::setenv("DTRAIN_ELASTIC_ADDRESS", testing::free_loopback_addresses(1)[0].c_str(), 1);
     ::setenv("DTRAIN_JOB_TOKEN", token.c_str(), 1);
     ::setenv("DTRAIN_ELASTIC_TIMEOUT", std::to_string(timeout_s).c_str(), 1);
     server->expect(id);

@@ -95,7 +95,10 @@ def main():
         run([fashion, "--strategy=mirrored", "--devices=cpu:2"] + short, env=dict(os.environ, DTRAIN_TIMELINE=one))
         ev = load(one)
         check_nesting(ev, "mirrored")
-        require(names_of(ev, ev[0]["pid"]), ["forward", "backward", "all-reduce", "optimizer update"], "mirrored")
+        # Logical CPU devices share their variables: the gradients are reduce-scattered, each replica
+        # updates its slices, and a barrier ends the update.
+        require(names_of(ev, ev[0]["pid"]), ["forward", "backward", "reduce-scatter", "optimizer update",
+                                            "barrier: every slice updated"], "mirrored")
         print(f"ok: Mirrored cpu:2 with DTRAIN_TIMELINE: {len(ev)} events, properly nested")
 
         hp = os.path.join(d, "hvd.json")

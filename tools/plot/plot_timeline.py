@@ -11,7 +11,8 @@ import argparse, json, sys
 COLOURS = [("input", "#9e9e9e"), ("step", "#e0e0e0"), ("forward", "#4caf50"), ("backward", "#2196f3"),
            ("wait for its gradients", "#ffe082"), ("pack", "#ff9800"), ("unpack", "#ff9800"),
            ("stage 1", "#ab47bc"), ("stage 2", "#d32f2f"), ("stage 3", "#7e57c2"), ("all-reduce", "#e57373"),
-           ("hvd", "#d32f2f"), ("optimizer", "#00897b"), ("accumulate", "#80cbc4"), ("evaluate", "#bdbdbd")]
+           ("reduce-scatter", "#e57373"), ("all-gather", "#f48fb1"), ("barrier", "#5d4037"), ("hvd", "#d32f2f"),
+           ("optimizer", "#00897b"), ("accumulate", "#80cbc4"), ("evaluate", "#bdbdbd")]
 
 def colour(name):
     for key, c in COLOURS:

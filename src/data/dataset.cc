@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "data/dataset_node.h"
+#include "data/row_window.h"
 #include "dtrain/core/random.h"
 
 namespace dtrain {
@@ -169,6 +170,11 @@ class ShardNode final : public DatasetNode {
     return std::make_unique<It>(up_->make_iterator(), n_, index_);
   }
 
+  std::shared_ptr<const DatasetNode> with_row_window(int64_t begin, int64_t end) const override {
+    auto up = up_->with_row_window(begin, end);
+    return up ? std::make_shared<ShardNode>(std::move(up), n_, index_) : nullptr;
+  }
+
  private:
   NodePtr up_;
   int n_, index_;
@@ -223,6 +229,11 @@ class RepeatNode final : public DatasetNode {
     return std::make_unique<It>(up_, count_);
   }
 
+  std::shared_ptr<const DatasetNode> with_row_window(int64_t begin, int64_t end) const override {
+    auto up = up_->with_row_window(begin, end);
+    return up ? std::make_shared<RepeatNode>(std::move(up), count_) : nullptr;
+  }
+
  private:
   NodePtr up_;
   int64_t count_;
@@ -266,6 +277,11 @@ class TakeNode final : public DatasetNode {
     return std::make_unique<It>(up_->make_iterator(), count_);
   }
 
+  std::shared_ptr<const DatasetNode> with_row_window(int64_t begin, int64_t end) const override {
+    auto up = up_->with_row_window(begin, end);
+    return up ? std::make_shared<TakeNode>(std::move(up), count_) : nullptr;
+  }
+
  private:
   NodePtr up_;
   int64_t count_;
@@ -295,6 +311,11 @@ class SkipNode final : public DatasetNode {
       int64_t skip_;
     };
     return std::make_unique<It>(up_->make_iterator(), count_);
+  }
+
+  std::shared_ptr<const DatasetNode> with_row_window(int64_t begin, int64_t end) const override {
+    auto up = up_->with_row_window(begin, end);
+    return up ? std::make_shared<SkipNode>(std::move(up), count_) : nullptr;
   }
 
  private:
@@ -337,19 +358,27 @@ int64_t batch_cardinality(int64_t c, int64_t b, bool drop) {
 
 class BatchNode final : public DatasetNode {
  public:
-  BatchNode(NodePtr up, int64_t b, bool drop)
+  BatchNode(NodePtr up, int64_t b, bool drop, int64_t window_begin = 0, int64_t window_end = -1)
       : DatasetNode(
             up->source(), batch_cardinality(up->cardinality(), b, drop), true,
-            str_cat(up->description(), ".batch(", b, drop ? ", drop_remainder=true" : "", ")")),
+            str_cat(up->description(), ".batch(", b, drop ? ", drop_remainder=true" : "", ")",
+                    window_end >= 0 ? str_cat("[rows ", window_begin, ":", window_end, "]") : std::string())),
         up_(std::move(up)),
         batch_size_(b),
-        drop_(drop) {}
+        drop_(drop),
+        begin_(window_begin),
+        end_(window_end) {}
+  std::shared_ptr<const DatasetNode> with_row_window(int64_t begin, int64_t end) const override {
+    // A window of a window: rows [begin, end) of rows [begin_, end_).
+    const int64_t b = begin_ + begin, e = end_ >= 0 ? std::min(end_, begin_ + end) : begin_ + end;
+    return std::make_shared<BatchNode>(up_, batch_size_, drop_, b, std::max(b, e));
+  }
   std::unique_ptr<DatasetNodeIterator> make_iterator() const override {
     class It final : public DatasetNodeIterator {
      public:
       It(std::unique_ptr<DatasetNodeIterator> up, std::shared_ptr<const DatasetSource> src,
-         int64_t b, bool drop)
-          : up_(std::move(up)), src_(std::move(src)), b_(b), drop_(drop) {
+         int64_t b, bool drop, int64_t begin, int64_t end)
+          : up_(std::move(up)), src_(std::move(src)), b_(b), drop_(drop), begin_(begin), end_(end) {
         rows_.reserve(static_cast<size_t>(std::min<int64_t>(b_, 1 << 20)));
       }
       bool next(DatasetElement* out) override {
@@ -366,7 +395,14 @@ class BatchNode final : public DatasetNode {
         if (rows_.empty() || (drop_ && static_cast<int64_t>(rows_.size()) < b_)) return false;
         if (out) {
           out->row = -1;
-          out->tensors = gather_rows(*src_, rows_);
+          if (end_ < 0) {
+            out->tensors = gather_rows(*src_, rows_);
+          } else {  // only this window's rows are copied
+            const int64_t n = static_cast<int64_t>(rows_.size());
+            out->batch_rows = n;
+            window_.assign(rows_.begin() + std::min(begin_, n), rows_.begin() + std::min(end_, n));
+            out->tensors = gather_rows(*src_, window_);
+          }
         }
         return true;
       }
@@ -376,15 +412,17 @@ class BatchNode final : public DatasetNode {
       std::shared_ptr<const DatasetSource> src_;
       int64_t b_;
       bool drop_;
-      std::vector<int64_t> rows_;
+      int64_t begin_, end_;
+      std::vector<int64_t> rows_, window_;
     };
-    return std::make_unique<It>(up_->make_iterator(), source(), batch_size_, drop_);
+    return std::make_unique<It>(up_->make_iterator(), source(), batch_size_, drop_, begin_, end_);
   }
 
  private:
   NodePtr up_;
   int64_t batch_size_;
   bool drop_;
+  int64_t begin_, end_;  // the row window (end_ < 0: whole batches)
 };
 
 // ---- map ----
@@ -564,4 +602,46 @@ std::unique_ptr<Dataset::Iterator> Dataset::make_iterator() const {
                                                   node_->batched());
 }
 
+namespace detail {
+
+struct DatasetAccess {
+  static const std::shared_ptr<const DatasetNode>& node(const Dataset& d) { return d.node_; }
+};
+
+RowWindowIterator::RowWindowIterator(const Dataset& dataset, int64_t begin, int64_t end)
+    : begin_(begin), end_(std::max(begin, end)) {
+  const auto& node = DatasetAccess::node(dataset);
+  if (!node->batched()) throw InvalidArgument("a row window needs a batched dataset: call .batch() first");
+  if (begin < 0) throw InvalidArgument(str_cat("row window [", begin, ", ", end, "): begin must be >= 0"));
+  if (auto windowed = node->with_row_window(begin_, end_)) {
+    pushed_down_ = true;
+    it_ = windowed->make_iterator();
+  } else {
+    it_ = node->make_iterator();
+  }
+}
+
+RowWindowIterator::~RowWindowIterator() = default;
+
+bool RowWindowIterator::next(std::vector<Tensor>* out, int64_t* batch_rows) {
+  if (!it_) return false;
+  DatasetElement e;
+  if (!it_->next(&e)) {
+    it_.reset();
+    return false;
+  }
+  if (pushed_down_) {
+    DTRAIN_CHECK(e.batch_rows >= 0, "a windowed batch() did not record its rows");
+    *batch_rows = e.batch_rows;
+    *out = std::move(e.tensors);
+    return true;
+  }
+  const int64_t n = e.tensors.empty() ? 0 : e.tensors[0].shape()[0];
+  *batch_rows = n;
+  out->clear();
+  for (const Tensor& t : e.tensors) out->push_back(t.slice_rows(std::min(begin_, n), std::min(end_, n)));
+  return true;
+}
+
+}  // namespace detail
 }  // namespace dtrain

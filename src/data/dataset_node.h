@@ -14,6 +14,7 @@ namespace dtrain::detail {
 struct DatasetElement {
   int64_t row = -1;
   std::vector<Tensor> tensors;
+  int64_t batch_rows = -1;  // a batch cut to a row window: the rows of the whole batch
 };
 
 // Internal iterator: next(nullptr) advances without materialising (shard uses it to skip
@@ -40,6 +41,13 @@ class DatasetNode {
         description_(std::move(description)) {}
   virtual ~DatasetNode() = default;
   virtual std::unique_ptr<DatasetNodeIterator> make_iterator() const = 0;
+  // The same pipeline, except that every batch keeps only its rows [begin, end) (fewer at the end
+  // of a short batch), gathered by batch() itself so the other rows are never copied; each element
+  // records the rows of the whole batch in batch_rows. nullptr when a stage between here and
+  // batch() needs the whole batch (map()). Only called on batched nodes.
+  virtual std::shared_ptr<const DatasetNode> with_row_window(int64_t /*begin*/, int64_t /*end*/) const {
+    return nullptr;
+  }
 
   const std::shared_ptr<const DatasetSource>& source() const { return source_; }
   int64_t cardinality() const { return cardinality_; }

@@ -26,6 +26,10 @@ class PrefetchNode final : public DatasetNode {
   std::unique_ptr<DatasetNodeIterator> make_iterator() const override {
     return std::make_unique<It>(up_->make_iterator(), static_cast<size_t>(buffer_));
   }
+  std::shared_ptr<const DatasetNode> with_row_window(int64_t begin, int64_t end) const override {
+    auto up = up_->with_row_window(begin, end);
+    return up ? std::make_shared<PrefetchNode>(std::move(up), buffer_) : nullptr;
+  }
 
  private:
   class It final : public DatasetNodeIterator {

@@ -188,7 +188,7 @@ PerReplica EnsembleStrategy::do_run(const ReplicaFn& fn, const PerReplica& input
   return out;
 }
 
-PerReplica EnsembleStrategy::do_split_batch(const std::vector<Tensor>& batch, int64_t) {
+PerReplica EnsembleStrategy::do_split_batch(const std::vector<Tensor>& batch, int64_t, const BatchRows&) {
   PerReplica out;
   for (const auto& d : devices_) {
     std::vector<Tensor> mine;

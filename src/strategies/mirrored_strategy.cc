@@ -180,16 +180,36 @@ std::shared_ptr<Variable> MirroredStrategy::do_create_variable(const VariableSpe
   return v;
 }
 
-PerReplica MirroredStrategy::do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch) {
+std::optional<std::pair<int64_t, int64_t>> MirroredStrategy::do_input_rows(int64_t global_batch) const {
+  const Impl& m = *impl_;
+  if (!m.cross || m.cross->num_workers() < 2 || global_batch <= 0 ||
+      extended().auto_shard_policy() == AutoShardPolicy::kOff)
+    return std::nullopt;
+  // DATA: replica k of the job takes the k-th run of rows (split_batch_sizes); this worker's
+  // replicas are consecutive, so its rows are one range. A short last batch fills replicas in
+  // order, so the range stays right for it (cut at its end).
+  const std::vector<int64_t> sizes = split_batch_sizes(global_batch, global_batch, m.global_replicas);
+  int64_t first = 0, last = 0;
+  for (int r = 0; r < m.replica_offset + static_cast<int>(m.devices.size()); ++r) {
+    if (r < m.replica_offset) first += sizes[static_cast<size_t>(r)];
+    last += sizes[static_cast<size_t>(r)];
+  }
+  return std::make_pair(first, last);
+}
+
+PerReplica MirroredStrategy::do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch,
+                                            const BatchRows& where) {
   Impl& m = *impl_;
   const int local = static_cast<int>(m.devices.size());
   const bool off = m.cross && extended().auto_shard_policy() == AutoShardPolicy::kOff;
   PerReplica out;
   out.values.resize(static_cast<size_t>(local));
-  const int64_t rows = batch.empty() ? 0 : batch[0].shape()[0];
+  const int64_t held = batch.empty() ? 0 : batch[0].shape()[0];
   for (const auto& t : batch)
-    if (t.shape()[0] != rows)
+    if (t.shape()[0] != held)
       throw InvalidArgument("distribute_dataset: batch components have different leading dimensions");
+  // The rows of the whole global batch; `batch` holds rows [where.first, where.first + held) of it.
+  const int64_t rows = where.total < 0 ? held : where.total;
   // One worker, or OFF: this worker's batch is split over its replicas. DATA (multi-worker): every
   // worker reads the same global batch and keeps its own replicas' rows.
   const int total = off ? local : m.global_replicas;
@@ -197,8 +217,18 @@ PerReplica MirroredStrategy::do_split_batch(const std::vector<Tensor>& batch, in
   const std::vector<int64_t> sizes = split_batch_sizes(rows, std::max(global_batch, rows), total);
   int64_t begin = 0;
   for (int r = 0; r < first; ++r) begin += sizes[static_cast<size_t>(r)];
+  begin -= where.first;
   for (int r = 0; r < local; ++r) {
     const int64_t n = sizes[static_cast<size_t>(first + r)];
+    if (n == 0) {  // past the end of a short batch (where the pipeline's window may start later)
+      for (const auto& t : batch) out.values[static_cast<size_t>(r)].push_back(t.slice_rows(0, 0).share_to(m.devices[static_cast<size_t>(r)]));
+      continue;
+    }
+    if (begin < 0 || begin + n > held)
+      throw Internal("distribute_dataset: replica " + std::to_string(first + r) + " needs rows [" +
+                     std::to_string(begin + where.first) + ", " + std::to_string(begin + where.first + n) +
+                     ") of the global batch, but the input pipeline gave rows [" + std::to_string(where.first) +
+                     ", " + std::to_string(where.first + held) + ")");
     // Input batches are read-only: logical CPU devices share them without a copy.
     for (const auto& t : batch)
       out.values[static_cast<size_t>(r)].push_back(t.slice_rows(begin, begin + n).share_to(m.devices[static_cast<size_t>(r)]));

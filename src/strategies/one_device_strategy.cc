@@ -47,7 +47,7 @@ std::shared_ptr<Variable> OneDeviceStrategy::do_create_variable(const VariableSp
   return std::make_shared<PlainVariable>(spec, device_);
 }
 
-PerReplica OneDeviceStrategy::do_split_batch(const std::vector<Tensor>& batch, int64_t) {
+PerReplica OneDeviceStrategy::do_split_batch(const std::vector<Tensor>& batch, int64_t, const BatchRows&) {
   PerReplica out;
   out.values.emplace_back();
   for (const auto& t : batch) out.values[0].push_back(t.to(device_));

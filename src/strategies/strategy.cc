@@ -6,6 +6,7 @@
 
 #include "dtrain/data/dataset.h"
 #include "dtrain/devices/device.h"
+#include "data/row_window.h"
 #include "strategies/default_strategy.h"
 #include "strategies/replica_scope.h"
 
@@ -199,13 +200,24 @@ std::vector<int64_t> split_batch_sizes(int64_t rows, int64_t global_batch, int n
 std::function<bool(PerReplica*)> Strategy::distribute_dataset(const Dataset& dataset, int64_t global_batch) {
   if (!dataset.is_batched())
     throw InvalidArgument("distribute_dataset() needs a batched dataset: call .batch(global_batch_size) first");
+  // A worker that takes only some rows of each global batch has the pipeline copy only those.
+  if (const auto rows = do_input_rows(global_batch)) {
+    auto it = std::make_shared<detail::RowWindowIterator>(dataset, rows->first, rows->second);
+    return [this, it, global_batch, first = rows->first](PerReplica* out) {
+      std::vector<Tensor> part;
+      int64_t batch_rows = 0;
+      if (!extended_.agree_on_next(it->next(&part, &batch_rows))) return false;
+      *out = do_split_batch(part, global_batch, BatchRows{first, batch_rows});
+      return true;
+    };
+  }
   std::shared_ptr<Dataset::Iterator> it = dataset.make_iterator();
   auto gb = std::make_shared<int64_t>(global_batch);
   return [this, it, gb](PerReplica* out) {
     std::vector<Tensor> batch;
     if (!extended_.agree_on_next(it->next(&batch))) return false;
     if (*gb <= 0) *gb = batch.empty() ? 0 : batch.front().shape()[0];
-    *out = do_split_batch(batch, *gb);
+    *out = do_split_batch(batch, *gb, BatchRows{});
     if (out->global_rows < 0) {
       out->global_rows = 0;
       for (const auto& r : out->values)

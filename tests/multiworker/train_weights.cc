@@ -1,5 +1,5 @@
-// Test helper: trains the reference CNN for --steps steps on the first steps*batch Fashion-MNIST
-// images under --strategy (the same code path as the example) and, on the chief, writes every
+// Test helper: trains the reference CNN for --steps steps on the first steps*batch (or --rows)
+// Fashion-MNIST images under --strategy (the same code path as the example) and, on the chief, writes every
 // trainable weight as float32 to --out, preceded by the final loss. Used by multiworker_test.py
 // to compare MultiWorkerMirrored (via dtrain-run) with OneDevice.
 #include <CLI/CLI.hpp>
@@ -11,11 +11,12 @@
 int main(int argc, char** argv) {
   CLI::App app{"train the reference CNN and dump the weights"};
   std::string strategy_name = "one_device", devices = "cpu", out;
-  int64_t steps = 10, batch = 64;
+  int64_t steps = 10, batch = 64, rows = 0;
   app.add_option("--strategy", strategy_name);
   app.add_option("--devices", devices);
   app.add_option("--steps", steps);
   app.add_option("--batch-size", batch);
+  app.add_option("--rows", rows, "train on this many images (default steps * batch); a short last batch when not a multiple of the batch");
   app.add_option("--out", out)->required();
   CLI11_PARSE(app, argc, argv);
   try {
@@ -24,7 +25,7 @@ int main(int argc, char** argv) {
     o.devices = dtrain::parse_devices_flag(devices, 1);
     auto strategy = dtrain::make_strategy(strategy_name, o);
     const dtrain::FashionMnist data = dtrain::load_fashion_mnist();
-    const int64_t n = steps * batch;
+    const int64_t n = rows > 0 ? rows : steps * batch;
     dtrain::Sequential model;
     std::unique_ptr<dtrain::Adam> opt;
     {

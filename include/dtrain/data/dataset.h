@@ -32,6 +32,7 @@ namespace dtrain {
 
 namespace detail {
 class DatasetNode;
+struct DatasetAccess;
 }  // namespace detail
 
 class DTRAIN_API Dataset {
@@ -111,6 +112,7 @@ class DTRAIN_API Dataset {
   std::unique_ptr<Iterator> make_iterator() const;
 
  private:
+  friend struct detail::DatasetAccess;
   explicit Dataset(std::shared_ptr<const detail::DatasetNode> node) : node_(std::move(node)) {}
   std::shared_ptr<const detail::DatasetNode> node_;
 };

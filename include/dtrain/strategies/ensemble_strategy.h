@@ -58,7 +58,7 @@ class DTRAIN_API EnsembleStrategy : public Strategy {
   PerReplica do_run(const ReplicaFn& fn, const PerReplica& inputs) override;
   std::shared_ptr<Variable> do_create_variable(const VariableSpec& spec) override;
   // Every member gets the whole batch (evaluation: each member on every example).
-  PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch) override;
+  PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch, const BatchRows& rows) override;
 
  private:
   void make_contexts();

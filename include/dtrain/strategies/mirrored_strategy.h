@@ -66,7 +66,8 @@ class DTRAIN_API MirroredStrategy : public Strategy {
   MirroredStrategy(MirroredOptions options, StrategyExtended parts);
   PerReplica do_run(const ReplicaFn& fn, const PerReplica& inputs) override;
   std::shared_ptr<Variable> do_create_variable(const VariableSpec& spec) override;
-  PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch) override;
+  PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch, const BatchRows& rows) override;
+  std::optional<std::pair<int64_t, int64_t>> do_input_rows(int64_t global_batch) const override;
   // Replaces the cross-worker part and cluster context (a new membership of an elastic job): closes
   // the current cross-worker connections, then assembles what `connect` returns; replica ids and
   // counts follow the new worker rank and count, and every replica's communicator is rebuilt;

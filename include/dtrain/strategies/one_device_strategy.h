@@ -27,7 +27,7 @@ class DTRAIN_API OneDeviceStrategy : public Strategy {
   OneDeviceStrategy(DeviceSpec device, bool run_inline);
   PerReplica do_run(const ReplicaFn& fn, const PerReplica& inputs) override;
   std::shared_ptr<Variable> do_create_variable(const VariableSpec& spec) override;
-  PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch) override;
+  PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch, const BatchRows& rows) override;
 
  private:
   DeviceSpec device_;

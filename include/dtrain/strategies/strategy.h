@@ -180,8 +180,21 @@ class DTRAIN_API Strategy {
   void assemble(StrategyExtended parts) { extended_ = std::move(parts); }
   virtual PerReplica do_run(const ReplicaFn& fn, const PerReplica& inputs) = 0;
   virtual std::shared_ptr<Variable> do_create_variable(const VariableSpec& spec) = 0;
-  // Splits one global batch (components with the global batch as leading dim) per local replica.
-  virtual PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch) = 0;
+  // Where `batch` sits in its global batch: it holds rows [first, first + its rows) of a global batch
+  // of `total` rows (total < 0: `batch` is the whole global batch).
+  struct BatchRows {
+    int64_t first = 0;
+    int64_t total = -1;
+  };
+  // Splits one global batch (components with the global batch as leading dim), or the rows of it
+  // that do_input_rows() asked for, per local replica.
+  virtual PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch, const BatchRows& rows) = 0;
+  // The rows [first, last) of every global batch of `global_batch` rows that this process's replicas
+  // take, when that is not all of them (multi-worker DATA sharding): distribute_dataset() then has
+  // the input pipeline copy only those rows. nullopt: every row.
+  virtual std::optional<std::pair<int64_t, int64_t>> do_input_rows(int64_t /*global_batch*/) const {
+    return std::nullopt;
+  }
 
  private:
   StrategyExtended extended_;

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <string>
 
 #include "dtrain/core/error.h"
 
@@ -128,8 +129,17 @@ bool ShmChannel::peek(FrameHeader* h) const {
   return true;
 }
 
+uint64_t ShmChannel::pending() const {
+  return ctl_->head.load(std::memory_order_acquire) - ctl_->tail.load(std::memory_order_relaxed);
+}
+
 void ShmChannel::consume(const FrameHeader& h, void* dst) {
   const uint64_t tail = ctl_->tail.load(std::memory_order_relaxed);
+  const uint64_t published = ctl_->head.load(std::memory_order_acquire) - tail;
+  if (h.payload_bytes > kCapacity || frame_bytes(static_cast<size_t>(h.payload_bytes)) > published)
+    throw DataLoss("shared-memory frame " + describe(h) + " claims " + std::to_string(h.payload_bytes) +
+                   " payload bytes, but the sender published " + std::to_string(published) +
+                   " bytes in all (header included): a corrupt frame header, or another writer on the ring");
   if (h.payload_bytes) copy_out(tail + sizeof(FrameHeader), dst, static_cast<size_t>(h.payload_bytes));
   ctl_->tail.store(tail + frame_bytes(static_cast<size_t>(h.payload_bytes)), std::memory_order_release);
   ring();

@@ -46,7 +46,11 @@ class ShmChannel {
   // Receiver: the header of the next frame, if a whole frame is there.
   bool peek(FrameHeader* h) const;
   // Receiver: copies the payload of the frame peek() returned into dst and releases the frame.
+  // Throws DataLoss, releasing nothing, when the header claims more payload than the sender
+  // published (a corrupt header or a foreign writer): those bytes would be stale ring contents.
   void consume(const FrameHeader& h, void* dst);
+  // Bytes published and not yet released (headers, payloads and padding).
+  uint64_t pending() const;
   // Waits until the other side moves (a frame sent or released) or `max_us` pass.
   void wait(uint32_t seen, int max_us);
   // The counter wait() compares against; read it before checking for progress.

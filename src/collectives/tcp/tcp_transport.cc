@@ -457,7 +457,11 @@ void TcpTransport::exchange_shm(int to, const char* sbuf, size_t sbytes, int fro
       if (h.payload_bytes == 0 || h.payload_bytes > kMaxPayload || h.payload_bytes > rbytes - r_done || h.offset != r_done)
         throw DataLoss(detail::str_cat("malformed frame from ", p.name, ": ", h.payload_bytes, " bytes at offset ", h.offset,
                                        " but ", rbytes - r_done, " expected at offset ", r_done));
-      rx_[static_cast<size_t>(from)].consume(h, rbuf + r_done);
+      try {
+        rx_[static_cast<size_t>(from)].consume(h, rbuf + r_done);
+      } catch (const DataLoss& e) {
+        throw DataLoss(detail::str_cat("malformed frame from ", p.name, " during ", tcp::describe(fp), " (", e.what(), ")"));
+      }
       last_rx_[static_cast<size_t>(from)] = Clock::now();
       const size_t at = r_done;
       r_done += static_cast<size_t>(h.payload_bytes);

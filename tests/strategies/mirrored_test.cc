@@ -31,15 +31,6 @@ class Mirrored : public ::testing::Test {
 
 using V = std::vector<Tensor>;
 
-VariableSpec scalar(const std::string& name, float v, VariableAggregation agg,
-                    VariableSynchronization sync = VariableSynchronization::kAuto) {
-  VariableSpec s{name, Shape{1}, DType::kFloat32, initializers::constant(v)};
-  s.aggregation = agg;
-  s.synchronization = sync;
-  s.trainable = false;
-  return s;
-}
-
 TEST_F(Mirrored, VariablesAreMirroredAndInitialisedFromReplicaZero) {
   MirroredStrategy s(on(3));
   std::shared_ptr<Variable> v;
@@ -65,10 +56,10 @@ TEST_F(Mirrored, AggregationMeanSumFirstReplicaAndNone) {
   std::shared_ptr<Variable> mean, sum, first, none;
   {
     auto scope = s.scope();
-    mean = create_variable(scalar("mean", 5, VariableAggregation::kMean));
-    sum = create_variable(scalar("sum", 5, VariableAggregation::kSum));
-    first = create_variable(scalar("first", 5, VariableAggregation::kOnlyFirstReplica));
-    none = create_variable(scalar("none", 5, VariableAggregation::kNone));
+    mean = create_variable(testing::scalar_spec("mean", 5, VariableAggregation::kMean));
+    sum = create_variable(testing::scalar_spec("sum", 5, VariableAggregation::kSum));
+    first = create_variable(testing::scalar_spec("first", 5, VariableAggregation::kOnlyFirstReplica));
+    none = create_variable(testing::scalar_spec("none", 5, VariableAggregation::kNone));
   }
   s.run([&](ReplicaContext& ctx, const V&) -> V {
     mean->assign_add(Tensor::full(Shape{1}, 1.f, ctx.device()));  // TF: 5 -> 6 on both
@@ -98,8 +89,8 @@ TEST_F(Mirrored, SyncOnReadVariablesAggregateWhenReadAcrossReplicas) {
   std::shared_ptr<Variable> total, avg;
   {
     auto scope = s.scope();
-    total = create_variable(scalar("total", 0, VariableAggregation::kSum, VariableSynchronization::kOnRead));
-    avg = create_variable(scalar("avg", 0, VariableAggregation::kMean, VariableSynchronization::kOnRead));
+    total = create_variable(testing::scalar_spec("total", 0, VariableAggregation::kSum, VariableSynchronization::kOnRead));
+    avg = create_variable(testing::scalar_spec("avg", 0, VariableAggregation::kMean, VariableSynchronization::kOnRead));
   }
   s.run([&](ReplicaContext& ctx, const V&) -> V {
     const float x = 1.f + static_cast<float>(ctx.replica_id_in_sync_group());  // 1, 2, 3

@@ -34,15 +34,6 @@ class SharedVariables : public ::testing::Test {
   }
 };
 
-VariableSpec scalar(const std::string& name, float v, VariableAggregation agg,
-                    VariableSynchronization sync = VariableSynchronization::kAuto) {
-  VariableSpec s{name, Shape{1}, DType::kFloat32, initializers::constant(v)};
-  s.aggregation = agg;
-  s.synchronization = sync;
-  s.trainable = false;
-  return s;
-}
-
 bool one_block(const Variable& v) {
   const auto copies = v.device_values();
   for (const auto& c : copies)
@@ -56,7 +47,7 @@ TEST_F(SharedVariables, OneBlockForWhatIsSynchronizedOnWriteOnly) {
   {
     auto scope = s.scope();
     w = create_variable({"w", Shape{5, 3}, DType::kFloat32, initializers::glorot_uniform()});
-    r = create_variable(scalar("r", 0, VariableAggregation::kSum, VariableSynchronization::kOnRead));
+    r = create_variable(testing::scalar_spec("r", 0, VariableAggregation::kSum, VariableSynchronization::kOnRead));
   }
   EXPECT_TRUE(one_block(*w));
   EXPECT_FALSE(one_block(*r)) << "a sync-on-read variable is written by each replica on its own";
@@ -85,10 +76,10 @@ TEST_F(SharedVariables, EveryWriteLandsOnce) {
   std::shared_ptr<Variable> mean, sum, first, plain;
   {
     auto scope = s.scope();
-    mean = create_variable(scalar("mean", 5, VariableAggregation::kMean));
-    sum = create_variable(scalar("sum", 5, VariableAggregation::kSum));
-    first = create_variable(scalar("first", 5, VariableAggregation::kOnlyFirstReplica));
-    plain = create_variable(scalar("plain", 5, VariableAggregation::kNone));
+    mean = create_variable(testing::scalar_spec("mean", 5, VariableAggregation::kMean));
+    sum = create_variable(testing::scalar_spec("sum", 5, VariableAggregation::kSum));
+    first = create_variable(testing::scalar_spec("first", 5, VariableAggregation::kOnlyFirstReplica));
+    plain = create_variable(testing::scalar_spec("plain", 5, VariableAggregation::kNone));
   }
   ASSERT_TRUE(one_block(*sum));
   for (int step = 0; step < 3; ++step)  // repeated: a race between the replicas' writes would show

@@ -5,18 +5,31 @@
 
 #include <cmath>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "dtrain/core/random.h"
 #include "dtrain/core/tensor.h"
 #include "dtrain/devices/device.h"
 #include "dtrain/model/gradient_tape.h"
+#include "dtrain/model/initializers.h"
 #include "dtrain/model/ops.h"
+#include "dtrain/model/variable.h"
 
 namespace dtrain::testing {
 
 // Every test process uses two logical CPU devices with one thread each.
 inline void use_two_cpus() { configure_devices({2, 1}); }
+
+// A non-trainable float32 variable of shape [1] holding v, with the given aggregation and synchronization.
+inline VariableSpec scalar_spec(const std::string& name, float v, VariableAggregation agg,
+                                VariableSynchronization sync = VariableSynchronization::kAuto) {
+  VariableSpec s{name, Shape{1}, DType::kFloat32, initializers::constant(v)};
+  s.aggregation = agg;
+  s.synchronization = sync;
+  s.trainable = false;
+  return s;
+}
 
 inline Tensor random_tensor(const Shape& s, uint64_t stream, float lo = -1.f, float hi = 1.f,
                             DeviceSpec dev = DeviceSpec::cpu()) {

@@ -207,6 +207,11 @@ std::function<bool(PerReplica*)> Strategy::distribute_dataset(const Dataset& dat
       std::vector<Tensor> part;
       int64_t batch_rows = 0;
       if (!extended_.agree_on_next(it->next(&part, &batch_rows))) return false;
+      if (batch_rows > global_batch)
+        throw InvalidArgument("distribute_dataset(dataset, global_batch=" + std::to_string(global_batch) +
+                              "): the dataset yielded a batch of " + std::to_string(batch_rows) +
+                              " rows; batch the dataset by the global batch size (.batch(" +
+                              std::to_string(global_batch) + ")) or pass the size it is batched by");
       *out = do_split_batch(part, global_batch, BatchRows{first, batch_rows});
       return true;
     };

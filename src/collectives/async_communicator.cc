@@ -30,9 +30,9 @@ using Clock = std::chrono::steady_clock;
 // nobody waits for yet starts kGrace after it was issued.
 constexpr auto kGrace = std::chrono::microseconds(50);
 
-enum class Op { kAllreduce, kAllgather, kBroadcast, kReduce, kReduceScatter, kBarrier, kAlltoall };
-constexpr std::array<const char*, 7> kOpNames = {"allreduce", "allgather", "broadcast", "reduce", "reduce_scatter",
-                                                 "barrier", "alltoall"};
+enum class Op { kAllreduce, kAllgather, kBroadcast, kReduce, kReduceScatter, kBarrier, kAlltoall, kReduceScatterConcat };
+constexpr std::array<const char*, 8> kOpNames = {"allreduce", "allgather", "broadcast", "reduce", "reduce_scatter",
+                                                 "barrier", "alltoall", "reduce_scatter_concat"};
 
 struct Task {
   uint64_t id = 0;
@@ -40,6 +40,7 @@ struct Task {
   Op op = Op::kBarrier;
   Tensor* tensor = nullptr;        // allreduce, broadcast, reduce: in place; allgather, reduce_scatter: output
   const Tensor* input = nullptr;   // allgather, reduce_scatter
+  const std::vector<Tensor>* inputs = nullptr;  // reduce_scatter_concat
   ReduceOp reduce = ReduceOp::kSum;
   int root = 0;
 };
@@ -102,6 +103,7 @@ class Queue final : public Work::Tracker {
         case Op::kReduceScatter: b.reduce_scatter(*task.input, *task.tensor, task.reduce); break;
         case Op::kBarrier: b.barrier(); break;
         case Op::kAlltoall: b.alltoall(*task.input, *task.tensor); break;
+        case Op::kReduceScatterConcat: b.reduce_scatter_concat(*task.inputs, *task.tensor, task.reduce); break;
       }
     } catch (...) {
       error = std::current_exception();  // kept for every wait(), never lost on this thread
@@ -205,6 +207,9 @@ class AsyncCommunicator final : public Communicator {
   }
   Work barrier() override { return submit(Op::kBarrier, nullptr, nullptr, ReduceOp::kSum, 0); }
   Work alltoall(const Tensor& in, Tensor& out) override { return submit(Op::kAlltoall, &out, &in, ReduceOp::kSum, 0); }
+  Work reduce_scatter_concat(const std::vector<Tensor>& in, Tensor& out, ReduceOp op) override {
+    return submit(Op::kReduceScatterConcat, &out, nullptr, op, 0, &in);
+  }
   void abort(const std::string& reason) override { q_->backend->abort(reason); }
   void set_progress_marker(int64_t marker) override {
     std::lock_guard<std::mutex> lock(q_->mu);
@@ -218,7 +223,8 @@ class AsyncCommunicator final : public Communicator {
  private:
   // The caller keeps the tensors alive and untouched until wait() returns (Communicator's contract),
   // so the task holds pointers to them.
-  Work submit(Op op, Tensor* tensor, const Tensor* input, ReduceOp reduce, int root) {
+  Work submit(Op op, Tensor* tensor, const Tensor* input, ReduceOp reduce, int root,
+              const std::vector<Tensor>* inputs = nullptr) {
     uint64_t id;
     bool wake;
     {
@@ -226,7 +232,7 @@ class AsyncCommunicator final : public Communicator {
       if (q_->stop)
         throw FailedPrecondition(std::string(kOpNames[static_cast<size_t>(op)]) + " on a communicator that is being destroyed");
       id = q_->next_id++;
-      q_->tasks.push_back(Task{id, Clock::now(), op, tensor, input, reduce, root});
+      q_->tasks.push_back(Task{id, Clock::now(), op, tensor, input, inputs, reduce, root});
       wake = q_->parked;
     }
     if (wake) q_->cv.notify_all();

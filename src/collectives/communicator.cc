@@ -67,6 +67,47 @@ void SyncCollectives::alltoall(const Tensor& input, Tensor& output) {
   keep_own_blocks(all, output, size(), rank());
 }
 
+int64_t SyncCollectives::check_reduce_scatter_concat(const std::vector<Tensor>& inputs, const Tensor& output, int n) {
+  int64_t total = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].dtype() != output.dtype())
+      throw InvalidArgument("reduce_scatter_concat: input " + std::to_string(i) + " is " + inputs[i].to_string() +
+                            " but the output is " + output.to_string() + "; every input must be of the output's dtype");
+    total += inputs[i].numel();
+  }
+  if (total > output.numel() * n)
+    throw InvalidArgument("reduce_scatter_concat: the inputs hold " + std::to_string(total) + " elements, more than " +
+                          std::to_string(n) + " ranks x the output's " + std::to_string(output.numel()) +
+                          "; make the output at least ceil(total / size()) elements");
+  return total;
+}
+
+Tensor SyncCollectives::pack_for_reduce_scatter(const std::vector<Tensor>& inputs, const Tensor& output, int n) {
+  const int64_t total = check_reduce_scatter_concat(inputs, output, n);
+  Tensor buf = Tensor::empty(Shape{output.numel() * n}, output.dtype());
+  const size_t esize = dtype_size(output.dtype());
+  char* p = static_cast<char*>(buf.raw_data());
+  for (const Tensor& t : inputs) {
+    if (!t.device().host_accessible())
+      throw InvalidArgument("reduce_scatter_concat packs on the host, got " + t.to_string());
+    if (t.numel()) std::memcpy(p, t.raw_data(), t.nbytes());
+    p += static_cast<size_t>(t.numel()) * esize;
+  }
+  std::memset(p, 0, static_cast<size_t>(output.numel() * n - total) * esize);
+  return buf;
+}
+
+void SyncCollectives::reduce_scatter_concat(const std::vector<Tensor>& inputs, Tensor& output, ReduceOp op) {
+  const Tensor buf = pack_for_reduce_scatter(inputs, output, size());
+  reduce_scatter(buf, output, op);
+}
+
+Work Communicator::reduce_scatter_concat(const std::vector<Tensor>& inputs, Tensor& output, ReduceOp op) {
+  const Tensor buf = SyncCollectives::pack_for_reduce_scatter(inputs, output, size());
+  reduce_scatter(buf, output, op).wait();
+  return Work::completed();
+}
+
 Compression parse_compression(const std::string& n) {
   if (n == "none") return Compression::kNone;
   if (n == "fp16") return Compression::kFP16;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dtrain/collectives/communicator.h"
 
@@ -33,6 +34,14 @@ class SyncCollectives {
   // InvalidArgument unless input and output hold the same number of elements of one dtype,
   // divisible into `size` blocks (every backend's alltoall checks this first).
   static void check_alltoall(const Tensor& input, const Tensor& output, int size);
+  // Communicator::reduce_scatter_concat. The default packs the inputs into one zero-padded buffer
+  // and calls reduce_scatter; the in-process backend reads them where they lie.
+  virtual void reduce_scatter_concat(const std::vector<Tensor>& inputs, Tensor& output, ReduceOp op);
+  // InvalidArgument unless every input is of output's dtype and they fit in output.numel() * size
+  // elements; returns their total element count.
+  static int64_t check_reduce_scatter_concat(const std::vector<Tensor>& inputs, const Tensor& output, int size);
+  // The inputs end to end, zero-padded to output.numel() * size elements.
+  static Tensor pack_for_reduce_scatter(const std::vector<Tensor>& inputs, const Tensor& output, int size);
   virtual void abort(const std::string& reason) = 0;
   // Communicator::set_progress_marker / peer_markers (backends with heartbeats).
   virtual void set_progress_marker(int64_t /*marker*/) {}

@@ -83,19 +83,13 @@ std::future<ScatteredSum> MirroredReplicaContext::reduce_scatter_async(std::vect
     // Whole 64-byte blocks per replica: no cache line is written by two replicas' updates.
     const int64_t unit = 16 * static_cast<int64_t>(n);
     s.padded = (total + unit - 1) / unit * unit;
-    Tensor buf = Tensor::empty(Shape{s.padded}, DType::kFloat32, dev);
-    {
-      timeline::Span pack("pack", "collective");
-      for (size_t i = 0; i < values.size(); ++i)
-        if (values[i].numel())
-          buf.slice_rows(s.starts[i], s.starts[i] + values[i].numel()).copy_from(values[i].view(Shape{values[i].numel()}));
-      if (s.padded > total) std::memset(static_cast<float*>(buf.raw_data()) + total, 0, static_cast<size_t>(s.padded - total) * sizeof(float));
-    }
     const int64_t block = s.padded / n, begin = block * replica_, end = begin + block;
     s.shard = Tensor::empty(Shape{block}, DType::kFloat32, dev);
     {
+      // The gradients end to end: the in-process transport sums them where they lie (no packing
+      // copy); a transport between processes packs them first.
       timeline::Span reduce("reduce-scatter " + std::to_string(total * 4 / 1024) + " KiB", "collective");
-      impl_->comms[static_cast<size_t>(replica_)]->reduce_scatter(buf, s.shard, ReduceOp::kSum).wait();
+      impl_->comms[static_cast<size_t>(replica_)]->reduce_scatter_concat(values, s.shard, ReduceOp::kSum).wait();
     }
     for (size_t i = 0; i < values.size(); ++i) {
       const int64_t lo = std::max(begin, s.starts[i]), hi = std::min(end, s.starts[i] + values[i].numel());

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -151,6 +152,137 @@ TEST(Inproc, AllgatherBroadcastReduceScatterBarrier) {
       for (int64_t i = 0; i < count; ++i) EXPECT_EQ(x[static_cast<size_t>(i)], expected(ReduceOp::kSum, n, r * count + i));
     }
   }
+}
+
+// Float32 values that make a sum's rounding depend on the order of its terms.
+Tensor random_floats(int64_t n, uint32_t seed) {
+  Tensor t = Tensor::empty(Shape{n}, DType::kFloat32);
+  uint32_t x = seed * 2654435761u + 1;
+  for (int64_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    t.data<float>()[i] = (static_cast<float>(x >> 8) / 16777216.0f - 0.5f) * std::ldexp(1.0f, static_cast<int>(x % 23) - 11);
+  }
+  return t;
+}
+
+// The tensors rank r passes to reduce_scatter_concat: sizes 7, 0, 130, 33 and 1000 (uneven, one
+// empty), so blocks start and end inside inputs.
+std::vector<Tensor> concat_inputs(int r) {
+  std::vector<Tensor> v;
+  uint32_t k = 0;
+  for (int64_t size : {7, 0, 130, 33, 1000}) v.push_back(random_floats(size, static_cast<uint32_t>(r * 10) + k++));
+  return v;
+}
+constexpr int64_t kConcatTotal = 7 + 130 + 33 + 1000;
+
+// Each rank's block of op over the packed, zero-padded inputs, by reduce_scatter: the reference.
+std::vector<std::vector<float>> packed_reference(int n, int64_t block, ReduceOp op) {
+  std::vector<std::vector<float>> out(static_cast<size_t>(n));
+  auto errs = run_ranks(n, [&](int r, Communicator& c) {
+    Tensor buf = Tensor::zeros(Shape{block * n});
+    int64_t off = 0;
+    for (const Tensor& t : concat_inputs(r)) {
+      if (t.numel()) buf.slice_rows(off, off + t.numel()).copy_from(t);
+      off += t.numel();
+    }
+    Tensor o = Tensor::empty(Shape{block});
+    c.reduce_scatter(buf, o, op).wait();
+    out[static_cast<size_t>(r)] = o.to_vector<float>();
+  });
+  for (const auto& e : errs) EXPECT_EQ(e, "");
+  return out;
+}
+
+// A SyncCollectives over another group's communicators that does not override
+// reduce_scatter_concat: its default (pack, then reduce_scatter) is what transports between
+// processes use.
+class PackingBackend final : public SyncCollectives {
+ public:
+  explicit PackingBackend(Communicator& c) : c_(c) {}
+  int rank() const override { return c_.rank(); }
+  int size() const override { return c_.size(); }
+  void allreduce(Tensor& t, ReduceOp op) override { c_.allreduce(t, op).wait(); }
+  void allgather(const Tensor& in, Tensor& out) override { c_.allgather(in, out).wait(); }
+  void broadcast(Tensor& t, int root) override { c_.broadcast(t, root).wait(); }
+  void reduce(Tensor& t, int root, ReduceOp op) override { c_.reduce(t, root, op).wait(); }
+  void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override { c_.reduce_scatter(in, out, op).wait(); }
+  void barrier() override { c_.barrier().wait(); }
+  void abort(const std::string& reason) override { c_.abort(reason); }
+
+ private:
+  Communicator& c_;
+};
+
+// A user's Communicator that implements only the required collectives: it gets
+// Communicator::reduce_scatter_concat's default.
+class MinimalCommunicator final : public Communicator {
+ public:
+  explicit MinimalCommunicator(Communicator& c) : c_(c) {}
+  int rank() const override { return c_.rank(); }
+  int size() const override { return c_.size(); }
+  Work allreduce(Tensor& t, ReduceOp op) override { return c_.allreduce(t, op); }
+  Work allgather(const Tensor& in, Tensor& out) override { return c_.allgather(in, out); }
+  Work broadcast(Tensor& t, int root) override { return c_.broadcast(t, root); }
+  Work reduce(Tensor& t, int root, ReduceOp op) override { return c_.reduce(t, root, op); }
+  Work reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override { return c_.reduce_scatter(in, out, op); }
+  Work barrier() override { return c_.barrier(); }
+  void abort(const std::string& reason) override { c_.abort(reason); }
+
+ private:
+  Communicator& c_;
+};
+
+TEST(Inproc, ReduceScatterConcatIsBitwiseThePackedReduceScatter) {
+  for (int n : {1, 2, 3, 4, 7})
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax}) {
+      const int64_t block = (kConcatTotal + n - 1) / n + 3;  // some zero padding on every size
+      const std::vector<std::vector<float>> want = packed_reference(n, block, op);
+      // 0: in place (the in-process transport), 1: the transports' packing default, 2: Communicator's default.
+      for (int way = 0; way < 3; ++way) {
+        std::vector<std::vector<float>> got(static_cast<size_t>(n));
+        auto errs = run_ranks(n, [&](int r, Communicator& c) {
+          std::unique_ptr<Communicator> packing =
+              way == 1 ? make_async_communicator(std::make_unique<PackingBackend>(c), std::chrono::seconds(30))
+              : way == 2 ? std::make_unique<MinimalCommunicator>(c) : nullptr;
+          Communicator& use = packing ? *packing : c;
+          const std::vector<Tensor> in = concat_inputs(r);
+          Tensor o = Tensor::full(Shape{block}, 99.0f);  // the padding must be written, not left
+          use.reduce_scatter_concat(in, o, op).wait();
+          got[static_cast<size_t>(r)] = o.to_vector<float>();
+        });
+        for (const auto& e : errs) ASSERT_EQ(e, "") << "n=" << n << " way " << way;
+        for (int r = 0; r < n; ++r) {
+          const auto& g = got[static_cast<size_t>(r)];
+          const auto& w = want[static_cast<size_t>(r)];
+          ASSERT_EQ(g.size(), w.size());
+          EXPECT_EQ(std::memcmp(g.data(), w.data(), g.size() * sizeof(float)), 0)
+              << "n=" << n << " rank " << r << " op " << reduce_op_name(op) << " way " << way;
+          for (int64_t i = std::max<int64_t>(0, kConcatTotal - r * block); i < block; ++i)
+            EXPECT_EQ(g[static_cast<size_t>(i)], 0.0f) << "padding at " << i << ", rank " << r;
+        }
+      }
+    }
+}
+
+TEST(Inproc, ReduceScatterConcatRefusesMismatchedInputsOnEveryRank) {
+  // Rank 1's second input is one element longer: the same total would fit, but the layouts differ.
+  auto errs = run_ranks(3, [&](int r, Communicator& c) {
+    std::vector<Tensor> in = {Tensor::zeros(Shape{10}), Tensor::zeros(Shape{r == 1 ? 6 : 5})};
+    Tensor o = Tensor::empty(Shape{8});
+    c.reduce_scatter_concat(in, o, ReduceOp::kSum).wait();
+  });
+  for (const auto& e : errs) EXPECT_NE(e.find("inputs of other sizes than rank 0's"), std::string::npos) << e;
+  // Too many elements for the output, and another dtype: refused before any rank waits for another.
+  auto errs2 = run_ranks(2, [&](int r, Communicator& c) {
+    Tensor o = Tensor::empty(Shape{4});
+    if (r == 0) {
+      EXPECT_THROW(c.reduce_scatter_concat({Tensor::zeros(Shape{9})}, o, ReduceOp::kSum).wait(), InvalidArgument);
+    } else {
+      EXPECT_THROW(c.reduce_scatter_concat({Tensor::zeros(Shape{2}, DType::kFloat64)}, o, ReduceOp::kSum).wait(),
+                   InvalidArgument);
+    }
+  });
+  for (const auto& e : errs2) EXPECT_EQ(e, "");
 }
 
 TEST(Inproc, MismatchedCollectivesFailOnEveryRankNamingBoth) {

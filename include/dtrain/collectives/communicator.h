@@ -105,6 +105,13 @@ class DTRAIN_API Communicator {
   // j becomes rank j's input block rank(). The TCP and MPI transports exchange blocks pairwise
   // (each block crosses one link once); the default gathers everything and keeps this rank's blocks.
   [[nodiscard]] virtual Work alltoall(const Tensor& input, Tensor& output);
+  // reduce_scatter of `inputs` laid end to end and zero-padded to output.numel() * size() elements:
+  // output = this rank's block of op(every rank's concatenation). Every rank passes tensors of the
+  // same sizes and of output's dtype (else InvalidArgument on every rank); the caller keeps them
+  // alive and untouched until wait() returns. The in-process transport reads the inputs where they
+  // lie (no packing copy); the others pack them into one buffer first, and the default here does so
+  // and waits.
+  [[nodiscard]] virtual Work reduce_scatter_concat(const std::vector<Tensor>& inputs, Tensor& output, ReduceOp op);
   // Makes every pending and future collective of the group fail fast with `reason` (used when one
   // rank has failed, so the others do not wait for it).
   virtual void abort(const std::string& reason) = 0;

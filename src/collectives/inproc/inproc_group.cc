@@ -1,10 +1,12 @@
 #include "collectives/sync_collectives.h"
 #include <immintrin.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <vector>
 #include <thread>
 
@@ -14,7 +16,7 @@
 namespace dtrain {
 namespace {
 
-enum class Op : int { kAllreduce = 1, kAllgather, kBroadcast, kReduce, kReduceScatter, kBarrier };
+enum class Op : int { kAllreduce = 1, kAllgather, kBroadcast, kReduce, kReduceScatter, kBarrier, kReduceScatterConcat };
 const char* op_name(Op op) {
   switch (op) {
     case Op::kAllreduce: return "allreduce";
@@ -23,6 +25,7 @@ const char* op_name(Op op) {
     case Op::kReduce: return "reduce";
     case Op::kReduceScatter: return "reduce_scatter";
     case Op::kBarrier: return "barrier";
+    case Op::kReduceScatterConcat: return "reduce_scatter_concat";
   }
   return "?";
 }
@@ -224,6 +227,55 @@ class InprocCommunicator final : public SyncCollectives {
       for (int r = 2; r < n; ++r)
         collectives::reduce_into(out.raw_data(), static_cast<const char*>(g_->slot(r).in) + off, m, in.dtype(), op);
       if (op == ReduceOp::kMean) collectives::scale_for_mean(out.raw_data(), m, in.dtype(), n);
+    });
+  }
+
+  // As reduce_scatter over the inputs end to end, read where they lie: the block of this rank is
+  // summed piece by piece straight from every rank's tensors, in rank order as reduce_scatter does
+  // (so bitwise the same result), and the zero padding past the inputs is written as zeros.
+  void reduce_scatter_concat(const std::vector<Tensor>& inputs, Tensor& out, ReduceOp op) override {
+    const int n = size();
+    const int64_t total = check_reduce_scatter_concat(inputs, out, n);
+    require_host(out, "reduce_scatter_concat");
+    for (const Tensor& t : inputs) require_host(t, "reduce_scatter_concat");
+    post(Op::kReduceScatterConcat, out.dtype(), out.numel() * n, static_cast<int>(op), 0, &inputs, out.raw_data());
+    run("reduce_scatter_concat", [&] {
+      auto list = [&](int r) -> const std::vector<Tensor>& { return *static_cast<const std::vector<Tensor>*>(g_->slot(r).in); };
+      // Every rank checks every layout against rank 0's, so all refuse alike; none throws before all
+      // have finished reading the others' lists (a rank that left early would free its list while a
+      // slower one still reads it).
+      std::string mismatch;
+      for (int r = 0; r < n && mismatch.empty(); ++r) {
+        const std::vector<Tensor>& o = list(r);
+        bool same = o.size() == list(0).size();
+        for (size_t i = 0; same && i < o.size(); ++i) same = o[i].numel() == list(0)[i].numel();
+        if (!same)
+          mismatch = "reduce_scatter_concat: rank " + std::to_string(r) + " passed " + std::to_string(o.size()) +
+                     " inputs of other sizes than rank 0's " + std::to_string(list(0).size()) +
+                     "; every rank must pass tensors of the same sizes";
+      }
+      if (!mismatch.empty()) {
+        g_->barrier(rank_, "reduce_scatter_concat");
+        throw InvalidArgument(mismatch);
+      }
+      const size_t esize = dtype_size(out.dtype());
+      const int64_t m = out.numel(), begin = m * rank_, end = begin + m;
+      char* dst = static_cast<char*>(out.raw_data());
+      int64_t start = 0;  // of input i in the concatenation
+      const std::vector<Tensor>& mine = list(rank_);
+      for (size_t i = 0; i < mine.size() && start < end; start += mine[i].numel(), ++i) {
+        const int64_t lo = std::max(begin, start), hi = std::min(end, start + mine[i].numel());
+        if (lo >= hi) continue;
+        const size_t count = static_cast<size_t>(hi - lo), skip = static_cast<size_t>(lo - start) * esize;
+        auto in = [&](int r) { return static_cast<const char*>(list(r)[i].raw_data()) + skip; };
+        char* d = dst + static_cast<size_t>(lo - begin) * esize;
+        if (n == 1) std::memcpy(d, in(0), count * esize);
+        else collectives::reduce_pair(d, in(0), in(1), count, out.dtype(), op);
+        for (int r = 2; r < n; ++r) collectives::reduce_into(d, in(r), count, out.dtype(), op);
+        if (op == ReduceOp::kMean) collectives::scale_for_mean(d, count, out.dtype(), n);
+      }
+      const int64_t pad_from = std::max(begin, std::min(end, total));
+      std::memset(dst + static_cast<size_t>(pad_from - begin) * esize, 0, static_cast<size_t>(end - pad_from) * esize);
     });
   }
 

@@ -69,6 +69,24 @@ class Equivalence(unittest.TestCase):
                 print(f"{n} workers, short last batch: max relative error {err:.3g}, loss {loss:.6f} vs {ref_loss:.6f}")
                 self.assertLessEqual(err, 1e-5, f"{n} workers")
 
+    def test_a_batch_larger_than_the_declared_global_batch_is_refused(self):
+        # Each worker's pipeline cuts its rows out of the batch; a batch of 64 rows under a declared
+        # global batch of 32 must be an error naming both sizes and the fix, on every worker.
+        with tempfile.TemporaryDirectory() as d:
+            cmd = [ARGS.launcher, "-np", "2", "--timeout", "120", "--", ARGS.trainer, "--strategy=multi_worker_mirrored",
+                   "--steps", "1", "--batch-size", "64", "--declared-batch", "32", "--out", os.path.join(d, "x.bin")]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+            out = r.stdout + r.stderr
+            self.assertNotEqual(r.returncode, 0, out)
+            self.assertIn("the dataset yielded a batch of 64 rows", out)
+            self.assertIn(".batch(32)", out)
+            self.assertNotIn("took a batch", out)
+            # The same call at the declared size takes the batch.
+            cmd[cmd.index("--declared-batch") + 1] = "64"
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("took a batch", r.stdout)
+
 
 class Mpi(unittest.TestCase):
     """The MPI backend: the same training under mpirun with DTRAIN_COLLECTIVE=mpi."""

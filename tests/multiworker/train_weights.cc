@@ -11,12 +11,15 @@
 int main(int argc, char** argv) {
   CLI::App app{"train the reference CNN and dump the weights"};
   std::string strategy_name = "one_device", devices = "cpu", out;
-  int64_t steps = 10, batch = 64, rows = 0;
+  int64_t steps = 10, batch = 64, rows = 0, declared_batch = 0;
   app.add_option("--strategy", strategy_name);
   app.add_option("--devices", devices);
   app.add_option("--steps", steps);
   app.add_option("--batch-size", batch);
   app.add_option("--rows", rows, "train on this many images (default steps * batch); a short last batch when not a multiple of the batch");
+  app.add_option("--declared-batch", declared_batch,
+                 "only take one batch of the data batched by --batch-size from distribute_dataset, declaring this "
+                 "global batch size (a misuse test: larger batches than declared must be refused)");
   app.add_option("--out", out)->required();
   CLI11_PARSE(app, argc, argv);
   try {
@@ -26,6 +29,15 @@ int main(int argc, char** argv) {
     auto strategy = dtrain::make_strategy(strategy_name, o);
     const dtrain::FashionMnist data = dtrain::load_fashion_mnist();
     const int64_t n = rows > 0 ? rows : steps * batch;
+    if (declared_batch > 0) {
+      const auto next = strategy->distribute_dataset(
+          dtrain::Dataset::from_tensors({data.train_images.slice_rows(0, n), data.train_labels.slice_rows(0, n)}).batch(batch),
+          declared_batch);
+      dtrain::PerReplica p;
+      next(&p);
+      std::printf("took a batch of %lld rows\n", static_cast<long long>(p.global_rows));
+      return 0;
+    }
     dtrain::Sequential model;
     std::unique_ptr<dtrain::Adam> opt;
     {

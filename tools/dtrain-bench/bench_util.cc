@@ -10,8 +10,8 @@
 
 namespace dtrain::bench {
 
-std::vector<nlohmann::json> run_json_lines(const std::string& cmd) {
-  std::FILE* p = ::popen((cmd + " 2>/tmp/dtrain-bench-stderr.log").c_str(), "r");
+std::vector<nlohmann::json> run_json_lines(const std::string& cmd, const std::string& stderr_log) {
+  std::FILE* p = ::popen((cmd + " 2>" + stderr_log).c_str(), "r");
   if (!p) throw std::runtime_error("cannot start: " + cmd);
   std::vector<nlohmann::json> out;
   std::array<char, 8192> buf;
@@ -29,7 +29,7 @@ std::vector<nlohmann::json> run_json_lines(const std::string& cmd) {
   const int rc = ::pclose(p);
   if (rc != 0)
     throw std::runtime_error("command failed (status " + std::to_string(rc) + "; its stderr is in " +
-                             "/tmp/dtrain-bench-stderr.log): " + cmd);
+                             stderr_log + "): " + cmd);
   if (out.empty()) throw std::runtime_error("no JSON result from: " + cmd);
   return out;
 }

@@ -7,8 +7,10 @@
 
 namespace dtrain::bench {
 
-// Runs a shell command; returns the JSON object lines of its stdout. Throws on a non-zero exit.
-std::vector<nlohmann::json> run_json_lines(const std::string& cmd);
+// Runs a shell command; returns the JSON object lines of its stdout. Throws on a non-zero exit. Its
+// stderr goes to stderr_log (commands run at once need one each).
+std::vector<nlohmann::json> run_json_lines(const std::string& cmd,
+                                           const std::string& stderr_log = "/tmp/dtrain-bench-stderr.log");
 double median(std::vector<double> v);
 std::string self_dir();  // directory of the running executable
 // "4K,64K,1M,64M" -> bytes. Throws std::invalid_argument naming a bad entry.

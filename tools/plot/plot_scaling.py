@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """`dtrain-bench scaling --json` as a PNG: images/sec and scaling efficiency against replicas, in one
-process and across processes (the images/sec demonstration of the material).
+process and across processes, beside independent one-replica jobs on their own cores (the machine's
+ceiling).
 
   dtrain-bench scaling --json | tee scaling.txt; plot_scaling.py scaling.txt --out scaling.png
 """
@@ -26,12 +27,15 @@ def main():
     if not rows:
         sys.exit(f"{a.results}: no 'scaling' JSON lines (run dtrain-bench scaling --json)")
     fig, ax = plt.subplots(1, 2, figsize=(11, 4.2))
-    for mode, style in (("in-process", "-o"), ("processes", "--s")):
+    labels = {"in-process": "in-process (Mirrored)", "processes": "processes (MultiWorkerMirrored)",
+              "independent": "independent jobs, one per core (machine ceiling)"}
+    for mode, style in (("in-process", "-o"), ("processes", "--s"), ("independent", "-.^")):
         rs = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["replicas"])
+        if not rs:
+            continue  # older output, or --devices=gpu: no independent runs
         n = [r["replicas"] for r in rs]
-        ax[0].plot(n, [r["images_per_sec"] for r in rs], style, label=f"{mode} (Mirrored)" if mode == "in-process"
-                   else "processes (MultiWorkerMirrored)")
-        ax[1].plot(n, [100 * r["efficiency"] for r in rs], style, label=mode)
+        ax[0].plot(n, [r["images_per_sec"] for r in rs], style, label=labels[mode])
+        ax[1].plot(n, [100 * r["efficiency"] for r in rs], style, label=labels[mode])
     n = sorted({r["replicas"] for r in rows})
     one = next(r["images_per_sec"] for r in rows if r["replicas"] == 1)
     ax[0].plot(n, [one * k for k in n], ":", color="gray", label="linear")

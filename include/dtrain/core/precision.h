@@ -1,7 +1,9 @@
 // Mixed precision, as Keras' mixed_precision policies: under "mixed_bfloat16" the convolutions and
 // matrix products (forward and both backward passes) round their inputs — activations, weights and
 // incoming gradients — to bfloat16 and run oneDNN's bfloat16 kernels (AVX512-BF16 on CPUs that have
-// it), accumulating and returning float32. Variables, optimizer state, activations between layers,
+// it), accumulating and returning float32. oneDNN has no bfloat16 kernels on CPUs without AVX-512
+// (AVX2): there the inputs are rounded to bfloat16 and float32 kernels run them, the same numerics
+// without the speed-up, and the device's description says so ("mixed_bfloat16 emulated"). Variables, optimizer state, activations between layers,
 // losses and gradients stay float32, so it needs no loss scaling (bfloat16 has float32's range).
 // Unlike Keras, the layer outputs are not rounded to bfloat16 as well; what is rounded is exactly
 // what the bfloat16 kernels read.

@@ -3,6 +3,7 @@
 // into the primitive's preferred blocked layout per call (a few KB, so cheaper than keeping a
 // second copy in sync with the optimizer).
 #include <algorithm>
+#include <cstring>
 
 #include "devices/cpu/dnnl_util.h"
 #include "dtrain/core/precision.h"
@@ -35,12 +36,12 @@ ConvShapes conv_shapes(const Shape& x, const Shape& w, const Conv2dParams& p) {
 
 // Under the mixed_bfloat16 policy the convolution reads bfloat16 (src, weights, diff_dst) and
 // writes float32 (dst, diff_src, diff_weights, bias): what its kernels read is rounded, nothing else.
-bool mixed_bf16() { return precision_policy() == Precision::kMixedBFloat16; }
-dt in_type(bool bf16) { return bf16 ? dt::bf16 : dt::f32; }
+// Without bfloat16 kernels on this CPU they read float32 rounded to bfloat16 (dnnl_util.h).
+dt in_type(bool bf16) { return bf16 ? kernel_input_type() : dt::f32; }
 
 std::string conv_key(const char* op, const ConvShapes& s, bool bias) {
   std::string k = op;
-  if (mixed_bf16()) k += "@bf16";
+  if (mixed_bf16()) k += bf16_kernels_native() ? "@bf16" : "@bf16-emulated";
   key_dims(k, s.src);
   key_dims(k, s.wei);
   key_dims(k, s.strides);
@@ -76,15 +77,19 @@ struct ConvBwdWeights {
   memory::desc user_w;
 };
 
-// Runs a reorder from the user's tensor (an HWIO filter, an NHWC activation or gradient) into `want`
-// if they differ (a blocked layout, or bfloat16); returns the memory to use.
+// Runs a reorder from the user's tensor (an HWIO filter, an NHWC activation or gradient: a kernel's
+// input) into `want` if they differ (a blocked layout, or bfloat16); returns the memory to use. Under
+// mixed_bfloat16 without bfloat16 kernels, `want` is float32 and the copy is rounded to bfloat16.
 memory filter_in(CpuKernels::State& st, const memory::desc& user, const memory::desc& want,
                  const Tensor& w, Tensor* holder) {
   memory user_mem(user, st.engine, w.raw_data());
-  if (user == want) return user_mem;
+  const bool round = mixed_bf16() && !bf16_kernels_native();
+  if (user == want && !round) return user_mem;
   *holder = scratch(want.get_size(), w.device());
   memory out(want, st.engine, holder->raw_data());
-  dnnl::reorder(user_mem, out).execute(st.stream(), user_mem, out);
+  if (user == want) std::memcpy(holder->raw_data(), w.raw_data(), want.get_size());
+  else dnnl::reorder(user_mem, out).execute(st.stream(), user_mem, out);
+  if (round) round_to_bf16(static_cast<float*>(holder->raw_data()), want.get_size() / sizeof(float));
   return out;
 }
 

@@ -11,6 +11,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "devices/cpu/cpu_kernels.h"
+#include "devices/cpu/dnnl_util.h"
 #include "dtrain/core/timeline.h"
 #include "devices/worker_thread.h"
 #include "dtrain/devices/device.h"
@@ -52,7 +53,12 @@ class CpuDevice final : public Device {
     const dnnl_version_t* v = dnnl_version();
     return spec_.to_string() + " (oneDNN " + std::to_string(v->major) + "." +
            std::to_string(v->minor) + ", " + std::to_string(threads_) + " thread" +
-           (threads_ == 1 ? "" : "s") + ")";
+           (threads_ == 1 ? "" : "s") +
+           (!cpu::mixed_bf16()             ? ""
+            : cpu::bf16_kernels_native() ? ", mixed_bfloat16 on oneDNN's bfloat16 kernels"
+                                         : ", mixed_bfloat16 emulated: oneDNN has no bfloat16 kernels for this CPU "
+                                           "(they need AVX-512), so float32 kernels run on inputs rounded to bfloat16") +
+           ")";
   }
   Kernels& kernels() override { return kernels_; }
   std::future<void> submit(std::function<void()> fn) override { return worker_.submit(std::move(fn)); }

@@ -96,6 +96,46 @@ memory::dims bn_dims(const Shape& s) {
 
 }  // namespace
 
+namespace {
+std::atomic<bool> g_force_bf16_emulation{false};
+
+bool probe_bf16_kernels() {
+  try {
+    const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    const memory::desc src({1, 16, 4, 4}, dt::bf16, tag::nhwc), wei({16, 16, 3, 3}, dt::bf16, tag::any);
+    const memory::desc dst({1, 16, 2, 2}, dt::f32, tag::nhwc);
+    dnnl::convolution_forward::primitive_desc pd(
+        {prop_kind::forward_training, algorithm::convolution_direct, src, wei, dst, {1, 1}, {0, 0}, {0, 0}}, eng);
+    const memory::desc a({4, 16}, dt::bf16, tag::ab), b({16, 4}, dt::bf16, tag::ab), c({4, 4}, dt::f32, tag::ab);
+    dnnl::matmul::primitive_desc mm(dnnl::matmul::desc(a, b, c), eng);
+    return true;
+  } catch (const dnnl::error&) {
+    return false;  // dnnl_unimplemented: no bfloat16 kernel for this CPU
+  }
+}
+}  // namespace
+
+bool mixed_bf16() { return precision_policy() == Precision::kMixedBFloat16; }
+
+bool bf16_kernels_native() {
+  static const bool native = probe_bf16_kernels();
+  return native && !g_force_bf16_emulation.load(std::memory_order_relaxed);
+}
+
+memory::data_type kernel_input_type() { return mixed_bf16() && bf16_kernels_native() ? dt::bf16 : dt::f32; }
+
+void force_bf16_emulation_for_testing(bool on) { g_force_bf16_emulation.store(on); }
+
+// Built for AVX2 beside the baseline: a copy-speed pass over the operands.
+__attribute__((target_clones("avx2", "default"))) void round_to_bf16(float* p, size_t n) {
+  uint32_t* u = reinterpret_cast<uint32_t*>(p);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t x = u[i];
+    const uint32_t r = (x + 0x7fffu + ((x >> 16) & 1u)) & 0xffff0000u;
+    u[i] = (x & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : r;  // NaN: bfloat16's quiet NaN, as float_to_bf16
+  }
+}
+
 [[noreturn]] void rethrow_dnnl(const char* op, const dnnl::error& e) {
   throw Internal(std::string("oneDNN failed in ") + op + ": " + e.what() +
                  " (status " + std::to_string(static_cast<int>(e.status)) + ")");
@@ -142,9 +182,12 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   try {
     // mixed_bfloat16 (core/precision.h): both operands rounded to bfloat16 (row-major copies),
     // float32 accumulation and result.
-    const bool bf16 = precision_policy() == Precision::kMixedBFloat16;
-    const memory::desc abf({m, k}, dt::bf16, memory::dims{k, 1}), bbf({k, n}, dt::bf16, memory::dims{n, 1});
-    std::string key = bf16 ? "mm@bf16" : "mm";
+    // Without bfloat16 kernels (dnnl_util.h) the copies are float32, rounded to bfloat16 in place.
+    const bool bf16 = mixed_bf16(), native = bf16 && bf16_kernels_native();
+    const dt in_dt = native ? dt::bf16 : dt::f32;
+    const memory::desc abf({m, k}, in_dt, memory::dims{k, 1}), bbf({k, n}, in_dt, memory::dims{n, 1});
+    // Under mixed_bfloat16 the primitive reads the row-major copies, whatever the transposes.
+    std::string key = bf16 ? (native ? "mm@bf16" : "mm@bf16-emulated") : "mm";
     key_dims(key, {m, k, n, ta, tb});
     auto e = state_->get<Matmul>(key, [&] {
       dnnl::matmul::primitive_desc pd(bf16 ? dnnl::matmul::desc(abf, bbf, cmd) : dnnl::matmul::desc(amd, bmd, cmd),
@@ -159,6 +202,10 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
       memory a_out(abf, state_->engine, a16.raw_data()), b_out(bbf, state_->engine, b16.raw_data());
       dnnl::reorder(am, a_out).execute(state_->stream(m * k), am, a_out);
       dnnl::reorder(bm, b_out).execute(state_->stream(k * n), bm, b_out);
+      if (!native) {
+        round_to_bf16(static_cast<float*>(a16.raw_data()), static_cast<size_t>(m * k));
+        round_to_bf16(static_cast<float*>(b16.raw_data()), static_cast<size_t>(k * n));
+      }
       am = a_out;
       bm = b_out;
     }

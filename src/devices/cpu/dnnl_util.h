@@ -83,4 +83,18 @@ inline Tensor scratch(size_t bytes, DeviceSpec dev) {
 // Rethrows a dnnl::error as ours, naming the primitive.
 [[noreturn]] void rethrow_dnnl(const char* op, const dnnl::error& e);
 
+// mixed_bfloat16 (core/precision.h) on the CPU. oneDNN 2.x has bfloat16 convolution and matmul
+// kernels only on x86 CPUs with AVX-512 (found once, by creating a small bfloat16 convolution).
+// Where they exist the kernels read bfloat16 copies of their inputs; where they do not (an AVX2
+// CPU), the inputs are rounded to bfloat16 in float32 memory and the float32 kernels run them: the
+// same numerics (bfloat16 operands, float32 accumulation), without the speed-up. Keras does the same
+// on such CPUs through Eigen's bfloat16 type.
+bool mixed_bf16();                // the policy is mixed_bfloat16
+bool bf16_kernels_native();       // oneDNN has bfloat16 kernels on this CPU (and no test forced them off)
+memory::data_type kernel_input_type();  // bf16 under mixed_bfloat16 with native kernels, else f32
+// Rounds n floats to the nearest bfloat16 (ties to even, as oneDNN's reorder), in place.
+void round_to_bf16(float* p, size_t n);
+// Tests: run mixed_bfloat16 as on a CPU without bfloat16 kernels (false: what this CPU has).
+void force_bf16_emulation_for_testing(bool on);
+
 }  // namespace dtrain::cpu

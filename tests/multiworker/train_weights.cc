@@ -10,7 +10,7 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"train the reference CNN and dump the weights"};
-  std::string strategy_name = "one_device", devices = "cpu", out;
+  std::string strategy_name = "one_device", devices = "cpu", out, optimizer = "adam learning_rate=0.001";
   int64_t steps = 10, batch = 64, rows = 0, declared_batch = 0;
   app.add_option("--strategy", strategy_name);
   app.add_option("--devices", devices);
@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   app.add_option("--declared-batch", declared_batch,
                  "only take one batch of the data batched by --batch-size from distribute_dataset, declaring this "
                  "global batch size (a misuse test: larger batches than declared must be refused)");
+  app.add_option("--optimizer", optimizer, "Optimizer::from_config line (default Adam, rate 1e-3)");
   app.add_option("--out", out)->required();
   CLI11_PARSE(app, argc, argv);
   try {
@@ -39,11 +40,11 @@ int main(int argc, char** argv) {
       return 0;
     }
     dtrain::Sequential model;
-    std::unique_ptr<dtrain::Adam> opt;
+    std::unique_ptr<dtrain::Optimizer> opt;
     {
       auto scope = strategy->scope();
       model = dtrain::examples::reference_cnn();
-      opt = std::make_unique<dtrain::Adam>(1e-3f);
+      opt = dtrain::Optimizer::from_config(optimizer);
     }
     dtrain::FitOptions f;
     f.steps = steps;

@@ -3,8 +3,9 @@
 // incoming gradients — to bfloat16 and run oneDNN's bfloat16 kernels (AVX512-BF16 on CPUs that have
 // it), accumulating and returning float32. oneDNN has no bfloat16 kernels on CPUs without AVX-512
 // (AVX2): there the inputs are rounded to bfloat16 and float32 kernels run them, the same numerics
-// without the speed-up, and the device's description says so ("mixed_bfloat16 emulated"). Variables, optimizer state, activations between layers,
-// losses and gradients stay float32, so it needs no loss scaling (bfloat16 has float32's range).
+// without the speed-up, and the device's description says so ("mixed_bfloat16 emulated").
+// Variables, optimizer state, activations between layers, losses and gradients stay float32, so it
+// needs no loss scaling (bfloat16 has float32's range).
 // Unlike Keras, the layer outputs are not rounded to bfloat16 as well; what is rounded is exactly
 // what the bfloat16 kernels read.
 //

@@ -87,8 +87,7 @@ inline Tensor scratch(size_t bytes, DeviceSpec dev) {
 // kernels only on x86 CPUs with AVX-512 (found once, by creating a small bfloat16 convolution).
 // Where they exist the kernels read bfloat16 copies of their inputs; where they do not (an AVX2
 // CPU), the inputs are rounded to bfloat16 in float32 memory and the float32 kernels run them: the
-// same numerics (bfloat16 operands, float32 accumulation), without the speed-up. Keras does the same
-// on such CPUs through Eigen's bfloat16 type.
+// same numerics (bfloat16 operands, float32 accumulation), without the speed-up.
 bool mixed_bf16();                // the policy is mixed_bfloat16
 bool bf16_kernels_native();       // oneDNN has bfloat16 kernels on this CPU (and no test forced them off)
 memory::data_type kernel_input_type();  // bf16 under mixed_bfloat16 with native kernels, else f32

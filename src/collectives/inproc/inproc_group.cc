@@ -5,6 +5,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -104,6 +105,18 @@ class Group {
     abort_locked(reason);
   }
 
+  // A collective's body failed on some rank: recorded before the collective's closing barrier and
+  // read by every rank after it.
+  void note_failure(const std::string& reason) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failed_.exchange(true)) failure_ = reason;
+  }
+  bool failed() const { return failed_.load(); }
+  std::string failure() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failure_;
+  }
+
   void check_aborted() {
     if (aborted_.load()) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -125,9 +138,10 @@ class Group {
   std::atomic<int> count_{0};
   std::atomic<uint64_t> gen_{0};
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> failed_{false};
   std::mutex mu_;
   std::condition_variable cv_;
-  std::string abort_reason_;
+  std::string abort_reason_, failure_;
 };
 
 class InprocCommunicator final : public SyncCollectives {
@@ -241,22 +255,14 @@ class InprocCommunicator final : public SyncCollectives {
     post(Op::kReduceScatterConcat, out.dtype(), out.numel() * n, static_cast<int>(op), 0, &inputs, out.raw_data());
     run("reduce_scatter_concat", [&] {
       auto list = [&](int r) -> const std::vector<Tensor>& { return *static_cast<const std::vector<Tensor>*>(g_->slot(r).in); };
-      // Every rank checks every layout against rank 0's, so all refuse alike; none throws before all
-      // have finished reading the others' lists (a rank that left early would free its list while a
-      // slower one still reads it).
-      std::string mismatch;
-      for (int r = 0; r < n && mismatch.empty(); ++r) {
+      for (int r = 0; r < n; ++r) {  // every rank checks every layout against rank 0's: all refuse alike
         const std::vector<Tensor>& o = list(r);
         bool same = o.size() == list(0).size();
         for (size_t i = 0; same && i < o.size(); ++i) same = o[i].numel() == list(0)[i].numel();
         if (!same)
-          mismatch = "reduce_scatter_concat: rank " + std::to_string(r) + " passed " + std::to_string(o.size()) +
-                     " inputs of other sizes than rank 0's " + std::to_string(list(0).size()) +
-                     "; every rank must pass tensors of the same sizes";
-      }
-      if (!mismatch.empty()) {
-        g_->barrier(rank_, "reduce_scatter_concat");
-        throw InvalidArgument(mismatch);
+          throw InvalidArgument("reduce_scatter_concat: rank " + std::to_string(r) + " passed " +
+                                std::to_string(o.size()) + " inputs of other sizes than rank 0's " +
+                                std::to_string(list(0).size()) + "; every rank must pass tensors of the same sizes");
       }
       const size_t esize = dtype_size(out.dtype());
       const int64_t m = out.numel(), begin = m * rank_, end = begin + m;
@@ -299,7 +305,10 @@ class InprocCommunicator final : public SyncCollectives {
   }
 
   // Barrier, fingerprint check against every rank, body, barrier (so buffers stay valid until all
-  // ranks are done with them). A failing body aborts the group so that nobody waits for us.
+  // ranks are done with them). A body that fails on any rank still reaches the closing barrier (a rank
+  // that left at once would free its buffers while a slower one still read them: the segfault of
+  // reduce_scatter_concat's refusal); after it every rank aborts the group and fails, the failing
+  // ranks with their own error, the others with the first failure's.
   template <typename F>
   void run(const char* what, F&& body) {
     g_->barrier(rank_, what);
@@ -318,13 +327,19 @@ class InprocCommunicator final : public SyncCollectives {
         throw InvalidArgument(msg);
       }
     }
+    std::exception_ptr error;
     try {
       body();
     } catch (const std::exception& e) {
-      g_->abort(std::string(what) + " failed on rank " + std::to_string(rank_) + ": " + e.what());
-      throw;
+      error = std::current_exception();
+      g_->note_failure(std::string(what) + " failed on rank " + std::to_string(rank_) + ": " + e.what());
     }
     g_->barrier(rank_, what);
+    if (g_->failed()) {
+      g_->abort(g_->failure());
+      if (error) std::rethrow_exception(error);
+      throw Unavailable("collective group aborted: " + g_->failure());
+    }
   }
 
   std::shared_ptr<Group> g_;

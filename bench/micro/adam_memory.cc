@@ -1,7 +1,7 @@
-// Adam's update over the reference CNN's 225k weights, timed alone on core 0 and then on cores 0 and 1
-// at the same moment, each after streaming a buffer that evicts the weights and their state from the
-// caches (as a training step's forward and backward passes do). It shows whether two replicas slow
-// each other down in the optimizer through the memory system. Not built by CMake:
+// Adam's update over the reference CNN's 225k weights, timed alone on core 0 and then on cores 0
+// and 1 at the same moment, each after streaming a buffer that evicts the weights and their state
+// from the caches (as a training step's forward and backward passes do). It shows whether two
+// replicas slow each other down in the optimizer through the memory system. Not built by CMake:
 //
 //   g++ -O3 -march=native -fno-math-errno bench/micro/adam_memory.cc -o /tmp/adam_memory -pthread
 //   /tmp/adam_memory 16      # MB streamed before each update (0: the state stays in the caches)
@@ -44,7 +44,8 @@ double adam_us(int core, int threads, size_t evict_mb, int reps) {
       v[i] = 0.999f * v[i] + 0.001f * g[i] * g[i];
       w[i] -= 1e-3f * m[i] / (std::sqrt(v[i]) + 1e-7f);
     }
-    total += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    total +=
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   }
   return total / reps;
 }

@@ -25,12 +25,18 @@ int main(int argc, char** argv) {
   std::vector<long> sizes;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--rank") rank = std::stoi(v);
-    else if (k == "--size") size = std::stoi(v);
-    else if (k == "--store") store_dir = v;
-    else if (k == "--host") host = v;
-    else if (k == "--iters") iters = std::stoi(v);
-    else if (k == "--warmup") warmup = std::stoi(v);
+    if (k == "--rank")
+      rank = std::stoi(v);
+    else if (k == "--size")
+      size = std::stoi(v);
+    else if (k == "--store")
+      store_dir = v;
+    else if (k == "--host")
+      host = v;
+    else if (k == "--iters")
+      iters = std::stoi(v);
+    else if (k == "--warmup")
+      warmup = std::stoi(v);
     else if (k == "--sizes") {
       size_t p = 0;
       while (p < v.size()) {
@@ -56,20 +62,27 @@ int main(int argc, char** argv) {
     std::vector<float> buf(static_cast<size_t>(n), 1.f + rank);
     for (int algo = 0; algo < 2; ++algo) {
       std::unique_ptr<gloo::Algorithm> a;
-      if (algo == 0) a = std::make_unique<gloo::AllreduceRing<float>>(ctx, std::vector<float*>{buf.data()}, n);
-      else a = std::make_unique<gloo::AllreduceRingChunked<float>>(ctx, std::vector<float*>{buf.data()}, n);
+      if (algo == 0)
+        a = std::make_unique<gloo::AllreduceRing<float>>(ctx, std::vector<float*>{buf.data()}, n);
+      else
+        a = std::make_unique<gloo::AllreduceRingChunked<float>>(ctx,
+                                                                std::vector<float*>{buf.data()}, n);
       for (int i = 0; i < warmup; ++i) a->run();
       barrier();
       const auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < iters; ++i) a->run();
-      double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+      double t =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
       // max over ranks
       gloo::AllreduceRing<double> mx(ctx, {&t}, 1, gloo::ReductionFunction<double>::max);
       mx.run();
       if (rank == 0) {
         const double alg = static_cast<double>(n) * 4 / t / 1e9;
-        std::printf("{\"backend\":\"%s\",\"ranks\":%d,\"bytes\":%d,\"time_us\":%.3f,\"algbw_GBps\":%.4f,\"busbw_GBps\":%.4f}\n",
-                    algo == 0 ? "gloo_ring" : "gloo_ring_chunked", size, n * 4, t * 1e6, alg, alg * 2.0 * (size - 1) / size);
+        std::printf(
+            "{\"backend\":\"%s\",\"ranks\":%d,\"bytes\":%d,\"time_us\":%.3f,\"algbw_GBps\":%.4f,"
+            "\"busbw_GBps\":%.4f}\n",
+            algo == 0 ? "gloo_ring" : "gloo_ring_chunked", size, n * 4, t * 1e6, alg,
+            alg * 2.0 * (size - 1) / size);
         std::fflush(stdout);
       }
     }

@@ -37,16 +37,22 @@ int main(int argc, char** argv) {
   for (long bytes : sizes) {
     const long n = std::max(1L, bytes / 4);
     std::vector<float> buf(static_cast<size_t>(n), 1.f + rank);
-    for (int i = 0; i < warmup; ++i) MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    for (int i = 0; i < warmup; ++i)
+      MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
+                    MPI_COMM_WORLD);
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = MPI_Wtime();
-    for (int i = 0; i < iters; ++i) MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    for (int i = 0; i < iters; ++i)
+      MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
+                    MPI_COMM_WORLD);
     double t = (MPI_Wtime() - t0) / iters, tmax = 0;
     MPI_Reduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     if (rank == 0) {
       const double alg = static_cast<double>(n * 4) / tmax / 1e9;
-      std::printf("{\"backend\":\"mpi\",\"ranks\":%d,\"bytes\":%ld,\"time_us\":%.3f,\"algbw_GBps\":%.4f,\"busbw_GBps\":%.4f}\n",
-                  size, n * 4, tmax * 1e6, alg, alg * 2.0 * (size - 1) / size);
+      std::printf(
+          "{\"backend\":\"mpi\",\"ranks\":%d,\"bytes\":%ld,\"time_us\":%.3f,\"algbw_GBps\":%.4f,"
+          "\"busbw_GBps\":%.4f}\n",
+          size, n * 4, tmax * 1e6, alg, alg * 2.0 * (size - 1) / size);
       std::fflush(stdout);
     }
   }

@@ -1,7 +1,8 @@
 // Elastic training (Horovod elastic, torchrun's rendezvous) with MultiWorkerMirroredStrategy: the
 // reference CNN on Fashion-MNIST keeps training when workers die or join.
 //
-//   dtrain-run --min-np 2 --max-np 3 -np 3 --host-discovery-script ./hosts.sh -- ./elastic_fashion_mnist
+//   dtrain-run --min-np 2 --max-np 3 -np 3 --host-discovery-script ./hosts.sh --
+//   ./elastic_fashion_mnist
 //
 // Kill a worker (kill -9) and the others roll back to the last commit, re-form and go on; list
 // another slot in the discovery script and a new worker starts, receives the committed state by
@@ -22,25 +23,34 @@ int main(int argc, char** argv) {
   uint64_t seed = 42;
   bool json = false;
   std::string data_dir, devices = "cpu";
-  app.add_option("--epochs", epochs, "epochs to train")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--epochs", epochs, "epochs to train")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--batch-size", batch, "global batch, split over the workers of each round")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--lr", lr, "Adam learning rate")->capture_default_str();
-  app.add_option("--commit-every", commit_every, "batches between commits")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--commit-every", commit_every, "batches between commits")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--seed", seed, "seed for weights and shuffling")->capture_default_str();
-  app.add_option("--devices", devices, "this worker's devices, e.g. cpu or cpu:2")->capture_default_str();
+  app.add_option("--devices", devices, "this worker's devices, e.g. cpu or cpu:2")
+      ->capture_default_str();
   app.add_option("--data-dir", data_dir, "Fashion-MNIST IDX directory");
   app.add_option("--train-limit", train_limit, "train on the first N images only (tests)");
-  app.add_flag("--json", json, "the last round's rank 0 prints one JSON object with the results as the last line");
+  app.add_flag("--json", json,
+               "the last round's rank 0 prints one JSON object with the results as the last line");
   CLI11_PARSE(app, argc, argv);
   try {
     dtrain::elastic::Job job;
     dtrain::MirroredOptions local;
     local.devices = dtrain::parse_devices_flag(devices, 1);
     dtrain::CommunicationOptions comm;
-    comm.connect_timeout = std::chrono::seconds(30);  // a round whose member dies while connecting re-forms sooner
-    comm.broadcast_initial_values = false;            // elastic::run broadcasts the state (newcomers too)
-    dtrain::ClusterResolution cluster = job.join();  // before job.token(): the token belongs to the round
+    comm.connect_timeout =
+        std::chrono::seconds(30);  // a round whose member dies while connecting re-forms sooner
+    comm.broadcast_initial_values = false;  // elastic::run broadcasts the state (newcomers too)
+    dtrain::ClusterResolution cluster =
+        job.join();  // before job.token(): the token belongs to the round
     dtrain::MultiWorkerMirroredStrategy strategy(local, comm, cluster, job.token());
 
     dtrain::set_global_seed(seed);
@@ -66,20 +76,24 @@ int main(int argc, char** argv) {
     ro.commit_every = commit_every;
     ro.on_reset = [&](const dtrain::elastic::Membership& m) {
       if (m.rank == 0)
-        std::fprintf(stderr, "elastic: round %d, %zu workers, %d replicas in sync\n", m.generation, m.addresses.size(),
-                     strategy.num_replicas_in_sync());
+        std::fprintf(stderr, "elastic: round %d, %zu workers, %d replicas in sync\n", m.generation,
+                     m.addresses.size(), strategy.num_replicas_in_sync());
     };
-    const dtrain::elastic::RunReport report = dtrain::elastic::run(job, strategy, model, *opt, [&](dtrain::Callback& elastic) {
-      dtrain::ProgressBar progress(json ? stderr : stdout);
-      dtrain::FitOptions fit;
-      fit.epochs = epochs;
-      fit.global_batch_size = batch;
-      fit.shuffle_seed = seed;
-      fit.callbacks = {&elastic};
-      if (strategy.extended().is_chief()) fit.callbacks.push_back(&progress);
-      dtrain::History h = dtrain::fit(strategy, model, *opt, train, &test, fit);
-      if (!h.history["loss"].empty()) history = h;  // a resumed call may find nothing left to train
-    }, ro);
+    const dtrain::elastic::RunReport report = dtrain::elastic::run(
+        job, strategy, model, *opt,
+        [&](dtrain::Callback& elastic) {
+          dtrain::ProgressBar progress(json ? stderr : stdout);
+          dtrain::FitOptions fit;
+          fit.epochs = epochs;
+          fit.global_batch_size = batch;
+          fit.shuffle_seed = seed;
+          fit.callbacks = {&elastic};
+          if (strategy.extended().is_chief()) fit.callbacks.push_back(&progress);
+          dtrain::History h = dtrain::fit(strategy, model, *opt, train, &test, fit);
+          if (!h.history["loss"].empty())
+            history = h;  // a resumed call may find nothing left to train
+        },
+        ro);
     if (json && strategy.extended().is_chief()) {
       nlohmann::json j{{"example", "elastic_fashion_mnist"},
                        {"workers", report.workers},

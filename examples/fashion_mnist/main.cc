@@ -6,24 +6,25 @@
 //   dtrain-run -np 3 --max-restarts 2 -- ./fashion_mnist --strategy=multi_worker_mirrored
 //       --backup-dir /tmp/backup --checkpoint-dir /tmp/ckpt --optimizer "sgd momentum=0.9"
 //       --lr-schedule "cosine decay_steps=4000" --warmup-epochs 1 --scale-lr
+#include <sys/resource.h>
+
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <optional>
-#include <algorithm>
 #include <nlohmann/json.hpp>
-#include <sys/resource.h>
+#include <optional>
 
 #include "dtrain/dtrain.h"
 #include "reference_cnn.h"
 
 namespace {
-std::atomic<bool> g_stop{false};  // SIGTERM to the evaluator task: finish the newest checkpoint, exit
+std::atomic<bool> g_stop{
+    false};  // SIGTERM to the evaluator task: finish the newest checkpoint, exit
 }  // namespace
-
 
 int main(int argc, char** argv) {
   CLI::App app{"Train the reference CNN on Fashion-MNIST with dtrain"};
@@ -35,74 +36,111 @@ int main(int argc, char** argv) {
   bool json = false;
   std::string valid;
   for (const auto& n : dtrain::strategy_names()) valid += (valid.empty() ? "" : ", ") + n;
-  app.add_option("--strategy", strategy_name, "distribution strategy: " + valid)->capture_default_str();
-  app.add_option("--devices", devices_flag, "cpu, cpu:N (N logical CPU devices), gpu, gpu:0,1, auto")->capture_default_str();
-  app.add_option("--threads", threads, "intra-op threads per CPU device (0 = cores / devices)")->check(CLI::NonNegativeNumber);
-  app.add_option("--epochs", epochs, "epochs to train")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--strategy", strategy_name, "distribution strategy: " + valid)
+      ->capture_default_str();
+  app.add_option("--devices", devices_flag,
+                 "cpu, cpu:N (N logical CPU devices), gpu, gpu:0,1, auto")
+      ->capture_default_str();
+  app.add_option("--threads", threads, "intra-op threads per CPU device (0 = cores / devices)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--epochs", epochs, "epochs to train")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   bool no_eval = false;
   app.add_flag("--no-eval", no_eval, "skip the test-set evaluation (benchmarks)");
-  app.add_option("--steps", steps, "train this many steps instead of whole epochs (0 = off)")->check(CLI::NonNegativeNumber);
-  app.add_option("--batch-size", batch, "global batch size (split over replicas)")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--lr", lr, "Adam learning rate")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--steps", steps, "train this many steps instead of whole epochs (0 = off)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--batch-size", batch, "global batch size (split over replicas)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--lr", lr, "Adam learning rate")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--seed", seed, "seed for weights, shuffling and dropout")->capture_default_str();
-  app.add_option("--data-dir", data_dir, "Fashion-MNIST IDX directory (default $DTRAIN_DATA_DIR, then /usr/share/datasets/fashion-mnist)");
-  app.add_option("--warmup", warmup, "steps excluded from images/sec")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--data-dir", data_dir,
+                 "Fashion-MNIST IDX directory (default $DTRAIN_DATA_DIR, then "
+                 "/usr/share/datasets/fashion-mnist)");
+  app.add_option("--warmup", warmup, "steps excluded from images/sec")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_flag("--json", json, "print one JSON object with the results as the last line");
   std::string optimizer_flag = "adam", schedule_flag, backup_dir, tensorboard_dir, csv_path;
   double warmup_epochs = 0;
   int accumulate = 1;
   int64_t backup_every = 0, train_limit = 0;
   bool scale_lr = false;
-  app.add_option("--optimizer", optimizer_flag,
-                 "sgd, adam, adamw, rmsprop or adagrad, with Keras' hyper-parameters as key=value, e.g. "
-                 "\"sgd momentum=0.9 nesterov=1\" or \"adamw weight_decay=0.01 global_clipnorm=1\"; "
-                 "the rate comes from --lr unless the line sets learning_rate")
+  app.add_option(
+         "--optimizer", optimizer_flag,
+         "sgd, adam, adamw, rmsprop or adagrad, with Keras' hyper-parameters as key=value, e.g. "
+         "\"sgd momentum=0.9 nesterov=1\" or \"adamw weight_decay=0.01 global_clipnorm=1\"; "
+         "the rate comes from --lr unless the line sets learning_rate")
       ->capture_default_str();
-  app.add_option("--lr-schedule", schedule_flag,
-                 "a learning-rate schedule: \"piecewise_constant boundaries=500;1000 values=1e-3;5e-4;1e-4\", "
-                 "\"exponential decay_steps=1000 decay_rate=0.9\", \"cosine decay_steps=5000 "
-                 "warmup_target=0.01 warmup_steps=500\", \"polynomial decay_steps=5000\"; "
-                 "initial_learning_rate defaults to --lr");
-  app.add_flag("--scale-lr", scale_lr, "multiply the learning rate by the number of replicas (Horovod's rule)");
-  app.add_option("--warmup-epochs", warmup_epochs,
-                 "Horovod's gradual warm-up: the rate rises from lr / replicas to lr over this many epochs")
+  app.add_option(
+      "--lr-schedule", schedule_flag,
+      "a learning-rate schedule: \"piecewise_constant boundaries=500;1000 values=1e-3;5e-4;1e-4\", "
+      "\"exponential decay_steps=1000 decay_rate=0.9\", \"cosine decay_steps=5000 "
+      "warmup_target=0.01 warmup_steps=500\", \"polynomial decay_steps=5000\"; "
+      "initial_learning_rate defaults to --lr");
+  app.add_flag("--scale-lr", scale_lr,
+               "multiply the learning rate by the number of replicas (Horovod's rule)");
+  app.add_option(
+         "--warmup-epochs", warmup_epochs,
+         "Horovod's gradual warm-up: the rate rises from lr / replicas to lr over this many epochs")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--accumulate", accumulate, "sum the gradients of this many batches per update (one all-reduce)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--accumulate", accumulate,
+                 "sum the gradients of this many batches per update (one all-reduce)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   std::string compression_flag = "none";
   app.add_option("--compression", compression_flag,
-                 "multi_worker_mirrored: cross-worker gradient compression, none, fp16 or bf16 (half the bytes "
-                 "on the wire)")->capture_default_str();
-  app.add_option("--backup-dir", backup_dir,
-                 "BackupAndRestore: back up each epoch (and every --backup-every steps) here; running the "
-                 "same command again after a failure resumes from the last backup, with the same result");
-  app.add_option("--backup-every", backup_every, "also back up every this many steps (0: at epoch ends only)")
+                 "multi_worker_mirrored: cross-worker gradient compression, none, fp16 or bf16 "
+                 "(half the bytes "
+                 "on the wire)")
+      ->capture_default_str();
+  app.add_option(
+      "--backup-dir", backup_dir,
+      "BackupAndRestore: back up each epoch (and every --backup-every steps) here; running the "
+      "same command again after a failure resumes from the last backup, with the same result");
+  app.add_option("--backup-every", backup_every,
+                 "also back up every this many steps (0: at epoch ends only)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--tensorboard-dir", tensorboard_dir, "write TensorBoard event files here (chief)");
-  app.add_option("--csv-log", csv_path, "append one CSV row of logs per epoch here (chief); tools/plot_history.py draws it");
+  app.add_option("--tensorboard-dir", tensorboard_dir,
+                 "write TensorBoard event files here (chief)");
+  app.add_option(
+      "--csv-log", csv_path,
+      "append one CSV row of logs per epoch here (chief); tools/plot_history.py draws it");
   std::string restore_path;
   bool eval_only = false;
-  app.add_option("--restore", restore_path,
-                 "start from this checkpoint (a final.safetensors or ckpt-N.safetensors from any strategy "
-                 "and replica count): weights, optimizer state and the random state");
-  app.add_flag("--eval-only", eval_only, "evaluate (the restored model) on the test set and stop; no training");
+  app.add_option(
+      "--restore", restore_path,
+      "start from this checkpoint (a final.safetensors or ckpt-N.safetensors from any strategy "
+      "and replica count): weights, optimizer state and the random state");
+  app.add_flag("--eval-only", eval_only,
+               "evaluate (the restored model) on the test set and stop; no training");
   app.add_option("--train-limit", train_limit, "train on the first N training images only (tests)")
       ->check(CLI::NonNegativeNumber);
   dtrain::ParameterServerOptions ps;
   int ps_shards = 0;
   std::string checkpoint_dir;
-  app.add_option("--checkpoint-dir", checkpoint_dir,
-                 "ModelCheckpoint: a checkpoint each epoch (parameter_server: the chief's checkpoints of the "
-                 "servers, restored from on start), and the final weights as final.safetensors");
-  app.add_option("--checkpoint-every", ps.checkpoint_every, "parameter_server: global steps between checkpoints")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--max-staleness", ps.max_staleness, "parameter_server: steps a worker may run ahead of the slowest (-1 = unbounded)")
+  app.add_option(
+      "--checkpoint-dir", checkpoint_dir,
+      "ModelCheckpoint: a checkpoint each epoch (parameter_server: the chief's checkpoints of the "
+      "servers, restored from on start), and the final weights as final.safetensors");
+  app.add_option("--checkpoint-every", ps.checkpoint_every,
+                 "parameter_server: global steps between checkpoints")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--ps-shards", ps_shards, "parameter_server: split each variable with >= 2 rows into this many shards (0 = whole)")
+  app.add_option("--max-staleness", ps.max_staleness,
+                 "parameter_server: steps a worker may run ahead of the slowest (-1 = unbounded)")
+      ->capture_default_str();
+  app.add_option(
+         "--ps-shards", ps_shards,
+         "parameter_server: split each variable with >= 2 rows into this many shards (0 = whole)")
       ->check(CLI::NonNegativeNumber);
   std::string precision_flag = "fp32";
   app.add_option("--precision", precision_flag,
-                 "fp32, or bf16: Keras' mixed_bfloat16 policy (convolutions and matmuls in bfloat16 with float32 "
+                 "fp32, or bf16: Keras' mixed_bfloat16 policy (convolutions and matmuls in "
+                 "bfloat16 with float32 "
                  "accumulation; float32 variables, optimizer and losses; CPU devices)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -133,7 +171,9 @@ int main(int argc, char** argv) {
       so.checkpoint_dir = info.checkpoint_dir;
       so.stop = &g_stop;
       so.json = json;
-      dtrain::SidecarEvaluator(model, dtrain::Dataset::from_tensors({data.test_images, data.test_labels}), so).run();
+      dtrain::SidecarEvaluator(
+          model, dtrain::Dataset::from_tensors({data.test_images, data.test_labels}), so)
+          .run();
     };
     task.train = [&](dtrain::Strategy& strategy) {
       dtrain::FashionMnist data = dtrain::load_fashion_mnist(data_dir);
@@ -143,14 +183,16 @@ int main(int argc, char** argv) {
       }
       dtrain::Sequential model;
       std::unique_ptr<dtrain::Optimizer> optimizer;
-      const float rate = scale_lr ? dtrain::scale_learning_rate(lr, strategy.num_replicas_in_sync()) : lr;
+      const float rate =
+          scale_lr ? dtrain::scale_learning_rate(lr, strategy.num_replicas_in_sync()) : lr;
       {
         auto scope = strategy.scope();
         model = dtrain::examples::reference_cnn();
         std::string line = optimizer_flag;
         char rate_text[32];
         std::snprintf(rate_text, sizeof(rate_text), "%.9g", static_cast<double>(rate));
-        if (line.find("learning_rate=") == std::string::npos) line += std::string(" learning_rate=") + rate_text;
+        if (line.find("learning_rate=") == std::string::npos)
+          line += std::string(" learning_rate=") + rate_text;
         optimizer = dtrain::Optimizer::from_config(line);
         if (!schedule_flag.empty()) {
           std::string s = schedule_flag;
@@ -160,7 +202,8 @@ int main(int argc, char** argv) {
           optimizer->set_schedule(dtrain::LearningRateSchedule::from_config(s));
         }
       }
-      std::fprintf(stderr, "strategy %s, %d replica(s) in sync; local devices:", strategy.name().c_str(),
+      std::fprintf(stderr,
+                   "strategy %s, %d replica(s) in sync; local devices:", strategy.name().c_str(),
                    strategy.num_replicas_in_sync());
       for (const auto& d : strategy.worker_devices())
         std::fprintf(stderr, " %s", dtrain::get_device(d).description().c_str());
@@ -173,7 +216,8 @@ int main(int argc, char** argv) {
           auto scope = strategy.scope();
           model.build(dtrain::Shape{1, 28, 28, 1});
         }
-        const dtrain::TrainingPosition p = dtrain::Checkpoint(model, optimizer.get(), &strategy).restore(restore_path);
+        const dtrain::TrainingPosition p =
+            dtrain::Checkpoint(model, optimizer.get(), &strategy).restore(restore_path);
         std::fprintf(stderr, "restored %s (saved after %lld steps)\n", restore_path.c_str(),
                      static_cast<long long>(p.global_step));
       }
@@ -184,12 +228,15 @@ int main(int argc, char** argv) {
         dtrain::SparseCategoricalAccuracy by_hand;
         by_hand.update_state(logits, data.test_labels);
         if (strategy.extended().is_chief() || !strategy.extended().synchronous()) {
-          nlohmann::json j{{"strategy", strategy_name}, {"replicas", strategy.num_replicas_in_sync()},
-                           {"examples", r.examples}, {"test_accuracy", r.accuracy}, {"test_loss", r.loss},
-                           {"predict_accuracy", by_hand.result()}};
-          if (json) std::printf("%s\n", j.dump().c_str());
-          else std::printf("test loss %.4f, test accuracy %.2f%% over %lld images\n", r.loss, 100 * r.accuracy,
-                           static_cast<long long>(r.examples));
+          nlohmann::json j{
+              {"strategy", strategy_name}, {"replicas", strategy.num_replicas_in_sync()},
+              {"examples", r.examples},    {"test_accuracy", r.accuracy},
+              {"test_loss", r.loss},       {"predict_accuracy", by_hand.result()}};
+          if (json)
+            std::printf("%s\n", j.dump().c_str());
+          else
+            std::printf("test loss %.4f, test accuracy %.2f%% over %lld images\n", r.loss,
+                        100 * r.accuracy, static_cast<long long>(r.examples));
         }
         strategy.extended().on_training_end();
         return;
@@ -218,12 +265,15 @@ int main(int argc, char** argv) {
         board = std::make_unique<dtrain::TensorBoard>(tensorboard_dir);
         fit.callbacks.push_back(board.get());
       }
-      fit.callbacks.push_back(&progress);  // last: it reports what the others did (a restored backup)
-      const dtrain::History h = dtrain::fit(strategy, model, *optimizer, train, no_eval ? nullptr : &test, fit);
+      fit.callbacks.push_back(
+          &progress);  // last: it reports what the others did (a restored backup)
+      const dtrain::History h =
+          dtrain::fit(strategy, model, *optimizer, train, no_eval ? nullptr : &test, fit);
       if (!checkpoint_dir.empty()) {
         std::filesystem::create_directories(checkpoint_dir);
         const std::string final_path = checkpoint_dir + "/final.safetensors";
-        if (dtrain::Checkpoint(model, optimizer.get(), &strategy).save(final_path, {epochs, 0, h.steps}))
+        if (dtrain::Checkpoint(model, optimizer.get(), &strategy)
+                .save(final_path, {epochs, 0, h.steps}))
           std::fprintf(stderr, "final weights: %s\n", final_path.c_str());
       }
       // Peak resident memory: this process's, or the largest worker's of a synchronous job.
@@ -232,23 +282,27 @@ int main(int argc, char** argv) {
       double peak_rss_mb = static_cast<double>(usage.ru_maxrss) / 1024.0;
       if (ext.synchronous() && ext.num_workers() > 1) {
         const std::vector<double> all =
-            strategy.extended().gather_across_workers(dtrain::Tensor::from_vector<double>({peak_rss_mb}, dtrain::Shape{1})).to_vector<double>();
+            strategy.extended()
+                .gather_across_workers(
+                    dtrain::Tensor::from_vector<double>({peak_rss_mb}, dtrain::Shape{1}))
+                .to_vector<double>();
         peak_rss_mb = *std::max_element(all.begin(), all.end());
       }
       if (json && (ext.is_chief() || !ext.synchronous())) {  // async workers: each its own
         const std::optional<int64_t> job_step = ext.job_step();
-        nlohmann::json j{{"strategy", strategy_name},
-                         {"precision", dtrain::precision_name(dtrain::precision_policy())},
-                         {"replicas", strategy.num_replicas_in_sync()},
-                         {"devices", devices_flag},
-                         {"steps", h.steps},
-                         {"job_step", job_step ? nlohmann::json(*job_step) : nlohmann::json()},
-                         {"global_batch", batch},
-                         {"images_per_sec", h.images_per_sec},
-                         {"final_loss", h.final_loss},
-                         {"test_accuracy", no_eval ? nlohmann::json() : nlohmann::json(h.test_accuracy)},
-                         {"test_loss", no_eval ? nlohmann::json() : nlohmann::json(h.test_loss)},
-                         {"peak_rss_mb", peak_rss_mb}};
+        nlohmann::json j{
+            {"strategy", strategy_name},
+            {"precision", dtrain::precision_name(dtrain::precision_policy())},
+            {"replicas", strategy.num_replicas_in_sync()},
+            {"devices", devices_flag},
+            {"steps", h.steps},
+            {"job_step", job_step ? nlohmann::json(*job_step) : nlohmann::json()},
+            {"global_batch", batch},
+            {"images_per_sec", h.images_per_sec},
+            {"final_loss", h.final_loss},
+            {"test_accuracy", no_eval ? nlohmann::json() : nlohmann::json(h.test_accuracy)},
+            {"test_loss", no_eval ? nlohmann::json() : nlohmann::json(h.test_loss)},
+            {"peak_rss_mb", peak_rss_mb}};
         std::printf("%s\n", j.dump().c_str());
       }
     };

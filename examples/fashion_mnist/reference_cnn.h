@@ -11,9 +11,11 @@ namespace dtrain::examples {
 
 inline Sequential reference_cnn() {
   Sequential m;
-  m.add(std::make_shared<Conv2D>(32, 3, 3, Activation::kRelu, ops::Padding::kValid, 1, true, "conv1"));
+  m.add(std::make_shared<Conv2D>(32, 3, 3, Activation::kRelu, ops::Padding::kValid, 1, true,
+                                 "conv1"));
   m.add(std::make_shared<MaxPool2D>(2, 2, ops::Padding::kValid, "pool1"));
-  m.add(std::make_shared<Conv2D>(64, 3, 3, Activation::kRelu, ops::Padding::kValid, 1, true, "conv2"));
+  m.add(std::make_shared<Conv2D>(64, 3, 3, Activation::kRelu, ops::Padding::kValid, 1, true,
+                                 "conv2"));
   m.add(std::make_shared<MaxPool2D>(2, 2, ops::Padding::kValid, "pool2"));
   m.add(std::make_shared<Flatten>());
   m.add(std::make_shared<Dense>(128, Activation::kRelu, true, "dense1"));

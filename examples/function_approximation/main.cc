@@ -27,16 +27,25 @@ int main(int argc, char** argv) {
   uint64_t seed = 7;
   bool json = false;
   app.add_option("--strategy", strategy_name)->capture_default_str();
-  app.add_option("--devices", devices_flag, "cpu, cpu:N (ensemble: one member per device), gpu, ...")->capture_default_str();
-  app.add_option("--epochs", epochs)->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--examples", n, "noisy samples of f on [0, 1]")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--batch-size", batch, "global batch (ensemble: each member's)")->check(CLI::PositiveNumber)
+  app.add_option("--devices", devices_flag,
+                 "cpu, cpu:N (ensemble: one member per device), gpu, ...")
       ->capture_default_str();
-  app.add_option("--width", width, "units of each of the two tanh layers")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--epochs", epochs)->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--examples", n, "noisy samples of f on [0, 1]")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--batch-size", batch, "global batch (ensemble: each member's)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--width", width, "units of each of the two tanh layers")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--lr", lr, "Adam learning rate (cosine decay to zero)")->capture_default_str();
-  app.add_option("--noise", noise, "standard deviation of the noise on the samples")->capture_default_str();
+  app.add_option("--noise", noise, "standard deviation of the noise on the samples")
+      ->capture_default_str();
   app.add_option("--seed", seed)->capture_default_str();
-  app.add_option("--predictions", predictions_path, "write x,target,mean,stddev on 201 points (chief)");
+  app.add_option("--predictions", predictions_path,
+                 "write x,target,mean,stddev on 201 points (chief)");
   app.add_option("--data", data_path, "write the noisy samples x,y (chief)");
   app.add_flag("--json", json, "print one JSON object with the results as the last line");
   CLI11_PARSE(app, argc, argv);
@@ -52,8 +61,9 @@ int main(int argc, char** argv) {
         x[i] = rng.uniform(2 * i);
         y[i] = static_cast<float>(target(x[i])) + noise * rng.normal(2 * i + 1);
       }
-      const auto data = dtrain::Dataset::from_tensors(
-          {dtrain::Tensor::from_vector(x, dtrain::Shape{n, 1}), dtrain::Tensor::from_vector(y, dtrain::Shape{n, 1})});
+      const auto data =
+          dtrain::Dataset::from_tensors({dtrain::Tensor::from_vector(x, dtrain::Shape{n, 1}),
+                                         dtrain::Tensor::from_vector(y, dtrain::Shape{n, 1})});
       dtrain::set_global_seed(seed);
       dtrain::Sequential model;
       std::unique_ptr<dtrain::Optimizer> opt;
@@ -70,14 +80,18 @@ int main(int argc, char** argv) {
       fit.global_batch_size = batch;
       fit.shuffle_seed = seed;
       fit.warmup_steps = 0;
-      fit.loss = [](const dtrain::Tensor& p, const dtrain::Tensor& t) { return dtrain::ops::mean_squared_error(p, t); };
+      fit.loss = [](const dtrain::Tensor& p, const dtrain::Tensor& t) {
+        return dtrain::ops::mean_squared_error(p, t);
+      };
       fit.metrics = {"mse"};
       const dtrain::History h = dtrain::fit(strategy, model, *opt, data, nullptr, fit);
 
       const int64_t m = 201;
       std::vector<float> grid(static_cast<size_t>(m));
-      for (size_t i = 0; i < grid.size(); ++i) grid[i] = static_cast<float>(i) / static_cast<float>(m - 1);
-      const auto gx = dtrain::Dataset::from_tensors({dtrain::Tensor::from_vector(grid, dtrain::Shape{m, 1})});
+      for (size_t i = 0; i < grid.size(); ++i)
+        grid[i] = static_cast<float>(i) / static_cast<float>(m - 1);
+      const auto gx =
+          dtrain::Dataset::from_tensors({dtrain::Tensor::from_vector(grid, dtrain::Shape{m, 1})});
       const dtrain::EnsemblePrediction p = dtrain::predict_ensemble(strategy, model, gx, 256);
       const std::vector<float> mean = p.mean.to_vector<float>(), sd = p.stddev.to_vector<float>();
       double se = 0, inside = 0, member_se = 0;
@@ -88,17 +102,20 @@ int main(int argc, char** argv) {
       }
       for (const auto& member : p.members) {
         const std::vector<float> v = member.to_vector<float>();
-        for (size_t i = 0; i < grid.size(); ++i) member_se += (v[i] - target(grid[i])) * (v[i] - target(grid[i]));
+        for (size_t i = 0; i < grid.size(); ++i)
+          member_se += (v[i] - target(grid[i])) * (v[i] - target(grid[i]));
       }
       const double rmse = std::sqrt(se / static_cast<double>(m));
-      const double member_rmse = std::sqrt(member_se / static_cast<double>(m * static_cast<int64_t>(p.members.size())));
+      const double member_rmse =
+          std::sqrt(member_se / static_cast<double>(m * static_cast<int64_t>(p.members.size())));
       if (!strategy.extended().is_chief()) return;
       if (!predictions_path.empty()) {
         std::ofstream f(predictions_path);
         f << "x,target,mean,stddev\n";
         char buf[128];
         for (size_t i = 0; i < grid.size(); ++i) {
-          std::snprintf(buf, sizeof(buf), "%.6g,%.9g,%.9g,%.9g\n", grid[i], target(grid[i]), mean[i], sd[i]);
+          std::snprintf(buf, sizeof(buf), "%.6g,%.9g,%.9g,%.9g\n", grid[i], target(grid[i]),
+                        mean[i], sd[i]);
           f << buf;
         }
       }
@@ -107,14 +124,23 @@ int main(int argc, char** argv) {
         f << "x,y\n";
         for (size_t i = 0; i < x.size(); ++i) f << x[i] << ',' << y[i] << '\n';
       }
-      std::fprintf(json ? stderr : stdout, "%s, %zu model(s): RMSE of the %s against f: %.4f (members: %.4f)%s\n",
-                   strategy.name().c_str(), p.members.size(), p.members.size() > 1 ? "ensemble mean" : "fit", rmse,
-                   member_rmse,
-                   p.members.size() > 1 ? (", " + std::to_string(static_cast<int>(100 * inside / m)) + "% of f inside +-2 sd").c_str() : "");
+      std::fprintf(
+          json ? stderr : stdout,
+          "%s, %zu model(s): RMSE of the %s against f: %.4f (members: %.4f)%s\n",
+          strategy.name().c_str(), p.members.size(), p.members.size() > 1 ? "ensemble mean" : "fit",
+          rmse, member_rmse,
+          p.members.size() > 1
+              ? (", " + std::to_string(static_cast<int>(100 * inside / m)) + "% of f inside +-2 sd")
+                    .c_str()
+              : "");
       if (json) {
-        nlohmann::json j{{"strategy", strategy_name}, {"members", p.members.size()},
-                         {"replicas", strategy.num_replicas_in_sync()}, {"steps", h.steps},
-                         {"final_loss", h.final_loss}, {"rmse", rmse}, {"member_rmse", member_rmse},
+        nlohmann::json j{{"strategy", strategy_name},
+                         {"members", p.members.size()},
+                         {"replicas", strategy.num_replicas_in_sync()},
+                         {"steps", h.steps},
+                         {"final_loss", h.final_loss},
+                         {"rmse", rmse},
+                         {"member_rmse", member_rmse},
                          {"inside_two_sd", inside / static_cast<double>(m)}};
         std::printf("%s\n", j.dump().c_str());
       }

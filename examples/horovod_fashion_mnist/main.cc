@@ -23,15 +23,22 @@ int main(int argc, char** argv) {
   uint64_t seed = 42;
   bool json = false;
   std::string data_dir, checkpoint_dir, compression = "none", devices = "auto";
-  app.add_option("--epochs", epochs, "epochs to train")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--epochs", epochs, "epochs to train")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--batch-size", batch, "batch size per rank (the global batch is this x size)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--lr", lr, "Adam learning rate for one rank; scaled by hvd::size()")->capture_default_str();
-  app.add_option("--warmup-epochs", warmup_epochs, "Horovod's learning-rate warm-up (0: none)")->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--lr", lr, "Adam learning rate for one rank; scaled by hvd::size()")
+      ->capture_default_str();
+  app.add_option("--warmup-epochs", warmup_epochs, "Horovod's learning-rate warm-up (0: none)")
+      ->capture_default_str();
   app.add_option("--steps", steps, "train this many steps instead of whole epochs (0 = off)");
   app.add_option("--seed", seed, "seed for weights and shuffling")->capture_default_str();
-  app.add_option("--compression", compression, "gradient compression: none, fp16 or bf16")->capture_default_str();
-  app.add_option("--devices", devices, "auto (the GPU of this local rank if any, else the CPU), cpu or gpu")
+  app.add_option("--compression", compression, "gradient compression: none, fp16 or bf16")
+      ->capture_default_str();
+  app.add_option("--devices", devices,
+                 "auto (the GPU of this local rank if any, else the CPU), cpu or gpu")
       ->capture_default_str();
   app.add_option("--checkpoint-dir", checkpoint_dir, "rank 0 saves a checkpoint here each epoch");
   app.add_option("--data-dir", data_dir, "Fashion-MNIST IDX directory");
@@ -44,7 +51,8 @@ int main(int argc, char** argv) {
     hvd::init();
 
     // Horovod: pin GPU to be used to process local rank (one GPU per process).
-    // (More ranks on a machine than GPUs: ranks share them round-robin, as CUDA_VISIBLE_DEVICES would.)
+    // (More ranks on a machine than GPUs: ranks share them round-robin, as CUDA_VISIBLE_DEVICES
+    // would.)
     const int gpu_count = static_cast<int>(dtrain::list_devices(dtrain::DeviceType::kCUDA).size());
     const bool gpus = devices == "gpu" || (devices == "auto" && gpu_count > 0);
     if (gpus && gpu_count == 0) throw dtrain::NotFound("--devices=gpu but no CUDA GPU is visible");
@@ -61,8 +69,9 @@ int main(int argc, char** argv) {
     // Horovod: each rank reads its own shard of the data.
     // Every rank takes the same number of examples (the smallest shard), so all run the same steps.
     const int64_t per_rank = data.train_images.shape()[0] / hvd::size();
-    const auto dataset =
-        dtrain::Dataset::from_tensors({data.train_images, data.train_labels}).shard(hvd::size(), hvd::rank()).take(per_rank);
+    const auto dataset = dtrain::Dataset::from_tensors({data.train_images, data.train_labels})
+                             .shard(hvd::size(), hvd::rank())
+                             .take(per_rank);
     const auto test = dtrain::Dataset::from_tensors({data.test_images, data.test_labels});
 
     dtrain::Sequential mnist_model;
@@ -73,11 +82,13 @@ int main(int argc, char** argv) {
       // Horovod: adjust learning rate based on number of GPUs.
       const float scaled_lr = lr * static_cast<float>(hvd::size());
       // Horovod: add Horovod DistributedOptimizer.
-      opt = hvd::DistributedOptimizer(std::make_unique<dtrain::Adam>(scaled_lr), hvd::parse_compression(compression));
+      opt = hvd::DistributedOptimizer(std::make_unique<dtrain::Adam>(scaled_lr),
+                                      hvd::parse_compression(compression));
     }
 
     std::vector<dtrain::Callback*> callbacks;
-    // Horovod: average metrics among workers at the end of every epoch (first, so the others see it).
+    // Horovod: average metrics among workers at the end of every epoch (first, so the others see
+    // it).
     hvd::MetricAverageCallback average;
     callbacks.push_back(&average);
     // Horovod: broadcast initial variable states from rank 0 to all other processes.
@@ -89,7 +100,8 @@ int main(int argc, char** argv) {
     if (warmup_epochs > 0) callbacks.push_back(&warmup.emplace(warmup_epochs, /*verbose=*/1));
     // Horovod: save checkpoints only on worker 0 to prevent other workers from corrupting them.
     std::optional<dtrain::ModelCheckpoint> checkpoint;
-    if (hvd::rank() == 0 && !checkpoint_dir.empty()) callbacks.push_back(&checkpoint.emplace(checkpoint_dir, "val_loss"));
+    if (hvd::rank() == 0 && !checkpoint_dir.empty())
+      callbacks.push_back(&checkpoint.emplace(checkpoint_dir, "val_loss"));
     // Horovod: write logs on worker 0.
     dtrain::ProgressBar progress(json ? stderr : stdout);
     if (hvd::rank() == 0) callbacks.push_back(&progress);

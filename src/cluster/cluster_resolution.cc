@@ -186,8 +186,10 @@ std::string resolve_job_token(std::string token) {
     token = env ? env : "";
   }
   if (token.empty())
-    throw InvalidArgument("DTRAIN_JOB_TOKEN is not set: every task of a multi-process job must share a secret token "
-                          "(dtrain-run generates one; or export DTRAIN_JOB_TOKEN=$(openssl rand -hex 32) on every task)");
+    throw InvalidArgument(
+        "DTRAIN_JOB_TOKEN is not set: every task of a multi-process job must share a secret token "
+        "(dtrain-run generates one; or export DTRAIN_JOB_TOKEN=$(openssl rand -hex 32) on every "
+        "task)");
   return token;
 }
 

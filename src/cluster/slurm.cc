@@ -5,8 +5,8 @@
 
 #include "cluster/cluster_util.h"
 #include "dtrain/cluster/cluster_resolver.h"
-#include "dtrain/core/strings.h"
 #include "dtrain/core/error.h"
+#include "dtrain/core/strings.h"
 
 namespace dtrain {
 namespace {

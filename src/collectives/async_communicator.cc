@@ -18,8 +18,8 @@
 #include <thread>
 
 #include "collectives/sync_collectives.h"
-#include "dtrain/core/timeline.h"
 #include "dtrain/core/error.h"
+#include "dtrain/core/timeline.h"
 
 namespace dtrain {
 namespace {
@@ -30,16 +30,27 @@ using Clock = std::chrono::steady_clock;
 // nobody waits for yet starts kGrace after it was issued.
 constexpr auto kGrace = std::chrono::microseconds(50);
 
-enum class Op { kAllreduce, kAllgather, kBroadcast, kReduce, kReduceScatter, kBarrier, kAlltoall, kReduceScatterConcat };
-constexpr std::array<const char*, 8> kOpNames = {"allreduce", "allgather", "broadcast", "reduce", "reduce_scatter",
-                                                 "barrier", "alltoall", "reduce_scatter_concat"};
+enum class Op {
+  kAllreduce,
+  kAllgather,
+  kBroadcast,
+  kReduce,
+  kReduceScatter,
+  kBarrier,
+  kAlltoall,
+  kReduceScatterConcat
+};
+constexpr std::array<const char*, 8> kOpNames = {
+    "allreduce",      "allgather", "broadcast", "reduce",
+    "reduce_scatter", "barrier",   "alltoall",  "reduce_scatter_concat"};
 
 struct Task {
   uint64_t id = 0;
   Clock::time_point submitted;
   Op op = Op::kBarrier;
-  Tensor* tensor = nullptr;        // allreduce, broadcast, reduce: in place; allgather, reduce_scatter: output
-  const Tensor* input = nullptr;   // allgather, reduce_scatter
+  Tensor* tensor =
+      nullptr;  // allreduce, broadcast, reduce: in place; allgather, reduce_scatter: output
+  const Tensor* input = nullptr;                // allgather, reduce_scatter
   const std::vector<Tensor>* inputs = nullptr;  // reduce_scatter_concat
   ReduceOp reduce = ReduceOp::kSum;
   int root = 0;
@@ -50,16 +61,21 @@ struct Task {
 class Queue final : public Work::Tracker {
  public:
   Queue(std::unique_ptr<SyncCollectives> b, std::chrono::milliseconds bound)
-      : backend(std::move(b)), collective_timeout(bound), rank_(backend->rank()), size_(backend->size()) {}
+      : backend(std::move(b)),
+        collective_timeout(bound),
+        rank_(backend->rank()),
+        size_(backend->size()) {}
 
   bool done(uint64_t id) const override { return completed.load(std::memory_order_acquire) > id; }
 
   bool wait(uint64_t id, std::chrono::milliseconds timeout) override {
     if (done(id)) return true;
-    if (timeout >= collective_timeout) help(id);  // a shorter wait leaves it to the thread: its timeout holds
+    if (timeout >= collective_timeout)
+      help(id);  // a shorter wait leaves it to the thread: its timeout holds
     std::unique_lock<std::mutex> lock(mu);
     if (timeout == std::chrono::milliseconds::max()) {
-      // No limit of our own: the backend's collective timeout ends it. (wait_for(max) would overflow.)
+      // No limit of our own: the backend's collective timeout ends it. (wait_for(max) would
+      // overflow.)
       while (!done(id)) done_cv.wait_for(lock, std::chrono::seconds(1));
       return true;
     }
@@ -87,7 +103,8 @@ class Queue final : public Work::Tracker {
     if (running && running_id == id) op = kOpNames[static_cast<size_t>(running_op)];
     for (const Task& t : tasks)
       if (t.id == id) op = kOpNames[static_cast<size_t>(t.op)];
-    return op + " #" + std::to_string(id) + " on rank " + std::to_string(rank_) + " of " + std::to_string(size_);
+    return op + " #" + std::to_string(id) + " on rank " + std::to_string(rank_) + " of " +
+           std::to_string(size_);
   }
 
   // Runs the task claimed under the lock (running set), outside the lock; then marks it complete.
@@ -96,14 +113,30 @@ class Queue final : public Work::Tracker {
     try {
       SyncCollectives& b = *backend;
       switch (task.op) {
-        case Op::kAllreduce: b.allreduce(*task.tensor, task.reduce); break;
-        case Op::kAllgather: b.allgather(*task.input, *task.tensor); break;
-        case Op::kBroadcast: b.broadcast(*task.tensor, task.root); break;
-        case Op::kReduce: b.reduce(*task.tensor, task.root, task.reduce); break;
-        case Op::kReduceScatter: b.reduce_scatter(*task.input, *task.tensor, task.reduce); break;
-        case Op::kBarrier: b.barrier(); break;
-        case Op::kAlltoall: b.alltoall(*task.input, *task.tensor); break;
-        case Op::kReduceScatterConcat: b.reduce_scatter_concat(*task.inputs, *task.tensor, task.reduce); break;
+        case Op::kAllreduce:
+          b.allreduce(*task.tensor, task.reduce);
+          break;
+        case Op::kAllgather:
+          b.allgather(*task.input, *task.tensor);
+          break;
+        case Op::kBroadcast:
+          b.broadcast(*task.tensor, task.root);
+          break;
+        case Op::kReduce:
+          b.reduce(*task.tensor, task.root, task.reduce);
+          break;
+        case Op::kReduceScatter:
+          b.reduce_scatter(*task.input, *task.tensor, task.reduce);
+          break;
+        case Op::kBarrier:
+          b.barrier();
+          break;
+        case Op::kAlltoall:
+          b.alltoall(*task.input, *task.tensor);
+          break;
+        case Op::kReduceScatterConcat:
+          b.reduce_scatter_concat(*task.inputs, *task.tensor, task.reduce);
+          break;
       }
     } catch (...) {
       error = std::current_exception();  // kept for every wait(), never lost on this thread
@@ -155,7 +188,8 @@ class Queue final : public Work::Tracker {
   uint64_t running_id = 0;
   Op running_op = Op::kBarrier;
   bool stop = false;
-  bool parked = false;  // the thread sleeps until a collective is issued, or completes with more queued
+  bool parked =
+      false;  // the thread sleeps until a collective is issued, or completes with more queued
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -166,11 +200,12 @@ class Queue final : public Work::Tracker {
 
 class AsyncCommunicator final : public Communicator {
  public:
-  AsyncCommunicator(std::unique_ptr<SyncCollectives> backend, std::chrono::milliseconds collective_timeout)
+  AsyncCommunicator(std::unique_ptr<SyncCollectives> backend,
+                    std::chrono::milliseconds collective_timeout)
       : q_(std::make_shared<Queue>(std::move(backend), collective_timeout)) {
     static std::atomic<int> groups{0};
-    const std::string name = "collectives #" + std::to_string(groups++) + " (rank " + std::to_string(q_->rank()) +
-                             " of " + std::to_string(q_->size()) + ")";
+    const std::string name = "collectives #" + std::to_string(groups++) + " (rank " +
+                             std::to_string(q_->rank()) + " of " + std::to_string(q_->size()) + ")";
     thread_ = std::thread([this, name] {
       timeline::set_thread_name(name);  // distinct per communicator: rows of one name are merged
       loop();
@@ -183,11 +218,14 @@ class AsyncCommunicator final : public Communicator {
       q_->stop = true;
       q_->cv.notify_all();  // the thread runs what is queued, then ends
       // Collectives nobody waited for get their own timeout to finish with their peers...
-      q_->done_cv.wait_for(lock, q_->collective_timeout, [&] { return !q_->running && q_->tasks.empty(); });
+      q_->done_cv.wait_for(lock, q_->collective_timeout,
+                           [&] { return !q_->running && q_->tasks.empty(); });
       pending = q_->running || !q_->tasks.empty();
     }
     // ...then, if peers are gone, they fail fast rather than block shutdown.
-    if (pending) q_->backend->abort("the communicator of rank " + std::to_string(rank()) + " was destroyed with collectives pending");
+    if (pending)
+      q_->backend->abort("the communicator of rank " + std::to_string(rank()) +
+                         " was destroyed with collectives pending");
     q_->cv.notify_all();
     thread_.join();
     // A Work may outlive us; the sockets, threads and streams of the backend must not.
@@ -198,15 +236,25 @@ class AsyncCommunicator final : public Communicator {
   int rank() const override { return q_->rank(); }
   int size() const override { return q_->size(); }
 
-  Work allreduce(Tensor& t, ReduceOp op) override { return submit(Op::kAllreduce, &t, nullptr, op, 0); }
-  Work allgather(const Tensor& in, Tensor& out) override { return submit(Op::kAllgather, &out, &in, ReduceOp::kSum, 0); }
-  Work broadcast(Tensor& t, int root) override { return submit(Op::kBroadcast, &t, nullptr, ReduceOp::kSum, root); }
-  Work reduce(Tensor& t, int root, ReduceOp op) override { return submit(Op::kReduce, &t, nullptr, op, root); }
+  Work allreduce(Tensor& t, ReduceOp op) override {
+    return submit(Op::kAllreduce, &t, nullptr, op, 0);
+  }
+  Work allgather(const Tensor& in, Tensor& out) override {
+    return submit(Op::kAllgather, &out, &in, ReduceOp::kSum, 0);
+  }
+  Work broadcast(Tensor& t, int root) override {
+    return submit(Op::kBroadcast, &t, nullptr, ReduceOp::kSum, root);
+  }
+  Work reduce(Tensor& t, int root, ReduceOp op) override {
+    return submit(Op::kReduce, &t, nullptr, op, root);
+  }
   Work reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
     return submit(Op::kReduceScatter, &out, &in, op, 0);
   }
   Work barrier() override { return submit(Op::kBarrier, nullptr, nullptr, ReduceOp::kSum, 0); }
-  Work alltoall(const Tensor& in, Tensor& out) override { return submit(Op::kAlltoall, &out, &in, ReduceOp::kSum, 0); }
+  Work alltoall(const Tensor& in, Tensor& out) override {
+    return submit(Op::kAlltoall, &out, &in, ReduceOp::kSum, 0);
+  }
   Work reduce_scatter_concat(const std::vector<Tensor>& in, Tensor& out, ReduceOp op) override {
     return submit(Op::kReduceScatterConcat, &out, nullptr, op, 0, &in);
   }
@@ -221,8 +269,8 @@ class AsyncCommunicator final : public Communicator {
   }
 
  private:
-  // The caller keeps the tensors alive and untouched until wait() returns (Communicator's contract),
-  // so the task holds pointers to them.
+  // The caller keeps the tensors alive and untouched until wait() returns (Communicator's
+  // contract), so the task holds pointers to them.
   Work submit(Op op, Tensor* tensor, const Tensor* input, ReduceOp reduce, int root,
               const std::vector<Tensor>* inputs = nullptr) {
     uint64_t id;
@@ -230,7 +278,8 @@ class AsyncCommunicator final : public Communicator {
     {
       std::lock_guard<std::mutex> lock(q_->mu);
       if (q_->stop)
-        throw FailedPrecondition(std::string(kOpNames[static_cast<size_t>(op)]) + " on a communicator that is being destroyed");
+        throw FailedPrecondition(std::string(kOpNames[static_cast<size_t>(op)]) +
+                                 " on a communicator that is being destroyed");
       id = q_->next_id++;
       q_->tasks.push_back(Task{id, Clock::now(), op, tensor, input, inputs, reduce, root});
       wake = q_->parked;
@@ -270,8 +319,8 @@ class AsyncCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_async_communicator(std::unique_ptr<SyncCollectives> backend,
-                                                      std::chrono::milliseconds collective_timeout) {
+std::unique_ptr<Communicator> make_async_communicator(
+    std::unique_ptr<SyncCollectives> backend, std::chrono::milliseconds collective_timeout) {
   return std::make_unique<AsyncCommunicator>(std::move(backend), collective_timeout);
 }
 

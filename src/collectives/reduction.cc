@@ -7,7 +7,8 @@ namespace dtrain::collectives {
 namespace {
 
 template <typename T>
-void pair_loop(T* __restrict d, const T* __restrict a, const T* __restrict b, size_t n, ReduceOp op) {
+void pair_loop(T* __restrict d, const T* __restrict a, const T* __restrict b, size_t n,
+               ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kMean:
@@ -39,7 +40,8 @@ void into_loop(T* __restrict d, const T* __restrict s, size_t n, ReduceOp op) {
 }
 
 // 16-bit floats are widened to float, reduced, and rounded once.
-void half_pair(uint16_t* d, const uint16_t* a, const uint16_t* b, size_t n, ReduceOp op, bool bf16) {
+void half_pair(uint16_t* d, const uint16_t* a, const uint16_t* b, size_t n, ReduceOp op,
+               bool bf16) {
   constexpr size_t kChunk = 1024;
   float fa[kChunk], fb[kChunk];
   for (size_t base = 0; base < n; base += kChunk) {
@@ -66,22 +68,39 @@ void half_pair(uint16_t* d, const uint16_t* a, const uint16_t* b, size_t n, Redu
 
 void reduce_pair(void* dst, const void* a, const void* b, size_t n, DType t, ReduceOp op) {
   switch (t) {
-    case DType::kFloat32: return pair_loop(static_cast<float*>(dst), static_cast<const float*>(a), static_cast<const float*>(b), n, op);
-    case DType::kFloat64: return pair_loop(static_cast<double*>(dst), static_cast<const double*>(a), static_cast<const double*>(b), n, op);
-    case DType::kInt32: return pair_loop(static_cast<int32_t*>(dst), static_cast<const int32_t*>(a), static_cast<const int32_t*>(b), n, op);
-    case DType::kInt64: return pair_loop(static_cast<int64_t*>(dst), static_cast<const int64_t*>(a), static_cast<const int64_t*>(b), n, op);
-    case DType::kFloat16: return half_pair(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), n, op, false);
-    case DType::kBFloat16: return half_pair(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), n, op, true);
+    case DType::kFloat32:
+      return pair_loop(static_cast<float*>(dst), static_cast<const float*>(a),
+                       static_cast<const float*>(b), n, op);
+    case DType::kFloat64:
+      return pair_loop(static_cast<double*>(dst), static_cast<const double*>(a),
+                       static_cast<const double*>(b), n, op);
+    case DType::kInt32:
+      return pair_loop(static_cast<int32_t*>(dst), static_cast<const int32_t*>(a),
+                       static_cast<const int32_t*>(b), n, op);
+    case DType::kInt64:
+      return pair_loop(static_cast<int64_t*>(dst), static_cast<const int64_t*>(a),
+                       static_cast<const int64_t*>(b), n, op);
+    case DType::kFloat16:
+      return half_pair(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
+                       static_cast<const uint16_t*>(b), n, op, false);
+    case DType::kBFloat16:
+      return half_pair(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
+                       static_cast<const uint16_t*>(b), n, op, true);
   }
 }
 
 void reduce_into(void* dst, const void* src, size_t n, DType t, ReduceOp op) {
   switch (t) {
-    case DType::kFloat32: return into_loop(static_cast<float*>(dst), static_cast<const float*>(src), n, op);
-    case DType::kFloat64: return into_loop(static_cast<double*>(dst), static_cast<const double*>(src), n, op);
-    case DType::kInt32: return into_loop(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), n, op);
-    case DType::kInt64: return into_loop(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), n, op);
-    default: return reduce_pair(dst, dst, src, n, t, op);
+    case DType::kFloat32:
+      return into_loop(static_cast<float*>(dst), static_cast<const float*>(src), n, op);
+    case DType::kFloat64:
+      return into_loop(static_cast<double*>(dst), static_cast<const double*>(src), n, op);
+    case DType::kInt32:
+      return into_loop(static_cast<int32_t*>(dst), static_cast<const int32_t*>(src), n, op);
+    case DType::kInt64:
+      return into_loop(static_cast<int64_t*>(dst), static_cast<const int64_t*>(src), n, op);
+    default:
+      return reduce_pair(dst, dst, src, n, t, op);
   }
 }
 
@@ -114,7 +133,8 @@ void scale_for_mean(void* dst, size_t n, DType t, int divisor) {
       auto* d = static_cast<uint16_t*>(dst);
       const bool bf = t == DType::kBFloat16;
       for (size_t i = 0; i < n; ++i) {
-        const float v = (bf ? bf16_to_float(d[i]) : f16_to_float(d[i])) / static_cast<float>(divisor);
+        const float v =
+            (bf ? bf16_to_float(d[i]) : f16_to_float(d[i])) / static_cast<float>(divisor);
         d[i] = bf ? float_to_bf16(v) : float_to_f16(v);
       }
       break;

@@ -21,7 +21,8 @@ class SyncCollectives {
   virtual ~SyncCollectives() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // The semantics of the Communicator method of the same name; each returns once the result is in place.
+  // The semantics of the Communicator method of the same name; each returns once the result is in
+  // place.
   virtual void allreduce(Tensor& tensor, ReduceOp op) = 0;
   virtual void allgather(const Tensor& input, Tensor& output) = 0;
   virtual void broadcast(Tensor& tensor, int root) = 0;
@@ -36,12 +37,15 @@ class SyncCollectives {
   static void check_alltoall(const Tensor& input, const Tensor& output, int size);
   // Communicator::reduce_scatter_concat. The default packs the inputs into one zero-padded buffer
   // and calls reduce_scatter; the in-process backend reads them where they lie.
-  virtual void reduce_scatter_concat(const std::vector<Tensor>& inputs, Tensor& output, ReduceOp op);
+  virtual void reduce_scatter_concat(const std::vector<Tensor>& inputs, Tensor& output,
+                                     ReduceOp op);
   // InvalidArgument unless every input is of output's dtype and they fit in output.numel() * size
   // elements; returns their total element count.
-  static int64_t check_reduce_scatter_concat(const std::vector<Tensor>& inputs, const Tensor& output, int size);
+  static int64_t check_reduce_scatter_concat(const std::vector<Tensor>& inputs,
+                                             const Tensor& output, int size);
   // The inputs end to end, zero-padded to output.numel() * size elements.
-  static Tensor pack_for_reduce_scatter(const std::vector<Tensor>& inputs, const Tensor& output, int size);
+  static Tensor pack_for_reduce_scatter(const std::vector<Tensor>& inputs, const Tensor& output,
+                                        int size);
   virtual void abort(const std::string& reason) = 0;
   // Communicator::set_progress_marker / peer_markers (backends with heartbeats).
   virtual void set_progress_marker(int64_t /*marker*/) {}

@@ -64,7 +64,7 @@ class CachingHostAllocator final : public Allocator {
 
  private:
   static constexpr size_t kMaxCachedBytes = size_t{2} << 30;  // over all pools
-  static constexpr size_t kPools = 64;                         // cpu:63 and above share the last
+  static constexpr size_t kPools = 64;                        // cpu:63 and above share the last
   struct Pool {
     CachingHostAllocator* owner = nullptr;
     std::mutex mu;
@@ -81,7 +81,8 @@ class CachingHostAllocator final : public Allocator {
   static void release(void* ctx, void* ptr, size_t nbytes) {
     auto* pool = static_cast<Pool*>(ctx);
     CachingHostAllocator* self = pool->owner;
-    if (self->cached_bytes_.fetch_add(nbytes, std::memory_order_relaxed) + nbytes <= kMaxCachedBytes) {
+    if (self->cached_bytes_.fetch_add(nbytes, std::memory_order_relaxed) + nbytes <=
+        kMaxCachedBytes) {
       std::lock_guard<std::mutex> lock(pool->mu);
       pool->free[nbytes].push_back(ptr);
       return;

@@ -17,7 +17,8 @@ DeviceSpec DeviceSpec::parse(const std::string& s) {
   if (colon != std::string::npos) {
     const std::string idx = lower.substr(colon + 1);
     if (idx.empty() || !std::all_of(idx.begin(), idx.end(), ::isdigit))
-      throw InvalidArgument("bad device '" + s + "': the index after ':' must be a number, e.g. GPU:0");
+      throw InvalidArgument("bad device '" + s +
+                            "': the index after ':' must be a number, e.g. GPU:0");
     index = std::stoi(idx);
   }
   if (kind == "cpu") return cpu(index);

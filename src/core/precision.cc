@@ -16,7 +16,8 @@ Precision precision_policy() { return g_policy.load(std::memory_order_relaxed); 
 Precision parse_precision(const std::string& name) {
   if (name == "fp32" || name == "float32") return Precision::kFloat32;
   if (name == "bf16" || name == "mixed_bfloat16") return Precision::kMixedBFloat16;
-  throw InvalidArgument("unknown precision '" + name + "'; valid: fp32 (float32), bf16 (mixed_bfloat16)");
+  throw InvalidArgument("unknown precision '" + name +
+                        "'; valid: fp32 (float32), bf16 (mixed_bfloat16)");
 }
 
 const char* precision_name(Precision p) {

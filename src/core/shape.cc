@@ -7,7 +7,8 @@ namespace dtrain {
 int64_t Shape::operator[](int i) const {
   const int r = rank();
   if (i < -r || i >= r)
-    throw InvalidArgument(detail::str_cat("dimension ", i, " out of range for shape ", to_string()));
+    throw InvalidArgument(
+        detail::str_cat("dimension ", i, " out of range for shape ", to_string()));
   return dims_[static_cast<size_t>(i < 0 ? i + r : i)];
 }
 

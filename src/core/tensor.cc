@@ -11,7 +11,8 @@ uint64_t Tensor::next_id() {
 }
 
 const Tensor::Impl& Tensor::impl() const {
-  if (!impl_) throw FailedPrecondition("use of an undefined Tensor (default-constructed or moved-from)");
+  if (!impl_)
+    throw FailedPrecondition("use of an undefined Tensor (default-constructed or moved-from)");
   return *impl_;
 }
 
@@ -32,7 +33,8 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, DeviceSpec device) {
   for (int64_t d : shape.dims())
     if (d < 0) throw InvalidArgument("negative dimension in shape " + shape.to_string());
   auto impl = std::make_shared<Impl>();
-  impl->storage = allocator_for(device).allocate(static_cast<size_t>(shape.numel()) * dtype_size(dtype), device);
+  impl->storage = allocator_for(device).allocate(
+      static_cast<size_t>(shape.numel()) * dtype_size(dtype), device);
   impl->shape = shape;
   impl->dtype = dtype;
   impl->id = next_id();
@@ -67,7 +69,8 @@ T* Tensor::data() const {
     throw FailedPrecondition("data<T>() on a tensor in " + device().to_string() +
                              " memory; call .to(DeviceSpec::cpu()) first");
   if (dtype() != dtype_of<T>())
-    throw InvalidArgument(std::string("data<T>() type mismatch: tensor holds ") + dtype_name(dtype()));
+    throw InvalidArgument(std::string("data<T>() type mismatch: tensor holds ") +
+                          dtype_name(dtype()));
   return static_cast<T*>(raw_data());
 }
 
@@ -79,12 +82,24 @@ std::vector<T> Tensor::to_vector() const {
   const void* p = h.raw_data();
   for (int64_t i = 0; i < n; ++i) {
     switch (dtype()) {
-      case DType::kFloat32: out[i] = static_cast<T>(static_cast<const float*>(p)[i]); break;
-      case DType::kFloat64: out[i] = static_cast<T>(static_cast<const double*>(p)[i]); break;
-      case DType::kInt32: out[i] = static_cast<T>(static_cast<const int32_t*>(p)[i]); break;
-      case DType::kInt64: out[i] = static_cast<T>(static_cast<const int64_t*>(p)[i]); break;
-      case DType::kBFloat16: out[i] = static_cast<T>(bf16_to_float(static_cast<const uint16_t*>(p)[i])); break;
-      case DType::kFloat16: out[i] = static_cast<T>(f16_to_float(static_cast<const uint16_t*>(p)[i])); break;
+      case DType::kFloat32:
+        out[i] = static_cast<T>(static_cast<const float*>(p)[i]);
+        break;
+      case DType::kFloat64:
+        out[i] = static_cast<T>(static_cast<const double*>(p)[i]);
+        break;
+      case DType::kInt32:
+        out[i] = static_cast<T>(static_cast<const int32_t*>(p)[i]);
+        break;
+      case DType::kInt64:
+        out[i] = static_cast<T>(static_cast<const int64_t*>(p)[i]);
+        break;
+      case DType::kBFloat16:
+        out[i] = static_cast<T>(bf16_to_float(static_cast<const uint16_t*>(p)[i]));
+        break;
+      case DType::kFloat16:
+        out[i] = static_cast<T>(f16_to_float(static_cast<const uint16_t*>(p)[i]));
+        break;
     }
   }
   return out;
@@ -144,8 +159,8 @@ Tensor Tensor::view(const Shape& s) const {
 Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
   const Shape& s = shape();
   if (s.rank() == 0 || begin < 0 || end < begin || end > s[0])
-    throw InvalidArgument(detail::str_cat("slice_rows(", begin, ", ", end, ") out of range for ",
-                                          to_string()));
+    throw InvalidArgument(
+        detail::str_cat("slice_rows(", begin, ", ", end, ") out of range for ", to_string()));
   auto impl = std::make_shared<Impl>(this->impl());
   const int64_t row = s[0] == 0 ? 0 : numel() / s[0];
   impl->offset += static_cast<size_t>(begin * row) * dtype_size(dtype());
@@ -161,9 +176,9 @@ std::string Tensor::to_string() const {
          device().to_string() + ")";
 }
 
-#define DTRAIN_INSTANTIATE(T)                                                                  \
-  template Tensor Tensor::from_vector<T>(const std::vector<T>&, const Shape&, DeviceSpec);    \
-  template T* Tensor::data<T>() const;                                                         \
+#define DTRAIN_INSTANTIATE(T)                                                              \
+  template Tensor Tensor::from_vector<T>(const std::vector<T>&, const Shape&, DeviceSpec); \
+  template T* Tensor::data<T>() const;                                                     \
   template std::vector<T> Tensor::to_vector<T>() const;
 DTRAIN_INSTANTIATE(float)
 DTRAIN_INSTANTIATE(double)

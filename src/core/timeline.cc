@@ -32,8 +32,9 @@ struct ThreadBuffer {
   std::mutex mu;  // taken by the owner per event (uncontended) and by flush
 };
 
-constexpr int64_t kMaxEvents = 4'000'000;  // about 400 MB of trace: then recording stops, with a warning
-thread_local std::string t_name;           // set_thread_name's, kept until the buffer exists
+constexpr int64_t kMaxEvents =
+    4'000'000;                    // about 400 MB of trace: then recording stops, with a warning
+thread_local std::string t_name;  // set_thread_name's, kept until the buffer exists
 
 struct Recorder {
   std::atomic<bool> on{false};
@@ -59,7 +60,9 @@ struct Recorder {
       mine = std::make_shared<ThreadBuffer>();
       std::lock_guard<std::mutex> lock(mu);
       mine->tid = next_tid++;
-      mine->name = !t_name.empty() ? t_name : mine->tid == 0 ? "main" : "thread " + std::to_string(mine->tid);
+      mine->name = !t_name.empty()  ? t_name
+                   : mine->tid == 0 ? "main"
+                                    : "thread " + std::to_string(mine->tid);
       threads.push_back(mine);
     }
     return mine;
@@ -81,7 +84,8 @@ std::pair<std::string, std::string> destination(const std::string& path) {
     return {path + "." + file + ".json", t};
   }
   for (const char* v : {"OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK"})
-    if (const char* r = std::getenv(v); r && *r) return {path + ".rank" + std::string(r) + ".json", "rank " + std::string(r)};
+    if (const char* r = std::getenv(v); r && *r)
+      return {path + ".rank" + std::string(r) + ".json", "rank " + std::string(r)};
   return {path, "pid " + std::to_string(::getpid())};
 }
 
@@ -105,7 +109,8 @@ void enable(const std::string& path) {
 }
 
 int64_t now_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
@@ -113,7 +118,8 @@ void complete(const std::string& name, const char* category, int64_t begin, int6
   if (!enabled()) return;
   if (recorder().events.fetch_add(1, std::memory_order_relaxed) >= kMaxEvents) {
     if (recorder().on.exchange(false)) {
-      DTRAIN_LOG(WARNING) << "timeline: " << kMaxEvents << " events recorded; recording stops here (the file keeps them)";
+      DTRAIN_LOG(WARNING) << "timeline: " << kMaxEvents
+                          << " events recorded; recording stops here (the file keeps them)";
     }
     return;
   }
@@ -139,18 +145,29 @@ std::string flush_timeline() {
   const auto [file, row] = destination(r.path);
   const int pid = process_index(row);
   nlohmann::json events = nlohmann::json::array();
-  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", row}}}});
-  events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
+  events.push_back(
+      {{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", row}}}});
+  events.push_back(
+      {{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
   // Threads of the same name share a row (one input pipeline thread per epoch, say).
   std::map<std::string, int> row_of;
   for (const auto& t : r.threads) {
     std::lock_guard<std::mutex> tl(t->mu);
     auto [it, fresh] = row_of.try_emplace(t->name, static_cast<int>(row_of.size()));
     if (fresh)
-      events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", it->second}, {"args", {{"name", t->name}}}});
+      events.push_back({{"name", "thread_name"},
+                        {"ph", "M"},
+                        {"pid", pid},
+                        {"tid", it->second},
+                        {"args", {{"name", t->name}}}});
     for (const Event& e : t->events)
-      events.push_back({{"name", e.name}, {"cat", e.category}, {"ph", "X"}, {"pid", pid}, {"tid", it->second},
-                        {"ts", e.begin}, {"dur", e.end - e.begin}});
+      events.push_back({{"name", e.name},
+                        {"cat", e.category},
+                        {"ph", "X"},
+                        {"pid", pid},
+                        {"tid", it->second},
+                        {"ts", e.begin},
+                        {"dur", e.end - e.begin}});
   }
   const std::string tmp = file + ".tmp." + std::to_string(::getpid());
   {
@@ -180,7 +197,8 @@ void merge_timeline_files(const std::vector<std::string>& inputs, const std::str
       throw DataLoss("timeline: " + inputs[i] + " has no traceEvents array");
     for (auto& e : j["traceEvents"]) {
       e["pid"] = static_cast<int>(i);
-      if (e.value("name", "") == "process_sort_index") e["args"]["sort_index"] = static_cast<int>(i);
+      if (e.value("name", "") == "process_sort_index")
+        e["args"]["sort_index"] = static_cast<int>(i);
       all.push_back(std::move(e));
     }
   }
@@ -190,7 +208,8 @@ void merge_timeline_files(const std::vector<std::string>& inputs, const std::str
     if (!f) throw Unavailable("timeline: cannot write " + output);
     f << nlohmann::json{{"traceEvents", all}, {"displayTimeUnit", "ms"}}.dump();
   }
-  if (std::rename(tmp.c_str(), output.c_str()) != 0) throw Unavailable("timeline: cannot write " + output);
+  if (std::rename(tmp.c_str(), output.c_str()) != 0)
+    throw Unavailable("timeline: cannot write " + output);
 }
 
 }  // namespace dtrain::timeline

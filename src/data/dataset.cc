@@ -78,17 +78,19 @@ class PhiloxIntegers {
 class ShuffleNode final : public DatasetNode {
  public:
   ShuffleNode(NodePtr up, uint64_t seed, bool reshuffle, uint64_t first_pass)
-      : DatasetNode(up->source(), up->cardinality(), up->batched(),
-                    str_cat(up->description(), ".shuffle(seed=", seed,
-                            reshuffle ? "" : ", reshuffle_each_iteration=false",
-                            first_pass ? str_cat(", first_pass=", first_pass) : std::string(), ")")),
+      : DatasetNode(
+            up->source(), up->cardinality(), up->batched(),
+            str_cat(up->description(), ".shuffle(seed=", seed,
+                    reshuffle ? "" : ", reshuffle_each_iteration=false",
+                    first_pass ? str_cat(", first_pass=", first_pass) : std::string(), ")")),
         up_(std::move(up)),
         seed_(seed),
         reshuffle_(reshuffle),
         first_pass_(first_pass) {}
 
   std::unique_ptr<DatasetNodeIterator> make_iterator() const override {
-    const uint64_t pass = first_pass_ + (reshuffle_ ? passes_->fetch_add(1, std::memory_order_relaxed) : 0);
+    const uint64_t pass =
+        first_pass_ + (reshuffle_ ? passes_->fetch_add(1, std::memory_order_relaxed) : 0);
     return std::make_unique<It>(up_->make_iterator(), Philox(seed_, pass));
   }
 
@@ -291,14 +293,16 @@ class TakeNode final : public DatasetNode {
 class SkipNode final : public DatasetNode {
  public:
   SkipNode(NodePtr up, int64_t count)
-      : DatasetNode(up->source(), up->cardinality() < 0 ? -1 : std::max<int64_t>(0, up->cardinality() - count),
+      : DatasetNode(up->source(),
+                    up->cardinality() < 0 ? -1 : std::max<int64_t>(0, up->cardinality() - count),
                     up->batched(), str_cat(up->description(), ".skip(", count, ")")),
         up_(std::move(up)),
         count_(count) {}
   std::unique_ptr<DatasetNodeIterator> make_iterator() const override {
     class It final : public DatasetNodeIterator {
      public:
-      It(std::unique_ptr<DatasetNodeIterator> up, int64_t count) : up_(std::move(up)), skip_(count) {}
+      It(std::unique_ptr<DatasetNodeIterator> up, int64_t count)
+          : up_(std::move(up)), skip_(count) {}
       bool next(DatasetElement* out) override {
         for (; skip_ > 0; --skip_)  // advance without materialising the skipped elements
           if (!up_->next(nullptr)) return false;
@@ -361,7 +365,8 @@ class BatchNode final : public DatasetNode {
       : DatasetNode(
             up->source(), batch_cardinality(up->cardinality(), b, drop), true,
             str_cat(up->description(), ".batch(", b, drop ? ", drop_remainder=true" : "", ")",
-                    window_end >= 0 ? str_cat("[rows ", window_begin, ":", window_end, "]") : std::string())),
+                    window_end >= 0 ? str_cat("[rows ", window_begin, ":", window_end, "]")
+                                    : std::string())),
         up_(std::move(up)),
         batch_size_(b),
         drop_(drop),
@@ -539,7 +544,8 @@ Dataset Dataset::shuffle(uint64_t seed, bool reshuffle_each_iteration, uint64_t 
     throw InvalidArgument(str_cat("shuffle() over an infinite dataset (", node_->description(),
                                   ") would never yield: dtrain shuffles a whole pass; put "
                                   "shuffle() before repeat()"));
-  return Dataset(std::make_shared<detail::ShuffleNode>(node_, seed, reshuffle_each_iteration, first_pass));
+  return Dataset(
+      std::make_shared<detail::ShuffleNode>(node_, seed, reshuffle_each_iteration, first_pass));
 }
 
 Dataset Dataset::shard(int num_shards, int index) const {

@@ -45,7 +45,8 @@ class DatasetNode {
   // of a short batch), gathered by batch() itself so the other rows are never copied; each element
   // records the rows of the whole batch in batch_rows. nullptr when a stage between here and
   // batch() needs the whole batch (map()). Only called on batched nodes.
-  virtual std::shared_ptr<const DatasetNode> with_row_window(int64_t /*begin*/, int64_t /*end*/) const {
+  virtual std::shared_ptr<const DatasetNode> with_row_window(int64_t /*begin*/,
+                                                             int64_t /*end*/) const {
     return nullptr;
   }
 
@@ -62,6 +63,7 @@ class DatasetNode {
 };
 
 // The prefetch stage (prefetch_node.cc): produces elements of `up` on a background thread.
-std::shared_ptr<const DatasetNode> make_prefetch_node(std::shared_ptr<const DatasetNode> up, int buffer);
+std::shared_ptr<const DatasetNode> make_prefetch_node(std::shared_ptr<const DatasetNode> up,
+                                                      int buffer);
 
 }  // namespace dtrain::detail

@@ -107,7 +107,8 @@ class PrefetchNode final : public DatasetNode {
 
 }  // namespace
 
-std::shared_ptr<const DatasetNode> make_prefetch_node(std::shared_ptr<const DatasetNode> up, int buffer) {
+std::shared_ptr<const DatasetNode> make_prefetch_node(std::shared_ptr<const DatasetNode> up,
+                                                      int buffer) {
   return std::make_shared<PrefetchNode>(std::move(up), buffer);
 }
 

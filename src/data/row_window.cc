@@ -1,5 +1,5 @@
-// RowWindowIterator (row_window.h): a worker's window of every global batch, gathered by batch() itself
-// when the stages after it pass batches through whole, else cut from the whole batch.
+// RowWindowIterator (row_window.h): a worker's window of every global batch, gathered by batch()
+// itself when the stages after it pass batches through whole, else cut from the whole batch.
 #include "data/row_window.h"
 
 #include <algorithm>
@@ -17,8 +17,10 @@ struct DatasetAccess {
 RowWindowIterator::RowWindowIterator(const Dataset& dataset, int64_t begin, int64_t end)
     : begin_(begin), end_(std::max(begin, end)) {
   const auto& node = DatasetAccess::node(dataset);
-  if (!node->batched()) throw InvalidArgument("a row window needs a batched dataset: call .batch() first");
-  if (begin < 0) throw InvalidArgument(str_cat("row window [", begin, ", ", end, "): begin must be >= 0"));
+  if (!node->batched())
+    throw InvalidArgument("a row window needs a batched dataset: call .batch() first");
+  if (begin < 0)
+    throw InvalidArgument(str_cat("row window [", begin, ", ", end, "): begin must be >= 0"));
   if (auto windowed = node->with_row_window(begin_, end_)) {
     pushed_down_ = true;
     it_ = windowed->make_iterator();
@@ -45,7 +47,8 @@ bool RowWindowIterator::next(std::vector<Tensor>* out, int64_t* batch_rows) {
   const int64_t n = e.tensors.empty() ? 0 : e.tensors[0].shape()[0];
   *batch_rows = n;
   out->clear();
-  for (const Tensor& t : e.tensors) out->push_back(t.slice_rows(std::min(begin_, n), std::min(end_, n)));
+  for (const Tensor& t : e.tensors)
+    out->push_back(t.slice_rows(std::min(begin_, n), std::min(end_, n)));
   return true;
 }
 

@@ -1,17 +1,15 @@
 // The process-wide device registry: logical CPU devices as configured, GPUs as discovered.
-#include <sched.h>
-
-#include <cstdlib>
-
 #include "dtrain/devices/device.h"
 
-#include "dtrain/core/strings.h"
+#include <sched.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
 #include "dtrain/core/logging.h"
+#include "dtrain/core/strings.h"
 
 namespace dtrain {
 namespace {
@@ -19,7 +17,7 @@ namespace {
 struct Registry {
   std::mutex mu;
   DeviceConfig config;
-  bool frozen = false;  // set by configure_devices() or the first device creation
+  bool frozen = false;      // set by configure_devices() or the first device creation
   bool configured = false;  // configure_devices() has been called (not only defaults used)
   std::vector<std::unique_ptr<Device>> cpus;
   std::vector<std::unique_ptr<Device>> gpus;
@@ -56,7 +54,8 @@ void create_cpus_locked(Registry& r) {
   r.frozen = true;
   const int threads = threads_per_cpu(r.config);
   const bool pin = r.config.num_cpu_devices > 1;
-  for (int i = 0; i < r.config.num_cpu_devices; ++i) r.cpus.push_back(make_cpu_device(i, threads, pin));
+  for (int i = 0; i < r.config.num_cpu_devices; ++i)
+    r.cpus.push_back(make_cpu_device(i, threads, pin));
   DTRAIN_LOG(INFO) << r.config.num_cpu_devices << " logical CPU device(s), " << threads
                    << " thread(s) each";
 }
@@ -74,23 +73,30 @@ int gpu_count_locked(Registry& r) {
 
 void configure_devices(const DeviceConfig& config) {
   if (config.num_cpu_devices < 1)
-    throw InvalidArgument("num_cpu_devices must be >= 1, got " + std::to_string(config.num_cpu_devices));
+    throw InvalidArgument("num_cpu_devices must be >= 1, got " +
+                          std::to_string(config.num_cpu_devices));
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   if (r.frozen) {
     if (config.num_cpu_devices == r.config.num_cpu_devices &&
         threads_per_cpu(config) == threads_per_cpu(r.config))
       return;
-    const std::string have = std::to_string(r.config.num_cpu_devices) + " logical CPU device(s) with " +
+    const std::string have = std::to_string(r.config.num_cpu_devices) +
+                             " logical CPU device(s) with " +
                              std::to_string(threads_per_cpu(r.config)) + " thread(s) each";
     const std::string want = std::to_string(config.num_cpu_devices) + " with " +
                              std::to_string(threads_per_cpu(config)) + " thread(s) each";
     if (r.configured)
-      throw FailedPrecondition("the device layout was already configured in this process (" + have +
-                               ") and cannot change to " + want + ": the layout is set once per process; call "
-                               "configure_devices() (or parse_devices_flag / --devices) once and reuse its devices");
-    throw FailedPrecondition("devices are already in use with the default layout (" + have + "), so it cannot "
-                             "change to " + want + ": call configure_devices() (or pass --devices) before "
+      throw FailedPrecondition(
+          "the device layout was already configured in this process (" + have +
+          ") and cannot change to " + want +
+          ": the layout is set once per process; call "
+          "configure_devices() (or parse_devices_flag / --devices) once and reuse its devices");
+    throw FailedPrecondition("devices are already in use with the default layout (" + have +
+                             "), so it cannot "
+                             "change to " +
+                             want +
+                             ": call configure_devices() (or pass --devices) before "
                              "creating any tensor or strategy");
   }
   r.config = config;
@@ -133,7 +139,8 @@ std::vector<DeviceSpec> list_devices(DeviceType type) {
 std::vector<DeviceSpec> parse_devices_flag(const std::string& flag, int threads) {
   const std::string usage =
       "; accepted: --devices=cpu, --devices=cpu:N (N logical CPU devices), --devices=gpu (all "
-      "GPUs), --devices=gpu:0,1, --devices=gpu:local (the GPU of this process's local rank), --devices=auto";
+      "GPUs), --devices=gpu:0,1, --devices=gpu:local (the GPU of this process's local rank), "
+      "--devices=auto";
   std::string f = flag;
   std::transform(f.begin(), f.end(), f.begin(), [](unsigned char c) { return std::tolower(c); });
   if (f == "auto") {
@@ -165,13 +172,15 @@ std::vector<DeviceSpec> parse_devices_flag(const std::string& flag, int threads)
         if (const char* v = std::getenv(name); v && *v) {
           const std::string sv = v;
           if (!std::all_of(sv.begin(), sv.end(), ::isdigit))
-            throw InvalidArgument(std::string("--devices=gpu:local: ") + name + "='" + sv + "' is not a local rank");
+            throw InvalidArgument(std::string("--devices=gpu:local: ") + name + "='" + sv +
+                                  "' is not a local rank");
           local = std::stoi(sv);
           break;
         }
       if (visible == 0)
-        throw Unavailable("--devices=gpu:local asks for this process's GPU (local rank " + std::to_string(local) +
-                          ") but none is visible (no CUDA device or no CUDA in this build); use --devices=cpu");
+        throw Unavailable(
+            "--devices=gpu:local asks for this process's GPU (local rank " + std::to_string(local) +
+            ") but none is visible (no CUDA device or no CUDA in this build); use --devices=cpu");
       out.push_back(DeviceSpec::gpu(local % visible));
       configure_devices({1, threads});
       return out;

@@ -6,8 +6,8 @@ namespace dtrain {
 
 int64_t conv_output_size(int64_t in, int window, int stride, int pad_before, int pad_after) {
   if (window <= 0 || stride <= 0)
-    throw InvalidArgument("window and stride must be positive, got window " + std::to_string(window) +
-                          " stride " + std::to_string(stride));
+    throw InvalidArgument("window and stride must be positive, got window " +
+                          std::to_string(window) + " stride " + std::to_string(stride));
   const int64_t span = in + pad_before + pad_after - window;
   if (span < 0)
     throw InvalidArgument("window " + std::to_string(window) + " is larger than the padded input " +
@@ -32,15 +32,17 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
 }
 
 Tensor Kernels::conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias,
-                                  const Conv2dParams& cp, const Pool2dParams& pp, ConvPoolSaved* saved) {
+                                  const Conv2dParams& cp, const Pool2dParams& pp,
+                                  ConvPoolSaved* saved) {
   saved->conv_out = conv2d(x, w, bias, cp);
   saved->conv_shape = saved->conv_out.shape();
   saved->chunk = 0;
   return max_pool2d(saved->conv_out, pp, &saved->workspace);
 }
 
-ConvPoolGrads Kernels::conv2d_max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
-                                                  bool has_bias, const ConvPoolSaved& saved,
+ConvPoolGrads Kernels::conv2d_max_pool2d_backward(const Tensor& dy, const Tensor& x,
+                                                  const Tensor& w, bool has_bias,
+                                                  const ConvPoolSaved& saved,
                                                   const Conv2dParams& cp, const Pool2dParams& pp,
                                                   bool want_dx, bool want_dw) {
   ConvPoolGrads g;

@@ -6,27 +6,35 @@ namespace dtrain::hvd::detail {
 
 const char* kind_name(int64_t k) {
   switch (k) {
-    case kAllreduce: return "allreduce";
-    case kAllgather: return "allgather";
-    case kBroadcast: return "broadcast";
-    case kAlltoall: return "alltoall";
-    case kReducescatter: return "reducescatter";
-    case kJoin: return "join";
+    case kAllreduce:
+      return "allreduce";
+    case kAllgather:
+      return "allgather";
+    case kBroadcast:
+      return "broadcast";
+    case kAlltoall:
+      return "alltoall";
+    case kReducescatter:
+      return "reducescatter";
+    case kJoin:
+      return "join";
   }
   return "?";
 }
 
 const char* op_name(int64_t op) {
   switch (static_cast<Op>(op)) {
-    case Op::kAverage: return "average";
-    case Op::kSum: return "sum";
-    case Op::kMin: return "min";
-    case Op::kMax: return "max";
+    case Op::kAverage:
+      return "average";
+    case Op::kSum:
+      return "sum";
+    case Op::kMin:
+      return "min";
+    case Op::kMax:
+      return "max";
   }
   return "?";
 }
-
-
 
 std::string describe(const Desc& d) {
   std::string name(reinterpret_cast<const char*>(&d[fName]), kNameBytes);

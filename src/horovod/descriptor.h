@@ -20,8 +20,19 @@ const char* op_name(int64_t op);
 // One rank's description of the collective it is about to run: exchanged (allgather) before it.
 // fCount: how many fusible all-reduces this rank has ready in this cycle (this one first).
 constexpr int kDescLen = 33, kMaxRank = 8, kNameBytes = 128;
-enum Field { fKind, fOp, fDtype, fNdim, fDims, fRoot = fDims + kMaxRank, fJoined, fCompression, fSeq, fName = 16,
-             fCount = fName + kNameBytes / 8 };
+enum Field {
+  fKind,
+  fOp,
+  fDtype,
+  fNdim,
+  fDims,
+  fRoot = fDims + kMaxRank,
+  fJoined,
+  fCompression,
+  fSeq,
+  fName = 16,
+  fCount = fName + kNameBytes / 8
+};
 static_assert(fCount + 1 == kDescLen, "descriptor layout");
 // The most all-reduces one cycle fuses (Horovod's cycles are bounded by the fusion buffer alone;
 // this also bounds the second negotiation's message: 64 x 33 int64 per rank).

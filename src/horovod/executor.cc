@@ -12,9 +12,12 @@ namespace {
 
 ReduceOp reduce_op(Op op) {
   switch (op) {
-    case Op::kMin: return ReduceOp::kMin;
-    case Op::kMax: return ReduceOp::kMax;
-    default: return ReduceOp::kSum;
+    case Op::kMin:
+      return ReduceOp::kMin;
+    case Op::kMax:
+      return ReduceOp::kMax;
+    default:
+      return ReduceOp::kSum;
   }
 }
 
@@ -22,9 +25,11 @@ ReduceOp reduce_op(Op op) {
 int64_t check_equal_blocks(const ExecContext& c, const Desc& d, const Tensor& x) {
   const int64_t n = x.shape()[0];
   if (n % c.size != 0)
-    throw InvalidArgument("hvd::" + std::string(kind_name(d[fKind])) + " '" + describe(d) + "': the first dimension (" +
-                          std::to_string(n) + ") must divide into " + std::to_string(c.size) +
-                          " equal blocks, one per rank; pad or trim it to a multiple of " + std::to_string(c.size));
+    throw InvalidArgument("hvd::" + std::string(kind_name(d[fKind])) + " '" + describe(d) +
+                          "': the first dimension (" + std::to_string(n) + ") must divide into " +
+                          std::to_string(c.size) +
+                          " equal blocks, one per rank; pad or trim it to a multiple of " +
+                          std::to_string(c.size));
   return n;
 }
 
@@ -32,22 +37,28 @@ int64_t check_equal_blocks(const ExecContext& c, const Desc& d, const Tensor& x)
 
 // Runs the collective `d` (agreed by the active ranks) with this rank's host tensor `x`
 // (zeros of the agreed shape when this rank has joined).
-Tensor execute(const ExecContext& c, const Desc& d, Tensor x, const std::vector<int>& active, const std::vector<Desc>& ds, bool joined) {
+Tensor execute(const ExecContext& c, const Desc& d, Tensor x, const std::vector<int>& active,
+               const std::vector<Desc>& ds, bool joined) {
   if (c.count_transfer) c.count_transfer();
   const int64_t kind = d[fKind];
   const Op op = static_cast<Op>(d[fOp]);
   const int n_active = static_cast<int>(active.size());
   const bool someone_joined = n_active < c.size;
   if (someone_joined && kind != kAllreduce && kind != kAllgather)
-    throw FailedPrecondition(std::string("hvd::") + kind_name(kind) + " '" + describe(d) +
-                             "' was issued while a rank has joined; only allreduce and allgather run then");
+    throw FailedPrecondition(
+        std::string("hvd::") + kind_name(kind) + " '" + describe(d) +
+        "' was issued while a rank has joined; only allreduce and allgather run then");
   if (someone_joined && kind == kAllreduce && (op == Op::kMin || op == Op::kMax))
-    throw FailedPrecondition("hvd::allreduce with op min/max was issued while a rank has joined (its zeros would count)");
+    throw FailedPrecondition(
+        "hvd::allreduce with op min/max was issued while a rank has joined (its zeros would "
+        "count)");
   switch (kind) {
     case kAllreduce: {
       const auto comp = static_cast<Compression>(d[fCompression]);
       const bool cast = comp != Compression::kNone && x.dtype() == DType::kFloat32;
-      Tensor wire = cast ? ops::cast(x, comp == Compression::kFP16 ? DType::kFloat16 : DType::kBFloat16) : x.clone();
+      Tensor wire =
+          cast ? ops::cast(x, comp == Compression::kFP16 ? DType::kFloat16 : DType::kBFloat16)
+               : x.clone();
       if (c.comm) c.comm->allreduce(wire, reduce_op(op)).wait();
       Tensor out = cast ? ops::cast(wire, DType::kFloat32) : wire;
       if (op == Op::kAverage && n_active > 1) {
@@ -61,8 +72,8 @@ Tensor execute(const ExecContext& c, const Desc& d, Tensor x, const std::vector<
           Tensor f = ops::cast(out, DType::kFloat32);
           out = ops::cast(kernels_for(f).affine(f, 1.f / static_cast<float>(n_active), 0.f), dt);
         } else {
-          throw InvalidArgument("hvd::allreduce average needs a float tensor, got " + std::string(dtype_name(out.dtype())) +
-                                "; use Op::kSum");
+          throw InvalidArgument("hvd::allreduce average needs a float tensor, got " +
+                                std::string(dtype_name(out.dtype())) + "; use Op::kSum");
         }
       }
       return out;
@@ -77,8 +88,10 @@ Tensor execute(const ExecContext& c, const Desc& d, Tensor x, const std::vector<
       std::vector<int64_t> dims = padded.shape().dims();
       dims[0] = most * c.size;
       Tensor all = Tensor::empty(Shape(dims), padded.dtype());
-      if (c.comm) c.comm->allgather(padded, all).wait();
-      else all = padded;
+      if (c.comm)
+        c.comm->allgather(padded, all).wait();
+      else
+        all = padded;
       std::vector<Tensor> parts;
       for (int q = 0; q < c.size; ++q)
         parts.push_back(all.slice_rows(q * most, q * most + rows[static_cast<size_t>(q)]));
@@ -92,8 +105,10 @@ Tensor execute(const ExecContext& c, const Desc& d, Tensor x, const std::vector<
     case kAlltoall: {
       check_equal_blocks(c, d, x);
       Tensor out = Tensor::empty(x.shape(), x.dtype());
-      if (c.comm) c.comm->alltoall(x, out).wait();  // pairwise: each block crosses one link once
-      else out = x.clone();
+      if (c.comm)
+        c.comm->alltoall(x, out).wait();  // pairwise: each block crosses one link once
+      else
+        out = x.clone();
       return out;
     }
     case kReducescatter: {
@@ -101,9 +116,12 @@ Tensor execute(const ExecContext& c, const Desc& d, Tensor x, const std::vector<
       std::vector<int64_t> dims = x.shape().dims();
       dims[0] = n / c.size;
       Tensor out = Tensor::empty(Shape(dims), x.dtype());
-      if (c.comm) c.comm->reduce_scatter(x, out, reduce_op(op)).wait();
-      else out = x.clone();
-      if (op == Op::kAverage && c.size > 1) out = kernels_for(out).affine(out, 1.f / static_cast<float>(c.size), 0.f);
+      if (c.comm)
+        c.comm->reduce_scatter(x, out, reduce_op(op)).wait();
+      else
+        out = x.clone();
+      if (op == Op::kAverage && c.size > 1)
+        out = kernels_for(out).affine(out, 1.f / static_cast<float>(c.size), 0.f);
       return out;
     }
   }
@@ -115,8 +133,9 @@ Tensor execute(const ExecContext& c, const Desc& d, Tensor x, const std::vector<
 // of at most the fusion threshold (a larger tensor goes alone), one data transfer per buffer.
 // The grouping depends on the agreed descriptors only, so every rank builds the same buffers.
 // Returns each tensor's result, in its shape.
-std::vector<Tensor> execute_fused(const ExecContext& c, const std::vector<Desc>& agreed, const std::vector<Tensor>& inputs,
-                                  const std::vector<int>& active, bool joined) {
+std::vector<Tensor> execute_fused(const ExecContext& c, const std::vector<Desc>& agreed,
+                                  const std::vector<Tensor>& inputs, const std::vector<int>& active,
+                                  bool joined) {
   std::vector<Tensor> out(inputs.size());
   const size_t limit = std::max<size_t>(c.fusion_threshold, 1);
   std::vector<std::vector<size_t>> groups;  // by (dtype, op, compression), first appearance first
@@ -127,14 +146,17 @@ std::vector<Tensor> execute_fused(const ExecContext& c, const std::vector<Desc>&
       return true;
     };
     auto it = std::find_if(groups.begin(), groups.end(), same);
-    if (it == groups.end()) groups.push_back({j});
-    else it->push_back(j);
+    if (it == groups.end())
+      groups.push_back({j});
+    else
+      it->push_back(j);
   }
   for (const std::vector<size_t>& g : groups) {
     size_t begin = 0;
     while (begin < g.size()) {
       size_t end = begin + 1, bytes = inputs[g[begin]].nbytes();
-      while (end < g.size() && bytes + inputs[g[end]].nbytes() <= limit) bytes += inputs[g[end++]].nbytes();
+      while (end < g.size() && bytes + inputs[g[end]].nbytes() <= limit)
+        bytes += inputs[g[end++]].nbytes();
       const size_t first = g[begin];
       if (end == begin + 1) {
         timeline::Span sp("hvd allreduce '" + describe_name(agreed[first]) + "'", "collective");
@@ -143,7 +165,8 @@ std::vector<Tensor> execute_fused(const ExecContext& c, const std::vector<Desc>&
         int64_t elements = 0;
         for (size_t i = begin; i < end; ++i) elements += inputs[g[i]].numel();
         timeline::Span sp("hvd allreduce fused " + std::to_string(end - begin) + " tensors ('" +
-                              describe_name(agreed[first]) + "' ...)", "collective");
+                              describe_name(agreed[first]) + "' ...)",
+                          "collective");
         Tensor flat = Tensor::empty(Shape{elements}, inputs[first].dtype());
         char* dst = static_cast<char*>(flat.raw_data());
         for (size_t i = begin; i < end; ++i) {

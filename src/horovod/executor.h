@@ -23,9 +23,10 @@ struct ExecContext {
 Tensor execute(const ExecContext& c, const Desc& d, Tensor x, const std::vector<int>& active,
                const std::vector<Desc>& ds, bool joined);
 
-// All-reduces a negotiated run (agreed[j] describes inputs[j]) in fused buffers of at most the fusion
-// threshold, one transfer per buffer; returns each tensor's result in its shape.
+// All-reduces a negotiated run (agreed[j] describes inputs[j]) in fused buffers of at most the
+// fusion threshold, one transfer per buffer; returns each tensor's result in its shape.
 std::vector<Tensor> execute_fused(const ExecContext& c, const std::vector<Desc>& agreed,
-                                  const std::vector<Tensor>& inputs, const std::vector<int>& active, bool joined);
+                                  const std::vector<Tensor>& inputs, const std::vector<int>& active,
+                                  bool joined);
 
 }  // namespace dtrain::hvd::detail

@@ -86,7 +86,8 @@ class Runtime {
     if (initialized_) return;
     opts_ = o;
     // Horovod's own variables work too, for scripts that set them; dtrain's win when both are set.
-    auto env = [](const char* dtrain_name, const char* horovod_name) -> std::pair<const char*, const char*> {
+    auto env = [](const char* dtrain_name,
+                  const char* horovod_name) -> std::pair<const char*, const char*> {
       for (const char* n : {dtrain_name, horovod_name})
         if (const char* v = std::getenv(n); v && *v) return {n, v};
       return {nullptr, nullptr};
@@ -102,14 +103,18 @@ class Runtime {
       char* end = nullptr;
       const double ms = std::strtod(f, &end);
       if (*end != '\0' || !(ms >= 0) || ms > 60000)
-        throw InvalidArgument(std::string(name) + " must be milliseconds in [0, 60000] (e.g. 1 or 3.5), got '" + f + "'");
+        throw InvalidArgument(std::string(name) +
+                              " must be milliseconds in [0, 60000] (e.g. 1 or 3.5), got '" + f +
+                              "'");
       opts_.cycle_time = std::chrono::microseconds(static_cast<int64_t>(ms * 1000));
     }
     if (const char* v = std::getenv("DTRAIN_STALL_CHECK_SECONDS"); v && *v) {
       char* end = nullptr;
       const long long secs = std::strtoll(v, &end, 10);
       if (*end != '\0' || secs < 0)
-        throw InvalidArgument(std::string("DTRAIN_STALL_CHECK_SECONDS must be a number of seconds >= 0, got '") + v + "'");
+        throw InvalidArgument(
+            std::string("DTRAIN_STALL_CHECK_SECONDS must be a number of seconds >= 0, got '") + v +
+            "'");
       opts_.stall_warning = std::chrono::seconds(secs);
     }
     std::optional<ClusterResolution> c = resolve_cluster(false);
@@ -125,8 +130,9 @@ class Runtime {
     last_joined_ = 0;
     if (c) {
       if (!c->is_training_worker())
-        throw FailedPrecondition("hvd::init() on task " + c->task_name() +
-                                 ", which is not a training worker; Horovod ranks are the chief and the workers");
+        throw FailedPrecondition(
+            "hvd::init() on task " + c->task_name() +
+            ", which is not a training worker; Horovod ranks are the chief and the workers");
       rank_ = c->worker_rank();
       size_ = c->num_workers();
       local_rank_ = c->local_rank();
@@ -148,8 +154,9 @@ class Runtime {
         comm_ = connect_tcp_group(t);
       } else if (size_ > 1) {
         if (!mpi_available())
-          throw FailedPrecondition("hvd::init() under mpirun needs dtrain built with OpenMPI (libopenmpi-dev); "
-                                   "or start the job with dtrain-run -np N");
+          throw FailedPrecondition(
+              "hvd::init() under mpirun needs dtrain built with OpenMPI (libopenmpi-dev); "
+              "or start the job with dtrain-run -np N");
         comm_ = make_mpi_communicator(co);
       }
     }
@@ -191,17 +198,22 @@ class Runtime {
     return stats_;
   }
 
-  Handle submit(int64_t kind, const Tensor& t, std::string name, Op op, Compression comp, int root) {
+  Handle submit(int64_t kind, const Tensor& t, std::string name, Op op, Compression comp,
+                int root) {
     require();
     if (kind != kJoin) {
-      if (!t.defined()) throw InvalidArgument(std::string("hvd::") + kind_name(kind) + ": the tensor is undefined");
+      if (!t.defined())
+        throw InvalidArgument(std::string("hvd::") + kind_name(kind) + ": the tensor is undefined");
       if (t.shape().rank() > kMaxRank)
-        throw InvalidArgument(std::string("hvd::") + kind_name(kind) + ": tensors of rank > 8 are not supported");
-      if ((kind == kAllgather || kind == kAlltoall || kind == kReducescatter) && t.shape().rank() == 0)
-        throw InvalidArgument(std::string("hvd::") + kind_name(kind) + " needs a tensor of rank >= 1");
+        throw InvalidArgument(std::string("hvd::") + kind_name(kind) +
+                              ": tensors of rank > 8 are not supported");
+      if ((kind == kAllgather || kind == kAlltoall || kind == kReducescatter) &&
+          t.shape().rank() == 0)
+        throw InvalidArgument(std::string("hvd::") + kind_name(kind) +
+                              " needs a tensor of rank >= 1");
       if (kind == kBroadcast && (root < 0 || root >= size_))
-        throw InvalidArgument("hvd::broadcast: root_rank " + std::to_string(root) + " is not in [0, " +
-                              std::to_string(size_) + ")");
+        throw InvalidArgument("hvd::broadcast: root_rank " + std::to_string(root) +
+                              " is not in [0, " + std::to_string(size_) + ")");
     }
     Request r;
     r.kind = kind;
@@ -211,8 +223,10 @@ class Runtime {
     r.state = std::make_shared<Handle::State>();
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!initialized_) throw FailedPrecondition("hvd: a collective was issued after hvd::shutdown()");
-      if (name.empty()) name = std::string(kind_name(kind)) + "." + std::to_string(counters_[kind]++);
+      if (!initialized_)
+        throw FailedPrecondition("hvd: a collective was issued after hvd::shutdown()");
+      if (name.empty())
+        name = std::string(kind_name(kind)) + "." + std::to_string(counters_[kind]++);
       if (name.size() > kNameBytes) name = name.substr(0, kNameBytes);
       r.name = std::move(name);
       if (t.defined()) {
@@ -241,12 +255,14 @@ class Runtime {
         if (queue_.empty()) return;
         if (fusible(queue_.front()) && opts_.cycle_time.count() > 0) {
           const auto deadline = std::chrono::steady_clock::now() + opts_.cycle_time;
-          cv_.wait_until(lock, deadline, [&] { return stopping_ || flush_ || !cycle_open_locked(); });
+          cv_.wait_until(lock, deadline,
+                         [&] { return stopping_ || flush_ || !cycle_open_locked(); });
         }
         flush_ = false;
         batch.push_back(std::move(queue_.front()));
         queue_.pop_front();
-        while (fusible(batch.front()) && !queue_.empty() && fusible(queue_.front()) && batch.size() < kMaxBatch) {
+        while (fusible(batch.front()) && !queue_.empty() && fusible(queue_.front()) &&
+               batch.size() < kMaxBatch) {
           batch.push_back(std::move(queue_.front()));
           queue_.pop_front();
         }
@@ -365,7 +381,9 @@ class Runtime {
     wait_reporting_stalls(comm_->allgather(in, out), mine);
     const std::vector<int64_t> all = out.to_vector<int64_t>();
     std::vector<Desc> ds(static_cast<size_t>(size_));
-    for (int q = 0; q < size_; ++q) ds[static_cast<size_t>(q)].assign(all.begin() + q * kDescLen, all.begin() + (q + 1) * kDescLen);
+    for (int q = 0; q < size_; ++q)
+      ds[static_cast<size_t>(q)].assign(all.begin() + q * kDescLen,
+                                        all.begin() + (q + 1) * kDescLen);
     for (int q = 0; q < size_; ++q)
       if (ds[static_cast<size_t>(q)][fJoined] && !joined_[static_cast<size_t>(q)]) {
         joined_[static_cast<size_t>(q)] = true;
@@ -374,8 +392,8 @@ class Runtime {
     return ds;
   }
 
-  // Waits for the negotiation; every stall_warning seconds without it, names the ranks that have not
-  // reached this collective (from their heartbeats' progress markers).
+  // Waits for the negotiation; every stall_warning seconds without it, names the ranks that have
+  // not reached this collective (from their heartbeats' progress markers).
   void wait_reporting_stalls(const Work& w, const Desc& mine) {
     const auto period = std::chrono::duration_cast<std::chrono::milliseconds>(opts_.stall_warning);
     if (period.count() <= 0 || period >= opts_.timeout) {
@@ -384,22 +402,25 @@ class Runtime {
     }
     const auto start = std::chrono::steady_clock::now();
     while (!w.wait_for(period)) {
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const std::vector<int64_t> markers = comm_->peer_markers();
       std::string missing;
       for (size_t q = 0; q < markers.size(); ++q) {
         if (static_cast<int>(q) == rank_ || markers[q] >= static_cast<int64_t>(seq_)) continue;
-        missing += (missing.empty() ? "" : ", ") + std::string("rank ") + std::to_string(q) +
-                   (markers[q] < 0 ? " (no collective yet)" : " (at #" + std::to_string(markers[q]) + ")");
+        missing +=
+            (missing.empty() ? "" : ", ") + std::string("rank ") + std::to_string(q) +
+            (markers[q] < 0 ? " (no collective yet)" : " (at #" + std::to_string(markers[q]) + ")");
       }
       char secs[32];
       std::snprintf(secs, sizeof(secs), "%.1f", waited);
-      DTRAIN_LOG(WARNING) << "hvd stall: rank " << rank_ << " has waited " << secs << " s for collective #" << seq_
-                          << ", " << describe(mine) << "; "
-                          << (markers.empty() ? std::string("this transport cannot tell which ranks are missing")
-                              : missing.empty() ? std::string("every rank has reached it; its data is still moving")
-                                                : "not reached by: " + missing)
-                          << ". It fails after " << opts_.timeout.count() / 1000 << " s (InitOptions::timeout)";
+      DTRAIN_LOG(WARNING)
+          << "hvd stall: rank " << rank_ << " has waited " << secs << " s for collective #" << seq_
+          << ", " << describe(mine) << "; "
+          << (markers.empty()   ? std::string("this transport cannot tell which ranks are missing")
+              : missing.empty() ? std::string("every rank has reached it; its data is still moving")
+                                : "not reached by: " + missing)
+          << ". It fails after " << opts_.timeout.count() / 1000 << " s (InitOptions::timeout)";
     }
     w.wait();
   }
@@ -412,10 +433,13 @@ class Runtime {
     for (int q : active)
       if (!agree(ds[static_cast<size_t>(q)], ds[static_cast<size_t>(active[0])])) {
         std::string table;
-        for (int p = 0; p < size_; ++p) table += "\n  rank " + std::to_string(p) + ": " + describe(ds[static_cast<size_t>(p)]);
-        throw FailedPrecondition("hvd: the ranks issued different collectives (collective #" + std::to_string(seq_) +
-                                 " of this job); every rank must issue the same collectives, with the same name, "
-                                 "dtype, shape and op, in the same order:" + table);
+        for (int p = 0; p < size_; ++p)
+          table += "\n  rank " + std::to_string(p) + ": " + describe(ds[static_cast<size_t>(p)]);
+        throw FailedPrecondition(
+            "hvd: the ranks issued different collectives (collective #" + std::to_string(seq_) +
+            " of this job); every rank must issue the same collectives, with the same name, "
+            "dtype, shape and op, in the same order:" +
+            table);
       }
     return active;
   }
@@ -431,8 +455,8 @@ class Runtime {
 
   // A fused cycle's second round: checks positions 1..k-1 like the first (the same table on every
   // rank when any differs) and returns the agreed descriptors of the whole run.
-  std::vector<Desc> negotiate_rest(const std::vector<Desc>& first_round, std::vector<Desc> mine_rest,
-                                   const std::vector<int>& active) {
+  std::vector<Desc> negotiate_rest(const std::vector<Desc>& first_round,
+                                   std::vector<Desc> mine_rest, const std::vector<int>& active) {
     const std::vector<std::vector<Desc>> rest = exchange_many(mine_rest);
     std::vector<Desc> agreed{first_round[static_cast<size_t>(active[0])]};
     for (size_t j = 0; j < mine_rest.size(); ++j) {
@@ -456,9 +480,10 @@ class Runtime {
     mine[fCount] = static_cast<int64_t>(batch.size());
     std::vector<Desc> ds;
     try {
-      timeline::Span sp("hvd negotiate '" + batch[0].name + "'" +
-                            (batch.size() > 1 ? " +" + std::to_string(batch.size() - 1) : std::string()),
-                        "collective");
+      timeline::Span sp(
+          "hvd negotiate '" + batch[0].name + "'" +
+              (batch.size() > 1 ? " +" + std::to_string(batch.size() - 1) : std::string()),
+          "collective");
       ds = exchange(mine);
     } catch (...) {
       const std::exception_ptr e = std::current_exception();
@@ -475,8 +500,11 @@ class Runtime {
     try {
       const std::vector<int> active = check(ds);
       if (k == 1) {
-        timeline::Span sp(std::string("hvd ") + kind_name(batch[0].kind) + " '" + batch[0].name + "'", "collective");
-        results.push_back(execute(exec(), ds[static_cast<size_t>(rank_)], batch[0].input, active, ds, false));
+        timeline::Span sp(
+            std::string("hvd ") + kind_name(batch[0].kind) + " '" + batch[0].name + "'",
+            "collective");
+        results.push_back(
+            execute(exec(), ds[static_cast<size_t>(rank_)], batch[0].input, active, ds, false));
       } else {
         std::vector<Desc> rest;
         for (size_t j = 1; j < k; ++j) rest.push_back(descriptor(batch[j], false));
@@ -521,7 +549,8 @@ class Runtime {
       const Desc& d = ds[static_cast<size_t>(active[0])];
       const size_t k = agreed_count(ds);
       if (k == 1) {
-        execute(exec(), d, d[fKind] == kAllgather ? zeros_like_desc(d, 0) : zeros_like_desc(d, -1), active, ds, true);
+        execute(exec(), d, d[fKind] == kAllgather ? zeros_like_desc(d, 0) : zeros_like_desc(d, -1),
+                active, ds, true);
         continue;
       }
       // A fused run of k all-reduces: take part with zeros of each agreed shape.
@@ -547,7 +576,6 @@ class Runtime {
   uint64_t seq_ = 0;
   std::vector<bool> joined_;  // per rank, sized by init()
   int last_joined_ = 0;
-
 };
 
 void request_flush() { Runtime::get().flush(); }
@@ -576,15 +604,21 @@ Tensor allreduce(const Tensor& t, const std::string& name, Op op, Compression c)
 Handle allgather_async(const Tensor& t, const std::string& name) {
   return Runtime::get().submit(kAllgather, t, name, Op::kSum, Compression::kNone, 0);
 }
-Tensor allgather(const Tensor& t, const std::string& name) { return allgather_async(t, name).synchronize(); }
+Tensor allgather(const Tensor& t, const std::string& name) {
+  return allgather_async(t, name).synchronize();
+}
 Handle broadcast_async(const Tensor& t, int root, const std::string& name) {
   return Runtime::get().submit(kBroadcast, t, name, Op::kSum, Compression::kNone, root);
 }
-Tensor broadcast(const Tensor& t, int root, const std::string& name) { return broadcast_async(t, root, name).synchronize(); }
+Tensor broadcast(const Tensor& t, int root, const std::string& name) {
+  return broadcast_async(t, root, name).synchronize();
+}
 Handle alltoall_async(const Tensor& t, const std::string& name) {
   return Runtime::get().submit(kAlltoall, t, name, Op::kSum, Compression::kNone, 0);
 }
-Tensor alltoall(const Tensor& t, const std::string& name) { return alltoall_async(t, name).synchronize(); }
+Tensor alltoall(const Tensor& t, const std::string& name) {
+  return alltoall_async(t, name).synchronize();
+}
 Handle reducescatter_async(const Tensor& t, const std::string& name, Op op) {
   return Runtime::get().submit(kReducescatter, t, name, op, Compression::kNone, 0);
 }
@@ -593,7 +627,8 @@ Tensor reducescatter(const Tensor& t, const std::string& name, Op op) {
 }
 
 int join() {
-  const Tensor last = Runtime::get().submit(kJoin, Tensor(), "join", Op::kSum, Compression::kNone, 0).synchronize();
+  const Tensor last =
+      Runtime::get().submit(kJoin, Tensor(), "join", Op::kSum, Compression::kNone, 0).synchronize();
   return static_cast<int>(last.to_vector<int64_t>()[0]);
 }
 

@@ -43,14 +43,16 @@ class ConfigLine {
     auto it = values_.find(key);
     if (it == values_.end()) throw error("key '" + key + "' is required");
     std::vector<double> out;
-    for (std::string_view s : split_list(it->second, ';')) out.push_back(parse(key, std::string(s)));
+    for (std::string_view s : split_list(it->second, ';'))
+      out.push_back(parse(key, std::string(s)));
     values_.erase(it);
     return out;
   }
   // Throws for keys nobody took.
   void finish(const std::string& known) const {
     if (!values_.empty())
-      throw error("unknown key '" + values_.begin()->first + "' for '" + name_ + "' (keys: " + known + ")");
+      throw error("unknown key '" + values_.begin()->first + "' for '" + name_ +
+                  "' (keys: " + known + ")");
   }
   InvalidArgument error(const std::string& problem) const {
     return InvalidArgument(std::string("malformed ") + what_ + " '" + line_ + "': " + problem);
@@ -60,7 +62,8 @@ class ConfigLine {
   double parse(const std::string& key, const std::string& s) const {
     char* end = nullptr;
     const double v = std::strtod(s.c_str(), &end);
-    if (s.empty() || end != s.c_str() + s.size()) throw error("value of '" + key + "' is not a number: '" + s + "'");
+    if (s.empty() || end != s.c_str() + s.size())
+      throw error("value of '" + key + "' is not a number: '" + s + "'");
     return v;
   }
   std::string line_;

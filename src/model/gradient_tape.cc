@@ -13,7 +13,7 @@ struct GradientTape::Node {
   std::vector<uint64_t> output_ids;
   std::vector<Shape> output_shapes;  // for zero gradients of outputs nothing flowed into
   std::vector<DeviceSpec> output_devices;
-  tape::BackwardFn fn;               // empty: not differentiable (again)
+  tape::BackwardFn fn;  // empty: not differentiable (again)
 };
 
 namespace {
@@ -65,7 +65,8 @@ std::vector<Tensor> GradientTape::gradient(const Tensor& target, const std::vect
 }
 
 std::vector<Tensor> GradientTape::compute(const Tensor& target, const std::vector<Tensor>& sources,
-                                          const Tensor& output_gradient, tape::GradientReadyHook* hook) {
+                                          const Tensor& output_gradient,
+                                          tape::GradientReadyHook* hook) {
   if (used_ && !persistent_)
     throw FailedPrecondition(
         "gradient() was already called on this non-persistent GradientTape; construct it with "
@@ -93,7 +94,8 @@ std::vector<Tensor> GradientTape::compute(const Tensor& target, const std::vecto
   }
   for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
     const Node& n = **it;
-    if (hook) {  // report after this node (the loop body below `continue`s, so report first for k+1)
+    if (hook) {  // report after this node (the loop body below `continue`s, so report first for
+                 // k+1)
       const size_t k = static_cast<size_t>(nodes_.rend() - it);  // index of the node after n
       if (k < nodes_.size())
         for (size_t i : ready_at[k]) {
@@ -113,14 +115,16 @@ std::vector<Tensor> GradientTape::compute(const Tensor& target, const std::vecto
     }
     if (!any) continue;
     if (!n.fn)
-      throw Unimplemented(std::string("cannot differentiate through '") + n.op +
-                          "': its gradient is first-order only. Use tanh/sigmoid/matmul/elementwise "
-                          "ops for models that need higher derivatives");
+      throw Unimplemented(
+          std::string("cannot differentiate through '") + n.op +
+          "': its gradient is first-order only. Use tanh/sigmoid/matmul/elementwise "
+          "ops for models that need higher derivatives");
     for (size_t j = 0; j < og.size(); ++j)
       if (!og[j].defined())
         og[j] = Tensor::zeros(n.output_shapes[j], DType::kFloat32, n.output_devices[j]);
     std::vector<bool> needed(n.input_ids.size());
-    for (size_t i = 0; i < needed.size(); ++i) needed[i] = n.input_ids[i] != 0 && watched_.count(n.input_ids[i]) > 0;
+    for (size_t i = 0; i < needed.size(); ++i)
+      needed[i] = n.input_ids[i] != 0 && watched_.count(n.input_ids[i]) > 0;
     std::vector<Tensor> ig;
     {
       NeededScope scope(&needed);
@@ -173,7 +177,9 @@ GradientReadyHook* set_gradient_ready_hook(GradientReadyHook* hook) {
   return prev;
 }
 
-bool needs_gradient(size_t index) { return !t_needed || (index < t_needed->size() && (*t_needed)[index]); }
+bool needs_gradient(size_t index) {
+  return !t_needed || (index < t_needed->size() && (*t_needed)[index]);
+}
 
 bool should_record(std::initializer_list<const Tensor*> inputs) {
   for (GradientTape* t : t_tapes) {
@@ -209,11 +215,13 @@ void record_node(const char* op, std::vector<Tensor>& inputs, std::vector<Tensor
 }
 }  // namespace
 
-void record(const char* op, std::vector<Tensor> inputs, std::vector<Tensor> outputs, BackwardFn fn) {
+void record(const char* op, std::vector<Tensor> inputs, std::vector<Tensor> outputs,
+            BackwardFn fn) {
   record_node(op, inputs, outputs, std::move(fn));
 }
 
-void record_nondifferentiable(const char* op, std::vector<Tensor> inputs, std::vector<Tensor> outputs) {
+void record_nondifferentiable(const char* op, std::vector<Tensor> inputs,
+                              std::vector<Tensor> outputs) {
   record_node(op, inputs, outputs, nullptr);
 }
 

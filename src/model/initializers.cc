@@ -11,7 +11,8 @@ Initializer from_host(std::function<float(const Philox&, int64_t, const Shape&)>
   const Philox rng = global_next_stream();
   return [rng, f](const Shape& shape, DType dtype, DeviceSpec device) {
     if (dtype != DType::kFloat32)
-      throw InvalidArgument(std::string("initializers produce float32 variables, got ") + dtype_name(dtype));
+      throw InvalidArgument(std::string("initializers produce float32 variables, got ") +
+                            dtype_name(dtype));
     std::vector<float> v(static_cast<size_t>(shape.numel()));
     const Philox mine = rng.fork(initializer_branch());  // ensemble members draw their own weights
     for (int64_t i = 0; i < shape.numel(); ++i) v[static_cast<size_t>(i)] = f(mine, i, shape);
@@ -43,7 +44,8 @@ Initializer ones() { return constant(1.f); }
 Initializer constant(float value) {
   return [value](const Shape& shape, DType dtype, DeviceSpec device) {
     if (dtype != DType::kFloat32)
-      throw InvalidArgument(std::string("initializers produce float32 variables, got ") + dtype_name(dtype));
+      throw InvalidArgument(std::string("initializers produce float32 variables, got ") +
+                            dtype_name(dtype));
     return Tensor::full(shape, value, device);
   };
 }

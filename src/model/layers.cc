@@ -12,10 +12,14 @@ namespace dtrain {
 
 Tensor apply_activation(Activation a, const Tensor& x) {
   switch (a) {
-    case Activation::kNone: return x;
-    case Activation::kRelu: return ops::relu(x);
-    case Activation::kTanh: return ops::tanh(x);
-    case Activation::kSigmoid: return ops::sigmoid(x);
+    case Activation::kNone:
+      return x;
+    case Activation::kRelu:
+      return ops::relu(x);
+    case Activation::kTanh:
+      return ops::tanh(x);
+    case Activation::kSigmoid:
+      return ops::sigmoid(x);
   }
   return x;
 }
@@ -82,8 +86,14 @@ Tensor Dense::call(const Tensor& x, bool) {
 // --- Conv2D ---
 Conv2D::Conv2D(int64_t filters, int kh, int kw, Activation activation, ops::Padding padding,
                int stride, bool use_bias, std::string name)
-    : Layer(std::move(name)), filters_(filters), kh_(kh), kw_(kw), activation_(activation),
-      padding_(padding), stride_(stride), use_bias_(use_bias) {
+    : Layer(std::move(name)),
+      filters_(filters),
+      kh_(kh),
+      kw_(kw),
+      activation_(activation),
+      padding_(padding),
+      stride_(stride),
+      use_bias_(use_bias) {
   if (filters < 1 || kh < 1 || kw < 1 || stride < 1)
     throw InvalidArgument("Conv2D needs filters, kernel size and stride >= 1");
 }
@@ -97,7 +107,8 @@ void Conv2D::build_weights(const Shape& s) {
 }
 
 Tensor Conv2D::linear(const Tensor& x) {
-  return ops::conv2d(x, kernel->value(), use_bias_ ? bias->value() : Tensor(), stride_, stride_, padding_);
+  return ops::conv2d(x, kernel->value(), use_bias_ ? bias->value() : Tensor(), stride_, stride_,
+                     padding_);
 }
 
 Tensor Conv2D::call(const Tensor& x, bool) { return apply_activation(activation_, linear(x)); }
@@ -112,7 +123,8 @@ Tensor MaxPool2D::call(const Tensor& x, bool) {
 
 // --- Dropout ---
 Dropout::Dropout(float rate, std::string name) : Layer(std::move(name)), rate_(rate) {
-  if (rate < 0.f || rate >= 1.f) throw InvalidArgument("Dropout rate must be in [0, 1), got " + std::to_string(rate));
+  if (rate < 0.f || rate >= 1.f)
+    throw InvalidArgument("Dropout rate must be in [0, 1), got " + std::to_string(rate));
   const Philox p = global_next_stream();
   seed_ = (static_cast<uint64_t>(p.block(0)[0]) << 32) | p.block(0)[1];
   layer_stream_ = p.block(0)[2];
@@ -123,7 +135,9 @@ namespace {
 uint64_t local_replicas() { return std::max<uint64_t>(1, get_strategy().worker_devices().size()); }
 }  // namespace
 
-int64_t Dropout::rng_calls() const { return static_cast<int64_t>(calls_.load() / local_replicas()); }
+int64_t Dropout::rng_calls() const {
+  return static_cast<int64_t>(calls_.load() / local_replicas());
+}
 void Dropout::set_rng_calls(int64_t calls) {
   if (calls < 0) throw InvalidArgument("Dropout '" + name() + "': call count must be >= 0");
   calls_.store(static_cast<uint64_t>(calls) * local_replicas());
@@ -140,7 +154,8 @@ Tensor Dropout::call(const Tensor& x, bool training) {
 }
 
 // --- BatchNormalization ---
-BatchNormalization::BatchNormalization(float momentum, float epsilon, bool synchronized, std::string name)
+BatchNormalization::BatchNormalization(float momentum, float epsilon, bool synchronized,
+                                       std::string name)
     : Layer(std::move(name)), momentum_(momentum), epsilon_(epsilon), synchronized_(synchronized) {}
 
 void BatchNormalization::build_weights(const Shape& s) {
@@ -161,7 +176,8 @@ Tensor BatchNormalization::call(const Tensor& x, bool training) {
   ReplicaContext* ctx = get_replica_context();
   const bool sync = synchronized_ && ctx && ctx->num_replicas_in_sync() > 1;
   if (sync)
-    y = ops::sync_batch_norm_training(*ctx, x, gamma->value(), beta->value(), epsilon_, &mean, &var);
+    y = ops::sync_batch_norm_training(*ctx, x, gamma->value(), beta->value(), epsilon_, &mean,
+                                      &var);
   else
     y = ops::batch_norm_training(x, gamma->value(), beta->value(), epsilon_, &mean, &var);
   if (sync || x.numel() > 0) {
@@ -194,7 +210,8 @@ Sequential& Sequential::add(std::shared_ptr<Layer> layer) {
   };
   if (taken(layer->name())) {
     if (layer->built())
-      throw FailedPrecondition("layer '" + layer->name() + "' is already built and its name is taken in this model");
+      throw FailedPrecondition("layer '" + layer->name() +
+                               "' is already built and its name is taken in this model");
     const std::string base = layer->name();
     int i = 1;
     while (taken(base + "_" + std::to_string(i))) ++i;
@@ -226,18 +243,18 @@ Tensor Sequential::operator()(const Tensor& x, bool training) {
   Tensor y = x;
   for (size_t i = 0; i < layers_.size(); ++i) {
     // Conv2D(activation=relu) then MaxPool2D: pooled first, then ReLU. The values are the same
-    // (ReLU is non-decreasing, so it commutes with max; pooling never reads padding), and so are the
-    // gradients; the ReLU and its backward pass touch a quarter of the elements (a 2x2 pool), which
-    // is most of the memory traffic of the reference CNN's first layer. The convolution and the
-    // pooling run as one op (ops::conv2d_max_pool2d), which a CPU runs a few images at a time
+    // (ReLU is non-decreasing, so it commutes with max; pooling never reads padding), and so are
+    // the gradients; the ReLU and its backward pass touch a quarter of the elements (a 2x2 pool),
+    // which is most of the memory traffic of the reference CNN's first layer. The convolution and
+    // the pooling run as one op (ops::conv2d_max_pool2d), which a CPU runs a few images at a time
     // (once the pooling layer is built: the first call of an unbuilt model runs the layers apart).
     auto* conv = dynamic_cast<Conv2D*>(layers_[i].get());
     auto* pool = i + 1 < layers_.size() ? dynamic_cast<MaxPool2D*>(layers_[i + 1].get()) : nullptr;
     if (conv && conv->activation_ == Activation::kRelu && pool && pool->built_) {
       conv->build(y.shape());  // no-op once built
-      const Tensor pooled =
-          ops::conv2d_max_pool2d(y, conv->kernel->value(), conv->use_bias_ ? conv->bias->value() : Tensor(),
-                                 conv->stride_, conv->padding_, pool->pool_, pool->stride_, pool->padding_);
+      const Tensor pooled = ops::conv2d_max_pool2d(
+          y, conv->kernel->value(), conv->use_bias_ ? conv->bias->value() : Tensor(), conv->stride_,
+          conv->padding_, pool->pool_, pool->stride_, pool->padding_);
       y = apply_activation(Activation::kRelu, pooled);
       ++i;
       continue;

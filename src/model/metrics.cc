@@ -32,9 +32,10 @@ std::vector<double> host_values(const Tensor& t) {
   }
 }
 
-InvalidArgument shape_error(const std::string& metric, const char* want, const Tensor& p, const Tensor& y) {
-  return InvalidArgument(metric + " expects " + want + ", got predictions " + p.shape().to_string() +
-                         " and labels " + y.shape().to_string());
+InvalidArgument shape_error(const std::string& metric, const char* want, const Tensor& p,
+                            const Tensor& y) {
+  return InvalidArgument(metric + " expects " + want + ", got predictions " +
+                         p.shape().to_string() + " and labels " + y.shape().to_string());
 }
 
 // Checks logits [N, C] and labels [N] or [N, 1] with class ids in [0, C).
@@ -43,7 +44,8 @@ void check_sparse(const std::string& metric, const Tensor& logits, const Tensor&
   if (logits.rank() != 2 || !labels_ok || logits.shape()[0] != labels.shape()[0])
     throw shape_error(metric, "logits [N, C] and integer labels [N]", logits, labels);
   if (labels.dtype() != DType::kInt32 && labels.dtype() != DType::kInt64)
-    throw InvalidArgument(metric + " expects integer class labels, got " + dtype_name(labels.dtype()) +
+    throw InvalidArgument(metric + " expects integer class labels, got " +
+                          dtype_name(labels.dtype()) +
                           " labels (a regression target? use metrics such as mse or mae)");
 }
 
@@ -59,12 +61,14 @@ std::vector<double> Metric::state() const {
 void Metric::set_state(std::vector<double> s) {
   std::lock_guard<std::mutex> lock(mu_);
   if (s.size() != state_.size())
-    throw InvalidArgument("metric '" + name_ + "' has " + std::to_string(state_.size()) + " state values, got " +
-                          std::to_string(s.size()));
+    throw InvalidArgument("metric '" + name_ + "' has " + std::to_string(state_.size()) +
+                          " state values, got " + std::to_string(s.size()));
   state_ = std::move(s);
 }
 
-double Metric::result_of(const std::vector<double>& s) const { return s.at(1) > 0 ? s[0] / s[1] : 0.0; }
+double Metric::result_of(const std::vector<double>& s) const {
+  return s.at(1) > 0 ? s[0] / s[1] : 0.0;
+}
 
 void Metric::reset_state() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -76,7 +80,8 @@ void Metric::add(const std::vector<double>& d) {
   for (size_t i = 0; i < state_.size(); ++i) state_[i] += d[i];
 }
 
-SparseCategoricalAccuracy::SparseCategoricalAccuracy(std::string name) : Metric(std::move(name), 2) {}
+SparseCategoricalAccuracy::SparseCategoricalAccuracy(std::string name)
+    : Metric(std::move(name), 2) {}
 
 void SparseCategoricalAccuracy::update_state(const Tensor& logits, const Tensor& labels) {
   check_sparse(name(), logits, labels);
@@ -125,9 +130,11 @@ void Accuracy::update_state(const Tensor& p, const Tensor& y) {
 
 namespace {
 template <typename F>
-std::vector<double> elementwise_sum(const std::string& metric, const Tensor& p, const Tensor& y, F f) {
+std::vector<double> elementwise_sum(const std::string& metric, const Tensor& p, const Tensor& y,
+                                    F f) {
   if (p.numel() != y.numel() || p.shape()[0] != y.shape()[0])
-    throw shape_error(metric, "predictions and labels of the same size, e.g. [N, 1] and [N, 1]", p, y);
+    throw shape_error(metric, "predictions and labels of the same size, e.g. [N, 1] and [N, 1]", p,
+                      y);
   const std::vector<double> a = host_values(p), b = host_values(y);
   double sum = 0;
   for (size_t i = 0; i < a.size(); ++i) sum += f(a[i] - b[i]);
@@ -155,15 +162,18 @@ void Mean::update_state(const Tensor& values, const Tensor&) {
 }
 
 std::unique_ptr<Metric> make_metric(const std::string& name) {
-  if (name == "accuracy" || name == "acc") return std::make_unique<SparseCategoricalAccuracy>("accuracy");
+  if (name == "accuracy" || name == "acc")
+    return std::make_unique<SparseCategoricalAccuracy>("accuracy");
   if (name == "sparse_categorical_accuracy") return std::make_unique<SparseCategoricalAccuracy>();
   if (name == "top_k" || name == "sparse_top_k_categorical_accuracy")
     return std::make_unique<SparseTopKCategoricalAccuracy>(5, name);
   if (name.rfind("top_", 0) == 0 && name.size() > 4 && name.size() < 12 &&
       name.find_first_not_of("0123456789", 4) == std::string::npos)
     return std::make_unique<SparseTopKCategoricalAccuracy>(std::stoi(name.substr(4)), name);
-  if (name == "mse" || name == "mean_squared_error") return std::make_unique<MeanSquaredError>(name);
-  if (name == "mae" || name == "mean_absolute_error") return std::make_unique<MeanAbsoluteError>(name);
+  if (name == "mse" || name == "mean_squared_error")
+    return std::make_unique<MeanSquaredError>(name);
+  if (name == "mae" || name == "mean_absolute_error")
+    return std::make_unique<MeanAbsoluteError>(name);
   throw InvalidArgument("unknown metric '" + name +
                         "' (accuracy, sparse_categorical_accuracy, top_k, top_<k>, mse, mae)");
 }

@@ -15,19 +15,23 @@ Tensor binary_op(BinaryOp op, const char* name, const Tensor& a, const Tensor& b
   same_device(name, a, b);
   Tensor y = kernels_for(a).binary(op, a, b);
   if (tape::should_record({&a, &b})) {
-    tape::record(name, {a, b}, {y}, [op, a, b](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-      const Tensor& dy = g[0];
-      switch (op) {
-        case BinaryOp::kAdd: return {sum_to_shape(dy, a.shape()), sum_to_shape(dy, b.shape())};
-        case BinaryOp::kSub: return {sum_to_shape(dy, a.shape()), sum_to_shape(neg(dy), b.shape())};
-        case BinaryOp::kMul:
-          return {sum_to_shape(mul(dy, b), a.shape()), sum_to_shape(mul(dy, a), b.shape())};
-        case BinaryOp::kDiv:
-          return {sum_to_shape(div(dy, b), a.shape()),
-                  sum_to_shape(neg(div(mul(dy, a), mul(b, b))), b.shape())};
-        default: throw Unimplemented("gradient of max/min");
-      }
-    });
+    tape::record(
+        name, {a, b}, {y}, [op, a, b](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+          const Tensor& dy = g[0];
+          switch (op) {
+            case BinaryOp::kAdd:
+              return {sum_to_shape(dy, a.shape()), sum_to_shape(dy, b.shape())};
+            case BinaryOp::kSub:
+              return {sum_to_shape(dy, a.shape()), sum_to_shape(neg(dy), b.shape())};
+            case BinaryOp::kMul:
+              return {sum_to_shape(mul(dy, b), a.shape()), sum_to_shape(mul(dy, a), b.shape())};
+            case BinaryOp::kDiv:
+              return {sum_to_shape(div(dy, b), a.shape()),
+                      sum_to_shape(neg(div(mul(dy, a), mul(b, b))), b.shape())};
+            default:
+              throw Unimplemented("gradient of max/min");
+          }
+        });
   }
   return y;
 }
@@ -38,11 +42,16 @@ Tensor unary_op(UnaryOp op, const char* name, const Tensor& x) {
     tape::record(name, {x}, {y}, [op, x, y](const std::vector<Tensor>& g) -> std::vector<Tensor> {
       const Tensor& dy = g[0];
       switch (op) {
-        case UnaryOp::kNeg: return {neg(dy)};
-        case UnaryOp::kExp: return {mul(dy, y)};
-        case UnaryOp::kLog: return {div(dy, x)};
-        case UnaryOp::kSquare: return {mul(dy, scale(x, 2.f))};
-        case UnaryOp::kSqrt: return {div(dy, scale(y, 2.f))};
+        case UnaryOp::kNeg:
+          return {neg(dy)};
+        case UnaryOp::kExp:
+          return {mul(dy, y)};
+        case UnaryOp::kLog:
+          return {div(dy, x)};
+        case UnaryOp::kSquare:
+          return {mul(dy, scale(x, 2.f))};
+        case UnaryOp::kSqrt:
+          return {div(dy, scale(y, 2.f))};
         case UnaryOp::kTanh:
           if (!tape::should_record({&dy, &y}))  // first order: one fused kernel
             return {kernels_for(y).activation_backward(UnaryOp::kTanh, y, dy)};
@@ -51,7 +60,8 @@ Tensor unary_op(UnaryOp op, const char* name, const Tensor& x) {
           if (!tape::should_record({&dy, &y}))
             return {kernels_for(y).activation_backward(UnaryOp::kSigmoid, y, dy)};
           return {mul(dy, mul(y, add_scalar(neg(y), 1.f)))};
-        default: throw Unimplemented("gradient of this unary op");
+        default:
+          throw Unimplemented("gradient of this unary op");
       }
     });
   }
@@ -62,9 +72,10 @@ Tensor unary_op(UnaryOp op, const char* name, const Tensor& x) {
 Tensor relu_grad(const Tensor& x, const Tensor& dy) {
   Tensor dx = kernels_for(x).activation_backward(UnaryOp::kRelu, x, dy);
   if (tape::should_record({&dy})) {
-    tape::record("relu_grad", {x, dy}, {dx}, [x](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-      return {Tensor(), relu_grad(x, g[0])};
-    });
+    tape::record("relu_grad", {x, dy}, {dx},
+                 [x](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                   return {Tensor(), relu_grad(x, g[0])};
+                 });
   }
   return dx;
 }
@@ -74,8 +85,8 @@ std::vector<int> normalize_axes(std::vector<int> axes, int rank, const char* op)
     for (int i = 0; i < rank; ++i) axes.push_back(i);
   for (int& a : axes) {
     if (a < -rank || a >= rank)
-      throw InvalidArgument(std::string(op) + ": axis " + std::to_string(a) + " out of range for rank " +
-                            std::to_string(rank));
+      throw InvalidArgument(std::string(op) + ": axis " + std::to_string(a) +
+                            " out of range for rank " + std::to_string(rank));
     if (a < 0) a += rank;
   }
   std::sort(axes.begin(), axes.end());
@@ -101,7 +112,9 @@ void same_device(const char* op, const Tensor& a, const Tensor& b) {
   if (a.device() != b.device())
     throw InvalidArgument(std::string(op) + ": operands are on different devices (" +
                           a.device().to_string() + " and " + b.device().to_string() +
-                          "); if one is a model weight, the model was built outside the strategy.scope() that runs it (build the model and optimizer inside that scope); otherwise move one with .to(device)");
+                          "); if one is a model weight, the model was built outside the "
+                          "strategy.scope() that runs it (build the model and optimizer inside "
+                          "that scope); otherwise move one with .to(device)");
 }
 
 Tensor add(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::kAdd, "add", a, b); }
@@ -137,9 +150,8 @@ Tensor scale(const Tensor& x, float alpha) {
 Tensor add_scalar(const Tensor& x, float beta) {
   Tensor y = kernels_for(x).affine(x, 1.f, beta);
   if (tape::should_record({&x}))
-    tape::record("add_scalar", {x}, {y}, [](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-      return {g[0]};
-    });
+    tape::record("add_scalar", {x}, {y},
+                 [](const std::vector<Tensor>& g) -> std::vector<Tensor> { return {g[0]}; });
   return y;
 }
 
@@ -147,13 +159,14 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   same_device("matmul", a, b);
   Tensor c = kernels_for(a).matmul(a, b, ta, tb);
   if (tape::should_record({&a, &b})) {
-    tape::record("matmul", {a, b}, {c}, [a, b, ta, tb](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-      const Tensor& d = g[0];
-      if (!ta && !tb) return {matmul(d, b, false, true), matmul(a, d, true, false)};
-      if (ta && !tb) return {matmul(b, d, false, true), matmul(a, d, false, false)};
-      if (!ta && tb) return {matmul(d, b, false, false), matmul(d, a, true, false)};
-      return {matmul(b, d, true, true), matmul(d, a, true, true)};
-    });
+    tape::record("matmul", {a, b}, {c},
+                 [a, b, ta, tb](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                   const Tensor& d = g[0];
+                   if (!ta && !tb) return {matmul(d, b, false, true), matmul(a, d, true, false)};
+                   if (ta && !tb) return {matmul(b, d, false, true), matmul(a, d, false, false)};
+                   if (!ta && tb) return {matmul(d, b, false, false), matmul(d, a, true, false)};
+                   return {matmul(b, d, true, true), matmul(d, a, true, true)};
+                 });
   }
   return c;
 }
@@ -183,10 +196,12 @@ Tensor mean(const Tensor& x, std::vector<int> axes, bool keepdims) {
   if (tape::should_record({&x})) {
     const Shape kshape = keepdims_shape(x.shape(), axes);
     const int64_t count = kshape.numel() == 0 ? 0 : x.numel() / kshape.numel();
-    tape::record("mean", {x}, {y}, [x, kshape, count](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-      return {broadcast_to(scale(reshape(g[0], kshape), count ? 1.f / static_cast<float>(count) : 0.f),
-                           x.shape())};
-    });
+    tape::record("mean", {x}, {y},
+                 [x, kshape, count](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                   return {broadcast_to(
+                       scale(reshape(g[0], kshape), count ? 1.f / static_cast<float>(count) : 0.f),
+                       x.shape())};
+                 });
   }
   return y;
 }
@@ -195,10 +210,12 @@ Tensor sum_to_shape(const Tensor& g, const Shape& shape) {
   if (g.shape() == shape) return g;
   const int lead = g.rank() - shape.rank();
   if (lead < 0)
-    throw InvalidArgument("sum_to_shape: cannot reduce " + g.shape().to_string() + " to " + shape.to_string());
+    throw InvalidArgument("sum_to_shape: cannot reduce " + g.shape().to_string() + " to " +
+                          shape.to_string());
   std::vector<int> axes;
   for (int i = 0; i < g.rank(); ++i)
-    if (i < lead || (shape.dims()[static_cast<size_t>(i - lead)] == 1 && g.shape().dims()[static_cast<size_t>(i)] != 1))
+    if (i < lead || (shape.dims()[static_cast<size_t>(i - lead)] == 1 &&
+                     g.shape().dims()[static_cast<size_t>(i)] != 1))
       axes.push_back(i);
   if (axes.empty()) return reshape(g, shape);
   return reshape(sum(g, axes, false), shape);
@@ -218,14 +235,16 @@ Tensor reshape(const Tensor& x, const Shape& shape) {
   }
   if (infer >= 0) {
     if (known == 0 || x.numel() % known != 0)
-      throw InvalidArgument("reshape: cannot reshape " + x.shape().to_string() + " to " + shape.to_string());
+      throw InvalidArgument("reshape: cannot reshape " + x.shape().to_string() + " to " +
+                            shape.to_string());
     d[static_cast<size_t>(infer)] = x.numel() / known;
   }
   Tensor y = x.view(Shape(d));
   if (tape::should_record({&x}))
-    tape::record("reshape", {x}, {y}, [s = x.shape()](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-      return {reshape(g[0], s)};
-    });
+    tape::record("reshape", {x}, {y},
+                 [s = x.shape()](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                   return {reshape(g[0], s)};
+                 });
   return y;
 }
 
@@ -242,9 +261,10 @@ Tensor cast(const Tensor& x, DType dtype) {
   if (x.dtype() == dtype) return x;
   Tensor y = kernels_for(x).cast(x, dtype);
   if (tape::should_record({&x}))
-    tape::record("cast", {x}, {y}, [from = x.dtype()](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-      return {cast(g[0], from)};
-    });
+    tape::record("cast", {x}, {y},
+                 [from = x.dtype()](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                   return {cast(g[0], from)};
+                 });
   return y;
 }
 

@@ -26,28 +26,32 @@ Conv2dParams conv_params(const Shape& x, const Shape& w, int sh, int sw, Padding
   return p;
 }
 
-Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int sh, int sw, Padding padding) {
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int sh, int sw,
+              Padding padding) {
   same_device("conv2d", x, w);
   const Conv2dParams p = conv_params(x.shape(), w.shape(), sh, sw, padding);
   Kernels& k = kernels_for(x);
   Tensor y = k.conv2d(x, w, bias, p);
   if (tape::should_record({&x, &w, &bias})) {
-    tape::record("conv2d", {x, w, bias}, {y}, [x, w, bias, p](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-      Kernels& k = kernels_for(x);
-      Tensor db, dx, dw;
-      // The input's gradient only when the tape wants it: never for the data fed to the first
-      // layer (TF and PyTorch skip it too); the filter's and bias's likewise.
-      if (tape::needs_gradient(0)) dx = k.conv2d_backward_input(g[0], w, x.shape(), p);
-      if (tape::needs_gradient(1) || tape::needs_gradient(2))
-        dw = k.conv2d_backward_filter(x, g[0], w.shape(), p, bias.defined(), &db);
-      if (tape::should_record({&g[0], &x, &w})) {
-        std::vector<Tensor> outs;
-        for (const Tensor* t : {&dx, &dw, &db})
-          if (t->defined()) outs.push_back(*t);
-        if (!outs.empty()) tape::record_nondifferentiable("conv2d_grad", {g[0], x, w}, outs);
-      }
-      return {dx, dw, db};
-    });
+    tape::record("conv2d", {x, w, bias}, {y},
+                 [x, w, bias, p](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                   Kernels& k = kernels_for(x);
+                   Tensor db, dx, dw;
+                   // The input's gradient only when the tape wants it: never for the data fed to
+                   // the first layer (TF and PyTorch skip it too); the filter's and bias's
+                   // likewise.
+                   if (tape::needs_gradient(0)) dx = k.conv2d_backward_input(g[0], w, x.shape(), p);
+                   if (tape::needs_gradient(1) || tape::needs_gradient(2))
+                     dw = k.conv2d_backward_filter(x, g[0], w.shape(), p, bias.defined(), &db);
+                   if (tape::should_record({&g[0], &x, &w})) {
+                     std::vector<Tensor> outs;
+                     for (const Tensor* t : {&dx, &dw, &db})
+                       if (t->defined()) outs.push_back(*t);
+                     if (!outs.empty())
+                       tape::record_nondifferentiable("conv2d_grad", {g[0], x, w}, outs);
+                   }
+                   return {dx, dw, db};
+                 });
   }
   return y;
 }
@@ -77,28 +81,32 @@ Tensor max_pool2d(const Tensor& x, int wh, int ww, int sh, int sw, Padding paddi
   Tensor ws;
   Tensor y = kernels_for(x).max_pool2d(x, p, &ws);
   if (tape::should_record({&x})) {
-    tape::record("max_pool2d", {x}, {y}, [x, ws, p](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-      Tensor dx = kernels_for(x).max_pool2d_backward(g[0], x, ws, p);
-      if (tape::should_record({&g[0], &x})) tape::record_nondifferentiable("max_pool2d_grad", {g[0], x}, {dx});
-      return {dx};
-    });
+    tape::record("max_pool2d", {x}, {y},
+                 [x, ws, p](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                   Tensor dx = kernels_for(x).max_pool2d_backward(g[0], x, ws, p);
+                   if (tape::should_record({&g[0], &x}))
+                     tape::record_nondifferentiable("max_pool2d_grad", {g[0], x}, {dx});
+                   return {dx};
+                 });
   }
   return y;
 }
 
-
-Tensor conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias, int stride, Padding conv_padding,
-                         int window, int pool_stride, Padding pool_padding) {
+Tensor conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias, int stride,
+                         Padding conv_padding, int window, int pool_stride, Padding pool_padding) {
   same_device("conv2d_max_pool2d", x, w);
   if (x.rank() != 4 || w.rank() != 4)
     throw InvalidArgument("conv2d_max_pool2d expects x [N,H,W,C] and w [KH,KW,Cin,Cout], got " +
                           x.shape().to_string() + " and " + w.shape().to_string());
   const Conv2dParams cp = conv_params(x.shape(), w.shape(), stride, stride, conv_padding);
   const Shape conv_shape{x.shape()[0],
-                         conv_output_size(x.shape()[1], static_cast<int>(w.shape()[0]), stride, cp.pad_top, cp.pad_bottom),
-                         conv_output_size(x.shape()[2], static_cast<int>(w.shape()[1]), stride, cp.pad_left, cp.pad_right),
+                         conv_output_size(x.shape()[1], static_cast<int>(w.shape()[0]), stride,
+                                          cp.pad_top, cp.pad_bottom),
+                         conv_output_size(x.shape()[2], static_cast<int>(w.shape()[1]), stride,
+                                          cp.pad_left, cp.pad_right),
                          w.shape()[3]};
-  const Pool2dParams pp = pool_params(conv_shape, window, window, pool_stride, pool_stride, pool_padding);
+  const Pool2dParams pp =
+      pool_params(conv_shape, window, window, pool_stride, pool_stride, pool_padding);
   auto saved = std::make_shared<ConvPoolSaved>();
   Kernels& k = kernels_for(x);
   Tensor y = k.conv2d_max_pool2d(x, w, bias, cp, pp, saved.get());
@@ -107,13 +115,14 @@ Tensor conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias, i
                  [x, w, bias, cp, pp, saved](const std::vector<Tensor>& g) -> std::vector<Tensor> {
                    const bool want_dx = tape::needs_gradient(0);
                    const bool want_dw = tape::needs_gradient(1) || tape::needs_gradient(2);
-                   ConvPoolGrads r = kernels_for(x).conv2d_max_pool2d_backward(g[0], x, w, bias.defined(), *saved,
-                                                                               cp, pp, want_dx, want_dw);
+                   ConvPoolGrads r = kernels_for(x).conv2d_max_pool2d_backward(
+                       g[0], x, w, bias.defined(), *saved, cp, pp, want_dx, want_dw);
                    if (tape::should_record({&g[0], &x, &w})) {
                      std::vector<Tensor> outs;
                      for (const Tensor* t : {&r.dx, &r.dw, &r.db})
                        if (t->defined()) outs.push_back(*t);
-                     if (!outs.empty()) tape::record_nondifferentiable("conv2d_max_pool2d_grad", {g[0], x, w}, outs);
+                     if (!outs.empty())
+                       tape::record_nondifferentiable("conv2d_max_pool2d_grad", {g[0], x, w}, outs);
                    }
                    return {r.dx, r.dw, r.db};
                  });
@@ -126,13 +135,14 @@ Tensor sparse_softmax_cross_entropy(const Tensor& logits, const Tensor& labels) 
   Tensor loss, probs;
   kernels_for(logits).softmax_cross_entropy(logits, labels, &loss, &probs);
   if (tape::should_record({&logits})) {
-    tape::record("sparse_softmax_cross_entropy", {logits, labels}, {loss},
-                 [probs, labels](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-                   Tensor d = kernels_for(probs).softmax_cross_entropy_backward(probs, labels, g[0]);
-                   if (tape::should_record({&g[0]}))
-                     tape::record_nondifferentiable("sparse_softmax_cross_entropy_grad", {g[0]}, {d});
-                   return {d, Tensor()};
-                 });
+    tape::record(
+        "sparse_softmax_cross_entropy", {logits, labels}, {loss},
+        [probs, labels](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+          Tensor d = kernels_for(probs).softmax_cross_entropy_backward(probs, labels, g[0]);
+          if (tape::should_record({&g[0]}))
+            tape::record_nondifferentiable("sparse_softmax_cross_entropy_grad", {g[0]}, {d});
+          return {d, Tensor()};
+        });
   }
   return loss;
 }
@@ -162,9 +172,11 @@ Tensor batch_norm_training(const Tensor& x, const Tensor& gamma, const Tensor& b
   if (tape::should_record({&x, &gamma, &beta})) {
     tape::record("batch_norm", {x, gamma, beta}, {f.y},
                  [x, gamma, f, eps](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-                   BatchNormBackward b = kernels_for(x).batch_norm_backward(g[0], x, gamma, f.mean, f.var, eps);
+                   BatchNormBackward b =
+                       kernels_for(x).batch_norm_backward(g[0], x, gamma, f.mean, f.var, eps);
                    if (tape::should_record({&g[0], &x, &gamma}))
-                     tape::record_nondifferentiable("batch_norm_grad", {g[0], x, gamma}, {b.dx, b.dgamma, b.dbeta});
+                     tape::record_nondifferentiable("batch_norm_grad", {g[0], x, gamma},
+                                                    {b.dx, b.dgamma, b.dbeta});
                    return {b.dx, b.dgamma, b.dbeta};
                  });
   }

@@ -15,14 +15,16 @@ namespace {
 
 void check_options(const OptimizerOptions& o) {
   auto nonneg = [](float v, const char* what) {
-    if (!(v >= 0.f)) throw InvalidArgument(std::string(what) + " must be >= 0, got " + std::to_string(v));
+    if (!(v >= 0.f))
+      throw InvalidArgument(std::string(what) + " must be >= 0, got " + std::to_string(v));
   };
   nonneg(o.weight_decay, "weight_decay");
   nonneg(o.clipnorm, "clipnorm");
   nonneg(o.clipvalue, "clipvalue");
   nonneg(o.global_clipnorm, "global_clipnorm");
   if (o.clipnorm > 0.f && o.global_clipnorm > 0.f)
-    throw InvalidArgument("clipnorm and global_clipnorm are exclusive (as in Keras): set one of them");
+    throw InvalidArgument(
+        "clipnorm and global_clipnorm are exclusive (as in Keras): set one of them");
 }
 
 // Sum of squares of every element, in double (host).
@@ -85,7 +87,8 @@ int64_t Optimizer::iterations() const {
 }
 
 void Optimizer::set_iterations(int64_t n) {
-  if (n < 0) throw InvalidArgument("set_iterations: the count must be >= 0, got " + std::to_string(n));
+  if (n < 0)
+    throw InvalidArgument("set_iterations: the count must be >= 0, got " + std::to_string(n));
   std::lock_guard<std::mutex> lock(mu_);
   base_iterations_ = n;
   for (auto& [replica, steps] : steps_) steps = n;
@@ -112,7 +115,8 @@ std::vector<Tensor> Optimizer::clip(std::vector<Tensor> g) const {
     for (Tensor& t : g)
       if (t.defined()) {
         const double norm = std::sqrt(squared_norm(t));
-        if (norm > o.clipnorm) t = kernels_for(t).affine(t, static_cast<float>(o.clipnorm / norm), 0.f);
+        if (norm > o.clipnorm)
+          t = kernels_for(t).affine(t, static_cast<float>(o.clipnorm / norm), 0.f);
       }
   if (o.global_clipnorm > 0.f) {
     double sq = 0;
@@ -121,15 +125,17 @@ std::vector<Tensor> Optimizer::clip(std::vector<Tensor> g) const {
     const double norm = std::sqrt(sq);
     if (norm > o.global_clipnorm)
       for (Tensor& t : g)
-        if (t.defined()) t = kernels_for(t).affine(t, static_cast<float>(o.global_clipnorm / norm), 0.f);
+        if (t.defined())
+          t = kernels_for(t).affine(t, static_cast<float>(o.global_clipnorm / norm), 0.f);
   }
   return g;
 }
 
-void Optimizer::apply_dense(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step, float lr) {
+void Optimizer::apply_dense(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots,
+                            int64_t step, float lr) {
   if (static_cast<int>(slots.size()) != slots_per_variable())
-    throw InvalidArgument(name() + " needs " + std::to_string(slots_per_variable()) + " slots per variable, got " +
-                          std::to_string(slots.size()));
+    throw InvalidArgument(name() + " needs " + std::to_string(slots_per_variable()) +
+                          " slots per variable, got " + std::to_string(slots.size()));
   if (options_.weight_decay > 0.f)
     value.copy_from(kernels_for(value).affine(value, 1.f - lr * options_.weight_decay, 0.f));
   update(value, grad, slots, step, lr);
@@ -160,7 +166,8 @@ void Optimizer::apply_gradients(const std::vector<Tensor>& grads,
         owners.push_back(vars[i]);
       }
     if (!defined.empty())
-      if (std::optional<ReplicaContext::UpdateSlices> slices = ctx->reduce_scatter_for_update(defined, owners)) {
+      if (std::optional<ReplicaContext::UpdateSlices> slices =
+              ctx->reduce_scatter_for_update(defined, owners)) {
         apply_slices(*ctx, slices->grads, slices->offsets, owners);
         return;
       }
@@ -182,8 +189,8 @@ void Optimizer::apply_gradients(const std::vector<Tensor>& grads,
     if (!aggregated) return;  // accumulating: nothing applied this call
     g = std::move(*aggregated);
     if (g.size() != vars.size())
-      throw Internal("the gradient aggregator returned " + std::to_string(g.size()) + " gradients for " +
-                     std::to_string(vars.size()) + " variables");
+      throw Internal("the gradient aggregator returned " + std::to_string(g.size()) +
+                     " gradients for " + std::to_string(vars.size()) + " variables");
   }
   g = clip(std::move(g));
   const int replica = ctx ? ctx->replica_id_in_sync_group() : 0;
@@ -193,7 +200,8 @@ void Optimizer::apply_gradients(const std::vector<Tensor>& grads,
     std::lock_guard<std::mutex> lock(mu_);
     auto [it, fresh] = steps_.try_emplace(replica, base_iterations_);
     step = ++it->second;
-    for (const auto& v : vars) slot_lists.push_back(v->updates_remotely() ? nullptr : &slots_for(v.get()));
+    for (const auto& v : vars)
+      slot_lists.push_back(v->updates_remotely() ? nullptr : &slots_for(v.get()));
   }
   const float lr = (*schedule_)(step - 1);
   std::string remote_config;
@@ -201,25 +209,28 @@ void Optimizer::apply_gradients(const std::vector<Tensor>& grads,
     if (!g[i].defined()) continue;
     const Tensor& grad = g[i];
     if (!slot_lists[i]) {  // the variable lives on a parameter server, which applies the update
-      if (remote_config.empty()) remote_config = name() + kv("learning_rate", lr) + hyper_config() +
-                                                 kv("weight_decay", options_.weight_decay);
+      if (remote_config.empty())
+        remote_config = name() + kv("learning_rate", lr) + hyper_config() +
+                        kv("weight_decay", options_.weight_decay);
       vars[i]->apply_remote_update(remote_config, grad);
       continue;
     }
     vars[i]->update([&](Tensor& value, size_t copy) {
       std::vector<Tensor> slots;
       for (const auto& s : *slot_lists[i]) slots.push_back(s->device_values().at(copy));
-      apply_dense(value, grad.device() == value.device() ? grad : grad.to(value.device()), slots, step, lr);
+      apply_dense(value, grad.device() == value.device() ? grad : grad.to(value.device()), slots,
+                  step, lr);
     });
   }
 }
 
-void Optimizer::apply_slices(ReplicaContext& ctx, const std::vector<Tensor>& grads, const std::vector<int64_t>& offsets,
+void Optimizer::apply_slices(ReplicaContext& ctx, const std::vector<Tensor>& grads,
+                             const std::vector<int64_t>& offsets,
                              const std::vector<std::shared_ptr<Variable>>& vars) {
   // As apply_gradients, on flat slices: every rule here is elementwise, and clipvalue too.
   if (grads.size() != vars.size() || offsets.size() != vars.size())
-    throw Internal("reduce_scatter_for_update returned " + std::to_string(grads.size()) + " slices for " +
-                   std::to_string(vars.size()) + " variables");
+    throw Internal("reduce_scatter_for_update returned " + std::to_string(grads.size()) +
+                   " slices for " + std::to_string(vars.size()) + " variables");
   const std::vector<Tensor> g = clip(grads);
   int64_t step;
   std::vector<std::vector<std::shared_ptr<Variable>>*> slot_lists;
@@ -240,12 +251,15 @@ void Optimizer::apply_slices(ReplicaContext& ctx, const std::vector<Tensor>& gra
       vars[i]->update([&](Tensor& value, size_t copy) {
         Tensor mine = part(value, offset, count);
         std::vector<Tensor> slots;
-        for (const auto& s : *slot_lists[i]) slots.push_back(part(s->device_values().at(copy), offset, count));
-        apply_dense(mine, g[i].device() == value.device() ? g[i] : g[i].to(value.device()), slots, step, lr);
+        for (const auto& s : *slot_lists[i])
+          slots.push_back(part(s->device_values().at(copy), offset, count));
+        apply_dense(mine, g[i].device() == value.device() ? g[i] : g[i].to(value.device()), slots,
+                    step, lr);
       });
     }
   } catch (...) {
-    try {  // the other replicas are waiting for this one's slices; the first error is the one to report
+    try {  // the other replicas are waiting for this one's slices; the first error is the one to
+           // report
       ctx.end_sharded_update();
     } catch (...) {
     }
@@ -255,9 +269,9 @@ void Optimizer::apply_slices(ReplicaContext& ctx, const std::vector<Tensor>& gra
 }
 
 std::string Optimizer::config() const {
-  return name() + kv("learning_rate", learning_rate()) + hyper_config() + kv("weight_decay", options_.weight_decay) +
-         kv("clipnorm", options_.clipnorm) + kv("clipvalue", options_.clipvalue) +
-         kv("global_clipnorm", options_.global_clipnorm);
+  return name() + kv("learning_rate", learning_rate()) + hyper_config() +
+         kv("weight_decay", options_.weight_decay) + kv("clipnorm", options_.clipnorm) +
+         kv("clipvalue", options_.clipvalue) + kv("global_clipnorm", options_.global_clipnorm);
 }
 
 std::unique_ptr<Optimizer> Optimizer::from_config(const std::string& config) {
@@ -272,7 +286,9 @@ std::unique_ptr<Optimizer> Optimizer::from_config(const std::string& config) {
     o.clipnorm = static_cast<float>(c.number("clipnorm", 0));
     o.clipvalue = static_cast<float>(c.number("clipvalue", 0));
     o.global_clipnorm = static_cast<float>(c.number("global_clipnorm", 0));
-    auto f = [&](const char* key, double fallback) { return static_cast<float>(c.number(key, fallback)); };
+    auto f = [&](const char* key, double fallback) {
+      return static_cast<float>(c.number(key, fallback));
+    };
     std::unique_ptr<Optimizer> opt;
     if (n == "sgd") {
       const float momentum = f("momentum", 0);
@@ -282,8 +298,10 @@ std::unique_ptr<Optimizer> Optimizer::from_config(const std::string& config) {
     } else if (n == "adam" || adamw) {
       const float b1 = f("beta_1", 0.9), b2 = f("beta_2", 0.999), eps = f("epsilon", 1e-7);
       c.finish(common + ", beta_1, beta_2, epsilon");
-      if (adamw) opt = std::make_unique<AdamW>(lr, o.weight_decay, b1, b2, eps, o);
-      else opt = std::make_unique<Adam>(lr, b1, b2, eps, o);
+      if (adamw)
+        opt = std::make_unique<AdamW>(lr, o.weight_decay, b1, b2, eps, o);
+      else
+        opt = std::make_unique<Adam>(lr, b1, b2, eps, o);
     } else if (n == "rmsprop") {
       const float rho = f("rho", 0.9), momentum = f("momentum", 0), eps = f("epsilon", 1e-7);
       const bool centered = c.number("centered", 0) != 0;

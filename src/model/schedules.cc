@@ -33,11 +33,13 @@ ConstantSchedule::ConstantSchedule(float lr) : lr_(lr) {
 }
 std::string ConstantSchedule::config() const { return "constant" + kv("learning_rate", lr_); }
 
-PiecewiseConstantDecay::PiecewiseConstantDecay(std::vector<int64_t> boundaries, std::vector<float> values)
+PiecewiseConstantDecay::PiecewiseConstantDecay(std::vector<int64_t> boundaries,
+                                               std::vector<float> values)
     : boundaries_(std::move(boundaries)), values_(std::move(values)) {
   require(values_.size() == boundaries_.size() + 1,
-          "PiecewiseConstantDecay needs one more value than boundaries, got " + std::to_string(boundaries_.size()) +
-              " boundaries and " + std::to_string(values_.size()) + " values");
+          "PiecewiseConstantDecay needs one more value than boundaries, got " +
+              std::to_string(boundaries_.size()) + " boundaries and " +
+              std::to_string(values_.size()) + " values");
   for (size_t i = 1; i < boundaries_.size(); ++i)
     require(boundaries_[i] > boundaries_[i - 1], "PiecewiseConstantDecay boundaries must increase");
   for (float v : values_) require(v > 0.f, "PiecewiseConstantDecay values must be > 0");
@@ -63,36 +65,46 @@ float ExponentialDecay::operator()(int64_t step) const {
   return static_cast<float>(initial_ * std::pow(static_cast<double>(rate_), p));
 }
 std::string ExponentialDecay::config() const {
-  return "exponential" + kv("initial_learning_rate", initial_) + kv("decay_steps", static_cast<double>(decay_steps_)) +
-         kv("decay_rate", rate_) + kv("staircase", staircase_ ? 1 : 0);
+  return "exponential" + kv("initial_learning_rate", initial_) +
+         kv("decay_steps", static_cast<double>(decay_steps_)) + kv("decay_rate", rate_) +
+         kv("staircase", staircase_ ? 1 : 0);
 }
 
-CosineDecay::CosineDecay(float initial, int64_t decay_steps, float alpha, float warmup_target, int64_t warmup_steps)
-    : initial_(initial), decay_steps_(decay_steps), alpha_(alpha), warmup_target_(warmup_target),
+CosineDecay::CosineDecay(float initial, int64_t decay_steps, float alpha, float warmup_target,
+                         int64_t warmup_steps)
+    : initial_(initial),
+      decay_steps_(decay_steps),
+      alpha_(alpha),
+      warmup_target_(warmup_target),
       warmup_steps_(warmup_steps) {
   require(initial >= 0.f, "CosineDecay initial_learning_rate must be >= 0");
   require(decay_steps > 0, "CosineDecay decay_steps must be > 0");
   require(alpha >= 0.f && alpha <= 1.f, "CosineDecay alpha must be in [0, 1]");
   require(warmup_steps >= 0, "CosineDecay warmup_steps must be >= 0");
-  require(warmup_steps == 0 || warmup_target > 0.f, "CosineDecay with warmup_steps needs warmup_target > 0");
+  require(warmup_steps == 0 || warmup_target > 0.f,
+          "CosineDecay with warmup_steps needs warmup_target > 0");
 }
 float CosineDecay::operator()(int64_t step) const {
   const bool warm = warmup_target_ > 0.f && warmup_steps_ > 0;
   if (warm && step < warmup_steps_)
     return static_cast<float>(initial_ + (static_cast<double>(warmup_target_) - initial_) *
-                                             static_cast<double>(step) / static_cast<double>(warmup_steps_));
+                                             static_cast<double>(step) /
+                                             static_cast<double>(warmup_steps_));
   const double target = warm ? warmup_target_ : initial_;
   const double s = static_cast<double>(std::min(step - (warm ? warmup_steps_ : 0), decay_steps_));
-  const double cosine = 0.5 * (1.0 + std::cos(std::numbers::pi * s / static_cast<double>(decay_steps_)));
+  const double cosine =
+      0.5 * (1.0 + std::cos(std::numbers::pi * s / static_cast<double>(decay_steps_)));
   return static_cast<float>(target * ((1.0 - alpha_) * cosine + alpha_));
 }
 std::string CosineDecay::config() const {
-  return "cosine" + kv("initial_learning_rate", initial_) + kv("decay_steps", static_cast<double>(decay_steps_)) +
-         kv("alpha", alpha_) + kv("warmup_target", warmup_target_) +
+  return "cosine" + kv("initial_learning_rate", initial_) +
+         kv("decay_steps", static_cast<double>(decay_steps_)) + kv("alpha", alpha_) +
+         kv("warmup_target", warmup_target_) +
          kv("warmup_steps", static_cast<double>(warmup_steps_));
 }
 
-PolynomialDecay::PolynomialDecay(float initial, int64_t decay_steps, float end, float power, bool cycle)
+PolynomialDecay::PolynomialDecay(float initial, int64_t decay_steps, float end, float power,
+                                 bool cycle)
     : initial_(initial), decay_steps_(decay_steps), end_(end), power_(power), cycle_(cycle) {
   require(initial > 0.f, "PolynomialDecay initial_learning_rate must be > 0");
   require(decay_steps > 0, "PolynomialDecay decay_steps must be > 0");
@@ -100,13 +112,17 @@ PolynomialDecay::PolynomialDecay(float initial, int64_t decay_steps, float end, 
 }
 float PolynomialDecay::operator()(int64_t step) const {
   double steps = static_cast<double>(decay_steps_), s = static_cast<double>(step);
-  if (cycle_) steps *= std::max(1.0, std::ceil(s / steps));
-  else s = std::min(s, steps);
-  return static_cast<float>((initial_ - end_) * std::pow(1.0 - s / steps, static_cast<double>(power_)) + end_);
+  if (cycle_)
+    steps *= std::max(1.0, std::ceil(s / steps));
+  else
+    s = std::min(s, steps);
+  return static_cast<float>(
+      (initial_ - end_) * std::pow(1.0 - s / steps, static_cast<double>(power_)) + end_);
 }
 std::string PolynomialDecay::config() const {
-  return "polynomial" + kv("initial_learning_rate", initial_) + kv("decay_steps", static_cast<double>(decay_steps_)) +
-         kv("end_learning_rate", end_) + kv("power", power_) + kv("cycle", cycle_ ? 1 : 0);
+  return "polynomial" + kv("initial_learning_rate", initial_) +
+         kv("decay_steps", static_cast<double>(decay_steps_)) + kv("end_learning_rate", end_) +
+         kv("power", power_) + kv("cycle", cycle_ ? 1 : 0);
 }
 
 std::shared_ptr<LearningRateSchedule> LearningRateSchedule::from_config(const std::string& config) {
@@ -140,7 +156,8 @@ std::shared_ptr<LearningRateSchedule> LearningRateSchedule::from_config(const st
       const double rate = positive("decay_rate");
       const bool stair = c.number("staircase", 0) != 0;
       c.finish("initial_learning_rate, decay_steps, decay_rate, staircase");
-      s = std::make_shared<ExponentialDecay>(static_cast<float>(lr), steps, static_cast<float>(rate), stair);
+      s = std::make_shared<ExponentialDecay>(static_cast<float>(lr), steps,
+                                             static_cast<float>(rate), stair);
     } else if (n == "cosine") {
       const double lr = c.number("initial_learning_rate", -1);
       const int64_t steps = integer("decay_steps", 0);
@@ -158,7 +175,8 @@ std::shared_ptr<LearningRateSchedule> LearningRateSchedule::from_config(const st
       s = std::make_shared<PolynomialDecay>(static_cast<float>(lr), steps, static_cast<float>(end),
                                             static_cast<float>(power), cycle);
     } else {
-      throw c.error("unknown schedule '" + n + "' (constant, piecewise_constant, exponential, cosine, polynomial)");
+      throw c.error("unknown schedule '" + n +
+                    "' (constant, piecewise_constant, exponential, cosine, polynomial)");
     }
     return s;
   } catch (const InvalidArgument& e) {

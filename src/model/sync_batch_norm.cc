@@ -3,29 +3,35 @@
 // and the backward pass all-reduces the two per-channel sums the input gradient needs:
 //   dx = gamma * inv_std / N * (N * dy - sum(dy) - xhat * sum(dy * xhat)),  sums over all replicas.
 // gamma's and beta's gradients stay local sums: the optimizer all-reduces them like any gradient.
+#include "dtrain/model/sync_batch_norm.h"
+
 #include "dtrain/devices/device.h"
 #include "dtrain/model/gradient_tape.h"
-#include "dtrain/model/sync_batch_norm.h"
 #include "dtrain/strategies/strategy.h"
 
 namespace dtrain::ops {
 
-Tensor sync_batch_norm_training(ReplicaContext& ctx, const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                float eps, Tensor* batch_mean, Tensor* batch_var) {
-  if (x.rank() < 2) throw InvalidArgument("batch norm needs rank >= 2, got " + x.shape().to_string());
+Tensor sync_batch_norm_training(ReplicaContext& ctx, const Tensor& x, const Tensor& gamma,
+                                const Tensor& beta, float eps, Tensor* batch_mean,
+                                Tensor* batch_var) {
+  if (x.rank() < 2)
+    throw InvalidArgument("batch norm needs rank >= 2, got " + x.shape().to_string());
   Kernels& k = kernels_for(x);
   const int64_t c = x.shape()[-1], m = x.numel() / c;
   const Tensor x2 = x.view(Shape{m, c});
   // Global sums of x and x^2 and the global row count.
   const Tensor count = Tensor::full(Shape{1}, static_cast<float>(m), x.device());
-  std::vector<Tensor> g = ctx.all_reduce(ReduceOp::kSum, {k.reduce(ReductionKind::kSum, x2, {0}, false),
-                                                          k.reduce(ReductionKind::kSum, k.unary(UnaryOp::kSquare, x2), {0}, false),
-                                                          count});
+  std::vector<Tensor> g = ctx.all_reduce(
+      ReduceOp::kSum,
+      {k.reduce(ReductionKind::kSum, x2, {0}, false),
+       k.reduce(ReductionKind::kSum, k.unary(UnaryOp::kSquare, x2), {0}, false), count});
   const float n = g[2].item();
   if (n == 0) throw InvalidArgument("sync batch norm: the global batch is empty");
   const Tensor mean = k.affine(g[0], 1.f / n, 0.f);
-  const Tensor var = k.binary(BinaryOp::kMax, k.binary(BinaryOp::kSub, k.affine(g[1], 1.f / n, 0.f), k.unary(UnaryOp::kSquare, mean)),
-                              Tensor::zeros(Shape{c}, DType::kFloat32, x.device()));
+  const Tensor var = k.binary(
+      BinaryOp::kMax,
+      k.binary(BinaryOp::kSub, k.affine(g[1], 1.f / n, 0.f), k.unary(UnaryOp::kSquare, mean)),
+      Tensor::zeros(Shape{c}, DType::kFloat32, x.device()));
   const Tensor inv_std = k.binary(BinaryOp::kDiv, Tensor::full(Shape{c}, 1.f, x.device()),
                                   k.unary(UnaryOp::kSqrt, k.affine(var, 1.f, eps)));
   const Tensor xhat = k.binary(BinaryOp::kMul, k.binary(BinaryOp::kSub, x2, mean), inv_std);
@@ -35,19 +41,23 @@ Tensor sync_batch_norm_training(ReplicaContext& ctx, const Tensor& x, const Tens
   if (tape::should_record({&x, &gamma, &beta})) {
     ReplicaContext* pctx = &ctx;
     tape::record("sync_batch_norm", {x, gamma, beta}, {y},
-                 [pctx, x, gamma, xhat, inv_std, n, m, c](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
+                 [pctx, x, gamma, xhat, inv_std, n, m,
+                  c](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
                    Kernels& k = kernels_for(x);
                    const Tensor dy = grads[0].view(Shape{m, c});
                    const Tensor dbeta = k.reduce(ReductionKind::kSum, dy, {0}, false);
-                   const Tensor dgamma = k.reduce(ReductionKind::kSum, k.binary(BinaryOp::kMul, dy, xhat), {0}, false);
+                   const Tensor dgamma = k.reduce(ReductionKind::kSum,
+                                                  k.binary(BinaryOp::kMul, dy, xhat), {0}, false);
                    const std::vector<Tensor> s = pctx->all_reduce(ReduceOp::kSum, {dbeta, dgamma});
                    // dx = gamma * inv_std / n * (n * dy - S_dy - xhat * S_dyxhat)
                    Tensor t = k.binary(BinaryOp::kSub, k.affine(dy, n, 0.f), s[0]);
                    t = k.binary(BinaryOp::kSub, t, k.binary(BinaryOp::kMul, xhat, s[1]));
-                   const Tensor scale = k.affine(k.binary(BinaryOp::kMul, gamma, inv_std), 1.f / n, 0.f);
+                   const Tensor scale =
+                       k.affine(k.binary(BinaryOp::kMul, gamma, inv_std), 1.f / n, 0.f);
                    Tensor dx = k.binary(BinaryOp::kMul, t, scale).view(x.shape());
                    if (tape::should_record({&grads[0], &x, &gamma}))
-                     tape::record_nondifferentiable("sync_batch_norm_grad", {grads[0], x, gamma}, {dx, dgamma, dbeta});
+                     tape::record_nondifferentiable("sync_batch_norm_grad", {grads[0], x, gamma},
+                                                    {dx, dgamma, dbeta});
                    return {dx, dgamma, dbeta};
                  });
   }

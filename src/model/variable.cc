@@ -1,8 +1,7 @@
 #include "dtrain/model/variable.h"
 
-#include "dtrain/strategies/strategy.h"
-
 #include "dtrain/devices/device.h"
+#include "dtrain/strategies/strategy.h"
 
 namespace dtrain {
 
@@ -12,22 +11,24 @@ void Variable::check_strategy(const char* use) const {
   if (running == 0 || running == strategy_id_) return;
   std::string running_name;
   detail::running_strategy_id(&running_name);
-  throw FailedPrecondition("variable '" + name() + "' belongs to " + strategy_name_ + " but is " + use +
-                           " inside the run() of " + running_name +
-                           ": a variable is only usable under the strategy that made it. Build the model and the "
-                           "optimizer inside the training strategy's scope ({ auto scope = strategy.scope(); "
-                           "model = ...; optimizer = ...; }) and train them with that strategy");
+  throw FailedPrecondition(
+      "variable '" + name() + "' belongs to " + strategy_name_ + " but is " + use +
+      " inside the run() of " + running_name +
+      ": a variable is only usable under the strategy that made it. Build the model and the "
+      "optimizer inside the training strategy's scope ({ auto scope = strategy.scope(); "
+      "model = ...; optimizer = ...; }) and train them with that strategy");
 }
 
 void Variable::apply_remote_update(const std::string&, const Tensor&) {
-  throw Internal("apply_remote_update called on variable '" + name() + "', which is updated locally");
+  throw Internal("apply_remote_update called on variable '" + name() +
+                 "', which is updated locally");
 }
 
 PlainVariable::PlainVariable(VariableSpec spec, DeviceSpec device) : Variable(std::move(spec)) {
   Tensor init = spec_.initializer(spec_.shape, spec_.dtype, device);
   if (init.shape() != spec_.shape || init.dtype() != spec_.dtype)
-    throw InvalidArgument("initializer of variable '" + spec_.name + "' returned " + init.to_string() +
-                          ", expected shape " + spec_.shape.to_string());
+    throw InvalidArgument("initializer of variable '" + spec_.name + "' returned " +
+                          init.to_string() + ", expected shape " + spec_.shape.to_string());
   value_ = init.device() == device ? init.clone() : init.to(device);
   value_.set_trainable_variable(spec_.trainable);
 }

@@ -1,6 +1,6 @@
 // Picks how replicas' tensors are combined, and says why in one log line.
-#include "collectives/sync_collectives.h"
 #include "collectives/nccl/nccl_local.h"
+#include "collectives/sync_collectives.h"
 #include "dtrain/collectives/inproc.h"
 #include "dtrain/core/logging.h"
 #include "strategies/mirrored_impl.h"
@@ -51,16 +51,17 @@ class HostStagedCommunicator final : public SyncCollectives {
 
 std::vector<std::unique_ptr<Communicator>> staged(int n, CollectiveOptions o) {
   std::vector<std::unique_ptr<Communicator>> out;
-  for (auto& c : make_inproc_group(n, o)) out.push_back(make_async_communicator(std::make_unique<HostStagedCommunicator>(std::move(c)), o.timeout));
+  for (auto& c : make_inproc_group(n, o))
+    out.push_back(
+        make_async_communicator(std::make_unique<HostStagedCommunicator>(std::move(c)), o.timeout));
   return out;
 }
 
 }  // namespace
 
-std::vector<std::unique_ptr<Communicator>> make_cross_device_group(const std::vector<DeviceSpec>& devices,
-                                                                   CrossDeviceOps requested,
-                                                                   CollectiveOptions options,
-                                                                   CrossDeviceOps* chosen) {
+std::vector<std::unique_ptr<Communicator>> make_cross_device_group(
+    const std::vector<DeviceSpec>& devices, CrossDeviceOps requested, CollectiveOptions options,
+    CrossDeviceOps* chosen) {
   const int n = static_cast<int>(devices.size());
   bool all_cpu = true, all_gpu = true;
   for (const auto& d : devices) {
@@ -70,7 +71,8 @@ std::vector<std::unique_ptr<Communicator>> make_cross_device_group(const std::ve
   switch (requested) {
     case CrossDeviceOps::kInproc:
       if (!all_cpu)
-        throw InvalidArgument("cross_device_ops=inproc needs CPU devices; use nccl or reduce_to_one_device for GPUs");
+        throw InvalidArgument(
+            "cross_device_ops=inproc needs CPU devices; use nccl or reduce_to_one_device for GPUs");
       *chosen = CrossDeviceOps::kInproc;
       return make_inproc_group(n, options);
     case CrossDeviceOps::kReduceToOneDevice:
@@ -78,10 +80,12 @@ std::vector<std::unique_ptr<Communicator>> make_cross_device_group(const std::ve
       DTRAIN_LOG(INFO) << "cross-device ops: reduction through host memory (requested)";
       return staged(n, options);
     case CrossDeviceOps::kNccl:
-      if (!all_gpu) throw InvalidArgument("cross_device_ops=nccl needs GPU devices (got a CPU device)");
+      if (!all_gpu)
+        throw InvalidArgument("cross_device_ops=nccl needs GPU devices (got a CPU device)");
       if (!nccl_available())
-        throw Unavailable("cross_device_ops=nccl requested but this build has no NCCL; rebuild with "
-                          "-DDTRAIN_WITH_NCCL=ON or use reduce_to_one_device");
+        throw Unavailable(
+            "cross_device_ops=nccl requested but this build has no NCCL; rebuild with "
+            "-DDTRAIN_WITH_NCCL=ON or use reduce_to_one_device");
       *chosen = CrossDeviceOps::kNccl;
       return make_nccl_local_group(devices, options);
     case CrossDeviceOps::kAuto:
@@ -89,7 +93,8 @@ std::vector<std::unique_ptr<Communicator>> make_cross_device_group(const std::ve
   }
   if (all_cpu) {
     *chosen = CrossDeviceOps::kInproc;
-    DTRAIN_LOG(INFO) << "cross-device ops: in-process shared-memory all-reduce (all " << n << " devices are CPUs)";
+    DTRAIN_LOG(INFO) << "cross-device ops: in-process shared-memory all-reduce (all " << n
+                     << " devices are CPUs)";
     return make_inproc_group(n, options);
   }
   if (all_gpu && nccl_available()) {

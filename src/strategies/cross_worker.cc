@@ -18,10 +18,13 @@ using Implementation = CommunicationOptions::Implementation;
 // loop's thread between steps, never both at once.
 class CollectiveCrossWorker final : public CrossWorkerOps {
  public:
-  CollectiveCrossWorker(std::shared_ptr<CrossWorkerCommunicators> comms, int rank) : comms_(std::move(comms)), rank_(rank) {}
+  CollectiveCrossWorker(std::shared_ptr<CrossWorkerCommunicators> comms, int rank)
+      : comms_(std::move(comms)), rank_(rank) {}
   int num_workers() const override { return comms_->workers; }
   int worker_rank() const override { return rank_; }
-  void all_reduce_sum(Tensor& host) override { comms_->host->allreduce(host, ReduceOp::kSum).wait(); }
+  void all_reduce_sum(Tensor& host) override {
+    comms_->host->allreduce(host, ReduceOp::kSum).wait();
+  }
   void broadcast_from_chief(Tensor& host) override { comms_->host->broadcast(host, 0).wait(); }
   Tensor all_gather(const Tensor& host) override {
     std::vector<int64_t> dims = host.shape().dims();
@@ -31,7 +34,8 @@ class CollectiveCrossWorker final : public CrossWorkerOps {
     comms_->host->allgather(host, out).wait();
     return out;
   }
-  std::unique_ptr<Communicator> span_workers(std::unique_ptr<Communicator> local, int local_replicas) override {
+  std::unique_ptr<Communicator> span_workers(std::unique_ptr<Communicator> local,
+                                             int local_replicas) override {
     return make_hierarchical_communicator(std::move(local), comms_, local_replicas);
   }
 
@@ -44,26 +48,34 @@ class CollectiveCrossWorker final : public CrossWorkerOps {
 
 ClusterResolution training_worker(std::optional<ClusterResolution> given, Implementation impl,
                                   const std::string& strategy) {
-  std::optional<ClusterResolution> c = given ? std::move(given) : resolve_cluster(impl == Implementation::kMpi);
+  std::optional<ClusterResolution> c =
+      given ? std::move(given) : resolve_cluster(impl == Implementation::kMpi);
   if (!c)
-    throw InvalidArgument(strategy + " needs TF_CONFIG: start the job with dtrain-run -np N -- ./prog "
-                          "--strategy=" + strategy + ", or set TF_CONFIG on every task, e.g. "
-                          "TF_CONFIG='{\"cluster\": {\"worker\": [\"host1:2222\", \"host2:2222\"]}, "
-                          "\"task\": {\"type\": \"worker\", \"index\": 0}}'");
+    throw InvalidArgument(
+        strategy +
+        " needs TF_CONFIG: start the job with dtrain-run -np N -- ./prog "
+        "--strategy=" +
+        strategy +
+        ", or set TF_CONFIG on every task, e.g. "
+        "TF_CONFIG='{\"cluster\": {\"worker\": [\"host1:2222\", \"host2:2222\"]}, "
+        "\"task\": {\"type\": \"worker\", \"index\": 0}}'");
   if (!c->is_training_worker())
-    throw FailedPrecondition("task " + c->task_name() + " is not a training worker; " + strategy +
-                             " runs on the chief and worker tasks. Start every task through dtrain::run_task(), "
-                             "which serves ps tasks and runs the evaluator itself");
+    throw FailedPrecondition(
+        "task " + c->task_name() + " is not a training worker; " + strategy +
+        " runs on the chief and worker tasks. Start every task through dtrain::run_task(), "
+        "which serves ps tasks and runs the evaluator itself");
   return std::move(*c);
 }
 
 std::shared_ptr<CrossWorkerOps> connect_cross_worker(const std::vector<DeviceSpec>& devices,
-                                                     const CommunicationOptions& comm, const ClusterResolution& cluster,
+                                                     const CommunicationOptions& comm,
+                                                     const ClusterResolution& cluster,
                                                      std::string token) {
   const bool gpus = !devices.empty() && devices[0].type == DeviceType::kCUDA;
   if (comm.implementation == Implementation::kNccl && !gpus)
-    throw InvalidArgument("cross-worker NCCL needs GPU devices (--devices=gpu), but this worker's are CPUs; use "
-                          "implementation RING (the TCP ring, DTRAIN_COLLECTIVE=ring) for CPU devices");
+    throw InvalidArgument(
+        "cross-worker NCCL needs GPU devices (--devices=gpu), but this worker's are CPUs; use "
+        "implementation RING (the TCP ring, DTRAIN_COLLECTIVE=ring) for CPU devices");
   auto comms = std::make_shared<CrossWorkerCommunicators>();
   comms->workers = cluster.num_workers();
   comms->timeout = comm.timeout;
@@ -88,15 +100,17 @@ std::shared_ptr<CrossWorkerOps> connect_cross_worker(const std::vector<DeviceSpe
     o.connect_timeout = comm.connect_timeout;
     o.collective = co;
     comms->host = connect_tcp_group(o);
-    const bool use_nccl = comm.implementation == Implementation::kNccl ||
-                          (comm.implementation == Implementation::kAuto && gpus && nccl_available());
+    const bool use_nccl =
+        comm.implementation == Implementation::kNccl ||
+        (comm.implementation == Implementation::kAuto && gpus && nccl_available());
     if (use_nccl && comms->workers > 1) {
       comms->device = make_nccl_process_group(devices[0], *comms->host, co);
-      DTRAIN_LOG(INFO) << cluster.task_name() << ": gradients cross workers over NCCL (unique id via the TCP rendezvous)";
+      DTRAIN_LOG(INFO) << cluster.task_name()
+                       << ": gradients cross workers over NCCL (unique id via the TCP rendezvous)";
     }
   }
-  DTRAIN_LOG(INFO) << cluster.task_name() << ": " << comms->workers << " workers x " << devices.size()
-                   << " local replicas (" << cluster.source() << ")";
+  DTRAIN_LOG(INFO) << cluster.task_name() << ": " << comms->workers << " workers x "
+                   << devices.size() << " local replicas (" << cluster.source() << ")";
   return std::make_shared<CollectiveCrossWorker>(std::move(comms), cluster.worker_rank());
 }
 
@@ -107,12 +121,14 @@ namespace dtrain {
 Tensor CrossWorkerOps::all_gather(const Tensor& host) {
   // Every worker's rows in its own slot of a zero tensor, summed: exact (x + 0 == x), at
   // num_workers() times the bytes of a real all-gather; transports override it.
-  if (host.shape().rank() == 0) throw InvalidArgument("all_gather needs a tensor of rank >= 1, got a scalar");
+  if (host.shape().rank() == 0)
+    throw InvalidArgument("all_gather needs a tensor of rank >= 1, got a scalar");
   std::vector<int64_t> dims = host.shape().dims();
   dims[0] *= num_workers();
   Tensor out = Tensor::zeros(Shape(dims), host.dtype());
-  std::memcpy(static_cast<char*>(out.raw_data()) + host.nbytes() * static_cast<size_t>(worker_rank()), host.raw_data(),
-              host.nbytes());
+  std::memcpy(
+      static_cast<char*>(out.raw_data()) + host.nbytes() * static_cast<size_t>(worker_rank()),
+      host.raw_data(), host.nbytes());
   all_reduce_sum(out);
   return out;
 }

@@ -1,11 +1,10 @@
 #include "dtrain/strategies/make_strategy.h"
 
-#include "dtrain/strategies/ensemble_strategy.h"
-
 #include <algorithm>
 #include <cstdlib>
 
 #include "dtrain/core/logging.h"
+#include "dtrain/strategies/ensemble_strategy.h"
 #include "dtrain/strategies/one_device_strategy.h"
 #include "strategies/default_strategy.h"
 
@@ -25,26 +24,32 @@ StrategyOptions apply_environment(StrategyOptions o) {
   o.environment_applied = true;
   if (const char* v = env("DTRAIN_COLLECTIVE")) {
     const std::string s = v;
-    if (s == "mpi") o.communication.implementation = Impl::kMpi;
-    else if (s == "nccl") o.communication.implementation = Impl::kNccl;
-    else if (s == "ring") o.communication.implementation = Impl::kRing;
+    if (s == "mpi")
+      o.communication.implementation = Impl::kMpi;
+    else if (s == "nccl")
+      o.communication.implementation = Impl::kNccl;
+    else if (s == "ring")
+      o.communication.implementation = Impl::kRing;
     else
-      throw InvalidArgument("DTRAIN_COLLECTIVE='" + s + "': valid values are ring (TCP), nccl (GPUs; the default "
+      throw InvalidArgument("DTRAIN_COLLECTIVE='" + s +
+                            "': valid values are ring (TCP), nccl (GPUs; the default "
                             "for GPU devices) and mpi (OpenMPI, when launched by mpirun)");
   }
   if (const char* v = env("DTRAIN_COMPRESSION")) {
     try {
       o.communication.compression = parse_compression(v);
     } catch (const InvalidArgument&) {
-      throw InvalidArgument(std::string("DTRAIN_COMPRESSION='") + v +
-                            "': valid values are none, fp16 and bf16 (cross-worker gradient compression)");
+      throw InvalidArgument(
+          std::string("DTRAIN_COMPRESSION='") + v +
+          "': valid values are none, fp16 and bf16 (cross-worker gradient compression)");
     }
   }
   if (const char* v = env("DTRAIN_RENDEZVOUS_TIMEOUT")) {  // seconds
     char* end = nullptr;
     const long secs = std::strtol(v, &end, 10);
     if (end == v || *end != '\0' || secs < 1)
-      throw InvalidArgument(std::string("DTRAIN_RENDEZVOUS_TIMEOUT='") + v + "' must be a positive number of seconds");
+      throw InvalidArgument(std::string("DTRAIN_RENDEZVOUS_TIMEOUT='") + v +
+                            "' must be a positive number of seconds");
     o.communication.connect_timeout = std::chrono::seconds(secs);
   }
   if (const char* v = env("DTRAIN_CHECKPOINT_DIR")) o.parameter_server.checkpoint_dir = v;
@@ -54,7 +59,8 @@ StrategyOptions apply_environment(StrategyOptions o) {
 }
 
 std::vector<std::string> strategy_names() {
-  return {"default", "one_device", "mirrored", "central_storage", "multi_worker_mirrored", "parameter_server", "ensemble"};
+  return {"default",          "one_device", "mirrored", "central_storage", "multi_worker_mirrored",
+          "parameter_server", "ensemble"};
 }
 
 std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyOptions& given) {
@@ -70,19 +76,22 @@ std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyO
   // (ensemble reads it below: its members span the workers of a job when there is one.)
   const bool multi_process = name == "multi_worker_mirrored" || name == "parameter_server";
   if (multi_process && !options.cluster)
-    options.cluster = resolve_cluster(options.communication.implementation == CommunicationOptions::Implementation::kMpi);
+    options.cluster = resolve_cluster(options.communication.implementation ==
+                                      CommunicationOptions::Implementation::kMpi);
   if (options.cluster && !options.cluster->is_training_worker())
-    throw FailedPrecondition("this process is task " + options.cluster->task_name() + " of its job (" +
-                             options.cluster->source() + "), which does not train, so make_strategy(\"" + name +
-                             "\") has nothing to build: start every task through dtrain::run_task(), which serves "
-                             "a ps task and runs an evaluator's evaluate function");
+    throw FailedPrecondition(
+        "this process is task " + options.cluster->task_name() + " of its job (" +
+        options.cluster->source() + "), which does not train, so make_strategy(\"" + name +
+        "\") has nothing to build: start every task through dtrain::run_task(), which serves "
+        "a ps task and runs an evaluator's evaluate function");
   const std::vector<DeviceSpec> devices =
       options.devices.empty() ? std::vector<DeviceSpec>{DeviceSpec::cpu(0)} : options.devices;
   if (name == "default") return std::make_unique<DefaultStrategy>();
   if (name == "one_device") {
     if (devices.size() != 1)
       throw InvalidArgument("--strategy=one_device uses exactly one device but --devices gave " +
-                            std::to_string(devices.size()) + "; pass --devices=cpu or --devices=gpu:0");
+                            std::to_string(devices.size()) +
+                            "; pass --devices=cpu or --devices=gpu:0");
     return std::make_unique<OneDeviceStrategy>(devices[0]);
   }
   if (name == "mirrored" || name == "central_storage") {
@@ -94,13 +103,17 @@ std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyO
   if (name == "ensemble") {
     // Under dtrain-run (a TF_CONFIG naming several training workers) the members span the workers.
     std::optional<ClusterResolution> c = options.cluster;
-    if (!c) c = resolve_cluster(options.communication.implementation == CommunicationOptions::Implementation::kMpi);
+    if (!c)
+      c = resolve_cluster(options.communication.implementation ==
+                          CommunicationOptions::Implementation::kMpi);
     if (c && !c->is_training_worker())
-      throw FailedPrecondition("this process is task " + c->task_name() + " of its job (" + c->source() +
-                               "), which does not train, so make_strategy(\"ensemble\") has nothing to build: "
-                               "start every task through dtrain::run_task()");
+      throw FailedPrecondition(
+          "this process is task " + c->task_name() + " of its job (" + c->source() +
+          "), which does not train, so make_strategy(\"ensemble\") has nothing to build: "
+          "start every task through dtrain::run_task()");
     if (c && c->num_workers() > 1)
-      return std::make_unique<EnsembleStrategy>(devices, std::move(*c), options.communication, options.job_token);
+      return std::make_unique<EnsembleStrategy>(devices, std::move(*c), options.communication,
+                                                options.job_token);
     return std::make_unique<EnsembleStrategy>(devices);
   }
   if (name == "multi_worker_mirrored") {
@@ -112,10 +125,11 @@ std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyO
   }
   // parameter_server
   if (devices.size() != 1)
-    throw InvalidArgument("--strategy=parameter_server trains on one device per worker but --devices gave " +
-                          std::to_string(devices.size()) + "; pass --devices=cpu or --devices=gpu:0");
-  return std::make_unique<ParameterServerStrategy>(options.parameter_server, devices[0], options.cluster,
-                                                   options.job_token);
+    throw InvalidArgument(
+        "--strategy=parameter_server trains on one device per worker but --devices gave " +
+        std::to_string(devices.size()) + "; pass --devices=cpu or --devices=gpu:0");
+  return std::make_unique<ParameterServerStrategy>(options.parameter_server, devices[0],
+                                                   options.cluster, options.job_token);
 }
 
 }  // namespace dtrain

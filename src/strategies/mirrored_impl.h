@@ -14,8 +14,8 @@ namespace dtrain {
 
 class MirroredReplicaContext;
 
-// This replica's part of the sum of some float32 tensors over the replicas, from a reduce-scatter of
-// them packed into one buffer (padded to a whole number of 64-byte blocks per replica).
+// This replica's part of the sum of some float32 tensors over the replicas, from a reduce-scatter
+// of them packed into one buffer (padded to a whole number of 64-byte blocks per replica).
 struct ScatteredSum {
   Tensor shard;                  // this replica's block of the packed sum
   int64_t padded = 0;            // elements of the packed buffer (shard.numel() x replicas)
@@ -46,8 +46,8 @@ class GradientPacker final : public tape::GradientReadyHook {
     std::vector<Tensor> grads;
     size_t bytes = 0;
     std::future<std::vector<Tensor>> result;  // all-reduced, or
-    std::future<ScatteredSum> scattered;       // reduce-scattered
-    int64_t first_ready_us = 0;  // timeline: when its first gradient was ready
+    std::future<ScatteredSum> scattered;      // reduce-scattered
+    int64_t first_ready_us = 0;               // timeline: when its first gradient was ready
   };
   // Whether `grads` are exactly the defined gradients seen, in order.
   bool same_as_seen(const std::vector<Tensor>& grads) const;
@@ -68,8 +68,9 @@ class MirroredReplicaContext final : public ReplicaContext {
   DeviceSpec device() const override;
   std::vector<Tensor> all_reduce(ReduceOp op, const std::vector<Tensor>& values) override;
   Tensor all_gather(const Tensor& value, int axis) override;
-  std::vector<Tensor> merge_call(const std::function<std::vector<Tensor>(Strategy&, const PerReplica&)>& fn,
-                                 const std::vector<Tensor>& args) override;
+  std::vector<Tensor> merge_call(
+      const std::function<std::vector<Tensor>(Strategy&, const PerReplica&)>& fn,
+      const std::vector<Tensor>& args) override;
 
   // Packs `values` into one buffer per dtype, all-reduces it and returns new tensors (never
   // aliasing the inputs): on the communication thread, or — with `deferred` — on the thread that
@@ -81,8 +82,9 @@ class MirroredReplicaContext final : public ReplicaContext {
   std::future<ScatteredSum> reduce_scatter_async(std::vector<Tensor> values, bool deferred = false);
   // The whole sums back from a reduce-scatter (an all-gather of the shards); new tensors.
   std::vector<Tensor> gather_sums(const ScatteredSum& s, const std::vector<Tensor>& like);
-  std::optional<UpdateSlices> reduce_scatter_for_update(const std::vector<Tensor>& grads,
-                                                        const std::vector<std::shared_ptr<Variable>>& vars) override;
+  std::optional<UpdateSlices> reduce_scatter_for_update(
+      const std::vector<Tensor>& grads,
+      const std::vector<std::shared_ptr<Variable>>& vars) override;
   void end_sharded_update() override;
   // Between reduce_scatter_for_update() and end_sharded_update(): shared variables' update() hands
   // this replica the shared copy to write its slices into.
@@ -112,10 +114,11 @@ struct MirroredStrategy::Impl {
   // Replicas share their ON_WRITE variables' memory and update slices of them (one process, logical
   // CPU devices, MirroredOptions::share_host_variables); fixed at construction.
   bool shared_variables = false;
-  int replica_offset = 0;   // this worker's first global replica id
-  int global_replicas = 1;  // replicas of the whole job
-  std::vector<std::unique_ptr<Communicator>> comms;         // one per replica
-  std::vector<std::unique_ptr<WorkerThread>> comm_threads;  // one per replica: collectives in FIFO order
+  int replica_offset = 0;                            // this worker's first global replica id
+  int global_replicas = 1;                           // replicas of the whole job
+  std::vector<std::unique_ptr<Communicator>> comms;  // one per replica
+  std::vector<std::unique_ptr<WorkerThread>>
+      comm_threads;  // one per replica: collectives in FIFO order
   std::vector<std::unique_ptr<MirroredReplicaContext>> contexts;
   // merge_call / all_gather exchange
   std::mutex exchange_mu;
@@ -128,9 +131,8 @@ struct MirroredStrategy::Impl {
 };
 
 // Builds the communicators for `devices` with the requested ops; sets *chosen and logs why.
-std::vector<std::unique_ptr<Communicator>> make_cross_device_group(const std::vector<DeviceSpec>& devices,
-                                                                   CrossDeviceOps requested,
-                                                                   CollectiveOptions options,
-                                                                   CrossDeviceOps* chosen);
+std::vector<std::unique_ptr<Communicator>> make_cross_device_group(
+    const std::vector<DeviceSpec>& devices, CrossDeviceOps requested, CollectiveOptions options,
+    CrossDeviceOps* chosen);
 
 }  // namespace dtrain

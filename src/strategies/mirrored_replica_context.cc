@@ -10,26 +10,31 @@
 
 namespace dtrain {
 
-MirroredReplicaContext::MirroredReplicaContext(MirroredStrategy* s, MirroredStrategy::Impl* impl, int replica)
+MirroredReplicaContext::MirroredReplicaContext(MirroredStrategy* s, MirroredStrategy::Impl* impl,
+                                               int replica)
     : strategy_(s), impl_(impl), replica_(replica), packer_(this) {}
 
 Strategy& MirroredReplicaContext::strategy() const { return *strategy_; }
-int MirroredReplicaContext::num_replicas_in_sync() const {
-  return impl_->global_replicas;
+int MirroredReplicaContext::num_replicas_in_sync() const { return impl_->global_replicas; }
+int MirroredReplicaContext::replica_id_in_sync_group() const {
+  return impl_->replica_offset + replica_;
 }
-int MirroredReplicaContext::replica_id_in_sync_group() const { return impl_->replica_offset + replica_; }
-DeviceSpec MirroredReplicaContext::device() const { return impl_->devices[static_cast<size_t>(replica_)]; }
+DeviceSpec MirroredReplicaContext::device() const {
+  return impl_->devices[static_cast<size_t>(replica_)];
+}
 size_t MirroredReplicaContext::bytes_per_pack() const { return impl_->options.bytes_per_pack; }
 bool MirroredReplicaContext::shares_variables() const { return impl_->shared_variables; }
 
-std::future<std::vector<Tensor>> MirroredReplicaContext::all_reduce_async(ReduceOp op, std::vector<Tensor> values,
-                                                                          bool deferred) {
+std::future<std::vector<Tensor>> MirroredReplicaContext::all_reduce_async(
+    ReduceOp op, std::vector<Tensor> values, bool deferred) {
   auto body = [this, op, values = std::move(values)] {
     const DeviceSpec dev = device();
-    timeline::Span whole("all-reduce " + std::to_string(values.size()) + " tensor(s)", "collective");
+    timeline::Span whole("all-reduce " + std::to_string(values.size()) + " tensor(s)",
+                         "collective");
     std::vector<Tensor> out(values.size());
     // One flat buffer per dtype: one collective regardless of how many tensors.
-    for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16, DType::kInt32, DType::kInt64}) {
+    for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16,
+                     DType::kInt32, DType::kInt64}) {
       int64_t total = 0;
       for (const auto& v : values)
         if (v.dtype() == dt) total += v.numel();
@@ -47,8 +52,10 @@ std::future<std::vector<Tensor>> MirroredReplicaContext::all_reduce_async(Reduce
         }
       }
       {
-        timeline::Span reduce("all-reduce " + std::to_string(total * static_cast<int64_t>(dtype_size(dt)) / 1024) + " KiB",
-                              "collective");
+        timeline::Span reduce(
+            "all-reduce " + std::to_string(total * static_cast<int64_t>(dtype_size(dt)) / 1024) +
+                " KiB",
+            "collective");
         impl_->comms[static_cast<size_t>(replica_)]->allreduce(buf, op).wait();
       }
       timeline::Span unpack("unpack", "collective");
@@ -68,11 +75,13 @@ std::future<std::vector<Tensor>> MirroredReplicaContext::all_reduce_async(Reduce
   return f;
 }
 
-std::future<ScatteredSum> MirroredReplicaContext::reduce_scatter_async(std::vector<Tensor> values, bool deferred) {
+std::future<ScatteredSum> MirroredReplicaContext::reduce_scatter_async(std::vector<Tensor> values,
+                                                                       bool deferred) {
   auto body = [this, values = std::move(values)] {
     const DeviceSpec dev = device();
     const int n = static_cast<int>(impl_->comms.size());
-    timeline::Span whole("reduce-scatter " + std::to_string(values.size()) + " tensor(s)", "collective");
+    timeline::Span whole("reduce-scatter " + std::to_string(values.size()) + " tensor(s)",
+                         "collective");
     ScatteredSum s;
     int64_t total = 0;
     for (const auto& v : values) {
@@ -88,12 +97,17 @@ std::future<ScatteredSum> MirroredReplicaContext::reduce_scatter_async(std::vect
     {
       // The gradients end to end: the in-process transport sums them where they lie (no packing
       // copy); a transport between processes packs them first.
-      timeline::Span reduce("reduce-scatter " + std::to_string(total * 4 / 1024) + " KiB", "collective");
-      impl_->comms[static_cast<size_t>(replica_)]->reduce_scatter_concat(values, s.shard, ReduceOp::kSum).wait();
+      timeline::Span reduce("reduce-scatter " + std::to_string(total * 4 / 1024) + " KiB",
+                            "collective");
+      impl_->comms[static_cast<size_t>(replica_)]
+          ->reduce_scatter_concat(values, s.shard, ReduceOp::kSum)
+          .wait();
     }
     for (size_t i = 0; i < values.size(); ++i) {
-      const int64_t lo = std::max(begin, s.starts[i]), hi = std::min(end, s.starts[i] + values[i].numel());
-      s.slices.push_back(lo < hi ? s.shard.slice_rows(lo - begin, hi - begin) : s.shard.slice_rows(0, 0));
+      const int64_t lo = std::max(begin, s.starts[i]),
+                    hi = std::min(end, s.starts[i] + values[i].numel());
+      s.slices.push_back(lo < hi ? s.shard.slice_rows(lo - begin, hi - begin)
+                                 : s.shard.slice_rows(0, 0));
       s.offsets.push_back(lo < hi ? lo - s.starts[i] : 0);
     }
     return s;
@@ -105,13 +119,15 @@ std::future<ScatteredSum> MirroredReplicaContext::reduce_scatter_async(std::vect
   return f;
 }
 
-std::vector<Tensor> MirroredReplicaContext::gather_sums(const ScatteredSum& s, const std::vector<Tensor>& like) {
+std::vector<Tensor> MirroredReplicaContext::gather_sums(const ScatteredSum& s,
+                                                        const std::vector<Tensor>& like) {
   timeline::Span span("all-gather of the sums", "collective");
   Tensor full = Tensor::empty(Shape{s.padded}, DType::kFloat32, device());
   impl_->comms[static_cast<size_t>(replica_)]->allgather(s.shard, full).wait();
   std::vector<Tensor> out;
   for (size_t i = 0; i < like.size(); ++i)
-    out.push_back(full.slice_rows(s.starts[i], s.starts[i] + like[i].numel()).view(like[i].shape()));
+    out.push_back(
+        full.slice_rows(s.starts[i], s.starts[i] + like[i].numel()).view(like[i].shape()));
   return out;
 }
 
@@ -119,20 +135,21 @@ std::optional<ReplicaContext::UpdateSlices> MirroredReplicaContext::reduce_scatt
     const std::vector<Tensor>& grads, const std::vector<std::shared_ptr<Variable>>& vars) {
   if (!impl_->shared_variables || impl_->global_replicas < 2) return std::nullopt;
   if (grads.size() != vars.size())
-    throw InvalidArgument("reduce_scatter_for_update: " + std::to_string(grads.size()) + " gradients for " +
-                          std::to_string(vars.size()) + " variables");
+    throw InvalidArgument("reduce_scatter_for_update: " + std::to_string(grads.size()) +
+                          " gradients for " + std::to_string(vars.size()) + " variables");
   for (size_t i = 0; i < vars.size(); ++i) {
     const auto* mv = dynamic_cast<const MirroredVariable*>(vars[i].get());
-    if (!mv || !mv->shares_storage() || !grads[i].defined() || grads[i].dtype() != DType::kFloat32 ||
-        grads[i].numel() != vars[i]->shape().numel())
+    if (!mv || !mv->shares_storage() || !grads[i].defined() ||
+        grads[i].dtype() != DType::kFloat32 || grads[i].numel() != vars[i]->shape().numel())
       return std::nullopt;
   }
   UpdateSlices out;
   if (!packer_.take_slices(grads, &out)) {
     for (const auto& g : grads)
       if (g.device() != device())
-        throw InvalidArgument("reduce_scatter_for_update on replica " + std::to_string(replica_) + ": " + g.to_string() +
-                              " is not on the replica's device " + device().to_string());
+        throw InvalidArgument("reduce_scatter_for_update on replica " + std::to_string(replica_) +
+                              ": " + g.to_string() + " is not on the replica's device " +
+                              device().to_string());
     // Queued behind any collective still in flight (as all_reduce), else inline.
     ScatteredSum s = reduce_scatter_async(grads, /*deferred=*/packer_.idle()).get();
     out.grads = std::move(s.slices);
@@ -149,13 +166,15 @@ void MirroredReplicaContext::end_sharded_update() {
   impl_->comms[static_cast<size_t>(replica_)]->barrier().wait();
 }
 
-std::vector<Tensor> MirroredReplicaContext::all_reduce(ReduceOp op, const std::vector<Tensor>& values) {
+std::vector<Tensor> MirroredReplicaContext::all_reduce(ReduceOp op,
+                                                       const std::vector<Tensor>& values) {
   std::vector<Tensor> out;
   if (packer_.take(values, op, &out)) return out;
   for (const auto& v : values)
     if (v.device() != device())
-      throw InvalidArgument("all_reduce on replica " + std::to_string(replica_) + ": " + v.to_string() +
-                            " is not on the replica's device " + device().to_string());
+      throw InvalidArgument("all_reduce on replica " + std::to_string(replica_) + ": " +
+                            v.to_string() + " is not on the replica's device " +
+                            device().to_string());
   // Inline unless gradient packs are still in flight on the communication thread (a collective
   // issued during backward, e.g. by SyncBatchNorm): then queue behind them to keep the order.
   return all_reduce_async(op, values, /*deferred=*/packer_.idle()).get();
@@ -163,11 +182,14 @@ std::vector<Tensor> MirroredReplicaContext::all_reduce(ReduceOp op, const std::v
 
 void MirroredReplicaContext::barrier() {
   auto* comm = impl_->comms[static_cast<size_t>(replica_)].get();
-  impl_->comm_threads[static_cast<size_t>(replica_)]->submit([comm] { comm->barrier().wait(); }).get();
+  impl_->comm_threads[static_cast<size_t>(replica_)]
+      ->submit([comm] { comm->barrier().wait(); })
+      .get();
 }
 
 std::vector<Tensor> MirroredReplicaContext::merge_call(
-    const std::function<std::vector<Tensor>(Strategy&, const PerReplica&)>& fn, const std::vector<Tensor>& args) {
+    const std::function<std::vector<Tensor>(Strategy&, const PerReplica&)>& fn,
+    const std::vector<Tensor>& args) {
   {
     std::lock_guard<std::mutex> lock(impl_->exchange_mu);
     impl_->exchange[static_cast<size_t>(replica_)] = args;
@@ -195,8 +217,8 @@ std::vector<Tensor> MirroredReplicaContext::merge_call(
 }
 
 Tensor MirroredReplicaContext::all_gather(const Tensor& value, int axis) {
-  return merge_call(
-             [axis](Strategy& s, const PerReplica& all) { return s.gather(all, axis); }, {value})
+  return merge_call([axis](Strategy& s, const PerReplica& all) { return s.gather(all, axis); },
+                    {value})
       .at(0);
 }
 
@@ -225,8 +247,9 @@ void GradientPacker::on_done() { launch(true); }
 void GradientPacker::launch(bool last) {
   if (current_.grads.empty()) return;
   if (current_.first_ready_us > 0)
-    timeline::complete("gradient pack " + std::to_string(packs_.size()) + ": wait for its gradients", "collective",
-                       current_.first_ready_us, timeline::now_us());
+    timeline::complete(
+        "gradient pack " + std::to_string(packs_.size()) + ": wait for its gradients", "collective",
+        current_.first_ready_us, timeline::now_us());
   packs_.push_back(std::move(current_));
   current_ = Pack();
   // Optimizers all-reduce gradients with SUM (losses are scaled by the global batch). Where the
@@ -234,8 +257,10 @@ void GradientPacker::launch(bool last) {
   Pack& p = packs_.back();
   bool f32 = true;
   for (const auto& g : p.grads) f32 = f32 && g.dtype() == DType::kFloat32;
-  if (ctx_->shares_variables() && f32) p.scattered = ctx_->reduce_scatter_async(p.grads, /*deferred=*/last);
-  else p.result = ctx_->all_reduce_async(ReduceOp::kSum, p.grads, /*deferred=*/last);
+  if (ctx_->shares_variables() && f32)
+    p.scattered = ctx_->reduce_scatter_async(p.grads, /*deferred=*/last);
+  else
+    p.result = ctx_->all_reduce_async(ReduceOp::kSum, p.grads, /*deferred=*/last);
 }
 
 bool GradientPacker::same_as_seen(const std::vector<Tensor>& grads) const {
@@ -243,7 +268,8 @@ bool GradientPacker::same_as_seen(const std::vector<Tensor>& grads) const {
   for (const auto& g : seen_)
     if (g.defined()) defined.push_back(g);
   bool same = defined.size() == grads.size();
-  for (size_t i = 0; same && i < grads.size(); ++i) same = grads[i].defined() && grads[i].id() == defined[i].id();
+  for (size_t i = 0; same && i < grads.size(); ++i)
+    same = grads[i].defined() && grads[i].id() == defined[i].id();
   return same;
 }
 
@@ -255,14 +281,17 @@ bool GradientPacker::take(const std::vector<Tensor>& grads, ReduceOp op, std::ve
   std::vector<std::vector<Tensor>> results(packs_.size());
   std::vector<std::optional<ScatteredSum>> scattered(packs_.size());
   for (size_t i = 0; i < packs_.size(); ++i) {
-    if (packs_[i].result.valid()) results[i] = packs_[i].result.get();
-    else scattered[i] = packs_[i].scattered.get();
+    if (packs_[i].result.valid())
+      results[i] = packs_[i].result.get();
+    else
+      scattered[i] = packs_[i].scattered.get();
   }
   std::unordered_map<uint64_t, Tensor> reduced;
   for (size_t i = 0; i < packs_.size(); ++i) {
     // A reduce-scattered pack (the optimizer did not shard its update after all) is gathered whole.
     if (scattered[i]) results[i] = ctx_->gather_sums(*scattered[i], packs_[i].grads);
-    for (size_t k = 0; k < packs_[i].grads.size(); ++k) reduced[packs_[i].grads[k].id()] = results[i][k];
+    for (size_t k = 0; k < packs_[i].grads.size(); ++k)
+      reduced[packs_[i].grads[k].id()] = results[i][k];
   }
   out->clear();
   for (const auto& g : grads) out->push_back(reduced.at(g.id()));
@@ -270,14 +299,16 @@ bool GradientPacker::take(const std::vector<Tensor>& grads, ReduceOp op, std::ve
   return true;
 }
 
-bool GradientPacker::take_slices(const std::vector<Tensor>& grads, ReplicaContext::UpdateSlices* out) {
+bool GradientPacker::take_slices(const std::vector<Tensor>& grads,
+                                 ReplicaContext::UpdateSlices* out) {
   if (packs_.empty() || !same_as_seen(grads)) return false;
   const int64_t n = ctx_->num_replicas_in_sync(), me = ctx_->replica_id_in_sync_group();
   std::unordered_map<uint64_t, std::pair<Tensor, int64_t>> part;
   for (auto& p : packs_) {
     if (p.scattered.valid()) {
       ScatteredSum s = p.scattered.get();
-      for (size_t k = 0; k < p.grads.size(); ++k) part[p.grads[k].id()] = {s.slices[k], s.offsets[k]};
+      for (size_t k = 0; k < p.grads.size(); ++k)
+        part[p.grads[k].id()] = {s.slices[k], s.offsets[k]};
       continue;
     }
     // An all-reduced pack: every replica has the whole sums, and takes an even share of each.

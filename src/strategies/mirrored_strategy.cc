@@ -1,10 +1,10 @@
 #include "dtrain/strategies/mirrored_strategy.h"
-#include "dtrain/core/timeline.h"
 
 #include <exception>
 
 #include "dtrain/collectives/inproc.h"
 #include "dtrain/core/logging.h"
+#include "dtrain/core/timeline.h"
 #include "dtrain/data/dataset.h"
 #include "dtrain/devices/device.h"
 #include "strategies/mirrored_impl.h"
@@ -15,10 +15,14 @@ namespace dtrain {
 
 const char* cross_device_ops_name(CrossDeviceOps ops) {
   switch (ops) {
-    case CrossDeviceOps::kAuto: return "auto";
-    case CrossDeviceOps::kInproc: return "inproc";
-    case CrossDeviceOps::kNccl: return "nccl";
-    case CrossDeviceOps::kReduceToOneDevice: return "reduce_to_one_device";
+    case CrossDeviceOps::kAuto:
+      return "auto";
+    case CrossDeviceOps::kInproc:
+      return "inproc";
+    case CrossDeviceOps::kNccl:
+      return "nccl";
+    case CrossDeviceOps::kReduceToOneDevice:
+      return "reduce_to_one_device";
   }
   return "?";
 }
@@ -48,15 +52,18 @@ std::vector<DeviceSpec> mirrored_devices(const MirroredOptions& options) {
     get_device(devices[i]);  // fails now, listing what exists
     for (size_t j = 0; j < i; ++j)
       if (devices[i] == devices[j])
-        throw InvalidArgument("MirroredStrategy: device " + devices[i].to_string() +
-                              " is listed twice; each replica needs its own device (use --devices=cpu:N)");
+        throw InvalidArgument(
+            "MirroredStrategy: device " + devices[i].to_string() +
+            " is listed twice; each replica needs its own device (use --devices=cpu:N)");
   }
   return devices;
 }
 
-MirroredStrategy::MirroredStrategy(MirroredOptions options) : MirroredStrategy(std::move(options), StrategyExtended()) {}
+MirroredStrategy::MirroredStrategy(MirroredOptions options)
+    : MirroredStrategy(std::move(options), StrategyExtended()) {}
 
-MirroredStrategy::MirroredStrategy(MirroredOptions options, StrategyExtended parts) : impl_(std::make_unique<Impl>()) {
+MirroredStrategy::MirroredStrategy(MirroredOptions options, StrategyExtended parts)
+    : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.options = options;
   m.devices = mirrored_devices(options);
@@ -70,9 +77,12 @@ MirroredStrategy::MirroredStrategy(MirroredOptions options, StrategyExtended par
   m.make_group();
   m.exchange.resize(m.devices.size());
   for (size_t r = 0; r < m.devices.size(); ++r) {
-    const std::string comm_name = m.devices[r].to_string() + " replica " + std::to_string(r) + " collectives";
-    m.comm_threads.push_back(std::make_unique<WorkerThread>([comm_name] { timeline::set_thread_name(comm_name); }));
-    m.contexts.push_back(std::make_unique<MirroredReplicaContext>(this, impl_.get(), static_cast<int>(r)));
+    const std::string comm_name =
+        m.devices[r].to_string() + " replica " + std::to_string(r) + " collectives";
+    m.comm_threads.push_back(
+        std::make_unique<WorkerThread>([comm_name] { timeline::set_thread_name(comm_name); }));
+    m.contexts.push_back(
+        std::make_unique<MirroredReplicaContext>(this, impl_.get(), static_cast<int>(r)));
   }
 }
 
@@ -86,7 +96,8 @@ void MirroredStrategy::reassemble(const std::function<StrategyExtended()>& conne
   assemble(StrategyExtended());
   StrategyExtended parts = connect();
   DTRAIN_CHECK(parts.cross_worker() != nullptr, "reassemble needs a cross-worker part");
-  DTRAIN_CHECK(!m.shared_variables, "a strategy whose replicas share variables has no workers to reassemble");
+  DTRAIN_CHECK(!m.shared_variables,
+               "a strategy whose replicas share variables has no workers to reassemble");
   m.span_workers(parts);
   assemble(std::move(parts));
   extended().set_auto_shard_policy(shard);
@@ -100,7 +111,8 @@ MirroredStrategy::~MirroredStrategy() = default;
 
 std::string MirroredStrategy::name() const {
   std::string s = "MirroredStrategy(";
-  for (size_t i = 0; i < impl_->devices.size(); ++i) s += (i ? ", " : "") + impl_->devices[i].to_string();
+  for (size_t i = 0; i < impl_->devices.size(); ++i)
+    s += (i ? ", " : "") + impl_->devices[i].to_string();
   return s + ")";
 }
 
@@ -125,7 +137,8 @@ PerReplica MirroredStrategy::do_run(const ReplicaFn& fn, const PerReplica& input
         detail::ReplicaThreadScope scope(this, &ctx);
         ctx.packer().reset();
         ctx.end_interrupted_update();
-        tape::GradientReadyHook* prev = tape::set_gradient_ready_hook(m.options.overlap_backward ? &ctx.packer() : nullptr);
+        tape::GradientReadyHook* prev =
+            tape::set_gradient_ready_hook(m.options.overlap_backward ? &ctx.packer() : nullptr);
         try {
           out.values[r] = fn(ctx, in);
         } catch (...) {
@@ -136,7 +149,8 @@ PerReplica MirroredStrategy::do_run(const ReplicaFn& fn, const PerReplica& input
       } catch (...) {
         errors[r] = std::current_exception();
         // Wake the replicas waiting for this one in a collective.
-        std::string what = "replica " + std::to_string(r) + " on " + m.devices[r].to_string() + " failed";
+        std::string what =
+            "replica " + std::to_string(r) + " on " + m.devices[r].to_string() + " failed";
         try {
           std::rethrow_exception(errors[r]);
         } catch (const std::exception& e) {
@@ -170,17 +184,21 @@ PerReplica MirroredStrategy::do_run(const ReplicaFn& fn, const PerReplica& input
 }
 
 std::shared_ptr<Variable> MirroredStrategy::do_create_variable(const VariableSpec& spec) {
-  const bool shared = impl_->shared_variables && spec.synchronization != VariableSynchronization::kOnRead;
+  const bool shared =
+      impl_->shared_variables && spec.synchronization != VariableSynchronization::kOnRead;
   auto v = std::make_shared<MirroredVariable>(spec, this, impl_->devices, shared);
-  if (impl_->cross && impl_->cross->num_workers() > 1 && impl_->broadcast_initial) {  // every worker starts from the chief's values
+  if (impl_->cross && impl_->cross->num_workers() > 1 &&
+      impl_->broadcast_initial) {  // every worker starts from the chief's values
     Tensor h = v->device_values()[0].to(DeviceSpec::cpu()).clone();
     impl_->cross->broadcast_from_chief(h);
-    for (Tensor copy : v->device_values()) copy.copy_from(h);  // handles alias the variable's memory
+    for (Tensor copy : v->device_values())
+      copy.copy_from(h);  // handles alias the variable's memory
   }
   return v;
 }
 
-std::optional<std::pair<int64_t, int64_t>> MirroredStrategy::do_input_rows(int64_t global_batch) const {
+std::optional<std::pair<int64_t, int64_t>> MirroredStrategy::do_input_rows(
+    int64_t global_batch) const {
   const Impl& m = *impl_;
   if (!m.cross || m.cross->num_workers() < 2 || global_batch <= 0 ||
       extended().auto_shard_policy() == AutoShardPolicy::kOff)
@@ -188,7 +206,8 @@ std::optional<std::pair<int64_t, int64_t>> MirroredStrategy::do_input_rows(int64
   // DATA: replica k of the job takes the k-th run of rows (split_batch_sizes); this worker's
   // replicas are consecutive, so its rows are one range. A short last batch fills replicas in
   // order, so the range stays right for it (cut at its end).
-  const std::vector<int64_t> sizes = split_batch_sizes(global_batch, global_batch, m.global_replicas);
+  const std::vector<int64_t> sizes =
+      split_batch_sizes(global_batch, global_batch, m.global_replicas);
   int64_t first = 0, last = 0;
   for (int r = 0; r < m.replica_offset + static_cast<int>(m.devices.size()); ++r) {
     if (r < m.replica_offset) first += sizes[static_cast<size_t>(r)];
@@ -207,7 +226,8 @@ PerReplica MirroredStrategy::do_split_batch(const std::vector<Tensor>& batch, in
   const int64_t held = batch.empty() ? 0 : batch[0].shape()[0];
   for (const auto& t : batch)
     if (t.shape()[0] != held)
-      throw InvalidArgument("distribute_dataset: batch components have different leading dimensions");
+      throw InvalidArgument(
+          "distribute_dataset: batch components have different leading dimensions");
   // The rows of the whole global batch; `batch` holds rows [where.first, where.first + held) of it.
   const int64_t rows = where.total < 0 ? held : where.total;
   // One worker, or OFF: this worker's batch is split over its replicas. DATA (multi-worker): every
@@ -221,21 +241,27 @@ PerReplica MirroredStrategy::do_split_batch(const std::vector<Tensor>& batch, in
   for (int r = 0; r < local; ++r) {
     const int64_t n = sizes[static_cast<size_t>(first + r)];
     if (n == 0) {  // past the end of a short batch (where the pipeline's window may start later)
-      for (const auto& t : batch) out.values[static_cast<size_t>(r)].push_back(t.slice_rows(0, 0).share_to(m.devices[static_cast<size_t>(r)]));
+      for (const auto& t : batch)
+        out.values[static_cast<size_t>(r)].push_back(
+            t.slice_rows(0, 0).share_to(m.devices[static_cast<size_t>(r)]));
       continue;
     }
     if (begin < 0 || begin + n > held)
       throw Internal("distribute_dataset: replica " + std::to_string(first + r) + " needs rows [" +
-                     std::to_string(begin + where.first) + ", " + std::to_string(begin + where.first + n) +
-                     ") of the global batch, but the input pipeline gave rows [" + std::to_string(where.first) +
-                     ", " + std::to_string(where.first + held) + ")");
+                     std::to_string(begin + where.first) + ", " +
+                     std::to_string(begin + where.first + n) +
+                     ") of the global batch, but the input pipeline gave rows [" +
+                     std::to_string(where.first) + ", " + std::to_string(where.first + held) + ")");
     // Input batches are read-only: logical CPU devices share them without a copy.
     for (const auto& t : batch)
-      out.values[static_cast<size_t>(r)].push_back(t.slice_rows(begin, begin + n).share_to(m.devices[static_cast<size_t>(r)]));
+      out.values[static_cast<size_t>(r)].push_back(
+          t.slice_rows(begin, begin + n).share_to(m.devices[static_cast<size_t>(r)]));
     begin += n;
   }
   if (batch.empty()) out.values.assign(static_cast<size_t>(local), {});
-  out.global_rows = off ? static_cast<int64_t>(extended().sum_across_workers({static_cast<double>(rows)})[0]) : rows;
+  out.global_rows =
+      off ? static_cast<int64_t>(extended().sum_across_workers({static_cast<double>(rows)})[0])
+          : rows;
   return out;
 }
 
@@ -243,7 +269,8 @@ PerReplica MirroredStrategy::do_split_batch(const std::vector<Tensor>& batch, in
 
 namespace {
 MirroredOptions central_compute(MirroredOptions o) {
-  o.share_host_variables = false;  // its variables are central; the replicas all-reduce to update them
+  o.share_host_variables =
+      false;  // its variables are central; the replicas all-reduce to update them
   return o;
 }
 }  // namespace
@@ -260,7 +287,8 @@ std::string CentralStorageStrategy::name() const {
 }
 
 std::shared_ptr<Variable> CentralStorageStrategy::do_create_variable(const VariableSpec& spec) {
-  return std::make_shared<CentralVariable>(spec, this, parameter_device_, static_cast<size_t>(num_replicas_in_sync()));
+  return std::make_shared<CentralVariable>(spec, this, parameter_device_,
+                                           static_cast<size_t>(num_replicas_in_sync()));
 }
 
 }  // namespace dtrain

@@ -28,10 +28,13 @@ Tensor aggregate_in_replica(ReplicaContext& ctx, const Variable& var, const Tens
                             " replicas but has aggregation NONE; create it with aggregation "
                             "VariableAggregation::kSum, kMean or kOnlyFirstReplica, or write it "
                             "in cross-replica context");
-    case VariableAggregation::kSum: return ctx.all_reduce(ReduceOp::kSum, {v})[0];
-    case VariableAggregation::kMean: return ctx.all_reduce(ReduceOp::kMean, {v})[0];
+    case VariableAggregation::kSum:
+      return ctx.all_reduce(ReduceOp::kSum, {v})[0];
+    case VariableAggregation::kMean:
+      return ctx.all_reduce(ReduceOp::kMean, {v})[0];
     case VariableAggregation::kOnlyFirstReplica: {
-      const Tensor mine = ctx.replica_id_in_sync_group() == 0 ? v : Tensor::zeros(v.shape(), v.dtype(), v.device());
+      const Tensor mine =
+          ctx.replica_id_in_sync_group() == 0 ? v : Tensor::zeros(v.shape(), v.dtype(), v.device());
       return ctx.all_reduce(ReduceOp::kSum, {mine})[0];
     }
   }
@@ -42,19 +45,21 @@ Tensor aggregate_in_replica(ReplicaContext& ctx, const Variable& var, const Tens
 
 // --- MirroredVariable ---
 
-MirroredVariable::MirroredVariable(VariableSpec spec, const Strategy* owner, const std::vector<DeviceSpec>& devices,
-                                   bool shared)
+MirroredVariable::MirroredVariable(VariableSpec spec, const Strategy* owner,
+                                   const std::vector<DeviceSpec>& devices, bool shared)
     : Variable(std::move(spec)), owner_(owner), shared_(shared && devices.size() > 1) {
   // Initialised once, on the first device, and copied: every replica starts identical.
   Tensor init = spec_.initializer(spec_.shape, spec_.dtype, devices.front());
   if (init.shape() != spec_.shape || init.dtype() != spec_.dtype)
-    throw InvalidArgument("initializer of variable '" + spec_.name + "' returned " + init.to_string());
+    throw InvalidArgument("initializer of variable '" + spec_.name + "' returned " +
+                          init.to_string());
   DTRAIN_CHECK(!shared_ || !on_read(), "sync-on-read variables keep one copy per replica");
   for (const auto& d : devices) {
     Tensor copy;
     if (shared_ && !values_.empty()) {
       copy = values_.front().share_to(d);  // (share_to refuses a device that is not host memory)
-      DTRAIN_CHECK(copy.raw_data() == values_.front().raw_data(), "shared copies need host devices");
+      DTRAIN_CHECK(copy.raw_data() == values_.front().raw_data(),
+                   "shared copies need host devices");
     } else {
       copy = Tensor::empty(spec_.shape, spec_.dtype, d);
       copy.copy_from(init);
@@ -75,7 +80,8 @@ Tensor MirroredVariable::read_value() const {
   // Cross-replica read of a sync-on-read variable: the aggregate of the replicas' copies.
   Kernels& k = kernels_for(values_[0]);
   Tensor acc = values_[0].clone();
-  for (size_t i = 1; i < values_.size(); ++i) acc = k.binary(BinaryOp::kAdd, acc, values_[i].to(acc.device()));
+  for (size_t i = 1; i < values_.size(); ++i)
+    acc = k.binary(BinaryOp::kAdd, acc, values_[i].to(acc.device()));
   if (spec_.aggregation == VariableAggregation::kMean)
     acc = k.affine(acc, 1.f / static_cast<float>(values_.size()), 0.f);
   else if (spec_.aggregation == VariableAggregation::kOnlyFirstReplica)
@@ -84,12 +90,16 @@ Tensor MirroredVariable::read_value() const {
 }
 
 void MirroredVariable::write(const Tensor& v, Kind kind) {
-  check_same(*this, v, kind == Kind::kAssign ? "assign" : kind == Kind::kAdd ? "assign_add" : "assign_sub");
+  check_same(*this, v,
+             kind == Kind::kAssign ? "assign"
+             : kind == Kind::kAdd  ? "assign_add"
+                                   : "assign_sub");
   const int sign = kind == Kind::kAssign ? 0 : kind == Kind::kAdd ? 1 : -1;
   if (ReplicaContext* ctx = my_replica()) {
     Tensor& mine = values_[local(*ctx)];
     Tensor local = v.to(mine.device());
-    if (!on_read() && ctx->num_replicas_in_sync() > 1) local = aggregate_in_replica(*ctx, *this, local);
+    if (!on_read() && ctx->num_replicas_in_sync() > 1)
+      local = aggregate_in_replica(*ctx, *this, local);
     if (!shared_) {
       mine.copy_from(combine(mine, local, sign));
       return;
@@ -105,9 +115,11 @@ void MirroredVariable::write(const Tensor& v, Kind kind) {
   // Cross-replica: write every copy. A SUM sync-on-read variable splits the value so that the
   // aggregate reads back as written.
   Tensor per = v;
-  if (on_read() && spec_.aggregation == VariableAggregation::kSum && sign == 0 && values_.size() > 1)
+  if (on_read() && spec_.aggregation == VariableAggregation::kSum && sign == 0 &&
+      values_.size() > 1)
     per = kernels_for(v).affine(v, 1.f / static_cast<float>(values_.size()), 0.f);
-  for (size_t i = 0; i < (shared_ ? 1 : values_.size()); ++i) values_[i].copy_from(combine(values_[i], per, sign));
+  for (size_t i = 0; i < (shared_ ? 1 : values_.size()); ++i)
+    values_[i].copy_from(combine(values_[i], per, sign));
 }
 
 void MirroredVariable::do_update(const std::function<void(Tensor&, size_t)>& fn) {
@@ -130,11 +142,13 @@ void MirroredVariable::do_update(const std::function<void(Tensor&, size_t)>& fn)
 
 // --- CentralVariable ---
 
-CentralVariable::CentralVariable(VariableSpec spec, const Strategy* owner, DeviceSpec parameter_device, size_t replicas)
+CentralVariable::CentralVariable(VariableSpec spec, const Strategy* owner,
+                                 DeviceSpec parameter_device, size_t replicas)
     : Variable(std::move(spec)), owner_(owner), cache_(replicas) {
   Tensor init = spec_.initializer(spec_.shape, spec_.dtype, parameter_device);
   if (init.shape() != spec_.shape || init.dtype() != spec_.dtype)
-    throw InvalidArgument("initializer of variable '" + spec_.name + "' returned " + init.to_string());
+    throw InvalidArgument("initializer of variable '" + spec_.name + "' returned " +
+                          init.to_string());
   storage_ = Tensor::empty(spec_.shape, spec_.dtype, parameter_device);
   storage_.copy_from(init);
 }

@@ -42,7 +42,8 @@ class MirroredVariable final : public Variable {
 // A single copy on the parameter device; replicas read a per-step copy on their own device.
 class CentralVariable final : public Variable {
  public:
-  CentralVariable(VariableSpec spec, const Strategy* owner, DeviceSpec parameter_device, size_t replicas);
+  CentralVariable(VariableSpec spec, const Strategy* owner, DeviceSpec parameter_device,
+                  size_t replicas);
   Tensor read_value() const override;
   void do_assign(const Tensor& v) override { write(v, 0); }
   void do_assign_add(const Tensor& d) override { write(d, 1); }

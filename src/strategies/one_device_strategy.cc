@@ -21,7 +21,9 @@ OneDeviceStrategy::OneDeviceStrategy(DeviceSpec device, bool run_inline)
 
 OneDeviceStrategy::~OneDeviceStrategy() = default;
 
-std::string OneDeviceStrategy::name() const { return "OneDeviceStrategy(" + device_.to_string() + ")"; }
+std::string OneDeviceStrategy::name() const {
+  return "OneDeviceStrategy(" + device_.to_string() + ")";
+}
 
 ReplicaContext& OneDeviceStrategy::replica_context() { return *ctx_; }
 
@@ -47,7 +49,8 @@ std::shared_ptr<Variable> OneDeviceStrategy::do_create_variable(const VariableSp
   return std::make_shared<PlainVariable>(spec, device_);
 }
 
-PerReplica OneDeviceStrategy::do_split_batch(const std::vector<Tensor>& batch, int64_t, const BatchRows&) {
+PerReplica OneDeviceStrategy::do_split_batch(const std::vector<Tensor>& batch, int64_t,
+                                             const BatchRows&) {
   PerReplica out;
   out.values.emplace_back();
   for (const auto& t : batch) out.values[0].push_back(t.to(device_));

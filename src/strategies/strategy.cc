@@ -4,9 +4,9 @@
 #include <atomic>
 #include <cstring>
 
+#include "data/row_window.h"
 #include "dtrain/data/dataset.h"
 #include "dtrain/devices/device.h"
-#include "data/row_window.h"
 #include "strategies/default_strategy.h"
 #include "strategies/replica_scope.h"
 
@@ -56,16 +56,19 @@ ReplicaContext* get_replica_context() {
   return &static_cast<DefaultStrategy&>(detail::default_strategy()).replica_context();
 }
 
-Strategy& get_strategy() { return t_scopes.empty() ? detail::default_strategy() : *t_scopes.back(); }
+Strategy& get_strategy() {
+  return t_scopes.empty() ? detail::default_strategy() : *t_scopes.back();
+}
 
 bool has_strategy() { return !t_scopes.empty() && t_scopes.back() != &detail::default_strategy(); }
 
 StrategyScope::StrategyScope(Strategy* s) : strategy_(s) {
   if (!t_scopes.empty() && t_scopes.back() != s)
-    throw FailedPrecondition("cannot enter the scope of strategy '" + s->name() +
-                             "' inside the scope of a different strategy '" + t_scopes.back()->name() +
-                             "': mixing strategies is not allowed; leave the first scope (or use one "
-                             "strategy for the whole model)");
+    throw FailedPrecondition(
+        "cannot enter the scope of strategy '" + s->name() +
+        "' inside the scope of a different strategy '" + t_scopes.back()->name() +
+        "': mixing strategies is not allowed; leave the first scope (or use one "
+        "strategy for the whole model)");
   t_scopes.push_back(s);
 }
 
@@ -81,15 +84,19 @@ StrategyScope Strategy::scope() { return StrategyScope(this); }
 int64_t InputContext::get_per_replica_batch_size(int64_t global_batch_size) const {
   if (global_batch_size % num_replicas_in_sync != 0)
     throw InvalidArgument("global batch size " + std::to_string(global_batch_size) +
-                          " is not divisible by the " + std::to_string(num_replicas_in_sync) + " replicas");
+                          " is not divisible by the " + std::to_string(num_replicas_in_sync) +
+                          " replicas");
   return global_batch_size / num_replicas_in_sync;
 }
 
 std::shared_ptr<Variable> create_variable(const VariableSpec& spec) {
   if (!spec.initializer)
-    throw InvalidArgument("variable '" + spec.name + "' has no initializer; set VariableSpec::initializer");
+    throw InvalidArgument("variable '" + spec.name +
+                          "' has no initializer; set VariableSpec::initializer");
   for (int64_t d : spec.shape.dims())
-    if (d < 0) throw InvalidArgument("variable '" + spec.name + "' has a negative dimension: " + spec.shape.to_string());
+    if (d < 0)
+      throw InvalidArgument("variable '" + spec.name +
+                            "' has a negative dimension: " + spec.shape.to_string());
   return get_strategy().create_variable(spec);
 }
 
@@ -103,19 +110,24 @@ std::shared_ptr<Variable> Strategy::create_variable(const VariableSpec& spec) {
 
 PerReplica Strategy::run(const ReplicaFn& fn, const PerReplica& inputs) {
   if (t_replica_ctx && this != &detail::default_strategy())
-    throw FailedPrecondition("strategy.run() called from inside a replica function; call it once "
-                             "from the training loop (cross-replica context)");
-  if (!inputs.values.empty() && static_cast<int>(inputs.values.size()) != static_cast<int>(worker_devices().size()))
+    throw FailedPrecondition(
+        "strategy.run() called from inside a replica function; call it once "
+        "from the training loop (cross-replica context)");
+  if (!inputs.values.empty() &&
+      static_cast<int>(inputs.values.size()) != static_cast<int>(worker_devices().size()))
     throw InvalidArgument("run(): inputs have " + std::to_string(inputs.values.size()) +
                           " per-replica values but the strategy has " +
-                          std::to_string(worker_devices().size()) + " local replicas; use distribute_dataset()");
+                          std::to_string(worker_devices().size()) +
+                          " local replicas; use distribute_dataset()");
   return do_run(fn, inputs);
 }
 
-std::vector<Tensor> Strategy::reduce(ReduceOp op, const PerReplica& values, std::optional<int> axis) {
+std::vector<Tensor> Strategy::reduce(ReduceOp op, const PerReplica& values,
+                                     std::optional<int> axis) {
   if (values.values.empty()) throw InvalidArgument("reduce(): no per-replica values");
   if (op != ReduceOp::kSum && op != ReduceOp::kMean)
-    throw InvalidArgument("strategy.reduce() supports SUM and MEAN (as in TF), got " + std::string(reduce_op_name(op)));
+    throw InvalidArgument("strategy.reduce() supports SUM and MEAN (as in TF), got " +
+                          std::string(reduce_op_name(op)));
   const DeviceSpec dst = worker_devices().front();
   const size_t k = values.values.front().size();
   std::vector<Tensor> sums;
@@ -124,13 +136,15 @@ std::vector<Tensor> Strategy::reduce(ReduceOp op, const PerReplica& values, std:
     Tensor acc;
     int64_t count = 0;
     for (const auto& rep : values.values) {
-      if (rep.size() != k) throw InvalidArgument("reduce(): replicas returned different numbers of values");
+      if (rep.size() != k)
+        throw InvalidArgument("reduce(): replicas returned different numbers of values");
       Tensor v = rep[j].to(dst);
       Kernels& kern = kernels_for(v);
       if (axis) {
         const int a = *axis < 0 ? *axis + v.rank() : *axis;
         if (a < 0 || a >= v.rank())
-          throw InvalidArgument("reduce(): axis " + std::to_string(*axis) + " out of range for " + v.shape().to_string());
+          throw InvalidArgument("reduce(): axis " + std::to_string(*axis) + " out of range for " +
+                                v.shape().to_string());
         count += v.shape()[a];
         v = kern.reduce(ReductionKind::kSum, v, {a}, false);
       } else {
@@ -144,7 +158,8 @@ std::vector<Tensor> Strategy::reduce(ReduceOp op, const PerReplica& values, std:
   extended_.reduce_across_workers(sums, counts);
   if (op == ReduceOp::kMean)
     for (size_t j = 0; j < k; ++j)
-      sums[j] = kernels_for(sums[j]).affine(sums[j], counts[j] ? 1.f / static_cast<float>(counts[j]) : 0.f, 0.f);
+      sums[j] = kernels_for(sums[j]).affine(
+          sums[j], counts[j] ? 1.f / static_cast<float>(counts[j]) : 0.f, 0.f);
   return sums;
 }
 
@@ -157,14 +172,17 @@ std::vector<Tensor> Strategy::gather(const PerReplica& values, int axis) {
     for (const auto& rep : values.values) parts.push_back(rep.at(j).to(DeviceSpec::cpu()));
     const Shape& s0 = parts[0].shape();
     const int a = axis < 0 ? axis + s0.rank() : axis;
-    if (a < 0 || a >= s0.rank()) throw InvalidArgument("gather(): axis " + std::to_string(axis) + " out of range for " + s0.to_string());
+    if (a < 0 || a >= s0.rank())
+      throw InvalidArgument("gather(): axis " + std::to_string(axis) + " out of range for " +
+                            s0.to_string());
     std::vector<int64_t> dims = s0.dims();
     dims[static_cast<size_t>(a)] = 0;
     for (const auto& p : parts) {
       for (int d = 0; d < s0.rank(); ++d)
         if (d != a && p.shape()[d] != s0[d])
-          throw InvalidArgument("gather(): replicas' shapes differ outside axis " + std::to_string(a) + ": " +
-                                s0.to_string() + " vs " + p.shape().to_string());
+          throw InvalidArgument("gather(): replicas' shapes differ outside axis " +
+                                std::to_string(a) + ": " + s0.to_string() + " vs " +
+                                p.shape().to_string());
       dims[static_cast<size_t>(a)] += p.shape()[a];
     }
     Tensor cat = Tensor::empty(Shape(dims), parts[0].dtype());
@@ -197,9 +215,11 @@ std::vector<int64_t> split_batch_sizes(int64_t rows, int64_t global_batch, int n
   return out;
 }
 
-std::function<bool(PerReplica*)> Strategy::distribute_dataset(const Dataset& dataset, int64_t global_batch) {
+std::function<bool(PerReplica*)> Strategy::distribute_dataset(const Dataset& dataset,
+                                                              int64_t global_batch) {
   if (!dataset.is_batched())
-    throw InvalidArgument("distribute_dataset() needs a batched dataset: call .batch(global_batch_size) first");
+    throw InvalidArgument(
+        "distribute_dataset() needs a batched dataset: call .batch(global_batch_size) first");
   // A worker that takes only some rows of each global batch has the pipeline copy only those.
   if (const auto rows = do_input_rows(global_batch)) {
     auto it = std::make_shared<detail::RowWindowIterator>(dataset, rows->first, rows->second);
@@ -208,10 +228,11 @@ std::function<bool(PerReplica*)> Strategy::distribute_dataset(const Dataset& dat
       int64_t batch_rows = 0;
       if (!extended_.agree_on_next(it->next(&part, &batch_rows))) return false;
       if (batch_rows > global_batch)
-        throw InvalidArgument("distribute_dataset(dataset, global_batch=" + std::to_string(global_batch) +
-                              "): the dataset yielded a batch of " + std::to_string(batch_rows) +
-                              " rows; batch the dataset by the global batch size (.batch(" +
-                              std::to_string(global_batch) + ")) or pass the size it is batched by");
+        throw InvalidArgument(
+            "distribute_dataset(dataset, global_batch=" + std::to_string(global_batch) +
+            "): the dataset yielded a batch of " + std::to_string(batch_rows) +
+            " rows; batch the dataset by the global batch size (.batch(" +
+            std::to_string(global_batch) + ")) or pass the size it is batched by");
       *out = do_split_batch(part, global_batch, BatchRows{first, batch_rows});
       return true;
     };
@@ -239,11 +260,13 @@ std::function<bool(PerReplica*)> Strategy::distribute_datasets_from_function(
   const int local = static_cast<int>(devices.size());
   std::vector<std::shared_ptr<Dataset::Iterator>> its;
   for (int r = 0; r < local; ++r) {
-    InputContext ic{extended_.num_workers() * local, extended_.worker_rank() * local + r, num_replicas_in_sync()};
+    InputContext ic{extended_.num_workers() * local, extended_.worker_rank() * local + r,
+                    num_replicas_in_sync()};
     Dataset ds = fn(ic);
     if (!ds.is_batched())
       throw InvalidArgument("distribute_datasets_from_function: the dataset for input pipeline " +
-                            std::to_string(ic.input_pipeline_id) + " is not batched; batch it at the per-replica "
+                            std::to_string(ic.input_pipeline_id) +
+                            " is not batched; batch it at the per-replica "
                             "batch size (ic.get_per_replica_batch_size(global_batch))");
     its.push_back(ds.make_iterator());
   }
@@ -272,7 +295,8 @@ PerReplica Strategy::experimental_distribute_values_from_function(
   out.values.resize(devices.size());
   for (int r = 0; r < local; ++r) {
     const ValueContext vc{extended_.worker_rank() * local + r, num_replicas_in_sync()};
-    for (const Tensor& t : fn(vc)) out.values[static_cast<size_t>(r)].push_back(t.to(devices[static_cast<size_t>(r)]));
+    for (const Tensor& t : fn(vc))
+      out.values[static_cast<size_t>(r)].push_back(t.to(devices[static_cast<size_t>(r)]));
   }
   return out;
 }

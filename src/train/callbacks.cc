@@ -21,12 +21,14 @@ double TrainLogs::get(const std::string& key) const {
   if (it != values.end()) return it->second;
   std::string have;
   for (const auto& [k, v] : values) have += (have.empty() ? "" : ", ") + k;
-  throw NotFound("no log value '" + key + "' (the logs hold: " + (have.empty() ? "nothing yet" : have) +
-                 "); a val_ key needs a test set");
+  throw NotFound("no log value '" + key + "' (the logs hold: " +
+                 (have.empty() ? "nothing yet" : have) + "); a val_ key needs a test set");
 }
 
 TrainingContext& Callback::context() const {
-  if (!ctx_) throw FailedPrecondition("a callback's model, optimizer and strategy exist only while fit() runs it");
+  if (!ctx_)
+    throw FailedPrecondition(
+        "a callback's model, optimizer and strategy exist only while fit() runs it");
   return *ctx_;
 }
 Sequential& Callback::model() const { return *context().model; }
@@ -42,17 +44,22 @@ bool maximizes(const std::string& monitor, MonitorMode mode) {
 
 std::string format_duration(double s) {
   char buf[32];
-  if (s >= 3600) std::snprintf(buf, sizeof(buf), "%d:%02d:%02d", static_cast<int>(s / 3600), static_cast<int>(s / 60) % 60,
-                               static_cast<int>(s) % 60);
-  else if (s >= 60) std::snprintf(buf, sizeof(buf), "%d:%02d", static_cast<int>(s / 60), static_cast<int>(s) % 60);
-  else std::snprintf(buf, sizeof(buf), "%ds", static_cast<int>(std::lround(s)));
+  if (s >= 3600)
+    std::snprintf(buf, sizeof(buf), "%d:%02d:%02d", static_cast<int>(s / 3600),
+                  static_cast<int>(s / 60) % 60, static_cast<int>(s) % 60);
+  else if (s >= 60)
+    std::snprintf(buf, sizeof(buf), "%d:%02d", static_cast<int>(s / 60), static_cast<int>(s) % 60);
+  else
+    std::snprintf(buf, sizeof(buf), "%ds", static_cast<int>(std::lround(s)));
   return buf;
 }
 
 std::string format_step_time(double s) {
   char buf[32];
-  if (s >= 1) std::snprintf(buf, sizeof(buf), "%.2fs/step", s);
-  else std::snprintf(buf, sizeof(buf), "%.0fms/step", s * 1e3);
+  if (s >= 1)
+    std::snprintf(buf, sizeof(buf), "%.2fs/step", s);
+  else
+    std::snprintf(buf, sizeof(buf), "%.0fms/step", s * 1e3);
   return buf;
 }
 
@@ -78,8 +85,11 @@ void ProgressBar::on_train_begin(const TrainLogs&) {
   if (!is_chief()) return;
   const TrainingContext& c = context();
   if (c.initial_global_step > 0 || c.initial_epoch > 0) {
-    std::fprintf(out_, "resuming from a backup or an elastic commit: epoch %d, step %lld (global step %lld)\n", c.initial_epoch + 1,
-                 static_cast<long long>(c.initial_step), static_cast<long long>(c.initial_global_step));
+    std::fprintf(
+        out_,
+        "resuming from a backup or an elastic commit: epoch %d, step %lld (global step %lld)\n",
+        c.initial_epoch + 1, static_cast<long long>(c.initial_step),
+        static_cast<long long>(c.initial_global_step));
     std::fflush(out_);
   }
 }
@@ -88,7 +98,8 @@ void ProgressBar::on_epoch_begin(const TrainLogs& logs) {
   if (!is_chief()) return;
   last_print_ = std::chrono::steady_clock::now();
   if (logs.step > 0)
-    std::fprintf(out_, "Epoch %d/%d (from step %lld)\n", logs.epoch + 1, logs.epochs, static_cast<long long>(logs.step));
+    std::fprintf(out_, "Epoch %d/%d (from step %lld)\n", logs.epoch + 1, logs.epochs,
+                 static_cast<long long>(logs.step));
   else
     std::fprintf(out_, "Epoch %d/%d\n", logs.epoch + 1, logs.epochs);
   std::fflush(out_);
@@ -99,7 +110,8 @@ void ProgressBar::on_train_batch_end(const TrainLogs& logs) {
   const auto now = std::chrono::steady_clock::now();
   const double since = std::chrono::duration<double>(now - last_print_).count();
   const bool known = logs.steps_per_epoch > 0;
-  const double eta = known ? logs.seconds_per_step * static_cast<double>(logs.steps_per_epoch - logs.step) : 0;
+  const double eta =
+      known ? logs.seconds_per_step * static_cast<double>(logs.steps_per_epoch - logs.step) : 0;
   if (tty_) {
     if (since < 0.1 && logs.step != logs.steps_per_epoch) return;
     last_print_ = now;
@@ -115,16 +127,17 @@ void ProgressBar::on_train_batch_end(const TrainLogs& logs) {
       bar.push_back(']');
     }
     std::fprintf(out_, "\r%6lld/%lld %s - ETA: %s - %s - loss: %.4f%s - %.0f images/sec\033[K",
-                 static_cast<long long>(logs.step), static_cast<long long>(logs.steps_per_epoch), bar.c_str(),
-                 format_duration(eta).c_str(), format_step_time(logs.seconds_per_step).c_str(), logs.loss,
+                 static_cast<long long>(logs.step), static_cast<long long>(logs.steps_per_epoch),
+                 bar.c_str(), format_duration(eta).c_str(),
+                 format_step_time(logs.seconds_per_step).c_str(), logs.loss,
                  other_values(logs).c_str(), logs.images_per_sec);
   } else {
     if (since < 10.0) return;  // plain lines for logs and CI: one every 10 s
     last_print_ = now;
     std::fprintf(out_, "step %lld/%lld - ETA: %s - %s - loss: %.4f%s - %.0f images/sec\n",
                  static_cast<long long>(logs.step), static_cast<long long>(logs.steps_per_epoch),
-                 format_duration(eta).c_str(), format_step_time(logs.seconds_per_step).c_str(), logs.loss,
-                 other_values(logs).c_str(), logs.images_per_sec);
+                 format_duration(eta).c_str(), format_step_time(logs.seconds_per_step).c_str(),
+                 logs.loss, other_values(logs).c_str(), logs.images_per_sec);
   }
   std::fflush(out_);
 }
@@ -133,18 +146,21 @@ void ProgressBar::on_epoch_end(const TrainLogs& logs) {
   if (!is_chief()) return;
   if (tty_) std::fprintf(out_, "\n");
   std::fprintf(out_, "epoch %d: loss %.4f%s, %.0f images/sec, %s", logs.epoch + 1,
-               logs.has("loss") ? logs.get("loss") : logs.loss,
-               other_values(logs).c_str(), logs.images_per_sec, format_step_time(logs.seconds_per_step).c_str());
+               logs.has("loss") ? logs.get("loss") : logs.loss, other_values(logs).c_str(),
+               logs.images_per_sec, format_step_time(logs.seconds_per_step).c_str());
   if (logs.test_accuracy >= 0)
-    std::fprintf(out_, ", test loss %.4f, test accuracy %.2f%%", logs.test_loss, 100.0 * logs.test_accuracy);
+    std::fprintf(out_, ", test loss %.4f, test accuracy %.2f%%", logs.test_loss,
+                 100.0 * logs.test_accuracy);
   std::fprintf(out_, "\n");
   std::fflush(out_);
 }
 
 void ProgressBar::on_train_end(const TrainLogs& logs) {
   if (!is_chief()) return;
-  std::fprintf(out_, "done: %lld steps, final loss %.4f", static_cast<long long>(logs.global_step), logs.loss);
-  if (logs.test_accuracy >= 0) std::fprintf(out_, ", test accuracy %.2f%%", 100.0 * logs.test_accuracy);
+  std::fprintf(out_, "done: %lld steps, final loss %.4f", static_cast<long long>(logs.global_step),
+               logs.loss);
+  if (logs.test_accuracy >= 0)
+    std::fprintf(out_, ", test accuracy %.2f%%", 100.0 * logs.test_accuracy);
   std::fprintf(out_, "\n");
   std::fflush(out_);
 }
@@ -153,9 +169,14 @@ void ProgressBar::on_train_end(const TrainLogs& logs) {
 
 EarlyStopping::EarlyStopping(std::string monitor, double min_delta, int patience, MonitorMode mode,
                              bool restore_best_weights, int start_from_epoch)
-    : monitor_(std::move(monitor)), min_delta_(std::fabs(min_delta)), patience_(patience),
-      start_from_epoch_(start_from_epoch), restore_best_(restore_best_weights), mode_(mode) {
-  if (patience < 0) throw InvalidArgument("EarlyStopping patience must be >= 0, got " + std::to_string(patience));
+    : monitor_(std::move(monitor)),
+      min_delta_(std::fabs(min_delta)),
+      patience_(patience),
+      start_from_epoch_(start_from_epoch),
+      restore_best_(restore_best_weights),
+      mode_(mode) {
+  if (patience < 0)
+    throw InvalidArgument("EarlyStopping patience must be >= 0, got " + std::to_string(patience));
   maximize_ = maximizes(monitor_, mode_);
 }
 
@@ -187,8 +208,8 @@ void EarlyStopping::on_epoch_end(const TrainLogs& logs) {
     stop_training();
     if (is_chief()) {
       DTRAIN_LOG(INFO) << "EarlyStopping: '" << monitor_ << "' did not improve for " << wait_
-                       << " epoch(s); stopping after epoch " << logs.epoch + 1 << " (best " << best_ << " at epoch "
-                       << best_epoch_ + 1 << ")";
+                       << " epoch(s); stopping after epoch " << logs.epoch + 1 << " (best " << best_
+                       << " at epoch " << best_epoch_ + 1 << ")";
     }
   }
 }
@@ -202,7 +223,8 @@ void EarlyStopping::on_train_end(const TrainLogs&) {
       vars[i]->assign(best[0]);
       continue;
     }
-    vars[i]->update([&](Tensor& value, size_t copy) { value.copy_from(best.at(copy).to(value.device())); });
+    vars[i]->update(
+        [&](Tensor& value, size_t copy) { value.copy_from(best.at(copy).to(value.device())); });
   }
 }
 
@@ -253,7 +275,8 @@ void LearningRateScheduler::on_epoch_begin(const TrainLogs& logs) {
   const double lr = fn_(logs.epoch, optimizer().learning_rate());
   if (!(lr > 0) || !std::isfinite(lr))
     throw InvalidArgument("LearningRateScheduler returned " + std::to_string(lr) + " for epoch " +
-                          std::to_string(logs.epoch) + "; a learning rate must be a finite number > 0");
+                          std::to_string(logs.epoch) +
+                          "; a learning rate must be a finite number > 0");
   optimizer().set_learning_rate(static_cast<float>(lr));
 }
 
@@ -262,7 +285,8 @@ void LearningRateScheduler::on_epoch_begin(const TrainLogs& logs) {
 LearningRateWarmup::LearningRateWarmup(double warmup_epochs, int verbose, int num_replicas)
     : warmup_epochs_(warmup_epochs), verbose_(verbose), num_replicas_(num_replicas) {
   if (!(warmup_epochs > 0)) throw InvalidArgument("LearningRateWarmup needs warmup_epochs > 0");
-  if (num_replicas < 0) throw InvalidArgument("LearningRateWarmup: num_replicas must be >= 0 (0: the strategy's)");
+  if (num_replicas < 0)
+    throw InvalidArgument("LearningRateWarmup: num_replicas must be >= 0 (0: the strategy's)");
 }
 
 void LearningRateWarmup::on_train_begin(const TrainLogs&) {
@@ -273,20 +297,22 @@ void LearningRateWarmup::on_train_begin(const TrainLogs&) {
 
 void LearningRateWarmup::on_train_batch_begin(const TrainLogs& logs) {
   if (done_) return;
-  const double e = logs.epoch + (logs.steps_per_epoch > 0 ? static_cast<double>(logs.step) /
-                                                                 static_cast<double>(logs.steps_per_epoch)
-                                                           : 0.0);
+  const double e =
+      logs.epoch + (logs.steps_per_epoch > 0
+                        ? static_cast<double>(logs.step) / static_cast<double>(logs.steps_per_epoch)
+                        : 0.0);
   if (e >= warmup_epochs_) {
     optimizer().set_schedule(saved_schedule_);
     done_ = true;
     if (verbose_ && is_chief()) {
-      DTRAIN_LOG(INFO) << "LearningRateWarmup: warm-up done at epoch " << logs.epoch + 1 << ", learning rate "
-                       << optimizer().learning_rate();
+      DTRAIN_LOG(INFO) << "LearningRateWarmup: warm-up done at epoch " << logs.epoch + 1
+                       << ", learning rate " << optimizer().learning_rate();
     }
     return;
   }
   const double n = num_replicas_ > 0 ? num_replicas_ : strategy().num_replicas_in_sync();
-  optimizer().set_learning_rate(static_cast<float>(target_ / n * (e * (n - 1) / warmup_epochs_ + 1)));
+  optimizer().set_learning_rate(
+      static_cast<float>(target_ / n * (e * (n - 1) / warmup_epochs_ + 1)));
 }
 
 void LearningRateWarmup::on_train_end(const TrainLogs&) {
@@ -301,7 +327,8 @@ void TerminateOnNaN::on_train_batch_end(const TrainLogs& logs) {
   terminated_ = true;
   stop_training();
   if (is_chief()) {
-    DTRAIN_LOG(WARNING) << "TerminateOnNaN: batch " << logs.step << " gave loss " << logs.loss << "; stopping training";
+    DTRAIN_LOG(WARNING) << "TerminateOnNaN: batch " << logs.step << " gave loss " << logs.loss
+                        << "; stopping training";
   }
 }
 

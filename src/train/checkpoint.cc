@@ -2,10 +2,9 @@
 
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
-
-#include <nlohmann/json.hpp>
 
 #include "dtrain/core/error.h"
 #include "dtrain/core/logging.h"
@@ -25,7 +24,8 @@ Tensor int64_scalar(int64_t v) { return Tensor::from_vector<int64_t>({v}, Shape{
 
 int64_t int64_of(const Tensor& t, const std::string& name) {
   if (t.dtype() != DType::kInt64 || t.numel() != 1)
-    throw FailedPrecondition("checkpoint entry '" + name + "' should be one int64, got " + t.shape().to_string());
+    throw FailedPrecondition("checkpoint entry '" + name + "' should be one int64, got " +
+                             t.shape().to_string());
   return t.to_vector<int64_t>()[0];
 }
 
@@ -39,10 +39,14 @@ int64_t meta_int(const std::map<std::string, std::string>& m, const std::string&
   }
 }
 
-std::string describe(const Tensor& t) { return std::string(dtype_name(t.dtype())) + " " + t.shape().to_string(); }
+std::string describe(const Tensor& t) {
+  return std::string(dtype_name(t.dtype())) + " " + t.shape().to_string();
+}
 
 // EnsembleStrategy: member m >= 1 of variable v is saved as "ensemble/member_<m>/<v>".
-std::string member_name(size_t m, const std::string& v) { return "ensemble/member_" + std::to_string(m) + "/" + v; }
+std::string member_name(size_t m, const std::string& v) {
+  return "ensemble/member_" + std::to_string(m) + "/" + v;
+}
 
 // Members in the whole job (each worker holds worker_devices().size()) and this worker's first.
 size_t job_members(const Strategy& s) {
@@ -51,7 +55,9 @@ size_t job_members(const Strategy& s) {
 size_t first_member(const Strategy& s) {
   return s.worker_devices().size() * static_cast<size_t>(s.extended().worker_rank());
 }
-bool is_ensemble(const Strategy& s) { return s.extended().independent_replicas() && job_members(s) > 1; }
+bool is_ensemble(const Strategy& s) {
+  return s.extended().independent_replicas() && job_members(s) > 1;
+}
 
 // Every member's copy of a variable, in job-wide member order: this worker's copies, and under a
 // multi-worker ensemble the other workers' (gathered; collective).
@@ -70,7 +76,8 @@ std::vector<Tensor> all_member_copies(Strategy& s, const Variable& v) {
   }
   const Tensor all = s.extended().gather_across_workers(mine);
   std::vector<Tensor> out;
-  for (int64_t g = 0; g < all.shape()[0]; ++g) out.push_back(all.slice_rows(g, g + 1).view(v.shape()).clone());
+  for (int64_t g = 0; g < all.shape()[0]; ++g)
+    out.push_back(all.slice_rows(g, g + 1).view(v.shape()).clone());
   return out;
 }
 
@@ -79,8 +86,10 @@ std::vector<Tensor> all_member_copies(Strategy& s, const Variable& v) {
 Checkpoint::Checkpoint(Sequential& model, Optimizer* optimizer, Strategy* strategy)
     : model_(model), optimizer_(optimizer), strategy_(strategy ? strategy : &get_strategy()) {}
 
-CheckpointData Checkpoint::capture(const TrainingPosition& p, const std::map<std::string, std::string>& extra) const {
-  if (!model_.built()) throw FailedPrecondition("Checkpoint: the model is not built yet; build it (or fit) first");
+CheckpointData Checkpoint::capture(const TrainingPosition& p,
+                                   const std::map<std::string, std::string>& extra) const {
+  if (!model_.built())
+    throw FailedPrecondition("Checkpoint: the model is not built yet; build it (or fit) first");
   CheckpointData d;
   const bool ensemble = is_ensemble(*strategy_);
   auto put = [&](const std::shared_ptr<Variable>& v) {
@@ -88,9 +97,11 @@ CheckpointData Checkpoint::capture(const TrainingPosition& p, const std::map<std
       d.tensors.emplace_back(v->name(), v->value());  // the one model
       return;
     }
-    const std::vector<Tensor> copies = all_member_copies(*strategy_, *v);  // collective across workers
-    d.tensors.emplace_back(v->name(), copies[0]);                         // member 0
-    for (size_t m = 1; m < copies.size(); ++m) d.tensors.emplace_back(member_name(m, v->name()), copies[m]);
+    const std::vector<Tensor> copies =
+        all_member_copies(*strategy_, *v);         // collective across workers
+    d.tensors.emplace_back(v->name(), copies[0]);  // member 0
+    for (size_t m = 1; m < copies.size(); ++m)
+      d.tensors.emplace_back(member_name(m, v->name()), copies[m]);
   };
   for (const auto& v : model_.variables()) put(v);
   if (ensemble) d.metadata["dtrain.ensemble_members"] = std::to_string(job_members(*strategy_));
@@ -126,7 +137,8 @@ bool Checkpoint::save(CheckpointManager& manager, const TrainingPosition& p,
   return true;
 }
 
-TrainingPosition Checkpoint::restore(const std::string& path, std::map<std::string, std::string>* metadata) const {
+TrainingPosition Checkpoint::restore(const std::string& path,
+                                     std::map<std::string, std::string>* metadata) const {
   try {
     return restore(load_safetensors(path), metadata);
   } catch (const FailedPrecondition& e) {
@@ -134,29 +146,35 @@ TrainingPosition Checkpoint::restore(const std::string& path, std::map<std::stri
   }
 }
 
-TrainingPosition Checkpoint::restore(const CheckpointData& d, std::map<std::string, std::string>* metadata) const {
-  if (!model_.built()) throw FailedPrecondition("Checkpoint::restore: build the model first (same layers, same input shape)");
+TrainingPosition Checkpoint::restore(const CheckpointData& d,
+                                     std::map<std::string, std::string>* metadata) const {
+  if (!model_.built())
+    throw FailedPrecondition(
+        "Checkpoint::restore: build the model first (same layers, same input shape)");
   const bool ensemble = is_ensemble(*strategy_);
   // 1. Check everything before changing anything.
   std::set<std::string> known;
-  auto require_like = [&](const std::shared_ptr<Variable>& v, const std::string& name, const Tensor& t) {
+  auto require_like = [&](const std::shared_ptr<Variable>& v, const std::string& name,
+                          const Tensor& t) {
     if (t.shape() != v->shape() || t.dtype() != v->dtype())
-      throw FailedPrecondition("the checkpoint does not match the model: variable '" + name + "': the model has " +
-                               dtype_name(v->dtype()) + " " + v->shape().to_string() + ", the checkpoint " + describe(t));
+      throw FailedPrecondition("the checkpoint does not match the model: variable '" + name +
+                               "': the model has " + dtype_name(v->dtype()) + " " +
+                               v->shape().to_string() + ", the checkpoint " + describe(t));
   };
   for (const auto& v : model_.variables()) {
     known.insert(v->name());
     const Tensor* t = d.find(v->name());
     if (!t)
-      throw FailedPrecondition("the checkpoint does not match the model: variable '" + v->name() + "' (" +
-                               dtype_name(v->dtype()) + " " + v->shape().to_string() + ") is not in it");
+      throw FailedPrecondition("the checkpoint does not match the model: variable '" + v->name() +
+                               "' (" + dtype_name(v->dtype()) + " " + v->shape().to_string() +
+                               ") is not in it");
     require_like(v, v->name(), *t);
   }
   for (const auto& [name, t] : d.tensors)
     if (!known.count(name) && name.rfind("optimizer/", 0) != 0 && name.rfind("rng/", 0) != 0 &&
         name.rfind("ensemble/", 0) != 0)
-      throw FailedPrecondition("the checkpoint does not match the model: it holds variable '" + name + "' (" + describe(t) +
-                               "), which the model does not have");
+      throw FailedPrecondition("the checkpoint does not match the model: it holds variable '" +
+                               name + "' (" + describe(t) + "), which the model does not have");
   // The optimizer's state, when the checkpoint's optimizer is the same kind.
   std::vector<std::shared_ptr<Variable>> slots;
   bool same_optimizer = false;
@@ -164,14 +182,17 @@ TrainingPosition Checkpoint::restore(const CheckpointData& d, std::map<std::stri
   if (optimizer_) {
     {
       auto scope = strategy_->scope();
-      optimizer_->build(model_.trainable_variables());  // creates missing slots (zero state), changes no weight
+      optimizer_->build(
+          model_.trainable_variables());  // creates missing slots (zero state), changes no weight
     }
     const auto it = d.metadata.find("dtrain.optimizer");
-    const std::string saved = it == d.metadata.end() ? "" : it->second.substr(0, it->second.find(' '));
+    const std::string saved =
+        it == d.metadata.end() ? "" : it->second.substr(0, it->second.find(' '));
     same_optimizer = saved.empty() || saved == optimizer_->name();
     if (!same_optimizer) {
-      DTRAIN_LOG(WARNING) << "the checkpoint was written with optimizer '" << saved << "', this one is '"
-                          << optimizer_->name() << "': the weights are restored, the optimizer starts afresh";
+      DTRAIN_LOG(WARNING) << "the checkpoint was written with optimizer '" << saved
+                          << "', this one is '" << optimizer_->name()
+                          << "': the weights are restored, the optimizer starts afresh";
     } else {
       slots = optimizer_->slot_variables();
       for (const auto& sv : slots)
@@ -191,7 +212,8 @@ TrainingPosition Checkpoint::restore(const CheckpointData& d, std::map<std::stri
     for (const auto& v : all)
       for (size_t m = 0; m < v->device_values().size(); ++m)
         if (first + m > 0)
-          if (const Tensor* t = member_tensor(v, first + m)) require_like(v, member_name(first + m, v->name()), *t);
+          if (const Tensor* t = member_tensor(v, first + m))
+            require_like(v, member_name(first + m, v->name()), *t);
   std::vector<std::pair<std::shared_ptr<Layer>, int64_t>> rng;
   for (const auto& l : model_.layers())
     if (l->rng_calls() >= 0)
@@ -223,8 +245,9 @@ TrainingPosition Checkpoint::restore(const CheckpointData& d, std::map<std::stri
   }
   if (iterations) optimizer_->set_iterations(*iterations);
   if (!missing.empty()) {
-    DTRAIN_LOG(WARNING) << "checkpoint holds no optimizer state for " << missing.size() << " slot(s) (first: '"
-                        << missing.front() << "'); they start afresh (a checkpoint written under "
+    DTRAIN_LOG(WARNING) << "checkpoint holds no optimizer state for " << missing.size()
+                        << " slot(s) (first: '" << missing.front()
+                        << "'); they start afresh (a checkpoint written under "
                         << "parameter_server keeps slots on the servers)";
   }
   for (const auto& [layer, calls] : rng) layer->set_rng_calls(calls);
@@ -236,8 +259,8 @@ TrainingPosition Checkpoint::restore(const CheckpointData& d, std::map<std::stri
   return p;
 }
 
-std::optional<TrainingPosition> Checkpoint::restore_latest(const CheckpointManager& manager,
-                                                           std::map<std::string, std::string>* metadata) const {
+std::optional<TrainingPosition> Checkpoint::restore_latest(
+    const CheckpointManager& manager, std::map<std::string, std::string>* metadata) const {
   std::optional<CheckpointData> d = manager.restore_latest();
   if (!d) return std::nullopt;
   return restore(*d, metadata);
@@ -245,12 +268,17 @@ std::optional<TrainingPosition> Checkpoint::restore_latest(const CheckpointManag
 
 // ---- ModelCheckpoint ----
 
-ModelCheckpoint::ModelCheckpoint(std::string directory, std::string monitor, bool save_best_only, MonitorMode mode,
-                                 int64_t save_freq, int max_to_keep)
-    : directory_(std::move(directory)), monitor_(std::move(monitor)), save_best_only_(save_best_only), mode_(mode),
-      save_freq_(save_freq), max_to_keep_(max_to_keep) {
+ModelCheckpoint::ModelCheckpoint(std::string directory, std::string monitor, bool save_best_only,
+                                 MonitorMode mode, int64_t save_freq, int max_to_keep)
+    : directory_(std::move(directory)),
+      monitor_(std::move(monitor)),
+      save_best_only_(save_best_only),
+      mode_(mode),
+      save_freq_(save_freq),
+      max_to_keep_(max_to_keep) {
   if (directory_.empty()) throw InvalidArgument("ModelCheckpoint: the directory is empty");
-  if (save_freq < 0) throw InvalidArgument("ModelCheckpoint: save_freq must be >= 0 (0 = every epoch)");
+  if (save_freq < 0)
+    throw InvalidArgument("ModelCheckpoint: save_freq must be >= 0 (0 = every epoch)");
   maximize_ = mode == MonitorMode::kMax ||
               (mode == MonitorMode::kAuto && monitor_.find("acc") != std::string::npos);
 }
@@ -287,7 +315,8 @@ void ModelCheckpoint::on_epoch_end(const TrainLogs& logs) {
 BackupAndRestore::BackupAndRestore(std::string dir, int64_t save_freq, bool delete_checkpoint)
     : dir_(std::move(dir)), save_freq_(save_freq), delete_(delete_checkpoint) {
   if (dir_.empty()) throw InvalidArgument("BackupAndRestore: the backup directory is empty");
-  if (save_freq < 0) throw InvalidArgument("BackupAndRestore: save_freq must be >= 0 (0 = every epoch)");
+  if (save_freq < 0)
+    throw InvalidArgument("BackupAndRestore: save_freq must be >= 0 (0 = every epoch)");
 }
 
 void BackupAndRestore::on_train_begin(const TrainLogs&) {
@@ -303,19 +332,26 @@ void BackupAndRestore::on_train_begin(const TrainLogs&) {
   const double workers = static_cast<double>(strategy().extended().num_workers());
   const bool synchronous = strategy().extended().synchronous();
   if (synchronous && workers > 1 &&
-      (agree[0] != 0 && (agree[0] != workers || agree[1] != workers * static_cast<double>(p ? p->global_step : 0))))
-    throw FailedPrecondition("BackupAndRestore: the workers found different backups in '" + dir_ + "' (" +
-                             std::to_string(static_cast<int>(agree[0])) + " of " + std::to_string(static_cast<int>(workers)) +
-                             " found one); every worker must read the same directory (a shared file system)");
+      (agree[0] != 0 &&
+       (agree[0] != workers || agree[1] != workers * static_cast<double>(p ? p->global_step : 0))))
+    throw FailedPrecondition(
+        "BackupAndRestore: the workers found different backups in '" + dir_ + "' (" +
+        std::to_string(static_cast<int>(agree[0])) + " of " +
+        std::to_string(static_cast<int>(workers)) +
+        " found one); every worker must read the same directory (a shared file system)");
   if (!p) return;
-  if (auto it = meta.find("dtrain.global_batch"); it != meta.end() && it->second != std::to_string(ctx.global_batch_size))
-    throw FailedPrecondition("BackupAndRestore: the backup in '" + dir_ + "' was made with global batch " + it->second +
-                             ", this run uses " + std::to_string(ctx.global_batch_size) +
-                             " (the data position would be wrong); run the same command again, or remove the directory");
-  if (auto it = meta.find("dtrain.shuffle_seed"); it != meta.end() && it->second != std::to_string(ctx.shuffle_seed))
-    throw FailedPrecondition("BackupAndRestore: the backup in '" + dir_ + "' was made with shuffle seed " + it->second +
-                             ", this run uses " + std::to_string(ctx.shuffle_seed) +
-                             "; run the same command again, or remove the directory to start afresh");
+  if (auto it = meta.find("dtrain.global_batch");
+      it != meta.end() && it->second != std::to_string(ctx.global_batch_size))
+    throw FailedPrecondition(
+        "BackupAndRestore: the backup in '" + dir_ + "' was made with global batch " + it->second +
+        ", this run uses " + std::to_string(ctx.global_batch_size) +
+        " (the data position would be wrong); run the same command again, or remove the directory");
+  if (auto it = meta.find("dtrain.shuffle_seed");
+      it != meta.end() && it->second != std::to_string(ctx.shuffle_seed))
+    throw FailedPrecondition(
+        "BackupAndRestore: the backup in '" + dir_ + "' was made with shuffle seed " + it->second +
+        ", this run uses " + std::to_string(ctx.shuffle_seed) +
+        "; run the same command again, or remove the directory to start afresh");
   ctx.initial_epoch = static_cast<int>(p->epoch);
   ctx.initial_step = p->step;
   ctx.initial_global_step = p->global_step;
@@ -323,21 +359,24 @@ void BackupAndRestore::on_train_begin(const TrainLogs&) {
   if (auto it = meta.find("dtrain.epoch_state"); it != meta.end()) {
     try {
       const nlohmann::json state = nlohmann::json::parse(it->second);
-      for (const auto& [k, v] : state.items()) ctx.initial_epoch_state[k] = v.get<std::vector<double>>();
+      for (const auto& [k, v] : state.items())
+        ctx.initial_epoch_state[k] = v.get<std::vector<double>>();
     } catch (const nlohmann::json::exception& e) {
-      throw DataLoss("BackupAndRestore: the backup's epoch state is not valid JSON: " + std::string(e.what()));
+      throw DataLoss("BackupAndRestore: the backup's epoch state is not valid JSON: " +
+                     std::string(e.what()));
     }
   }
   restored_ = p;
   if (is_chief()) {
-    DTRAIN_LOG(INFO) << "BackupAndRestore: resuming from " << dir_ << " at epoch " << p->epoch + 1 << ", step "
-                     << p->step << " (global step " << p->global_step << ")";
+    DTRAIN_LOG(INFO) << "BackupAndRestore: resuming from " << dir_ << " at epoch " << p->epoch + 1
+                     << ", step " << p->step << " (global step " << p->global_step << ")";
   }
 }
 
 void BackupAndRestore::backup(const TrainLogs&, const TrainingPosition& p) {
-  std::map<std::string, std::string> extra{{"dtrain.shuffle_seed", std::to_string(context().shuffle_seed)},
-                                          {"dtrain.global_batch", std::to_string(context().global_batch_size)}};
+  std::map<std::string, std::string> extra{
+      {"dtrain.shuffle_seed", std::to_string(context().shuffle_seed)},
+      {"dtrain.global_batch", std::to_string(context().global_batch_size)}};
   if (p.step > 0 && context().epoch_state) {
     nlohmann::json j = nlohmann::json::object();
     for (const auto& [k, v] : context().epoch_state()) j[k] = v;

@@ -2,9 +2,8 @@
 #include "dtrain/train/elastic.h"
 
 #include <cstring>
-#include <optional>
-
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "dtrain/core/logging.h"
 #include "dtrain/model/layers.h"
@@ -21,7 +20,8 @@ const char* kEpochState = "dtrain.epoch_state";
 // each commit whether the membership changes, and puts a restored state's position into fit().
 class CommitState final : public Callback {
  public:
-  CommitState(Job& job, MultiWorkerMirroredStrategy& strategy, Sequential& model, Optimizer& optimizer, int64_t every)
+  CommitState(Job& job, MultiWorkerMirroredStrategy& strategy, Sequential& model,
+              Optimizer& optimizer, int64_t every)
       : job_(job), strategy_(strategy), model_(model), optimizer_(optimizer), every_(every) {}
 
   void on_train_begin(const TrainLogs&) override {
@@ -35,14 +35,16 @@ class CommitState final : public Callback {
   }
   void on_train_batch_end(const TrainLogs& logs) override {
     last_global_step_ = logs.global_step;
-    if (every_ > 0 && logs.global_step % every_ == 0 && !context().accumulating && logs.step != logs.steps_per_epoch)
+    if (every_ > 0 && logs.global_step % every_ == 0 && !context().accumulating &&
+        logs.step != logs.steps_per_epoch)
       commit(TrainingPosition{logs.epoch, logs.step, logs.global_step});
   }
   void on_epoch_end(const TrainLogs& logs) override {
     last_global_step_ = logs.global_step;
     // After the last epoch nothing is left to train: commit, but keep the round (a newcomer is
     // turned away when the job ends).
-    commit(TrainingPosition{logs.epoch + 1, 0, logs.global_step}, /*ask=*/logs.epoch + 1 < logs.epochs);
+    commit(TrainingPosition{logs.epoch + 1, 0, logs.global_step},
+           /*ask=*/logs.epoch + 1 < logs.epochs);
   }
 
   // Rank 0's last committed state (before the first commit: its current one) to every worker, which
@@ -51,17 +53,20 @@ class CommitState final : public Callback {
   int64_t sync() {
     CrossWorkerOps* x = strategy_.extended().cross_worker();
     const bool root = strategy_.extended().worker_rank() == 0;
-    if (root && !committed_) committed_ = Checkpoint(model_, &optimizer_, &strategy_).capture(TrainingPosition{});
+    if (root && !committed_)
+      committed_ = Checkpoint(model_, &optimizer_, &strategy_).capture(TrainingPosition{});
     std::string header;
     if (root) {
       nlohmann::json j;
       j["metadata"] = committed_->metadata;
       j["tensors"] = nlohmann::json::array();
       for (const auto& [name, t] : committed_->tensors)
-        j["tensors"].push_back({{"name", name}, {"dtype", dtype_name(t.dtype())}, {"shape", t.shape().dims()}});
+        j["tensors"].push_back(
+            {{"name", name}, {"dtype", dtype_name(t.dtype())}, {"shape", t.shape().dims()}});
       header = j.dump();
     }
-    Tensor head = Tensor::from_vector<int64_t>({root ? 1 : 0, static_cast<int64_t>(header.size())}, Shape{2});
+    Tensor head =
+        Tensor::from_vector<int64_t>({root ? 1 : 0, static_cast<int64_t>(header.size())}, Shape{2});
     x->broadcast_from_chief(head);
     const int64_t* h = head.data<int64_t>();
     if (h[0] == 0) return 0;
@@ -77,11 +82,14 @@ class CommitState final : public Callback {
         const nlohmann::json j = nlohmann::json::parse(header);
         data.metadata = j.at("metadata").get<std::map<std::string, std::string>>();
         for (const auto& e : j.at("tensors"))
-          data.tensors.emplace_back(e.at("name").get<std::string>(),
-                                    Tensor::empty(Shape(e.at("shape").get<std::vector<int64_t>>()),
-                                                  dtype_from_name(e.at("dtype").get<std::string>())));
+          data.tensors.emplace_back(
+              e.at("name").get<std::string>(),
+              Tensor::empty(Shape(e.at("shape").get<std::vector<int64_t>>()),
+                            dtype_from_name(e.at("dtype").get<std::string>())));
       } catch (const nlohmann::json::exception& e) {
-        throw DataLoss(std::string("elastic: the committed state's header from rank 0 is malformed: ") + e.what());
+        throw DataLoss(
+            std::string("elastic: the committed state's header from rank 0 is malformed: ") +
+            e.what());
       }
     }
     for (auto& [name, t] : data.tensors) {
@@ -116,7 +124,8 @@ class CommitState final : public Callback {
     // Every worker asks; any yes stops all of them after this same commit.
     const bool mine = job_.membership_changing();
     if (strategy_.extended().sum_across_workers({mine ? 1.0 : 0.0})[0] > 0)
-      throw HostsUpdated("the membership changes after global step " + std::to_string(p.global_step));
+      throw HostsUpdated("the membership changes after global step " +
+                         std::to_string(p.global_step));
   }
 
   Job& job_;
@@ -132,19 +141,24 @@ class CommitState final : public Callback {
 
 }  // namespace
 
-RunReport run(Job& job, MultiWorkerMirroredStrategy& strategy, Sequential& model, Optimizer& optimizer,
-              const std::function<void(Callback& elastic)>& train, const RunOptions& options) {
+RunReport run(Job& job, MultiWorkerMirroredStrategy& strategy, Sequential& model,
+              Optimizer& optimizer, const std::function<void(Callback& elastic)>& train,
+              const RunOptions& options) {
   if (job.membership().generation == 0)
-    throw FailedPrecondition("elastic::run: the job has not joined a round; build the strategy with job.join()");
+    throw FailedPrecondition(
+        "elastic::run: the job has not joined a round; build the strategy with job.join()");
   if (strategy.broadcast_initial_values())
-    throw FailedPrecondition("elastic::run: build the strategy with CommunicationOptions::broadcast_initial_values = "
-                             "false: a worker that joins later creates its variables alone, and elastic::run gives it "
-                             "the state by broadcast (a broadcast at creation would meet no partner)");
+    throw FailedPrecondition(
+        "elastic::run: build the strategy with CommunicationOptions::broadcast_initial_values = "
+        "false: a worker that joins later creates its variables alone, and elastic::run gives it "
+        "the state by broadcast (a broadcast at creation would meet no partner)");
   if (!model.built())
-    throw FailedPrecondition("elastic::run: build the model first (model.build(input_shape) inside strategy.scope()): "
-                             "its state is what the workers commit and broadcast");
+    throw FailedPrecondition(
+        "elastic::run: build the model first (model.build(input_shape) inside strategy.scope()): "
+        "its state is what the workers commit and broadcast");
   {
-    // Slots now, so that the state every worker receives holds them (a newcomer builds its own here).
+    // Slots now, so that the state every worker receives holds them (a newcomer builds its own
+    // here).
     auto scope = strategy.scope();
     optimizer.build(model.trainable_variables());
   }
@@ -166,10 +180,12 @@ RunReport run(Job& job, MultiWorkerMirroredStrategy& strategy, Sequential& model
       why = e.what();
     }
     if (++report.resets > options.max_resets)
-      throw FailedPrecondition("elastic::run: the membership changed more than " + std::to_string(options.max_resets) +
+      throw FailedPrecondition("elastic::run: the membership changed more than " +
+                               std::to_string(options.max_resets) +
                                " times (RunOptions::max_resets); last: " + why);
-    DTRAIN_LOG(WARNING) << "elastic worker " << job.id() << " (rank " << job.membership().rank << " of round "
-                        << job.membership().generation << "): " << why << "; rejoining";
+    DTRAIN_LOG(WARNING) << "elastic worker " << job.id() << " (rank " << job.membership().rank
+                        << " of round " << job.membership().generation << "): " << why
+                        << "; rejoining";
     // A worker of the new round may die while the round connects: rejoin then too. What join()
     // throws (no round within the timeout, the job's state lost) ends the run.
     while (true) {
@@ -186,12 +202,15 @@ RunReport run(Job& job, MultiWorkerMirroredStrategy& strategy, Sequential& model
       }
       if (++report.resets > options.max_resets)
         throw FailedPrecondition("elastic::run: the membership changed more than " +
-                                 std::to_string(options.max_resets) + " times (RunOptions::max_resets); last: " + why);
-      DTRAIN_LOG(WARNING) << "elastic worker " << job.id() << ": round " << job.membership().generation
-                          << " did not connect (" << why << "); rejoining";
+                                 std::to_string(options.max_resets) +
+                                 " times (RunOptions::max_resets); last: " + why);
+      DTRAIN_LOG(WARNING) << "elastic worker " << job.id() << ": round "
+                          << job.membership().generation << " did not connect (" << why
+                          << "); rejoining";
     }
-    DTRAIN_LOG(INFO) << "elastic worker " << job.id() << " is rank " << job.membership().rank << " of "
-                     << job.membership().addresses.size() << " in round " << job.membership().generation;
+    DTRAIN_LOG(INFO) << "elastic worker " << job.id() << " is rank " << job.membership().rank
+                     << " of " << job.membership().addresses.size() << " in round "
+                     << job.membership().generation;
     if (options.on_reset) options.on_reset(job.membership());
   }
 }

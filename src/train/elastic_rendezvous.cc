@@ -1,10 +1,10 @@
-// The elastic rendezvous (dtrain/train/elastic.h): its server, hosted by dtrain-run, and the worker's
-// Job, over the parameter servers' authenticated RPC (collectives/tcp/rpc.h).
+// The elastic rendezvous (dtrain/train/elastic.h): its server, hosted by dtrain-run, and the
+// worker's Job, over the parameter servers' authenticated RPC (collectives/tcp/rpc.h).
 //
 // The RPC group is the rendezvous (rank 0) plus one slot per launcher id (rank 1 + id); the slots'
 // addresses are never dialled, so they all repeat the rendezvous' address. Two methods:
-//   kJoin  meta {i64 known generation, str my address} -> {i64 generation, i64 rank, i64 n, n x (i64 id, str address)}
-//   kPoll  meta {i64 generation} -> {u8 changing}
+//   kJoin  meta {i64 known generation, str my address} -> {i64 generation, i64 rank, i64 n, n x
+//   (i64 id, str address)} kPoll  meta {i64 generation} -> {u8 changing}
 #include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
@@ -27,7 +27,8 @@ TcpGroupOptions group_options(const std::string& rendezvous, const std::string& 
   o.rank = rank;
   o.addresses.assign(1 + Job::kMaxWorkers, rendezvous);
   o.task_names.push_back("the elastic rendezvous");
-  for (int i = 0; i < Job::kMaxWorkers; ++i) o.task_names.push_back("elastic worker " + std::to_string(i));
+  for (int i = 0; i < Job::kMaxWorkers; ++i)
+    o.task_names.push_back("elastic worker " + std::to_string(i));
   o.token = token;
   return o;
 }
@@ -38,8 +39,9 @@ std::string env(const char* name) {
 }
 
 [[noreturn]] void missing(const char* name, const std::string& why) {
-  throw InvalidArgument(std::string(name) + " " + why +
-                        "; an elastic worker is started by `dtrain-run --min-np N --max-np M -np K -- program`");
+  throw InvalidArgument(
+      std::string(name) + " " + why +
+      "; an elastic worker is started by `dtrain-run --min-np N --max-np M -np K -- program`");
 }
 
 }  // namespace
@@ -51,11 +53,11 @@ struct RendezvousServer::Impl {
   mutable std::mutex mu;
   std::condition_variable cv;
   int generation = 0;
-  std::vector<int> members;                 // the last round, in rank order
-  std::map<int, std::string> member_addr;   // id -> address in the last round
-  std::set<int> expected;                   // started, not yet heard from
-  std::set<int> connected;                  // talking to us now
-  std::map<int, std::string> waiting;       // id -> address, waiting for the next round
+  std::vector<int> members;                // the last round, in rank order
+  std::map<int, std::string> member_addr;  // id -> address in the last round
+  std::set<int> expected;                  // started, not yet heard from
+  std::set<int> connected;                 // talking to us now
+  std::map<int, std::string> waiting;      // id -> address, waiting for the next round
   Clock::time_point first_wait{};
   bool stopping = false;
   bool state_lost = false;  // every worker that held the job's state is gone
@@ -94,8 +96,8 @@ struct RendezvousServer::Impl {
     first_wait = now;
     std::string who;
     for (size_t r = 0; r < order.size(); ++r) who += (r ? ", " : "") + std::to_string(order[r]);
-    DTRAIN_LOG(INFO) << "elastic rendezvous: round " << generation << " has " << order.size() << " workers (ids "
-                     << who << ")";
+    DTRAIN_LOG(INFO) << "elastic rendezvous: round " << generation << " has " << order.size()
+                     << " workers (ids " << who << ")";
     cv.notify_all();
   }
 
@@ -117,12 +119,16 @@ struct RendezvousServer::Impl {
     while (true) {
       try_close(Clock::now());
       if (generation > known && member_addr.count(id)) break;
-      if (stopping) throw Unavailable("the elastic rendezvous is shutting down (the job is ending)");
+      if (stopping)
+        throw Unavailable("the elastic rendezvous is shutting down (the job is ending)");
       if (state_lost)
-        throw FailedPrecondition("every worker that held the elastic job's state has gone (none of round " +
-                                 std::to_string(generation) + " is left); start the job again (with BackupAndRestore "
-                                 "it resumes from its last backup)");
-      if (!connected.count(id)) throw Unavailable("elastic worker " + std::to_string(id) + " disconnected");
+        throw FailedPrecondition(
+            "every worker that held the elastic job's state has gone (none of round " +
+            std::to_string(generation) +
+            " is left); start the job again (with BackupAndRestore "
+            "it resumes from its last backup)");
+      if (!connected.count(id))
+        throw Unavailable("elastic worker " + std::to_string(id) + " disconnected");
       cv.wait_for(lk, std::chrono::milliseconds(100));
     }
     tcp::MetaWriter w;
@@ -138,8 +144,8 @@ struct RendezvousServer::Impl {
     r.expect_end();
     std::lock_guard<std::mutex> lk(mu);
     heard_from(id);
-    // A started worker counts once it has arrived (waiting): one that never connects (a host that is
-    // cut off) must not interrupt training again and again.
+    // A started worker counts once it has arrived (waiting): one that never connects (a host that
+    // is cut off) must not interrupt training again and again.
     bool changing = gen != generation || !waiting.empty();
     for (int m : members) changing = changing || connected.count(m) == 0;
     tcp::MetaWriter w;
@@ -150,8 +156,9 @@ struct RendezvousServer::Impl {
 
 RendezvousServer::RendezvousServer(RendezvousOptions options) : impl_(std::make_unique<Impl>()) {
   if (options.min_np < 1 || options.max_np < options.min_np || options.max_np > Job::kMaxWorkers)
-    throw InvalidArgument("elastic rendezvous: need 1 <= min_np <= max_np <= " + std::to_string(Job::kMaxWorkers) +
-                          ", got " + std::to_string(options.min_np) + " and " + std::to_string(options.max_np));
+    throw InvalidArgument(
+        "elastic rendezvous: need 1 <= min_np <= max_np <= " + std::to_string(Job::kMaxWorkers) +
+        ", got " + std::to_string(options.min_np) + " and " + std::to_string(options.max_np));
   impl_->o = options;
   Impl* m = impl_.get();
   impl_->server = std::make_unique<tcp::RpcServer>(
@@ -228,11 +235,13 @@ Job::Job() : impl_(std::make_unique<Impl>()) {
     id_ = std::stoi(id, &used);
     if (used != id.size() || id_ < 0 || id_ >= kMaxWorkers) throw std::out_of_range(id);
   } catch (const std::exception&) {
-    missing("DTRAIN_ELASTIC_ID", "must be a number in [0, " + std::to_string(kMaxWorkers) + "), got '" + id + "'");
+    missing("DTRAIN_ELASTIC_ID",
+            "must be a number in [0, " + std::to_string(kMaxWorkers) + "), got '" + id + "'");
   }
   impl_->address = env("DTRAIN_ELASTIC_ADDRESS");
   if (impl_->address.find(':') == std::string::npos)
-    missing("DTRAIN_ELASTIC_ADDRESS", "must be this worker's host:port, got '" + impl_->address + "'");
+    missing("DTRAIN_ELASTIC_ADDRESS",
+            "must be this worker's host:port, got '" + impl_->address + "'");
   impl_->token = env("DTRAIN_JOB_TOKEN");
   if (impl_->token.empty()) missing("DTRAIN_JOB_TOKEN", "is not set");
   std::chrono::seconds timeout(300);
@@ -258,7 +267,8 @@ ClusterResolution Job::join() {
   try {
     resp = impl_->client->call(tcp::RpcMessage{kJoin, w.take(), {}});
   } catch (const DeadlineExceeded& e) {
-    throw DeadlineExceeded("elastic worker " + std::to_string(id_) + ": no round of at least --min-np workers formed within " +
+    throw DeadlineExceeded("elastic worker " + std::to_string(id_) +
+                           ": no round of at least --min-np workers formed within " +
                            std::to_string(impl_->o.collective.timeout.count() / 1000) +
                            " s (DTRAIN_ELASTIC_TIMEOUT); too few workers are left: " + e.what());
   }
@@ -268,7 +278,8 @@ ClusterResolution Job::join() {
   m.rank = static_cast<int>(r.i64());
   const int64_t n = r.i64();
   if (n < 1 || n > kMaxWorkers || m.rank < 0 || m.rank >= n)
-    throw DataLoss("elastic join answer: rank " + std::to_string(m.rank) + " of " + std::to_string(n) + " workers");
+    throw DataLoss("elastic join answer: rank " + std::to_string(m.rank) + " of " +
+                   std::to_string(n) + " workers");
   for (int64_t i = 0; i < n; ++i) {
     m.ids.push_back(static_cast<int>(r.i64()));
     m.addresses.push_back(r.str());
@@ -276,13 +287,16 @@ ClusterResolution Job::join() {
   r.expect_end();
   membership_ = m;
   ClusterSpec spec(ClusterSpec::JobMap{{TaskType::kWorker, m.addresses}});
-  return ClusterResolution(spec, TaskType::kWorker, m.rank, "elastic rendezvous round " + std::to_string(m.generation));
+  return ClusterResolution(spec, TaskType::kWorker, m.rank,
+                           "elastic rendezvous round " + std::to_string(m.generation));
 }
 
 std::string Job::token() const {
   if (membership_.generation == 0)
-    throw FailedPrecondition("elastic::Job::token(): call join() first (the token belongs to a round)");
-  return impl_->token + "/elastic-round-" + std::to_string(membership_.generation); }
+    throw FailedPrecondition(
+        "elastic::Job::token(): call join() first (the token belongs to a round)");
+  return impl_->token + "/elastic-round-" + std::to_string(membership_.generation);
+}
 
 bool Job::membership_changing() {
   tcp::MetaWriter w;

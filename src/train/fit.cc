@@ -26,7 +26,8 @@ LossFn default_loss(const LossFn& f) {
 
 // Keras compile(): no metrics unless asked, except that dtrain's default (classification) loss
 // reports accuracy.
-std::vector<std::string> metric_names(const LossFn& user_loss, const std::vector<std::string>& metrics) {
+std::vector<std::string> metric_names(const LossFn& user_loss,
+                                      const std::vector<std::string>& metrics) {
   if (!metrics.empty()) return metrics;
   if (user_loss) return {};
   return {"accuracy"};
@@ -71,14 +72,16 @@ struct Tally {
                    std::map<std::string, double>* values) const {
     for (const auto& m : metrics) {
       const size_t n = m->state().size();
-      values->insert_or_assign(prefix + m->name(), m->result_of(std::vector<double>(flat.begin() + static_cast<long>(at),
-                                                                                 flat.begin() + static_cast<long>(at + n))));
+      values->insert_or_assign(prefix + m->name(), m->result_of(std::vector<double>(
+                                                       flat.begin() + static_cast<long>(at),
+                                                       flat.begin() + static_cast<long>(at + n))));
       at += n;
     }
   }
 };
 
-void call(const std::vector<Callback*>& cbs, void (Callback::*hook)(const TrainLogs&), const TrainLogs& logs) {
+void call(const std::vector<Callback*>& cbs, void (Callback::*hook)(const TrainLogs&),
+          const TrainLogs& logs) {
   for (Callback* c : cbs) (c->*hook)(logs);
 }
 
@@ -87,7 +90,8 @@ void call(const std::vector<Callback*>& cbs, void (Callback::*hook)(const TrainL
 EvalResult evaluate(Strategy& strategy, Sequential& model, const Dataset& test, int64_t batch_size,
                     const LossFn& loss, const std::vector<std::string>& metrics,
                     const std::vector<Callback*>& callbacks) {
-  if (batch_size < 1) throw InvalidArgument("evaluate(): batch_size must be >= 1, got " + std::to_string(batch_size));
+  if (batch_size < 1)
+    throw InvalidArgument("evaluate(): batch_size must be >= 1, got " + std::to_string(batch_size));
   const LossFn loss_fn = default_loss(loss);
   Tally tally(metric_names(loss, metrics));
   TrainLogs logs;
@@ -104,8 +108,9 @@ EvalResult evaluate(Strategy& strategy, Sequential& model, const Dataset& test, 
           Tensor out = model(in[0], false);
           for (auto& m : tally.metrics) m->update_state(out, in[1]);
           const Tensor per_example = loss_fn(out, in[1]);
-          tally.loss.update(ops::sum(per_example).to(DeviceSpec::cpu()).item() / static_cast<double>(rows),
-                            static_cast<double>(rows));
+          tally.loss.update(
+              ops::sum(per_example).to(DeviceSpec::cpu()).item() / static_cast<double>(rows),
+              static_cast<double>(rows));
           return {};
         },
         batch);
@@ -118,13 +123,16 @@ EvalResult evaluate(Strategy& strategy, Sequential& model, const Dataset& test, 
   flat = strategy.extended().sum_across_workers(flat);
   EvalResult r;
   r.examples = static_cast<int64_t>(flat[1]);
-  if (strategy.extended().independent_replicas())  // every member (of every worker) saw every example
+  if (strategy.extended()
+          .independent_replicas())  // every member (of every worker) saw every example
     r.examples /= static_cast<int64_t>(std::max<size_t>(1, strategy.worker_devices().size())) *
                   strategy.extended().num_workers();
   r.loss = flat[1] > 0 ? flat[0] / flat[1] : 0;
   tally.put_results(flat, 2, "", &r.metrics);
-  if (auto it = r.metrics.find("accuracy"); it != r.metrics.end()) r.accuracy = it->second;
-  else if (auto it2 = r.metrics.find("sparse_categorical_accuracy"); it2 != r.metrics.end()) r.accuracy = it2->second;
+  if (auto it = r.metrics.find("accuracy"); it != r.metrics.end())
+    r.accuracy = it->second;
+  else if (auto it2 = r.metrics.find("sparse_categorical_accuracy"); it2 != r.metrics.end())
+    r.accuracy = it2->second;
   logs.values = r.metrics;
   logs.values["loss"] = r.loss;
   call(callbacks, &Callback::on_test_end, logs);
@@ -132,9 +140,12 @@ EvalResult evaluate(Strategy& strategy, Sequential& model, const Dataset& test, 
 }
 
 Tensor predict(Strategy& strategy, Sequential& model, const Dataset& data, int64_t batch_size) {
-  if (batch_size < 1) throw InvalidArgument("predict(): batch_size must be >= 1, got " + std::to_string(batch_size));
-  if (data.is_batched()) throw InvalidArgument("predict() takes an unbatched dataset; it batches by batch_size");
-  if (strategy.extended().independent_replicas()) return predict_ensemble(strategy, model, data, batch_size).mean;
+  if (batch_size < 1)
+    throw InvalidArgument("predict(): batch_size must be >= 1, got " + std::to_string(batch_size));
+  if (data.is_batched())
+    throw InvalidArgument("predict() takes an unbatched dataset; it batches by batch_size");
+  if (strategy.extended().independent_replicas())
+    return predict_ensemble(strategy, model, data, batch_size).mean;
   const std::vector<DeviceSpec> devices = strategy.worker_devices();
   const int local = static_cast<int>(devices.size());
   auto it = data.batch(batch_size, false).make_iterator();
@@ -148,7 +159,8 @@ Tensor predict(Strategy& strategy, Sequential& model, const Dataset& data, int64
     int64_t begin = 0;
     for (int r = 0; r < local; ++r) {
       const int64_t n = sizes[static_cast<size_t>(r)];
-      in.values[static_cast<size_t>(r)].push_back(b[0].slice_rows(begin, begin + n).share_to(devices[static_cast<size_t>(r)]));
+      in.values[static_cast<size_t>(r)].push_back(
+          b[0].slice_rows(begin, begin + n).share_to(devices[static_cast<size_t>(r)]));
       begin += n;
     }
     in.global_rows = rows;
@@ -174,9 +186,14 @@ Tensor predict(Strategy& strategy, Sequential& model, const Dataset& data, int64
   return all;
 }
 
-EnsemblePrediction predict_ensemble(Strategy& strategy, Sequential& model, const Dataset& data, int64_t batch_size) {
-  if (batch_size < 1) throw InvalidArgument("predict_ensemble(): batch_size must be >= 1, got " + std::to_string(batch_size));
-  if (data.is_batched()) throw InvalidArgument("predict_ensemble() takes an unbatched dataset; it batches by batch_size");
+EnsemblePrediction predict_ensemble(Strategy& strategy, Sequential& model, const Dataset& data,
+                                    int64_t batch_size) {
+  if (batch_size < 1)
+    throw InvalidArgument("predict_ensemble(): batch_size must be >= 1, got " +
+                          std::to_string(batch_size));
+  if (data.is_batched())
+    throw InvalidArgument(
+        "predict_ensemble() takes an unbatched dataset; it batches by batch_size");
   if (!strategy.extended().independent_replicas()) {  // one model: its predictions, no spread
     EnsemblePrediction one;
     one.mean = predict(strategy, model, data, batch_size);
@@ -193,13 +210,17 @@ EnsemblePrediction predict_ensemble(Strategy& strategy, Sequential& model, const
     PerReplica in;
     for (size_t m = 0; m < devices.size(); ++m) in.values.push_back({b[0].share_to(devices[m])});
     const PerReplica out = strategy.run(
-        [&](ReplicaContext&, const std::vector<Tensor>& x) -> std::vector<Tensor> { return {model(x[0], false)}; },
+        [&](ReplicaContext&, const std::vector<Tensor>& x) -> std::vector<Tensor> {
+          return {model(x[0], false)};
+        },
         in);
-    for (size_t m = 0; m < local; ++m) parts[m].push_back(out.values.at(m).at(0).to(DeviceSpec::cpu()));
+    for (size_t m = 0; m < local; ++m)
+      parts[m].push_back(out.values.at(m).at(0).to(DeviceSpec::cpu()));
   }
   if (parts[0].empty()) throw InvalidArgument("predict_ensemble(): the dataset is empty");
   if (parts[0][0].dtype() != DType::kFloat32)
-    throw InvalidArgument(std::string("predict_ensemble(): the model's outputs are ") + dtype_name(parts[0][0].dtype()) +
+    throw InvalidArgument(std::string("predict_ensemble(): the model's outputs are ") +
+                          dtype_name(parts[0][0].dtype()) +
                           "; the mean and spread are computed for float32 outputs");
   EnsemblePrediction r;
   for (auto& p : parts) {
@@ -222,19 +243,21 @@ EnsemblePrediction predict_ensemble(Strategy& strategy, Sequential& model, const
     dims.insert(dims.begin(), static_cast<int64_t>(local));
     Tensor mine = Tensor::empty(Shape(dims), DType::kFloat32);
     for (size_t m = 0; m < local; ++m)
-      std::memcpy(static_cast<char*>(mine.raw_data()) + m * r.members[m].nbytes(), r.members[m].raw_data(),
-                  r.members[m].nbytes());
+      std::memcpy(static_cast<char*>(mine.raw_data()) + m * r.members[m].nbytes(),
+                  r.members[m].raw_data(), r.members[m].nbytes());
     const Shape one = r.members[0].shape();
     const Tensor all = ext.gather_across_workers(mine);
     r.members.clear();
-    for (int64_t g = 0; g < all.shape()[0]; ++g) r.members.push_back(all.slice_rows(g, g + 1).view(one).clone());
+    for (int64_t g = 0; g < all.shape()[0]; ++g)
+      r.members.push_back(all.slice_rows(g, g + 1).view(one).clone());
   }
   const size_t members = r.members.size();
   const int64_t n = r.members[0].numel();
   std::vector<float> mean(static_cast<size_t>(n), 0.f), sd(static_cast<size_t>(n), 0.f);
   for (const Tensor& t : r.members) {
     const float* p = static_cast<const float*>(t.raw_data());
-    for (int64_t i = 0; i < n; ++i) mean[static_cast<size_t>(i)] += p[i] / static_cast<float>(members);
+    for (int64_t i = 0; i < n; ++i)
+      mean[static_cast<size_t>(i)] += p[i] / static_cast<float>(members);
   }
   for (const Tensor& t : r.members) {
     const float* p = static_cast<const float*>(t.raw_data());
@@ -252,11 +275,13 @@ EnsemblePrediction predict_ensemble(Strategy& strategy, Sequential& model, const
 History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const Dataset& train,
             const Dataset* test, const FitOptions& options) {
   if (options.global_batch_size < 1)
-    throw InvalidArgument("global_batch_size must be >= 1, got " + std::to_string(options.global_batch_size));
+    throw InvalidArgument("global_batch_size must be >= 1, got " +
+                          std::to_string(options.global_batch_size));
   if (options.epochs < 1 && options.steps < 1)
     throw InvalidArgument("fit() needs epochs >= 1 or steps >= 1");
   if (options.accumulate < 1)
-    throw InvalidArgument("fit(): accumulate must be >= 1, got " + std::to_string(options.accumulate));
+    throw InvalidArgument("fit(): accumulate must be >= 1, got " +
+                          std::to_string(options.accumulate));
   const LossFn loss_fn = default_loss(options.loss);
   const std::vector<std::string> names = metric_names(options.loss, options.metrics);
 
@@ -283,13 +308,14 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
   if (steps_per_epoch == 0) throw InvalidArgument("fit(): no full batch in the training data");
   int epochs = options.epochs;
   if (options.steps > 0 && steps_per_epoch > 0)
-    epochs = static_cast<int>(std::min<int64_t>((options.steps + steps_per_epoch - 1) / steps_per_epoch,
-                                                std::numeric_limits<int>::max()));
+    epochs = static_cast<int>(std::min<int64_t>(
+        (options.steps + steps_per_epoch - 1) / steps_per_epoch, std::numeric_limits<int>::max()));
   const bool async = !ext.synchronous();
   const bool across_workers = !async && ext.num_workers() > 1;
   const bool independent = ext.independent_replicas();  // ensemble members
   // Ensemble members in the whole job (every worker holds as many).
-  const double members = static_cast<double>(strategy.worker_devices().size() * static_cast<size_t>(ext.num_workers()));
+  const double members = static_cast<double>(strategy.worker_devices().size() *
+                                             static_cast<size_t>(ext.num_workers()));
   int64_t job_target = 0;
   if (async) {
     job_target = options.steps > 0 ? options.steps : options.epochs * steps_per_epoch * shard.count;
@@ -319,7 +345,8 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
     if (a.empty()) a.assign(vars.size(), Tensor());
     std::vector<Tensor> g(vars.size());
     for (size_t i = 0; i < a.size(); ++i)
-      if (a[i].defined()) g[i] = kernels_for(a[i]).affine(a[i], static_cast<float>(1.0 / acc_rows), 0.f);
+      if (a[i].defined())
+        g[i] = kernels_for(a[i]).affine(a[i], static_cast<float>(1.0 / acc_rows), 0.f);
     optimizer.apply_gradients(g, vars);
     a.clear();
   };
@@ -328,7 +355,8 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
   bool request_stop = false;  // this worker's callbacks asked to stop (sent with the next step)
   bool agreed_stop = false;   // every worker knows a stop was asked: all leave after the same step
   auto stopping = [&] { return across_workers ? agreed_stop : ctx.stop_training; };
-  const ReplicaFn step = [&](ReplicaContext& rc, const std::vector<Tensor>& in) -> std::vector<Tensor> {
+  const ReplicaFn step = [&](ReplicaContext& rc,
+                             const std::vector<Tensor>& in) -> std::vector<Tensor> {
     std::vector<Tensor> grads;
     Tensor loss;
     {
@@ -356,10 +384,12 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
     // every worker stops after the same step.
     auto outputs = [&](Tensor l) {
       std::vector<Tensor> o{std::move(l)};
-      if (across_workers) o.push_back(Tensor::full(Shape{1}, request_stop ? 1.f : 0.f, rc.device()));
+      if (across_workers)
+        o.push_back(Tensor::full(Shape{1}, request_stop ? 1.f : 0.f, rc.device()));
       return o;
     };
-    timeline::Span update(k == 1 || apply_now ? "optimizer update" : "accumulate gradients", "compute");
+    timeline::Span update(k == 1 || apply_now ? "optimizer update" : "accumulate gradients",
+                          "compute");
     if (k == 1) {
       optimizer.apply_gradients(grads, vars);
       return outputs(loss);
@@ -369,7 +399,8 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
     for (size_t i = 0; i < grads.size(); ++i) {
       if (!grads[i].defined()) continue;
       Kernels& kern = kernels_for(grads[i]);
-      const Tensor weighted = kern.affine(grads[i], static_cast<float>(rows_this_step), 0.f);  // back to a sum
+      const Tensor weighted =
+          kern.affine(grads[i], static_cast<float>(rows_this_step), 0.f);  // back to a sum
       a[i] = a[i].defined() ? kern.binary(BinaryOp::kAdd, a[i], weighted) : weighted;
     }
     if (apply_now) apply_accumulated(rc);
@@ -391,8 +422,8 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
   TrainLogs logs;
   logs.epochs = epochs;
   if (async && options.steps > 0)  // for the progress display: about how many epochs that is
-    logs.epochs = static_cast<int>(std::max<int64_t>(1, (options.steps + steps_per_epoch * shard.count - 1) /
-                                                            (steps_per_epoch * shard.count)));
+    logs.epochs = static_cast<int>(std::max<int64_t>(
+        1, (options.steps + steps_per_epoch * shard.count - 1) / (steps_per_epoch * shard.count)));
   logs.steps_per_epoch = steps_per_epoch;
   logs.learning_rate = optimizer.learning_rate();
   call(options.callbacks, &Callback::on_train_begin, logs);
@@ -407,7 +438,8 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
     logs.step = first_step;
     logs.values.clear();
     if (options.steps > 0 && !async)
-      logs.steps_per_epoch = std::min<int64_t>(steps_per_epoch, options.steps - static_cast<int64_t>(epoch) * steps_per_epoch);
+      logs.steps_per_epoch = std::min<int64_t>(
+          steps_per_epoch, options.steps - static_cast<int64_t>(epoch) * steps_per_epoch);
     tally.reset();
     if (epoch == first_epoch) tally.set_states(ctx.initial_epoch_state);
     call(options.callbacks, &Callback::on_epoch_begin, logs);
@@ -419,10 +451,11 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
           .prefetch(2);
     };
     // Ensemble members: each its own shuffle (seed + member) of all the data, at the full batch.
-    auto next = independent ? strategy.distribute_datasets_from_function([&](const InputContext& ic) {
-                                return epoch_data(options.shuffle_seed + static_cast<uint64_t>(ic.input_pipeline_id));
-                              })
-                            : strategy.distribute_dataset(epoch_data(options.shuffle_seed), B);
+    auto next =
+        independent ? strategy.distribute_datasets_from_function([&](const InputContext& ic) {
+          return epoch_data(options.shuffle_seed + static_cast<uint64_t>(ic.input_pipeline_id));
+        })
+                    : strategy.distribute_dataset(epoch_data(options.shuffle_seed), B);
     int64_t epoch_images = 0;
     double epoch_seconds = 0;
     const auto epoch_start = Clock::now();
@@ -437,7 +470,8 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
         if (!next(&batch)) break;
       }
       rows_this_step = batch.global_rows;  // set by distribute_dataset: all workers' rows this step
-      if (independent) rows_this_step = batch.values.at(0).empty() ? 0 : batch.values[0][0].shape()[0];
+      if (independent)
+        rows_this_step = batch.values.at(0).empty() ? 0 : batch.values[0][0].shape()[0];
       DTRAIN_CHECK(rows_this_step >= 0, "distribute_dataset left global_rows unset");
       acc_rows += static_cast<double>(rows_this_step);
       apply_now = k == 1 || ++micro == k;
@@ -463,10 +497,12 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
       epoch_images += rows_this_step;
       logs.global_step = h.steps;
       logs.loss = tally.loss.result();
-      logs.images_per_sec = static_cast<double>(epoch_images) / std::max(1e-9, seconds_since(epoch_start));
+      logs.images_per_sec =
+          static_cast<double>(epoch_images) / std::max(1e-9, seconds_since(epoch_start));
       logs.seconds_per_step = epoch_seconds / static_cast<double>(logs.step - first_step);
       logs.values["loss"] = logs.loss;
-      for (const auto& m : tally.metrics) logs.values[m->name()] = m->result();  // this worker's so far
+      for (const auto& m : tally.metrics)
+        logs.values[m->name()] = m->result();  // this worker's so far
       ctx.accumulating = micro != 0;
       call(options.callbacks, &Callback::on_train_batch_end, logs);
     }
@@ -489,8 +525,8 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
       ended = true;
     }
     if (test && (last || !async)) {
-      const EvalResult r = evaluate(strategy, model, *test, options.eval_batch_size, options.loss, names,
-                                    options.callbacks);
+      const EvalResult r = evaluate(strategy, model, *test, options.eval_batch_size, options.loss,
+                                    names, options.callbacks);
       logs.test_accuracy = h.test_accuracy = r.accuracy;
       logs.test_loss = h.test_loss = r.loss;
       logs.values["val_loss"] = r.loss;
@@ -504,8 +540,10 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
     if (ran)
       for (const auto& [key, v] : logs.values) h.history[key].push_back(v);
     if (last) break;
-    if (across_workers)  // a stop asked in on_epoch_end: every worker learns of it before the next epoch
-      agreed_stop = ctx.stop_training = ext.sum_across_workers({ctx.stop_training ? 1.0 : 0.0})[0] > 0;
+    if (across_workers)  // a stop asked in on_epoch_end: every worker learns of it before the next
+                         // epoch
+      agreed_stop = ctx.stop_training =
+          ext.sum_across_workers({ctx.stop_training ? 1.0 : 0.0})[0] > 0;
   }
   if (!ended) ext.on_training_end();  // a callback stopped training at an epoch's end
   h.final_loss = h.epoch_loss.empty() ? 0 : h.epoch_loss.back();

@@ -11,13 +11,16 @@ namespace dtrain {
 
 SidecarEvaluator::SidecarEvaluator(Sequential& model, Dataset test, SidecarEvaluatorOptions options)
     : model_(model), test_(std::move(test)), o_(std::move(options)) {
-  if (!model_.built()) throw InvalidArgument("SidecarEvaluator: build the model first (model.build(input_shape))");
+  if (!model_.built())
+    throw InvalidArgument("SidecarEvaluator: build the model first (model.build(input_shape))");
   if (o_.checkpoint_dir.empty())
-    throw InvalidArgument("SidecarEvaluator needs the training job's checkpoint directory (--checkpoint-dir)");
+    throw InvalidArgument(
+        "SidecarEvaluator needs the training job's checkpoint directory (--checkpoint-dir)");
 }
 
 void SidecarEvaluator::load_into(Sequential& model, const CheckpointData& data) {
-  std::set<std::string> used;  // ParameterServerStrategy's naming: the first free of name, name_1, name_2...
+  std::set<std::string>
+      used;  // ParameterServerStrategy's naming: the first free of name, name_1, name_2...
   for (const auto& var : model.variables()) {
     std::string key = var->name();
     for (int n = 1; used.count(key); ++n) key = var->name() + "_" + std::to_string(n);
@@ -27,12 +30,13 @@ void SidecarEvaluator::load_into(Sequential& model, const CheckpointData& data) 
       value = *whole;
     } else if (data.find(key + "/part_0")) {
       std::vector<const Tensor*> parts;
-      for (int i = 0; const Tensor* p = data.find(key + "/part_" + std::to_string(i)); ++i) parts.push_back(p);
+      for (int i = 0; const Tensor* p = data.find(key + "/part_" + std::to_string(i)); ++i)
+        parts.push_back(p);
       int64_t rows = 0;
       for (const Tensor* p : parts) rows += p->rank() > 0 ? p->shape()[0] : 0;
       if (var->shape().rank() == 0 || rows != var->shape()[0])
-        throw InvalidArgument("checkpoint shards of '" + key + "' hold " + std::to_string(rows) + " rows; the model's variable is " +
-                              var->shape().to_string());
+        throw InvalidArgument("checkpoint shards of '" + key + "' hold " + std::to_string(rows) +
+                              " rows; the model's variable is " + var->shape().to_string());
       value = Tensor::empty(var->shape(), var->dtype());
       int64_t row = 0;
       for (const Tensor* p : parts) {
@@ -40,12 +44,13 @@ void SidecarEvaluator::load_into(Sequential& model, const CheckpointData& data) 
         row += p->shape()[0];
       }
     } else {
-      throw NotFound("the checkpoint has no variable '" + key +
-                     "': was it written by a job training the same model (same layers, same order)?");
+      throw NotFound(
+          "the checkpoint has no variable '" + key +
+          "': was it written by a job training the same model (same layers, same order)?");
     }
     if (value.shape() != var->shape() || value.dtype() != var->dtype())
-      throw InvalidArgument("checkpoint variable '" + key + "' is " + value.to_string() + " but the model's is " +
-                            var->shape().to_string());
+      throw InvalidArgument("checkpoint variable '" + key + "' is " + value.to_string() +
+                            " but the model's is " + var->shape().to_string());
     var->assign(value.to(var->value().device()));
   }
 }
@@ -70,7 +75,9 @@ std::vector<SidecarResult> SidecarEvaluator::run() {
       std::optional<CheckpointData> data = manager.restore_latest(&step);
       if (data) {
         // What was loaded (a newer file may have landed since latest_path()).
-        last_seen = identity((std::filesystem::path(o_.checkpoint_dir) / ("ckpt-" + std::to_string(step) + ".safetensors")).string());
+        last_seen = identity((std::filesystem::path(o_.checkpoint_dir) /
+                              ("ckpt-" + std::to_string(step) + ".safetensors"))
+                                 .string());
         last_change = std::chrono::steady_clock::now();
         load_into(model_, *data);
         SidecarResult r;
@@ -81,11 +88,17 @@ std::vector<SidecarResult> SidecarEvaluator::run() {
         results.push_back(r);
         if (o_.out) {
           if (o_.json)
-            std::fprintf(o_.out, "{\"evaluator_step\": %lld, \"final\": %s, \"test_accuracy\": %.6f, \"test_loss\": %.6f}\n",
-                         static_cast<long long>(step), r.final ? "true" : "false", r.eval.accuracy, r.eval.loss);
+            std::fprintf(o_.out,
+                         "{\"evaluator_step\": %lld, \"final\": %s, \"test_accuracy\": %.6f, "
+                         "\"test_loss\": %.6f}\n",
+                         static_cast<long long>(step), r.final ? "true" : "false", r.eval.accuracy,
+                         r.eval.loss);
           else
-            std::fprintf(o_.out, "evaluator: checkpoint at global step %lld%s: test accuracy %.2f%%, test loss %.4f\n",
-                         static_cast<long long>(step), r.final ? " (final)" : "", 100 * r.eval.accuracy, r.eval.loss);
+            std::fprintf(o_.out,
+                         "evaluator: checkpoint at global step %lld%s: test accuracy %.2f%%, test "
+                         "loss %.4f\n",
+                         static_cast<long long>(step), r.final ? " (final)" : "",
+                         100 * r.eval.accuracy, r.eval.loss);
           std::fflush(o_.out);
         }
         if (r.final) return results;
@@ -94,9 +107,10 @@ std::vector<SidecarResult> SidecarEvaluator::run() {
     }
     if (stopping) return results;
     if (std::chrono::steady_clock::now() - last_change >= o_.timeout)
-      throw DeadlineExceeded("evaluator: no new checkpoint in " + o_.checkpoint_dir + " for " +
-                             std::to_string(std::chrono::duration_cast<std::chrono::seconds>(o_.timeout).count()) +
-                             " s; is the chief running with the same --checkpoint-dir?");
+      throw DeadlineExceeded(
+          "evaluator: no new checkpoint in " + o_.checkpoint_dir + " for " +
+          std::to_string(std::chrono::duration_cast<std::chrono::seconds>(o_.timeout).count()) +
+          " s; is the chief running with the same --checkpoint-dir?");
     std::this_thread::sleep_for(o_.poll);
   }
 }

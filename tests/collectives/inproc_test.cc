@@ -1,5 +1,7 @@
 // Exact-result tests of the in-process collectives over world sizes {1,2,3,4,7}, counts
 // {0,1,odd,large} and every dtype, plus mismatch, abort and timeout behaviour.
+#include "dtrain/collectives/inproc.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,7 +13,6 @@
 #include <thread>
 
 #include "collectives/sync_collectives.h"
-#include "dtrain/collectives/inproc.h"
 #include "testing/collective_inputs.h"
 
 namespace dtrain {
@@ -42,20 +43,25 @@ double expected(ReduceOp op, int n, int64_t i) {
   double acc = value(0, i);
   for (int r = 1; r < n; ++r) {
     const double v = value(r, i);
-    acc = op == ReduceOp::kMax ? std::max(acc, v) : op == ReduceOp::kMin ? std::min(acc, v) : acc + v;
+    acc = op == ReduceOp::kMax   ? std::max(acc, v)
+          : op == ReduceOp::kMin ? std::min(acc, v)
+                                 : acc + v;
   }
   return op == ReduceOp::kMean ? acc / n : acc;
 }
 
-const DType kTypes[] = {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64, DType::kFloat16, DType::kBFloat16};
+const DType kTypes[] = {DType::kFloat32, DType::kFloat64, DType::kInt32,
+                        DType::kInt64,   DType::kFloat16, DType::kBFloat16};
 
 TEST(Inproc, AllreduceExactForAllSizesCountsDtypesOps) {
   for (int n : {1, 2, 3, 4, 7})
     for (int64_t count : {0, 1, 13, 100003})
       for (DType t : kTypes)
         for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax, ReduceOp::kMin}) {
-          if ((t == DType::kInt32 || t == DType::kInt64) && op == ReduceOp::kMean) continue;  // truncates
-          if (count == 100003 && t != DType::kFloat32 && op != ReduceOp::kSum) continue;       // keep it quick
+          if ((t == DType::kInt32 || t == DType::kInt64) && op == ReduceOp::kMean)
+            continue;  // truncates
+          if (count == 100003 && t != DType::kFloat32 && op != ReduceOp::kSum)
+            continue;  // keep it quick
           std::vector<Tensor> out(static_cast<size_t>(n));
           auto errs = run_ranks(n, [&](int r, Communicator& c) {
             out[static_cast<size_t>(r)] = make(t, count, r);
@@ -68,9 +74,11 @@ TEST(Inproc, AllreduceExactForAllSizesCountsDtypesOps) {
               const double want = expected(op, n, i);
               // The inputs are small integers (testing/collective_inputs.h): every sum, and every
               // mean (a multiple of 1/2), is exact in every dtype, float16 and bfloat16 included.
-              const double tol = (t == DType::kBFloat16 || t == DType::kFloat16) ? 0.0 : 1e-9 * std::fabs(want);
+              const double tol =
+                  (t == DType::kBFloat16 || t == DType::kFloat16) ? 0.0 : 1e-9 * std::fabs(want);
               ASSERT_NEAR(got[static_cast<size_t>(i)], want, tol)
-                  << "n=" << n << " count=" << count << " " << dtype_name(t) << " " << reduce_op_name(op) << " rank " << r << " i " << i;
+                  << "n=" << n << " count=" << count << " " << dtype_name(t) << " "
+                  << reduce_op_name(op) << " rank " << r << " i " << i;
             }
           }
         }
@@ -97,7 +105,8 @@ TEST(Inproc, AllreduceSumsInRankOrderLikeReduceScatter) {
       want[static_cast<size_t>(i)] = acc;
       if (i > 64) break;  // the pattern repeats every 3 elements; the rest below
     }
-    for (int64_t i = 65; i < count; ++i) want[static_cast<size_t>(i)] = want[static_cast<size_t>(i % 3 + 3)];
+    for (int64_t i = 65; i < count; ++i)
+      want[static_cast<size_t>(i)] = want[static_cast<size_t>(i % 3 + 3)];
     const int64_t padded = (count + n - 1) / n * n;
     std::vector<Tensor> ar(static_cast<size_t>(n)), rs(static_cast<size_t>(n));
     auto errs = run_ranks(n, [&](int r, Communicator& c) {
@@ -109,11 +118,13 @@ TEST(Inproc, AllreduceSumsInRankOrderLikeReduceScatter) {
       c.reduce_scatter(in, rs[static_cast<size_t>(r)], ReduceOp::kSum).wait();
     });
     for (const auto& e : errs) ASSERT_EQ(e, "");
-    for (int r = 0; r < n; ++r) ASSERT_EQ(ar[static_cast<size_t>(r)].to_vector<float>(), want) << "n=" << n << " rank " << r;
+    for (int r = 0; r < n; ++r)
+      ASSERT_EQ(ar[static_cast<size_t>(r)].to_vector<float>(), want) << "n=" << n << " rank " << r;
     for (int r = 0; r < n; ++r) {
       const auto got = rs[static_cast<size_t>(r)].to_vector<float>();
       for (int64_t i = 0; i < padded / n && r * (padded / n) + i < count; ++i)
-        ASSERT_EQ(got[static_cast<size_t>(i)], want[static_cast<size_t>(r * (padded / n) + i)]) << "n=" << n << " rank " << r;
+        ASSERT_EQ(got[static_cast<size_t>(i)], want[static_cast<size_t>(r * (padded / n) + i)])
+            << "n=" << n << " rank " << r;
     }
   }
 }
@@ -121,7 +132,8 @@ TEST(Inproc, AllreduceSumsInRankOrderLikeReduceScatter) {
 TEST(Inproc, AllgatherBroadcastReduceScatterBarrier) {
   for (int n : {1, 2, 3, 4, 7}) {
     const int64_t count = 5;
-    std::vector<Tensor> gathered(static_cast<size_t>(n)), bcast(static_cast<size_t>(n)), rs(static_cast<size_t>(n));
+    std::vector<Tensor> gathered(static_cast<size_t>(n)), bcast(static_cast<size_t>(n)),
+        rs(static_cast<size_t>(n));
     auto errs = run_ranks(n, [&](int r, Communicator& c) {
       Tensor in = make(DType::kInt64, count, r);
       gathered[static_cast<size_t>(r)] = Tensor::empty(Shape{count * n}, DType::kInt64);
@@ -132,9 +144,11 @@ TEST(Inproc, AllgatherBroadcastReduceScatterBarrier) {
       c.reduce(red, 0, ReduceOp::kSum).wait();
       if (r == 0) {
         const auto v = red.to_vector<double>();
-        for (int64_t i = 0; i < count; ++i) EXPECT_EQ(v[static_cast<size_t>(i)], expected(ReduceOp::kSum, n, i));
+        for (int64_t i = 0; i < count; ++i)
+          EXPECT_EQ(v[static_cast<size_t>(i)], expected(ReduceOp::kSum, n, i));
       } else {
-        EXPECT_EQ(red.to_vector<double>(), make(DType::kFloat32, count, r).to_vector<double>());  // untouched
+        EXPECT_EQ(red.to_vector<double>(),
+                  make(DType::kFloat32, count, r).to_vector<double>());  // untouched
       }
       Tensor big = make(DType::kFloat64, count * n, r);
       rs[static_cast<size_t>(r)] = Tensor::empty(Shape{count}, DType::kFloat64);
@@ -145,11 +159,13 @@ TEST(Inproc, AllgatherBroadcastReduceScatterBarrier) {
     for (int r = 0; r < n; ++r) {
       const auto g = gathered[static_cast<size_t>(r)].to_vector<double>();
       for (int s = 0; s < n; ++s)
-        for (int64_t i = 0; i < count; ++i) EXPECT_EQ(g[static_cast<size_t>(s * count + i)], value(s, i));
+        for (int64_t i = 0; i < count; ++i)
+          EXPECT_EQ(g[static_cast<size_t>(s * count + i)], value(s, i));
       const auto b = bcast[static_cast<size_t>(r)].to_vector<double>();
       for (int64_t i = 0; i < count; ++i) EXPECT_EQ(b[static_cast<size_t>(i)], value(n - 1, i));
       const auto x = rs[static_cast<size_t>(r)].to_vector<double>();
-      for (int64_t i = 0; i < count; ++i) EXPECT_EQ(x[static_cast<size_t>(i)], expected(ReduceOp::kSum, n, r * count + i));
+      for (int64_t i = 0; i < count; ++i)
+        EXPECT_EQ(x[static_cast<size_t>(i)], expected(ReduceOp::kSum, n, r * count + i));
     }
   }
 }
@@ -160,7 +176,8 @@ Tensor random_floats(int64_t n, uint32_t seed) {
   uint32_t x = seed * 2654435761u + 1;
   for (int64_t i = 0; i < n; ++i) {
     x = x * 1664525u + 1013904223u;
-    t.data<float>()[i] = (static_cast<float>(x >> 8) / 16777216.0f - 0.5f) * std::ldexp(1.0f, static_cast<int>(x % 23) - 11);
+    t.data<float>()[i] = (static_cast<float>(x >> 8) / 16777216.0f - 0.5f) *
+                         std::ldexp(1.0f, static_cast<int>(x % 23) - 11);
   }
   return t;
 }
@@ -170,7 +187,8 @@ Tensor random_floats(int64_t n, uint32_t seed) {
 std::vector<Tensor> concat_inputs(int r) {
   std::vector<Tensor> v;
   uint32_t k = 0;
-  for (int64_t size : {7, 0, 130, 33, 1000}) v.push_back(random_floats(size, static_cast<uint32_t>(r * 10) + k++));
+  for (int64_t size : {7, 0, 130, 33, 1000})
+    v.push_back(random_floats(size, static_cast<uint32_t>(r * 10) + k++));
   return v;
 }
 constexpr int64_t kConcatTotal = 7 + 130 + 33 + 1000;
@@ -205,7 +223,9 @@ class PackingBackend final : public SyncCollectives {
   void allgather(const Tensor& in, Tensor& out) override { c_.allgather(in, out).wait(); }
   void broadcast(Tensor& t, int root) override { c_.broadcast(t, root).wait(); }
   void reduce(Tensor& t, int root, ReduceOp op) override { c_.reduce(t, root, op).wait(); }
-  void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override { c_.reduce_scatter(in, out, op).wait(); }
+  void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
+    c_.reduce_scatter(in, out, op).wait();
+  }
   void barrier() override { c_.barrier().wait(); }
   void abort(const std::string& reason) override { c_.abort(reason); }
 
@@ -224,7 +244,9 @@ class MinimalCommunicator final : public Communicator {
   Work allgather(const Tensor& in, Tensor& out) override { return c_.allgather(in, out); }
   Work broadcast(Tensor& t, int root) override { return c_.broadcast(t, root); }
   Work reduce(Tensor& t, int root, ReduceOp op) override { return c_.reduce(t, root, op); }
-  Work reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override { return c_.reduce_scatter(in, out, op); }
+  Work reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
+    return c_.reduce_scatter(in, out, op);
+  }
   Work barrier() override { return c_.barrier(); }
   void abort(const std::string& reason) override { c_.abort(reason); }
 
@@ -237,13 +259,16 @@ TEST(Inproc, ReduceScatterConcatIsBitwiseThePackedReduceScatter) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMax}) {
       const int64_t block = (kConcatTotal + n - 1) / n + 3;  // some zero padding on every size
       const std::vector<std::vector<float>> want = packed_reference(n, block, op);
-      // 0: in place (the in-process transport), 1: the transports' packing default, 2: Communicator's default.
+      // 0: in place (the in-process transport), 1: the transports' packing default, 2:
+      // Communicator's default.
       for (int way = 0; way < 3; ++way) {
         std::vector<std::vector<float>> got(static_cast<size_t>(n));
         auto errs = run_ranks(n, [&](int r, Communicator& c) {
           std::unique_ptr<Communicator> packing =
-              way == 1 ? make_async_communicator(std::make_unique<PackingBackend>(c), std::chrono::seconds(30))
-              : way == 2 ? std::make_unique<MinimalCommunicator>(c) : nullptr;
+              way == 1   ? make_async_communicator(std::make_unique<PackingBackend>(c),
+                                                   std::chrono::seconds(30))
+              : way == 2 ? std::make_unique<MinimalCommunicator>(c)
+                         : nullptr;
           Communicator& use = packing ? *packing : c;
           const std::vector<Tensor> in = concat_inputs(r);
           Tensor o = Tensor::full(Shape{block}, 99.0f);  // the padding must be written, not left
@@ -271,15 +296,19 @@ TEST(Inproc, ReduceScatterConcatRefusesMismatchedInputsOnEveryRank) {
     Tensor o = Tensor::empty(Shape{8});
     c.reduce_scatter_concat(in, o, ReduceOp::kSum).wait();
   });
-  for (const auto& e : errs) EXPECT_NE(e.find("inputs of other sizes than rank 0's"), std::string::npos) << e;
+  for (const auto& e : errs)
+    EXPECT_NE(e.find("inputs of other sizes than rank 0's"), std::string::npos) << e;
   // Too many elements for the output, and another dtype: refused before any rank waits for another.
   auto errs2 = run_ranks(2, [&](int r, Communicator& c) {
     Tensor o = Tensor::empty(Shape{4});
     if (r == 0) {
-      EXPECT_THROW(c.reduce_scatter_concat({Tensor::zeros(Shape{9})}, o, ReduceOp::kSum).wait(), InvalidArgument);
-    } else {
-      EXPECT_THROW(c.reduce_scatter_concat({Tensor::zeros(Shape{2}, DType::kFloat64)}, o, ReduceOp::kSum).wait(),
+      EXPECT_THROW(c.reduce_scatter_concat({Tensor::zeros(Shape{9})}, o, ReduceOp::kSum).wait(),
                    InvalidArgument);
+    } else {
+      EXPECT_THROW(
+          c.reduce_scatter_concat({Tensor::zeros(Shape{2}, DType::kFloat64)}, o, ReduceOp::kSum)
+              .wait(),
+          InvalidArgument);
     }
   });
   for (const auto& e : errs2) EXPECT_EQ(e, "");
@@ -315,17 +344,19 @@ TEST(Inproc, AbortWakesWaitersFast) {
 TEST(Inproc, MissingRankTimesOutNamingIt) {
   CollectiveOptions o;
   o.timeout = std::chrono::milliseconds(300);
-  auto errs = run_ranks(3, [&](int r, Communicator& c) {
-    if (r == 2) return;  // never shows up
-    c.barrier().wait();
-  }, o);
+  auto errs = run_ranks(
+      3,
+      [&](int r, Communicator& c) {
+        if (r == 2) return;  // never shows up
+        c.barrier().wait();
+      },
+      o);
   EXPECT_NE(errs[0].find("rank(s) 2 did not arrive"), std::string::npos) << errs[0];
 }
 
-
-// Work is really asynchronous: collectives return before they complete and run on the communicator's
-// thread in issue order; a wait() that runs out of time aborts the group and returns only when the
-// collective no longer touches the caller's tensors.
+// Work is really asynchronous: collectives return before they complete and run on the
+// communicator's thread in issue order; a wait() that runs out of time aborts the group and returns
+// only when the collective no longer touches the caller's tensors.
 TEST(Async, CollectivesReturnAtOnceAndCompleteInOrder) {
   CollectiveOptions o;
   o.timeout = std::chrono::seconds(20);
@@ -364,10 +395,12 @@ TEST(Async, AWaitThatRunsOutAbortsTheGroupAndWaitsTheCollectiveOut) {
     w.wait(std::chrono::milliseconds(200));
     ADD_FAILURE() << "a collective completed without its peer";
   } catch (const DeadlineExceeded& e) {
-    EXPECT_NE(std::string(e.what()).find("allreduce #0 on rank 0 of 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("allreduce #0 on rank 0 of 2"), std::string::npos)
+        << e.what();
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));  // not the 60 s timeout
-  EXPECT_TRUE(w.ready());  // waited out: it no longer touches t0
+  EXPECT_LT(std::chrono::steady_clock::now() - start,
+            std::chrono::seconds(5));      // not the 60 s timeout
+  EXPECT_TRUE(w.ready());                  // waited out: it no longer touches t0
   EXPECT_THROW(next.wait(), Unavailable);  // the group is aborted for everyone
   EXPECT_THROW(comms[1]->allreduce(later, ReduceOp::kSum).wait(), Unavailable);
 }
@@ -393,12 +426,12 @@ TEST(Async, DestroyingACommunicatorGivesPendingWorkItsTimeoutThenFailsIt) {
   EXPECT_TRUE(w.ready());
 }
 
-
 // A backend that records which thread ran each collective; the first one it runs can be made to
 // take a while.
 class RecordingBackend final : public SyncCollectives {
  public:
-  explicit RecordingBackend(std::chrono::milliseconds first_takes = {}) : first_takes_(first_takes) {}
+  explicit RecordingBackend(std::chrono::milliseconds first_takes = {})
+      : first_takes_(first_takes) {}
   int rank() const override { return 0; }
   int size() const override { return 1; }
   void allreduce(Tensor&, ReduceOp) override { record(); }
@@ -430,7 +463,8 @@ class RecordingBackend final : public SyncCollectives {
 
 bool ready_within(const Work& w, std::chrono::milliseconds limit) {
   const auto end = std::chrono::steady_clock::now() + limit;
-  while (!w.ready() && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (!w.ready() && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return w.ready();
 }
 
@@ -445,8 +479,8 @@ TEST(Async, IssueThenWaitRunsOnTheCallersThread) {
   comm->barrier().wait();
   const auto threads = rec->threads();
   ASSERT_EQ(threads.size(), 301u);
-  // A caller preempted for over 50 us between issuing and waiting (a loaded machine) leaves that one
-  // to the thread; the rest run here.
+  // A caller preempted for over 50 us between issuing and waiting (a loaded machine) leaves that
+  // one to the thread; the rest run here.
   const auto here = std::count(threads.begin(), threads.end(), std::this_thread::get_id());
   EXPECT_GE(here, 200) << "of 301 issue-then-wait collectives ran on the caller's thread";
 }
@@ -459,9 +493,11 @@ TEST(Async, ACollectiveNobodyWaitsOnIsRunByTheThread) {
   auto comm = make_async_communicator(std::move(backend), std::chrono::seconds(30));
   Tensor t = Tensor::zeros(Shape{4});
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the thread has gone to sleep
-  std::thread waiter([&] { comm->allreduce(t, ReduceOp::kSum).wait(); });  // runs #0, which takes 150 ms
+  std::thread waiter(
+      [&] { comm->allreduce(t, ReduceOp::kSum).wait(); });  // runs #0, which takes 150 ms
   while (rec->threads().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  Work behind = comm->allreduce(t, ReduceOp::kSum);  // #1: queued behind the waiter's, never waited on
+  Work behind =
+      comm->allreduce(t, ReduceOp::kSum);  // #1: queued behind the waiter's, never waited on
   EXPECT_FALSE(behind.ready());
   EXPECT_TRUE(ready_within(behind, std::chrono::seconds(5)));
   waiter.join();
@@ -475,14 +511,14 @@ TEST(Async, ACollectiveNobodyWaitsOnIsRunByTheThread) {
   EXPECT_EQ(threads[2], threads[1]);
 }
 
-
-// The communicator is destroyed while a waiter on another thread runs a collective that outlasts the
-// destructor's grace: the destructor returns once that collective is done (its thread is not left
-// asleep, which would hang the join).
+// The communicator is destroyed while a waiter on another thread runs a collective that outlasts
+// the destructor's grace: the destructor returns once that collective is done (its thread is not
+// left asleep, which would hang the join).
 TEST(Async, DestroyingACommunicatorWhileAWaiterRunsACollectiveReturns) {
   auto backend = std::make_unique<RecordingBackend>(std::chrono::milliseconds(400));
   RecordingBackend* rec = backend.get();
-  std::unique_ptr<Communicator> comm = make_async_communicator(std::move(backend), std::chrono::milliseconds(100));
+  std::unique_ptr<Communicator> comm =
+      make_async_communicator(std::move(backend), std::chrono::milliseconds(100));
   Tensor t = Tensor::zeros(Shape{4});
   Communicator* c = comm.get();
   std::thread waiter([&] { c->allreduce(t, ReduceOp::kSum).wait(); });  // runs it itself: 400 ms

@@ -18,8 +18,10 @@ TEST(Rpc, RoundTripOfEveryDtypeIsBytewiseExact) {
   req.method = 4242;
   req.meta = MetaWriter().u64(~0ull).i64(-7).u8(200).str(std::string("a\0b", 3)).take();
   uint64_t seed = 1;
-  for (DType t : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16, DType::kInt32, DType::kInt64})
-    for (const Shape& s : {Shape{3, 5}, Shape{}, Shape{0}, Shape{2, 0, 3}, Shape{1, 1, 1, 1, 1, 1, 1, 7}})
+  for (DType t : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16,
+                  DType::kInt32, DType::kInt64})
+    for (const Shape& s :
+         {Shape{3, 5}, Shape{}, Shape{0}, Shape{2, 0, 3}, Shape{1, 1, 1, 1, 1, 1, 1, 7}})
       req.tensors.push_back(random_tensor(s, t, seed++));  // incl. scalars, empties and rank 8
   req.tensors.push_back(random_tensor(Shape{5 << 20}, DType::kFloat32, 99));  // 20 MB
   const RpcMessage resp = client.call(req);
@@ -28,8 +30,10 @@ TEST(Rpc, RoundTripOfEveryDtypeIsBytewiseExact) {
   ASSERT_EQ(resp.tensors.size(), req.tensors.size());
   for (size_t i = 0; i < req.tensors.size(); ++i) {
     const Tensor &a = resp.tensors[i], &b = req.tensors[i];
-    ASSERT_TRUE(a.dtype() == b.dtype() && a.shape() == b.shape()) << "tensor " << i << ": " << a.to_string();
-    EXPECT_TRUE(a.nbytes() == 0 || std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0) << "tensor " << i;
+    ASSERT_TRUE(a.dtype() == b.dtype() && a.shape() == b.shape())
+        << "tensor " << i << ": " << a.to_string();
+    EXPECT_TRUE(a.nbytes() == 0 || std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0)
+        << "tensor " << i;
   }
   const RpcMessage empty = client.call(RpcMessage{});  // no meta, no tensors
   EXPECT_TRUE(empty.method == 0 && empty.meta.empty() && empty.tensors.empty());
@@ -39,29 +43,36 @@ TEST(Rpc, PipelinedRequestsAreAnsweredInOrder) {
   const auto addrs = testing::free_loopback_addresses(2);
   RpcServer server(options(addrs, 0), [](const RpcMessage& m, int) {
     const auto x = static_cast<int64_t>(meta_u64(m));
-    return RpcMessage{m.method, u64_meta(static_cast<uint64_t>(x * x)), {Tensor::from_vector<int64_t>({x, -x}, Shape{2})}};
+    return RpcMessage{m.method,
+                      u64_meta(static_cast<uint64_t>(x * x)),
+                      {Tensor::from_vector<int64_t>({x, -x}, Shape{2})}};
   });
   RpcClient client(options(addrs, 1), 0);
   std::vector<uint64_t> ids;
-  for (uint64_t x = 0; x < 100; ++x) ids.push_back(client.send(RpcMessage{static_cast<uint16_t>(x), u64_meta(x), {}}));
+  for (uint64_t x = 0; x < 100; ++x)
+    ids.push_back(client.send(RpcMessage{static_cast<uint16_t>(x), u64_meta(x), {}}));
   for (size_t i = 1; i < ids.size(); ++i) ASSERT_GT(ids[i], ids[i - 1]);
   for (int64_t x = 0; x < 100; ++x) {
-    std::vector<Tensor> into = {Tensor::zeros(Shape{x % 2 ? 2 : 3}, DType::kInt64)};  // odd x: received in place
+    std::vector<Tensor> into = {
+        Tensor::zeros(Shape{x % 2 ? 2 : 3}, DType::kInt64)};  // odd x: received in place
     const RpcMessage r = client.receive(ids[static_cast<size_t>(x)], &into);
     EXPECT_EQ(r.method, x);
     EXPECT_EQ(meta_u64(r), static_cast<uint64_t>(x * x));
     ASSERT_EQ(r.tensors.size(), 1u);
     EXPECT_EQ(r.tensors[0].to_vector<int64_t>(), (std::vector<int64_t>{x, -x}));
     EXPECT_EQ(r.tensors[0].raw_data() == into[0].raw_data(), x % 2 == 1);
-    EXPECT_TRUE(x % 2 == 1 || into[0].to_vector<int64_t>() == std::vector<int64_t>(3, 0));  // a mismatch is untouched
+    EXPECT_TRUE(x % 2 == 1 || into[0].to_vector<int64_t>() ==
+                                  std::vector<int64_t>(3, 0));  // a mismatch is untouched
   }
   // Skipping an answer (a fan-out that failed elsewhere) keeps the stream in step: the unread
   // answer is discarded; asking again for it, or for an id never sent, is InvalidArgument.
   const uint64_t a = client.send(RpcMessage{1, u64_meta(3), {}});
   const uint64_t b = client.send(RpcMessage{1, u64_meta(4), {}});
   EXPECT_EQ(meta_u64(client.receive(b)), 16u);
-  EXPECT_TRUE(has(what_of<InvalidArgument>([&] { client.receive(a); }), "no such outstanding request"));
-  EXPECT_TRUE(has(what_of<InvalidArgument>([&] { client.receive(b + 5); }), "no such outstanding request"));
+  EXPECT_TRUE(
+      has(what_of<InvalidArgument>([&] { client.receive(a); }), "no such outstanding request"));
+  EXPECT_TRUE(
+      has(what_of<InvalidArgument>([&] { client.receive(b + 5); }), "no such outstanding request"));
   EXPECT_EQ(meta_u64(client.call(RpcMessage{1, u64_meta(5), {}})), 25u);
 }
 
@@ -69,34 +80,55 @@ TEST(Rpc, HandlerErrorsComeBackTypedAndTheConnectionStaysUsable) {
   const auto addrs = testing::free_loopback_addresses(4);
   RpcServer server(options(addrs, 0), [](const RpcMessage& m, int) -> RpcMessage {
     switch (m.method) {
-      case 1: throw InvalidArgument("shape [3] does not match [4]");
-      case 2: throw NotFound("no variable 'dense/kernel'");
-      case 3: throw Unavailable("shard 2 is restarting");
-      case 4: throw DeadlineExceeded("lock wait: too long");
-      case 5: throw FailedPrecondition("variable not initialised");
-      case 6: throw PermissionDenied("read-only");
-      case 7: throw DataLoss("checkpoint truncated");
-      case 8: throw Unimplemented("method 8");
-      case 9: throw Internal("invariant broken");
-      case 10: throw std::runtime_error("plain: failure");
-      case 11: return RpcMessage{11, "", {Tensor()}};  // a handler bug: an undefined tensor
-      case 12: return RpcMessage{12, "", {Tensor::zeros(Shape{1 << 19}, DType::kFloat32)}};  // 2 MiB
-      default: return m;
+      case 1:
+        throw InvalidArgument("shape [3] does not match [4]");
+      case 2:
+        throw NotFound("no variable 'dense/kernel'");
+      case 3:
+        throw Unavailable("shard 2 is restarting");
+      case 4:
+        throw DeadlineExceeded("lock wait: too long");
+      case 5:
+        throw FailedPrecondition("variable not initialised");
+      case 6:
+        throw PermissionDenied("read-only");
+      case 7:
+        throw DataLoss("checkpoint truncated");
+      case 8:
+        throw Unimplemented("method 8");
+      case 9:
+        throw Internal("invariant broken");
+      case 10:
+        throw std::runtime_error("plain: failure");
+      case 11:
+        return RpcMessage{11, "", {Tensor()}};  // a handler bug: an undefined tensor
+      case 12:
+        return RpcMessage{12, "", {Tensor::zeros(Shape{1 << 19}, DType::kFloat32)}};  // 2 MiB
+      default:
+        return m;
     }
   });
   RpcClient client(options(addrs, 1), 0);
   const std::string from = "ps:0 (" + addrs[0] + "): ";
-  auto call = [&](uint16_t method) { return [&client, method] { client.call(RpcMessage{method, "", {}}); }; };
-  auto ok = [&] { EXPECT_EQ(client.call(RpcMessage{100, "ok", {Tensor::scalar(1.5f)}}).tensors.at(0).item(), 1.5f); };
+  auto call = [&](uint16_t method) {
+    return [&client, method] { client.call(RpcMessage{method, "", {}}); };
+  };
+  auto ok = [&] {
+    EXPECT_EQ(client.call(RpcMessage{100, "ok", {Tensor::scalar(1.5f)}}).tensors.at(0).item(),
+              1.5f);
+  };
   // Each error, then a good call on the same connection (even after the transport-like types).
-  EXPECT_EQ(what_of<InvalidArgument>(call(1)), "InvalidArgument: " + from + "shape [3] does not match [4]");
+  EXPECT_EQ(what_of<InvalidArgument>(call(1)),
+            "InvalidArgument: " + from + "shape [3] does not match [4]");
   ok();
   EXPECT_EQ(what_of<NotFound>(call(2)), "NotFound: " + from + "no variable 'dense/kernel'");
   EXPECT_EQ(what_of<Unavailable>(call(3)), "Unavailable: " + from + "shard 2 is restarting");
   ok();
-  EXPECT_EQ(what_of<DeadlineExceeded>(call(4)), "DeadlineExceeded: " + from + "lock wait: too long");
+  EXPECT_EQ(what_of<DeadlineExceeded>(call(4)),
+            "DeadlineExceeded: " + from + "lock wait: too long");
   ok();
-  EXPECT_EQ(what_of<FailedPrecondition>(call(5)), "FailedPrecondition: " + from + "variable not initialised");
+  EXPECT_EQ(what_of<FailedPrecondition>(call(5)),
+            "FailedPrecondition: " + from + "variable not initialised");
   EXPECT_EQ(what_of<PermissionDenied>(call(6)), "PermissionDenied: " + from + "read-only");
   EXPECT_EQ(what_of<DataLoss>(call(7)), "DataLoss: " + from + "checkpoint truncated");
   ok();
@@ -106,7 +138,9 @@ TEST(Rpc, HandlerErrorsComeBackTypedAndTheConnectionStaysUsable) {
   ok();
   // A handler answering with an undefined tensor is the server's bug: the server turns it into an
   // Internal error before anything goes on the wire, and the connection stays usable.
-  EXPECT_EQ(what_of<Internal>(call(11)), "Internal: " + from + "the server's handler answered with an undefined or device tensor");
+  EXPECT_EQ(
+      what_of<Internal>(call(11)),
+      "Internal: " + from + "the server's handler answered with an undefined or device tensor");
   ok();
   // An answer the client must refuse (over its frame bound) costs that connection only: the refusal
   // is DataLoss, every later call on that client is Unavailable naming the cause, and the other
@@ -115,7 +149,10 @@ TEST(Rpc, HandlerErrorsComeBackTypedAndTheConnectionStaysUsable) {
   po.max_frame_bytes = 1 << 20;
   RpcClient picky(po, 0);
   EXPECT_EQ(picky.call(RpcMessage{100, "small", {}}).meta, "small");
-  EXPECT_TRUE(has(what_of<DataLoss>([&] { picky.call(RpcMessage{12, "", {}}); }), "over the limit of 1048576"));
+  EXPECT_TRUE(has(what_of<DataLoss>([&] {
+                    picky.call(RpcMessage{12, "", {}});
+                  }),
+                  "over the limit of 1048576"));
   const Thrown after = what_of<Unavailable>([&] { picky.call(RpcMessage{100, "again", {}}); });
   EXPECT_TRUE(has(after, "unusable after an earlier failure"));
   EXPECT_TRUE(has(after, "over the limit of 1048576"));
@@ -130,11 +167,14 @@ TEST(Rpc, ConcurrentClientsAreCountedExactlyAndDisconnectOnce) {
   uint64_t counter = 0;
   Map calls_by_rank;
   Disconnects gone;
-  RpcServer server(options(addrs, 0), [&](const RpcMessage& m, int rank) {
-    std::lock_guard<std::mutex> l(mu);
-    ++calls_by_rank[rank];
-    return RpcMessage{m.method, u64_meta(++counter), {}};
-  }, gone.callback());
+  RpcServer server(
+      options(addrs, 0),
+      [&](const RpcMessage& m, int rank) {
+        std::lock_guard<std::mutex> l(mu);
+        ++calls_by_rank[rank];
+        return RpcMessage{m.method, u64_meta(++counter), {}};
+      },
+      gone.callback());
   std::vector<std::unique_ptr<RpcClient>> clients;
   for (int r = 1; r <= 4; ++r) clients.push_back(std::make_unique<RpcClient>(options(addrs, r), 0));
   EXPECT_EQ(server.connections(), 4);
@@ -144,7 +184,8 @@ TEST(Rpc, ConcurrentClientsAreCountedExactlyAndDisconnectOnce) {
     ts.emplace_back([&, i] {
       try {
         for (uint64_t k = 0, last = 0, c; k < 500; ++k, last = c)
-          if ((c = meta_u64(clients[i]->call(RpcMessage{7, "", {}}))) <= last) throw Internal("the count went backwards");
+          if ((c = meta_u64(clients[i]->call(RpcMessage{7, "", {}}))) <= last)
+            throw Internal("the count went backwards");
       } catch (const std::exception& e) {
         errs[i] = e.what();
       }
@@ -155,7 +196,8 @@ TEST(Rpc, ConcurrentClientsAreCountedExactlyAndDisconnectOnce) {
   EXPECT_EQ(calls_by_rank, (Map{{1, 500}, {2, 500}, {3, 500}, {4, 500}}));
   EXPECT_TRUE(gone.get().empty());
   clients.clear();
-  EXPECT_TRUE(wait_until([&] { return gone.get().size() == 4 && server.connections() == 0; })) << server.connections();
+  EXPECT_TRUE(wait_until([&] { return gone.get().size() == 4 && server.connections() == 0; }))
+      << server.connections();
   server.stop();
   EXPECT_EQ(gone.get(), (Map{{1, 1}, {2, 1}, {3, 1}, {4, 1}}));
 }
@@ -164,19 +206,27 @@ TEST(Rpc, WrongTokenOrClusterIsRefusedAndTheServerKeepsServing) {
   const auto addrs = testing::free_loopback_addresses(3);
   Disconnects gone;
   RpcServer server(options(addrs, 0), echo, gone.callback());
-  const Thrown bad_token = what_of<PermissionDenied>([&] { RpcClient c(options(addrs, 1, "another-jobs-token-999"), 0); });
-  EXPECT_TRUE(has(bad_token, "PermissionDenied: ps:0 (" + addrs[0] + ") refused this task's job token"));
+  const Thrown bad_token = what_of<PermissionDenied>(
+      [&] { RpcClient c(options(addrs, 1, "another-jobs-token-999"), 0); });
+  EXPECT_TRUE(
+      has(bad_token, "PermissionDenied: ps:0 (" + addrs[0] + ") refused this task's job token"));
   auto other = addrs;
   other[2] = "127.0.0.1:1";  // same size, different job fingerprint
-  EXPECT_TRUE(has(what_of<PermissionDenied>([&] { RpcClient c(options(other, 1), 0); }), "job mismatch"));
+  EXPECT_TRUE(
+      has(what_of<PermissionDenied>([&] { RpcClient c(options(other, 1), 0); }), "job mismatch"));
   auto bigger = addrs;
   bigger.push_back("127.0.0.1:2");
-  EXPECT_TRUE(has(what_of<PermissionDenied>([&] { RpcClient c(options(bigger, 1), 0); }), "world size mismatch"));
+  EXPECT_TRUE(has(what_of<PermissionDenied>([&] { RpcClient c(options(bigger, 1), 0); }),
+                  "world size mismatch"));
   // Usage errors are InvalidArgument before any connection; a taken port is Unavailable.
-  EXPECT_TRUE(has(what_of<InvalidArgument>([&] { RpcClient c(options(addrs, 1, "short"), 0); }), "16 characters"));
-  EXPECT_TRUE(has(what_of<InvalidArgument>([&] { RpcClient c(options(addrs, 1), 1); }), "bad server index 1"));
-  EXPECT_TRUE(has(what_of<InvalidArgument>([&] { RpcServer s(options(addrs, 0, "short"), echo); }), "16 characters"));
-  EXPECT_TRUE(has(what_of<Unavailable>([&] { RpcServer s(options(addrs, 0), echo); }), "cannot listen on " + addrs[0]));
+  EXPECT_TRUE(has(what_of<InvalidArgument>([&] { RpcClient c(options(addrs, 1, "short"), 0); }),
+                  "16 characters"));
+  EXPECT_TRUE(has(what_of<InvalidArgument>([&] { RpcClient c(options(addrs, 1), 1); }),
+                  "bad server index 1"));
+  EXPECT_TRUE(has(what_of<InvalidArgument>([&] { RpcServer s(options(addrs, 0, "short"), echo); }),
+                  "16 characters"));
+  EXPECT_TRUE(has(what_of<Unavailable>([&] { RpcServer s(options(addrs, 0), echo); }),
+                  "cannot listen on " + addrs[0]));
   EXPECT_EQ(RpcClient(options(addrs, 2), 0).call(RpcMessage{3, "hello", {}}).meta, "hello");
   server.stop();
   EXPECT_EQ(gone.get(), (Map{{2, 1}}));  // refused connections never were clients
@@ -185,16 +235,22 @@ TEST(Rpc, WrongTokenOrClusterIsRefusedAndTheServerKeepsServing) {
 TEST(Rpc, SlowHandlerIsADeadlineAndShutdownIsUnavailable) {
   const auto addrs = testing::free_loopback_addresses(3);
   Disconnects gone;
-  RpcServer server(options(addrs, 0), [](const RpcMessage& m, int) {
-    if (m.method == 1) std::this_thread::sleep_for(900ms);
-    return m;
-  }, gone.callback());
+  RpcServer server(
+      options(addrs, 0),
+      [](const RpcMessage& m, int) {
+        if (m.method == 1) std::this_thread::sleep_for(900ms);
+        return m;
+      },
+      gone.callback());
   auto co = options(addrs, 1);
   co.collective.timeout = 300ms;
   RpcClient client(co, 0), idle(options(addrs, 2), 0);
   EXPECT_EQ(client.call(RpcMessage{2, "fast", {}}).meta, "fast");
   auto t0 = std::chrono::steady_clock::now();
-  EXPECT_TRUE(has(what_of<DeadlineExceeded>([&] { client.call(RpcMessage{1, "slow", {}}); }), "ps:0 (" + addrs[0] + ")"));
+  EXPECT_TRUE(has(what_of<DeadlineExceeded>([&] {
+                    client.call(RpcMessage{1, "slow", {}});
+                  }),
+                  "ps:0 (" + addrs[0] + ")"));
   const auto took = std::chrono::steady_clock::now() - t0;
   EXPECT_GE(took, 250ms);
   EXPECT_LT(took, 1s);
@@ -207,7 +263,10 @@ TEST(Rpc, SlowHandlerIsADeadlineAndShutdownIsUnavailable) {
   EXPECT_EQ(gone.get(), (Map{{1, 1}, {2, 1}}));
   EXPECT_EQ(server.connections(), 0);
   t0 = std::chrono::steady_clock::now();
-  EXPECT_TRUE(has(what_of<Unavailable>([&] { idle.call(RpcMessage{2, "y", {}}); }), "ps:0 (" + addrs[0] + ")"));
+  EXPECT_TRUE(has(what_of<Unavailable>([&] {
+                    idle.call(RpcMessage{2, "y", {}});
+                  }),
+                  "ps:0 (" + addrs[0] + ")"));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
 }
 
@@ -239,7 +298,8 @@ TEST(Rpc, ABusyServerKeepsItsClientWaitingASilentOneIsNamedAfterTheHeartbeatTime
   const auto t0 = std::chrono::steady_clock::now();
   const Thrown e = what_of<Unavailable>([&] { waiting.call(RpcMessage{1, "never", {}}); });
   const auto took = std::chrono::steady_clock::now() - t0;
-  EXPECT_TRUE(has(e, "ps:0 (" + other[0] + ") sent nothing, not even a heartbeat, for 400 ms")) << e;
+  EXPECT_TRUE(has(e, "ps:0 (" + other[0] + ") sent nothing, not even a heartbeat, for 400 ms"))
+      << e;
   EXPECT_GE(took, 350ms);
   EXPECT_LT(took, 1100ms);
 }
@@ -249,15 +309,16 @@ TEST(Rpc, UnreachableServerIsADeadlineNamingIt) {
   auto o = options(addrs, 1);
   o.connect_timeout = 500ms;
   const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_TRUE(has(what_of<DeadlineExceeded>([&] { RpcClient c(o, 0); }), "worker:0 could not reach ps:0 (" + addrs[0] + ") within 500 ms"));
+  EXPECT_TRUE(has(what_of<DeadlineExceeded>([&] { RpcClient c(o, 0); }),
+                  "worker:0 could not reach ps:0 (" + addrs[0] + ") within 500 ms"));
   const auto took = std::chrono::steady_clock::now() - t0;
   EXPECT_GE(took, 450ms);
   EXPECT_LT(took, 2s);
 }
 
 TEST(Rpc, ConnectTimeoutHoldsWhenTheServerDropsConnections) {
-  // A peer that drops SYNs (a host down, a firewall, a full accept queue): the connect is bounded by
-  // connect_timeout (a blocking connect once waited 134 s here for 500 ms).
+  // A peer that drops SYNs (a host down, a firewall, a full accept queue): the connect is bounded
+  // by connect_timeout (a blocking connect once waited 134 s here for 500 ms).
   const auto addrs = testing::free_loopback_addresses(2);
   const int l = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   const sockaddr_in a = loopback(std::stoi(addrs[0].substr(addrs[0].rfind(':') + 1)));

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -19,26 +21,24 @@
 
 #include "collectives/tcp/auth.h"
 #include "collectives/tcp/rpc.h"
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include "testing/ports.h"
 
 namespace dtrain::tcp {
 namespace {
-
 
 using namespace std::chrono_literals;
 using Map = std::map<int, int>;
 const std::string kToken = "rpc-test-job-token-0123456789";
 
 // addresses = {ps:0, worker:0, worker:1, ...}; rank = index.
-inline TcpGroupOptions options(const std::vector<std::string>& addrs, int rank, const std::string& token = kToken) {
+inline TcpGroupOptions options(const std::vector<std::string>& addrs, int rank,
+                               const std::string& token = kToken) {
   TcpGroupOptions o;
   o.rank = rank;
   o.addresses = addrs;
   o.task_names = {"ps:0"};
-  for (size_t i = 1; i < addrs.size(); ++i) o.task_names.push_back("worker:" + std::to_string(i - 1));
+  for (size_t i = 1; i < addrs.size(); ++i)
+    o.task_names.push_back("worker:" + std::to_string(i - 1));
   o.token = token;
   o.connect_timeout = 5s;
   o.collective.timeout = 10s;
@@ -50,24 +50,35 @@ inline RpcMessage echo(const RpcMessage& m, int) { return m; }
 struct Disconnects {  // disconnect callbacks by client rank
   std::mutex mu;
   Map by_rank;
-  RpcDisconnect callback() { return [this](int r) { std::lock_guard<std::mutex> l(mu); ++by_rank[r]; }; }
-  Map get() { std::lock_guard<std::mutex> l(mu); return by_rank; }
+  RpcDisconnect callback() {
+    return [this](int r) {
+      std::lock_guard<std::mutex> l(mu);
+      ++by_rank[r];
+    };
+  }
+  Map get() {
+    std::lock_guard<std::mutex> l(mu);
+    return by_rank;
+  }
 };
 
 inline bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds limit = 5s) {
-  for (const auto end = std::chrono::steady_clock::now() + limit; !pred(); std::this_thread::sleep_for(5ms))
+  for (const auto end = std::chrono::steady_clock::now() + limit; !pred();
+       std::this_thread::sleep_for(5ms))
     if (std::chrono::steady_clock::now() > end) return false;
   return true;
 }
 
-// What f threw. `typed`: it threw an E and `what` is its what(); otherwise `what` says what it threw
-// instead (or that it threw nothing), and no comparison with a message succeeds, so a wrong type
-// with the right text fails.
+// What f threw. `typed`: it threw an E and `what` is its what(); otherwise `what` says what it
+// threw instead (or that it threw nothing), and no comparison with a message succeeds, so a wrong
+// type with the right text fails.
 struct Thrown {
   bool threw = false;
   bool typed = false;
   std::string what;
-  friend bool operator==(const Thrown& t, const std::string& message) { return t.typed && t.what == message; }
+  friend bool operator==(const Thrown& t, const std::string& message) {
+    return t.typed && t.what == message;
+  }
   friend std::ostream& operator<<(std::ostream& os, const Thrown& t) {
     return os << (t.typed ? "" : t.threw ? "[WRONG EXCEPTION TYPE] " : "[NO EXCEPTION] ") << t.what;
   }
@@ -107,7 +118,6 @@ inline uint64_t meta_u64(const RpcMessage& m) {
   r.expect_end();
   return v;
 }
-
 
 inline sockaddr_in loopback(int port) {
   sockaddr_in a{};

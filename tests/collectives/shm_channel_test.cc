@@ -1,19 +1,19 @@
 // The shared-memory ring of the TCP transport (ranks on one host): frames round-trip byte for byte
-// across the ring's wrap-around, a full ring refuses a frame without writing it, a frame whose header
-// claims more payload than was published is refused with DataLoss and releases nothing, and a
-// segment that is missing or of the wrong size is not mapped.
+// across the ring's wrap-around, a full ring refuses a frame without writing it, a frame whose
+// header claims more payload than was published is refused with DataLoss and releases nothing, and
+// a segment that is missing or of the wrong size is not mapped.
+#include "collectives/tcp/shm_channel.h"
+
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
 
-#include "collectives/tcp/shm_channel.h"
 #include "dtrain/core/error.h"
 
 namespace dtrain::tcp {
@@ -55,7 +55,8 @@ TEST(ShmChannel, FramesRoundTripAcrossTheWrapAround) {
   while (moved < 5 * ShmChannel::kCapacity) {
     for (size_t n : sizes) {
       std::vector<unsigned char> out(n), in(n, 0xEE);
-      for (size_t i = 0; i < n; ++i) out[i] = static_cast<unsigned char>((i * 131 + seq * 7) & 0xFF);
+      for (size_t i = 0; i < n; ++i)
+        out[i] = static_cast<unsigned char>((i * 131 + seq * 7) & 0xFF);
       ASSERT_TRUE(p.tx.try_send(header(seq, n), out.data(), n)) << "frame " << seq;
       FrameHeader h;
       ASSERT_TRUE(p.rx.peek(&h));

@@ -3,6 +3,8 @@
 // mismatches; garbage on the port; a process killed with SIGKILL and one stopped with SIGSTOP
 // mid-collective. The data-path tests run twice: with the data on the sockets, and through shared
 // memory (the default on one host), which they check is really in use.
+#include "dtrain/collectives/tcp.h"
+
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -11,11 +13,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <thread>
 
-#include "dtrain/collectives/tcp.h"
 #include "testing/collective_inputs.h"
 #include "testing/ports.h"
 
@@ -24,7 +25,8 @@ namespace {
 
 bool g_shared_memory = true;  // the transport the current TcpData test runs on
 
-// Mappings of dtrain's shared-memory segments in this process (their names are unlinked once mapped).
+// Mappings of dtrain's shared-memory segments in this process (their names are unlinked once
+// mapped).
 int shm_mappings() {
   std::ifstream maps("/proc/self/maps");
   int n = 0;
@@ -32,7 +34,8 @@ int shm_mappings() {
   return n;
 }
 
-TcpGroupOptions options(const std::vector<std::string>& addrs, int rank, const std::string& token = "0123456789abcdef0123") {
+TcpGroupOptions options(const std::vector<std::string>& addrs, int rank,
+                        const std::string& token = "0123456789abcdef0123") {
   TcpGroupOptions o;
   o.shared_memory = g_shared_memory;
   o.rank = rank;
@@ -46,8 +49,9 @@ TcpGroupOptions options(const std::vector<std::string>& addrs, int rank, const s
 }
 
 // One thread per rank, each with its own TCP communicator. Returns each rank's error text.
-std::vector<std::string> run_group(int n, const std::function<void(int, Communicator&)>& body,
-                                   const std::function<TcpGroupOptions(const std::vector<std::string>&, int)>& opts = nullptr) {
+std::vector<std::string> run_group(
+    int n, const std::function<void(int, Communicator&)>& body,
+    const std::function<TcpGroupOptions(const std::vector<std::string>&, int)>& opts = nullptr) {
   const auto addrs = testing::free_loopback_addresses(n);
   std::vector<std::string> errs(static_cast<size_t>(n));
   std::vector<std::thread> ts;
@@ -72,22 +76,30 @@ class TcpData : public ::testing::TestWithParam<bool> {
   void TearDown() override { g_shared_memory = true; }
 };
 INSTANTIATE_TEST_SUITE_P(Transport, TcpData, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "SharedMemory" : "Sockets"; });
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "SharedMemory" : "Sockets";
+                         });
 Tensor make(DType t, int64_t n, int r) { return testing::collective_input(t, n, r); }
 
 TEST_P(TcpData, AllreduceExactForSizesCountsDtypes) {
   for (int n : {1, 2, 3, 4}) {
     std::vector<std::vector<double>> got(static_cast<size_t>(n));
-    struct Case { DType t; int64_t count; ReduceOp op; };
+    struct Case {
+      DType t;
+      int64_t count;
+      ReduceOp op;
+    };
     std::vector<Case> cases;
-    for (DType t : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64, DType::kFloat16, DType::kBFloat16})
+    for (DType t : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64, DType::kFloat16,
+                    DType::kBFloat16})
       for (int64_t c : {0, 1, 13, 5000}) cases.push_back({t, c, ReduceOp::kSum});
     cases.push_back({DType::kFloat32, 3 << 20, ReduceOp::kSum});  // 12 MB: ring, many segments
     cases.push_back({DType::kFloat64, 1001, ReduceOp::kMean});
     cases.push_back({DType::kInt32, 777, ReduceOp::kMax});
     cases.push_back({DType::kFloat32, 100003, ReduceOp::kMin});
     auto errs = run_group(n, [&](int r, Communicator& c) {
-      // Each rank maps a ring to and from every peer while the group lives (threads of one process).
+      // Each rank maps a ring to and from every peer while the group lives (threads of one
+      // process).
       if (n > 1) {
         EXPECT_EQ(shm_mappings() > 0, GetParam()) << "shared memory in use";
       }
@@ -98,10 +110,14 @@ TEST_P(TcpData, AllreduceExactForSizesCountsDtypes) {
         for (int64_t i = 0; i < k.count; i += std::max<int64_t>(1, k.count / 997)) {
           double want = value(0, i);
           for (int q = 1; q < n; ++q)
-            want = k.op == ReduceOp::kMax ? std::max(want, value(q, i)) : k.op == ReduceOp::kMin ? std::min(want, value(q, i)) : want + value(q, i);
+            want = k.op == ReduceOp::kMax   ? std::max(want, value(q, i))
+                   : k.op == ReduceOp::kMin ? std::min(want, value(q, i))
+                                            : want + value(q, i);
           if (k.op == ReduceOp::kMean) want /= n;
-          // Small-integer inputs (testing/collective_inputs.h): exact in every dtype, float16 and bfloat16 included.
-          ASSERT_EQ(v[static_cast<size_t>(i)], want) << "n=" << n << " " << dtype_name(k.t) << " count " << k.count << " i " << i;
+          // Small-integer inputs (testing/collective_inputs.h): exact in every dtype, float16 and
+          // bfloat16 included.
+          ASSERT_EQ(v[static_cast<size_t>(i)], want)
+              << "n=" << n << " " << dtype_name(k.t) << " count " << k.count << " i " << i;
         }
       }
     });
@@ -140,17 +156,20 @@ TEST_P(TcpData, AlltoallExchangesBlocksPairwise) {
   for (int n : {2, 3, 4}) {
     for (int64_t block : {1, 5, 300000}) {  // 300000 float32 blocks: many segments per exchange
       auto errs = run_group(n, [&](int r, Communicator& c) {
-        // Rank r's block j holds 1000 r + j + (i mod 7): every element names its sender and receiver.
+        // Rank r's block j holds 1000 r + j + (i mod 7): every element names its sender and
+        // receiver.
         std::vector<float> in(static_cast<size_t>(block * n));
         for (int j = 0; j < n; ++j)
-          for (int64_t i = 0; i < block; ++i) in[static_cast<size_t>(j * block + i)] = 1000.f * r + j + static_cast<float>(i % 7);
+          for (int64_t i = 0; i < block; ++i)
+            in[static_cast<size_t>(j * block + i)] = 1000.f * r + j + static_cast<float>(i % 7);
         const Tensor x = Tensor::from_vector(in, Shape{block * n});
         Tensor out = Tensor::empty(Shape{block * n});
         c.alltoall(x, out).wait();
         const std::vector<float> got = out.to_vector<float>();
         for (int q = 0; q < n; ++q)
           for (int64_t i = 0; i < block; i += std::max<int64_t>(1, block / 101))
-            ASSERT_EQ(got[static_cast<size_t>(q * block + i)], 1000.f * q + r + static_cast<float>(i % 7))
+            ASSERT_EQ(got[static_cast<size_t>(q * block + i)],
+                      1000.f * q + r + static_cast<float>(i % 7))
                 << "n=" << n << " block " << block << " from rank " << q << " i " << i;
         Tensor bad = Tensor::empty(Shape{block * n + 1});
         EXPECT_THROW(c.alltoall(x, bad).wait(), InvalidArgument);  // checked before anything moves
@@ -161,11 +180,13 @@ TEST_P(TcpData, AlltoallExchangesBlocksPairwise) {
 }
 
 TEST(Tcp, WrongJobTokenIsRefused) {
-  auto errs = run_group(2, [](int, Communicator&) {}, [](const std::vector<std::string>& a, int r) {
-    auto o = options(a, r, r == 0 ? "the-right-token-0123" : "a-wrong-token-456789");
-    o.connect_timeout = std::chrono::seconds(3);
-    return o;
-  });
+  auto errs = run_group(
+      2, [](int, Communicator&) {},
+      [](const std::vector<std::string>& a, int r) {
+        auto o = options(a, r, r == 0 ? "the-right-token-0123" : "a-wrong-token-456789");
+        o.connect_timeout = std::chrono::seconds(3);
+        return o;
+      });
   EXPECT_NE(errs[1].find("refused this task's job token"), std::string::npos) << errs[1];
   EXPECT_NE(errs[0].find("never heard from worker:1"), std::string::npos) << errs[0];
 }
@@ -185,7 +206,8 @@ TEST(Tcp, AWorkerThatNeverStartsIsNamed) {
       }
     });
   for (auto& t : ts) t.join();
-  for (const auto& e : errs) EXPECT_NE(e.find("worker:2 (" + addrs[2] + ")"), std::string::npos) << e;
+  for (const auto& e : errs)
+    EXPECT_NE(e.find("worker:2 (" + addrs[2] + ")"), std::string::npos) << e;
 }
 
 TEST_P(TcpData, FingerprintMismatchFailsOnEveryRank) {
@@ -229,16 +251,19 @@ TEST(Tcp, GarbageAndOversizedFramesOnThePortAreRefused) {
       }
     }
     if (fd < 0) {  // not ASSERT: r0 must still be joined
-      ADD_FAILURE() << "attack " << attempt << ": could not connect to rank 0 at " << addrs[0] << " within 5 s";
+      ADD_FAILURE() << "attack " << attempt << ": could not connect to rank 0 at " << addrs[0]
+                    << " within 5 s";
       continue;
     }
     if (attempt == 0) {
       const char junk[64] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
-      EXPECT_EQ(::send(fd, junk, sizeof(junk), MSG_NOSIGNAL), static_cast<ssize_t>(sizeof(junk))) << std::strerror(errno);
+      EXPECT_EQ(::send(fd, junk, sizeof(junk), MSG_NOSIGNAL), static_cast<ssize_t>(sizeof(junk)))
+          << std::strerror(errno);
     } else {
       uint32_t hdr[12] = {0x4e525444u, 1u | (1u << 16)};
       reinterpret_cast<uint64_t*>(hdr)[4] = 1ull << 40;  // payload_bytes
-      EXPECT_EQ(::send(fd, hdr, sizeof(hdr), MSG_NOSIGNAL), static_cast<ssize_t>(sizeof(hdr))) << std::strerror(errno);
+      EXPECT_EQ(::send(fd, hdr, sizeof(hdr), MSG_NOSIGNAL), static_cast<ssize_t>(sizeof(hdr)))
+          << std::strerror(errno);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     ::close(fd);
@@ -259,8 +284,8 @@ TEST(Tcp, GarbageAndOversizedFramesOnThePortAreRefused) {
 }
 
 // A corpus of 300 malformed frames (random bytes, truncated and mutated valid headers, absurd
-// lengths, unknown kinds, wrong versions) thrown at a listening rank before its peer arrives: each is
-// refused and logged, nothing crashes, and the real group still forms and computes.
+// lengths, unknown kinds, wrong versions) thrown at a listening rank before its peer arrives: each
+// is refused and logged, nothing crashes, and the real group still forms and computes.
 TEST(Tcp, FuzzedFramesAreRejectedWithoutCrashing) {
   const auto addrs = testing::free_loopback_addresses(2);
   std::string err0;
@@ -278,7 +303,10 @@ TEST(Tcp, FuzzedFramesAreRejectedWithoutCrashing) {
   });
   const uint16_t port = static_cast<uint16_t>(std::stoi(addrs[0].substr(addrs[0].rfind(':') + 1)));
   uint64_t state = 12345;
-  auto rnd = [&] { state = state * 6364136223846793005ull + 1442695040888963407ull; return static_cast<uint32_t>(state >> 33); };
+  auto rnd = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint32_t>(state >> 33);
+  };
   int sent = 0;
   for (int i = 0; i < 300; ++i) {
     std::vector<unsigned char> frame(48 + rnd() % 64);
@@ -287,7 +315,8 @@ TEST(Tcp, FuzzedFramesAreRejectedWithoutCrashing) {
       uint32_t* w = reinterpret_cast<uint32_t*>(frame.data());
       w[0] = 0x4e525444u;
       w[1] = 1u | ((1u + rnd() % 6) << 16);
-      if (i % 3 == 2) reinterpret_cast<uint64_t*>(frame.data())[4] = rnd() % 2 ? (1ull << 40) : rnd();
+      if (i % 3 == 2)
+        reinterpret_cast<uint64_t*>(frame.data())[4] = rnd() % 2 ? (1ull << 40) : rnd();
       if (i % 7 == 0) frame.resize(rnd() % 48);  // truncated header
     }
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -295,7 +324,8 @@ TEST(Tcp, FuzzedFramesAreRejectedWithoutCrashing) {
     a.sin_family = AF_INET;
     a.sin_port = htons(port);
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    for (int attempt = 0; attempt < 50 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0; ++attempt)
+    for (int attempt = 0;
+         attempt < 50 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0; ++attempt)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     if (!frame.empty()) sent += ::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL) > 0;
     ::shutdown(fd, SHUT_WR);  // the acceptor sees EOF rather than waiting for more bytes
@@ -366,15 +396,17 @@ TEST_P(TcpData, KilledProcessIsNamedBySurvivorsWithinSeconds) {
   ASSERT_TRUE(WIFSIGNALED(status[2]) && WTERMSIG(status[2]) == SIGKILL);
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE(WIFEXITED(status[static_cast<size_t>(r)])) << "worker " << r << " hung";
-    EXPECT_EQ(WEXITSTATUS(status[static_cast<size_t>(r)]), 0) << "worker " << r << " did not name worker:2";
+    EXPECT_EQ(WEXITSTATUS(status[static_cast<size_t>(r)]), 0)
+        << "worker " << r << " did not name worker:2";
   }
   EXPECT_LT(secs, 30);
   std::printf("survivors exited %.2f s after start (kill at iteration 50)\n", secs);
 }
 
 TEST_P(TcpData, StoppedProcessIsReportedHungByHeartbeats) {
-  // A peer stopped with SIGSTOP keeps its sockets open: only the missing heartbeats tell. Rank 0 must
-  // name it as hung within the heartbeat timeout (1 s here), long before the collective timeout.
+  // A peer stopped with SIGSTOP keeps its sockets open: only the missing heartbeats tell. Rank 0
+  // must name it as hung within the heartbeat timeout (1 s here), long before the collective
+  // timeout.
   const auto addrs = testing::free_loopback_addresses(2);
   std::vector<pid_t> pids;
   for (int r = 0; r < 2; ++r) {
@@ -394,7 +426,8 @@ TEST_P(TcpData, StoppedProcessIsReportedHungByHeartbeats) {
         }
       } catch (const Unavailable& e) {
         const std::string m = e.what();
-        code = m.find("worker:1") != std::string::npos && m.find("hung") != std::string::npos ? 0 : 4;
+        code =
+            m.find("worker:1") != std::string::npos && m.find("hung") != std::string::npos ? 0 : 4;
       } catch (...) {
         code = 5;
       }

@@ -1,5 +1,5 @@
-// The smallest program a dtrain user writes: a model built in a strategy's scope and trained with fit()
-// on two logical CPU devices, and a typed error caught across the library boundary.
+// The smallest program a dtrain user writes: a model built in a strategy's scope and trained with
+// fit() on two logical CPU devices, and a typed error caught across the library boundary.
 #include <cstdio>
 #include <vector>
 
@@ -27,8 +27,9 @@ int main() {
     x[static_cast<size_t>(2 * i + 1)] = b;
     y[static_cast<size_t>(i)] = a + b > 0 ? 1 : 0;
   }
-  auto data = dtrain::Dataset::from_tensor_slices({dtrain::Tensor::from_vector<float>(x, dtrain::Shape{n, 2}),
-                                                   dtrain::Tensor::from_vector<int32_t>(y, dtrain::Shape{n})});
+  auto data = dtrain::Dataset::from_tensor_slices(
+      {dtrain::Tensor::from_vector<float>(x, dtrain::Shape{n, 2}),
+       dtrain::Tensor::from_vector<int32_t>(y, dtrain::Shape{n})});
 
   dtrain::StrategyOptions options;
   options.devices = devices;

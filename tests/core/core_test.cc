@@ -96,7 +96,8 @@ TEST(Devices, ParseFlagAndDescribe) {
 
 TEST(Devices, GpuLocalPinsTheGpuOfTheLocalRank) {
   ::setenv("LOCAL_RANK", "x", 1);
-  EXPECT_THROW(parse_devices_flag("gpu:local"), InvalidArgument);  // a malformed LOCAL_RANK is named
+  EXPECT_THROW(parse_devices_flag("gpu:local"),
+               InvalidArgument);  // a malformed LOCAL_RANK is named
   ::setenv("LOCAL_RANK", "3", 1);
   const int n = cuda_device_count();
   if (n == 0) {

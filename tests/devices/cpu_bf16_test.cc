@@ -30,11 +30,14 @@ TEST(CpuBf16, WithoutBf16KernelsMixedBfloat16RoundsEveryKernelInput) {
   for (size_t i = 0; i < as.size(); ++i) as[i] = std::sin(1.3f * static_cast<float>(i));
   for (size_t i = 0; i < bs.size(); ++i) bs[i] = std::cos(0.7f * static_cast<float>(i));
   std::vector<float> dys(2 * 4 * 4 * 4), dzs(5 * 3);
-  for (size_t i = 0; i < dys.size(); ++i) dys[i] = static_cast<float>(static_cast<int>(i % 7) - 3) / 8.f;
-  for (size_t i = 0; i < dzs.size(); ++i) dzs[i] = static_cast<float>(static_cast<int>(i % 5) - 2) / 4.f;
-  auto run = [&](const std::vector<float>& xv, const std::vector<float>& wv, const std::vector<float>& av,
-                 const std::vector<float>& bv) {
-    Tensor x = Tensor::from_vector(xv, Shape{2, 6, 6, 3}), w = Tensor::from_vector(wv, Shape{3, 3, 3, 4});
+  for (size_t i = 0; i < dys.size(); ++i)
+    dys[i] = static_cast<float>(static_cast<int>(i % 7) - 3) / 8.f;
+  for (size_t i = 0; i < dzs.size(); ++i)
+    dzs[i] = static_cast<float>(static_cast<int>(i % 5) - 2) / 4.f;
+  auto run = [&](const std::vector<float>& xv, const std::vector<float>& wv,
+                 const std::vector<float>& av, const std::vector<float>& bv) {
+    Tensor x = Tensor::from_vector(xv, Shape{2, 6, 6, 3}),
+           w = Tensor::from_vector(wv, Shape{3, 3, 3, 4});
     Tensor a = Tensor::from_vector(av, Shape{5, 7}), b = Tensor::from_vector(bv, Shape{7, 3});
     GradientTape tape;
     for (Tensor* t : {&x, &w, &a, &b}) tape.watch(*t);
@@ -47,7 +50,8 @@ TEST(CpuBf16, WithoutBf16KernelsMixedBfloat16RoundsEveryKernelInput) {
     for (const Tensor& t : g) out.push_back(t.to_vector<float>());
     return out;
   };
-  const auto raw = run(xs, ws, as, bs), on_rounded = run(rounded(xs), rounded(ws), rounded(as), rounded(bs));
+  const auto raw = run(xs, ws, as, bs),
+             on_rounded = run(rounded(xs), rounded(ws), rounded(as), rounded(bs));
   cpu::force_bf16_emulation_for_testing(true);
   set_precision_policy(Precision::kMixedBFloat16);
   std::vector<std::vector<float>> emulated;
@@ -66,7 +70,8 @@ TEST(CpuBf16, WithoutBf16KernelsMixedBfloat16RoundsEveryKernelInput) {
     double scale = 0, to_rounded = 0, to_raw = 0;
     for (size_t i = 0; i < raw[k].size(); ++i) {
       scale = std::max(scale, std::abs(static_cast<double>(raw[k][i])));
-      to_rounded = std::max(to_rounded, std::abs(static_cast<double>(emulated[k][i]) - on_rounded[k][i]));
+      to_rounded =
+          std::max(to_rounded, std::abs(static_cast<double>(emulated[k][i]) - on_rounded[k][i]));
       to_raw = std::max(to_raw, std::abs(static_cast<double>(emulated[k][i]) - raw[k][i]));
     }
     // float32 kernels on the same values: equal but for the summation order of a transposed copy
@@ -75,8 +80,10 @@ TEST(CpuBf16, WithoutBf16KernelsMixedBfloat16RoundsEveryKernelInput) {
     EXPECT_LT(to_raw, 3e-2 * scale) << what[k];
   }
   EXPECT_EQ(run(xs, ws, as, bs), raw);  // float32 again, bit for bit
-  float odd[] = {1.f + 1.f / 256.f, 1.f + 3.f / 256.f, -2.5f, std::nanf(""), INFINITY, std::numeric_limits<float>::max()};
-  cpu::round_to_bf16(odd, 6);  // ties to even; NaN stays NaN; the largest float rounds up to infinity
+  float odd[] = {1.f + 1.f / 256.f, 1.f + 3.f / 256.f, -2.5f,
+                 std::nanf(""),     INFINITY,          std::numeric_limits<float>::max()};
+  cpu::round_to_bf16(odd,
+                     6);  // ties to even; NaN stays NaN; the largest float rounds up to infinity
   EXPECT_EQ(odd[0], 1.f);
   EXPECT_EQ(odd[1], 1.f + 4.f / 256.f);
   EXPECT_EQ(odd[2], -2.5f);
@@ -95,9 +102,11 @@ TEST(CpuBf16, TheDeviceSaysHowItRunsMixedBfloat16) {
   const std::string emulated = d.description();
   cpu::force_bf16_emulation_for_testing(false);
   set_precision_policy(Precision::kFloat32);
-  EXPECT_NE(emulated.find("mixed_bfloat16 emulated: oneDNN has no bfloat16 kernels for this CPU"), std::string::npos)
+  EXPECT_NE(emulated.find("mixed_bfloat16 emulated: oneDNN has no bfloat16 kernels for this CPU"),
+            std::string::npos)
       << emulated;
-  EXPECT_NE(native.find(cpu::bf16_kernels_native() ? "on oneDNN's bfloat16 kernels" : "mixed_bfloat16 emulated"),
+  EXPECT_NE(native.find(cpu::bf16_kernels_native() ? "on oneDNN's bfloat16 kernels"
+                                                   : "mixed_bfloat16 emulated"),
             std::string::npos)
       << native;
 }

@@ -144,7 +144,8 @@ TEST(GpuKernels, Conv2dGradientsAreBitwiseRepeatable) {
       for (int rep = 0; rep < 5; ++rep) {
         Tensor db;
         const std::string what = conv_name(c) + " repeat " + std::to_string(rep);
-        expect_bitwise_equal(dw0, gpu().conv2d_backward_filter(x, dy, c.w, c.p, true, &db), "dw " + what);
+        expect_bitwise_equal(dw0, gpu().conv2d_backward_filter(x, dy, c.w, c.p, true, &db),
+                             "dw " + what);
         expect_bitwise_equal(db0, db, "db " + what);
         expect_bitwise_equal(dx0, gpu().conv2d_backward_input(dy, w, c.x, c.p), "dx " + what);
         if (HasFailure()) return;
@@ -229,19 +230,37 @@ TEST(GpuKernels, Unary) {
       const double v = xs[i];
       double r = 0;
       switch (op) {
-        case UnaryOp::kRelu: r = v > 0 ? v : 0; break;
-        case UnaryOp::kTanh: r = std::tanh(v); break;
-        case UnaryOp::kSigmoid: r = 1.0 / (1.0 + std::exp(-v)); break;
-        case UnaryOp::kNeg: r = -v; break;
-        case UnaryOp::kExp: r = std::exp(v); break;
-        case UnaryOp::kLog: r = std::log(v); break;
-        case UnaryOp::kSquare: r = v * v; break;
-        case UnaryOp::kSqrt: r = std::sqrt(v); break;
-        case UnaryOp::kAbs: r = std::fabs(v); break;
+        case UnaryOp::kRelu:
+          r = v > 0 ? v : 0;
+          break;
+        case UnaryOp::kTanh:
+          r = std::tanh(v);
+          break;
+        case UnaryOp::kSigmoid:
+          r = 1.0 / (1.0 + std::exp(-v));
+          break;
+        case UnaryOp::kNeg:
+          r = -v;
+          break;
+        case UnaryOp::kExp:
+          r = std::exp(v);
+          break;
+        case UnaryOp::kLog:
+          r = std::log(v);
+          break;
+        case UnaryOp::kSquare:
+          r = v * v;
+          break;
+        case UnaryOp::kSqrt:
+          r = std::sqrt(v);
+          break;
+        case UnaryOp::kAbs:
+          r = std::fabs(v);
+          break;
       }
       if (std::fabs(ys[i] - r) > 1e-6 * std::fabs(r) + 1e-9 && bad++ < 8)
-        ADD_FAILURE() << "op " << static_cast<int>(op) << " element " << i << ": x " << xs[i] << " gpu "
-                      << ys[i] << " float64 " << r;
+        ADD_FAILURE() << "op " << static_cast<int>(op) << " element " << i << ": x " << xs[i]
+                      << " gpu " << ys[i] << " float64 " << r;
     }
     EXPECT_EQ(bad, 0u) << "op " << static_cast<int>(op) << " vs float64";
   }
@@ -363,9 +382,11 @@ TEST(GpuKernels, Cast) {
     size_t bad = 0;
     for (size_t i = 0; i < v.size(); ++i) {
       if (h[i] != float_to_f16(v[i]) && bad++ < 8)
-        ADD_FAILURE() << "float32 -> float16 of " << v[i] << ": gpu " << h[i] << " host " << float_to_f16(v[i]);
+        ADD_FAILURE() << "float32 -> float16 of " << v[i] << ": gpu " << h[i] << " host "
+                      << float_to_f16(v[i]);
       if (b[i] != float_to_bf16(v[i]) && bad++ < 8)
-        ADD_FAILURE() << "float32 -> bfloat16 of " << v[i] << ": gpu " << b[i] << " host " << float_to_bf16(v[i]);
+        ADD_FAILURE() << "float32 -> bfloat16 of " << v[i] << ": gpu " << b[i] << " host "
+                      << float_to_bf16(v[i]);
     }
     EXPECT_EQ(bad, 0u) << "GPU narrowing vs the host's float_to_f16 / float_to_bf16";
   }

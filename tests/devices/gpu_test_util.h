@@ -20,9 +20,7 @@
 #include "dtrain/core/tensor.h"
 #include "dtrain/devices/device.h"
 
-
 namespace dtrain::gpu_test {
-
 
 const DeviceSpec kCpu = DeviceSpec::cpu(0);
 const DeviceSpec kGpu = DeviceSpec::gpu(0);
@@ -54,7 +52,7 @@ inline Tensor G(const Tensor& t) {
 
 // |cpu - gpu| <= atol + rtol * |cpu| elementwise (NaNs must match NaNs, infinities exactly).
 inline void expect_close(const Tensor& c, const Tensor& g, float rtol = 1e-4f, float atol = 1e-4f,
-                  const std::string& what = "") {
+                         const std::string& what = "") {
   ASSERT_TRUE(c.defined() && g.defined()) << what;
   ASSERT_EQ(c.shape().to_string(), g.shape().to_string()) << what;
   ASSERT_EQ(c.dtype(), g.dtype()) << what;
@@ -106,7 +104,7 @@ inline bool is_float_zero(const unsigned char* p, DType t) {
 // signed_zeros_equal, +0 and -0 match (the CPU device's oneDNN float32 -> float16 reorder
 // returns +0 for -0; see the Cast test).
 inline void expect_bitwise_equal(const Tensor& c, const Tensor& g, const std::string& what = "",
-                          bool signed_zeros_equal = false) {
+                                 bool signed_zeros_equal = false) {
   ASSERT_EQ(c.shape().to_string(), g.shape().to_string()) << what;
   ASSERT_EQ(c.dtype(), g.dtype()) << what;
   const Tensor hc = c.to(kCpu), hg = g.to(kCpu);
@@ -117,10 +115,11 @@ inline void expect_bitwise_equal(const Tensor& c, const Tensor& g, const std::st
   size_t bad = 0;
   for (size_t i = 0; i < hc.nbytes(); i += elem) {
     if (std::memcmp(pa + i, pb + i, elem) == 0) continue;
-    if (signed_zeros_equal && is_float_zero(pa + i, c.dtype()) && is_float_zero(pb + i, c.dtype())) continue;
+    if (signed_zeros_equal && is_float_zero(pa + i, c.dtype()) && is_float_zero(pb + i, c.dtype()))
+      continue;
     if (bad++ < 8)
-      ADD_FAILURE() << what << " element " << i / elem << " differs bitwise: cpu " << hex_bits(pa + i, elem)
-                    << " gpu " << hex_bits(pb + i, elem);
+      ADD_FAILURE() << what << " element " << i / elem << " differs bitwise: cpu "
+                    << hex_bits(pa + i, elem) << " gpu " << hex_bits(pb + i, elem);
   }
   EXPECT_EQ(bad, 0u) << what;
 }

@@ -11,7 +11,9 @@
 namespace dtrain::hvd {
 namespace {
 
-Tensor vec(std::vector<float> v) { return Tensor::from_vector(v, Shape{static_cast<int64_t>(v.size())}); }
+Tensor vec(std::vector<float> v) {
+  return Tensor::from_vector(v, Shape{static_cast<int64_t>(v.size())});
+}
 std::vector<float> host(const Tensor& t) { return t.to(DeviceSpec::cpu()).to_vector<float>(); }
 
 template <typename F>
@@ -52,8 +54,10 @@ TEST(Hvd, AllreduceOpsAreExact) {
 TEST(Hvd, AsyncHandlesCompleteInOrder) {
   const float r = static_cast<float>(rank());
   std::vector<Handle> hs;
-  for (int i = 0; i < 5; ++i) hs.push_back(allreduce_async(vec({r + i}), "async." + std::to_string(i), Op::kSum));
-  for (int i = 4; i >= 0; --i) EXPECT_EQ(host(hs[static_cast<size_t>(i)].synchronize())[0], 3.f + 3 * i);
+  for (int i = 0; i < 5; ++i)
+    hs.push_back(allreduce_async(vec({r + i}), "async." + std::to_string(i), Op::kSum));
+  for (int i = 4; i >= 0; --i)
+    EXPECT_EQ(host(hs[static_cast<size_t>(i)].synchronize())[0], 3.f + 3 * i);
   for (const auto& h : hs) EXPECT_TRUE(h.poll());
 }
 
@@ -65,16 +69,23 @@ TEST(Hvd, AllreducesQueuedTogetherAreFusedAndExact) {
   std::vector<Handle> hs;
   for (int i = 0; i < 24; ++i) {
     const std::string name = "fuse." + std::to_string(i);
-    if (i % 3 == 0) hs.push_back(allreduce_async(Tensor::full(Shape{i + 1}, static_cast<float>(r + i)), name, Op::kSum));
+    if (i % 3 == 0)
+      hs.push_back(
+          allreduce_async(Tensor::full(Shape{i + 1}, static_cast<float>(r + i)), name, Op::kSum));
     if (i % 3 == 1)
-      hs.push_back(allreduce_async(Tensor::from_vector<double>({r + i + 0.5, -r - 1.0, 0, 1}, Shape{2, 2}), name));
-    if (i % 3 == 2) hs.push_back(allreduce_async(Tensor::from_vector<int32_t>({r, i, r * i}, Shape{3}), name, Op::kSum));
+      hs.push_back(allreduce_async(
+          Tensor::from_vector<double>({r + i + 0.5, -r - 1.0, 0, 1}, Shape{2, 2}), name));
+    if (i % 3 == 2)
+      hs.push_back(
+          allreduce_async(Tensor::from_vector<int32_t>({r, i, r * i}, Shape{3}), name, Op::kSum));
   }
   for (int i = 23; i >= 0; --i) {
     const Tensor t = hs[static_cast<size_t>(i)].synchronize();
     if (i % 3 == 0) {
       EXPECT_EQ(t.shape(), (Shape{i + 1}));
-      EXPECT_EQ(host(t), std::vector<float>(static_cast<size_t>(i + 1), 3.f + 3.f * static_cast<float>(i))) << i;
+      EXPECT_EQ(host(t),
+                std::vector<float>(static_cast<size_t>(i + 1), 3.f + 3.f * static_cast<float>(i)))
+          << i;
     } else if (i % 3 == 1) {
       EXPECT_EQ(t.shape(), (Shape{2, 2}));  // the average over 3 ranks
       EXPECT_EQ(t.to_vector<double>(), (std::vector<double>{i + 1.5, -2, 0, 1})) << i;
@@ -127,7 +138,8 @@ TEST(Hvd, BroadcastAlltoallReducescatter) {
   for (int q = 0; q < 3; ++q)
     for (int k = 0; k < 2; ++k) want.push_back(100.f * q + 10 * r + k);
   EXPECT_EQ(got, want);
-  // reducescatter: sum of [r, r, r, r+1, r+1, r+1] over ranks = [3, 3, 3, 6, 6, 6]; rank r keeps 2 of them.
+  // reducescatter: sum of [r, r, r, r+1, r+1, r+1] over ranks = [3, 3, 3, 6, 6, 6]; rank r keeps 2
+  // of them.
   const Tensor rs = reducescatter(vec({r, r, r, r + 1, r + 1, r + 1}), "rs", Op::kSum);
   const std::vector<float> all{3, 3, 3, 6, 6, 6};
   EXPECT_EQ(host(rs), std::vector<float>(all.begin() + 2 * rank(), all.begin() + 2 * rank() + 2));
@@ -137,7 +149,8 @@ TEST(Hvd, BroadcastAlltoallReducescatter) {
 TEST(Hvd, CompressionHalvesThePrecisionNotTheResult) {
   const float r = static_cast<float>(rank());
   for (Compression c : {Compression::kFP16, Compression::kBF16}) {
-    const Tensor t = allreduce(vec({0.1f * (r + 1), 1000.f + r}), std::string("comp.") + compression_name(c), Op::kSum, c);
+    const Tensor t = allreduce(vec({0.1f * (r + 1), 1000.f + r}),
+                               std::string("comp.") + compression_name(c), Op::kSum, c);
     EXPECT_EQ(t.dtype(), DType::kFloat32);
     const std::vector<float> v = host(t);
     const double tol = c == Compression::kFP16 ? 2e-3 : 2e-2;
@@ -166,8 +179,10 @@ TEST(Hvd, MismatchedNamesShapesAndOrderFailOnEveryRank) {
   e = failure([] { allreduce(vec({1}), "op", rank() == 0 ? Op::kSum : Op::kMax); });
   EXPECT_NE(e.find("sum"), std::string::npos) << e;
   e = failure([] {
-    if (rank() == 1) allgather(vec({1}), "kind");
-    else allreduce(vec({1}), "kind");
+    if (rank() == 1)
+      allgather(vec({1}), "kind");
+    else
+      allreduce(vec({1}), "kind");
   });
   EXPECT_NE(e.find("rank 1: allgather 'kind'"), std::string::npos) << e;
   EXPECT_EQ(host(allreduce(vec({1}), "after", Op::kSum))[0], 3.f);
@@ -181,22 +196,27 @@ TEST(Hvd, JoinLetsARankStopEarly) {
   }
   const float r = static_cast<float>(rank());
   EXPECT_EQ(host(allreduce(vec({r + 1}), "j.sum", Op::kSum))[0], 3.f);  // 1 + 2 + rank 2's zero
-  EXPECT_EQ(host(allreduce(vec({r + 1}), "j.avg"))[0], 1.5f);          // over the 2 that contributed
+  EXPECT_EQ(host(allreduce(vec({r + 1}), "j.avg"))[0], 1.5f);  // over the 2 that contributed
   const Tensor g = allgather(Tensor::full(Shape{1, 1}, r), "j.gather");
   EXPECT_EQ(g.shape(), (Shape{2, 1}));  // nothing from the joined rank
   // A fused run: the joined rank takes part with zeros of every tensor's shape.
   std::vector<Handle> hs;
-  for (int i = 0; i < 6; ++i) hs.push_back(allreduce_async(Tensor::full(Shape{i + 1}, r + i), "j.fused." + std::to_string(i)));
+  for (int i = 0; i < 6; ++i)
+    hs.push_back(
+        allreduce_async(Tensor::full(Shape{i + 1}, r + i), "j.fused." + std::to_string(i)));
   for (int i = 0; i < 6; ++i)  // the average of (0 + i) and (1 + i) over the 2 that contributed
-    EXPECT_EQ(host(hs[static_cast<size_t>(i)].synchronize()), std::vector<float>(static_cast<size_t>(i + 1), 0.5f + i));
+    EXPECT_EQ(host(hs[static_cast<size_t>(i)].synchronize()),
+              std::vector<float>(static_cast<size_t>(i + 1), 0.5f + i));
   EXPECT_EQ(join(), 1);
 }
 
 TEST(Hvd, BroadcastVariablesAndObjects) {
-  auto v = create_variable({"w", Shape{3}, DType::kFloat32, initializers::constant(static_cast<float>(rank()))});
+  auto v = create_variable(
+      {"w", Shape{3}, DType::kFloat32, initializers::constant(static_cast<float>(rank()))});
   broadcast_variables({v}, 2);
   EXPECT_EQ(host(v->value()), (std::vector<float>{2, 2, 2}));
-  const std::string msg = rank() == 0 ? std::string("epoch=7;best=0.91 and some bytes\0\1", 34) : "";
+  const std::string msg =
+      rank() == 0 ? std::string("epoch=7;best=0.91 and some bytes\0\1", 34) : "";
   const std::string got = broadcast_object(msg, 0);
   EXPECT_EQ(got.size(), 34u);
   EXPECT_EQ(got.substr(0, 16), "epoch=7;best=0.9");
@@ -222,13 +242,15 @@ TEST(Hvd, DistributedOptimizerAveragesAndAccumulates) {
 TEST(Hvd, DistributedGradientTapeAverages) {
   auto w = create_variable({"w", Shape{1}, DType::kFloat32, initializers::constant(3.f)});
   DistributedGradientTape tape;
-  const Tensor loss = ops::scale(ops::sum(ops::mul(w->value(), w->value())), static_cast<float>(rank() + 1));
+  const Tensor loss =
+      ops::scale(ops::sum(ops::mul(w->value(), w->value())), static_cast<float>(rank() + 1));
   // d/dw (r + 1) w^2 = 2 (r + 1) w = 6 (r + 1): average over ranks 12.
   EXPECT_EQ(host(tape.gradient(loss, {w})[0])[0], 12.f);
 }
 
 // fit() with one device per rank, Horovod-style: each rank its own shard, DistributedOptimizer,
-// weights broadcast from rank 0 at the start, metrics averaged: every rank ends with the same weights.
+// weights broadcast from rank 0 at the start, metrics averaged: every rank ends with the same
+// weights.
 TEST(Hvd, FitKeepsEveryRankInStep) {
   OneDeviceStrategy s(DeviceSpec::cpu());
   Sequential m;
@@ -244,7 +266,8 @@ TEST(Hvd, FitKeepsEveryRankInStep) {
   std::vector<int32_t> y(96);
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 37) % 11) / 11.f - 0.5f;
   for (size_t i = 0; i < y.size(); ++i) y[i] = static_cast<int32_t>(i % 3);
-  const Dataset all = Dataset::from_tensors({Tensor::from_vector(x, Shape{96, 4}), Tensor::from_vector(y, Shape{96})});
+  const Dataset all = Dataset::from_tensors(
+      {Tensor::from_vector(x, Shape{96, 4}), Tensor::from_vector(y, Shape{96})});
   BroadcastGlobalVariablesCallback bcast(0);
   MetricAverageCallback avg;
   LearningRateWarmupCallback warm(1.0);
@@ -272,12 +295,16 @@ int main(int argc, char** argv) {
   dtrain::hvd::InitOptions o;
   o.timeout = std::chrono::seconds(30);  // a bug shows as an error, not a hang
   if (argc > 1 && std::string(argv[1]) == "--stall-demo") {
-    // The stall inspector: the last rank starts its all-reduce 3.5 s late; the others warn each second.
+    // The stall inspector: the last rank starts its all-reduce 3.5 s late; the others warn each
+    // second.
     o.stall_warning = std::chrono::seconds(1);
     dtrain::hvd::init(o);
-    dtrain::hvd::allreduce(dtrain::Tensor::full(dtrain::Shape{4}, 1.f), "warm-up", dtrain::hvd::Op::kSum);
-    if (dtrain::hvd::rank() == dtrain::hvd::size() - 1) std::this_thread::sleep_for(std::chrono::milliseconds(3500));
-    const dtrain::Tensor t = dtrain::hvd::allreduce(dtrain::Tensor::full(dtrain::Shape{4}, 1.f), "late_tensor", dtrain::hvd::Op::kSum);
+    dtrain::hvd::allreduce(dtrain::Tensor::full(dtrain::Shape{4}, 1.f), "warm-up",
+                           dtrain::hvd::Op::kSum);
+    if (dtrain::hvd::rank() == dtrain::hvd::size() - 1)
+      std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+    const dtrain::Tensor t = dtrain::hvd::allreduce(dtrain::Tensor::full(dtrain::Shape{4}, 1.f),
+                                                    "late_tensor", dtrain::hvd::Op::kSum);
     std::printf("stall demo: rank %d got %g\n", dtrain::hvd::rank(), t.to_vector<float>()[0]);
     dtrain::hvd::shutdown();
     return 0;

@@ -15,10 +15,14 @@ class GradCheck : public ::testing::Test {
 
 TEST_F(GradCheck, AddSubMulDivWithBroadcasting) {
   const Shape a{3, 4}, b{4}, c{3, 1};
-  check_gradients([](const V& x) { return ops::add(x[0], x[1]); }, {random_tensor(a, 1), random_tensor(b, 2)}, {true, true});
-  check_gradients([](const V& x) { return ops::sub(x[0], x[1]); }, {random_tensor(a, 3), random_tensor(c, 4)}, {true, true});
-  check_gradients([](const V& x) { return ops::sub(x[0], x[1]); }, {random_tensor(b, 3), random_tensor(a, 4)}, {true, true});
-  check_gradients([](const V& x) { return ops::mul(x[0], x[1]); }, {random_tensor(a, 5), random_tensor(c, 6)}, {true, true});
+  check_gradients([](const V& x) { return ops::add(x[0], x[1]); },
+                  {random_tensor(a, 1), random_tensor(b, 2)}, {true, true});
+  check_gradients([](const V& x) { return ops::sub(x[0], x[1]); },
+                  {random_tensor(a, 3), random_tensor(c, 4)}, {true, true});
+  check_gradients([](const V& x) { return ops::sub(x[0], x[1]); },
+                  {random_tensor(b, 3), random_tensor(a, 4)}, {true, true});
+  check_gradients([](const V& x) { return ops::mul(x[0], x[1]); },
+                  {random_tensor(a, 5), random_tensor(c, 6)}, {true, true});
   check_gradients([](const V& x) { return ops::div(x[0], x[1]); },
                   {random_tensor(c, 7), random_tensor(a, 8, 0.5f, 2.f)}, {true, true});
 }
@@ -26,19 +30,26 @@ TEST_F(GradCheck, AddSubMulDivWithBroadcasting) {
 TEST_F(GradCheck, UnaryOps) {
   const Shape s{2, 5};
   check_gradients([](const V& x) { return ops::neg(x[0]); }, {random_tensor(s, 10)}, {true});
-  check_gradients([](const V& x) { return ops::scale(x[0], -2.5f); }, {random_tensor(s, 11)}, {true});
-  check_gradients([](const V& x) { return ops::add_scalar(x[0], 3.f); }, {random_tensor(s, 12)}, {true});
+  check_gradients([](const V& x) { return ops::scale(x[0], -2.5f); }, {random_tensor(s, 11)},
+                  {true});
+  check_gradients([](const V& x) { return ops::add_scalar(x[0], 3.f); }, {random_tensor(s, 12)},
+                  {true});
   check_gradients([](const V& x) { return ops::exp(x[0]); }, {random_tensor(s, 13)}, {true});
-  check_gradients([](const V& x) { return ops::log(x[0]); }, {random_tensor(s, 14, 0.5f, 2.f)}, {true});
+  check_gradients([](const V& x) { return ops::log(x[0]); }, {random_tensor(s, 14, 0.5f, 2.f)},
+                  {true});
   check_gradients([](const V& x) { return ops::square(x[0]); }, {random_tensor(s, 15)}, {true});
-  check_gradients([](const V& x) { return ops::sqrt(x[0]); }, {random_tensor(s, 16, 0.5f, 2.f)}, {true});
+  check_gradients([](const V& x) { return ops::sqrt(x[0]); }, {random_tensor(s, 16, 0.5f, 2.f)},
+                  {true});
 }
 
 TEST_F(GradCheck, Activations) {
   const Shape s{3, 7};
-  check_gradients([](const V& x) { return ops::relu(x[0]); }, {testing::away_from_zero(s, 20)}, {true});
-  check_gradients([](const V& x) { return ops::tanh(x[0]); }, {random_tensor(s, 21, -2.f, 2.f)}, {true});
-  check_gradients([](const V& x) { return ops::sigmoid(x[0]); }, {random_tensor(s, 22, -3.f, 3.f)}, {true});
+  check_gradients([](const V& x) { return ops::relu(x[0]); }, {testing::away_from_zero(s, 20)},
+                  {true});
+  check_gradients([](const V& x) { return ops::tanh(x[0]); }, {random_tensor(s, 21, -2.f, 2.f)},
+                  {true});
+  check_gradients([](const V& x) { return ops::sigmoid(x[0]); }, {random_tensor(s, 22, -3.f, 3.f)},
+                  {true});
 }
 
 TEST_F(GradCheck, MatmulAllTransposes) {
@@ -54,22 +65,38 @@ TEST_F(GradCheck, MatmulAllTransposes) {
 TEST_F(GradCheck, BiasAddSumMeanReshape) {
   check_gradients([](const V& x) { return ops::bias_add(x[0], x[1]); },
                   {random_tensor({2, 3, 4}, 40), random_tensor({4}, 41)}, {true, true});
-  check_gradients([](const V& x) { return ops::sum(x[0], {1}); }, {random_tensor({2, 3, 4}, 42)}, {true});
-  check_gradients([](const V& x) { return ops::sum(x[0], {0, 2}, true); }, {random_tensor({2, 3, 4}, 43)}, {true});
-  check_gradients([](const V& x) { return ops::mean(x[0], {-1}); }, {random_tensor({2, 3, 4}, 44)}, {true});
+  check_gradients([](const V& x) { return ops::sum(x[0], {1}); }, {random_tensor({2, 3, 4}, 42)},
+                  {true});
+  check_gradients(
+      [](const V& x) {
+        return ops::sum(x[0], {0, 2}, true);
+      },
+      {random_tensor({2, 3, 4}, 43)}, {true});
+  check_gradients([](const V& x) { return ops::mean(x[0], {-1}); }, {random_tensor({2, 3, 4}, 44)},
+                  {true});
   check_gradients([](const V& x) { return ops::mean(x[0]); }, {random_tensor({2, 3}, 45)}, {true});
-  check_gradients([](const V& x) { return ops::reshape(x[0], Shape{-1, 2}); }, {random_tensor({2, 3, 4}, 46)}, {true});
-  check_gradients([](const V& x) { return ops::flatten(x[0]); }, {random_tensor({2, 3, 4, 2}, 47)}, {true});
+  check_gradients(
+      [](const V& x) {
+        return ops::reshape(x[0], Shape{-1, 2});
+      },
+      {random_tensor({2, 3, 4}, 46)}, {true});
+  check_gradients([](const V& x) { return ops::flatten(x[0]); }, {random_tensor({2, 3, 4, 2}, 47)},
+                  {true});
 }
 
 TEST_F(GradCheck, Conv2dValidSameStrided) {
-  struct Case { Shape x, w; int stride; ops::Padding pad; };
+  struct Case {
+    Shape x, w;
+    int stride;
+    ops::Padding pad;
+  };
   for (const Case& c : {Case{{2, 6, 6, 2}, {3, 3, 2, 3}, 1, ops::Padding::kValid},
                         Case{{1, 5, 5, 3}, {3, 3, 3, 2}, 1, ops::Padding::kSame},
                         Case{{2, 7, 7, 1}, {3, 3, 1, 4}, 2, ops::Padding::kValid}}) {
-    check_gradients([&c](const V& x) { return ops::conv2d(x[0], x[1], x[2], c.stride, c.stride, c.pad); },
-                    {random_tensor(c.x, 50), random_tensor(c.w, 51), random_tensor({c.w[3]}, 52)},
-                    {true, true, true});
+    check_gradients(
+        [&c](const V& x) { return ops::conv2d(x[0], x[1], x[2], c.stride, c.stride, c.pad); },
+        {random_tensor(c.x, 50), random_tensor(c.w, 51), random_tensor({c.w[3]}, 52)},
+        {true, true, true});
   }
   // Without bias.
   check_gradients([](const V& x) { return ops::conv2d(x[0], x[1], Tensor()); },
@@ -110,8 +137,9 @@ TEST_F(GradCheck, BatchNorm) {
 }
 
 TEST_F(GradCheck, CastRoundTrip) {
-  check_gradients([](const V& x) { return ops::cast(ops::cast(x[0], DType::kFloat64), DType::kFloat32); },
-                  {random_tensor({5}, 90)}, {true});
+  check_gradients(
+      [](const V& x) { return ops::cast(ops::cast(x[0], DType::kFloat64), DType::kFloat32); },
+      {random_tensor({5}, 90)}, {true});
 }
 
 }  // namespace

@@ -1,9 +1,10 @@
 // Layers, initializers and optimizers against hand-computed values.
+#include "dtrain/model/layers.h"
+
 #include <cmath>
 
 #include "dtrain/core/precision.h"
 #include "dtrain/model/initializers.h"
-#include "dtrain/model/layers.h"
 #include "dtrain/model/losses.h"
 #include "dtrain/model/metrics.h"
 #include "dtrain/model/optimizers.h"
@@ -43,12 +44,14 @@ TEST_F(Layers, Conv2DAndMaxPoolByHand) {
   c.build(Shape{1, 3, 3, 1});
   c.kernel->assign(Tensor::full(Shape{2, 2, 1, 1}, 1.f));
   c.bias->assign(Tensor::full(Shape{1}, 1.f));
-  EXPECT_EQ(c(Tensor::from_vector(x, Shape{1, 3, 3, 1})).to_vector<float>(), (std::vector<float>{13, 17, 25, 29}));
+  EXPECT_EQ(c(Tensor::from_vector(x, Shape{1, 3, 3, 1})).to_vector<float>(),
+            (std::vector<float>{13, 17, 25, 29}));
 
   std::vector<float> p(16);
   for (int i = 0; i < 16; ++i) p[static_cast<size_t>(i)] = static_cast<float>(i + 1);
   MaxPool2D pool(2);
-  EXPECT_EQ(pool(Tensor::from_vector(p, Shape{1, 4, 4, 1})).to_vector<float>(), (std::vector<float>{6, 8, 14, 16}));
+  EXPECT_EQ(pool(Tensor::from_vector(p, Shape{1, 4, 4, 1})).to_vector<float>(),
+            (std::vector<float>{6, 8, 14, 16}));
 }
 
 TEST_F(Layers, ConvReluThenMaxPoolEqualsTheLayersOneByOneBitwise) {
@@ -68,15 +71,18 @@ TEST_F(Layers, ConvReluThenMaxPoolEqualsTheLayersOneByOneBitwise) {
     const Tensor x = Tensor::from_vector(xs, Shape{2, 7, 7, 2});
     GradientTape fused_tape;
     const Tensor fused = m(x, true);
-    const auto fused_grads = fused_tape.gradient(ops::sum(ops::square(fused)), m.trainable_variables());
+    const auto fused_grads =
+        fused_tape.gradient(ops::sum(ops::square(fused)), m.trainable_variables());
     GradientTape plain_tape;
     Tensor y = x;
-    for (const auto& l : m.layers()) y = (*l)(y, true);  // each layer on its own: conv+relu, then pool
+    for (const auto& l : m.layers())
+      y = (*l)(y, true);  // each layer on its own: conv+relu, then pool
     const auto plain_grads = plain_tape.gradient(ops::sum(ops::square(y)), m.trainable_variables());
     EXPECT_EQ(fused.to_vector<float>(), y.to_vector<float>());
     ASSERT_EQ(fused_grads.size(), plain_grads.size());
     for (size_t i = 0; i < fused_grads.size(); ++i)
-      EXPECT_EQ(fused_grads[i].to_vector<float>(), plain_grads[i].to_vector<float>()) << "gradient " << i;
+      EXPECT_EQ(fused_grads[i].to_vector<float>(), plain_grads[i].to_vector<float>())
+          << "gradient " << i;
   }
 }
 
@@ -100,7 +106,14 @@ TEST_F(Layers, ConvMaxPoolInChunksEqualsTheOpsApart) {
   // piece (the kernels apart). Every output and gradient must match conv2d then max_pool2d: the
   // forward pass and the input's gradient to the bit (each image is computed alone either way), the
   // filter's and bias's gradients to float32 rounding (they sum the chunks).
-  struct Case { int64_t n; int stride; ops::Padding conv_pad, pool_pad; bool bias; int window; int64_t chunk; };
+  struct Case {
+    int64_t n;
+    int stride;
+    ops::Padding conv_pad, pool_pad;
+    bool bias;
+    int window;
+    int64_t chunk;
+  };
   for (const Case& c : {Case{13, 1, ops::Padding::kValid, ops::Padding::kValid, true, 2, 5},
                         Case{10, 1, ops::Padding::kSame, ops::Padding::kSame, false, 3, 4},
                         Case{13, 2, ops::Padding::kSame, ops::Padding::kValid, true, 2, 4},
@@ -115,26 +128,32 @@ TEST_F(Layers, ConvMaxPoolInChunksEqualsTheOpsApart) {
     ConvPoolSaved saved;
     Pool2dParams pp;
     pp.window_h = pp.window_w = c.window;
-    const Conv2dParams pool_pad = ops::conv_params(conv_shape, Shape{c.window, c.window}, 2, 2, c.pool_pad);
+    const Conv2dParams pool_pad =
+        ops::conv_params(conv_shape, Shape{c.window, c.window}, 2, 2, c.pool_pad);
     pp.pad_top = pool_pad.pad_top;
     pp.pad_bottom = pool_pad.pad_bottom;
     pp.pad_left = pool_pad.pad_left;
     pp.pad_right = pool_pad.pad_right;
     get_device(DeviceSpec::cpu(0)).kernels().conv2d_max_pool2d(x, w, b, cp, pp, &saved);
     EXPECT_EQ(saved.chunk, c.chunk);
-    EXPECT_EQ(saved.conv_out.defined(), c.chunk == 0) << "only the unchunked pass keeps the convolution output";
+    EXPECT_EQ(saved.conv_out.defined(), c.chunk == 0)
+        << "only the unchunked pass keeps the convolution output";
 
-    const Tensor dy_weights = testing::random_tensor(
-        ops::max_pool2d(ops::conv2d(x, w, b, c.stride, c.stride, c.conv_pad), c.window, c.window, 2, 2, c.pool_pad).shape(), 73);
+    const Tensor dy_weights =
+        testing::random_tensor(ops::max_pool2d(ops::conv2d(x, w, b, c.stride, c.stride, c.conv_pad),
+                                               c.window, c.window, 2, 2, c.pool_pad)
+                                   .shape(),
+                               73);
     auto run = [&](bool fused) {
       GradientTape tape;
       Tensor xv = x, wv = w, bv = b;
       tape.watch(xv);
       tape.watch(wv);
       if (c.bias) tape.watch(bv);
-      const Tensor y = fused ? ops::conv2d_max_pool2d(xv, wv, bv, c.stride, c.conv_pad, c.window, 2, c.pool_pad)
-                             : ops::max_pool2d(ops::conv2d(xv, wv, bv, c.stride, c.stride, c.conv_pad), c.window,
-                                               c.window, 2, 2, c.pool_pad);
+      const Tensor y =
+          fused ? ops::conv2d_max_pool2d(xv, wv, bv, c.stride, c.conv_pad, c.window, 2, c.pool_pad)
+                : ops::max_pool2d(ops::conv2d(xv, wv, bv, c.stride, c.stride, c.conv_pad), c.window,
+                                  c.window, 2, 2, c.pool_pad);
       std::vector<Tensor> sources{xv, wv};
       if (c.bias) sources.push_back(bv);
       std::vector<Tensor> out{y};
@@ -156,14 +175,15 @@ TEST_F(Layers, ConvMaxPoolInChunksEqualsTheOpsApart) {
 
 TEST_F(Layers, MixedBfloat16ConvAndMatmulRoundTheirInputsOnly) {
   // Under mixed_bfloat16, conv2d and matmul (forward and both backward passes) read bfloat16 and
-  // return float32: within bfloat16's rounding (2^-8 relative per input) of float32, not equal to it,
-  // and exactly float32 again once the policy is back.
+  // return float32: within bfloat16's rounding (2^-8 relative per input) of float32, not equal to
+  // it, and exactly float32 again once the policy is back.
   std::vector<float> xs(2 * 6 * 6 * 3), ws(3 * 3 * 3 * 4), as(5 * 7), bs(7 * 3);
   for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.37f * static_cast<float>(i));
   for (size_t i = 0; i < ws.size(); ++i) ws[i] = std::cos(0.91f * static_cast<float>(i)) * 0.5f;
   for (size_t i = 0; i < as.size(); ++i) as[i] = std::sin(1.3f * static_cast<float>(i));
   for (size_t i = 0; i < bs.size(); ++i) bs[i] = std::cos(0.7f * static_cast<float>(i));
-  const Tensor x = Tensor::from_vector(xs, Shape{2, 6, 6, 3}), a = Tensor::from_vector(as, Shape{5, 7});
+  const Tensor x = Tensor::from_vector(xs, Shape{2, 6, 6, 3}),
+               a = Tensor::from_vector(as, Shape{5, 7});
   auto run = [&] {
     Tensor w = Tensor::from_vector(ws, Shape{3, 3, 3, 4}), b = Tensor::from_vector(bs, Shape{7, 3});
     GradientTape tape;
@@ -173,9 +193,11 @@ TEST_F(Layers, MixedBfloat16ConvAndMatmulRoundTheirInputsOnly) {
     tape.watch(xw);
     const Tensor y = ops::conv2d(xw, w, Tensor(), 1, 1, ops::Padding::kValid);
     const Tensor z = ops::matmul(a, b);
-    const auto g = tape.gradient(ops::add(ops::sum(ops::square(y)), ops::sum(ops::square(z))), {xw, w, b});
-    return std::vector<std::vector<float>>{y.to_vector<float>(), z.to_vector<float>(), g[0].to_vector<float>(),
-                                           g[1].to_vector<float>(), g[2].to_vector<float>()};
+    const auto g =
+        tape.gradient(ops::add(ops::sum(ops::square(y)), ops::sum(ops::square(z))), {xw, w, b});
+    return std::vector<std::vector<float>>{y.to_vector<float>(), z.to_vector<float>(),
+                                           g[0].to_vector<float>(), g[1].to_vector<float>(),
+                                           g[2].to_vector<float>()};
   };
   const auto f32 = run();
   set_precision_policy(Precision::kMixedBFloat16);
@@ -253,7 +275,11 @@ TEST_F(Layers, InitializersAreSeededAndBounded) {
 
 TEST_F(Layers, SgdPlainMomentumNesterovByHand) {
   const Tensor g = Tensor::full(Shape{1}, 0.5f);
-  struct Case { float mu; bool nesterov; float after1, after2; };
+  struct Case {
+    float mu;
+    bool nesterov;
+    float after1, after2;
+  };
   for (const Case& c : {Case{0.f, false, 0.95f, 0.9f}, Case{0.9f, false, 0.95f, 0.855f},
                         Case{0.9f, true, 0.905f, 0.7695f}}) {
     auto w = scalar_var(1.f);

@@ -17,14 +17,20 @@ class Optimizers : public ::testing::Test {
 
 std::shared_ptr<Variable> var(const std::string& name, std::vector<float> v) {
   const int64_t n = static_cast<int64_t>(v.size());
-  return create_variable({name, Shape{n}, DType::kFloat32,
-                          [v](const Shape& s, DType, DeviceSpec d) { return Tensor::from_vector(v, s).to(d); }});
+  return create_variable(
+      {name, Shape{n}, DType::kFloat32,
+       [v](const Shape& s, DType, DeviceSpec d) { return Tensor::from_vector(v, s).to(d); }});
 }
-Tensor vec(std::vector<float> v) { return Tensor::from_vector(v, Shape{static_cast<int64_t>(v.size())}); }
+Tensor vec(std::vector<float> v) {
+  return Tensor::from_vector(v, Shape{static_cast<int64_t>(v.size())});
+}
 float first(const std::shared_ptr<Variable>& v) { return v->value().to_vector<float>()[0]; }
 
 TEST_F(Optimizers, RmspropPlainCenteredMomentumByHand) {
-  struct Case { float momentum; bool centered; };
+  struct Case {
+    float momentum;
+    bool centered;
+  };
   for (const Case c : {Case{0.f, false}, Case{0.5f, false}, Case{0.f, true}, Case{0.5f, true}}) {
     auto w = var("w", {1.f});
     RMSprop opt(0.1f, 0.9f, c.momentum, 1e-7f, c.centered);
@@ -173,23 +179,30 @@ TEST_F(Optimizers, SchedulesByHand) {
 
 TEST_F(Optimizers, ScheduleConfigsRoundTrip) {
   for (const auto& s : std::vector<std::shared_ptr<LearningRateSchedule>>{
-           std::make_shared<ConstantSchedule>(0.5f), std::make_shared<PiecewiseConstantDecay>(
-                                                         std::vector<int64_t>{10, 20}, std::vector<float>{1.f, 0.5f, 0.1f}),
-           std::make_shared<ExponentialDecay>(0.1f, 100, 0.96f, true), std::make_shared<CosineDecay>(0.f, 900, 0.f, 1e-3f, 100),
+           std::make_shared<ConstantSchedule>(0.5f),
+           std::make_shared<PiecewiseConstantDecay>(std::vector<int64_t>{10, 20},
+                                                    std::vector<float>{1.f, 0.5f, 0.1f}),
+           std::make_shared<ExponentialDecay>(0.1f, 100, 0.96f, true),
+           std::make_shared<CosineDecay>(0.f, 900, 0.f, 1e-3f, 100),
            std::make_shared<PolynomialDecay>(0.1f, 50, 1e-3f, 2.f, true)}) {
     const auto back = LearningRateSchedule::from_config(s->config());
     EXPECT_EQ(back->config(), s->config());
     for (int64_t step : {0, 7, 99, 1000}) EXPECT_EQ((*back)(step), (*s)(step)) << s->config();
   }
-  EXPECT_NEAR((*LearningRateSchedule::from_config("cosine initial_learning_rate=1 decay_steps=100"))(50), 0.5, 1e-6);
-  for (const char* bad : {"", "linear", "cosine decay_steps=100", "exponential initial_learning_rate=1 decay_steps=1.5 decay_rate=0.9",
-                          "piecewise_constant boundaries=1;2 values=1", "constant learning_rate=1 extra=2"})
+  EXPECT_NEAR(
+      (*LearningRateSchedule::from_config("cosine initial_learning_rate=1 decay_steps=100"))(50),
+      0.5, 1e-6);
+  for (const char* bad :
+       {"", "linear", "cosine decay_steps=100",
+        "exponential initial_learning_rate=1 decay_steps=1.5 decay_rate=0.9",
+        "piecewise_constant boundaries=1;2 values=1", "constant learning_rate=1 extra=2"})
     EXPECT_THROW(LearningRateSchedule::from_config(bad), InvalidArgument) << bad;
 }
 
 TEST_F(Optimizers, ScheduleDrivesEachStepFromIterations) {
   auto w = var("w", {1.f});
-  SGD opt(std::make_shared<PiecewiseConstantDecay>(std::vector<int64_t>{0}, std::vector<float>{1.f, 0.1f}));
+  SGD opt(std::make_shared<PiecewiseConstantDecay>(std::vector<int64_t>{0},
+                                                   std::vector<float>{1.f, 0.1f}));
   EXPECT_EQ(opt.learning_rate(), 1.f);
   opt.apply_gradients({vec({0.5f})}, {w});  // iteration 0: lr 1
   EXPECT_NEAR(first(w), 0.5f, 1e-7);
@@ -230,8 +243,8 @@ TEST_F(Optimizers, SlotsComeInVariableOrderWithNames) {
   opt.build({z, a, m});
   std::vector<std::string> names;
   for (const auto& s : opt.slot_variables()) names.push_back(s->name());
-  EXPECT_EQ(names, (std::vector<std::string>{"optimizer/z/m", "optimizer/z/v", "optimizer/a/m", "optimizer/a/v",
-                                             "optimizer/m/m", "optimizer/m/v"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"optimizer/z/m", "optimizer/z/v", "optimizer/a/m",
+                                             "optimizer/a/v", "optimizer/m/m", "optimizer/m/v"}));
   Adagrad ada(0.1f, 0.25f);
   ada.build({z});
   EXPECT_EQ(first(ada.slot_variables()[0]), 0.25f);
@@ -247,12 +260,14 @@ TEST_F(Optimizers, SequentialMakesLayerNamesUniqueAsKeras) {
   m.add(std::make_shared<Dense>(4));
   m.add(std::make_shared<Dense>(4));
   m.add(std::make_shared<Dense>(2));
-  m.add(std::make_shared<Dense>(2, Activation::kNone, true, "dense_1"));  // taken: becomes dense_1_1
+  m.add(
+      std::make_shared<Dense>(2, Activation::kNone, true, "dense_1"));  // taken: becomes dense_1_1
   m.build(Shape{1, 3});
   std::vector<std::string> names;
   for (const auto& v : m.variables()) names.push_back(v->name());
-  EXPECT_EQ(names, (std::vector<std::string>{"dense/kernel", "dense/bias", "dense_1/kernel", "dense_1/bias",
-                                             "dense_2/kernel", "dense_2/bias", "dense_1_1/kernel", "dense_1_1/bias"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"dense/kernel", "dense/bias", "dense_1/kernel",
+                                             "dense_1/bias", "dense_2/kernel", "dense_2/bias",
+                                             "dense_1_1/kernel", "dense_1_1/bias"}));
 }
 
 }  // namespace

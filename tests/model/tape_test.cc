@@ -36,10 +36,11 @@ TEST_F(Tape, BackwardFunctionsAreToldWhichInputsNeedAGradient) {
   tape.watch(watched);
   Tensor y = ops::add(ops::mul(data, weight), watched);
   Tensor out = Tensor::from_vector<float>({0, 0}, Shape{2});
-  tape::record("probe", {data, watched, weight, y}, {out}, [&](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-    for (size_t i = 0; i < 4; ++i) seen.push_back(tape::needs_gradient(i));
-    return {Tensor(), Tensor(), Tensor(), g[0]};
-  });
+  tape::record("probe", {data, watched, weight, y}, {out},
+               [&](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                 for (size_t i = 0; i < 4; ++i) seen.push_back(tape::needs_gradient(i));
+                 return {Tensor(), Tensor(), Tensor(), g[0]};
+               });
   EXPECT_TRUE(tape::needs_gradient(0));  // outside a backward pass
   tape.gradient(ops::sum(out), {weight});
   EXPECT_EQ(seen, (std::vector<bool>{false, true, true, true}));

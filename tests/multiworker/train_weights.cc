@@ -1,7 +1,7 @@
 // Test helper: trains the reference CNN for --steps steps on the first steps*batch (or --rows)
-// Fashion-MNIST images under --strategy (the same code path as the example) and, on the chief, writes every
-// trainable weight as float32 to --out, preceded by the final loss. Used by multiworker_test.py
-// to compare MultiWorkerMirrored (via dtrain-run) with OneDevice.
+// Fashion-MNIST images under --strategy (the same code path as the example) and, on the chief,
+// writes every trainable weight as float32 to --out, preceded by the final loss. Used by
+// multiworker_test.py to compare MultiWorkerMirrored (via dtrain-run) with OneDevice.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -10,15 +10,19 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"train the reference CNN and dump the weights"};
-  std::string strategy_name = "one_device", devices = "cpu", out, optimizer = "adam learning_rate=0.001";
+  std::string strategy_name = "one_device", devices = "cpu", out,
+              optimizer = "adam learning_rate=0.001";
   int64_t steps = 10, batch = 64, rows = 0, declared_batch = 0;
   app.add_option("--strategy", strategy_name);
   app.add_option("--devices", devices);
   app.add_option("--steps", steps);
   app.add_option("--batch-size", batch);
-  app.add_option("--rows", rows, "train on this many images (default steps * batch); a short last batch when not a multiple of the batch");
+  app.add_option("--rows", rows,
+                 "train on this many images (default steps * batch); a short last batch when not a "
+                 "multiple of the batch");
   app.add_option("--declared-batch", declared_batch,
-                 "only take one batch of the data batched by --batch-size from distribute_dataset, declaring this "
+                 "only take one batch of the data batched by --batch-size from distribute_dataset, "
+                 "declaring this "
                  "global batch size (a misuse test: larger batches than declared must be refused)");
   app.add_option("--optimizer", optimizer, "Optimizer::from_config line (default Adam, rate 1e-3)");
   app.add_option("--out", out)->required();
@@ -32,7 +36,9 @@ int main(int argc, char** argv) {
     const int64_t n = rows > 0 ? rows : steps * batch;
     if (declared_batch > 0) {
       const auto next = strategy->distribute_dataset(
-          dtrain::Dataset::from_tensors({data.train_images.slice_rows(0, n), data.train_labels.slice_rows(0, n)}).batch(batch),
+          dtrain::Dataset::from_tensors(
+              {data.train_images.slice_rows(0, n), data.train_labels.slice_rows(0, n)})
+              .batch(batch),
           declared_batch);
       dtrain::PerReplica p;
       next(&p);
@@ -50,7 +56,8 @@ int main(int argc, char** argv) {
     f.steps = steps;
     f.global_batch_size = batch;
     f.shuffle_seed = 11;
-    const auto ds = dtrain::Dataset::from_tensors({data.train_images.slice_rows(0, n), data.train_labels.slice_rows(0, n)});
+    const auto ds = dtrain::Dataset::from_tensors(
+        {data.train_images.slice_rows(0, n), data.train_labels.slice_rows(0, n)});
     const dtrain::History h = dtrain::fit(*strategy, model, *opt, ds, nullptr, f);
     if (strategy->extended().is_chief()) {
       std::FILE* fp = std::fopen(out.c_str(), "wb");

@@ -1,16 +1,18 @@
 // A worker program for the parameter-server tests, run through dtrain-run as a real job.
 //   ps_check counter <pushes>   each worker pushes a gradient of -1 to a zero scalar <pushes> times
-//                               (SGD, lr 1); the chief prints {"value": V} once every worker is done.
-//   ps_check stale <k> <pushes> <ms>  as counter, with max_staleness k; worker 1 sleeps <ms> per step;
+//                               (SGD, lr 1); the chief prints {"value": V} once every worker is
+//                               done.
+//   ps_check stale <k> <pushes> <ms>  as counter, with max_staleness k; worker 1 sleeps <ms> per
+//   step;
 //                               every worker prints {"worker": i, "seconds": its time}
 //   ps_check shards             creates variables under three partitioners and prints, as JSON,
 //                               where each shard lives, its shape, and whether it reads back whole.
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
-#include <chrono>
 
 #include "dtrain/dtrain.h"
 #include "dtrain/strategies/parameter_server_strategy.h"
@@ -45,7 +47,8 @@ int stale(int max_staleness, int pushes, int sleep_ms) {
   dtrain::SGD sgd(1.0f);
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < pushes; ++i)
-    strategy.run([&](dtrain::ReplicaContext&, const std::vector<dtrain::Tensor>&) -> std::vector<dtrain::Tensor> {
+    strategy.run([&](dtrain::ReplicaContext&,
+                     const std::vector<dtrain::Tensor>&) -> std::vector<dtrain::Tensor> {
       if (me == 1) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
       sgd.apply_gradients({dtrain::Tensor::scalar(-1.f)}, {var});
       return {};
@@ -62,13 +65,15 @@ int counter(int pushes) {
   const std::shared_ptr<dtrain::Variable> var = zero_scalar(strategy);
   dtrain::SGD sgd(1.0f);
   for (int i = 0; i < pushes; ++i)
-    strategy.run([&](dtrain::ReplicaContext&, const std::vector<dtrain::Tensor>&) -> std::vector<dtrain::Tensor> {
+    strategy.run([&](dtrain::ReplicaContext&,
+                     const std::vector<dtrain::Tensor>&) -> std::vector<dtrain::Tensor> {
       sgd.apply_gradients({dtrain::Tensor::scalar(-1.f)}, {var});
       return {};
     });
   strategy.finish_training();
   if (strategy.extended().is_chief())
-    std::printf("{\"value\": %.1f, \"global_step\": %lld}\n", static_cast<double>(var->value().item()),
+    std::printf("{\"value\": %.1f, \"global_step\": %lld}\n",
+                static_cast<double>(var->value().item()),
                 static_cast<long long>(strategy.global_step()));
   return 0;
 }
@@ -81,8 +86,10 @@ int shards() {
   };
   const Case cases[] = {
       {"fixed3", dtrain::fixed_shards_partitioner(3), dtrain::Shape{10, 4}},
-      {"min_size", dtrain::min_size_partitioner(64, 4), dtrain::Shape{10, 4}},   // 160 B: 2 shards of >= 64 B
-      {"max_size", dtrain::max_size_partitioner(48, 0), dtrain::Shape{10, 4}},   // 16 B rows: 3 rows max -> 4 shards
+      {"min_size", dtrain::min_size_partitioner(64, 4),
+       dtrain::Shape{10, 4}},  // 160 B: 2 shards of >= 64 B
+      {"max_size", dtrain::max_size_partitioner(48, 0),
+       dtrain::Shape{10, 4}},  // 16 B rows: 3 rows max -> 4 shards
       {"scalar", dtrain::fixed_shards_partitioner(3), dtrain::Shape{}},
   };
   std::string out = "{";
@@ -107,7 +114,8 @@ int shards() {
     const std::vector<float> whole = var->value().to_vector<float>();
     bool exact = whole.size() == static_cast<size_t>(c.shape.numel());
     for (size_t i = 0; exact && i < whole.size(); ++i) exact = whole[i] == static_cast<float>(i);
-    out += std::string(out.size() > 1 ? ", " : "") + "\"" + c.name + "\": {\"whole\": " + (exact ? "true" : "false") + ", \"shards\": [";
+    out += std::string(out.size() > 1 ? ", " : "") + "\"" + c.name +
+           "\": {\"whole\": " + (exact ? "true" : "false") + ", \"shards\": [";
     size_t offset = 0;
     for (int s = 0; s < sv->num_shards(); ++s) {
       const dtrain::Tensor t = sv->read_shard(s);
@@ -115,8 +123,9 @@ int shards() {
       bool match = t.shape() == sv->shard_shape(s);
       for (size_t i = 0; match && i < v.size(); ++i) match = v[i] == whole[offset + i];
       offset += v.size();
-      out += std::string(s ? ", " : "") + "{\"task\": \"" + sv->shard_task(s) + "\", \"shape\": \"" +
-             sv->shard_shape(s).to_string() + "\", \"match\": " + (match ? "true" : "false") + "}";
+      out += std::string(s ? ", " : "") + "{\"task\": \"" + sv->shard_task(s) +
+             "\", \"shape\": \"" + sv->shard_shape(s).to_string() +
+             "\", \"match\": " + (match ? "true" : "false") + "}";
     }
     out += "]}";
   }
@@ -129,7 +138,8 @@ int shards() {
 int main(int argc, char** argv) {
   try {
     // Started as a ps task (dtrain-run gives every task the same command): serve.
-    if (auto cluster = dtrain::from_environment(); cluster && cluster->task_type() == dtrain::TaskType::kPs) {
+    if (auto cluster = dtrain::from_environment();
+        cluster && cluster->task_type() == dtrain::TaskType::kPs) {
       dtrain::serve_parameter_server(*cluster);
       return 0;
     }

@@ -1,6 +1,7 @@
 // The strategy contract: a variable belongs to the strategy that made it, the role of a process is
 // resolved once and returned as a value, the training policy is reached through extended(), and the
-// input API is on every Strategy. Each test checks the error type and what its message tells the user.
+// input API is on every Strategy. Each test checks the error type and what its message tells the
+// user.
 #include <omp.h>
 
 #include <cstdlib>
@@ -105,7 +106,8 @@ TEST_F(Contract, AWriteToAnotherStrategysVariableIsRefusedToo) {
       return {};
     });
   });
-  EXPECT_NE(what.find("is assigned inside the run() of MirroredStrategy"), std::string::npos) << what;
+  EXPECT_NE(what.find("is assigned inside the run() of MirroredStrategy"), std::string::npos)
+      << what;
   EXPECT_FLOAT_EQ(w->value().to_vector<float>()[0], 1.f);
 }
 
@@ -133,8 +135,8 @@ TEST_F(Contract, TheRightStrategyTrainsItsVariable) {
     w = scalar_variable("w", 1.f);
   }
   sgd_step(mirrored, sgd, w);
-  // Each replica's gradient is 0.5; the all-reduce sums them to 1.0 (compute_average_loss is not used
-  // here), so SGD(0.5) moves w from 1.0 to 0.5 on every copy.
+  // Each replica's gradient is 0.5; the all-reduce sums them to 1.0 (compute_average_loss is not
+  // used here), so SGD(0.5) moves w from 1.0 to 0.5 on every copy.
   for (const Tensor& copy : w->device_values()) EXPECT_FLOAT_EQ(copy.to_vector<float>()[0], 0.5f);
 }
 
@@ -154,7 +156,9 @@ TEST_F(Contract, FitWithAModelBuiltOutsideTheScopeNamesTheScope) {
   FitOptions f;
   f.steps = 1;
   f.global_batch_size = 8;
-  const std::string what = failed_precondition([&] { fit(mirrored, model, *opt, Dataset::from_tensors({x, y}), nullptr, f); });
+  const std::string what = failed_precondition([&] {
+    fit(mirrored, model, *opt, Dataset::from_tensors({x, y}), nullptr, f);
+  });
   EXPECT_NE(what.find("strategy.scope()"), std::string::npos) << what;
   EXPECT_EQ(what.find("move one with .to(device)"), std::string::npos) << what;
 }
@@ -169,7 +173,8 @@ TEST_F(Contract, DistributeDatasetsFromFunctionIsOnEveryStrategy) {
     auto next = strategy.distribute_datasets_from_function([&](const InputContext& ic) {
       seen.push_back(ic);
       std::vector<float> rows(8, static_cast<float>(ic.input_pipeline_id));
-      return Dataset::from_tensors({Tensor::from_vector<float>(rows, Shape{8})}).batch(ic.get_per_replica_batch_size(4 * n));
+      return Dataset::from_tensors({Tensor::from_vector<float>(rows, Shape{8})})
+          .batch(ic.get_per_replica_batch_size(4 * n));
     });
     ASSERT_EQ(static_cast<int>(seen.size()), n);
     for (int r = 0; r < n; ++r) {
@@ -191,17 +196,21 @@ TEST_F(Contract, DistributeDatasetsFromFunctionIsOnEveryStrategy) {
 TEST_F(Contract, DistributeValuesFromFunctionPlacesEachReplicasValue) {
   MirroredStrategy mirrored(two_cpus());
   Strategy& strategy = mirrored;
-  const PerReplica v = strategy.experimental_distribute_values_from_function([](const ValueContext& vc) {
-    return std::vector<Tensor>{Tensor::scalar(static_cast<float>(10 * vc.replica_id_in_sync_group + vc.num_replicas_in_sync))};
-  });
+  const PerReplica v =
+      strategy.experimental_distribute_values_from_function([](const ValueContext& vc) {
+        return std::vector<Tensor>{Tensor::scalar(
+            static_cast<float>(10 * vc.replica_id_in_sync_group + vc.num_replicas_in_sync))};
+      });
   ASSERT_EQ(v.num_replicas(), 2u);
   EXPECT_FLOAT_EQ(v.values[0][0].item(), 2.f);
   EXPECT_FLOAT_EQ(v.values[1][0].item(), 12.f);
   EXPECT_EQ(v.values[1][0].device(), DeviceSpec::cpu(1));
   // And the values feed run() directly.
-  const PerReplica out = strategy.run([](ReplicaContext& ctx, const std::vector<Tensor>& in) {
-    return ctx.all_reduce(ReduceOp::kSum, {in[0]});
-  }, v);
+  const PerReplica out = strategy.run(
+      [](ReplicaContext& ctx, const std::vector<Tensor>& in) {
+        return ctx.all_reduce(ReduceOp::kSum, {in[0]});
+      },
+      v);
   EXPECT_FLOAT_EQ(out.values[0][0].item(), 14.f);
 }
 
@@ -214,8 +223,8 @@ TEST_F(Contract, ConfiguringDevicesTwiceSaysOncePerProcess) {
 }
 
 // The intra-op thread count belongs to the device: the training loop's own thread, left at the
-// process default (every core), runs CPU:0's kernels with CPU:0's one thread, so it starts no OpenMP
-// team whose idle workers would spin on the replicas' cores.
+// process default (every core), runs CPU:0's kernels with CPU:0's one thread, so it starts no
+// OpenMP team whose idle workers would spin on the replicas' cores.
 TEST_F(Contract, KernelsRunWithTheirDevicesThreadCountOnAnyThread) {
   std::thread([] {
     omp_set_num_threads(8);  // a thread at some other default
@@ -241,7 +250,9 @@ TEST_F(Contract, SingleProcessStrategiesHaveTheSingleProcessParts) {
 // Sets an environment variable for one test.
 class ScopedEnv {
  public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) { setenv(name, value.c_str(), 1); }
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    setenv(name, value.c_str(), 1);
+  }
   ~ScopedEnv() { unsetenv(name_); }
 
  private:
@@ -280,7 +291,8 @@ TEST_F(Contract, RunTaskResolvesTheRoleOnceAndReturnsIt) {
   EXPECT_EQ(evaluated_dir, "/tmp/dtrain-contract-ckpt");
   EXPECT_EQ(evaluated_task, "evaluator:0");
 
-  fns.evaluate = nullptr;  // an evaluator task with nothing to evaluate is an error, not a silent exit
+  fns.evaluate =
+      nullptr;  // an evaluator task with nothing to evaluate is an error, not a silent exit
   const std::string what = failed_precondition([&] { run_task("parameter_server", {}, fns); });
   EXPECT_NE(what.find("evaluator:0"), std::string::npos) << what;
 }
@@ -290,7 +302,9 @@ TEST_F(Contract, RunTaskRefusesAPsTaskUnderAStrategyWithoutParameterServers) {
   TaskFunctions fns;
   fns.train = [](Strategy&) {};
   const std::string what = failed_precondition([&] { run_task("multi_worker_mirrored", {}, fns); });
-  EXPECT_NE(what.find("--strategy=multi_worker_mirrored has no parameter servers"), std::string::npos) << what;
+  EXPECT_NE(what.find("--strategy=multi_worker_mirrored has no parameter servers"),
+            std::string::npos)
+      << what;
 }
 
 TEST_F(Contract, RunTaskTrainsASingleProcess) {

@@ -22,7 +22,8 @@ Dataset regression(int64_t n, uint64_t salt = 0) {
     x[static_cast<size_t>(2 * i + 1)] = b;
     y[static_cast<size_t>(i)] = std::sin(3.f * a) + 0.5f * b * b;
   }
-  return Dataset::from_tensors({Tensor::from_vector(x, Shape{n, 2}), Tensor::from_vector(y, Shape{n, 1})});
+  return Dataset::from_tensors(
+      {Tensor::from_vector(x, Shape{n, 2}), Tensor::from_vector(y, Shape{n, 1})});
 }
 
 Tensor mse(const Tensor& p, const Tensor& t) { return ops::mean_squared_error(p, t); }
@@ -70,7 +71,8 @@ TEST(EnsembleWorkers, MembersAcrossTwoWorkersEqualOneProcessWithFourDevices) {
   EXPECT_EQ(ens->num_members(), 4);
   const int rank = dist->extended().worker_rank();
   EXPECT_EQ(ens->first_member(), 2 * rank);
-  EnsembleStrategy one_process({DeviceSpec::cpu(0), DeviceSpec::cpu(1), DeviceSpec::cpu(2), DeviceSpec::cpu(3)});
+  EnsembleStrategy one_process(
+      {DeviceSpec::cpu(0), DeviceSpec::cpu(1), DeviceSpec::cpu(2), DeviceSpec::cpu(3)});
 
   Trained a = train(*dist), b = train(one_process);
   // This worker's members are members 2*rank and 2*rank + 1 of the one-process ensemble.
@@ -82,7 +84,8 @@ TEST(EnsembleWorkers, MembersAcrossTwoWorkersEqualOneProcessWithFourDevices) {
   // The logged loss is the mean over all four members (summed in another order: within rounding).
   ASSERT_EQ(a.history.epoch_loss.size(), b.history.epoch_loss.size());
   for (size_t e = 0; e < a.history.epoch_loss.size(); ++e)
-    EXPECT_NEAR(a.history.epoch_loss[e], b.history.epoch_loss[e], 1e-6 * std::abs(b.history.epoch_loss[e]));
+    EXPECT_NEAR(a.history.epoch_loss[e], b.history.epoch_loss[e],
+                1e-6 * std::abs(b.history.epoch_loss[e]));
   EXPECT_EQ(a.opt->iterations(), 3 * 6);
 
   // Every worker gets every member's predictions, in member order; mean and spread over all four.
@@ -90,7 +93,8 @@ TEST(EnsembleWorkers, MembersAcrossTwoWorkersEqualOneProcessWithFourDevices) {
   const EnsemblePrediction pa = predict_ensemble(*dist, a.model, test, 16);
   const EnsemblePrediction pb = predict_ensemble(one_process, b.model, test, 16);
   ASSERT_EQ(pa.members.size(), 4u);
-  for (size_t m = 0; m < 4; ++m) EXPECT_EQ(values(pa.members[m]), values(pb.members[m])) << "member " << m;
+  for (size_t m = 0; m < 4; ++m)
+    EXPECT_EQ(values(pa.members[m]), values(pb.members[m])) << "member " << m;
   EXPECT_EQ(values(pa.mean), values(pb.mean));
   EXPECT_EQ(values(pa.stddev), values(pb.stddev));
   EXPECT_NE(values(pa.members[0]), values(pa.members[3]));  // members differ
@@ -115,18 +119,21 @@ TEST(EnsembleWorkers, MembersAcrossTwoWorkersEqualOneProcessWithFourDevices) {
 
   Trained fresh;
   build(*dist, fresh);
-  EXPECT_NE(values(fresh.model.variables()[0]->device_values()[0]), values(a.model.variables()[0]->device_values()[0]));
+  EXPECT_NE(values(fresh.model.variables()[0]->device_values()[0]),
+            values(a.model.variables()[0]->device_values()[0]));
   Checkpoint(fresh.model, fresh.opt.get(), dist.get()).restore(path);
   for (size_t v = 0; v < a.model.variables().size(); ++v)
     for (size_t m = 0; m < 2; ++m)
-      EXPECT_EQ(values(fresh.model.variables()[v]->device_values()[m]), values(a.model.variables()[v]->device_values()[m]));
+      EXPECT_EQ(values(fresh.model.variables()[v]->device_values()[m]),
+                values(a.model.variables()[v]->device_values()[m]));
   EXPECT_EQ(fresh.opt->iterations(), a.opt->iterations());
 
   Trained local;
   build(one_process, local);
   Checkpoint(local.model, local.opt.get(), &one_process).restore(path);
   for (size_t m = 0; m < 4; ++m)
-    EXPECT_EQ(values(local.model.variables()[0]->device_values()[m]), values(b.model.variables()[0]->device_values()[m]));
+    EXPECT_EQ(values(local.model.variables()[0]->device_values()[m]),
+              values(b.model.variables()[0]->device_values()[m]));
 }
 
 TEST(EnsembleWorkers, WorkersWithDifferentDeviceCountsFailOnEveryWorkerNamingThem) {

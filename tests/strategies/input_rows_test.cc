@@ -21,7 +21,8 @@ Dataset ids(int64_t n) {
     a[static_cast<size_t>(i)] = static_cast<int32_t>(i);
     for (int k = 0; k < 3; ++k) b[static_cast<size_t>(i * 3 + k)] = static_cast<float>(10 * i + k);
   }
-  return Dataset::from_tensors({Tensor::from_vector(a, Shape{n}), Tensor::from_vector(b, Shape{n, 3})});
+  return Dataset::from_tensors(
+      {Tensor::from_vector(a, Shape{n}), Tensor::from_vector(b, Shape{n, 3})});
 }
 
 struct Batch {
@@ -30,7 +31,8 @@ struct Batch {
 };
 
 // Every element of the windowed pipeline, after checking that both components hold the same rows.
-std::vector<Batch> windowed(const Dataset& ds, int64_t begin, int64_t end, bool expect_pushed_down) {
+std::vector<Batch> windowed(const Dataset& ds, int64_t begin, int64_t end,
+                            bool expect_pushed_down) {
   detail::RowWindowIterator it(ds, begin, end);
   EXPECT_EQ(it.gathers_window_only(), expect_pushed_down) << ds.to_string();
   std::vector<Batch> out;
@@ -42,7 +44,9 @@ std::vector<Batch> windowed(const Dataset& ds, int64_t begin, int64_t end, bool 
     const std::vector<float> b = e[1].to_vector<float>();
     EXPECT_EQ(e[1].shape(), (Shape{static_cast<int64_t>(a.size()), 3}));
     for (size_t r = 0; r < a.size(); ++r)
-      for (int k = 0; k < 3; ++k) EXPECT_EQ(b[r * 3 + static_cast<size_t>(k)], 10.0f * static_cast<float>(a[r]) + static_cast<float>(k));
+      for (int k = 0; k < 3; ++k)
+        EXPECT_EQ(b[r * 3 + static_cast<size_t>(k)],
+                  10.0f * static_cast<float>(a[r]) + static_cast<float>(k));
     out.push_back({a, rows});
   }
   return out;
@@ -56,7 +60,8 @@ std::vector<Batch> cut(const Dataset& ds, int64_t begin, int64_t end) {
   while (it->next(&e)) {
     const std::vector<int32_t> a = e[0].to_vector<int32_t>();
     const int64_t n = static_cast<int64_t>(a.size());
-    out.push_back({std::vector<int32_t>(a.begin() + std::min(begin, n), a.begin() + std::min(end, n)), n});
+    out.push_back(
+        {std::vector<int32_t>(a.begin() + std::min(begin, n), a.begin() + std::min(end, n)), n});
   }
   return out;
 }
@@ -73,9 +78,10 @@ TEST(InputRows, BatchGathersOnlyTheWindowThroughPassThroughStages) {
   // 47 rows in batches of 10: the last batch has 7 rows. (Not reshuffled: the windowed pass and
   // the plain one it is compared with would otherwise be two passes of the shuffle.)
   const Dataset plain = ids(47).shuffle(5, false).batch(10);
-  for (const Dataset& ds : {plain, plain.prefetch(2), plain.skip(1).take(4).prefetch(1), plain.repeat(2).shard(2, 1),
-                            plain.prefetch(1).prefetch(2)}) {
-    for (const auto& [b, e] : std::vector<std::pair<int64_t, int64_t>>{{0, 4}, {4, 8}, {8, 10}, {3, 3}, {6, 20}}) {
+  for (const Dataset& ds : {plain, plain.prefetch(2), plain.skip(1).take(4).prefetch(1),
+                            plain.repeat(2).shard(2, 1), plain.prefetch(1).prefetch(2)}) {
+    for (const auto& [b, e] :
+         std::vector<std::pair<int64_t, int64_t>>{{0, 4}, {4, 8}, {8, 10}, {3, 3}, {6, 20}}) {
       SCOPED_TRACE(ds.to_string() + " rows " + std::to_string(b) + ":" + std::to_string(e));
       const std::vector<Batch> got = windowed(ds, b, e, true);
       expect_same(got, cut(ds, b, e));
@@ -93,7 +99,8 @@ TEST(InputRows, BatchGathersOnlyTheWindowThroughPassThroughStages) {
 TEST(InputRows, WindowsOfOneBatchPartitionIt) {
   // Three workers' windows (4 + 4 + 2 rows of a batch of 10) put back together are the batch.
   const Dataset ds = ids(30).shuffle(3, false).batch(10).prefetch(2);
-  const std::vector<Batch> a = windowed(ds, 0, 4, true), b = windowed(ds, 4, 8, true), c = windowed(ds, 8, 10, true);
+  const std::vector<Batch> a = windowed(ds, 0, 4, true), b = windowed(ds, 4, 8, true),
+                           c = windowed(ds, 8, 10, true);
   const std::vector<Batch> whole = cut(ds, 0, 10);
   ASSERT_EQ(whole.size(), 3u);
   for (size_t i = 0; i < whole.size(); ++i) {

@@ -58,7 +58,8 @@ TEST_F(Mirrored, AggregationMeanSumFirstReplicaAndNone) {
     auto scope = s.scope();
     mean = create_variable(testing::scalar_spec("mean", 5, VariableAggregation::kMean));
     sum = create_variable(testing::scalar_spec("sum", 5, VariableAggregation::kSum));
-    first = create_variable(testing::scalar_spec("first", 5, VariableAggregation::kOnlyFirstReplica));
+    first =
+        create_variable(testing::scalar_spec("first", 5, VariableAggregation::kOnlyFirstReplica));
     none = create_variable(testing::scalar_spec("none", 5, VariableAggregation::kNone));
   }
   s.run([&](ReplicaContext& ctx, const V&) -> V {
@@ -89,12 +90,14 @@ TEST_F(Mirrored, SyncOnReadVariablesAggregateWhenReadAcrossReplicas) {
   std::shared_ptr<Variable> total, avg;
   {
     auto scope = s.scope();
-    total = create_variable(testing::scalar_spec("total", 0, VariableAggregation::kSum, VariableSynchronization::kOnRead));
-    avg = create_variable(testing::scalar_spec("avg", 0, VariableAggregation::kMean, VariableSynchronization::kOnRead));
+    total = create_variable(testing::scalar_spec("total", 0, VariableAggregation::kSum,
+                                                 VariableSynchronization::kOnRead));
+    avg = create_variable(testing::scalar_spec("avg", 0, VariableAggregation::kMean,
+                                               VariableSynchronization::kOnRead));
   }
   s.run([&](ReplicaContext& ctx, const V&) -> V {
     const float x = 1.f + static_cast<float>(ctx.replica_id_in_sync_group());  // 1, 2, 3
-    total->assign_add(Tensor::full(Shape{1}, x, ctx.device()));  // local, no sync
+    total->assign_add(Tensor::full(Shape{1}, x, ctx.device()));                // local, no sync
     avg->assign_add(Tensor::full(Shape{1}, x, ctx.device()));
     EXPECT_EQ(total->value().item(), x);  // a replica reads its own copy
     return {};
@@ -135,7 +138,8 @@ TEST_F(Mirrored, ReplicaContextCollectivesAndMergeCall) {
 TEST_F(Mirrored, ReduceWithAxisDividesByTheTrueCountForUnevenBatches) {
   MirroredStrategy s(on(2));
   // A last batch of 6 at global batch 8 is split 4/2.
-  const Dataset ds = Dataset::from_tensors({Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, Shape{6})}).batch(8);
+  const Dataset ds =
+      Dataset::from_tensors({Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, Shape{6})}).batch(8);
   auto next = s.distribute_dataset(ds, 8);
   PerReplica batch;
   ASSERT_TRUE(next(&batch));
@@ -145,8 +149,10 @@ TEST_F(Mirrored, ReduceWithAxisDividesByTheTrueCountForUnevenBatches) {
   EXPECT_FALSE(next(&batch));
   next = s.distribute_dataset(ds, 8);
   ASSERT_TRUE(next(&batch));
-  PerReplica out = s.run([](ReplicaContext&, const V& in) -> V { return {ops::scale(in[0], 1.f)}; }, batch);
-  EXPECT_FLOAT_EQ(s.reduce(ReduceOp::kMean, out, 0)[0].item(), 3.5f);  // 21 / 6, not a mean of means
+  PerReplica out =
+      s.run([](ReplicaContext&, const V& in) -> V { return {ops::scale(in[0], 1.f)}; }, batch);
+  EXPECT_FLOAT_EQ(s.reduce(ReduceOp::kMean, out, 0)[0].item(),
+                  3.5f);  // 21 / 6, not a mean of means
   EXPECT_FLOAT_EQ(s.reduce(ReduceOp::kSum, out, 0)[0].item(), 21.f);
   EXPECT_EQ(s.gather(out, 0)[0].to_vector<float>(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
 }
@@ -160,8 +166,9 @@ TEST_F(Mirrored, EmptyReplicaBatchesTrain) {
   std::unique_ptr<SGD> opt;
   {
     auto scope = s.scope();
-    model = Sequential({std::make_shared<Conv2D>(2, 3, 3, Activation::kRelu), std::make_shared<MaxPool2D>(2),
-                        std::make_shared<Flatten>(), std::make_shared<Dense>(3)});
+    model = Sequential({std::make_shared<Conv2D>(2, 3, 3, Activation::kRelu),
+                        std::make_shared<MaxPool2D>(2), std::make_shared<Flatten>(),
+                        std::make_shared<Dense>(3)});
     opt = std::make_unique<SGD>(0.1f);
   }
   FitOptions o;
@@ -171,7 +178,8 @@ TEST_F(Mirrored, EmptyReplicaBatchesTrain) {
   EXPECT_EQ(h.steps, 2);
   for (const auto& v : model.trainable_variables()) {
     const auto c = v->device_values();
-    for (size_t r = 1; r < c.size(); ++r) EXPECT_EQ(c[r].to_vector<float>(), c[0].to_vector<float>()) << v->name();
+    for (size_t r = 1; r < c.size(); ++r)
+      EXPECT_EQ(c[r].to_vector<float>(), c[0].to_vector<float>()) << v->name();
   }
 }
 
@@ -182,7 +190,9 @@ TEST_F(Mirrored, DatasetsFromFunctionGetTheirInputContext) {
     EXPECT_EQ(ic.get_per_replica_batch_size(8), 4);
     std::vector<float> v(8);
     for (int i = 0; i < 8; ++i) v[static_cast<size_t>(i)] = static_cast<float>(i);
-    return Dataset::from_tensors({Tensor::from_vector(v, Shape{8})}).shard(ic.num_input_pipelines, ic.input_pipeline_id).batch(4);
+    return Dataset::from_tensors({Tensor::from_vector(v, Shape{8})})
+        .shard(ic.num_input_pipelines, ic.input_pipeline_id)
+        .batch(4);
   });
   PerReplica b;
   ASSERT_TRUE(next(&b));
@@ -219,7 +229,8 @@ std::vector<std::vector<float>> train_bn(Strategy& s, bool synchronized, int ste
   {
     auto scope = s.scope();
     bn = std::make_shared<BatchNormalization>(0.9f, 1e-3f, synchronized);
-    model = Sequential({std::make_shared<Conv2D>(4, 3, 3), bn, std::make_shared<ActivationLayer>(Activation::kRelu),
+    model = Sequential({std::make_shared<Conv2D>(4, 3, 3), bn,
+                        std::make_shared<ActivationLayer>(Activation::kRelu),
                         std::make_shared<Flatten>(), std::make_shared<Dense>(3)});
     opt = std::make_unique<SGD>(0.1f);
   }
@@ -244,14 +255,16 @@ TEST_F(Mirrored, SyncBatchNormMatchesOneDeviceAtTheSameGlobalBatch) {
     ASSERT_EQ(got.size(), ref.size());
     for (size_t i = 0; i < ref.size(); ++i)
       for (size_t k = 0; k < ref[i].size(); ++k)
-        EXPECT_NEAR(got[i][k], ref[i][k], 1e-4 * std::max(1.f, std::fabs(ref[i][k]))) << n << " replicas, variable " << i;
+        EXPECT_NEAR(got[i][k], ref[i][k], 1e-4 * std::max(1.f, std::fabs(ref[i][k])))
+            << n << " replicas, variable " << i;
   }
   // Without synchronisation each replica normalises with its own 8 rows: a different model.
   MirroredStrategy m(on(2));
   const auto local = train_bn(m, false, 6);
   double diff = 0;
   for (size_t i = 0; i < ref.size(); ++i)
-    for (size_t k = 0; k < ref[i].size(); ++k) diff = std::max(diff, static_cast<double>(std::fabs(local[i][k] - ref[i][k])));
+    for (size_t k = 0; k < ref[i].size(); ++k)
+      diff = std::max(diff, static_cast<double>(std::fabs(local[i][k] - ref[i][k])));
   EXPECT_GT(diff, 1e-3);
 }
 
@@ -277,10 +290,12 @@ Trained train_reference(Strategy& s, int64_t steps) {
   o.steps = steps;
   o.global_batch_size = 64;
   o.shuffle_seed = 11;
-  const Dataset ds = Dataset::from_tensors({data.train_images.slice_rows(0, n), data.train_labels.slice_rows(0, n)});
+  const Dataset ds = Dataset::from_tensors(
+      {data.train_images.slice_rows(0, n), data.train_labels.slice_rows(0, n)});
   Trained t;
   t.loss = fit(s, model, *opt, ds, nullptr, o).final_loss;
-  for (const auto& v : model.trainable_variables()) t.weights.push_back(v->value().to_vector<float>());
+  for (const auto& v : model.trainable_variables())
+    t.weights.push_back(v->value().to_vector<float>());
   return t;
 }
 
@@ -354,8 +369,9 @@ TEST_F(Equivalence, FiftyStepsStayWithinReassociationNoise) {
   auto check = [&](Strategy& s, const char* what) {
     const Trained t = train_reference(s, 50);
     const double err = max_rel_error(t, ref), norm = max_norm_rel_error(t, ref);
-    std::printf("%s: max elementwise rel error %.3g, max norm-wise rel error %.3g, loss %.6f vs %.6f\n", what, err,
-                norm, t.loss, ref.loss);
+    std::printf(
+        "%s: max elementwise rel error %.3g, max norm-wise rel error %.3g, loss %.6f vs %.6f\n",
+        what, err, norm, t.loss, ref.loss);
     EXPECT_NEAR(t.loss, ref.loss, 1e-3 * ref.loss) << what;
     EXPECT_LE(norm, 0.05) << what;
     return t;

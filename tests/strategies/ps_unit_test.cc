@@ -14,12 +14,16 @@ namespace {
 TEST(Partitioners, FollowTensorFlowsRules) {
   const Shape big{1000, 256};  // 1,024,000 bytes of float32
   EXPECT_EQ(fixed_shards_partitioner(3)(big, DType::kFloat32, 2), 3);
-  EXPECT_EQ(min_size_partitioner(256 << 10, 1)(big, DType::kFloat32, 2), 1);    // TF's default: no split
-  EXPECT_EQ(min_size_partitioner(256 << 10, 8)(big, DType::kFloat32, 2), 3);    // 3 shards of >= 256 KiB
-  EXPECT_EQ(min_size_partitioner(1 << 20, 8)(big, DType::kFloat32, 2), 1);      // smaller than one shard
-  EXPECT_EQ(max_size_partitioner(256 << 10)(big, DType::kFloat32, 2), 4);       // 250 rows = 256,000 B each
-  EXPECT_EQ(max_size_partitioner(256 << 10, 2)(big, DType::kFloat32, 2), 2);    // capped
-  EXPECT_EQ(max_size_partitioner(1)(big, DType::kFloat32, 2), 1000);            // never below one row
+  EXPECT_EQ(min_size_partitioner(256 << 10, 1)(big, DType::kFloat32, 2),
+            1);  // TF's default: no split
+  EXPECT_EQ(min_size_partitioner(256 << 10, 8)(big, DType::kFloat32, 2),
+            3);  // 3 shards of >= 256 KiB
+  EXPECT_EQ(min_size_partitioner(1 << 20, 8)(big, DType::kFloat32, 2),
+            1);  // smaller than one shard
+  EXPECT_EQ(max_size_partitioner(256 << 10)(big, DType::kFloat32, 2),
+            4);  // 250 rows = 256,000 B each
+  EXPECT_EQ(max_size_partitioner(256 << 10, 2)(big, DType::kFloat32, 2), 2);  // capped
+  EXPECT_EQ(max_size_partitioner(1)(big, DType::kFloat32, 2), 1000);          // never below one row
   EXPECT_EQ(max_size_partitioner(10 << 20)(big, DType::kFloat64, 2), 1);
   EXPECT_THROW(fixed_shards_partitioner(0), InvalidArgument);
   EXPECT_THROW(min_size_partitioner(0, 1), InvalidArgument);
@@ -50,12 +54,14 @@ TEST(OptimizerConfig, RoundTripsExactly) {
   }
   // Keys left out take Keras' defaults; a hand-written line works.
   EXPECT_EQ(Optimizer::from_config("adamw")->config(), AdamW().config());
-  EXPECT_EQ(Optimizer::from_config("sgd learning_rate=0.1 momentum=0.9")->config(), SGD(0.1f, 0.9f).config());
+  EXPECT_EQ(Optimizer::from_config("sgd learning_rate=0.1 momentum=0.9")->config(),
+            SGD(0.1f, 0.9f).config());
   // And the rebuilt optimizer updates exactly as the original.
   Adam a(1e-3f);
   auto b = Optimizer::from_config(a.config());
   Tensor v1 = Tensor::full(Shape{5}, 1.f), v2 = v1.clone(), g = Tensor::full(Shape{5}, 0.5f);
-  std::vector<Tensor> s1{Tensor::zeros(Shape{5}), Tensor::zeros(Shape{5})}, s2{Tensor::zeros(Shape{5}), Tensor::zeros(Shape{5})};
+  std::vector<Tensor> s1{Tensor::zeros(Shape{5}), Tensor::zeros(Shape{5})},
+      s2{Tensor::zeros(Shape{5}), Tensor::zeros(Shape{5})};
   for (int step = 1; step <= 3; ++step) {
     a.apply_dense(v1, g, s1, step);
     b->apply_dense(v2, g, s2, step);
@@ -65,10 +71,11 @@ TEST(OptimizerConfig, RoundTripsExactly) {
 }
 
 TEST(OptimizerConfig, MalformedConfigsAreRefused) {
-  for (const char* bad : {"", "nadam", "sgd 0.1", "sgd learning_rate=", "sgd learning_rate=x", "sgd lr=0.1",
-                          "sgd learning_rate=0.1 learning_rate=0.2", "sgd learning_rate=-1", "sgd momentum=1.5",
-                          "adam beta_1=1", "adam clipnorm=1 global_clipnorm=1", "adagrad epsilon=0",
-                          "rmsprop rho=2"}) {
+  for (const char* bad :
+       {"", "nadam", "sgd 0.1", "sgd learning_rate=", "sgd learning_rate=x", "sgd lr=0.1",
+        "sgd learning_rate=0.1 learning_rate=0.2", "sgd learning_rate=-1", "sgd momentum=1.5",
+        "adam beta_1=1", "adam clipnorm=1 global_clipnorm=1", "adagrad epsilon=0",
+        "rmsprop rho=2"}) {
     EXPECT_THROW(Optimizer::from_config(bad), InvalidArgument) << bad;
   }
   try {
@@ -83,37 +90,47 @@ ClusterResolution cluster_of(const std::string& json) { return resolve_tf_config
 
 TEST(ParameterServerStrategy, RefusesClustersItCannotServe) {
   try {
-    ParameterServerStrategy s({}, DeviceSpec::cpu(),
-                              cluster_of(R"({"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}})"),
-                              "a-token-of-sixteen-chars");
+    ParameterServerStrategy s(
+        {}, DeviceSpec::cpu(),
+        cluster_of(
+            R"({"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}})"),
+        "a-token-of-sixteen-chars");
     FAIL() << "a cluster without ps tasks was accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("at least one ps task"), std::string::npos) << e.what();
   }
   try {
-    ParameterServerStrategy s({}, DeviceSpec::cpu(),
-                              cluster_of(R"({"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}, "task": {"type": "ps", "index": 0}})"),
-                              "a-token-of-sixteen-chars");
+    ParameterServerStrategy s(
+        {}, DeviceSpec::cpu(),
+        cluster_of(
+            R"({"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}, "task": {"type": "ps", "index": 0}})"),
+        "a-token-of-sixteen-chars");
     FAIL() << "a ps task was accepted as a worker";
-  } catch (const FailedPrecondition& e) {  // the task's role, not an argument, is wrong: run_task() serves it
+  } catch (const FailedPrecondition&
+               e) {  // the task's role, not an argument, is wrong: run_task() serves it
     EXPECT_NE(std::string(e.what()).find("run_task()"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("serve_parameter_server"), std::string::npos) << e.what();
   }
   ParameterServerOptions o;
   o.checkpoint_every = 0;
-  EXPECT_THROW(ParameterServerStrategy(o, DeviceSpec::cpu(),
-                                       cluster_of(R"({"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}})"),
-                                       "a-token-of-sixteen-chars"),
-               InvalidArgument);
+  EXPECT_THROW(
+      ParameterServerStrategy(
+          o, DeviceSpec::cpu(),
+          cluster_of(
+              R"({"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}})"),
+          "a-token-of-sixteen-chars"),
+      InvalidArgument);
 }
 
 TEST(ParameterServerStrategy, UnreachableServerIsNamed) {
   ParameterServerOptions o;
   o.connect_timeout = std::chrono::milliseconds(300);
   try {
-    ParameterServerStrategy s(o, DeviceSpec::cpu(),
-                              cluster_of(R"({"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:9"]}, "task": {"type": "worker", "index": 0}})"),
-                              "a-token-of-sixteen-chars");
+    ParameterServerStrategy s(
+        o, DeviceSpec::cpu(),
+        cluster_of(
+            R"({"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:9"]}, "task": {"type": "worker", "index": 0}})"),
+        "a-token-of-sixteen-chars");
     FAIL() << "connected to nobody";
   } catch (const DeadlineExceeded& e) {
     EXPECT_NE(std::string(e.what()).find("ps:0 (127.0.0.1:9)"), std::string::npos) << e.what();
@@ -126,8 +143,11 @@ TEST(MultiWorkerMirrored, NcclOnCpuDevicesIsRefused) {
   MirroredOptions m;
   m.devices = {DeviceSpec::cpu(0)};
   try {
-    MultiWorkerMirroredStrategy s(m, c, cluster_of(R"({"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}})"),
-                                  "a-token-of-sixteen-chars");
+    MultiWorkerMirroredStrategy s(
+        m, c,
+        cluster_of(
+            R"({"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}})"),
+        "a-token-of-sixteen-chars");
     FAIL() << "NCCL on CPU devices was accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("needs GPU devices"), std::string::npos) << e.what();

@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "dtrain/core/timeline.h"
@@ -47,12 +46,14 @@ TEST_F(SharedVariables, OneBlockForWhatIsSynchronizedOnWriteOnly) {
   {
     auto scope = s.scope();
     w = create_variable({"w", Shape{5, 3}, DType::kFloat32, initializers::glorot_uniform()});
-    r = create_variable(testing::scalar_spec("r", 0, VariableAggregation::kSum, VariableSynchronization::kOnRead));
+    r = create_variable(
+        testing::scalar_spec("r", 0, VariableAggregation::kSum, VariableSynchronization::kOnRead));
   }
   EXPECT_TRUE(one_block(*w));
   EXPECT_FALSE(one_block(*r)) << "a sync-on-read variable is written by each replica on its own";
   const auto copies = w->device_values();
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(copies[static_cast<size_t>(i)].device(), DeviceSpec::cpu(i));
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(copies[static_cast<size_t>(i)].device(), DeviceSpec::cpu(i));
   // The optimizer's slots are variables of the strategy too: one block each.
   Adam adam(1e-3f);
   {
@@ -78,7 +79,8 @@ TEST_F(SharedVariables, EveryWriteLandsOnce) {
     auto scope = s.scope();
     mean = create_variable(testing::scalar_spec("mean", 5, VariableAggregation::kMean));
     sum = create_variable(testing::scalar_spec("sum", 5, VariableAggregation::kSum));
-    first = create_variable(testing::scalar_spec("first", 5, VariableAggregation::kOnlyFirstReplica));
+    first =
+        create_variable(testing::scalar_spec("first", 5, VariableAggregation::kOnlyFirstReplica));
     plain = create_variable(testing::scalar_spec("plain", 5, VariableAggregation::kNone));
   }
   ASSERT_TRUE(one_block(*sum));
@@ -89,7 +91,9 @@ TEST_F(SharedVariables, EveryWriteLandsOnce) {
       sum->assign_add(Tensor::full(Shape{1}, x, ctx.device()));    // + 6
       first->assign_sub(Tensor::full(Shape{1}, x, ctx.device()));  // - 1 (replica 0's)
       // update() outside an optimizer's sharded update: applied once, by one replica.
-      plain->update([](Tensor& value, size_t) { value.copy_from(Tensor::full(Shape{1}, value.item() + 1.f, value.device())); });
+      plain->update([](Tensor& value, size_t) {
+        value.copy_from(Tensor::full(Shape{1}, value.item() + 1.f, value.device()));
+      });
       return {};
     });
   EXPECT_EQ(mean->value().item(), 11.f);
@@ -99,7 +103,9 @@ TEST_F(SharedVariables, EveryWriteLandsOnce) {
   // Cross-replica writes land once as well.
   sum->assign_add(Tensor::full(Shape{1}, 1.f));
   EXPECT_EQ(sum->value().item(), 24.f);
-  plain->update([](Tensor& value, size_t) { value.copy_from(Tensor::full(Shape{1}, value.item() * 2.f, value.device())); });
+  plain->update([](Tensor& value, size_t) {
+    value.copy_from(Tensor::full(Shape{1}, value.item() * 2.f, value.device()));
+  });
   EXPECT_EQ(plain->value().item(), 16.f);
   for (const auto& t : sum->device_values()) EXPECT_EQ(t.item(), 24.f);
 }
@@ -111,7 +117,8 @@ struct Trained {
 
 // A small conv net, 6 steps of 24 images. Its 641 gradient elements are not a multiple of 16 x
 // replicas, so the packed buffer's padding is exercised, and replicas' slices cut variables.
-Trained train(MirroredOptions o, const std::string& optimizer, size_t bytes_per_pack = 0, bool overlap = true) {
+Trained train(MirroredOptions o, const std::string& optimizer, size_t bytes_per_pack = 0,
+              bool overlap = true) {
   o.bytes_per_pack = bytes_per_pack ? bytes_per_pack : o.bytes_per_pack;
   o.overlap_backward = overlap;
   MirroredStrategy s(o);
@@ -120,8 +127,9 @@ Trained train(MirroredOptions o, const std::string& optimizer, size_t bytes_per_
   std::unique_ptr<Optimizer> opt;
   {
     auto scope = s.scope();
-    model = Sequential({std::make_shared<Conv2D>(5, 3, 3, Activation::kRelu), std::make_shared<Flatten>(),
-                        std::make_shared<Dense>(7, Activation::kRelu), std::make_shared<Dense>(3)});
+    model = Sequential({std::make_shared<Conv2D>(5, 3, 3, Activation::kRelu),
+                        std::make_shared<Flatten>(), std::make_shared<Dense>(7, Activation::kRelu),
+                        std::make_shared<Dense>(3)});
     opt = Optimizer::from_config(optimizer);
   }
   Tensor x = testing::random_tensor({144, 6, 6, 1}, 8, 0.f, 1.f);
@@ -134,7 +142,8 @@ Trained train(MirroredOptions o, const std::string& optimizer, size_t bytes_per_
   Trained r;
   for (const auto& v : model.trainable_variables()) {
     r.weights.push_back(v->value().to_vector<float>());
-    for (const auto& c : v->device_values()) EXPECT_EQ(c.to_vector<float>(), r.weights.back()) << v->name();
+    for (const auto& c : v->device_values())
+      EXPECT_EQ(c.to_vector<float>(), r.weights.back()) << v->name();
   }
   for (const auto& v : opt->slot_variables()) r.slots.push_back(v->value().to_vector<float>());
   r.iterations = opt->iterations();
@@ -154,8 +163,8 @@ TEST_F(SharedVariables, TrainingIsBitwiseThatOfSeparateCopies) {
       "adamw learning_rate=0.01 weight_decay=0.1",
       "rmsprop learning_rate=0.01 centered=1 momentum=0.5",
       "adagrad learning_rate=0.1",
-      "adam learning_rate=0.01 clipvalue=0.001",       // elementwise: clipped slice by slice
-      "adam learning_rate=0.01 clipnorm=0.01",         // needs whole gradients: whole-variable update
+      "adam learning_rate=0.01 clipvalue=0.001",  // elementwise: clipped slice by slice
+      "adam learning_rate=0.01 clipnorm=0.01",    // needs whole gradients: whole-variable update
       "sgd learning_rate=0.1 global_clipnorm=0.01"};  // likewise
   for (int n : {2, 3}) {
     for (const auto& opt : optimizers) {
@@ -169,14 +178,16 @@ TEST_F(SharedVariables, TrainingIsBitwiseThatOfSeparateCopies) {
     expect_same(train(on(n), optimizers[0], 512), separate, "512-byte packs");
     expect_same(train(on(n), optimizers[0], 0, false), separate, "no overlap with backward");
     // Small packs gathered back whole for clipping by norm.
-    expect_same(train(on(n), optimizers[6], 512), train(on(n, false), optimizers[6], 512), "512-byte packs, clipnorm");
+    expect_same(train(on(n), optimizers[6], 512), train(on(n, false), optimizers[6], 512),
+                "512-byte packs, clipnorm");
   }
 }
 
 // The update really is divided: with the timeline on, a step of shared replicas reduce-scatters
 // and ends with the barrier; separate copies, or clipping by norm, all-reduce.
 TEST_F(SharedVariables, TheTimelineShowsTheReduceScatterAndTheBarrier) {
-  const std::string path = (std::filesystem::temp_directory_path() / "dtrain_shared_variables_timeline.json").string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "dtrain_shared_variables_timeline.json").string();
   timeline::enable(path);
   auto count = [&](const std::string& name) {
     timeline::flush_timeline();

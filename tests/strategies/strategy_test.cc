@@ -18,7 +18,9 @@ class Strategies : public ::testing::Test {
   void SetUp() override { testing::use_two_cpus(); }
 };
 
-VariableSpec spec(const std::string& name) { return {name, Shape{2}, DType::kFloat32, initializers::ones()}; }
+VariableSpec spec(const std::string& name) {
+  return {name, Shape{2}, DType::kFloat32, initializers::ones()};
+}
 
 TEST_F(Strategies, VariablesInsideAScopeBelongToItsDevice) {
   OneDeviceStrategy s(DeviceSpec::cpu(1));
@@ -95,14 +97,16 @@ TEST_F(Strategies, RunInsideRunIsAnError) {
   EXPECT_THROW(s.run([&](ReplicaContext&, const std::vector<Tensor>&) -> std::vector<Tensor> {
     s.run([](ReplicaContext&, const std::vector<Tensor>&) { return std::vector<Tensor>{}; });
     return {};
-  }), FailedPrecondition);
+  }),
+               FailedPrecondition);
 }
 
 TEST_F(Strategies, ReplicaExceptionsReachTheCaller) {
   OneDeviceStrategy s(DeviceSpec::cpu(1));
   EXPECT_THROW(s.run([](ReplicaContext&, const std::vector<Tensor>&) -> std::vector<Tensor> {
     throw InvalidArgument("boom");
-  }), InvalidArgument);
+  }),
+               InvalidArgument);
 }
 
 TEST_F(Strategies, FactoryNamesTheValidValues) {
@@ -144,14 +148,16 @@ struct InitialWeights : Callback {
 
 // A small CNN with every layer kind of the reference model, trained for some steps with fit().
 // `initial`, if given, receives the weights before the first step.
-std::vector<std::vector<float>> train_small_cnn(Strategy* strategy, std::vector<std::vector<float>>* initial = nullptr) {
+std::vector<std::vector<float>> train_small_cnn(
+    Strategy* strategy, std::vector<std::vector<float>>* initial = nullptr) {
   set_global_seed(3);
   Sequential model;
   std::unique_ptr<Adam> opt;
   auto make = [&] {
-    model = Sequential({std::make_shared<Conv2D>(4, 3, 3, Activation::kRelu), std::make_shared<MaxPool2D>(2),
-                        std::make_shared<Flatten>(), std::make_shared<Dense>(16, Activation::kRelu),
-                        std::make_shared<Dense>(3)});
+    model =
+        Sequential({std::make_shared<Conv2D>(4, 3, 3, Activation::kRelu),
+                    std::make_shared<MaxPool2D>(2), std::make_shared<Flatten>(),
+                    std::make_shared<Dense>(16, Activation::kRelu), std::make_shared<Dense>(3)});
     opt = std::make_unique<Adam>(1e-2f);
   };
   if (strategy) {

@@ -21,7 +21,8 @@ namespace dtrain::testing {
 // Every test process uses two logical CPU devices with one thread each.
 inline void use_two_cpus() { configure_devices({2, 1}); }
 
-// A non-trainable float32 variable of shape [1] holding v, with the given aggregation and synchronization.
+// A non-trainable float32 variable of shape [1] holding v, with the given aggregation and
+// synchronization.
 inline VariableSpec scalar_spec(const std::string& name, float v, VariableAggregation agg,
                                 VariableSynchronization sync = VariableSynchronization::kAuto) {
   VariableSpec s{name, Shape{1}, DType::kFloat32, initializers::constant(v)};

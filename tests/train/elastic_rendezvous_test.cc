@@ -1,5 +1,5 @@
-// The elastic rendezvous (dtrain/train/elastic.h) with real sockets on 127.0.0.1: who is in a round and
-// in which order, when a round forms, what a worker asks between rounds, and the refusals.
+// The elastic rendezvous (dtrain/train/elastic.h) with real sockets on 127.0.0.1: who is in a round
+// and in which order, when a round forms, what a worker asks between rounds, and the refusals.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -35,7 +35,8 @@ struct Fixture {
   std::unique_ptr<Job> job(int id, const std::string& token = kToken, int timeout_s = 20) {
     ::setenv("DTRAIN_ELASTIC_RENDEZVOUS", address.c_str(), 1);
     ::setenv("DTRAIN_ELASTIC_ID", std::to_string(id).c_str(), 1);
-    // A free port: the one test that trains listens on it (a fixed one collided with other tests under ctest -j2).
+    // A free port: the one test that trains listens on it (a fixed one collided with other tests
+    // under ctest -j2).
     ::setenv("DTRAIN_ELASTIC_ADDRESS", testing::free_loopback_addresses(1)[0].c_str(), 1);
     ::setenv("DTRAIN_JOB_TOKEN", token.c_str(), 1);
     ::setenv("DTRAIN_ELASTIC_TIMEOUT", std::to_string(timeout_s).c_str(), 1);
@@ -84,8 +85,9 @@ TEST(ElasticRendezvous, SurvivorsComeFirstThenNewcomers) {
   auto fd = join_async(*d), fc = join_async(*c), fb = join_async(*b);
   fb.get(), fc.get(), fd.get();
   EXPECT_EQ(b->membership().generation, 2);
-  EXPECT_EQ(b->membership().ids, (std::vector<int>{1, 2, 3}));  // survivors in their old order, then the newcomer
-  EXPECT_EQ(b->membership().rank, 0);                            // rank 0 holds a committed state
+  EXPECT_EQ(b->membership().ids,
+            (std::vector<int>{1, 2, 3}));  // survivors in their old order, then the newcomer
+  EXPECT_EQ(b->membership().rank, 0);      // rank 0 holds a committed state
   EXPECT_EQ(d->membership().rank, 2);
   EXPECT_EQ(d->token(), kToken + "/elastic-round-2");
 }
@@ -102,7 +104,9 @@ TEST(ElasticRendezvous, AtMostMaxNpAndAHungWorkerIsLeftOutAfterTheSettleTime) {
       ++formed;
     } catch (const DeadlineExceeded& e) {
       ++refused;  // the third waits for a round that never comes
-      EXPECT_NE(std::string(e.what()).find("no round of at least --min-np workers formed"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("no round of at least --min-np workers formed"),
+                std::string::npos)
+          << e.what();
     }
   }
   EXPECT_EQ(formed, 2);
@@ -175,8 +179,10 @@ TEST(ElasticRun, RefusesAStrategyThatBroadcastsInitialValuesBeforeAnyCollective)
       FAIL() << "ran with broadcast_initial_values=" << broadcast;
     } catch (const FailedPrecondition& e) {
       // true: the strategy is refused; false: the model is not built yet. Neither trains.
-      EXPECT_NE(std::string(e.what()).find(broadcast ? "broadcast_initial_values = false" : "build the model first"),
-                std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(broadcast ? "broadcast_initial_values = false"
+                                                     : "build the model first"),
+                std::string::npos)
+          << e.what();
     }
     EXPECT_FALSE(trained);
   }

@@ -12,7 +12,8 @@ Dataset data(int64_t n) {
   std::vector<int32_t> y(static_cast<size_t>(n));
   for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7) % 13) / 13.f;
   for (size_t i = 0; i < y.size(); ++i) y[i] = static_cast<int32_t>(i % 3);
-  return Dataset::from_tensors({Tensor::from_vector(x, Shape{n, 4}), Tensor::from_vector(y, Shape{n})});
+  return Dataset::from_tensors(
+      {Tensor::from_vector(x, Shape{n, 4}), Tensor::from_vector(y, Shape{n})});
 }
 
 struct StopOn : Callback {

@@ -18,8 +18,9 @@ class TrainingApi : public ::testing::Test {
  protected:
   void SetUp() override {
     configure_devices({4, 1});
-    dir_ = fs::temp_directory_path() / ("dtrain_train_api_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("dtrain_train_api_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -48,7 +49,8 @@ Dataset classification(int64_t n, uint64_t seed = 5) {
     }
     y[static_cast<size_t>(i)] = static_cast<int32_t>(std::max_element(s, s + 3) - s);
   }
-  return Dataset::from_tensors({Tensor::from_vector(x, Shape{n, 4}), Tensor::from_vector(y, Shape{n})});
+  return Dataset::from_tensors(
+      {Tensor::from_vector(x, Shape{n, 4}), Tensor::from_vector(y, Shape{n})});
 }
 
 Sequential mlp(int out = 3) {
@@ -60,7 +62,8 @@ Sequential mlp(int out = 3) {
 
 // The test model and its optimizer, made inside `s`'s scope (as user code does).
 template <typename MakeOptimizer>
-std::pair<Sequential, std::unique_ptr<Optimizer>> build(Strategy& s, MakeOptimizer make_optimizer, int outputs = 3) {
+std::pair<Sequential, std::unique_ptr<Optimizer>> build(Strategy& s, MakeOptimizer make_optimizer,
+                                                        int outputs = 3) {
   auto scope = s.scope();
   Sequential m = mlp(outputs);
   return {std::move(m), make_optimizer()};
@@ -68,7 +71,8 @@ std::pair<Sequential, std::unique_ptr<Optimizer>> build(Strategy& s, MakeOptimiz
 
 std::vector<std::vector<float>> weights(Sequential& m) {
   std::vector<std::vector<float>> w;
-  for (const auto& v : m.variables()) w.push_back(v->value().to(DeviceSpec::cpu()).to_vector<float>());
+  for (const auto& v : m.variables())
+    w.push_back(v->value().to(DeviceSpec::cpu()).to_vector<float>());
   return w;
 }
 
@@ -79,7 +83,9 @@ struct Recorder : Callback {
     EXPECT_TRUE(model().built());
     EXPECT_GT(optimizer().learning_rate(), 0.f);
   }
-  void on_epoch_begin(const TrainLogs& l) override { events.push_back("epoch_begin " + std::to_string(l.epoch)); }
+  void on_epoch_begin(const TrainLogs& l) override {
+    events.push_back("epoch_begin " + std::to_string(l.epoch));
+  }
   void on_train_batch_begin(const TrainLogs&) override { events.push_back("b"); }
   void on_train_batch_end(const TrainLogs& l) override {
     events.push_back("e");
@@ -88,7 +94,10 @@ struct Recorder : Callback {
   }
   void on_test_begin(const TrainLogs&) override { events.push_back("test_begin"); }
   void on_test_batch_end(const TrainLogs&) override { events.push_back("t"); }
-  void on_test_end(const TrainLogs& l) override { events.push_back("test_end"); EXPECT_TRUE(l.has("accuracy")); }
+  void on_test_end(const TrainLogs& l) override {
+    events.push_back("test_end");
+    EXPECT_TRUE(l.has("accuracy"));
+  }
   void on_epoch_end(const TrainLogs& l) override {
     events.push_back("epoch_end " + std::to_string(l.epoch));
     EXPECT_TRUE(l.has("val_loss"));
@@ -109,9 +118,10 @@ TEST_F(TrainingApi, CallbacksSeeEveryHookInKerasOrder) {
   o.eval_batch_size = 10;
   o.callbacks = {&r};
   const History h = fit(s, m, *opt, train, &test, o);
-  const std::vector<std::string> want{"train_begin", "epoch_begin 0", "b", "e", "b", "e", "test_begin", "t", "t",
-                                      "test_end", "epoch_end 0", "epoch_begin 1", "b", "e", "b", "e", "test_begin",
-                                      "t", "t", "test_end", "epoch_end 1", "train_end"};
+  const std::vector<std::string> want{
+      "train_begin", "epoch_begin 0", "b", "e", "b", "e", "test_begin", "t", "t", "test_end",
+      "epoch_end 0", "epoch_begin 1", "b", "e", "b", "e", "test_begin", "t", "t", "test_end",
+      "epoch_end 1", "train_end"};
   EXPECT_EQ(r.events, want);
   EXPECT_EQ(h.history.at("loss").size(), 2u);
   EXPECT_EQ(h.history.at("val_accuracy").size(), 2u);
@@ -168,7 +178,8 @@ TEST_F(TrainingApi, EarlyStoppingStopsAndRestoresTheBestWeights) {
 
 TEST_F(TrainingApi, CsvLoggerSchedulerAndTerminateOnNan) {
   OneDeviceStrategy s(DeviceSpec::cpu(0));
-  auto [m, opt] = build(s, [&] { return std::unique_ptr<Optimizer>(std::make_unique<Adam>(0.01f)); });
+  auto [m, opt] =
+      build(s, [&] { return std::unique_ptr<Optimizer>(std::make_unique<Adam>(0.01f)); });
   const std::string csv = (dir_ / "log.csv").string();
   CSVLogger logger(csv);
   LearningRateScheduler sched([](int epoch, double lr) { return epoch == 0 ? lr : lr * 0.5; });
@@ -189,7 +200,9 @@ TEST_F(TrainingApi, CsvLoggerSchedulerAndTerminateOnNan) {
 
   TerminateOnNaN nan;
   o.callbacks = {&nan};
-  o.loss = [](const Tensor& p, const Tensor&) { return ops::log(ops::scale(ops::sum(p, {1}), 0.f)); };  // log 0 = -inf
+  o.loss = [](const Tensor& p, const Tensor&) {
+    return ops::log(ops::scale(ops::sum(p, {1}), 0.f));
+  };  // log 0 = -inf
   o.metrics = {"accuracy"};
   const History bad = fit(s, m, *opt, classification(48), nullptr, o);
   EXPECT_TRUE(nan.terminated());
@@ -198,11 +211,16 @@ TEST_F(TrainingApi, CsvLoggerSchedulerAndTerminateOnNan) {
 
 TEST_F(TrainingApi, WarmupRisesToTheScaledRateThenHandsBack) {
   MirroredStrategy s(on(4));
-  auto [m, opt] = build(s, [&] { return std::unique_ptr<Optimizer>(std::make_unique<SGD>(scale_learning_rate(0.01f, s.num_replicas_in_sync()))); });
+  auto [m, opt] = build(s, [&] {
+    return std::unique_ptr<Optimizer>(
+        std::make_unique<SGD>(scale_learning_rate(0.01f, s.num_replicas_in_sync())));
+  });
   LearningRateWarmup warm(1.0);
   struct Lr : Callback {
     std::vector<double> seen;
-    void on_train_batch_begin(const TrainLogs&) override { seen.push_back(optimizer().learning_rate()); }
+    void on_train_batch_begin(const TrainLogs&) override {
+      seen.push_back(optimizer().learning_rate());
+    }
   } lr;
   FitOptions o;
   o.epochs = 2;
@@ -255,12 +273,14 @@ TEST_F(TrainingApi, MetricsAreExactSumsAcrossReplicas) {
   // AVX2 CPU 3 of these 303 logits are 1 ulp, 3e-8, apart).
   const auto l1 = logits.to_vector<float>(), l3 = predict(three, b, test, 30).to_vector<float>();
   ASSERT_EQ(l3.size(), l1.size());
-  for (size_t i = 0; i < l1.size(); ++i) EXPECT_NEAR(l3[i], l1[i], 1e-6f * (1.f + std::abs(l1[i]))) << i;
+  for (size_t i = 0; i < l1.size(); ++i)
+    EXPECT_NEAR(l3[i], l1[i], 1e-6f * (1.f + std::abs(l1[i]))) << i;
 }
 
 TEST_F(TrainingApi, RegressionFitWithATestSetAndPredict) {
   MirroredStrategy s(on(3));
-  auto [m, opt] = build(s, [&] { return std::unique_ptr<Optimizer>(std::make_unique<Adam>(0.01f)); }, 1);
+  auto [m, opt] = build(
+      s, [&] { return std::unique_ptr<Optimizer>(std::make_unique<Adam>(0.01f)); }, 1);
   // y = sum(x): a regression target [N, 1].
   auto make = [](int64_t n, uint64_t seed) {
     Philox rng(seed, 1);
@@ -270,7 +290,8 @@ TEST_F(TrainingApi, RegressionFitWithATestSetAndPredict) {
         x[static_cast<size_t>(i * 4 + j)] = rng.uniform(static_cast<uint64_t>(i * 4 + j));
         y[static_cast<size_t>(i)] += x[static_cast<size_t>(i * 4 + j)];
       }
-    return Dataset::from_tensors({Tensor::from_vector(x, Shape{n, 4}), Tensor::from_vector(y, Shape{n, 1})});
+    return Dataset::from_tensors(
+        {Tensor::from_vector(x, Shape{n, 4}), Tensor::from_vector(y, Shape{n, 1})});
   };
   FitOptions o;
   o.epochs = 30;
@@ -285,7 +306,8 @@ TEST_F(TrainingApi, RegressionFitWithATestSetAndPredict) {
   EXPECT_NEAR(h.history.at("val_mse").back(), h.test_loss, 1e-6);  // the loss is the MSE
   const Tensor p = predict(s, m, test, 20);
   EXPECT_EQ(p.shape(), (Shape{64, 1}));
-  EXPECT_THROW(evaluate(s, m, test, 16, o.loss, {"accuracy"}), InvalidArgument);  // [N,1] labels are not classes
+  EXPECT_THROW(evaluate(s, m, test, 16, o.loss, {"accuracy"}),
+               InvalidArgument);  // [N,1] labels are not classes
   EXPECT_THROW(make_metric("f1"), InvalidArgument);
 }
 
@@ -316,7 +338,8 @@ TEST_F(TrainingApi, GradientAccumulationEqualsTheLargerBatch) {
     EXPECT_EQ(acc_steps, 4);
     ASSERT_EQ(big.size(), acc.size());
     for (size_t i = 0; i < big.size(); ++i)
-      for (size_t j = 0; j < big[i].size(); ++j) ASSERT_NEAR(acc[i][j], big[i][j], 2e-5) << replicas << " replicas";
+      for (size_t j = 0; j < big[i].size(); ++j)
+        ASSERT_NEAR(acc[i][j], big[i][j], 2e-5) << replicas << " replicas";
   }
 }
 
@@ -353,7 +376,8 @@ TEST_F(TrainingApi, CheckpointMovesBetweenStrategiesAndRefusesAnotherModel) {
   EXPECT_EQ(opt_b->iterations(), 4);
   ASSERT_EQ(opt_b->slot_variables().size(), opt_a->slot_variables().size());
   for (size_t i = 0; i < opt_a->slot_variables().size(); ++i)
-    EXPECT_EQ(opt_b->slot_variables()[i]->value().to_vector<float>(), opt_a->slot_variables()[i]->value().to_vector<float>());
+    EXPECT_EQ(opt_b->slot_variables()[i]->value().to_vector<float>(),
+              opt_a->slot_variables()[i]->value().to_vector<float>());
   // And back, into three replicas.
   MirroredStrategy three(on(3));
   Sequential c;
@@ -364,7 +388,8 @@ TEST_F(TrainingApi, CheckpointMovesBetweenStrategiesAndRefusesAnotherModel) {
   }
   Checkpoint(c, nullptr, &three).restore(path);
   for (const auto& v : c.variables())
-    for (const Tensor& copy : v->device_values()) EXPECT_EQ(copy.to_vector<float>(), v->value().to_vector<float>());
+    for (const Tensor& copy : v->device_values())
+      EXPECT_EQ(copy.to_vector<float>(), v->value().to_vector<float>());
   EXPECT_EQ(weights(c), weights(a));
 
   // Another model: the first variable that differs is named, and nothing changes.
@@ -380,7 +405,8 @@ TEST_F(TrainingApi, CheckpointMovesBetweenStrategiesAndRefusesAnotherModel) {
     Checkpoint(d, nullptr, &one).restore(path);
     ADD_FAILURE() << "a checkpoint of another model was restored";
   } catch (const FailedPrecondition& e) {
-    EXPECT_NE(std::string(e.what()).find("variable 'dense_1/kernel': the model has float32 [16, 4], the checkpoint float32 [16, 3]"),
+    EXPECT_NE(std::string(e.what()).find("variable 'dense_1/kernel': the model has float32 [16, "
+                                         "4], the checkpoint float32 [16, 3]"),
               std::string::npos)
         << e.what();
   }
@@ -421,7 +447,8 @@ TEST_F(TrainingApi, BackupAndRestoreResumesBitwise) {
   History h;
   const auto straight = run((dir_ / "a").string(), nullptr, &h);
   EXPECT_EQ(h.steps, 21);
-  for (int64_t crash_at : {5, 7, 13, 19}) {  // mid-epoch after a step backup, at an epoch end, in the last epoch
+  for (int64_t crash_at :
+       {5, 7, 13, 19}) {  // mid-epoch after a step backup, at an epoch end, in the last epoch
     const std::string b = (dir_ / ("b" + std::to_string(crash_at))).string();
     Crash crash(crash_at);
     History first;
@@ -430,7 +457,8 @@ TEST_F(TrainingApi, BackupAndRestoreResumesBitwise) {
     const auto resumed = run(b, nullptr, &second);
     EXPECT_EQ(resumed, straight) << "crash at " << crash_at;
     EXPECT_EQ(second.steps, 21);
-    EXPECT_EQ(second.final_loss, h.final_loss) << "crash at " << crash_at;  // the epoch's sums were restored
+    EXPECT_EQ(second.final_loss, h.final_loss)
+        << "crash at " << crash_at;                        // the epoch's sums were restored
     EXPECT_FALSE(fs::exists(fs::path(b) / "checkpoint"));  // deleted once training finished
   }
 }
@@ -446,13 +474,15 @@ TEST_F(TrainingApi, ModelCheckpointKeepsTheBest) {
   o.callbacks = {&mc};
   fit(s, m, *opt, classification(64), nullptr, o);
   int files = 0;
-  for (const auto& e : fs::directory_iterator(dir_ / "ckpt")) files += e.path().extension() == ".safetensors";
+  for (const auto& e : fs::directory_iterator(dir_ / "ckpt"))
+    files += e.path().extension() == ".safetensors";
   EXPECT_EQ(files, 1);
   EXPECT_NE(mc.last_saved().find("ckpt-4.safetensors"), std::string::npos) << mc.last_saved();
   ModelCheckpoint every((dir_ / "every").string());
   o.callbacks = {&every};
   fit(s, m, *opt, classification(64), nullptr, o);
-  EXPECT_NE(every.last_saved().find("ckpt-12.safetensors"), std::string::npos) << every.last_saved();
+  EXPECT_NE(every.last_saved().find("ckpt-12.safetensors"), std::string::npos)
+      << every.last_saved();
   ModelCheckpoint none((dir_ / "none").string(), "val_loss", true);  // no test set: no val_loss
   o.callbacks = {&none};
   EXPECT_THROW(fit(s, m, *opt, classification(64), nullptr, o), NotFound);
@@ -509,7 +539,7 @@ TEST_F(TrainingApi, EnsembleMembersTrainApartPredictTogetherAndCheckpoint) {
   const Dataset test = classification(60, 8);
   const History h = fit(ens, m, *opt, classification(120), &test, o);
   EXPECT_LT(h.epoch_loss.back(), h.epoch_loss.front());  // the members' mean loss falls
-  EXPECT_EQ(opt->iterations(), 6 * 8);                    // 120 / 16 -> 8 steps per epoch, per member
+  EXPECT_EQ(opt->iterations(), 6 * 8);  // 120 / 16 -> 8 steps per epoch, per member
   const auto k1 = m.variables()[0]->device_values();
   EXPECT_NE(k1[1].to_vector<float>(), k1[2].to_vector<float>());
   // Prediction: every member, the mean and the spread; predict() is the mean.
@@ -522,7 +552,11 @@ TEST_F(TrainingApi, EnsembleMembersTrainApartPredictTogetherAndCheckpoint) {
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_NEAR(mean[i], (a[i] + b[i] + c[i]) / 3, 1e-5);
     const double mu = (a[i] + b[i] + c[i]) / 3.0;
-    EXPECT_NEAR(sd[i], std::sqrt(((a[i] - mu) * (a[i] - mu) + (b[i] - mu) * (b[i] - mu) + (c[i] - mu) * (c[i] - mu)) / 3), 1e-4);
+    EXPECT_NEAR(sd[i],
+                std::sqrt(((a[i] - mu) * (a[i] - mu) + (b[i] - mu) * (b[i] - mu) +
+                           (c[i] - mu) * (c[i] - mu)) /
+                          3),
+                1e-4);
     spread += sd[i];
   }
   EXPECT_GT(spread, 0);

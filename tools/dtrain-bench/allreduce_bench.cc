@@ -6,16 +6,16 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <functional>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "bench_util.h"
 #include "dtrain/collectives/inproc.h"
-#include "dtrain/core/strings.h"
 #include "dtrain/collectives/tcp.h"
+#include "dtrain/core/strings.h"
 
 namespace dtrain::bench {
 namespace {
@@ -33,7 +33,8 @@ double time_inproc(int ranks, long bytes, int iters, int warmup) {
       c.barrier().wait();
       const auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < iters; ++i) c.allreduce(t, ReduceOp::kSum).wait();
-      secs[static_cast<size_t>(r)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+      secs[static_cast<size_t>(r)] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
     });
   for (auto& t : threads) t.join();
   return *std::max_element(secs.begin(), secs.end());
@@ -41,16 +42,18 @@ double time_inproc(int ranks, long bytes, int iters, int warmup) {
 
 nlohmann::json row(const std::string& backend, int ranks, long bytes, double secs) {
   const double alg = static_cast<double>(bytes) / secs / 1e9;
-  return {{"backend", backend}, {"ranks", ranks}, {"bytes", bytes}, {"time_us", secs * 1e6},
-          {"algbw_GBps", alg}, {"busbw_GBps", alg * 2.0 * (ranks - 1) / ranks}};
+  return {{"backend", backend}, {"ranks", ranks},
+          {"bytes", bytes},     {"time_us", secs * 1e6},
+          {"algbw_GBps", alg},  {"busbw_GBps", alg * 2.0 * (ranks - 1) / ranks}};
 }
 
 void print_table(const std::vector<nlohmann::json>& rows, bool json) {
-  std::printf("%-8s %6s %12s %12s %12s %12s\n", "backend", "ranks", "bytes", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
+  std::printf("%-8s %6s %12s %12s %12s %12s\n", "backend", "ranks", "bytes", "time(us)",
+              "algbw(GB/s)", "busbw(GB/s)");
   for (const auto& r : rows)
-    std::printf("%-8s %6d %12ld %12.1f %12.3f %12.3f\n", r["backend"].get<std::string>().c_str(), r["ranks"].get<int>(),
-                r["bytes"].get<long>(), r["time_us"].get<double>(), r["algbw_GBps"].get<double>(),
-                r["busbw_GBps"].get<double>());
+    std::printf("%-8s %6d %12ld %12.1f %12.3f %12.3f\n", r["backend"].get<std::string>().c_str(),
+                r["ranks"].get<int>(), r["bytes"].get<long>(), r["time_us"].get<double>(),
+                r["algbw_GBps"].get<double>(), r["busbw_GBps"].get<double>());
   if (json)
     for (const auto& r : rows) std::printf("%s\n", r.dump().c_str());
 }
@@ -80,9 +83,12 @@ std::vector<std::pair<std::string, std::string>> netns_hosts(const std::string& 
   std::vector<std::pair<std::string, std::string>> hosts;
   for (std::string ns, addr; in >> ns >> addr;) hosts.emplace_back(ns, addr);
   if (static_cast<int>(hosts.size()) < ranks)
-    throw std::runtime_error("--netns " + prefix + ": " + std::to_string(hosts.size()) + " test host(s) in " + file +
-                             ", fewer than --ranks " + std::to_string(ranks) + "; run tools/netns/dtrain-netns up "
-                             "--prefix " + prefix + " --hosts " + std::to_string(ranks));
+    throw std::runtime_error("--netns " + prefix + ": " + std::to_string(hosts.size()) +
+                             " test host(s) in " + file + ", fewer than --ranks " +
+                             std::to_string(ranks) +
+                             "; run tools/netns/dtrain-netns up "
+                             "--prefix " +
+                             prefix + " --hosts " + std::to_string(ranks));
   hosts.resize(static_cast<size_t>(ranks));
   return hosts;
 }
@@ -101,21 +107,25 @@ std::vector<nlohmann::json> run_ranks(int ranks, const std::function<std::string
   return run_json_lines(sh);
 }
 
-void print_ratios(const std::vector<nlohmann::json>& ours, const std::vector<std::vector<nlohmann::json>>& peers) {
+void print_ratios(const std::vector<nlohmann::json>& ours,
+                  const std::vector<std::vector<nlohmann::json>>& peers) {
   std::printf("\n%12s %22s\n", "bytes", "busbw / best peer");
   for (size_t i = 0; i < ours.size(); ++i) {
     double best = 0;
     for (const auto& p : peers)
       for (const auto& r : p)
-        if (r["bytes"].get<long>() == ours[i]["bytes"].get<long>()) best = std::max(best, r["busbw_GBps"].get<double>());
-    if (best > 0) std::printf("%12ld %21.2fx\n", ours[i]["bytes"].get<long>(), ours[i]["busbw_GBps"].get<double>() / best);
+        if (r["bytes"].get<long>() == ours[i]["bytes"].get<long>())
+          best = std::max(best, r["busbw_GBps"].get<double>());
+    if (best > 0)
+      std::printf("%12ld %21.2fx\n", ours[i]["bytes"].get<long>(),
+                  ours[i]["busbw_GBps"].get<double>() / best);
   }
 }
 
 }  // namespace
 
-int allreduce_worker(int rank, const std::string& addresses, const std::string& token, const std::string& sizes_arg,
-                     int iters, int warmup) {
+int allreduce_worker(int rank, const std::string& addresses, const std::string& token,
+                     const std::string& sizes_arg, int iters, int warmup) {
   TcpGroupOptions o;
   o.rank = rank;
   for (const std::string_view a : split_list(addresses))
@@ -129,9 +139,12 @@ int allreduce_worker(int rank, const std::string& addresses, const std::string& 
     comm->barrier().wait();
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < iters; ++i) comm->allreduce(t, ReduceOp::kSum).wait();
-    Tensor secs = Tensor::from_vector<double>({std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters}, Shape{1});
+    Tensor secs = Tensor::from_vector<double>(
+        {std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters},
+        Shape{1});
     comm->allreduce(secs, ReduceOp::kMax).wait();
-    if (rank == 0) std::printf("%s\n", row("tcp", n, t.numel() * 4, secs.to_vector<double>()[0]).dump().c_str());
+    if (rank == 0)
+      std::printf("%s\n", row("tcp", n, t.numel() * 4, secs.to_vector<double>()[0]).dump().c_str());
     std::fflush(stdout);
   }
   return 0;
@@ -147,45 +160,56 @@ int allreduce_bench(const AllreduceArgs& a) {
     if (!size_list.empty()) size_list += ',';
     size_list += std::to_string(b);
   }
-  const std::string common = " --sizes " + size_list + " --iters " + std::to_string(a.iters) + " --warmup " + std::to_string(a.warmup);
+  const std::string common = " --sizes " + size_list + " --iters " + std::to_string(a.iters) +
+                             " --warmup " + std::to_string(a.warmup);
   if (a.backend == "inproc") {
-    for (long b : sizes) ours.push_back(row("inproc", a.ranks, std::max(4L, b / 4 * 4), time_inproc(a.ranks, b, a.iters, a.warmup)));
+    for (long b : sizes)
+      ours.push_back(row("inproc", a.ranks, std::max(4L, b / 4 * 4),
+                         time_inproc(a.ranks, b, a.iters, a.warmup)));
   } else {
     // On test hosts (--netns): rank r runs in host r's namespace and listens on its address.
-    const auto hosts = a.netns.empty() ? std::vector<std::pair<std::string, std::string>>{} : netns_hosts(a.netns, a.ranks);
+    const auto hosts = a.netns.empty() ? std::vector<std::pair<std::string, std::string>>{}
+                                       : netns_hosts(a.netns, a.ranks);
     std::vector<std::string> addrs;
     if (hosts.empty()) addrs = free_addresses(a.ranks);
     for (const auto& h : hosts) addrs.push_back(h.second + ":29500");
     const std::string self = self_dir() + "/dtrain-bench";
     ours = run_ranks(a.ranks, [&](int r) {
-      const std::string in_ns = hosts.empty() ? "" : "ip netns exec " + hosts[static_cast<size_t>(r)].first + " ";
-      return in_ns + self + " allreduce-worker --rank " + std::to_string(r) + " --addresses " + join(addrs) +
-             " --token bench-token-0123456789abcdef" + common;
+      const std::string in_ns =
+          hosts.empty() ? "" : "ip netns exec " + hosts[static_cast<size_t>(r)].first + " ";
+      return in_ns + self + " allreduce-worker --rank " + std::to_string(r) + " --addresses " +
+             join(addrs) + " --token bench-token-0123456789abcdef" + common;
     });
   }
   print_table(ours, a.json);
   std::vector<std::vector<nlohmann::json>> peers;
-  const bool want_mpi = a.peer == "mpi" || a.peer == "all", want_gloo = a.peer == "gloo" || a.peer == "all";
+  const bool want_mpi = a.peer == "mpi" || a.peer == "all",
+             want_gloo = a.peer == "gloo" || a.peer == "all";
   if (want_mpi) {
     const std::string peer = self_dir() + "/mpi_allreduce";
     if (!std::filesystem::exists(peer))
-      throw std::runtime_error(peer + " was not built: install libopenmpi-dev openmpi-bin and re-run cmake");
-    const std::string btl = a.backend == "tcp" ? "tcp,self --mca btl_tcp_if_include lo" : "self,vader";
+      throw std::runtime_error(
+          peer + " was not built: install libopenmpi-dev openmpi-bin and re-run cmake");
+    const std::string btl =
+        a.backend == "tcp" ? "tcp,self --mca btl_tcp_if_include lo" : "self,vader";
     if (a.netns.empty()) {
-      peers.push_back(run_json_lines("mpirun --allow-run-as-root --oversubscribe --bind-to none -np " +
-                                     std::to_string(a.ranks) + " --mca btl " + btl + " " + peer + common));
+      peers.push_back(
+          run_json_lines("mpirun --allow-run-as-root --oversubscribe --bind-to none -np " +
+                         std::to_string(a.ranks) + " --mca btl " + btl + " " + peer + common));
     } else {
       // mpirun on host 0 starts its daemons on the other hosts through dtrain-netns-rsh (its ssh).
       const auto hosts = netns_hosts(a.netns, a.ranks);
       std::string list;
       for (const auto& h : hosts) list += (list.empty() ? "" : ",") + h.second;
       const std::string rsh = std::string(DTRAIN_SOURCE_DIR) + "/tools/netns/dtrain-netns-rsh";
-      peers.push_back(run_json_lines("ip netns exec " + hosts[0].first + " mpirun --allow-run-as-root --bind-to none -np " +
-                                     std::to_string(a.ranks) + " --host " + list + " --mca plm_rsh_agent " + rsh +
-                                     " --mca btl tcp,self --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 " +
-                                     peer + common));
+      peers.push_back(run_json_lines(
+          "ip netns exec " + hosts[0].first + " mpirun --allow-run-as-root --bind-to none -np " +
+          std::to_string(a.ranks) + " --host " + list + " --mca plm_rsh_agent " + rsh +
+          " --mca btl tcp,self --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 " +
+          peer + common));
     }
-    std::printf("\npeer: OpenMPI MPI_Allreduce (btl %s)\n", a.backend == "tcp" ? "tcp" : "vader shared memory");
+    std::printf("\npeer: OpenMPI MPI_Allreduce (btl %s)\n",
+                a.backend == "tcp" ? "tcp" : "vader shared memory");
     print_table(peers.back(), a.json);
   }
   if (want_gloo) {
@@ -195,10 +219,12 @@ int allreduce_bench(const AllreduceArgs& a) {
     const std::string store = "/tmp/dtrain-bench-gloo-" + std::to_string(::getpid());
     std::filesystem::remove_all(store);
     std::filesystem::create_directories(store);
-    const auto hosts = a.netns.empty() ? std::vector<std::pair<std::string, std::string>>{} : netns_hosts(a.netns, a.ranks);
+    const auto hosts = a.netns.empty() ? std::vector<std::pair<std::string, std::string>>{}
+                                       : netns_hosts(a.netns, a.ranks);
     peers.push_back(run_ranks(a.ranks, [&](int r) {
       if (hosts.empty())
-        return peer + " --rank " + std::to_string(r) + " --size " + std::to_string(a.ranks) + " --store " + store + common;
+        return peer + " --rank " + std::to_string(r) + " --size " + std::to_string(a.ranks) +
+               " --store " + store + common;
       const auto& h = hosts[static_cast<size_t>(r)];
       return "ip netns exec " + h.first + " " + peer + " --rank " + std::to_string(r) + " --size " +
              std::to_string(a.ranks) + " --store " + store + " --host " + h.second + common;

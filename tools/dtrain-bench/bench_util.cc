@@ -1,12 +1,12 @@
 #include "bench_util.h"
 
-#include "dtrain/core/strings.h"
-
 #include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <stdexcept>
+
+#include "dtrain/core/strings.h"
 
 namespace dtrain::bench {
 
@@ -17,7 +17,8 @@ std::vector<nlohmann::json> run_json_lines(const std::string& cmd, const std::st
   std::array<char, 8192> buf;
   while (std::fgets(buf.data(), buf.size(), p)) {
     std::string line = buf.data();
-    if (line.rfind("[", 0) == 0 && line.find("] {") != std::string::npos)  // "[worker:0] {...}" from dtrain-run
+    if (line.rfind("[", 0) == 0 &&
+        line.find("] {") != std::string::npos)  // "[worker:0] {...}" from dtrain-run
       line = line.substr(line.find("] {") + 2);
     if (!line.empty() && line[0] == '{') {
       try {
@@ -28,8 +29,8 @@ std::vector<nlohmann::json> run_json_lines(const std::string& cmd, const std::st
   }
   const int rc = ::pclose(p);
   if (rc != 0)
-    throw std::runtime_error("command failed (status " + std::to_string(rc) + "; its stderr is in " +
-                             stderr_log + "): " + cmd);
+    throw std::runtime_error("command failed (status " + std::to_string(rc) +
+                             "; its stderr is in " + stderr_log + "): " + cmd);
   if (out.empty()) throw std::runtime_error("no JSON result from: " + cmd);
   return out;
 }
@@ -40,7 +41,9 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-std::string self_dir() { return std::filesystem::canonical("/proc/self/exe").parent_path().string(); }
+std::string self_dir() {
+  return std::filesystem::canonical("/proc/self/exe").parent_path().string();
+}
 
 std::vector<long> parse_sizes(const std::string& s) {
   std::vector<long> out;
@@ -57,7 +60,8 @@ std::vector<long> parse_sizes(const std::string& s) {
     } catch (const std::exception&) {
     }
     if (v < 0 || used != item.size())
-      throw std::invalid_argument("bad size '" + std::string(given) + "' in --sizes; use bytes with K/M suffixes, e.g. 4K,1M,64M");
+      throw std::invalid_argument("bad size '" + std::string(given) +
+                                  "' in --sizes; use bytes with K/M suffixes, e.g. 4K,1M,64M");
     out.push_back(v * mult);
   }
   return out;

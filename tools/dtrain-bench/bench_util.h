@@ -9,8 +9,8 @@ namespace dtrain::bench {
 
 // Runs a shell command; returns the JSON object lines of its stdout. Throws on a non-zero exit. Its
 // stderr goes to stderr_log (commands run at once need one each).
-std::vector<nlohmann::json> run_json_lines(const std::string& cmd,
-                                           const std::string& stderr_log = "/tmp/dtrain-bench-stderr.log");
+std::vector<nlohmann::json> run_json_lines(
+    const std::string& cmd, const std::string& stderr_log = "/tmp/dtrain-bench-stderr.log");
 double median(std::vector<double> v);
 std::string self_dir();  // directory of the running executable
 // "4K,64K,1M,64M" -> bytes. Throws std::invalid_argument naming a bad entry.
@@ -32,8 +32,8 @@ struct AllreduceArgs {
 };
 int allreduce_bench(const AllreduceArgs& a);
 // One rank of `allreduce --backend=tcp` (a process started by allreduce_bench).
-int allreduce_worker(int rank, const std::string& addresses, const std::string& token, const std::string& sizes,
-                     int iters, int warmup);
+int allreduce_worker(int rank, const std::string& addresses, const std::string& token,
+                     const std::string& sizes, int iters, int warmup);
 
 struct PsArgs {
   std::string ps = "1,2", workers = "1,2,4", sizes = "4K,1M,16M", peer, python = "/usr/bin/python3";
@@ -73,7 +73,8 @@ struct ChaosArgs {
   double max_fault_s = 4, heartbeat_timeout_s = 5;
   std::string prefix = "dtc", rate = "1gbit";
   bool json = false;
-  bool elastic = false;  // elastic MultiWorkerMirrored jobs (dtrain-run --min-np/--max-np) that must finish
+  bool elastic =
+      false;  // elastic MultiWorkerMirrored jobs (dtrain-run --min-np/--max-np) that must finish
 };
 int chaos_bench(const ChaosArgs& a);
 

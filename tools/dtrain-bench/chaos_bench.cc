@@ -1,11 +1,11 @@
-// `dtrain-bench chaos`: R training jobs across the test hosts of tools/netns/dtrain-netns, one fault
-// injected into each at a random moment — kill -9 a task, SIGSTOP it, cut its link at the switch, or
-// take its own interface down (all its packets dropped) — and then what happened: whether the job
-// ended (no hang), whether every survivor exited non-zero naming the lost task and how soon, and
-// whether the same job relaunched from its BackupAndRestore backup finished. MultiWorkerMirrored
-// jobs lose a non-chief worker; ParameterServer jobs lose their ps task (a ParameterServer job goes on
-// without a lost worker by design). Random loss needs tc netem, which some kernels lack; the probe
-// says so and leaves it out.
+// `dtrain-bench chaos`: R training jobs across the test hosts of tools/netns/dtrain-netns, one
+// fault injected into each at a random moment — kill -9 a task, SIGSTOP it, cut its link at the
+// switch, or take its own interface down (all its packets dropped) — and then what happened:
+// whether the job ended (no hang), whether every survivor exited non-zero naming the lost task and
+// how soon, and whether the same job relaunched from its BackupAndRestore backup finished.
+// MultiWorkerMirrored jobs lose a non-chief worker; ParameterServer jobs lose their ps task (a
+// ParameterServer job goes on without a lost worker by design). Random loss needs tc netem, which
+// some kernels lack; the probe says so and leaves it out.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -77,7 +77,8 @@ void heal(const std::string& netns_tool, const std::string& prefix, int victim) 
   run_quiet("ip -n " + ns + " link set eth0 up");
 }
 
-void inject(const std::string& fault, const std::string& netns_tool, const std::string& prefix, int victim) {
+void inject(const std::string& fault, const std::string& netns_tool, const std::string& prefix,
+            int victim) {
   const std::string ns = prefix + "-h" + std::to_string(victim);
   if (fault == "kill" || fault == "stop")
     for (pid_t p : pids_in(ns)) ::kill(p, fault == "kill" ? SIGKILL : SIGSTOP);
@@ -88,10 +89,12 @@ void inject(const std::string& fault, const std::string& netns_tool, const std::
 }
 
 // Elastic jobs: W workers on hosts 0..W-1 (any may be hit, rank 0 included) and a spare host W, all
-// listed by the discovery script; each job must re-form and finish with every optimizer step applied
-// once (the example's JSON), within a bound.
-int elastic_chaos(const ChaosArgs& a, const std::string& netns_tool, const std::string& dtrain_run, const fs::path& dir) {
-  const std::string example = (fs::path(self_dir()).parent_path() / "examples" / "elastic_fashion_mnist").string();
+// listed by the discovery script; each job must re-form and finish with every optimizer step
+// applied once (the example's JSON), within a bound.
+int elastic_chaos(const ChaosArgs& a, const std::string& netns_tool, const std::string& dtrain_run,
+                  const fs::path& dir) {
+  const std::string example =
+      (fs::path(self_dir()).parent_path() / "examples" / "elastic_fashion_mnist").string();
   const std::string hosts_file = (dir / "hosts").string(), script = (dir / "discover.sh").string();
   {
     std::ofstream h(hosts_file);
@@ -113,10 +116,11 @@ int elastic_chaos(const ChaosArgs& a, const std::string& netns_tool, const std::
     const std::string fault = faults[rng() % faults.size()];
     const int victim = static_cast<int>(rng() % static_cast<uint64_t>(a.workers));
     const double at_s = 1.0 + std::uniform_real_distribution<double>(0.0, a.max_fault_s - 1.0)(rng);
-    const std::string job = dtrain_run + " --netns " + a.prefix + " --timeout 150 --grace 2 --min-np 2 --max-np " +
-                            std::to_string(a.workers) + " -np " + std::to_string(a.workers) +
-                            " --host-discovery-script " + script + " --elastic-settle 3 --elastic-timeout 40 -- " +
-                            example + " --train-limit=9600 --epochs=2 --batch-size=96 --commit-every=10 --json";
+    const std::string job =
+        dtrain_run + " --netns " + a.prefix + " --timeout 150 --grace 2 --min-np 2 --max-np " +
+        std::to_string(a.workers) + " -np " + std::to_string(a.workers) +
+        " --host-discovery-script " + script + " --elastic-settle 3 --elastic-timeout 40 -- " +
+        example + " --train-limit=9600 --epochs=2 --batch-size=96 --commit-every=10 --json";
     const std::string log = (dir / ("elastic" + std::to_string(j) + ".log")).string();
     const auto t0 = Clock::now();
     const pid_t pid = start(job, log);
@@ -138,9 +142,11 @@ int elastic_chaos(const ChaosArgs& a, const std::string& netns_tool, const std::
     } else {
       const std::string out = slurp(log);
       nlohmann::json r;
-      for (size_t at = out.find("{\"example\""); at != std::string::npos; at = out.find("{\"example\"", at + 1))
+      for (size_t at = out.find("{\"example\""); at != std::string::npos;
+           at = out.find("{\"example\"", at + 1))
         r = nlohmann::json::parse(out.substr(at, out.find('\n', at) - at), nullptr, false);
-      const bool ok = status == 0 && r.is_object() && r.value("optimizer_steps", int64_t{-1}) == steps;
+      const bool ok =
+          status == 0 && r.is_object() && r.value("optimizer_steps", int64_t{-1}) == steps;
       const int resets = r.is_object() ? r.value("resets", 0) : 0;
       if (ok) {
         ++t.finished;
@@ -148,32 +154,44 @@ int elastic_chaos(const ChaosArgs& a, const std::string& netns_tool, const std::
         if (resets == 0) ++t.no_reset;  // the fault came after the last collective
       } else {
         ++bad;
-        if (status != 0) ++t.failed;
-        else ++t.wrong_steps;
+        if (status != 0)
+          ++t.failed;
+        else
+          ++t.wrong_steps;
       }
       char buf[160];
-      std::snprintf(buf, sizeof(buf), "exit %d after %.1f s, %s, %d reset(s)%s", status, took,
-                    r.is_object() ? (std::to_string(r.value("optimizer_steps", int64_t{-1})) + " steps").c_str() : "no result",
-                    resets, before ? " (ended before the fault)" : "");
+      std::snprintf(
+          buf, sizeof(buf), "exit %d after %.1f s, %s, %d reset(s)%s", status, took,
+          r.is_object()
+              ? (std::to_string(r.value("optimizer_steps", int64_t{-1})) + " steps").c_str()
+              : "no result",
+          resets, before ? " (ended before the fault)" : "");
       what = buf;
     }
     heal(netns_tool, a.prefix, victim);
-    std::fprintf(stderr, "elastic job %d/%d: %s on worker host %d at %.1f s: %s\n", j + 1, a.jobs, fault.c_str(), victim,
-                 at_s, what.c_str());
+    std::fprintf(stderr, "elastic job %d/%d: %s on worker host %d at %.1f s: %s\n", j + 1, a.jobs,
+                 fault.c_str(), victim, at_s, what.c_str());
   }
-  std::printf("chaos --elastic: %d jobs of %d workers (--min-np 2) on %d test hosts (%s links), %lld steps each\n",
-              a.jobs, a.workers, a.workers + 1, a.rate.c_str(), static_cast<long long>(steps));
-  std::printf("%-12s %5s %9s %14s %7s %12s %12s\n", "fault", "jobs", "finished", "slowest (s)", "hung", "failed",
-              "wrong steps");
+  std::printf(
+      "chaos --elastic: %d jobs of %d workers (--min-np 2) on %d test hosts (%s links), %lld steps "
+      "each\n",
+      a.jobs, a.workers, a.workers + 1, a.rate.c_str(), static_cast<long long>(steps));
+  std::printf("%-12s %5s %9s %14s %7s %12s %12s\n", "fault", "jobs", "finished", "slowest (s)",
+              "hung", "failed", "wrong steps");
   for (const auto& [k, t] : tally) {
-    std::printf("%-12s %5d %9d %14.1f %7d %12d %12d\n", k.c_str(), t.jobs, t.finished, t.worst_s, t.hung, t.failed,
-                t.wrong_steps);
+    std::printf("%-12s %5d %9d %14.1f %7d %12d %12d\n", k.c_str(), t.jobs, t.finished, t.worst_s,
+                t.hung, t.failed, t.wrong_steps);
     if (a.json)
-      std::printf("%s\n", nlohmann::json{{"benchmark", "chaos_elastic"}, {"fault", k}, {"jobs", t.jobs},
-                                         {"finished", t.finished}, {"hung", t.hung}, {"failed", t.failed},
-                                         {"wrong_steps", t.wrong_steps}, {"slowest_s", t.worst_s}}
-                                .dump()
-                                .c_str());
+      std::printf("%s\n", nlohmann::json{{"benchmark", "chaos_elastic"},
+                                         {"fault", k},
+                                         {"jobs", t.jobs},
+                                         {"finished", t.finished},
+                                         {"hung", t.hung},
+                                         {"failed", t.failed},
+                                         {"wrong_steps", t.wrong_steps},
+                                         {"slowest_s", t.worst_s}}
+                              .dump()
+                              .c_str());
   }
   return bad;
 }
@@ -183,14 +201,19 @@ int elastic_chaos(const ChaosArgs& a, const std::string& netns_tool, const std::
 int chaos_bench(const ChaosArgs& a) {
   const std::string netns_tool = std::string(DTRAIN_SOURCE_DIR) + "/tools/netns/dtrain-netns";
   const std::string dtrain_run = self_dir() + "/dtrain-run";
-  const std::string example = (fs::path(self_dir()).parent_path() / "examples" / "fashion_mnist").string();
+  const std::string example =
+      (fs::path(self_dir()).parent_path() / "examples" / "fashion_mnist").string();
   const std::string prefix = a.prefix;
-  const int hosts = a.workers + 1;  // MWMS uses the first `workers`; a PS job adds its ps on the last
-  const int up = std::system((netns_tool + " up --prefix " + prefix + " --hosts " + std::to_string(hosts) +
-                              " --rate " + a.rate + " >/dev/null").c_str());
+  const int hosts =
+      a.workers + 1;  // MWMS uses the first `workers`; a PS job adds its ps on the last
+  const int up = std::system((netns_tool + " up --prefix " + prefix + " --hosts " +
+                              std::to_string(hosts) + " --rate " + a.rate + " >/dev/null")
+                                 .c_str());
   if (up != 0) {
-    std::fprintf(stderr, "dtrain-bench chaos: cannot make the test hosts (dtrain-netns up exited %d; needs root)\n",
-                 WEXITSTATUS(up));
+    std::fprintf(
+        stderr,
+        "dtrain-bench chaos: cannot make the test hosts (dtrain-netns up exited %d; needs root)\n",
+        WEXITSTATUS(up));
     return WEXITSTATUS(up) == 77 ? 77 : 1;
   }
   const fs::path dir = fs::temp_directory_path() / ("dtrain-chaos-" + std::to_string(::getpid()));
@@ -198,8 +221,10 @@ int chaos_bench(const ChaosArgs& a) {
   if (a.elastic) {
     const int bad = elastic_chaos(a, netns_tool, dtrain_run, dir);
     run_quiet(netns_tool + " down --prefix " + prefix);
-    if (bad == 0) fs::remove_all(dir);
-    else std::printf("logs of every job: %s\n", dir.c_str());
+    if (bad == 0)
+      fs::remove_all(dir);
+    else
+      std::printf("logs of every job: %s\n", dir.c_str());
     return bad == 0 ? 0 : 1;
   }
   std::mt19937_64 rng(a.seed);
@@ -215,15 +240,16 @@ int chaos_bench(const ChaosArgs& a) {
     const bool ps = j % 2 == 1;
     const std::string strategy = ps ? "parameter_server" : "multi_worker_mirrored";
     const std::string fault = faults[rng() % faults.size()];
-    const int victim = ps ? a.workers : 1 + static_cast<int>(rng() % static_cast<uint64_t>(a.workers - 1));
+    const int victim =
+        ps ? a.workers : 1 + static_cast<int>(rng() % static_cast<uint64_t>(a.workers - 1));
     const std::string victim_task = ps ? "ps:0" : "worker:" + std::to_string(victim);
     const double at_s = 1.0 + std::uniform_real_distribution<double>(0.0, a.max_fault_s - 1.0)(rng);
     const fs::path backup = dir / ("job" + std::to_string(j));
     const std::string job = dtrain_run + " --netns " + prefix + " --timeout 120 --grace 2 -np " +
                             std::to_string(a.workers) + (ps ? " --ps 1" : "") + " -- " + example +
                             " --strategy=" + strategy + " --steps=" + std::to_string(a.steps) +
-                            " --batch-size=96 --train-limit=6144 --no-eval --backup-dir " + backup.string() +
-                            " --backup-every 10 --json";
+                            " --batch-size=96 --train-limit=6144 --no-eval --backup-dir " +
+                            backup.string() + " --backup-every 10 --json";
     const std::string log = (dir / ("job" + std::to_string(j) + ".log")).string();
     const pid_t pid = start(job, log);
     int status = wait_for(pid, std::chrono::milliseconds(static_cast<int64_t>(at_s * 1000)));
@@ -236,7 +262,8 @@ int chaos_bench(const ChaosArgs& a) {
     } else {
       const auto fault_at = Clock::now();
       inject(fault, netns_tool, prefix, victim);
-      status = wait_for(pid, std::chrono::milliseconds(static_cast<int64_t>((bound_s + 15) * 1000)));
+      status =
+          wait_for(pid, std::chrono::milliseconds(static_cast<int64_t>((bound_s + 15) * 1000)));
       const double took = std::chrono::duration<double>(Clock::now() - fault_at).count();
       if (status < 0) {
         ++t.hung;
@@ -249,8 +276,8 @@ int chaos_bench(const ChaosArgs& a) {
         what = "training had ended (" + std::to_string(status) + ")";
       } else {
         const std::string out = slurp(log);
-        // The lost task is named: by the survivors' errors (Unavailable naming it), or by dtrain-run
-        // when it saw the task die first and stopped the job.
+        // The lost task is named: by the survivors' errors (Unavailable naming it), or by
+        // dtrain-run when it saw the task die first and stopped the job.
         const bool named = status != 0 && out.find(victim_task) != std::string::npos &&
                            (out.find("Unavailable") != std::string::npos ||
                             out.find("dtrain-run: " + victim_task) != std::string::npos);
@@ -263,7 +290,8 @@ int chaos_bench(const ChaosArgs& a) {
           ++bad;
         }
         char buf[96];
-        std::snprintf(buf, sizeof(buf), "exit %d after %.1f s%s", status, took, named ? ", lost task named" : ", NOT NAMED");
+        std::snprintf(buf, sizeof(buf), "exit %d after %.1f s%s", status, took,
+                      named ? ", lost task named" : ", NOT NAMED");
         what = buf;
       }
       heal(netns_tool, prefix, victim);
@@ -277,31 +305,43 @@ int chaos_bench(const ChaosArgs& a) {
       ++bad;
       if (rs < 0) ::kill(-again, SIGKILL), wait_for(again, std::chrono::seconds(10));
     }
-    std::fprintf(stderr, "job %d/%d: %s, %s on %s at %.1f s: %s; relaunch %s\n", j + 1, a.jobs, strategy.c_str(),
-                 fault.c_str(), victim_task.c_str(), at_s, what.c_str(), rs == 0 ? "finished" : "FAILED");
+    std::fprintf(stderr, "job %d/%d: %s, %s on %s at %.1f s: %s; relaunch %s\n", j + 1, a.jobs,
+                 strategy.c_str(), fault.c_str(), victim_task.c_str(), at_s, what.c_str(),
+                 rs == 0 ? "finished" : "FAILED");
   }
   run_quiet(netns_tool + " down --prefix " + prefix);
-  std::printf("chaos: %d jobs on %d test hosts (%s links), heartbeat timeout %.0f s, bound %.0f s after the fault\n",
-              a.jobs, hosts, a.rate.c_str(), a.heartbeat_timeout_s, bound_s);
-  std::printf("%-34s %5s %5s %14s %10s %8s %12s %8s\n", "strategy / fault", "jobs", "hung", "named (worst)",
-              "not named", "no fault", "", "resumed");
+  std::printf(
+      "chaos: %d jobs on %d test hosts (%s links), heartbeat timeout %.0f s, bound %.0f s after "
+      "the fault\n",
+      a.jobs, hosts, a.rate.c_str(), a.heartbeat_timeout_s, bound_s);
+  std::printf("%-34s %5s %5s %14s %10s %8s %12s %8s\n", "strategy / fault", "jobs", "hung",
+              "named (worst)", "not named", "no fault", "", "resumed");
   for (const auto& [k, t] : tally) {
     char worst[32];
     std::snprintf(worst, sizeof(worst), "%d (%.1f s)", t.named, t.worst_detect_s);
-    std::printf("%-34s %5d %5d %14s %10d %8d %12s %8d\n", k.c_str(), t.jobs, t.hung, worst, t.failed_not_named,
-                t.finished_anyway, "", t.resumed);
+    std::printf("%-34s %5d %5d %14s %10d %8d %12s %8d\n", k.c_str(), t.jobs, t.hung, worst,
+                t.failed_not_named, t.finished_anyway, "", t.resumed);
     if (a.json) {
-      nlohmann::json js{{"benchmark", "chaos"}, {"case", k}, {"jobs", t.jobs}, {"hung", t.hung}, {"named", t.named},
-                        {"worst_detect_s", t.worst_detect_s}, {"not_named", t.failed_not_named},
-                        {"ended_before_fault", t.finished_anyway}, {"resumed", t.resumed}};
+      nlohmann::json js{{"benchmark", "chaos"},
+                        {"case", k},
+                        {"jobs", t.jobs},
+                        {"hung", t.hung},
+                        {"named", t.named},
+                        {"worst_detect_s", t.worst_detect_s},
+                        {"not_named", t.failed_not_named},
+                        {"ended_before_fault", t.finished_anyway},
+                        {"resumed", t.resumed}};
       std::printf("%s\n", js.dump().c_str());
     }
   }
-  std::printf("random packet loss: not injected (needs tc netem%s)\n",
-              run_quiet("tc qdisc add dev lo root netem loss 0%") == 0 ? "" : ", which this kernel lacks");
+  std::printf(
+      "random packet loss: not injected (needs tc netem%s)\n",
+      run_quiet("tc qdisc add dev lo root netem loss 0%") == 0 ? "" : ", which this kernel lacks");
   run_quiet("tc qdisc del dev lo root");
-  if (bad == 0) fs::remove_all(dir);
-  else std::printf("logs of every job: %s\n", dir.c_str());
+  if (bad == 0)
+    fs::remove_all(dir);
+  else
+    std::printf("logs of every job: %s\n", dir.c_str());
   return bad == 0 ? 0 : 1;
 }
 

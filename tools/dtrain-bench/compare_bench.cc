@@ -1,9 +1,11 @@
 // `dtrain-bench compare`: the reference CNN on Fashion-MNIST, dtrain against TensorFlow 2.21, a
 // current PyTorch 2.x and Debian's PyTorch 1.13, all in one run on this machine, round-robin
-// interleaved, medians; images/sec and each run's peak RSS. Three setups, as issue #11 defines them:
+// interleaved, medians; images/sec and each run's peak RSS. Three setups, as issue #11 defines
+// them:
 //   one_thread  one process on one core (taskset -c 0), one thread
-//   mirrored    two replicas in one process: dtrain Mirrored cpu:2; TF MirroredStrategy on 2 logical CPUs
-//   workers     two worker processes: plain `dtrain-run -np 2` MultiWorkerMirrored; TF MWMS (RING);
+//   mirrored    two replicas in one process: dtrain Mirrored cpu:2; TF MirroredStrategy on 2
+//   logical CPUs workers     two worker processes: plain `dtrain-run -np 2` MultiWorkerMirrored; TF
+//   MWMS (RING);
 //               PyTorch DDP over gloo (one core each)
 // --steps timed steps at 64 images per replica; other batch sizes time the same number of images.
 // --precision=bf16: dtrain --precision=bf16 against Keras' mixed_bfloat16 (PyTorch left out).
@@ -25,8 +27,10 @@ struct System {
   std::string key, label;
 };
 
-const std::vector<System> kSystems = {
-    {"dtrain", "dtrain"}, {"tf", "TensorFlow"}, {"torch", "PyTorch 2.x"}, {"torch113", "PyTorch 1.13"}};
+const std::vector<System> kSystems = {{"dtrain", "dtrain"},
+                                      {"tf", "TensorFlow"},
+                                      {"torch", "PyTorch 2.x"},
+                                      {"torch113", "PyTorch 1.13"}};
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -48,7 +52,8 @@ int compare_bench(const CompareArgs& a) {
   const std::string example = (bin / "examples" / "fashion_mnist").string();
   const std::string dtrain_run = (fs::path(self_dir()) / "dtrain-run").string();
   const fs::path bench_dir = fs::path(DTRAIN_SOURCE_DIR) / "bench";
-  const std::string peers = a.peers_python.empty() ? (bin / "peers-venv" / "bin" / "python").string() : a.peers_python;
+  const std::string peers =
+      a.peers_python.empty() ? (bin / "peers-venv" / "bin" / "python").string() : a.peers_python;
   const bool bf16 = a.precision == "bf16";
 
   // Which peers are here: a missing one is left out of the table, said once.
@@ -59,12 +64,15 @@ int compare_bench(const CompareArgs& a) {
   std::string torch113_version;
   for (const auto& [k, ok] : have)
     if (!ok && !(bf16 && (k == "torch" || k == "torch113")))
-      std::fprintf(stderr, "compare: %s is not installed (bench/peers/setup.sh installs it); left out\n", k.c_str());
+      std::fprintf(stderr,
+                   "compare: %s is not installed (bench/peers/setup.sh installs it); left out\n",
+                   k.c_str());
 
   const std::vector<std::string> rows = split(a.rows);
   for (const std::string& r : rows)
     if (r != "one_thread" && r != "mirrored" && r != "workers")
-      throw std::invalid_argument("--rows: unknown row '" + r + "' (one_thread, mirrored, workers)");
+      throw std::invalid_argument("--rows: unknown row '" + r +
+                                  "' (one_thread, mirrored, workers)");
   std::vector<long> batches;
   for (const std::string& b : split(a.batch_sizes)) batches.push_back(std::stol(b));
 
@@ -73,8 +81,8 @@ int compare_bench(const CompareArgs& a) {
   auto steps_for = [&](long b) { return std::max<long>(20, a.steps * 64 / b); };
   // The command of one system in one row, or "" when it has no such setup.
   auto command = [&](const std::string& row, const std::string& sys, long b) -> std::string {
-    const std::string timing =
-        " --steps " + std::to_string(steps_for(b)) + " --warmup " + std::to_string(a.warmup) + " --json";
+    const std::string timing = " --steps " + std::to_string(steps_for(b)) + " --warmup " +
+                               std::to_string(a.warmup) + " --json";
     const std::string B = std::to_string(b), B2 = std::to_string(2 * b);
     const std::string tf = peers + " " + (bench_dir / "tf_fashion_mnist.py").string();
     const std::string pt = (bench_dir / "torch_fashion_mnist.py").string();
@@ -83,23 +91,33 @@ int compare_bench(const CompareArgs& a) {
     if (row == "one_thread") {
       const std::string pin = "taskset -c 0 env OMP_NUM_THREADS=1 ";
       if (sys == "dtrain")
-        return pin + example + " --strategy=one_device --devices=cpu --threads 1 --no-eval --batch-size " + B + prec + timing;
-      if (sys == "tf") return pin + tf + " --strategy one_device --threads 1 --batch-size " + B + (bf16 ? " --precision bf16" : "") + timing;
+        return pin + example +
+               " --strategy=one_device --devices=cpu --threads 1 --no-eval --batch-size " + B +
+               prec + timing;
+      if (sys == "tf")
+        return pin + tf + " --strategy one_device --threads 1 --batch-size " + B +
+               (bf16 ? " --precision bf16" : "") + timing;
       return pin + py + " " + pt + " --threads 1 --batch-size " + B + timing;
     }
     if (row == "mirrored") {
       if (sys == "dtrain")
-        return example + " --strategy=mirrored --devices=cpu:2 --threads 1 --no-eval --batch-size " + B2 + prec + timing;
+        return example +
+               " --strategy=mirrored --devices=cpu:2 --threads 1 --no-eval --batch-size " + B2 +
+               prec + timing;
       if (sys == "tf")
-        return tf + " --strategy mirrored --replicas 2 --threads 1 --batch-size " + B + (bf16 ? " --precision bf16" : "") + timing;
+        return tf + " --strategy mirrored --replicas 2 --threads 1 --batch-size " + B +
+               (bf16 ? " --precision bf16" : "") + timing;
       return "";
     }
     // workers: plain dtrain-run (it gives each task its share of the cores and OMP_NUM_THREADS)
     if (sys == "dtrain")
-      return dtrain_run + " -np 2 -- " + example + " --strategy=multi_worker_mirrored --no-eval --batch-size " + B2 + prec + timing;
+      return dtrain_run + " -np 2 -- " + example +
+             " --strategy=multi_worker_mirrored --no-eval --batch-size " + B2 + prec + timing;
     if (sys == "tf")
-      return tf + " --strategy multi_worker_mirrored --replicas 2 --threads 1 --batch-size " + B + (bf16 ? " --precision bf16" : "") + timing;
-    return "OMP_NUM_THREADS=1 " + py + " " + ddp + " --nproc 2 --threads-per-proc 1 --batch-size " + B + timing;
+      return tf + " --strategy multi_worker_mirrored --replicas 2 --threads 1 --batch-size " + B +
+             (bf16 ? " --precision bf16" : "") + timing;
+    return "OMP_NUM_THREADS=1 " + py + " " + ddp + " --nproc 2 --threads-per-proc 1 --batch-size " +
+           B + timing;
   };
 
   struct Result {
@@ -117,8 +135,9 @@ int compare_bench(const CompareArgs& a) {
           Result& r = res[{b, row, s.key}];
           r.ips.push_back(j.at("images_per_sec").get<double>());
           r.rss.push_back(j.value("peak_rss_mb", 0.0));
-          std::fprintf(stderr, "round %d/%d  batch %ld  %-10s %-12s %8.0f images/sec  %6.0f MB\n", round + 1, a.runs, b,
-                       row.c_str(), s.label.c_str(), r.ips.back(), r.rss.back());
+          std::fprintf(stderr, "round %d/%d  batch %ld  %-10s %-12s %8.0f images/sec  %6.0f MB\n",
+                       round + 1, a.runs, b, row.c_str(), s.label.c_str(), r.ips.back(),
+                       r.rss.back());
         }
   }
 
@@ -127,8 +146,10 @@ int compare_bench(const CompareArgs& a) {
       {"mirrored", "two replicas in one process (Mirrored)"},
       {"workers", "two worker processes (MWMS; DDP gloo)"}};
   for (long b : batches) {
-    std::printf("\nreference CNN, %ld images per replica, %s, median of %d interleaved rounds: images/sec (peak RSS MB)\n",
-                b, bf16 ? "mixed bfloat16" : "float32", a.runs);
+    std::printf(
+        "\nreference CNN, %ld images per replica, %s, median of %d interleaved rounds: images/sec "
+        "(peak RSS MB)\n",
+        b, bf16 ? "mixed bfloat16" : "float32", a.runs);
     std::printf("%-42s", "run");
     for (const System& s : kSystems)
       if (have[s.key]) std::printf(" %18s", s.label.c_str());
@@ -145,34 +166,48 @@ int compare_bench(const CompareArgs& a) {
       for (const System& s : kSystems) {
         if (!have[s.key]) continue;
         const double v = med(row, s.key);
-        if (v > 0) std::printf(" %11.0f (%4.0f)", v, med(row, s.key, true));
-        else std::printf(" %18s", "-");
+        if (v > 0)
+          std::printf(" %11.0f (%4.0f)", v, med(row, s.key, true));
+        else
+          std::printf(" %18s", "-");
       }
       for (const System& s : kSystems) {
         if (!have[s.key] || s.key == "dtrain") continue;
         const double v = med(row, s.key);
-        if (v > 0) std::printf(" %9.2fx", med(row, "dtrain") / v);
-        else std::printf(" %10s", "-");
+        if (v > 0)
+          std::printf(" %9.2fx", med(row, "dtrain") / v);
+        else
+          std::printf(" %10s", "-");
       }
       std::printf("\n");
       if (a.json)
         for (const System& s : kSystems) {
           const double v = med(row, s.key);
           if (v <= 0) continue;
-          nlohmann::json j{{"benchmark", "compare"}, {"row", row}, {"system", s.key}, {"batch_per_replica", b},
-                           {"precision", a.precision}, {"images_per_sec", v}, {"peak_rss_mb", med(row, s.key, true)},
-                           {"ratio_dtrain", med(row, "dtrain") / v}, {"runs", a.runs}, {"steps", steps_for(b)}};
+          nlohmann::json j{{"benchmark", "compare"},
+                           {"row", row},
+                           {"system", s.key},
+                           {"batch_per_replica", b},
+                           {"precision", a.precision},
+                           {"images_per_sec", v},
+                           {"peak_rss_mb", med(row, s.key, true)},
+                           {"ratio_dtrain", med(row, "dtrain") / v},
+                           {"runs", a.runs},
+                           {"steps", steps_for(b)}};
           std::printf("%s\n", j.dump().c_str());
         }
     }
     const double one = med("one_thread", "dtrain");
     if (one > 0) {
       if (med("mirrored", "dtrain") > 0)
-        std::printf("dtrain scaling 1 -> 2 replicas in one process: %.1f%%\n", 100 * med("mirrored", "dtrain") / (2 * one));
+        std::printf("dtrain scaling 1 -> 2 replicas in one process: %.1f%%\n",
+                    100 * med("mirrored", "dtrain") / (2 * one));
       if (med("workers", "dtrain") > 0)
-        std::printf("dtrain scaling 1 -> 2 worker processes: %.1f%%\n", 100 * med("workers", "dtrain") / (2 * one));
+        std::printf("dtrain scaling 1 -> 2 worker processes: %.1f%%\n",
+                    100 * med("workers", "dtrain") / (2 * one));
       if (med("mirrored", "dtrain") > 0 && med("workers", "dtrain") > 0)
-        std::printf("dtrain Mirrored cpu:2 / two MWMS processes: %.2fx\n", med("mirrored", "dtrain") / med("workers", "dtrain"));
+        std::printf("dtrain Mirrored cpu:2 / two MWMS processes: %.2fx\n",
+                    med("mirrored", "dtrain") / med("workers", "dtrain"));
     }
   }
   return 0;

@@ -17,31 +17,62 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   TrainArgs t;
   auto* train = app.add_subcommand("train", "reference CNN training throughput vs PyTorch");
-  train->add_option("--strategy", t.strategy, "dtrain strategy")->check(CLI::IsMember({"one_device", "mirrored", "central_storage", "multi_worker_mirrored"}))->capture_default_str();
+  train->add_option("--strategy", t.strategy, "dtrain strategy")
+      ->check(CLI::IsMember({"one_device", "mirrored", "central_storage", "multi_worker_mirrored"}))
+      ->capture_default_str();
   train->add_option("--devices", t.devices, "dtrain devices (cpu or cpu:N)")->capture_default_str();
-  train->add_option("--peer", t.peer, "torch (one process) or torch-ddp (one process per replica, gloo)")->check(CLI::IsMember({"torch", "torch-ddp"}))->capture_default_str();
-  train->add_option("--workers", t.workers, "worker processes for multi_worker_mirrored (started with dtrain-run)")->check(CLI::PositiveNumber)->capture_default_str();
-  train->add_option("--runs", t.runs, "interleaved runs of each")->check(CLI::PositiveNumber)->capture_default_str();
-  train->add_option("--steps", t.steps, "training steps per run")->check(CLI::PositiveNumber)->capture_default_str();
-  train->add_option("--warmup", t.warmup, "steps excluded from timing")->check(CLI::NonNegativeNumber)->capture_default_str();
-  train->add_option("--threads", t.threads, "CPU threads per replica, for both")->check(CLI::PositiveNumber)->capture_default_str();
-  train->add_option("--batch-size", t.batch_per_replica, "batch per replica")->check(CLI::PositiveNumber)->capture_default_str();
+  train
+      ->add_option("--peer", t.peer,
+                   "torch (one process) or torch-ddp (one process per replica, gloo)")
+      ->check(CLI::IsMember({"torch", "torch-ddp"}))
+      ->capture_default_str();
+  train
+      ->add_option("--workers", t.workers,
+                   "worker processes for multi_worker_mirrored (started with dtrain-run)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  train->add_option("--runs", t.runs, "interleaved runs of each")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  train->add_option("--steps", t.steps, "training steps per run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  train->add_option("--warmup", t.warmup, "steps excluded from timing")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  train->add_option("--threads", t.threads, "CPU threads per replica, for both")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  train->add_option("--batch-size", t.batch_per_replica, "batch per replica")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   train->add_option("--python", t.python, "python with torch 1.13")->capture_default_str();
   train->add_flag("--json", t.json, "also print one JSON object");
   AllreduceArgs r;
   auto* ar = app.add_subcommand("allreduce", "allreduce bandwidth, nccl-tests style");
-  ar->add_option("--backend", r.backend, "inproc (threads of one process) or tcp (one process per rank)")->check(CLI::IsMember({"inproc", "tcp"}))->capture_default_str();
+  ar->add_option("--backend", r.backend,
+                 "inproc (threads of one process) or tcp (one process per rank)")
+      ->check(CLI::IsMember({"inproc", "tcp"}))
+      ->capture_default_str();
   ar->add_option("--ranks", r.ranks, "ranks")->check(CLI::PositiveNumber)->capture_default_str();
   ar->add_option("--sizes", r.sizes, "message sizes in bytes, K/M suffixes")->capture_default_str();
-  ar->add_option("--iters", r.iters, "timed iterations per size")->check(CLI::PositiveNumber)->capture_default_str();
-  ar->add_option("--warmup", r.warmup, "untimed iterations per size")->check(CLI::NonNegativeNumber)->capture_default_str();
-  ar->add_option("--peer", r.peer, "mpi, gloo (tcp only) or all: also run the peer on the same sizes")->check(CLI::IsMember({"", "mpi", "gloo", "all"}));
+  ar->add_option("--iters", r.iters, "timed iterations per size")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  ar->add_option("--warmup", r.warmup, "untimed iterations per size")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  ar->add_option("--peer", r.peer,
+                 "mpi, gloo (tcp only) or all: also run the peer on the same sizes")
+      ->check(CLI::IsMember({"", "mpi", "gloo", "all"}));
   ar->add_option("--netns", r.netns,
-                 "--backend=tcp across test hosts: rank r (and each peer's) on host r of `tools/netns/dtrain-netns up "
+                 "--backend=tcp across test hosts: rank r (and each peer's) on host r of "
+                 "`tools/netns/dtrain-netns up "
                  "--prefix PREFIX` (own namespace, address and shaped link; needs root)");
   int wrank = 0;
   std::string waddrs, wtoken;
-  auto* aw = app.add_subcommand("allreduce-worker", "one rank of allreduce --backend=tcp (internal)");
+  auto* aw =
+      app.add_subcommand("allreduce-worker", "one rank of allreduce --backend=tcp (internal)");
   aw->group("");  // hidden
   aw->add_option("--rank", wrank)->required();
   aw->add_option("--addresses", waddrs)->required();
@@ -51,17 +82,28 @@ int main(int argc, char** argv) {
   aw->add_option("--warmup", r.warmup);
   ar->add_flag("--json", r.json, "also print one JSON object per result line");
   PsArgs p;
-  auto* ps = app.add_subcommand("ps", "parameter-server push+pull traffic, and PS vs MultiWorkerMirrored training");
+  auto* ps = app.add_subcommand(
+      "ps", "parameter-server push+pull traffic, and PS vs MultiWorkerMirrored training");
   ps->add_option("--ps", p.ps, "numbers of ps tasks, e.g. 1,2")->capture_default_str();
   ps->add_option("--workers", p.workers, "numbers of workers, e.g. 1,2,4")->capture_default_str();
-  ps->add_option("--sizes", p.sizes, "variable sizes in bytes, K/M suffixes (none = skip the traffic table)")->capture_default_str();
-  ps->add_option("--seconds", p.seconds, "timed seconds per worker and configuration")->check(CLI::PositiveNumber)->capture_default_str();
-  ps->add_option("--runs", p.runs, "runs of each configuration (median)")->check(CLI::PositiveNumber)->capture_default_str();
-  ps->add_option("--peer", p.peer, "torch-rpc: also time a PyTorch torch.distributed.rpc parameter server")
+  ps->add_option("--sizes", p.sizes,
+                 "variable sizes in bytes, K/M suffixes (none = skip the traffic table)")
+      ->capture_default_str();
+  ps->add_option("--seconds", p.seconds, "timed seconds per worker and configuration")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  ps->add_option("--runs", p.runs, "runs of each configuration (median)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  ps->add_option("--peer", p.peer,
+                 "torch-rpc: also time a PyTorch torch.distributed.rpc parameter server")
       ->check(CLI::IsMember({"", "torch-rpc"}));
   ps->add_option("--python", p.python, "python with torch 1.13")->capture_default_str();
-  ps->add_flag("--train", p.train, "also time the reference CNN: parameter_server vs multi_worker_mirrored, 2 workers");
-  ps->add_option("--steps", p.steps, "--train: global steps per run")->check(CLI::PositiveNumber)->capture_default_str();
+  ps->add_flag("--train", p.train,
+               "also time the reference CNN: parameter_server vs multi_worker_mirrored, 2 workers");
+  ps->add_option("--steps", p.steps, "--train: global steps per run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   ps->add_flag("--json", p.json, "also print one JSON object per result");
   long pw_size = 4096;
   double pw_seconds = 2;
@@ -70,49 +112,98 @@ int main(int argc, char** argv) {
   pw->add_option("--size", pw_size);
   pw->add_option("--seconds", pw_seconds);
   ScalingArgs sc;
-  auto* scaling = app.add_subcommand("scaling", "images/sec and scaling efficiency, 1..N replicas in one process and 1..N processes");
-  scaling->add_option("--max-replicas", sc.max_replicas, "largest N")->check(CLI::PositiveNumber)->capture_default_str();
-  scaling->add_option("--runs", sc.runs, "interleaved rounds (median)")->check(CLI::PositiveNumber)->capture_default_str();
-  scaling->add_option("--steps", sc.steps, "training steps per run")->check(CLI::PositiveNumber)->capture_default_str();
-  scaling->add_option("--warmup", sc.warmup, "steps excluded from timing")->check(CLI::NonNegativeNumber)->capture_default_str();
-  scaling->add_option("--batch-size", sc.batch_per_replica, "batch per replica")->check(CLI::PositiveNumber)->capture_default_str();
-  scaling->add_flag("--json", sc.json, "also print one JSON object per result (tools/plot/plot_scaling.py)");
-  scaling->add_option("--devices", sc.devices,
-                      "cpu: replicas are logical CPU devices / processes with one thread each; gpu: one GPU per "
-                      "replica (Mirrored on gpu:0..N-1, and N processes pinned by --devices=gpu:local)")
+  auto* scaling = app.add_subcommand(
+      "scaling",
+      "images/sec and scaling efficiency, 1..N replicas in one process and 1..N processes");
+  scaling->add_option("--max-replicas", sc.max_replicas, "largest N")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  scaling->add_option("--runs", sc.runs, "interleaved rounds (median)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  scaling->add_option("--steps", sc.steps, "training steps per run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  scaling->add_option("--warmup", sc.warmup, "steps excluded from timing")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  scaling->add_option("--batch-size", sc.batch_per_replica, "batch per replica")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  scaling->add_flag("--json", sc.json,
+                    "also print one JSON object per result (tools/plot/plot_scaling.py)");
+  scaling
+      ->add_option(
+          "--devices", sc.devices,
+          "cpu: replicas are logical CPU devices / processes with one thread each; gpu: one GPU "
+          "per "
+          "replica (Mirrored on gpu:0..N-1, and N processes pinned by --devices=gpu:local)")
       ->check(CLI::IsMember({"cpu", "gpu"}))
       ->capture_default_str();
   CompareArgs cmp;
-  auto* compare = app.add_subcommand(
-      "compare", "the reference CNN against TensorFlow 2.21, PyTorch 2.x and PyTorch 1.13 (bench/peers/setup.sh)");
-  compare->add_option("--batch-sizes", cmp.batch_sizes, "images per replica, comma-separated (e.g. 32,64,256)")
+  auto* compare = app.add_subcommand("compare",
+                                     "the reference CNN against TensorFlow 2.21, PyTorch 2.x and "
+                                     "PyTorch 1.13 (bench/peers/setup.sh)");
+  compare
+      ->add_option("--batch-sizes", cmp.batch_sizes,
+                   "images per replica, comma-separated (e.g. 32,64,256)")
       ->capture_default_str();
-  compare->add_option("--rows", cmp.rows, "setups: one_thread, mirrored, workers")->capture_default_str();
-  compare->add_option("--precision", cmp.precision, "fp32, or bf16 (dtrain --precision=bf16 vs Keras mixed_bfloat16)")
+  compare->add_option("--rows", cmp.rows, "setups: one_thread, mirrored, workers")
+      ->capture_default_str();
+  compare
+      ->add_option("--precision", cmp.precision,
+                   "fp32, or bf16 (dtrain --precision=bf16 vs Keras mixed_bfloat16)")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
-  compare->add_option("--runs", cmp.runs, "interleaved rounds (median)")->check(CLI::PositiveNumber)->capture_default_str();
-  compare->add_option("--steps", cmp.steps, "timed steps per run at 64 images per replica (others: as many images)")->check(CLI::PositiveNumber)->capture_default_str();
-  compare->add_option("--warmup", cmp.warmup, "steps before timing")->check(CLI::NonNegativeNumber)->capture_default_str();
-  compare->add_option("--peers-python", cmp.peers_python, "interpreter with tensorflow and torch (default: build/peers-venv)");
-  compare->add_option("--debian-python", cmp.debian_python, "interpreter with Debian's torch 1.13")->capture_default_str();
+  compare->add_option("--runs", cmp.runs, "interleaved rounds (median)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  compare
+      ->add_option("--steps", cmp.steps,
+                   "timed steps per run at 64 images per replica (others: as many images)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  compare->add_option("--warmup", cmp.warmup, "steps before timing")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  compare->add_option("--peers-python", cmp.peers_python,
+                      "interpreter with tensorflow and torch (default: build/peers-venv)");
+  compare->add_option("--debian-python", cmp.debian_python, "interpreter with Debian's torch 1.13")
+      ->capture_default_str();
   compare->add_flag("--json", cmp.json, "also print one JSON object per result");
   ChaosArgs ch;
-  auto* chaos = app.add_subcommand("chaos", "R jobs across netns test hosts, one fault each (kill -9, SIGSTOP, link "
-                                            "cut, all packets dropped); hangs, named losses, resumes (needs root)");
-  chaos->add_option("--jobs", ch.jobs, "R: jobs to run (alternately MultiWorkerMirrored and ParameterServer)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  chaos->add_option("--workers", ch.workers, "workers per job (>= 2)")->check(CLI::Range(2, 8))->capture_default_str();
-  chaos->add_option("--steps", ch.steps, "training steps per job")->check(CLI::PositiveNumber)->capture_default_str();
-  chaos->add_option("--seed", ch.seed, "picks the faults, victims and moments")->capture_default_str();
-  chaos->add_option("--max-fault-seconds", ch.max_fault_s, "the fault comes 1..this many seconds after the start")
-      ->check(CLI::Range(1.5, 60.0))->capture_default_str();
-  chaos->add_option("--rate", ch.rate, "link rate of each test host (tc tbf)")->capture_default_str();
-  chaos->add_option("--prefix", ch.prefix, "dtrain-netns prefix for the hosts it makes and removes")->capture_default_str();
+  auto* chaos =
+      app.add_subcommand("chaos",
+                         "R jobs across netns test hosts, one fault each (kill -9, SIGSTOP, link "
+                         "cut, all packets dropped); hangs, named losses, resumes (needs root)");
+  chaos
+      ->add_option("--jobs", ch.jobs,
+                   "R: jobs to run (alternately MultiWorkerMirrored and ParameterServer)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  chaos->add_option("--workers", ch.workers, "workers per job (>= 2)")
+      ->check(CLI::Range(2, 8))
+      ->capture_default_str();
+  chaos->add_option("--steps", ch.steps, "training steps per job")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  chaos->add_option("--seed", ch.seed, "picks the faults, victims and moments")
+      ->capture_default_str();
+  chaos
+      ->add_option("--max-fault-seconds", ch.max_fault_s,
+                   "the fault comes 1..this many seconds after the start")
+      ->check(CLI::Range(1.5, 60.0))
+      ->capture_default_str();
+  chaos->add_option("--rate", ch.rate, "link rate of each test host (tc tbf)")
+      ->capture_default_str();
+  chaos->add_option("--prefix", ch.prefix, "dtrain-netns prefix for the hosts it makes and removes")
+      ->capture_default_str();
   chaos->add_flag("--json", ch.json, "also print one JSON object per case");
   chaos->add_flag("--elastic", ch.elastic,
-                  "elastic jobs instead (examples/elastic_fashion_mnist under dtrain-run --min-np 2 --max-np W on W+1 "
-                  "hosts, any worker hit, rank 0 included): each must re-form and finish with every step applied once");
+                  "elastic jobs instead (examples/elastic_fashion_mnist under dtrain-run --min-np "
+                  "2 --max-np W on W+1 "
+                  "hosts, any worker hit, rank 0 included): each must re-form and finish with "
+                  "every step applied once");
   CLI11_PARSE(app, argc, argv);
   try {
     if (*train) return train_bench(t);

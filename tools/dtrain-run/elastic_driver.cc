@@ -26,12 +26,14 @@ auto in_netns(const std::string& ns, F make) {
   if (self < 0 || target < 0 || ::setns(target, CLONE_NEWNET) != 0) {
     if (self >= 0) ::close(self);
     if (target >= 0) ::close(target);
-    throw std::runtime_error("cannot enter network namespace " + ns + " for the elastic rendezvous");
+    throw std::runtime_error("cannot enter network namespace " + ns +
+                             " for the elastic rendezvous");
   }
   ::close(target);
   try {
     auto r = make();
-    if (::setns(self, CLONE_NEWNET) != 0) throw std::runtime_error("cannot return to the launcher's network namespace");
+    if (::setns(self, CLONE_NEWNET) != 0)
+      throw std::runtime_error("cannot return to the launcher's network namespace");
     ::close(self);
     return r;
   } catch (...) {
@@ -51,15 +53,16 @@ ElasticDriver::ElasticDriver(ElasticOptions options, const std::string& token)
   r.min_np = o_.min_np;
   r.max_np = o_.max_np;
   r.settle = std::chrono::milliseconds(static_cast<int64_t>(o_.settle_s * 1000));
-  server_ = in_netns(o_.rendezvous_netns, [&] { return std::make_unique<elastic::RendezvousServer>(r); });
+  server_ =
+      in_netns(o_.rendezvous_netns, [&] { return std::make_unique<elastic::RendezvousServer>(r); });
 }
 
 ElasticDriver::~ElasticDriver() = default;
 
 ElasticSpawn ElasticDriver::make_spawn(const ElasticHost& host) {
   if (next_id_ >= elastic::Job::kMaxWorkers)
-    throw std::runtime_error("an elastic job starts at most " + std::to_string(elastic::Job::kMaxWorkers) +
-                             " workers over its life");
+    throw std::runtime_error("an elastic job starts at most " +
+                             std::to_string(elastic::Job::kMaxWorkers) + " workers over its life");
   ElasticSpawn s;
   s.id = next_id_++;
   s.host = host;
@@ -70,7 +73,8 @@ ElasticSpawn ElasticDriver::make_spawn(const ElasticHost& host) {
     assign_local_ports(one, 0);
     s.port = one[0].port;
   }
-  s.env = {"DTRAIN_ELASTIC_RENDEZVOUS=" + o_.rendezvous_address, "DTRAIN_ELASTIC_ID=" + std::to_string(s.id),
+  s.env = {"DTRAIN_ELASTIC_RENDEZVOUS=" + o_.rendezvous_address,
+           "DTRAIN_ELASTIC_ID=" + std::to_string(s.id),
            "DTRAIN_ELASTIC_ADDRESS=" + host.address + ":" + std::to_string(s.port),
            "DTRAIN_ELASTIC_TIMEOUT=" + std::to_string(static_cast<int>(o_.timeout_s))};
   server_->expect(s.id);
@@ -107,8 +111,8 @@ bool ElasticDriver::read_discovery(std::vector<ElasticHost>* hosts, std::string*
   while (std::fgets(buf, sizeof(buf), p)) text += buf;
   const int status = ::pclose(p);
   if (status != 0) {
-    *error = "the host discovery script " + o_.discovery_script + " failed (status " + std::to_string(status) +
-             "): " + text.substr(0, 200);
+    *error = "the host discovery script " + o_.discovery_script + " failed (status " +
+             std::to_string(status) + "): " + text.substr(0, 200);
     return false;
   }
   try {
@@ -119,7 +123,8 @@ bool ElasticDriver::read_discovery(std::vector<ElasticHost>* hosts, std::string*
     for (const HostSlots& h : parse_hosts(spec)) {
       auto it = o_.known.find(h.host);
       if (it == o_.known.end()) {
-        *error = "the host discovery script names host '" + h.host + "', which this launcher cannot start workers on";
+        *error = "the host discovery script names host '" + h.host +
+                 "', which this launcher cannot start workers on";
         return false;
       }
       ElasticHost e = it->second;
@@ -140,14 +145,17 @@ std::vector<ElasticSpawn> ElasticDriver::tick(Clock::time_point now, std::vector
   std::vector<ElasticHost> hosts;
   std::string error;
   if (!read_discovery(&hosts, &error)) {
-    if (error != last_error_) std::fprintf(stderr, "dtrain-run: elastic: %s; keeping the workers as they are\n", error.c_str());
+    if (error != last_error_)
+      std::fprintf(stderr, "dtrain-run: elastic: %s; keeping the workers as they are\n",
+                   error.c_str());
     last_error_ = error;
     return out;
   }
   last_error_.clear();
   std::map<std::string, int> used;
   for (const auto& [id, host] : running_) {
-    const bool listed = std::any_of(hosts.begin(), hosts.end(), [&](const ElasticHost& h) { return h.name == host; });
+    const bool listed = std::any_of(hosts.begin(), hosts.end(),
+                                    [&](const ElasticHost& h) { return h.name == host; });
     if (!listed) {
       stop->push_back(id);
     } else {
@@ -174,15 +182,18 @@ std::vector<int> ElasticDriver::members() const { return server_->members(); }
 void ElasticDriver::exited(int id, bool failed) {
   auto it = running_.find(id);
   if (failed && it != running_.end()) {
-    // A host may lose one worker and take a new one at once (a process killed); a host whose workers
-    // keep failing (cut off, broken) gets none for 10 s after the second failure, doubling after each.
+    // A host may lose one worker and take a new one at once (a process killed); a host whose
+    // workers keep failing (cut off, broken) gets none for 10 s after the second failure, doubling
+    // after each.
     Cooldown& c = cooldown_[it->second];
     if (++c.failures >= 2) {
       const auto pause = std::chrono::seconds(10) * (1 << std::min(c.failures - 2, 5));
       c.until = Clock::now() + pause;
-      std::fprintf(stderr, "dtrain-run: elastic: no new worker on %s for %lld s (%d workers failed there)\n",
-                   it->second.c_str(),
-                   static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(pause).count()), c.failures);
+      std::fprintf(
+          stderr, "dtrain-run: elastic: no new worker on %s for %lld s (%d workers failed there)\n",
+          it->second.c_str(),
+          static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(pause).count()),
+          c.failures);
     }
   }
   if (it != running_.end()) running_.erase(it);

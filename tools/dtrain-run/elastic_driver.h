@@ -2,12 +2,12 @@
 // (dtrain/train/elastic.h), decides where workers run and when new ones start.
 //
 // Hosts come from -H / --netns / localhost at the start and, with --host-discovery-script, from the
-// script's output ("host:slots" per line, as horovodrun's) read every second: while fewer workers run
-// than min(--max-np, the slots listed), a worker is started on a listed host with a free slot; the
-// workers of a host that is no longer listed are stopped (SIGTERM). Without a script nothing is
-// started after the first workers: the job goes on with the survivors while at least --min-np remain.
-// Each worker gets a launcher id (0, 1, ... never reused) that names it ("worker:<id>") and keys it at
-// the rendezvous. Not thread-safe: the supervisor's thread only.
+// script's output ("host:slots" per line, as horovodrun's) read every second: while fewer workers
+// run than min(--max-np, the slots listed), a worker is started on a listed host with a free slot;
+// the workers of a host that is no longer listed are stopped (SIGTERM). Without a script nothing is
+// started after the first workers: the job goes on with the survivors while at least --min-np
+// remain. Each worker gets a launcher id (0, 1, ... never reused) that names it ("worker:<id>") and
+// keys it at the rendezvous. Not thread-safe: the supervisor's thread only.
 #pragma once
 
 #include <chrono>
@@ -60,8 +60,8 @@ class ElasticDriver {
   // Reads the discovery script when due; returns workers to start now. `stop` gets the ids of
   // running workers whose host is no longer listed.
   std::vector<ElasticSpawn> tick(std::chrono::steady_clock::time_point now, std::vector<int>* stop);
-  // `failed`: a non-zero exit. A host whose workers keep failing gets no new worker for a while (10 s
-  // after the second failure there, doubling after each), as Horovod blacklists a failing host.
+  // `failed`: a non-zero exit. A host whose workers keep failing gets no new worker for a while (10
+  // s after the second failure there, doubling after each), as Horovod blacklists a failing host.
   void exited(int id, bool failed);
   int running() const { return static_cast<int>(running_.size()); }
   // The launcher ids of the last round's workers.

@@ -17,8 +17,8 @@
 #include <memory>
 
 #include "line_relay.h"
-#include "supervisor.h"
 #include "spawn.h"
+#include "supervisor.h"
 
 extern char** environ;
 
@@ -49,7 +49,6 @@ std::string signal_name(int sig) {
       return "signal " + std::to_string(sig);
   }
 }
-
 
 }  // namespace
 
@@ -313,7 +312,8 @@ void Supervisor::check_deadlines(Clock::time_point now) {
 
 int Supervisor::poll_timeout_ms(Clock::time_point now) const {
   Clock::time_point next = stopping_ ? kNever : job_deadline_;
-  if (elastic_ && !stopping_ && !o_.elastic.discovery_script.empty()) next = std::min(next, elastic_->next_tick());
+  if (elastic_ && !stopping_ && !o_.elastic.discovery_script.empty())
+    next = std::min(next, elastic_->next_tick());
   for (const auto& c : children_) {
     if (!c.sigkilled && c.group_alive()) next = std::min(next, c.kill_at);
     if (!c.reaped) next = std::min(next, c.give_up_at);
@@ -380,7 +380,8 @@ int Supervisor::run() {
     log_line("cannot run '" + argv_[0] + "': " + why + " (nothing was started)");
     return kExitNotFound;
   }
-  if (std::any_of(o_.netns.begin(), o_.netns.end(), [](const std::string& n) { return !n.empty(); })) {
+  if (std::any_of(o_.netns.begin(), o_.netns.end(),
+                  [](const std::string& n) { return !n.empty(); })) {
     const std::string no_ip = check_program("ip");
     if (!no_ip.empty()) {
       log_line("--netns runs tasks through `ip netns exec`, but 'ip' cannot run: " + no_ip +
@@ -408,12 +409,14 @@ int Supervisor::run() {
   }
   ps_job_ =
       std::any_of(o_.tasks.begin(), o_.tasks.end(), [](const Task& t) { return t.type == "ps"; });
-  user_omp_ = std::any_of(base_env.begin(), base_env.end(),
-                          [](const std::string& kv) { return kv.rfind("OMP_NUM_THREADS=", 0) == 0; });
+  user_omp_ = std::any_of(base_env.begin(), base_env.end(), [](const std::string& kv) {
+    return kv.rfind("OMP_NUM_THREADS=", 0) == 0;
+  });
   const bool user_omp = user_omp_;
   if (o_.elastic.min_np > 0) return run_elastic();
   const std::vector<std::vector<int>> shares =
-      o_.bind_cores ? share_cpus(allowed_cpus(), static_cast<int>(o_.tasks.size())) : std::vector<std::vector<int>>{};
+      o_.bind_cores ? share_cpus(allowed_cpus(), static_cast<int>(o_.tasks.size()))
+                    : std::vector<std::vector<int>>{};
   for (size_t i = 0; i < o_.tasks.size(); ++i) {
     Child& c = children_.emplace_back(o_.tasks[i]);
     if (!o_.netns.empty()) c.netns = o_.netns.at(i);

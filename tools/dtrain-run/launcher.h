@@ -66,7 +66,8 @@ std::vector<std::string> task_argv(const std::vector<std::string>& command,
 // signal); 124 on --timeout; 128 + signal when the launcher was interrupted; 127 when the program
 // cannot be found (nothing started); 1 when a task cannot be started. Reports each of these with
 // one line on stderr. Does not throw. *task_failed (when given) says whether a task's failure, not
-// an interrupt, the timeout or a start-up problem, ended the job (what --max-restarts relaunches on).
+// an interrupt, the timeout or a start-up problem, ended the job (what --max-restarts relaunches
+// on).
 int launch(const LaunchOptions& options, bool* task_failed = nullptr);
 
 }  // namespace dtrain::run

@@ -1,5 +1,5 @@
-// The elastic side of dtrain-run's supervisor (--min-np / --max-np): workers that fail do not stop the
-// job, new ones start where the discovery script lists free slots (elastic_driver.h).
+// The elastic side of dtrain-run's supervisor (--min-np / --max-np): workers that fail do not stop
+// the job, new ones start where the discovery script lists free slots (elastic_driver.h).
 #include <algorithm>
 
 #include "spawn.h"
@@ -12,12 +12,14 @@ void Supervisor::elastic_exit(Child& c, int code, const std::string& what) {
   elastic_->exited(c.task.index, code != 0 && !c.stop_requested && !stopping_);
   if (code == 0) {
     if (!elastic_success_) {
-      // Training is over: workers outside the finishing round (waiting to join) have nothing to join.
+      // Training is over: workers outside the finishing round (waiting to join) have nothing to
+      // join.
       const std::vector<int> members = elastic_->members();
       for (auto& other : children_)
         if (other.elastic && !other.reaped && !other.stop_requested &&
             std::find(members.begin(), members.end(), other.task.index) == members.end()) {
-          log_line("elastic: the job finished; stopping " + other.task.name() + ", which was not in the last round");
+          log_line("elastic: the job finished; stopping " + other.task.name() +
+                   ", which was not in the last round");
           signal_child(other, SIGTERM);
         }
     }
@@ -29,8 +31,9 @@ void Supervisor::elastic_exit(Child& c, int code, const std::string& what) {
   if (elastic_failure_ == 0) elastic_failure_ = code;
   if (elastic_success_) elastic_failed_after_success_ = true;
   c.lost = what;
-  log_line(c.task.name() + " " + what + "; the elastic job continues with " + std::to_string(elastic_->running()) +
-           " worker(s) (--min-np " + std::to_string(o_.elastic.min_np) + ")");
+  log_line(c.task.name() + " " + what + "; the elastic job continues with " +
+           std::to_string(elastic_->running()) + " worker(s) (--min-np " +
+           std::to_string(o_.elastic.min_np) + ")");
 }
 
 void Supervisor::elastic_tick(Clock::time_point now) {
@@ -46,7 +49,8 @@ void Supervisor::elastic_tick(Clock::time_point now) {
   for (int id : stop)
     for (auto& c : children_)
       if (c.elastic && c.task.index == id && !c.reaped && !c.stop_requested) {
-        log_line("elastic: the host of " + c.task.name() + " is no longer listed; stopping it (SIGTERM)");
+        log_line("elastic: the host of " + c.task.name() +
+                 " is no longer listed; stopping it (SIGTERM)");
         signal_child(c, SIGTERM);
       }
   for (const auto& sp : spawns) start_elastic(sp);
@@ -83,13 +87,18 @@ void Supervisor::start_elastic(const ElasticSpawn& sp) {
 
 int Supervisor::run_elastic() {
   if (o_.timeout_s > 0)
-    job_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(Seconds(o_.timeout_s));
-  if (o_.bind_cores) shares_ = share_cpus(allowed_cpus(), std::max(1, std::min(o_.elastic.max_np, static_cast<int>(allowed_cpus().size()))));
+    job_deadline_ =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(Seconds(o_.timeout_s));
+  if (o_.bind_cores)
+    shares_ = share_cpus(
+        allowed_cpus(),
+        std::max(1, std::min(o_.elastic.max_np, static_cast<int>(allowed_cpus().size()))));
   try {
     elastic_ = std::make_unique<ElasticDriver>(o_.elastic, o_.job_token);
     log_line("elastic job: " + std::to_string(o_.elastic.np) + " worker(s) now, between --min-np " +
-             std::to_string(o_.elastic.min_np) + " and --max-np " + std::to_string(o_.elastic.max_np) +
-             "; rendezvous at " + o_.elastic.rendezvous_address);
+             std::to_string(o_.elastic.min_np) + " and --max-np " +
+             std::to_string(o_.elastic.max_np) + "; rendezvous at " +
+             o_.elastic.rendezvous_address);
     for (const auto& sp : elastic_->initial()) start_elastic(sp);
   } catch (const std::exception& e) {
     log_line(std::string("cannot start the elastic job: ") + e.what());

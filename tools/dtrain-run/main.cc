@@ -8,21 +8,21 @@
 // Every task gets TF_CONFIG (free loopback ports), DTRAIN_TASK ("worker:1") and one
 // DTRAIN_JOB_TOKEN per job; its output lines are prefixed with "[worker:1] ". See launcher.h for
 // how the job is supervised and the exit statuses. Bad usage exits 2.
-#include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
-#include <fstream>
-#include <thread>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <thread>
 
 #include "cluster_config.h"
-#include "launcher.h"
 #include "dtrain/core/timeline.h"
+#include "launcher.h"
 
 namespace {
 
@@ -125,8 +125,9 @@ void merge_task_timelines(const std::vector<dtrain::run::Task>& tasks, const std
   try {
     dtrain::timeline::merge_timeline_files(parts, path);
     for (const auto& p : parts) std::filesystem::remove(p);
-    std::fprintf(stderr, "dtrain-run: timeline of %zu task(s) in %s (chrome://tracing or ui.perfetto.dev)\n",
-                 parts.size(), path.c_str());
+    std::fprintf(
+        stderr, "dtrain-run: timeline of %zu task(s) in %s (chrome://tracing or ui.perfetto.dev)\n",
+        parts.size(), path.c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dtrain-run: could not merge the timelines: %s\n", e.what());
   }
@@ -136,11 +137,14 @@ void merge_task_timelines(const std::vector<dtrain::run::Task>& tasks, const std
 void set_up_elastic(const Args& a, int np, dtrain::run::LaunchOptions& o) {
   using namespace dtrain::run;
   if (a.min_np < 1 || a.max_np < a.min_np || np < a.min_np || np > a.max_np)
-    throw UsageError("an elastic job needs 1 <= --min-np <= -np <= --max-np, got --min-np " + std::to_string(a.min_np) +
-                     ", -np " + std::to_string(np) + ", --max-np " + std::to_string(a.max_np));
+    throw UsageError("an elastic job needs 1 <= --min-np <= -np <= --max-np, got --min-np " +
+                     std::to_string(a.min_np) + ", -np " + std::to_string(np) + ", --max-np " +
+                     std::to_string(a.max_np));
   if (a.ps > 0 || a.evaluator || a.max_restarts > 0)
-    throw UsageError("--min-np/--max-np make a MultiWorkerMirrored job elastic; it takes no --ps, --evaluator or "
-                     "--max-restarts (its workers re-form on their own)");
+    throw UsageError(
+        "--min-np/--max-np make a MultiWorkerMirrored job elastic; it takes no --ps, --evaluator "
+        "or "
+        "--max-restarts (its workers re-form on their own)");
   ElasticOptions& e = o.elastic;
   e.min_np = a.min_np;
   e.max_np = a.max_np;
@@ -149,11 +153,14 @@ void set_up_elastic(const Args& a, int np, dtrain::run::LaunchOptions& o) {
   e.timeout_s = a.elastic_timeout_s;
   e.settle_s = a.elastic_settle_s;
   if (!a.netns.empty()) {
-    for (size_t i = 0; i < o.tasks.size(); ++i) e.hosts.push_back(ElasticHost{o.netns[i], o.tasks[i].host, o.netns[i], 1});
+    for (size_t i = 0; i < o.tasks.size(); ++i)
+      e.hosts.push_back(ElasticHost{o.netns[i], o.tasks[i].host, o.netns[i], 1});
     std::ifstream in("/run/dtrain-netns/" + a.netns + ".hosts");
     for (std::string ns, addr; in >> ns >> addr;) e.known[ns] = ElasticHost{ns, addr, ns, 1};
-    // The switch's own address (tools/netns/dtrain-netns gives br0 192.0.2.1): every host reaches it.
-    e.rendezvous_address = "192.0.2.1:" + std::to_string(a.port_base_given ? a.port_base - 1 : 29400);
+    // The switch's own address (tools/netns/dtrain-netns gives br0 192.0.2.1): every host reaches
+    // it.
+    e.rendezvous_address =
+        "192.0.2.1:" + std::to_string(a.port_base_given ? a.port_base - 1 : 29400);
     e.rendezvous_netns = a.netns + "-sw";
     e.port_base = a.port_base;
   } else {
@@ -177,19 +184,23 @@ int run_local(const Args& a) {
     int slots = 0;
     for (const auto& h : parse_hosts(a.hosts)) {
       if (h.host != "localhost" && h.host != "127.0.0.1" && h.host != self) {
-        throw UsageError("-H names host '" + h.host +
-                         "': dtrain-run starts tasks on this machine only; start each host's tasks there with "
-                         "the TF_CONFIG that `dtrain-run --print-config -H " + a.hosts + "` prints");
+        throw UsageError(
+            "-H names host '" + h.host +
+            "': dtrain-run starts tasks on this machine only; start each host's tasks there with "
+            "the TF_CONFIG that `dtrain-run --print-config -H " +
+            a.hosts + "` prints");
       }
       slots += h.slots;
     }
     if (!a.np_given) np = slots - a.ps - (a.evaluator ? 1 : 0);
     if (np < 1 || np + a.ps + (a.evaluator ? 1 : 0) > slots) {
-      throw UsageError("-H " + a.hosts + " has " + std::to_string(slots) + " slot(s), too few for " +
-                       std::to_string(std::max(np, 1)) + " worker(s) and the other tasks");
+      throw UsageError("-H " + a.hosts + " has " + std::to_string(slots) +
+                       " slot(s), too few for " + std::to_string(std::max(np, 1)) +
+                       " worker(s) and the other tasks");
     }
   } else if (!a.np_given) {
-    throw UsageError("give the number of workers, e.g. dtrain-run -np 2 -- ./prog (or -H localhost:2)");
+    throw UsageError(
+        "give the number of workers, e.g. dtrain-run -np 2 -- ./prog (or -H localhost:2)");
   }
   if (a.command.empty()) {
     throw UsageError("no program to run; put it after --, e.g. dtrain-run -np " +
@@ -204,8 +215,10 @@ int run_local(const Args& a) {
     std::vector<std::pair<std::string, std::string>> hosts;  // namespace, address
     for (std::string ns, addr; in >> ns >> addr;) hosts.emplace_back(ns, addr);
     if (hosts.empty()) {
-      throw UsageError("--netns " + a.netns + ": no test hosts are up (" + file + " is missing or empty); make them "
-                       "with tools/netns/dtrain-netns up --prefix " + a.netns + " --hosts N");
+      throw UsageError("--netns " + a.netns + ": no test hosts are up (" + file +
+                       " is missing or empty); make them "
+                       "with tools/netns/dtrain-netns up --prefix " +
+                       a.netns + " --hosts N");
     }
     for (size_t i = 0; i < o.tasks.size(); ++i) {
       const auto& [ns, addr] = hosts[i % hosts.size()];
@@ -278,23 +291,26 @@ int main(int argc, char** argv) {
                  "most this many times per worker")
       ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
-  app.add_option("--max-restarts", a.max_restarts,
-                 "relaunch the whole job after a task fails, at most this many times (as torchrun "
-                 "does); with BackupAndRestore (--backup-dir) the relaunched job resumes from the last "
-                 "backup. An interrupt or --timeout is not retried")
+  app.add_option(
+         "--max-restarts", a.max_restarts,
+         "relaunch the whole job after a task fails, at most this many times (as torchrun "
+         "does); with BackupAndRestore (--backup-dir) the relaunched job resumes from the last "
+         "backup. An interrupt or --timeout is not retried")
       ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
-  app.add_option("--timeline-filename", a.timeline,
-                 "write a Chrome trace of every task (horovodrun's flag; same as DTRAIN_TIMELINE): each task "
-                 "records its steps, passes, gradient packs and collectives, and dtrain-run merges them into "
-                 "this one file, one process row per task");
+  app.add_option(
+      "--timeline-filename", a.timeline,
+      "write a Chrome trace of every task (horovodrun's flag; same as DTRAIN_TIMELINE): each task "
+      "records its steps, passes, gradient packs and collectives, and dtrain-run merges them into "
+      "this one file, one process row per task");
   app.add_option("--devices", a.devices,
                  "passed to every task as --devices=<value> unless its arguments have --devices "
                  "(e.g. cpu:2)");
-  app.add_option("--netns", a.netns,
-                 "run task i on test host i mod H made by `tools/netns/dtrain-netns up --prefix PREFIX "
-                 "--hosts H` (its own network namespace, address and shaped link; needs root): each task "
-                 "listens on its host's 192.0.2.x address, ports from --port-base");
+  app.add_option(
+      "--netns", a.netns,
+      "run task i on test host i mod H made by `tools/netns/dtrain-netns up --prefix PREFIX "
+      "--hosts H` (its own network namespace, address and shaped link; needs root): each task "
+      "listens on its host's 192.0.2.x address, ports from --port-base");
   app.add_option("--timeout", a.timeout_s,
                  "stop the job and exit 124 after this many seconds (0: none)")
       ->check(CLI::Range(0.0, 1e8))
@@ -302,33 +318,41 @@ int main(int argc, char** argv) {
   app.add_option("--grace", a.grace_s, "seconds between SIGTERM and SIGKILL when stopping tasks")
       ->check(CLI::Range(0.0, 1e8))
       ->capture_default_str();
-  app.add_option("--bind-to", a.bind_to,
-                 "core (default): bind each local task to an equal share of the cores this launcher may "
-                 "use (2 tasks on 4 cores: 2 each; more tasks than cores: one core each, round robin) "
-                 "and set OMP_NUM_THREADS to its share unless the environment sets it, as torchrun and "
-                 "mpirun do; none: no binding, every task sees every core")
+  app.add_option(
+         "--bind-to", a.bind_to,
+         "core (default): bind each local task to an equal share of the cores this launcher may "
+         "use (2 tasks on 4 cores: 2 each; more tasks than cores: one core each, round robin) "
+         "and set OMP_NUM_THREADS to its share unless the environment sets it, as torchrun and "
+         "mpirun do; none: no binding, every task sees every core")
       ->check(CLI::IsMember({"core", "none"}))
       ->capture_default_str();
   app.add_flag("--print-config", a.print_config,
                "print every task's TF_CONFIG (one line each) and exit; starts nothing");
-  app.add_option("-H,--hosts", a.hosts,
-                 "hosts as host:slots,... (horovodrun's -H): with --print-config, every host's TF_CONFIG; "
-                 "otherwise this machine's slots (localhost:N) run here, -np defaulting to their number");
-  app.add_option("--min-np", a.min_np,
-                 "elastic job (Horovod elastic, torchrun --nnodes=MIN:MAX): keep a MultiWorkerMirrored job "
-                 "going while at least this many workers live; the program uses dtrain::elastic (survivors roll "
-                 "back to the last commit and re-form; new workers get the state by broadcast)");
+  app.add_option(
+      "-H,--hosts", a.hosts,
+      "hosts as host:slots,... (horovodrun's -H): with --print-config, every host's TF_CONFIG; "
+      "otherwise this machine's slots (localhost:N) run here, -np defaulting to their number");
+  app.add_option(
+      "--min-np", a.min_np,
+      "elastic job (Horovod elastic, torchrun --nnodes=MIN:MAX): keep a MultiWorkerMirrored job "
+      "going while at least this many workers live; the program uses dtrain::elastic (survivors "
+      "roll "
+      "back to the last commit and re-form; new workers get the state by broadcast)");
   app.add_option("--max-np", a.max_np, "elastic job: at most this many workers");
   app.add_option("--host-discovery-script", a.discovery_script,
-                 "elastic job: a command printing the hosts workers may run on, host:slots per line (horovodrun's "
-                 "flag; localhost, or the namespaces of --netns), read every second: workers start on new slots "
+                 "elastic job: a command printing the hosts workers may run on, host:slots per "
+                 "line (horovodrun's "
+                 "flag; localhost, or the namespaces of --netns), read every second: workers start "
+                 "on new slots "
                  "up to --max-np, and those of a host no longer listed are stopped");
-  app.add_option("--elastic-timeout", a.elastic_timeout_s,
-                 "elastic job: seconds the workers wait for a round of at least --min-np workers to form "
-                 "(HOROVOD_ELASTIC_TIMEOUT)")
+  app.add_option(
+         "--elastic-timeout", a.elastic_timeout_s,
+         "elastic job: seconds the workers wait for a round of at least --min-np workers to form "
+         "(HOROVOD_ELASTIC_TIMEOUT)")
       ->capture_default_str();
   app.add_option("--elastic-settle", a.elastic_settle_s,
-                 "elastic job: seconds a round waits for a started worker that does not arrive (a hung one) "
+                 "elastic job: seconds a round waits for a started worker that does not arrive (a "
+                 "hung one) "
                  "before it forms without it")
       ->capture_default_str();
   auto* port_base = app.add_option("--port-base", a.port_base,

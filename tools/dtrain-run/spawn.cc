@@ -1,13 +1,12 @@
-#include <sched.h>
-
-#include <algorithm>
 #include "spawn.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -51,7 +50,8 @@ void ensure_std_fds_open() {
 }
 
 std::string spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                  int stdin_fd, const sigset_t& child_mask, const std::vector<int>& cpus, Spawned& result) {
+                  int stdin_fd, const sigset_t& child_mask, const std::vector<int>& cpus,
+                  Spawned& result) {
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0) return std::string("pipe: ") + std::strerror(errno);
   if (::pipe2(err, O_CLOEXEC) != 0) {
@@ -129,7 +129,8 @@ std::vector<std::vector<int>> share_cpus(const std::vector<int>& cpus, int tasks
   }
   const size_t per = n / t;
   for (size_t i = 0; i < t; ++i)
-    out[i].assign(cpus.begin() + static_cast<long>(i * per), cpus.begin() + static_cast<long>((i + 1) * per));
+    out[i].assign(cpus.begin() + static_cast<long>(i * per),
+                  cpus.begin() + static_cast<long>((i + 1) * per));
   return out;
 }
 

@@ -41,7 +41,8 @@ void ensure_std_fds_open();
 // `cpus`, when not empty: the cores the child is bound to (sched_setaffinity before exec; the cores
 // dtrain's devices and OpenMP then use).
 std::string spawn(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                  int stdin_fd, const sigset_t& child_mask, const std::vector<int>& cpus, Spawned& out);
+                  int stdin_fd, const sigset_t& child_mask, const std::vector<int>& cpus,
+                  Spawned& out);
 
 // The cores this process may run on (its affinity mask), in order. Never throws.
 std::vector<int> allowed_cpus();

@@ -102,8 +102,8 @@ class Supervisor {
   std::vector<std::vector<int>> shares_;
   bool user_omp_ = false;
   std::unique_ptr<ElasticDriver> elastic_;
-  bool elastic_success_ = false;       // an elastic worker finished
-  int elastic_failure_ = 0;            // the first elastic worker's failure status
+  bool elastic_success_ = false;  // an elastic worker finished
+  int elastic_failure_ = 0;       // the first elastic worker's failure status
   bool elastic_failed_after_success_ = false;
   int sfd_ = -1;
   int devnull_ = -1;

@@ -18,13 +18,12 @@
 // read the environment call getenv and must not run concurrently with setenv/unsetenv.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "dtrain/cluster/cluster_spec.h"
+#include "dtrain/core/export.h"
 
 namespace dtrain {
 
@@ -163,8 +162,8 @@ DTRAIN_API ClusterResolution explicit_cluster(std::vector<std::string> workers, 
 
 // --- The one resolver every strategy, run_task() and the tools use -------------------------------
 // This process's task, resolved once: TF_CONFIG when set; else SLURM's variables under srun (a
-// SLURM_PROCID without TF_CONFIG); with `mpi`, OpenMPI's variables under mpirun (ranks only; the MPI
-// transport wires the peers itself). Returns nullopt when none is set: a single-process job.
+// SLURM_PROCID without TF_CONFIG); with `mpi`, OpenMPI's variables under mpirun (ranks only; the
+// MPI transport wires the peers itself). Returns nullopt when none is set: a single-process job.
 // Throws what the chosen resolver throws (InvalidArgument quoting a malformed variable).
 DTRAIN_API std::optional<ClusterResolution> resolve_cluster(bool mpi = false);
 // The job's shared secret: `token` when given, else DTRAIN_JOB_TOKEN. Throws InvalidArgument saying

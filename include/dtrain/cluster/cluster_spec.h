@@ -8,13 +8,13 @@
 // Thread-safety: an immutable value type; concurrent const use is safe.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <map>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "dtrain/core/export.h"
 
 namespace dtrain {
 

@@ -5,13 +5,11 @@
 //
 // Collectives are asynchronous: they return at once with a Work (nodiscard: wait on it before using
 // the result or dropping the tensors), completed by the communicator's
-// communication thread (in issue order); wait() blocks (with a timeout) until the result is in place
-// and rethrows any error. Tensors passed in must stay alive and untouched until
-// wait() returns. Thread-safety: one thread per rank issues collectives; Work may be waited on from
-// any thread.
+// communication thread (in issue order); wait() blocks (with a timeout) until the result is in
+// place and rethrows any error. Tensors passed in must stay alive and untouched until wait()
+// returns. Thread-safety: one thread per rank issues collectives; Work may be waited on from any
+// thread.
 #pragma once
-
-#include "dtrain/core/export.h"
 
 #include <chrono>
 #include <cstdint>
@@ -21,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/core/export.h"
 #include "dtrain/core/tensor.h"
 
 namespace dtrain {
@@ -103,7 +102,8 @@ class DTRAIN_API Communicator {
   [[nodiscard]] virtual Work barrier() = 0;
   // input and output: n elements each (n divisible by size), seen as size() blocks; output's block
   // j becomes rank j's input block rank(). The TCP and MPI transports exchange blocks pairwise
-  // (each block crosses one link once); the default gathers everything and keeps this rank's blocks.
+  // (each block crosses one link once); the default gathers everything and keeps this rank's
+  // blocks.
   [[nodiscard]] virtual Work alltoall(const Tensor& input, Tensor& output);
   // reduce_scatter of `inputs` laid end to end and zero-padded to output.numel() * size() elements:
   // output = this rank's block of op(every rank's concatenation). Every rank passes tensors of the
@@ -111,14 +111,16 @@ class DTRAIN_API Communicator {
   // alive and untouched until wait() returns. The in-process transport reads the inputs where they
   // lie (no packing copy); the others pack them into one buffer first, and the default here does so
   // and waits.
-  [[nodiscard]] virtual Work reduce_scatter_concat(const std::vector<Tensor>& inputs, Tensor& output, ReduceOp op);
+  [[nodiscard]] virtual Work reduce_scatter_concat(const std::vector<Tensor>& inputs,
+                                                   Tensor& output, ReduceOp op);
   // Makes every pending and future collective of the group fail fast with `reason` (used when one
   // rank has failed, so the others do not wait for it).
   virtual void abort(const std::string& reason) = 0;
   // Progress markers, for stall reports (hvd's stall inspector): this rank announces `marker` (e.g.
   // the number of the collective it has entered) to every peer with its heartbeats, and
-  // peer_markers()[r] is the last marker heard from rank r (-1: none yet; empty: this backend has no
-  // heartbeats). Markers travel only while a collective is waiting for peers, which is when they matter.
+  // peer_markers()[r] is the last marker heard from rank r (-1: none yet; empty: this backend has
+  // no heartbeats). Markers travel only while a collective is waiting for peers, which is when they
+  // matter.
   virtual void set_progress_marker(int64_t /*marker*/) {}
   virtual std::vector<int64_t> peer_markers() const { return {}; }
 };

@@ -8,17 +8,17 @@
 // has the group's timeout and fails fast when another rank aborts the group.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <memory>
 #include <vector>
 
 #include "dtrain/collectives/communicator.h"
+#include "dtrain/core/export.h"
 
 namespace dtrain {
 
 // One Communicator per rank; rank r must only be used by one thread at a time. The group lives
 // until every communicator is destroyed.
-DTRAIN_API std::vector<std::unique_ptr<Communicator>> make_inproc_group(int size, CollectiveOptions options = {});
+DTRAIN_API std::vector<std::unique_ptr<Communicator>> make_inproc_group(
+    int size, CollectiveOptions options = {});
 
 }  // namespace dtrain

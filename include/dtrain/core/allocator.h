@@ -3,20 +3,19 @@
 // Thread-safety: allocate/copy may be called from any thread concurrently.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <cstddef>
 #include <memory>
 
 #include "dtrain/core/device_spec.h"
+#include "dtrain/core/export.h"
 
 namespace dtrain {
 
 // A block of device memory. The deleter returns it to its allocator.
 class DTRAIN_API Storage {
  public:
-  Storage(void* ptr, size_t nbytes, DeviceSpec device, void (*release)(void* ctx, void* ptr, size_t),
-          void* ctx)
+  Storage(void* ptr, size_t nbytes, DeviceSpec device,
+          void (*release)(void* ctx, void* ptr, size_t), void* ctx)
       : ptr_(ptr), nbytes_(nbytes), device_(device), release_(release), ctx_(ctx) {}
   ~Storage() {
     if (release_) release_(ctx_, ptr_, nbytes_);
@@ -38,7 +37,8 @@ class DTRAIN_API Storage {
 class DTRAIN_API Allocator {
  public:
   virtual ~Allocator() = default;
-  // Returns at least nbytes of memory on `device`, 64-byte aligned. Throws Unavailable when out of memory.
+  // Returns at least nbytes of memory on `device`, 64-byte aligned. Throws Unavailable when out of
+  // memory.
   virtual std::shared_ptr<Storage> allocate(size_t nbytes, DeviceSpec device) = 0;
   // Copies nbytes between any two memory spaces this allocator can reach (one side is its own).
   virtual void copy(void* dst, DeviceSpec dst_dev, const void* src, DeviceSpec src_dev,

@@ -20,8 +20,6 @@
 // process (e.g. the chief) per directory: save() removes the temporary files that it finds there.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -29,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtrain/core/export.h"
 #include "dtrain/core/tensor.h"
 
 namespace dtrain {

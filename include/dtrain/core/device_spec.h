@@ -2,9 +2,9 @@
 // Tensor can say where its memory lives. Plain value type.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <string>
+
+#include "dtrain/core/export.h"
 
 namespace dtrain {
 
@@ -19,7 +19,8 @@ struct DTRAIN_API DeviceSpec {
   // Parses "CPU:0", "cpu", "GPU:1", "cuda:1" (case-insensitive). Throws InvalidArgument.
   static DeviceSpec parse(const std::string& s);
   std::string to_string() const;
-  // True when the CPU can dereference this device's memory (all logical CPU devices share host RAM).
+  // True when the CPU can dereference this device's memory (all logical CPU devices share host
+  // RAM).
   bool host_accessible() const { return type == DeviceType::kCPU; }
   bool operator==(const DeviceSpec& o) const { return type == o.type && index == o.index; }
   bool operator!=(const DeviceSpec& o) const { return !(*this == o); }

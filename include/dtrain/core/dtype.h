@@ -1,11 +1,11 @@
 // Element types a Tensor can hold. float16/bfloat16 are storage types: kernels compute in fp32.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <cstddef>
 #include <cstdint>
 #include <string>
+
+#include "dtrain/core/export.h"
 
 namespace dtrain {
 
@@ -20,10 +20,22 @@ DTRAIN_API DType dtype_from_name(const std::string& name);
 
 template <typename T>
 constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::kFloat32; }
-template <> constexpr DType dtype_of<double>() { return DType::kFloat64; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::kInt32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::kInt64; }
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::kFloat32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::kFloat64;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::kInt32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::kInt64;
+}
 
 // Scalar conversions for the 16-bit storage types (round-to-nearest-even).
 DTRAIN_API uint16_t float_to_bf16(float f);

@@ -2,11 +2,11 @@
 // went wrong and how to fix it. Thread-safety: plain value types.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <sstream>
 #include <stdexcept>
 #include <string>
+
+#include "dtrain/core/export.h"
 
 namespace dtrain {
 
@@ -15,9 +15,9 @@ class DTRAIN_API Error : public std::runtime_error {
   explicit Error(const std::string& msg) : std::runtime_error(msg) {}
 };
 
-#define DTRAIN_DECLARE_ERROR(Name) \
-  class DTRAIN_API Name : public Error { \
-   public:                         \
+#define DTRAIN_DECLARE_ERROR(Name)                                     \
+  class DTRAIN_API Name : public Error {                               \
+   public:                                                             \
     explicit Name(const std::string& msg) : Error(#Name ": " + msg) {} \
   }
 
@@ -40,15 +40,16 @@ std::string str_cat(const Args&... args) {
   (os << ... << args);
   return os.str();
 }
-[[noreturn]] DTRAIN_API void check_failed(const char* file, int line, const char* cond, const std::string& msg);
+[[noreturn]] DTRAIN_API void check_failed(const char* file, int line, const char* cond,
+                                          const std::string& msg);
 }  // namespace detail
 
 }  // namespace dtrain
 
 // Programmer errors only (violated invariants); user-facing problems throw typed errors.
-#define DTRAIN_CHECK(cond, ...)                                                              \
-  do {                                                                                       \
-    if (!(cond))                                                                             \
-      ::dtrain::detail::check_failed(__FILE__, __LINE__, #cond,                              \
+#define DTRAIN_CHECK(cond, ...)                                                                 \
+  do {                                                                                          \
+    if (!(cond))                                                                                \
+      ::dtrain::detail::check_failed(__FILE__, __LINE__, #cond,                                 \
                                      ::dtrain::detail::str_cat("" __VA_OPT__(, ) __VA_ARGS__)); \
   } while (0)

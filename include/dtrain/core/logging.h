@@ -3,10 +3,10 @@
 // set_log_level(). Each line is written atomically. Thread-safe.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <sstream>
 #include <string>
+
+#include "dtrain/core/export.h"
 
 namespace dtrain {
 
@@ -32,7 +32,7 @@ class DTRAIN_API LogLine {
 
 }  // namespace dtrain
 
-#define DTRAIN_LOG(level)                                              \
-  if (::dtrain::LogLevel::level < ::dtrain::log_level()) {             \
-  } else                                                               \
+#define DTRAIN_LOG(level)                                  \
+  if (::dtrain::LogLevel::level < ::dtrain::log_level()) { \
+  } else                                                   \
     ::dtrain::detail::LogLine(::dtrain::LogLevel::level, __FILE__, __LINE__).stream()

@@ -16,9 +16,9 @@
 // silently. Thread-safety: set and read atomically.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <string>
+
+#include "dtrain/core/export.h"
 
 namespace dtrain {
 

@@ -4,16 +4,17 @@
 // safe; next_stream() is not.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <array>
 #include <cstdint>
+
+#include "dtrain/core/export.h"
 
 namespace dtrain {
 
 class DTRAIN_API Philox {
  public:
-  Philox(uint64_t seed, uint64_t stream) : key_{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)}, stream_(stream) {}
+  Philox(uint64_t seed, uint64_t stream)
+      : key_{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)}, stream_(stream) {}
   // Four 32-bit random words for block `counter`.
   std::array<uint32_t, 4> block(uint64_t counter) const;
   // Uniform float in [0, 1) for element i.
@@ -36,7 +37,10 @@ class DTRAIN_API SeedSequence {
   explicit SeedSequence(uint64_t seed = 0) : seed_(seed) {}
   Philox next_stream() { return Philox(seed_, counter_++); }
   uint64_t seed() const { return seed_; }
-  void reset(uint64_t seed) { seed_ = seed; counter_ = 0; }
+  void reset(uint64_t seed) {
+    seed_ = seed;
+    counter_ = 0;
+  }
 
  private:
   uint64_t seed_;

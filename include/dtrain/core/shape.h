@@ -1,12 +1,12 @@
 // Shape: the dimensions of a dense, row-major tensor. Plain value type.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <cstdint>
 #include <initializer_list>
 #include <string>
 #include <vector>
+
+#include "dtrain/core/export.h"
 
 namespace dtrain {
 

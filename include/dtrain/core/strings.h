@@ -1,6 +1,7 @@
 // split_list: the one comma-list splitter used by every flag and variable parser (the --devices
-// GPU list, SLURM node lists and task counts, dtrain-run's -H, dtrain-bench's --sizes). Header-only,
-// so tools that do not link libdtrain (dtrain-run) use it too. Thread-safety: a pure function.
+// GPU list, SLURM node lists and task counts, dtrain-run's -H, dtrain-bench's --sizes).
+// Header-only, so tools that do not link libdtrain (dtrain-run) use it too. Thread-safety: a pure
+// function.
 #pragma once
 
 #include <string_view>

@@ -6,8 +6,6 @@
 // writing the same memory from two threads is the caller's race.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -17,6 +15,7 @@
 #include "dtrain/core/device_spec.h"
 #include "dtrain/core/dtype.h"
 #include "dtrain/core/error.h"
+#include "dtrain/core/export.h"
 #include "dtrain/core/shape.h"
 
 namespace dtrain {

@@ -1,14 +1,14 @@
 // The timeline: a Chrome trace (chrome://tracing, Perfetto) of what every thread of every rank did,
-// as Horovod's HOROVOD_TIMELINE gives. Set DTRAIN_TIMELINE=path (dtrain-run --timeline-filename sets
-// it for every task): fit() records each step's data fetch, forward and backward passes, every
+// as Horovod's HOROVOD_TIMELINE gives. Set DTRAIN_TIMELINE=path (dtrain-run --timeline-filename
+// sets it for every task): fit() records each step's data fetch, forward and backward passes, every
 // gradient pack (waiting for its gradients, packing, the all-reduce stages, unpacking) and the
 // optimizer update, on each replica's thread; hvd records its negotiations and collectives.
 //
 // Files: a process started by dtrain-run (DTRAIN_TASK set) writes "<path>.<task>.json" at exit and
 // dtrain-run merges them into <path>, one process row per task; a process under mpirun or srun
-// writes "<path>.rank<N>.json" (merge them with merge_timeline_files or `dtrain-run --merge-timeline`);
-// a lone process writes <path>. Timestamps are the system clock in microseconds, so rows of tasks on
-// one machine line up.
+// writes "<path>.rank<N>.json" (merge them with merge_timeline_files or `dtrain-run
+// --merge-timeline`); a lone process writes <path>. Timestamps are the system clock in
+// microseconds, so rows of tasks on one machine line up.
 //
 // Cost: when off, a Span is one relaxed atomic load. When on, events go to a buffer per thread
 // (an uncontended lock per event) and are written at the end of every fit(), at exit, and by
@@ -16,11 +16,11 @@
 // signal keeps what the last flush wrote.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "dtrain/core/export.h"
 
 namespace dtrain::timeline {
 
@@ -31,14 +31,17 @@ DTRAIN_API void enable(const std::string& path);
 // Microseconds on the system clock.
 DTRAIN_API int64_t now_us();
 // Records a finished event on the calling thread.
-DTRAIN_API void complete(const std::string& name, const char* category, int64_t begin_us, int64_t end_us);
+DTRAIN_API void complete(const std::string& name, const char* category, int64_t begin_us,
+                         int64_t end_us);
 // Names the calling thread's row ("CPU:0 replica 0", "hvd"): the last name given wins.
 DTRAIN_API void set_thread_name(const std::string& name);
 // Writes this process's events now (also done at exit). Returns the file written ("" when off).
 DTRAIN_API std::string flush_timeline();
 // Merges per-process trace files into one (process rows keep their names; each input's pid becomes
-// its index). Throws DataLoss naming a file that is not a trace, Unavailable when one cannot be read.
-DTRAIN_API void merge_timeline_files(const std::vector<std::string>& inputs, const std::string& output);
+// its index). Throws DataLoss naming a file that is not a trace, Unavailable when one cannot be
+// read.
+DTRAIN_API void merge_timeline_files(const std::vector<std::string>& inputs,
+                                     const std::string& output);
 
 // An event from construction to destruction, on the calling thread.
 class DTRAIN_API Span {

@@ -17,8 +17,6 @@
 // pipeline over them is being iterated.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -26,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/core/export.h"
 #include "dtrain/core/tensor.h"
 
 namespace dtrain {
@@ -50,10 +49,11 @@ class DTRAIN_API Dataset {
   // time this shuffle stage starts (each repeat() epoch and each make_iterator() on this Dataset or
   // a Dataset built from it counts, in the order they start, as TF's seed generator does). With
   // reshuffle_each_iteration=false every pass uses permutation 0. Passes are numbered from
-  // first_pass: shuffle(seed, false, e) is the order shuffle(seed) gives epoch e, which is how fit()
-  // starts a resumed job at epoch e. Throws InvalidArgument when the input is infinite (put
+  // first_pass: shuffle(seed, false, e) is the order shuffle(seed) gives epoch e, which is how
+  // fit() starts a resumed job at epoch e. Throws InvalidArgument when the input is infinite (put
   // shuffle() before repeat()).
-  Dataset shuffle(uint64_t seed, bool reshuffle_each_iteration = true, uint64_t first_pass = 0) const;
+  Dataset shuffle(uint64_t seed, bool reshuffle_each_iteration = true,
+                  uint64_t first_pass = 0) const;
 
   // Keeps the elements i with i % num_shards == index (tf.data semantics: shard before shuffle
   // and batch for a disjoint split). Throws InvalidArgument unless 1 <= num_shards and

@@ -4,12 +4,11 @@
 // Files may be raw or gzip-compressed. Thread-safety: free functions with no shared state.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "dtrain/core/export.h"
 #include "dtrain/core/tensor.h"
 
 namespace dtrain {

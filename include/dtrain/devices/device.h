@@ -7,8 +7,6 @@
 // the device's own thread; ops called directly run on the calling thread with the device's kernels.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <functional>
 #include <future>
 #include <memory>
@@ -16,6 +14,7 @@
 #include <vector>
 
 #include "dtrain/core/device_spec.h"
+#include "dtrain/core/export.h"
 #include "dtrain/devices/kernels.h"
 
 namespace dtrain {
@@ -35,7 +34,7 @@ class DTRAIN_API Device {
 };
 
 struct DTRAIN_API DeviceConfig {
-  int num_cpu_devices = 1;      // logical CPU devices
+  int num_cpu_devices = 1;         // logical CPU devices
   int threads_per_cpu_device = 0;  // 0 = hardware threads / num_cpu_devices (at least 1)
 };
 
@@ -51,7 +50,8 @@ DTRAIN_API std::vector<DeviceSpec> list_devices(DeviceType type);
 // dtrain-run or torchrun, else OMPI_COMM_WORLD_LOCAL_RANK or SLURM_LOCALID, else 0), or "auto"
 // (all GPUs, else the CPU). Configures logical CPU devices as a side effect. Throws
 // InvalidArgument with the accepted forms.
-DTRAIN_API std::vector<DeviceSpec> parse_devices_flag(const std::string& flag, int threads_per_cpu_device = 0);
+DTRAIN_API std::vector<DeviceSpec> parse_devices_flag(const std::string& flag,
+                                                      int threads_per_cpu_device = 0);
 // Kernels for the device a tensor lives on.
 inline Kernels& kernels_for(const Tensor& t) { return get_device(t.device()).kernels(); }
 

@@ -8,11 +8,10 @@
 // from several threads at once (implementations lock their primitive caches).
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <cstdint>
 #include <vector>
 
+#include "dtrain/core/export.h"
 #include "dtrain/core/tensor.h"
 
 namespace dtrain {
@@ -45,10 +44,10 @@ struct DTRAIN_API BatchNormBackward {
 // What conv2d_max_pool2d keeps for its backward pass. A device that runs the pair in batch chunks
 // (the CPU) keeps only the pooling's arg-max workspace, never the convolution's full output.
 struct DTRAIN_API ConvPoolSaved {
-  Tensor conv_out;      // the convolution's output, when the device keeps it (else undefined)
-  Tensor workspace;     // the pooling's workspace (device-specific)
-  Shape conv_shape;     // the convolution output's shape [N, OH, OW, Cout]
-  int64_t chunk = 0;    // images per chunk (0: not chunked)
+  Tensor conv_out;    // the convolution's output, when the device keeps it (else undefined)
+  Tensor workspace;   // the pooling's workspace (device-specific)
+  Shape conv_shape;   // the convolution output's shape [N, OH, OW, Cout]
+  int64_t chunk = 0;  // images per chunk (0: not chunked)
 };
 
 struct DTRAIN_API ConvPoolGrads {
@@ -78,11 +77,13 @@ class DTRAIN_API Kernels {
   // images at a time, so that the convolution's output (the largest tensor of a small CNN) stays in
   // the core's cache instead of making a round trip through memory, and is never kept whole.
   virtual Tensor conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias,
-                                   const Conv2dParams& cp, const Pool2dParams& pp, ConvPoolSaved* saved);
-  // The gradients of conv2d_max_pool2d for the pooled output's gradient dy: dx when want_dx, dw (and
-  // db when has_bias) when want_dw.
-  virtual ConvPoolGrads conv2d_max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
-                                                   bool has_bias, const ConvPoolSaved& saved,
+                                   const Conv2dParams& cp, const Pool2dParams& pp,
+                                   ConvPoolSaved* saved);
+  // The gradients of conv2d_max_pool2d for the pooled output's gradient dy: dx when want_dx, dw
+  // (and db when has_bias) when want_dw.
+  virtual ConvPoolGrads conv2d_max_pool2d_backward(const Tensor& dy, const Tensor& x,
+                                                   const Tensor& w, bool has_bias,
+                                                   const ConvPoolSaved& saved,
                                                    const Conv2dParams& cp, const Pool2dParams& pp,
                                                    bool want_dx, bool want_dw);
 
@@ -139,7 +140,8 @@ class DTRAIN_API Kernels {
 };
 
 // Output shape of a convolution / pooling window; throws InvalidArgument when it would be empty.
-DTRAIN_API int64_t conv_output_size(int64_t in, int window, int stride, int pad_before, int pad_after);
+DTRAIN_API int64_t conv_output_size(int64_t in, int window, int stride, int pad_before,
+                                    int pad_after);
 // Numpy broadcast of two shapes; throws InvalidArgument naming both when incompatible.
 DTRAIN_API Shape broadcast_shapes(const Shape& a, const Shape& b);
 

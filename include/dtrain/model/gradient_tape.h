@@ -14,13 +14,12 @@
 // Thread-safety: a tape records only the ops of the thread that created it.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <functional>
 #include <memory>
 #include <unordered_set>
 #include <vector>
 
+#include "dtrain/core/export.h"
 #include "dtrain/core/tensor.h"
 
 namespace dtrain {
@@ -53,6 +52,7 @@ class DTRAIN_API GradientTape {
    public:
     explicit Pause(GradientTape* t) : t_(t) { t_->paused_++; }
     ~Pause() { t_->paused_--; }
+
    private:
     GradientTape* t_;
   };
@@ -98,10 +98,12 @@ using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& 
 DTRAIN_API bool needs_gradient(size_t index);
 // True when some active tape on this thread watches one of `inputs`.
 DTRAIN_API bool should_record(std::initializer_list<const Tensor*> inputs);
-DTRAIN_API void record(const char* op, std::vector<Tensor> inputs, std::vector<Tensor> outputs, BackwardFn fn);
+DTRAIN_API void record(const char* op, std::vector<Tensor> inputs, std::vector<Tensor> outputs,
+                       BackwardFn fn);
 // Records an op that is not differentiable (again); differentiating through it throws
 // Unimplemented naming `op`.
-DTRAIN_API void record_nondifferentiable(const char* op, std::vector<Tensor> inputs, std::vector<Tensor> outputs);
+DTRAIN_API void record_nondifferentiable(const char* op, std::vector<Tensor> inputs,
+                                         std::vector<Tensor> outputs);
 }  // namespace tape
 
 }  // namespace dtrain

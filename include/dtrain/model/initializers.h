@@ -4,7 +4,6 @@
 #pragma once
 
 #include "dtrain/core/export.h"
-
 #include "dtrain/model/variable.h"
 
 namespace dtrain::initializers {

@@ -6,13 +6,12 @@
 // Thread-safety: after build, call() may run concurrently on several replica threads.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "dtrain/core/export.h"
 #include "dtrain/model/ops.h"
 #include "dtrain/model/variable.h"
 
@@ -45,10 +44,10 @@ class DTRAIN_API Layer {
  protected:
   virtual void build_weights(const Shape& /*input_shape*/) {}
   virtual Tensor call(const Tensor& x, bool training) = 0;
-  std::shared_ptr<Variable> add_weight(const std::string& name, const Shape& shape, Initializer init,
-                                       bool trainable = true,
-                                       VariableSynchronization sync = VariableSynchronization::kAuto,
-                                       VariableAggregation agg = VariableAggregation::kNone);
+  std::shared_ptr<Variable> add_weight(
+      const std::string& name, const Shape& shape, Initializer init, bool trainable = true,
+      VariableSynchronization sync = VariableSynchronization::kAuto,
+      VariableAggregation agg = VariableAggregation::kNone);
 
  private:
   friend class Sequential;  // makes names unique within a model before build
@@ -85,7 +84,7 @@ class DTRAIN_API Conv2D : public Layer {
   Tensor call(const Tensor& x, bool training) override;
 
  private:
-  friend class Sequential;  // runs conv + ReLU + max-pool as conv, pool, ReLU (same values)
+  friend class Sequential;         // runs conv + ReLU + max-pool as conv, pool, ReLU (same values)
   Tensor linear(const Tensor& x);  // the convolution and bias, without the activation
   int64_t filters_;
   int kh_, kw_;
@@ -119,7 +118,8 @@ class DTRAIN_API Flatten : public Layer {
 
 class DTRAIN_API ActivationLayer : public Layer {
  public:
-  explicit ActivationLayer(Activation a, std::string name = "activation") : Layer(std::move(name)), a_(a) {}
+  explicit ActivationLayer(Activation a, std::string name = "activation")
+      : Layer(std::move(name)), a_(a) {}
 
  protected:
   Tensor call(const Tensor& x, bool /*training*/) override { return apply_activation(a_, x); }
@@ -151,8 +151,8 @@ class DTRAIN_API Dropout : public Layer {
 // replicas in training (identical to one device at the same global batch).
 class DTRAIN_API BatchNormalization : public Layer {
  public:
-  explicit BatchNormalization(float momentum = 0.99f, float epsilon = 1e-3f, bool synchronized = false,
-                              std::string name = "batch_normalization");
+  explicit BatchNormalization(float momentum = 0.99f, float epsilon = 1e-3f,
+                              bool synchronized = false, std::string name = "batch_normalization");
   std::shared_ptr<Variable> gamma, beta, moving_mean, moving_variance;
 
  protected:

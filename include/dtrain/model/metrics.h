@@ -6,14 +6,13 @@
 // Thread-safety: update_state() may be called concurrently by replicas; every method locks.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "dtrain/core/export.h"
 #include "dtrain/core/tensor.h"
 
 namespace dtrain {
@@ -55,7 +54,8 @@ class DTRAIN_API SparseCategoricalAccuracy : public Metric {
 // Fraction of rows whose label is among the k largest logits (ties count for the label).
 class DTRAIN_API SparseTopKCategoricalAccuracy : public Metric {
  public:
-  explicit SparseTopKCategoricalAccuracy(int k = 5, std::string name = "sparse_top_k_categorical_accuracy");
+  explicit SparseTopKCategoricalAccuracy(int k = 5,
+                                         std::string name = "sparse_top_k_categorical_accuracy");
   void update_state(const Tensor& logits, const Tensor& labels) override;
 
  private:

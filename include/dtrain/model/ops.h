@@ -3,11 +3,10 @@
 // conv filters HWIO, dense kernels [in, out]. Errors: InvalidArgument naming the op and shapes.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <cstdint>
 #include <vector>
 
+#include "dtrain/core/export.h"
 #include "dtrain/core/tensor.h"
 #include "dtrain/devices/kernels.h"
 
@@ -18,8 +17,8 @@ DTRAIN_API Tensor add(const Tensor& a, const Tensor& b);
 DTRAIN_API Tensor sub(const Tensor& a, const Tensor& b);
 DTRAIN_API Tensor mul(const Tensor& a, const Tensor& b);
 DTRAIN_API Tensor div(const Tensor& a, const Tensor& b);
-DTRAIN_API Tensor scale(const Tensor& x, float alpha);             // alpha * x
-DTRAIN_API Tensor add_scalar(const Tensor& x, float beta);         // x + beta
+DTRAIN_API Tensor scale(const Tensor& x, float alpha);      // alpha * x
+DTRAIN_API Tensor add_scalar(const Tensor& x, float beta);  // x + beta
 DTRAIN_API Tensor neg(const Tensor& x);
 DTRAIN_API Tensor exp(const Tensor& x);
 DTRAIN_API Tensor log(const Tensor& x);
@@ -32,7 +31,8 @@ DTRAIN_API Tensor tanh(const Tensor& x);
 DTRAIN_API Tensor sigmoid(const Tensor& x);
 
 // --- linear algebra ---
-DTRAIN_API Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);
+DTRAIN_API Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false,
+                         bool transpose_b = false);
 // x [..., C] + b [C].
 DTRAIN_API Tensor bias_add(const Tensor& x, const Tensor& b);
 
@@ -44,7 +44,7 @@ DTRAIN_API Tensor sum_to_shape(const Tensor& g, const Shape& shape);
 
 // --- shape ---
 DTRAIN_API Tensor reshape(const Tensor& x, const Shape& shape);  // one dim may be -1
-DTRAIN_API Tensor flatten(const Tensor& x);                       // [N, ...] -> [N, prod(...)]
+DTRAIN_API Tensor flatten(const Tensor& x);                      // [N, ...] -> [N, prod(...)]
 DTRAIN_API Tensor stop_gradient(const Tensor& x);
 DTRAIN_API Tensor cast(const Tensor& x, DType dtype);
 DTRAIN_API Tensor ones_like(const Tensor& x);
@@ -52,27 +52,30 @@ DTRAIN_API Tensor zeros_like(const Tensor& x);
 
 // --- neural network ---
 enum class Padding { kValid, kSame };
-DTRAIN_API Conv2dParams conv_params(const Shape& x, const Shape& w, int stride_h, int stride_w, Padding padding);
+DTRAIN_API Conv2dParams conv_params(const Shape& x, const Shape& w, int stride_h, int stride_w,
+                                    Padding padding);
 DTRAIN_API Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int stride_h = 1,
-              int stride_w = 1, Padding padding = Padding::kValid);
+                         int stride_w = 1, Padding padding = Padding::kValid);
 DTRAIN_API Tensor max_pool2d(const Tensor& x, int window_h = 2, int window_w = 2, int stride_h = 2,
-                  int stride_w = 2, Padding padding = Padding::kValid);
+                             int stride_w = 2, Padding padding = Padding::kValid);
 // max_pool2d(conv2d(x, w, bias, stride, stride, conv_padding), window, window, pool_stride,
 // pool_stride, pool_padding) as one op, with the same values and gradients up to the order in which
 // the filter's gradient is summed over the batch. A CPU device runs it a few images at a time, so
 // the convolution's output stays in cache and is never kept whole for the backward pass.
-DTRAIN_API Tensor conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias, int stride,
-                                    Padding conv_padding, int window, int pool_stride, Padding pool_padding);
+DTRAIN_API Tensor conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                    int stride, Padding conv_padding, int window, int pool_stride,
+                                    Padding pool_padding);
 // Per-example sparse softmax cross-entropy: logits [N, C], labels int32 [N] -> [N].
 DTRAIN_API Tensor sparse_softmax_cross_entropy(const Tensor& logits, const Tensor& labels);
 // Per-example mean squared error over the last axis: [N, ...] -> [N].
 DTRAIN_API Tensor mean_squared_error(const Tensor& pred, const Tensor& target);
 // Inverted dropout with a Philox mask drawn from (seed, stream); identity when !training or rate 0.
-DTRAIN_API Tensor dropout(const Tensor& x, float rate, bool training, uint64_t seed, uint64_t stream);
+DTRAIN_API Tensor dropout(const Tensor& x, float rate, bool training, uint64_t seed,
+                          uint64_t stream);
 // Training-mode batch norm over all but the last axis; returns y and writes batch mean/var.
-DTRAIN_API Tensor batch_norm_training(const Tensor& x, const Tensor& gamma, const Tensor& beta, float epsilon,
-                           Tensor* batch_mean, Tensor* batch_var);
+DTRAIN_API Tensor batch_norm_training(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                      float epsilon, Tensor* batch_mean, Tensor* batch_var);
 DTRAIN_API Tensor batch_norm_inference(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                            const Tensor& mean, const Tensor& var, float epsilon);
+                                       const Tensor& mean, const Tensor& var, float epsilon);
 
 }  // namespace dtrain::ops

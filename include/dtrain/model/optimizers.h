@@ -15,17 +15,16 @@
 // Thread-safety: apply_gradients may be called concurrently by the replicas of one strategy.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <deque>
 #include <functional>
 #include <map>
-#include <optional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "dtrain/core/export.h"
 #include "dtrain/model/schedules.h"
 #include "dtrain/model/variable.h"
 
@@ -67,8 +66,11 @@ class DTRAIN_API Optimizer {
   // Runs on the replica-reduced gradients before clipping and the update (step 1 above). It may
   // return nullopt to apply nothing this call (the iteration count does not move): gradient
   // accumulation. Set it before training; one aggregator at a time (an empty function removes it).
-  using GradientAggregator = std::function<std::optional<std::vector<Tensor>>(std::vector<Tensor> grads)>;
-  void set_gradient_aggregator(GradientAggregator aggregator) { aggregator_ = std::move(aggregator); }
+  using GradientAggregator =
+      std::function<std::optional<std::vector<Tensor>>(std::vector<Tensor> grads)>;
+  void set_gradient_aggregator(GradientAggregator aggregator) {
+    aggregator_ = std::move(aggregator);
+  }
   const OptimizerOptions& options() const { return options_; }
   // The optimizer's name in configs and checkpoints: "sgd", "adam", "adamw", "rmsprop", "adagrad".
   virtual std::string name() const = 0;
@@ -93,7 +95,8 @@ class DTRAIN_API Optimizer {
   // One update of `value` in place with learning rate `lr`, with `slots` (slots_per_variable()
   // tensors shaped like value, set to slot_initial_value() before the first step) and the 1-based
   // step count of this variable. Weight decay included; clipping is not (it needs all gradients).
-  void apply_dense(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step, float lr);
+  void apply_dense(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step,
+                   float lr);
   // The same with the rate config() carried (parameter servers).
   void apply_dense(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step) {
     apply_dense(value, grad, slots, step, learning_rate());
@@ -104,21 +107,24 @@ class DTRAIN_API Optimizer {
   // The optimizer's own hyper-parameters as " key=value" pairs (config() adds the rest).
   virtual std::string hyper_config() const = 0;
   // Applies one update to `value` (this replica's copy) given slots (this replica's copies).
-  virtual void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step, float lr) = 0;
+  virtual void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step,
+                      float lr) = 0;
 
  private:
   std::vector<std::shared_ptr<Variable>>& slots_for(const Variable* v);
   std::vector<Tensor> clip(std::vector<Tensor> grads) const;
   // The update of this replica's slices of variables whose replicas share memory (see
   // ReplicaContext::reduce_scatter_for_update); ends with ctx.end_sharded_update().
-  void apply_slices(ReplicaContext& ctx, const std::vector<Tensor>& grads, const std::vector<int64_t>& offsets,
+  void apply_slices(ReplicaContext& ctx, const std::vector<Tensor>& grads,
+                    const std::vector<int64_t>& offsets,
                     const std::vector<std::shared_ptr<Variable>>& vars);
   std::shared_ptr<LearningRateSchedule> schedule_;
   OptimizerOptions options_;
   GradientAggregator aggregator_;
   mutable std::mutex mu_;
   std::map<const Variable*, size_t> slot_index_;
-  std::deque<std::vector<std::shared_ptr<Variable>>> slots_;  // in first-seen order; stable references
+  std::deque<std::vector<std::shared_ptr<Variable>>>
+      slots_;  // in first-seen order; stable references
   int64_t base_iterations_ = 0;
   std::map<int, int64_t> steps_;  // per replica id
 };
@@ -126,7 +132,8 @@ class DTRAIN_API Optimizer {
 // Stochastic gradient descent, with momentum and Nesterov momentum (keras SGD).
 class DTRAIN_API SGD : public Optimizer {
  public:
-  explicit SGD(float learning_rate = 0.01f, float momentum = 0.f, bool nesterov = false, OptimizerOptions options = {});
+  explicit SGD(float learning_rate = 0.01f, float momentum = 0.f, bool nesterov = false,
+               OptimizerOptions options = {});
   SGD(std::shared_ptr<LearningRateSchedule> schedule, float momentum = 0.f, bool nesterov = false,
       OptimizerOptions options = {});
   std::string name() const override { return "sgd"; }
@@ -134,7 +141,8 @@ class DTRAIN_API SGD : public Optimizer {
  protected:
   std::vector<std::string> slot_names_impl() const override;
   std::string hyper_config() const override;
-  void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step, float lr) override;
+  void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step,
+              float lr) override;
 
  private:
   float momentum_;
@@ -144,8 +152,8 @@ class DTRAIN_API SGD : public Optimizer {
 // Adam (keras Adam; epsilon outside the square root, bias correction folded into the rate).
 class DTRAIN_API Adam : public Optimizer {
  public:
-  explicit Adam(float learning_rate = 1e-3f, float beta1 = 0.9f, float beta2 = 0.999f, float epsilon = 1e-7f,
-                OptimizerOptions options = {});
+  explicit Adam(float learning_rate = 1e-3f, float beta1 = 0.9f, float beta2 = 0.999f,
+                float epsilon = 1e-7f, OptimizerOptions options = {});
   Adam(std::shared_ptr<LearningRateSchedule> schedule, float beta1 = 0.9f, float beta2 = 0.999f,
        float epsilon = 1e-7f, OptimizerOptions options = {});
   std::string name() const override { return "adam"; }
@@ -153,7 +161,8 @@ class DTRAIN_API Adam : public Optimizer {
  protected:
   std::vector<std::string> slot_names_impl() const override { return {"m", "v"}; }
   std::string hyper_config() const override;
-  void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step, float lr) override;
+  void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step,
+              float lr) override;
 
   float beta1_, beta2_, epsilon_;
 };
@@ -171,14 +180,15 @@ class DTRAIN_API AdamW : public Adam {
 // m = momentum m + step and var -= m, else var -= step.
 class DTRAIN_API RMSprop : public Optimizer {
  public:
-  explicit RMSprop(float learning_rate = 1e-3f, float rho = 0.9f, float momentum = 0.f, float epsilon = 1e-7f,
-                   bool centered = false, OptimizerOptions options = {});
+  explicit RMSprop(float learning_rate = 1e-3f, float rho = 0.9f, float momentum = 0.f,
+                   float epsilon = 1e-7f, bool centered = false, OptimizerOptions options = {});
   std::string name() const override { return "rmsprop"; }
 
  protected:
   std::vector<std::string> slot_names_impl() const override;
   std::string hyper_config() const override;
-  void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step, float lr) override;
+  void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step,
+              float lr) override;
 
  private:
   float rho_, momentum_, epsilon_;
@@ -189,15 +199,16 @@ class DTRAIN_API RMSprop : public Optimizer {
 // initial_accumulator_value.
 class DTRAIN_API Adagrad : public Optimizer {
  public:
-  explicit Adagrad(float learning_rate = 1e-3f, float initial_accumulator_value = 0.1f, float epsilon = 1e-7f,
-                   OptimizerOptions options = {});
+  explicit Adagrad(float learning_rate = 1e-3f, float initial_accumulator_value = 0.1f,
+                   float epsilon = 1e-7f, OptimizerOptions options = {});
   std::string name() const override { return "adagrad"; }
   float slot_initial_value(int) const override { return initial_; }
 
  protected:
   std::vector<std::string> slot_names_impl() const override { return {"accumulator"}; }
   std::string hyper_config() const override;
-  void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step, float lr) override;
+  void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step,
+              float lr) override;
 
  private:
   float initial_, epsilon_;

@@ -6,12 +6,12 @@
 // Thread-safety: schedules are immutable after construction; call them from any thread.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "dtrain/core/export.h"
 
 namespace dtrain {
 
@@ -19,7 +19,8 @@ class DTRAIN_API LearningRateSchedule {
  public:
   virtual ~LearningRateSchedule() = default;
   virtual float operator()(int64_t step) const = 0;
-  // e.g. "cosine initial_learning_rate=0.001 decay_steps=1000 alpha=0 warmup_target=0.01 warmup_steps=100".
+  // e.g. "cosine initial_learning_rate=0.001 decay_steps=1000 alpha=0 warmup_target=0.01
+  // warmup_steps=100".
   virtual std::string config() const = 0;
   // Parses config() lines, also written by hand: "<name> key=value ...", keys left out take the
   // Keras defaults. Names: constant, piecewise_constant (boundaries=100;200 values=0.1;0.01;0.001),
@@ -39,8 +40,8 @@ class DTRAIN_API ConstantSchedule : public LearningRateSchedule {
 };
 
 // values[0] while step <= boundaries[0], values[1] while step <= boundaries[1], ..., values.back()
-// after the last boundary (keras PiecewiseConstantDecay). Needs values.size() == boundaries.size() + 1
-// and increasing boundaries; InvalidArgument otherwise.
+// after the last boundary (keras PiecewiseConstantDecay). Needs values.size() == boundaries.size()
+// + 1 and increasing boundaries; InvalidArgument otherwise.
 class DTRAIN_API PiecewiseConstantDecay : public LearningRateSchedule {
  public:
   PiecewiseConstantDecay(std::vector<int64_t> boundaries, std::vector<float> values);
@@ -55,7 +56,8 @@ class DTRAIN_API PiecewiseConstantDecay : public LearningRateSchedule {
 // initial * rate^(step / decay_steps), the exponent floored when staircase.
 class DTRAIN_API ExponentialDecay : public LearningRateSchedule {
  public:
-  ExponentialDecay(float initial_learning_rate, int64_t decay_steps, float decay_rate, bool staircase = false);
+  ExponentialDecay(float initial_learning_rate, int64_t decay_steps, float decay_rate,
+                   bool staircase = false);
   float operator()(int64_t step) const override;
   std::string config() const override;
 
@@ -72,8 +74,8 @@ class DTRAIN_API ExponentialDecay : public LearningRateSchedule {
 // s = step - warmup_steps, target = warmup_target (or initial_learning_rate without warm-up).
 class DTRAIN_API CosineDecay : public LearningRateSchedule {
  public:
-  CosineDecay(float initial_learning_rate, int64_t decay_steps, float alpha = 0.f, float warmup_target = -1.f,
-              int64_t warmup_steps = 0);
+  CosineDecay(float initial_learning_rate, int64_t decay_steps, float alpha = 0.f,
+              float warmup_target = -1.f, int64_t warmup_steps = 0);
   float operator()(int64_t step) const override;
   std::string config() const override;
 

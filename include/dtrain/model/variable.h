@@ -8,14 +8,13 @@
 // Writes from several replicas follow the variable's synchronization/aggregation (TF semantics).
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "dtrain/core/export.h"
 #include "dtrain/core/tensor.h"
 
 namespace dtrain {

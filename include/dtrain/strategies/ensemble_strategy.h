@@ -18,15 +18,13 @@
 // Thread-safety: as every Strategy (run() from one thread at a time).
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <memory>
-#include <vector>
-
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dtrain/cluster/cluster_resolver.h"
+#include "dtrain/core/export.h"
 #include "dtrain/core/random.h"
 #include "dtrain/strategies/multi_worker_mirrored_strategy.h"
 #include "dtrain/strategies/strategy.h"
@@ -39,11 +37,11 @@ class DTRAIN_API EnsembleStrategy : public Strategy {
   // no devices or a device listed twice; NotFound for one that does not exist.
   explicit EnsembleStrategy(std::vector<DeviceSpec> devices);
   // Members across the training workers of `cluster` (a job of one worker is the same as the
-  // constructor above). Connects to the other workers as MultiWorkerMirrored does (the TCP ring with
-  // the job token, or MPI). Throws FailedPrecondition when the workers have different numbers of
-  // devices (naming them), and what the connection throws (DeadlineExceeded, PermissionDenied).
-  EnsembleStrategy(std::vector<DeviceSpec> devices, ClusterResolution cluster, CommunicationOptions communication = {},
-                   std::string token = "");
+  // constructor above). Connects to the other workers as MultiWorkerMirrored does (the TCP ring
+  // with the job token, or MPI). Throws FailedPrecondition when the workers have different numbers
+  // of devices (naming them), and what the connection throws (DeadlineExceeded, PermissionDenied).
+  EnsembleStrategy(std::vector<DeviceSpec> devices, ClusterResolution cluster,
+                   CommunicationOptions communication = {}, std::string token = "");
   ~EnsembleStrategy() override;
   std::string name() const override;
   int num_replicas_in_sync() const override { return 1; }
@@ -58,7 +56,8 @@ class DTRAIN_API EnsembleStrategy : public Strategy {
   PerReplica do_run(const ReplicaFn& fn, const PerReplica& inputs) override;
   std::shared_ptr<Variable> do_create_variable(const VariableSpec& spec) override;
   // Every member gets the whole batch (evaluation: each member on every example).
-  PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch, const BatchRows& rows) override;
+  PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch,
+                            const BatchRows& rows) override;
 
  private:
   void make_contexts();

@@ -9,14 +9,13 @@
 //   TF_CONFIG, SLURM_*, OMPI_*   cluster (resolve_cluster())
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "dtrain/cluster/cluster_resolver.h"
+#include "dtrain/core/export.h"
 #include "dtrain/strategies/mirrored_strategy.h"
 #include "dtrain/strategies/multi_worker_mirrored_strategy.h"
 #include "dtrain/strategies/parameter_server_strategy.h"
@@ -41,9 +40,9 @@ struct DTRAIN_API StrategyOptions {
   bool environment_applied = false;
 };
 
-// Returns `options` with the environment's DTRAIN_* settings (the list above) applied; the cluster is
-// resolved by make_strategy / run_task, for the strategies that need one. Throws InvalidArgument naming
-// a malformed variable and its valid values.
+// Returns `options` with the environment's DTRAIN_* settings (the list above) applied; the cluster
+// is resolved by make_strategy / run_task, for the strategies that need one. Throws InvalidArgument
+// naming a malformed variable and its valid values.
 DTRAIN_API StrategyOptions apply_environment(StrategyOptions options);
 
 // The --strategy values this build accepts, e.g. {"default", "one_device"}.
@@ -53,6 +52,7 @@ DTRAIN_API std::vector<std::string> strategy_names();
 // with two devices); FailedPrecondition when this process is a ps or evaluator task, which do not
 // train (run them through run_task(), or serve_parameter_server() for ps); and what the strategy's
 // constructor throws. Never exits the process.
-DTRAIN_API std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyOptions& options);
+DTRAIN_API std::unique_ptr<Strategy> make_strategy(const std::string& name,
+                                                   const StrategyOptions& options);
 
 }  // namespace dtrain

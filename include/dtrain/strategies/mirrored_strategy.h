@@ -8,11 +8,10 @@
 // bitwise identical results, so with fixed intra-op threads repeated runs are bitwise identical.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <functional>
 #include <memory>
 
+#include "dtrain/core/export.h"
 #include "dtrain/strategies/strategy.h"
 
 namespace dtrain {
@@ -29,7 +28,7 @@ enum class CrossDeviceOps {
 DTRAIN_API const char* cross_device_ops_name(CrossDeviceOps ops);
 
 struct DTRAIN_API MirroredOptions {
-  std::vector<DeviceSpec> devices;            // empty: all GPUs, else CPU:0
+  std::vector<DeviceSpec> devices;  // empty: all GPUs, else CPU:0
   CrossDeviceOps cross_device_ops = CrossDeviceOps::kAuto;
   // Gradients are fused into packs of about this many bytes; a pack's all-reduce starts as soon as
   // the backward pass has produced all of its gradients (overlapping the rest of backward).
@@ -66,7 +65,8 @@ class DTRAIN_API MirroredStrategy : public Strategy {
   MirroredStrategy(MirroredOptions options, StrategyExtended parts);
   PerReplica do_run(const ReplicaFn& fn, const PerReplica& inputs) override;
   std::shared_ptr<Variable> do_create_variable(const VariableSpec& spec) override;
-  PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch, const BatchRows& rows) override;
+  PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch,
+                            const BatchRows& rows) override;
   std::optional<std::pair<int64_t, int64_t>> do_input_rows(int64_t global_batch) const override;
   // Replaces the cross-worker part and cluster context (a new membership of an elastic job): closes
   // the current cross-worker connections, then assembles what `connect` returns; replica ids and
@@ -82,8 +82,8 @@ class DTRAIN_API MirroredStrategy : public Strategy {
   std::unique_ptr<Impl> impl_;
 };
 
-// The devices a MirroredOptions names: its devices, else every GPU, else CPU:0. Throws NotFound for a
-// device that does not exist and InvalidArgument for one listed twice.
+// The devices a MirroredOptions names: its devices, else every GPU, else CPU:0. Throws NotFound for
+// a device that does not exist and InvalidArgument for one listed twice.
 DTRAIN_API std::vector<DeviceSpec> mirrored_devices(const MirroredOptions& options);
 
 // CentralStorageStrategy (TF's tf.distribute.experimental.CentralStorageStrategy): variables live

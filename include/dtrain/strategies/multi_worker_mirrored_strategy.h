@@ -10,13 +10,12 @@
 // each worker keeps its whole batch and the workers agree to stop when any runs out.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <chrono>
 #include <memory>
 #include <optional>
 
 #include "dtrain/cluster/cluster_resolver.h"
+#include "dtrain/core/export.h"
 #include "dtrain/strategies/mirrored_strategy.h"
 
 namespace dtrain {
@@ -35,8 +34,8 @@ struct DTRAIN_API CommunicationOptions {
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(120)};
   // true: every variable starts from the chief's value, broadcast when it is created (a collective:
   // every worker creates the same variables in the same order). false: variables keep their local
-  // initial values; for elastic jobs, where a worker that joins later creates its variables alone and
-  // elastic::run brings it the state by broadcast instead.
+  // initial values; for elastic jobs, where a worker that joins later creates its variables alone
+  // and elastic::run brings it the state by broadcast instead.
   bool broadcast_initial_values = true;
 };
 
@@ -47,8 +46,10 @@ class DTRAIN_API MultiWorkerMirroredStrategy : public MirroredStrategy {
   // cluster: nullopt = resolved from the environment (TF_CONFIG, else SLURM under srun; OpenMPI's
   // variables for kMpi). token: "" = DTRAIN_JOB_TOKEN.
   // Throws InvalidArgument for a missing/malformed TF_CONFIG or a missing token, FailedPrecondition
-  // for a ps/evaluator task; DeadlineExceeded / PermissionDenied when the workers cannot all connect.
-  explicit MultiWorkerMirroredStrategy(MirroredOptions local = {}, CommunicationOptions communication = {},
+  // for a ps/evaluator task; DeadlineExceeded / PermissionDenied when the workers cannot all
+  // connect.
+  explicit MultiWorkerMirroredStrategy(MirroredOptions local = {},
+                                       CommunicationOptions communication = {},
                                        std::optional<ClusterResolution> cluster = std::nullopt,
                                        std::string token = "");
   ~MultiWorkerMirroredStrategy() override;
@@ -59,9 +60,9 @@ class DTRAIN_API MultiWorkerMirroredStrategy : public MirroredStrategy {
   // Elastic training (dtrain/train/elastic.h): closes the connections to the current workers and
   // connects to those of `cluster` (a new membership: other workers, another rank), authenticating
   // with `token`. Variables and optimizer state stay as they are; num_replicas_in_sync(), replica
-  // ids and the data shard follow the new membership. Call between steps, on every worker of the new
-  // membership. Throws what the constructor throws for connecting; the strategy cannot run until a
-  // later reconnect succeeds.
+  // ids and the data shard follow the new membership. Call between steps, on every worker of the
+  // new membership. Throws what the constructor throws for connecting; the strategy cannot run
+  // until a later reconnect succeeds.
   void reconnect(ClusterResolution cluster, std::string token);
 
  private:

@@ -3,10 +3,9 @@
 // thread; inputs are copied to the device.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <memory>
 
+#include "dtrain/core/export.h"
 #include "dtrain/strategies/strategy.h"
 
 namespace dtrain {
@@ -27,7 +26,8 @@ class DTRAIN_API OneDeviceStrategy : public Strategy {
   OneDeviceStrategy(DeviceSpec device, bool run_inline);
   PerReplica do_run(const ReplicaFn& fn, const PerReplica& inputs) override;
   std::shared_ptr<Variable> do_create_variable(const VariableSpec& spec) override;
-  PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch, const BatchRows& rows) override;
+  PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch,
+                            const BatchRows& rows) override;
 
  private:
   DeviceSpec device_;

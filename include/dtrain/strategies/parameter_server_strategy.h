@@ -22,8 +22,6 @@
 // Thread-safety: as Strategy. The servers serve any number of workers concurrently.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -31,6 +29,7 @@
 #include <string>
 
 #include "dtrain/cluster/cluster_resolver.h"
+#include "dtrain/core/export.h"
 #include "dtrain/strategies/one_device_strategy.h"
 
 namespace dtrain {
@@ -40,8 +39,10 @@ namespace dtrain {
 using Partitioner = std::function<int(const Shape& shape, DType dtype, int num_ps)>;
 // TF's FixedShardsPartitioner: exactly `num_shards` shards.
 DTRAIN_API Partitioner fixed_shards_partitioner(int num_shards);
-// TF's MinSizePartitioner: as many shards as keep each at least min_shard_bytes, at most max_shards.
-DTRAIN_API Partitioner min_size_partitioner(int64_t min_shard_bytes = 256 << 10, int max_shards = 1);
+// TF's MinSizePartitioner: as many shards as keep each at least min_shard_bytes, at most
+// max_shards.
+DTRAIN_API Partitioner min_size_partitioner(int64_t min_shard_bytes = 256 << 10,
+                                            int max_shards = 1);
 // TF's MaxSizePartitioner: the fewest shards that keep each at most max_shard_bytes (at most
 // max_shards when > 0).
 DTRAIN_API Partitioner max_size_partitioner(int64_t max_shard_bytes, int max_shards = 0);
@@ -61,23 +62,26 @@ class DTRAIN_API ShardedVariable : public Variable {
 };
 
 struct DTRAIN_API ParameterServerOptions {
-  Partitioner partitioner;          // empty: every variable whole on one server
-  int max_staleness = -1;           // >= 0: a worker waits while it is more steps ahead of the slowest
-  std::string checkpoint_dir;       // empty: no checkpoints (make_strategy: DTRAIN_CHECKPOINT_DIR overrides)
-  int64_t checkpoint_every = 200;   // global steps between the chief's checkpoints (and one at the end)
+  Partitioner partitioner;  // empty: every variable whole on one server
+  int max_staleness = -1;   // >= 0: a worker waits while it is more steps ahead of the slowest
+  std::string
+      checkpoint_dir;  // empty: no checkpoints (make_strategy: DTRAIN_CHECKPOINT_DIR overrides)
+  int64_t checkpoint_every =
+      200;  // global steps between the chief's checkpoints (and one at the end)
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};           // per request
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(120)};  // reaching the servers
-  std::chrono::milliseconds join_timeout{std::chrono::minutes(30)};      // chief waiting for workers
+  std::chrono::milliseconds join_timeout{std::chrono::minutes(30)};  // chief waiting for workers
 };
 
 class DTRAIN_API ParameterServerStrategy : public OneDeviceStrategy {
  public:
   // cluster: nullopt = resolved from the environment (TF_CONFIG). token: "" = DTRAIN_JOB_TOKEN.
   // extended() is asynchronous: each worker reads its own shard of the data and fit() trains up to
-  // the job's global step. Throws InvalidArgument for a cluster without ps tasks, FailedPrecondition
-  // for a ps or evaluator task (run_task() serves those), InvalidArgument for a missing token;
-  // DeadlineExceeded / PermissionDenied when the servers cannot be reached.
-  explicit ParameterServerStrategy(ParameterServerOptions options = {}, DeviceSpec device = DeviceSpec::cpu(),
+  // the job's global step. Throws InvalidArgument for a cluster without ps tasks,
+  // FailedPrecondition for a ps or evaluator task (run_task() serves those), InvalidArgument for a
+  // missing token; DeadlineExceeded / PermissionDenied when the servers cannot be reached.
+  explicit ParameterServerStrategy(ParameterServerOptions options = {},
+                                   DeviceSpec device = DeviceSpec::cpu(),
                                    std::optional<ClusterResolution> cluster = std::nullopt,
                                    std::string token = "");
   ~ParameterServerStrategy() override;
@@ -103,7 +107,8 @@ class DTRAIN_API ParameterServerStrategy : public OneDeviceStrategy {
 };
 
 // Runs a parameter server for task `cluster` (a ps task) until SIGTERM/SIGINT, then returns.
-// Throws InvalidArgument when the task is not a ps task, Unavailable when its address cannot be bound.
+// Throws InvalidArgument when the task is not a ps task, Unavailable when its address cannot be
+// bound.
 DTRAIN_API void serve_parameter_server(const ClusterResolution& cluster, std::string token = "");
 
 }  // namespace dtrain

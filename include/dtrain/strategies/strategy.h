@@ -7,14 +7,12 @@
 //
 // The public methods check context (cross-replica vs replica) and arguments, then delegate to the
 // protected do_* of each implementation. What a training loop needs beyond this API (chief, cross-
-// worker sums, sync or async, data sharding, job step) is in strategy.extended(), assembled from parts
-// (strategy_extended.h). Model code never asks which strategy it runs under.
+// worker sums, sync or async, data sharding, job step) is in strategy.extended(), assembled from
+// parts (strategy_extended.h). Model code never asks which strategy it runs under.
 //
 // Thread-safety: scope() is per thread. run() may be called from one thread at a time; it runs
 // the replica functions concurrently, one per replica thread.
 #pragma once
-
-#include "dtrain/core/export.h"
 
 #include <functional>
 #include <memory>
@@ -23,6 +21,7 @@
 #include <vector>
 
 #include "dtrain/collectives/communicator.h"
+#include "dtrain/core/export.h"
 #include "dtrain/core/tensor.h"
 #include "dtrain/model/variable.h"
 #include "dtrain/strategies/strategy_extended.h"
@@ -75,8 +74,8 @@ class DTRAIN_API ReplicaContext {
     std::vector<Tensor> grads;     // per gradient: this replica's slice of the sum, flat
     std::vector<int64_t> offsets;  // per gradient: the slice's first element in the variable
   };
-  virtual std::optional<UpdateSlices> reduce_scatter_for_update(const std::vector<Tensor>& grads,
-                                                                const std::vector<std::shared_ptr<Variable>>& vars) {
+  virtual std::optional<UpdateSlices> reduce_scatter_for_update(
+      const std::vector<Tensor>& grads, const std::vector<std::shared_ptr<Variable>>& vars) {
     (void)grads;
     (void)vars;
     return std::nullopt;
@@ -105,7 +104,8 @@ class DTRAIN_API StrategyScope {
   Strategy* strategy_;
 };
 
-using ReplicaFn = std::function<std::vector<Tensor>(ReplicaContext& ctx, const std::vector<Tensor>& inputs)>;
+using ReplicaFn =
+    std::function<std::vector<Tensor>(ReplicaContext& ctx, const std::vector<Tensor>& inputs)>;
 
 // What a per-replica input pipeline is told (TF's tf.distribute.InputContext).
 struct DTRAIN_API InputContext {
@@ -145,20 +145,22 @@ class DTRAIN_API Strategy {
 
   // Calls fn once per local replica with that replica's inputs (inputs.values[r]; an empty
   // PerReplica gives every replica no inputs). Rethrows the first replica's exception after all
-  // replicas have finished. Throws FailedPrecondition when called from inside a replica, and when fn
-  // touches a variable that belongs to another strategy (or to none: made outside every scope).
+  // replicas have finished. Throws FailedPrecondition when called from inside a replica, and when
+  // fn touches a variable that belongs to another strategy (or to none: made outside every scope).
   PerReplica run(const ReplicaFn& fn, const PerReplica& inputs = {});
   // Reduces per-replica values across replicas (axis = nullopt) or across replicas and `axis`
   // (e.g. MEAN over axis 0 divides by the total number of examples), over every worker of the job.
   // Returns tensors on the first worker device.
-  std::vector<Tensor> reduce(ReduceOp op, const PerReplica& values, std::optional<int> axis = std::nullopt);
+  std::vector<Tensor> reduce(ReduceOp op, const PerReplica& values,
+                             std::optional<int> axis = std::nullopt);
   // Concatenates per-replica values along `axis` in replica order (TF's strategy.gather), on the
   // first worker device. Replicas may contribute 0 rows.
   std::vector<Tensor> gather(const PerReplica& values, int axis = 0);
   // Splits a dataset batched at the global batch size into per-replica batches on each replica's
   // device. The returned function yields the next PerReplica and returns false at the end.
   // global_batch_size 0 = the leading dimension of the first batch.
-  std::function<bool(PerReplica*)> distribute_dataset(const Dataset& dataset, int64_t global_batch_size = 0);
+  std::function<bool(PerReplica*)> distribute_dataset(const Dataset& dataset,
+                                                      int64_t global_batch_size = 0);
   // One dataset per local replica from fn (TF's distribute_datasets_from_function, per replica):
   // fn gets the replica's InputContext (pipelines = workers x local replicas, id = this replica's
   // pipeline: worker rank x local replicas + local index)
@@ -180,18 +182,19 @@ class DTRAIN_API Strategy {
   void assemble(StrategyExtended parts) { extended_ = std::move(parts); }
   virtual PerReplica do_run(const ReplicaFn& fn, const PerReplica& inputs) = 0;
   virtual std::shared_ptr<Variable> do_create_variable(const VariableSpec& spec) = 0;
-  // Where `batch` sits in its global batch: it holds rows [first, first + its rows) of a global batch
-  // of `total` rows (total < 0: `batch` is the whole global batch).
+  // Where `batch` sits in its global batch: it holds rows [first, first + its rows) of a global
+  // batch of `total` rows (total < 0: `batch` is the whole global batch).
   struct BatchRows {
     int64_t first = 0;
     int64_t total = -1;
   };
   // Splits one global batch (components with the global batch as leading dim), or the rows of it
   // that do_input_rows() asked for, per local replica.
-  virtual PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch, const BatchRows& rows) = 0;
-  // The rows [first, last) of every global batch of `global_batch` rows that this process's replicas
-  // take, when that is not all of them (multi-worker DATA sharding): distribute_dataset() then has
-  // the input pipeline copy only those rows. nullopt: every row.
+  virtual PerReplica do_split_batch(const std::vector<Tensor>& batch, int64_t global_batch,
+                                    const BatchRows& rows) = 0;
+  // The rows [first, last) of every global batch of `global_batch` rows that this process's
+  // replicas take, when that is not all of them (multi-worker DATA sharding): distribute_dataset()
+  // then has the input pipeline copy only those rows. nullopt: every row.
   virtual std::optional<std::pair<int64_t, int64_t>> do_input_rows(int64_t /*global_batch*/) const {
     return std::nullopt;
   }
@@ -202,14 +205,16 @@ class DTRAIN_API Strategy {
 };
 
 namespace detail {
-// The id of the strategy whose run() the calling thread is inside (0 outside every run()), and, when
-// `name` is not null, its name in *name. Variables use it to refuse a strategy that is not theirs.
+// The id of the strategy whose run() the calling thread is inside (0 outside every run()), and,
+// when `name` is not null, its name in *name. Variables use it to refuse a strategy that is not
+// theirs.
 DTRAIN_API uint64_t running_strategy_id(std::string* name);
 }  // namespace detail
 
 // How TF's rebatching splits `rows` (<= global_batch) over replicas: each takes up to
 // ceil(global_batch / num_replicas) rows in replica order, so a last batch of 6 at global batch 8
 // on 2 replicas is 4/2 and on 4 replicas 2/2/2/0. Replicas may get 0 rows.
-DTRAIN_API std::vector<int64_t> split_batch_sizes(int64_t rows, int64_t global_batch, int num_replicas);
+DTRAIN_API std::vector<int64_t> split_batch_sizes(int64_t rows, int64_t global_batch,
+                                                  int num_replicas);
 
 }  // namespace dtrain

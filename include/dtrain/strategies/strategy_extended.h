@@ -1,6 +1,6 @@
 // StrategyExtended: what a training loop needs to know about a strategy beyond the user-facing API
-// (TF's tf.distribute.StrategyExtended, reached the same way: `strategy.extended()`). Model code never
-// needs it; fit(), callbacks, checkpoint writers and tools do.
+// (TF's tf.distribute.StrategyExtended, reached the same way: `strategy.extended()`). Model code
+// never needs it; fit(), callbacks, checkpoint writers and tools do.
 //
 // A strategy is assembled from parts, not inherited hooks, and extended() is where they show:
 //   - the cluster context: who this process is in the job (a ClusterResolution; none for a
@@ -15,8 +15,6 @@
 // the same number of times on every worker.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -24,6 +22,7 @@
 
 #include "dtrain/cluster/cluster_resolver.h"
 #include "dtrain/collectives/communicator.h"
+#include "dtrain/core/export.h"
 #include "dtrain/core/tensor.h"
 
 namespace dtrain {
@@ -56,7 +55,8 @@ class DTRAIN_API CrossWorkerOps {
   virtual Tensor all_gather(const Tensor& host);
   // Extends the communicator of one local replica (of `local_replicas` in this process) to span
   // every replica of the job: reduce locally, cross workers, broadcast locally.
-  virtual std::unique_ptr<Communicator> span_workers(std::unique_ptr<Communicator> local, int local_replicas) = 0;
+  virtual std::unique_ptr<Communicator> span_workers(std::unique_ptr<Communicator> local,
+                                                     int local_replicas) = 0;
 };
 
 // What a training loop does differently under a strategy; the default is synchronous training with
@@ -70,8 +70,8 @@ class DTRAIN_API TrainingPolicy {
   // The job-wide step count an asynchronous job trains up to and restores with its checkpoints;
   // nullopt when the training loop counts its own steps.
   virtual std::optional<int64_t> job_step() const { return std::nullopt; }
-  // Called once when training ends, before the final evaluation: an asynchronous chief waits for the
-  // other workers there and writes its final checkpoint.
+  // Called once when training ends, before the final evaluation: an asynchronous chief waits for
+  // the other workers there and writes its final checkpoint.
   virtual void on_training_end() {}
   // true: the local replicas are independent models (EnsembleStrategy's members): no gradient is
   // all-reduced, each replica reads its own shuffle of all the data with the full batch, losses are
@@ -83,12 +83,14 @@ class DTRAIN_API StrategyExtended {
  public:
   // A single-process, synchronous strategy: no cluster, no cross-worker ops, the default policy.
   StrategyExtended();
-  StrategyExtended(std::optional<ClusterResolution> cluster, std::shared_ptr<CrossWorkerOps> cross_worker,
+  StrategyExtended(std::optional<ClusterResolution> cluster,
+                   std::shared_ptr<CrossWorkerOps> cross_worker,
                    std::shared_ptr<TrainingPolicy> policy);
 
   // This task in its job; nullptr for a single-process strategy.
   const ClusterResolution* cluster() const { return cluster_ ? &*cluster_ : nullptr; }
-  // Whether this process logs, prints progress and writes files: the chief of a job, or the only process.
+  // Whether this process logs, prints progress and writes files: the chief of a job, or the only
+  // process.
   bool is_chief() const;
   // The training workers of the job (chief + workers; 1 for a single process), and this one's rank
   // among them (0 for the chief, a single process, and tasks that do not train).
@@ -98,16 +100,19 @@ class DTRAIN_API StrategyExtended {
   CrossWorkerOps* cross_worker() const { return cross_worker_.get(); }
   const std::shared_ptr<CrossWorkerOps>& shared_cross_worker() const { return cross_worker_; }
 
-  // Sums host values over every worker of a synchronous multi-worker job; the identity where workers
-  // do not synchronize (a single process, or an asynchronous job whose workers each report their own).
+  // Sums host values over every worker of a synchronous multi-worker job; the identity where
+  // workers do not synchronize (a single process, or an asynchronous job whose workers each report
+  // their own).
   std::vector<double> sum_across_workers(std::vector<double> values);
   // every worker's `host` concatenated along axis 0 (CrossWorkerOps::all_gather); `host` itself
   // for a single process. Collective.
   Tensor gather_across_workers(const Tensor& host);
-  // Sums tensors and example counts over every worker (Strategy::reduce's cross-worker step). Collective.
+  // Sums tensors and example counts over every worker (Strategy::reduce's cross-worker step).
+  // Collective.
   void reduce_across_workers(std::vector<Tensor>& sums, std::vector<int64_t>& counts);
   // Called by distribute_dataset before every step: under AutoShardPolicy OFF the workers agree to
-  // stop when any one has run out of data. Returns whether this step runs. Collective when it matters.
+  // stop when any one has run out of data. Returns whether this step runs. Collective when it
+  // matters.
   bool agree_on_next(bool have_batch);
 
   bool synchronous() const { return policy_->synchronous(); }

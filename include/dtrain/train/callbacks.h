@@ -7,8 +7,6 @@
 // chief only (is_chief()).
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -19,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/core/export.h"
 #include "dtrain/core/tensor.h"
 
 namespace dtrain {
@@ -29,7 +28,7 @@ class Optimizer;
 class LearningRateSchedule;
 
 struct DTRAIN_API TrainLogs {
-  int epoch = 0;                // 0-based
+  int epoch = 0;  // 0-based
   int epochs = 0;
   int64_t step = 0;             // batches done in this epoch (test: in this evaluation)
   int64_t steps_per_epoch = 0;  // -1 when unknown
@@ -58,7 +57,7 @@ struct DTRAIN_API TrainingContext {
   bool stop_training = false;
   // Where training starts: a callback's on_train_begin (BackupAndRestore) may move it forward.
   int initial_epoch = 0;
-  int64_t initial_step = 0;        // batches into initial_epoch
+  int64_t initial_step = 0;  // batches into initial_epoch
   int64_t initial_global_step = 0;
   // The epoch's loss and metric sums at initial_step, so that a resumed epoch reports what an
   // uninterrupted one would (see Metric::state()).
@@ -180,7 +179,8 @@ class DTRAIN_API LearningRateWarmup : public Callback {
   explicit LearningRateWarmup(double warmup_epochs = 5, int verbose = 0, int num_replicas = 0);
   void on_train_begin(const TrainLogs& logs) override;
   void on_train_batch_begin(const TrainLogs& logs) override;
-  void on_train_end(const TrainLogs& logs) override;  // hands the schedule back if warm-up was cut short
+  void on_train_end(
+      const TrainLogs& logs) override;  // hands the schedule back if warm-up was cut short
 
  private:
   double warmup_epochs_;

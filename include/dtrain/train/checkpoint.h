@@ -3,19 +3,17 @@
 // as one safetensors file (core/checkpoint.h: atomic, validated on load).
 //
 // Names are the variables' own: layer paths with Keras-style unique layer names ("conv1/kernel",
-// "dense_1/bias"), slots "optimizer/<variable>/<slot>", "optimizer/iterations", "rng/<layer>/calls".
-// Values are read from the replicas' copy 0 and written to every copy, so a checkpoint saved under
-// one strategy and replica count restores under any other: mirrored cpu:2 -> one_device -> three
-// MultiWorkerMirrored workers -> parameter_server (variables assigned on the servers) and back.
-// Under parameter_server the optimizer's slots live on the servers (their own checkpoints keep
-// them); a checkpoint saved there holds none, and restoring one without slots into a synchronous
-// strategy starts the slots afresh, with one WARNING.
+// "dense_1/bias"), slots "optimizer/<variable>/<slot>", "optimizer/iterations",
+// "rng/<layer>/calls". Values are read from the replicas' copy 0 and written to every copy, so a
+// checkpoint saved under one strategy and replica count restores under any other: mirrored cpu:2 ->
+// one_device -> three MultiWorkerMirrored workers -> parameter_server (variables assigned on the
+// servers) and back. Under parameter_server the optimizer's slots live on the servers (their own
+// checkpoints keep them); a checkpoint saved there holds none, and restoring one without slots into
+// a synchronous strategy starts the slots afresh, with one WARNING.
 //
 // Who writes: save() writes on the chief only (every worker holds the same values; others return
 // without writing), atomically. restore() runs on every worker.
 #pragma once
-
-#include "dtrain/core/export.h"
 
 #include <cstdint>
 #include <map>
@@ -23,6 +21,7 @@
 #include <string>
 
 #include "dtrain/core/checkpoint.h"
+#include "dtrain/core/export.h"
 
 namespace dtrain {
 
@@ -40,7 +39,8 @@ class DTRAIN_API Checkpoint {
  public:
   // `optimizer` may be null (weights only). `strategy`: the strategy the model was built under
   // (nullptr: the current one).
-  explicit Checkpoint(Sequential& model, Optimizer* optimizer = nullptr, Strategy* strategy = nullptr);
+  explicit Checkpoint(Sequential& model, Optimizer* optimizer = nullptr,
+                      Strategy* strategy = nullptr);
 
   // Everything as tensors and metadata (position, optimizer config, seed, extra).
   CheckpointData capture(const TrainingPosition& position = {},
@@ -57,11 +57,14 @@ class DTRAIN_API Checkpoint {
   // variable that differs ("variable 'dense/kernel': the model has [784, 128], the checkpoint
   // [784, 64]") and nothing is changed. Builds the optimizer's slots if needed (inside the
   // strategy's scope). Returns the position and metadata stored.
-  TrainingPosition restore(const CheckpointData& data, std::map<std::string, std::string>* metadata = nullptr) const;
-  TrainingPosition restore(const std::string& path, std::map<std::string, std::string>* metadata = nullptr) const;
+  TrainingPosition restore(const CheckpointData& data,
+                           std::map<std::string, std::string>* metadata = nullptr) const;
+  TrainingPosition restore(const std::string& path,
+                           std::map<std::string, std::string>* metadata = nullptr) const;
   // The latest checkpoint of a manager's directory, or nullopt when it has none.
-  std::optional<TrainingPosition> restore_latest(const CheckpointManager& manager,
-                                                 std::map<std::string, std::string>* metadata = nullptr) const;
+  std::optional<TrainingPosition> restore_latest(
+      const CheckpointManager& manager,
+      std::map<std::string, std::string>* metadata = nullptr) const;
 
  private:
   Sequential& model_;
@@ -80,8 +83,9 @@ namespace dtrain {
 // with save_best_only, only when `monitor` improved. Chief only.
 class DTRAIN_API ModelCheckpoint : public Callback {
  public:
-  explicit ModelCheckpoint(std::string directory, std::string monitor = "val_loss", bool save_best_only = false,
-                           MonitorMode mode = MonitorMode::kAuto, int64_t save_freq = 0, int max_to_keep = 5);
+  explicit ModelCheckpoint(std::string directory, std::string monitor = "val_loss",
+                           bool save_best_only = false, MonitorMode mode = MonitorMode::kAuto,
+                           int64_t save_freq = 0, int max_to_keep = 5);
   void on_train_begin(const TrainLogs& logs) override;
   void on_train_batch_end(const TrainLogs& logs) override;
   void on_epoch_end(const TrainLogs& logs) override;
@@ -107,7 +111,8 @@ class DTRAIN_API ModelCheckpoint : public Callback {
 // on the seed, the epoch and the step). A finished fit() deletes the backup (delete_checkpoint).
 class DTRAIN_API BackupAndRestore : public Callback {
  public:
-  explicit BackupAndRestore(std::string backup_dir, int64_t save_freq = 0, bool delete_checkpoint = true);
+  explicit BackupAndRestore(std::string backup_dir, int64_t save_freq = 0,
+                            bool delete_checkpoint = true);
   void on_train_begin(const TrainLogs& logs) override;
   void on_train_batch_end(const TrainLogs& logs) override;
   void on_epoch_end(const TrainLogs& logs) override;

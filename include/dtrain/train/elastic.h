@@ -1,5 +1,5 @@
-// Elastic training (Horovod elastic, torchrun's rendezvous) for MultiWorkerMirroredStrategy: the job
-// keeps going when workers leave or join.
+// Elastic training (Horovod elastic, torchrun's rendezvous) for MultiWorkerMirroredStrategy: the
+// job keeps going when workers leave or join.
 //
 //   dtrain-run --min-np 2 --max-np 4 -np 3 [--host-discovery-script S] -- ./train ...
 //
@@ -7,8 +7,8 @@
 // variables. A worker program:
 //
 //   dtrain::elastic::Job job;                                  // from those variables
-//   dtrain::ClusterResolution cluster = job.join();            // first: token() belongs to the round
-//   dtrain::MultiWorkerMirroredStrategy strategy(local, comm, cluster, job.token());
+//   dtrain::ClusterResolution cluster = job.join();            // first: token() belongs to the
+//   round dtrain::MultiWorkerMirroredStrategy strategy(local, comm, cluster, job.token());
 //   ... build the model and optimizer in strategy.scope() ...
 //   dtrain::elastic::run(job, strategy, model, optimizer, [&](dtrain::Callback& elastic) {
 //     options.callbacks.push_back(&elastic);
@@ -25,19 +25,18 @@
 //   - the rendezvous closes a round when every live worker has arrived (or after the settle time,
 //     leaving out one that does not come), with at least --min-np and at most --max-np workers,
 //     survivors first in their old order, so the new rank 0 holds a committed state;
-//   - the strategy reconnects to the new membership (MultiWorkerMirroredStrategy::reconnect), rank 0
+//   - the strategy reconnects to the new membership (MultiWorkerMirroredStrategy::reconnect), rank
+//   0
 //     broadcasts its last committed state, every worker (new ones too) restores it, and fit()
 //     resumes at the committed batch, as BackupAndRestore would.
 // The global batch stays what the dataset says: each replica's share changes with the number of
 // workers (96 rows: 32 each on 3 workers, 48 on 2), so the learning rate needs no change and the
-// job computes the same steps as one that never lost a worker (up to summation order). A program that
-// wants Horovod's convention instead (a fixed batch per worker, the rate scaled by the size) sets it
-// in `on_reset`.
+// job computes the same steps as one that never lost a worker (up to summation order). A program
+// that wants Horovod's convention instead (a fixed batch per worker, the rate scaled by the size)
+// sets it in `on_reset`.
 //
 // Thread-safety: one Job per process, used from the training thread.
 #pragma once
-
-#include "dtrain/core/export.h"
 
 #include <chrono>
 #include <cstdint>
@@ -48,6 +47,7 @@
 
 #include "dtrain/cluster/cluster_resolver.h"
 #include "dtrain/core/error.h"
+#include "dtrain/core/export.h"
 
 namespace dtrain {
 
@@ -84,9 +84,9 @@ class DTRAIN_API Job {
   static constexpr int kMaxWorkers = 64;  // workers started over a job's life
   // Whether DTRAIN_ELASTIC_RENDEZVOUS is set (the process was started by an elastic dtrain-run).
   static bool in_elastic_job();
-  // Connects to the rendezvous. Throws InvalidArgument naming the missing or malformed variable (and
-  // that `dtrain-run --min-np N --max-np M` sets them), DeadlineExceeded / PermissionDenied when the
-  // rendezvous cannot be reached or refuses the token.
+  // Connects to the rendezvous. Throws InvalidArgument naming the missing or malformed variable
+  // (and that `dtrain-run --min-np N --max-np M` sets them), DeadlineExceeded / PermissionDenied
+  // when the rendezvous cannot be reached or refuses the token.
   Job();
   ~Job();
   Job(const Job&) = delete;
@@ -103,7 +103,8 @@ class DTRAIN_API Job {
   // that a straggler of an old round cannot connect into a new one). Throws FailedPrecondition
   // before the first join().
   std::string token() const;
-  // Asks the rendezvous whether the membership is about to change. Throws Unavailable when it is gone.
+  // Asks the rendezvous whether the membership is about to change. Throws Unavailable when it is
+  // gone.
   bool membership_changing();
   int id() const { return id_; }
 
@@ -133,13 +134,14 @@ struct DTRAIN_API RunReport {
 // rendezvous' errors. `model` and `optimizer` are what is committed and broadcast. Throws
 // FailedPrecondition before any collective when the strategy broadcasts initial values
 // (CommunicationOptions::broadcast_initial_values must be false) or the model is not built.
-DTRAIN_API RunReport run(Job& job, MultiWorkerMirroredStrategy& strategy, Sequential& model, Optimizer& optimizer,
-                         const std::function<void(Callback& elastic)>& train, const RunOptions& options = {});
+DTRAIN_API RunReport run(Job& job, MultiWorkerMirroredStrategy& strategy, Sequential& model,
+                         Optimizer& optimizer, const std::function<void(Callback& elastic)>& train,
+                         const RunOptions& options = {});
 
-// The rendezvous, hosted by dtrain-run. Workers are known by their launcher id; the launcher tells it
-// which it has started (expect) and which have exited (lost). A round closes when at least min_np
-// workers wait and either every started worker waits or `settle` has passed since the first arrived;
-// at most max_np are taken, survivors of the last round first.
+// The rendezvous, hosted by dtrain-run. Workers are known by their launcher id; the launcher tells
+// it which it has started (expect) and which have exited (lost). A round closes when at least
+// min_np workers wait and either every started worker waits or `settle` has passed since the first
+// arrived; at most max_np are taken, survivors of the last round first.
 struct DTRAIN_API RendezvousOptions {
   std::string address;  // host:port to listen on
   std::string token;    // the job token (>= 16 bytes)

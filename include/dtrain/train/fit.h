@@ -3,14 +3,13 @@
 // step (GradientTape, compute_average_loss, apply_gradients) with strategy.run, and evaluates.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "dtrain/core/export.h"
 #include "dtrain/data/dataset.h"
 #include "dtrain/model/layers.h"
 #include "dtrain/model/optimizers.h"
@@ -23,14 +22,14 @@ namespace dtrain {
 using LossFn = std::function<Tensor(const Tensor& predictions, const Tensor& labels)>;
 
 struct DTRAIN_API FitOptions {
-  int epochs = 1;                    // the epoch to end at (as Keras: also counts restored ones)
-  int64_t steps = 0;                 // > 0: stop after this many steps in total (repeats data)
-  int64_t global_batch_size = 64;    // split over num_replicas_in_sync
+  int epochs = 1;                  // the epoch to end at (as Keras: also counts restored ones)
+  int64_t steps = 0;               // > 0: stop after this many steps in total (repeats data)
+  int64_t global_batch_size = 64;  // split over num_replicas_in_sync
   uint64_t shuffle_seed = 0;
-  bool drop_remainder = false;       // Keras keeps the partial last batch
+  bool drop_remainder = false;  // Keras keeps the partial last batch
   int64_t eval_batch_size = 1000;
-  int warmup_steps = 5;              // excluded from images_per_sec
-  LossFn loss;                       // default: sparse softmax cross-entropy
+  int warmup_steps = 5;  // excluded from images_per_sec
+  LossFn loss;           // default: sparse softmax cross-entropy
   // Metric names (metrics.h: make_metric) computed on the training batches and on the test set,
   // reported in the logs as "<name>" and "val_<name>". Empty: {"accuracy"} with the default loss,
   // none with a user loss.
@@ -49,15 +48,15 @@ struct DTRAIN_API History {
   std::map<std::string, std::vector<double>> history;
   std::vector<double> epoch_loss;
   int64_t steps = 0;
-  double final_loss = 0;          // mean loss of the last epoch (or of the steps run)
-  double images_per_sec = 0;      // after warm-up
-  double test_accuracy = -1;      // -1 when no test set
+  double final_loss = 0;      // mean loss of the last epoch (or of the steps run)
+  double images_per_sec = 0;  // after warm-up
+  double test_accuracy = -1;  // -1 when no test set
   double test_loss = -1;
 };
 
 // train: unbatched (features [N,...], labels [N]); test: unbatched or nullptr.
-DTRAIN_API History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const Dataset& train,
-            const Dataset* test, const FitOptions& options);
+DTRAIN_API History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer,
+                       const Dataset& train, const Dataset* test, const FitOptions& options);
 
 struct DTRAIN_API EvalResult {
   double accuracy = -1, loss = 0;  // accuracy: -1 when not among the metrics
@@ -68,16 +67,18 @@ struct DTRAIN_API EvalResult {
 // test set, each worker taking its share, combined exactly. `callbacks` get the test hooks. Under
 // EnsembleStrategy every member scores every example and the results are the members' means (the
 // accuracy of the ensemble's mean prediction comes from predict()).
-DTRAIN_API EvalResult evaluate(Strategy& strategy, Sequential& model, const Dataset& test, int64_t batch_size,
-                    const LossFn& loss = {}, const std::vector<std::string>& metrics = {},
-                    const std::vector<Callback*>& callbacks = {});
+DTRAIN_API EvalResult evaluate(Strategy& strategy, Sequential& model, const Dataset& test,
+                               int64_t batch_size, const LossFn& loss = {},
+                               const std::vector<std::string>& metrics = {},
+                               const std::vector<Callback*>& callbacks = {});
 
 // The model's outputs for every row of `data` (unbatched features, or features and labels: the
 // first component is used), in order, as one CPU tensor [N, ...]. Each batch is split over the
 // local replicas; every worker computes all rows (no cross-worker traffic), so each gets the
 // whole result.
 // Under EnsembleStrategy: the members' mean (predict_ensemble gives each member and the spread).
-DTRAIN_API Tensor predict(Strategy& strategy, Sequential& model, const Dataset& data, int64_t batch_size = 256);
+DTRAIN_API Tensor predict(Strategy& strategy, Sequential& model, const Dataset& data,
+                          int64_t batch_size = 256);
 
 // Every ensemble member's outputs for every row (float32 models), their mean and their standard
 // deviation (over members, population). Under another strategy: one member, the model's output.
@@ -87,7 +88,7 @@ struct DTRAIN_API EnsemblePrediction {
   std::vector<Tensor> members;  // [N, ...] each, on the CPU, member order
   Tensor mean, stddev;
 };
-DTRAIN_API EnsemblePrediction predict_ensemble(Strategy& strategy, Sequential& model, const Dataset& data,
-                                               int64_t batch_size = 256);
+DTRAIN_API EnsemblePrediction predict_ensemble(Strategy& strategy, Sequential& model,
+                                               const Dataset& data, int64_t batch_size = 256);
 
 }  // namespace dtrain

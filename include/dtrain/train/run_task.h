@@ -13,13 +13,12 @@
 //   dtrain::run_task(flag_strategy, options, f);
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <functional>
 #include <optional>
 #include <string>
 
 #include "dtrain/cluster/cluster_resolver.h"
+#include "dtrain/core/export.h"
 #include "dtrain/strategies/make_strategy.h"
 
 namespace dtrain {
@@ -27,7 +26,7 @@ namespace dtrain {
 // What a task's function is told about it.
 struct DTRAIN_API TaskInfo {
   std::optional<ClusterResolution> cluster;  // nullopt: a single-process job
-  std::string checkpoint_dir;                // the job's checkpoint directory (options or DTRAIN_CHECKPOINT_DIR)
+  std::string checkpoint_dir;  // the job's checkpoint directory (options or DTRAIN_CHECKPOINT_DIR)
 };
 
 struct DTRAIN_API TaskFunctions {

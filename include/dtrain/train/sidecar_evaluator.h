@@ -12,16 +12,15 @@
 // Thread-safety: one thread runs run(); `stop` may be set from anywhere (e.g. a signal handler).
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
 
-#include "dtrain/data/dataset.h"
 #include "dtrain/core/checkpoint.h"
+#include "dtrain/core/export.h"
+#include "dtrain/data/dataset.h"
 #include "dtrain/model/layers.h"
 #include "dtrain/train/fit.h"
 

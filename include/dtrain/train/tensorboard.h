@@ -7,12 +7,11 @@
 // Thread-safety: a SummaryWriter may be used from one thread at a time.
 #pragma once
 
-#include "dtrain/core/export.h"
-
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "dtrain/core/export.h"
 #include "dtrain/train/callbacks.h"
 
 namespace dtrain {

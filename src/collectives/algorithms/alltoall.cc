@@ -7,11 +7,13 @@
 
 namespace dtrain::collectives {
 
-void pairwise_alltoall(Transport& t, const void* in, void* out, size_t block_bytes, const Fingerprint& fp) {
+void pairwise_alltoall(Transport& t, const void* in, void* out, size_t block_bytes,
+                       const Fingerprint& fp) {
   const int n = t.size(), r = t.rank();
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
-  std::memcpy(dst + static_cast<size_t>(r) * block_bytes, src + static_cast<size_t>(r) * block_bytes, block_bytes);
+  std::memcpy(dst + static_cast<size_t>(r) * block_bytes,
+              src + static_cast<size_t>(r) * block_bytes, block_bytes);
   for (int s = 1; s < n; ++s) {
     const int to = (r + s) % n, from = (r - s + n) % n;
     t.exchange(to, src + static_cast<size_t>(to) * block_bytes, block_bytes, from,

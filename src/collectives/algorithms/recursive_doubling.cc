@@ -1,6 +1,7 @@
 // Recursive doubling: in step k every rank swaps its whole buffer with rank ^ 2^k and reduces, so a
-// power-of-two group finishes in log2(n) round trips (the latency-optimal choice for small messages).
-// The reduction is commutative and both partners reduce the same two operands, so they stay bitwise equal.
+// power-of-two group finishes in log2(n) round trips (the latency-optimal choice for small
+// messages). The reduction is commutative and both partners reduce the same two operands, so they
+// stay bitwise equal.
 #include <vector>
 
 #include "collectives/algorithms/algorithms.h"
@@ -8,7 +9,8 @@
 
 namespace dtrain::collectives {
 
-void recursive_doubling_allreduce(Transport& t, void* buf_v, int64_t count, DType dt, ReduceOp op, const Fingerprint& fp) {
+void recursive_doubling_allreduce(Transport& t, void* buf_v, int64_t count, DType dt, ReduceOp op,
+                                  const Fingerprint& fp) {
   char* buf = static_cast<char*>(buf_v);
   const size_t bytes = static_cast<size_t>(count) * dtype_size(dt);
   std::vector<char> scratch(bytes);

@@ -1,6 +1,6 @@
-// Ring algorithms: each step sends one chunk to the next rank while receiving one from the previous,
-// segments pipelined through the transport; the reduction of a received segment overlaps the
-// transfer of the next.
+// Ring algorithms: each step sends one chunk to the next rank while receiving one from the
+// previous, segments pipelined through the transport; the reduction of a received segment overlaps
+// the transfer of the next.
 #include <vector>
 
 #include "collectives/algorithms/algorithms.h"
@@ -13,7 +13,8 @@ int mod(int k, int n) { return ((k % n) + n) % n; }
 
 }  // namespace
 
-int ring_reduce_scatter(Transport& t, void* buf_v, int64_t count, DType dt, ReduceOp op, const Fingerprint& fp, int shift) {
+int ring_reduce_scatter(Transport& t, void* buf_v, int64_t count, DType dt, ReduceOp op,
+                        const Fingerprint& fp, int shift) {
   char* buf = static_cast<char*>(buf_v);
   const int n = t.size(), me = t.rank();
   const size_t es = dtype_size(dt);
@@ -23,20 +24,24 @@ int ring_reduce_scatter(Transport& t, void* buf_v, int64_t count, DType dt, Redu
   for (int s = 0; s < n - 1; ++s) {
     const int sk = mod(me - s + shift, n), rk = mod(me - s - 1 + shift, n);
     char* dst = buf + static_cast<size_t>(lo(rk)) * es;
-    t.exchange(mod(me + 1, n), buf + static_cast<size_t>(lo(sk)) * es, cbytes(sk), mod(me - 1, n), scratch.data(),
-               cbytes(rk), fp, [&](size_t off, size_t nb) { reduce_into(dst + off, scratch.data() + off, nb / es, dt, op); });
+    t.exchange(mod(me + 1, n), buf + static_cast<size_t>(lo(sk)) * es, cbytes(sk), mod(me - 1, n),
+               scratch.data(), cbytes(rk), fp, [&](size_t off, size_t nb) {
+                 reduce_into(dst + off, scratch.data() + off, nb / es, dt, op);
+               });
   }
   return mod(me + 1 + shift, n);
 }
 
-void ring_allreduce(Transport& t, void* buf_v, int64_t count, DType dt, ReduceOp op, const Fingerprint& fp) {
+void ring_allreduce(Transport& t, void* buf_v, int64_t count, DType dt, ReduceOp op,
+                    const Fingerprint& fp) {
   char* buf = static_cast<char*>(buf_v);
   const int n = t.size(), me = t.rank();
   const size_t es = dtype_size(dt);
   auto lo = [&](int k) { return count * k / n; };
   auto cbytes = [&](int k) { return static_cast<size_t>(lo(k + 1) - lo(k)) * es; };
   const int mine = ring_reduce_scatter(t, buf, count, dt, op, fp, 0);
-  if (op == ReduceOp::kMean) scale_for_mean(buf + static_cast<size_t>(lo(mine)) * es, cbytes(mine) / es, dt, n);
+  if (op == ReduceOp::kMean)
+    scale_for_mean(buf + static_cast<size_t>(lo(mine)) * es, cbytes(mine) / es, dt, n);
   for (int s = 0; s < n - 1; ++s) {
     const int sk = mod(me - s + 1, n), rk = mod(me - s, n);
     t.exchange(mod(me + 1, n), buf + static_cast<size_t>(lo(sk)) * es, cbytes(sk), mod(me - 1, n),
@@ -49,12 +54,14 @@ void ring_allgather(Transport& t, void* out_v, size_t block_bytes, const Fingerp
   const int n = t.size(), me = t.rank();
   for (int s = 0; s < n - 1; ++s) {
     const int sk = mod(me - s, n), rk = mod(me - s - 1, n);
-    t.exchange(mod(me + 1, n), out + static_cast<size_t>(sk) * block_bytes, block_bytes, mod(me - 1, n),
-               out + static_cast<size_t>(rk) * block_bytes, block_bytes, fp, nullptr);
+    t.exchange(mod(me + 1, n), out + static_cast<size_t>(sk) * block_bytes, block_bytes,
+               mod(me - 1, n), out + static_cast<size_t>(rk) * block_bytes, block_bytes, fp,
+               nullptr);
   }
 }
 
-void allreduce(Transport& t, void* buf, int64_t count, DType dt, ReduceOp op, const Fingerprint& fp) {
+void allreduce(Transport& t, void* buf, int64_t count, DType dt, ReduceOp op,
+               const Fingerprint& fp) {
   const int n = t.size();
   if (count == 0 || n == 1) return;
   const size_t bytes = static_cast<size_t>(count) * dtype_size(dt);

@@ -19,11 +19,11 @@ namespace dtrain::collectives {
 // Identifies one collective on every rank; a peer's segment with another fingerprint is an error
 // naming both (ranks issued different collectives, shapes or orders).
 struct Fingerprint {
-  uint64_t seq = 0;     // the group's collective sequence number
-  uint16_t op = 0;      // which collective
+  uint64_t seq = 0;  // the group's collective sequence number
+  uint16_t op = 0;   // which collective
   DType dtype = DType::kFloat32;
-  uint64_t count = 0;   // elements
-  uint8_t reduce = 0;   // ReduceOp, or the root of a broadcast
+  uint64_t count = 0;  // elements
+  uint8_t reduce = 0;  // ReduceOp, or the root of a broadcast
 };
 
 // Called after each received segment with its offset and size in the receive buffer.
@@ -37,8 +37,8 @@ class Transport {
   // Sends `sbytes` from `sbuf` to rank `to` while receiving `rbytes` from rank `from` into `rbuf`
   // (to / from = -1: nothing that way). Throws Unavailable (peer closed, hung or aborted),
   // DeadlineExceeded, DataLoss (malformed segment), InvalidArgument (fingerprint mismatch).
-  virtual void exchange(int to, const void* sbuf, size_t sbytes, int from, void* rbuf, size_t rbytes,
-                        const Fingerprint& fp, const SegmentFn& on_segment) = 0;
+  virtual void exchange(int to, const void* sbuf, size_t sbytes, int from, void* rbuf,
+                        size_t rbytes, const Fingerprint& fp, const SegmentFn& on_segment) = 0;
 };
 
 }  // namespace dtrain::collectives

@@ -1,7 +1,7 @@
-#include "collectives/sync_collectives.h"
 #include "collectives/hierarchical/hierarchical_communicator.h"
 
 #include "collectives/reduction.h"
+#include "collectives/sync_collectives.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/timeline.h"
 #include "dtrain/devices/device.h"
@@ -9,14 +9,17 @@
 namespace dtrain {
 namespace {
 
-Tensor to_host(const Tensor& t) { return t.device().host_accessible() ? t : t.to(DeviceSpec::cpu()); }
+Tensor to_host(const Tensor& t) {
+  return t.device().host_accessible() ? t : t.to(DeviceSpec::cpu());
+}
 
-// Local shared-memory reduction, then local replica 0 across workers, then local broadcast. A worker
-// with one replica skips the local stages: two hand-offs to the local group's thread for nothing
-// (11 and 22 us per step in the timeline of two single-replica workers).
+// Local shared-memory reduction, then local replica 0 across workers, then local broadcast. A
+// worker with one replica skips the local stages: two hand-offs to the local group's thread for
+// nothing (11 and 22 us per step in the timeline of two single-replica workers).
 class HierarchicalCommunicator final : public SyncCollectives {
  public:
-  HierarchicalCommunicator(std::unique_ptr<Communicator> local, std::shared_ptr<CrossWorkerCommunicators> cross, int local_size)
+  HierarchicalCommunicator(std::unique_ptr<Communicator> local,
+                           std::shared_ptr<CrossWorkerCommunicators> cross, int local_size)
       : local_(std::move(local)), cross_(std::move(cross)), local_size_(local_size) {}
   int rank() const override { return cross_->host->rank() * local_size_ + local_->rank(); }
   int size() const override { return cross_->workers * local_size_; }
@@ -30,11 +33,15 @@ class HierarchicalCommunicator final : public SyncCollectives {
     if (local_->rank() == 0) {
       timeline::Span s(std::string("all-reduce stage 2: across workers (") +
                            (cross_->device && !t.device().host_accessible() ? "NCCL" : "ring") +
-                           (cross_->compression != Compression::kNone ? std::string(", ") + compression_name(cross_->compression)
-                                                                      : std::string()) + ")",
+                           (cross_->compression != Compression::kNone
+                                ? std::string(", ") + compression_name(cross_->compression)
+                                : std::string()) +
+                           ")",
                        "collective");
-      const bool compress = cross_->compression != Compression::kNone && t.dtype() == DType::kFloat32;
-      const DType wire = cross_->compression == Compression::kBF16 ? DType::kBFloat16 : DType::kFloat16;
+      const bool compress =
+          cross_->compression != Compression::kNone && t.dtype() == DType::kFloat32;
+      const DType wire =
+          cross_->compression == Compression::kBF16 ? DType::kBFloat16 : DType::kFloat16;
       if (cross_->device && !t.device().host_accessible()) {
         if (compress) {
           Tensor c = kernels_for(t).cast(t, wire);
@@ -61,7 +68,8 @@ class HierarchicalCommunicator final : public SyncCollectives {
     }
     if (op == ReduceOp::kMean) {
       if (t.device().host_accessible()) {
-        collectives::scale_for_mean(t.raw_data(), static_cast<size_t>(t.numel()), t.dtype(), size());
+        collectives::scale_for_mean(t.raw_data(), static_cast<size_t>(t.numel()), t.dtype(),
+                                    size());
       } else {
         t.copy_from(kernels_for(t).affine(t, 1.f / static_cast<float>(size()), 0.f));
       }
@@ -73,7 +81,8 @@ class HierarchicalCommunicator final : public SyncCollectives {
     local_->barrier().wait();
   }
   void broadcast(Tensor& t, int root) override {
-    if (root != 0) throw Unimplemented("hierarchical broadcast supports root 0 (the chief's first replica)");
+    if (root != 0)
+      throw Unimplemented("hierarchical broadcast supports root 0 (the chief's first replica)");
     if (local_->rank() == 0) {
       if (cross_->device && !t.device().host_accessible()) {
         cross_->device->broadcast(t, 0).wait();
@@ -92,11 +101,13 @@ class HierarchicalCommunicator final : public SyncCollectives {
     if (rank() == 0) t.copy_from(copy);
   }
   void allgather(const Tensor&, Tensor&) override {
-    throw Unimplemented("MultiWorkerMirroredStrategy's replica contexts gather with merge_call; "
-                        "use connect_tcp_group() directly for a cross-worker allgather");
+    throw Unimplemented(
+        "MultiWorkerMirroredStrategy's replica contexts gather with merge_call; "
+        "use connect_tcp_group() directly for a cross-worker allgather");
   }
   void reduce_scatter(const Tensor&, Tensor&, ReduceOp) override {
-    throw Unimplemented("MultiWorkerMirroredStrategy does not reduce-scatter; use connect_tcp_group() directly");
+    throw Unimplemented(
+        "MultiWorkerMirroredStrategy does not reduce-scatter; use connect_tcp_group() directly");
   }
   void abort(const std::string& reason) override {
     local_->abort(reason);
@@ -112,11 +123,13 @@ class HierarchicalCommunicator final : public SyncCollectives {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_hierarchical_communicator(std::unique_ptr<Communicator> local,
-                                                             std::shared_ptr<CrossWorkerCommunicators> cross,
-                                                             int local_size) {
+std::unique_ptr<Communicator> make_hierarchical_communicator(
+    std::unique_ptr<Communicator> local, std::shared_ptr<CrossWorkerCommunicators> cross,
+    int local_size) {
   const std::chrono::milliseconds bound = cross->timeout;
-  return make_async_communicator(std::make_unique<HierarchicalCommunicator>(std::move(local), std::move(cross), local_size), bound);
+  return make_async_communicator(
+      std::make_unique<HierarchicalCommunicator>(std::move(local), std::move(cross), local_size),
+      bound);
 }
 
 }  // namespace dtrain

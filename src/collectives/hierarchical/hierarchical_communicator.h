@@ -1,6 +1,6 @@
-// A communicator over every replica of a multi-worker job, made of a local group (the replicas of one
-// process) and a cross-worker one (one rank per process): reduce locally, the first local replica
-// crosses workers, then broadcast locally. Private to src.
+// A communicator over every replica of a multi-worker job, made of a local group (the replicas of
+// one process) and a cross-worker one (one rank per process): reduce locally, the first local
+// replica crosses workers, then broadcast locally. Private to src.
 //
 // Thread-safety: as Communicator; each local replica calls its own instance, in the same order.
 // Only local replica 0 touches the cross-worker communicators during a collective.
@@ -22,8 +22,8 @@ struct CrossWorkerCommunicators {
 };
 
 // rank = cross rank x local size + local rank; size = workers x local size.
-std::unique_ptr<Communicator> make_hierarchical_communicator(std::unique_ptr<Communicator> local,
-                                                             std::shared_ptr<CrossWorkerCommunicators> cross,
-                                                             int local_size);
+std::unique_ptr<Communicator> make_hierarchical_communicator(
+    std::unique_ptr<Communicator> local, std::shared_ptr<CrossWorkerCommunicators> cross,
+    int local_size);
 
 }  // namespace dtrain

@@ -1,4 +1,3 @@
-#include "collectives/sync_collectives.h"
 #include <immintrin.h>
 
 #include <algorithm>
@@ -8,25 +7,41 @@
 #include <exception>
 #include <mutex>
 #include <string>
-#include <vector>
 #include <thread>
+#include <vector>
 
 #include "collectives/reduction.h"
+#include "collectives/sync_collectives.h"
 #include "dtrain/collectives/inproc.h"
 
 namespace dtrain {
 namespace {
 
-enum class Op : int { kAllreduce = 1, kAllgather, kBroadcast, kReduce, kReduceScatter, kBarrier, kReduceScatterConcat };
+enum class Op : int {
+  kAllreduce = 1,
+  kAllgather,
+  kBroadcast,
+  kReduce,
+  kReduceScatter,
+  kBarrier,
+  kReduceScatterConcat
+};
 const char* op_name(Op op) {
   switch (op) {
-    case Op::kAllreduce: return "allreduce";
-    case Op::kAllgather: return "allgather";
-    case Op::kBroadcast: return "broadcast";
-    case Op::kReduce: return "reduce";
-    case Op::kReduceScatter: return "reduce_scatter";
-    case Op::kBarrier: return "barrier";
-    case Op::kReduceScatterConcat: return "reduce_scatter_concat";
+    case Op::kAllreduce:
+      return "allreduce";
+    case Op::kAllgather:
+      return "allgather";
+    case Op::kBroadcast:
+      return "broadcast";
+    case Op::kReduce:
+      return "reduce";
+    case Op::kReduceScatter:
+      return "reduce_scatter";
+    case Op::kBarrier:
+      return "barrier";
+    case Op::kReduceScatterConcat:
+      return "reduce_scatter_concat";
   }
   return "?";
 }
@@ -48,7 +63,10 @@ constexpr size_t kBlockBytes = 64 * 1024;  // cache block for the reduce-then-sc
 class Group {
  public:
   Group(int size, CollectiveOptions opts)
-      : size_(size), opts_(opts), slots_(static_cast<size_t>(size)), arrived_(static_cast<size_t>(size)) {
+      : size_(size),
+        opts_(opts),
+        slots_(static_cast<size_t>(size)),
+        arrived_(static_cast<size_t>(size)) {
     spin_ = static_cast<unsigned>(size) <= std::max(1u, std::thread::hardware_concurrency());
     for (auto& a : arrived_) a.store(0);
   }
@@ -90,11 +108,12 @@ class Group {
     if (!done) {
       std::string missing;
       for (int r = 0; r < size_; ++r)
-        if (arrived_[static_cast<size_t>(r)].load() != g + 1) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      const std::string msg = std::string(what) + " on rank " + std::to_string(rank) +
-                              ": rank(s) " + missing + " did not arrive within " +
-                              std::to_string(opts_.timeout.count()) +
-                              " ms; every replica must issue the same collectives in the same order";
+        if (arrived_[static_cast<size_t>(r)].load() != g + 1)
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      const std::string msg =
+          std::string(what) + " on rank " + std::to_string(rank) + ": rank(s) " + missing +
+          " did not arrive within " + std::to_string(opts_.timeout.count()) +
+          " ms; every replica must issue the same collectives in the same order";
       abort_locked(msg);
       throw DeadlineExceeded(msg);
     }
@@ -161,25 +180,31 @@ class InprocCommunicator final : public SyncCollectives {
       const int64_t block = std::max<int64_t>(1, static_cast<int64_t>(kBlockBytes / esize));
       char* own = static_cast<char*>(t.raw_data());
       // Every slice is reduced in rank order, whichever rank reduces it, so the result is bitwise
-      // that of reduce_scatter and of any other rank-ordered reduction. Ranks 0 and 1 can start from
-      // their own values (x1 + x0 == x0 + x1); a later rank sums into a block-sized scratch first.
+      // that of reduce_scatter and of any other rank-ordered reduction. Ranks 0 and 1 can start
+      // from their own values (x1 + x0 == x0 + x1); a later rank sums into a block-sized scratch
+      // first.
       static thread_local std::vector<char> scratch;
       if (rank_ >= 2) scratch.resize(static_cast<size_t>(block) * esize);
       for (int64_t b = begin; b < end; b += block) {
         const size_t m = static_cast<size_t>(std::min(block, end - b));
         char* mine = own + static_cast<size_t>(b) * esize;
-        auto in = [&](int r) { return static_cast<const char*>(g_->slot(r).in) + static_cast<size_t>(b) * esize; };
+        auto in = [&](int r) {
+          return static_cast<const char*>(g_->slot(r).in) + static_cast<size_t>(b) * esize;
+        };
         if (rank_ < 2) {
           for (int r = 0; r < n; ++r)
             if (r != rank_) collectives::reduce_into(mine, in(r), m, t.dtype(), op);
         } else {
           collectives::reduce_pair(scratch.data(), in(0), in(1), m, t.dtype(), op);
-          for (int r = 2; r < n; ++r) collectives::reduce_into(scratch.data(), in(r), m, t.dtype(), op);
+          for (int r = 2; r < n; ++r)
+            collectives::reduce_into(scratch.data(), in(r), m, t.dtype(), op);
           std::memcpy(mine, scratch.data(), m * esize);
         }
         if (op == ReduceOp::kMean) collectives::scale_for_mean(mine, m, t.dtype(), n);
         for (int r = 0; r < n; ++r)
-          if (r != rank_) std::memcpy(static_cast<char*>(g_->slot(r).out) + static_cast<size_t>(b) * esize, mine, m * esize);
+          if (r != rank_)
+            std::memcpy(static_cast<char*>(g_->slot(r).out) + static_cast<size_t>(b) * esize, mine,
+                        m * esize);
       }
     });
   }
@@ -189,18 +214,21 @@ class InprocCommunicator final : public SyncCollectives {
     require_host(out, "allgather");
     if (out.numel() != in.numel() * size() || out.dtype() != in.dtype())
       throw InvalidArgument("allgather: output must hold size * input.numel() = " +
-                            std::to_string(in.numel() * size()) + " elements of the input's dtype, got " + out.to_string());
+                            std::to_string(in.numel() * size()) +
+                            " elements of the input's dtype, got " + out.to_string());
     post(Op::kAllgather, in.dtype(), in.numel(), 0, 0, in.raw_data(), out.raw_data());
     run("allgather", [&] {
       const size_t bytes = in.nbytes();
       for (int r = 0; r < size(); ++r)
-        std::memcpy(static_cast<char*>(out.raw_data()) + static_cast<size_t>(r) * bytes, g_->slot(r).in, bytes);
+        std::memcpy(static_cast<char*>(out.raw_data()) + static_cast<size_t>(r) * bytes,
+                    g_->slot(r).in, bytes);
     });
   }
 
   void broadcast(Tensor& t, int root) override {
     require_host(t, "broadcast");
-    if (root < 0 || root >= size()) throw InvalidArgument("broadcast: root " + std::to_string(root) + " out of range");
+    if (root < 0 || root >= size())
+      throw InvalidArgument("broadcast: root " + std::to_string(root) + " out of range");
     post(Op::kBroadcast, t.dtype(), t.numel(), 0, root, t.raw_data(), t.raw_data());
     run("broadcast", [&] {
       if (rank_ != root) std::memcpy(t.raw_data(), g_->slot(root).in, t.nbytes());
@@ -209,7 +237,8 @@ class InprocCommunicator final : public SyncCollectives {
 
   void reduce(Tensor& t, int root, ReduceOp op) override {
     require_host(t, "reduce");
-    if (root < 0 || root >= size()) throw InvalidArgument("reduce: root " + std::to_string(root) + " out of range");
+    if (root < 0 || root >= size())
+      throw InvalidArgument("reduce: root " + std::to_string(root) + " out of range");
     post(Op::kReduce, t.dtype(), t.numel(), static_cast<int>(op), root, t.raw_data(), t.raw_data());
     run("reduce", [&] {
       // Each rank reduces its slice of every rank's buffer into root's buffer: the work is spread
@@ -220,9 +249,11 @@ class InprocCommunicator final : public SyncCollectives {
       char* dst = static_cast<char*>(g_->slot(root).out) + static_cast<size_t>(begin) * esize;
       for (int r = 0; r < n; ++r)
         if (r != root)
-          collectives::reduce_into(dst, static_cast<const char*>(g_->slot(r).in) + static_cast<size_t>(begin) * esize,
-                                   static_cast<size_t>(end - begin), t.dtype(), op);
-      if (op == ReduceOp::kMean) collectives::scale_for_mean(dst, static_cast<size_t>(end - begin), t.dtype(), n);
+          collectives::reduce_into(
+              dst, static_cast<const char*>(g_->slot(r).in) + static_cast<size_t>(begin) * esize,
+              static_cast<size_t>(end - begin), t.dtype(), op);
+      if (op == ReduceOp::kMean)
+        collectives::scale_for_mean(dst, static_cast<size_t>(end - begin), t.dtype(), n);
     });
   }
 
@@ -231,15 +262,21 @@ class InprocCommunicator final : public SyncCollectives {
     const int n = size();
     if (in.numel() % n != 0 || out.numel() != in.numel() / n || out.dtype() != in.dtype())
       throw InvalidArgument("reduce_scatter: input of " + std::to_string(in.numel()) +
-                            " elements must split evenly into " + std::to_string(n) + " outputs of the same dtype, got " + out.to_string());
-    post(Op::kReduceScatter, in.dtype(), in.numel(), static_cast<int>(op), 0, in.raw_data(), out.raw_data());
+                            " elements must split evenly into " + std::to_string(n) +
+                            " outputs of the same dtype, got " + out.to_string());
+    post(Op::kReduceScatter, in.dtype(), in.numel(), static_cast<int>(op), 0, in.raw_data(),
+         out.raw_data());
     run("reduce_scatter", [&] {
-      const size_t m = static_cast<size_t>(out.numel()), off = m * static_cast<size_t>(rank_) * dtype_size(in.dtype());
+      const size_t m = static_cast<size_t>(out.numel()),
+                   off = m * static_cast<size_t>(rank_) * dtype_size(in.dtype());
       collectives::reduce_pair(out.raw_data(), static_cast<const char*>(g_->slot(0).in) + off,
-                               static_cast<const char*>(g_->slot(n > 1 ? 1 : 0).in) + off, n > 1 ? m : 0, in.dtype(), op);
-      if (n == 1) std::memcpy(out.raw_data(), static_cast<const char*>(g_->slot(0).in) + off, out.nbytes());
+                               static_cast<const char*>(g_->slot(n > 1 ? 1 : 0).in) + off,
+                               n > 1 ? m : 0, in.dtype(), op);
+      if (n == 1)
+        std::memcpy(out.raw_data(), static_cast<const char*>(g_->slot(0).in) + off, out.nbytes());
       for (int r = 2; r < n; ++r)
-        collectives::reduce_into(out.raw_data(), static_cast<const char*>(g_->slot(r).in) + off, m, in.dtype(), op);
+        collectives::reduce_into(out.raw_data(), static_cast<const char*>(g_->slot(r).in) + off, m,
+                                 in.dtype(), op);
       if (op == ReduceOp::kMean) collectives::scale_for_mean(out.raw_data(), m, in.dtype(), n);
     });
   }
@@ -252,17 +289,22 @@ class InprocCommunicator final : public SyncCollectives {
     const int64_t total = check_reduce_scatter_concat(inputs, out, n);
     require_host(out, "reduce_scatter_concat");
     for (const Tensor& t : inputs) require_host(t, "reduce_scatter_concat");
-    post(Op::kReduceScatterConcat, out.dtype(), out.numel() * n, static_cast<int>(op), 0, &inputs, out.raw_data());
+    post(Op::kReduceScatterConcat, out.dtype(), out.numel() * n, static_cast<int>(op), 0, &inputs,
+         out.raw_data());
     run("reduce_scatter_concat", [&] {
-      auto list = [&](int r) -> const std::vector<Tensor>& { return *static_cast<const std::vector<Tensor>*>(g_->slot(r).in); };
-      for (int r = 0; r < n; ++r) {  // every rank checks every layout against rank 0's: all refuse alike
+      auto list = [&](int r) -> const std::vector<Tensor>& {
+        return *static_cast<const std::vector<Tensor>*>(g_->slot(r).in);
+      };
+      for (int r = 0; r < n;
+           ++r) {  // every rank checks every layout against rank 0's: all refuse alike
         const std::vector<Tensor>& o = list(r);
         bool same = o.size() == list(0).size();
         for (size_t i = 0; same && i < o.size(); ++i) same = o[i].numel() == list(0)[i].numel();
         if (!same)
           throw InvalidArgument("reduce_scatter_concat: rank " + std::to_string(r) + " passed " +
                                 std::to_string(o.size()) + " inputs of other sizes than rank 0's " +
-                                std::to_string(list(0).size()) + "; every rank must pass tensors of the same sizes");
+                                std::to_string(list(0).size()) +
+                                "; every rank must pass tensors of the same sizes");
       }
       const size_t esize = dtype_size(out.dtype());
       const int64_t m = out.numel(), begin = m * rank_, end = begin + m;
@@ -272,16 +314,20 @@ class InprocCommunicator final : public SyncCollectives {
       for (size_t i = 0; i < mine.size() && start < end; start += mine[i].numel(), ++i) {
         const int64_t lo = std::max(begin, start), hi = std::min(end, start + mine[i].numel());
         if (lo >= hi) continue;
-        const size_t count = static_cast<size_t>(hi - lo), skip = static_cast<size_t>(lo - start) * esize;
+        const size_t count = static_cast<size_t>(hi - lo),
+                     skip = static_cast<size_t>(lo - start) * esize;
         auto in = [&](int r) { return static_cast<const char*>(list(r)[i].raw_data()) + skip; };
         char* d = dst + static_cast<size_t>(lo - begin) * esize;
-        if (n == 1) std::memcpy(d, in(0), count * esize);
-        else collectives::reduce_pair(d, in(0), in(1), count, out.dtype(), op);
+        if (n == 1)
+          std::memcpy(d, in(0), count * esize);
+        else
+          collectives::reduce_pair(d, in(0), in(1), count, out.dtype(), op);
         for (int r = 2; r < n; ++r) collectives::reduce_into(d, in(r), count, out.dtype(), op);
         if (op == ReduceOp::kMean) collectives::scale_for_mean(d, count, out.dtype(), n);
       }
       const int64_t pad_from = std::max(begin, std::min(end, total));
-      std::memset(dst + static_cast<size_t>(pad_from - begin) * esize, 0, static_cast<size_t>(end - pad_from) * esize);
+      std::memset(dst + static_cast<size_t>(pad_from - begin) * esize, 0,
+                  static_cast<size_t>(end - pad_from) * esize);
     });
   }
 
@@ -295,7 +341,8 @@ class InprocCommunicator final : public SyncCollectives {
  private:
   static void require_host(const Tensor& t, const char* op) {
     if (!t.device().host_accessible())
-      throw InvalidArgument(std::string(op) + ": the in-process transport works on host memory, got " +
+      throw InvalidArgument(std::string(op) +
+                            ": the in-process transport works on host memory, got " +
                             t.to_string() + "; use the NCCL backend for GPU tensors");
   }
 
@@ -305,10 +352,10 @@ class InprocCommunicator final : public SyncCollectives {
   }
 
   // Barrier, fingerprint check against every rank, body, barrier (so buffers stay valid until all
-  // ranks are done with them). A body that fails on any rank still reaches the closing barrier (a rank
-  // that left at once would free its buffers while a slower one still read them: the segfault of
-  // reduce_scatter_concat's refusal); after it every rank aborts the group and fails, the failing
-  // ranks with their own error, the others with the first failure's.
+  // ranks are done with them). A body that fails on any rank still reaches the closing barrier (a
+  // rank that left at once would free its buffers while a slower one still read them: the segfault
+  // of reduce_scatter_concat's refusal); after it every rank aborts the group and fails, the
+  // failing ranks with their own error, the others with the first failure's.
   template <typename F>
   void run(const char* what, F&& body) {
     g_->barrier(rank_, what);
@@ -317,12 +364,14 @@ class InprocCommunicator final : public SyncCollectives {
       const Slot& o = g_->slot(r);
       if (o.seq != me.seq || o.op != me.op || o.dtype != me.dtype || o.count != me.count ||
           o.reduce != me.reduce || o.root != me.root) {
-        const std::string msg = detail::str_cat(
-            "collective mismatch: rank ", rank_, " issued #", me.seq, " ", op_name(me.op), "(", dtype_name(me.dtype),
-            " x", me.count, ", ", reduce_op_name(static_cast<ReduceOp>(me.reduce)), ") but rank ", r, " issued #", o.seq,
-            " ", op_name(o.op), "(", dtype_name(o.dtype), " x", o.count, ", ",
-            reduce_op_name(static_cast<ReduceOp>(o.reduce)),
-            "); every replica must run the same collectives on tensors of the same shape, in the same order");
+        const std::string msg =
+            detail::str_cat("collective mismatch: rank ", rank_, " issued #", me.seq, " ",
+                            op_name(me.op), "(", dtype_name(me.dtype), " x", me.count, ", ",
+                            reduce_op_name(static_cast<ReduceOp>(me.reduce)), ") but rank ", r,
+                            " issued #", o.seq, " ", op_name(o.op), "(", dtype_name(o.dtype), " x",
+                            o.count, ", ", reduce_op_name(static_cast<ReduceOp>(o.reduce)),
+                            "); every replica must run the same collectives on tensors of the same "
+                            "shape, in the same order");
         g_->abort(msg);
         throw InvalidArgument(msg);
       }
@@ -332,7 +381,8 @@ class InprocCommunicator final : public SyncCollectives {
       body();
     } catch (const std::exception& e) {
       error = std::current_exception();
-      g_->note_failure(std::string(what) + " failed on rank " + std::to_string(rank_) + ": " + e.what());
+      g_->note_failure(std::string(what) + " failed on rank " + std::to_string(rank_) + ": " +
+                       e.what());
     }
     g_->barrier(rank_, what);
     if (g_->failed()) {
@@ -350,10 +400,14 @@ class InprocCommunicator final : public SyncCollectives {
 }  // namespace
 
 std::vector<std::unique_ptr<Communicator>> make_inproc_group(int size, CollectiveOptions options) {
-  if (size < 1) throw InvalidArgument("an in-process group needs at least one rank, got " + std::to_string(size));
+  if (size < 1)
+    throw InvalidArgument("an in-process group needs at least one rank, got " +
+                          std::to_string(size));
   auto g = std::make_shared<Group>(size, options);
   std::vector<std::unique_ptr<Communicator>> out;
-  for (int r = 0; r < size; ++r) out.push_back(make_async_communicator(std::make_unique<InprocCommunicator>(g, r), options.timeout));
+  for (int r = 0; r < size; ++r)
+    out.push_back(
+        make_async_communicator(std::make_unique<InprocCommunicator>(g, r), options.timeout));
   return out;
 }
 

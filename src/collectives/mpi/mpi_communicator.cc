@@ -1,4 +1,3 @@
-#include "collectives/sync_collectives.h"
 #include "collectives/mpi/mpi_communicator.h"
 
 #include <mpi.h>
@@ -8,6 +7,7 @@
 #include <vector>
 
 #include "collectives/reduction.h"
+#include "collectives/sync_collectives.h"
 #include "dtrain/core/logging.h"
 
 namespace dtrain {
@@ -23,7 +23,8 @@ struct HalfTypes {
 
 template <DType D, ReduceOp O>
 void half_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
-  collectives::reduce_into(inout, in, static_cast<size_t>(*len), D, O);  // commutative: inout = inout op in
+  collectives::reduce_into(inout, in, static_cast<size_t>(*len), D,
+                           O);  // commutative: inout = inout op in
 }
 
 const HalfTypes& half_types() {
@@ -46,12 +47,17 @@ bool is_half(DType t) { return t == DType::kFloat16 || t == DType::kBFloat16; }
 
 MPI_Datatype mpi_type(DType t, const char* op) {
   switch (t) {
-    case DType::kFloat32: return MPI_FLOAT;
-    case DType::kFloat64: return MPI_DOUBLE;
-    case DType::kInt32: return MPI_INT32_T;
-    case DType::kInt64: return MPI_INT64_T;
+    case DType::kFloat32:
+      return MPI_FLOAT;
+    case DType::kFloat64:
+      return MPI_DOUBLE;
+    case DType::kInt32:
+      return MPI_INT32_T;
+    case DType::kInt64:
+      return MPI_INT64_T;
     case DType::kFloat16:
-    case DType::kBFloat16: return half_types().type;
+    case DType::kBFloat16:
+      return half_types().type;
   }
   throw Unimplemented(std::string("MPI ") + op + " of " + dtype_name(t));
 }
@@ -71,7 +77,8 @@ class MpiCommunicator final : public SyncCollectives {
       int provided = 0;
       MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
       if (provided < MPI_THREAD_SERIALIZED)
-        throw Unavailable("this MPI library does not support MPI_THREAD_SERIALIZED, which dtrain needs");
+        throw Unavailable(
+            "this MPI library does not support MPI_THREAD_SERIALIZED, which dtrain needs");
       owns_ = true;
     }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
@@ -90,28 +97,33 @@ class MpiCommunicator final : public SyncCollectives {
   void allreduce(Tensor& t, ReduceOp op) override {
     host(t, "allreduce");
     MPI_Request req;
-    MPI_Iallreduce(MPI_IN_PLACE, t.raw_data(), count(t), mpi_type(t.dtype(), "allreduce"), mpi_op(op, t.dtype()), MPI_COMM_WORLD, &req);
+    MPI_Iallreduce(MPI_IN_PLACE, t.raw_data(), count(t), mpi_type(t.dtype(), "allreduce"),
+                   mpi_op(op, t.dtype()), MPI_COMM_WORLD, &req);
     wait(req, "allreduce");
-    if (op == ReduceOp::kMean) collectives::scale_for_mean(t.raw_data(), static_cast<size_t>(t.numel()), t.dtype(), size_);
+    if (op == ReduceOp::kMean)
+      collectives::scale_for_mean(t.raw_data(), static_cast<size_t>(t.numel()), t.dtype(), size_);
   }
   void allgather(const Tensor& in, Tensor& out) override {
     host(in, "allgather");
     MPI_Request req;
     const MPI_Datatype dt = mpi_type(in.dtype(), "allgather");
-    MPI_Iallgather(in.raw_data(), count(in), dt, out.raw_data(), count(in), dt, MPI_COMM_WORLD, &req);
+    MPI_Iallgather(in.raw_data(), count(in), dt, out.raw_data(), count(in), dt, MPI_COMM_WORLD,
+                   &req);
     wait(req, "allgather");
   }
   void broadcast(Tensor& t, int root) override {
     host(t, "broadcast");
     MPI_Request req;
-    MPI_Ibcast(t.raw_data(), count(t), mpi_type(t.dtype(), "broadcast"), root, MPI_COMM_WORLD, &req);
+    MPI_Ibcast(t.raw_data(), count(t), mpi_type(t.dtype(), "broadcast"), root, MPI_COMM_WORLD,
+               &req);
     wait(req, "broadcast");
   }
   void reduce(Tensor& t, int root, ReduceOp op) override {
     host(t, "reduce");
     MPI_Request req;
-    MPI_Ireduce(rank_ == root ? MPI_IN_PLACE : t.raw_data(), rank_ == root ? t.raw_data() : nullptr, count(t),
-                mpi_type(t.dtype(), "reduce"), mpi_op(op, t.dtype()), root, MPI_COMM_WORLD, &req);
+    MPI_Ireduce(rank_ == root ? MPI_IN_PLACE : t.raw_data(), rank_ == root ? t.raw_data() : nullptr,
+                count(t), mpi_type(t.dtype(), "reduce"), mpi_op(op, t.dtype()), root,
+                MPI_COMM_WORLD, &req);
     wait(req, "reduce");
     if (op == ReduceOp::kMean && rank_ == root)
       collectives::scale_for_mean(t.raw_data(), static_cast<size_t>(t.numel()), t.dtype(), size_);
@@ -119,10 +131,13 @@ class MpiCommunicator final : public SyncCollectives {
   void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
     host(in, "reduce_scatter");
     MPI_Request req;
-    MPI_Ireduce_scatter_block(in.raw_data(), out.raw_data(), count(out), mpi_type(in.dtype(), "reduce_scatter"),
-                              mpi_op(op, in.dtype()), MPI_COMM_WORLD, &req);
+    MPI_Ireduce_scatter_block(in.raw_data(), out.raw_data(), count(out),
+                              mpi_type(in.dtype(), "reduce_scatter"), mpi_op(op, in.dtype()),
+                              MPI_COMM_WORLD, &req);
     wait(req, "reduce_scatter");
-    if (op == ReduceOp::kMean) collectives::scale_for_mean(out.raw_data(), static_cast<size_t>(out.numel()), in.dtype(), size_);
+    if (op == ReduceOp::kMean)
+      collectives::scale_for_mean(out.raw_data(), static_cast<size_t>(out.numel()), in.dtype(),
+                                  size_);
   }
   void alltoall(const Tensor& in, Tensor& out) override {
     host(in, "alltoall");
@@ -146,7 +161,8 @@ class MpiCommunicator final : public SyncCollectives {
 
  private:
   static int count(const Tensor& t) {
-    if (t.numel() > (1LL << 31) - 1) throw InvalidArgument("MPI collectives take at most 2^31-1 elements, got " + t.to_string());
+    if (t.numel() > (1LL << 31) - 1)
+      throw InvalidArgument("MPI collectives take at most 2^31-1 elements, got " + t.to_string());
     return static_cast<int>(t.numel());
   }
   static void host(const Tensor& t, const char* op) {

@@ -12,8 +12,8 @@ namespace dtrain {
 bool nccl_available();
 // One communicator per device (all GPUs), rank i = devices[i]. Collectives run on a dedicated
 // stream per GPU after the device's queued kernels (the device is synchronised first).
-std::vector<std::unique_ptr<Communicator>> make_nccl_local_group(const std::vector<DeviceSpec>& devices,
-                                                                 CollectiveOptions options);
+std::vector<std::unique_ptr<Communicator>> make_nccl_local_group(
+    const std::vector<DeviceSpec>& devices, CollectiveOptions options);
 // One rank per process on `device` (a GPU): rank and size are bootstrap's, and rank 0's NCCL unique
 // id reaches the others through bootstrap.broadcast (the job's authenticated TCP group). Init is
 // non-blocking and bounded by options.timeout. Throws InvalidArgument for a non-GPU device,

@@ -37,12 +37,14 @@ uint64_t job_fingerprint_impl(const std::vector<std::string>& addresses) {
 uint64_t job_fingerprint(const std::vector<std::string>& a) { return job_fingerprint_impl(a); }
 
 std::string name_of(const TcpGroupOptions& o, int r) {
-  return r < static_cast<int>(o.task_names.size()) ? o.task_names[static_cast<size_t>(r)] : "rank " + std::to_string(r);
+  return r < static_cast<int>(o.task_names.size()) ? o.task_names[static_cast<size_t>(r)]
+                                                   : "rank " + std::to_string(r);
 }
 
 namespace {
 
-void send_frame(const Peer& p, FrameKind kind, uint32_t sender, const void* payload, size_t n, Clock::time_point dl) {
+void send_frame(const Peer& p, FrameKind kind, uint32_t sender, const void* payload, size_t n,
+                Clock::time_point dl) {
   FrameHeader h;
   h.kind = static_cast<uint16_t>(kind);
   h.sender = sender;
@@ -77,11 +79,14 @@ Proof prove(const std::string& token, const unsigned char* peer_nonce, uint32_t 
   return p;
 }
 
-bool verify(const Proof& got, const Proof& want) { return CRYPTO_memcmp(got.mac, want.mac, 32) == 0; }
+bool verify(const Proof& got, const Proof& want) {
+  return CRYPTO_memcmp(got.mac, want.mac, 32) == 0;
+}
 
 }  // namespace
 
-int authenticate(Peer& p, const TcpGroupOptions& o, uint64_t fp, int expected, bool any_rank, Clock::time_point dl) {
+int authenticate(Peer& p, const TcpGroupOptions& o, uint64_t fp, int expected, bool any_rank,
+                 Clock::time_point dl) {
   Hello mine{};
   if (RAND_bytes(mine.nonce, sizeof(mine.nonce)) != 1) throw Internal("RAND_bytes failed");
   mine.world = static_cast<uint32_t>(o.addresses.size());
@@ -97,15 +102,16 @@ int authenticate(Peer& p, const TcpGroupOptions& o, uint64_t fp, int expected, b
     throw PermissionDenied(why);
   };
   if (theirs.world != mine.world)
-    refuse(detail::str_cat("world size mismatch: ", p.address, " believes the job has ", theirs.world,
-                           " tasks, this task (", name_of(o, o.rank), ") has ", mine.world,
-                           "; give every task the same TF_CONFIG cluster"));
+    refuse(detail::str_cat("world size mismatch: ", p.address, " believes the job has ",
+                           theirs.world, " tasks, this task (", name_of(o, o.rank), ") has ",
+                           mine.world, "; give every task the same TF_CONFIG cluster"));
   if (theirs.fingerprint != fp)
-    refuse("job mismatch: " + p.address + " was started with a different cluster address list than " +
-           name_of(o, o.rank) + "; give every task the same TF_CONFIG cluster");
+    refuse("job mismatch: " + p.address +
+           " was started with a different cluster address list than " + name_of(o, o.rank) +
+           "; give every task the same TF_CONFIG cluster");
   const int peer = static_cast<int>(theirs.rank);
-  if (peer < 0 || peer >= static_cast<int>(mine.world) || peer == o.rank || (expected >= 0 && peer != expected) ||
-      (expected < 0 && !any_rank && peer < o.rank))
+  if (peer < 0 || peer >= static_cast<int>(mine.world) || peer == o.rank ||
+      (expected >= 0 && peer != expected) || (expected < 0 && !any_rank && peer < o.rank))
     refuse(detail::str_cat("unexpected rank ", peer, " connecting from ", p.address));
   p.rank = peer;
   p.name = name_of(o, peer);
@@ -116,11 +122,13 @@ int authenticate(Peer& p, const TcpGroupOptions& o, uint64_t fp, int expected, b
     try {
       tp = read_payload<Proof>(p, FrameKind::kProof, dl);
     } catch (const Unavailable& e) {
-      throw PermissionDenied(p.name + " (" + p.address + ") refused this task's job token: " + e.what() +
-                             ". Set the same DTRAIN_JOB_TOKEN on every task (dtrain-run does this)");
+      throw PermissionDenied(
+          p.name + " (" + p.address + ") refused this task's job token: " + e.what() +
+          ". Set the same DTRAIN_JOB_TOKEN on every task (dtrain-run does this)");
     }
     if (!verify(tp, prove(o.token, mine.nonce, theirs.rank, fp)))
-      throw PermissionDenied(p.name + " (" + p.address + ") could not prove the job token; is another job using "
+      throw PermissionDenied(p.name + " (" + p.address +
+                             ") could not prove the job token; is another job using "
                              "that address? Set the same DTRAIN_JOB_TOKEN on every task");
   } else {  // acceptor: check the dialer's proof before proving ourselves
     const Proof tp = read_payload<Proof>(p, FrameKind::kProof, dl);
@@ -132,6 +140,5 @@ int authenticate(Peer& p, const TcpGroupOptions& o, uint64_t fp, int expected, b
   }
   return peer;
 }
-
 
 }  // namespace dtrain::tcp

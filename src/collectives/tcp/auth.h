@@ -20,7 +20,7 @@ std::string name_of(const TcpGroupOptions& o, int r);
 // else only ranks above its own (the mesh). Returns the peer's rank. Throws PermissionDenied for a
 // wrong token, world size or job (after telling the peer why), DataLoss for a malformed handshake,
 // Unavailable / DeadlineExceeded from the socket.
-int authenticate(Peer& p, const TcpGroupOptions& o, uint64_t fingerprint, int expected, bool any_rank,
-                 Clock::time_point deadline);
+int authenticate(Peer& p, const TcpGroupOptions& o, uint64_t fingerprint, int expected,
+                 bool any_rank, Clock::time_point deadline);
 
 }  // namespace dtrain::tcp

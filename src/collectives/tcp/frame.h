@@ -16,7 +16,13 @@ constexpr uint16_t kVersion = 1;
 // kRequest / kResponse: the request/response traffic of rpc.h (parameter servers); seq is the
 // request id, op the method, reduce the response status, count the number of tensors.
 enum class FrameKind : uint16_t {
-  kHello = 1, kProof = 2, kData = 3, kAbort = 4, kHeartbeat = 5, kRequest = 6, kResponse = 7
+  kHello = 1,
+  kProof = 2,
+  kData = 3,
+  kAbort = 4,
+  kHeartbeat = 5,
+  kRequest = 6,
+  kResponse = 7
 };
 constexpr uint16_t kMaxFrameKind = 7;
 
@@ -25,14 +31,14 @@ struct FrameHeader {
   uint32_t magic = kMagic;
   uint16_t version = kVersion;
   uint16_t kind = 0;
-  uint64_t seq = 0;        // collective sequence number (fingerprint)
-  uint16_t op = 0;         // collective op
+  uint64_t seq = 0;  // collective sequence number (fingerprint)
+  uint16_t op = 0;   // collective op
   uint8_t dtype = 0;
   uint8_t reduce = 0;
-  uint32_t sender = 0;     // sender's rank
-  uint64_t count = 0;      // elements in the whole collective
+  uint32_t sender = 0;  // sender's rank
+  uint64_t count = 0;   // elements in the whole collective
   uint64_t payload_bytes = 0;
-  uint64_t offset = 0;     // element offset of this payload in the collective's buffer
+  uint64_t offset = 0;  // element offset of this payload in the collective's buffer
 };
 #pragma pack(pop)
 static_assert(sizeof(FrameHeader) == 48, "frame header must be 48 bytes");

@@ -18,7 +18,8 @@ namespace dtrain::tcp {
 namespace {
 
 int ms_left(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 1000));
 }
 
@@ -35,10 +36,12 @@ void wait_fd(const Peer& p, short events, Clock::time_point deadline, const char
       if (pfd.revents & (POLLERR | POLLNVAL)) closed(p);
       return;
     }
-    if (r < 0 && errno != EINTR) throw Unavailable(std::string("poll failed: ") + std::strerror(errno));
+    if (r < 0 && errno != EINTR)
+      throw Unavailable(std::string("poll failed: ") + std::strerror(errno));
     if (Clock::now() >= deadline)
-      throw DeadlineExceeded(std::string(what) + " " + p.name + " (" + p.address +
-                             ") timed out: the peer is stuck or unreachable; check its log, or raise the timeout");
+      throw DeadlineExceeded(
+          std::string(what) + " " + p.name + " (" + p.address +
+          ") timed out: the peer is stuck or unreachable; check its log, or raise the timeout");
   }
 }
 
@@ -50,32 +53,35 @@ void wait_progress(const Peer& p, short events, Clock::time_point deadline, cons
   try {
     wait_fd(p, events, stall, what);
   } catch (const DeadlineExceeded&) {
-    throw Unavailable(p.name + " (" + p.address + ") " + (events == POLLOUT ? "took" : "sent") + " no bytes for " +
-                      std::to_string(p.stall_timeout.count()) + " ms while " + what +
-                      " it: it is stopped or hung, or its link is down");
+    throw Unavailable(p.name + " (" + p.address + ") " + (events == POLLOUT ? "took" : "sent") +
+                      " no bytes for " + std::to_string(p.stall_timeout.count()) + " ms while " +
+                      what + " it: it is stopped or hung, or its link is down");
   }
 }
 
 }  // namespace
 
 std::string describe(const FrameHeader& h) {
-  static const char* kOps[] = {"?", "allreduce", "allgather", "broadcast", "reduce", "reduce_scatter", "barrier"};
+  static const char* kOps[] = {"?",      "allreduce",      "allgather", "broadcast",
+                               "reduce", "reduce_scatter", "barrier"};
   static const char* kRed[] = {"SUM", "MEAN", "MAX", "MIN"};
   return detail::str_cat(h.op < 7 ? kOps[h.op] : "?", " #", h.seq, " (",
-                         h.dtype < 6 ? dtype_name(static_cast<DType>(h.dtype)) : "?", " x", h.count, ", ",
-                         h.reduce < 4 ? kRed[h.reduce] : "?", ")");
+                         h.dtype < 6 ? dtype_name(static_cast<DType>(h.dtype)) : "?", " x", h.count,
+                         ", ", h.reduce < 4 ? kRed[h.reduce] : "?", ")");
 }
 
 int connect_until(const std::string& address, Clock::time_point deadline) {
   const auto colon = address.rfind(':');
   if (colon == std::string::npos) return -1;
   std::string host = address.substr(0, colon);
-  if (host.size() > 1 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() > 1 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), address.substr(colon + 1).c_str(), &hints, &res) != 0 || !res) return -1;
+  if (::getaddrinfo(host.c_str(), address.substr(colon + 1).c_str(), &hints, &res) != 0 || !res)
+    return -1;
   const auto until = std::min(deadline, Clock::now() + std::chrono::seconds(5));
   int fd = -1;
   for (addrinfo* a = res; a && fd < 0; a = a->ai_next) {
@@ -150,11 +156,13 @@ FrameHeader read_header(const Peer& p, size_t max_payload, Clock::time_point dea
   FrameHeader h;
   read_exact(p, &h, sizeof(h), deadline);
   if (h.magic != kMagic)
-    throw DataLoss(detail::str_cat("malformed frame from ", p.name, " (", p.address, "): bad magic 0x", std::hex,
-                                   h.magic, "; is something other than a dtrain task connected to this port?"));
+    throw DataLoss(detail::str_cat(
+        "malformed frame from ", p.name, " (", p.address, "): bad magic 0x", std::hex, h.magic,
+        "; is something other than a dtrain task connected to this port?"));
   if (h.version != kVersion)
-    throw DataLoss(detail::str_cat("frame from ", p.name, " has protocol version ", h.version, ", this task speaks ",
-                                   kVersion, "; run the same dtrain build on every task"));
+    throw DataLoss(detail::str_cat("frame from ", p.name, " has protocol version ", h.version,
+                                   ", this task speaks ", kVersion,
+                                   "; run the same dtrain build on every task"));
   if (h.kind < 1 || h.kind > kMaxFrameKind)
     throw DataLoss(detail::str_cat("malformed frame from ", p.name, ": unknown kind ", h.kind));
   if (h.kind == static_cast<uint16_t>(FrameKind::kAbort)) {
@@ -164,7 +172,8 @@ FrameHeader read_header(const Peer& p, size_t max_payload, Clock::time_point dea
   }
   if (h.payload_bytes > max_payload)
     throw DataLoss(detail::str_cat("frame from ", p.name, " announces ", h.payload_bytes,
-                                   " payload bytes, over the limit of ", max_payload, "; refusing it"));
+                                   " payload bytes, over the limit of ", max_payload,
+                                   "; refusing it"));
   return h;
 }
 

@@ -2,19 +2,17 @@
 // is authenticated by auth.h's challenge-response.
 #include "collectives/tcp/mesh.h"
 
-#include "collectives/tcp/auth.h"
-
 #include <poll.h>
 #include <unistd.h>
-
-#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange without it
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange without it
 
+#include "collectives/tcp/auth.h"
 #include "dtrain/core/logging.h"
 
 namespace dtrain::tcp {
@@ -31,7 +29,8 @@ tcp::endpoint endpoint_of(asio::io_context& io, const std::string& address) {
   tcp::resolver resolver(io);
   auto results = resolver.resolve(host, std::to_string(port), ec);
   if (ec || results.empty())
-    throw InvalidArgument("cannot resolve '" + address + "': " + ec.message() + "; use an IP address or a resolvable host name");
+    throw InvalidArgument("cannot resolve '" + address + "': " + ec.message() +
+                          "; use an IP address or a resolvable host name");
   return *results.begin();
 }
 
@@ -40,7 +39,8 @@ tcp::endpoint endpoint_of(asio::io_context& io, const std::string& address) {
 void split_address(const std::string& a, std::string* host, int* port) {
   const auto colon = a.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == a.size())
-    throw InvalidArgument("bad address '" + a + "': expected host:port, e.g. 10.0.0.1:2222 or [::1]:2222");
+    throw InvalidArgument("bad address '" + a +
+                          "': expected host:port, e.g. 10.0.0.1:2222 or [::1]:2222");
   *host = a.substr(0, colon);
   if (host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
   const std::string p = a.substr(colon + 1);
@@ -56,7 +56,9 @@ std::vector<Peer> build_mesh(const TcpGroupOptions& o) {
   if (o.rank < 0 || o.rank >= n)
     throw InvalidArgument(detail::str_cat("rank ", o.rank, " out of range for ", n, " addresses"));
   if (o.token.size() < 16)
-    throw InvalidArgument("the job token must be at least 16 characters; set DTRAIN_JOB_TOKEN (dtrain-run generates one)");
+    throw InvalidArgument(
+        "the job token must be at least 16 characters; set DTRAIN_JOB_TOKEN (dtrain-run generates "
+        "one)");
   const uint64_t fp = job_fingerprint(o.addresses);
   const auto deadline = Clock::now() + o.connect_timeout;
   std::vector<Peer> peers(static_cast<size_t>(n));
@@ -72,8 +74,9 @@ std::vector<Peer> build_mesh(const TcpGroupOptions& o) {
   if (!ec) acceptor.bind(me, ec);
   if (!ec) acceptor.listen(64, ec);
   if (ec)
-    throw Unavailable("cannot listen on " + o.addresses[static_cast<size_t>(o.rank)] + " (" + name_of(o, o.rank) +
-                      "): " + ec.message() + "; is the port in use or the address not on this host?");
+    throw Unavailable("cannot listen on " + o.addresses[static_cast<size_t>(o.rank)] + " (" +
+                      name_of(o, o.rank) + "): " + ec.message() +
+                      "; is the port in use or the address not on this host?");
   acceptor.non_blocking(true);
 
   std::exception_ptr accept_error;
@@ -93,12 +96,14 @@ std::vector<Peer> build_mesh(const TcpGroupOptions& o) {
         if (aec) continue;
         Peer p;
         p.fd = ::dup(s.native_handle());
-        p.address = s.remote_endpoint(aec).address().to_string() + ":" + std::to_string(s.remote_endpoint(aec).port());
+        p.address = s.remote_endpoint(aec).address().to_string() + ":" +
+                    std::to_string(s.remote_endpoint(aec).port());
         p.name = p.address;
         set_nonblocking(p.fd);
         set_socket_options(p.fd);
         try {
-          const int r = authenticate(p, o, fp, -1, /*any_rank=*/false, std::min(deadline, Clock::now() + std::chrono::seconds(10)));
+          const int r = authenticate(p, o, fp, -1, /*any_rank=*/false,
+                                     std::min(deadline, Clock::now() + std::chrono::seconds(10)));
           std::lock_guard<std::mutex> lock(mu);
           if (peers[static_cast<size_t>(r)].fd >= 0) {
             ::close(p.fd);
@@ -108,7 +113,8 @@ std::vector<Peer> build_mesh(const TcpGroupOptions& o) {
           peers[static_cast<size_t>(r)] = p;
           --waiting;
         } catch (const Error& e) {
-          DTRAIN_LOG(WARNING) << name_of(o, o.rank) << " refused a connection from " << p.address << ": " << e.what();
+          DTRAIN_LOG(WARNING) << name_of(o, o.rank) << " refused a connection from " << p.address
+                              << ": " << e.what();
           ::close(p.fd);
         }
       }
@@ -151,13 +157,15 @@ std::vector<Peer> build_mesh(const TcpGroupOptions& o) {
   std::string missing;
   for (int r = 0; r < n; ++r)
     if (r != o.rank && peers[static_cast<size_t>(r)].fd < 0)
-      missing += (missing.empty() ? "" : ", ") + name_of(o, r) + " (" + o.addresses[static_cast<size_t>(r)] + ")";
+      missing += (missing.empty() ? "" : ", ") + name_of(o, r) + " (" +
+                 o.addresses[static_cast<size_t>(r)] + ")";
   if (!missing.empty()) {
     for (auto& p : peers)
       if (p.fd >= 0) ::close(p.fd);
-    throw DeadlineExceeded("rendezvous of " + name_of(o, o.rank) + " timed out after " +
-                           std::to_string(o.connect_timeout.count()) + " ms: never heard from " + missing +
-                           "; start every task of the job (dtrain-run does) or check the cluster addresses");
+    throw DeadlineExceeded(
+        "rendezvous of " + name_of(o, o.rank) + " timed out after " +
+        std::to_string(o.connect_timeout.count()) + " ms: never heard from " + missing +
+        "; start every task of the job (dtrain-run does) or check the cluster addresses");
   }
   return peers;
 }

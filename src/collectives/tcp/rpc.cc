@@ -22,8 +22,16 @@ constexpr uint64_t kMaxTensors = 1 << 16;
 constexpr int kMaxRank = 8;
 
 enum Status : uint8_t {
-  kOk = 0, kInvalidArgument, kFailedPrecondition, kUnavailable, kDeadlineExceeded, kDataLoss,
-  kPermissionDenied, kNotFound, kUnimplemented, kInternal
+  kOk = 0,
+  kInvalidArgument,
+  kFailedPrecondition,
+  kUnavailable,
+  kDeadlineExceeded,
+  kDataLoss,
+  kPermissionDenied,
+  kNotFound,
+  kUnimplemented,
+  kInternal
 };
 
 uint8_t status_of(const Error& e) {
@@ -46,15 +54,24 @@ std::string strip_prefix(const std::string& m) {
 
 [[noreturn]] void rethrow(uint8_t status, const std::string& msg) {
   switch (status) {
-    case kInvalidArgument: throw InvalidArgument(msg);
-    case kFailedPrecondition: throw FailedPrecondition(msg);
-    case kUnavailable: throw Unavailable(msg);
-    case kDeadlineExceeded: throw DeadlineExceeded(msg);
-    case kDataLoss: throw DataLoss(msg);
-    case kPermissionDenied: throw PermissionDenied(msg);
-    case kNotFound: throw NotFound(msg);
-    case kUnimplemented: throw Unimplemented(msg);
-    default: throw Internal(msg);
+    case kInvalidArgument:
+      throw InvalidArgument(msg);
+    case kFailedPrecondition:
+      throw FailedPrecondition(msg);
+    case kUnavailable:
+      throw Unavailable(msg);
+    case kDeadlineExceeded:
+      throw DeadlineExceeded(msg);
+    case kDataLoss:
+      throw DataLoss(msg);
+    case kPermissionDenied:
+      throw PermissionDenied(msg);
+    case kNotFound:
+      throw NotFound(msg);
+    case kUnimplemented:
+      throw Unimplemented(msg);
+    default:
+      throw Internal(msg);
   }
 }
 
@@ -74,7 +91,8 @@ int open_listener(const std::string& address, const std::string& who) {
   const int fd = ::socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, 0);
   int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  const bool ok = fd >= 0 && ::bind(fd, res->ai_addr, res->ai_addrlen) == 0 && ::listen(fd, 128) == 0;
+  const bool ok =
+      fd >= 0 && ::bind(fd, res->ai_addr, res->ai_addrlen) == 0 && ::listen(fd, 128) == 0;
   const int err = errno;
   ::freeaddrinfo(res);
   if (!ok) {
@@ -131,7 +149,9 @@ uint8_t MetaReader::u8() {
 
 std::string MetaReader::str(size_t max_len) {
   const uint64_t n = u64();
-  if (n > max_len) throw DataLoss(detail::str_cat("malformed ", what_, ": a string of ", n, " bytes (limit ", max_len, ")"));
+  if (n > max_len)
+    throw DataLoss(
+        detail::str_cat("malformed ", what_, ": a string of ", n, " bytes (limit ", max_len, ")"));
   need(n);
   std::string out = s_.substr(pos_, n);
   pos_ += n;
@@ -140,7 +160,8 @@ std::string MetaReader::str(size_t max_len) {
 
 void MetaReader::expect_end() const {
   if (pos_ != s_.size())
-    throw DataLoss(detail::str_cat("malformed ", what_, ": ", s_.size() - pos_, " unexpected trailing bytes"));
+    throw DataLoss(
+        detail::str_cat("malformed ", what_, ": ", s_.size() - pos_, " unexpected trailing bytes"));
 }
 
 void write_message(const Peer& peer, FrameKind kind, uint64_t id, uint32_t sender, uint8_t status,
@@ -151,7 +172,8 @@ void write_message(const Peer& peer, FrameKind kind, uint64_t id, uint32_t sende
   prefix += m.meta;
   size_t data = 0;
   for (const Tensor& t : m.tensors) {
-    DTRAIN_CHECK(t.defined() && t.device().host_accessible(), "rpc tensors must be defined CPU tensors");
+    DTRAIN_CHECK(t.defined() && t.device().host_accessible(),
+                 "rpc tensors must be defined CPU tensors");
     prefix.push_back(static_cast<char>(t.dtype()));
     prefix.push_back(static_cast<char>(t.rank()));
     for (int64_t d : t.shape().dims()) prefix.append(reinterpret_cast<const char*>(&d), 8);
@@ -167,7 +189,8 @@ void write_message(const Peer& peer, FrameKind kind, uint64_t id, uint32_t sende
   h.payload_bytes = prefix.size() - sizeof(FrameHeader) + data;
   std::memcpy(prefix.data(), &h, sizeof(h));
   if (data <= (64u << 10)) {  // small: one send
-    for (const Tensor& t : m.tensors) prefix.append(static_cast<const char*>(t.raw_data()), t.nbytes());
+    for (const Tensor& t : m.tensors)
+      prefix.append(static_cast<const char*>(t.raw_data()), t.nbytes());
     write_exact(peer, prefix.data(), prefix.size(), deadline);
     return;
   }
@@ -177,16 +200,20 @@ void write_message(const Peer& peer, FrameKind kind, uint64_t id, uint32_t sende
 
 RpcMessage read_message_body(const Peer& peer, const FrameHeader& h, Clock::time_point deadline,
                              const std::vector<Tensor>* into) {
-  const std::string what = std::string(h.kind == static_cast<uint16_t>(FrameKind::kRequest) ? "request" : "response") +
-                           " from " + peer.name;
+  const std::string what =
+      std::string(h.kind == static_cast<uint16_t>(FrameKind::kRequest) ? "request" : "response") +
+      " from " + peer.name;
   uint64_t left = h.payload_bytes;
   auto take = [&](uint64_t n) {
     if (n > left)
-      throw DataLoss(detail::str_cat("malformed ", what, " (", peer.address, "): its parts need more than the ",
-                                     h.payload_bytes, " payload bytes the header announced"));
+      throw DataLoss(detail::str_cat("malformed ", what, " (", peer.address,
+                                     "): its parts need more than the ", h.payload_bytes,
+                                     " payload bytes the header announced"));
     left -= n;
   };
-  if (h.count > kMaxTensors) throw DataLoss(detail::str_cat("malformed ", what, ": ", h.count, " tensors (limit ", kMaxTensors, ")"));
+  if (h.count > kMaxTensors)
+    throw DataLoss(
+        detail::str_cat("malformed ", what, ": ", h.count, " tensors (limit ", kMaxTensors, ")"));
   RpcMessage m;
   m.method = h.op;
   uint32_t meta_len = 0;
@@ -201,14 +228,16 @@ RpcMessage read_message_body(const Peer& peer, const FrameHeader& h, Clock::time
     take(2);
     read_exact(peer, dr, 2, deadline);
     if (dr[0] > static_cast<uint8_t>(DType::kInt64) || dr[1] > kMaxRank)
-      throw DataLoss(detail::str_cat("malformed ", what, ": tensor ", i, " has dtype code ", int(dr[0]), " and rank ", int(dr[1])));
+      throw DataLoss(detail::str_cat("malformed ", what, ": tensor ", i, " has dtype code ",
+                                     int(dr[0]), " and rank ", int(dr[1])));
     std::vector<int64_t> dims(dr[1]);
     take(8ull * dr[1]);
     read_exact(peer, dims.data(), 8ull * dr[1], deadline);
     uint64_t numel = 1;
     for (int64_t d : dims) {
       if (d < 0 || (d > 0 && numel > left / static_cast<uint64_t>(d)))
-        throw DataLoss(detail::str_cat("malformed ", what, ": tensor ", i, " has a bad or oversized dimension ", d));
+        throw DataLoss(detail::str_cat("malformed ", what, ": tensor ", i,
+                                       " has a bad or oversized dimension ", d));
       numel *= static_cast<uint64_t>(d);
     }
     specs.emplace_back(static_cast<DType>(dr[0]), Shape(dims));
@@ -217,14 +246,16 @@ RpcMessage read_message_body(const Peer& peer, const FrameHeader& h, Clock::time
     const auto& [dtype, shape] = specs[i];
     const uint64_t n = static_cast<uint64_t>(shape.numel()) * dtype_size(dtype);
     take(n);
-    const bool direct = into && i < into->size() && (*into)[i].defined() && (*into)[i].shape() == shape &&
-                        (*into)[i].dtype() == dtype && (*into)[i].device().host_accessible();
+    const bool direct = into && i < into->size() && (*into)[i].defined() &&
+                        (*into)[i].shape() == shape && (*into)[i].dtype() == dtype &&
+                        (*into)[i].device().host_accessible();
     Tensor t = direct ? (*into)[i] : Tensor::empty(shape, dtype);
     if (n) read_exact(peer, t.raw_data(), n, deadline);
     m.tensors.push_back(std::move(t));
   }
   if (left != 0)
-    throw DataLoss(detail::str_cat("malformed ", what, ": ", left, " payload bytes left over after its parts"));
+    throw DataLoss(detail::str_cat("malformed ", what, ": ", left,
+                                   " payload bytes left over after its parts"));
   return m;
 }
 
@@ -232,12 +263,17 @@ RpcMessage read_message_body(const Peer& peer, const FrameHeader& h, Clock::time
 // Server
 
 RpcServer::RpcServer(TcpGroupOptions options, RpcHandler handler, RpcDisconnect on_disconnect)
-    : o_(std::move(options)), fingerprint_(job_fingerprint(o_.addresses)), handler_(std::move(handler)),
+    : o_(std::move(options)),
+      fingerprint_(job_fingerprint(o_.addresses)),
+      handler_(std::move(handler)),
       on_disconnect_(std::move(on_disconnect)) {
   if (o_.rank < 0 || o_.rank >= static_cast<int>(o_.addresses.size()))
-    throw InvalidArgument(detail::str_cat("rank ", o_.rank, " out of range for ", o_.addresses.size(), " addresses"));
+    throw InvalidArgument(
+        detail::str_cat("rank ", o_.rank, " out of range for ", o_.addresses.size(), " addresses"));
   if (o_.token.size() < 16)
-    throw InvalidArgument("the job token must be at least 16 characters; set DTRAIN_JOB_TOKEN (dtrain-run generates one)");
+    throw InvalidArgument(
+        "the job token must be at least 16 characters; set DTRAIN_JOB_TOKEN (dtrain-run generates "
+        "one)");
   listen_fd_ = open_listener(o_.addresses[static_cast<size_t>(o_.rank)], name_of(o_, o_.rank));
   acceptor_ = std::thread([this] { accept_loop(); });
   heartbeat_ = std::thread([this] { heartbeat_loop(); });
@@ -289,8 +325,10 @@ void RpcServer::accept_loop() {
     socklen_t len = sizeof(addr);
     const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno == EMFILE || errno == ENFILE || errno == ENOMEM) {  // out of descriptors: back off, say so
-        DTRAIN_LOG(WARNING) << name_of(o_, o_.rank) << " cannot accept connections: " << std::strerror(errno);
+      if (errno == EMFILE || errno == ENFILE ||
+          errno == ENOMEM) {  // out of descriptors: back off, say so
+        DTRAIN_LOG(WARNING) << name_of(o_, o_.rank)
+                            << " cannot accept connections: " << std::strerror(errno);
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
       }
       continue;
@@ -320,9 +358,11 @@ void RpcServer::accept_loop() {
     ++live_;
     auto finished = std::make_shared<std::atomic<bool>>(false);
     try {
-      threads_.push_back(Connection{std::thread([this, p, finished] { serve(p, finished); }), finished});
+      threads_.push_back(
+          Connection{std::thread([this, p, finished] { serve(p, finished); }), finished});
     } catch (const std::exception& e) {  // no thread for it: refuse the connection, keep serving
-      DTRAIN_LOG(WARNING) << name_of(o_, o_.rank) << " cannot serve another connection: " << e.what();
+      DTRAIN_LOG(WARNING) << name_of(o_, o_.rank)
+                          << " cannot serve another connection: " << e.what();
       fds_.pop_back();
       --live_;
       ::close(fd);
@@ -334,7 +374,8 @@ void RpcServer::serve(Peer p, std::shared_ptr<std::atomic<bool>> finished) {
   bool authenticated = false;
   std::shared_ptr<Live> live;
   try {
-    authenticate(p, o_, fingerprint_, -1, /*any_rank=*/true, Clock::now() + std::chrono::seconds(10));
+    authenticate(p, o_, fingerprint_, -1, /*any_rank=*/true,
+                 Clock::now() + std::chrono::seconds(10));
     authenticated = true;
     live = std::make_shared<Live>();
     live->fd = p.fd;
@@ -350,7 +391,8 @@ void RpcServer::serve(Peer p, std::shared_ptr<std::atomic<bool>> finished) {
       const FrameHeader h = read_header(p, o_.max_frame_bytes, deadline);
       if (h.kind == static_cast<uint16_t>(FrameKind::kHeartbeat)) continue;
       if (h.kind != static_cast<uint16_t>(FrameKind::kRequest))
-        throw DataLoss(detail::str_cat("unexpected frame kind ", h.kind, " from ", p.name, " (expected a request)"));
+        throw DataLoss(detail::str_cat("unexpected frame kind ", h.kind, " from ", p.name,
+                                       " (expected a request)"));
       const RpcMessage req = read_message_body(p, h, deadline);
       RpcMessage resp;
       uint8_t status = kOk;
@@ -381,12 +423,15 @@ void RpcServer::serve(Peer p, std::shared_ptr<std::atomic<bool>> finished) {
     if (!stopping_.load()) {
       DTRAIN_LOG(INFO) << name_of(o_, o_.rank) << ": " << p.name << " disconnected";
     }
-  } catch (const std::exception& e) {  // malformed frames, and e.g. bad_alloc: drop this connection only
+  } catch (
+      const std::exception& e) {  // malformed frames, and e.g. bad_alloc: drop this connection only
     if (!stopping_.load()) {
-      DTRAIN_LOG(WARNING) << name_of(o_, o_.rank) << " closed the connection from " << p.name << ": " << e.what();
+      DTRAIN_LOG(WARNING) << name_of(o_, o_.rank) << " closed the connection from " << p.name
+                          << ": " << e.what();
     }
   } catch (...) {
-    DTRAIN_LOG(WARNING) << name_of(o_, o_.rank) << " closed the connection from " << p.name << " after an unknown error";
+    DTRAIN_LOG(WARNING) << name_of(o_, o_.rank) << " closed the connection from " << p.name
+                        << " after an unknown error";
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -394,7 +439,8 @@ void RpcServer::serve(Peer p, std::shared_ptr<std::atomic<bool>> finished) {
       if (fd == p.fd) fd = fds_.back();
     if (!fds_.empty()) fds_.pop_back();
     if (live) {
-      live_conns_.erase(std::remove(live_conns_.begin(), live_conns_.end(), live), live_conns_.end());
+      live_conns_.erase(std::remove(live_conns_.begin(), live_conns_.end(), live),
+                        live_conns_.end());
       std::lock_guard<std::mutex> send(live->send_mu);  // no heartbeat is on its way to this fd
       live->fd = -1;
     }
@@ -405,7 +451,8 @@ void RpcServer::serve(Peer p, std::shared_ptr<std::atomic<bool>> finished) {
     try {
       on_disconnect_(p.rank);
     } catch (...) {
-      DTRAIN_LOG(WARNING) << name_of(o_, o_.rank) << ": the disconnect handler for " << p.name << " failed";
+      DTRAIN_LOG(WARNING) << name_of(o_, o_.rank) << ": the disconnect handler for " << p.name
+                          << " failed";
     }
   }
   finished->store(true);
@@ -418,7 +465,9 @@ RpcClient::RpcClient(const TcpGroupOptions& options, int server) : o_(options) {
   if (server < 0 || server >= static_cast<int>(o_.addresses.size()) || server == o_.rank)
     throw InvalidArgument(detail::str_cat("RpcClient: bad server index ", server));
   if (o_.token.size() < 16)
-    throw InvalidArgument("the job token must be at least 16 characters; set DTRAIN_JOB_TOKEN (dtrain-run generates one)");
+    throw InvalidArgument(
+        "the job token must be at least 16 characters; set DTRAIN_JOB_TOKEN (dtrain-run generates "
+        "one)");
   const std::string& address = o_.addresses[static_cast<size_t>(server)];
   const auto deadline = Clock::now() + o_.connect_timeout;
   for (;;) {
@@ -440,9 +489,10 @@ RpcClient::RpcClient(const TcpGroupOptions& options, int server) : o_(options) {
       }
     }
     if (Clock::now() >= deadline)
-      throw DeadlineExceeded(detail::str_cat(name_of(o_, o_.rank), " could not reach ", name_of(o_, server), " (",
-                                             address, ") within ", o_.connect_timeout.count(),
-                                             " ms; start every task of the job (dtrain-run does) or check the addresses"));
+      throw DeadlineExceeded(detail::str_cat(
+          name_of(o_, o_.rank), " could not reach ", name_of(o_, server), " (", address,
+          ") within ", o_.connect_timeout.count(),
+          " ms; start every task of the job (dtrain-run does) or check the addresses"));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
@@ -455,10 +505,12 @@ FrameHeader RpcClient::next_header(Clock::time_point deadline) {
       h = read_header(peer_, o_.max_frame_bytes, idle);
     } catch (const DeadlineExceeded&) {
       if (Clock::now() < deadline)  // the server sends a heartbeat every heartbeat_interval
-        throw Unavailable(detail::str_cat(peer_.name, " (", peer_.address, ") sent nothing, not even a heartbeat, for ",
-                                          o_.heartbeat_timeout.count(), " ms: it is stopped or hung, or its link is "
-                                          "down. The job cannot continue without it; relaunch the job to resume "
-                                          "from the last checkpoint"));
+        throw Unavailable(detail::str_cat(
+            peer_.name, " (", peer_.address, ") sent nothing, not even a heartbeat, for ",
+            o_.heartbeat_timeout.count(),
+            " ms: it is stopped or hung, or its link is "
+            "down. The job cannot continue without it; relaunch the job to resume "
+            "from the last checkpoint"));
       throw;
     }
     if (h.kind != static_cast<uint16_t>(FrameKind::kHeartbeat)) return h;
@@ -470,12 +522,16 @@ RpcClient::~RpcClient() {
 }
 
 uint64_t RpcClient::send(const RpcMessage& request) {
-  if (broken_) throw Unavailable("the connection to " + peer_.name + " is unusable after an earlier failure: " + broken_why_);
+  if (broken_)
+    throw Unavailable("the connection to " + peer_.name +
+                      " is unusable after an earlier failure: " + broken_why_);
   size_t bytes = request.meta.size();
-  for (const Tensor& t : request.tensors) bytes += t.nbytes() + 2 + 8 * static_cast<size_t>(t.rank());
+  for (const Tensor& t : request.tensors)
+    bytes += t.nbytes() + 2 + 8 * static_cast<size_t>(t.rank());
   if (bytes > o_.max_frame_bytes)
-    throw InvalidArgument(detail::str_cat("a request of ", bytes, " bytes to ", peer_.name, " exceeds the frame bound of ",
-                                          o_.max_frame_bytes, " bytes; split the variables (a partitioner) or raise "
+    throw InvalidArgument(detail::str_cat("a request of ", bytes, " bytes to ", peer_.name,
+                                          " exceeds the frame bound of ", o_.max_frame_bytes,
+                                          " bytes; split the variables (a partitioner) or raise "
                                           "max_frame_bytes"));
   const uint64_t id = next_id_++;
   try {
@@ -490,9 +546,12 @@ uint64_t RpcClient::send(const RpcMessage& request) {
 }
 
 RpcMessage RpcClient::receive(uint64_t id, const std::vector<Tensor>* into) {
-  if (broken_) throw Unavailable("the connection to " + peer_.name + " is unusable after an earlier failure: " + broken_why_);
+  if (broken_)
+    throw Unavailable("the connection to " + peer_.name +
+                      " is unusable after an earlier failure: " + broken_why_);
   if (id < next_to_read_ || id >= next_id_)
-    throw InvalidArgument(detail::str_cat("receive(", id, ") from ", peer_.name, ": no such outstanding request"));
+    throw InvalidArgument(
+        detail::str_cat("receive(", id, ") from ", peer_.name, ": no such outstanding request"));
   uint8_t status = kOk;
   std::string message;
   try {
@@ -502,15 +561,17 @@ RpcMessage RpcClient::receive(uint64_t id, const std::vector<Tensor>* into) {
     while (next_to_read_ < id) {
       const FrameHeader h = next_header(deadline);
       if (h.kind != static_cast<uint16_t>(FrameKind::kResponse) || h.seq != next_to_read_)
-        throw DataLoss(detail::str_cat("out-of-order answer from ", peer_.name, ": expected response #", next_to_read_,
-                                       ", got kind ", h.kind, " #", h.seq));
+        throw DataLoss(detail::str_cat("out-of-order answer from ", peer_.name,
+                                       ": expected response #", next_to_read_, ", got kind ",
+                                       h.kind, " #", h.seq));
       read_message_body(peer_, h, deadline);
       ++next_to_read_;
     }
     const FrameHeader h = next_header(deadline);
     if (h.kind != static_cast<uint16_t>(FrameKind::kResponse) || h.seq != id)
-      throw DataLoss(detail::str_cat("out-of-order answer from ", peer_.name, ": expected response #", id, ", got kind ",
-                                     h.kind, " #", h.seq));
+      throw DataLoss(detail::str_cat("out-of-order answer from ", peer_.name,
+                                     ": expected response #", id, ", got kind ", h.kind, " #",
+                                     h.seq));
     RpcMessage m = read_message_body(peer_, h, deadline, h.reduce == kOk ? into : nullptr);
     ++next_to_read_;
     if (h.reduce == kOk) return m;

@@ -78,7 +78,8 @@ using RpcDisconnect = std::function<void(int client_rank)>;
 // Listens on options.addresses[options.rank] and serves every task of the job that proves the
 // token; one thread per connection. A heartbeat thread sends every connection a heartbeat frame
 // each heartbeat_interval between answers, so a client waiting on a slow answer can tell a busy
-// server from a stopped, hung or unreachable one. Thread-safety: stop() may be called from any thread.
+// server from a stopped, hung or unreachable one. Thread-safety: stop() may be called from any
+// thread.
 class RpcServer {
  public:
   // Throws Unavailable when the address cannot be bound, InvalidArgument for a bad address/token.
@@ -94,8 +95,8 @@ class RpcServer {
   void accept_loop();
   void serve(Peer peer, std::shared_ptr<std::atomic<bool>> finished);
   void heartbeat_loop();
-  // An authenticated connection: its socket (-1 once closed) and the lock that keeps an answer and a
-  // heartbeat from interleaving on it.
+  // An authenticated connection: its socket (-1 once closed) and the lock that keeps an answer and
+  // a heartbeat from interleaving on it.
   struct Live {
     int fd = -1;
     std::mutex send_mu;
@@ -108,7 +109,7 @@ class RpcServer {
   std::atomic<bool> stopping_{false};
   std::atomic<int> live_{0};
   std::mutex mu_;
-  std::vector<int> fds_;              // open connections, for stop()
+  std::vector<int> fds_;  // open connections, for stop()
   struct Connection {
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> finished;
@@ -134,11 +135,11 @@ class RpcClient {
   // Sends a request and returns its id.
   uint64_t send(const RpcMessage& request);
   // Waits (options.collective.timeout) for the response to `id`. Rethrows the server's error with
-  // its type; Unavailable when the server's connection closed, or when nothing, not even a heartbeat,
-  // came from it for options.heartbeat_timeout (stopped, hung, or its link is down); DeadlineExceeded
-  // when it kept sending heartbeats but no answer within the timeout.
-  // into: tensors the response's tensors are read straight into when shape and dtype match (the
-  // returned message then holds those same tensors), saving a copy of large pulls.
+  // its type; Unavailable when the server's connection closed, or when nothing, not even a
+  // heartbeat, came from it for options.heartbeat_timeout (stopped, hung, or its link is down);
+  // DeadlineExceeded when it kept sending heartbeats but no answer within the timeout. into:
+  // tensors the response's tensors are read straight into when shape and dtype match (the returned
+  // message then holds those same tensors), saving a copy of large pulls.
   RpcMessage receive(uint64_t id, const std::vector<Tensor>* into = nullptr);
   RpcMessage call(const RpcMessage& request) { return receive(send(request)); }
   const std::string& server_name() const { return peer_.name; }

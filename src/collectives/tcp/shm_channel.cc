@@ -38,7 +38,8 @@ ShmChannel ShmChannel::create(const std::string& name) {
     ::shm_unlink(name.c_str());
     throw Unavailable("sizing shared memory " + name + " failed: " + std::strerror(err));
   }
-  void* p = ::mmap(nullptr, segment_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* p =
+      ::mmap(nullptr, segment_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) {
     ::shm_unlink(name.c_str());
@@ -60,7 +61,8 @@ ShmChannel ShmChannel::open(const std::string& name) {
     ::close(fd);
     return c;
   }
-  void* p = ::mmap(nullptr, segment_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* p =
+      ::mmap(nullptr, segment_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) return c;
   c.ctl_ = static_cast<Control*>(p);
@@ -108,7 +110,8 @@ void ShmChannel::copy_out(uint64_t pos, void* dst, size_t n) const {
 
 void ShmChannel::ring() {
   ctl_->bell.fetch_add(1, std::memory_order_seq_cst);
-  if (ctl_->sleepers.load(std::memory_order_seq_cst) != 0) futex(&ctl_->bell, FUTEX_WAKE, INT32_MAX, nullptr);
+  if (ctl_->sleepers.load(std::memory_order_seq_cst) != 0)
+    futex(&ctl_->bell, FUTEX_WAKE, INT32_MAX, nullptr);
 }
 
 bool ShmChannel::try_send(const FrameHeader& h, const void* payload, size_t n) {
@@ -137,11 +140,14 @@ void ShmChannel::consume(const FrameHeader& h, void* dst) {
   const uint64_t tail = ctl_->tail.load(std::memory_order_relaxed);
   const uint64_t published = ctl_->head.load(std::memory_order_acquire) - tail;
   if (h.payload_bytes > kCapacity || frame_bytes(static_cast<size_t>(h.payload_bytes)) > published)
-    throw DataLoss("shared-memory frame " + describe(h) + " claims " + std::to_string(h.payload_bytes) +
-                   " payload bytes, but the sender published " + std::to_string(published) +
-                   " bytes in all (header included): a corrupt frame header, or another writer on the ring");
-  if (h.payload_bytes) copy_out(tail + sizeof(FrameHeader), dst, static_cast<size_t>(h.payload_bytes));
-  ctl_->tail.store(tail + frame_bytes(static_cast<size_t>(h.payload_bytes)), std::memory_order_release);
+    throw DataLoss(
+        "shared-memory frame " + describe(h) + " claims " + std::to_string(h.payload_bytes) +
+        " payload bytes, but the sender published " + std::to_string(published) +
+        " bytes in all (header included): a corrupt frame header, or another writer on the ring");
+  if (h.payload_bytes)
+    copy_out(tail + sizeof(FrameHeader), dst, static_cast<size_t>(h.payload_bytes));
+  ctl_->tail.store(tail + frame_bytes(static_cast<size_t>(h.payload_bytes)),
+                   std::memory_order_release);
   ring();
 }
 

@@ -63,7 +63,9 @@ class ShmChannel {
     alignas(64) std::atomic<uint32_t> bell{0};  // bumped on every change of head or tail (a futex)
     std::atomic<uint32_t> sleepers{0};
   };
-  static size_t frame_bytes(size_t payload) { return (sizeof(FrameHeader) + payload + kAlign - 1) / kAlign * kAlign; }
+  static size_t frame_bytes(size_t payload) {
+    return (sizeof(FrameHeader) + payload + kAlign - 1) / kAlign * kAlign;
+  }
   void copy_in(uint64_t pos, const void* src, size_t n);
   void copy_out(uint64_t pos, void* dst, size_t n) const;
   void ring();

@@ -17,11 +17,20 @@ namespace {
 using collectives::Fingerprint;
 using tcp::TcpTransport;
 
-enum Op : uint16_t { kAllreduce = 1, kAllgather, kBroadcast, kReduce, kReduceScatter, kBarrier, kAlltoall };
+enum Op : uint16_t {
+  kAllreduce = 1,
+  kAllgather,
+  kBroadcast,
+  kReduce,
+  kReduceScatter,
+  kBarrier,
+  kAlltoall
+};
 
 class TcpCollectives final : public SyncCollectives {
  public:
-  TcpCollectives(TcpGroupOptions o, std::vector<tcp::Peer> peers) : t_(std::move(o), std::move(peers)) {}
+  TcpCollectives(TcpGroupOptions o, std::vector<tcp::Peer> peers)
+      : t_(std::move(o), std::move(peers)) {}
   int rank() const override { return t_.rank(); }
   int size() const override { return t_.size(); }
   void set_progress_marker(int64_t marker) override { t_.set_progress_marker(marker); }
@@ -36,26 +45,32 @@ class TcpCollectives final : public SyncCollectives {
   void allgather(const Tensor& in, Tensor& out) override {
     require_host(in, "allgather");
     if (out.numel() != in.numel() * size() || out.dtype() != in.dtype())
-      throw InvalidArgument("allgather: output must hold size * input.numel() elements of the input's dtype, got " + out.to_string());
+      throw InvalidArgument(
+          "allgather: output must hold size * input.numel() elements of the input's dtype, got " +
+          out.to_string());
     const Fingerprint fp = begin(kAllgather, in.dtype(), in.numel(), ReduceOp::kSum);
     guarded([&] {
       const size_t bytes = in.nbytes();
-      std::memcpy(static_cast<char*>(out.raw_data()) + static_cast<size_t>(rank()) * bytes, in.raw_data(), bytes);
+      std::memcpy(static_cast<char*>(out.raw_data()) + static_cast<size_t>(rank()) * bytes,
+                  in.raw_data(), bytes);
       collectives::ring_allgather(t_, out.raw_data(), bytes, fp);
     });
   }
 
   void broadcast(Tensor& t, int root) override {
     require_host(t, "broadcast");
-    if (root < 0 || root >= size()) throw InvalidArgument("broadcast: root " + std::to_string(root) + " out of range");
+    if (root < 0 || root >= size())
+      throw InvalidArgument("broadcast: root " + std::to_string(root) + " out of range");
     Fingerprint fp = begin(kBroadcast, t.dtype(), t.numel(), ReduceOp::kSum);
-    fp.reduce = static_cast<uint8_t>(root);  // part of the fingerprint: all ranks must agree on root
+    fp.reduce =
+        static_cast<uint8_t>(root);  // part of the fingerprint: all ranks must agree on root
     guarded([&] { collectives::star_broadcast(t_, t.raw_data(), t.nbytes(), root, fp); });
   }
 
   void reduce(Tensor& t, int root, ReduceOp op) override {
     require_host(t, "reduce");
-    if (root < 0 || root >= size()) throw InvalidArgument("reduce: root " + std::to_string(root) + " out of range");
+    if (root < 0 || root >= size())
+      throw InvalidArgument("reduce: root " + std::to_string(root) + " out of range");
     const Fingerprint fp = begin(kReduce, t.dtype(), t.numel(), op);
     guarded([&] {
       std::vector<char> tmp(t.nbytes());
@@ -69,7 +84,9 @@ class TcpCollectives final : public SyncCollectives {
     require_host(in, "reduce_scatter");
     const int n = size();
     if (in.numel() % n != 0 || out.numel() != in.numel() / n || out.dtype() != in.dtype())
-      throw InvalidArgument("reduce_scatter: input must split evenly into size() outputs of the same dtype, got " + out.to_string());
+      throw InvalidArgument(
+          "reduce_scatter: input must split evenly into size() outputs of the same dtype, got " +
+          out.to_string());
     const Fingerprint fp = begin(kReduceScatter, in.dtype(), in.numel(), op);
     guarded([&] {
       std::vector<char> tmp(in.nbytes());
@@ -78,7 +95,9 @@ class TcpCollectives final : public SyncCollectives {
       collectives::ring_reduce_scatter(t_, tmp.data(), in.numel(), in.dtype(), op, fp, -1);
       const size_t cb = out.nbytes();
       std::memcpy(out.raw_data(), tmp.data() + static_cast<size_t>(rank()) * cb, cb);
-      if (op == ReduceOp::kMean) collectives::scale_for_mean(out.raw_data(), static_cast<size_t>(out.numel()), in.dtype(), n);
+      if (op == ReduceOp::kMean)
+        collectives::scale_for_mean(out.raw_data(), static_cast<size_t>(out.numel()), in.dtype(),
+                                    n);
     });
   }
 
@@ -86,7 +105,9 @@ class TcpCollectives final : public SyncCollectives {
     // One element per rank so that every ring step moves data (a true rendezvous).
     std::vector<int32_t> v(static_cast<size_t>(size()), 1);
     const Fingerprint fp = begin(kBarrier, DType::kInt32, size(), ReduceOp::kSum);
-    guarded([&] { collectives::ring_allreduce(t_, v.data(), size(), DType::kInt32, ReduceOp::kSum, fp); });
+    guarded([&] {
+      collectives::ring_allreduce(t_, v.data(), size(), DType::kInt32, ReduceOp::kSum, fp);
+    });
   }
 
   void alltoall(const Tensor& in, Tensor& out) override {
@@ -95,7 +116,10 @@ class TcpCollectives final : public SyncCollectives {
     const int n = size();
     check_alltoall(in, out, n);
     const Fingerprint fp = begin(kAlltoall, in.dtype(), in.numel(), ReduceOp::kSum);
-    guarded([&] { collectives::pairwise_alltoall(t_, in.raw_data(), out.raw_data(), in.nbytes() / static_cast<size_t>(n), fp); });
+    guarded([&] {
+      collectives::pairwise_alltoall(t_, in.raw_data(), out.raw_data(),
+                                     in.nbytes() / static_cast<size_t>(n), fp);
+    });
   }
 
   void abort(const std::string& reason) override { t_.abort(reason); }
@@ -104,8 +128,8 @@ class TcpCollectives final : public SyncCollectives {
  private:
   static void require_host(const Tensor& t, const char* op) {
     if (!t.device().host_accessible())
-      throw InvalidArgument(std::string(op) + ": the TCP transport moves host memory; got " + t.to_string() +
-                            " (stage GPU tensors through the host or use NCCL)");
+      throw InvalidArgument(std::string(op) + ": the TCP transport moves host memory; got " +
+                            t.to_string() + " (stage GPU tensors through the host or use NCCL)");
   }
 
   Fingerprint begin(uint16_t op, DType dtype, int64_t count, ReduceOp red) {
@@ -138,11 +162,15 @@ class TcpCollectives final : public SyncCollectives {
 
 std::unique_ptr<Communicator> connect_tcp_group(const TcpGroupOptions& given) {
   TcpGroupOptions options = given;
-  if (const char* v = std::getenv("DTRAIN_SHARED_MEMORY"); v && std::string(v) == "0") options.shared_memory = false;
+  if (const char* v = std::getenv("DTRAIN_SHARED_MEMORY"); v && std::string(v) == "0")
+    options.shared_memory = false;
   std::vector<tcp::Peer> peers = tcp::build_mesh(options);
   auto collectives = std::make_unique<TcpCollectives>(options, std::move(peers));
-  DTRAIN_LOG(INFO) << "TCP group of " << options.addresses.size() << " tasks connected and authenticated"
-                   << (collectives->uses_shared_memory() ? "; collective data through shared memory (one host)" : "");
+  DTRAIN_LOG(INFO) << "TCP group of " << options.addresses.size()
+                   << " tasks connected and authenticated"
+                   << (collectives->uses_shared_memory()
+                           ? "; collective data through shared memory (one host)"
+                           : "");
   return make_async_communicator(std::move(collectives), options.collective.timeout);
 }
 

@@ -2,7 +2,8 @@
 // segments that carry each collective's fingerprint, heartbeats, and the ABORT frame. It implements
 // the algorithms' Transport (collectives/algorithms/transport.h) with one poll loop that sends
 // segments to one peer while receiving segments from another (full duplex, no threads), checking
-// every received header's fingerprint and watching every other peer for an ABORT or a closed socket.
+// every received header's fingerprint and watching every other peer for an ABORT or a closed
+// socket.
 //
 // Thread-safety: one thread runs exchanges; abort() and the heartbeat thread may run concurrently
 // (a per-peer send mutex keeps frames whole).
@@ -28,7 +29,8 @@ class TcpTransport final : public collectives::Transport {
   int rank() const override { return o_.rank; }
   int size() const override { return static_cast<int>(peers_.size()); }
   void exchange(int to, const void* sbuf, size_t sbytes, int from, void* rbuf, size_t rbytes,
-                const collectives::Fingerprint& fp, const collectives::SegmentFn& on_segment) override;
+                const collectives::Fingerprint& fp,
+                const collectives::SegmentFn& on_segment) override;
   // Tells every peer (an ABORT frame, best effort, non-blocking) and fails every later collective
   // here with Unavailable(reason). Idempotent.
   void abort(const std::string& reason);
@@ -57,9 +59,9 @@ class TcpTransport final : public collectives::Transport {
 
   TcpGroupOptions o_;
   std::vector<Peer> peers_;
-  std::vector<bool> closed_;  // peers whose socket reached EOF
-  std::vector<std::mutex> send_mu_;          // per peer: one frame at a time (data vs heartbeat)
-  std::vector<Clock::time_point> last_rx_;   // per peer: last byte received (liveness)
+  std::vector<bool> closed_;                // peers whose socket reached EOF
+  std::vector<std::mutex> send_mu_;         // per peer: one frame at a time (data vs heartbeat)
+  std::vector<Clock::time_point> last_rx_;  // per peer: last byte received (liveness)
   std::thread heartbeat_;
   std::mutex hb_mu_;
   std::condition_variable hb_cv_;

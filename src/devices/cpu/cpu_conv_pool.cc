@@ -26,17 +26,20 @@ ConvShapes conv_shapes(const Shape& x, const Shape& w, const Conv2dParams& p) {
                           x.to_string() + " and " + w.to_string());
   if (x[3] != w[2])
     throw InvalidArgument("conv2d: input has " + std::to_string(x[3]) +
-                          " channels but the filter expects " + std::to_string(w[2]) +
-                          " (x " + x.to_string() + ", w " + w.to_string() + ")");
-  const int64_t oh = conv_output_size(x[1], static_cast<int>(w[0]), p.stride_h, p.pad_top, p.pad_bottom);
-  const int64_t ow = conv_output_size(x[2], static_cast<int>(w[1]), p.stride_w, p.pad_left, p.pad_right);
-  return {{x[0], x[3], x[1], x[2]}, {w[3], w[2], w[0], w[1]}, {w[3]}, {x[0], w[3], oh, ow},
-          {p.stride_h, p.stride_w}, {p.pad_top, p.pad_left}, {p.pad_bottom, p.pad_right}};
+                          " channels but the filter expects " + std::to_string(w[2]) + " (x " +
+                          x.to_string() + ", w " + w.to_string() + ")");
+  const int64_t oh =
+      conv_output_size(x[1], static_cast<int>(w[0]), p.stride_h, p.pad_top, p.pad_bottom);
+  const int64_t ow =
+      conv_output_size(x[2], static_cast<int>(w[1]), p.stride_w, p.pad_left, p.pad_right);
+  return {{x[0], x[3], x[1], x[2]},   {w[3], w[2], w[0], w[1]}, {w[3]},
+          {x[0], w[3], oh, ow},       {p.stride_h, p.stride_w}, {p.pad_top, p.pad_left},
+          {p.pad_bottom, p.pad_right}};
 }
 
 // Under the mixed_bfloat16 policy the convolution reads bfloat16 (src, weights, diff_dst) and
-// writes float32 (dst, diff_src, diff_weights, bias): what its kernels read is rounded, nothing else.
-// Without bfloat16 kernels on this CPU they read float32 rounded to bfloat16 (dnnl_util.h).
+// writes float32 (dst, diff_src, diff_weights, bias): what its kernels read is rounded, nothing
+// else. Without bfloat16 kernels on this CPU they read float32 rounded to bfloat16 (dnnl_util.h).
 dt in_type(bool bf16) { return bf16 ? kernel_input_type() : dt::f32; }
 
 std::string conv_key(const char* op, const ConvShapes& s, bool bias) {
@@ -55,10 +58,23 @@ dnnl::convolution_forward::desc conv_fwd_desc(const ConvShapes& s, bool bias, bo
   const memory::desc src(s.src, in_type(bf16), tag::nhwc), dst(s.dst, dt::f32, tag::nhwc);
   const memory::desc wei(s.wei, in_type(bf16), tag::any);
   if (bias)
-    return {prop_kind::forward_training, algorithm::convolution_direct, src, wei,
-            memory::desc(s.bias, dt::f32, tag::a), dst, s.strides, s.pad_l, s.pad_r};
-  return {prop_kind::forward_training, algorithm::convolution_direct, src, wei, dst, s.strides,
-          s.pad_l, s.pad_r};
+    return {prop_kind::forward_training,
+            algorithm::convolution_direct,
+            src,
+            wei,
+            memory::desc(s.bias, dt::f32, tag::a),
+            dst,
+            s.strides,
+            s.pad_l,
+            s.pad_r};
+  return {prop_kind::forward_training,
+          algorithm::convolution_direct,
+          src,
+          wei,
+          dst,
+          s.strides,
+          s.pad_l,
+          s.pad_r};
 }
 
 struct ConvFwd {
@@ -78,8 +94,9 @@ struct ConvBwdWeights {
 };
 
 // Runs a reorder from the user's tensor (an HWIO filter, an NHWC activation or gradient: a kernel's
-// input) into `want` if they differ (a blocked layout, or bfloat16); returns the memory to use. Under
-// mixed_bfloat16 without bfloat16 kernels, `want` is float32 and the copy is rounded to bfloat16.
+// input) into `want` if they differ (a blocked layout, or bfloat16); returns the memory to use.
+// Under mixed_bfloat16 without bfloat16 kernels, `want` is float32 and the copy is rounded to
+// bfloat16.
 memory filter_in(CpuKernels::State& st, const memory::desc& user, const memory::desc& want,
                  const Tensor& w, Tensor* holder) {
   memory user_mem(user, st.engine, w.raw_data());
@@ -87,9 +104,12 @@ memory filter_in(CpuKernels::State& st, const memory::desc& user, const memory::
   if (user == want && !round) return user_mem;
   *holder = scratch(want.get_size(), w.device());
   memory out(want, st.engine, holder->raw_data());
-  if (user == want) std::memcpy(holder->raw_data(), w.raw_data(), want.get_size());
-  else dnnl::reorder(user_mem, out).execute(st.stream(), user_mem, out);
-  if (round) round_to_bf16(static_cast<float*>(holder->raw_data()), want.get_size() / sizeof(float));
+  if (user == want)
+    std::memcpy(holder->raw_data(), w.raw_data(), want.get_size());
+  else
+    dnnl::reorder(user_mem, out).execute(st.stream(), user_mem, out);
+  if (round)
+    round_to_bf16(static_cast<float*>(holder->raw_data()), want.get_size() / sizeof(float));
   return out;
 }
 
@@ -101,14 +121,19 @@ PoolShapes pool_shapes(const Shape& x, const Pool2dParams& p) {
   if (x.rank() != 4) throw InvalidArgument("max_pool2d expects [N,H,W,C], got " + x.to_string());
   const int64_t oh = conv_output_size(x[1], p.window_h, p.stride_h, p.pad_top, p.pad_bottom);
   const int64_t ow = conv_output_size(x[2], p.window_w, p.stride_w, p.pad_left, p.pad_right);
-  return {{x[0], x[3], x[1], x[2]}, {x[0], x[3], oh, ow}, {p.stride_h, p.stride_w},
+  return {{x[0], x[3], x[1], x[2]}, {x[0], x[3], oh, ow},    {p.stride_h, p.stride_w},
           {p.window_h, p.window_w}, {p.pad_top, p.pad_left}, {p.pad_bottom, p.pad_right}};
 }
 
 dnnl::pooling_forward::desc pool_fwd_desc(const PoolShapes& s) {
-  return {prop_kind::forward_training, algorithm::pooling_max,
-          memory::desc(s.src, dt::f32, tag::nhwc), memory::desc(s.dst, dt::f32, tag::nhwc),
-          s.strides, s.kernel, s.pad_l, s.pad_r};
+  return {prop_kind::forward_training,
+          algorithm::pooling_max,
+          memory::desc(s.src, dt::f32, tag::nhwc),
+          memory::desc(s.dst, dt::f32, tag::nhwc),
+          s.strides,
+          s.kernel,
+          s.pad_l,
+          s.pad_r};
 }
 
 std::string pool_key(const char* op, const PoolShapes& s) {
@@ -133,7 +158,8 @@ struct PoolBwd {
 std::shared_ptr<ConvFwd> conv_fwd_prim(CpuKernels::State& st, const ConvShapes& s, bool bias) {
   return st.get<ConvFwd>(conv_key("cf", s, bias), [&] {
     dnnl::convolution_forward::primitive_desc pd(conv_fwd_desc(s, bias, mixed_bf16()), st.engine);
-    return std::make_shared<ConvFwd>(ConvFwd{pd, dnnl::convolution_forward(pd), memory::desc(s.wei, dt::f32, tag::hwio)});
+    return std::make_shared<ConvFwd>(
+        ConvFwd{pd, dnnl::convolution_forward(pd), memory::desc(s.wei, dt::f32, tag::hwio)});
   });
 }
 
@@ -151,20 +177,22 @@ std::shared_ptr<ConvBwdData> conv_bwd_data_prim(CpuKernels::State& st, const Con
   });
 }
 
-std::shared_ptr<ConvBwdWeights> conv_bwd_weights_prim(CpuKernels::State& st, const ConvShapes& s, bool bias) {
+std::shared_ptr<ConvBwdWeights> conv_bwd_weights_prim(CpuKernels::State& st, const ConvShapes& s,
+                                                      bool bias) {
   return st.get<ConvBwdWeights>(conv_key("cbw", s, bias), [&] {
     const bool bf16 = mixed_bf16();
     dnnl::convolution_forward::primitive_desc hint(conv_fwd_desc(s, bias, bf16), st.engine);
     const memory::desc src(s.src, in_type(bf16), tag::nhwc), ddst(s.dst, in_type(bf16), tag::nhwc);
     const memory::desc dwei(s.wei, dt::f32, tag::any);
-    auto d = bias ? dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, src, dwei,
-                                                             memory::desc(s.bias, dt::f32, tag::a), ddst,
-                                                             s.strides, s.pad_l, s.pad_r)
-                  : dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, src, dwei, ddst,
-                                                             s.strides, s.pad_l, s.pad_r);
+    auto d =
+        bias ? dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, src, dwei,
+                                                        memory::desc(s.bias, dt::f32, tag::a), ddst,
+                                                        s.strides, s.pad_l, s.pad_r)
+             : dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, src, dwei,
+                                                        ddst, s.strides, s.pad_l, s.pad_r);
     dnnl::convolution_backward_weights::primitive_desc pd(d, st.engine, hint);
-    return std::make_shared<ConvBwdWeights>(
-        ConvBwdWeights{pd, dnnl::convolution_backward_weights(pd), memory::desc(s.wei, dt::f32, tag::hwio)});
+    return std::make_shared<ConvBwdWeights>(ConvBwdWeights{
+        pd, dnnl::convolution_backward_weights(pd), memory::desc(s.wei, dt::f32, tag::hwio)});
   });
 }
 
@@ -179,8 +207,8 @@ std::shared_ptr<PoolBwd> pool_bwd_prim(CpuKernels::State& st, const PoolShapes& 
   return st.get<PoolBwd>(pool_key("pb", s), [&] {
     dnnl::pooling_forward::primitive_desc hint(pool_fwd_desc(s), st.engine);
     dnnl::pooling_backward::desc d(algorithm::pooling_max, memory::desc(s.src, dt::f32, tag::nhwc),
-                                   memory::desc(s.dst, dt::f32, tag::nhwc), s.strides, s.kernel, s.pad_l,
-                                   s.pad_r);
+                                   memory::desc(s.dst, dt::f32, tag::nhwc), s.strides, s.kernel,
+                                   s.pad_l, s.pad_r);
     dnnl::pooling_backward::primitive_desc pd(d, st.engine, hint);
     return std::make_shared<PoolBwd>(PoolBwd{pd, dnnl::pooling_backward(pd)});
   });
@@ -211,8 +239,9 @@ struct ChunkPrims {
   std::shared_ptr<ConvBwdWeights> bwd_weights;
 };
 
-ChunkPrims chunk_prims(CpuKernels::State& st, const Shape& x, const Shape& w, const Conv2dParams& cp,
-                       const Pool2dParams& pp, bool bias, bool forward, bool want_dx, bool want_dw) {
+ChunkPrims chunk_prims(CpuKernels::State& st, const Shape& x, const Shape& w,
+                       const Conv2dParams& cp, const Pool2dParams& pp, bool bias, bool forward,
+                       bool want_dx, bool want_dw) {
   ChunkPrims c;
   c.cs = conv_shapes(x, w, cp);
   c.ps = pool_shapes(Shape{c.cs.dst[0], c.cs.dst[2], c.cs.dst[3], c.cs.dst[1]}, pp);
@@ -227,21 +256,23 @@ ChunkPrims chunk_prims(CpuKernels::State& st, const Shape& x, const Shape& w, co
   return c;
 }
 
-// Checks conv2d's operands (float32, the bias's shape) and returns the shapes; `op` names the caller.
+// Checks conv2d's operands (float32, the bias's shape) and returns the shapes; `op` names the
+// caller.
 ConvShapes checked_conv_shapes(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias,
                                const Conv2dParams& p) {
   require_f32(x, op, "input");
   require_f32(w, op, "filter");
   const ConvShapes s = conv_shapes(x.shape(), w.shape(), p);
   if (bias.defined() && bias.shape() != Shape{s.wei[0]})
-    throw InvalidArgument(std::string(op) + ": bias must be [" + std::to_string(s.wei[0]) + "], got " +
-                          bias.shape().to_string());
+    throw InvalidArgument(std::string(op) + ": bias must be [" + std::to_string(s.wei[0]) +
+                          "], got " + bias.shape().to_string());
   return s;
 }
 
 }  // namespace
 
-Tensor CpuKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) {
+Tensor CpuKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
+                          const Conv2dParams& p) {
   const ConvShapes s = checked_conv_shapes("conv2d", x, w, bias, p);
   const bool has_bias = bias.defined();
   Tensor y = Tensor::empty(Shape{s.dst[0], s.dst[2], s.dst[3], s.dst[1]}, DType::kFloat32, spec_);
@@ -250,7 +281,8 @@ Tensor CpuKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, 
     auto e = conv_fwd_prim(*state_, s, has_bias);
     Tensor holder, x_holder;
     memory wm = filter_in(*state_, e->user_w, e->pd.weights_desc(), w, &holder);
-    memory xm = filter_in(*state_, memory::desc(s.src, dt::f32, tag::nhwc), e->pd.src_desc(), x, &x_holder);
+    memory xm =
+        filter_in(*state_, memory::desc(s.src, dt::f32, tag::nhwc), e->pd.src_desc(), x, &x_holder);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, xm},
                                          {DNNL_ARG_WEIGHTS, wm},
                                          {DNNL_ARG_DST, mem(e->pd.dst_desc(), state_->engine, y)}};
@@ -272,7 +304,8 @@ Tensor CpuKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, cons
     auto e = conv_bwd_data_prim(*state_, s);
     Tensor holder, dy_holder;
     memory wm = filter_in(*state_, e->user_w, e->pd.weights_desc(), w, &holder);
-    memory dym = filter_in(*state_, memory::desc(s.dst, dt::f32, tag::nhwc), e->pd.diff_dst_desc(), dy, &dy_holder);
+    memory dym = filter_in(*state_, memory::desc(s.dst, dt::f32, tag::nhwc), e->pd.diff_dst_desc(),
+                           dy, &dy_holder);
     e->prim.execute(state_->stream(),
                     {{DNNL_ARG_DIFF_DST, dym},
                      {DNNL_ARG_WEIGHTS, wm},
@@ -302,11 +335,13 @@ Tensor CpuKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, con
     memory dwm(e->pd.diff_weights_desc(), state_->engine, holder.raw_data());
     Tensor x_holder, dy_holder;
     std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, filter_in(*state_, memory::desc(s.src, dt::f32, tag::nhwc), e->pd.src_desc(), x, &x_holder)},
-        {DNNL_ARG_DIFF_DST,
-         filter_in(*state_, memory::desc(s.dst, dt::f32, tag::nhwc), e->pd.diff_dst_desc(), dy, &dy_holder)},
+        {DNNL_ARG_SRC, filter_in(*state_, memory::desc(s.src, dt::f32, tag::nhwc), e->pd.src_desc(),
+                                 x, &x_holder)},
+        {DNNL_ARG_DIFF_DST, filter_in(*state_, memory::desc(s.dst, dt::f32, tag::nhwc),
+                                      e->pd.diff_dst_desc(), dy, &dy_holder)},
         {DNNL_ARG_DIFF_WEIGHTS, dwm}};
-    if (want_bias) args.emplace(DNNL_ARG_DIFF_BIAS, mem(e->pd.diff_bias_desc(), state_->engine, *db));
+    if (want_bias)
+      args.emplace(DNNL_ARG_DIFF_BIAS, mem(e->pd.diff_bias_desc(), state_->engine, *db));
     e->prim.execute(state_->stream(), args);
     if (!direct) {
       memory out(e->user_w, state_->engine, dw.raw_data());
@@ -329,10 +364,10 @@ Tensor CpuKernels::max_pool2d(const Tensor& x, const Pool2dParams& p, Tensor* wo
   try {
     auto e = pool_fwd_prim(*state_, s);
     *workspace = scratch(e->pd.workspace_desc().get_size(), spec_);
-    e->prim.execute(state_->stream(),
-                    {{DNNL_ARG_SRC, mem(e->pd.src_desc(), state_->engine, x)},
-                     {DNNL_ARG_DST, mem(e->pd.dst_desc(), state_->engine, y)},
-                     {DNNL_ARG_WORKSPACE, mem(e->pd.workspace_desc(), state_->engine, *workspace)}});
+    e->prim.execute(state_->stream(), {{DNNL_ARG_SRC, mem(e->pd.src_desc(), state_->engine, x)},
+                                       {DNNL_ARG_DST, mem(e->pd.dst_desc(), state_->engine, y)},
+                                       {DNNL_ARG_WORKSPACE,
+                                        mem(e->pd.workspace_desc(), state_->engine, *workspace)}});
   } catch (const dnnl::error& err) {
     rethrow_dnnl("max_pool2d", err);
   }
@@ -364,8 +399,9 @@ Tensor CpuKernels::max_pool2d_backward(const Tensor& dy, const Tensor& x, const 
 // by every chunk (so it stays in cache), and is pooled from there into its rows of the output. The
 // pooling's workspace is kept whole (chunk k's at k times a full chunk's size); the convolution's
 // output is not kept at all: the backward pass needs only the pooling's arg-max.
-Tensor CpuKernels::conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& cp,
-                                     const Pool2dParams& pp, ConvPoolSaved* saved) {
+Tensor CpuKernels::conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                     const Conv2dParams& cp, const Pool2dParams& pp,
+                                     ConvPoolSaved* saved) {
   const ConvShapes full = checked_conv_shapes("conv2d_max_pool2d", x, w, bias, cp);
   const bool has_bias = bias.defined();
   const Shape conv_shape{full.dst[0], full.dst[2], full.dst[3], full.dst[1]};
@@ -373,20 +409,25 @@ Tensor CpuKernels::conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Ten
   const int64_t chunk = conv_pool_chunk(conv_shape, state_->threads);
   if (chunk >= n) return Kernels::conv2d_max_pool2d(x, w, bias, cp, pp, saved);
   const PoolShapes pfull = pool_shapes(conv_shape, pp);
-  Tensor y = Tensor::empty(Shape{n, pfull.dst[2], pfull.dst[3], pfull.dst[1]}, DType::kFloat32, spec_);
+  Tensor y =
+      Tensor::empty(Shape{n, pfull.dst[2], pfull.dst[3], pfull.dst[1]}, DType::kFloat32, spec_);
   if (y.numel() == 0) return Kernels::conv2d_max_pool2d(x, w, bias, cp, pp, saved);
   try {
     const int64_t tail = n % chunk;
-    const ChunkPrims body = chunk_prims(*state_, with_rows(x.shape(), chunk), w.shape(), cp, pp, has_bias, true, false, false);
+    const ChunkPrims body = chunk_prims(*state_, with_rows(x.shape(), chunk), w.shape(), cp, pp,
+                                        has_bias, true, false, false);
     ChunkPrims last;
-    if (tail) last = chunk_prims(*state_, with_rows(x.shape(), tail), w.shape(), cp, pp, has_bias, true, false, false);
+    if (tail)
+      last = chunk_prims(*state_, with_rows(x.shape(), tail), w.shape(), cp, pp, has_bias, true,
+                         false, false);
     const size_t ws_chunk = body.pool_fwd->pd.workspace_desc().get_size();
     Tensor workspace = scratch(ws_chunk * static_cast<size_t>(n / chunk) +
                                    (tail ? last.pool_fwd->pd.workspace_desc().get_size() : 0),
                                spec_);
     Tensor conv_buf = Tensor::empty(with_rows(conv_shape, chunk), DType::kFloat32, spec_);
     Tensor w_body, w_last;  // the filter in each primitive's layout, reordered once
-    const memory wm_body = filter_in(*state_, body.fwd->user_w, body.fwd->pd.weights_desc(), w, &w_body);
+    const memory wm_body =
+        filter_in(*state_, body.fwd->user_w, body.fwd->pd.weights_desc(), w, &w_body);
     memory wm_last = wm_body;
     if (tail && last.fwd->pd.weights_desc() != body.fwd->pd.weights_desc())
       wm_last = filter_in(*state_, last.fwd->user_w, last.fwd->pd.weights_desc(), w, &w_last);
@@ -395,17 +436,21 @@ Tensor CpuKernels::conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Ten
       const int64_t m = std::min(chunk, n - off);
       const ChunkPrims& c = m == chunk ? body : last;
       Tensor x_holder;
-      const memory xm = filter_in(*state_, memory::desc(c.cs.src, dt::f32, tag::nhwc), c.fwd->pd.src_desc(),
-                                  x.slice_rows(off, off + m), &x_holder);
+      const memory xm = filter_in(*state_, memory::desc(c.cs.src, dt::f32, tag::nhwc),
+                                  c.fwd->pd.src_desc(), x.slice_rows(off, off + m), &x_holder);
       const memory cm(c.fwd->pd.dst_desc(), state_->engine, conv_buf.raw_data());
-      std::unordered_map<int, memory> args{{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, m == chunk ? wm_body : wm_last}, {DNNL_ARG_DST, cm}};
+      std::unordered_map<int, memory> args{{DNNL_ARG_SRC, xm},
+                                           {DNNL_ARG_WEIGHTS, m == chunk ? wm_body : wm_last},
+                                           {DNNL_ARG_DST, cm}};
       if (has_bias) args.emplace(DNNL_ARG_BIAS, mem(c.fwd->pd.bias_desc(), state_->engine, bias));
       c.fwd->prim.execute(stream, args);
       c.pool_fwd->prim.execute(
           stream, {{DNNL_ARG_SRC, cm},
-                   {DNNL_ARG_DST, mem(c.pool_fwd->pd.dst_desc(), state_->engine, y.slice_rows(off, off + m))},
+                   {DNNL_ARG_DST,
+                    mem(c.pool_fwd->pd.dst_desc(), state_->engine, y.slice_rows(off, off + m))},
                    {DNNL_ARG_WORKSPACE, memory(c.pool_fwd->pd.workspace_desc(), state_->engine,
-                                               static_cast<char*>(workspace.raw_data()) + ws_chunk * static_cast<size_t>(k))}});
+                                               static_cast<char*>(workspace.raw_data()) +
+                                                   ws_chunk * static_cast<size_t>(k))}});
     }
     saved->conv_out = Tensor();
     saved->workspace = workspace;
@@ -417,21 +462,27 @@ Tensor CpuKernels::conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Ten
   return y;
 }
 
-// The backward pass chunk by chunk as well: the pooling's backward pass writes a chunk's gradient of
-// the convolution output into one reused buffer, which the convolution's backward passes read while
-// it is in cache. The filter's gradient is summed over the chunks in the primitive's layout (the
-// same sums as one pass over the batch, in another order).
-ConvPoolGrads CpuKernels::conv2d_max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& w, bool has_bias,
-                                                    const ConvPoolSaved& saved, const Conv2dParams& cp,
-                                                    const Pool2dParams& pp, bool want_dx, bool want_dw) {
-  if (saved.chunk == 0) return Kernels::conv2d_max_pool2d_backward(dy, x, w, has_bias, saved, cp, pp, want_dx, want_dw);
+// The backward pass chunk by chunk as well: the pooling's backward pass writes a chunk's gradient
+// of the convolution output into one reused buffer, which the convolution's backward passes read
+// while it is in cache. The filter's gradient is summed over the chunks in the primitive's layout
+// (the same sums as one pass over the batch, in another order).
+ConvPoolGrads CpuKernels::conv2d_max_pool2d_backward(const Tensor& dy, const Tensor& x,
+                                                     const Tensor& w, bool has_bias,
+                                                     const ConvPoolSaved& saved,
+                                                     const Conv2dParams& cp, const Pool2dParams& pp,
+                                                     bool want_dx, bool want_dw) {
+  if (saved.chunk == 0)
+    return Kernels::conv2d_max_pool2d_backward(dy, x, w, has_bias, saved, cp, pp, want_dx, want_dw);
   require_f32(dy, "conv2d_max_pool2d_backward", "dy");
   ConvPoolGrads g;
   const int64_t n = x.shape()[0], chunk = saved.chunk, tail = n % chunk;
   try {
-    const ChunkPrims body = chunk_prims(*state_, with_rows(x.shape(), chunk), w.shape(), cp, pp, has_bias, false, want_dx, want_dw);
+    const ChunkPrims body = chunk_prims(*state_, with_rows(x.shape(), chunk), w.shape(), cp, pp,
+                                        has_bias, false, want_dx, want_dw);
     ChunkPrims last;
-    if (tail) last = chunk_prims(*state_, with_rows(x.shape(), tail), w.shape(), cp, pp, has_bias, false, want_dx, want_dw);
+    if (tail)
+      last = chunk_prims(*state_, with_rows(x.shape(), tail), w.shape(), cp, pp, has_bias, false,
+                         want_dx, want_dw);
     const size_t ws_chunk = body.pool_bwd->pd.workspace_desc().get_size();
     Tensor dconv = Tensor::empty(with_rows(saved.conv_shape, chunk), DType::kFloat32, spec_);
     if (want_dx) g.dx = Tensor::empty(x.shape(), DType::kFloat32, spec_);
@@ -439,10 +490,12 @@ ConvPoolGrads CpuKernels::conv2d_max_pool2d_backward(const Tensor& dy, const Ten
     Tensor w_body, w_last;
     memory wm_body, wm_last;
     if (want_dx) {
-      wm_body = filter_in(*state_, body.bwd_data->user_w, body.bwd_data->pd.weights_desc(), w, &w_body);
+      wm_body =
+          filter_in(*state_, body.bwd_data->user_w, body.bwd_data->pd.weights_desc(), w, &w_body);
       wm_last = wm_body;
       if (tail && last.bwd_data->pd.weights_desc() != body.bwd_data->pd.weights_desc())
-        wm_last = filter_in(*state_, last.bwd_data->user_w, last.bwd_data->pd.weights_desc(), w, &w_last);
+        wm_last =
+            filter_in(*state_, last.bwd_data->user_w, last.bwd_data->pd.weights_desc(), w, &w_last);
     }
     // Filter-gradient sums in the body primitive's layout; each chunk's part goes to `part` first.
     memory::desc acc_desc;
@@ -467,11 +520,15 @@ ConvPoolGrads CpuKernels::conv2d_max_pool2d_backward(const Tensor& dy, const Ten
       const ChunkPrims& c = m == chunk ? body : last;
       const Tensor dconv_m = m == chunk ? dconv : dconv.slice_rows(0, m);
       c.pool_bwd->prim.execute(
-          stream, {{DNNL_ARG_DIFF_DST, mem(c.pool_bwd->pd.diff_dst_desc(), state_->engine, dy.slice_rows(off, off + m))},
-                   {DNNL_ARG_DIFF_SRC, mem(c.pool_bwd->pd.diff_src_desc(), state_->engine, dconv_m)},
-                   {DNNL_ARG_WORKSPACE, memory(c.pool_bwd->pd.workspace_desc(), state_->engine,
-                                               static_cast<char*>(saved.workspace.raw_data()) + ws_chunk * static_cast<size_t>(k))}});
-      memory dconv_w;  // the chunk's gradient as the filter's backward pass reads it (bfloat16 under bf16)
+          stream,
+          {{DNNL_ARG_DIFF_DST,
+            mem(c.pool_bwd->pd.diff_dst_desc(), state_->engine, dy.slice_rows(off, off + m))},
+           {DNNL_ARG_DIFF_SRC, mem(c.pool_bwd->pd.diff_src_desc(), state_->engine, dconv_m)},
+           {DNNL_ARG_WORKSPACE, memory(c.pool_bwd->pd.workspace_desc(), state_->engine,
+                                       static_cast<char*>(saved.workspace.raw_data()) +
+                                           ws_chunk * static_cast<size_t>(k))}});
+      memory dconv_w;  // the chunk's gradient as the filter's backward pass reads it (bfloat16
+                       // under bf16)
       Tensor dconv_holder;
       if (want_dw) {
         const bool first = off == 0;
@@ -479,17 +536,20 @@ ConvPoolGrads CpuKernels::conv2d_max_pool2d_backward(const Tensor& dy, const Ten
         Tensor& out = first && direct ? acc : direct ? part : last_part;
         memory dwm(c.bwd_weights->pd.diff_weights_desc(), state_->engine, out.raw_data());
         Tensor x_holder;
-        dconv_w = filter_in(*state_, memory::desc(c.cs.dst, dt::f32, tag::nhwc), c.bwd_weights->pd.diff_dst_desc(),
-                            dconv_m, &dconv_holder);
+        dconv_w = filter_in(*state_, memory::desc(c.cs.dst, dt::f32, tag::nhwc),
+                            c.bwd_weights->pd.diff_dst_desc(), dconv_m, &dconv_holder);
         std::unordered_map<int, memory> args{
-            {DNNL_ARG_SRC, filter_in(*state_, memory::desc(c.cs.src, dt::f32, tag::nhwc), c.bwd_weights->pd.src_desc(),
-                                     x.slice_rows(off, off + m), &x_holder)},
+            {DNNL_ARG_SRC,
+             filter_in(*state_, memory::desc(c.cs.src, dt::f32, tag::nhwc),
+                       c.bwd_weights->pd.src_desc(), x.slice_rows(off, off + m), &x_holder)},
             {DNNL_ARG_DIFF_DST, dconv_w},
             {DNNL_ARG_DIFF_WEIGHTS, dwm}};
         if (has_bias)
-          args.emplace(DNNL_ARG_DIFF_BIAS, mem(c.bwd_weights->pd.diff_bias_desc(), state_->engine, first ? g.db : db_part));
+          args.emplace(DNNL_ARG_DIFF_BIAS, mem(c.bwd_weights->pd.diff_bias_desc(), state_->engine,
+                                               first ? g.db : db_part));
         c.bwd_weights->prim.execute(stream, args);
-        if (!direct) {  // the tail primitive chose another layout: bring its part into the sums' layout
+        if (!direct) {  // the tail primitive chose another layout: bring its part into the sums'
+                        // layout
           memory to(acc_desc, state_->engine, part.raw_data());
           dnnl::reorder(dwm, to).execute(stream, dwm, to);
         }
@@ -506,14 +566,16 @@ ConvPoolGrads CpuKernels::conv2d_max_pool2d_backward(const Tensor& dy, const Ten
       }
       if (want_dx) {
         Tensor dy_holder;
-        const memory dconv_x = want_dw && c.bwd_data->pd.diff_dst_desc() == c.bwd_weights->pd.diff_dst_desc()
-                                   ? dconv_w
-                                   : filter_in(*state_, memory::desc(c.cs.dst, dt::f32, tag::nhwc),
-                                               c.bwd_data->pd.diff_dst_desc(), dconv_m, &dy_holder);
+        const memory dconv_x =
+            want_dw && c.bwd_data->pd.diff_dst_desc() == c.bwd_weights->pd.diff_dst_desc()
+                ? dconv_w
+                : filter_in(*state_, memory::desc(c.cs.dst, dt::f32, tag::nhwc),
+                            c.bwd_data->pd.diff_dst_desc(), dconv_m, &dy_holder);
         c.bwd_data->prim.execute(
             stream, {{DNNL_ARG_DIFF_DST, dconv_x},
                      {DNNL_ARG_WEIGHTS, m == chunk ? wm_body : wm_last},
-                     {DNNL_ARG_DIFF_SRC, mem(c.bwd_data->pd.diff_src_desc(), state_->engine, g.dx.slice_rows(off, off + m))}});
+                     {DNNL_ARG_DIFF_SRC, mem(c.bwd_data->pd.diff_src_desc(), state_->engine,
+                                             g.dx.slice_rows(off, off + m))}});
       }
     }
     if (want_dw && acc.raw_data() != g.dw.raw_data()) {

@@ -5,15 +5,14 @@
 #include <sched.h>
 
 #include <cstdlib>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <thread>
 #include <vector>
 
-#include <oneapi/dnnl/dnnl.hpp>
-
 #include "devices/cpu/cpu_kernels.h"
 #include "devices/cpu/dnnl_util.h"
-#include "dtrain/core/timeline.h"
 #include "devices/worker_thread.h"
+#include "dtrain/core/timeline.h"
 #include "dtrain/devices/device.h"
 
 namespace dtrain {
@@ -32,7 +31,8 @@ void pin_to_cores(int index, int threads) {
   if ((index + 1) * threads > n || threads >= n) return;
   cpu_set_t set;
   CPU_ZERO(&set);
-  for (int i = index * threads; i < (index + 1) * threads; ++i) CPU_SET(cores[static_cast<size_t>(i)], &set);
+  for (int i = index * threads; i < (index + 1) * threads; ++i)
+    CPU_SET(cores[static_cast<size_t>(i)], &set);
   pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
 }
 
@@ -54,14 +54,17 @@ class CpuDevice final : public Device {
     return spec_.to_string() + " (oneDNN " + std::to_string(v->major) + "." +
            std::to_string(v->minor) + ", " + std::to_string(threads_) + " thread" +
            (threads_ == 1 ? "" : "s") +
-           (!cpu::mixed_bf16()             ? ""
-            : cpu::bf16_kernels_native() ? ", mixed_bfloat16 on oneDNN's bfloat16 kernels"
-                                         : ", mixed_bfloat16 emulated: oneDNN has no bfloat16 kernels for this CPU "
-                                           "(they need AVX-512), so float32 kernels run on inputs rounded to bfloat16") +
+           (!cpu::mixed_bf16() ? ""
+            : cpu::bf16_kernels_native()
+                ? ", mixed_bfloat16 on oneDNN's bfloat16 kernels"
+                : ", mixed_bfloat16 emulated: oneDNN has no bfloat16 kernels for this CPU "
+                  "(they need AVX-512), so float32 kernels run on inputs rounded to bfloat16") +
            ")";
   }
   Kernels& kernels() override { return kernels_; }
-  std::future<void> submit(std::function<void()> fn) override { return worker_.submit(std::move(fn)); }
+  std::future<void> submit(std::function<void()> fn) override {
+    return worker_.submit(std::move(fn));
+  }
   void synchronize() override {}  // CPU kernels complete before they return
 
  private:

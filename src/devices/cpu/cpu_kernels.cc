@@ -20,27 +20,43 @@ std::atomic<uint64_t> g_state_uid{1};
 algorithm eltwise_algorithm(UnaryOp op, float* alpha) {
   *alpha = 0.f;
   switch (op) {
-    case UnaryOp::kRelu: return algorithm::eltwise_relu;
-    case UnaryOp::kTanh: return algorithm::eltwise_tanh;
-    case UnaryOp::kSigmoid: return algorithm::eltwise_logistic;
-    case UnaryOp::kNeg: *alpha = -1.f; return algorithm::eltwise_linear;
-    case UnaryOp::kExp: return algorithm::eltwise_exp;
-    case UnaryOp::kLog: return algorithm::eltwise_log;
-    case UnaryOp::kSquare: return algorithm::eltwise_square;
-    case UnaryOp::kSqrt: return algorithm::eltwise_sqrt;
-    case UnaryOp::kAbs: return algorithm::eltwise_abs;
+    case UnaryOp::kRelu:
+      return algorithm::eltwise_relu;
+    case UnaryOp::kTanh:
+      return algorithm::eltwise_tanh;
+    case UnaryOp::kSigmoid:
+      return algorithm::eltwise_logistic;
+    case UnaryOp::kNeg:
+      *alpha = -1.f;
+      return algorithm::eltwise_linear;
+    case UnaryOp::kExp:
+      return algorithm::eltwise_exp;
+    case UnaryOp::kLog:
+      return algorithm::eltwise_log;
+    case UnaryOp::kSquare:
+      return algorithm::eltwise_square;
+    case UnaryOp::kSqrt:
+      return algorithm::eltwise_sqrt;
+    case UnaryOp::kAbs:
+      return algorithm::eltwise_abs;
   }
   throw InvalidArgument("unknown unary op");
 }
 
 algorithm binary_algorithm(BinaryOp op) {
   switch (op) {
-    case BinaryOp::kAdd: return algorithm::binary_add;
-    case BinaryOp::kSub: return algorithm::binary_sub;
-    case BinaryOp::kMul: return algorithm::binary_mul;
-    case BinaryOp::kDiv: return algorithm::binary_div;
-    case BinaryOp::kMax: return algorithm::binary_max;
-    case BinaryOp::kMin: return algorithm::binary_min;
+    case BinaryOp::kAdd:
+      return algorithm::binary_add;
+    case BinaryOp::kSub:
+      return algorithm::binary_sub;
+    case BinaryOp::kMul:
+      return algorithm::binary_mul;
+    case BinaryOp::kDiv:
+      return algorithm::binary_div;
+    case BinaryOp::kMax:
+      return algorithm::binary_max;
+    case BinaryOp::kMin:
+      return algorithm::binary_min;
   }
   throw InvalidArgument("unknown binary op");
 }
@@ -79,11 +95,16 @@ struct BnBwd {
 
 dt dnnl_type(DType t) {
   switch (t) {
-    case DType::kFloat32: return dt::f32;
-    case DType::kFloat16: return dt::f16;
-    case DType::kBFloat16: return dt::bf16;
-    case DType::kInt32: return dt::s32;
-    default: return dt::undef;
+    case DType::kFloat32:
+      return dt::f32;
+    case DType::kFloat16:
+      return dt::f16;
+    case DType::kBFloat16:
+      return dt::bf16;
+    case DType::kInt32:
+      return dt::s32;
+    default:
+      return dt::undef;
   }
 }
 
@@ -102,11 +123,20 @@ std::atomic<bool> g_force_bf16_emulation{false};
 bool probe_bf16_kernels() {
   try {
     const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-    const memory::desc src({1, 16, 4, 4}, dt::bf16, tag::nhwc), wei({16, 16, 3, 3}, dt::bf16, tag::any);
+    const memory::desc src({1, 16, 4, 4}, dt::bf16, tag::nhwc),
+        wei({16, 16, 3, 3}, dt::bf16, tag::any);
     const memory::desc dst({1, 16, 2, 2}, dt::f32, tag::nhwc);
-    dnnl::convolution_forward::primitive_desc pd(
-        {prop_kind::forward_training, algorithm::convolution_direct, src, wei, dst, {1, 1}, {0, 0}, {0, 0}}, eng);
-    const memory::desc a({4, 16}, dt::bf16, tag::ab), b({16, 4}, dt::bf16, tag::ab), c({4, 4}, dt::f32, tag::ab);
+    dnnl::convolution_forward::primitive_desc pd({prop_kind::forward_training,
+                                                  algorithm::convolution_direct,
+                                                  src,
+                                                  wei,
+                                                  dst,
+                                                  {1, 1},
+                                                  {0, 0},
+                                                  {0, 0}},
+                                                 eng);
+    const memory::desc a({4, 16}, dt::bf16, tag::ab), b({16, 4}, dt::bf16, tag::ab),
+        c({4, 4}, dt::f32, tag::ab);
     dnnl::matmul::primitive_desc mm(dnnl::matmul::desc(a, b, c), eng);
     return true;
   } catch (const dnnl::error&) {
@@ -122,7 +152,9 @@ bool bf16_kernels_native() {
   return native && !g_force_bf16_emulation.load(std::memory_order_relaxed);
 }
 
-memory::data_type kernel_input_type() { return mixed_bf16() && bf16_kernels_native() ? dt::bf16 : dt::f32; }
+memory::data_type kernel_input_type() {
+  return mixed_bf16() && bf16_kernels_native() ? dt::bf16 : dt::f32;
+}
 
 void force_bf16_emulation_for_testing(bool on) { g_force_bf16_emulation.store(on); }
 
@@ -132,13 +164,14 @@ __attribute__((target_clones("avx2", "default"))) void round_to_bf16(float* p, s
   for (size_t i = 0; i < n; ++i) {
     const uint32_t x = u[i];
     const uint32_t r = (x + 0x7fffu + ((x >> 16) & 1u)) & 0xffff0000u;
-    u[i] = (x & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : r;  // NaN: bfloat16's quiet NaN, as float_to_bf16
+    u[i] = (x & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u
+                                           : r;  // NaN: bfloat16's quiet NaN, as float_to_bf16
   }
 }
 
 [[noreturn]] void rethrow_dnnl(const char* op, const dnnl::error& e) {
-  throw Internal(std::string("oneDNN failed in ") + op + ": " + e.what() +
-                 " (status " + std::to_string(static_cast<int>(e.status)) + ")");
+  throw Internal(std::string("oneDNN failed in ") + op + ": " + e.what() + " (status " +
+                 std::to_string(static_cast<int>(e.status)) + ")");
 }
 
 CpuKernels::State::State(int t) : uid(g_state_uid.fetch_add(1)), threads(t) {}
@@ -156,7 +189,8 @@ dnnl::stream& CpuKernels::State::stream(int64_t work) {
   return it->second;
 }
 
-CpuKernels::CpuKernels(DeviceSpec spec, int threads) : spec_(spec), state_(std::make_unique<State>(threads)) {}
+CpuKernels::CpuKernels(DeviceSpec spec, int threads)
+    : spec_(spec), state_(std::make_unique<State>(threads)) {}
 CpuKernels::~CpuKernels() = default;
 
 Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
@@ -185,13 +219,15 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     // Without bfloat16 kernels (dnnl_util.h) the copies are float32, rounded to bfloat16 in place.
     const bool bf16 = mixed_bf16(), native = bf16 && bf16_kernels_native();
     const dt in_dt = native ? dt::bf16 : dt::f32;
-    const memory::desc abf({m, k}, in_dt, memory::dims{k, 1}), bbf({k, n}, in_dt, memory::dims{n, 1});
+    const memory::desc abf({m, k}, in_dt, memory::dims{k, 1}),
+        bbf({k, n}, in_dt, memory::dims{n, 1});
     // Under mixed_bfloat16 the primitive reads the row-major copies, whatever the transposes.
     std::string key = bf16 ? (native ? "mm@bf16" : "mm@bf16-emulated") : "mm";
     key_dims(key, {m, k, n, ta, tb});
     auto e = state_->get<Matmul>(key, [&] {
-      dnnl::matmul::primitive_desc pd(bf16 ? dnnl::matmul::desc(abf, bbf, cmd) : dnnl::matmul::desc(amd, bmd, cmd),
-                                      state_->engine);
+      dnnl::matmul::primitive_desc pd(
+          bf16 ? dnnl::matmul::desc(abf, bbf, cmd) : dnnl::matmul::desc(amd, bmd, cmd),
+          state_->engine);
       return std::make_shared<Matmul>(Matmul{dnnl::matmul(pd)});
     });
     memory am = mem(amd, state_->engine, a), bm = mem(bmd, state_->engine, b);
@@ -209,9 +245,9 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
       am = a_out;
       bm = b_out;
     }
-    e->prim.execute(state_->stream(m * n * k / 8), {{DNNL_ARG_SRC, am},
-                                       {DNNL_ARG_WEIGHTS, bm},
-                                       {DNNL_ARG_DST, mem(cmd, state_->engine, c)}});
+    e->prim.execute(
+        state_->stream(m * n * k / 8),
+        {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, mem(cmd, state_->engine, c)}});
   } catch (const dnnl::error& err) {
     rethrow_dnnl("matmul", err);
   }
@@ -229,12 +265,12 @@ Tensor CpuKernels::unary(UnaryOp op, const Tensor& x) {
     std::string key = "ew" + std::to_string(static_cast<int>(op)) + ":";
     key_dims(key, {x.numel()});
     auto e = state_->get<Eltwise>(key, [&] {
-      dnnl::eltwise_forward::primitive_desc pd(
-          {prop_kind::forward_inference, alg, md, alpha, 0.f}, state_->engine);
+      dnnl::eltwise_forward::primitive_desc pd({prop_kind::forward_inference, alg, md, alpha, 0.f},
+                                               state_->engine);
       return std::make_shared<Eltwise>(Eltwise{dnnl::eltwise_forward(pd)});
     });
     e->prim.execute(state_->stream(x.numel()), {{DNNL_ARG_SRC, mem(md, state_->engine, x)},
-                                       {DNNL_ARG_DST, mem(md, state_->engine, y)}});
+                                                {DNNL_ARG_DST, mem(md, state_->engine, y)}});
   } catch (const dnnl::error& err) {
     rethrow_dnnl("unary", err);
   }
@@ -249,10 +285,19 @@ Tensor CpuKernels::activation_backward(UnaryOp op, const Tensor& x_or_y, const T
   algorithm alg;
   int data_arg = DNNL_ARG_SRC;
   switch (op) {
-    case UnaryOp::kRelu: alg = algorithm::eltwise_relu; break;
-    case UnaryOp::kTanh: alg = algorithm::eltwise_tanh_use_dst_for_bwd; data_arg = DNNL_ARG_DST; break;
-    case UnaryOp::kSigmoid: alg = algorithm::eltwise_logistic_use_dst_for_bwd; data_arg = DNNL_ARG_DST; break;
-    default: throw InvalidArgument("activation_backward supports relu, tanh and sigmoid");
+    case UnaryOp::kRelu:
+      alg = algorithm::eltwise_relu;
+      break;
+    case UnaryOp::kTanh:
+      alg = algorithm::eltwise_tanh_use_dst_for_bwd;
+      data_arg = DNNL_ARG_DST;
+      break;
+    case UnaryOp::kSigmoid:
+      alg = algorithm::eltwise_logistic_use_dst_for_bwd;
+      data_arg = DNNL_ARG_DST;
+      break;
+    default:
+      throw InvalidArgument("activation_backward supports relu, tanh and sigmoid");
   }
   Tensor dx = Tensor::empty(dy.shape(), DType::kFloat32, spec_);
   if (dx.numel() == 0) return dx;
@@ -266,9 +311,10 @@ Tensor CpuKernels::activation_backward(UnaryOp op, const Tensor& x_or_y, const T
       dnnl::eltwise_backward::primitive_desc pd({alg, md, md, 0.f, 0.f}, state_->engine, hint);
       return std::make_shared<EltwiseBwd>(EltwiseBwd{dnnl::eltwise_backward(pd)});
     });
-    e->prim.execute(state_->stream(x_or_y.numel()), {{data_arg, mem(md, state_->engine, x_or_y)},
-                                       {DNNL_ARG_DIFF_DST, mem(md, state_->engine, dy)},
-                                       {DNNL_ARG_DIFF_SRC, mem(md, state_->engine, dx)}});
+    e->prim.execute(state_->stream(x_or_y.numel()),
+                    {{data_arg, mem(md, state_->engine, x_or_y)},
+                     {DNNL_ARG_DIFF_DST, mem(md, state_->engine, dy)},
+                     {DNNL_ARG_DIFF_SRC, mem(md, state_->engine, dx)}});
   } catch (const dnnl::error& err) {
     rethrow_dnnl("activation_backward", err);
   }
@@ -288,8 +334,8 @@ Tensor CpuKernels::binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   const Tensor* src1 = &b;
   // oneDNN broadcasts src1 only; commutative ops swap, sub/div with a broadcast lhs use a loop.
   if (ad != cd) {
-    const bool commutative = op == BinaryOp::kAdd || op == BinaryOp::kMul ||
-                             op == BinaryOp::kMax || op == BinaryOp::kMin;
+    const bool commutative = op == BinaryOp::kAdd || op == BinaryOp::kMul || op == BinaryOp::kMax ||
+                             op == BinaryOp::kMin;
     if (commutative && bd == cd) {
       std::swap(src0, src1);
       std::swap(ad, bd);
@@ -303,13 +349,14 @@ Tensor CpuKernels::binary(BinaryOp op, const Tensor& a, const Tensor& b) {
     key_dims(key, ad);
     key_dims(key, bd);
     auto e = state_->get<Binary>(key, [&] {
-      dnnl::binary::primitive_desc pd({binary_algorithm(op), plain_md(ad), plain_md(bd), plain_md(cd)},
-                                      state_->engine);
+      dnnl::binary::primitive_desc pd(
+          {binary_algorithm(op), plain_md(ad), plain_md(bd), plain_md(cd)}, state_->engine);
       return std::make_shared<Binary>(Binary{dnnl::binary(pd)});
     });
-    e->prim.execute(state_->stream(c.numel()), {{DNNL_ARG_SRC_0, mem(plain_md(ad), state_->engine, *src0)},
-                                       {DNNL_ARG_SRC_1, mem(plain_md(bd), state_->engine, *src1)},
-                                       {DNNL_ARG_DST, mem(plain_md(cd), state_->engine, c)}});
+    e->prim.execute(state_->stream(c.numel()),
+                    {{DNNL_ARG_SRC_0, mem(plain_md(ad), state_->engine, *src0)},
+                     {DNNL_ARG_SRC_1, mem(plain_md(bd), state_->engine, *src1)},
+                     {DNNL_ARG_DST, mem(plain_md(cd), state_->engine, c)}});
   } catch (const dnnl::error& err) {
     rethrow_dnnl("binary", err);
   }
@@ -334,7 +381,8 @@ Tensor CpuKernels::reduce(ReductionKind kind, const Tensor& x, const std::vector
   std::vector<bool> reduced(static_cast<size_t>(s.rank()), false);
   for (int ax : axes) {
     if (ax < 0 || ax >= s.rank())
-      throw InvalidArgument("reduce: axis " + std::to_string(ax) + " out of range for " + s.to_string());
+      throw InvalidArgument("reduce: axis " + std::to_string(ax) + " out of range for " +
+                            s.to_string());
     reduced[static_cast<size_t>(ax)] = true;
     kept[static_cast<size_t>(ax)] = 1;
   }
@@ -344,7 +392,7 @@ Tensor CpuKernels::reduce(ReductionKind kind, const Tensor& x, const std::vector
   Tensor y = Tensor::empty(out_shape, DType::kFloat32, spec_);
   if (y.numel() == 0) return y;
   if (x.numel() == 0) {
-    fill(y, kind == ReductionKind::kSum ? 0.f
+    fill(y, kind == ReductionKind::kSum    ? 0.f
             : kind == ReductionKind::kMean ? std::numeric_limits<float>::quiet_NaN()
                                            : -std::numeric_limits<float>::infinity());
     return y;
@@ -362,11 +410,13 @@ Tensor CpuKernels::reduce(ReductionKind kind, const Tensor& x, const std::vector
     key_dims(key, sd);
     key_dims(key, dd);
     auto e = state_->get<Reduction>(key, [&] {
-      dnnl::reduction::primitive_desc pd({alg, plain_md(sd), plain_md(dd), 0.f, 0.f}, state_->engine);
+      dnnl::reduction::primitive_desc pd({alg, plain_md(sd), plain_md(dd), 0.f, 0.f},
+                                         state_->engine);
       return std::make_shared<Reduction>(Reduction{dnnl::reduction(pd)});
     });
-    e->prim.execute(state_->stream(x.numel()), {{DNNL_ARG_SRC, mem(plain_md(sd), state_->engine, x)},
-                                       {DNNL_ARG_DST, mem(plain_md(dd), state_->engine, y)}});
+    e->prim.execute(state_->stream(x.numel()),
+                    {{DNNL_ARG_SRC, mem(plain_md(sd), state_->engine, x)},
+                     {DNNL_ARG_DST, mem(plain_md(dd), state_->engine, y)}});
   } catch (const dnnl::error& err) {
     rethrow_dnnl("reduce", err);
   }
@@ -381,11 +431,13 @@ Tensor CpuKernels::cast(const Tensor& x, DType to) {
   }
   // float32 <-> float16 with F16C (oneDNN 2.6's reorder for f16 is its reference loop: 50x slower).
   if (x.dtype() == DType::kFloat32 && to == DType::kFloat16) {
-    floats_to_f16(x.data<float>(), static_cast<uint16_t*>(y.raw_data()), static_cast<size_t>(x.numel()));
+    floats_to_f16(x.data<float>(), static_cast<uint16_t*>(y.raw_data()),
+                  static_cast<size_t>(x.numel()));
     return y;
   }
   if (x.dtype() == DType::kFloat16 && to == DType::kFloat32) {
-    f16_to_floats(static_cast<const uint16_t*>(x.raw_data()), y.data<float>(), static_cast<size_t>(x.numel()));
+    f16_to_floats(static_cast<const uint16_t*>(x.raw_data()), y.data<float>(),
+                  static_cast<size_t>(x.numel()));
     return y;
   }
   const dt from_dt = dnnl_type(x.dtype()), to_dt = dnnl_type(to);
@@ -398,8 +450,8 @@ Tensor CpuKernels::cast(const Tensor& x, DType to) {
     std::string key = std::string("cast") + dtype_name(x.dtype()) + dtype_name(to);
     key_dims(key, {x.numel()});
     auto e = state_->get<Reorder>(key, [&] {
-      return std::make_shared<Reorder>(Reorder{dnnl::reorder(
-          dnnl::reorder::primitive_desc(state_->engine, src, state_->engine, dst))});
+      return std::make_shared<Reorder>(Reorder{
+          dnnl::reorder(dnnl::reorder::primitive_desc(state_->engine, src, state_->engine, dst))});
     });
     memory sm = mem(src, state_->engine, x), dm = mem(dst, state_->engine, y);
     e->prim.execute(state_->stream(x.numel()), sm, dm);
@@ -427,17 +479,18 @@ BatchNormForward CpuKernels::batch_norm_training(const Tensor& x, const Tensor& 
     std::string key = "bnf" + std::to_string(eps) + ":";
     key_dims(key, d);
     auto e = state_->get<BnFwd>(key, [&] {
-      dnnl::batch_normalization_forward::primitive_desc pd({prop_kind::forward_training, md, eps, flags},
-                                                           state_->engine);
+      dnnl::batch_normalization_forward::primitive_desc pd(
+          {prop_kind::forward_training, md, eps, flags}, state_->engine);
       return std::make_shared<BnFwd>(BnFwd{pd, dnnl::batch_normalization_forward(pd)});
     });
     const memory::desc cmd({d[1]}, dt::f32, tag::a);
-    e->prim.execute(state_->stream(x.numel()), {{DNNL_ARG_SRC, mem(md, state_->engine, x)},
-                                       {DNNL_ARG_DST, mem(md, state_->engine, out.y)},
-                                       {DNNL_ARG_SCALE, mem(cmd, state_->engine, gamma)},
-                                       {DNNL_ARG_SHIFT, mem(cmd, state_->engine, beta)},
-                                       {DNNL_ARG_MEAN, mem(cmd, state_->engine, out.mean)},
-                                       {DNNL_ARG_VARIANCE, mem(cmd, state_->engine, out.var)}});
+    e->prim.execute(state_->stream(x.numel()),
+                    {{DNNL_ARG_SRC, mem(md, state_->engine, x)},
+                     {DNNL_ARG_DST, mem(md, state_->engine, out.y)},
+                     {DNNL_ARG_SCALE, mem(cmd, state_->engine, gamma)},
+                     {DNNL_ARG_SHIFT, mem(cmd, state_->engine, beta)},
+                     {DNNL_ARG_MEAN, mem(cmd, state_->engine, out.mean)},
+                     {DNNL_ARG_VARIANCE, mem(cmd, state_->engine, out.var)}});
   } catch (const dnnl::error& err) {
     rethrow_dnnl("batch_norm_training", err);
   }
@@ -457,17 +510,18 @@ Tensor CpuKernels::batch_norm_inference(const Tensor& x, const Tensor& gamma, co
     std::string key = "bni" + std::to_string(eps) + ":";
     key_dims(key, d);
     auto e = state_->get<BnFwd>(key, [&] {
-      dnnl::batch_normalization_forward::primitive_desc pd({prop_kind::forward_inference, md, eps, flags},
-                                                           state_->engine);
+      dnnl::batch_normalization_forward::primitive_desc pd(
+          {prop_kind::forward_inference, md, eps, flags}, state_->engine);
       return std::make_shared<BnFwd>(BnFwd{pd, dnnl::batch_normalization_forward(pd)});
     });
     const memory::desc cmd({d[1]}, dt::f32, tag::a);
-    e->prim.execute(state_->stream(x.numel()), {{DNNL_ARG_SRC, mem(md, state_->engine, x)},
-                                       {DNNL_ARG_DST, mem(md, state_->engine, y)},
-                                       {DNNL_ARG_SCALE, mem(cmd, state_->engine, gamma)},
-                                       {DNNL_ARG_SHIFT, mem(cmd, state_->engine, beta)},
-                                       {DNNL_ARG_MEAN, mem(cmd, state_->engine, mean)},
-                                       {DNNL_ARG_VARIANCE, mem(cmd, state_->engine, var)}});
+    e->prim.execute(state_->stream(x.numel()),
+                    {{DNNL_ARG_SRC, mem(md, state_->engine, x)},
+                     {DNNL_ARG_DST, mem(md, state_->engine, y)},
+                     {DNNL_ARG_SCALE, mem(cmd, state_->engine, gamma)},
+                     {DNNL_ARG_SHIFT, mem(cmd, state_->engine, beta)},
+                     {DNNL_ARG_MEAN, mem(cmd, state_->engine, mean)},
+                     {DNNL_ARG_VARIANCE, mem(cmd, state_->engine, var)}});
   } catch (const dnnl::error& err) {
     rethrow_dnnl("batch_norm_inference", err);
   }
@@ -493,24 +547,25 @@ BatchNormBackward CpuKernels::batch_norm_backward(const Tensor& dy, const Tensor
     std::string key = "bnb" + std::to_string(eps) + ":";
     key_dims(key, d);
     auto e = state_->get<BnBwd>(key, [&] {
-      dnnl::batch_normalization_forward::primitive_desc hint({prop_kind::forward_training, md, eps, flags},
-                                                             state_->engine);
-      dnnl::batch_normalization_backward::primitive_desc pd({prop_kind::backward, md, md, eps, flags},
-                                                            state_->engine, hint);
+      dnnl::batch_normalization_forward::primitive_desc hint(
+          {prop_kind::forward_training, md, eps, flags}, state_->engine);
+      dnnl::batch_normalization_backward::primitive_desc pd(
+          {prop_kind::backward, md, md, eps, flags}, state_->engine, hint);
       return std::make_shared<BnBwd>(BnBwd{dnnl::batch_normalization_backward(pd)});
     });
     const memory::desc cmd({d[1]}, dt::f32, tag::a);
-    e->prim.execute(state_->stream(x.numel()), {{DNNL_ARG_SRC, mem(md, state_->engine, x)},
-                                       {DNNL_ARG_DIFF_DST, mem(md, state_->engine, dy)},
-                                       {DNNL_ARG_MEAN, mem(cmd, state_->engine, mean)},
-                                       {DNNL_ARG_VARIANCE, mem(cmd, state_->engine, var)},
-                                       {DNNL_ARG_SCALE, mem(cmd, state_->engine, gamma)},
-                                       // oneDNN 2.6 validates that SHIFT is passed although the
-                                       // backward pass does not read it.
-                                       {DNNL_ARG_SHIFT, mem(cmd, state_->engine, out.dbeta)},
-                                       {DNNL_ARG_DIFF_SRC, mem(md, state_->engine, out.dx)},
-                                       {DNNL_ARG_DIFF_SCALE, mem(cmd, state_->engine, out.dgamma)},
-                                       {DNNL_ARG_DIFF_SHIFT, mem(cmd, state_->engine, out.dbeta)}});
+    e->prim.execute(state_->stream(x.numel()),
+                    {{DNNL_ARG_SRC, mem(md, state_->engine, x)},
+                     {DNNL_ARG_DIFF_DST, mem(md, state_->engine, dy)},
+                     {DNNL_ARG_MEAN, mem(cmd, state_->engine, mean)},
+                     {DNNL_ARG_VARIANCE, mem(cmd, state_->engine, var)},
+                     {DNNL_ARG_SCALE, mem(cmd, state_->engine, gamma)},
+                     // oneDNN 2.6 validates that SHIFT is passed although the
+                     // backward pass does not read it.
+                     {DNNL_ARG_SHIFT, mem(cmd, state_->engine, out.dbeta)},
+                     {DNNL_ARG_DIFF_SRC, mem(md, state_->engine, out.dx)},
+                     {DNNL_ARG_DIFF_SCALE, mem(cmd, state_->engine, out.dgamma)},
+                     {DNNL_ARG_DIFF_SHIFT, mem(cmd, state_->engine, out.dbeta)}});
   } catch (const dnnl::error& err) {
     rethrow_dnnl("batch_norm_backward", err);
   }

@@ -19,7 +19,8 @@ class CpuKernels final : public Kernels {
   CpuKernels(DeviceSpec spec, int threads);
   ~CpuKernels() override;
 
-  Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) override;
+  Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
+                const Conv2dParams& p) override;
   Tensor conv2d_backward_input(const Tensor& dy, const Tensor& w, const Shape& x_shape,
                                const Conv2dParams& p) override;
   Tensor conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Shape& w_shape,
@@ -27,11 +28,13 @@ class CpuKernels final : public Kernels {
   Tensor max_pool2d(const Tensor& x, const Pool2dParams& p, Tensor* workspace) override;
   Tensor max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& workspace,
                              const Pool2dParams& p) override;
-  Tensor conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& cp,
-                           const Pool2dParams& pp, ConvPoolSaved* saved) override;
-  ConvPoolGrads conv2d_max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& w, bool has_bias,
-                                           const ConvPoolSaved& saved, const Conv2dParams& cp,
-                                           const Pool2dParams& pp, bool want_dx, bool want_dw) override;
+  Tensor conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias,
+                           const Conv2dParams& cp, const Pool2dParams& pp,
+                           ConvPoolSaved* saved) override;
+  ConvPoolGrads conv2d_max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
+                                           bool has_bias, const ConvPoolSaved& saved,
+                                           const Conv2dParams& cp, const Pool2dParams& pp,
+                                           bool want_dx, bool want_dw) override;
   Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) override;
   Tensor unary(UnaryOp op, const Tensor& x) override;
   Tensor activation_backward(UnaryOp op, const Tensor& x_or_y, const Tensor& dy) override;

@@ -19,12 +19,18 @@ void require_f32(const Tensor& t, const char* op, const char* what) {
 namespace {
 inline float apply(BinaryOp op, float a, float b) {
   switch (op) {
-    case BinaryOp::kAdd: return a + b;
-    case BinaryOp::kSub: return a - b;
-    case BinaryOp::kMul: return a * b;
-    case BinaryOp::kDiv: return a / b;
-    case BinaryOp::kMax: return std::max(a, b);
-    case BinaryOp::kMin: return std::min(a, b);
+    case BinaryOp::kAdd:
+      return a + b;
+    case BinaryOp::kSub:
+      return a - b;
+    case BinaryOp::kMul:
+      return a * b;
+    case BinaryOp::kDiv:
+      return a / b;
+    case BinaryOp::kMax:
+      return std::max(a, b);
+    case BinaryOp::kMin:
+      return std::min(a, b);
   }
   return 0.f;
 }
@@ -56,7 +62,8 @@ void binary_broadcast_loop(BinaryOp op, const Tensor& a, const Tensor& b, Tensor
       oa += idx[static_cast<size_t>(d)] * sa[static_cast<size_t>(d)];
       ob += idx[static_cast<size_t>(d)] * sb[static_cast<size_t>(d)];
     }
-    for (int64_t j = 0; j < inner; ++j) pc[base + j] = apply(op, pa[oa + j * ia_in], pb[ob + j * ib_in]);
+    for (int64_t j = 0; j < inner; ++j)
+      pc[base + j] = apply(op, pa[oa + j * ia_in], pb[ob + j * ib_in]);
     for (int d = r - 2; d >= 0; --d) {
       if (++idx[static_cast<size_t>(d)] < out.dims()[static_cast<size_t>(d)]) break;
       idx[static_cast<size_t>(d)] = 0;
@@ -71,12 +78,24 @@ void cast_loop(const Tensor& x, Tensor& y) {
   for (int64_t i = 0; i < n; ++i) {
     const double v = tmp[static_cast<size_t>(i)];
     switch (y.dtype()) {
-      case DType::kFloat32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
-      case DType::kFloat64: static_cast<double*>(p)[i] = v; break;
-      case DType::kInt32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
-      case DType::kInt64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
-      case DType::kFloat16: static_cast<uint16_t*>(p)[i] = float_to_f16(static_cast<float>(v)); break;
-      case DType::kBFloat16: static_cast<uint16_t*>(p)[i] = float_to_bf16(static_cast<float>(v)); break;
+      case DType::kFloat32:
+        static_cast<float*>(p)[i] = static_cast<float>(v);
+        break;
+      case DType::kFloat64:
+        static_cast<double*>(p)[i] = v;
+        break;
+      case DType::kInt32:
+        static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+        break;
+      case DType::kInt64:
+        static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+        break;
+      case DType::kFloat16:
+        static_cast<uint16_t*>(p)[i] = float_to_f16(static_cast<float>(v));
+        break;
+      case DType::kBFloat16:
+        static_cast<uint16_t*>(p)[i] = float_to_bf16(static_cast<float>(v));
+        break;
     }
   }
 }
@@ -190,11 +209,9 @@ namespace {
 // the square root vectorizes, and -ffp-contract=off, so no clone fuses a multiply-add: every
 // element gets the same IEEE operations in the same order, whichever path (vector body, peeled
 // head or tail) computes it.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void adam_loop(float* __restrict w, float* __restrict pm,
-                                                                              float* __restrict pv,
-                                                                              const float* __restrict g, int64_t n,
-                                                                              float lr_t, float beta1, float beta2,
-                                                                              float epsilon) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void adam_loop(
+    float* __restrict w, float* __restrict pm, float* __restrict pv, const float* __restrict g,
+    int64_t n, float lr_t, float beta1, float beta2, float epsilon) {
   const float b1c = 1.f - beta1, b2c = 1.f - beta2;
   for (int64_t i = 0; i < n; ++i) {
     const float mi = beta1 * pm[i] + b1c * g[i];
@@ -214,7 +231,8 @@ void CpuKernels::adam_update(Tensor& var, Tensor& m, Tensor& v, const Tensor& gr
     throw InvalidArgument("adam_update: variable " + var.shape().to_string() + " but gradient " +
                           grad.shape().to_string());
   const double t = static_cast<double>(step);
-  const float lr_t = static_cast<float>(lr * std::sqrt(1.0 - std::pow(beta2, t)) / (1.0 - std::pow(beta1, t)));
+  const float lr_t =
+      static_cast<float>(lr * std::sqrt(1.0 - std::pow(beta2, t)) / (1.0 - std::pow(beta1, t)));
   float* w = var.data<float>();
   float* pm = m.data<float>();
   float* pv = v.data<float>();

@@ -22,12 +22,11 @@ struct CpuKernels::State {
   int threads;  // the device's intra-op threads
 
   explicit State(int threads);
-  // The calling thread's stream on this engine (CPU streams execute on the calling thread); sets the
-  // calling thread's OpenMP thread count to the device's.
-  // The calling thread's stream for this engine, with the OpenMP thread count set for a primitive of
-  // `work` units (elements touched; matmul: m n k / 8): the device's threads, or 1 below
-  // kSerialWork, where starting a team costs more than the op (a 32-wide MLP runs 8x faster on 2
-  // cores serially).
+  // The calling thread's stream on this engine (CPU streams execute on the calling thread); sets
+  // the calling thread's OpenMP thread count to the device's. The calling thread's stream for this
+  // engine, with the OpenMP thread count set for a primitive of `work` units (elements touched;
+  // matmul: m n k / 8): the device's threads, or 1 below kSerialWork, where starting a team costs
+  // more than the op (a 32-wide MLP runs 8x faster on 2 cores serially).
   static constexpr int64_t kSerialWork = 65536;
   dnnl::stream& stream(int64_t work = INT64_MAX);
 
@@ -52,7 +51,8 @@ inline memory::dims dims_of(const Shape& s) {
 }
 
 // Dense row-major descriptor of any rank.
-inline memory::desc plain_md(const memory::dims& dims, memory::data_type dt = memory::data_type::f32) {
+inline memory::desc plain_md(const memory::dims& dims,
+                             memory::data_type dt = memory::data_type::f32) {
   memory::dims strides(dims.size());
   memory::dim s = 1;
   for (size_t i = dims.size(); i-- > 0;) {
@@ -88,8 +88,9 @@ inline Tensor scratch(size_t bytes, DeviceSpec dev) {
 // Where they exist the kernels read bfloat16 copies of their inputs; where they do not (an AVX2
 // CPU), the inputs are rounded to bfloat16 in float32 memory and the float32 kernels run them: the
 // same numerics (bfloat16 operands, float32 accumulation), without the speed-up.
-bool mixed_bf16();                // the policy is mixed_bfloat16
-bool bf16_kernels_native();       // oneDNN has bfloat16 kernels on this CPU (and no test forced them off)
+bool mixed_bf16();           // the policy is mixed_bfloat16
+bool bf16_kernels_native();  // oneDNN has bfloat16 kernels on this CPU (and no test forced them
+                             // off)
 memory::data_type kernel_input_type();  // bf16 under mixed_bfloat16 with native kernels, else f32
 // Rounds n floats to the nearest bfloat16 (ties to even, as oneDNN's reorder), in place.
 void round_to_bf16(float* p, size_t n);

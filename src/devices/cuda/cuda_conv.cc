@@ -223,7 +223,6 @@ std::vector<Candidate<Algo>> ranked(QueryFn query, int max_count, const Fallback
   return out;
 }
 
-
 // The descriptors of one convolution problem, shared by its three directions: the (padded) input x,
 // the output y, the filter w (KRSC) and the convolution itself.
 struct ConvProblem {
@@ -240,7 +239,8 @@ struct ConvProblem {
 
 // The key a direction's algorithm choice is cached under.
 std::vector<int64_t> algo_key(int direction, const ConvGeometry& g, const Conv2dParams& p) {
-  return {direction, g.n, g.hp, g.wp, g.cin, g.kh, g.kw, g.cout, g.pad_h, g.pad_w, p.stride_h, p.stride_w};
+  return {direction, g.n,    g.hp,    g.wp,    g.cin,      g.kh,
+          g.kw,      g.cout, g.pad_h, g.pad_w, p.stride_h, p.stride_w};
 }
 
 // What differs between the three directions: cuDNN's types, calls and operand order. run() takes
@@ -252,19 +252,22 @@ struct Forward {
   static constexpr int kDirection = 0;
   static constexpr int kCount = CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
   static constexpr const char* kCall = "cudnnConvolutionForward";
-  static constexpr std::array<Algo, 2> kFallbacks = {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
-                                                     CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM};
+  static constexpr std::array<Algo, 2> kFallbacks = {
+      CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM};
   static bool nondeterministic(Algo) { return false; }
   static cudnnStatus_t query(cudnnHandle_t h, ConvProblem& c, int n, int* got, Perf* perf) {
-    return cudnnGetConvolutionForwardAlgorithm_v7(h, c.x.get(), c.w.get(), c.conv.get(), c.y.get(), n, got, perf);
+    return cudnnGetConvolutionForwardAlgorithm_v7(h, c.x.get(), c.w.get(), c.conv.get(), c.y.get(),
+                                                  n, got, perf);
   }
   static cudnnStatus_t workspace(cudnnHandle_t h, ConvProblem& c, Algo a, size_t* bytes) {
-    return cudnnGetConvolutionForwardWorkspaceSize(h, c.x.get(), c.w.get(), c.conv.get(), c.y.get(), a, bytes);
+    return cudnnGetConvolutionForwardWorkspaceSize(h, c.x.get(), c.w.get(), c.conv.get(), c.y.get(),
+                                                   a, bytes);
   }
-  static cudnnStatus_t run(cudnnHandle_t h, ConvProblem& c, const void* x, const void* w, void* y, Algo a, void* ws,
-                           size_t bytes) {
+  static cudnnStatus_t run(cudnnHandle_t h, ConvProblem& c, const void* x, const void* w, void* y,
+                           Algo a, void* ws, size_t bytes) {
     const float alpha = 1.f, beta = 0.f;
-    return cudnnConvolutionForward(h, &alpha, c.x.get(), x, c.w.get(), w, c.conv.get(), a, ws, bytes, &beta, c.y.get(), y);
+    return cudnnConvolutionForward(h, &alpha, c.x.get(), x, c.w.get(), w, c.conv.get(), a, ws,
+                                   bytes, &beta, c.y.get(), y);
   }
 };
 
@@ -274,19 +277,22 @@ struct BackwardData {
   static constexpr int kDirection = 1;
   static constexpr int kCount = CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
   static constexpr const char* kCall = "cudnnConvolutionBackwardData";
-  static constexpr std::array<Algo, 2> kFallbacks = {CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, CUDNN_CONVOLUTION_BWD_DATA_ALGO_0};
+  static constexpr std::array<Algo, 2> kFallbacks = {CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
+                                                     CUDNN_CONVOLUTION_BWD_DATA_ALGO_0};
   static bool nondeterministic(Algo a) { return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0; }
   static cudnnStatus_t query(cudnnHandle_t h, ConvProblem& c, int n, int* got, Perf* perf) {
-    return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, c.w.get(), c.y.get(), c.conv.get(), c.x.get(), n, got, perf);
+    return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, c.w.get(), c.y.get(), c.conv.get(),
+                                                       c.x.get(), n, got, perf);
   }
   static cudnnStatus_t workspace(cudnnHandle_t h, ConvProblem& c, Algo a, size_t* bytes) {
-    return cudnnGetConvolutionBackwardDataWorkspaceSize(h, c.w.get(), c.y.get(), c.conv.get(), c.x.get(), a, bytes);
+    return cudnnGetConvolutionBackwardDataWorkspaceSize(h, c.w.get(), c.y.get(), c.conv.get(),
+                                                        c.x.get(), a, bytes);
   }
-  static cudnnStatus_t run(cudnnHandle_t h, ConvProblem& c, const void* w, const void* dy, void* dx, Algo a, void* ws,
-                           size_t bytes) {
+  static cudnnStatus_t run(cudnnHandle_t h, ConvProblem& c, const void* w, const void* dy, void* dx,
+                           Algo a, void* ws, size_t bytes) {
     const float alpha = 1.f, beta = 0.f;
-    return cudnnConvolutionBackwardData(h, &alpha, c.w.get(), w, c.y.get(), dy, c.conv.get(), a, ws, bytes, &beta,
-                                        c.x.get(), dx);
+    return cudnnConvolutionBackwardData(h, &alpha, c.w.get(), w, c.y.get(), dy, c.conv.get(), a, ws,
+                                        bytes, &beta, c.x.get(), dx);
   }
 };
 
@@ -302,16 +308,18 @@ struct BackwardFilter {
     return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
   }
   static cudnnStatus_t query(cudnnHandle_t h, ConvProblem& c, int n, int* got, Perf* perf) {
-    return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, c.x.get(), c.y.get(), c.conv.get(), c.w.get(), n, got, perf);
+    return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, c.x.get(), c.y.get(), c.conv.get(),
+                                                         c.w.get(), n, got, perf);
   }
   static cudnnStatus_t workspace(cudnnHandle_t h, ConvProblem& c, Algo a, size_t* bytes) {
-    return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, c.x.get(), c.y.get(), c.conv.get(), c.w.get(), a, bytes);
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, c.x.get(), c.y.get(), c.conv.get(),
+                                                          c.w.get(), a, bytes);
   }
-  static cudnnStatus_t run(cudnnHandle_t h, ConvProblem& c, const void* x, const void* dy, void* dw, Algo a, void* ws,
-                           size_t bytes) {
+  static cudnnStatus_t run(cudnnHandle_t h, ConvProblem& c, const void* x, const void* dy, void* dw,
+                           Algo a, void* ws, size_t bytes) {
     const float alpha = 1.f, beta = 0.f;
-    return cudnnConvolutionBackwardFilter(h, &alpha, c.x.get(), x, c.y.get(), dy, c.conv.get(), a, ws, bytes, &beta,
-                                          c.w.get(), dw);
+    return cudnnConvolutionBackwardFilter(h, &alpha, c.x.get(), x, c.y.get(), dy, c.conv.get(), a,
+                                          ws, bytes, &beta, c.w.get(), dw);
   }
 };
 
@@ -327,11 +335,12 @@ int convolve(CudaContext& ctx, ConvProblem& c, int cached, const void* a, const 
       ctx, c.conv, cached,
       [&] {
         return ranked<typename D::Perf, Algo>(
-            [&](int n, int* got, typename D::Perf* perf) { return D::query(h, c, n, got, perf); }, D::kCount,
-            D::kFallbacks, [](Algo a) { return D::nondeterministic(a); });
+            [&](int n, int* got, typename D::Perf* perf) { return D::query(h, c, n, got, perf); },
+            D::kCount, D::kFallbacks, [](Algo a) { return D::nondeterministic(a); });
       },
       [&](Algo algo, size_t* bytes) { return D::workspace(h, c, algo, bytes); },
-      [&](Algo algo, void* ws, size_t bytes) { return D::run(h, c, a, b, out, algo, ws, bytes); }, D::kCall, problem);
+      [&](Algo algo, void* ws, size_t bytes) { return D::run(h, c, a, b, out, algo, ws, bytes); },
+      D::kCall, problem);
 }
 
 }  // namespace
@@ -381,8 +390,8 @@ Tensor CudaKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
     const Tensor wk = hwio_to_krsc(w, ctx_.spec(), ctx_.stream());
     ConvProblem c(g, p, "conv2d");
     const AlgoKey key = algo_key(Forward::kDirection, g, p);
-    const int algo = convolve<Forward>(ctx_, c, cached_algo(key), xin.raw_data(), wk.raw_data(), y.raw_data(),
-                                       describe(g, p));
+    const int algo = convolve<Forward>(ctx_, c, cached_algo(key), xin.raw_data(), wk.raw_data(),
+                                       y.raw_data(), describe(g, p));
     remember_algo(key, algo);
   }
   if (bias.defined())
@@ -412,8 +421,8 @@ Tensor CudaKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, con
   ConvProblem c(g, p, "conv2d_backward_input");
   const AlgoKey key = algo_key(BackwardData::kDirection, g, p);
   {
-    const int algo = convolve<BackwardData>(ctx_, c, cached_algo(key), wk.raw_data(), dy.raw_data(), dxp.raw_data(),
-                                            describe(g, p));
+    const int algo = convolve<BackwardData>(ctx_, c, cached_algo(key), wk.raw_data(), dy.raw_data(),
+                                            dxp.raw_data(), describe(g, p));
     remember_algo(key, algo);
   }
   if (g.explicit_pad)
@@ -452,8 +461,8 @@ Tensor CudaKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, co
   ConvProblem c(g, p, "conv2d_backward_filter");
   const AlgoKey key = algo_key(BackwardFilter::kDirection, g, p);
   {
-    const int algo = convolve<BackwardFilter>(ctx_, c, cached_algo(key), xin.raw_data(), dy.raw_data(), dwk.raw_data(),
-                                              describe(g, p));
+    const int algo = convolve<BackwardFilter>(ctx_, c, cached_algo(key), xin.raw_data(),
+                                              dy.raw_data(), dwk.raw_data(), describe(g, p));
     remember_algo(key, algo);
   }
   return krsc_to_hwio(dwk, ctx_.spec(), ctx_.stream());

@@ -5,12 +5,12 @@
 #include <mutex>
 
 #include "devices/cuda/cuda_allocator.h"
-#include "dtrain/core/timeline.h"
 #include "devices/cuda/cuda_check.h"
 #include "devices/cuda/cuda_context.h"
 #include "devices/cuda/cuda_kernels.h"
 #include "devices/worker_thread.h"
 #include "dtrain/core/error.h"
+#include "dtrain/core/timeline.h"
 #include "dtrain/devices/device.h"
 
 namespace dtrain {

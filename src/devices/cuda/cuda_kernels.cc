@@ -105,9 +105,10 @@ void CudaKernels::check_device(const Tensor& t, const char* op, const char* arg)
 
 void CudaKernels::require_float32_policy(const char* op) {
   if (precision_policy() != Precision::kFloat32)
-    throw Unimplemented(std::string("CUDA ") + op + " under the " + precision_name(precision_policy()) +
-                        " policy: the GPU kernels are float32 only so far; use --precision=fp32 on GPUs "
-                        "(mixed_bfloat16 runs on CPU devices)");
+    throw Unimplemented(
+        std::string("CUDA ") + op + " under the " + precision_name(precision_policy()) +
+        " policy: the GPU kernels are float32 only so far; use --precision=fp32 on GPUs "
+        "(mixed_bfloat16 runs on CPU devices)");
 }
 
 void CudaKernels::check_f32(const Tensor& t, const char* op, const char* arg) const {

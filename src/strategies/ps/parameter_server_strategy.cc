@@ -14,23 +14,30 @@ namespace {
 ClusterResolution resolve(std::optional<ClusterResolution> cluster) {
   if (!cluster) cluster = resolve_cluster();
   if (!cluster)
-    throw InvalidArgument("ParameterServerStrategy needs a cluster: set TF_CONFIG with ps and worker tasks, e.g. "
-                          "{\"cluster\": {\"worker\": [\"127.0.0.1:2222\"], \"ps\": [\"127.0.0.1:2223\"]}, "
-                          "\"task\": {\"type\": \"worker\", \"index\": 0}} (dtrain-run -np 2 --ps 1 does this)");
+    throw InvalidArgument(
+        "ParameterServerStrategy needs a cluster: set TF_CONFIG with ps and worker tasks, e.g. "
+        "{\"cluster\": {\"worker\": [\"127.0.0.1:2222\"], \"ps\": [\"127.0.0.1:2223\"]}, "
+        "\"task\": {\"type\": \"worker\", \"index\": 0}} (dtrain-run -np 2 --ps 1 does this)");
   return std::move(*cluster);
 }
 
 ClusterResolution check(ClusterResolution c) {
   if (c.cluster().num_tasks(TaskType::kPs) == 0)
-    throw InvalidArgument("ParameterServerStrategy needs at least one ps task in the cluster (" + c.cluster().to_json() +
-                          "); add \"ps\": [\"host:port\"] to TF_CONFIG, or use --strategy=multi_worker_mirrored");
+    throw InvalidArgument(
+        "ParameterServerStrategy needs at least one ps task in the cluster (" +
+        c.cluster().to_json() +
+        "); add \"ps\": [\"host:port\"] to TF_CONFIG, or use --strategy=multi_worker_mirrored");
   if (c.task_type() == TaskType::kPs)
-    throw FailedPrecondition("task " + c.task_name() + " is a parameter server, which serves variables instead of "
-                             "training: start every task through dtrain::run_task() (it serves ps tasks), or run "
-                             "serve_parameter_server() / the dtrain-ps tool there");
+    throw FailedPrecondition(
+        "task " + c.task_name() +
+        " is a parameter server, which serves variables instead of "
+        "training: start every task through dtrain::run_task() (it serves ps tasks), or run "
+        "serve_parameter_server() / the dtrain-ps tool there");
   if (!c.is_training_worker())
-    throw FailedPrecondition("task " + c.task_name() + " does not train; ParameterServerStrategy runs on the chief and "
-                             "the workers (run_task() runs an evaluator task's evaluate function instead)");
+    throw FailedPrecondition(
+        "task " + c.task_name() +
+        " does not train; ParameterServerStrategy runs on the chief and "
+        "the workers (run_task() runs an evaluator task's evaluate function instead)");
   return c;
 }
 
@@ -40,7 +47,9 @@ class PsTrainingPolicy final : public TrainingPolicy {
  public:
   explicit PsTrainingPolicy(ParameterServerStrategy* s) : s_(s) {}
   bool synchronous() const override { return false; }
-  InputShard input_shard() const override { return {s_->cluster().num_workers(), s_->cluster().worker_rank()}; }
+  InputShard input_shard() const override {
+    return {s_->cluster().num_workers(), s_->cluster().worker_rank()};
+  }
   std::optional<int64_t> job_step() const override { return s_->global_step(); }
   void on_training_end() override { s_->finish_training(); }
 
@@ -64,15 +73,17 @@ std::string claim_key(Impl& m, const std::string& name) {
 // per row.
 int shard_count(const Impl& m, const VariableSpec& spec) {
   if (!m.opts.partitioner || spec.shape.rank() == 0 || spec.shape[0] <= 1) return 1;
-  return static_cast<int>(
-      std::clamp<int64_t>(m.opts.partitioner(spec.shape, spec.dtype, static_cast<int>(m.ps.size())), 1, spec.shape[0]));
+  return static_cast<int>(std::clamp<int64_t>(
+      m.opts.partitioner(spec.shape, spec.dtype, static_cast<int>(m.ps.size())), 1, spec.shape[0]));
 }
 
 // The rows of each of the `shards` shards of the variable `base`, placed on the servers round
 // robin, continuing from the previous variable.
-std::vector<PsVariable::Shard> place_shards(Impl& m, const VariableSpec& spec, const std::string& base, int shards) {
+std::vector<PsVariable::Shard> place_shards(Impl& m, const VariableSpec& spec,
+                                            const std::string& base, int shards) {
   const int num_ps = static_cast<int>(m.ps.size());
-  const std::vector<int64_t> rows = spec.shape.rank() > 0 ? shard_rows(spec.shape[0], shards) : std::vector<int64_t>{0};
+  const std::vector<int64_t> rows =
+      spec.shape.rank() > 0 ? shard_rows(spec.shape[0], shards) : std::vector<int64_t>{0};
   std::vector<PsVariable::Shard> layout;
   int64_t begin = 0;
   for (int s = 0; s < shards; ++s) {
@@ -98,17 +109,20 @@ struct SavedVariable {
 
 // The chief's checkpointed value of the variable `key`; nullopt when the chief is not restoring.
 // Throws FailedPrecondition when the checkpoint has no such variable (another model wrote it).
-std::optional<SavedVariable> find_saved(const Impl& m, const VariableSpec& spec, const std::string& key) {
+std::optional<SavedVariable> find_saved(const Impl& m, const VariableSpec& spec,
+                                        const std::string& key) {
   if (!m.restored) return std::nullopt;
   const Tensor* saved = m.restored->find(key);
   if (!saved || saved->shape() != spec.shape || saved->dtype() != spec.dtype)
-    throw FailedPrecondition("the checkpoint " + m.checkpoints->latest_path().value_or("?") + " has no variable '" + key +
-                             "' of " + dtype_name(spec.dtype) + " " + spec.shape.to_string() +
-                             (saved ? std::string(" (it has ") + saved->to_string() + ")" : std::string()) +
-                             ": it was written by a different model; use another --checkpoint-dir or remove it");
+    throw FailedPrecondition(
+        "the checkpoint " + m.checkpoints->latest_path().value_or("?") + " has no variable '" +
+        key + "' of " + dtype_name(spec.dtype) + " " + spec.shape.to_string() +
+        (saved ? std::string(" (it has ") + saved->to_string() + ")" : std::string()) +
+        ": it was written by a different model; use another --checkpoint-dir or remove it");
   SavedVariable out;
   out.value = saved;
-  for (int j = 0; const Tensor* slot = m.restored->find(key + "/slot_" + std::to_string(j)); ++j) out.slots.push_back(slot);
+  for (int j = 0; const Tensor* slot = m.restored->find(key + "/slot_" + std::to_string(j)); ++j)
+    out.slots.push_back(slot);
   auto it = m.restored->metadata.find(key + "/updates");
   if (it != m.restored->metadata.end()) out.updates = std::atoll(it->second.c_str());
   return out;
@@ -118,8 +132,8 @@ std::optional<SavedVariable> find_saved(const Impl& m, const VariableSpec& spec,
 Tensor initial_value(const VariableSpec& spec) {
   Tensor init = spec.initializer(spec.shape, spec.dtype, DeviceSpec::cpu()).to(DeviceSpec::cpu());
   if (init.shape() != spec.shape || init.dtype() != spec.dtype)
-    throw InvalidArgument("initializer of variable '" + spec.name + "' returned " + init.to_string() +
-                          ", expected shape " + spec.shape.to_string());
+    throw InvalidArgument("initializer of variable '" + spec.name + "' returned " +
+                          init.to_string() + ", expected shape " + spec.shape.to_string());
   return init;
 }
 
@@ -167,15 +181,17 @@ void await_shards(Impl& m, const VariableSpec& spec, const PsVariable& var) {
       }
       if (found.found) {
         if (found.shape != var.shard_shape(s) || found.dtype != spec.dtype)
-          throw InvalidArgument("variable '" + sh.key + "' on " + server + " is " + dtype_name(found.dtype) + " " +
-                                found.shape.to_string() + " but this worker's model has " + dtype_name(spec.dtype) +
-                                " " + var.shard_shape(s).to_string() + ": every worker must build the same model");
+          throw InvalidArgument(
+              "variable '" + sh.key + "' on " + server + " is " + dtype_name(found.dtype) + " " +
+              found.shape.to_string() + " but this worker's model has " + dtype_name(spec.dtype) +
+              " " + var.shard_shape(s).to_string() + ": every worker must build the same model");
         break;
       }
       if (std::chrono::steady_clock::now() >= deadline)
-        throw DeadlineExceeded("variable '" + sh.key + "' was not created on " + server + " within " +
-                               std::to_string(m.opts.connect_timeout.count()) +
-                               " ms: the chief creates the variables; is it running, with the same model?");
+        throw DeadlineExceeded(
+            "variable '" + sh.key + "' was not created on " + server + " within " +
+            std::to_string(m.opts.connect_timeout.count()) +
+            " ms: the chief creates the variables; is it running, with the same model?");
     }
   }
 }
@@ -183,13 +199,16 @@ void await_shards(Impl& m, const VariableSpec& spec, const PsVariable& var) {
 }  // namespace
 
 ParameterServerStrategy::ParameterServerStrategy(ParameterServerOptions options, DeviceSpec device,
-                                                 std::optional<ClusterResolution> cluster, std::string token)
+                                                 std::optional<ClusterResolution> cluster,
+                                                 std::string token)
     : OneDeviceStrategy(device) {
   if (options.checkpoint_every < 1)
-    throw InvalidArgument("checkpoint_every must be >= 1 global steps, got " + std::to_string(options.checkpoint_every));
+    throw InvalidArgument("checkpoint_every must be >= 1 global steps, got " +
+                          std::to_string(options.checkpoint_every));
   ClusterResolution c = check(resolve(std::move(cluster)));
   assemble(StrategyExtended(c, nullptr, std::make_shared<PsTrainingPolicy>(this)));
-  impl_ = std::make_shared<Impl>(std::move(options), std::move(c), device, resolve_job_token(std::move(token)));
+  impl_ = std::make_shared<Impl>(std::move(options), std::move(c), device,
+                                 resolve_job_token(std::move(token)));
   Impl& m = *impl_;
   if (m.cluster.is_chief() && !m.opts.checkpoint_dir.empty()) {
     m.checkpoints = std::make_unique<CheckpointManager>(m.opts.checkpoint_dir);
@@ -203,8 +222,9 @@ ParameterServerStrategy::ParameterServerStrategy(ParameterServerOptions options,
         m.fail(0, e, "restoring the global step");
       }
       m.last_checkpoint_step = m.global_step.load();
-      DTRAIN_LOG(INFO) << m.cluster.task_name() << ": restoring from checkpoint " << m.checkpoints->latest_path().value_or("?")
-                       << " (global step " << step << ")";
+      DTRAIN_LOG(INFO) << m.cluster.task_name() << ": restoring from checkpoint "
+                       << m.checkpoints->latest_path().value_or("?") << " (global step " << step
+                       << ")";
     }
   }
   // Register with ps:0. A worker that (re)joins a running job starts at the slowest other worker's
@@ -217,8 +237,8 @@ ParameterServerStrategy::ParameterServerStrategy(ParameterServerOptions options,
 ParameterServerStrategy::~ParameterServerStrategy() = default;
 
 std::string ParameterServerStrategy::name() const {
-  return "ParameterServerStrategy(" + impl_->cluster.task_name() + ", " + std::to_string(impl_->ps.size()) + " ps, " +
-         OneDeviceStrategy::name() + ")";
+  return "ParameterServerStrategy(" + impl_->cluster.task_name() + ", " +
+         std::to_string(impl_->ps.size()) + " ps, " + OneDeviceStrategy::name() + ")";
 }
 
 const ClusterResolution& ParameterServerStrategy::cluster() const { return impl_->cluster; }
@@ -228,14 +248,16 @@ std::shared_ptr<Variable> ParameterServerStrategy::do_create_variable(const Vari
   Impl& m = *impl_;
   const int shards = shard_count(m, spec);
   const std::string base = claim_key(m, spec.name);
-  auto var = std::make_shared<PsVariable>(spec, impl_, place_shards(m, spec, base, shards), device());
+  auto var =
+      std::make_shared<PsVariable>(spec, impl_, place_shards(m, spec, base, shards), device());
   var->set_base_key(base);
   if (m.cluster.is_chief())
     create_shards(m, spec, *var);
   else
     await_shards(m, spec, *var);
   m.vars.push_back(var);
-  m.pull({var.get()});  // the cache holds the real values even if the variable is first used mid-step
+  m.pull(
+      {var.get()});  // the cache holds the real values even if the variable is first used mid-step
   return var;
 }
 
@@ -251,13 +273,15 @@ PerReplica ParameterServerStrategy::do_run(const ReplicaFn& fn, const PerReplica
       // (connect_timeout), so a fast starter cannot run away before the others arrive.
       if (std::chrono::steady_clock::now() - m.started < m.opts.connect_timeout)
         for (size_t w = 0; w < states.size(); ++w)
-          if (states[w] == ps::kNeverSeen && static_cast<int>(w) != m.cluster.worker_rank()) slowest = 0;
+          if (states[w] == ps::kNeverSeen && static_cast<int>(w) != m.cluster.worker_rank())
+            slowest = 0;
       if (m.local_steps - slowest <= m.opts.max_staleness) break;
       if (std::chrono::steady_clock::now() >= deadline)
-        throw DeadlineExceeded(m.cluster.task_name() + " waited " + std::to_string(m.opts.timeout.count()) +
-                               " ms for the slowest worker (step " + std::to_string(slowest) + ", this worker at " +
-                               std::to_string(m.local_steps) + ", max_staleness " +
-                               std::to_string(m.opts.max_staleness) + ")");
+        throw DeadlineExceeded(m.cluster.task_name() + " waited " +
+                               std::to_string(m.opts.timeout.count()) +
+                               " ms for the slowest worker (step " + std::to_string(slowest) +
+                               ", this worker at " + std::to_string(m.local_steps) +
+                               ", max_staleness " + std::to_string(m.opts.max_staleness) + ")");
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
   }
@@ -283,22 +307,30 @@ PerReplica ParameterServerStrategy::do_run(const ReplicaFn& fn, const PerReplica
   if (pushed) {
     m.flush();
     ++m.local_steps;
-    if (m.checkpoints && m.global_step.load() - m.last_checkpoint_step >= m.opts.checkpoint_every) save_checkpoint();
+    if (m.checkpoints && m.global_step.load() - m.last_checkpoint_step >= m.opts.checkpoint_every)
+      save_checkpoint();
   }
   return out;
 }
 
 std::string ParameterServerStrategy::save_checkpoint() {
   Impl& m = *impl_;
-  if (!m.cluster.is_chief()) throw FailedPrecondition("only the chief writes checkpoints; this is " + m.cluster.task_name());
-  if (!m.checkpoints) throw FailedPrecondition("no checkpoint directory: set ParameterServerOptions::checkpoint_dir or DTRAIN_CHECKPOINT_DIR");
+  if (!m.cluster.is_chief())
+    throw FailedPrecondition("only the chief writes checkpoints; this is " + m.cluster.task_name());
+  if (!m.checkpoints)
+    throw FailedPrecondition(
+        "no checkpoint directory: set ParameterServerOptions::checkpoint_dir or "
+        "DTRAIN_CHECKPOINT_DIR");
   const int64_t step = m.global_step.load();
   CheckpointData data = m.snapshot();
   data.metadata["global_step"] = std::to_string(step);
-  if (m.final_checkpoint) data.metadata.insert_or_assign("final", std::string(1, '1'));  // not = "1": GCC 12 -Wrestrict false positive
+  if (m.final_checkpoint)
+    data.metadata.insert_or_assign(
+        "final", std::string(1, '1'));  // not = "1": GCC 12 -Wrestrict false positive
   const std::string path = m.checkpoints->save(step, std::move(data));
   m.last_checkpoint_step = step;
-  DTRAIN_LOG(INFO) << m.cluster.task_name() << ": wrote checkpoint " << path << " at global step " << step;
+  DTRAIN_LOG(INFO) << m.cluster.task_name() << ": wrote checkpoint " << path << " at global step "
+                   << step;
   return path;
 }
 
@@ -323,7 +355,8 @@ void ParameterServerStrategy::finish_training() {
     if (waiting.empty()) break;
     if (now - start >= m.opts.join_timeout) {
       DTRAIN_LOG(WARNING) << "chief gave up waiting for " << waiting << " after "
-                          << std::chrono::duration_cast<std::chrono::seconds>(now - start).count() << " s";
+                          << std::chrono::duration_cast<std::chrono::seconds>(now - start).count()
+                          << " s";
       break;
     }
     if (now - last_log >= std::chrono::seconds(10)) {
@@ -339,14 +372,17 @@ void ParameterServerStrategy::finish_training() {
 // --- Partitioners ----------------------------------------------------------------------------
 
 std::vector<int64_t> shard_rows(int64_t rows, int shards) {
-  if (shards < 1) throw InvalidArgument("shard_rows: need at least one shard, got " + std::to_string(shards));
+  if (shards < 1)
+    throw InvalidArgument("shard_rows: need at least one shard, got " + std::to_string(shards));
   std::vector<int64_t> out(static_cast<size_t>(shards), rows / shards);
   for (int64_t i = 0; i < rows % shards; ++i) ++out[static_cast<size_t>(i)];
   return out;
 }
 
 Partitioner fixed_shards_partitioner(int num_shards) {
-  if (num_shards < 1) throw InvalidArgument("fixed_shards_partitioner: num_shards must be >= 1, got " + std::to_string(num_shards));
+  if (num_shards < 1)
+    throw InvalidArgument("fixed_shards_partitioner: num_shards must be >= 1, got " +
+                          std::to_string(num_shards));
   return [num_shards](const Shape&, DType, int) { return num_shards; };
 }
 
@@ -360,7 +396,8 @@ Partitioner min_size_partitioner(int64_t min_shard_bytes, int max_shards) {
 }
 
 Partitioner max_size_partitioner(int64_t max_shard_bytes, int max_shards) {
-  if (max_shard_bytes < 1) throw InvalidArgument("max_size_partitioner: max_shard_bytes must be >= 1");
+  if (max_shard_bytes < 1)
+    throw InvalidArgument("max_size_partitioner: max_shard_bytes must be >= 1");
   return [=](const Shape& shape, DType dtype, int) {
     const int64_t bytes = shape.numel() * static_cast<int64_t>(dtype_size(dtype));
     const int64_t rows = std::max<int64_t>(shape.rank() > 0 ? shape[0] : 1, 1);

@@ -14,7 +14,8 @@ LookupResponse PsClient::receive_lookup(uint64_t id) {
   return decode_lookup_response(m, server_name());
 }
 
-PullResponse PsClient::receive_pull(uint64_t id, const PullRequest& request, const std::vector<Tensor>* into) {
+PullResponse PsClient::receive_pull(uint64_t id, const PullRequest& request,
+                                    const std::vector<Tensor>* into) {
   const tcp::RpcMessage m = rpc_.receive(id, into);
   return decode_pull_response(m, request, server_name());
 }

@@ -26,7 +26,9 @@ class PsClient {
   CreateResponse create(const CreateRequest& r) { return receive_create(send(r)); }
   LookupResponse lookup(const LookupRequest& r) { return receive_lookup(send(r)); }
   // into: see receive_pull().
-  PullResponse pull(const PullRequest& r, const std::vector<Tensor>* into = nullptr) { return receive_pull(send(r), r, into); }
+  PullResponse pull(const PullRequest& r, const std::vector<Tensor>* into = nullptr) {
+    return receive_pull(send(r), r, into);
+  }
   PushResponse push(const PushRequest& r) { return receive_push(send(r)); }
   AssignResponse assign(const AssignRequest& r) { return receive_assign(send(r)); }
   ClockResponse clock(const ClockRequest& r) { return receive_clock(send(r)); }
@@ -42,7 +44,8 @@ class PsClient {
   // request: the pull sent as `id`. into: tensors the pulled values (value_0, slots_0..., value_1,
   // ...) are read straight into when shape and dtype match; the response then holds those same
   // tensors (compare raw_data()), saving a copy of large pulls.
-  PullResponse receive_pull(uint64_t id, const PullRequest& request, const std::vector<Tensor>* into = nullptr);
+  PullResponse receive_pull(uint64_t id, const PullRequest& request,
+                            const std::vector<Tensor>* into = nullptr);
   PushResponse receive_push(uint64_t id);
   AssignResponse receive_assign(uint64_t id);
   ClockResponse receive_clock(uint64_t id);

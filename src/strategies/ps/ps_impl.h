@@ -5,10 +5,10 @@
 #include <atomic>
 #include <chrono>
 #include <map>
-#include <set>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,12 +25,12 @@ struct ParameterServerStrategy::Impl {
   ClusterResolution cluster;
   TcpGroupOptions group;
   DeviceSpec device;
-  std::vector<std::unique_ptr<ps::PsClient>> ps;    // one per ps task, in task order
+  std::vector<std::unique_ptr<ps::PsClient>> ps;  // one per ps task, in task order
   std::vector<std::string> ps_names;
-  std::mutex rpc_mu;                                 // one user of the connections at a time
-  std::vector<std::shared_ptr<PsVariable>> vars;     // creation order
+  std::mutex rpc_mu;                              // one user of the connections at a time
+  std::vector<std::shared_ptr<PsVariable>> vars;  // creation order
   std::set<std::string> used_keys;
-  int next_ps = 0;                                   // round-robin placement
+  int next_ps = 0;  // round-robin placement
   std::atomic<bool> in_run{false};
   struct Pending {
     PsVariable* var;
@@ -68,8 +68,8 @@ class PsVariable final : public ShardedVariable {
     std::string key;
     int64_t row_begin = 0, rows = 0;  // of axis 0 (a scalar: one shard of 0 rows)
   };
-  PsVariable(VariableSpec spec, const std::shared_ptr<ParameterServerStrategy::Impl>& impl, std::vector<Shard> shards,
-             DeviceSpec device);
+  PsVariable(VariableSpec spec, const std::shared_ptr<ParameterServerStrategy::Impl>& impl,
+             std::vector<Shard> shards, DeviceSpec device);
 
   // Inside run(): the values pulled at the start of the step; elsewhere pulled now.
   Tensor read_value() const override;

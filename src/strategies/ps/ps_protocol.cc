@@ -46,7 +46,9 @@ CreateRequest decode_create_request(const RpcMessage& m) {
   return out;
 }
 
-RpcMessage encode(const LookupRequest& r) { return message(kLookup, MetaWriter().str(r.key).u64(r.wait_ms).take()); }
+RpcMessage encode(const LookupRequest& r) {
+  return message(kLookup, MetaWriter().str(r.key).u64(r.wait_ms).take());
+}
 
 LookupRequest decode_lookup_request(const RpcMessage& m) {
   MetaReader r(m.meta, "lookup request");
@@ -89,7 +91,8 @@ PushRequest decode_push_request(const RpcMessage& m) {
   out.step_increment = r.u64();
   const uint64_t n = r.u64();
   if (n != m.tensors.size())
-    throw InvalidArgument(detail::str_cat("push of ", n, " variables carries ", m.tensors.size(), " gradients"));
+    throw InvalidArgument(
+        detail::str_cat("push of ", n, " variables carries ", m.tensors.size(), " gradients"));
   for (uint64_t i = 0; i < n; ++i) out.keys.push_back(r.str());
   r.expect_end();
   out.grads = m.tensors;
@@ -97,7 +100,8 @@ PushRequest decode_push_request(const RpcMessage& m) {
 }
 
 RpcMessage encode(const AssignRequest& r) {
-  return message(kAssign, MetaWriter().u8(static_cast<uint8_t>(r.mode)).str(r.key).take(), {r.value});
+  return message(kAssign, MetaWriter().u8(static_cast<uint8_t>(r.mode)).str(r.key).take(),
+                 {r.value});
 }
 
 AssignRequest decode_assign_request(const RpcMessage& m) {
@@ -113,7 +117,9 @@ AssignRequest decode_assign_request(const RpcMessage& m) {
   return out;
 }
 
-RpcMessage encode(const ClockRequest& r) { return message(kClock, MetaWriter().i64(r.step).u8(r.done ? 1 : 0).take()); }
+RpcMessage encode(const ClockRequest& r) {
+  return message(kClock, MetaWriter().i64(r.step).u8(r.done ? 1 : 0).take());
+}
 
 ClockRequest decode_clock_request(const RpcMessage& m) {
   MetaReader r(m.meta, "clock request");
@@ -124,7 +130,9 @@ ClockRequest decode_clock_request(const RpcMessage& m) {
   return out;
 }
 
-RpcMessage encode(const SetStepRequest& r) { return message(kSetStep, MetaWriter().i64(r.step).take()); }
+RpcMessage encode(const SetStepRequest& r) {
+  return message(kSetStep, MetaWriter().i64(r.step).take());
+}
 
 SetStepRequest decode_set_step_request(const RpcMessage& m) {
   MetaReader r(m.meta, "set-step request");
@@ -136,7 +144,9 @@ SetStepRequest decode_set_step_request(const RpcMessage& m) {
 
 // --- Responses -------------------------------------------------------------------------------
 
-RpcMessage encode(const CreateResponse& r) { return message(kCreate, MetaWriter().u8(r.created ? 1 : 0).take()); }
+RpcMessage encode(const CreateResponse& r) {
+  return message(kCreate, MetaWriter().u8(r.created ? 1 : 0).take());
+}
 
 CreateResponse decode_create_response(const RpcMessage& m, const std::string& from) {
   MetaReader r(m.meta, response_of("create", from));
@@ -163,7 +173,8 @@ LookupResponse decode_lookup_response(const RpcMessage& m, const std::string& fr
   if (out.found) {
     out.dtype = static_cast<DType>(r.u8());
     const uint64_t rank = r.u64();
-    if (rank > kMaxRank) throw DataLoss("lookup response from " + from + " has rank " + std::to_string(rank));
+    if (rank > kMaxRank)
+      throw DataLoss("lookup response from " + from + " has rank " + std::to_string(rank));
     std::vector<int64_t> dims(rank);
     for (auto& d : dims) d = r.i64();
     out.shape = Shape(std::move(dims));
@@ -183,7 +194,8 @@ RpcMessage encode(const PullResponse& r) {
   return message(kPull, w.take(), std::move(tensors));
 }
 
-PullResponse decode_pull_response(const RpcMessage& m, const PullRequest& request, const std::string& from) {
+PullResponse decode_pull_response(const RpcMessage& m, const PullRequest& request,
+                                  const std::string& from) {
   MetaReader r(m.meta, response_of("pull", from));
   const size_t n = request.keys.size();
   PullResponse out;
@@ -194,14 +206,16 @@ PullResponse decode_pull_response(const RpcMessage& m, const PullRequest& reques
     out.vars[i].updates = r.i64();
     slots[i] = r.u64();
     if (slots[i] > (request.with_slots ? kMaxSlots : 0))
-      throw DataLoss(detail::str_cat("pull response from ", from, " lists ", slots[i], " slots for '", request.keys[i],
-                                     request.with_slots ? "'" : "', which the pull did not ask for"));
+      throw DataLoss(detail::str_cat(
+          "pull response from ", from, " lists ", slots[i], " slots for '", request.keys[i],
+          request.with_slots ? "'" : "', which the pull did not ask for"));
     tensors += 1 + slots[i];
   }
   r.expect_end();
   if (tensors != m.tensors.size())
-    throw DataLoss(detail::str_cat(from, " answered a pull of ", n, " shards with ", m.tensors.size(), " tensors",
-                                   tensors == n ? "" : detail::str_cat(" (", tensors, " with their slots)")));
+    throw DataLoss(detail::str_cat(
+        from, " answered a pull of ", n, " shards with ", m.tensors.size(), " tensors",
+        tensors == n ? "" : detail::str_cat(" (", tensors, " with their slots)")));
   auto next = m.tensors.begin();
   for (size_t i = 0; i < n; ++i) {
     out.vars[i].value = *next++;
@@ -211,7 +225,9 @@ PullResponse decode_pull_response(const RpcMessage& m, const PullRequest& reques
   return out;
 }
 
-RpcMessage encode(const PushResponse& r) { return message(kPush, MetaWriter().i64(r.global_step).take()); }
+RpcMessage encode(const PushResponse& r) {
+  return message(kPush, MetaWriter().i64(r.global_step).take());
+}
 
 PushResponse decode_push_response(const RpcMessage& m, const std::string& from) {
   MetaReader r(m.meta, response_of("push", from));
@@ -241,13 +257,16 @@ ClockResponse decode_clock_response(const RpcMessage& m, const std::string& from
   out.min_active_step = r.i64();
   out.global_step = r.i64();
   const uint64_t n = r.u64();
-  if (n > kMaxWorkers) throw DataLoss("clock response from " + from + " lists " + std::to_string(n) + " workers");
+  if (n > kMaxWorkers)
+    throw DataLoss("clock response from " + from + " lists " + std::to_string(n) + " workers");
   for (uint64_t i = 0; i < n; ++i) out.states.push_back(static_cast<WorkerState>(r.u8()));
   r.expect_end();
   return out;
 }
 
-RpcMessage encode(const SetStepResponse& r) { return message(kSetStep, MetaWriter().i64(r.global_step).take()); }
+RpcMessage encode(const SetStepResponse& r) {
+  return message(kSetStep, MetaWriter().i64(r.global_step).take());
+}
 
 SetStepResponse decode_set_step_response(const RpcMessage& m, const std::string& from) {
   MetaReader r(m.meta, response_of("set-step", from));

@@ -8,8 +8,9 @@
 //
 //   method    request meta; tensors                          response meta; tensors
 //   kCreate   {key, updates i64}; [value, slots...]          {created u8}
-//   kLookup   {key, wait_ms u64}                             {found u8[, dtype u8, rank u64, dims i64...]}
-//   kPull     {with_slots u8, n u64, keys...}                {per key: updates i64, slots u64};
+//   kLookup   {key, wait_ms u64}                             {found u8[, dtype u8, rank u64, dims
+//   i64...]} kPull     {with_slots u8, n u64, keys...}                {per key: updates i64, slots
+//   u64};
 //                                                            [value_0, (slots_0...), value_1, ...]
 //   kPush     {optimizer config, step_increment u64,         {global_step i64}
 //              n u64, keys...}; [grad per key]
@@ -47,10 +48,10 @@ enum Method : uint16_t {
 enum WorkerState : uint8_t { kNeverSeen = 0, kActive = 1, kDone = 2, kGone = 3 };
 
 // Bounds the decoders enforce.
-inline constexpr uint64_t kMaxPullKeys = 1u << 16;   // keys in one pull request
-inline constexpr uint64_t kMaxSlots = 16;            // optimizer slots of one pulled variable
-inline constexpr uint64_t kMaxRank = 8;              // of a looked-up variable
-inline constexpr uint64_t kMaxWorkers = 1u << 20;    // in a clock response
+inline constexpr uint64_t kMaxPullKeys = 1u << 16;  // keys in one pull request
+inline constexpr uint64_t kMaxSlots = 16;           // optimizer slots of one pulled variable
+inline constexpr uint64_t kMaxRank = 8;             // of a looked-up variable
+inline constexpr uint64_t kMaxWorkers = 1u << 20;   // in a clock response
 
 // kCreate: creates the variable unless it exists (then the server checks shape and dtype agree).
 struct CreateRequest {
@@ -156,7 +157,8 @@ tcp::RpcMessage encode(const SetStepResponse& r);
 CreateResponse decode_create_response(const tcp::RpcMessage& m, const std::string& from);
 LookupResponse decode_lookup_response(const tcp::RpcMessage& m, const std::string& from);
 // `request`: the pull this answers (the response has one variable per key, slots only if asked).
-PullResponse decode_pull_response(const tcp::RpcMessage& m, const PullRequest& request, const std::string& from);
+PullResponse decode_pull_response(const tcp::RpcMessage& m, const PullRequest& request,
+                                  const std::string& from);
 PushResponse decode_push_response(const tcp::RpcMessage& m, const std::string& from);
 AssignResponse decode_assign_response(const tcp::RpcMessage& m, const std::string& from);
 ClockResponse decode_clock_response(const tcp::RpcMessage& m, const std::string& from);

@@ -2,8 +2,8 @@
 // tcp::RpcServer to every task of the job. Each variable has its own mutex, so pushes to one
 // shard apply atomically and pushes to different shards run in parallel (one thread per
 // connection).
-#include <csignal>
 #include <condition_variable>
+#include <csignal>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
@@ -33,7 +33,9 @@ struct ServerVar {
 class PsServer {
  public:
   PsServer(const ClusterResolution& cluster, TcpGroupOptions o)
-      : num_workers_(cluster.num_workers()), name_(cluster.task_name()), workers_(static_cast<size_t>(num_workers_)) {
+      : num_workers_(cluster.num_workers()),
+        name_(cluster.task_name()),
+        workers_(static_cast<size_t>(num_workers_)) {
     o.task_names = ps::task_names(cluster.cluster());
     rpc_ = std::make_unique<tcp::RpcServer>(
         std::move(o), [this](const RpcMessage& m, int client) { return handle(m, client); },
@@ -54,13 +56,20 @@ class PsServer {
   // Decodes the typed request, serves it, encodes the typed response.
   RpcMessage handle(const RpcMessage& req, int client) {
     switch (req.method) {
-      case ps::kCreate: return ps::encode(create(ps::decode_create_request(req)));
-      case ps::kLookup: return ps::encode(lookup(ps::decode_lookup_request(req)));
-      case ps::kPull: return ps::encode(pull(ps::decode_pull_request(req)));
-      case ps::kPush: return ps::encode(push(ps::decode_push_request(req)));
-      case ps::kAssign: return ps::encode(assign(ps::decode_assign_request(req)));
-      case ps::kClock: return ps::encode(clock(ps::decode_clock_request(req), client));
-      case ps::kSetStep: return ps::encode(set_step(ps::decode_set_step_request(req)));
+      case ps::kCreate:
+        return ps::encode(create(ps::decode_create_request(req)));
+      case ps::kLookup:
+        return ps::encode(lookup(ps::decode_lookup_request(req)));
+      case ps::kPull:
+        return ps::encode(pull(ps::decode_pull_request(req)));
+      case ps::kPush:
+        return ps::encode(push(ps::decode_push_request(req)));
+      case ps::kAssign:
+        return ps::encode(assign(ps::decode_assign_request(req)));
+      case ps::kClock:
+        return ps::encode(clock(ps::decode_clock_request(req), client));
+      case ps::kSetStep:
+        return ps::encode(set_step(ps::decode_set_step_request(req)));
       default:
         throw InvalidArgument(detail::str_cat(name_, " got unknown request method ", req.method,
                                               "; run the same dtrain build on every task"));
@@ -86,9 +95,9 @@ class PsServer {
     if (it != vars_.end()) {
       const Tensor& have = it->second->value;
       if (have.shape() != req.value.shape() || have.dtype() != req.value.dtype())
-        throw InvalidArgument("variable '" + req.key + "' exists on " + name_ + " as " + describe(have) +
-                              " but this worker's model has " + describe(req.value) +
-                              ": every worker must build the same model");
+        throw InvalidArgument("variable '" + req.key + "' exists on " + name_ + " as " +
+                              describe(have) + " but this worker's model has " +
+                              describe(req.value) + ": every worker must build the same model");
       return {.created = false};
     }
     auto v = std::make_shared<ServerVar>();
@@ -96,8 +105,8 @@ class PsServer {
     v->slots = req.slots;
     for (const Tensor& s : v->slots)
       if (s.shape() != v->value.shape() || s.dtype() != v->value.dtype())
-        throw InvalidArgument("create '" + req.key + "': a slot of " + describe(s) + " for a variable of " +
-                              describe(v->value));
+        throw InvalidArgument("create '" + req.key + "': a slot of " + describe(s) +
+                              " for a variable of " + describe(v->value));
     v->updates = req.updates;
     vars_.emplace(req.key, std::move(v));
     lock.unlock();
@@ -110,7 +119,8 @@ class PsServer {
     std::shared_ptr<ServerVar> v;
     {
       std::unique_lock lock(mu_);
-      created_.wait_for(lock, std::chrono::milliseconds(wait_ms), [&] { return vars_.count(req.key) != 0; });
+      created_.wait_for(lock, std::chrono::milliseconds(wait_ms),
+                        [&] { return vars_.count(req.key) != 0; });
       auto it = vars_.find(req.key);
       if (it != vars_.end()) v = it->second;
     }
@@ -144,8 +154,8 @@ class PsServer {
       const Tensor& g = req.grads[i];
       std::lock_guard lock(v->mu);
       if (g.shape() != v->value.shape() || g.dtype() != v->value.dtype())
-        throw InvalidArgument("gradient of " + describe(g) + " pushed for variable '" + req.keys[i] + "' of " +
-                              describe(v->value));
+        throw InvalidArgument("gradient of " + describe(g) + " pushed for variable '" +
+                              req.keys[i] + "' of " + describe(v->value));
       if (!v->opt || v->opt_config != req.optimizer_config) {
         v->opt = Optimizer::from_config(req.optimizer_config);
         v->opt_config = req.optimizer_config;
@@ -167,12 +177,14 @@ class PsServer {
     std::lock_guard lock(v->mu);
     const Tensor& t = req.value;
     if (t.shape() != v->value.shape() || t.dtype() != v->value.dtype())
-      throw InvalidArgument("assign of " + describe(t) + " to variable '" + req.key + "' of " + describe(v->value));
+      throw InvalidArgument("assign of " + describe(t) + " to variable '" + req.key + "' of " +
+                            describe(v->value));
     if (req.mode == ps::AssignMode::kSet) {
       v->value.copy_from(t);
     } else {
       Kernels& k = kernels_for(v->value);
-      v->value.copy_from(k.binary(req.mode == ps::AssignMode::kAdd ? BinaryOp::kAdd : BinaryOp::kSub, v->value, t));
+      v->value.copy_from(k.binary(
+          req.mode == ps::AssignMode::kAdd ? BinaryOp::kAdd : BinaryOp::kSub, v->value, t));
     }
     return {};
   }
@@ -188,7 +200,8 @@ class PsServer {
     }
     int64_t min_step = INT64_MAX;  // the slowest active worker other than the caller
     for (size_t i = 0; i < workers_.size(); ++i)
-      if (workers_[i].state == ps::kActive && static_cast<int>(i) != client) min_step = std::min(min_step, workers_[i].step);
+      if (workers_[i].state == ps::kActive && static_cast<int>(i) != client)
+        min_step = std::min(min_step, workers_[i].step);
     ps::ClockResponse out;
     out.min_active_step = min_step == INT64_MAX ? req.step : min_step;
     out.global_step = global_step_;
@@ -229,7 +242,8 @@ class PsServer {
 
 void serve_parameter_server(const ClusterResolution& cluster, std::string token) {
   if (cluster.task_type() != TaskType::kPs)
-    throw InvalidArgument("serve_parameter_server() runs on a ps task, but this task is " + cluster.task_name());
+    throw InvalidArgument("serve_parameter_server() runs on a ps task, but this task is " +
+                          cluster.task_name());
   TcpGroupOptions o = ps::group_options(cluster, resolve_job_token(std::move(token)));
   // Block the stop signals before any thread starts, so that only sigwait below sees them.
   sigset_t set;
@@ -242,8 +256,9 @@ void serve_parameter_server(const ClusterResolution& cluster, std::string token)
                    << " (parameter server; stop with SIGTERM)";
   int sig = 0;
   sigwait(&set, &sig);
-  DTRAIN_LOG(INFO) << cluster.task_name() << " stopping on signal " << sig << " with " << server.num_variables()
-                   << " variable(s), global step " << server.global_step();
+  DTRAIN_LOG(INFO) << cluster.task_name() << " stopping on signal " << sig << " with "
+                   << server.num_variables() << " variable(s), global step "
+                   << server.global_step();
   server.stop();
 }
 

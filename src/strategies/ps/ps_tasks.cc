@@ -7,7 +7,8 @@ namespace dtrain::ps {
 std::vector<std::string> task_names(const ClusterSpec& cluster) {
   std::vector<std::string> out;
   for (TaskType t : cluster.jobs())
-    for (int i = 0; i < cluster.num_tasks(t); ++i) out.push_back(std::string(task_type_name(t)) + ":" + std::to_string(i));
+    for (int i = 0; i < cluster.num_tasks(t); ++i)
+      out.push_back(std::string(task_type_name(t)) + ":" + std::to_string(i));
   return out;
 }
 

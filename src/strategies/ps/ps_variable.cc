@@ -4,7 +4,8 @@
 
 namespace dtrain {
 
-PsVariable::PsVariable(VariableSpec spec, const std::shared_ptr<ParameterServerStrategy::Impl>& impl,
+PsVariable::PsVariable(VariableSpec spec,
+                       const std::shared_ptr<ParameterServerStrategy::Impl>& impl,
                        std::vector<Shard> shards, DeviceSpec device)
     : ShardedVariable(std::move(spec)), impl_(impl), shards_(std::move(shards)) {
   cache_ = Tensor::zeros(spec_.shape, spec_.dtype, device);
@@ -14,8 +15,10 @@ PsVariable::PsVariable(VariableSpec spec, const std::shared_ptr<ParameterServerS
 std::shared_ptr<ParameterServerStrategy::Impl> PsVariable::impl() const {
   auto m = impl_.lock();
   if (!m)
-    throw FailedPrecondition("variable '" + spec_.name + "' lives on the parameter servers of a "
-                             "ParameterServerStrategy that no longer exists; keep the strategy alive while using the model");
+    throw FailedPrecondition("variable '" + spec_.name +
+                             "' lives on the parameter servers of a "
+                             "ParameterServerStrategy that no longer exists; keep the strategy "
+                             "alive while using the model");
   return m;
 }
 
@@ -34,7 +37,9 @@ Tensor PsVariable::shard_of(const Tensor& t, int i) const {
   return t.slice_rows(s.row_begin, s.row_begin + s.rows);
 }
 
-std::string PsVariable::shard_task(int i) const { return impl()->ps_names.at(static_cast<size_t>(shards_.at(static_cast<size_t>(i)).ps)); }
+std::string PsVariable::shard_task(int i) const {
+  return impl()->ps_names.at(static_cast<size_t>(shards_.at(static_cast<size_t>(i)).ps));
+}
 
 Shape PsVariable::shard_shape(int i) const {
   if (spec_.shape.rank() == 0) return spec_.shape;
@@ -48,7 +53,10 @@ Tensor PsVariable::read_shard(int i) const {
   auto m = impl();
   std::lock_guard<std::mutex> lock(m->rpc_mu);
   try {
-    return m->ps[static_cast<size_t>(s.ps)]->pull({.with_slots = false, .keys = {s.key}}).vars[0].value;
+    return m->ps[static_cast<size_t>(s.ps)]
+        ->pull({.with_slots = false, .keys = {s.key}})
+        .vars[0]
+        .value;
   } catch (const Error& e) {
     m->fail(s.ps, e, "reading a shard");
   }
@@ -56,14 +64,15 @@ Tensor PsVariable::read_shard(int i) const {
 
 void PsVariable::send_assign(ps::AssignMode mode, const Tensor& v) {
   if (v.shape() != spec_.shape || v.dtype() != spec_.dtype)
-    throw InvalidArgument("assign to variable '" + spec_.name + "' of shape " + spec_.shape.to_string() + " with " +
-                          v.to_string());
+    throw InvalidArgument("assign to variable '" + spec_.name + "' of shape " +
+                          spec_.shape.to_string() + " with " + v.to_string());
   const Tensor host = v.to(DeviceSpec::cpu());
   auto m = impl();
   std::lock_guard<std::mutex> lock(m->rpc_mu);
   std::vector<uint64_t> ids(shards_.size());
   for (size_t i = 0; i < shards_.size(); ++i) {
-    const ps::AssignRequest req{.mode = mode, .key = shards_[i].key, .value = shard_of(host, static_cast<int>(i))};
+    const ps::AssignRequest req{
+        .mode = mode, .key = shards_[i].key, .value = shard_of(host, static_cast<int>(i))};
     try {
       ids[i] = m->ps[static_cast<size_t>(shards_[i].ps)]->send(req);
     } catch (const Error& e) {
@@ -105,8 +114,8 @@ void PsVariable::do_update(const std::function<void(Tensor& value, size_t copy_i
 
 void PsVariable::apply_remote_update(const std::string& config, const Tensor& grad) {
   if (grad.shape() != spec_.shape || grad.dtype() != spec_.dtype)
-    throw InvalidArgument("gradient " + grad.to_string() + " for variable '" + spec_.name + "' of shape " +
-                          spec_.shape.to_string());
+    throw InvalidArgument("gradient " + grad.to_string() + " for variable '" + spec_.name +
+                          "' of shape " + spec_.shape.to_string());
   auto m = impl();
   {
     std::lock_guard<std::mutex> lock(m->out_mu);

@@ -12,7 +12,8 @@
 
 namespace dtrain {
 
-ParameterServerStrategy::Impl::Impl(ParameterServerOptions o, ClusterResolution c, DeviceSpec d, const std::string& token)
+ParameterServerStrategy::Impl::Impl(ParameterServerOptions o, ClusterResolution c, DeviceSpec d,
+                                    const std::string& token)
     : opts(std::move(o)), cluster(std::move(c)), device(d) {
   group = ps::group_options(cluster, token);
   group.connect_timeout = opts.connect_timeout;
@@ -26,14 +27,16 @@ ParameterServerStrategy::Impl::Impl(ParameterServerOptions o, ClusterResolution 
 }
 
 void ParameterServerStrategy::Impl::fail(int i, const Error& e, const char* during) {
-  const std::string who = ps_names.at(static_cast<size_t>(i)) + " (" + ps[static_cast<size_t>(i)]->server_address() + ")";
+  const std::string who = ps_names.at(static_cast<size_t>(i)) + " (" +
+                          ps[static_cast<size_t>(i)]->server_address() + ")";
   const std::string what = e.what();
   if (dynamic_cast<const Unavailable*>(&e) || dynamic_cast<const DataLoss*>(&e))
     throw Unavailable("parameter server " + who + " failed while " + during + ": " + what +
-                      ". The job cannot continue without it; relaunch the job to resume from the last checkpoint");
+                      ". The job cannot continue without it; relaunch the job to resume from the "
+                      "last checkpoint");
   if (dynamic_cast<const DeadlineExceeded*>(&e))
-    throw DeadlineExceeded("parameter server " + who + " did not answer while " + during + " within " +
-                           std::to_string(opts.timeout.count()) + " ms: " + what);
+    throw DeadlineExceeded("parameter server " + who + " did not answer while " + during +
+                           " within " + std::to_string(opts.timeout.count()) + " ms: " + what);
   throw;  // the server refused the request (InvalidArgument, NotFound, ...): its message says why
 }
 
@@ -43,8 +46,8 @@ namespace {
 // so that transfers to and from several servers overlap, else in turn. Every server gets its turn;
 // then the first failure (in server order) is rethrown through fail(), which names the server.
 template <typename Fn>
-void for_each_server(ParameterServerStrategy::Impl& m, const std::vector<size_t>& servers, size_t bytes,
-                     const char* during, Fn fn) {
+void for_each_server(ParameterServerStrategy::Impl& m, const std::vector<size_t>& servers,
+                     size_t bytes, const char* during, Fn fn) {
   std::vector<std::exception_ptr> errors(servers.size());
   auto run = [&](size_t i) {
     try {
@@ -53,7 +56,8 @@ void for_each_server(ParameterServerStrategy::Impl& m, const std::vector<size_t>
       errors[i] = std::current_exception();
     }
   };
-  if (servers.size() > 1 && bytes >= (size_t{4} << 20)) {  // below ~4 MB a thread costs more than it saves
+  if (servers.size() > 1 &&
+      bytes >= (size_t{4} << 20)) {  // below ~4 MB a thread costs more than it saves
     std::vector<std::thread> threads;
     for (size_t i = 1; i < servers.size(); ++i) threads.emplace_back(run, i);
     run(0);
@@ -77,7 +81,8 @@ void ParameterServerStrategy::Impl::pull(const std::vector<PsVariable*>& which) 
   // Group the shards by server: one request per server, all in flight at once.
   std::vector<std::vector<std::pair<PsVariable*, int>>> per_ps(ps.size());
   for (PsVariable* v : which)
-    for (int s = 0; s < v->num_shards(); ++s) per_ps[static_cast<size_t>(v->shards()[static_cast<size_t>(s)].ps)].emplace_back(v, s);
+    for (int s = 0; s < v->num_shards(); ++s)
+      per_ps[static_cast<size_t>(v->shards()[static_cast<size_t>(s)].ps)].emplace_back(v, s);
   std::vector<size_t> servers;
   size_t bytes = 0;
   for (size_t p = 0; p < ps.size(); ++p) {
@@ -90,7 +95,8 @@ void ParameterServerStrategy::Impl::pull(const std::vector<PsVariable*>& which) 
     for (auto [v, s] : per_ps[p]) reqs[p].keys.push_back(v->shards()[static_cast<size_t>(s)].key);
   std::lock_guard<std::mutex> lock(rpc_mu);
   std::vector<uint64_t> ids(ps.size(), 0);
-  for_each_server(*this, servers, 0, "pulling variables", [&](size_t p) { ids[p] = ps[p]->send(reqs[p]); });
+  for_each_server(*this, servers, 0, "pulling variables",
+                  [&](size_t p) { ids[p] = ps[p]->send(reqs[p]); });
   for_each_server(*this, servers, bytes, "pulling variables", [&](size_t p) {
     std::vector<Tensor> dst;  // read the values straight into the caches
     for (auto [v, s] : per_ps[p]) dst.push_back(v->shard_of(v->cache(), s));
@@ -99,8 +105,9 @@ void ParameterServerStrategy::Impl::pull(const std::vector<PsVariable*>& which) 
       const Tensor& got = resp.vars[k].value;
       const Tensor& d = dst[k];
       if (got.shape() != d.shape() || got.dtype() != d.dtype())
-        throw InvalidArgument(ps_names[p] + " holds '" + reqs[p].keys[k] + "' as " + got.to_string() +
-                              " but this worker's model has " + d.to_string() + ": every worker must build the same model");
+        throw InvalidArgument(ps_names[p] + " holds '" + reqs[p].keys[k] + "' as " +
+                              got.to_string() + " but this worker's model has " + d.to_string() +
+                              ": every worker must build the same model");
       if (d.raw_data() != got.raw_data()) dst[k].copy_from(got);
     }
   });
@@ -180,7 +187,8 @@ CheckpointData ParameterServerStrategy::Impl::snapshot() {
   // concatenated), so a checkpoint restores into any number of ps tasks or another partitioner.
   std::vector<std::vector<std::pair<PsVariable*, int>>> per_ps(ps.size());
   for (const auto& v : vars)
-    for (int s = 0; s < v->num_shards(); ++s) per_ps[static_cast<size_t>(v->shards()[static_cast<size_t>(s)].ps)].emplace_back(v.get(), s);
+    for (int s = 0; s < v->num_shards(); ++s)
+      per_ps[static_cast<size_t>(v->shards()[static_cast<size_t>(s)].ps)].emplace_back(v.get(), s);
   using Got = ps::PulledVariable;
   std::map<std::pair<PsVariable*, int>, ps::PulledVariable> got;
   {
@@ -230,7 +238,8 @@ CheckpointData ParameterServerStrategy::Impl::snapshot() {
     };
     data.tensors.emplace_back(key, whole([](const Got& g) { return g.value; }));
     for (size_t j = 0; j < slots; ++j)
-      data.tensors.emplace_back(key + "/slot_" + std::to_string(j), whole([j](const Got& g) { return g.slots[j]; }));
+      data.tensors.emplace_back(key + "/slot_" + std::to_string(j),
+                                whole([j](const Got& g) { return g.slots[j]; }));
     data.metadata[key + "/updates"] = std::to_string(updates);
   }
   return data;

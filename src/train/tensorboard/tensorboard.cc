@@ -40,15 +40,18 @@ struct SummaryWriter::Impl {
   void write_record(const std::string& data) {
     const uint64_t len = data.size();
     unsigned char header[12];
-    for (int i = 0; i < 8; ++i) header[i] = static_cast<unsigned char>(len >> (8 * i));  // little endian
+    for (int i = 0; i < 8; ++i)
+      header[i] = static_cast<unsigned char>(len >> (8 * i));  // little endian
     const uint32_t len_crc = masked_crc(header, 8);
     for (int i = 0; i < 4; ++i) header[8 + i] = static_cast<unsigned char>(len_crc >> (8 * i));
     const uint32_t data_crc = masked_crc(data.data(), data.size());
     unsigned char footer[4];
     for (int i = 0; i < 4; ++i) footer[i] = static_cast<unsigned char>(data_crc >> (8 * i));
-    if (std::fwrite(header, 1, 12, f) != 12 || std::fwrite(data.data(), 1, data.size(), f) != data.size() ||
+    if (std::fwrite(header, 1, 12, f) != 12 ||
+        std::fwrite(data.data(), 1, data.size(), f) != data.size() ||
         std::fwrite(footer, 1, 4, f) != 4)
-      throw Unavailable("cannot write TensorBoard events to '" + path + "': " + std::strerror(errno));
+      throw Unavailable("cannot write TensorBoard events to '" + path +
+                        "': " + std::strerror(errno));
   }
   void write_event(const tensorboard::Event& e) {
     std::string bytes;
@@ -60,11 +63,13 @@ struct SummaryWriter::Impl {
 SummaryWriter::SummaryWriter(const std::string& log_dir) : impl_(std::make_unique<Impl>()) {
   std::error_code ec;
   std::filesystem::create_directories(log_dir, ec);
-  if (ec) throw Unavailable("cannot create TensorBoard log directory '" + log_dir + "': " + ec.message());
+  if (ec)
+    throw Unavailable("cannot create TensorBoard log directory '" + log_dir + "': " + ec.message());
   char host[256] = "localhost";
   ::gethostname(host, sizeof(host) - 1);
-  impl_->path = log_dir + "/events.out.tfevents." + std::to_string(static_cast<int64_t>(now_seconds())) + "." + host +
-                "." + std::to_string(::getpid()) + "." + std::to_string(g_files++);
+  impl_->path = log_dir + "/events.out.tfevents." +
+                std::to_string(static_cast<int64_t>(now_seconds())) + "." + host + "." +
+                std::to_string(::getpid()) + "." + std::to_string(g_files++);
   impl_->f = std::fopen(impl_->path.c_str(), "wb");
   if (!impl_->f) throw Unavailable("cannot create '" + impl_->path + "': " + std::strerror(errno));
   tensorboard::Event first;
@@ -89,16 +94,19 @@ void SummaryWriter::scalar(const std::string& tag, double value, int64_t step) {
 }
 
 void SummaryWriter::flush() {
-  if (std::fflush(impl_->f) != 0) throw Unavailable("cannot write '" + impl_->path + "': " + std::strerror(errno));
+  if (std::fflush(impl_->f) != 0)
+    throw Unavailable("cannot write '" + impl_->path + "': " + std::strerror(errno));
 }
 
 const std::string& SummaryWriter::path() const { return impl_->path; }
 
 // ---- TensorBoard callback ----
 
-TensorBoard::TensorBoard(std::string log_dir, int64_t update_freq) : dir_(std::move(log_dir)), update_freq_(update_freq) {
+TensorBoard::TensorBoard(std::string log_dir, int64_t update_freq)
+    : dir_(std::move(log_dir)), update_freq_(update_freq) {
   if (dir_.empty()) throw InvalidArgument("TensorBoard: the log directory is empty");
-  if (update_freq < 0) throw InvalidArgument("TensorBoard: update_freq must be >= 0 (0: epochs only)");
+  if (update_freq < 0)
+    throw InvalidArgument("TensorBoard: update_freq must be >= 0 (0: epochs only)");
 }
 
 TensorBoard::~TensorBoard() = default;
@@ -119,8 +127,10 @@ void TensorBoard::on_train_batch_end(const TrainLogs& logs) {
 void TensorBoard::on_epoch_end(const TrainLogs& logs) {
   if (!train_) return;
   for (const auto& [key, v] : logs.values) {
-    if (key.rfind("val_", 0) == 0) validation_->scalar("epoch_" + key.substr(4), v, logs.epoch);
-    else train_->scalar("epoch_" + key, v, logs.epoch);
+    if (key.rfind("val_", 0) == 0)
+      validation_->scalar("epoch_" + key.substr(4), v, logs.epoch);
+    else
+      train_->scalar("epoch_" + key, v, logs.epoch);
   }
   train_->scalar("epoch_images_per_sec", logs.images_per_sec, logs.epoch);
   train_->flush();

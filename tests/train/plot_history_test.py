@@ -1,6 +1,14 @@
 #!/usr/bin/env python3
-"""tools/plot/plot_history.py draws two CSV logs into a PNG (checked by its signature and size)."""
+"""tools/plot/plot_history.py draws two CSV logs into a PNG (checked by its signature and size);
+labels may contain commas (';' separates them); run by an interpreter without matplotlib (a virtual
+environment, as a pyenv or conda python3 is), the script reruns itself under Debian's python3."""
 import os, subprocess, sys, tempfile
+
+def png_ok(path):
+    with open(path, "rb") as f:
+        head = f.read(8)
+    return head == b"\x89PNG\r\n\x1a\n" and os.path.getsize(path) >= 10000
+
 
 def main():
     try:
@@ -19,19 +27,26 @@ def main():
                     f.write(f"{e},{0.7 + 0.04 * e},{0.001},{scale / (e + 1)},{0.68 + 0.04 * e},{scale / (e + 1.2)}\n")
             logs.append(path)
         out = os.path.join(d, "curves.png")
-        r = subprocess.run([sys.executable, script, "--out", out, "--labels", "one,two"] + logs,
+        r = subprocess.run([sys.executable, script, "--out", out, "--labels", "batch 32, 2 replicas;two"] + logs,
                            capture_output=True, text=True, timeout=100)
         if r.returncode != 0:
             sys.exit(f"plot_history.py failed:\n{r.stdout}{r.stderr}")
-        with open(out, "rb") as f:
-            head = f.read(8)
-        if head != b"\x89PNG\r\n\x1a\n" or os.path.getsize(out) < 10000:
-            sys.exit(f"not a plausible PNG: {head!r}, {os.path.getsize(out)} bytes")
+        if not png_ok(out):
+            sys.exit(f"not a plausible PNG: {os.path.getsize(out)} bytes")
+        # An interpreter without matplotlib: a bare virtual environment.
+        venv = os.path.join(d, "venv")
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=60)
+        other = os.path.join(d, "other.png")
+        r = subprocess.run([os.path.join(venv, "bin", "python"), script, "--out", other, "--labels", "one,two"] + logs,
+                           capture_output=True, text=True, timeout=100, env=dict(os.environ, DTRAIN_PLOT_REEXEC=""))
+        if r.returncode != 0 or not png_ok(other):
+            sys.exit(f"plot_history.py under a python3 without matplotlib did not rerun itself:\n{r.stdout}{r.stderr}")
         bad = subprocess.run([sys.executable, script, "--out", out, os.path.join(d, "missing.csv")],
                              capture_output=True, text=True, timeout=100)
         if bad.returncode == 0:
             sys.exit("a missing CSV was accepted")
-        print(f"ok: {os.path.getsize(out)} byte PNG with 3 panels; a missing file is refused")
+        print(f"ok: {os.path.getsize(out)} byte PNG with 3 panels; a label with a comma; drawn from a python3 "
+              "without matplotlib; a missing file is refused")
 
 if __name__ == "__main__":
     main()

@@ -5,6 +5,7 @@ and an ensemble's mean with its +-2 standard deviation band.
   plot_function_approximation.py --data data.csv --fit mirrored.csv --ensemble ens.csv --out fa.png
 """
 import argparse, csv, sys
+import plotlib  # tools/plot/plotlib.py, beside this script
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -15,12 +16,7 @@ def main():
     p.add_argument("--ensemble-label", default="ensemble mean")
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        sys.exit("plot_function_approximation.py needs matplotlib: apt-get install python3-matplotlib")
+    plt = plotlib.pyplot(__file__)
     data = list(csv.DictReader(open(a.data)))
     fit = list(csv.DictReader(open(a.fit)))
     ens = list(csv.DictReader(open(a.ensemble)))

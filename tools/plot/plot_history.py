@@ -7,6 +7,7 @@ per epoch, training and validation, one panel per quantity, one colour per run.
   tools/plot/plot_history.py --out curves.png run1.csv [run2.csv ...] [--labels a,b]
 """
 import argparse, csv, sys
+import plotlib  # tools/plot/plotlib.py, beside this script
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -15,14 +16,9 @@ def main():
     p.add_argument("--labels", help="comma-separated run names (default: the file names)")
     p.add_argument("--title", default="dtrain training curves")
     a = p.parse_args()
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
-    except ImportError:
-        sys.exit("plot_history.py needs matplotlib: apt-get install python3-matplotlib")
-    labels = a.labels.split(",") if a.labels else a.csv
+    plt = plotlib.pyplot(__file__)
+    from matplotlib.ticker import MaxNLocator
+    labels = plotlib.per_file(a.labels, a.csv) if a.labels else a.csv
     if len(labels) != len(a.csv):
         sys.exit(f"--labels has {len(labels)} names for {len(a.csv)} files")
     runs = []

@@ -8,6 +8,7 @@ contours (for x ~ U[-1, 1]: L = (a - a*)^2 / 3 + (b - b*)^2 + noise^2).
   plot_linear_regression.py --out lr.png --labels "batch 1,batch 32" b1.csv b32.csv [--a 2 --b -1 --noise 0.1]
 """
 import argparse, csv, sys
+import plotlib  # tools/plot/plotlib.py, beside this script
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -19,15 +20,10 @@ def main():
     p.add_argument("--b", type=float, default=-1.0)
     p.add_argument("--noise", type=float, default=0.1)
     a = p.parse_args()
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import numpy as np
-    except ImportError:
-        sys.exit("plot_linear_regression.py needs matplotlib: apt-get install python3-matplotlib")
-    labels = a.labels.split(",")
-    styles = a.styles.split(",") if a.styles else ["-"] * len(a.csv)
+    plt = plotlib.pyplot(__file__)
+    import numpy as np
+    labels = plotlib.per_file(a.labels, a.csv)
+    styles = plotlib.per_file(a.styles, a.csv, "--styles") if a.styles else ["-"] * len(a.csv)
     if len(labels) != len(a.csv) or len(styles) != len(a.csv):
         sys.exit("give one label (and style) per CSV")
     fig, ax = plt.subplots(1, 3, figsize=(15, 4.4))

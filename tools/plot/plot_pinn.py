@@ -4,6 +4,7 @@
   plot_pinn.py run.csv [more.csv ...] --labels a,b --out pinn.png
 """
 import argparse, csv, sys
+import plotlib  # tools/plot/plotlib.py, beside this script
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -11,13 +12,8 @@ def main():
     p.add_argument("--labels", required=True)
     p.add_argument("--out", required=True)
     a = p.parse_args()
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        sys.exit("plot_pinn.py needs matplotlib: apt-get install python3-matplotlib")
-    labels = a.labels.split(",")
+    plt = plotlib.pyplot(__file__)
+    labels = plotlib.per_file(a.labels, a.csv)
     if len(labels) != len(a.csv):
         sys.exit("give one label per CSV")
     fig, ax = plt.subplots(1, 2, figsize=(12, 4.2))

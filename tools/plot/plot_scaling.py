@@ -6,6 +6,7 @@ ceiling).
   dtrain-bench scaling --json | tee scaling.txt; plot_scaling.py scaling.txt --out scaling.png
 """
 import argparse, json, sys
+import plotlib  # tools/plot/plotlib.py, beside this script
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -13,12 +14,7 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--title", default="reference CNN on Fashion-MNIST, 1 thread per replica")
     a = p.parse_args()
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        sys.exit("plot_scaling.py needs matplotlib: apt-get install python3-matplotlib")
+    plt = plotlib.pyplot(__file__)
     rows = []
     for line in open(a.results):
         line = line.strip()

@@ -7,6 +7,7 @@ packs and their all-reduce stages, optimizer update), time in milliseconds from 
   tools/plot/plot_timeline.py TIMELINE.json --out timeline.png [--first-step 5] [--steps 3]
 """
 import argparse, json, sys
+import plotlib  # tools/plot/plotlib.py, beside this script
 
 COLOURS = [("input", "#9e9e9e"), ("step", "#e0e0e0"), ("forward", "#4caf50"), ("backward", "#2196f3"),
            ("wait for its gradients", "#ffe082"), ("pack", "#ff9800"), ("unpack", "#ff9800"),
@@ -28,13 +29,8 @@ def main():
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--title", default="dtrain timeline")
     a = p.parse_args()
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch
-    except ImportError:
-        sys.exit("plot_timeline.py needs matplotlib: apt-get install python3-matplotlib")
+    plt = plotlib.pyplot(__file__)
+    from matplotlib.patches import Patch
     events = json.load(open(a.timeline))["traceEvents"]
     procs = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"}

@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
   int64_t batch = 32, steps = 0, train_limit = 0;
   float lr = 1e-3f;
   uint64_t seed = 42;
-  bool json = false;
+  bool json = false, no_shuffle = false;
   std::string data_dir, checkpoint_dir, compression = "none", devices = "auto";
   app.add_option("--epochs", epochs, "epochs to train")
       ->check(CLI::PositiveNumber)
@@ -43,6 +43,9 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-dir", checkpoint_dir, "rank 0 saves a checkpoint here each epoch");
   app.add_option("--data-dir", data_dir, "Fashion-MNIST IDX directory");
   app.add_option("--train-limit", train_limit, "train on the first N images only (tests)");
+  app.add_flag(
+      "--no-shuffle", no_shuffle,
+      "read each rank's shard in order (tests: -np 2 then equals -np 1 at twice the batch)");
   app.add_flag("--json", json, "rank 0 prints one JSON object with the results as the last line");
   CLI11_PARSE(app, argc, argv);
 
@@ -60,7 +63,9 @@ int main(int argc, char** argv) {
         gpus ? dtrain::DeviceSpec::gpu(hvd::local_rank() % gpu_count) : dtrain::DeviceSpec::cpu();
     dtrain::OneDeviceStrategy strategy(device);
 
-    dtrain::set_global_seed(seed);
+    // A seed per rank, so the ranks' initial weights differ as they do in a framework seeded by
+    // nobody: rank 0's reach every rank through BroadcastGlobalVariablesCallback below.
+    dtrain::set_global_seed(seed + static_cast<uint64_t>(hvd::rank()));
     dtrain::FashionMnist data = dtrain::load_fashion_mnist(data_dir);
     if (train_limit > 0 && train_limit < data.train_images.shape()[0]) {
       data.train_images = data.train_images.slice_rows(0, train_limit);
@@ -110,6 +115,7 @@ int main(int argc, char** argv) {
     fit.epochs = epochs;
     fit.steps = steps;
     fit.global_batch_size = batch;  // one device per rank: the per-rank batch
+    fit.shuffle = !no_shuffle;
     fit.shuffle_seed = seed + static_cast<uint64_t>(hvd::rank());
     fit.callbacks = callbacks;
     const dtrain::History h = dtrain::fit(strategy, mnist_model, *opt, dataset, &test, fit);

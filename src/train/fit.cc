@@ -445,7 +445,8 @@ History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const D
     call(options.callbacks, &Callback::on_epoch_begin, logs);
     // The data order depends only on (seed, epoch, step): epoch e is shuffle(seed)'s pass e.
     auto epoch_data = [&](uint64_t seed) {
-      return my_train.shuffle(seed, false, static_cast<uint64_t>(epoch))
+      return (options.shuffle ? my_train.shuffle(seed, false, static_cast<uint64_t>(epoch))
+                              : my_train)
           .skip(first_step * B)
           .batch(B, options.drop_remainder)
           .prefetch(2);

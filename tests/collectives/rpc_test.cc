@@ -3,6 +3,7 @@
 // errors, concurrency and disconnect callbacks, authentication, deadlines and shutdown (malformed
 // frames and fuzzing: rpc_wire_test.cc). Every wait is bounded.
 #include "collectives/rpc_test_util.h"
+#include "collectives/tcp/tcp_environment.h"
 
 namespace dtrain::tcp {
 namespace {
@@ -336,6 +337,44 @@ TEST(Rpc, ConnectTimeoutHoldsWhenTheServerDropsConnections) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
   for (int fd : fill) ::close(fd);
   ::close(l);
+}
+
+// DTRAIN_HEARTBEAT_TIMEOUT shortens (or lengthens) the time after which a silent peer is hung, for
+// every TCP group; heartbeats follow at a quarter of it. Malformed values are refused by name.
+TEST(Rpc, HeartbeatTimeoutFromTheEnvironment) {
+  const TcpGroupOptions defaults;
+  ::unsetenv("DTRAIN_HEARTBEAT_TIMEOUT");
+  EXPECT_EQ(apply_tcp_environment(defaults).heartbeat_timeout, defaults.heartbeat_timeout);
+  ::setenv("DTRAIN_HEARTBEAT_TIMEOUT", "1.5", 1);
+  const TcpGroupOptions o = apply_tcp_environment(defaults);
+  EXPECT_EQ(o.heartbeat_timeout, 1500ms);
+  EXPECT_EQ(o.heartbeat_interval, 375ms);
+  ::setenv("DTRAIN_HEARTBEAT_TIMEOUT", "60", 1);
+  EXPECT_EQ(apply_tcp_environment(defaults).heartbeat_interval, defaults.heartbeat_interval);
+  for (const char* bad : {"abc", "0", "-2", "1s", "nan"}) {
+    ::setenv("DTRAIN_HEARTBEAT_TIMEOUT", bad, 1);
+    EXPECT_TRUE(has(what_of<InvalidArgument>([&] { apply_tcp_environment(defaults); }),
+                    std::string("DTRAIN_HEARTBEAT_TIMEOUT='") + bad + "' must be"))
+        << bad;
+  }
+  // A client built under it is told about a server that sends no heartbeat after 400 ms.
+  ::unsetenv("DTRAIN_HEARTBEAT_TIMEOUT");
+  const auto addrs = testing::free_loopback_addresses(2);
+  auto quiet = options(addrs, 0);
+  quiet.heartbeat_interval = std::chrono::hours(1);
+  RpcServer server(quiet, [](const RpcMessage& m, int) {
+    std::this_thread::sleep_for(1200ms);
+    return m;
+  });
+  ::setenv("DTRAIN_HEARTBEAT_TIMEOUT", "0.4", 1);
+  RpcClient client(options(addrs, 1), 0);
+  ::unsetenv("DTRAIN_HEARTBEAT_TIMEOUT");
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(has(what_of<Unavailable>([&] {
+                    client.call(RpcMessage{1, "never", {}});
+                  }),
+                  "sent nothing, not even a heartbeat, for 400 ms"));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1100ms);
 }
 
 }  // namespace

@@ -28,10 +28,12 @@ int main(int argc, char** argv) {
   app.add_option("--out", out)->required();
   CLI11_PARSE(app, argc, argv);
   try {
-    dtrain::set_global_seed(7);
     dtrain::StrategyOptions o;
     o.devices = dtrain::parse_devices_flag(devices, 1);
     auto strategy = dtrain::make_strategy(strategy_name, o);
+    // A seed per worker: their initial weights differ until the chief's are broadcast to all
+    // (MultiWorkerMirrored does it as variables are created), which the equivalence tests check.
+    dtrain::set_global_seed(7 + static_cast<uint64_t>(strategy->extended().worker_rank()));
     const dtrain::FashionMnist data = dtrain::load_fashion_mnist();
     const int64_t n = rows > 0 ? rows : steps * batch;
     if (declared_batch > 0) {

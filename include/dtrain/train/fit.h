@@ -25,6 +25,9 @@ struct DTRAIN_API FitOptions {
   int epochs = 1;                  // the epoch to end at (as Keras: also counts restored ones)
   int64_t steps = 0;               // > 0: stop after this many steps in total (repeats data)
   int64_t global_batch_size = 64;  // split over num_replicas_in_sync
+  // Keras' fit(shuffle=True): each epoch visits the examples in an order drawn from shuffle_seed
+  // and the epoch; false: in the dataset's order.
+  bool shuffle = true;
   uint64_t shuffle_seed = 0;
   bool drop_remainder = false;  // Keras keeps the partial last batch
   int64_t eval_batch_size = 1000;

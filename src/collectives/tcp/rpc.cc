@@ -13,6 +13,7 @@
 
 #include "collectives/tcp/auth.h"
 #include "collectives/tcp/mesh.h"
+#include "collectives/tcp/tcp_environment.h"
 #include "dtrain/core/logging.h"
 
 namespace dtrain::tcp {
@@ -263,7 +264,7 @@ RpcMessage read_message_body(const Peer& peer, const FrameHeader& h, Clock::time
 // Server
 
 RpcServer::RpcServer(TcpGroupOptions options, RpcHandler handler, RpcDisconnect on_disconnect)
-    : o_(std::move(options)),
+    : o_(tcp::apply_tcp_environment(std::move(options))),
       fingerprint_(job_fingerprint(o_.addresses)),
       handler_(std::move(handler)),
       on_disconnect_(std::move(on_disconnect)) {
@@ -461,7 +462,8 @@ void RpcServer::serve(Peer p, std::shared_ptr<std::atomic<bool>> finished) {
 // ---------------------------------------------------------------------------------------------
 // Client
 
-RpcClient::RpcClient(const TcpGroupOptions& options, int server) : o_(options) {
+RpcClient::RpcClient(const TcpGroupOptions& options, int server)
+    : o_(tcp::apply_tcp_environment(options)) {
   if (server < 0 || server >= static_cast<int>(o_.addresses.size()) || server == o_.rank)
     throw InvalidArgument(detail::str_cat("RpcClient: bad server index ", server));
   if (o_.token.size() < 16)

@@ -8,6 +8,7 @@
 #include "collectives/algorithms/algorithms.h"
 #include "collectives/reduction.h"
 #include "collectives/sync_collectives.h"
+#include "collectives/tcp/tcp_environment.h"
 #include "collectives/tcp/tcp_transport.h"
 #include "dtrain/core/logging.h"
 
@@ -161,9 +162,7 @@ class TcpCollectives final : public SyncCollectives {
 }  // namespace
 
 std::unique_ptr<Communicator> connect_tcp_group(const TcpGroupOptions& given) {
-  TcpGroupOptions options = given;
-  if (const char* v = std::getenv("DTRAIN_SHARED_MEMORY"); v && std::string(v) == "0")
-    options.shared_memory = false;
+  const TcpGroupOptions options = tcp::apply_tcp_environment(given);
   std::vector<tcp::Peer> peers = tcp::build_mesh(options);
   auto collectives = std::make_unique<TcpCollectives>(options, std::move(peers));
   DTRAIN_LOG(INFO) << "TCP group of " << options.addresses.size()

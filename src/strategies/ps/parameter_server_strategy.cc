@@ -179,6 +179,20 @@ void await_shards(Impl& m, const VariableSpec& spec, const PsVariable& var) {
           m.fail(sh.ps, e, "looking up a variable");
         }
       }
+      if (!found.found) {
+        // While waiting on one server, ask the others too (a lookup that does not wait): a ps
+        // killed meanwhile, which may be why the chief never creates the variable, is named now
+        // rather than at the deadline.
+        std::lock_guard<std::mutex> lock(m.rpc_mu);
+        for (size_t other = 0; other < m.ps.size(); ++other) {
+          if (static_cast<int>(other) == sh.ps) continue;
+          try {
+            m.ps[other]->lookup({.key = sh.key, .wait_ms = 0});
+          } catch (const Error& e) {
+            m.fail(static_cast<int>(other), e, "waiting for the chief to create a variable");
+          }
+        }
+      }
       if (found.found) {
         if (found.shape != var.shard_shape(s) || found.dtype != spec.dtype)
           throw InvalidArgument(

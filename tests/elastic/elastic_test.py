@@ -4,14 +4,14 @@
   elastic_test.py local DTRAIN_RUN EXAMPLE
   elastic_test.py netns DTRAIN_RUN EXAMPLE DTRAIN_NETNS      (root; exits 77 where namespaces cannot be made)
 
-Both modes run the same job twice, 3 workers of a possible 2..3, 8 epochs of 19,200 Fashion-MNIST images
-at a global batch of 96 (1,600 optimizer steps):
+Both modes run the same job twice, 3 workers of a possible 2..3, 5 epochs of 12,480 Fashion-MNIST images
+at a global batch of 96 (650 optimizer steps):
   - undisturbed, as the reference;
   - disturbed: a worker is lost while training (local: kill -9 of a worker process; netns: its host is
     removed, i.e. dropped from the discovery script's list and its link cut), the survivors must roll back
     to their last commit and go on as a round of 2; then a slot (local) or a new host (netns) is listed
     and the new worker must be taken in, with the committed state, as a round of 3.
-The disturbed job must exit 0 after exactly 1,600 optimizer steps (nothing lost, nothing applied twice),
+The disturbed job must exit 0 after exactly 650 optimizer steps (nothing lost, nothing applied twice),
 through rounds of 3, 2 and 3 workers, with test accuracy within 1.5 points of the reference.
 Local mode also checks the failures: a job that falls below --min-np ends non-zero within the elastic
 timeout, naming the reason, and bad flags are refused with exit status 2.
@@ -22,8 +22,9 @@ mode, dtrain_run, example = sys.argv[1:4]
 netns = sys.argv[4] if len(sys.argv) > 4 else None
 prefix = f"de{os.getpid() % 10000}"
 work = tempfile.mkdtemp(prefix="dtrain-elastic-")
-ARGS = ["--train-limit", "19200", "--epochs", "8", "--batch-size", "96", "--json"]
-STEPS = 8 * 19200 // 96
+EPOCHS, IMAGES = 5, 12480
+ARGS = ["--train-limit", str(IMAGES), "--epochs", str(EPOCHS), "--batch-size", "96", "--json"]
+STEPS = EPOCHS * IMAGES // 96
 
 def fail(msg):
     raise SystemExit("FAILED: " + msg)
@@ -34,14 +35,14 @@ def discovery(lines):
         f.write("".join(l + "\n" for l in lines))
     os.replace(path + ".tmp", path)
 
-def start(np_, extra=(), settle="5"):
+def start(np_, extra=(), settle="3"):
     script = os.path.join(work, "discover.sh")
     with open(script, "w") as f:
         f.write(f"#!/bin/sh\ncat {os.path.join(work, 'hosts')}\n")
     os.chmod(script, 0o755)
     where = ["--netns", prefix] if mode == "netns" else []
     cmd = [dtrain_run, *where, "--min-np", "2", "--max-np", "3", "-np", str(np_), "--host-discovery-script", script,
-           "--elastic-settle", settle, "--elastic-timeout", "20", "--timeout", "240", *extra, "--", example, *ARGS]
+           "--elastic-settle", settle, "--elastic-timeout", "6", "--timeout", "240", *extra, "--", example, *ARGS]
     out, err = open(os.path.join(work, "out"), "w+"), open(os.path.join(work, "err"), "w+")
     return subprocess.Popen(cmd, stdout=out, stderr=err), out, err
 
@@ -94,7 +95,7 @@ def run_disturbed(ref):
     discovery(hosts(3))
     proc, out, err = start(3)
     rdzv = wait_for(err, r"rendezvous at (\S+)", proc).group(1)
-    wait_for(err, r"\[worker:0\] Epoch 2/8", proc)  # well into training, with commits behind it
+    wait_for(err, rf"\[worker:0\] Epoch 2/{EPOCHS}", proc)  # well into training, with commits behind it
     t_lost = time.time()
     if mode == "local":
         discovery(["localhost:2"])  # no slot for a replacement yet
@@ -123,7 +124,7 @@ def run_below_min_np():
     discovery(["localhost:2"])
     proc, out, err = start(2, settle="2")
     rdzv = wait_for(err, r"rendezvous at (\S+)", proc).group(1)
-    wait_for(err, r"\[worker:0\] Epoch 2/8", proc)
+    wait_for(err, rf"\[worker:0\] Epoch 2/{EPOCHS}", proc)
     discovery(["localhost:1"])
     t0 = time.time()
     os.kill(pid_of(1, rdzv), signal.SIGKILL)

@@ -10,6 +10,7 @@ import argparse, json, os, shutil, signal, struct, subprocess, sys, tempfile, ti
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
 from ports import free_ports  # noqa: E402
+from procs import Watched  # noqa: E402
 
 ARGS = None
 
@@ -124,30 +125,39 @@ class Mpi(unittest.TestCase):
 
 class Faults(unittest.TestCase):
     def start(self, ports, i, token, extra_env=None, steps=100000):
-        env = dict(os.environ, TF_CONFIG=tf_config(ports, i), DTRAIN_JOB_TOKEN=token, DTRAIN_RENDEZVOUS_TIMEOUT="5",
-                   DTRAIN_LOG_LEVEL="WARNING")  # the refusal is a WARNING line
+        # A 2 s heartbeat timeout (5 s by default) names a stopped worker sooner; a 3 s rendezvous
+        # timeout names an absent one.
+        env = dict(os.environ, TF_CONFIG=tf_config(ports, i), DTRAIN_JOB_TOKEN=token, DTRAIN_RENDEZVOUS_TIMEOUT="3",
+                   DTRAIN_HEARTBEAT_TIMEOUT="2", DTRAIN_LOG_LEVEL="WARNING")  # the refusal is a WARNING line
         env.update(extra_env or {})
-        p = subprocess.Popen([ARGS.example, "--strategy=multi_worker_mirrored", "--devices=cpu", "--threads", "1",
-                              "--steps", str(steps), "--batch-size", "96", "--no-eval"],
-                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        p = Watched([ARGS.example, "--strategy=multi_worker_mirrored", "--devices=cpu", "--threads", "1",
+                     "--steps", str(steps), "--batch-size", "96", "--no-eval"], env=env)
         self.addCleanup(self.reap, p)  # a failed assertion leaves no process behind
         return p
+
+    @staticmethod
+    def in_training(procs):
+        """Returns once every worker is training: each has printed its devices, which it does after
+        the rendezvous, as fit() starts; 0.5 s later all are in the middle of it."""
+        for i, p in enumerate(procs):
+            p.wait_for("local devices:", 60, f"worker {i}")
+        time.sleep(0.5)
 
     @staticmethod
     def reap(p):
         if p.poll() is None:
             p.kill()
-        p.communicate()
+        p.communicate(10)
 
     def finish(self, p, timeout, what="the process"):
         """(exit code, stderr) of a process that exits within timeout s. One that does not is killed
         and fails the test: a fault must end the process, printing the right error and then hanging
         is a failure."""
         try:
-            _, err = p.communicate(timeout=timeout)
+            _, err = p.communicate(timeout)
         except subprocess.TimeoutExpired:
             p.kill()
-            _, err = p.communicate()
+            _, err = p.communicate(10)
             self.fail(f"{what} did not exit within {timeout} s (hung); killed it. stderr:\n{err[-2000:]}")
         self.assertIsInstance(p.returncode, int)
         return p.returncode, err
@@ -155,7 +165,7 @@ class Faults(unittest.TestCase):
     def test_kill_9_a_worker_mid_training(self):
         ports = free_ports(3)
         procs = [self.start(ports, i, "t0ken-for-the-kill-test-0123") for i in range(3)]
-        time.sleep(4)  # past rendezvous, in the middle of training
+        self.in_training(procs)
         self.assertIsNone(procs[1].poll(), "worker 1 ended before it could be killed")
         procs[1].send_signal(signal.SIGKILL)
         t0 = time.time()
@@ -169,7 +179,7 @@ class Faults(unittest.TestCase):
     def test_a_hung_worker_is_named_by_heartbeat_timeout(self):
         ports = free_ports(3)
         procs = [self.start(ports, i, "t0ken-for-the-hang-test-0123") for i in range(3)]
-        time.sleep(4)
+        self.in_training(procs)
         self.assertIsNone(procs[1].poll(), "worker 1 ended before it could be stopped")
         procs[1].send_signal(signal.SIGSTOP)  # alive but silent: no data, no heartbeats
         t0 = time.time()

@@ -10,10 +10,11 @@ Suites:
   Equivalence  1 worker with 1 ps, and with 2 ps holding shards, equals one_device to 1e-7
 Every wait is bounded; every process is killed on the way out.
 """
-import argparse, json, os, signal, socket, struct, subprocess, sys, tempfile, threading, time, unittest
+import argparse, json, os, signal, socket, struct, subprocess, sys, tempfile, time, unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
 from ports import free_ports  # noqa: E402
+from procs import Watched  # noqa: E402
 
 ARGS = None
 
@@ -34,9 +35,7 @@ class Job:
         self.cluster = {"worker": [f"127.0.0.1:{p}" for p in ports[:workers]],
                         "ps": [f"127.0.0.1:{p}" for p in ports[workers:]]}
         self.token = token
-        self.procs = {}
-        self.output = {}  # process -> ([stdout lines], [stderr lines]), read as they come
-        self.readers = {}  # process -> its two reader threads
+        self.procs = {}  # (kind, index) -> Watched
         self.killed = set()  # processes this test killed on purpose (their exit status is not checked)
 
     def env(self, kind, i, token=None, extra=None):
@@ -46,42 +45,13 @@ class Job:
         return env
 
     def start(self, kind, i, argv, token=None, extra=None):
-        p = subprocess.Popen(argv, env=self.env(kind, i, token, extra), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+        p = Watched(argv, env=self.env(kind, i, token, extra))
         self.procs[(kind, i)] = p
-        self.output[p] = ([], [])
-        self.readers[p] = [threading.Thread(target=lambda f=f, l=l: l.extend(iter(f.readline, "")), daemon=True)
-                           for f, l in zip((p.stdout, p.stderr), self.output[p])]
-        for t in self.readers[p]:
-            t.start()
         return p
 
     def wait_for(self, kind, i, text, timeout):
-        """Waits until task kind:i has printed `text` (stdout or stderr); fails the test if it exits
-        first or does not within timeout s."""
-        p = self.procs[(kind, i)]
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if any(text in line for lines in self.output[p] for line in list(lines)):
-                return
-            if p.poll() is not None:
-                time.sleep(0.2)  # let the readers drain what it printed last
-                if any(text in line for lines in self.output[p] for line in list(lines)):
-                    return
-                raise AssertionError(f"{kind}:{i} exited ({p.returncode}) before printing {text!r}:\n"
-                                     + "".join(self.output[p][1])[-2000:])
-            time.sleep(0.02)
-        raise AssertionError(f"{kind}:{i} did not print {text!r} within {timeout} s")
-
-    def communicate(self, p, timeout):
-        """(stdout, stderr) of p once it exits; TimeoutExpired if it does not within timeout s."""
-        p.wait(timeout=timeout)
-        for t in self.readers[p]:  # they end at EOF, when p has exited
-            t.join(timeout=5)
-        for f in (p.stdout, p.stderr):
-            if not any(t.is_alive() for t in self.readers[p]):
-                f.close()
-        return "".join(self.output[p][0]), "".join(self.output[p][1])
+        """Waits until task kind:i has printed `text`; fails if it exits first or takes > timeout s."""
+        self.procs[(kind, i)].wait_for(text, timeout, f"{kind}:{i}")
 
     def start_ps(self, argv):
         for i in range(len(self.cluster["ps"])):
@@ -98,10 +68,10 @@ class Job:
         killed and fails the test: printing the right error and then hanging is a failure."""
         p = self.procs[(kind, i)]
         try:
-            out, err = self.communicate(p, timeout)
+            out, err = p.communicate(timeout)
         except subprocess.TimeoutExpired:
             p.kill()
-            out, err = self.communicate(p, 10)
+            out, err = p.communicate(10)
             raise AssertionError(f"{kind}:{i} did not exit within {timeout} s (hung); killed it. "
                                  f"stderr:\n{err[-2000:]}")
         assert isinstance(p.returncode, int), p.returncode
@@ -120,16 +90,16 @@ class Job:
         hung = set()
         for p in self.procs.values():
             try:
-                self.communicate(p, 10)
+                p.communicate(10)
             except subprocess.TimeoutExpired:
                 p.kill()
-                self.communicate(p, 10)
+                p.communicate(10)
                 hung.add(p)
         problems = []
         for (kind, i), p in self.procs.items():
             if kind != "ps" or p in self.killed:
                 continue
-            _, err = self.communicate(p, 10)
+            _, err = p.communicate(10)
             if p in hung:
                 problems.append(f"ps:{i} did not exit within 10 s of SIGTERM (hung)")
             elif p in ended_early:

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -113,7 +114,8 @@ int elastic_chaos(const ChaosArgs& a, const std::string& netns_tool, const std::
   std::map<std::string, Tally> tally;
   int bad = 0;
   for (int j = 0; j < a.jobs; ++j) {
-    const std::string fault = faults[rng() % faults.size()];
+    // Every (strategy, fault) pair in turn, so 8 jobs cover them all; victim and moment are drawn.
+    const std::string fault = faults[static_cast<size_t>(j / 2) % faults.size()];
     const int victim = static_cast<int>(rng() % static_cast<uint64_t>(a.workers));
     const double at_s = 1.0 + std::uniform_real_distribution<double>(0.0, a.max_fault_s - 1.0)(rng);
     const std::string job =
@@ -218,6 +220,8 @@ int chaos_bench(const ChaosArgs& a) {
   }
   const fs::path dir = fs::temp_directory_path() / ("dtrain-chaos-" + std::to_string(::getpid()));
   fs::create_directories(dir);
+  // Every job's TCP groups take the heartbeat timeout the bound below is computed from.
+  ::setenv("DTRAIN_HEARTBEAT_TIMEOUT", std::to_string(a.heartbeat_timeout_s).c_str(), 1);
   if (a.elastic) {
     const int bad = elastic_chaos(a, netns_tool, dtrain_run, dir);
     run_quiet(netns_tool + " down --prefix " + prefix);
@@ -239,7 +243,8 @@ int chaos_bench(const ChaosArgs& a) {
   for (int j = 0; j < a.jobs; ++j) {
     const bool ps = j % 2 == 1;
     const std::string strategy = ps ? "parameter_server" : "multi_worker_mirrored";
-    const std::string fault = faults[rng() % faults.size()];
+    // Every (strategy, fault) pair in turn, so 8 jobs cover them all; victim and moment are drawn.
+    const std::string fault = faults[static_cast<size_t>(j / 2) % faults.size()];
     const int victim =
         ps ? a.workers : 1 + static_cast<int>(rng() % static_cast<uint64_t>(a.workers - 1));
     const std::string victim_task = ps ? "ps:0" : "worker:" + std::to_string(victim);

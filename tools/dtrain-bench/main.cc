@@ -178,7 +178,8 @@ int main(int argc, char** argv) {
                          "cut, all packets dropped); hangs, named losses, resumes (needs root)");
   chaos
       ->add_option("--jobs", ch.jobs,
-                   "R: jobs to run (alternately MultiWorkerMirrored and ParameterServer)")
+                   "R: jobs to run, taking the 8 (strategy, fault) pairs in turn "
+                   "(MultiWorkerMirrored and ParameterServer x 4 faults)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   chaos->add_option("--workers", ch.workers, "workers per job (>= 2)")
@@ -193,6 +194,12 @@ int main(int argc, char** argv) {
       ->add_option("--max-fault-seconds", ch.max_fault_s,
                    "the fault comes 1..this many seconds after the start")
       ->check(CLI::Range(1.5, 60.0))
+      ->capture_default_str();
+  chaos
+      ->add_option("--heartbeat-timeout", ch.heartbeat_timeout_s,
+                   "seconds a silent peer may go before it is hung (DTRAIN_HEARTBEAT_TIMEOUT for "
+                   "every job); the lost task must be named within twice this")
+      ->check(CLI::Range(0.5, 60.0))
       ->capture_default_str();
   chaos->add_option("--rate", ch.rate, "link rate of each test host (tc tbf)")
       ->capture_default_str();

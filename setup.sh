@@ -6,7 +6,7 @@
 #   ./setup.sh deps   only installs the missing packages
 # Environment: BUILD_DIR (default build), JOBS (default: number of cores), DTRAIN_WITH_CUDA
 # (AUTO/ON/OFF; AUTO compiles the CUDA device when nvcc and cuDNN are present), CTEST_ARGS (extra ctest
-# arguments, e.g. "-L unit"; default "-LE acceptance").
+# arguments, e.g. "-L unit"; default -LE "acceptance|sanitize").
 # Runs as root or as a user with sudo. A second run installs nothing and rebuilds only what changed.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -68,7 +68,8 @@ case "$what" in
         "$build/venv/bin/pip" install -q --disable-pip-version-check tensorboard ||
         echo "setup.sh: could not install tensorboard from PyPI; tensorboard_events_test will skip" >&2
     fi
-    # Label acceptance (the 5-epoch accuracy bars of the multi-device strategies and bfloat16, about
-    # 25 minutes) runs only when asked: CTEST_ARGS="-L acceptance" ./setup.sh test.
-    cd "$build" && ctest --output-on-failure -j "$jobs" ${CTEST_ARGS:--LE acceptance} ;;
+    # Labels acceptance (the 5-epoch accuracy bars of the multi-device strategies and bfloat16, about
+    # 10 minutes) and sanitize (ASan+UBSan and TSan builds, tools/sanitize.sh) run only when asked:
+    # CTEST_ARGS="-L acceptance" ./setup.sh test.
+    cd "$build" && ctest --output-on-failure -j "$jobs" ${CTEST_ARGS:--LE "acceptance|sanitize"} ;;
 esac

@@ -285,8 +285,8 @@ TEST(FashionMnistRealData, LoadsInstalledDataSet) {
   const fs::path dir = kDefaultFashionMnistDir;
   if (!fs::exists(dir / "train-images-idx3-ubyte.gz") &&
       !fs::exists(dir / "train-images-idx3-ubyte"))
-    GTEST_SKIP() << "Fashion-MNIST is not installed at " << dir
-                 << " (apt-get install dataset-fashion-mnist)";
+    FAIL() << "Fashion-MNIST is not installed at " << dir
+           << " (apt-get install dataset-fashion-mnist; setup.sh installs it)";
   FashionMnist d = load_fashion_mnist(dir.string());
   EXPECT_EQ(d.train_images.shape(), (Shape{60000, 28, 28, 1}));
   EXPECT_EQ(d.train_labels.shape(), (Shape{60000}));

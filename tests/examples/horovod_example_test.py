@@ -7,7 +7,7 @@ covers the one rank's batch. The ranks start from different weights (a seed per 
 holds only if BroadcastGlobalVariablesCallback brings rank 0's to rank 1, DistributedOptimizer
 averages the gradients and MetricAverageCallback averages the epoch's loss and accuracy.
 
-  horovod_example_test.py DTRAIN_RUN HOROVOD_EXAMPLE FASHION_MNIST [--equivalence]
+  horovod_example_test.py DTRAIN_RUN HOROVOD_EXAMPLE FASHION_MNIST [--equivalence | --mpirun]
 """
 import json, os, shutil, subprocess, sys
 
@@ -52,6 +52,8 @@ def main():
             sys.exit(f"test accuracy {two['test_accuracy']} vs {one['test_accuracy']}")
         print("ok: 2 ranks equal 1 rank at the same global batch")
         return
+    if "--mpirun" in sys.argv:
+        return under_mpirun(example, quick)
     check(result(run([dtrain_run, "-np", "2", "--", example] + quick, "dtrain-run -np 2"), "x"), "dtrain-run -np 2")
     check(result(run([dtrain_run, "-H", "localhost:2", "--", example, "--compression=fp16"] + quick,
                      "dtrain-run -H localhost:2"), "x"), "dtrain-run -H localhost:2 --compression=fp16")
@@ -67,15 +69,19 @@ def main():
     if any(p.returncode != 0 for p in procs):
         sys.exit("srun-style start failed:\n" + "\n".join(outs))
     check(result(outs[0], "srun"), "srun (SLURM_PROCID, SLURM_STEP_NODELIST, ...)")
+
+
+def under_mpirun(example, quick):
+    """mpirun -np 2; exits 77 (CTest: Skipped) without OpenMPI or without dtrain's MPI backend."""
     mpirun = shutil.which("mpirun")
     if not mpirun:
         print("skipped: mpirun -np 2 (OpenMPI is not installed)")
-        return
+        sys.exit(77)
     cmd = [mpirun, "--oversubscribe", "-np", "2"] + (["--allow-run-as-root"] if os.geteuid() == 0 else []) + [example] + quick
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if r.returncode != 0 and "needs dtrain built with OpenMPI" in r.stdout + r.stderr:
         print("skipped: mpirun -np 2 (this dtrain is built without OpenMPI)")
-        return
+        sys.exit(77)
     if r.returncode != 0:
         sys.exit(f"mpirun -np 2 failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
     check(result(r.stdout + r.stderr, "mpirun"), "mpirun -np 2")

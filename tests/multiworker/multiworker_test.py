@@ -220,4 +220,8 @@ if __name__ == "__main__":
     p.add_argument("--trainer", required=True)
     p.add_argument("--example", required=True)
     ARGS, rest = p.parse_known_args()
-    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+    result = unittest.main(argv=[sys.argv[0]] + rest, verbosity=2, exit=False).result
+    if not result.wasSuccessful():
+        sys.exit(1)
+    # Every test skipped (no mpirun, or dtrain built without MPI): CTest's Skipped, not Passed.
+    sys.exit(77 if result.skipped and len(result.skipped) == result.testsRun else 0)

@@ -7,8 +7,9 @@
 Both modes run the same job twice, 3 workers of a possible 2..3, 5 epochs of 12,480 Fashion-MNIST images
 at a global batch of 96 (650 optimizer steps):
   - undisturbed, as the reference;
-  - disturbed: a worker is lost while training (local: kill -9 of a worker process; netns: its host is
-    removed, i.e. dropped from the discovery script's list and its link cut), the survivors must roll back
+  - disturbed: a worker is lost while training (local: kill -9 of rank 0, which holds the committed
+    state; netns: worker 2's host is removed, i.e. dropped from the discovery script's list and its
+    link cut), the survivors must roll back
     to their last commit and go on as a round of 2; then a slot (local) or a new host (netns) is listed
     and the new worker must be taken in, with the committed state, as a round of 3.
 The disturbed job must exit 0 after exactly 650 optimizer steps (nothing lost, nothing applied twice),
@@ -98,9 +99,11 @@ def run_disturbed(ref):
     wait_for(err, rf"\[worker:0\] Epoch 2/{EPOCHS}", proc)  # well into training, with commits behind it
     t_lost = time.time()
     if mode == "local":
+        # Rank 0 itself, the worker that holds the job's committed state and prints the result: a
+        # survivor must take its place and broadcast the state it committed.
         discovery(["localhost:2"])  # no slot for a replacement yet
-        victim = pid_of(2, rdzv)
-        if victim is None: fail("cannot find worker 2's process")
+        victim = pid_of(0, rdzv)
+        if victim is None: fail("cannot find worker 0's process")
         os.kill(victim, signal.SIGKILL)
     else:
         discovery([f"{prefix}-h0:1", f"{prefix}-h1:1"])  # host 2 is removed...

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <thread>
 
@@ -273,6 +274,24 @@ TEST(Hvd, DistributedGradientTapeAverages) {
 // fit() with one device per rank, Horovod-style: each rank its own shard, DistributedOptimizer,
 // weights broadcast from rank 0 at the start, metrics averaged: every rank ends with the same
 // weights.
+// Horovod's variables, read by hvd::init(): ctest hvd_environment runs this test alone with
+// HOROVOD_CYCLE_TIME=2.5 and HOROVOD_FUSION_THRESHOLD=0 (fusion off: one transfer per tensor).
+TEST(Hvd, EnvironmentSetsCycleTimeAndFusionThreshold) {
+  const char* cycle = std::getenv("HOROVOD_CYCLE_TIME");
+  const char* fusion = std::getenv("HOROVOD_FUSION_THRESHOLD");
+  if (!cycle || !fusion) GTEST_SKIP() << "ctest hvd_environment sets the variables";
+  EXPECT_EQ(cycle_time(), std::chrono::microseconds(std::lround(std::atof(cycle) * 1000)));
+  EXPECT_EQ(fusion_threshold_bytes(), std::stoull(fusion));
+  if (fusion_threshold_bytes() != 0) return;
+  const CollectiveStats before = collective_stats();
+  std::vector<Handle> hs;
+  for (int i = 0; i < 12; ++i)
+    hs.push_back(allreduce_async(vec({static_cast<float>(i)}), "unfused." + std::to_string(i)));
+  for (int i = 0; i < 12; ++i)
+    EXPECT_EQ(host(hs[static_cast<size_t>(i)].synchronize())[0], static_cast<float>(i));
+  EXPECT_EQ(collective_stats().transfers - before.transfers, 12);
+}
+
 TEST(Hvd, FitKeepsEveryRankInStep) {
   OneDeviceStrategy s(DeviceSpec::cpu());
   Sequential m;

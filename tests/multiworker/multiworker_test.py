@@ -123,6 +123,47 @@ class Mpi(unittest.TestCase):
             self.assertLessEqual(err, 1e-5)
 
 
+class Fallback(unittest.TestCase):
+    """Ranks of one host that cannot share memory (worker 1 sees its own /dev/shm, as in a second
+    container in the same network namespace) fall back to the sockets, say so, and train the same."""
+
+    def job(self, d, name, isolate):
+        ports, out = free_ports(2), os.path.join(d, name + ".bin")
+        procs = []
+        for i in range(2):
+            cmd = [ARGS.trainer, "--strategy=multi_worker_mirrored", "--steps", "6", "--out", out]
+            if i == 1 and isolate:  # a private mount namespace with an empty /dev/shm of its own
+                cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                       'mount -t tmpfs tmpfs /dev/shm && exec "$@"', "sh"] + cmd
+            env = dict(os.environ, TF_CONFIG=tf_config(ports, i), DTRAIN_JOB_TOKEN="a-token-for-the-fallback-0123",
+                       DTRAIN_LOG_LEVEL="INFO")
+            procs.append(Watched(cmd, env=env))
+        logs = []
+        for i, p in enumerate(procs):
+            _, err = p.communicate(120)
+            self.assertEqual(p.returncode, 0, f"worker {i}:\n{err[-3000:]}")
+            logs.append(err)
+        return read_weights(out), logs
+
+    def test_ranks_that_cannot_map_each_others_memory_use_the_sockets(self):
+        if os.geteuid() != 0 or not shutil.which("unshare"):
+            self.skipTest("needs root and unshare (util-linux) for a private /dev/shm")
+        probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True)
+        if probe.returncode != 0:
+            self.skipTest("mount namespaces cannot be made here")
+        with tempfile.TemporaryDirectory() as d:
+            (ref_loss, ref), ref_logs = self.job(d, "shm", isolate=False)
+            self.assertIn("through shared memory", ref_logs[0])
+            (loss, w), logs = self.job(d, "fallback", isolate=True)
+            both = "".join(logs)
+            self.assertIn("a peer could not map shared memory", both, both[-3000:])
+            self.assertNotIn("collective data through shared memory", both)
+            err = max_rel_error(w, ref)
+            print(f"fallback to sockets: loss {loss:.8f} vs {ref_loss:.8f} through shared memory, max relative "
+                  f"error {err:.3g}")
+            self.assertEqual(err, 0.0, "the sockets' ring must sum exactly as the shared-memory one")
+
+
 class Faults(unittest.TestCase):
     def start(self, ports, i, token, extra_env=None, steps=100000):
         # A 2 s heartbeat timeout (5 s by default) names a stopped worker sooner; a 3 s rendezvous

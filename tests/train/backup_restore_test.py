@@ -2,7 +2,7 @@
 """BackupAndRestore with real processes: kill -9 a worker of a `dtrain-run -np 3` MultiWorkerMirrored
 job (or the whole process of a Mirrored run) mid-epoch, run the same command again, and compare the
 final weights, optimizer slots and iteration count with an uninterrupted run: bit for bit.
-Also `dtrain-run --max-restarts 1`: one command survives a killed worker.
+Also `dtrain-run --max-restarts 2`: one command survives a worker killed twice.
 
   backup_restore_test.py DTRAIN_RUN FASHION_MNIST
 """
@@ -37,25 +37,30 @@ def run(cmd, timeout=300):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     return r.returncode, r.stdout + r.stderr
 
-def start_and_kill(cmd, backup_dir, victim, min_step, total_steps):
-    """Starts cmd, waits for a backup at >= min_step, kill -9s victim(proc), returns (status, output)."""
+def start_and_kill(cmd, backup_dir, victim, min_steps, total_steps):
+    """Starts cmd; for each m in min_steps, waits for a backup at >= m and kill -9s victim(proc).
+    Returns (status, output)."""
+    if isinstance(min_steps, int):
+        min_steps = [min_steps]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 240
-    while backup_step(backup_dir) < min_step:
-        if p.poll() is not None:
-            sys.exit(f"the job ended (status {p.returncode}) before a backup at step {min_step}:\n{p.stdout.read()}")
-        if time.time() > deadline:
+    for min_step in min_steps:
+        while backup_step(backup_dir) < min_step:
+            if p.poll() is not None:
+                sys.exit(f"the job ended (status {p.returncode}) before a backup at step {min_step}:\n{p.stdout.read()}")
+            if time.time() > deadline:
+                p.kill()
+                sys.exit("no backup appeared within 240 s")
+            time.sleep(0.02)
+        step = backup_step(backup_dir)
+        if step >= total_steps:
             p.kill()
-            sys.exit("no backup appeared within 240 s")
-        time.sleep(0.02)
-    step = backup_step(backup_dir)
-    if step >= total_steps:
-        p.kill()
-        sys.exit(f"the job finished before it could be killed (backup at step {step}); give it more steps")
-    pid = victim(p)
-    os.kill(pid, signal.SIGKILL)
+            sys.exit(f"the job finished before it could be killed (backup at step {step}); give it more steps")
+        pid = victim(p)
+        os.kill(pid, signal.SIGKILL)
+        print(f"killed pid {pid} after the backup at step {step}")
     out, _ = p.communicate(timeout=120)
-    print(f"killed pid {pid} after the backup at step {step}; the job exited {p.returncode}")
+    print(f"the job exited {p.returncode}")
     return p.returncode, out
 
 def children(pid):
@@ -85,13 +90,13 @@ def main():
         if os.path.exists(f"{d}/bk/checkpoint"):
             sys.exit("the backup was not deleted after training finished")
 
-        # --- the same with dtrain-run --max-restarts: one command ---
-        cmd = [dtrain_run, "-np", "3", "--grace", "2", "--max-restarts", "1", "--", binary,
+        # --- the same with dtrain-run --max-restarts 2: one command, a worker killed twice ---
+        cmd = [dtrain_run, "-np", "3", "--grace", "2", "--max-restarts", "2", "--", binary,
                "--strategy=multi_worker_mirrored"] + common + ["--backup-dir", f"{d}/bk2", "--checkpoint-dir", f"{d}/k2"]
-        code, out = start_and_kill(cmd, f"{d}/bk2", lambda p: rng.choice(children(p.pid)), 10, total)
-        if code != 0 or "relaunching all of it" not in out or "resuming from a backup" not in out:
-            sys.exit(f"--max-restarts 1 did not carry the job through ({code}):\n{out}")
-        same(f"{d}/ref/final.safetensors", f"{d}/k2/final.safetensors", "MWMS x3 under --max-restarts 1")
+        code, out = start_and_kill(cmd, f"{d}/bk2", lambda p: rng.choice(children(p.pid)), [10, 30], total)
+        if code != 0 or out.count("relaunching all of it") != 2 or out.count("resuming from a backup") != 2:
+            sys.exit(f"--max-restarts 2 did not carry the job through two kills ({code}):\n{out}")
+        same(f"{d}/ref/final.safetensors", f"{d}/k2/final.safetensors", "MWMS x3 under --max-restarts 2, 2 kills")
 
         # --- Mirrored on two logical CPUs, the whole process killed ---
         mirrored = [binary, "--strategy=mirrored", "--devices=cpu:2"] + common

@@ -80,6 +80,18 @@ def main():
                 if t not in threads:
                     sys.exit(f"{rows[pid]}: no thread row '{t}' in {threads}")
         print(f"ok: MWMS 2 workers x 2 replicas: {len(ev)} events, every rank and phase present, properly nested")
+        # Gradient accumulation: one all-reduce per k batches (Horovod's backward_passes_per_step).
+        per_step = {pid: sum(1 for x in names_of(ev, pid) if x.startswith("all-reduce stage 2")) / steps for pid in rows}
+        acc = os.path.join(d, "accumulate.json")
+        run([dtrain_run, "-np", "2", "--timeline-filename", acc, "--", fashion, "--strategy=multi_worker_mirrored",
+             "--devices=cpu:2", "--accumulate=5"] + short)
+        ev_acc = load(acc)
+        for pid, name in rows.items():
+            got = sum(1 for x in names_of(ev_acc, pid) if x.startswith("all-reduce stage 2"))
+            if per_step[pid] < 1 or got != per_step[pid] * steps / 5:
+                sys.exit(f"{name}: --accumulate=5 ran {got} cross-worker all-reduces in {steps} steps; expected "
+                         f"{per_step[pid] * steps / 5:g} ({per_step[pid]:g} per update)")
+        print(f"ok: --accumulate=5: {steps // 5} all-reduces in {steps} steps on every worker")
         if plot:
             png = os.path.join(d, "t.png")
             r = subprocess.run(["/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable,

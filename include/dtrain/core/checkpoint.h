@@ -9,7 +9,7 @@
 // here load in Python with safetensors.torch.load_file and vice versa (for the six dtypes dtrain
 // holds: F32, F64, F16, BF16, I32, I64).
 //
-// Durability: every file is written to "<path>.tmp.<pid>.<n>", fsync'ed, renamed over <path>, and
+// Durability: every file is written to `<path>.tmp.<pid>.<n>`, fsync'ed, renamed over `<path>`, and
 // the directory fsync'ed, so a crash (or SIGKILL, or power loss) at any moment leaves either the
 // old file or the new one, never a torn one. Loading validates the whole file before it allocates
 // anything, so a corrupt or hostile file yields DataLoss, never a crash or a huge allocation.

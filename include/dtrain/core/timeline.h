@@ -4,10 +4,10 @@
 // gradient pack (waiting for its gradients, packing, the all-reduce stages, unpacking) and the
 // optimizer update, on each replica's thread; hvd records its negotiations and collectives.
 //
-// Files: a process started by dtrain-run (DTRAIN_TASK set) writes "<path>.<task>.json" at exit and
-// dtrain-run merges them into <path>, one process row per task; a process under mpirun or srun
-// writes "<path>.rank<N>.json" (merge them with merge_timeline_files or `dtrain-run
-// --merge-timeline`); a lone process writes <path>. Timestamps are the system clock in
+// Files: a process started by dtrain-run (DTRAIN_TASK set) writes `<path>.<task>.json` at exit and
+// dtrain-run merges them into `<path>`, one process row per task; a process under mpirun or srun
+// writes `<path>.rank<N>.json` (merge them with merge_timeline_files or `dtrain-run
+// --merge-timeline`); a lone process writes `<path>`. Timestamps are the system clock in
 // microseconds, so rows of tasks on one machine line up.
 //
 // Cost: when off, a Span is one relaxed atomic load. When on, events go to a buffer per thread

@@ -48,7 +48,7 @@ class DTRAIN_API Checkpoint {
   // Writes capture() to `path` when this task is the chief; returns whether it wrote.
   bool save(const std::string& path, const TrainingPosition& position = {},
             const std::map<std::string, std::string>& extra = {}) const;
-  // Through a CheckpointManager (ckpt-<global_step>.safetensors, index, max_to_keep), chief only.
+  // Through a CheckpointManager (`ckpt-<global_step>.safetensors`, index, max_to_keep), chief only.
   bool save(CheckpointManager& manager, const TrainingPosition& position,
             const std::map<std::string, std::string>& extra = {}) const;
 
@@ -79,7 +79,7 @@ class DTRAIN_API Checkpoint {
 namespace dtrain {
 
 // keras ModelCheckpoint: at each epoch end (or every save_freq batches) saves a Checkpoint of the
-// model and optimizer into `directory` (ckpt-<global step>.safetensors, newest max_to_keep kept);
+// model and optimizer into `directory` (`ckpt-<global step>.safetensors`, newest max_to_keep kept);
 // with save_best_only, only when `monitor` improved. Chief only.
 class DTRAIN_API ModelCheckpoint : public Callback {
  public:

@@ -93,7 +93,7 @@ class DTRAIN_API Job {
   Job& operator=(const Job&) = delete;
 
   // Waits for the next round and returns this worker's place in it as a ClusterResolution (task
-  // worker:<rank>, every member's address). Throws DeadlineExceeded when no round with --min-np
+  // `worker:<rank>`, every member's address). Throws DeadlineExceeded when no round with --min-np
   // workers forms within the timeout (the message says how many came), Unavailable when the
   // rendezvous is gone (the launcher ended the job), FailedPrecondition when every worker that held
   // the job's state has gone (a round of newcomers only would silently start over).

@@ -1,8 +1,8 @@
 // TensorBoard event files, written as TensorFlow writes them: TFRecord framing (length, masked
 // CRC-32C of the length, the record, masked CRC-32C of the record; CRC from Boost.CRC) around Event
 // and Summary protocol buffers (encoded with protobuf), in files named
-// events.out.tfevents.<seconds>.<host>.<pid>.<n>. TensorBoard's own reader (EventAccumulator) loads
-// them; `tensorboard --logdir DIR` shows them.
+// `events.out.tfevents.<seconds>.<host>.<pid>.<n>`. TensorBoard's own reader (EventAccumulator)
+// loads them; `tensorboard --logdir DIR` shows them.
 //
 // Thread-safety: a SummaryWriter may be used from one thread at a time.
 #pragma once
@@ -35,10 +35,10 @@ class DTRAIN_API SummaryWriter {
   std::unique_ptr<Impl> impl_;
 };
 
-// keras.callbacks.TensorBoard: on the chief, <log_dir>/train gets epoch_loss, epoch_<metric>,
+// keras.callbacks.TensorBoard: on the chief, `<log_dir>/train` gets `epoch_loss`, `epoch_<metric>`,
 // epoch_learning_rate and epoch_images_per_sec per epoch (step = epoch) and, every update_freq
 // batches (0: never), batch_loss, batch_learning_rate and batch_images_per_sec (step = global
-// step); <log_dir>/validation gets epoch_loss and epoch_<metric> of the test set.
+// step); `<log_dir>/validation` gets `epoch_loss` and `epoch_<metric>` of the test set.
 class DTRAIN_API TensorBoard : public Callback {
  public:
   explicit TensorBoard(std::string log_dir, int64_t update_freq = 100);

@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
           .run();
     };
     task.train = [&](dtrain::Strategy& strategy) {
-      dtrain::FashionMnist data = dtrain::load_fashion_mnist(data_dir);
+      dtrain::FashionMnist data = dtrain::load_fashion_mnist(data_dir, train_limit);
       if (train_limit > 0 && train_limit < data.train_images.shape()[0]) {
         data.train_images = data.train_images.slice_rows(0, train_limit);
         data.train_labels = data.train_labels.slice_rows(0, train_limit);

@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
     // A seed per rank, so the ranks' initial weights differ as they do in a framework seeded by
     // nobody: rank 0's reach every rank through BroadcastGlobalVariablesCallback below.
     dtrain::set_global_seed(seed + static_cast<uint64_t>(hvd::rank()));
-    dtrain::FashionMnist data = dtrain::load_fashion_mnist(data_dir);
+    dtrain::FashionMnist data = dtrain::load_fashion_mnist(data_dir, train_limit);
     if (train_limit > 0 && train_limit < data.train_images.shape()[0]) {
       data.train_images = data.train_images.slice_rows(0, train_limit);
       data.train_labels = data.train_labels.slice_rows(0, train_limit);

@@ -126,11 +126,11 @@ Tensor labels_to_tensor(const IdxArray& a, const std::string& path) {
 }
 
 void load_split(const std::string& dir, const std::string& how, const std::string& prefix,
-                Tensor* images, Tensor* labels) {
+                int64_t max_rows, Tensor* images, Tensor* labels) {
   const std::string image_path = find_data_file(dir, prefix + "-images-idx3-ubyte", how);
   const std::string label_path = find_data_file(dir, prefix + "-labels-idx1-ubyte", how);
-  const IdxArray image_idx = read_idx(image_path);
-  const IdxArray label_idx = read_idx(label_path);
+  const IdxArray image_idx = read_idx(image_path, max_rows);
+  const IdxArray label_idx = read_idx(label_path, max_rows);
   if (image_idx.dims.empty() || label_idx.dims.empty() || image_idx.dims[0] != label_idx.dims[0])
     throw DataLoss(detail::str_cat(
         "mislabelled data: ", image_path, " holds ", image_idx.dims.empty() ? 0 : image_idx.dims[0],
@@ -142,7 +142,7 @@ void load_split(const std::string& dir, const std::string& how, const std::strin
 
 }  // namespace
 
-IdxArray read_idx(const std::string& path) {
+IdxArray read_idx(const std::string& path, int64_t max_rows) {
   GzFile file(path);
   uint8_t magic[4];
   const size_t got_magic = file.read(magic, 4);
@@ -181,6 +181,12 @@ IdxArray read_idx(const std::string& path) {
     expected *= dim;
   }
   const size_t header_bytes = 4 + raw_dims.size();
+  // Only the first max_rows rows: the payload is row-major, so they are its first bytes.
+  const bool partial = max_rows > 0 && max_rows < out.dims[0];
+  if (partial) {
+    expected = expected / static_cast<uint64_t>(out.dims[0]) * static_cast<uint64_t>(max_rows);
+    out.dims[0] = max_rows;
+  }
 
   // Grow the buffer as data arrives so that a corrupt header cannot make us allocate terabytes.
   constexpr size_t kChunk = size_t{64} << 20;
@@ -197,6 +203,7 @@ IdxArray read_idx(const std::string& path) {
         "IDX file ", path, " is truncated: its header declares dims ", dims_string(out.dims), " = ",
         expected, " payload bytes (", header_bytes + expected, " bytes in all) but it holds only ",
         have, " payload bytes (", header_bytes + have, " in all); download it again"));
+  if (partial) return out;
   uint64_t extra = 0;
   std::vector<uint8_t> sink(1 << 16);
   for (size_t got; (got = file.read(sink.data(), sink.size())) > 0;) extra += got;
@@ -215,7 +222,7 @@ std::string resolve_data_dir(const std::string& dir) {
   return kDefaultFashionMnistDir;
 }
 
-FashionMnist load_fashion_mnist(const std::string& dir) {
+FashionMnist load_fashion_mnist(const std::string& dir, int64_t max_train_rows) {
   const std::string resolved = resolve_data_dir(dir);
   const char* env = std::getenv("DTRAIN_DATA_DIR");
   std::string how;
@@ -227,8 +234,8 @@ FashionMnist load_fashion_mnist(const std::string& dir) {
     how = "the default; neither --data-dir nor DTRAIN_DATA_DIR was set";
   }
   FashionMnist out;
-  load_split(resolved, how, "train", &out.train_images, &out.train_labels);
-  load_split(resolved, how, "t10k", &out.test_images, &out.test_labels);
+  load_split(resolved, how, "train", max_train_rows, &out.train_images, &out.train_labels);
+  load_split(resolved, how, "t10k", 0, &out.test_images, &out.test_labels);
   return out;
 }
 

@@ -279,6 +279,7 @@ TEST_F(IdxTest, DataDirResolution) {
   FashionMnist d = load_fashion_mnist();
   EXPECT_EQ(d.train_images.shape()[0], 4);
   EXPECT_EQ(d.test_labels.shape()[0], 2);
+  EXPECT_EQ(load_fashion_mnist("", 3).train_images.shape()[0], 3);
 }
 
 TEST(FashionMnistRealData, LoadsInstalledDataSet) {
@@ -314,6 +315,16 @@ TEST(FashionMnistRealData, LoadsInstalledDataSet) {
   std::vector<int> counts(10, 0);
   for (int32_t l : train) ++counts[l];
   for (int c : counts) EXPECT_EQ(c, 6000);  // Fashion-MNIST is balanced
+
+  // The first 1,000 training rows alone (--train-limit): the same bytes as the whole file's first
+  // rows; the test set whole.
+  const FashionMnist part = load_fashion_mnist(dir.string(), 1000);
+  ASSERT_EQ(part.train_images.shape(), (Shape{1000, 28, 28, 1}));
+  EXPECT_EQ(part.train_labels.to_vector<int32_t>(),
+            std::vector<int32_t>(train.begin(), train.begin() + 1000));
+  EXPECT_TRUE(std::equal(px, px + part.train_images.numel(), part.train_images.data<float>()));
+  EXPECT_EQ(part.test_images.shape(), (Shape{10000, 28, 28, 1}));
+  EXPECT_EQ(load_fashion_mnist(dir.string(), 70000).train_images.shape()[0], 60000);
 }
 
 }  // namespace

@@ -34,8 +34,8 @@ int main(int argc, char** argv) {
     // A seed per worker: their initial weights differ until the chief's are broadcast to all
     // (MultiWorkerMirrored does it as variables are created), which the equivalence tests check.
     dtrain::set_global_seed(7 + static_cast<uint64_t>(strategy->extended().worker_rank()));
-    const dtrain::FashionMnist data = dtrain::load_fashion_mnist();
     const int64_t n = rows > 0 ? rows : steps * batch;
+    const dtrain::FashionMnist data = dtrain::load_fashion_mnist("", n);
     if (declared_batch > 0) {
       const auto next = strategy->distribute_dataset(
           dtrain::Dataset::from_tensors(

@@ -24,8 +24,9 @@ struct DTRAIN_API IdxArray {
 // --data-dir, DTRAIN_DATA_DIR, or `apt-get install dataset-fashion-mnist`), Unavailable when it
 // exists but cannot be opened, and DataLoss when it is truncated or corrupt: bad magic, a type
 // code other than 0x08, or a payload whose size differs from the product of the dims (the message
-// names the file and the expected and actual byte counts).
-DTRAIN_API IdxArray read_idx(const std::string& path);
+// names the file and the expected and actual byte counts). max_rows > 0: only the first max_rows
+// rows (first dimension) are read and decompressed, and the bytes after them are not checked.
+DTRAIN_API IdxArray read_idx(const std::string& path, int64_t max_rows = 0);
 
 struct DTRAIN_API FashionMnist {
   Tensor train_images;  // float32 [60000, 28, 28, 1] in [0, 1]
@@ -44,7 +45,8 @@ DTRAIN_API std::string resolve_data_dir(const std::string& dir);
 // and t10k-labels-idx1-ubyte (each preferring a ".gz" version) from resolve_data_dir(dir).
 // Throws NotFound when a file is missing (naming the directory, how it was chosen and how to
 // change it), and DataLoss when a file is corrupt, images are not N x 28 x 28, image and label
-// counts differ, or a label is outside 0..9.
-DTRAIN_API FashionMnist load_fashion_mnist(const std::string& dir = "");
+// counts differ, or a label is outside 0..9. max_train_rows > 0: only the first max_train_rows
+// training images and labels are read (what --train-limit trains on; the rest is not decoded).
+DTRAIN_API FashionMnist load_fashion_mnist(const std::string& dir = "", int64_t max_train_rows = 0);
 
 }  // namespace dtrain

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs the shell commands that README.md and docs/*.md show, as a user would type them.
 
-  doc_commands_test.py SOURCE_DIR BUILD_DIR [--list]
+  doc_commands_test.py SOURCE_DIR BUILD_DIR [--no-mpi] [--list]
 
 Every ```sh block is run, or skipped for a reason that is printed: an HTML comment on the line before
 the block, `<!-- doc-test: skip: REASON -->`, skips it whole; a command whose program is not installed
@@ -10,7 +10,8 @@ script (`set -e`, in order, so its variables and exports carry) in a scratch dir
 `tools/`, `bench/`, `src/` and `include/` point at the real ones. Changed on purpose, and only these:
 a training command (fashion_mnist, horovod_fashion_mnist) without --steps gets `--steps=20`, which
 replaces its epochs; `/tmp/` paths point into the scratch directory; `--devices=gpu` commands are skipped
-without a GPU. A block that exits 77 (dtrain-netns where namespaces cannot be made) is skipped. The
+without a GPU, and mpirun commands when dtrain is built without its MPI backend (--no-mpi). A block
+that exits 77 (dtrain-netns where namespaces cannot be made) is skipped. The
 test fails naming each block that exits non-zero otherwise, with its output.
 """
 import os, re, shlex, shutil, subprocess, sys, tempfile, time
@@ -82,6 +83,8 @@ def rewrite(cmd, scratch, gpu):
         return None, f"{prog} is not installed here"
     if "--devices=gpu" in cmd and not gpu:
         return None, "no GPU here"
+    if prog == "mpirun" and "--no-mpi" in sys.argv:
+        return None, "this dtrain is built without its MPI backend"
     if TRAINER.search(cmd) and "--steps" not in cmd and "--eval-only" not in cmd and not re.match(r"^\w+=\S+$", cmd):
         cmd = cmd[:-1].rstrip() + " --steps=20 &" if cmd.endswith("&") else cmd + " --steps=20"
     return cmd.replace("/tmp/", scratch + "/tmp/"), None

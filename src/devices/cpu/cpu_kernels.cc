@@ -159,7 +159,7 @@ memory::data_type kernel_input_type() {
 void force_bf16_emulation_for_testing(bool on) { g_force_bf16_emulation.store(on); }
 
 // Built for AVX2 beside the baseline: a copy-speed pass over the operands.
-__attribute__((target_clones("avx2", "default"))) void round_to_bf16(float* p, size_t n) {
+DTRAIN_TARGET_CLONES("avx2", "default") void round_to_bf16(float* p, size_t n) {
   uint32_t* u = reinterpret_cast<uint32_t*>(p);
   for (size_t i = 0; i < n; ++i) {
     const uint32_t x = u[i];

@@ -7,6 +7,15 @@
 // thread with the device's thread count (set as the calling thread's OpenMP thread count).
 #pragma once
 
+// Function multiversioning: an ifunc picks a clone for this CPU when the library is loaded.
+// ThreadSanitizer instruments that resolver, which the dynamic loader runs before TSan's runtime
+// exists (a crash at load), so TSan builds (DTRAIN_SANITIZE=thread) get the portable clone only.
+#if defined(__SANITIZE_THREAD__)
+#define DTRAIN_TARGET_CLONES(...)
+#else
+#define DTRAIN_TARGET_CLONES(...) __attribute__((target_clones(__VA_ARGS__)))
+#endif
+
 #include <memory>
 
 #include "dtrain/devices/kernels.h"

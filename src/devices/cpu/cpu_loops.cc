@@ -209,9 +209,10 @@ namespace {
 // the square root vectorizes, and -ffp-contract=off, so no clone fuses a multiply-add: every
 // element gets the same IEEE operations in the same order, whichever path (vector body, peeled
 // head or tail) computes it.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void adam_loop(
-    float* __restrict w, float* __restrict pm, float* __restrict pv, const float* __restrict g,
-    int64_t n, float lr_t, float beta1, float beta2, float epsilon) {
+DTRAIN_TARGET_CLONES("avx512f", "avx2", "default")
+void adam_loop(float* __restrict w, float* __restrict pm, float* __restrict pv,
+               const float* __restrict g, int64_t n, float lr_t, float beta1, float beta2,
+               float epsilon) {
   const float b1c = 1.f - beta1, b2c = 1.f - beta2;
   for (int64_t i = 0; i < n; ++i) {
     const float mi = beta1 * pm[i] + b1c * g[i];

@@ -1,6 +1,10 @@
 // Synchronized batch normalisation (TF's SyncBatchNormalization / PyTorch's SyncBatchNorm): the
-// batch statistics are over the global batch, all-reduced across replicas in the forward pass,
-// and the backward pass all-reduces the two per-channel sums the input gradient needs:
+// batch statistics are over the global batch, all-reduced across replicas (and workers) in the
+// forward pass in two rounds: the sums and row count give the global mean, then every replica sums
+// its squared deviations from that mean. E[x^2] - E[x]^2 in one round would cancel in float32 when
+// the mean is large against the spread (a mean of 1000 and a spread of 0.01 lose the variance
+// entirely); the second all-reduce of c values is what the centred sum costs. The backward pass
+// all-reduces the two per-channel sums the input gradient needs:
 //   dx = gamma * inv_std / N * (N * dy - sum(dy) - xhat * sum(dy * xhat)),  sums over all replicas.
 // gamma's and beta's gradients stay local sums: the optimizer all-reduces them like any gradient.
 #include "dtrain/model/sync_batch_norm.h"
@@ -19,19 +23,18 @@ Tensor sync_batch_norm_training(ReplicaContext& ctx, const Tensor& x, const Tens
   Kernels& k = kernels_for(x);
   const int64_t c = x.shape()[-1], m = x.numel() / c;
   const Tensor x2 = x.view(Shape{m, c});
-  // Global sums of x and x^2 and the global row count.
+  // Round 1: the global sum of x and the global row count give the mean.
   const Tensor count = Tensor::full(Shape{1}, static_cast<float>(m), x.device());
-  std::vector<Tensor> g = ctx.all_reduce(
-      ReduceOp::kSum,
-      {k.reduce(ReductionKind::kSum, x2, {0}, false),
-       k.reduce(ReductionKind::kSum, k.unary(UnaryOp::kSquare, x2), {0}, false), count});
-  const float n = g[2].item();
+  std::vector<Tensor> g =
+      ctx.all_reduce(ReduceOp::kSum, {k.reduce(ReductionKind::kSum, x2, {0}, false), count});
+  const float n = g[1].item();
   if (n == 0) throw InvalidArgument("sync batch norm: the global batch is empty");
   const Tensor mean = k.affine(g[0], 1.f / n, 0.f);
-  const Tensor var = k.binary(
-      BinaryOp::kMax,
-      k.binary(BinaryOp::kSub, k.affine(g[1], 1.f / n, 0.f), k.unary(UnaryOp::kSquare, mean)),
-      Tensor::zeros(Shape{c}, DType::kFloat32, x.device()));
+  // Round 2: the global sum of squared deviations from that mean (an empty replica adds zeros).
+  const Tensor centred_sq =
+      k.reduce(ReductionKind::kSum, k.unary(UnaryOp::kSquare, k.binary(BinaryOp::kSub, x2, mean)),
+               {0}, false);
+  const Tensor var = k.affine(ctx.all_reduce(ReduceOp::kSum, {centred_sq})[0], 1.f / n, 0.f);
   const Tensor inv_std = k.binary(BinaryOp::kDiv, Tensor::full(Shape{c}, 1.f, x.device()),
                                   k.unary(UnaryOp::kSqrt, k.affine(var, 1.f, eps)));
   const Tensor xhat = k.binary(BinaryOp::kMul, k.binary(BinaryOp::kSub, x2, mean), inv_std);

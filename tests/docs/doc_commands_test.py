@@ -144,6 +144,8 @@ def main():
         print("  " + s)
     if failures:
         sys.exit("\nFAILED:\n" + "\n\n".join(failures))
+    if ran == 0:
+        sys.exit("no block ran: a test of nothing (are README.md and docs/ where they should be?)")
     print("ok: every command shown ran")
 
 

@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "dtrain/model/layers.h"
+#include "dtrain/nn/layers.h"
 
 namespace dtrain::examples {
 

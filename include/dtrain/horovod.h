@@ -30,7 +30,7 @@
 #include "dtrain/core/export.h"
 #include "dtrain/core/tensor.h"
 #include "dtrain/model/gradient_tape.h"
-#include "dtrain/model/optimizers.h"
+#include "dtrain/nn/optimizers.h"
 #include "dtrain/train/callbacks.h"
 
 namespace dtrain::hvd {

@@ -17,7 +17,7 @@
 #include "dtrain/core/logging.h"
 #include "dtrain/core/timeline.h"
 #include "dtrain/devices/device.h"
-#include "dtrain/model/layers.h"
+#include "dtrain/nn/layers.h"
 #include "dtrain/model/ops.h"
 #include "dtrain/strategies/strategy.h"
 #include "horovod/descriptor.h"

@@ -5,7 +5,7 @@
 
 #include "dtrain/devices/device.h"
 #include "dtrain/horovod.h"
-#include "dtrain/model/layers.h"
+#include "dtrain/nn/layers.h"
 #include "dtrain/strategies/strategy.h"
 
 namespace dtrain::hvd {

@@ -1,19 +1,80 @@
 #include "dtrain/model/variable.h"
 
+#include <atomic>
+
 #include "dtrain/devices/device.h"
-#include "dtrain/strategies/strategy.h"
 
 namespace dtrain {
+namespace {
+
+std::atomic<uint64_t> g_next_creator_id{1};
+thread_local std::vector<VariableCreator*> t_creators;
+thread_local const VariableCreator* t_running = nullptr;
+
+// What creates variables when no creator is on the stack: one plain copy on CPU:0.
+class DefaultCreator final : public VariableCreator {
+ public:
+  std::string name() const override {
+    return "the default strategy (it was made outside every strategy.scope())";
+  }
+  std::shared_ptr<Variable> make_variable(const VariableSpec& spec) override {
+    return std::make_shared<PlainVariable>(spec, DeviceSpec::cpu(0));
+  }
+};
+
+VariableCreator& default_creator() {
+  static auto* c = new DefaultCreator();  // leaked: variables may outlive main
+  return *c;
+}
+
+}  // namespace
+
+VariableCreator::VariableCreator() : id_(g_next_creator_id.fetch_add(1)) {}
+
+VariableCreatorScope::VariableCreatorScope(VariableCreator* creator)
+    : depth_(static_cast<int64_t>(t_creators.size())) {
+  if (!creator) throw InvalidArgument("VariableCreatorScope: the creator is null");
+  t_creators.push_back(creator);
+}
+
+VariableCreatorScope::~VariableCreatorScope() {
+  if (depth_ >= 0 && static_cast<int64_t>(t_creators.size()) > depth_)
+    t_creators.resize(static_cast<size_t>(depth_));
+}
+
+VariableCreator* current_variable_creator() {
+  return t_creators.empty() ? nullptr : t_creators.back();
+}
+
+std::shared_ptr<Variable> create_variable(const VariableSpec& spec) {
+  if (!spec.initializer)
+    throw InvalidArgument("variable '" + spec.name +
+                          "' has no initializer; set VariableSpec::initializer");
+  for (int64_t d : spec.shape.dims())
+    if (d < 0)
+      throw InvalidArgument("variable '" + spec.name +
+                            "' has a negative dimension: " + spec.shape.to_string());
+  VariableCreator& creator = t_creators.empty() ? default_creator() : *t_creators.back();
+  std::shared_ptr<Variable> v = creator.make_variable(spec);
+  v->set_strategy(creator.instance_id(), creator.name());
+  return v;
+}
+
+namespace detail {
+const VariableCreator* set_running_creator(const VariableCreator* creator) {
+  const VariableCreator* previous = t_running;
+  t_running = creator;
+  return previous;
+}
+const VariableCreator* running_creator() { return t_running; }
+}  // namespace detail
 
 void Variable::check_strategy(const char* use) const {
   if (strategy_id_ == 0) return;  // made directly, not through create_variable(): no owner to check
-  const uint64_t running = detail::running_strategy_id(nullptr);  // hot path: no name built
-  if (running == 0 || running == strategy_id_) return;
-  std::string running_name;
-  detail::running_strategy_id(&running_name);
+  if (!t_running || t_running->instance_id() == strategy_id_) return;
   throw FailedPrecondition(
       "variable '" + name() + "' belongs to " + strategy_name_ + " but is " + use +
-      " inside the run() of " + running_name +
+      " inside the run() of " + t_running->name() +
       ": a variable is only usable under the strategy that made it. Build the model and the "
       "optimizer inside the training strategy's scope ({ auto scope = strategy.scope(); "
       "model = ...; optimizer = ...; }) and train them with that strategy");

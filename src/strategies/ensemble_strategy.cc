@@ -58,7 +58,8 @@ class EnsembleVariable final : public Variable {
  private:
   // Inside this strategy's run(): a member's own copy; otherwise (cross-replica) member 0 / all.
   bool in_member() const {
-    return detail::running_strategy_id(nullptr) == strategy_id() && strategy_id() != 0;
+    const VariableCreator* running = detail::running_creator();
+    return running && running->instance_id() == strategy_id() && strategy_id() != 0;
   }
   size_t member() const {
     if (!in_member()) return 0;

@@ -15,8 +15,9 @@ class ReplicaThreadScope {
 
  private:
   ReplicaContext* saved_ctx_;
-  const Strategy* saved_running_;
+  const VariableCreator* saved_running_ = nullptr;
   size_t saved_depth_;
+  VariableCreatorScope creator_scope_;
 };
 
 // The process-wide default strategy (one replica on CPU:0).

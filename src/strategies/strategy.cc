@@ -15,32 +15,24 @@ namespace {
 
 thread_local std::vector<Strategy*> t_scopes;
 thread_local ReplicaContext* t_replica_ctx = nullptr;
-thread_local const Strategy* t_running = nullptr;  // whose run() this thread is inside
-std::atomic<uint64_t> g_next_strategy_id{1};
 
 }  // namespace
 
 namespace detail {
 
 ReplicaThreadScope::ReplicaThreadScope(Strategy* strategy, ReplicaContext* ctx)
-    : saved_ctx_(t_replica_ctx), saved_running_(t_running), saved_depth_(t_scopes.size()) {
+    : saved_ctx_(t_replica_ctx), saved_depth_(t_scopes.size()), creator_scope_(strategy) {
   t_scopes.push_back(strategy);
   t_replica_ctx = ctx;
   // The default strategy runs inline on the caller's thread and reads any variable as cross-replica
   // code would (evaluate(get_strategy(), ...) of a model built under Mirrored): no ownership check.
-  t_running = dynamic_cast<const DefaultStrategy*>(strategy) ? nullptr : strategy;
+  saved_running_ = set_running_creator(strategy == &default_strategy() ? nullptr : strategy);
 }
 
 ReplicaThreadScope::~ReplicaThreadScope() {
   t_scopes.resize(saved_depth_);
   t_replica_ctx = saved_ctx_;
-  t_running = saved_running_;
-}
-
-uint64_t running_strategy_id(std::string* name) {
-  if (!t_running) return 0;
-  if (name) *name = t_running->name();
-  return t_running->instance_id();
+  set_running_creator(saved_running_);
 }
 
 Strategy& default_strategy() {
@@ -49,6 +41,19 @@ Strategy& default_strategy() {
 }
 
 }  // namespace detail
+
+namespace {
+// Entering a scope while another strategy's scope is active is an error, as in TF.
+Strategy* check_scope(Strategy* s) {
+  if (!t_scopes.empty() && t_scopes.back() != s)
+    throw FailedPrecondition(
+        "cannot enter the scope of strategy '" + s->name() +
+        "' inside the scope of a different strategy '" + t_scopes.back()->name() +
+        "': mixing strategies is not allowed; leave the first scope (or use one "
+        "strategy for the whole model)");
+  return s;
+}
+}  // namespace
 
 ReplicaContext* get_replica_context() {
   if (t_replica_ctx) return t_replica_ctx;
@@ -62,13 +67,7 @@ Strategy& get_strategy() {
 
 bool has_strategy() { return !t_scopes.empty() && t_scopes.back() != &detail::default_strategy(); }
 
-StrategyScope::StrategyScope(Strategy* s) : strategy_(s) {
-  if (!t_scopes.empty() && t_scopes.back() != s)
-    throw FailedPrecondition(
-        "cannot enter the scope of strategy '" + s->name() +
-        "' inside the scope of a different strategy '" + t_scopes.back()->name() +
-        "': mixing strategies is not allowed; leave the first scope (or use one "
-        "strategy for the whole model)");
+StrategyScope::StrategyScope(Strategy* s) : strategy_(s), creator_scope_(check_scope(s)) {
   t_scopes.push_back(s);
 }
 
@@ -76,7 +75,7 @@ StrategyScope::~StrategyScope() {
   if (strategy_ && !t_scopes.empty()) t_scopes.pop_back();
 }
 
-Strategy::Strategy() : id_(g_next_strategy_id.fetch_add(1)) {}
+Strategy::Strategy() = default;
 Strategy::~Strategy() = default;
 
 StrategyScope Strategy::scope() { return StrategyScope(this); }
@@ -87,25 +86,6 @@ int64_t InputContext::get_per_replica_batch_size(int64_t global_batch_size) cons
                           " is not divisible by the " + std::to_string(num_replicas_in_sync) +
                           " replicas");
   return global_batch_size / num_replicas_in_sync;
-}
-
-std::shared_ptr<Variable> create_variable(const VariableSpec& spec) {
-  if (!spec.initializer)
-    throw InvalidArgument("variable '" + spec.name +
-                          "' has no initializer; set VariableSpec::initializer");
-  for (int64_t d : spec.shape.dims())
-    if (d < 0)
-      throw InvalidArgument("variable '" + spec.name +
-                            "' has a negative dimension: " + spec.shape.to_string());
-  return get_strategy().create_variable(spec);
-}
-
-std::shared_ptr<Variable> Strategy::create_variable(const VariableSpec& spec) {
-  std::shared_ptr<Variable> v = do_create_variable(spec);
-  v->set_strategy(id_, this == &detail::default_strategy()
-                           ? "the default strategy (it was made outside every strategy.scope())"
-                           : name());
-  return v;
 }
 
 PerReplica Strategy::run(const ReplicaFn& fn, const PerReplica& inputs) {

@@ -10,8 +10,8 @@
 
 #include "dtrain/core/error.h"
 #include "dtrain/core/logging.h"
-#include "dtrain/model/layers.h"
-#include "dtrain/model/optimizers.h"
+#include "dtrain/nn/layers.h"
+#include "dtrain/nn/optimizers.h"
 #include "dtrain/strategies/strategy.h"
 
 namespace dtrain {

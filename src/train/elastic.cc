@@ -6,8 +6,8 @@
 #include <optional>
 
 #include "dtrain/core/logging.h"
-#include "dtrain/model/layers.h"
-#include "dtrain/model/optimizers.h"
+#include "dtrain/nn/layers.h"
+#include "dtrain/nn/optimizers.h"
 #include "dtrain/strategies/multi_worker_mirrored_strategy.h"
 #include "dtrain/train/checkpoint.h"
 

@@ -8,8 +8,8 @@
 #include "dtrain/core/timeline.h"
 #include "dtrain/devices/device.h"
 #include "dtrain/model/gradient_tape.h"
-#include "dtrain/model/losses.h"
-#include "dtrain/model/metrics.h"
+#include "dtrain/nn/losses.h"
+#include "dtrain/nn/metrics.h"
 #include "dtrain/model/ops.h"
 
 namespace dtrain {

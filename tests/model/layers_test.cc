@@ -1,13 +1,13 @@
 // Layers, initializers and optimizers against hand-computed values.
-#include "dtrain/model/layers.h"
+#include "dtrain/nn/layers.h"
 
 #include <cmath>
 
 #include "dtrain/core/precision.h"
 #include "dtrain/model/initializers.h"
-#include "dtrain/model/losses.h"
-#include "dtrain/model/metrics.h"
-#include "dtrain/model/optimizers.h"
+#include "dtrain/nn/losses.h"
+#include "dtrain/nn/metrics.h"
+#include "dtrain/nn/optimizers.h"
 #include "testing/test_util.h"
 
 namespace dtrain {

@@ -2,7 +2,7 @@
 #include <cmath>
 
 #include "dtrain/model/initializers.h"
-#include "dtrain/model/layers.h"
+#include "dtrain/nn/layers.h"
 #include "testing/test_util.h"
 
 namespace dtrain {

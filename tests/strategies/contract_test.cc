@@ -10,9 +10,9 @@
 
 #include "dtrain/data/dataset.h"
 #include "dtrain/model/initializers.h"
-#include "dtrain/model/layers.h"
-#include "dtrain/model/losses.h"
-#include "dtrain/model/optimizers.h"
+#include "dtrain/nn/layers.h"
+#include "dtrain/nn/losses.h"
+#include "dtrain/nn/optimizers.h"
 #include "dtrain/strategies/make_strategy.h"
 #include "dtrain/strategies/mirrored_strategy.h"
 #include "dtrain/strategies/one_device_strategy.h"

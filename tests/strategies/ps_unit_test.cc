@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "dtrain/cluster/cluster_resolver.h"
-#include "dtrain/model/optimizers.h"
+#include "dtrain/nn/optimizers.h"
 #include "dtrain/strategies/multi_worker_mirrored_strategy.h"
 #include "dtrain/strategies/parameter_server_strategy.h"
 

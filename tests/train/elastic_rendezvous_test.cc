@@ -7,8 +7,8 @@
 #include <thread>
 
 #include "dtrain/core/error.h"
-#include "dtrain/model/layers.h"
-#include "dtrain/model/optimizers.h"
+#include "dtrain/nn/layers.h"
+#include "dtrain/nn/optimizers.h"
 #include "dtrain/strategies/multi_worker_mirrored_strategy.h"
 #include "dtrain/train/callbacks.h"
 #include "dtrain/train/elastic.h"

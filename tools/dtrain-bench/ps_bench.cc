@@ -16,7 +16,7 @@
 #include "bench_util.h"
 #include "dtrain/cluster/cluster_resolver.h"
 #include "dtrain/model/initializers.h"
-#include "dtrain/model/optimizers.h"
+#include "dtrain/nn/optimizers.h"
 #include "dtrain/strategies/parameter_server_strategy.h"
 
 namespace dtrain::bench {

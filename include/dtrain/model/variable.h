@@ -1,8 +1,10 @@
 // Variables: named, mutable tensors that survive across steps (weights, optimizer slots,
 // batch-norm statistics). Layers never construct one directly: they call create_variable(spec),
-// which asks the innermost active strategy (see strategies/strategy.h) to make it, so the same
-// layer code yields a plain variable under OneDevice, a mirrored one under Mirrored, and a PS
-// handle under ParameterServer.
+// which asks the innermost VariableCreator on this thread's creator stack to make it (TF's
+// variable_creator_scope). strategy.scope() pushes its strategy there, so the same layer code
+// yields a plain variable under OneDevice, a mirrored one under Mirrored and a PS handle under
+// ParameterServer, while this file knows nothing of strategies. With no creator on the stack, a
+// plain variable on CPU:0 is made (what TF's default strategy does).
 //
 // Thread-safety: value() may be called from any replica thread; each replica reads its own copy.
 // Writes from several replicas follow the variable's synchronization/aggregation (TF semantics).
@@ -93,9 +95,9 @@ class DTRAIN_API Variable {
   // Throws Internal unless updates_remotely().
   virtual void apply_remote_update(const std::string& optimizer_config, const Tensor& grad);
 
-  // The strategy that made the variable: its name (for messages) and its Strategy::instance_id()
-  // (0: made directly, not through create_variable; never checked). Set once by
-  // Strategy::create_variable.
+  // The creator (a strategy) that made the variable: its name (for messages) and its
+  // VariableCreator::instance_id() (0: made directly, not through create_variable; never checked).
+  // Set once by create_variable().
   const std::string& strategy_name() const { return strategy_name_; }
   uint64_t strategy_id() const { return strategy_id_; }
   void set_strategy(uint64_t id, std::string name) {
@@ -137,8 +139,54 @@ class DTRAIN_API PlainVariable : public Variable {
   Tensor value_;
 };
 
-// Asks the innermost active strategy (or the default strategy) to create a variable.
+// What makes variables: a strategy (strategies/strategy.h) or a user's own creator.
+//
+// Thread-safety: make_variable() is called on the thread whose stack holds the creator.
+class DTRAIN_API VariableCreator {
+ public:
+  VariableCreator();
+  virtual ~VariableCreator() = default;
+  // The creator's name in messages ("MirroredStrategy").
+  virtual std::string name() const = 0;
+  // A number unique to this creator object in this process (never reused, never 0); variables
+  // record it so that a variable is refused inside another creator's replica code.
+  uint64_t instance_id() const { return id_; }
+  // Makes the variable (the spec is already checked). Throws what the creator's placement throws.
+  virtual std::shared_ptr<Variable> make_variable(const VariableSpec& spec) = 0;
+
+ private:
+  uint64_t id_;
+};
+
+// While alive, `creator` is the innermost creator on the calling thread (TF's
+// variable_creator_scope). Scopes nest; each ends where it began, also when an inner one leaked.
+class DTRAIN_API VariableCreatorScope {
+ public:
+  explicit VariableCreatorScope(VariableCreator* creator);
+  ~VariableCreatorScope();
+  VariableCreatorScope(VariableCreatorScope&& o) noexcept : depth_(o.depth_) { o.depth_ = -1; }
+  VariableCreatorScope(const VariableCreatorScope&) = delete;
+  VariableCreatorScope& operator=(const VariableCreatorScope&) = delete;
+  VariableCreatorScope& operator=(VariableCreatorScope&&) = delete;
+
+ private:
+  int64_t depth_;  // stack size before the push; -1 when moved from
+};
+
+// The innermost creator on this thread's stack, or nullptr.
+DTRAIN_API VariableCreator* current_variable_creator();
+
+// Asks the innermost creator on this thread (or, with none, makes a plain variable on CPU:0) to
+// create a variable, and records the creator in it.
 // Throws InvalidArgument if spec.initializer is empty or the shape has a negative dimension.
 DTRAIN_API std::shared_ptr<Variable> create_variable(const VariableSpec& spec);
+
+namespace detail {
+// The creator whose replica function the calling thread runs (set by a strategy's run() on each
+// replica thread; nullptr outside every run()). Variables refuse to be used inside the replica
+// code of a creator that is not theirs. Returns the previous one.
+DTRAIN_API const VariableCreator* set_running_creator(const VariableCreator* creator);
+DTRAIN_API const VariableCreator* running_creator();
+}  // namespace detail
 
 }  // namespace dtrain

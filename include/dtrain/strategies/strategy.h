@@ -96,12 +96,16 @@ class DTRAIN_API StrategyScope {
  public:
   explicit StrategyScope(Strategy* s);
   ~StrategyScope();
-  StrategyScope(StrategyScope&& o) noexcept : strategy_(o.strategy_) { o.strategy_ = nullptr; }
+  StrategyScope(StrategyScope&& o) noexcept
+      : strategy_(o.strategy_), creator_scope_(std::move(o.creator_scope_)) {
+    o.strategy_ = nullptr;
+  }
   StrategyScope(const StrategyScope&) = delete;
   StrategyScope& operator=(const StrategyScope&) = delete;
 
  private:
   Strategy* strategy_;
+  VariableCreatorScope creator_scope_;  // the strategy as this thread's variable creator
 };
 
 using ReplicaFn =
@@ -122,9 +126,11 @@ struct DTRAIN_API ValueContext {
   int num_replicas_in_sync = 1;
 };
 
-class DTRAIN_API Strategy {
+// A strategy is the variable creator its scope() installs (model/variable.h): variables made
+// inside the scope are this strategy's, and its run() refuses any other strategy's.
+class DTRAIN_API Strategy : public VariableCreator {
  public:
-  virtual ~Strategy();
+  ~Strategy() override;
   Strategy(const Strategy&) = delete;
   Strategy& operator=(const Strategy&) = delete;
 
@@ -132,13 +138,11 @@ class DTRAIN_API Strategy {
   // scope is active throws FailedPrecondition (mixing strategies is an error, as in TF).
   [[nodiscard]] StrategyScope scope();
 
-  virtual std::string name() const = 0;
+  std::string name() const override = 0;
   // Replicas in sync over the whole job (all workers).
   virtual int num_replicas_in_sync() const = 0;
   // The devices replicas run on, in replica order (local replicas only).
   virtual std::vector<DeviceSpec> worker_devices() const = 0;
-  // A number unique to this strategy object in this process (never reused); variables record it.
-  uint64_t instance_id() const { return id_; }
   // The parts this strategy is assembled from: cluster context, cross-worker ops, training policy.
   StrategyExtended& extended() { return extended_; }
   const StrategyExtended& extended() const { return extended_; }
@@ -172,9 +176,11 @@ class DTRAIN_API Strategy {
   PerReplica experimental_distribute_values_from_function(
       const std::function<std::vector<Tensor>(const ValueContext&)>& fn);
 
-  // Called by dtrain::create_variable for the innermost strategy in scope. The variable remembers
-  // its strategy, so that run() can refuse it under another one.
-  std::shared_ptr<Variable> create_variable(const VariableSpec& spec);
+  // Called by dtrain::create_variable for the innermost strategy in scope (the variable then
+  // remembers this strategy, so that run() can refuse it under another one).
+  std::shared_ptr<Variable> make_variable(const VariableSpec& spec) override {
+    return do_create_variable(spec);
+  }
 
  protected:
   Strategy();
@@ -201,15 +207,7 @@ class DTRAIN_API Strategy {
 
  private:
   StrategyExtended extended_;
-  uint64_t id_;  // unique per strategy object in this process; never reused
 };
-
-namespace detail {
-// The id of the strategy whose run() the calling thread is inside (0 outside every run()), and,
-// when `name` is not null, its name in *name. Variables use it to refuse a strategy that is not
-// theirs.
-DTRAIN_API uint64_t running_strategy_id(std::string* name);
-}  // namespace detail
 
 // How TF's rebatching splits `rows` (<= global_batch) over replicas: each takes up to
 // ceil(global_batch / num_replicas) rows in replica order, so a last batch of 6 at global batch 8

@@ -11,8 +11,8 @@
 
 #include "dtrain/core/export.h"
 #include "dtrain/data/dataset.h"
-#include "dtrain/model/layers.h"
-#include "dtrain/model/optimizers.h"
+#include "dtrain/nn/layers.h"
+#include "dtrain/nn/optimizers.h"
 #include "dtrain/strategies/strategy.h"
 #include "dtrain/train/callbacks.h"
 

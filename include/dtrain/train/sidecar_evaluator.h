@@ -21,7 +21,7 @@
 #include "dtrain/core/checkpoint.h"
 #include "dtrain/core/export.h"
 #include "dtrain/data/dataset.h"
-#include "dtrain/model/layers.h"
+#include "dtrain/nn/layers.h"
 #include "dtrain/train/fit.h"
 
 namespace dtrain {

@@ -11,7 +11,7 @@
 #include "collectives/tcp/rpc.h"
 #include "dtrain/core/logging.h"
 #include "dtrain/devices/device.h"
-#include "dtrain/model/optimizers.h"
+#include "dtrain/model/update_rules.h"
 #include "dtrain/strategies/parameter_server_strategy.h"
 #include "strategies/ps/ps_protocol.h"
 #include "strategies/ps/ps_tasks.h"
@@ -27,7 +27,7 @@ struct ServerVar {
   std::vector<Tensor> slots;
   int64_t updates = 0;  // optimizer steps applied (Adam's step count)
   std::string opt_config;
-  std::unique_ptr<Optimizer> opt;
+  UpdateConfig opt;  // the rule of the optimizer config pushed last
 };
 
 class PsServer {
@@ -156,16 +156,18 @@ class PsServer {
       if (g.shape() != v->value.shape() || g.dtype() != v->value.dtype())
         throw InvalidArgument("gradient of " + describe(g) + " pushed for variable '" +
                               req.keys[i] + "' of " + describe(v->value));
-      if (!v->opt || v->opt_config != req.optimizer_config) {
-        v->opt = Optimizer::from_config(req.optimizer_config);
+      if (!v->opt.rule || v->opt_config != req.optimizer_config) {
+        v->opt = parse_update_config(req.optimizer_config);
         v->opt_config = req.optimizer_config;
       }
-      if (static_cast<int>(v->slots.size()) != v->opt->slots_per_variable()) {
+      const UpdateRule& rule = *v->opt.rule;
+      const int slots = static_cast<int>(rule.slot_names().size());
+      if (static_cast<int>(v->slots.size()) != slots) {
         v->slots.clear();
-        for (int s = 0; s < v->opt->slots_per_variable(); ++s)
-          v->slots.push_back(Tensor::full(v->value.shape(), v->opt->slot_initial_value(s)));
+        for (int s = 0; s < slots; ++s)
+          v->slots.push_back(Tensor::full(v->value.shape(), rule.slot_initial_value(s)));
       }
-      v->opt->apply_dense(v->value, g, v->slots, ++v->updates);
+      rule.apply(v->value, g, v->slots, ++v->updates, v->opt.learning_rate, v->opt.weight_decay);
     }
     std::lock_guard lock(clock_mu_);
     global_step_ += static_cast<int64_t>(req.step_increment);

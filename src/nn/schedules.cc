@@ -1,10 +1,10 @@
-#include "dtrain/model/schedules.h"
+#include "dtrain/nn/schedules.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numbers>
 
-#include "config_line.h"
+#include "model/config_line.h"
 
 namespace dtrain {
 

@@ -1,4 +1,4 @@
-#include "dtrain/model/losses.h"
+#include "dtrain/nn/losses.h"
 
 #include "dtrain/model/ops.h"
 #include "dtrain/strategies/strategy.h"

@@ -1,4 +1,4 @@
-#include "dtrain/model/metrics.h"
+#include "dtrain/nn/metrics.h"
 
 #include <algorithm>
 #include <cmath>

@@ -7,7 +7,7 @@
 // all-reduces the two per-channel sums the input gradient needs:
 //   dx = gamma * inv_std / N * (N * dy - sum(dy) - xhat * sum(dy * xhat)),  sums over all replicas.
 // gamma's and beta's gradients stay local sums: the optimizer all-reduces them like any gradient.
-#include "dtrain/model/sync_batch_norm.h"
+#include "dtrain/nn/sync_batch_norm.h"
 
 #include "dtrain/devices/device.h"
 #include "dtrain/model/gradient_tape.h"

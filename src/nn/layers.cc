@@ -1,11 +1,11 @@
-#include "dtrain/model/layers.h"
+#include "dtrain/nn/layers.h"
 
 #include <algorithm>
 
 #include "dtrain/core/random.h"
 #include "dtrain/devices/device.h"
 #include "dtrain/model/initializers.h"
-#include "dtrain/model/sync_batch_norm.h"
+#include "dtrain/nn/sync_batch_norm.h"
 #include "dtrain/strategies/strategy.h"
 
 namespace dtrain {

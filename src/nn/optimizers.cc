@@ -1,8 +1,8 @@
-#include "dtrain/model/optimizers.h"
+#include "dtrain/nn/optimizers.h"
 
 #include <cmath>
 
-#include "config_line.h"
+#include "model/config_line.h"
 #include "dtrain/devices/device.h"
 #include "dtrain/model/initializers.h"
 #include "dtrain/strategies/strategy.h"
@@ -38,11 +38,10 @@ double squared_norm(const Tensor& g) {
 
 }  // namespace
 
-Optimizer::Optimizer(float lr, OptimizerOptions options)
-    : Optimizer(std::make_shared<ConstantSchedule>(lr), options) {}
-
-Optimizer::Optimizer(std::shared_ptr<LearningRateSchedule> schedule, OptimizerOptions options)
-    : schedule_(std::move(schedule)), options_(options) {
+Optimizer::Optimizer(std::shared_ptr<const UpdateRule> rule,
+                     std::shared_ptr<LearningRateSchedule> schedule, OptimizerOptions options)
+    : rule_(std::move(rule)), schedule_(std::move(schedule)), options_(options) {
+  if (!rule_) throw InvalidArgument("optimizer: the update rule is null");
   if (!schedule_) throw InvalidArgument("optimizer: the learning-rate schedule is null");
   check_options(options_);
 }
@@ -59,7 +58,7 @@ std::vector<std::shared_ptr<Variable>>& Optimizer::slots_for(const Variable* v) 
   auto it = slot_index_.find(v);
   if (it != slot_index_.end()) return slots_[it->second];
   std::vector<std::shared_ptr<Variable>> s;
-  const std::vector<std::string> names = slot_names_impl();
+  const std::vector<std::string> names = rule_->slot_names();
   for (size_t i = 0; i < names.size(); ++i) {
     VariableSpec spec;
     spec.name = "optimizer/" + v->name() + "/" + names[i];
@@ -133,12 +132,7 @@ std::vector<Tensor> Optimizer::clip(std::vector<Tensor> g) const {
 
 void Optimizer::apply_dense(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots,
                             int64_t step, float lr) {
-  if (static_cast<int>(slots.size()) != slots_per_variable())
-    throw InvalidArgument(name() + " needs " + std::to_string(slots_per_variable()) +
-                          " slots per variable, got " + std::to_string(slots.size()));
-  if (options_.weight_decay > 0.f)
-    value.copy_from(kernels_for(value).affine(value, 1.f - lr * options_.weight_decay, 0.f));
-  update(value, grad, slots, step, lr);
+  rule_->apply(value, grad, slots, step, lr, options_.weight_decay);
 }
 
 void Optimizer::apply_gradients(const std::vector<Tensor>& grads,
@@ -210,7 +204,7 @@ void Optimizer::apply_gradients(const std::vector<Tensor>& grads,
     const Tensor& grad = g[i];
     if (!slot_lists[i]) {  // the variable lives on a parameter server, which applies the update
       if (remote_config.empty())
-        remote_config = name() + kv("learning_rate", lr) + hyper_config() +
+        remote_config = name() + kv("learning_rate", lr) + rule_->hyper_config() +
                         kv("weight_decay", options_.weight_decay);
       vars[i]->apply_remote_update(remote_config, grad);
       continue;
@@ -269,55 +263,23 @@ void Optimizer::apply_slices(ReplicaContext& ctx, const std::vector<Tensor>& gra
 }
 
 std::string Optimizer::config() const {
-  return name() + kv("learning_rate", learning_rate()) + hyper_config() +
+  return name() + kv("learning_rate", learning_rate()) + rule_->hyper_config() +
          kv("weight_decay", options_.weight_decay) + kv("clipnorm", options_.clipnorm) +
          kv("clipvalue", options_.clipvalue) + kv("global_clipnorm", options_.global_clipnorm);
 }
 
 std::unique_ptr<Optimizer> Optimizer::from_config(const std::string& config) {
-  detail::ConfigLine c(config, "optimizer config");
-  const std::string n = c.name();
-  const std::string common = "learning_rate, weight_decay, clipnorm, clipvalue, global_clipnorm";
+  UpdateConfig c = parse_update_config(config);
+  OptimizerOptions o;
+  o.weight_decay = c.weight_decay;
+  o.clipnorm = c.clipnorm;
+  o.clipvalue = c.clipvalue;
+  o.global_clipnorm = c.global_clipnorm;
   try {
-    const bool adamw = n == "adamw";
-    const float lr = static_cast<float>(c.number("learning_rate", n == "sgd" ? 0.01 : 1e-3));
-    OptimizerOptions o;
-    o.weight_decay = static_cast<float>(c.number("weight_decay", adamw ? 0.004 : 0.0));
-    o.clipnorm = static_cast<float>(c.number("clipnorm", 0));
-    o.clipvalue = static_cast<float>(c.number("clipvalue", 0));
-    o.global_clipnorm = static_cast<float>(c.number("global_clipnorm", 0));
-    auto f = [&](const char* key, double fallback) {
-      return static_cast<float>(c.number(key, fallback));
-    };
-    std::unique_ptr<Optimizer> opt;
-    if (n == "sgd") {
-      const float momentum = f("momentum", 0);
-      const bool nesterov = c.number("nesterov", 0) != 0;
-      c.finish(common + ", momentum, nesterov");
-      opt = std::make_unique<SGD>(lr, momentum, nesterov, o);
-    } else if (n == "adam" || adamw) {
-      const float b1 = f("beta_1", 0.9), b2 = f("beta_2", 0.999), eps = f("epsilon", 1e-7);
-      c.finish(common + ", beta_1, beta_2, epsilon");
-      if (adamw)
-        opt = std::make_unique<AdamW>(lr, o.weight_decay, b1, b2, eps, o);
-      else
-        opt = std::make_unique<Adam>(lr, b1, b2, eps, o);
-    } else if (n == "rmsprop") {
-      const float rho = f("rho", 0.9), momentum = f("momentum", 0), eps = f("epsilon", 1e-7);
-      const bool centered = c.number("centered", 0) != 0;
-      c.finish(common + ", rho, momentum, epsilon, centered");
-      opt = std::make_unique<RMSprop>(lr, rho, momentum, eps, centered, o);
-    } else if (n == "adagrad") {
-      const float init = f("initial_accumulator_value", 0.1), eps = f("epsilon", 1e-7);
-      c.finish(common + ", initial_accumulator_value, epsilon");
-      opt = std::make_unique<Adagrad>(lr, init, eps, o);
-    } else {
-      throw c.error("unknown optimizer '" + n + "' (sgd, adam, adamw, rmsprop, adagrad)");
-    }
-    return opt;
+    return std::make_unique<Optimizer>(std::move(c.rule),
+                                       std::make_shared<ConstantSchedule>(c.learning_rate), o);
   } catch (const InvalidArgument& e) {
-    if (std::string(e.what()).rfind("malformed", 0) == 0) throw;
-    throw c.error(e.what());
+    throw InvalidArgument("malformed optimizer config '" + config + "': " + e.what());
   }
 }
 

@@ -25,8 +25,9 @@
 #include <vector>
 
 #include "dtrain/core/export.h"
-#include "dtrain/model/schedules.h"
+#include "dtrain/model/update_rules.h"
 #include "dtrain/model/variable.h"
+#include "dtrain/nn/schedules.h"
 
 namespace dtrain {
 
@@ -41,10 +42,12 @@ struct DTRAIN_API OptimizerOptions {
   float global_clipnorm = 0.f;
 };
 
+// An optimizer is an update rule (model/update_rules.h) with Keras' machinery around it.
 class DTRAIN_API Optimizer {
  public:
-  Optimizer(float learning_rate, OptimizerOptions options);
-  Optimizer(std::shared_ptr<LearningRateSchedule> schedule, OptimizerOptions options);
+  // Throws InvalidArgument for a null rule or schedule, or options out of range.
+  Optimizer(std::shared_ptr<const UpdateRule> rule, std::shared_ptr<LearningRateSchedule> schedule,
+            OptimizerOptions options);
   virtual ~Optimizer() = default;
 
   // grads[i] belongs to vars[i]; undefined gradients are skipped (as TF skips None).
@@ -73,15 +76,16 @@ class DTRAIN_API Optimizer {
   }
   const OptimizerOptions& options() const { return options_; }
   // The optimizer's name in configs and checkpoints: "sgd", "adam", "adamw", "rmsprop", "adagrad".
-  virtual std::string name() const = 0;
+  std::string name() const { return rule_->name(); }
+  const UpdateRule& rule() const { return *rule_; }
   // Slot variables in a fixed order: by the order variables were first seen (build() or
   // apply_gradients()), then by slot. Slot i of variable "dense/kernel" is named
   // "optimizer/dense/kernel/<slot_names()[i]>".
   std::vector<std::shared_ptr<Variable>> slot_variables() const;
-  std::vector<std::string> slot_names() const { return slot_names_impl(); }
-  int slots_per_variable() const { return static_cast<int>(slot_names_impl().size()); }
+  std::vector<std::string> slot_names() const { return rule_->slot_names(); }
+  int slots_per_variable() const { return static_cast<int>(rule_->slot_names().size()); }
   // The value slot i starts from (0 for all but Adagrad's accumulator).
-  virtual float slot_initial_value(int /*slot*/) const { return 0.f; }
+  float slot_initial_value(int slot) const { return rule_->slot_initial_value(slot); }
 
   // The optimizer and all its hyper-parameters as one line, e.g.
   // "adam learning_rate=0.001 beta_1=0.9 beta_2=0.999 epsilon=1e-07 weight_decay=0 clipnorm=0
@@ -102,14 +106,6 @@ class DTRAIN_API Optimizer {
     apply_dense(value, grad, slots, step, learning_rate());
   }
 
- protected:
-  virtual std::vector<std::string> slot_names_impl() const = 0;
-  // The optimizer's own hyper-parameters as " key=value" pairs (config() adds the rest).
-  virtual std::string hyper_config() const = 0;
-  // Applies one update to `value` (this replica's copy) given slots (this replica's copies).
-  virtual void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step,
-                      float lr) = 0;
-
  private:
   std::vector<std::shared_ptr<Variable>>& slots_for(const Variable* v);
   std::vector<Tensor> clip(std::vector<Tensor> grads) const;
@@ -118,6 +114,7 @@ class DTRAIN_API Optimizer {
   void apply_slices(ReplicaContext& ctx, const std::vector<Tensor>& grads,
                     const std::vector<int64_t>& offsets,
                     const std::vector<std::shared_ptr<Variable>>& vars);
+  std::shared_ptr<const UpdateRule> rule_;
   std::shared_ptr<LearningRateSchedule> schedule_;
   OptimizerOptions options_;
   GradientAggregator aggregator_;
@@ -136,17 +133,6 @@ class DTRAIN_API SGD : public Optimizer {
                OptimizerOptions options = {});
   SGD(std::shared_ptr<LearningRateSchedule> schedule, float momentum = 0.f, bool nesterov = false,
       OptimizerOptions options = {});
-  std::string name() const override { return "sgd"; }
-
- protected:
-  std::vector<std::string> slot_names_impl() const override;
-  std::string hyper_config() const override;
-  void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step,
-              float lr) override;
-
- private:
-  float momentum_;
-  bool nesterov_;
 };
 
 // Adam (keras Adam; epsilon outside the square root, bias correction folded into the rate).
@@ -156,23 +142,13 @@ class DTRAIN_API Adam : public Optimizer {
                 float epsilon = 1e-7f, OptimizerOptions options = {});
   Adam(std::shared_ptr<LearningRateSchedule> schedule, float beta1 = 0.9f, float beta2 = 0.999f,
        float epsilon = 1e-7f, OptimizerOptions options = {});
-  std::string name() const override { return "adam"; }
-
- protected:
-  std::vector<std::string> slot_names_impl() const override { return {"m", "v"}; }
-  std::string hyper_config() const override;
-  void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step,
-              float lr) override;
-
-  float beta1_, beta2_, epsilon_;
 };
 
 // AdamW: Adam with decoupled weight decay (keras AdamW; weight_decay defaults to 0.004).
-class DTRAIN_API AdamW : public Adam {
+class DTRAIN_API AdamW : public Optimizer {
  public:
   explicit AdamW(float learning_rate = 1e-3f, float weight_decay = 0.004f, float beta1 = 0.9f,
                  float beta2 = 0.999f, float epsilon = 1e-7f, OptimizerOptions options = {});
-  std::string name() const override { return "adamw"; }
 };
 
 // RMSprop (keras RMSprop): v = rho v + (1-rho) g^2; with centered, a = rho a + (1-rho) g and the
@@ -182,17 +158,6 @@ class DTRAIN_API RMSprop : public Optimizer {
  public:
   explicit RMSprop(float learning_rate = 1e-3f, float rho = 0.9f, float momentum = 0.f,
                    float epsilon = 1e-7f, bool centered = false, OptimizerOptions options = {});
-  std::string name() const override { return "rmsprop"; }
-
- protected:
-  std::vector<std::string> slot_names_impl() const override;
-  std::string hyper_config() const override;
-  void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step,
-              float lr) override;
-
- private:
-  float rho_, momentum_, epsilon_;
-  bool centered_;
 };
 
 // Adagrad (keras Adagrad): acc += g^2; var -= lr g / sqrt(acc + epsilon); acc starts at
@@ -201,17 +166,6 @@ class DTRAIN_API Adagrad : public Optimizer {
  public:
   explicit Adagrad(float learning_rate = 1e-3f, float initial_accumulator_value = 0.1f,
                    float epsilon = 1e-7f, OptimizerOptions options = {});
-  std::string name() const override { return "adagrad"; }
-  float slot_initial_value(int) const override { return initial_; }
-
- protected:
-  std::vector<std::string> slot_names_impl() const override { return {"accumulator"}; }
-  std::string hyper_config() const override;
-  void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step,
-              float lr) override;
-
- private:
-  float initial_, epsilon_;
 };
 
 // Horovod's rule for data parallelism: the rate multiplied by the number of replicas in sync

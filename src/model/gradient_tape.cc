@@ -190,6 +190,15 @@ bool should_record(std::initializer_list<const Tensor*> inputs) {
   return false;
 }
 
+bool should_record(const std::vector<Tensor>& inputs) {
+  for (GradientTape* t : t_tapes) {
+    if (!TapeAccess::active(*t)) continue;
+    for (const Tensor& x : inputs)
+      if (TapeAccess::watches(*t, x)) return true;
+  }
+  return false;
+}
+
 namespace {
 void record_node(const char* op, std::vector<Tensor>& inputs, std::vector<Tensor>& outputs,
                  BackwardFn fn) {

@@ -10,59 +10,6 @@
 
 namespace dtrain {
 
-Tensor apply_activation(Activation a, const Tensor& x) {
-  switch (a) {
-    case Activation::kNone:
-      return x;
-    case Activation::kRelu:
-      return ops::relu(x);
-    case Activation::kTanh:
-      return ops::tanh(x);
-    case Activation::kSigmoid:
-      return ops::sigmoid(x);
-  }
-  return x;
-}
-
-Tensor Layer::operator()(const Tensor& x, bool training) {
-  if (!built_) build(x.shape());
-  return call(x, training);
-}
-
-void Layer::build(const Shape& input_shape) {
-  if (built_) return;
-  ReplicaContext* ctx = get_replica_context();
-  if (ctx && ctx->num_replicas_in_sync() > 1)
-    throw FailedPrecondition("layer '" + name_ + "' is being built inside strategy.run() with " +
-                             std::to_string(ctx->num_replicas_in_sync()) +
-                             " replicas; call model.build(input_shape) inside strategy.scope() "
-                             "before training");
-  build_weights(input_shape);
-  built_ = true;
-}
-
-VariableList Layer::trainable_variables() const {
-  VariableList out;
-  for (const auto& w : weights_)
-    if (w->trainable()) out.push_back(w);
-  return out;
-}
-
-std::shared_ptr<Variable> Layer::add_weight(const std::string& name, const Shape& shape,
-                                            Initializer init, bool trainable,
-                                            VariableSynchronization sync, VariableAggregation agg) {
-  VariableSpec spec;
-  spec.name = name_ + "/" + name;
-  spec.shape = shape;
-  spec.initializer = std::move(init);
-  spec.trainable = trainable;
-  spec.synchronization = sync;
-  spec.aggregation = agg;
-  auto v = create_variable(spec);
-  weights_.push_back(v);
-  return v;
-}
-
 // --- Dense ---
 Dense::Dense(int64_t units, Activation activation, bool use_bias, std::string name)
     : Layer(std::move(name)), units_(units), activation_(activation), use_bias_(use_bias) {
@@ -113,12 +60,56 @@ Tensor Conv2D::linear(const Tensor& x) {
 
 Tensor Conv2D::call(const Tensor& x, bool) { return apply_activation(activation_, linear(x)); }
 
+Layer::FusedCall Conv2D::fuse_with_next(const Layer& next) {
+  // Conv2D(activation=relu) then max pooling: pooled first, then ReLU. The values are the same
+  // (ReLU is non-decreasing, so it commutes with max; pooling never reads padding), and so are the
+  // gradients; the ReLU and its backward pass touch a quarter of the elements (a 2x2 pool), which
+  // is most of the memory traffic of the reference CNN's first layer. The convolution and the
+  // pooling run as one op (ops::conv2d_max_pool2d), which a CPU runs a few images at a time.
+  const std::optional<Pool2DSpec> pool = next.max_pool_spec();
+  if (activation_ != Activation::kRelu || !pool || !built() || !next.built() ||
+      pool->window_h != pool->window_w || pool->stride_h != pool->stride_w)
+    return {};
+  const Pool2DSpec p = *pool;
+  return [this, p](const Tensor& x, bool) {
+    const Tensor pooled =
+        ops::conv2d_max_pool2d(x, kernel->value(), use_bias_ ? bias->value() : Tensor(), stride_,
+                               padding_, p.window_h, p.stride_h, p.padding);
+    return apply_activation(Activation::kRelu, pooled);
+  };
+}
+
 // --- MaxPool2D ---
 MaxPool2D::MaxPool2D(int pool, int stride, ops::Padding padding, std::string name)
     : Layer(std::move(name)), pool_(pool), stride_(stride > 0 ? stride : pool), padding_(padding) {}
 
+std::optional<Pool2DSpec> MaxPool2D::max_pool_spec() const {
+  return Pool2DSpec{pool_, pool_, stride_, stride_, padding_};
+}
+
 Tensor MaxPool2D::call(const Tensor& x, bool) {
   return ops::max_pool2d(x, pool_, pool_, stride_, stride_, padding_);
+}
+
+// --- ZeroPadding2D, GlobalAveragePooling2D ---
+ZeroPadding2D::ZeroPadding2D(int top, int bottom, int left, int right, std::string name)
+    : Layer(std::move(name)), top_(top), bottom_(bottom), left_(left), right_(right) {
+  if (top < 0 || bottom < 0 || left < 0 || right < 0)
+    throw InvalidArgument("ZeroPadding2D needs padding >= 0");
+}
+
+Tensor ZeroPadding2D::call(const Tensor& x, bool) {
+  if (x.shape().rank() != 4)
+    throw InvalidArgument("ZeroPadding2D '" + path() + "' expects NHWC input [N, H, W, C], got " +
+                          x.shape().to_string());
+  return ops::zero_pad2d(x, top_, bottom_, left_, right_);
+}
+
+Tensor GlobalAveragePooling2D::call(const Tensor& x, bool) {
+  if (x.shape().rank() != 4)
+    throw InvalidArgument("GlobalAveragePooling2D '" + path() +
+                          "' expects NHWC input [N, H, W, C], got " + x.shape().to_string());
+  return ops::mean(x, {1, 2});
 }
 
 // --- Dropout ---
@@ -193,95 +184,6 @@ Tensor BatchNormalization::call(const Tensor& x, bool training) {
     });
   }
   return y;
-}
-
-// --- Sequential ---
-Sequential::Sequential(std::vector<std::shared_ptr<Layer>> layers) {
-  for (auto& l : layers) add(std::move(l));
-}
-
-Sequential& Sequential::add(std::shared_ptr<Layer> layer) {
-  if (built_) throw FailedPrecondition("cannot add layers to a Sequential model after build()");
-  if (!layer) throw InvalidArgument("Sequential::add: the layer is null");
-  auto taken = [&](const std::string& n) {
-    for (const auto& l : layers_)
-      if (l->name() == n) return true;
-    return false;
-  };
-  if (taken(layer->name())) {
-    if (layer->built())
-      throw FailedPrecondition("layer '" + layer->name() +
-                               "' is already built and its name is taken in this model");
-    const std::string base = layer->name();
-    int i = 1;
-    while (taken(base + "_" + std::to_string(i))) ++i;
-    layer->name_ = base + "_" + std::to_string(i);
-  }
-  layers_.push_back(std::move(layer));
-  return *this;
-}
-
-void Sequential::build(const Shape& input_shape) {
-  if (built_) return;
-  std::vector<int64_t> d = input_shape.dims();
-  if (!d.empty()) d[0] = 1;
-  const DeviceSpec dev = get_strategy().worker_devices().front();
-  Tensor x = Tensor::zeros(Shape(d), DType::kFloat32, dev);
-  for (auto& l : layers_) {
-    l->build(x.shape());
-    // In cross-replica context a variable reads as its primary copy, which need not be on the
-    // first worker device (CentralStorage keeps it on the parameter device): run the shape pass
-    // where the layer's weights are.
-    const VariableList w = l->variables();
-    if (!w.empty()) x = x.to(w.front()->value().device());
-    x = (*l)(x, false);
-  }
-  built_ = true;
-}
-
-Tensor Sequential::operator()(const Tensor& x, bool training) {
-  Tensor y = x;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    // Conv2D(activation=relu) then MaxPool2D: pooled first, then ReLU. The values are the same
-    // (ReLU is non-decreasing, so it commutes with max; pooling never reads padding), and so are
-    // the gradients; the ReLU and its backward pass touch a quarter of the elements (a 2x2 pool),
-    // which is most of the memory traffic of the reference CNN's first layer. The convolution and
-    // the pooling run as one op (ops::conv2d_max_pool2d), which a CPU runs a few images at a time
-    // (once the pooling layer is built: the first call of an unbuilt model runs the layers apart).
-    auto* conv = dynamic_cast<Conv2D*>(layers_[i].get());
-    auto* pool = i + 1 < layers_.size() ? dynamic_cast<MaxPool2D*>(layers_[i + 1].get()) : nullptr;
-    if (conv && conv->activation_ == Activation::kRelu && pool && pool->built_) {
-      conv->build(y.shape());  // no-op once built
-      const Tensor pooled = ops::conv2d_max_pool2d(
-          y, conv->kernel->value(), conv->use_bias_ ? conv->bias->value() : Tensor(), conv->stride_,
-          conv->padding_, pool->pool_, pool->stride_, pool->padding_);
-      y = apply_activation(Activation::kRelu, pooled);
-      ++i;
-      continue;
-    }
-    y = (*layers_[i])(y, training);
-  }
-  return y;
-}
-
-VariableList Sequential::trainable_variables() const {
-  VariableList out;
-  for (const auto& l : layers_)
-    for (auto& v : l->trainable_variables()) out.push_back(v);
-  return out;
-}
-
-VariableList Sequential::variables() const {
-  VariableList out;
-  for (const auto& l : layers_)
-    for (auto& v : l->variables()) out.push_back(v);
-  return out;
-}
-
-int64_t Sequential::count_params() const {
-  int64_t n = 0;
-  for (const auto& v : trainable_variables()) n += v->shape().numel();
-  return n;
 }
 
 }  // namespace dtrain

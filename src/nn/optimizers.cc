@@ -2,10 +2,10 @@
 
 #include <cmath>
 
-#include "model/config_line.h"
 #include "dtrain/devices/device.h"
 #include "dtrain/model/initializers.h"
 #include "dtrain/strategies/strategy.h"
+#include "model/config_line.h"
 
 namespace dtrain {
 

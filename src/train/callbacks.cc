@@ -31,7 +31,7 @@ TrainingContext& Callback::context() const {
         "a callback's model, optimizer and strategy exist only while fit() runs it");
   return *ctx_;
 }
-Sequential& Callback::model() const { return *context().model; }
+Model& Callback::model() const { return *context().model; }
 Optimizer& Callback::optimizer() const { return *context().optimizer; }
 Strategy& Callback::strategy() const { return *context().strategy; }
 

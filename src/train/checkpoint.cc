@@ -83,7 +83,7 @@ std::vector<Tensor> all_member_copies(Strategy& s, const Variable& v) {
 
 }  // namespace
 
-Checkpoint::Checkpoint(Sequential& model, Optimizer* optimizer, Strategy* strategy)
+Checkpoint::Checkpoint(Model& model, Optimizer* optimizer, Strategy* strategy)
     : model_(model), optimizer_(optimizer), strategy_(strategy ? strategy : &get_strategy()) {}
 
 CheckpointData Checkpoint::capture(const TrainingPosition& p,

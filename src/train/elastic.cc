@@ -20,8 +20,8 @@ const char* kEpochState = "dtrain.epoch_state";
 // each commit whether the membership changes, and puts a restored state's position into fit().
 class CommitState final : public Callback {
  public:
-  CommitState(Job& job, MultiWorkerMirroredStrategy& strategy, Sequential& model,
-              Optimizer& optimizer, int64_t every)
+  CommitState(Job& job, MultiWorkerMirroredStrategy& strategy, Model& model, Optimizer& optimizer,
+              int64_t every)
       : job_(job), strategy_(strategy), model_(model), optimizer_(optimizer), every_(every) {}
 
   void on_train_begin(const TrainLogs&) override {
@@ -130,7 +130,7 @@ class CommitState final : public Callback {
 
   Job& job_;
   MultiWorkerMirroredStrategy& strategy_;
-  Sequential& model_;
+  Model& model_;
   Optimizer& optimizer_;
   int64_t every_;
   std::optional<CheckpointData> committed_;
@@ -141,9 +141,8 @@ class CommitState final : public Callback {
 
 }  // namespace
 
-RunReport run(Job& job, MultiWorkerMirroredStrategy& strategy, Sequential& model,
-              Optimizer& optimizer, const std::function<void(Callback& elastic)>& train,
-              const RunOptions& options) {
+RunReport run(Job& job, MultiWorkerMirroredStrategy& strategy, Model& model, Optimizer& optimizer,
+              const std::function<void(Callback& elastic)>& train, const RunOptions& options) {
   if (job.membership().generation == 0)
     throw FailedPrecondition(
         "elastic::run: the job has not joined a round; build the strategy with job.join()");

@@ -8,9 +8,9 @@
 #include "dtrain/core/timeline.h"
 #include "dtrain/devices/device.h"
 #include "dtrain/model/gradient_tape.h"
+#include "dtrain/model/ops.h"
 #include "dtrain/nn/losses.h"
 #include "dtrain/nn/metrics.h"
-#include "dtrain/model/ops.h"
 
 namespace dtrain {
 namespace {
@@ -87,7 +87,7 @@ void call(const std::vector<Callback*>& cbs, void (Callback::*hook)(const TrainL
 
 }  // namespace
 
-EvalResult evaluate(Strategy& strategy, Sequential& model, const Dataset& test, int64_t batch_size,
+EvalResult evaluate(Strategy& strategy, Model& model, const Dataset& test, int64_t batch_size,
                     const LossFn& loss, const std::vector<std::string>& metrics,
                     const std::vector<Callback*>& callbacks) {
   if (batch_size < 1)
@@ -139,7 +139,7 @@ EvalResult evaluate(Strategy& strategy, Sequential& model, const Dataset& test, 
   return r;
 }
 
-Tensor predict(Strategy& strategy, Sequential& model, const Dataset& data, int64_t batch_size) {
+Tensor predict(Strategy& strategy, Model& model, const Dataset& data, int64_t batch_size) {
   if (batch_size < 1)
     throw InvalidArgument("predict(): batch_size must be >= 1, got " + std::to_string(batch_size));
   if (data.is_batched())
@@ -186,7 +186,7 @@ Tensor predict(Strategy& strategy, Sequential& model, const Dataset& data, int64
   return all;
 }
 
-EnsemblePrediction predict_ensemble(Strategy& strategy, Sequential& model, const Dataset& data,
+EnsemblePrediction predict_ensemble(Strategy& strategy, Model& model, const Dataset& data,
                                     int64_t batch_size) {
   if (batch_size < 1)
     throw InvalidArgument("predict_ensemble(): batch_size must be >= 1, got " +
@@ -272,7 +272,7 @@ EnsemblePrediction predict_ensemble(Strategy& strategy, Sequential& model, const
   return r;
 }
 
-History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer, const Dataset& train,
+History fit(Strategy& strategy, Model& model, Optimizer& optimizer, const Dataset& train,
             const Dataset* test, const FitOptions& options) {
   if (options.global_batch_size < 1)
     throw InvalidArgument("global_batch_size must be >= 1, got " +

@@ -9,7 +9,7 @@
 
 namespace dtrain {
 
-SidecarEvaluator::SidecarEvaluator(Sequential& model, Dataset test, SidecarEvaluatorOptions options)
+SidecarEvaluator::SidecarEvaluator(Model& model, Dataset test, SidecarEvaluatorOptions options)
     : model_(model), test_(std::move(test)), o_(std::move(options)) {
   if (!model_.built())
     throw InvalidArgument("SidecarEvaluator: build the model first (model.build(input_shape))");
@@ -18,7 +18,7 @@ SidecarEvaluator::SidecarEvaluator(Sequential& model, Dataset test, SidecarEvalu
         "SidecarEvaluator needs the training job's checkpoint directory (--checkpoint-dir)");
 }
 
-void SidecarEvaluator::load_into(Sequential& model, const CheckpointData& data) {
+void SidecarEvaluator::load_into(Model& model, const CheckpointData& data) {
   std::set<std::string>
       used;  // ParameterServerStrategy's naming: the first free of name, name_1, name_2...
   for (const auto& var : model.variables()) {

@@ -69,7 +69,7 @@ std::pair<Sequential, std::unique_ptr<Optimizer>> build(Strategy& s, MakeOptimiz
   return {std::move(m), make_optimizer()};
 }
 
-std::vector<std::vector<float>> weights(Sequential& m) {
+std::vector<std::vector<float>> weights(Model& m) {
   std::vector<std::vector<float>> w;
   for (const auto& v : m.variables())
     w.push_back(v->value().to(DeviceSpec::cpu()).to_vector<float>());

@@ -105,6 +105,12 @@ class DTRAIN_API Kernels {
   // Copies x converted to dtype (float32 <-> float16/bfloat16/float64).
   virtual Tensor cast(const Tensor& x, DType dtype) = 0;
   virtual void fill(Tensor& x, float value) = 0;
+  // Copies src's indices [src_begin, src_begin + count) along `axis` into dst's
+  // [dst_begin, dst_begin + count) (every other dimension and the dtype equal; the caller checks).
+  // The default makes one copy per index of the dimensions before `axis`, through the devices'
+  // allocators (on the CPU, memcpy), so it is correct on any device.
+  virtual void copy_slab(const Tensor& src, int axis, int64_t src_begin, Tensor& dst,
+                         int64_t dst_begin, int64_t count);
 
   // --- losses ---
   // logits [N, C] float32, labels [N] int32 in [0, C). Writes per-example loss [N] and

@@ -98,6 +98,7 @@ using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& 
 DTRAIN_API bool needs_gradient(size_t index);
 // True when some active tape on this thread watches one of `inputs`.
 DTRAIN_API bool should_record(std::initializer_list<const Tensor*> inputs);
+DTRAIN_API bool should_record(const std::vector<Tensor>& inputs);
 DTRAIN_API void record(const char* op, std::vector<Tensor> inputs, std::vector<Tensor> outputs,
                        BackwardFn fn);
 // Records an op that is not differentiable (again); differentiating through it throws

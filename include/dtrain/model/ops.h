@@ -50,6 +50,17 @@ DTRAIN_API Tensor cast(const Tensor& x, DType dtype);
 DTRAIN_API Tensor ones_like(const Tensor& x);
 DTRAIN_API Tensor zeros_like(const Tensor& x);
 
+// --- joining and slicing (any rank; a negative axis counts from the end) ---
+// Joins tensors whose shapes are equal but along `axis` (keras.layers.Concatenate, tf.concat).
+// Throws InvalidArgument naming the first tensor that does not fit.
+DTRAIN_API Tensor concat(const std::vector<Tensor>& xs, int axis);
+// x's indices [begin, begin + size) along `axis` (a copy).
+DTRAIN_API Tensor slice(const Tensor& x, int axis, int64_t begin, int64_t size);
+// Cuts x along `axis` into pieces of `sizes`, which must add up to the dimension (tf.split).
+DTRAIN_API std::vector<Tensor> split(const Tensor& x, int axis, const std::vector<int64_t>& sizes);
+// NHWC zero padding of height and width (keras.layers.ZeroPadding2D).
+DTRAIN_API Tensor zero_pad2d(const Tensor& x, int top, int bottom, int left, int right);
+
 // --- neural network ---
 enum class Padding { kValid, kSame };
 DTRAIN_API Conv2dParams conv_params(const Shape& x, const Shape& w, int stride_h, int stride_w,

@@ -23,7 +23,7 @@
 namespace dtrain {
 
 class Strategy;
-class Sequential;
+class Model;
 class Optimizer;
 class LearningRateSchedule;
 
@@ -50,7 +50,7 @@ struct DTRAIN_API TrainLogs {
 // What callbacks see of the training run: set by fit() before on_train_begin.
 struct DTRAIN_API TrainingContext {
   Strategy* strategy = nullptr;
-  Sequential* model = nullptr;
+  Model* model = nullptr;
   Optimizer* optimizer = nullptr;
   bool is_chief = true;
   // Set by a callback to end training after the current batch (keras model.stop_training).
@@ -79,7 +79,7 @@ class DTRAIN_API Callback {
   void set_context(TrainingContext* context) { ctx_ = context; }
   // Valid from on_train_begin to on_train_end; FailedPrecondition outside fit().
   TrainingContext& context() const;
-  Sequential& model() const;
+  Model& model() const;
   Optimizer& optimizer() const;
   Strategy& strategy() const;
   bool is_chief() const { return ctx_ == nullptr || ctx_->is_chief; }

@@ -26,7 +26,7 @@
 namespace dtrain {
 
 class Strategy;
-class Sequential;
+class Model;
 class Optimizer;
 
 struct DTRAIN_API TrainingPosition {
@@ -39,8 +39,7 @@ class DTRAIN_API Checkpoint {
  public:
   // `optimizer` may be null (weights only). `strategy`: the strategy the model was built under
   // (nullptr: the current one).
-  explicit Checkpoint(Sequential& model, Optimizer* optimizer = nullptr,
-                      Strategy* strategy = nullptr);
+  explicit Checkpoint(Model& model, Optimizer* optimizer = nullptr, Strategy* strategy = nullptr);
 
   // Everything as tensors and metadata (position, optimizer config, seed, extra).
   CheckpointData capture(const TrainingPosition& position = {},
@@ -67,7 +66,7 @@ class DTRAIN_API Checkpoint {
       std::map<std::string, std::string>* metadata = nullptr) const;
 
  private:
-  Sequential& model_;
+  Model& model_;
   Optimizer* optimizer_;
   Strategy* strategy_;
 };

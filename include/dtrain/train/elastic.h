@@ -54,7 +54,7 @@ namespace dtrain {
 class Callback;
 class MultiWorkerMirroredStrategy;
 class Optimizer;
-class Sequential;
+class Model;
 
 namespace elastic {
 
@@ -134,7 +134,7 @@ struct DTRAIN_API RunReport {
 // rendezvous' errors. `model` and `optimizer` are what is committed and broadcast. Throws
 // FailedPrecondition before any collective when the strategy broadcasts initial values
 // (CommunicationOptions::broadcast_initial_values must be false) or the model is not built.
-DTRAIN_API RunReport run(Job& job, MultiWorkerMirroredStrategy& strategy, Sequential& model,
+DTRAIN_API RunReport run(Job& job, MultiWorkerMirroredStrategy& strategy, Model& model,
                          Optimizer& optimizer, const std::function<void(Callback& elastic)>& train,
                          const RunOptions& options = {});
 

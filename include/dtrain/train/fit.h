@@ -58,8 +58,8 @@ struct DTRAIN_API History {
 };
 
 // train: unbatched (features [N,...], labels [N]); test: unbatched or nullptr.
-DTRAIN_API History fit(Strategy& strategy, Sequential& model, Optimizer& optimizer,
-                       const Dataset& train, const Dataset* test, const FitOptions& options);
+DTRAIN_API History fit(Strategy& strategy, Model& model, Optimizer& optimizer, const Dataset& train,
+                       const Dataset* test, const FitOptions& options);
 
 struct DTRAIN_API EvalResult {
   double accuracy = -1, loss = 0;  // accuracy: -1 when not among the metrics
@@ -70,7 +70,7 @@ struct DTRAIN_API EvalResult {
 // test set, each worker taking its share, combined exactly. `callbacks` get the test hooks. Under
 // EnsembleStrategy every member scores every example and the results are the members' means (the
 // accuracy of the ensemble's mean prediction comes from predict()).
-DTRAIN_API EvalResult evaluate(Strategy& strategy, Sequential& model, const Dataset& test,
+DTRAIN_API EvalResult evaluate(Strategy& strategy, Model& model, const Dataset& test,
                                int64_t batch_size, const LossFn& loss = {},
                                const std::vector<std::string>& metrics = {},
                                const std::vector<Callback*>& callbacks = {});
@@ -80,7 +80,7 @@ DTRAIN_API EvalResult evaluate(Strategy& strategy, Sequential& model, const Data
 // local replicas; every worker computes all rows (no cross-worker traffic), so each gets the
 // whole result.
 // Under EnsembleStrategy: the members' mean (predict_ensemble gives each member and the spread).
-DTRAIN_API Tensor predict(Strategy& strategy, Sequential& model, const Dataset& data,
+DTRAIN_API Tensor predict(Strategy& strategy, Model& model, const Dataset& data,
                           int64_t batch_size = 256);
 
 // Every ensemble member's outputs for every row (float32 models), their mean and their standard
@@ -91,7 +91,7 @@ struct DTRAIN_API EnsemblePrediction {
   std::vector<Tensor> members;  // [N, ...] each, on the CPU, member order
   Tensor mean, stddev;
 };
-DTRAIN_API EnsemblePrediction predict_ensemble(Strategy& strategy, Sequential& model,
+DTRAIN_API EnsemblePrediction predict_ensemble(Strategy& strategy, Model& model,
                                                const Dataset& data, int64_t batch_size = 256);
 
 }  // namespace dtrain

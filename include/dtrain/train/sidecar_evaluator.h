@@ -47,16 +47,16 @@ struct DTRAIN_API SidecarResult {
 class DTRAIN_API SidecarEvaluator {
  public:
   // The model must be built (its variables exist). Throws InvalidArgument otherwise.
-  SidecarEvaluator(Sequential& model, Dataset test, SidecarEvaluatorOptions options);
+  SidecarEvaluator(Model& model, Dataset test, SidecarEvaluatorOptions options);
   // Evaluates every new checkpoint until one marked final (the chief's last) or `stop`. Returns the
   // results in order. Throws DeadlineExceeded after `timeout` without a new checkpoint, NotFound
   // when a checkpoint lacks one of the model's variables, InvalidArgument on a shape mismatch.
   std::vector<SidecarResult> run();
   // Loads `data` into the model's variables (the matching rules above).
-  static void load_into(Sequential& model, const CheckpointData& data);
+  static void load_into(Model& model, const CheckpointData& data);
 
  private:
-  Sequential& model_;
+  Model& model_;
   Dataset test_;
   SidecarEvaluatorOptions o_;
 };

@@ -1,0 +1,47 @@
+#include "dtrain/nn/merging.h"
+
+namespace dtrain {
+namespace {
+
+void need_two(const Layer& l, const std::vector<Tensor>& xs) {
+  if (xs.size() < 2)
+    throw InvalidArgument(l.class_name() + " layer '" + l.path() +
+                          "' needs at least 2 inputs, got " + std::to_string(xs.size()));
+}
+
+template <class Op>
+std::vector<Tensor> fold(const Layer& l, const std::vector<Tensor>& xs, Op op) {
+  need_two(l, xs);
+  Tensor y = xs[0];
+  for (size_t i = 1; i < xs.size(); ++i) {
+    try {
+      y = op(y, xs[i]);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(l.class_name() + " layer '" + l.path() + "': input " +
+                            std::to_string(i) + " " + xs[i].shape().to_string() +
+                            " does not fit input 0 " + xs[0].shape().to_string() + ": " + e.what());
+    }
+  }
+  return {y};
+}
+
+}  // namespace
+
+std::vector<Tensor> Add::call(const std::vector<Tensor>& xs, bool) {
+  return fold(*this, xs, [](const Tensor& a, const Tensor& b) { return ops::add(a, b); });
+}
+
+std::vector<Tensor> Multiply::call(const std::vector<Tensor>& xs, bool) {
+  return fold(*this, xs, [](const Tensor& a, const Tensor& b) { return ops::mul(a, b); });
+}
+
+std::vector<Tensor> Concatenate::call(const std::vector<Tensor>& xs, bool) {
+  need_two(*this, xs);
+  try {
+    return {ops::concat(xs, axis_)};
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument("Concatenate layer '" + path() + "': " + e.what());
+  }
+}
+
+}  // namespace dtrain

@@ -1,0 +1,256 @@
+// The Model API: layers as a tree (paths, unique names, recursive variables), functional models
+// (skip connections, several inputs and outputs, merge layers), subclassed models, summary(), and
+// fusion offered by layers.
+#include <sstream>
+
+#include "dtrain/model/initializers.h"
+#include "dtrain/nn/layers.h"
+#include "testing/test_util.h"
+
+namespace dtrain {
+namespace {
+
+using testing::random_tensor;
+
+class ModelApi : public ::testing::Test {
+ protected:
+  void SetUp() override { testing::use_two_cpus(); }
+};
+
+// A residual block as a layer of its own, with sublayers.
+class Block : public Layer {
+ public:
+  explicit Block(int64_t filters, std::string name = "block") : Layer(std::move(name)) {
+    conv = register_layer(
+        std::make_shared<Conv2D>(filters, 3, 3, Activation::kNone, ops::Padding::kSame), "conv");
+    bn = register_layer(std::make_shared<BatchNormalization>(), "bn");
+  }
+  std::string class_name() const override { return "Block"; }
+  std::shared_ptr<Conv2D> conv;
+  std::shared_ptr<BatchNormalization> bn;
+
+ protected:
+  using Layer::call;
+  Tensor call(const Tensor& x, bool training) override {
+    return ops::relu(ops::add(x, (*bn)((*conv)(x), training)));
+  }
+};
+
+class Net : public Model {
+ public:
+  Net() : Model("net") {
+    stem = register_layer(std::make_shared<Conv2D>(4, 3, 3, Activation::kRelu));
+    a = register_layer(std::make_shared<Block>(4));
+    b = register_layer(std::make_shared<Block>(4));
+    head = register_layer(std::make_shared<Dense>(3));
+  }
+  std::shared_ptr<Conv2D> stem;
+  std::shared_ptr<Block> a, b;
+  std::shared_ptr<Dense> head;
+
+ protected:
+  using Model::call;
+  Tensor call(const Tensor& x, bool training) override {
+    return (*head)(ops::flatten((*b)((*a)((*stem)(x), training), training)));
+  }
+};
+
+std::vector<std::string> names(const VariableList& vs) {
+  std::vector<std::string> out;
+  for (const auto& v : vs) out.push_back(v->name());
+  return out;
+}
+
+TEST_F(ModelApi, SubclassedModelIsATreeWithPathNamesUniqueAmongSiblings) {
+  Net net;
+  net.build(Shape{1, 6, 6, 1});
+  const std::vector<std::string> want = {"conv2d/kernel",          "conv2d/bias",
+                                         "block/conv/kernel",      "block/conv/bias",
+                                         "block/bn/gamma",         "block/bn/beta",
+                                         "block/bn/moving_mean",   "block/bn/moving_variance",
+                                         "block_1/conv/kernel",    "block_1/conv/bias",
+                                         "block_1/bn/gamma",       "block_1/bn/beta",
+                                         "block_1/bn/moving_mean", "block_1/bn/moving_variance",
+                                         "dense/kernel",           "dense/bias"};
+  EXPECT_EQ(names(net.variables()), want);
+  EXPECT_EQ(net.trainable_variables().size(), 12u);
+  EXPECT_EQ(net.non_trainable_variables().size(), 4u);
+  EXPECT_EQ(net.layers().size(), 4u);
+  EXPECT_EQ(net.get_layer("block_1"), net.b);
+  EXPECT_EQ(net.b->path(), "block_1");
+  EXPECT_EQ(net.b->conv->path(), "block_1/conv");
+  // 3*3*1*4+4, twice (3*3*4*4+4 + 4*4), 4*4*4*3+3 (6x6 -> 4x4 after the valid stem).
+  EXPECT_EQ(net.count_params(), 40 + 2 * (148 + 16) + 195);
+  const Tensor y = net(random_tensor({2, 6, 6, 1}, 1), false);
+  EXPECT_EQ(y.shape(), (Shape{2, 3}));
+}
+
+TEST_F(ModelApi, ALayerRegisteredTwiceHasItsVariablesOnce) {
+  class Tied : public Model {
+   public:
+    Tied() : Model("tied") {
+      d = register_layer(std::make_shared<Dense>(4));
+      register_layer(d);  // the same layer again: no-op
+    }
+    std::shared_ptr<Dense> d;
+
+   protected:
+    using Model::call;
+    Tensor call(const Tensor& x, bool) override { return (*d)((*d)(x)); }
+  };
+  Tied t;
+  t.build(Shape{1, 4});
+  EXPECT_EQ(names(t.variables()), (std::vector<std::string>{"dense/kernel", "dense/bias"}));
+}
+
+TEST_F(ModelApi, FunctionalResidualModelWithTwoOutputs) {
+  auto conv = std::make_shared<Conv2D>(4, 3, 3, Activation::kRelu, ops::Padding::kSame);
+  auto shortcut = std::make_shared<Conv2D>(4, 1, 1, Activation::kNone, ops::Padding::kValid, 1,
+                                           false, "shortcut");
+  auto add = std::make_shared<Add>();
+  auto flatten = std::make_shared<Flatten>();
+  auto logits = std::make_shared<Dense>(5, Activation::kNone, true, "logits");
+  auto gap = std::make_shared<GlobalAveragePooling2D>();
+  auto value = std::make_shared<Dense>(1, Activation::kNone, true, "value");
+
+  KerasTensor in = Input({6, 6, 2}, "image");
+  KerasTensor x = (*conv)(in);
+  EXPECT_EQ(x.shape(), (Shape{6, 6, 4}));
+  EXPECT_EQ(x.to_string(), "(None, 6, 6, 4)");
+  KerasTensor y = (*add)({x, (*shortcut)(in)});
+  KerasTensor out1 = (*logits)((*flatten)(y));
+  KerasTensor out2 = (*value)((*gap)(y));
+  EXPECT_FALSE(conv->built());  // weights are made when the model is built, not by the shape pass
+  Model model({in}, {out1, out2}, "two_heads");
+  EXPECT_EQ(model.num_inputs(), 1);
+  EXPECT_EQ(model.num_outputs(), 2);
+  EXPECT_EQ(model.output_names(), (std::vector<std::string>{"logits", "value"}));
+  model.build();
+  EXPECT_EQ(
+      names(model.variables()),
+      (std::vector<std::string>{"conv2d/kernel", "conv2d/bias", "shortcut/kernel", "logits/kernel",
+                                "logits/bias", "value/kernel", "value/bias"}));
+  const Tensor t = random_tensor({3, 6, 6, 2}, 2);
+  const std::vector<Tensor> outs = model(std::vector<Tensor>{t}, false);
+  ASSERT_EQ(outs.size(), 2u);
+  // The same layers called by hand give the same numbers.
+  const Tensor h = ops::add((*conv)(t), (*shortcut)(t));
+  EXPECT_EQ(outs[0].to_vector<float>(), (*logits)(ops::flatten(h)).to_vector<float>());
+  EXPECT_EQ(outs[1].to_vector<float>(), (*value)(ops::mean(h, {1, 2})).to_vector<float>());
+  EXPECT_EQ(outs[1].shape(), (Shape{3, 1}));
+
+  std::ostringstream s;
+  model.summary(s);
+  const std::string table = s.str();
+  EXPECT_NE(table.find("Model: \"two_heads\""), std::string::npos) << table;
+  EXPECT_NE(table.find(" image (InputLayer)"), std::string::npos) << table;
+  EXPECT_NE(table.find(" add (Add)"), std::string::npos) << table;
+  EXPECT_NE(table.find("conv2d[0], shortcut[0]"), std::string::npos) << table;
+  EXPECT_NE(table.find("(None, 6, 6, 4)"), std::string::npos) << table;
+  // 3*3*2*4+4 + 2*4 + 144*5+5 + 4*1+1
+  EXPECT_EQ(model.count_params(), 76 + 8 + 725 + 5);
+  EXPECT_NE(table.find("Total params: 814 (3.18 KB)"), std::string::npos) << table;
+}
+
+TEST_F(ModelApi, FunctionalModelWithTwoInputsAndConcatenate) {
+  auto da = std::make_shared<Dense>(3, Activation::kRelu);
+  auto db = std::make_shared<Dense>(2, Activation::kRelu);
+  auto cat = std::make_shared<Concatenate>();
+  auto mul = std::make_shared<Multiply>();
+  auto out = std::make_shared<Dense>(1);
+  KerasTensor a = Input({4}, "a"), b = Input({5}, "b");
+  KerasTensor joined = (*cat)({(*da)(a), (*db)(b)});
+  EXPECT_EQ(joined.shape(), (Shape{5}));
+  Model m({a, b}, {(*out)((*mul)({joined, joined}))});
+  m.build();
+  const Tensor ta = random_tensor({2, 4}, 3), tb = random_tensor({2, 5}, 4);
+  const Tensor y = m(std::vector<Tensor>{ta, tb}, false)[0];
+  const Tensor j = ops::concat({(*da)(ta), (*db)(tb)}, 1);
+  EXPECT_EQ(y.to_vector<float>(), (*out)(ops::mul(j, j)).to_vector<float>());
+}
+
+TEST_F(ModelApi, MistakesGetErrorsThatSayWhatIsWrong) {
+  KerasTensor a = Input({4}, "a"), b = Input({4}, "b");
+  auto add = std::make_shared<Add>();
+  KerasTensor sum = (*add)({a, b});
+  try {
+    Model m({a}, {sum});
+    FAIL() << "an output that needs an Input not given was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("Input 'b'"), std::string::npos) << e.what();
+  }
+  Model ok({a, b}, {sum});
+  try {
+    ok(std::vector<Tensor>{random_tensor({2, 4}, 1), random_tensor({2, 3}, 2)}, false);
+    FAIL() << "a wrong input shape was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("expects (None, 4)"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((*std::make_shared<Add>())({a, Input({3})}), InvalidArgument);  // shapes differ
+  Dense on_stack(3);
+  EXPECT_THROW(on_stack(a), InvalidArgument);  // not owned by a shared_ptr
+  EXPECT_THROW((*std::make_shared<Add>())(random_tensor({2, 4}, 3)), InvalidArgument);  // 1 input
+  auto d = std::make_shared<Dense>(2);
+  EXPECT_THROW((*d)(Input({2, 3, 4})), InvalidArgument);  // Dense wants [batch, features]
+  EXPECT_FALSE(d->built());
+}
+
+// Conv2D(relu) followed by max pooling runs as one op in any container; the numbers and the
+// gradients are those of the layers run apart.
+TEST_F(ModelApi, ConvPoolFusionIsOfferedByTheLayersToAnyContainer) {
+  auto conv = std::make_shared<Conv2D>(3, 3, 3, Activation::kRelu);
+  auto pool = std::make_shared<MaxPool2D>();
+  EXPECT_FALSE(conv->fuse_with_next(*pool));  // not built yet
+  Sequential seq({conv, pool, std::make_shared<Flatten>()});
+  seq.build(Shape{1, 8, 8, 2});
+  EXPECT_TRUE(conv->fuse_with_next(*pool));
+  EXPECT_FALSE(pool->fuse_with_next(*conv));
+  const Tensor x = random_tensor({2, 8, 8, 2}, 5);
+  const Tensor apart = ops::flatten((*pool)((*conv)(x)));
+  std::vector<Tensor> g_seq, g_apart;
+  {
+    GradientTape tape;
+    const Tensor y = seq(x, true);
+    EXPECT_EQ(y.to_vector<float>(), apart.to_vector<float>());
+    g_seq = tape.gradient(ops::sum(ops::square(y)), seq.trainable_variables());
+  }
+  {
+    GradientTape tape;
+    g_apart = tape.gradient(ops::sum(ops::square(ops::flatten((*pool)((*conv)(x))))),
+                            seq.trainable_variables());
+  }
+  for (size_t i = 0; i < g_seq.size(); ++i)
+    testing::expect_near(g_seq[i].to_vector<float>(), g_apart[i].to_vector<float>(), 1e-4f);
+  // The same pair in a functional graph.
+  KerasTensor in = Input({8, 8, 2});
+  Model f(in, (*std::make_shared<Flatten>())((*pool)((*conv)(in))));
+  f.build();
+  EXPECT_EQ(f(x, false).to_vector<float>(), apart.to_vector<float>());
+}
+
+TEST_F(ModelApi, NewOpsHaveGradients) {
+  using V = std::vector<Tensor>;
+  testing::check_gradients(
+      [](const V& x) {
+        return ops::concat({x[0], x[1]}, 1);
+      },
+      {random_tensor({2, 3, 2}, 10), random_tensor({2, 1, 2}, 11)}, {true, true});
+  testing::check_gradients([](const V& x) { return ops::slice(x[0], -1, 1, 2); },
+                           {random_tensor({3, 4}, 12)}, {true});
+  testing::check_gradients(
+      [](const V& x) {
+        return ops::split(x[0], 0, {1, 2})[1];
+      },
+      {random_tensor({3, 2}, 13)}, {true});
+  testing::check_gradients([](const V& x) { return ops::zero_pad2d(x[0], 1, 0, 2, 1); },
+                           {random_tensor({1, 2, 3, 2}, 14)}, {true});
+  const Tensor p = ops::zero_pad2d(Tensor::full(Shape{1, 1, 1, 1}, 7.f), 1, 0, 0, 1);
+  EXPECT_EQ(p.shape(), (Shape{1, 2, 2, 1}));
+  EXPECT_EQ(p.to_vector<float>(), (std::vector<float>{0, 0, 7, 0}));
+  EXPECT_THROW(ops::concat({random_tensor({2, 3}, 1), random_tensor({3, 3}, 2)}, 1),
+               InvalidArgument);
+  EXPECT_THROW(ops::slice(random_tensor({2, 3}, 1), 1, 2, 2), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -17,6 +17,7 @@
 #include "dtrain/model/ops.h"
 #include "dtrain/model/update_rules.h"
 #include "dtrain/model/variable.h"
+#include "dtrain/nn/applications.h"
 #include "dtrain/nn/layer.h"
 #include "dtrain/nn/layers.h"
 #include "dtrain/nn/losses.h"

@@ -20,7 +20,8 @@ void Dense::build_weights(const Shape& s) {
   if (s.rank() != 2)
     throw InvalidArgument("Dense '" + name() + "' expects [batch, features] input, got " +
                           s.to_string() + "; add a Flatten layer before it");
-  kernel = add_weight("kernel", Shape{s[1], units_}, initializers::glorot_uniform());
+  kernel = add_weight("kernel", Shape{s[1], units_},
+                      kernel_initializer ? kernel_initializer : initializers::glorot_uniform());
   if (use_bias_) bias = add_weight("bias", Shape{units_}, initializers::zeros());
 }
 
@@ -49,7 +50,8 @@ void Conv2D::build_weights(const Shape& s) {
   if (s.rank() != 4)
     throw InvalidArgument("Conv2D '" + name() + "' expects NHWC input [N, H, W, C], got " +
                           s.to_string() + "; reshape images to [N, 28, 28, 1]");
-  kernel = add_weight("kernel", Shape{kh_, kw_, s[3], filters_}, initializers::glorot_uniform());
+  kernel = add_weight("kernel", Shape{kh_, kw_, s[3], filters_},
+                      kernel_initializer ? kernel_initializer : initializers::glorot_uniform());
   if (use_bias_) bias = add_weight("bias", Shape{filters_}, initializers::zeros());
 }
 

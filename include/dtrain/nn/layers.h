@@ -22,6 +22,8 @@ class DTRAIN_API Dense : public Layer {
         std::string name = "dense");
   std::string class_name() const override { return "Dense"; }
   std::shared_ptr<Variable> kernel, bias;
+  // Keras' kernel_initializer; set before the layer is built.
+  Initializer kernel_initializer;  // empty: glorot_uniform
 
  protected:
   using Layer::build_weights;
@@ -42,6 +44,8 @@ class DTRAIN_API Conv2D : public Layer {
          std::string name = "conv2d");
   std::string class_name() const override { return "Conv2D"; }
   std::shared_ptr<Variable> kernel, bias;
+  // Keras' kernel_initializer; set before the layer is built.
+  Initializer kernel_initializer;  // empty: glorot_uniform
   // With ReLU, followed by max pooling: the convolution and the pooling as one op, then the ReLU.
   FusedCall fuse_with_next(const Layer& next) override;
 

@@ -32,17 +32,33 @@ struct DTRAIN_API FitOptions {
   bool drop_remainder = false;  // Keras keeps the partial last batch
   int64_t eval_batch_size = 1000;
   int warmup_steps = 5;  // excluded from images_per_sec
-  LossFn loss;           // default: sparse softmax cross-entropy
+  // The datasets give each row as the model's inputs (Model::num_inputs() components), then one
+  // label per output (Keras' x, y with y a list for several outputs).
+  LossFn loss;  // for every output; default: sparse softmax cross-entropy
+  // One loss per output instead (keras compile(loss=[...])); not together with `loss`.
+  std::vector<LossFn> losses;
+  // The total loss is sum_i loss_weights[i] * loss_i (keras loss_weights); empty: all 1.
+  std::vector<float> loss_weights;
   // Metric names (metrics.h: make_metric) computed on the training batches and on the test set,
-  // reported in the logs as "<name>" and "val_<name>". Empty: {"accuracy"} with the default loss,
-  // none with a user loss.
+  // reported in the logs as "<name>" and "val_<name>"; with several outputs, for each output, as
+  // "<output>_<name>" (Model::output_names()). Empty: {"accuracy"} with the default loss, none with
+  // a user loss.
   std::vector<std::string> metrics;
+  // Metrics per output by Model::output_names() (keras compile(metrics={"logits": ["accuracy"]})),
+  // logged as "<output>_<name>"; when set, `metrics` is not used.
+  std::map<std::string, std::vector<std::string>> output_metrics;
   // Gradient accumulation (Horovod's backward_passes_per_step, DDP's no_sync): gradients of this
   // many consecutive batches are summed on each replica and applied with one all-reduce, which
   // equals one batch that many times larger. Each batch still counts as a step in the logs; an
   // epoch ending mid-group applies what it has.
   int accumulate = 1;
   std::vector<Callback*> callbacks;
+  // Transforms each training batch (its components, unbatched datasets' rows stacked) on the input
+  // pipeline's thread while the previous step trains (tf.data's map + prefetch), given the epoch
+  // and the batch's step within the epoch: e.g. augment::random_crop_flip. It must depend only on
+  // the batch, those two numbers and its own seed, so that a job resumed mid-epoch sees the batches
+  // an uninterrupted run saw. Not applied to evaluation.
+  std::function<std::vector<Tensor>(std::vector<Tensor> batch, int epoch, int64_t step)> augment;
 };
 
 struct DTRAIN_API History {
@@ -74,9 +90,14 @@ DTRAIN_API EvalResult evaluate(Strategy& strategy, Model& model, const Dataset& 
                                int64_t batch_size, const LossFn& loss = {},
                                const std::vector<std::string>& metrics = {},
                                const std::vector<Callback*>& callbacks = {});
+// The same with fit()'s losses, loss weights and metrics (at options.eval_batch_size), for models
+// with several outputs.
+DTRAIN_API EvalResult evaluate(Strategy& strategy, Model& model, const Dataset& test,
+                               const FitOptions& options);
 
 // The model's outputs for every row of `data` (unbatched features, or features and labels: the
-// first component is used), in order, as one CPU tensor [N, ...]. Each batch is split over the
+// first Model::num_inputs() components are used), in order, as one CPU tensor [N, ...] (the first
+// output of a model with several). Each batch is split over the
 // local replicas; every worker computes all rows (no cross-worker traffic), so each gets the
 // whole result.
 // Under EnsembleStrategy: the members' mean (predict_ensemble gives each member and the spread).

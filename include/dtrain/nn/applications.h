@@ -1,0 +1,55 @@
+// dtrain::applications: the ResNet family as functional models (keras.applications, without
+// pretrained weights: nothing is downloaded). Each residual block is a layer with its sublayers,
+// so variable names are paths: "conv2_block1/1_conv/kernel".
+//
+//   ResNet50/101/152   Keras' topology (He et al. 2015, v1: bottleneck blocks, stride on the first
+//                      1x1 convolution, biases on every convolution, BatchNormalization epsilon
+//                      1.001e-5); ResNet50(...) has 25,636,712 parameters at 224x224x3 and 1,000
+//                      classes, as keras.applications.ResNet50(weights=None).
+//   ResNet18/34        basic blocks as torchvision's (no convolution biases, projection shortcuts
+//                      with BatchNormalization); ResNet18 has torchvision's 11,689,512 trainable
+//                      parameters.
+//   ResNet20/32/56     He et al. 2015, section 4.2 (CIFAR), written as Keras' cifar10_resnet
+//   example
+//                      (resnet_v1: 16/32/64 filters, 1x1 projection shortcuts when the shape
+//                      changes, he_normal initialisation); ResNet20 has its 274,442 parameters at
+//                      32x32x3 and 10 classes.
+//
+// Build and train them inside strategy.scope(), as any model. The head's Dense returns logits (no
+// softmax: dtrain's losses take logits).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "dtrain/core/export.h"
+#include "dtrain/nn/model.h"
+
+namespace dtrain::applications {
+
+struct DTRAIN_API ResNetOptions {
+  Shape input_shape{224, 224, 3};  // one example's shape (HWC)
+  int64_t classes = 1000;
+  // false: no pooling and no Dense head; the model returns the last block's feature map.
+  bool include_top = true;
+  // Every BatchNormalization synchronized across replicas (SyncBatchNorm).
+  bool synchronized_batch_norm = false;
+};
+
+// Throw InvalidArgument for an input too small for the network's strides, or classes < 1.
+DTRAIN_API std::shared_ptr<Model> ResNet50(const ResNetOptions& options = {});
+DTRAIN_API std::shared_ptr<Model> ResNet101(const ResNetOptions& options = {});
+DTRAIN_API std::shared_ptr<Model> ResNet152(const ResNetOptions& options = {});
+DTRAIN_API std::shared_ptr<Model> ResNet18(const ResNetOptions& options = {});
+DTRAIN_API std::shared_ptr<Model> ResNet34(const ResNetOptions& options = {});
+// CIFAR ResNets of depth 6n + 2 (20, 32, 44, 56, 110, ...); options.input_shape defaults to 224 x
+// 224: set it (32 x 32 x 3 for CIFAR-10).
+DTRAIN_API std::shared_ptr<Model> CifarResNet(int depth, const ResNetOptions& options);
+DTRAIN_API std::shared_ptr<Model> ResNet20(const ResNetOptions& options);
+DTRAIN_API std::shared_ptr<Model> ResNet32(const ResNetOptions& options);
+DTRAIN_API std::shared_ptr<Model> ResNet56(const ResNetOptions& options);
+// By name ("resnet50", "resnet20", ...); throws InvalidArgument listing the names.
+DTRAIN_API std::shared_ptr<Model> resnet_by_name(const std::string& name,
+                                                 const ResNetOptions& options);
+
+}  // namespace dtrain::applications

@@ -1,0 +1,220 @@
+#include <memory>
+
+#include "dtrain/model/initializers.h"
+#include "dtrain/nn/applications.h"
+#include "dtrain/nn/layers.h"
+
+namespace dtrain::applications {
+namespace {
+
+using ops::Padding;
+
+std::shared_ptr<BatchNormalization> bn(const ResNetOptions& o, float epsilon,
+                                       std::string name = "batch_normalization") {
+  return std::make_shared<BatchNormalization>(0.99f, epsilon, o.synchronized_batch_norm,
+                                              std::move(name));
+}
+
+std::shared_ptr<Conv2D> conv(int64_t filters, int k, int stride, bool bias, Padding p,
+                             Initializer init = {}, std::string name = "conv2d") {
+  auto c =
+      std::make_shared<Conv2D>(filters, k, k, Activation::kNone, p, stride, bias, std::move(name));
+  c->kernel_initializer = std::move(init);
+  return c;
+}
+
+// Keras' residual_block_v1: 1x1 (stride) -> 3x3 -> 1x1 (4 x filters), BN after each, and a 1x1
+// projection of the input (with BN) when `project`.
+class BottleneckBlock : public Layer {
+ public:
+  BottleneckBlock(int64_t filters, int stride, bool project, const ResNetOptions& o,
+                  std::string name)
+      : Layer(std::move(name)) {
+    const float eps = 1.001e-5f;
+    if (project) {
+      c0_ = register_layer(conv(4 * filters, 1, stride, true, Padding::kValid), "0_conv");
+      b0_ = register_layer(bn(o, eps), "0_bn");
+    }
+    c1_ = register_layer(conv(filters, 1, stride, true, Padding::kValid), "1_conv");
+    b1_ = register_layer(bn(o, eps), "1_bn");
+    c2_ = register_layer(conv(filters, 3, 1, true, Padding::kSame), "2_conv");
+    b2_ = register_layer(bn(o, eps), "2_bn");
+    c3_ = register_layer(conv(4 * filters, 1, 1, true, Padding::kValid), "3_conv");
+    b3_ = register_layer(bn(o, eps), "3_bn");
+  }
+  std::string class_name() const override { return "BottleneckBlock"; }
+
+ protected:
+  using Layer::call;
+  Tensor call(const Tensor& x, bool training) override {
+    const Tensor shortcut = c0_ ? (*b0_)((*c0_)(x), training) : x;
+    Tensor y = ops::relu((*b1_)((*c1_)(x), training));
+    y = ops::relu((*b2_)((*c2_)(y), training));
+    y = (*b3_)((*c3_)(y), training);
+    return ops::relu(ops::add(shortcut, y));
+  }
+
+ private:
+  std::shared_ptr<Conv2D> c0_, c1_, c2_, c3_;
+  std::shared_ptr<BatchNormalization> b0_, b1_, b2_, b3_;
+};
+
+// Two 3x3 convolutions with BN; the shortcut is the input, or a 1x1 projection (with BN when
+// `projection_bn`) when the stride or the width changes.
+class BasicBlock : public Layer {
+ public:
+  BasicBlock(int64_t filters, int stride, bool project, bool use_bias, bool projection_bn,
+             float epsilon, Initializer init, const ResNetOptions& o, std::string name)
+      : Layer(std::move(name)) {
+    c1_ = register_layer(conv(filters, 3, stride, use_bias, Padding::kSame, init), "1_conv");
+    b1_ = register_layer(bn(o, epsilon), "1_bn");
+    c2_ = register_layer(conv(filters, 3, 1, use_bias, Padding::kSame, init), "2_conv");
+    b2_ = register_layer(bn(o, epsilon), "2_bn");
+    if (project) {
+      c0_ = register_layer(conv(filters, 1, stride, use_bias, Padding::kValid, init), "0_conv");
+      if (projection_bn) b0_ = register_layer(bn(o, epsilon), "0_bn");
+    }
+  }
+  std::string class_name() const override { return "BasicBlock"; }
+
+ protected:
+  using Layer::call;
+  Tensor call(const Tensor& x, bool training) override {
+    Tensor y = ops::relu((*b1_)((*c1_)(x), training));
+    y = (*b2_)((*c2_)(y), training);
+    Tensor shortcut = x;
+    if (c0_) shortcut = (*c0_)(x);
+    if (b0_) shortcut = (*b0_)(shortcut, training);
+    return ops::relu(ops::add(shortcut, y));
+  }
+
+ private:
+  std::shared_ptr<Conv2D> c0_, c1_, c2_;
+  std::shared_ptr<BatchNormalization> b0_, b1_, b2_;
+};
+
+void check(const ResNetOptions& o, int64_t min_side, const char* model) {
+  if (o.input_shape.rank() != 3)
+    throw InvalidArgument(std::string(model) + ": input_shape is one image, [height, width, " +
+                          "channels]; got " + o.input_shape.to_string());
+  if (o.input_shape[0] < min_side || o.input_shape[1] < min_side || o.input_shape[2] < 1)
+    throw InvalidArgument(std::string(model) + ": input_shape " + o.input_shape.to_string() +
+                          " is too small; height and width must be at least " +
+                          std::to_string(min_side));
+  if (o.include_top && o.classes < 1)
+    throw InvalidArgument(std::string(model) + ": classes must be >= 1");
+}
+
+KerasTensor head(KerasTensor x, const ResNetOptions& o) {
+  if (!o.include_top) return x;
+  x = (*std::make_shared<GlobalAveragePooling2D>("avg_pool"))(x);
+  return (*std::make_shared<Dense>(o.classes, Activation::kNone, true, "predictions"))(x);
+}
+
+// The ImageNet stem: 7x7/2 convolution, BN, ReLU, 3x3/2 max pooling (Keras' names).
+KerasTensor stem(KerasTensor x, bool bias, const ResNetOptions& o) {
+  x = (*std::make_shared<ZeroPadding2D>(3, 3, 3, 3, "conv1_pad"))(x);
+  x = (*conv(64, 7, 2, bias, Padding::kValid, {}, "conv1_conv"))(x);
+  x = (*bn(o, 1.001e-5f, "conv1_bn"))(x);
+  x = (*std::make_shared<ActivationLayer>(Activation::kRelu, "conv1_relu"))(x);
+  x = (*std::make_shared<ZeroPadding2D>(1, 1, 1, 1, "pool1_pad"))(x);
+  return (*std::make_shared<MaxPool2D>(3, 2, Padding::kValid, "pool1_pool"))(x);
+}
+
+std::shared_ptr<Model> bottleneck_resnet(const std::vector<int>& blocks, const std::string& name,
+                                         const ResNetOptions& o) {
+  check(o, 32, name.c_str());
+  KerasTensor in = Input(o.input_shape, "input_layer");
+  KerasTensor x = stem(in, true, o);
+  const int64_t filters[] = {64, 128, 256, 512};
+  for (size_t s = 0; s < blocks.size(); ++s)
+    for (int b = 1; b <= blocks[s]; ++b) {
+      const std::string n = "conv" + std::to_string(s + 2) + "_block" + std::to_string(b);
+      const int stride = b == 1 && s > 0 ? 2 : 1;
+      x = (*std::make_shared<BottleneckBlock>(filters[s], stride, b == 1, o, n))(x);
+    }
+  return std::make_shared<Model>(in, head(x, o), name);
+}
+
+std::shared_ptr<Model> basic_resnet(const std::vector<int>& blocks, const std::string& name,
+                                    const ResNetOptions& o) {
+  check(o, 32, name.c_str());
+  KerasTensor in = Input(o.input_shape, "input_layer");
+  KerasTensor x = stem(in, false, o);
+  const int64_t filters[] = {64, 128, 256, 512};
+  for (size_t s = 0; s < blocks.size(); ++s)
+    for (int b = 1; b <= blocks[s]; ++b) {
+      const std::string n = "conv" + std::to_string(s + 2) + "_block" + std::to_string(b);
+      const int stride = b == 1 && s > 0 ? 2 : 1;
+      x = (*std::make_shared<BasicBlock>(filters[s], stride, stride != 1, false, true, 1e-5f,
+                                         Initializer(), o, n))(x);
+    }
+  return std::make_shared<Model>(in, head(x, o), name);
+}
+
+}  // namespace
+
+std::shared_ptr<Model> ResNet50(const ResNetOptions& o) {
+  return bottleneck_resnet({3, 4, 6, 3}, "resnet50", o);
+}
+std::shared_ptr<Model> ResNet101(const ResNetOptions& o) {
+  return bottleneck_resnet({3, 4, 23, 3}, "resnet101", o);
+}
+std::shared_ptr<Model> ResNet152(const ResNetOptions& o) {
+  return bottleneck_resnet({3, 8, 36, 3}, "resnet152", o);
+}
+std::shared_ptr<Model> ResNet18(const ResNetOptions& o) {
+  return basic_resnet({2, 2, 2, 2}, "resnet18", o);
+}
+std::shared_ptr<Model> ResNet34(const ResNetOptions& o) {
+  return basic_resnet({3, 4, 6, 3}, "resnet34", o);
+}
+
+std::shared_ptr<Model> CifarResNet(int depth, const ResNetOptions& o) {
+  if (depth < 8 || (depth - 2) % 6 != 0)
+    throw InvalidArgument("CIFAR ResNet depth must be 6n + 2 (20, 32, 44, 56, 110), got " +
+                          std::to_string(depth));
+  const std::string name = "resnet" + std::to_string(depth);
+  check(o, 8, name.c_str());
+  const int n = (depth - 2) / 6;
+  KerasTensor in = Input(o.input_shape, "input_layer");
+  KerasTensor x =
+      (*conv(16, 3, 1, true, Padding::kSame, initializers::he_normal(), "conv1_conv"))(in);
+  x = (*bn(o, 1e-3f, "conv1_bn"))(x);
+  x = (*std::make_shared<ActivationLayer>(Activation::kRelu, "conv1_relu"))(x);
+  int64_t filters = 16;
+  for (int s = 0; s < 3; ++s, filters *= 2)
+    for (int b = 1; b <= n; ++b) {
+      const int stride = s > 0 && b == 1 ? 2 : 1;
+      const std::string bn_name = "stack" + std::to_string(s + 1) + "_block" + std::to_string(b);
+      x = (*std::make_shared<BasicBlock>(filters, stride, stride != 1, true, false, 1e-3f,
+                                         initializers::he_normal(), o, bn_name))(x);
+    }
+  if (o.include_top) {
+    x = (*std::make_shared<GlobalAveragePooling2D>("avg_pool"))(x);
+    auto d = std::make_shared<Dense>(o.classes, Activation::kNone, true, "predictions");
+    d->kernel_initializer = initializers::he_normal();
+    x = (*d)(x);
+  }
+  return std::make_shared<Model>(in, x, name);
+}
+
+std::shared_ptr<Model> ResNet20(const ResNetOptions& o) { return CifarResNet(20, o); }
+std::shared_ptr<Model> ResNet32(const ResNetOptions& o) { return CifarResNet(32, o); }
+std::shared_ptr<Model> ResNet56(const ResNetOptions& o) { return CifarResNet(56, o); }
+
+std::shared_ptr<Model> resnet_by_name(const std::string& name, const ResNetOptions& o) {
+  if (name == "resnet50") return ResNet50(o);
+  if (name == "resnet101") return ResNet101(o);
+  if (name == "resnet152") return ResNet152(o);
+  if (name == "resnet18") return ResNet18(o);
+  if (name == "resnet34") return ResNet34(o);
+  if (name.rfind("resnet", 0) == 0 && name.size() > 6 &&
+      name.find_first_not_of("0123456789", 6) == std::string::npos && name.size() < 10)
+    return CifarResNet(std::stoi(name.substr(6)), o);
+  throw InvalidArgument("unknown model '" + name +
+                        "' (resnet18, resnet34, resnet50, resnet101, resnet152, and the CIFAR "
+                        "resnet20, resnet32, resnet44, resnet56, resnet110)");
+}
+
+}  // namespace dtrain::applications

@@ -22,7 +22,6 @@ Tensor model_inputs_call(Model& model, const std::vector<Tensor>& x, size_t inpu
     throw InvalidArgument("model '" + model.name() + "' takes " + std::to_string(inputs) +
                           " inputs; the dataset gives " + std::to_string(x.size()) +
                           " components a row");
-  if (inputs == 1) return model(x[0], false);
   return model(std::vector<Tensor>(x.begin(), x.begin() + static_cast<long>(inputs)), false).at(0);
 }
 

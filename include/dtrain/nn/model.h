@@ -51,6 +51,8 @@ class DTRAIN_API Model : public Layer {
         std::string name = "functional");
   Model(const KerasTensor& input, const KerasTensor& output, std::string name = "functional")
       : Model(std::vector<KerasTensor>{input}, std::vector<KerasTensor>{output}, std::move(name)) {}
+  Model(const KerasTensor& input, std::vector<KerasTensor> outputs, std::string name = "functional")
+      : Model(std::vector<KerasTensor>{input}, std::move(outputs), std::move(name)) {}
 
   std::string class_name() const override { return functional() ? "Functional" : "Model"; }
   bool functional() const { return !graph_inputs_.empty(); }

@@ -1,0 +1,250 @@
+// Functional and subclassed models train under every in-process strategy exactly as under one
+// device at the same global batch, with several outputs (a loss per output, loss weights, metrics
+// per output), and their checkpoints move between strategies.
+#include <cmath>
+#include <filesystem>
+
+#include "dtrain/nn/layers.h"
+#include "dtrain/nn/optimizers.h"
+#include "dtrain/strategies/make_strategy.h"
+#include "dtrain/train/checkpoint.h"
+#include "dtrain/train/fit.h"
+#include "testing/test_util.h"
+
+namespace dtrain {
+namespace {
+
+using testing::random_tensor;
+
+class ModelTraining : public ::testing::Test {
+ protected:
+  void SetUp() override { configure_devices({2, 1}); }
+};
+
+std::unique_ptr<Strategy> strategy(const std::string& name) {
+  StrategyOptions o;
+  o.devices = {DeviceSpec::cpu(0)};
+  if (name != "one_device") o.devices.push_back(DeviceSpec::cpu(1));
+  return make_strategy(name, o);
+}
+
+// A residual CNN with two heads: 4 class logits and one value.
+std::shared_ptr<Model> two_heads() {
+  auto conv = std::make_shared<Conv2D>(6, 3, 3, Activation::kRelu, ops::Padding::kSame);
+  auto conv2 = std::make_shared<Conv2D>(6, 3, 3, Activation::kNone, ops::Padding::kSame);
+  KerasTensor in = Input({8, 8, 1}, "image");
+  KerasTensor x = (*conv)(in);
+  KerasTensor y = (*std::make_shared<Add>())({x, (*conv2)(x)});
+  y = (*std::make_shared<ActivationLayer>(Activation::kRelu))(y);
+  KerasTensor logits = (*std::make_shared<Dense>(4, Activation::kNone, true, "logits"))(
+      (*std::make_shared<Flatten>())(y));
+  KerasTensor value = (*std::make_shared<Dense>(1, Activation::kNone, true, "value"))(
+      (*std::make_shared<GlobalAveragePooling2D>())(y));
+  return std::make_shared<Model>(in, std::vector<KerasTensor>{logits, value}, "two_heads");
+}
+
+// A subclassed residual model with synchronized batch normalization.
+class ResidualNet : public Model {
+ public:
+  ResidualNet() : Model("residual_net") {
+    stem = register_layer(
+        std::make_shared<Conv2D>(4, 3, 3, Activation::kNone, ops::Padding::kSame, 1, false));
+    bn1 = register_layer(std::make_shared<BatchNormalization>(0.9f, 1e-3f, true));
+    conv = register_layer(
+        std::make_shared<Conv2D>(4, 3, 3, Activation::kNone, ops::Padding::kSame, 1, false));
+    bn2 = register_layer(std::make_shared<BatchNormalization>(0.9f, 1e-3f, true));
+    head = register_layer(std::make_shared<Dense>(4));
+  }
+  std::shared_ptr<Conv2D> stem, conv;
+  std::shared_ptr<BatchNormalization> bn1, bn2;
+  std::shared_ptr<Dense> head;
+
+ protected:
+  using Model::call;
+  Tensor call(const Tensor& x, bool training) override {
+    const Tensor h = ops::relu((*bn1)((*stem)(x), training));
+    const Tensor r = ops::relu(ops::add(h, (*bn2)((*conv)(h), training)));
+    return (*head)(ops::mean(r, {1, 2}));
+  }
+};
+
+struct Data {
+  Tensor x, labels, values;
+};
+Data data(int64_t n) {
+  Data d;
+  d.x = random_tensor({n, 8, 8, 1}, 100);
+  std::vector<int32_t> l(static_cast<size_t>(n));
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    l[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7) % 4);
+    v[static_cast<size_t>(i)] = static_cast<float>(i % 5) / 5.f;
+  }
+  d.labels = Tensor::from_vector<int32_t>(l, Shape{n});
+  d.values = Tensor::from_vector<float>(v, Shape{n, 1});
+  return d;
+}
+
+std::vector<std::vector<float>> weights(const Model& m) {
+  std::vector<std::vector<float>> out;
+  for (const auto& v : m.variables()) out.push_back(v->value().to_vector<float>());
+  return out;
+}
+
+double max_rel_diff(const std::vector<std::vector<float>>& a,
+                    const std::vector<std::vector<float>>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    for (size_t j = 0; j < a[i].size(); ++j)
+      worst = std::max(worst, std::abs(static_cast<double>(a[i][j]) - b[i][j]) /
+                                  std::max(1e-3, std::abs(static_cast<double>(b[i][j]))));
+  return worst;
+}
+
+FitOptions two_head_options() {
+  FitOptions f;
+  f.steps = 3;
+  f.global_batch_size = 16;
+  f.shuffle = false;
+  f.warmup_steps = 0;
+  f.losses = {[](const Tensor& logits, const Tensor& labels) {
+                return ops::sparse_softmax_cross_entropy(logits, labels);
+              },
+              [](const Tensor& pred, const Tensor& target) {
+                return ops::mean_squared_error(pred, target);
+              }};
+  f.loss_weights = {1.f, 0.5f};
+  f.output_metrics = {{"logits", {"accuracy"}}, {"value", {"mae"}}};
+  return f;
+}
+
+struct Trained {
+  std::vector<std::vector<float>> weights;
+  History history;
+};
+
+Trained train_two_heads(const std::string& name) {
+  auto s = strategy(name);
+  set_global_seed(3);
+  std::shared_ptr<Model> m;
+  std::unique_ptr<Optimizer> opt;
+  {
+    auto scope = s->scope();
+    m = two_heads();
+    opt = std::make_unique<SGD>(0.1f, 0.9f);
+  }
+  const Data d = data(48);
+  const Dataset ds = Dataset::from_tensors({d.x, d.labels, d.values});
+  Trained t;
+  t.history = fit(*s, *m, *opt, ds, &ds, two_head_options());
+  t.weights = weights(*m);
+  return t;
+}
+
+TEST_F(ModelTraining, FunctionalModelWithTwoOutputsMatchesOneDeviceUnderEveryLocalStrategy) {
+  const Trained one = train_two_heads("one_device");
+  for (const char* k : {"loss", "logits_accuracy", "value_mae", "val_logits_accuracy"})
+    EXPECT_EQ(one.history.history.count(k), 1u) << k;
+  EXPECT_TRUE(std::isfinite(one.history.final_loss));
+  for (const std::string name : {"mirrored", "central_storage"}) {
+    const Trained other = train_two_heads(name);
+    EXPECT_LT(max_rel_diff(other.weights, one.weights), 1e-4) << name;
+    EXPECT_NEAR(other.history.final_loss, one.history.final_loss, 1e-5) << name;
+  }
+  // The loss weights matter: without them the weights end elsewhere.
+  auto s = strategy("one_device");
+  set_global_seed(3);
+  auto m = two_heads();
+  SGD sgd(0.1f, 0.9f);
+  const Data d = data(48);
+  FitOptions f = two_head_options();
+  f.loss_weights = {};
+  fit(*s, *m, sgd, Dataset::from_tensors({d.x, d.labels, d.values}), nullptr, f);
+  EXPECT_GT(max_rel_diff(weights(*m), one.weights), 1e-4);
+}
+
+std::vector<std::vector<float>> train_residual(const std::string& name, int64_t steps) {
+  auto s = strategy(name);
+  set_global_seed(5);
+  std::shared_ptr<ResidualNet> m;
+  std::unique_ptr<Optimizer> opt;
+  {
+    auto scope = s->scope();
+    m = std::make_shared<ResidualNet>();
+    opt = std::make_unique<SGD>(0.05f, 0.9f);
+  }
+  const Data d = data(64);
+  FitOptions f;
+  f.steps = steps;
+  f.global_batch_size = 32;
+  f.shuffle = false;
+  fit(*s, *m, *opt, Dataset::from_tensors({d.x, d.labels}), nullptr, f);
+  return weights(*m);
+}
+
+TEST_F(ModelTraining, SubclassedModelWithSyncBatchNormMatchesOneDevice) {
+  const auto one = train_residual("one_device", 4);
+  EXPECT_LT(max_rel_diff(train_residual("mirrored", 4), one), 1e-4);
+  EXPECT_LT(max_rel_diff(train_residual("central_storage", 4), one), 1e-4);
+}
+
+TEST_F(ModelTraining, CheckpointOfAFunctionalModelRestoresUnderAnotherStrategy) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "dtrain_model_training_ckpt.safetensors").string();
+  const Data d = data(32);
+  const Dataset ds = Dataset::from_tensors({d.x, d.labels, d.values});
+  Tensor before;
+  {
+    auto s = strategy("mirrored");
+    set_global_seed(9);
+    std::shared_ptr<Model> m;
+    std::unique_ptr<Optimizer> opt;
+    {
+      auto scope = s->scope();
+      m = two_heads();
+      opt = std::make_unique<Adam>(0.01f);
+    }
+    FitOptions f = two_head_options();
+    fit(*s, *m, *opt, ds, nullptr, f);
+    ASSERT_TRUE(Checkpoint(*m, opt.get(), s.get()).save(path));
+    before = predict(*s, *m, ds, 8);
+  }
+  auto s = strategy("one_device");
+  set_global_seed(123);  // other initial weights: the restore must replace them all
+  std::shared_ptr<Model> m;
+  std::unique_ptr<Optimizer> opt;
+  {
+    auto scope = s->scope();
+    m = two_heads();
+    opt = std::make_unique<Adam>(0.01f);
+    m->build();
+  }
+  EXPECT_NE(predict(*s, *m, ds, 8).to_vector<float>(), before.to_vector<float>());
+  Checkpoint(*m, opt.get(), s.get()).restore(path);
+  EXPECT_EQ(predict(*s, *m, ds, 8).to_vector<float>(), before.to_vector<float>());
+  std::filesystem::remove(path);
+}
+
+TEST_F(ModelTraining, ADatasetWithoutALabelPerOutputIsRefused) {
+  auto s = strategy("one_device");
+  auto m = two_heads();
+  SGD sgd(0.1f);
+  const Data d = data(16);
+  FitOptions f = two_head_options();
+  try {
+    fit(*s, *m, sgd, Dataset::from_tensors({d.x, d.labels}), nullptr, f);
+    FAIL() << "two components accepted for one input and two outputs";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("one label per output"), std::string::npos) << e.what();
+  }
+  f.output_metrics = {{"no_such_output", {"mae"}}};
+  EXPECT_THROW(fit(*s, *m, sgd, Dataset::from_tensors({d.x, d.labels, d.values}), nullptr, f),
+               InvalidArgument);
+  f = two_head_options();
+  f.losses.pop_back();
+  EXPECT_THROW(fit(*s, *m, sgd, Dataset::from_tensors({d.x, d.labels, d.values}), nullptr, f),
+               InvalidArgument);
+}
+
+}  // namespace
+}  // namespace dtrain

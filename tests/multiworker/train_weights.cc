@@ -1,12 +1,12 @@
-// Test helper: trains the reference CNN for --steps steps on the first steps*batch (or --rows)
-// Fashion-MNIST images under --strategy (the same code path as the example) and, on the chief,
-// writes every trainable weight as float32 to --out, preceded by the final loss. Used by
+// Test helper: trains the reference CNN (or --model) for --steps steps on the first steps*batch (or
+// --rows) Fashion-MNIST images under --strategy (the same code path as the example) and, on the
+// chief, writes every trainable weight as float32 to --out, preceded by the final loss. Used by
 // multiworker_test.py to compare MultiWorkerMirrored (via dtrain-run) with OneDevice.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "common/models.h"
 #include "dtrain/dtrain.h"
-#include "fashion_mnist/reference_cnn.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"train the reference CNN and dump the weights"};
@@ -25,6 +25,10 @@ int main(int argc, char** argv) {
                  "declaring this "
                  "global batch size (a misuse test: larger batches than declared must be refused)");
   app.add_option("--optimizer", optimizer, "Optimizer::from_config line (default Adam, rate 1e-3)");
+  std::string model_name = "reference_cnn";
+  app.add_option("--model", model_name, dtrain::examples::model_names());
+  bool sync_bn = false;
+  app.add_flag("--sync-bn", sync_bn, "synchronized batch normalization");
   app.add_option("--out", out)->required();
   CLI11_PARSE(app, argc, argv);
   try {
@@ -35,7 +39,8 @@ int main(int argc, char** argv) {
     // (MultiWorkerMirrored does it as variables are created), which the equivalence tests check.
     dtrain::set_global_seed(7 + static_cast<uint64_t>(strategy->extended().worker_rank()));
     const int64_t n = rows > 0 ? rows : steps * batch;
-    const dtrain::FashionMnist data = dtrain::load_fashion_mnist("", n);
+    const dtrain::FashionMnist data =
+        dtrain::examples::fit_to_model(dtrain::load_fashion_mnist("", n), model_name);
     if (declared_batch > 0) {
       const auto next = strategy->distribute_dataset(
           dtrain::Dataset::from_tensors(
@@ -47,11 +52,11 @@ int main(int argc, char** argv) {
       std::printf("took a batch of %lld rows\n", static_cast<long long>(p.global_rows));
       return 0;
     }
-    dtrain::Sequential model;
+    std::shared_ptr<dtrain::Model> model;
     std::unique_ptr<dtrain::Optimizer> opt;
     {
       auto scope = strategy->scope();
-      model = dtrain::examples::reference_cnn();
+      model = dtrain::examples::make_model(model_name, sync_bn);
       opt = dtrain::Optimizer::from_config(optimizer);
     }
     dtrain::FitOptions f;
@@ -60,12 +65,13 @@ int main(int argc, char** argv) {
     f.shuffle_seed = 11;
     const auto ds = dtrain::Dataset::from_tensors(
         {data.train_images.slice_rows(0, n), data.train_labels.slice_rows(0, n)});
-    const dtrain::History h = dtrain::fit(*strategy, model, *opt, ds, nullptr, f);
+    const dtrain::History h = dtrain::fit(*strategy, *model, *opt, ds, nullptr, f);
     if (strategy->extended().is_chief()) {
       std::FILE* fp = std::fopen(out.c_str(), "wb");
       const double loss = h.final_loss;
       std::fwrite(&loss, sizeof(loss), 1, fp);
-      for (const auto& v : model.trainable_variables()) {
+      // Every variable: the batch-norm statistics too.
+      for (const auto& v : model->variables()) {
         const auto w = v->value().to_vector<float>();
         const int64_t count = static_cast<int64_t>(w.size());
         std::fwrite(&count, sizeof(count), 1, fp);

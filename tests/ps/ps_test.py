@@ -347,6 +347,26 @@ class Equivalence(unittest.TestCase):
             for key in ("final_loss", "test_loss", "test_accuracy"):
                 self.assertAlmostEqual(j[key], ref[key], delta=1e-7 * abs(ref[key]), msg=f"{ps} ps: {key}")
 
+    def test_functional_and_subclassed_models_equal_one_device(self):
+        # The same with a functional ResNet (resnet8, batch normalization, 1x1 projections) and a
+        # subclassed model (residual_cnn), their variables sharded over 2 ps: 10 steps.
+        data = ["--threads", "1", "--epochs", "1", "--train-limit", "640", "--batch-size", "64", "--json"]
+        for model in ("resnet8", "residual_cnn"):
+            r = subprocess.run([ARGS.example, "--strategy=one_device", "--model", model] + data,
+                               capture_output=True, text=True, timeout=120)
+            self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+            ref = last_json(r.stdout)
+            r = subprocess.run([ARGS.launcher, "-np", "1", "--ps", "2", "--timeout", "120", "--", ARGS.example,
+                                "--strategy=parameter_server", "--ps-shards", "2", "--model", model] + data,
+                               capture_output=True, text=True, timeout=150)
+            self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+            j = last_json(r.stdout)
+            print(f"{model}, 1 worker + 2 ps: final loss {j['final_loss']!r} (one_device {ref['final_loss']!r}), "
+                  f"test loss {j['test_loss']!r} ({ref['test_loss']!r})")
+            self.assertEqual(j["job_step"], ref["steps"])
+            for key in ("final_loss", "test_loss", "test_accuracy"):
+                self.assertAlmostEqual(j[key], ref[key], delta=1e-7 * abs(ref[key]), msg=f"{model}: {key}")
+
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()

@@ -2,7 +2,8 @@
 """BackupAndRestore with real processes: kill -9 a worker of a `dtrain-run -np 3` MultiWorkerMirrored
 job (or the whole process of a Mirrored run) mid-epoch, run the same command again, and compare the
 final weights, optimizer slots and iteration count with an uninterrupted run: bit for bit.
-Also `dtrain-run --max-restarts 2`: one command survives a worker killed twice.
+Also `dtrain-run --max-restarts 2`: one command survives a worker killed twice; and a functional ResNet
+(resnet8, synchronized batch norm, augmented batches) under 2 workers, a worker killed mid-epoch.
 
   backup_restore_test.py DTRAIN_RUN FASHION_MNIST
 """
@@ -111,6 +112,22 @@ def main():
         if code != 0 or "resuming from a backup" not in out:
             sys.exit(f"the mirrored rerun did not resume ({code}):\n{out}")
         same(f"{d}/mref/final.safetensors", f"{d}/mk/final.safetensors", "Mirrored cpu:2, process killed, run again")
+
+        # --- a functional ResNet (synchronized batch norm, augmented batches), MWMS x2, a worker killed ---
+        resnet = [dtrain_run, "-np", "2", "--grace", "2", "--", binary, "--strategy=multi_worker_mirrored",
+                  "--model=resnet8", "--sync-bn", "--augment"] + common
+        code, out = run(resnet + ["--checkpoint-dir", f"{d}/rref"])
+        if code != 0:
+            sys.exit(f"uninterrupted resnet8 run failed ({code}):\n{out}")
+        cmd = resnet + ["--backup-dir", f"{d}/rbk", "--checkpoint-dir", f"{d}/rk"]
+        code, out = start_and_kill(cmd, f"{d}/rbk", lambda p: rng.choice(children(p.pid)), 35, total)
+        if code == 0:
+            sys.exit(f"the resnet8 job survived a killed worker without --max-restarts:\n{out}")
+        code, out = run(cmd)
+        if code != 0 or "resuming from a backup" not in out:
+            sys.exit(f"the resnet8 rerun did not resume ({code}):\n{out}")
+        same(f"{d}/rref/final.safetensors", f"{d}/rk/final.safetensors",
+             "functional resnet8 (sync BN, augmentation), MWMS x2, a worker killed, run again")
 
 if __name__ == "__main__":
     main()

@@ -210,8 +210,10 @@ std::shared_ptr<Model> resnet_by_name(const std::string& name, const ResNetOptio
   if (name == "resnet18") return ResNet18(o);
   if (name == "resnet34") return ResNet34(o);
   if (name.rfind("resnet", 0) == 0 && name.size() > 6 &&
-      name.find_first_not_of("0123456789", 6) == std::string::npos && name.size() < 10)
-    return CifarResNet(std::stoi(name.substr(6)), o);
+      name.find_first_not_of("0123456789", 6) == std::string::npos && name.size() < 10) {
+    const int depth = std::stoi(name.substr(6));
+    if (depth >= 8 && (depth - 2) % 6 == 0) return CifarResNet(depth, o);
+  }
   throw InvalidArgument("unknown model '" + name +
                         "' (resnet18, resnet34, resnet50, resnet101, resnet152, and the CIFAR "
                         "resnet20, resnet32, resnet44, resnet56, resnet110)");

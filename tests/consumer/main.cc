@@ -1,5 +1,6 @@
 // The smallest program a dtrain user writes: a model built in a strategy's scope and trained with
-// fit() on two logical CPU devices, and a typed error caught across the library boundary.
+// fit() on two logical CPU devices, and a typed error caught across the library boundary; then a
+// functional model with a skip connection and two outputs, and a subclassed model, the same way.
 #include <cstdio>
 #include <vector>
 
@@ -51,6 +52,74 @@ int main() {
   if (strategy->num_replicas_in_sync() != 2 || !(h.epoch_loss.back() < h.epoch_loss.front()) ||
       h.test_accuracy < 0.9) {
     std::puts("FAIL: training did not converge");
+    return 1;
+  }
+  // The Model API from outside: a functional model with a skip connection and two outputs (the
+  // class, and a + b), and a subclassed model, each trained under Mirrored.
+  std::vector<float> sums(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    sums[static_cast<size_t>(i)] =
+        x[static_cast<size_t>(2 * i)] + x[static_cast<size_t>(2 * i + 1)];
+  auto two = dtrain::Dataset::from_tensor_slices(
+      {dtrain::Tensor::from_vector<float>(x, dtrain::Shape{n, 2}),
+       dtrain::Tensor::from_vector<int32_t>(y, dtrain::Shape{n}),
+       dtrain::Tensor::from_vector<float>(sums, dtrain::Shape{n, 1})});
+  std::shared_ptr<dtrain::Model> functional;
+  {
+    auto scope = strategy->scope();
+    auto hidden = std::make_shared<dtrain::Dense>(16, dtrain::Activation::kRelu);
+    auto widen = std::make_shared<dtrain::Dense>(16);
+    auto add = std::make_shared<dtrain::Add>();
+    auto cls = std::make_shared<dtrain::Dense>(2, dtrain::Activation::kNone, true, "cls");
+    auto sum = std::make_shared<dtrain::Dense>(1, dtrain::Activation::kNone, true, "sum");
+    dtrain::KerasTensor in = dtrain::Input({2});
+    dtrain::KerasTensor h = (*add)({(*hidden)(in), (*widen)(in)});
+    functional =
+        std::make_shared<dtrain::Model>(in, std::vector<dtrain::KerasTensor>{(*cls)(h), (*sum)(h)});
+    optimizer = std::make_unique<dtrain::Adam>(0.05f);
+  }
+  dtrain::FitOptions two_fit = fit;
+  two_fit.losses = {[](const dtrain::Tensor& l, const dtrain::Tensor& t) {
+                      return dtrain::ops::sparse_softmax_cross_entropy(l, t);
+                    },
+                    [](const dtrain::Tensor& p, const dtrain::Tensor& t) {
+                      return dtrain::ops::mean_squared_error(p, t);
+                    }};
+  two_fit.output_metrics = {{"cls", {"accuracy"}}, {"sum", {"mae"}}};
+  const dtrain::History h2 = dtrain::fit(*strategy, *functional, *optimizer, two, &two, two_fit);
+  functional->summary();
+  std::printf("functional, two outputs: accuracy %.3f, mae %.4f\n",
+              h2.history.at("val_cls_accuracy").back(), h2.history.at("val_sum_mae").back());
+  if (h2.history.at("val_cls_accuracy").back() < 0.9 || h2.history.at("val_sum_mae").back() > 0.1) {
+    std::puts("FAIL: the functional model did not learn");
+    return 1;
+  }
+
+  class Mlp : public dtrain::Model {
+   public:
+    Mlp() : Model("mlp") {
+      a_ = register_layer(std::make_shared<dtrain::Dense>(16, dtrain::Activation::kRelu));
+      b_ = register_layer(std::make_shared<dtrain::Dense>(2));
+    }
+
+   protected:
+    using Model::call;
+    dtrain::Tensor call(const dtrain::Tensor& in, bool) override { return (*b_)((*a_)(in)); }
+
+   private:
+    std::shared_ptr<dtrain::Dense> a_, b_;
+  };
+  std::shared_ptr<Mlp> sub;
+  {
+    auto scope = strategy->scope();
+    sub = std::make_shared<Mlp>();
+    optimizer = std::make_unique<dtrain::Adam>(0.05f);
+  }
+  const dtrain::History h3 = dtrain::fit(*strategy, *sub, *optimizer, data, &data, fit);
+  std::printf("subclassed: accuracy %.3f, variables %zu\n", h3.test_accuracy,
+              sub->variables().size());
+  if (h3.test_accuracy < 0.9 || sub->variables()[0]->name() != "dense/kernel") {
+    std::puts("FAIL: the subclassed model did not learn, or its variables are misnamed");
     return 1;
   }
   std::puts("consumer OK");

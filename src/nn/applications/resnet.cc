@@ -1,3 +1,4 @@
+#include <functional>
 #include <memory>
 
 #include "dtrain/model/initializers.h"
@@ -121,35 +122,40 @@ KerasTensor stem(KerasTensor x, bool bias, const ResNetOptions& o) {
   return (*std::make_shared<MaxPool2D>(3, 2, Padding::kValid, "pool1_pool"))(x);
 }
 
-std::shared_ptr<Model> bottleneck_resnet(const std::vector<int>& blocks, const std::string& name,
-                                         const ResNetOptions& o) {
+// The ImageNet ResNets: the stem, stages of blocks at 64, 128, 256 and 512 filters (the first
+// block of each stage after the first strides by 2), the head. `block(filters, stride, first,
+// name)` makes one block.
+using BlockFn = std::function<std::shared_ptr<Layer>(int64_t, int, bool, const std::string&)>;
+std::shared_ptr<Model> imagenet_resnet(const std::vector<int>& blocks, const std::string& name,
+                                       bool stem_bias, const ResNetOptions& o,
+                                       const BlockFn& block) {
   check(o, 32, name.c_str());
   KerasTensor in = Input(o.input_shape, "input_layer");
-  KerasTensor x = stem(in, true, o);
+  KerasTensor x = stem(in, stem_bias, o);
   const int64_t filters[] = {64, 128, 256, 512};
   for (size_t s = 0; s < blocks.size(); ++s)
     for (int b = 1; b <= blocks[s]; ++b) {
       const std::string n = "conv" + std::to_string(s + 2) + "_block" + std::to_string(b);
-      const int stride = b == 1 && s > 0 ? 2 : 1;
-      x = (*std::make_shared<BottleneckBlock>(filters[s], stride, b == 1, o, n))(x);
+      x = (*block(filters[s], b == 1 && s > 0 ? 2 : 1, b == 1, n))(x);
     }
   return std::make_shared<Model>(in, head(x, o), name);
 }
 
+std::shared_ptr<Model> bottleneck_resnet(const std::vector<int>& blocks, const std::string& name,
+                                         const ResNetOptions& o) {
+  return imagenet_resnet(blocks, name, true, o,
+                         [&o](int64_t f, int stride, bool first, const std::string& n) {
+                           return std::make_shared<BottleneckBlock>(f, stride, first, o, n);
+                         });
+}
+
 std::shared_ptr<Model> basic_resnet(const std::vector<int>& blocks, const std::string& name,
                                     const ResNetOptions& o) {
-  check(o, 32, name.c_str());
-  KerasTensor in = Input(o.input_shape, "input_layer");
-  KerasTensor x = stem(in, false, o);
-  const int64_t filters[] = {64, 128, 256, 512};
-  for (size_t s = 0; s < blocks.size(); ++s)
-    for (int b = 1; b <= blocks[s]; ++b) {
-      const std::string n = "conv" + std::to_string(s + 2) + "_block" + std::to_string(b);
-      const int stride = b == 1 && s > 0 ? 2 : 1;
-      x = (*std::make_shared<BasicBlock>(filters[s], stride, stride != 1, false, true, 1e-5f,
-                                         Initializer(), o, n))(x);
-    }
-  return std::make_shared<Model>(in, head(x, o), name);
+  return imagenet_resnet(blocks, name, false, o,
+                         [&o](int64_t f, int stride, bool, const std::string& n) {
+                           return std::make_shared<BasicBlock>(f, stride, stride != 1, false, true,
+                                                               1e-5f, Initializer(), o, n);
+                         });
 }
 
 }  // namespace

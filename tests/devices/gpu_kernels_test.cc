@@ -53,6 +53,25 @@ TEST(CudaDevice, KernelsFromOtherThreads) {
   for (const Tensor& t : outs) expect_close(expect, t, 1e-4f, 1e-4f, "plain thread");
 }
 
+// Kernels::copy_slab (concat, slice, zero padding, the ResNets' shortcuts) through the CUDA
+// allocator's copies: bitwise the CPU's, on every axis, and the ops built on it.
+TEST(CudaKernels, CopySlabAndTheOpsOnItMatchTheCpu) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Tensor a = random_tensor(Shape{2, 3, 4, 5}, 40), b = random_tensor(Shape{2, 3, 2, 5}, 41);
+  for (int axis : {0, 1, 2, 3}) {
+    Tensor dc = Tensor::zeros(a.shape(), DType::kFloat32, kCpu);
+    Tensor dg = Tensor::zeros(a.shape(), DType::kFloat32, kGpu);
+    const int64_t n = a.shape()[axis];
+    cpu().copy_slab(a, axis, 1, dc, 0, n - 1);
+    gpu().copy_slab(G(a), axis, 1, dg, 0, n - 1);
+    expect_bitwise_equal(dc, dg, "copy_slab axis " + std::to_string(axis));
+  }
+  expect_bitwise_equal(ops::concat({a, b}, 2), ops::concat({G(a), G(b)}, 2), "concat");
+  expect_bitwise_equal(ops::slice(a, -1, 1, 3), ops::slice(G(a), -1, 1, 3), "slice");
+  expect_bitwise_equal(ops::zero_pad2d(a, 1, 2, 0, 3), ops::zero_pad2d(G(a), 1, 2, 0, 3),
+                       "zero_pad2d");
+}
+
 // --- convolution ---
 
 struct ConvCase {

@@ -3,6 +3,7 @@
 // and casts must agree bit for bit. Also covers the CUDA device itself (allocator copies, worker
 // thread, calls from several threads). Every test skips when no CUDA device is visible.
 #include "devices/gpu_test_util.h"
+#include "dtrain/model/ops.h"
 
 namespace dtrain {
 namespace {

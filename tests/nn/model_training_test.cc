@@ -225,6 +225,45 @@ TEST_F(ModelTraining, CheckpointOfAFunctionalModelRestoresUnderAnotherStrategy) 
   std::filesystem::remove(path);
 }
 
+TEST_F(ModelTraining, CheckpointOfASubclassedModelRestoresUnderAnotherStrategy) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "dtrain_subclassed_ckpt.safetensors").string();
+  const Data d = data(32);
+  const Dataset ds = Dataset::from_tensors({d.x, d.labels});
+  Tensor before;
+  {
+    auto s = strategy("central_storage");
+    set_global_seed(9);
+    std::shared_ptr<ResidualNet> m;
+    std::unique_ptr<Optimizer> opt;
+    {
+      auto scope = s->scope();
+      m = std::make_shared<ResidualNet>();
+      opt = std::make_unique<Adam>(0.01f);
+    }
+    FitOptions f;
+    f.steps = 3;
+    f.global_batch_size = 16;
+    fit(*s, *m, *opt, ds, nullptr, f);
+    ASSERT_TRUE(Checkpoint(*m, opt.get(), s.get()).save(path));
+    before = predict(*s, *m, ds, 8);
+  }
+  auto s = strategy("mirrored");
+  set_global_seed(321);
+  std::shared_ptr<ResidualNet> m;
+  std::unique_ptr<Optimizer> opt;
+  {
+    auto scope = s->scope();
+    m = std::make_shared<ResidualNet>();
+    opt = std::make_unique<Adam>(0.01f);
+    m->build(Shape{1, 8, 8, 1});
+  }
+  Checkpoint(*m, opt.get(), s.get()).restore(path);
+  // The moving statistics came back too: inference (training = false) uses them.
+  EXPECT_EQ(predict(*s, *m, ds, 8).to_vector<float>(), before.to_vector<float>());
+  std::filesystem::remove(path);
+}
+
 TEST_F(ModelTraining, ADatasetWithoutALabelPerOutputIsRefused) {
   auto s = strategy("one_device");
   auto m = two_heads();

@@ -19,7 +19,12 @@ std::vector<int64_t> with_batch(const Shape& s, int64_t batch) {
 
 }  // namespace
 
-Model::Model(std::string name) : Layer(std::move(name)) {}
+Model::Model(std::string name, int num_inputs)
+    : Layer(std::move(name)), subclass_inputs_(num_inputs) {
+  if (num_inputs < 1)
+    throw InvalidArgument("model '" + this->name() + "': num_inputs must be >= 1, got " +
+                          std::to_string(num_inputs));
+}
 
 Model::Model(std::vector<KerasTensor> inputs, std::vector<KerasTensor> outputs, std::string name)
     : Layer(std::move(name)), graph_inputs_(std::move(inputs)), graph_outputs_(std::move(outputs)) {
@@ -59,14 +64,22 @@ Model::Model(std::vector<KerasTensor> inputs, std::vector<KerasTensor> outputs, 
   for (const auto& n : nodes_) add_child(n->layer, "");
 }
 
-int Model::num_inputs() const { return functional() ? static_cast<int>(graph_inputs_.size()) : 1; }
+int Model::num_inputs() const {
+  return functional() ? static_cast<int>(graph_inputs_.size()) : subclass_inputs_;
+}
 int Model::num_outputs() const {
-  return functional() ? static_cast<int>(graph_outputs_.size()) : 1;
+  if (functional()) return static_cast<int>(graph_outputs_.size());
+  return output_shapes_.empty() ? 1 : static_cast<int>(output_shapes_.size());
 }
 
 std::vector<std::string> Model::output_names() const {
-  if (!functional()) return {"output"};
   std::vector<std::string> names;
+  if (!functional()) {
+    const int n = num_outputs();
+    if (n == 1) return {"output"};
+    for (int i = 1; i <= n; ++i) names.push_back("output_" + std::to_string(i));
+    return names;
+  }
   for (const auto& o : graph_outputs_) {
     std::string n = o.node_->layer ? o.node_->layer->name() : o.node_->input_name;
     if (o.node_->shapes.size() > 1) n += "_" + std::to_string(o.output_index());
@@ -86,8 +99,8 @@ void Model::build() {
 }
 
 void Model::build_weights(const std::vector<Shape>& input_shapes) {
-  if (functional() && input_shapes.size() != graph_inputs_.size())
-    throw InvalidArgument("model '" + name() + "' takes " + std::to_string(graph_inputs_.size()) +
+  if (input_shapes.size() != static_cast<size_t>(num_inputs()))
+    throw InvalidArgument("model '" + name() + "' takes " + std::to_string(num_inputs()) +
                           " inputs, built with " + std::to_string(input_shapes.size()));
   const DeviceSpec dev = get_strategy().worker_devices().front();
   std::vector<Tensor> zeros;
@@ -101,7 +114,13 @@ void Model::build_weights(const std::vector<Shape>& input_shapes) {
   }
   {
     detail::BuildPass pass;
-    call(zeros, false);
+    const std::vector<Tensor> ys = call(zeros, false);
+    output_shapes_.clear();  // what summary() shows and num_outputs() counts
+    for (const auto& y : ys) {
+      std::vector<int64_t> d = y.shape().dims();
+      if (!d.empty()) d.erase(d.begin());
+      output_shapes_.emplace_back(std::move(d));
+    }
   }
   if (functional()) plan_fusions();
   after_build();

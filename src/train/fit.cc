@@ -212,8 +212,8 @@ History fit(Strategy& strategy, Model& model, Optimizer& optimizer, const Datase
   if (options.accumulate < 1)
     throw InvalidArgument("fit(): accumulate must be >= 1, got " +
                           std::to_string(options.accumulate));
+  build(strategy, model, optimizer, train);  // first: a subclass's outputs are known once built
   const detail::Heads heads(model, options);
-  build(strategy, model, optimizer, train);
   const VariableList vars = model.trainable_variables();
 
   // Asynchronous strategies: each worker trains on its own shard of the data, and the job stops

@@ -264,6 +264,53 @@ TEST_F(ModelTraining, CheckpointOfASubclassedModelRestoresUnderAnotherStrategy) 
   std::filesystem::remove(path);
 }
 
+// A subclassed model with two inputs and two outputs, as a Keras user writes one.
+class TwoInTwoOut : public Model {
+ public:
+  TwoInTwoOut() : Model("two_in_two_out", /*num_inputs=*/2) {
+    a_ = register_layer(std::make_shared<Dense>(8, Activation::kRelu));
+    b_ = register_layer(std::make_shared<Dense>(8, Activation::kRelu));
+    cls_ = register_layer(std::make_shared<Dense>(4));
+    reg_ = register_layer(std::make_shared<Dense>(1));
+  }
+
+ protected:
+  using Model::call;
+  std::vector<Tensor> call(const std::vector<Tensor>& xs, bool) override {
+    const Tensor h = ops::concat({(*a_)(xs.at(0)), (*b_)(xs.at(1))}, 1);
+    return {(*cls_)(h), (*reg_)(h)};
+  }
+
+ private:
+  std::shared_ptr<Dense> a_, b_, cls_, reg_;
+};
+
+TEST_F(ModelTraining, SubclassedModelWithTwoInputsAndTwoOutputsTrains) {
+  const Data d = data(64);
+  const Tensor flat = ops::reshape(d.x, Shape{64, 64});
+  const Tensor other = ops::slice(flat, 1, 0, 10);
+  for (const char* name : {"one_device", "mirrored"}) {
+    auto s = strategy(name);
+    std::shared_ptr<TwoInTwoOut> m;
+    std::unique_ptr<Optimizer> opt;
+    {
+      auto scope = s->scope();
+      m = std::make_shared<TwoInTwoOut>();
+      opt = std::make_unique<Adam>(0.01f);
+    }
+    FitOptions f = two_head_options();
+    f.output_metrics = {{"output_1", {"accuracy"}}, {"output_2", {"mae"}}};
+    f.steps = 20;
+    const Dataset ds = Dataset::from_tensors({flat, other, d.labels, d.values});
+    const History h = fit(*s, *m, *opt, ds, &ds, f);
+    EXPECT_EQ(m->num_outputs(), 2) << name;
+    EXPECT_EQ(m->output_names(), (std::vector<std::string>{"output_1", "output_2"}));
+    EXPECT_LT(h.history.at("val_output_2_mae").back(), h.history.at("val_output_2_mae").front())
+        << name;
+    EXPECT_LT(h.epoch_loss.back(), h.epoch_loss.front()) << name;
+  }
+}
+
 TEST_F(ModelTraining, ADatasetWithoutALabelPerOutputIsRefused) {
   auto s = strategy("one_device");
   auto m = two_heads();

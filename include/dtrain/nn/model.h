@@ -42,8 +42,10 @@ namespace dtrain {
 
 class DTRAIN_API Model : public Layer {
  public:
-  // For subclasses: register layers in the constructor and override call().
-  explicit Model(std::string name = "model");
+  // For subclasses: register layers in the constructor and override call() (the one-tensor form,
+  // or the several-tensors form for `num_inputs` > 1 inputs or several outputs). Throws
+  // InvalidArgument for num_inputs < 1.
+  explicit Model(std::string name = "model", int num_inputs = 1);
   // Functional: every output must be computed from `inputs` only. Throws InvalidArgument for an
   // empty list, an undefined tensor, an output that needs an Input not in `inputs`, or the same
   // Input twice.
@@ -62,10 +64,12 @@ class DTRAIN_API Model : public Layer {
   // that is not functional (give it the input shape).
   void build();
 
-  // Inputs the model takes and outputs it returns (1 and 1 unless functional).
+  // Inputs the model takes (a subclass says in its constructor) and outputs it returns (a
+  // subclass: as many as its call() returned when the model was built; 1 before).
   int num_inputs() const;
   int num_outputs() const;
-  // The names of the outputs: the layers that produce them (functional), else {"output"}.
+  // The names of the outputs: the layers that produce them (functional); else "output", or
+  // "output_1", "output_2", ... for several, as Keras names them.
   // fit() names per-output losses and metrics after them when there are several.
   std::vector<std::string> output_names() const;
   const std::vector<KerasTensor>& inputs() const { return graph_inputs_; }
@@ -90,6 +94,7 @@ class DTRAIN_API Model : public Layer {
  private:
   void plan_fusions();
   std::vector<Tensor> run_graph(const std::vector<Tensor>& xs, bool training);
+  int subclass_inputs_ = 1;
   std::vector<KerasTensor> graph_inputs_, graph_outputs_;
   std::vector<std::shared_ptr<detail::Node>> nodes_;  // layer nodes in topological order
   // Fusion plan over nodes_: fused_into_[i] >= 0 when node i runs inside that later node.

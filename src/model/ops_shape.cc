@@ -132,4 +132,25 @@ Tensor zero_pad2d(const Tensor& x, int top, int bottom, int left, int right) {
   return y;
 }
 
+Tensor avg_pool2d(const Tensor& x, int wh, int ww, int sh, int sw, Padding padding) {
+  if (x.shape().rank() != 4)
+    throw InvalidArgument("avg_pool2d expects NHWC input [N, H, W, C], got " + x.to_string());
+  if (wh < 1 || ww < 1 || sh < 1 || sw < 1)
+    throw InvalidArgument("avg_pool2d: window and stride must be >= 1");
+  const int64_t c = x.shape()[3];
+  // A [wh, ww, C, C] filter that sums each channel's window: the pooling as a convolution.
+  std::vector<float> w(static_cast<size_t>(wh * ww * c * c), 0.f);
+  for (int64_t i = 0; i < wh * ww; ++i)
+    for (int64_t k = 0; k < c; ++k) w[static_cast<size_t>((i * c + k) * c + k)] = 1.f;
+  const Tensor filter = Tensor::from_vector<float>(w, Shape{wh, ww, c, c}).to(x.device());
+  const Tensor sums = conv2d(x, filter, Tensor(), sh, sw, padding);
+  if (padding == Padding::kValid) return scale(sums, 1.f / static_cast<float>(wh * ww));
+  // kSame: divide by how many real elements each window covered (one image's count map).
+  std::vector<int64_t> one = x.shape().dims();
+  one[0] = 1;
+  Tensor ones = Tensor::empty(Shape(one), x.dtype(), x.device());
+  kernels_for(x).fill(ones, 1.f);
+  return div(sums, conv2d(ones, filter, Tensor(), sh, sw, padding));
+}
+
 }  // namespace dtrain::ops

@@ -93,6 +93,16 @@ Tensor MaxPool2D::call(const Tensor& x, bool) {
   return ops::max_pool2d(x, pool_, pool_, stride_, stride_, padding_);
 }
 
+// --- AveragePooling2D ---
+AveragePooling2D::AveragePooling2D(int pool, int stride, ops::Padding padding, std::string name)
+    : Layer(std::move(name)), pool_(pool), stride_(stride > 0 ? stride : pool), padding_(padding) {
+  if (pool < 1) throw InvalidArgument("AveragePooling2D needs pool >= 1");
+}
+
+Tensor AveragePooling2D::call(const Tensor& x, bool) {
+  return ops::avg_pool2d(x, pool_, pool_, stride_, stride_, padding_);
+}
+
 // --- ZeroPadding2D, GlobalAveragePooling2D ---
 ZeroPadding2D::ZeroPadding2D(int top, int bottom, int left, int right, std::string name)
     : Layer(std::move(name)), top_(top), bottom_(bottom), left_(left), right_(right) {

@@ -244,6 +244,24 @@ TEST_F(ModelApi, NewOpsHaveGradients) {
       {random_tensor({3, 2}, 13)}, {true});
   testing::check_gradients([](const V& x) { return ops::zero_pad2d(x[0], 1, 0, 2, 1); },
                            {random_tensor({1, 2, 3, 2}, 14)}, {true});
+  testing::check_gradients([](const V& x) { return ops::avg_pool2d(x[0], 2, 2, 2, 2); },
+                           {random_tensor({1, 4, 4, 2}, 15)}, {true});
+  testing::check_gradients(
+      [](const V& x) { return ops::avg_pool2d(x[0], 3, 3, 2, 2, ops::Padding::kSame); },
+      {random_tensor({1, 5, 5, 2}, 16)}, {true});
+  // Values: a 2x2 valid window is the mean; TF pads "same" 3x3/2 on 4x4 only after (0 before, 1
+  // after), so the first window covers 9 elements and the last the 4 that are not padding, each
+  // divided by its own count.
+  std::vector<float> v(16);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
+  const Tensor img = Tensor::from_vector<float>(v, Shape{1, 4, 4, 1});
+  EXPECT_EQ(ops::avg_pool2d(img).to_vector<float>(),
+            (std::vector<float>{2.5f, 4.5f, 10.5f, 12.5f}));
+  const std::vector<float> same =
+      ops::avg_pool2d(img, 3, 3, 2, 2, ops::Padding::kSame).to_vector<float>();
+  EXPECT_FLOAT_EQ(same[0], 45.f / 9.f);
+  EXPECT_FLOAT_EQ(same[3], (10.f + 11.f + 14.f + 15.f) / 4.f);
+  EXPECT_EQ((*std::make_shared<AveragePooling2D>(2))(Input({4, 4, 3})).shape(), (Shape{2, 2, 3}));
   const Tensor p = ops::zero_pad2d(Tensor::full(Shape{1, 1, 1, 1}, 7.f), 1, 0, 0, 1);
   EXPECT_EQ(p.shape(), (Shape{1, 2, 2, 1}));
   EXPECT_EQ(p.to_vector<float>(), (std::vector<float>{0, 0, 7, 0}));

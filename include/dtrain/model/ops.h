@@ -69,6 +69,11 @@ DTRAIN_API Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, i
                          int stride_w = 1, Padding padding = Padding::kValid);
 DTRAIN_API Tensor max_pool2d(const Tensor& x, int window_h = 2, int window_w = 2, int stride_h = 2,
                              int stride_w = 2, Padding padding = Padding::kValid);
+// NHWC average pooling as TF's avg_pool2d: with kSame padding each output divides by the number
+// of input elements its window covers (padding not counted). Composed from conv2d (a fixed
+// per-channel filter), so it runs and differentiates on every device.
+DTRAIN_API Tensor avg_pool2d(const Tensor& x, int window_h = 2, int window_w = 2, int stride_h = 2,
+                             int stride_w = 2, Padding padding = Padding::kValid);
 // max_pool2d(conv2d(x, w, bias, stride, stride, conv_padding), window, window, pool_stride,
 // pool_stride, pool_padding) as one op, with the same values and gradients up to the order in which
 // the filter's gradient is summed over the batch. A CPU device runs it a few images at a time, so

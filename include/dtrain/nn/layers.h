@@ -81,6 +81,24 @@ class DTRAIN_API MaxPool2D : public Layer {
   ops::Padding padding_;
 };
 
+// keras.layers.AveragePooling2D (TF's padding semantics: "same" windows divide by the elements they
+// cover).
+class DTRAIN_API AveragePooling2D : public Layer {
+ public:
+  explicit AveragePooling2D(int pool = 2, int stride = 0,
+                            ops::Padding padding = ops::Padding::kValid,
+                            std::string name = "average_pooling2d");
+  std::string class_name() const override { return "AveragePooling2D"; }
+
+ protected:
+  using Layer::call;
+  Tensor call(const Tensor& x, bool training) override;
+
+ private:
+  int pool_, stride_;
+  ops::Padding padding_;
+};
+
 class DTRAIN_API Flatten : public Layer {
  public:
   explicit Flatten(std::string name = "flatten") : Layer(std::move(name)) {}

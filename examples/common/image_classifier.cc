@@ -60,8 +60,8 @@ int image_classifier_main(int argc, char** argv, const ImageClassifierExample& e
   app.add_flag("--sync-bn", sync_bn,
                "synchronized batch normalization: the global batch's statistics on every replica");
   app.add_flag("--augment,!--no-augment", augment,
-               "random crops (4-pixel padding) and horizontal flips of the training images, on the "
-               "input pipeline's thread")
+               "random crops (4-pixel padding) and horizontal flips of the training images, in the "
+               "input pipeline (one thread per core, batches ahead of training)")
       ->capture_default_str();
   app.add_option("--lr", lr, "learning rate")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--seed", seed, "seed for weights, shuffling and dropout")->capture_default_str();

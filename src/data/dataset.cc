@@ -429,44 +429,6 @@ class BatchNode final : public DatasetNode {
   int64_t begin_, end_;  // the row window (end_ < 0: whole batches)
 };
 
-// ---- map ----
-
-class MapNode final : public DatasetNode {
- public:
-  MapNode(NodePtr up, std::shared_ptr<const Dataset::MapFn> fn)
-      : DatasetNode(up->source(), up->cardinality(), true, str_cat(up->description(), ".map()")),
-        up_(std::move(up)),
-        fn_(std::move(fn)) {}
-  std::unique_ptr<DatasetNodeIterator> make_iterator() const override {
-    class It final : public DatasetNodeIterator {
-     public:
-      It(std::unique_ptr<DatasetNodeIterator> up, std::shared_ptr<const Dataset::MapFn> fn,
-         size_t k)
-          : up_(std::move(up)), fn_(std::move(fn)), num_components_(k) {}
-      bool next(DatasetElement* out) override {
-        if (!out) return up_->next(nullptr);  // dropped elements are not mapped
-        if (!up_->next(out)) return false;
-        out->tensors = (*fn_)(std::move(out->tensors));
-        if (out->tensors.size() != num_components_)
-          throw InvalidArgument(str_cat("Dataset::map: the function returned ", out->tensors.size(),
-                                        " tensors for an element of ", num_components_,
-                                        "; it must keep the number of components"));
-        return true;
-      }
-
-     private:
-      std::unique_ptr<DatasetNodeIterator> up_;
-      std::shared_ptr<const Dataset::MapFn> fn_;
-      size_t num_components_;
-    };
-    return std::make_unique<It>(up_->make_iterator(), fn_, source()->tensors.size());
-  }
-
- private:
-  NodePtr up_;
-  std::shared_ptr<const Dataset::MapFn> fn_;
-};
-
 // ---- public iterator ----
 
 class PublicIterator final : public Dataset::Iterator {
@@ -582,13 +544,24 @@ Dataset Dataset::batch(int64_t batch_size, bool drop_remainder) const {
   return Dataset(std::make_shared<detail::BatchNode>(node_, batch_size, drop_remainder));
 }
 
-Dataset Dataset::map(MapFn fn) const {
+Dataset Dataset::map(MapFn fn, int num_parallel_calls) const {
+  if (!fn) throw InvalidArgument("Dataset::map: the function is empty");
+  return map_with_index(
+      [f = std::move(fn)](std::vector<Tensor> e, int64_t) { return f(std::move(e)); },
+      num_parallel_calls);
+}
+
+Dataset Dataset::map_with_index(IndexedMapFn fn, int num_parallel_calls) const {
   if (!fn) throw InvalidArgument("Dataset::map: the function is empty");
   if (!node_->batched())
     throw InvalidArgument(str_cat("Dataset::map on an unbatched dataset (", node_->description(),
                                   ") is not supported: map() runs on batches; call batch() first"));
-  return Dataset(
-      std::make_shared<detail::MapNode>(node_, std::make_shared<const MapFn>(std::move(fn))));
+  if (num_parallel_calls == kAutotune)
+    num_parallel_calls = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (num_parallel_calls < 1)
+    throw InvalidArgument(str_cat(
+        "Dataset::map: num_parallel_calls must be >= 1 or kAutotune, got ", num_parallel_calls));
+  return Dataset(detail::make_map_node(node_, std::move(fn), num_parallel_calls));
 }
 
 Dataset Dataset::prefetch(int buffer_size) const {

@@ -1,6 +1,7 @@
 // Private to src/data: the stages a Dataset is made of.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,5 +66,10 @@ class DatasetNode {
 // The prefetch stage (prefetch_node.cc): produces elements of `up` on a background thread.
 std::shared_ptr<const DatasetNode> make_prefetch_node(std::shared_ptr<const DatasetNode> up,
                                                       int buffer);
+// The map stage (map_node.cc): fn(element, its index in the pass) on `parallel` threads (1: the
+// consumer's), results in order.
+std::shared_ptr<const DatasetNode> make_map_node(
+    std::shared_ptr<const DatasetNode> up,
+    std::function<std::vector<Tensor>(std::vector<Tensor>, int64_t)> fn, int parallel);
 
 }  // namespace dtrain::detail

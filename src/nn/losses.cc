@@ -24,4 +24,27 @@ Tensor scale_regularization_loss(const Tensor& loss) {
   return ops::scale(loss, 1.f / static_cast<float>(replicas()));
 }
 
+LossFn get_loss(const std::string& name) {
+  if (name == "sparse_categorical_crossentropy")
+    return [](const Tensor& logits, const Tensor& labels) {
+      return ops::sparse_softmax_cross_entropy(logits, labels);
+    };
+  if (name == "mse" || name == "mean_squared_error")
+    return [](const Tensor& pred, const Tensor& target) {
+      return ops::mean_squared_error(pred, target);
+    };
+  if (name == "mae" || name == "mean_absolute_error")
+    return [](const Tensor& pred, const Tensor& target) {
+      if (pred.shape() != target.shape())
+        throw InvalidArgument("mean_absolute_error: predictions " + pred.shape().to_string() +
+                              " and targets " + target.shape().to_string() + " differ");
+      const Tensor d = ops::sub(pred, target);
+      // |d| = relu(d) + relu(-d): differentiable everywhere but 0, where its gradient is 0.
+      return ops::mean(ops::add(ops::relu(d), ops::relu(ops::neg(d))), {-1});
+    };
+  throw InvalidArgument("unknown loss '" + name +
+                        "'; known: sparse_categorical_crossentropy, mean_squared_error (mse), "
+                        "mean_absolute_error (mae)");
+}
+
 }  // namespace dtrain

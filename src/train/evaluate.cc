@@ -16,15 +16,6 @@ void call(const std::vector<Callback*>& cbs, void (Callback::*hook)(const TrainL
   for (Callback* c : cbs) (c->*hook)(logs);
 }
 
-// The model's first output on the first `inputs` components of a batch.
-Tensor model_inputs_call(Model& model, const std::vector<Tensor>& x, size_t inputs) {
-  if (x.size() < inputs)
-    throw InvalidArgument("model '" + model.name() + "' takes " + std::to_string(inputs) +
-                          " inputs; the dataset gives " + std::to_string(x.size()) +
-                          " components a row");
-  return model(std::vector<Tensor>(x.begin(), x.begin() + static_cast<long>(inputs)), false).at(0);
-}
-
 }  // namespace
 
 EvalResult evaluate(Strategy& strategy, Model& model, const Dataset& test, int64_t batch_size,
@@ -89,18 +80,131 @@ EvalResult evaluate(Strategy& strategy, Model& model, const Dataset& test,
   return r;
 }
 
-Tensor predict(Strategy& strategy, Model& model, const Dataset& data, int64_t batch_size) {
+namespace {
+
+// Rows of several batches' results, in order, as one tensor.
+Tensor concat_rows(const std::vector<Tensor>& parts) {
+  std::vector<int64_t> dims = parts.at(0).shape().dims();
+  dims[0] = 0;
+  for (const Tensor& p : parts) dims[0] += p.shape()[0];
+  Tensor all = Tensor::empty(Shape(dims), parts[0].dtype());
+  char* dst = static_cast<char*>(all.raw_data());
+  for (const Tensor& p : parts) {
+    std::memcpy(dst, p.raw_data(), p.nbytes());
+    dst += p.nbytes();
+  }
+  return all;
+}
+
+// One member's results (on the CPU) for every output of the model.
+std::vector<Tensor> all_outputs(Model& model, const std::vector<Tensor>& x, size_t inputs) {
+  if (x.size() < inputs)
+    throw InvalidArgument("model '" + model.name() + "' takes " + std::to_string(inputs) +
+                          " inputs; the dataset gives " + std::to_string(x.size()) +
+                          " components a row");
+  return model(std::vector<Tensor>(x.begin(), x.begin() + static_cast<long>(inputs)), false);
+}
+
+// Every member's predictions for every output: [output] -> EnsemblePrediction.
+std::vector<EnsemblePrediction> ensemble_outputs(Strategy& strategy, Model& model,
+                                                 const Dataset& data, int64_t batch_size) {
+  const std::vector<DeviceSpec> devices = strategy.worker_devices();
+  const size_t local = devices.size();
+  std::vector<std::vector<std::vector<Tensor>>> parts;  // [output][member][batch]
+  auto it = data.batch(batch_size, false).make_iterator();
+  std::vector<Tensor> b;
+  const size_t inputs = static_cast<size_t>(model.num_inputs());
+  while (it->next(&b)) {
+    PerReplica in;
+    for (size_t m = 0; m < devices.size(); ++m) {
+      in.values.emplace_back();
+      for (size_t c = 0; c < inputs && c < b.size(); ++c)
+        in.values.back().push_back(b[c].share_to(devices[m]));
+    }
+    const PerReplica out = strategy.run(
+        [&](ReplicaContext&, const std::vector<Tensor>& x) -> std::vector<Tensor> {
+          return all_outputs(model, x, inputs);
+        },
+        in);
+    if (parts.empty())
+      parts.assign(out.values.at(0).size(), std::vector<std::vector<Tensor>>(local));
+    for (size_t o = 0; o < parts.size(); ++o)
+      for (size_t m = 0; m < local; ++m)
+        parts[o][m].push_back(out.values.at(m).at(o).to(DeviceSpec::cpu()));
+  }
+  if (parts.empty()) throw InvalidArgument("predict_ensemble(): the dataset is empty");
+  std::vector<EnsemblePrediction> results;
+  StrategyExtended& ext = strategy.extended();
+  for (size_t o = 0; o < parts.size(); ++o) {
+    if (parts[o][0][0].dtype() != DType::kFloat32)
+      throw InvalidArgument(std::string("predict_ensemble(): the model's output ") +
+                            std::to_string(o + 1) + " is " + dtype_name(parts[o][0][0].dtype()) +
+                            "; the mean and spread are computed for float32 outputs");
+    EnsemblePrediction r;
+    for (auto& p : parts[o]) r.members.push_back(concat_rows(p));
+    // Members on other workers: every worker gets every member's predictions, in member order
+    // (worker w's local member i is member w * local + i).
+    if (ext.num_workers() > 1) {
+      std::vector<int64_t> dims = r.members[0].shape().dims();
+      dims.insert(dims.begin(), static_cast<int64_t>(local));
+      Tensor mine = Tensor::empty(Shape(dims), DType::kFloat32);
+      for (size_t m = 0; m < local; ++m)
+        std::memcpy(static_cast<char*>(mine.raw_data()) + m * r.members[m].nbytes(),
+                    r.members[m].raw_data(), r.members[m].nbytes());
+      const Shape one = r.members[0].shape();
+      const Tensor all = ext.gather_across_workers(mine);
+      r.members.clear();
+      for (int64_t g = 0; g < all.shape()[0]; ++g)
+        r.members.push_back(all.slice_rows(g, g + 1).view(one).clone());
+    }
+    const size_t members = r.members.size();
+    const int64_t n = r.members[0].numel();
+    std::vector<float> mean(static_cast<size_t>(n), 0.f), sd(static_cast<size_t>(n), 0.f);
+    for (const Tensor& t : r.members) {
+      const float* p = static_cast<const float*>(t.raw_data());
+      for (int64_t i = 0; i < n; ++i)
+        mean[static_cast<size_t>(i)] += p[i] / static_cast<float>(members);
+    }
+    for (const Tensor& t : r.members) {
+      const float* p = static_cast<const float*>(t.raw_data());
+      for (int64_t i = 0; i < n; ++i) {
+        const float d = p[i] - mean[static_cast<size_t>(i)];
+        sd[static_cast<size_t>(i)] += d * d / static_cast<float>(members);
+      }
+    }
+    for (float& v : sd) v = std::sqrt(v);
+    r.mean = Tensor::from_vector(mean, r.members[0].shape());
+    r.stddev = Tensor::from_vector(sd, r.members[0].shape());
+    results.push_back(std::move(r));
+  }
+  return results;
+}
+
+void check_predict_args(const char* what, const Dataset& data, int64_t batch_size) {
   if (batch_size < 1)
-    throw InvalidArgument("predict(): batch_size must be >= 1, got " + std::to_string(batch_size));
+    throw InvalidArgument(std::string(what) + "(): batch_size must be >= 1, got " +
+                          std::to_string(batch_size));
   if (data.is_batched())
-    throw InvalidArgument("predict() takes an unbatched dataset; it batches by batch_size");
-  if (strategy.extended().independent_replicas())
-    return predict_ensemble(strategy, model, data, batch_size).mean;
+    throw InvalidArgument(std::string(what) +
+                          "() takes an unbatched dataset; it batches by batch_size");
+}
+
+}  // namespace
+
+std::vector<Tensor> predict_outputs(Strategy& strategy, Model& model, const Dataset& data,
+                                    int64_t batch_size) {
+  check_predict_args("predict", data, batch_size);
+  if (strategy.extended().independent_replicas()) {
+    std::vector<Tensor> means;
+    for (EnsemblePrediction& e : ensemble_outputs(strategy, model, data, batch_size))
+      means.push_back(std::move(e.mean));
+    return means;
+  }
   const std::vector<DeviceSpec> devices = strategy.worker_devices();
   const int local = static_cast<int>(devices.size());
   const size_t inputs = static_cast<size_t>(model.num_inputs());
   auto it = data.batch(batch_size, false).make_iterator();
-  std::vector<Tensor> parts;
+  std::vector<std::vector<Tensor>> parts;  // [output][batch part]
   std::vector<Tensor> b;
   while (it->next(&b)) {
     const int64_t rows = b.at(0).shape()[0];
@@ -119,33 +223,28 @@ Tensor predict(Strategy& strategy, Model& model, const Dataset& data, int64_t ba
     const PerReplica out = strategy.run(
         [&](ReplicaContext&, const std::vector<Tensor>& x) -> std::vector<Tensor> {
           if (x[0].shape()[0] == 0) return {};
-          return {model_inputs_call(model, x, inputs)};
+          return all_outputs(model, x, inputs);
         },
         in);
-    for (const auto& v : out.values)
-      if (!v.empty()) parts.push_back(v[0].to(DeviceSpec::cpu()));
+    for (const auto& v : out.values) {
+      if (v.empty()) continue;
+      if (parts.empty()) parts.resize(v.size());
+      for (size_t o = 0; o < v.size(); ++o) parts[o].push_back(v[o].to(DeviceSpec::cpu()));
+    }
   }
   if (parts.empty()) throw InvalidArgument("predict(): the dataset is empty");
-  std::vector<int64_t> dims = parts[0].shape().dims();
-  dims[0] = 0;
-  for (const Tensor& p : parts) dims[0] += p.shape()[0];
-  Tensor all = Tensor::empty(Shape(dims), parts[0].dtype());
-  char* dst = static_cast<char*>(all.raw_data());
-  for (const Tensor& p : parts) {
-    std::memcpy(dst, p.raw_data(), p.nbytes());
-    dst += p.nbytes();
-  }
-  return all;
+  std::vector<Tensor> results;
+  for (const auto& p : parts) results.push_back(concat_rows(p));
+  return results;
+}
+
+Tensor predict(Strategy& strategy, Model& model, const Dataset& data, int64_t batch_size) {
+  return predict_outputs(strategy, model, data, batch_size).at(0);
 }
 
 EnsemblePrediction predict_ensemble(Strategy& strategy, Model& model, const Dataset& data,
                                     int64_t batch_size) {
-  if (batch_size < 1)
-    throw InvalidArgument("predict_ensemble(): batch_size must be >= 1, got " +
-                          std::to_string(batch_size));
-  if (data.is_batched())
-    throw InvalidArgument(
-        "predict_ensemble() takes an unbatched dataset; it batches by batch_size");
+  check_predict_args("predict_ensemble", data, batch_size);
   if (!strategy.extended().independent_replicas()) {  // one model: its predictions, no spread
     EnsemblePrediction one;
     one.mean = predict(strategy, model, data, batch_size);
@@ -153,80 +252,7 @@ EnsemblePrediction predict_ensemble(Strategy& strategy, Model& model, const Data
     one.stddev = Tensor::zeros(one.mean.shape(), one.mean.dtype());
     return one;
   }
-  const std::vector<DeviceSpec> devices = strategy.worker_devices();
-  const size_t local = devices.size();
-  std::vector<std::vector<Tensor>> parts(local);
-  auto it = data.batch(batch_size, false).make_iterator();
-  std::vector<Tensor> b;
-  while (it->next(&b)) {
-    PerReplica in;
-    const size_t inputs = static_cast<size_t>(model.num_inputs());
-    for (size_t m = 0; m < devices.size(); ++m) {
-      in.values.emplace_back();
-      for (size_t c = 0; c < inputs && c < b.size(); ++c)
-        in.values.back().push_back(b[c].share_to(devices[m]));
-    }
-    const PerReplica out = strategy.run(
-        [&](ReplicaContext&, const std::vector<Tensor>& x) -> std::vector<Tensor> {
-          return {model_inputs_call(model, x, inputs)};
-        },
-        in);
-    for (size_t m = 0; m < local; ++m)
-      parts[m].push_back(out.values.at(m).at(0).to(DeviceSpec::cpu()));
-  }
-  if (parts[0].empty()) throw InvalidArgument("predict_ensemble(): the dataset is empty");
-  if (parts[0][0].dtype() != DType::kFloat32)
-    throw InvalidArgument(std::string("predict_ensemble(): the model's outputs are ") +
-                          dtype_name(parts[0][0].dtype()) +
-                          "; the mean and spread are computed for float32 outputs");
-  EnsemblePrediction r;
-  for (auto& p : parts) {
-    std::vector<int64_t> dims = p[0].shape().dims();
-    dims[0] = 0;
-    for (const Tensor& t : p) dims[0] += t.shape()[0];
-    Tensor all = Tensor::empty(Shape(dims), p[0].dtype());
-    char* dst = static_cast<char*>(all.raw_data());
-    for (const Tensor& t : p) {
-      std::memcpy(dst, t.raw_data(), t.nbytes());
-      dst += t.nbytes();
-    }
-    r.members.push_back(all);
-  }
-  // Members on other workers: every worker gets every member's predictions, in member order
-  // (worker w's local member i is member w * local + i).
-  StrategyExtended& ext = strategy.extended();
-  if (ext.num_workers() > 1) {
-    std::vector<int64_t> dims = r.members[0].shape().dims();
-    dims.insert(dims.begin(), static_cast<int64_t>(local));
-    Tensor mine = Tensor::empty(Shape(dims), DType::kFloat32);
-    for (size_t m = 0; m < local; ++m)
-      std::memcpy(static_cast<char*>(mine.raw_data()) + m * r.members[m].nbytes(),
-                  r.members[m].raw_data(), r.members[m].nbytes());
-    const Shape one = r.members[0].shape();
-    const Tensor all = ext.gather_across_workers(mine);
-    r.members.clear();
-    for (int64_t g = 0; g < all.shape()[0]; ++g)
-      r.members.push_back(all.slice_rows(g, g + 1).view(one).clone());
-  }
-  const size_t members = r.members.size();
-  const int64_t n = r.members[0].numel();
-  std::vector<float> mean(static_cast<size_t>(n), 0.f), sd(static_cast<size_t>(n), 0.f);
-  for (const Tensor& t : r.members) {
-    const float* p = static_cast<const float*>(t.raw_data());
-    for (int64_t i = 0; i < n; ++i)
-      mean[static_cast<size_t>(i)] += p[i] / static_cast<float>(members);
-  }
-  for (const Tensor& t : r.members) {
-    const float* p = static_cast<const float*>(t.raw_data());
-    for (int64_t i = 0; i < n; ++i) {
-      const float d = p[i] - mean[static_cast<size_t>(i)];
-      sd[static_cast<size_t>(i)] += d * d / static_cast<float>(members);
-    }
-  }
-  for (float& v : sd) v = std::sqrt(v);
-  r.mean = Tensor::from_vector(mean, r.members[0].shape());
-  r.stddev = Tensor::from_vector(sd, r.members[0].shape());
-  return r;
+  return ensemble_outputs(strategy, model, data, batch_size).at(0);
 }
 
 }  // namespace dtrain

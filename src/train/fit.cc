@@ -302,9 +302,12 @@ History fit(Strategy& strategy, Model& model, Optimizer& optimizer, const Datase
           (options.shuffle ? my_train.shuffle(seed, false, static_cast<uint64_t>(epoch)) : my_train)
               .skip(first_step * B)
               .batch(B, options.drop_remainder);
-      if (options.augment)  // one pipeline per epoch, read in order: the counter is the step
-        d = d.map([f = options.augment, epoch, s = std::make_shared<int64_t>(first_step)](
-                      std::vector<Tensor> batch) { return f(std::move(batch), epoch, (*s)++); });
+      if (options.augment)  // one pipeline per epoch: the batch's index counts from first_step
+        d = d.map_with_index(
+            [f = options.augment, epoch, first_step](std::vector<Tensor> batch, int64_t i) {
+              return f(std::move(batch), epoch, first_step + i);
+            },
+            options.augment_parallel_calls);
       return d.prefetch(2);
     };
     // Ensemble members: each its own shuffle (seed + member) of all the data, at the full batch.

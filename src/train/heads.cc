@@ -71,12 +71,45 @@ Heads::Heads(const Model& model, const FitOptions& options) : inputs_(model.num_
     throw InvalidArgument("loss_weights has " + std::to_string(loss_weights.size()) +
                           " values but model '" + model.name() + "' has " + std::to_string(outs) +
                           " outputs");
-  const bool user_loss = loss || !losses.empty();
+  const auto check_names = [&](const char* what, const auto& by_name) {
+    for (const auto& entry : by_name) {
+      bool known = false;
+      for (const auto& n : out_names) known = known || n == entry.first;
+      if (!known) {
+        std::string all;
+        for (const auto& n : out_names) all += (all.empty() ? "" : ", ") + n;
+        throw InvalidArgument(std::string(what) + " names output '" + entry.first + "'; model '" +
+                              model.name() + "' has outputs " + all);
+      }
+    }
+  };
+  const auto& by_name = options.output_losses;
+  check_names("output_losses", by_name);
+  check_names("output_loss_weights", options.output_loss_weights);
+  if (!by_name.empty() && (loss || !losses.empty()))
+    throw InvalidArgument("set output_losses (by output name) or loss/losses, not both");
+  if (!options.output_loss_weights.empty() && !loss_weights.empty())
+    throw InvalidArgument("set output_loss_weights (by output name) or loss_weights, not both");
+  const bool user_loss = loss || !losses.empty() || !by_name.empty();
   for (size_t i = 0; i < outs; ++i) {
-    LossFn f = !losses.empty() ? losses[i] : loss ? loss : sparse_cross_entropy();
-    if (!f) throw InvalidArgument("losses[" + std::to_string(i) + "] is empty");
+    LossFn f;
+    float w = loss_weights.empty() ? 1.f : loss_weights[i];
+    if (auto it = options.output_loss_weights.find(out_names[i]);
+        it != options.output_loss_weights.end())
+      w = it->second;
+    if (!by_name.empty()) {
+      auto it = by_name.find(out_names[i]);
+      // Keras: an output missing from the dict is not trained on (its loss stays empty).
+      if (it != by_name.end()) {
+        f = it->second;
+        if (!f) throw InvalidArgument("output_losses['" + out_names[i] + "'] is empty");
+      }
+    } else {
+      f = !losses.empty() ? losses[i] : loss ? loss : sparse_cross_entropy();
+      if (!f) throw InvalidArgument("losses[" + std::to_string(i) + "] is empty");
+    }
     losses_.push_back(std::move(f));
-    weights_.push_back(loss_weights.empty() ? 1.f : loss_weights[i]);
+    weights_.push_back(w);
   }
   // Keras compile(): no metrics unless asked, except that dtrain's default (classification) loss
   // reports accuracy. With several outputs each metric is computed for each output, named
@@ -137,6 +170,7 @@ Tensor Heads::average_loss(const std::vector<Tensor>& outs, const std::vector<Te
                            int64_t global_rows) const {
   Tensor total;
   for (size_t i = 0; i < outs.size(); ++i) {
+    if (!losses_[i]) continue;  // an output without a loss
     Tensor l = compute_average_loss(losses_[i](outs[i], labels(batch, i)), global_rows);
     if (weights_[i] != 1.f) l = ops::scale(l, weights_[i]);
     total = total.defined() ? ops::add(total, l) : l;
@@ -147,8 +181,9 @@ Tensor Heads::average_loss(const std::vector<Tensor>& outs, const std::vector<Te
 double Heads::loss_sum(const std::vector<Tensor>& outs, const std::vector<Tensor>& batch) const {
   double total = 0;
   for (size_t i = 0; i < outs.size(); ++i)
-    total +=
-        weights_[i] * ops::sum(losses_[i](outs[i], labels(batch, i))).to(DeviceSpec::cpu()).item();
+    if (losses_[i])
+      total += weights_[i] *
+               ops::sum(losses_[i](outs[i], labels(batch, i))).to(DeviceSpec::cpu()).item();
   return total;
 }
 

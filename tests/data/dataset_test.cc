@@ -295,6 +295,75 @@ TEST(DatasetTest, MapTransformsBatches) {
   EXPECT_THROW(bad.make_iterator()->next(&e), InvalidArgument);
 }
 
+// map(num_parallel_calls = N): the same batches in the same order as one call at a time, whatever
+// the threads' timing (later batches are made to finish first), with each batch's index; N calls
+// really run at once; errors come out in order, after the batches before them.
+TEST(DatasetTest, ParallelMapKeepsOrderAndRunsConcurrently) {
+  const auto tag = [](std::vector<Tensor> e, int64_t index) {
+    // Early batches sleep longest, so a pool that returned results as they finish would reorder.
+    std::this_thread::sleep_for(std::chrono::milliseconds(index < 4 ? 12 - 3 * index : 0));
+    std::vector<int32_t> a = e[0].to_vector<int32_t>();
+    std::vector<float> b = e[1].to_vector<float>();
+    for (size_t r = 0; r < a.size(); ++r) {  // keeps component 1 = 100 * component 0 + k
+      const int32_t t = a[r] * 10 + static_cast<int32_t>(index % 10);
+      for (size_t k = 0; k < 6; ++k) b[r * 6 + k] += 100.f * static_cast<float>(t - a[r]);
+      a[r] = t;
+    }
+    e[0] = Tensor::from_vector(a, e[0].shape());
+    e[1] = Tensor::from_vector(b, e[1].shape());
+    return e;
+  };
+  const Dataset base = ids(37).shuffle(5, false).batch(4);
+  const std::vector<Ids> serial = collect(base.map_with_index(tag));
+  ASSERT_EQ(serial.size(), 10u);
+  EXPECT_EQ(serial[2][0], collect(base)[2][0] * 10 + 2);
+  for (int n : {2, 3, 8, Dataset::kAutotune}) {
+    EXPECT_EQ(collect(base.map_with_index(tag, n)), serial) << n;
+    EXPECT_EQ(collect(base.map_with_index(tag, n).prefetch(2)), serial) << n;
+  }
+  EXPECT_EQ(base.map_with_index(tag, 3).cardinality(), 10);
+  // Several calls at once: with 3 threads the peak of concurrent calls reaches 3.
+  auto running = std::make_shared<std::atomic<int>>(0);
+  auto peak = std::make_shared<std::atomic<int>>(0);
+  const Dataset counted = ids(24).batch(2).map(
+      [running, peak](std::vector<Tensor> e) {
+        const int now = ++*running;
+        int seen = peak->load();
+        while (now > seen && !peak->compare_exchange_weak(seen, now)) {
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        --*running;
+        return e;
+      },
+      3);
+  EXPECT_EQ(collect(counted).size(), 12u);
+  EXPECT_GE(peak->load(), 2);  // 3 unless the machine is loaded enough to stagger them
+  EXPECT_LE(peak->load(), 3);
+  // An error in batch 3 arrives after batches 0-2, in order.
+  auto failing = ids(20).batch(4).map_with_index(
+      [](std::vector<Tensor> e, int64_t i) {
+        if (i == 3) throw DataLoss("injected failure in batch 3");
+        return e;
+      },
+      4);
+  auto it = failing.make_iterator();
+  std::vector<Tensor> e;
+  for (int b = 0; b < 3; ++b) ASSERT_TRUE(it->next(&e)) << b;
+  EXPECT_EQ(e[0].to_vector<int32_t>(), (std::vector<int32_t>{8, 9, 10, 11}));
+  EXPECT_THROW(it->next(&e), DataLoss);
+  EXPECT_THROW(ids(8).batch(2).map([](std::vector<Tensor> x) { return x; }, 0), InvalidArgument);
+  // An iterator destroyed with calls in flight joins its threads.
+  auto slow = ids(40).batch(2).map(
+      [](std::vector<Tensor> x) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        return x;
+      },
+      4);
+  auto it2 = slow.make_iterator();
+  ASSERT_TRUE(it2->next(&e));
+  it2.reset();
+}
+
 TEST(DatasetTest, PrefetchRethrowsProducerErrorsAfterEarlierElements) {
   auto failing =
       ids(20).batch(4).map([n = std::make_shared<std::atomic<int>>(0)](std::vector<Tensor> e) {

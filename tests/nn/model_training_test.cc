@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "dtrain/nn/layers.h"
+#include "dtrain/nn/losses.h"
 #include "dtrain/nn/optimizers.h"
 #include "dtrain/strategies/make_strategy.h"
 #include "dtrain/train/checkpoint.h"
@@ -330,6 +331,101 @@ TEST_F(ModelTraining, ADatasetWithoutALabelPerOutputIsRefused) {
   f.losses.pop_back();
   EXPECT_THROW(fit(*s, *m, sgd, Dataset::from_tensors({d.x, d.labels, d.values}), nullptr, f),
                InvalidArgument);
+}
+
+// Keras' compile(loss={"logits": ..., "value": "mse"}, loss_weights={"value": 0.5}): the same
+// training as the list form, bitwise.
+TEST_F(ModelTraining, LossesByOutputNameEqualTheListForm) {
+  const Trained list = train_two_heads("one_device");
+  auto s = strategy("one_device");
+  set_global_seed(3);
+  auto m = two_heads();
+  SGD sgd(0.1f, 0.9f);
+  const Data d = data(48);
+  FitOptions f = two_head_options();
+  f.losses.clear();
+  f.loss_weights.clear();
+  f.output_losses = {{"logits", get_loss("sparse_categorical_crossentropy")},
+                     {"value", get_loss("mse")}};
+  f.output_loss_weights = {{"value", 0.5f}};
+  const Dataset ds = Dataset::from_tensors({d.x, d.labels, d.values});
+  fit(*s, *m, sgd, ds, &ds, f);
+  EXPECT_EQ(weights(*m), list.weights);
+  // A name that is not an output, or both forms at once, is refused.
+  f.output_losses["values"] = get_loss("mae");
+  EXPECT_THROW(fit(*s, *m, sgd, ds, nullptr, f), InvalidArgument);
+  f.output_losses.erase("values");
+  f.loss_weights = {1.f, 1.f};
+  EXPECT_THROW(fit(*s, *m, sgd, ds, nullptr, f), InvalidArgument);
+  EXPECT_THROW(get_loss("categorical_hinge"), InvalidArgument);
+}
+
+// An output left out of output_losses is not trained on (Keras' dict semantics): its head keeps its
+// initial weights under one device and under mirrored, while the other head trains.
+TEST_F(ModelTraining, AnOutputWithoutALossIsNotTrained) {
+  for (const char* name : {"one_device", "mirrored"}) {
+    auto s = strategy(name);
+    set_global_seed(3);
+    std::shared_ptr<Model> m;
+    std::unique_ptr<Optimizer> opt;
+    {
+      auto scope = s->scope();
+      m = two_heads();
+      opt = std::make_unique<SGD>(0.1f, 0.9f);
+      m->build();
+    }
+    std::map<std::string, std::vector<float>> before;
+    for (const auto& v : m->variables()) before[v->name()] = v->value().to_vector<float>();
+    FitOptions f = two_head_options();
+    f.losses.clear();
+    f.loss_weights.clear();
+    f.output_losses = {{"logits", get_loss("sparse_categorical_crossentropy")}};
+    const Data d = data(48);
+    const History h =
+        fit(*s, *m, *opt, Dataset::from_tensors({d.x, d.labels, d.values}), nullptr, f);
+    EXPECT_TRUE(std::isfinite(h.final_loss)) << name;
+    for (const auto& v : m->variables()) {
+      const bool value_head = v->name().rfind("value/", 0) == 0;
+      EXPECT_EQ(v->value().to_vector<float>() == before.at(v->name()), value_head)
+          << name << " " << v->name();
+    }
+  }
+}
+
+TEST_F(ModelTraining, MeanAbsoluteErrorByName) {
+  const Tensor p = Tensor::from_vector<float>({1.f, -2.f, 3.f, 0.5f}, Shape{2, 2});
+  const Tensor t = Tensor::from_vector<float>({0.f, 0.f, 1.f, 1.f}, Shape{2, 2});
+  EXPECT_EQ(get_loss("mae")(p, t).to_vector<float>(), (std::vector<float>{1.5f, 1.25f}));
+  EXPECT_EQ(get_loss("mse")(p, t).to_vector<float>(), (std::vector<float>{2.5f, 2.125f}));
+}
+
+// predict_outputs(): every output of a two-headed model, each [N, ...], equal under mirrored and
+// one device; predict() is the first.
+TEST_F(ModelTraining, PredictGivesEveryOutput) {
+  const Data d = data(20);
+  const Dataset ds = Dataset::from_tensors({d.x, d.labels, d.values});
+  std::vector<std::vector<float>> first;
+  for (const char* name : {"one_device", "mirrored", "ensemble"}) {
+    auto s = strategy(name);
+    set_global_seed(4);
+    std::shared_ptr<Model> m;
+    {
+      auto scope = s->scope();
+      m = two_heads();
+      m->build();
+    }
+    const std::vector<Tensor> outs = predict_outputs(*s, *m, ds, 8);
+    ASSERT_EQ(outs.size(), 2u) << name;
+    EXPECT_EQ(outs[0].shape(), (Shape{20, 4})) << name;
+    EXPECT_EQ(outs[1].shape(), (Shape{20, 1})) << name;
+    EXPECT_EQ(predict(*s, *m, ds, 8).to_vector<float>(), outs[0].to_vector<float>()) << name;
+    if (first.empty()) {
+      for (const Tensor& o : outs) first.push_back(o.to_vector<float>());
+    } else if (std::string(name) == "mirrored") {
+      for (size_t i = 0; i < 2; ++i)
+        EXPECT_EQ(outs[i].to_vector<float>(), first[i]) << name << " output " << i;
+    }
+  }
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // Image augmentation for input pipelines, on the CPU batches a Dataset yields (float32 NHWC). The
 // random draws are a function of (seed, epoch, step, image in the batch) only, so a job resumed
 // mid-epoch augments each batch exactly as the uninterrupted run did; use them from
-// FitOptions::augment, which runs on the input pipeline's thread while the previous step trains
-// (tf.data's map + prefetch).
+// FitOptions::augment, which runs on a pool of input-pipeline threads while earlier steps train
+// (tf.data's map(num_parallel_calls) + prefetch).
 #pragma once
 
 #include <cstdint>

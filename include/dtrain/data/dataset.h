@@ -78,13 +78,24 @@ class DTRAIN_API Dataset {
   // or when the input is already batched (batching batches is not supported).
   Dataset batch(int64_t batch_size, bool drop_remainder = false) const;
 
-  // Applies `fn` to every batch (on the prefetch thread when a prefetch() follows), e.g. to
-  // normalise or cast. `fn` must return as many tensors as it gets (InvalidArgument from next()
-  // otherwise); an exception it throws propagates from next(). It is not called for elements a
-  // later shard() drops, and must be safe to call from several threads when several iterators
-  // run at once. Throws InvalidArgument when the dataset is not batched or fn is empty.
+  // Applies `fn` to every batch, e.g. to normalise, cast or augment (tf.data's map). With
+  // num_parallel_calls = 1 it runs on the thread that reads the dataset (the prefetch thread when
+  // a prefetch() follows); with N > 1 on a pool of N threads of its own that map up to N batches
+  // ahead; kAutotune: one per core (std::thread::hardware_concurrency). Batches come out in the
+  // input's order either way, so the result never depends on N (tf.data's deterministic=True).
+  // `fn` must return as many tensors as it gets (InvalidArgument from next() otherwise); an
+  // exception it throws propagates from next(), in order. With one call at a time it is not called
+  // for elements a later shard() drops. It must be safe to call from several threads when
+  // N > 1 or several iterators run at once. Throws InvalidArgument when the dataset is not
+  // batched, fn is empty or num_parallel_calls is below 1 and not kAutotune.
+  static constexpr int kAutotune = -1;  // tf.data.AUTOTUNE
   using MapFn = std::function<std::vector<Tensor>(std::vector<Tensor>)>;
-  Dataset map(MapFn fn) const;
+  Dataset map(MapFn fn, int num_parallel_calls = 1) const;
+  // map() whose function also gets the batch's index in this pass (0, 1, ...; batches a later
+  // shard() drops count too), as tf.data's enumerate().map(): for random transforms seeded by
+  // position, the same whichever thread runs them.
+  using IndexedMapFn = std::function<std::vector<Tensor>(std::vector<Tensor>, int64_t index)>;
+  Dataset map_with_index(IndexedMapFn fn, int num_parallel_calls = 1) const;
 
   // Produces up to `buffer_size` elements ahead on a background thread. An exception thrown while
   // producing is rethrown from Iterator::next() after the elements produced before it. Destroying

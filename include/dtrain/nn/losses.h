@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 
 #include "dtrain/core/export.h"
 #include "dtrain/core/tensor.h"
@@ -16,5 +18,15 @@ DTRAIN_API Tensor compute_average_loss(const Tensor& per_example_loss,
                                        int64_t global_batch_size = 0);
 // TF's scale_regularization_loss: loss / num_replicas_in_sync.
 DTRAIN_API Tensor scale_regularization_loss(const Tensor& loss);
+
+// A per-example loss of (predictions, labels): [N, ...] -> [N].
+using LossFn = std::function<Tensor(const Tensor& predictions, const Tensor& labels)>;
+
+// A loss by Keras' name (keras.losses.get), per example:
+//   "sparse_categorical_crossentropy" (logits [N, C] against int32 labels [N]; dtrain's models
+//     output logits, so this is Keras' from_logits=True),
+//   "mean_squared_error" / "mse", "mean_absolute_error" / "mae" (mean over the last axis).
+// Throws InvalidArgument for another name, listing these.
+DTRAIN_API LossFn get_loss(const std::string& name);
 
 }  // namespace dtrain

@@ -12,14 +12,12 @@
 #include "dtrain/core/export.h"
 #include "dtrain/data/dataset.h"
 #include "dtrain/nn/layers.h"
+#include "dtrain/nn/losses.h"
 #include "dtrain/nn/optimizers.h"
 #include "dtrain/strategies/strategy.h"
 #include "dtrain/train/callbacks.h"
 
 namespace dtrain {
-
-// Per-example loss from (predictions, labels).
-using LossFn = std::function<Tensor(const Tensor& predictions, const Tensor& labels)>;
 
 struct DTRAIN_API FitOptions {
   int epochs = 1;                  // the epoch to end at (as Keras: also counts restored ones)
@@ -39,6 +37,12 @@ struct DTRAIN_API FitOptions {
   std::vector<LossFn> losses;
   // The total loss is sum_i loss_weights[i] * loss_i (keras loss_weights); empty: all 1.
   std::vector<float> loss_weights;
+  // The same by Model::output_names(), as Keras' compile(loss={"logits": ...}, loss_weights={...})
+  // (get_loss("mse") gives Keras' losses by name). With output_losses set, an output it does not
+  // name adds no loss (Keras' dict semantics), and neither `loss` nor `losses` may be set. A name
+  // that is not an output is refused, listing the outputs.
+  std::map<std::string, LossFn> output_losses;
+  std::map<std::string, float> output_loss_weights;
   // Metric names (metrics.h: make_metric) computed on the training batches and on the test set,
   // reported in the logs as "<name>" and "val_<name>"; with several outputs, for each output, as
   // "<output>_<name>" (Model::output_names()). Empty: {"accuracy"} with the default loss, none with
@@ -53,12 +57,15 @@ struct DTRAIN_API FitOptions {
   // epoch ending mid-group applies what it has.
   int accumulate = 1;
   std::vector<Callback*> callbacks;
-  // Transforms each training batch (its components, unbatched datasets' rows stacked) on the input
-  // pipeline's thread while the previous step trains (tf.data's map + prefetch), given the epoch
-  // and the batch's step within the epoch: e.g. augment::random_crop_flip. It must depend only on
-  // the batch, those two numbers and its own seed, so that a job resumed mid-epoch sees the batches
-  // an uninterrupted run saw. Not applied to evaluation.
+  // Transforms each training batch (its components, unbatched datasets' rows stacked) in the input
+  // pipeline while earlier steps train (tf.data's map(num_parallel_calls) + prefetch), given the
+  // epoch and the batch's step within the epoch: e.g. augment::random_crop_flip. It must depend
+  // only on the batch, those two numbers and its own seed (it runs on several threads, and a job
+  // resumed mid-epoch must see the batches an uninterrupted run saw). Not applied to evaluation.
   std::function<std::vector<Tensor>(std::vector<Tensor> batch, int epoch, int64_t step)> augment;
+  // Threads that run `augment`, up to this many batches ahead (Dataset::kAutotune: one per core);
+  // the batches are the same for any number.
+  int augment_parallel_calls = Dataset::kAutotune;
 };
 
 struct DTRAIN_API History {
@@ -96,18 +103,21 @@ DTRAIN_API EvalResult evaluate(Strategy& strategy, Model& model, const Dataset& 
                                const FitOptions& options);
 
 // The model's outputs for every row of `data` (unbatched features, or features and labels: the
-// first Model::num_inputs() components are used), in order, as one CPU tensor [N, ...] (the first
-// output of a model with several). Each batch is split over the
+// first Model::num_inputs() components are used), in order, one CPU tensor [N, ...] per output
+// (Keras' predict() returns a list for a model with several outputs). Each batch is split over the
 // local replicas; every worker computes all rows (no cross-worker traffic), so each gets the
 // whole result.
 // Under EnsembleStrategy: the members' mean (predict_ensemble gives each member and the spread).
+DTRAIN_API std::vector<Tensor> predict_outputs(Strategy& strategy, Model& model,
+                                               const Dataset& data, int64_t batch_size = 256);
+// predict_outputs()' first output: the whole result for a model with one output.
 DTRAIN_API Tensor predict(Strategy& strategy, Model& model, const Dataset& data,
                           int64_t batch_size = 256);
 
-// Every ensemble member's outputs for every row (float32 models), their mean and their standard
-// deviation (over members, population). Under another strategy: one member, the model's output.
-// Members on several workers: collective (every worker calls it with the same data) and every
-// worker gets every member, in job-wide member order.
+// Every ensemble member's outputs for every row (float32 models; the first output of a model with
+// several), their mean and their standard deviation (over members, population). Under another
+// strategy: one member, the model's output. Members on several workers: collective (every worker
+// calls it with the same data) and every worker gets every member, in job-wide member order.
 struct DTRAIN_API EnsemblePrediction {
   std::vector<Tensor> members;  // [N, ...] each, on the CPU, member order
   Tensor mean, stddev;

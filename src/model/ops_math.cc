@@ -157,6 +157,13 @@ Tensor add_scalar(const Tensor& x, float beta) {
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   same_device("matmul", a, b);
+  if (a.rank() >= 3 && b.rank() == a.rank()) return batch_matmul(a, b, ta, tb);
+  if (a.rank() >= 3 && b.rank() == 2 && !ta) {  // [..., K] @ [K, N]: one 2-D product
+    std::vector<int64_t> d = a.shape().dims();
+    const Tensor c = matmul(reshape(a, Shape{-1, d.back()}), b, false, tb);
+    d.back() = c.shape()[1];
+    return reshape(c, Shape(d));
+  }
   Tensor c = kernels_for(a).matmul(a, b, ta, tb);
   if (tape::should_record({&a, &b})) {
     tape::record("matmul", {a, b}, {c},

@@ -233,9 +233,9 @@ TEST(GpuKernels, Unary) {
   if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const Tensor x = random_tensor(Shape{3, 257}, 600, -3.f, 3.f);
   const Tensor pos = random_tensor(Shape{3, 257}, 601, 0.05f, 4.f);
-  for (UnaryOp op :
-       {UnaryOp::kRelu, UnaryOp::kTanh, UnaryOp::kSigmoid, UnaryOp::kNeg, UnaryOp::kExp,
-        UnaryOp::kLog, UnaryOp::kSquare, UnaryOp::kSqrt, UnaryOp::kAbs}) {
+  for (UnaryOp op : {UnaryOp::kRelu, UnaryOp::kTanh, UnaryOp::kSigmoid, UnaryOp::kNeg,
+                     UnaryOp::kExp, UnaryOp::kLog, UnaryOp::kSquare, UnaryOp::kSqrt, UnaryOp::kAbs,
+                     UnaryOp::kGeluErf, UnaryOp::kGeluTanh}) {
     const Tensor& in = (op == UnaryOp::kLog || op == UnaryOp::kSqrt) ? pos : x;
     const Tensor g = gpu().unary(op, G(in));
     // The CPU device's log (oneDNN eltwise_log) is off by up to ~3.3e-6 absolute near x = 1
@@ -277,6 +277,12 @@ TEST(GpuKernels, Unary) {
         case UnaryOp::kAbs:
           r = std::fabs(v);
           break;
+        case UnaryOp::kGeluErf:
+          r = 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
+          break;
+        case UnaryOp::kGeluTanh:
+          r = 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+          break;
       }
       if (std::fabs(ys[i] - r) > 1e-6 * std::fabs(r) + 1e-9 && bad++ < 8)
         ADD_FAILURE() << "op " << static_cast<int>(op) << " element " << i << ": x " << xs[i]
@@ -297,7 +303,62 @@ TEST(GpuKernels, ActivationBackward) {
     expect_close(cpu().activation_backward(op, y, dy), gpu().activation_backward(op, G(y), G(dy)),
                  1e-5f, 1e-6f, "op " + std::to_string(static_cast<int>(op)));
   }
+  for (UnaryOp op : {UnaryOp::kGeluErf, UnaryOp::kGeluTanh})  // given x
+    expect_close(cpu().activation_backward(op, x, dy), gpu().activation_backward(op, G(x), G(dy)),
+                 1e-5f, 1e-6f, "op " + std::to_string(static_cast<int>(op)));
   EXPECT_THROW(gpu().activation_backward(UnaryOp::kExp, G(x), G(dy)), InvalidArgument);
+}
+
+// The transformer kernels against the CPU's: batched matmul in every transpose, permute of float
+// and int32, softmax and log-softmax with gradients, layer norm with gradients, and the embedding
+// gather / scatter-add (bitwise: both add in index order).
+TEST(GpuKernels, TransformerKernelsMatchTheCpu) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  uint64_t s = 700;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const Tensor a = random_tensor(ta ? Shape{3, 17, 5} : Shape{3, 5, 17}, s++);
+      const Tensor b = random_tensor(tb ? Shape{3, 9, 17} : Shape{3, 17, 9}, s++);
+      expect_close(cpu().batch_matmul(a, b, ta, tb), gpu().batch_matmul(G(a), G(b), ta, tb), 1e-5f,
+                   1e-5f, "batch_matmul");
+    }
+  const Tensor x4 = random_tensor(Shape{2, 5, 3, 7}, s++);
+  expect_bitwise_equal(cpu().permute(x4, {0, 2, 1, 3}), gpu().permute(G(x4), {0, 2, 1, 3}),
+                       "permute 0213");
+  expect_bitwise_equal(cpu().permute(x4, {3, 1, 0, 2}), gpu().permute(G(x4), {3, 1, 0, 2}),
+                       "permute 3102");
+  const Tensor ids = Tensor::from_vector<int32_t>({3, 0, 3, 1, 4, 3}, Shape{2, 3});
+  expect_bitwise_equal(cpu().permute(ids, {1, 0}), gpu().permute(G(ids), {1, 0}), "permute int");
+  const Tensor logits = random_tensor(Shape{6, 45}, s++, -4.f, 4.f);
+  const Tensor dl = random_tensor(Shape{6, 45}, s++);
+  for (bool log : {false, true}) {
+    const Tensor y = cpu().softmax(logits, log);
+    expect_close(y, gpu().softmax(G(logits), log), 1e-5f, 1e-6f, "softmax");
+    expect_close(cpu().softmax_backward(y, dl, log), gpu().softmax_backward(G(y), G(dl), log),
+                 1e-4f, 1e-5f, "softmax_backward");
+  }
+  const Tensor x = random_tensor(Shape{4, 3, 40}, s++, -2.f, 5.f);
+  const Tensor gamma = random_tensor(Shape{40}, s++), beta = random_tensor(Shape{40}, s++);
+  const LayerNormForward fc = cpu().layer_norm(x, gamma, beta, 1e-5f);
+  const LayerNormForward fg = gpu().layer_norm(G(x), G(gamma), G(beta), 1e-5f);
+  expect_close(fc.y, fg.y, 1e-4f, 1e-5f, "layer_norm y");
+  expect_close(fc.mean, fg.mean, 1e-5f, 1e-6f, "layer_norm mean");
+  expect_close(fc.var, fg.var, 1e-4f, 1e-6f, "layer_norm var");
+  const Tensor dy = random_tensor(x.shape(), s++);
+  const LayerNormBackward bc = cpu().layer_norm_backward(dy, x, gamma, fc.mean, fc.var, 1e-5f);
+  const LayerNormBackward bg =
+      gpu().layer_norm_backward(G(dy), G(x), G(gamma), G(fc.mean), G(fc.var), 1e-5f);
+  expect_close(bc.dx, bg.dx, 1e-3f, 1e-4f, "layer_norm dx");
+  expect_close(bc.dgamma, bg.dgamma, 1e-4f, 1e-4f, "layer_norm dgamma");
+  expect_close(bc.dbeta, bg.dbeta, 1e-4f, 1e-4f, "layer_norm dbeta");
+  const Tensor table = random_tensor(Shape{5, 8}, s++);
+  expect_bitwise_equal(cpu().gather_rows(table, ids), gpu().gather_rows(G(table), G(ids)),
+                       "gather_rows");
+  const Tensor g = random_tensor(Shape{2, 3, 8}, s++);
+  expect_bitwise_equal(cpu().scatter_add_rows(g, ids, 5), gpu().scatter_add_rows(G(g), G(ids), 5),
+                       "scatter_add_rows");
+  const Tensor bad = Tensor::from_vector<int32_t>({0, 5}, Shape{2});
+  EXPECT_THROW(gpu().gather_rows(G(table), G(bad)), InvalidArgument);
 }
 
 TEST(GpuKernels, BinaryWithBroadcasting) {

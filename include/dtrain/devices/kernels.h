@@ -16,7 +16,21 @@
 
 namespace dtrain {
 
-enum class UnaryOp { kRelu, kTanh, kSigmoid, kNeg, kExp, kLog, kSquare, kSqrt, kAbs };
+// kGeluErf: x * Phi(x) (Phi the standard normal CDF); kGeluTanh: GPT-2's approximation
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+enum class UnaryOp {
+  kRelu,
+  kTanh,
+  kSigmoid,
+  kNeg,
+  kExp,
+  kLog,
+  kSquare,
+  kSqrt,
+  kAbs,
+  kGeluErf,
+  kGeluTanh
+};
 enum class BinaryOp { kAdd, kSub, kMul, kDiv, kMax, kMin };
 enum class ReductionKind { kSum, kMean, kMax };
 
@@ -38,6 +52,16 @@ struct DTRAIN_API BatchNormForward {
 };
 
 struct DTRAIN_API BatchNormBackward {
+  Tensor dx, dgamma, dbeta;
+};
+
+struct DTRAIN_API LayerNormForward {
+  Tensor y;     // normalised, scaled and shifted, shape of x
+  Tensor mean;  // [rows] (every dimension but the last, flattened)
+  Tensor var;   // [rows] biased variance
+};
+
+struct DTRAIN_API LayerNormBackward {
   Tensor dx, dgamma, dbeta;
 };
 
@@ -91,9 +115,25 @@ class DTRAIN_API Kernels {
   // op(a) @ op(b) for 2-D a, b.
   virtual Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) = 0;
 
+  // Batched: a [B, M, K] ([B, K, M] when transpose_a), b [B, K, N] ([B, N, K] when transpose_b)
+  // -> [B, M, N], each batch entry op(a[i]) @ op(b[i]) (the caller flattens leading dimensions).
+  // Under mixed_bfloat16 the operands are rounded to bfloat16 as matmul's are.
+  virtual Tensor batch_matmul(const Tensor& a, const Tensor& b, bool transpose_a,
+                              bool transpose_b) = 0;
+
+  // --- layout ---
+  // x's dimensions reordered (numpy transpose): y.shape[i] = x.shape[perm[i]]; float32 or int32.
+  virtual Tensor permute(const Tensor& x, const std::vector<int>& perm) = 0;
+  // Rows of table [V, D] picked by int32 indices of any shape -> [indices..., D]. Throws
+  // InvalidArgument naming the first index outside [0, V).
+  virtual Tensor gather_rows(const Tensor& table, const Tensor& indices) = 0;
+  // The gradient of gather_rows: [rows, D], row r the sum of dy's rows whose index is r, added in
+  // the order the indices come (bitwise repeatable, independent of threads).
+  virtual Tensor scatter_add_rows(const Tensor& dy, const Tensor& indices, int64_t rows) = 0;
+
   // --- elementwise ---
   virtual Tensor unary(UnaryOp op, const Tensor& x) = 0;
-  // dL/dx for kRelu (given x), kTanh and kSigmoid (given y = f(x)).
+  // dL/dx for kRelu, kGeluErf and kGeluTanh (given x), kTanh and kSigmoid (given y = f(x)).
   virtual Tensor activation_backward(UnaryOp op, const Tensor& x_or_y, const Tensor& dy) = 0;
   // Numpy broadcasting between a and b.
   virtual Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) = 0;
@@ -121,7 +161,19 @@ class DTRAIN_API Kernels {
   virtual Tensor softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels,
                                                 const Tensor& dloss) = 0;
 
+  // Softmax (log_softmax when `log`) over the last axis, numerically stable (max subtracted).
+  virtual Tensor softmax(const Tensor& x, bool log) = 0;
+  // dL/dx given y = softmax(x) (or log_softmax(x)) and dy.
+  virtual Tensor softmax_backward(const Tensor& y, const Tensor& dy, bool log) = 0;
+
   // --- regularisation / normalisation ---
+  // Layer normalisation over the last axis (x [..., C], gamma and beta [C]):
+  // y = (x - mean) / sqrt(var + epsilon) * gamma + beta.
+  virtual LayerNormForward layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                      float epsilon) = 0;
+  virtual LayerNormBackward layer_norm_backward(const Tensor& dy, const Tensor& x,
+                                                const Tensor& gamma, const Tensor& mean,
+                                                const Tensor& var, float epsilon) = 0;
   // Elementwise keep-mask scaled by 1/(1-rate): element i is kept iff
   // Philox(seed, stream).uniform(i) >= rate, so every device draws the same mask.
   virtual Tensor dropout_mask(const Shape& shape, float rate, uint64_t seed, uint64_t stream) = 0;

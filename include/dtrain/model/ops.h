@@ -31,8 +31,14 @@ DTRAIN_API Tensor tanh(const Tensor& x);
 DTRAIN_API Tensor sigmoid(const Tensor& x);
 
 // --- linear algebra ---
+// op(a) @ op(b). 2-D operands; or both of rank >= 3 with equal leading (batch) dimensions, each
+// batch entry multiplied (tf.linalg.matmul, torch.bmm); or a of rank >= 3 ([..., K]) times a 2-D
+// b (torch.matmul's broadcast of a weight matrix).
 DTRAIN_API Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false,
                          bool transpose_b = false);
+// The batched case of matmul (rank >= 3, equal batch dimensions).
+DTRAIN_API Tensor batch_matmul(const Tensor& a, const Tensor& b, bool transpose_a = false,
+                               bool transpose_b = false);
 // x [..., C] + b [C].
 DTRAIN_API Tensor bias_add(const Tensor& x, const Tensor& b);
 
@@ -49,6 +55,10 @@ DTRAIN_API Tensor stop_gradient(const Tensor& x);
 DTRAIN_API Tensor cast(const Tensor& x, DType dtype);
 DTRAIN_API Tensor ones_like(const Tensor& x);
 DTRAIN_API Tensor zeros_like(const Tensor& x);
+
+// The axes reordered (tf.transpose, numpy): y.shape[i] = x.shape[perm[i]]; empty perm reverses
+// them; negative entries count from the end. float32 or int32.
+DTRAIN_API Tensor transpose(const Tensor& x, std::vector<int> perm = {});
 
 // --- joining and slicing (any rank; a negative axis counts from the end) ---
 // Joins tensors whose shapes are equal but along `axis` (keras.layers.Concatenate, tf.concat).
@@ -81,6 +91,29 @@ DTRAIN_API Tensor avg_pool2d(const Tensor& x, int window_h = 2, int window_w = 2
 DTRAIN_API Tensor conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                                     int stride, Padding conv_padding, int window, int pool_stride,
                                     Padding pool_padding);
+// --- attention and sequence models ---
+// Softmax / log-softmax along `axis`, numerically stable (the maximum subtracted).
+DTRAIN_API Tensor softmax(const Tensor& x, int axis = -1);
+DTRAIN_API Tensor log_softmax(const Tensor& x, int axis = -1);
+// Layer normalisation over the last axis (Ba et al. 2016; keras LayerNormalization(axis=-1)):
+// (x - mean) / sqrt(var + epsilon) * gamma + beta, gamma and beta [C].
+DTRAIN_API Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                             float epsilon = 1e-5f);
+// GELU: exact x Phi(x), or with approximate the tanh form GPT-2 uses (keras.activations.gelu).
+DTRAIN_API Tensor gelu(const Tensor& x, bool approximate = false);
+// Rows of table [V, D] for int32 ids of any shape -> [ids..., D] (tf.nn.embedding_lookup). The
+// gradient for the table is a scatter-add summed in id order: bitwise repeatable. An id outside
+// [0, V) throws InvalidArgument naming it and its position.
+DTRAIN_API Tensor embedding_lookup(const Tensor& table, const Tensor& ids);
+// Additive value of a masked-out attention score (Keras' -1e9): exp underflows to exactly 0.
+inline constexpr float kMaskValue = -1e9f;
+// scores [..., T, S] with kMaskValue added where key j lies after query i (j > i + S - T): the
+// causal mask of a decoder (keras MultiHeadAttention(use_causal_mask=True)).
+DTRAIN_API Tensor causal_mask(const Tensor& scores);
+// Sparse softmax cross-entropy of every position: logits [..., V], int32 labels [...] -> [...]
+// (the per-token losses of a language model, [batch, time]).
+DTRAIN_API Tensor sequence_cross_entropy(const Tensor& logits, const Tensor& labels);
+
 // Per-example sparse softmax cross-entropy: logits [N, C], labels int32 [N] -> [N].
 DTRAIN_API Tensor sparse_softmax_cross_entropy(const Tensor& logits, const Tensor& labels);
 // Per-example mean squared error over the last axis: [N, ...] -> [N].

@@ -39,6 +39,10 @@ algorithm eltwise_algorithm(UnaryOp op, float* alpha) {
       return algorithm::eltwise_sqrt;
     case UnaryOp::kAbs:
       return algorithm::eltwise_abs;
+    case UnaryOp::kGeluErf:
+      return algorithm::eltwise_gelu_erf;
+    case UnaryOp::kGeluTanh:
+      return algorithm::eltwise_gelu_tanh;
   }
   throw InvalidArgument("unknown unary op");
 }
@@ -296,8 +300,14 @@ Tensor CpuKernels::activation_backward(UnaryOp op, const Tensor& x_or_y, const T
       alg = algorithm::eltwise_logistic_use_dst_for_bwd;
       data_arg = DNNL_ARG_DST;
       break;
+    case UnaryOp::kGeluErf:
+      alg = algorithm::eltwise_gelu_erf;
+      break;
+    case UnaryOp::kGeluTanh:
+      alg = algorithm::eltwise_gelu_tanh;
+      break;
     default:
-      throw InvalidArgument("activation_backward supports relu, tanh and sigmoid");
+      throw InvalidArgument("activation_backward supports relu, tanh, sigmoid and gelu");
   }
   Tensor dx = Tensor::empty(dy.shape(), DType::kFloat32, spec_);
   if (dx.numel() == 0) return dx;

@@ -45,6 +45,18 @@ class CpuKernels final : public Kernels {
                                            const Conv2dParams& cp, const Pool2dParams& pp,
                                            bool want_dx, bool want_dw) override;
   Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) override;
+  Tensor batch_matmul(const Tensor& a, const Tensor& b, bool transpose_a,
+                      bool transpose_b) override;
+  Tensor permute(const Tensor& x, const std::vector<int>& perm) override;
+  Tensor gather_rows(const Tensor& table, const Tensor& indices) override;
+  Tensor scatter_add_rows(const Tensor& dy, const Tensor& indices, int64_t rows) override;
+  Tensor softmax(const Tensor& x, bool log) override;
+  Tensor softmax_backward(const Tensor& y, const Tensor& dy, bool log) override;
+  LayerNormForward layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                              float epsilon) override;
+  LayerNormBackward layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                        const Tensor& mean, const Tensor& var,
+                                        float epsilon) override;
   Tensor unary(UnaryOp op, const Tensor& x) override;
   Tensor activation_backward(UnaryOp op, const Tensor& x_or_y, const Tensor& dy) override;
   Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) override;

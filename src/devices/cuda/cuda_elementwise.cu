@@ -32,6 +32,10 @@ __device__ __forceinline__ float unary_fn(float x) {
     return x * x;
   else if constexpr (kOp == UnaryOp::kSqrt)
     return sqrtf(x);
+  else if constexpr (kOp == UnaryOp::kGeluErf)
+    return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
+  else if constexpr (kOp == UnaryOp::kGeluTanh)
+    return 0.5f * x * (1.f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
   else
     return fabsf(x);  // kAbs
 }
@@ -56,8 +60,16 @@ __global__ void activation_backward_kernel(const float* __restrict__ xy,
     if constexpr (kOp == UnaryOp::kRelu)
       dx[i] = v > 0.f ? dy[i] : 0.f;  // v is x
     else if constexpr (kOp == UnaryOp::kTanh)
-      dx[i] = dy[i] * (1.f - v * v);  // v is y
-    else
+      dx[i] = dy[i] * (1.f - v * v);              // v is y
+    else if constexpr (kOp == UnaryOp::kGeluErf)  // v is x: Phi(x) + x phi(x)
+      dx[i] = dy[i] * (0.5f * (1.f + erff(v * 0.70710678118654752f)) +
+                       v * 0.39894228040143268f * expf(-0.5f * v * v));
+    else if constexpr (kOp == UnaryOp::kGeluTanh) {  // v is x
+      const float u = 0.79788456080286536f * (v + 0.044715f * v * v * v);
+      const float t = tanhf(u);
+      dx[i] = dy[i] * (0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * 0.79788456080286536f *
+                                              (1.f + 3.f * 0.044715f * v * v));
+    } else
       dx[i] = dy[i] * v * (1.f - v);  // sigmoid, v is y
   }
 }
@@ -293,6 +305,10 @@ void launch_unary(UnaryOp op, const float* x, float* y, int64_t n, cudaStream_t 
       return launch_unary_t<UnaryOp::kSqrt>(x, y, n, s);
     case UnaryOp::kAbs:
       return launch_unary_t<UnaryOp::kAbs>(x, y, n, s);
+    case UnaryOp::kGeluErf:
+      return launch_unary_t<UnaryOp::kGeluErf>(x, y, n, s);
+    case UnaryOp::kGeluTanh:
+      return launch_unary_t<UnaryOp::kGeluTanh>(x, y, n, s);
   }
   throw InvalidArgument(detail::str_cat("unary: unknown op ", static_cast<int>(op)));
 }
@@ -311,9 +327,18 @@ void launch_activation_backward(UnaryOp op, const float* x_or_y, const float* dy
       activation_backward_kernel<UnaryOp::kSigmoid>
           <<<grid_for(n), kBlock, 0, s>>>(x_or_y, dy, dx, n);
       break;
+    case UnaryOp::kGeluErf:
+      activation_backward_kernel<UnaryOp::kGeluErf>
+          <<<grid_for(n), kBlock, 0, s>>>(x_or_y, dy, dx, n);
+      break;
+    case UnaryOp::kGeluTanh:
+      activation_backward_kernel<UnaryOp::kGeluTanh>
+          <<<grid_for(n), kBlock, 0, s>>>(x_or_y, dy, dx, n);
+      break;
     default:
-      throw InvalidArgument(detail::str_cat("activation_backward: op ", static_cast<int>(op),
-                                            " is not an activation (use kRelu, kTanh, kSigmoid)"));
+      throw InvalidArgument(detail::str_cat(
+          "activation_backward: op ", static_cast<int>(op),
+          " is not an activation (use kRelu, kTanh, kSigmoid, kGeluErf, kGeluTanh)"));
   }
   DTRAIN_CHECK_LAUNCH("activation_backward_kernel");
 }

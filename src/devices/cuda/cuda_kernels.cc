@@ -143,9 +143,11 @@ Tensor CudaKernels::activation_backward(UnaryOp op, const Tensor& x_or_y, const 
   check_f32(x_or_y, "activation_backward", "x_or_y");
   check_f32(dy, "activation_backward", "dy");
   check_same_shape(x_or_y, dy, "activation_backward");
-  if (op != UnaryOp::kRelu && op != UnaryOp::kTanh && op != UnaryOp::kSigmoid)
-    throw InvalidArgument(detail::str_cat("activation_backward: op ", static_cast<int>(op),
-                                          " is not an activation; use kRelu, kTanh or kSigmoid"));
+  if (op != UnaryOp::kRelu && op != UnaryOp::kTanh && op != UnaryOp::kSigmoid &&
+      op != UnaryOp::kGeluErf && op != UnaryOp::kGeluTanh)
+    throw InvalidArgument(detail::str_cat(
+        "activation_backward: op ", static_cast<int>(op),
+        " is not an activation; use kRelu, kTanh, kSigmoid, kGeluErf or kGeluTanh"));
   Tensor dx = empty(dy.shape());
   launch_activation_backward(op, fptr(x_or_y), fptr(dy), fptr(dx), dy.numel(), ctx_.stream());
   return dx;

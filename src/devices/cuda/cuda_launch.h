@@ -48,6 +48,20 @@ void launch_crop_nhwc(const float* xp, float* x, int64_t N, int64_t H, int64_t W
 void launch_permute(const float* x, float* y, int rank, const int64_t* x_dims, const int* perm,
                     cudaStream_t s);
 // y[r, c] += bias[c] for a row-major [rows, cols] matrix.
+// Transformer kernels (cuda_transformer.cu): rows x c matrices, the last axis contiguous.
+void launch_softmax(const float* x, float* y, int64_t rows, int64_t c, bool log, cudaStream_t s);
+void launch_softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t c,
+                             bool log, cudaStream_t s);
+void launch_layer_norm(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                       float* var, int64_t rows, int64_t c, float eps, cudaStream_t s);
+void launch_layer_norm_backward(const float* dy, const float* x, const float* gamma,
+                                const float* mean, const float* var, float* dx, float* dgamma,
+                                float* dbeta, int64_t rows, int64_t c, float eps, cudaStream_t s);
+void launch_gather_rows(const float* table, const int32_t* idx, float* out, int64_t n, int64_t d,
+                        cudaStream_t s);
+// order/starts: dy's rows grouped by target row, in index order (built on the host).
+void launch_scatter_add_rows(const float* dy, const int32_t* order, const int64_t* starts,
+                             float* out, int64_t rows, int64_t d, cudaStream_t s);
 void launch_add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t s);
 
 // --- cuda_reduce.cu ---

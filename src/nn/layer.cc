@@ -39,6 +39,10 @@ Tensor apply_activation(Activation a, const Tensor& x) {
       return ops::tanh(x);
     case Activation::kSigmoid:
       return ops::sigmoid(x);
+    case Activation::kGelu:
+      return ops::gelu(x, false);
+    case Activation::kGeluTanh:
+      return ops::gelu(x, true);
   }
   return x;
 }
@@ -53,6 +57,10 @@ const char* activation_name(Activation a) {
       return "tanh";
     case Activation::kSigmoid:
       return "sigmoid";
+    case Activation::kGelu:
+      return "gelu";
+    case Activation::kGeluTanh:
+      return "gelu_tanh";
   }
   return "?";
 }

@@ -17,10 +17,10 @@ Dense::Dense(int64_t units, Activation activation, bool use_bias, std::string na
 }
 
 void Dense::build_weights(const Shape& s) {
-  if (s.rank() != 2)
-    throw InvalidArgument("Dense '" + name() + "' expects [batch, features] input, got " +
-                          s.to_string() + "; add a Flatten layer before it");
-  kernel = add_weight("kernel", Shape{s[1], units_},
+  if (s.rank() < 2)
+    throw InvalidArgument("Dense '" + name() + "' expects [batch, ..., features] input, got " +
+                          s.to_string());
+  kernel = add_weight("kernel", Shape{s[-1], units_},
                       kernel_initializer ? kernel_initializer : initializers::glorot_uniform());
   if (use_bias_) bias = add_weight("bias", Shape{units_}, initializers::zeros());
 }

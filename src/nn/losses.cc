@@ -27,7 +27,12 @@ Tensor scale_regularization_loss(const Tensor& loss) {
 LossFn get_loss(const std::string& name) {
   if (name == "sparse_categorical_crossentropy")
     return [](const Tensor& logits, const Tensor& labels) {
-      return ops::sparse_softmax_cross_entropy(logits, labels);
+      if (logits.rank() <= 2) return ops::sparse_softmax_cross_entropy(logits, labels);
+      // A sequence [N, T, ..., V]: the example's loss is the mean over its positions (so the
+      // batch's average loss is the mean per token, as Keras reduces it).
+      std::vector<int> positions;
+      for (int i = 1; i < logits.rank() - 1; ++i) positions.push_back(i);
+      return ops::mean(ops::sequence_cross_entropy(logits, labels), positions);
     };
   if (name == "mse" || name == "mean_squared_error")
     return [](const Tensor& pred, const Tensor& target) {

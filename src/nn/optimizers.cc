@@ -135,6 +135,12 @@ void Optimizer::apply_dense(Tensor& value, const Tensor& grad, std::vector<Tenso
   rule_->apply(value, grad, slots, step, lr, options_.weight_decay);
 }
 
+float Optimizer::weight_decay_for(const Variable& variable) const {
+  for (const std::string& part : decay_excluded_)
+    if (variable.name().find(part) != std::string::npos) return 0.f;
+  return options_.weight_decay;
+}
+
 void Optimizer::apply_gradients(const std::vector<Tensor>& grads,
                                 const std::vector<std::shared_ptr<Variable>>& vars) {
   if (grads.size() != vars.size())
@@ -198,22 +204,21 @@ void Optimizer::apply_gradients(const std::vector<Tensor>& grads,
       slot_lists.push_back(v->updates_remotely() ? nullptr : &slots_for(v.get()));
   }
   const float lr = (*schedule_)(step - 1);
-  std::string remote_config;
   for (size_t i = 0; i < vars.size(); ++i) {
     if (!g[i].defined()) continue;
     const Tensor& grad = g[i];
+    const float decay = weight_decay_for(*vars[i]);
     if (!slot_lists[i]) {  // the variable lives on a parameter server, which applies the update
-      if (remote_config.empty())
-        remote_config = name() + kv("learning_rate", lr) + rule_->hyper_config() +
-                        kv("weight_decay", options_.weight_decay);
-      vars[i]->apply_remote_update(remote_config, grad);
+      vars[i]->apply_remote_update(
+          name() + kv("learning_rate", lr) + rule_->hyper_config() + kv("weight_decay", decay),
+          grad);
       continue;
     }
     vars[i]->update([&](Tensor& value, size_t copy) {
       std::vector<Tensor> slots;
       for (const auto& s : *slot_lists[i]) slots.push_back(s->device_values().at(copy));
-      apply_dense(value, grad.device() == value.device() ? grad : grad.to(value.device()), slots,
-                  step, lr);
+      rule_->apply(value, grad.device() == value.device() ? grad : grad.to(value.device()), slots,
+                   step, lr, decay);
     });
   }
 }
@@ -247,8 +252,8 @@ void Optimizer::apply_slices(ReplicaContext& ctx, const std::vector<Tensor>& gra
         std::vector<Tensor> slots;
         for (const auto& s : *slot_lists[i])
           slots.push_back(part(s->device_values().at(copy), offset, count));
-        apply_dense(mine, g[i].device() == value.device() ? g[i] : g[i].to(value.device()), slots,
-                    step, lr);
+        rule_->apply(mine, g[i].device() == value.device() ? g[i] : g[i].to(value.device()), slots,
+                     step, lr, weight_decay_for(*vars[i]));
       });
     }
   } catch (...) {

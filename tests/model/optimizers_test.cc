@@ -93,6 +93,41 @@ TEST_F(Optimizers, WeightDecayAppliesToSgdToo) {
   EXPECT_NEAR(first(w), 2.0 * (1 - 0.05) - 0.1, 1e-6);
 }
 
+// exclude_from_weight_decay: names containing a listed string get no decay, alone and under
+// Mirrored (whose replicas update slices of the variables).
+TEST_F(Optimizers, ExcludedVariablesGetNoWeightDecay) {
+  auto kernel = var("h_0/mlp_fc/kernel", {2.f}), bias = var("h_0/mlp_fc/bias", {2.f}),
+       emb = var("wte/embeddings", {2.f});
+  AdamW opt(0.1f, /*weight_decay=*/0.5f);
+  opt.exclude_from_weight_decay({"bias", "gamma", "beta", "embeddings"});
+  EXPECT_EQ(opt.weight_decay_for(*kernel), 0.5f);
+  EXPECT_EQ(opt.weight_decay_for(*bias), 0.f);
+  opt.apply_gradients({vec({0.f}), vec({0.f}), vec({0.f})}, {kernel, bias, emb});
+  EXPECT_NEAR(first(kernel), 2.0 * (1 - 0.05), 1e-6);  // decayed; a zero gradient moves nothing
+  EXPECT_EQ(first(bias), 2.f);
+  EXPECT_EQ(first(emb), 2.f);
+  MirroredOptions mo;
+  mo.devices = {DeviceSpec::cpu(0), DeviceSpec::cpu(1)};
+  MirroredStrategy s(mo);
+  std::shared_ptr<Variable> k2, b2;
+  std::unique_ptr<AdamW> opt2;
+  {
+    auto scope = s.scope();
+    k2 = var("dense/kernel", {2.f, 2.f, 2.f, 2.f});
+    b2 = var("dense/bias", {2.f, 2.f, 2.f, 2.f});
+    opt2 = std::make_unique<AdamW>(0.1f, 0.5f);
+    opt2->exclude_from_weight_decay({"bias"});
+  }
+  s.run([&](ReplicaContext&, const std::vector<Tensor>&) -> std::vector<Tensor> {
+    const DeviceSpec d = k2->value().device();
+    opt2->apply_gradients({vec({0.f, 0.f, 0.f, 0.f}).to(d), vec({0.f, 0.f, 0.f, 0.f}).to(d)},
+                          {k2, b2});
+    return {};
+  });
+  for (float v : k2->value().to_vector<float>()) EXPECT_NEAR(v, 1.9f, 1e-6);
+  for (float v : b2->value().to_vector<float>()) EXPECT_EQ(v, 2.f);
+}
+
 TEST_F(Optimizers, ClipValueNormAndGlobalNorm) {
   {
     OptimizerOptions o;

@@ -45,7 +45,8 @@
 
 namespace dtrain {
 
-enum class Activation { kNone, kRelu, kTanh, kSigmoid };
+// kGelu: exact (keras' "gelu"); kGeluTanh: the tanh approximation (GPT-2's).
+enum class Activation { kNone, kRelu, kTanh, kSigmoid, kGelu, kGeluTanh };
 DTRAIN_API Tensor apply_activation(Activation a, const Tensor& x);
 DTRAIN_API const char* activation_name(Activation a);
 

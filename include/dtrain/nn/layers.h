@@ -16,6 +16,8 @@
 
 namespace dtrain {
 
+// keras.layers.Dense: x [batch, ..., features] @ kernel [features, units] (+ bias) on the last
+// axis, for inputs of any rank >= 2 (a [batch, time, features] sequence is one product).
 class DTRAIN_API Dense : public Layer {
  public:
   Dense(int64_t units, Activation activation = Activation::kNone, bool use_bias = true,

@@ -24,7 +24,8 @@ using LossFn = std::function<Tensor(const Tensor& predictions, const Tensor& lab
 
 // A loss by Keras' name (keras.losses.get), per example:
 //   "sparse_categorical_crossentropy" (logits [N, C] against int32 labels [N]; dtrain's models
-//     output logits, so this is Keras' from_logits=True),
+//     output logits, so this is Keras' from_logits=True; for sequences, logits [N, T, C] and
+//     labels [N, T], each example's loss is its mean over the T positions),
 //   "mean_squared_error" / "mse", "mean_absolute_error" / "mae" (mean over the last axis).
 // Throws InvalidArgument for another name, listing these.
 DTRAIN_API LossFn get_loss(const std::string& name);

@@ -106,6 +106,15 @@ class DTRAIN_API Optimizer {
     apply_dense(value, grad, slots, step, learning_rate());
   }
 
+  // Keras' exclude_from_weight_decay(var_names=...): variables whose name contains one of these
+  // strings get no weight decay (language models exclude biases, norms and embeddings:
+  // {"bias", "gamma", "beta", "embeddings"}). Call before training.
+  void exclude_from_weight_decay(std::vector<std::string> var_names) {
+    decay_excluded_ = std::move(var_names);
+  }
+  // The weight decay `variable` gets: options().weight_decay unless excluded.
+  float weight_decay_for(const Variable& variable) const;
+
  private:
   std::vector<std::shared_ptr<Variable>>& slots_for(const Variable* v);
   std::vector<Tensor> clip(std::vector<Tensor> grads) const;
@@ -119,6 +128,7 @@ class DTRAIN_API Optimizer {
   OptimizerOptions options_;
   GradientAggregator aggregator_;
   mutable std::mutex mu_;
+  std::vector<std::string> decay_excluded_;
   std::map<const Variable*, size_t> slot_index_;
   std::deque<std::vector<std::shared_ptr<Variable>>>
       slots_;  // in first-seen order; stable references

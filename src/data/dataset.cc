@@ -340,8 +340,13 @@ std::vector<Tensor> gather_rows(const DatasetSource& src, const std::vector<int6
     dims[0] = b;
     Tensor dst = Tensor::empty(Shape(std::move(dims)), t.dtype());
     const size_t rb = src.row_bytes[c];
-    const char* from = static_cast<const char*>(t.raw_data());
     char* to = static_cast<char*>(dst.raw_data());
+    if (src.read) {
+      for (int64_t i = 0; i < b; ++i) src.read(c, rows[static_cast<size_t>(i)], to + i * rb);
+      out.push_back(std::move(dst));
+      continue;
+    }
+    const char* from = static_cast<const char*>(t.raw_data());
     for (int64_t i = 0; i < b;) {
       int64_t j = i + 1;
       while (j < b && rows[j] == rows[j - 1] + 1) ++j;
@@ -454,8 +459,11 @@ class PublicIterator final : public Dataset::Iterator {
       Tensor row =
           Tensor::empty(Shape(std::vector<int64_t>(dims.begin() + 1, dims.end())), t.dtype());
       const size_t rb = src_->row_bytes[c];
-      std::memcpy(row.raw_data(),
-                  static_cast<const char*>(t.raw_data()) + static_cast<size_t>(e.row) * rb, rb);
+      if (src_->read)
+        src_->read(c, e.row, row.raw_data());
+      else
+        std::memcpy(row.raw_data(),
+                    static_cast<const char*>(t.raw_data()) + static_cast<size_t>(e.row) * rb, rb);
       out->push_back(std::move(row));
     }
     return true;
@@ -498,6 +506,22 @@ Dataset Dataset::from_tensors(std::vector<Tensor> components) {
     src->tensors.push_back(std::move(host));
   }
   src->n = components[0].shape()[0];
+  return Dataset(std::make_shared<detail::SourceNode>(std::move(src)));
+}
+
+Dataset Dataset::from_reader(int64_t n, std::vector<RowSpec> components, RowReader read) {
+  if (n < 0) throw InvalidArgument(str_cat("Dataset::from_reader: n must be >= 0, got ", n));
+  if (components.empty() || !read)
+    throw InvalidArgument("Dataset::from_reader needs at least one component and a reader");
+  auto src = std::make_shared<detail::DatasetSource>();
+  for (const RowSpec& c : components) {
+    std::vector<int64_t> dims = c.shape.dims();
+    dims.insert(dims.begin(), 1);
+    src->row_bytes.push_back(static_cast<size_t>(c.shape.numel()) * dtype_size(c.dtype));
+    src->tensors.push_back(Tensor::zeros(Shape(dims), c.dtype));
+  }
+  src->n = n;
+  src->read = std::move(read);
   return Dataset(std::make_shared<detail::SourceNode>(std::move(src)));
 }
 

@@ -27,9 +27,12 @@ class DatasetNodeIterator {
 };
 
 struct DatasetSource {
-  std::vector<Tensor> tensors;  // CPU, leading dim n
+  std::vector<Tensor> tensors;  // CPU, leading dim n; with `read`, one prototype row [1, ...]
   int64_t n = 0;
   std::vector<size_t> row_bytes;  // per component
+  // Set for Dataset::from_reader: row `row` of component c is written to dst by this function
+  // instead of copied out of tensors[c].
+  std::function<void(size_t c, int64_t row, void* dst)> read;
 };
 
 class DatasetNode {

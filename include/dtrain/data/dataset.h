@@ -43,6 +43,17 @@ class DTRAIN_API Dataset {
   static Dataset from_tensor_slices(std::vector<Tensor> components) {
     return from_tensors(std::move(components));
   }
+  // A pipeline of n elements read on demand: read(component, row, dst) writes row `row` of that
+  // component (RowSpec's shape and dtype, dense) to dst, when batch() gathers it (a file, a
+  // memory-mapped token stream, a generator). It must be deterministic and safe to call from
+  // several threads; an exception it throws propagates from next(). Throws InvalidArgument for
+  // n < 0, no components or an empty reader.
+  struct RowSpec {
+    Shape shape;  // one row's shape
+    DType dtype = DType::kFloat32;
+  };
+  using RowReader = std::function<void(size_t component, int64_t row, void* dst)>;
+  static Dataset from_reader(int64_t n, std::vector<RowSpec> components, RowReader read);
 
   // A uniformly random permutation of all elements of the input (a full-size shuffle buffer),
   // decided by Philox(seed, pass): Fisher-Yates over the elements of one pass. Pass k is the k-th

@@ -46,7 +46,7 @@ void write_token_file(const std::string& path, const std::vector<int32_t>& token
     if (token_bytes == 2) bytes[2 * i + 1] = static_cast<unsigned char>(tokens[i] >> 8);
   }
   // Written beside the target and renamed: a reader never maps a half-written file.
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(bytes.data()),

@@ -30,7 +30,8 @@ std::string read_corpus(const std::string& dir_flag, std::string* used_dir) {
   if (dir.empty() && fs::exists("/usr/share/perl")) {
     std::vector<std::string> found;
     for (const auto& e : fs::directory_iterator("/usr/share/perl"))
-      if (fs::exists(e.path() / "pod" / "perlfunc.pod")) found.push_back((e.path() / "pod").string());
+      if (fs::exists(e.path() / "pod" / "perlfunc.pod"))
+        found.push_back((e.path() / "pod").string());
     std::sort(found.begin(), found.end());
     if (!found.empty()) dir = found.back();
   }
@@ -121,7 +122,8 @@ int main(int argc, char** argv) {
   uint64_t seed = 42;
   bool json = false, generate_only = false;
   app.add_option("--strategy", strategy_name, "distribution strategy")->capture_default_str();
-  app.add_option("--devices", devices_flag, "cpu, cpu:N, gpu, gpu:0,1, auto")->capture_default_str();
+  app.add_option("--devices", devices_flag, "cpu, cpu:N, gpu, gpu:0,1, auto")
+      ->capture_default_str();
   app.add_option("--threads", threads, "intra-op threads per CPU device (0 = cores / devices)");
   app.add_option("--preset", preset,
                  "GPT shape: gpt-nano, gpt-micro, gpt-mini (byte vocabulary), gpt2, ...")
@@ -148,7 +150,8 @@ int main(int argc, char** argv) {
                  "where the corpus' byte tokens are written and memory-mapped from (default: the "
                  "temp folder)");
   app.add_option("--generate", prompt, "after training, sample text from this prompt");
-  app.add_option("--max-new-tokens", max_new_tokens, "bytes to sample (default 300 with --generate)");
+  app.add_option("--max-new-tokens", max_new_tokens,
+                 "bytes to sample (default 300 with --generate)");
   app.add_option("--top-k", top_k, "sample from the k likeliest bytes")->capture_default_str();
   app.add_option("--temperature", temperature, "sampling temperature")->capture_default_str();
   app.add_option("--checkpoint-dir", checkpoint_dir,
@@ -179,10 +182,9 @@ int main(int argc, char** argv) {
       const dtrain::StrategyExtended& ext = strategy.extended();
       std::string used_dir;
       const std::string text = read_corpus(corpus_dir, &used_dir);
-      const std::string path =
-          token_file.empty()
-              ? (fs::temp_directory_path() / "dtrain-gpt-corpus.u8").string()
-              : token_file;
+      const std::string path = token_file.empty()
+                                   ? (fs::temp_directory_path() / "dtrain-gpt-corpus.u8").string()
+                                   : token_file;
       dtrain::text::write_token_file(path, dtrain::text::ByteTokenizer().encode(text), 1);
       auto tokens = std::make_shared<const dtrain::text::TokenFile>(path, 1);
       const int64_t split = tokens->size() * 9 / 10;
@@ -204,8 +206,8 @@ int main(int argc, char** argv) {
                      "corpus: %s, %lld bytes (%lld for training, %lld for validation) mapped from "
                      "%s\n",
                      used_dir.c_str(), static_cast<long long>(tokens->size()),
-                     static_cast<long long>(split),
-                     static_cast<long long>(tokens->size() - split), path.c_str());
+                     static_cast<long long>(split), static_cast<long long>(tokens->size() - split),
+                     path.c_str());
 
       std::shared_ptr<dtrain::applications::GPT> model;
       std::unique_ptr<dtrain::Optimizer> optimizer;
@@ -220,12 +222,14 @@ int main(int argc, char** argv) {
         auto adamw = std::make_unique<dtrain::AdamW>(lr, weight_decay, 0.9f, 0.95f, 1e-8f, oo);
         adamw->exclude_from_weight_decay({"bias", "gamma", "beta", "embeddings"});
         const int64_t w = std::min<int64_t>(warmup, total / 2);
+        // nanoGPT's warm-up starts at lr / (warmup + 1), not 0.
         adamw->set_schedule(std::make_shared<dtrain::CosineDecay>(
-            0.f, std::max<int64_t>(1, total - w), 0.1f, lr, w));
+            lr / static_cast<float>(w + 1), std::max<int64_t>(1, total - w), 0.1f, lr, w));
         optimizer = std::move(adamw);
       }
       if (ext.is_chief())
-        std::fprintf(stderr, "GPT %s: %d layers, %lld wide, %d heads, context %lld, %lld parameters; "
+        std::fprintf(stderr,
+                     "GPT %s: %d layers, %lld wide, %d heads, context %lld, %lld parameters; "
                      "strategy %s, %d replica(s)\n",
                      preset.c_str(), config.num_layers, static_cast<long long>(config.dim),
                      config.num_heads, static_cast<long long>(context),
@@ -251,7 +255,8 @@ int main(int argc, char** argv) {
         std::optional<dtrain::BackupAndRestore> backup;
         if (!backup_dir.empty()) fit.callbacks.push_back(&backup.emplace(backup_dir, backup_every));
         std::optional<dtrain::ModelCheckpoint> ckpt;
-        if (!checkpoint_dir.empty()) fit.callbacks.push_back(&ckpt.emplace(checkpoint_dir, "val_loss"));
+        if (!checkpoint_dir.empty())
+          fit.callbacks.push_back(&ckpt.emplace(checkpoint_dir, "val_loss"));
         std::optional<dtrain::CSVLogger> csv;
         if (!csv_path.empty()) fit.callbacks.push_back(&csv.emplace(csv_path));
         fit.callbacks.push_back(&progress);
@@ -271,7 +276,8 @@ int main(int argc, char** argv) {
       struct rusage usage {};
       getrusage(RUSAGE_SELF, &usage);
       if (!ext.is_chief()) return;
-      if (!sample.empty() && !json) std::printf("--- sample ---\n%s\n--------------\n", sample.c_str());
+      if (!sample.empty() && !json)
+        std::printf("--- sample ---\n%s\n--------------\n", sample.c_str());
       if (json) {
         const double val_loss = h.test_loss;
         nlohmann::json j{{"strategy", strategy_name},

@@ -177,7 +177,10 @@ UpdateConfig parse_update_config(const std::string& config) {
     } else {
       throw c.error("unknown optimizer '" + n + "' (sgd, adam, adamw, rmsprop, adagrad)");
     }
-    check_positive(out.learning_rate, "learning rate");
+    // 0 is a rate (a warm-up's start, a decay's end: a parameter server gets each step's).
+    if (!(out.learning_rate >= 0.f) || !std::isfinite(out.learning_rate))
+      throw InvalidArgument("learning rate must be finite and >= 0, got " +
+                            std::to_string(out.learning_rate));
     return out;
   } catch (const InvalidArgument& e) {
     if (std::string(e.what()).rfind("malformed", 0) == 0) throw;

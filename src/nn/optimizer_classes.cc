@@ -1,12 +1,17 @@
 // Keras' optimizer classes: each is Optimizer with its update rule (model/update_rules.h).
+#include <cmath>
+
 #include "dtrain/core/error.h"
 #include "dtrain/nn/optimizers.h"
 
 namespace dtrain {
 namespace {
 
+// 0 is a rate: a warm-up starts there and a cosine decay with alpha 0 ends there, and a parameter
+// server is handed each step's rate.
 float checked_lr(float lr) {
-  if (!(lr > 0.f)) throw InvalidArgument("learning rate must be > 0, got " + std::to_string(lr));
+  if (!(lr >= 0.f) || !std::isfinite(lr))
+    throw InvalidArgument("learning rate must be finite and >= 0, got " + std::to_string(lr));
   return lr;
 }
 std::shared_ptr<LearningRateSchedule> constant(float lr) {

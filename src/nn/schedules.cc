@@ -29,7 +29,8 @@ std::string join(const auto& values) {
 }  // namespace
 
 ConstantSchedule::ConstantSchedule(float lr) : lr_(lr) {
-  require(lr > 0.f, "learning rate must be > 0, got " + std::to_string(lr));
+  require(lr >= 0.f && std::isfinite(lr),
+          "learning rate must be finite and >= 0, got " + std::to_string(lr));
 }
 std::string ConstantSchedule::config() const { return "constant" + kv("learning_rate", lr_); }
 

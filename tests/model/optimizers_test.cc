@@ -232,6 +232,11 @@ TEST_F(Optimizers, ScheduleConfigsRoundTrip) {
         "exponential initial_learning_rate=1 decay_steps=1.5 decay_rate=0.9",
         "piecewise_constant boundaries=1;2 values=1", "constant learning_rate=1 extra=2"})
     EXPECT_THROW(LearningRateSchedule::from_config(bad), InvalidArgument) << bad;
+  // A rate of 0 is a rate (a warm-up from 0, a cosine decay's end, a parameter server handed that
+  // step's rate); a negative one is not.
+  EXPECT_EQ(Optimizer::from_config("adamw learning_rate=0 weight_decay=0")->learning_rate(), 0.f);
+  EXPECT_THROW(Optimizer::from_config("sgd learning_rate=-0.1"), InvalidArgument);
+  EXPECT_THROW(SGD(-1.f), InvalidArgument);
 }
 
 TEST_F(Optimizers, ScheduleDrivesEachStepFromIterations) {

@@ -115,6 +115,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Train a byte-level GPT on the Perl documentation with dtrain"};
   std::string strategy_name = "one_device", devices_flag = "cpu", preset = "gpt-micro";
   std::string corpus_dir, token_file, prompt, checkpoint_dir, backup_dir, restore_path, csv_path;
+  std::string window_order = "random";
   int threads = 0, epochs = 5, top_k = 20, max_new_tokens = 0, heads = 0, layers = 0;
   int64_t steps_per_epoch = 200, batch = 32, context = 128, warmup = 100, val_windows = 256,
           steps = 0, dim = 0, backup_every = 0;
@@ -142,6 +143,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--warmup-steps", warmup, "linear warm-up steps")->capture_default_str();
   app.add_option("--val-windows", val_windows, "validation windows each epoch")
+      ->capture_default_str();
+  app.add_option(
+         "--window-order", window_order,
+         "random: nanoGPT's random windows, shuffled each epoch; consecutive: windows at 0, "
+         "T, 2T, ... in order, unshuffled (what a peer script can reproduce exactly)")
+      ->check(CLI::IsMember({"random", "consecutive"}))
       ->capture_default_str();
   app.add_option("--seed", seed, "seed for weights, windows and sampling")->capture_default_str();
   app.add_option("--corpus-dir", corpus_dir,
@@ -192,9 +199,15 @@ int main(int argc, char** argv) {
         throw dtrain::InvalidArgument("a byte-level corpus needs vocab_size >= 256");
       dtrain::text::TokenWindowOptions tw;
       tw.sequence_length = context;
+      tw.random = window_order == "random";
       tw.end = split;
       tw.seed = seed;
-      tw.windows = steps_per_epoch * batch;
+      // Every step of the run gets windows of its own (nanoGPT draws fresh ones each step); an
+      // epoch is --steps-per-epoch of them, the next going on where it stopped.
+      const int64_t run_steps =
+          steps > 0 ? (steps + steps_per_epoch - 1) / steps_per_epoch * steps_per_epoch
+                    : epochs * steps_per_epoch;
+      tw.windows = run_steps * batch;
       const dtrain::Dataset train = dtrain::text::token_windows(tokens, tw);
       tw.begin = split;
       tw.end = -1;
@@ -251,6 +264,8 @@ int main(int argc, char** argv) {
         fit.global_batch_size = batch;
         fit.eval_batch_size = batch;
         fit.shuffle_seed = seed;
+        fit.shuffle = window_order == "random";
+        fit.steps_per_epoch = steps_per_epoch;
         fit.loss = dtrain::get_loss("sparse_categorical_crossentropy");
         std::optional<dtrain::BackupAndRestore> backup;
         if (!backup_dir.empty()) fit.callbacks.push_back(&backup.emplace(backup_dir, backup_every));

@@ -222,8 +222,18 @@ History fit(Strategy& strategy, Model& model, Optimizer& optimizer, const Datase
   const InputShard shard = ext.input_shard();
   const Dataset my_train = shard.count > 1 ? train.shard(shard.count, shard.index) : train;
   const int64_t B = options.global_batch_size;
-  const int64_t steps_per_epoch = my_train.batch(B, options.drop_remainder).cardinality();
-  if (steps_per_epoch == 0) throw InvalidArgument("fit(): no full batch in the training data");
+  // Batches in a pass over the data; an epoch is a pass, or options.steps_per_epoch of its batches
+  // (Keras' steps_per_epoch: the next epoch goes on where this one stopped).
+  const int64_t pass_steps = my_train.batch(B, options.drop_remainder).cardinality();
+  if (pass_steps == 0) throw InvalidArgument("fit(): no full batch in the training data");
+  if (options.steps_per_epoch < 0 ||
+      (options.steps_per_epoch > 0 && pass_steps > 0 && pass_steps % options.steps_per_epoch != 0))
+    throw InvalidArgument("fit(): steps_per_epoch " + std::to_string(options.steps_per_epoch) +
+                          " must divide the " + std::to_string(pass_steps) +
+                          " batches of a pass over this worker's data (or be 0: a whole pass)");
+  const int64_t steps_per_epoch =
+      options.steps_per_epoch > 0 ? options.steps_per_epoch : pass_steps;
+  const int64_t epochs_per_pass = pass_steps > 0 ? pass_steps / steps_per_epoch : 1;
   int epochs = options.epochs;
   if (options.steps > 0 && steps_per_epoch > 0)
     epochs = static_cast<int>(std::min<int64_t>(
@@ -296,12 +306,15 @@ History fit(Strategy& strategy, Model& model, Optimizer& optimizer, const Datase
     tally.reset();
     if (epoch == first_epoch) tally.set_states(ctx.initial_epoch_state);
     call(options.callbacks, &Callback::on_epoch_begin, logs);
-    // The data order depends only on (seed, epoch, step): epoch e is shuffle(seed)'s pass e.
+    // The data order depends only on (seed, epoch, step): epoch e is shuffle(seed)'s pass e, or,
+    // with steps_per_epoch, the e-th run of that many batches through the passes.
+    const uint64_t pass = static_cast<uint64_t>(epoch / epochs_per_pass);
+    const int64_t pass_offset = (epoch % epochs_per_pass) * steps_per_epoch;
     auto epoch_data = [&](uint64_t seed) {
-      Dataset d =
-          (options.shuffle ? my_train.shuffle(seed, false, static_cast<uint64_t>(epoch)) : my_train)
-              .skip(first_step * B)
-              .batch(B, options.drop_remainder);
+      Dataset d = options.shuffle ? my_train.shuffle(seed, false, pass) : my_train;
+      d = d.skip((pass_offset + first_step) * B);
+      if (epochs_per_pass > 1) d = d.take((steps_per_epoch - first_step) * B);
+      d = d.batch(B, options.drop_remainder);
       if (options.augment)  // one pipeline per epoch: the batch's index counts from first_step
         d = d.map_with_index(
             [f = options.augment, epoch, first_step](std::vector<Tensor> batch, int64_t i) {

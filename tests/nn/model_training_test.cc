@@ -428,5 +428,42 @@ TEST_F(ModelTraining, PredictGivesEveryOutput) {
   }
 }
 
+// Keras' steps_per_epoch: six epochs of a third of a pass each train exactly as two whole passes
+// (the same batches in the same order, a new shuffle after each pass), under one device and
+// mirrored; one that does not divide a pass is refused.
+TEST_F(ModelTraining, StepsPerEpochContinuesThroughThePasses) {
+  const Data d = data(48);  // 3 batches of 16 a pass
+  const Dataset ds = Dataset::from_tensors({d.x, d.labels, d.values});
+  for (const char* name : {"one_device", "mirrored"}) {
+    auto run = [&](int epochs, int64_t steps_per_epoch) {
+      auto s = strategy(name);
+      set_global_seed(3);
+      std::shared_ptr<Model> m;
+      std::unique_ptr<Optimizer> opt;
+      {
+        auto scope = s->scope();
+        m = two_heads();
+        opt = std::make_unique<SGD>(0.1f, 0.9f);
+      }
+      FitOptions f = two_head_options();
+      f.steps = 0;
+      f.epochs = epochs;
+      f.shuffle = true;
+      f.steps_per_epoch = steps_per_epoch;
+      const History h = fit(*s, *m, *opt, ds, nullptr, f);
+      EXPECT_EQ(h.epoch_loss.size(), static_cast<size_t>(epochs)) << name;
+      EXPECT_EQ(h.steps, 6) << name;
+      return weights(*m);
+    };
+    EXPECT_EQ(run(6, 1), run(2, 0)) << name;
+    auto s = strategy(name);
+    auto m = two_heads();
+    SGD sgd(0.1f);
+    FitOptions f = two_head_options();
+    f.steps_per_epoch = 2;  // does not divide 3
+    EXPECT_THROW(fit(*s, *m, sgd, ds, nullptr, f), InvalidArgument) << name;
+  }
+}
+
 }  // namespace
 }  // namespace dtrain

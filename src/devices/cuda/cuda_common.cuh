@@ -20,6 +20,16 @@ inline unsigned int grid_for(int64_t n, int block = kBlock) {
   return static_cast<unsigned int>(std::max<int64_t>(1, std::min(blocks, kMaxBlocks)));
 }
 
+// Butterfly reductions over the 32 lanes of a warp; every lane gets the result.
+__device__ __forceinline__ float warp_max(float v) {
+  for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
 __device__ __forceinline__ int64_t global_index() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }

@@ -12,14 +12,6 @@ namespace {
 
 constexpr int kWarpsPerBlock = kBlock / 32;
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-  return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
 
 __global__ void softmax_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t rows,
                                int64_t c, bool log) {

@@ -66,8 +66,8 @@ class Equivalence(unittest.TestCase):
                     self.assertLessEqual(err, bound, f"{n} workers")
 
     def test_functional_and_subclassed_models_match_one_device(self):
-        # A functional ResNet (resnet8: the CIFAR ResNet of depth 8, skip connections, a 1x1
-        # projection) and a subclassed model (residual_cnn), both with synchronized batch
+        # Functional ResNets (resnet8 and resnet20: the CIFAR ResNets of depth 8 and 20, skip
+        # connections, 1x1 projections) and a subclassed model (residual_cnn), both with synchronized batch
         # normalization, under 2 workers against one device at the same global batch, 3 steps: every
         # variable, the batch-norm statistics included. Batch normalization's sums over 50,000
         # activations cancel (its beta gradient is a sum of terms of both signs), so float noise in
@@ -77,18 +77,22 @@ class Equivalence(unittest.TestCase):
         # The same models under Mirrored and CentralStorage on 2 logical CPUs.
         sgd = "sgd learning_rate=0.05 momentum=0.9"
         with tempfile.TemporaryDirectory() as d:
-            for model in ("resnet8", "residual_cnn"):
-                ref_loss, ref = self.train(0, 3, os.path.join(d, "one.bin"), optimizer=sgd, model=model)
+            # ResNet-20's 19 synchronized batch norms amplify that noise further while its loss is
+            # still high (5.39 on the first batch): measured, 2.8e-4 of the largest weight after 1
+            # step and 2.2e-3 after 3 at this rate (the same under 2 workers and Mirrored, bitwise), so
+            # it is compared after 1 step.
+            for model, steps in (("resnet8", 3), ("resnet20", 1), ("residual_cnn", 3)):
+                ref_loss, ref = self.train(0, steps, os.path.join(d, "one.bin"), optimizer=sgd, model=model)
                 for how in ("2 workers", "mirrored", "central_storage"):
                     out = os.path.join(d, "other.bin")
                     if how == "2 workers":
-                        loss, w = self.train(2, 3, out, optimizer=sgd, model=model)
+                        loss, w = self.train(2, steps, out, optimizer=sgd, model=model)
                     else:
-                        loss, w = self.train(0, 3, out, optimizer=sgd, model=model, local=how)
+                        loss, w = self.train(0, steps, out, optimizer=sgd, model=model, local=how)
                     scale = max(max(abs(v) for v in t) for t in ref)
                     err = max(max(abs(p - q) for p, q in zip(x, y)) for x, y in zip(w, ref)) / scale
                     loss_err = abs(loss - ref_loss) / ref_loss
-                    print(f"{model}, {how}, 3 steps: largest difference {err:.3g} of the largest weight, "
+                    print(f"{model}, {how}, {steps} steps: largest difference {err:.3g} of the largest weight, "
                           f"loss {loss:.7f} vs {ref_loss:.7f}")
                     self.assertLessEqual(err, 1e-3, f"{model} {how}")
                     self.assertLessEqual(loss_err, 5e-5, f"{model} {how}")

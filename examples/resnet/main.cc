@@ -1,7 +1,7 @@
 // ResNet-20 (He et al. 2015, section 4.2) on Fashion-MNIST padded to 32x32, with random crops and
-// flips in the input pipeline (a thread per core), under the strategy picked by --strategy: SGD with Nesterov
-// momentum 0.9, weight decay, a cosine schedule. The program is examples/common/image_classifier.cc
-// (the flags of examples/fashion_mnist, with these defaults).
+// flips in the input pipeline (a thread per core), under the strategy picked by --strategy: SGD
+// with Nesterov momentum 0.9, weight decay, a cosine schedule. The program is
+// examples/common/image_classifier.cc (the flags of examples/fashion_mnist, with these defaults).
 //
 //   ./resnet --strategy=mirrored --devices=cpu:2
 //   dtrain-run -np 2 -- ./resnet --strategy=multi_worker_mirrored --backup-dir /tmp/resnet-backup

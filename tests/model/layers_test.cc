@@ -32,9 +32,13 @@ TEST_F(Layers, DenseComputesXWPlusB) {
   EXPECT_EQ(d.trainable_variables().size(), 2u);
 }
 
-TEST_F(Layers, DenseRejectsUnflattenedInput) {
+// Keras' Dense: the last axis of any rank >= 2 (a sequence [batch, time, features] is one product);
+// a vector without a batch axis is refused.
+TEST_F(Layers, DenseTakesTheLastAxisAndRefusesAVector) {
   Dense d(3);
-  EXPECT_THROW(d(Tensor::zeros(Shape{1, 2, 2})), InvalidArgument);
+  EXPECT_EQ(d(Tensor::zeros(Shape{1, 2, 2})).shape(), (Shape{1, 2, 3}));
+  Dense v(3);
+  EXPECT_THROW(v(Tensor::zeros(Shape{4})), InvalidArgument);
 }
 
 TEST_F(Layers, Conv2DAndMaxPoolByHand) {

@@ -190,9 +190,9 @@ TEST_F(ModelApi, MistakesGetErrorsThatSayWhatIsWrong) {
   Dense on_stack(3);
   EXPECT_THROW(on_stack(a), InvalidArgument);  // not owned by a shared_ptr
   EXPECT_THROW((*std::make_shared<Add>())(random_tensor({2, 4}, 3)), InvalidArgument);  // 1 input
-  auto d = std::make_shared<Dense>(2);
-  EXPECT_THROW((*d)(Input({2, 3, 4})), InvalidArgument);  // Dense wants [batch, features]
-  EXPECT_FALSE(d->built());
+  auto c = std::make_shared<Conv2D>(2, 3, 3);
+  EXPECT_THROW((*c)(Input({3, 4})), InvalidArgument);  // Conv2D wants [batch, H, W, C]
+  EXPECT_FALSE(c->built());
 }
 
 // Conv2D(relu) followed by max pooling runs as one op in any container; the numbers and the

@@ -12,7 +12,6 @@ namespace {
 
 constexpr int kRowsPerBlock = kBlock / 32;
 
-
 __global__ void softmax_xent_kernel(const float* __restrict__ logits,
                                     const int32_t* __restrict__ labels, float* __restrict__ loss,
                                     float* __restrict__ probs, int64_t n, int64_t c) {

@@ -12,7 +12,6 @@ namespace {
 
 constexpr int kWarpsPerBlock = kBlock / 32;
 
-
 __global__ void softmax_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t rows,
                                int64_t c, bool log) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;

@@ -2,7 +2,9 @@
 // float64 references written here, the embedding gradient's determinism, and the errors bad input
 // gets.
 #include <cmath>
+#include <cstring>
 
+#include "dtrain/core/precision.h"
 #include "testing/test_util.h"
 
 namespace dtrain {
@@ -179,6 +181,41 @@ TEST_F(TransformerOps, BadInputIsRefusedWithItsName) {
   EXPECT_THROW(ops::embedding_lookup(table, random_tensor({2}, 56)), InvalidArgument);  // float ids
   EXPECT_THROW(ops::sequence_cross_entropy(x, Tensor::from_vector<int32_t>({0, 1}, Shape{2})),
                InvalidArgument);
+}
+
+// Under mixed_bfloat16 the batched matmul rounds its operands to bfloat16 and accumulates in
+// float32, as matmul does: equal to float32 on rounded operands, and visibly not the float32
+// product.
+TEST_F(TransformerOps, BatchedMatmulFollowsMixedBfloat16) {
+  auto rounded = [](const Tensor& t) {
+    std::vector<float> v = t.to_vector<float>();
+    for (float& f : v) {
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+      std::memcpy(&f, &u, 4);
+    }
+    return Tensor::from_vector(v, t.shape());
+  };
+  const Tensor a = random_tensor({3, 8, 40}, 60), b = random_tensor({3, 40, 6}, 61);
+  const std::vector<float> raw = ops::matmul(a, b).to_vector<float>(),
+                           on_rounded = ops::matmul(rounded(a), rounded(b)).to_vector<float>();
+  set_precision_policy(Precision::kMixedBFloat16);
+  std::vector<float> mixed;
+  try {
+    mixed = ops::matmul(a, b).to_vector<float>();
+  } catch (...) {
+    set_precision_policy(Precision::kFloat32);
+    throw;
+  }
+  set_precision_policy(Precision::kFloat32);
+  double to_rounded = 0, to_raw = 0;
+  for (size_t i = 0; i < raw.size(); ++i) {
+    to_rounded = std::max(to_rounded, std::abs(double(mixed[i]) - on_rounded[i]));
+    to_raw = std::max(to_raw, std::abs(double(mixed[i]) - raw[i]));
+  }
+  EXPECT_LT(to_rounded, 1e-5);
+  EXPECT_GT(to_raw, 1e-3);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the peers `dtrain-bench compare` measures dtrain against, all on this machine:
-#   - TensorFlow 2.21 (tensorflow-cpu) and a current PyTorch 2.x, from PyPI, in a virtual environment
+#   - TensorFlow 2.21 (tensorflow-cpu), a current PyTorch 2.x and numpy (bench/gpt), from PyPI, in a virtual environment
 #     (default build/peers-venv; the first argument overrides);
 #   - Debian's PyTorch 1.13 (python3-torch), run with /usr/bin/python3;
 #   - Gloo (libgloo-dev) for `dtrain-bench allreduce --peer=gloo` (re-run cmake afterwards to build
@@ -28,10 +28,10 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "peers: creating $venv"
   /usr/bin/python3 -m venv "$venv"
 fi
-if ! "$venv/bin/python" -c 'import tensorflow, torch' 2>/dev/null; then
+if ! "$venv/bin/python" -c 'import tensorflow, torch, numpy' 2>/dev/null; then
   echo "peers: pip install tensorflow-cpu 2.21 and torch 2.x into $venv (about 1 GB the first time)"
   "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q "tensorflow-cpu==2.21.*" "torch>=2.5"
+  "$venv/bin/python" -m pip install -q "tensorflow-cpu==2.21.*" "torch>=2.5" numpy
 fi
 "$venv/bin/python" - <<'PY'
 import tensorflow as tf, torch

@@ -226,8 +226,12 @@ History fit(Strategy& strategy, Model& model, Optimizer& optimizer, const Datase
   // (Keras' steps_per_epoch: the next epoch goes on where this one stopped).
   const int64_t pass_steps = my_train.batch(B, options.drop_remainder).cardinality();
   if (pass_steps == 0) throw InvalidArgument("fit(): no full batch in the training data");
+  if (options.steps_per_epoch > 0 && pass_steps < 0)
+    throw InvalidArgument(
+        "fit(): steps_per_epoch over an infinite dataset (" + train.to_string() +
+        ") is not supported: give the finite dataset, and fit() goes on through its passes");
   if (options.steps_per_epoch < 0 ||
-      (options.steps_per_epoch > 0 && pass_steps > 0 && pass_steps % options.steps_per_epoch != 0))
+      (options.steps_per_epoch > 0 && pass_steps % options.steps_per_epoch != 0))
     throw InvalidArgument("fit(): steps_per_epoch " + std::to_string(options.steps_per_epoch) +
                           " must divide the " + std::to_string(pass_steps) +
                           " batches of a pass over this worker's data (or be 0: a whole pass)");

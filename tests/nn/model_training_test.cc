@@ -462,6 +462,9 @@ TEST_F(ModelTraining, StepsPerEpochContinuesThroughThePasses) {
     FitOptions f = two_head_options();
     f.steps_per_epoch = 2;  // does not divide 3
     EXPECT_THROW(fit(*s, *m, sgd, ds, nullptr, f), InvalidArgument) << name;
+    f.steps_per_epoch = 3;
+    f.shuffle = false;
+    EXPECT_THROW(fit(*s, *m, sgd, ds.repeat(), nullptr, f), InvalidArgument) << name;  // infinite
   }
 }
 

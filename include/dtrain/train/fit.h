@@ -24,7 +24,7 @@ struct DTRAIN_API FitOptions {
   int64_t steps = 0;  // > 0: stop after this many steps in total (repeats data)
   // > 0: an epoch is this many steps, and the next epoch goes on in the data where it stopped
   // (Keras' steps_per_epoch), a new shuffle starting when a pass over the data ends; it must divide
-  // the batches of a pass (InvalidArgument otherwise). 0: an epoch is a pass.
+  // the batches of a pass of a finite dataset (InvalidArgument otherwise). 0: an epoch is a pass.
   int64_t steps_per_epoch = 0;
   int64_t global_batch_size = 64;  // split over num_replicas_in_sync
   // Keras' fit(shuffle=True): each epoch visits the examples in an order drawn from shuffle_seed

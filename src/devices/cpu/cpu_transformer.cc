@@ -3,6 +3,7 @@
 // the embedding gather and its scatter-add, whose sums run in index order (bitwise repeatable).
 #include <cstring>
 
+#include "devices/batch_matmul_dims.h"
 #include "devices/cpu/dnnl_util.h"
 
 namespace dtrain::cpu {
@@ -31,15 +32,7 @@ int64_t rows_of(const Tensor& x) { return x.shape()[-1] == 0 ? 0 : x.numel() / x
 Tensor CpuKernels::batch_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   require_f32(a, "batch_matmul", "a");
   require_f32(b, "batch_matmul", "b");
-  if (a.rank() != 3 || b.rank() != 3 || a.shape()[0] != b.shape()[0])
-    throw InvalidArgument("batch_matmul: operands must be [B, ., .] with equal B, got " +
-                          a.shape().to_string() + " and " + b.shape().to_string());
-  const int64_t batch = a.shape()[0];
-  const int64_t m = ta ? a.shape()[2] : a.shape()[1], k = ta ? a.shape()[1] : a.shape()[2];
-  const int64_t kb = tb ? b.shape()[2] : b.shape()[1], n = tb ? b.shape()[1] : b.shape()[2];
-  if (k != kb)
-    throw InvalidArgument("batch_matmul: inner dimensions differ: " + a.shape().to_string() +
-                          (ta ? "^T" : "") + " @ " + b.shape().to_string() + (tb ? "^T" : ""));
+  const auto [batch, m, k, n] = detail::batch_matmul_dims(a, b, ta, tb);
   Tensor c = Tensor::empty(Shape{batch, m, n}, DType::kFloat32, spec_);
   if (c.numel() == 0) return c;
   if (k == 0) {

@@ -3,6 +3,7 @@
 #include <climits>
 #include <vector>
 
+#include "devices/batch_matmul_dims.h"
 #include "devices/cuda/cuda_check.h"
 #include "devices/cuda/cuda_guard.h"
 #include "devices/cuda/cuda_kernels.h"
@@ -24,16 +25,7 @@ Tensor CudaKernels::batch_matmul(const Tensor& a, const Tensor& b, bool ta, bool
   require_float32_policy("batch_matmul");
   check_f32(a, "batch_matmul", "a");
   check_f32(b, "batch_matmul", "b");
-  if (a.rank() != 3 || b.rank() != 3 || a.shape()[0] != b.shape()[0])
-    throw InvalidArgument("batch_matmul: operands must be [B, ., .] with equal B, got " +
-                          a.shape().to_string() + " and " + b.shape().to_string());
-  const int64_t batch = a.shape()[0];
-  const int64_t m = ta ? a.shape()[2] : a.shape()[1], k = ta ? a.shape()[1] : a.shape()[2];
-  const int64_t kb = tb ? b.shape()[2] : b.shape()[1], n = tb ? b.shape()[1] : b.shape()[2];
-  if (k != kb)
-    throw InvalidArgument(
-        detail::str_cat("batch_matmul: inner dimensions differ: ", a.shape().to_string(),
-                        ta ? "^T" : "", " @ ", b.shape().to_string(), tb ? "^T" : ""));
+  const auto [batch, m, k, n] = detail::batch_matmul_dims(a, b, ta, tb);
   for (int64_t d : {m, n, k, batch})
     if (d > INT_MAX)
       throw InvalidArgument(

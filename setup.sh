@@ -17,7 +17,7 @@ case "$what" in demo|test|build|deps) ;; *) echo "usage: $0 demo|test|build|deps
 # CMake config (dnnl-config.cmake) needs the OpenCL headers and ICD loader to be found.
 packages=(build-essential cmake python3 libdnnl-dev ocl-icd-opencl-dev opencl-headers nlohmann-json3-dev
           libboost-dev libgtest-dev libcli11-dev zlib1g-dev libssl-dev libopenmpi-dev
-          openmpi-bin dataset-fashion-mnist libprotobuf-dev protobuf-compiler python3-venv
+          openmpi-bin dataset-fashion-mnist libprotobuf-dev protobuf-compiler libjpeg62-turbo-dev libpng-dev python3-venv
           python3-matplotlib iproute2 clang-format doxygen perl-doc)
 
 if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then

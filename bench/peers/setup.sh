@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the peers `dtrain-bench compare` measures dtrain against, all on this machine:
-#   - TensorFlow 2.21 (tensorflow-cpu), a current PyTorch 2.x and numpy (bench/gpt), from PyPI, in a virtual environment
+#   - TensorFlow 2.21 (tensorflow-cpu), a current PyTorch 2.x with torchvision (bench/input) and numpy
+#     (bench/gpt), from PyPI, in a virtual environment
 #     (default build/peers-venv; the first argument overrides);
 #   - Debian's PyTorch 1.13 (python3-torch), run with /usr/bin/python3;
 #   - Gloo (libgloo-dev) for `dtrain-bench allreduce --peer=gloo` (re-run cmake afterwards to build
@@ -28,13 +29,15 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "peers: creating $venv"
   /usr/bin/python3 -m venv "$venv"
 fi
-if ! "$venv/bin/python" -c 'import tensorflow, torch, numpy' 2>/dev/null; then
-  echo "peers: pip install tensorflow-cpu 2.21 and torch 2.x into $venv (about 1 GB the first time)"
+# TensorFlow and torch are checked in separate interpreters: importing both into one process aborts
+# (their bundled LLVMs register the same options).
+if ! "$venv/bin/python" -c 'import tensorflow, numpy' 2>/dev/null ||
+   ! "$venv/bin/python" -c 'import torch, torchvision' 2>/dev/null; then
+  echo "peers: pip install tensorflow-cpu 2.21, torch 2.x and torchvision into $venv (about 1.5 GB the first time)"
   "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q "tensorflow-cpu==2.21.*" "torch>=2.5" numpy
+  "$venv/bin/python" -m pip install -q "tensorflow-cpu==2.21.*" "torch>=2.5" torchvision numpy
 fi
-"$venv/bin/python" - <<'PY'
-import tensorflow as tf, torch
-print(f"peers: TensorFlow {tf.__version__}, PyTorch {torch.__version__} in", __import__("sys").prefix)
-PY
+tf_version=$("$venv/bin/python" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)
+torch_version=$("$venv/bin/python" -c 'import torch, torchvision; print(torch.__version__, "with torchvision", torchvision.__version__)')
+echo "peers: TensorFlow $tf_version, PyTorch $torch_version in $venv"
 /usr/bin/python3 -c 'import torch; print(f"peers: Debian PyTorch {torch.__version__} (/usr/bin/python3)")'

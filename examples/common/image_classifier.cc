@@ -17,6 +17,8 @@
 #include <optional>
 
 #include "dtrain/data/augment.h"
+#include "dtrain/data/files.h"
+#include "dtrain/data/image.h"
 #include "dtrain/dtrain.h"
 #include "models.h"
 
@@ -24,6 +26,76 @@ namespace dtrain::examples {
 namespace {
 std::atomic<bool> g_stop{
     false};  // SIGTERM to the evaluator task: finish the newest checkpoint, exit
+
+// The data a run trains and evaluates on: Fashion-MNIST's IDX files in memory, or folders of
+// image files read by the input pipeline (--image-dir).
+struct Inputs {
+  Dataset train, test;
+  Tensor test_labels;
+  Shape example;  // one input's shape, [1, h, w, c]
+};
+
+Inputs load_inputs(const std::string& data_dir, const std::string& image_dir,
+                   const std::string& model_name, int64_t train_limit, int input_threads) {
+  if (image_dir.empty()) {
+    FashionMnist data = fit_to_model(load_fashion_mnist(data_dir, train_limit), model_name);
+    if (train_limit > 0 && train_limit < data.train_images.shape()[0]) {
+      data.train_images = data.train_images.slice_rows(0, train_limit);
+      data.train_labels = data.train_labels.slice_rows(0, train_limit);
+    }
+    std::vector<int64_t> dims = data.test_images.shape().dims();
+    dims[0] = 1;
+    return {Dataset::from_tensors({data.train_images, data.train_labels}),
+            Dataset::from_tensors({data.test_images, data.test_labels}), data.test_labels,
+            Shape(dims)};
+  }
+  // Keras' image_dataset_from_directory: gray images at the model's input size, in [0, 1].
+  data::ImageFolderOptions o;
+  o.transform.height = o.transform.width = wants_32x32(model_name) ? 32 : 28;
+  o.transform.channels = 1;
+  o.transform.rescale = 1.0f / 255.0f;
+  o.num_parallel_calls = input_threads > 0 ? input_threads : Dataset::kAutotune;
+  const data::ImageFolder train = data::image_dataset_from_directory(image_dir + "/train", o);
+  const data::ImageFolder test = data::image_dataset_from_directory(image_dir + "/test", o);
+  if (train.class_names != test.class_names)
+    throw InvalidArgument("--image-dir: " + image_dir + "/train and " + image_dir +
+                          "/test have different class folders");
+  const auto n = static_cast<int64_t>(test.labels.size());
+  return {train_limit > 0 ? train.dataset.take(train_limit) : train.dataset, test.dataset,
+          Tensor::from_vector(test.labels, Shape{n}),
+          Shape{1, o.transform.height, o.transform.width, 1}};
+}
+
+// Fashion-MNIST as PNG files in class folders (DIR/train/0_T-shirt_top/00000.png, ...).
+void write_image_folders(const std::string& data_dir, const std::string& out) {
+  static const char* const kNames[10] = {"T-shirt_top", "Trouser", "Pullover", "Dress", "Coat",
+                                         "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle_boot"};
+  const FashionMnist data = load_fashion_mnist(data_dir);
+  for (const auto& [split, images, labels] :
+       {std::tuple{"train", data.train_images, data.train_labels},
+        std::tuple{"test", data.test_images, data.test_labels}}) {
+    const std::vector<float> px = images.to_vector<float>();
+    const std::vector<int32_t> y = labels.to_vector<int32_t>();
+    for (int c = 0; c < 10; ++c)
+      std::filesystem::create_directories(std::string(out) + "/" + split + "/" +
+                                          std::to_string(c) + "_" + kNames[c]);
+    for (size_t i = 0; i < y.size(); ++i) {
+      image::Image im{28, 28, 1, std::vector<uint8_t>(784)};
+      for (size_t k = 0; k < 784; ++k)
+        im.pixels[k] = static_cast<uint8_t>(std::lround(px[i * 784 + k] * 255.0f));
+      char name[32];
+      std::snprintf(name, sizeof(name), "/%05zu.png", i);
+      const std::string path = out + "/" + split + "/" + std::to_string(y[i]) + "_" +
+                               kNames[y[i]] + name;
+      const std::string bytes = image::encode_png(im);
+      std::FILE* f = std::fopen(path.c_str(), "wb");
+      if (f == nullptr || std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size())
+        throw DataLoss("cannot write " + path);
+      std::fclose(f);
+    }
+    std::fprintf(stderr, "wrote %zu %s images to %s/%s\n", y.size(), split, out.c_str(), split);
+  }
+}
 }  // namespace
 
 int image_classifier_main(int argc, char** argv, const ImageClassifierExample& example) {
@@ -68,6 +140,18 @@ int image_classifier_main(int argc, char** argv, const ImageClassifierExample& e
   app.add_option("--data-dir", data_dir,
                  "Fashion-MNIST IDX directory (default $DTRAIN_DATA_DIR, then "
                  "/usr/share/datasets/fashion-mnist)");
+  std::string image_dir, write_image_dir;
+  int input_threads = 0;
+  app.add_option("--image-dir", image_dir,
+                 "read the images from files through the input pipeline instead of the IDX files: "
+                 "DIR/train/<class>/*.png|jpg and DIR/test/<class>/ (Keras' "
+                 "image_dataset_from_directory; labels from the sorted class folders), decoded "
+                 "at the model's input size in gray");
+  app.add_option("--input-threads", input_threads,
+                 "threads that decode --image-dir files (0 = one per core)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--write-image-dir", write_image_dir,
+                 "write Fashion-MNIST as PNG class folders under DIR (for --image-dir), and exit");
   app.add_option("--warmup", warmup, "steps excluded from images/sec")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
@@ -155,6 +239,10 @@ int image_classifier_main(int argc, char** argv, const ImageClassifierExample& e
   CLI11_PARSE(app, argc, argv);
 
   try {
+    if (!write_image_dir.empty()) {
+      write_image_folders(data_dir, write_image_dir);
+      return 0;
+    }
     dtrain::set_global_seed(seed);
     dtrain::set_precision_policy(dtrain::parse_precision(precision_flag));
     dtrain::StrategyOptions opts;
@@ -171,27 +259,19 @@ int image_classifier_main(int argc, char** argv, const ImageClassifierExample& e
       // TF's sidecar evaluation: evaluates each checkpoint the chief writes, until the final one,
       // on plain variables of its own.
       std::signal(SIGTERM, [](int) { g_stop = true; });
-      const dtrain::FashionMnist data =
-          fit_to_model(dtrain::load_fashion_mnist(data_dir), model_name);
+      const Inputs data = load_inputs(data_dir, image_dir, model_name, 0, input_threads);
       std::shared_ptr<dtrain::Model> model = make_model(model_name, sync_bn);
-      std::vector<int64_t> dims = data.test_images.shape().dims();
-      dims[0] = 1;
-      model->build(dtrain::Shape(dims));
+      model->build(data.example);
       dtrain::SidecarEvaluatorOptions so;
       so.checkpoint_dir = info.checkpoint_dir;
       so.stop = &g_stop;
       so.json = json;
       dtrain::SidecarEvaluator(
-          *model, dtrain::Dataset::from_tensors({data.test_images, data.test_labels}), so)
+          *model, data.test, so)
           .run();
     };
     task.train = [&](dtrain::Strategy& strategy) {
-      dtrain::FashionMnist data =
-          fit_to_model(dtrain::load_fashion_mnist(data_dir, train_limit), model_name);
-      if (train_limit > 0 && train_limit < data.train_images.shape()[0]) {
-        data.train_images = data.train_images.slice_rows(0, train_limit);
-        data.train_labels = data.train_labels.slice_rows(0, train_limit);
-      }
+      const Inputs data = load_inputs(data_dir, image_dir, model_name, train_limit, input_threads);
       std::shared_ptr<dtrain::Model> model;
       std::unique_ptr<dtrain::Optimizer> optimizer;
       const float rate =
@@ -220,14 +300,12 @@ int image_classifier_main(int argc, char** argv, const ImageClassifierExample& e
         std::fprintf(stderr, " %s", dtrain::get_device(d).description().c_str());
       std::fprintf(stderr, "\n");
 
-      const auto train = dtrain::Dataset::from_tensors({data.train_images, data.train_labels});
-      const auto test = dtrain::Dataset::from_tensors({data.test_images, data.test_labels});
+      const dtrain::Dataset& train = data.train;
+      const dtrain::Dataset& test = data.test;
       if (!restore_path.empty()) {
         {
           auto scope = strategy.scope();
-          std::vector<int64_t> dims = data.test_images.shape().dims();
-          dims[0] = 1;
-          model->build(dtrain::Shape(dims));
+          model->build(data.example);
         }
         const dtrain::TrainingPosition p =
             dtrain::Checkpoint(*model, optimizer.get(), &strategy).restore(restore_path);

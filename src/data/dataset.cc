@@ -28,22 +28,28 @@ class SourceNode final : public DatasetNode {
  public:
   explicit SourceNode(std::shared_ptr<const DatasetSource> s)
       : DatasetNode(s, s->n, false,
-                    str_cat("from_tensors(n=", s->n, ", components=", s->tensors.size(), ")")) {}
-  std::unique_ptr<DatasetNodeIterator> make_iterator() const override {
+                    str_cat(s->name, "(n=", s->n, ", components=", s->tensors.size(), ")",
+                            s->suffix)) {}
+  bool is_source() const override { return true; }
+  std::unique_ptr<DatasetNodeIterator> make_iterator(uint64_t epoch) const override {
     class It final : public DatasetNodeIterator {
      public:
-      explicit It(int64_t n) : n_(n) {}
+      It(int64_t n, uint64_t epoch) : n_(n), epoch_(epoch) {}
       bool next(DatasetElement* out) override {
         if (i_ >= n_) return false;
-        if (out) out->row = i_;
+        if (out) {
+          out->row = i_;
+          out->epoch = epoch_;
+        }
         ++i_;
         return true;
       }
 
      private:
       int64_t n_, i_ = 0;
+      uint64_t epoch_;
     };
-    return std::make_unique<It>(source()->n);
+    return std::make_unique<It>(source()->n, epoch);
   }
 };
 
@@ -88,10 +94,10 @@ class ShuffleNode final : public DatasetNode {
         reshuffle_(reshuffle),
         first_pass_(first_pass) {}
 
-  std::unique_ptr<DatasetNodeIterator> make_iterator() const override {
+  std::unique_ptr<DatasetNodeIterator> make_iterator(uint64_t epoch) const override {
     const uint64_t pass =
         first_pass_ + (reshuffle_ ? passes_->fetch_add(1, std::memory_order_relaxed) : 0);
-    return std::make_unique<It>(up_->make_iterator(), Philox(seed_, pass));
+    return std::make_unique<It>(up_->make_iterator(epoch), Philox(seed_, pass));
   }
 
  private:
@@ -146,7 +152,7 @@ class ShardNode final : public DatasetNode {
         up_(std::move(up)),
         n_(n),
         index_(index) {}
-  std::unique_ptr<DatasetNodeIterator> make_iterator() const override {
+  std::unique_ptr<DatasetNodeIterator> make_iterator(uint64_t epoch) const override {
     class It final : public DatasetNodeIterator {
      public:
       It(std::unique_ptr<DatasetNodeIterator> up, int n, int index)
@@ -168,7 +174,7 @@ class ShardNode final : public DatasetNode {
       std::unique_ptr<DatasetNodeIterator> up_;
       int64_t n_, index_, pos_ = 0;
     };
-    return std::make_unique<It>(up_->make_iterator(), n_, index_);
+    return std::make_unique<It>(up_->make_iterator(epoch), n_, index_);
   }
 
   std::shared_ptr<const DatasetNode> with_row_window(int64_t begin, int64_t end) const override {
@@ -196,11 +202,12 @@ class RepeatNode final : public DatasetNode {
                     str_cat(up->description(), ".repeat(", count, ")")),
         up_(std::move(up)),
         count_(count) {}
-  std::unique_ptr<DatasetNodeIterator> make_iterator() const override {
+  std::unique_ptr<DatasetNodeIterator> make_iterator(uint64_t epoch) const override {
     class It final : public DatasetNodeIterator {
      public:
-      It(NodePtr node, int64_t count) : node_(std::move(node)), count_(count) {
-        if (count_ != 0) up_ = node_->make_iterator();
+      It(NodePtr node, int64_t count, uint64_t epoch)
+          : node_(std::move(node)), count_(count), epoch_(epoch) {
+        if (count_ != 0) up_ = node_->make_iterator(epoch_);
       }
       bool next(DatasetElement* out) override {
         while (up_) {
@@ -216,7 +223,7 @@ class RepeatNode final : public DatasetNode {
           }
           produced_in_pass_ = 0;
           up_.reset();  // release the previous pass (and any prefetch thread) first
-          up_ = node_->make_iterator();
+          up_ = node_->make_iterator(epoch_ + static_cast<uint64_t>(passes_));
         }
         return false;
       }
@@ -224,10 +231,11 @@ class RepeatNode final : public DatasetNode {
      private:
       NodePtr node_;
       int64_t count_;
+      uint64_t epoch_;
       std::unique_ptr<DatasetNodeIterator> up_;
       int64_t passes_ = 0, produced_in_pass_ = 0;
     };
-    return std::make_unique<It>(up_, count_);
+    return std::make_unique<It>(up_, count_, epoch);
   }
 
   std::shared_ptr<const DatasetNode> with_row_window(int64_t begin, int64_t end) const override {
@@ -252,7 +260,7 @@ class TakeNode final : public DatasetNode {
                     up->batched(), str_cat(up->description(), ".take(", count, ")")),
         up_(std::move(up)),
         count_(count) {}
-  std::unique_ptr<DatasetNodeIterator> make_iterator() const override {
+  std::unique_ptr<DatasetNodeIterator> make_iterator(uint64_t epoch) const override {
     class It final : public DatasetNodeIterator {
      public:
       It(std::unique_ptr<DatasetNodeIterator> up, int64_t count)
@@ -275,7 +283,7 @@ class TakeNode final : public DatasetNode {
       std::unique_ptr<DatasetNodeIterator> up_;
       int64_t left_;  // -1 = unlimited
     };
-    return std::make_unique<It>(up_->make_iterator(), count_);
+    return std::make_unique<It>(up_->make_iterator(epoch), count_);
   }
 
   std::shared_ptr<const DatasetNode> with_row_window(int64_t begin, int64_t end) const override {
@@ -298,7 +306,7 @@ class SkipNode final : public DatasetNode {
                     up->batched(), str_cat(up->description(), ".skip(", count, ")")),
         up_(std::move(up)),
         count_(count) {}
-  std::unique_ptr<DatasetNodeIterator> make_iterator() const override {
+  std::unique_ptr<DatasetNodeIterator> make_iterator(uint64_t epoch) const override {
     class It final : public DatasetNodeIterator {
      public:
       It(std::unique_ptr<DatasetNodeIterator> up, int64_t count)
@@ -313,7 +321,7 @@ class SkipNode final : public DatasetNode {
       std::unique_ptr<DatasetNodeIterator> up_;
       int64_t skip_;
     };
-    return std::make_unique<It>(up_->make_iterator(), count_);
+    return std::make_unique<It>(up_->make_iterator(epoch), count_);
   }
 
   std::shared_ptr<const DatasetNode> with_row_window(int64_t begin, int64_t end) const override {
@@ -326,113 +334,55 @@ class SkipNode final : public DatasetNode {
   int64_t count_;
 };
 
-// ---- batch ----
+// ---- with_epoch ----
 
-// Copies source rows into a new [rows.size(), ...] tensor per component, one memcpy per run of
-// consecutive rows.
-std::vector<Tensor> gather_rows(const DatasetSource& src, const std::vector<int64_t>& rows) {
-  std::vector<Tensor> out;
-  out.reserve(src.tensors.size());
-  const int64_t b = static_cast<int64_t>(rows.size());
-  for (size_t c = 0; c < src.tensors.size(); ++c) {
-    const Tensor& t = src.tensors[c];
-    std::vector<int64_t> dims = t.shape().dims();
-    dims[0] = b;
-    Tensor dst = Tensor::empty(Shape(std::move(dims)), t.dtype());
-    const size_t rb = src.row_bytes[c];
-    char* to = static_cast<char*>(dst.raw_data());
-    if (src.read) {
-      for (int64_t i = 0; i < b; ++i) src.read(c, rows[static_cast<size_t>(i)], to + i * rb);
-      out.push_back(std::move(dst));
-      continue;
-    }
-    const char* from = static_cast<const char*>(t.raw_data());
-    for (int64_t i = 0; i < b;) {
-      int64_t j = i + 1;
-      while (j < b && rows[j] == rows[j - 1] + 1) ++j;
-      std::memcpy(to + static_cast<size_t>(i) * rb, from + static_cast<size_t>(rows[i]) * rb,
-                  static_cast<size_t>(j - i) * rb);
-      i = j;
-    }
-    out.push_back(std::move(dst));
-  }
-  return out;
-}
-
-int64_t batch_cardinality(int64_t c, int64_t b, bool drop) {
-  if (c < 0) return c;
-  return drop ? c / b : (c + b - 1) / b;
-}
-
-class BatchNode final : public DatasetNode {
+class EpochNode final : public DatasetNode {
  public:
-  BatchNode(NodePtr up, int64_t b, bool drop, int64_t window_begin = 0, int64_t window_end = -1)
-      : DatasetNode(
-            up->source(), batch_cardinality(up->cardinality(), b, drop), true,
-            str_cat(up->description(), ".batch(", b, drop ? ", drop_remainder=true" : "", ")",
-                    window_end >= 0 ? str_cat("[rows ", window_begin, ":", window_end, "]")
-                                    : std::string())),
+  EpochNode(NodePtr up, uint64_t epoch)
+      : DatasetNode(up->source(), up->cardinality(), up->batched(),
+                    str_cat(up->description(), ".with_epoch(", epoch, ")")),
         up_(std::move(up)),
-        batch_size_(b),
-        drop_(drop),
-        begin_(window_begin),
-        end_(window_end) {}
-  std::shared_ptr<const DatasetNode> with_row_window(int64_t begin, int64_t end) const override {
-    // A window of a window: rows [begin, end) of rows [begin_, end_).
-    const int64_t b = begin_ + begin, e = end_ >= 0 ? std::min(end_, begin_ + end) : begin_ + end;
-    return std::make_shared<BatchNode>(up_, batch_size_, drop_, b, std::max(b, e));
+        epoch_(epoch) {}
+  std::unique_ptr<DatasetNodeIterator> make_iterator(uint64_t) const override {
+    return up_->make_iterator(epoch_);
   }
-  std::unique_ptr<DatasetNodeIterator> make_iterator() const override {
-    class It final : public DatasetNodeIterator {
-     public:
-      It(std::unique_ptr<DatasetNodeIterator> up, std::shared_ptr<const DatasetSource> src,
-         int64_t b, bool drop, int64_t begin, int64_t end)
-          : up_(std::move(up)), src_(std::move(src)), b_(b), drop_(drop), begin_(begin), end_(end) {
-        rows_.reserve(static_cast<size_t>(std::min<int64_t>(b_, 1 << 20)));
-      }
-      bool next(DatasetElement* out) override {
-        if (!up_) return false;
-        rows_.clear();
-        DatasetElement e;
-        while (static_cast<int64_t>(rows_.size()) < b_) {
-          if (!up_->next(&e)) {
-            up_.reset();
-            break;
-          }
-          rows_.push_back(e.row);
-        }
-        if (rows_.empty() || (drop_ && static_cast<int64_t>(rows_.size()) < b_)) return false;
-        if (out) {
-          out->row = -1;
-          if (end_ < 0) {
-            out->tensors = gather_rows(*src_, rows_);
-          } else {  // only this window's rows are copied
-            const int64_t n = static_cast<int64_t>(rows_.size());
-            out->batch_rows = n;
-            window_.assign(rows_.begin() + std::min(begin_, n), rows_.begin() + std::min(end_, n));
-            out->tensors = gather_rows(*src_, window_);
-          }
-        }
-        return true;
-      }
-
-     private:
-      std::unique_ptr<DatasetNodeIterator> up_;
-      std::shared_ptr<const DatasetSource> src_;
-      int64_t b_;
-      bool drop_;
-      int64_t begin_, end_;
-      std::vector<int64_t> rows_, window_;
-    };
-    return std::make_unique<It>(up_->make_iterator(), source(), batch_size_, drop_, begin_, end_);
+  std::shared_ptr<const DatasetNode> with_row_window(int64_t begin, int64_t end) const override {
+    auto up = up_->with_row_window(begin, end);
+    return up ? std::make_shared<EpochNode>(std::move(up), epoch_) : nullptr;
   }
 
  private:
   NodePtr up_;
-  int64_t batch_size_;
-  bool drop_;
-  int64_t begin_, end_;  // the row window (end_ < 0: whole batches)
+  uint64_t epoch_;
 };
+
+}  // namespace
+
+bool read_row(const DatasetSource& src, int64_t row, uint64_t epoch, std::vector<Tensor>* out) {
+  out->clear();
+  std::vector<void*> dst;
+  for (size_t c = 0; c < src.tensors.size(); ++c) {
+    const Tensor& t = src.tensors[c];
+    const std::vector<int64_t>& dims = t.shape().dims();
+    out->push_back(
+        Tensor::empty(Shape(std::vector<int64_t>(dims.begin() + 1, dims.end())), t.dtype()));
+    dst.push_back(out->back().raw_data());
+    if (!src.read)
+      std::memcpy(dst.back(),
+                  static_cast<const char*>(t.raw_data()) + static_cast<size_t>(row) * src.row_bytes[c],
+                  src.row_bytes[c]);
+  }
+  if (!src.read || src.read(row, epoch, dst.data())) return true;
+  src.skipped->fetch_add(1, std::memory_order_relaxed);
+  out->clear();
+  return false;
+}
+
+std::shared_ptr<const DatasetNode> make_source_node(std::shared_ptr<const DatasetSource> source) {
+  return std::make_shared<SourceNode>(std::move(source));
+}
+
+namespace {
 
 // ---- public iterator ----
 
@@ -442,31 +392,19 @@ class PublicIterator final : public Dataset::Iterator {
                  bool batched)
       : it_(std::move(it)), src_(std::move(src)), batched_(batched) {}
   bool next(std::vector<Tensor>* out) override {
-    if (!it_) return false;
-    DatasetElement e;
-    if (!it_->next(&e)) {
-      it_.reset();
-      return false;
+    for (;;) {
+      if (!it_) return false;
+      DatasetElement e;
+      if (!it_->next(&e)) {
+        it_.reset();
+        return false;
+      }
+      if (batched_) {
+        *out = std::move(e.tensors);
+        return true;
+      }
+      if (read_row(*src_, e.row, e.epoch, out)) return true;  // else skipped: the next one
     }
-    if (batched_) {
-      *out = std::move(e.tensors);
-      return true;
-    }
-    out->clear();
-    for (size_t c = 0; c < src_->tensors.size(); ++c) {
-      const Tensor& t = src_->tensors[c];
-      const std::vector<int64_t>& dims = t.shape().dims();
-      Tensor row =
-          Tensor::empty(Shape(std::vector<int64_t>(dims.begin() + 1, dims.end())), t.dtype());
-      const size_t rb = src_->row_bytes[c];
-      if (src_->read)
-        src_->read(c, e.row, row.raw_data());
-      else
-        std::memcpy(row.raw_data(),
-                    static_cast<const char*>(t.raw_data()) + static_cast<size_t>(e.row) * rb, rb);
-      out->push_back(std::move(row));
-    }
-    return true;
   }
 
  private:
@@ -506,14 +444,38 @@ Dataset Dataset::from_tensors(std::vector<Tensor> components) {
     src->tensors.push_back(std::move(host));
   }
   src->n = components[0].shape()[0];
-  return Dataset(std::make_shared<detail::SourceNode>(std::move(src)));
+  return Dataset(detail::make_source_node(std::move(src)));
 }
 
 Dataset Dataset::from_reader(int64_t n, std::vector<RowSpec> components, RowReader read) {
+  if (!read) throw InvalidArgument("Dataset::from_reader needs at least one component and a reader");
+  const size_t k = components.size();
+  return from_reader(
+      n, std::move(components),
+      [read = std::move(read), k](int64_t row, uint64_t, void* const* dst) {
+        for (size_t c = 0; c < k; ++c) read(c, row, dst[c]);
+        return true;
+      },
+      ReaderOptions{});
+}
+
+Dataset Dataset::from_reader(int64_t n, std::vector<RowSpec> components, ElementReader read,
+                             const ReaderOptions& options) {
   if (n < 0) throw InvalidArgument(str_cat("Dataset::from_reader: n must be >= 0, got ", n));
   if (components.empty() || !read)
     throw InvalidArgument("Dataset::from_reader needs at least one component and a reader");
+  int parallel = options.num_parallel_calls;
+  if (parallel == kAutotune)
+    parallel = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (parallel < 1)
+    throw InvalidArgument(str_cat("Dataset::from_reader: num_parallel_calls must be >= 1 or "
+                                  "kAutotune, got ",
+                                  options.num_parallel_calls));
   auto src = std::make_shared<detail::DatasetSource>();
+  src->parallel = parallel;
+  src->epoch_dependent = options.epoch_dependent;
+  src->name = options.name.empty() ? "from_reader" : options.name;
+  src->fingerprint = options.fingerprint;
   for (const RowSpec& c : components) {
     std::vector<int64_t> dims = c.shape.dims();
     dims.insert(dims.begin(), 1);
@@ -522,7 +484,7 @@ Dataset Dataset::from_reader(int64_t n, std::vector<RowSpec> components, RowRead
   }
   src->n = n;
   src->read = std::move(read);
-  return Dataset(std::make_shared<detail::SourceNode>(std::move(src)));
+  return Dataset(detail::make_source_node(std::move(src)));
 }
 
 Dataset Dataset::shuffle(uint64_t seed, bool reshuffle_each_iteration, uint64_t first_pass) const {
@@ -565,7 +527,7 @@ Dataset Dataset::batch(int64_t batch_size, bool drop_remainder) const {
   if (node_->batched())
     throw InvalidArgument(str_cat("batch() on an already batched dataset (", node_->description(),
                                   ") is not supported; batch once with the combined size"));
-  return Dataset(std::make_shared<detail::BatchNode>(node_, batch_size, drop_remainder));
+  return Dataset(detail::make_batch_node(node_, batch_size, drop_remainder));
 }
 
 Dataset Dataset::map(MapFn fn, int num_parallel_calls) const {
@@ -588,6 +550,14 @@ Dataset Dataset::map_with_index(IndexedMapFn fn, int num_parallel_calls) const {
   return Dataset(detail::make_map_node(node_, std::move(fn), num_parallel_calls));
 }
 
+Dataset Dataset::with_epoch(uint64_t epoch) const {
+  return Dataset(std::make_shared<detail::EpochNode>(node_, epoch));
+}
+
+int64_t Dataset::skipped_records() const {
+  return node_->source()->skipped->load(std::memory_order_relaxed);
+}
+
 Dataset Dataset::prefetch(int buffer_size) const {
   if (buffer_size < 1)
     throw InvalidArgument(str_cat("prefetch(", buffer_size, "): buffer_size must be >= 1"));
@@ -600,7 +570,7 @@ bool Dataset::is_batched() const { return node_->batched(); }
 std::string Dataset::to_string() const { return node_->description(); }
 
 std::unique_ptr<Dataset::Iterator> Dataset::make_iterator() const {
-  return std::make_unique<detail::PublicIterator>(node_->make_iterator(), node_->source(),
+  return std::make_unique<detail::PublicIterator>(node_->make_iterator(0), node_->source(),
                                                   node_->batched());
 }
 

@@ -1,6 +1,7 @@
 // Private to src/data: the stages a Dataset is made of.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -14,6 +15,7 @@ namespace dtrain::detail {
 // (tensors empty); batch() turns rows into tensors, and later stages pass those along.
 struct DatasetElement {
   int64_t row = -1;
+  uint64_t epoch = 0;  // the pass's epoch the source was iterated with: the reader gets it
   std::vector<Tensor> tensors;
   int64_t batch_rows = -1;  // a batch cut to a row window: the rows of the whole batch
 };
@@ -30,10 +32,20 @@ struct DatasetSource {
   std::vector<Tensor> tensors;  // CPU, leading dim n; with `read`, one prototype row [1, ...]
   int64_t n = 0;
   std::vector<size_t> row_bytes;  // per component
-  // Set for Dataset::from_reader: row `row` of component c is written to dst by this function
-  // instead of copied out of tensors[c].
-  std::function<void(size_t c, int64_t row, void* dst)> read;
+  // Set for Dataset::from_reader: row `row` (every component, dst[c]) is written by this function
+  // instead of copied out of tensors; false: the row is skipped (ignore_errors), and counted.
+  std::function<bool(int64_t row, uint64_t epoch, void* const* dst)> read;
+  int parallel = 1;             // threads batch() reads a batch's rows on
+  bool epoch_dependent = false;  // read() depends on the epoch (random augmentation)
+  std::string name = "from_tensors";
+  std::string suffix;       // after the source in to_string(): ".cache()"
+  std::string fingerprint;  // identifies the data (cache files check it)
+  std::shared_ptr<std::atomic<int64_t>> skipped = std::make_shared<std::atomic<int64_t>>(0);
 };
+
+// Reads one row of every component into freshly allocated row tensors (the unbatched element);
+// false when the reader skipped it.
+bool read_row(const DatasetSource& src, int64_t row, uint64_t epoch, std::vector<Tensor>* out);
 
 class DatasetNode {
  public:
@@ -44,7 +56,11 @@ class DatasetNode {
         batched_(batched),
         description_(std::move(description)) {}
   virtual ~DatasetNode() = default;
-  virtual std::unique_ptr<DatasetNodeIterator> make_iterator() const = 0;
+  // A fresh pass; `epoch` reaches the source's reader (Dataset::with_epoch sets it; the k-th
+  // repetition of repeat() adds k).
+  virtual std::unique_ptr<DatasetNodeIterator> make_iterator(uint64_t epoch) const = 0;
+  // True for the source node itself (cache() wraps only a source).
+  virtual bool is_source() const { return false; }
   // The same pipeline, except that every batch keeps only its rows [begin, end) (fewer at the end
   // of a short batch), gathered by batch() itself so the other rows are never copied; each element
   // records the rows of the whole batch in batch_rows. nullptr when a stage between here and
@@ -66,6 +82,24 @@ class DatasetNode {
   std::string description_;
 };
 
+}  // namespace dtrain::detail
+
+#include "dtrain/data/dataset.h"
+
+namespace dtrain::detail {
+
+// The library's access to a Dataset's stages.
+struct DatasetAccess {
+  static const std::shared_ptr<const DatasetNode>& node(const Dataset& d) { return d.node_; }
+  static Dataset make(std::shared_ptr<const DatasetNode> n) { return Dataset(std::move(n)); }
+};
+
+// The batch stage (batch_node.cc): gathers rows [begin, end) of every batch (end < 0: all).
+std::shared_ptr<const DatasetNode> make_batch_node(std::shared_ptr<const DatasetNode> up,
+                                                   int64_t batch_size, bool drop,
+                                                   int64_t begin = 0, int64_t end = -1);
+// A source node over `source` (from_tensors, from_reader, cache()).
+std::shared_ptr<const DatasetNode> make_source_node(std::shared_ptr<const DatasetSource> source);
 // The prefetch stage (prefetch_node.cc): produces elements of `up` on a background thread.
 std::shared_ptr<const DatasetNode> make_prefetch_node(std::shared_ptr<const DatasetNode> up,
                                                       int buffer);

@@ -163,10 +163,10 @@ class MapNode final : public DatasetNode {
         up_(std::move(up)),
         fn_(std::move(fn)),
         parallel_(parallel) {}
-  std::unique_ptr<DatasetNodeIterator> make_iterator() const override {
+  std::unique_ptr<DatasetNodeIterator> make_iterator(uint64_t epoch) const override {
     const size_t k = source()->tensors.size();
-    if (parallel_ > 1) return std::make_unique<ParallelIt>(up_->make_iterator(), fn_, k, parallel_);
-    return std::make_unique<SerialIt>(up_->make_iterator(), fn_, k);
+    if (parallel_ > 1) return std::make_unique<ParallelIt>(up_->make_iterator(epoch), fn_, k, parallel_);
+    return std::make_unique<SerialIt>(up_->make_iterator(epoch), fn_, k);
   }
 
  private:

@@ -23,8 +23,8 @@ class PrefetchNode final : public DatasetNode {
                     str_cat(up->description(), ".prefetch(", buffer, ")")),
         up_(std::move(up)),
         buffer_(buffer) {}
-  std::unique_ptr<DatasetNodeIterator> make_iterator() const override {
-    return std::make_unique<It>(up_->make_iterator(), static_cast<size_t>(buffer_));
+  std::unique_ptr<DatasetNodeIterator> make_iterator(uint64_t epoch) const override {
+    return std::make_unique<It>(up_->make_iterator(epoch), static_cast<size_t>(buffer_));
   }
   std::shared_ptr<const DatasetNode> with_row_window(int64_t begin, int64_t end) const override {
     auto up = up_->with_row_window(begin, end);

@@ -10,10 +10,6 @@
 namespace dtrain {
 namespace detail {
 
-struct DatasetAccess {
-  static const std::shared_ptr<const DatasetNode>& node(const Dataset& d) { return d.node_; }
-};
-
 RowWindowIterator::RowWindowIterator(const Dataset& dataset, int64_t begin, int64_t end)
     : begin_(begin), end_(std::max(begin, end)) {
   const auto& node = DatasetAccess::node(dataset);
@@ -23,9 +19,9 @@ RowWindowIterator::RowWindowIterator(const Dataset& dataset, int64_t begin, int6
     throw InvalidArgument(str_cat("row window [", begin, ", ", end, "): begin must be >= 0"));
   if (auto windowed = node->with_row_window(begin_, end_)) {
     pushed_down_ = true;
-    it_ = windowed->make_iterator();
+    it_ = windowed->make_iterator(0);
   } else {
-    it_ = node->make_iterator();
+    it_ = node->make_iterator(0);
   }
 }
 

@@ -316,6 +316,7 @@ History fit(Strategy& strategy, Model& model, Optimizer& optimizer, const Datase
     const int64_t pass_offset = (epoch % epochs_per_pass) * steps_per_epoch;
     auto epoch_data = [&](uint64_t seed) {
       Dataset d = options.shuffle ? my_train.shuffle(seed, false, pass) : my_train;
+      d = d.with_epoch(static_cast<uint64_t>(epoch));  // a reader's random augmentation
       d = d.skip((pass_offset + first_step) * B);
       if (epochs_per_pass > 1) d = d.take((steps_per_epoch - first_step) * B);
       d = d.batch(B, options.drop_remainder);

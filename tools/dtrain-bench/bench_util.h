@@ -67,6 +67,15 @@ struct CompareArgs {
 };
 int compare_bench(const CompareArgs& a);
 
+struct InputArgs {
+  int images = 2000, batch = 64, epochs = 2, warmup = 3, runs = 3;
+  std::string peers_python;  // default: <build>/peers-venv/bin/python
+  bool json = false;
+};
+int input_bench(const InputArgs& a);
+// One dtrain run of the input pipeline (a JSON line); `dtrain-bench input` starts it.
+int input_run(const std::string& dir, int threads, int batch, int epochs, int warmup);
+
 struct ChaosArgs {
   int jobs = 10, workers = 3, steps = 400;
   uint64_t seed = 1;

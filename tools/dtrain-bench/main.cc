@@ -6,6 +6,7 @@
 //   dtrain-bench allreduce --backend=inproc --ranks=2 --sizes=4K,64K,1M,16M,64M --peer=mpi
 //   dtrain-bench ps --ps=1,2 --workers=1,2,4 --sizes=4K,1M,16M --train
 //   dtrain-bench scaling --max-replicas=2 --runs=3 --json
+//   dtrain-bench input --images=2000 --runs=3
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -171,6 +172,38 @@ int main(int argc, char** argv) {
   compare->add_option("--debian-python", cmp.debian_python, "interpreter with Debian's torch 1.13")
       ->capture_default_str();
   compare->add_flag("--json", cmp.json, "also print one JSON object per result");
+  InputArgs in;
+  auto* input = app.add_subcommand(
+      "input",
+      "the image input pipeline (JPEG decode, random resized crop, flip, normalise, batch) vs "
+      "tf.data and PyTorch's DataLoader, images/sec on 1 core and on all");
+  input->add_option("--images", in.images, "JPEGs in the folder (made once)")
+      ->check(CLI::Range(64, 60000))
+      ->capture_default_str();
+  input->add_option("--epochs", in.epochs, "passes over the folder per run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  input->add_option("--batch-size", in.batch, "images per batch")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  input->add_option("--warmup", in.warmup, "batches before timing")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  input->add_option("--runs", in.runs, "interleaved rounds (median)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  input->add_option("--peers-python", in.peers_python,
+                    "interpreter with tensorflow and torchvision (default: build/peers-venv)");
+  input->add_flag("--json", in.json, "also print one JSON object per result");
+  std::string ir_dir;
+  int ir_threads = 1;
+  auto* input_run_cmd = app.add_subcommand("input-run", "one dtrain input run (internal)");
+  input_run_cmd->group("");  // hidden
+  input_run_cmd->add_option("--dir", ir_dir)->required();
+  input_run_cmd->add_option("--threads", ir_threads);
+  input_run_cmd->add_option("--batch-size", in.batch);
+  input_run_cmd->add_option("--epochs", in.epochs);
+  input_run_cmd->add_option("--warmup", in.warmup);
   ChaosArgs ch;
   auto* chaos =
       app.add_subcommand("chaos",
@@ -219,6 +252,8 @@ int main(int argc, char** argv) {
     if (*scaling) return scaling_bench(sc);
     if (*compare) return compare_bench(cmp);
     if (*chaos) return chaos_bench(ch);
+    if (*input) return input_bench(in);
+    if (*input_run_cmd) return input_run(ir_dir, ir_threads, in.batch, in.epochs, in.warmup);
     if (*pw) return ps_worker(pw_size, pw_seconds);
     if (*aw) return allreduce_worker(wrank, waddrs, wtoken, r.sizes, r.iters, r.warmup);
   } catch (const std::exception& e) {

@@ -55,6 +55,27 @@ class DTRAIN_API Dataset {
   using RowReader = std::function<void(size_t component, int64_t row, void* dst)>;
   static Dataset from_reader(int64_t n, std::vector<RowSpec> components, RowReader read);
 
+  // The general reader (what list_files-based sources, image folders and TFRecord files are made
+  // of, and what a user's own file format plugs into): read(row, epoch, dst) writes row `row` of
+  // every component c to dst[c] (RowSpec's shape and dtype, dense) and returns true, or returns
+  // false to skip the row (ignore_errors; the row is counted in skipped_records() and its batch is
+  // one row shorter, so every other batch keeps its rows and sharding and resuming stay exact).
+  // `epoch` is the pass's epoch (with_epoch(); fit() sets it), for random augmentation that
+  // differs per epoch yet is the same whichever worker, thread or resumed job reads the row.
+  // PyTorch's map-style Dataset (__getitem__) with DataLoader's workers: batch() reads a batch's
+  // rows on `num_parallel_calls` threads of its own, so decoding never runs on a training thread.
+  using ElementReader = std::function<bool(int64_t row, uint64_t epoch, void* const* dst)>;
+  struct ReaderOptions {
+    int num_parallel_calls = 1;  // threads batch() reads rows on; kAutotune: one per core
+    bool epoch_dependent = false;  // read() uses `epoch`: then cache() is refused
+    std::string name;              // shown by to_string(), e.g. "image_dataset_from_directory"
+    // Identifies the data (files, sizes, times, decoding options): a cache file written for
+    // another fingerprint is refused.
+    std::string fingerprint;
+  };
+  static Dataset from_reader(int64_t n, std::vector<RowSpec> components, ElementReader read,
+                             const ReaderOptions& options);
+
   // A uniformly random permutation of all elements of the input (a full-size shuffle buffer),
   // decided by Philox(seed, pass): Fisher-Yates over the elements of one pass. Pass k is the k-th
   // time this shuffle stage starts (each repeat() epoch and each make_iterator() on this Dataset or
@@ -107,6 +128,22 @@ class DTRAIN_API Dataset {
   // position, the same whichever thread runs them.
   using IndexedMapFn = std::function<std::vector<Tensor>(std::vector<Tensor>, int64_t index)>;
   Dataset map_with_index(IndexedMapFn fn, int num_parallel_calls = 1) const;
+
+  // The epoch the source's reader is given for this pipeline (default 0; the k-th repeat() pass
+  // adds k). fit() calls it with each epoch, as PyTorch's DistributedSampler.set_epoch().
+  Dataset with_epoch(uint64_t epoch) const;
+
+  // Keeps every row the source reads, in memory (filename empty) or in a file, so later passes
+  // (and, for a file, later runs) do not read or decode again (tf.data's cache()). Only directly
+  // on a source: cache() then shuffle()/batch(). A cache file records the pipeline it belongs to;
+  // one written for another pipeline, or damaged, is refused with InvalidArgument/DataLoss naming
+  // it. Rows written are flagged only after their bytes, so a run killed mid-pass leaves a valid
+  // partial cache. Throws InvalidArgument on a stage that is not a source, or on a reader whose
+  // rows change with the epoch (cache before random augmentation, as in tf.data).
+  Dataset cache(const std::string& filename = "") const;
+
+  // Rows the source's reader skipped so far (ignore_errors), over every pipeline built on it.
+  int64_t skipped_records() const;
 
   // Produces up to `buffer_size` elements ahead on a background thread. An exception thrown while
   // producing is rethrown from Iterator::next() after the elements produced before it. Destroying

@@ -3,27 +3,19 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <boost/crc.hpp>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 
+#include "data/tfrecord_format.h"
 #include "dtrain/core/error.h"
 #include "summary.pb.h"
 
 namespace dtrain {
 
 namespace {
-
-// CRC-32C (Castagnoli), masked as TFRecord does.
-uint32_t masked_crc(const void* data, size_t n) {
-  boost::crc_optimal<32, 0x1EDC6F41, 0xFFFFFFFF, 0xFFFFFFFF, true, true> crc;
-  crc.process_bytes(data, n);
-  const uint32_t c = crc.checksum();
-  return ((c >> 15) | (c << 17)) + 0xa282ead8u;
-}
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -38,18 +30,11 @@ struct SummaryWriter::Impl {
   FILE* f = nullptr;
 
   void write_record(const std::string& data) {
-    const uint64_t len = data.size();
-    unsigned char header[12];
-    for (int i = 0; i < 8; ++i)
-      header[i] = static_cast<unsigned char>(len >> (8 * i));  // little endian
-    const uint32_t len_crc = masked_crc(header, 8);
-    for (int i = 0; i < 4; ++i) header[8 + i] = static_cast<unsigned char>(len_crc >> (8 * i));
-    const uint32_t data_crc = masked_crc(data.data(), data.size());
-    unsigned char footer[4];
-    for (int i = 0; i < 4; ++i) footer[i] = static_cast<unsigned char>(data_crc >> (8 * i));
-    if (std::fwrite(header, 1, 12, f) != 12 ||
+    const std::string header = detail::record_header(data.size());  // TFRecord framing
+    const std::string footer = detail::record_footer(data);
+    if (std::fwrite(header.data(), 1, 12, f) != 12 ||
         std::fwrite(data.data(), 1, data.size(), f) != data.size() ||
-        std::fwrite(footer, 1, 4, f) != 4)
+        std::fwrite(footer.data(), 1, 4, f) != 4)
       throw Unavailable("cannot write TensorBoard events to '" + path +
                         "': " + std::strerror(errno));
   }

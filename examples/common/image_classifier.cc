@@ -67,10 +67,10 @@ Inputs load_inputs(const std::string& data_dir, const std::string& image_dir,
 }
 
 // Fashion-MNIST as PNG files in class folders (DIR/train/0_T-shirt_top/00000.png, ...).
-void write_image_folders(const std::string& data_dir, const std::string& out) {
+void write_image_folders(const std::string& data_dir, const std::string& out, int64_t train_limit) {
   static const char* const kNames[10] = {"T-shirt_top", "Trouser", "Pullover", "Dress", "Coat",
                                          "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle_boot"};
-  const FashionMnist data = load_fashion_mnist(data_dir);
+  const FashionMnist data = load_fashion_mnist(data_dir, train_limit);
   for (const auto& [split, images, labels] :
        {std::tuple{"train", data.train_images, data.train_labels},
         std::tuple{"test", data.test_images, data.test_labels}}) {
@@ -151,7 +151,8 @@ int image_classifier_main(int argc, char** argv, const ImageClassifierExample& e
                  "threads that decode --image-dir files (0 = one per core)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--write-image-dir", write_image_dir,
-                 "write Fashion-MNIST as PNG class folders under DIR (for --image-dir), and exit");
+                 "write Fashion-MNIST as PNG class folders under DIR (for --image-dir; "
+                 "--train-limit N: the first N training images), and exit");
   app.add_option("--warmup", warmup, "steps excluded from images/sec")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
@@ -240,7 +241,7 @@ int image_classifier_main(int argc, char** argv, const ImageClassifierExample& e
 
   try {
     if (!write_image_dir.empty()) {
-      write_image_folders(data_dir, write_image_dir);
+      write_image_folders(data_dir, write_image_dir, train_limit);
       return 0;
     }
     dtrain::set_global_seed(seed);

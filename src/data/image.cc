@@ -136,13 +136,18 @@ void resample(const uint8_t* src, int w, int h, int c, Window win, const ImageTr
     x1[dst] = std::min(i + 1, w - 1);
     fx[dst] = static_cast<float>(sx - i);
   }
-  float scale[4], shift[4];
+  // torchvision's arithmetic: ToTensor divides by 255 and Normalize computes (x - mean) / std, so a
+  // rescale of 1/n (n whole) divides by n; other rescales multiply (Keras' Rescaling).
+  const float inv = 1.0f / t.rescale;
+  const bool divide = std::abs(inv - std::round(inv)) < 1e-3f * inv;
+  const float divisor = std::round(inv);
+  const bool normalize = !t.mean.empty() || !t.stddev.empty();
+  float mean[4] = {0, 0, 0, 0}, stddev[4] = {1, 1, 1, 1};
   for (int k = 0; k < c; ++k) {
-    const float m = t.mean.empty() ? 0.f : t.mean[static_cast<size_t>(k)];
-    const float s = t.stddev.empty() ? 1.f : t.stddev[static_cast<size_t>(k)];
-    scale[k] = t.rescale / s;
-    shift[k] = -m / s;
+    if (!t.mean.empty()) mean[k] = t.mean[static_cast<size_t>(k)];
+    if (!t.stddev.empty()) stddev[k] = t.stddev[static_cast<size_t>(k)];
   }
+
   for (int y = 0; y < oh; ++y) {
     double sy = win.y + (y + 0.5) * win.h / oh - 0.5;
     sy = std::clamp(sy, 0.0, static_cast<double>(h - 1));
@@ -157,7 +162,9 @@ void resample(const uint8_t* src, int w, int h, int c, Window win, const ImageTr
       for (int k = 0; k < c; ++k) {
         const float top = r0[a + k] + wx * (r0[b + k] - r0[a + k]);
         const float bottom = r1[a + k] + wx * (r1[b + k] - r1[a + k]);
-        o[x * c + k] = (top + wy * (bottom - top)) * scale[k] + shift[k];
+        float v = top + wy * (bottom - top);
+        v = divide ? v / divisor : v * t.rescale;
+        o[x * c + k] = normalize ? (v - mean[k]) / stddev[k] : v;
       }
     }
   }

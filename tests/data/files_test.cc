@@ -131,6 +131,12 @@ TEST(Image, StretchAtTheSameSizeIsTheImageAndFlipMirrorsIt) {
   std::vector<float> out(6 * 9 * 3);
   image::decode_transformed(image::encode_png(im), t, 0, 0, 0, out.data());
   for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 0.5f * im.pixels[i]) << i;
+  // 1/255 divides, as torchvision's ToTensor and load_fashion_mnist: bitwise pixel / 255.
+  t.rescale = 1.0f / 255.0f;
+  image::decode_transformed(image::encode_png(im), t, 0, 0, 0, out.data());
+  for (size_t i = 0; i < out.size(); ++i)
+    ASSERT_EQ(out[i], static_cast<float>(im.pixels[i]) / 255.0f) << i;
+  t.rescale = 0.5f;
   // Flip: some indices flip and some do not; a flipped one is the mirror, exactly.
   t.random_flip = true;
   t.mean = {1, 2, 3};

@@ -68,8 +68,9 @@ Inputs load_inputs(const std::string& data_dir, const std::string& image_dir,
 
 // Fashion-MNIST as PNG files in class folders (DIR/train/0_T-shirt_top/00000.png, ...).
 void write_image_folders(const std::string& data_dir, const std::string& out, int64_t train_limit) {
-  static const char* const kNames[10] = {"T-shirt_top", "Trouser", "Pullover", "Dress", "Coat",
-                                         "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle_boot"};
+  static const char* const kNames[10] = {"T-shirt_top", "Trouser",   "Pullover", "Dress",
+                                         "Coat",        "Sandal",    "Shirt",    "Sneaker",
+                                         "Bag",         "Ankle_boot"};
   const FashionMnist data = load_fashion_mnist(data_dir, train_limit);
   for (const auto& [split, images, labels] :
        {std::tuple{"train", data.train_images, data.train_labels},
@@ -77,16 +78,16 @@ void write_image_folders(const std::string& data_dir, const std::string& out, in
     const std::vector<float> px = images.to_vector<float>();
     const std::vector<int32_t> y = labels.to_vector<int32_t>();
     for (int c = 0; c < 10; ++c)
-      std::filesystem::create_directories(std::string(out) + "/" + split + "/" +
-                                          std::to_string(c) + "_" + kNames[c]);
+      std::filesystem::create_directories(std::string(out) + "/" + split + "/" + std::to_string(c) +
+                                          "_" + kNames[c]);
     for (size_t i = 0; i < y.size(); ++i) {
       image::Image im{28, 28, 1, std::vector<uint8_t>(784)};
       for (size_t k = 0; k < 784; ++k)
         im.pixels[k] = static_cast<uint8_t>(std::lround(px[i * 784 + k] * 255.0f));
       char name[32];
       std::snprintf(name, sizeof(name), "/%05zu.png", i);
-      const std::string path = out + "/" + split + "/" + std::to_string(y[i]) + "_" +
-                               kNames[y[i]] + name;
+      const std::string path =
+          out + "/" + split + "/" + std::to_string(y[i]) + "_" + kNames[y[i]] + name;
       const std::string bytes = image::encode_png(im);
       std::FILE* f = std::fopen(path.c_str(), "wb");
       if (f == nullptr || std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size())
@@ -267,9 +268,7 @@ int image_classifier_main(int argc, char** argv, const ImageClassifierExample& e
       so.checkpoint_dir = info.checkpoint_dir;
       so.stop = &g_stop;
       so.json = json;
-      dtrain::SidecarEvaluator(
-          *model, data.test, so)
-          .run();
+      dtrain::SidecarEvaluator(*model, data.test, so).run();
     };
     task.train = [&](dtrain::Strategy& strategy) {
       const Inputs data = load_inputs(data_dir, image_dir, model_name, train_limit, input_threads);

@@ -7,14 +7,22 @@
 //
 //   ./synthetic_benchmark --model=resnet50 --batch-size=32 --threads=1
 //   dtrain-run -np 2 -- ./synthetic_benchmark --strategy=multi_worker_mirrored --threads=1
+//
+// --image-dir DIR trains on a folder of images instead (DIR/<class>/*.jpg, ImageNet's training
+// input: random resized crop to --image-size, flip, normalisation, on the input pipeline's reader
+// threads), and reports how long the steps waited for input ("input batch" in the timeline).
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
+#include "dtrain/data/files.h"
 #include "dtrain/dtrain.h"
 
 namespace {
@@ -34,6 +42,8 @@ int main(int argc, char** argv) {
   int64_t batch = 32, image_size = 224;
   int warmup = 10, per_iter = 10, iters = 10, threads = 0;
   bool fp16_allreduce = false, json = false;
+  std::string image_dir;
+  int input_threads = 0;
   app.add_option("--model", model_name, "resnet18, resnet34, resnet50, resnet101, resnet152")
       ->capture_default_str();
   app.add_option("--batch-size", batch, "input batch size per replica")
@@ -61,6 +71,11 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision_flag, "fp32, or bf16 (mixed_bfloat16)")
       ->capture_default_str();
   app.add_flag("--json", json, "print one JSON object with the results as the last line");
+  app.add_option("--image-dir", image_dir,
+                 "train on image files (DIR/<class>/*.jpg|png) through the input pipeline instead "
+                 "of one random batch");
+  app.add_option("--input-threads", input_threads,
+                 "threads decoding --image-dir files (0 = one per core)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -111,9 +126,44 @@ int main(int argc, char** argv) {
         opt->apply_gradients(tape.gradient(loss, vars), vars);
         return std::vector<dtrain::Tensor>{loss};
       };
+      // --image-dir: the global batch of each step from the files, as fit() reads them.
+      std::function<bool(dtrain::PerReplica*)> next_batch;
+      std::optional<dtrain::data::ImageFolder> folder;
+      int epoch = 0;
+      double input_seconds = 0;
+      if (!image_dir.empty()) {
+        dtrain::data::ImageFolderOptions fo;
+        fo.transform.height = fo.transform.width = static_cast<int>(image_size);
+        fo.transform.resize = dtrain::image::ImageTransform::Resize::kRandomResizedCrop;
+        fo.transform.random_flip = true;
+        fo.transform.rescale = 1.0f / 255.0f;
+        fo.transform.mean = {0.485f, 0.456f, 0.406f};
+        fo.transform.stddev = {0.229f, 0.224f, 0.225f};
+        fo.num_parallel_calls = input_threads > 0 ? input_threads : dtrain::Dataset::kAutotune;
+        folder = dtrain::data::image_dataset_from_directory(image_dir, fo);
+      }
+      dtrain::PerReplica batch_in;
+      auto input = [&]() -> const dtrain::PerReplica& {
+        if (!folder) return data;
+        dtrain::timeline::Span span("input batch", "data");
+        const auto t0 = std::chrono::steady_clock::now();
+        while (!next_batch || !next_batch(&batch_in)) {  // a new epoch when one ends
+          const int64_t global = batch * replicas;
+          next_batch = strategy.distribute_dataset(
+              folder->dataset.shuffle(1, false, static_cast<uint64_t>(epoch))
+                  .with_epoch(static_cast<uint64_t>(epoch))
+                  .batch(global, true)
+                  .prefetch(2),
+              global);
+          ++epoch;
+        }
+        input_seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        return batch_in;
+      };
       auto run_batches = [&](int n) {
         for (int i = 0; i < n; ++i)
-          strategy.reduce(dtrain::ReduceOp::kSum, strategy.run(step, data));
+          strategy.reduce(dtrain::ReduceOp::kSum, strategy.run(step, input()));
       };
       if (chief) {
         std::printf("Model: %s\nBatch size: %lld\nNumber of devices: %d (%s)\n", model_name.c_str(),
@@ -127,6 +177,8 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
       std::vector<double> img_secs;
+      input_seconds = 0;
+      const auto timed_start = std::chrono::steady_clock::now();
       for (int it = 0; it < iters; ++it) {
         const auto t0 = std::chrono::steady_clock::now();
         run_batches(per_iter);
@@ -145,11 +197,26 @@ int main(int argc, char** argv) {
         var += (v - mean) * (v - mean) / static_cast<double>(img_secs.size());
       const double conf = 1.96 * std::sqrt(var);
       const double rss = peak_rss_mb();
+      const double timed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - timed_start).count();
+      // The share of the timed steps spent waiting for input, the largest over the workers.
+      double input_share = input_seconds / timed;
+      if (strategy.extended().synchronous() && strategy.extended().num_workers() > 1) {
+        const std::vector<double> all =
+            strategy.extended()
+                .gather_across_workers(
+                    dtrain::Tensor::from_vector<double>({input_share}, dtrain::Shape{1}))
+                .to_vector<double>();
+        input_share = *std::max_element(all.begin(), all.end());
+      }
       if (chief) {
         std::printf("Img/sec per device: %.1f +-%.1f\n", mean, conf);
         std::printf("Total img/sec on %d device(s): %.1f +-%.1f\n", replicas, replicas * mean,
                     replicas * conf);
         std::printf("Peak RSS: %.0f MB (this process)\n", rss);
+        if (folder)
+          std::printf("Input: %zu files from %s; steps waited for input %.2f%% of the time\n",
+                      folder->files.size(), image_dir.c_str(), 100 * input_share);
         if (json)
           std::printf("%s\n", nlohmann::json{{"model", model_name},
                                              {"strategy", strategy_name},
@@ -159,6 +226,8 @@ int main(int argc, char** argv) {
                                              {"img_sec_per_device_conf", conf},
                                              {"total_img_sec", replicas * mean},
                                              {"peak_rss_mb", rss},
+                                             {"input", folder ? image_dir : "synthetic"},
+                                             {"input_wait_fraction", folder ? input_share : 0.0},
                                              {"params", model->count_params()}}
                                   .dump()
                                   .c_str());

@@ -136,8 +136,8 @@ std::vector<Tensor> gather_rows(const DatasetSource& src, const std::vector<int6
       for (int64_t i = 0; i < b;) {
         int64_t j = i + 1;
         while (j < b && rows[j] == rows[j - 1] + 1) ++j;
-        std::memcpy(base[c] + static_cast<size_t>(i) * rb,
-                    from + static_cast<size_t>(rows[i]) * rb, static_cast<size_t>(j - i) * rb);
+        std::memcpy(base[c] + static_cast<size_t>(i) * rb, from + static_cast<size_t>(rows[i]) * rb,
+                    static_cast<size_t>(j - i) * rb);
         i = j;
       }
     }
@@ -201,8 +201,8 @@ class BatchNode final : public DatasetNode {
  private:
   class It final : public DatasetNodeIterator {
    public:
-    It(std::unique_ptr<DatasetNodeIterator> up, std::shared_ptr<const DatasetSource> src,
-       int64_t b, bool drop, int64_t begin, int64_t end)
+    It(std::unique_ptr<DatasetNodeIterator> up, std::shared_ptr<const DatasetSource> src, int64_t b,
+       bool drop, int64_t begin, int64_t end)
         : up_(std::move(up)), src_(std::move(src)), b_(b), drop_(drop), begin_(begin), end_(end) {
       rows_.reserve(static_cast<size_t>(std::min<int64_t>(b_, 1 << 20)));
     }

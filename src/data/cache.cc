@@ -41,13 +41,11 @@ class MemoryStore final : public Store {
   }
   void load(int64_t row, void* const* dst) override {
     for (size_t c = 0; c < data_.size(); ++c)
-      std::memcpy(dst[c], data_[c].get() + static_cast<size_t>(row) * row_bytes_[c],
-                  row_bytes_[c]);
+      std::memcpy(dst[c], data_[c].get() + static_cast<size_t>(row) * row_bytes_[c], row_bytes_[c]);
   }
   void save(int64_t row, void* const* src) override {
     for (size_t c = 0; c < data_.size(); ++c)
-      std::memcpy(data_[c].get() + static_cast<size_t>(row) * row_bytes_[c], src[c],
-                  row_bytes_[c]);
+      std::memcpy(data_[c].get() + static_cast<size_t>(row) * row_bytes_[c], src[c], row_bytes_[c]);
   }
   uint8_t persisted_state(int64_t) override { return kEmpty; }
   void persist_state(int64_t, uint8_t) override {}
@@ -76,8 +74,8 @@ class FileStore final : public Store {
     const uint64_t size = offset + static_cast<uint64_t>(n);
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0)
-      throw InvalidArgument(str_cat("Dataset::cache: cannot open the cache file ", path, ": ",
-                                    std::strerror(errno)));
+      throw InvalidArgument(
+          str_cat("Dataset::cache: cannot open the cache file ", path, ": ", std::strerror(errno)));
     ::flock(fd_, LOCK_EX);  // one process lays the file out; the others then check it
     try {
       struct stat st {};
@@ -104,10 +102,10 @@ class FileStore final : public Store {
         if (have != header) {
           uint64_t len = 0;
           std::memcpy(&len, have.data() + 16, 8);
-          throw InvalidArgument(str_cat(
-              "Dataset::cache: ", path, " was written for another pipeline (",
-              have.substr(24, std::min<uint64_t>(len, kHeaderBytes - 24)), "), not for ",
-              signature, "; give each pipeline its own cache file, or delete this one"));
+          throw InvalidArgument(
+              str_cat("Dataset::cache: ", path, " was written for another pipeline (",
+                      have.substr(24, std::min<uint64_t>(len, kHeaderBytes - 24)), "), not for ",
+                      signature, "; give each pipeline its own cache file, or delete this one"));
         }
         if (static_cast<uint64_t>(st.st_size) != size)
           throw DataLoss(str_cat("Dataset::cache: ", path, " is ", st.st_size,
@@ -210,11 +208,11 @@ Dataset Dataset::cache(const std::string& filename) const {
   const std::shared_ptr<const detail::DatasetSource>& src = node->source();
   if (!src->read) return *this;  // from_tensors: already in memory
   if (src->epoch_dependent)
-    throw InvalidArgument(str_cat(
-        "Dataset::cache() on ", node->description(),
-        ": its reader's rows change with the epoch (random augmentation), so a cache would "
-        "repeat the first epoch's draws; cache the deterministic part (decode, resize) and "
-        "augment after it"));
+    throw InvalidArgument(
+        str_cat("Dataset::cache() on ", node->description(),
+                ": its reader's rows change with the epoch (random augmentation), so a cache would "
+                "repeat the first epoch's draws; cache the deterministic part (decode, resize) and "
+                "augment after it"));
   std::string signature = str_cat(node->description(), " fingerprint=", src->fingerprint);
   for (size_t c = 0; c < src->tensors.size(); ++c)
     signature += str_cat(" ", dtype_name(src->tensors[c].dtype()), src->tensors[c].to_string());

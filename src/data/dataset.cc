@@ -1,5 +1,7 @@
 #include "dtrain/data/dataset.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -27,9 +29,9 @@ using NodePtr = std::shared_ptr<const DatasetNode>;
 class SourceNode final : public DatasetNode {
  public:
   explicit SourceNode(std::shared_ptr<const DatasetSource> s)
-      : DatasetNode(s, s->n, false,
-                    str_cat(s->name, "(n=", s->n, ", components=", s->tensors.size(), ")",
-                            s->suffix)) {}
+      : DatasetNode(
+            s, s->n, false,
+            str_cat(s->name, "(n=", s->n, ", components=", s->tensors.size(), ")", s->suffix)) {}
   bool is_source() const override { return true; }
   std::unique_ptr<DatasetNodeIterator> make_iterator(uint64_t epoch) const override {
     class It final : public DatasetNodeIterator {
@@ -358,6 +360,13 @@ class EpochNode final : public DatasetNode {
 
 }  // namespace
 
+int autotune_threads() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 bool read_row(const DatasetSource& src, int64_t row, uint64_t epoch, std::vector<Tensor>* out) {
   out->clear();
   std::vector<void*> dst;
@@ -368,9 +377,10 @@ bool read_row(const DatasetSource& src, int64_t row, uint64_t epoch, std::vector
         Tensor::empty(Shape(std::vector<int64_t>(dims.begin() + 1, dims.end())), t.dtype()));
     dst.push_back(out->back().raw_data());
     if (!src.read)
-      std::memcpy(dst.back(),
-                  static_cast<const char*>(t.raw_data()) + static_cast<size_t>(row) * src.row_bytes[c],
-                  src.row_bytes[c]);
+      std::memcpy(
+          dst.back(),
+          static_cast<const char*>(t.raw_data()) + static_cast<size_t>(row) * src.row_bytes[c],
+          src.row_bytes[c]);
   }
   if (!src.read || src.read(row, epoch, dst.data())) return true;
   src.skipped->fetch_add(1, std::memory_order_relaxed);
@@ -448,7 +458,8 @@ Dataset Dataset::from_tensors(std::vector<Tensor> components) {
 }
 
 Dataset Dataset::from_reader(int64_t n, std::vector<RowSpec> components, RowReader read) {
-  if (!read) throw InvalidArgument("Dataset::from_reader needs at least one component and a reader");
+  if (!read)
+    throw InvalidArgument("Dataset::from_reader needs at least one component and a reader");
   const size_t k = components.size();
   return from_reader(
       n, std::move(components),
@@ -465,12 +476,12 @@ Dataset Dataset::from_reader(int64_t n, std::vector<RowSpec> components, Element
   if (components.empty() || !read)
     throw InvalidArgument("Dataset::from_reader needs at least one component and a reader");
   int parallel = options.num_parallel_calls;
-  if (parallel == kAutotune)
-    parallel = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (parallel == kAutotune) parallel = detail::autotune_threads();
   if (parallel < 1)
-    throw InvalidArgument(str_cat("Dataset::from_reader: num_parallel_calls must be >= 1 or "
-                                  "kAutotune, got ",
-                                  options.num_parallel_calls));
+    throw InvalidArgument(
+        str_cat("Dataset::from_reader: num_parallel_calls must be >= 1 or "
+                "kAutotune, got ",
+                options.num_parallel_calls));
   auto src = std::make_shared<detail::DatasetSource>();
   src->parallel = parallel;
   src->epoch_dependent = options.epoch_dependent;
@@ -542,8 +553,7 @@ Dataset Dataset::map_with_index(IndexedMapFn fn, int num_parallel_calls) const {
   if (!node_->batched())
     throw InvalidArgument(str_cat("Dataset::map on an unbatched dataset (", node_->description(),
                                   ") is not supported: map() runs on batches; call batch() first"));
-  if (num_parallel_calls == kAutotune)
-    num_parallel_calls = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (num_parallel_calls == kAutotune) num_parallel_calls = detail::autotune_threads();
   if (num_parallel_calls < 1)
     throw InvalidArgument(str_cat(
         "Dataset::map: num_parallel_calls must be >= 1 or kAutotune, got ", num_parallel_calls));

@@ -35,13 +35,17 @@ struct DatasetSource {
   // Set for Dataset::from_reader: row `row` (every component, dst[c]) is written by this function
   // instead of copied out of tensors; false: the row is skipped (ignore_errors), and counted.
   std::function<bool(int64_t row, uint64_t epoch, void* const* dst)> read;
-  int parallel = 1;             // threads batch() reads a batch's rows on
+  int parallel = 1;              // threads batch() reads a batch's rows on
   bool epoch_dependent = false;  // read() depends on the epoch (random augmentation)
   std::string name = "from_tensors";
   std::string suffix;       // after the source in to_string(): ".cache()"
   std::string fingerprint;  // identifies the data (cache files check it)
   std::shared_ptr<std::atomic<int64_t>> skipped = std::make_shared<std::atomic<int64_t>>(0);
 };
+
+// kAutotune's thread count: the cores this process may run on (its affinity: taskset, cgroups'
+// cpusets), at least 1.
+int autotune_threads();
 
 // Reads one row of every component into freshly allocated row tensors (the unbatched element);
 // false when the reader skipped it.
@@ -96,8 +100,8 @@ struct DatasetAccess {
 
 // The batch stage (batch_node.cc): gathers rows [begin, end) of every batch (end < 0: all).
 std::shared_ptr<const DatasetNode> make_batch_node(std::shared_ptr<const DatasetNode> up,
-                                                   int64_t batch_size, bool drop,
-                                                   int64_t begin = 0, int64_t end = -1);
+                                                   int64_t batch_size, bool drop, int64_t begin = 0,
+                                                   int64_t end = -1);
 // A source node over `source` (from_tensors, from_reader, cache()).
 std::shared_ptr<const DatasetNode> make_source_node(std::shared_ptr<const DatasetSource> source);
 // The prefetch stage (prefetch_node.cc): produces elements of `up` on a background thread.

@@ -1,4 +1,6 @@
 // list_files and image_dataset_from_directory (files.h).
+#include "dtrain/data/files.h"
+
 #include <glob.h>
 
 #include <algorithm>
@@ -11,7 +13,6 @@
 #include "dtrain/core/logging.h"
 #include "dtrain/core/random.h"
 #include "dtrain/core/strings.h"
-#include "dtrain/data/files.h"
 
 namespace dtrain::data {
 namespace {
@@ -21,17 +22,18 @@ namespace fs = std::filesystem;
 
 bool is_image_file(const fs::path& p) {
   std::string ext = p.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
   return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
 }
 
 // Image files under `dir` (recursively), sorted.
 std::vector<std::string> images_under(const fs::path& dir, bool follow_links) {
   std::vector<std::string> out;
-  auto opts = follow_links ? fs::directory_options::follow_directory_symlink
-                           : fs::directory_options::none;
-  for (auto it = fs::recursive_directory_iterator(dir, opts); it != fs::recursive_directory_iterator();
-       ++it)
+  auto opts =
+      follow_links ? fs::directory_options::follow_directory_symlink : fs::directory_options::none;
+  for (auto it = fs::recursive_directory_iterator(dir, opts);
+       it != fs::recursive_directory_iterator(); ++it)
     if (it->is_regular_file() && is_image_file(it->path())) out.push_back(it->path().string());
   std::sort(out.begin(), out.end());
   return out;
@@ -105,10 +107,10 @@ ImageFolder image_dataset_from_directory(const std::string& directory,
   if (options.subset.empty() ? options.validation_split != 0
                              : (options.subset != "training" && options.subset != "validation") ||
                                    options.validation_split == 0)
-    throw InvalidArgument(str_cat(
-        "image_dataset_from_directory: subset '", options.subset, "' with validation_split ",
-        options.validation_split, ": give both (subset \"training\" or \"validation\" and a ",
-        "split in (0, 1)) or neither"));
+    throw InvalidArgument(str_cat("image_dataset_from_directory: subset '", options.subset,
+                                  "' with validation_split ", options.validation_split,
+                                  ": give both (subset \"training\" or \"validation\" and a ",
+                                  "split in (0, 1)) or neither"));
 
   struct {
     std::vector<std::string> class_names, files;
@@ -123,7 +125,8 @@ ImageFolder image_dataset_from_directory(const std::string& directory,
     if (out.class_names.empty())
       throw InvalidArgument(str_cat("image_dataset_from_directory: '", directory,
                                     "' has no subfolders; put each class's images in a folder "
-                                    "of its own (", directory, "/<class>/<image>.jpg)"));
+                                    "of its own (",
+                                    directory, "/<class>/<image>.jpg)"));
   }
   std::vector<std::string> files;
   std::vector<int32_t> labels;
@@ -134,8 +137,8 @@ ImageFolder image_dataset_from_directory(const std::string& directory,
                                     "' has no folder ", dir.string()));
     std::vector<std::string> f = images_under(dir, options.follow_links);
     if (f.empty())
-      throw InvalidArgument(str_cat("image_dataset_from_directory: the class folder ",
-                                    dir.string(), " holds no .jpg, .jpeg or .png files"));
+      throw InvalidArgument(str_cat("image_dataset_from_directory: the class folder ", dir.string(),
+                                    " holds no .jpg, .jpeg or .png files"));
     for (std::string& name : f) {
       files.push_back(std::move(name));
       labels.push_back(static_cast<int32_t>(c));
@@ -148,7 +151,8 @@ ImageFolder image_dataset_from_directory(const std::string& directory,
     const Philox rng(options.seed, 0x5a11);
     for (size_t i = keep.size(); i > 1; --i)
       std::swap(keep[i - 1], keep[static_cast<size_t>(rng.block(i)[0]) % i]);
-    const auto n_val = static_cast<size_t>(options.validation_split * static_cast<double>(keep.size()));
+    const auto n_val =
+        static_cast<size_t>(options.validation_split * static_cast<double>(keep.size()));
     if (options.subset == "training")
       keep.resize(keep.size() - n_val);
     else

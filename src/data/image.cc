@@ -239,8 +239,8 @@ void decode_jpeg(std::string_view bytes, int channels, const ImageTransform* t, 
   // The decoded region: the window's rows and columns, one pixel of margin for the filter.
   const int r0 = std::clamp(static_cast<int>(std::floor(win.y)) - 1, 0, sh - 1);
   const int r1 = std::clamp(static_cast<int>(std::ceil(win.y + win.h)) + 1, r0 + 1, sh);
-  JDIMENSION xoff = static_cast<JDIMENSION>(
-      std::clamp(static_cast<int>(std::floor(win.x)) - 1, 0, sw - 1));
+  JDIMENSION xoff =
+      static_cast<JDIMENSION>(std::clamp(static_cast<int>(std::floor(win.x)) - 1, 0, sw - 1));
   JDIMENSION xw = static_cast<JDIMENSION>(
       std::clamp(static_cast<int>(std::ceil(win.x + win.w)) + 1, static_cast<int>(xoff) + 1, sw) -
       static_cast<int>(xoff));
@@ -255,8 +255,8 @@ void decode_jpeg(std::string_view bytes, int channels, const ImageTransform* t, 
     rows[static_cast<size_t>(y)] = r->pixels.data() + static_cast<size_t>(y) * r->width * c;
   int got = 0;
   while (got < r->height)
-    got += static_cast<int>(jpeg_read_scanlines(&cinfo, rows.data() + got,
-                                                static_cast<JDIMENSION>(r->height - got)));
+    got += static_cast<int>(
+        jpeg_read_scanlines(&cinfo, rows.data() + got, static_cast<JDIMENSION>(r->height - got)));
   if (cinfo.output_scanline < cinfo.output_height)
     jpeg_abort_decompress(&cinfo);  // the rows below the window are not needed
   else

@@ -165,7 +165,8 @@ class MapNode final : public DatasetNode {
         parallel_(parallel) {}
   std::unique_ptr<DatasetNodeIterator> make_iterator(uint64_t epoch) const override {
     const size_t k = source()->tensors.size();
-    if (parallel_ > 1) return std::make_unique<ParallelIt>(up_->make_iterator(epoch), fn_, k, parallel_);
+    if (parallel_ > 1)
+      return std::make_unique<ParallelIt>(up_->make_iterator(epoch), fn_, k, parallel_);
     return std::make_unique<SerialIt>(up_->make_iterator(epoch), fn_, k);
   }
 

@@ -73,11 +73,15 @@ struct RecordRef {
 std::vector<RecordRef> index_records(const MappedFile& f, bool ignore_errors) {
   std::vector<RecordRef> out;
   const unsigned char* p = f.data();
+  if (f.size() >= 2 && p[0] == 0x1f && p[1] == 0x8b)
+    throw InvalidArgument(str_cat(f.path(), ": a GZIP-compressed TFRecord file; dtrain reads "
+                                  "uncompressed ones: gunzip it (TFRecordWriter writes none)"));
   size_t at = 0;
   while (at < f.size()) {
     std::string problem;
     if (f.size() - at < 12) {
-      problem = str_cat("truncated: ", f.size() - at, " bytes where a 12-byte record header starts");
+      problem =
+          str_cat("truncated: ", f.size() - at, " bytes where a 12-byte record header starts");
     } else if (detail::masked_crc32c(p + at, 8) != detail::load_le32(p + at + 8)) {
       problem = "the length's checksum does not match (a corrupt header, or not a TFRecord file)";
     } else {
@@ -91,8 +95,8 @@ std::vector<RecordRef> index_records(const MappedFile& f, bool ignore_errors) {
         continue;
       }
     }
-    const std::string msg = str_cat(f.path(), ": record ", out.size(), " at byte ", at, ": ",
-                                    problem);
+    const std::string msg =
+        str_cat(f.path(), ": record ", out.size(), " at byte ", at, ": ", problem);
     if (!ignore_errors) throw DataLoss(msg);
     DTRAIN_LOG(WARNING) << "TFRecordDataset: " << msg << "; the file's records end there";
     break;
@@ -166,8 +170,8 @@ struct Source {
   uint64_t seed = 0;
 };
 
-void write_feature(const Source& s, const FeatureSpec& spec, const proto::Example& ex,
-                   int64_t row, uint64_t epoch, void* dst, const std::string& where) {
+void write_feature(const Source& s, const FeatureSpec& spec, const proto::Example& ex, int64_t row,
+                   uint64_t epoch, void* dst, const std::string& where) {
   const auto& map = ex.features().feature();
   const auto it = map.find(spec.key);
   const int64_t n = spec.kind == FeatureSpec::Kind::kImage ? 0 : spec.shape.numel();
@@ -183,18 +187,16 @@ void write_feature(const Source& s, const FeatureSpec& spec, const proto::Exampl
     return;
   }
   const proto::Feature& f = it->second;
-  const proto::Feature::KindCase want = spec.kind == FeatureSpec::Kind::kFloat
-                                            ? proto::Feature::kFloatList
-                                        : spec.kind == FeatureSpec::Kind::kInt64
-                                            ? proto::Feature::kInt64List
-                                            : proto::Feature::kBytesList;
+  const proto::Feature::KindCase want =
+      spec.kind == FeatureSpec::Kind::kFloat   ? proto::Feature::kFloatList
+      : spec.kind == FeatureSpec::Kind::kInt64 ? proto::Feature::kInt64List
+                                               : proto::Feature::kBytesList;
   if (f.kind_case() != want)
     throw DataLoss(str_cat(where, ": feature '", spec.key, "' is a ", kind_name(f.kind_case()),
                            " and the spec reads a ", kind_name(want)));
   auto count_error = [&](int64_t have) {
     return DataLoss(str_cat(where, ": feature '", spec.key, "' has ", have,
-                            " values and the spec's shape ", spec.shape.to_string(), " needs ",
-                            n));
+                            " values and the spec's shape ", spec.shape.to_string(), " needs ", n));
   };
   switch (spec.kind) {
     case FeatureSpec::Kind::kFloat: {
@@ -223,7 +225,8 @@ void write_feature(const Source& s, const FeatureSpec& spec, const proto::Exampl
         throw DataLoss(str_cat(where, ": image feature '", spec.key, "' holds ",
                                f.bytes_list().value_size(), " byte strings; it needs one"));
       image::decode_transformed(f.bytes_list().value(0), spec.transform, s.seed, epoch, row,
-                                static_cast<float*>(dst), str_cat(where, " feature '", spec.key, "'"));
+                                static_cast<float*>(dst),
+                                str_cat(where, " feature '", spec.key, "'"));
       break;
     }
   }
@@ -333,13 +336,16 @@ Example parse_example(std::string_view bytes) {
   for (const auto& [key, pf] : ex.features().feature()) {
     switch (pf.kind_case()) {
       case proto::Feature::kBytesList:
-        out[key] = Feature::of_bytes({pf.bytes_list().value().begin(), pf.bytes_list().value().end()});
+        out[key] =
+            Feature::of_bytes({pf.bytes_list().value().begin(), pf.bytes_list().value().end()});
         break;
       case proto::Feature::kFloatList:
-        out[key] = Feature::of_floats({pf.float_list().value().begin(), pf.float_list().value().end()});
+        out[key] =
+            Feature::of_floats({pf.float_list().value().begin(), pf.float_list().value().end()});
         break;
       case proto::Feature::kInt64List:
-        out[key] = Feature::of_ints({pf.int64_list().value().begin(), pf.int64_list().value().end()});
+        out[key] =
+            Feature::of_ints({pf.int64_list().value().begin(), pf.int64_list().value().end()});
         break;
       default:
         out[key] = Feature{};
@@ -391,13 +397,13 @@ Dataset TFRecordDataset(const std::vector<std::string>& files,
     if (f.kind == FeatureSpec::Kind::kImage) {
       f.transform.validate();
       random = random || f.transform.random();
-      specs.push_back({Shape{f.transform.height, f.transform.width, f.transform.channels}, DType::kFloat32});
+      specs.push_back(
+          {Shape{f.transform.height, f.transform.width, f.transform.channels}, DType::kFloat32});
       continue;
     }
     if (f.kind == FeatureSpec::Kind::kFloat && f.dtype != DType::kFloat32)
       throw InvalidArgument(what + "a float feature is read as float32");
-    if (f.kind == FeatureSpec::Kind::kInt64 && f.dtype != DType::kInt32 &&
-        f.dtype != DType::kInt64)
+    if (f.kind == FeatureSpec::Kind::kInt64 && f.dtype != DType::kInt32 && f.dtype != DType::kInt64)
       throw InvalidArgument(what + "an int64 feature is read as int32 or int64");
     if (!f.default_value.empty() && static_cast<int64_t>(f.default_value.size()) != 1 &&
         static_cast<int64_t>(f.default_value.size()) != f.shape.numel())

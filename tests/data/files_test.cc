@@ -21,8 +21,8 @@ namespace {
 namespace fs = std::filesystem;
 
 fs::path temp_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() /
-                     ("dtrain_files_test_" + std::to_string(::getpid()) + "_" + name);
+  const fs::path p =
+      fs::temp_directory_path() / ("dtrain_files_test_" + std::to_string(::getpid()) + "_" + name);
   fs::remove_all(p);
   fs::create_directories(p);
   return p;
@@ -30,14 +30,17 @@ fs::path temp_dir(const std::string& name) {
 
 void write(const fs::path& p, const std::string& bytes) {
   fs::create_directories(p.parent_path());
-  std::ofstream(p, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(p, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 // A gray h x w image whose pixels are all `v`, except pixel (0, 0) = v + 1 (to see flips).
 image::Image marked(int h, int w, int v, int channels = 1) {
-  image::Image im{h, w, channels, std::vector<uint8_t>(static_cast<size_t>(h * w * channels),
-                                                       static_cast<uint8_t>(v))};
-  for (int k = 0; k < channels; ++k) im.pixels[static_cast<size_t>(k)] = static_cast<uint8_t>(v + 1);
+  image::Image im{
+      h, w, channels,
+      std::vector<uint8_t>(static_cast<size_t>(h * w * channels), static_cast<uint8_t>(v))};
+  for (int k = 0; k < channels; ++k)
+    im.pixels[static_cast<size_t>(k)] = static_cast<uint8_t>(v + 1);
   return im;
 }
 
@@ -227,8 +230,8 @@ TEST(Image, RandomResizedCropIsAFunctionOfSeedEpochAndIndex) {
 // pixel value 10 * (row in sorted order) + 5.
 fs::path make_folder(const std::string& name) {
   const fs::path root = temp_dir(name);
-  const std::vector<std::pair<std::string, int>> classes = {{"b_cats", 3}, {"a_dogs", 2},
-                                                            {"c_owls", 1}};
+  const std::vector<std::pair<std::string, int>> classes = {
+      {"b_cats", 3}, {"a_dogs", 2}, {"c_owls", 1}};
   std::map<std::string, int> first = {{"a_dogs", 0}, {"b_cats", 2}, {"c_owls", 5}};
   for (const auto& [cls, n] : classes)
     for (int k = 0; k < n; ++k)
@@ -434,7 +437,9 @@ TEST(Cache, MemoryAndFileCachesServeTheSameRowsWithoutReadingAgain) {
 
 // ---- TFRecord ----
 
-std::string testdata(const std::string& name) { return std::string(DTRAIN_TEST_DATA_DIR) + "/" + name; }
+std::string testdata(const std::string& name) {
+  return std::string(DTRAIN_TEST_DATA_DIR) + "/" + name;
+}
 
 std::vector<FeatureSpec> tf_specs(int h = 6, int w = 8) {
   image::ImageTransform t;
@@ -476,7 +481,8 @@ TEST(TFRecord, FilesWrittenByTensorFlowReadBackExactly) {
   TFRecordOptions o;
   o.cycle_length = 2;
   o.block_length = 2;
-  const auto il = all_batches(TFRecordDataset(files, {FeatureSpec::int64("image/class/label")}, o).batch(8));
+  const auto il =
+      all_batches(TFRecordDataset(files, {FeatureSpec::int64("image/class/label")}, o).batch(8));
   EXPECT_EQ(il[0][0].to_vector<int32_t>(),
             expected["interleave_2_2_labels"].get<std::vector<int32_t>>());
 }
@@ -500,7 +506,8 @@ TEST(TFRecord, WrittenByDtrainParsesAndMissingFeaturesUseDefaults) {
   EXPECT_EQ(parse_example(recs[1]).at("y").ints, (std::vector<int64_t>{3}));
   FeatureSpec y = FeatureSpec::int64("y");
   y.default_value = {-1};
-  const auto b = all_batches(TFRecordDataset({path}, {FeatureSpec::float32("x", Shape{2}), y}).batch(4));
+  const auto b =
+      all_batches(TFRecordDataset({path}, {FeatureSpec::float32("x", Shape{2}), y}).batch(4));
   EXPECT_EQ(b[0][1].to_vector<int32_t>(), (std::vector<int32_t>{0, 3, -1, 9}));
   EXPECT_EQ(b[0][0].to_vector<float>()[6], 3.0f);
   // Without a default the missing feature is named.
@@ -517,6 +524,8 @@ TEST(TFRecord, WrittenByDtrainParsesAndMissingFeaturesUseDefaults) {
   EXPECT_THROW(all_batches(TFRecordDataset({path}, {FeatureSpec::float32("x", Shape{3})}).batch(4)),
                DataLoss);
   EXPECT_THROW(TFRecordDataset({path}, {}), InvalidArgument);
+  write(dir / "z.tfrecord.gz", std::string("\x1f\x8b\x08\x00rest", 8));  // GZIP: named
+  EXPECT_THROW(TFRecordDataset({(dir / "z.tfrecord.gz").string()}, {y}), InvalidArgument);
   EXPECT_THROW(TFRecordDataset({(dir / "none.tfrecord").string()}, {y}), NotFound);
   fs::remove_all(dir);
 }

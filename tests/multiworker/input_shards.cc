@@ -7,7 +7,8 @@
 //   {"epoch": 0, "step": 3, "rows": [...], "flipped": [...]}
 //
 //   input_shards --make DIR N          writes N 4x4 gray PNGs in 3 class folders
-//   dtrain-run -np 3 -- input_shards --dir DIR --batch 7 --epochs 2 [--resume-epoch 1 --resume-step 2]
+//   dtrain-run -np 3 -- input_shards --dir DIR --batch 7 --epochs 2 [--resume-epoch 1 --resume-step
+//   2]
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -86,8 +87,8 @@ int main(int argc, char** argv) {
                 rows += (rows.empty() ? "" : ",") + std::to_string(static_cast<int>(all[i]));
                 flips += (flips.empty() ? "" : ",") + std::to_string(static_cast<int>(all[i + 1]));
               }
-            std::printf("{\"epoch\": %d, \"step\": %d, \"rows\": [%s], \"flipped\": [%s]}\n",
-                        epoch, step, rows.c_str(), flips.c_str());
+            std::printf("{\"epoch\": %d, \"step\": %d, \"rows\": [%s], \"flipped\": [%s]}\n", epoch,
+                        step, rows.c_str(), flips.c_str());
             std::fflush(stdout);
           }
         }

@@ -74,7 +74,8 @@ struct InputArgs {
 };
 int input_bench(const InputArgs& a);
 // One dtrain run of the input pipeline (a JSON line); `dtrain-bench input` starts it.
-int input_run(const std::string& dir, int threads, int batch, int epochs, int warmup);
+int input_run(const std::string& dir, int threads, int batch, int epochs, int warmup,
+              const std::string& samples = "");
 
 struct ChaosArgs {
   int jobs = 10, workers = 3, steps = 400;

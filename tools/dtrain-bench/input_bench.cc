@@ -41,7 +41,8 @@ void make_images(const fs::path& dir, int n) {
   for (int i = 0; i < n; ++i) {
     image::Image small{28, 28, 1, std::vector<uint8_t>(784)};
     for (size_t k = 0; k < 784; ++k)
-      small.pixels[k] = static_cast<uint8_t>(std::lround(px[static_cast<size_t>(i) * 784 + k] * 255));
+      small.pixels[k] =
+          static_cast<uint8_t>(std::lround(px[static_cast<size_t>(i) * 784 + k] * 255));
     image::transform_image(small, up, 0, 0, 0, big.data());
     image::Image rgb{224, 224, 3, std::vector<uint8_t>(224 * 224 * 3)};
     for (int r = 0; r < 224; ++r)
@@ -66,7 +67,30 @@ void make_images(const fs::path& dir, int n) {
 
 }  // namespace
 
-int input_run(const std::string& dir, int threads, int batch, int epochs, int warmup) {
+// The first 16 images of a batch, un-normalised, as a 4 x 4 grid PNG (to look at the crops).
+void write_samples(const Tensor& images, const image::ImageTransform& t, const std::string& path) {
+  const int n = static_cast<int>(std::min<int64_t>(16, images.shape()[0]));
+  const int s = t.height, side = 4;
+  image::Image grid{side * s, side * s, 3,
+                    std::vector<uint8_t>(static_cast<size_t>(side * s * side * s * 3), 255)};
+  const std::vector<float> px = images.to_vector<float>();
+  for (int i = 0; i < n; ++i)
+    for (int y = 0; y < s; ++y)
+      for (int x = 0; x < s; ++x)
+        for (int k = 0; k < 3; ++k) {
+          const float v =
+              px[static_cast<size_t>(((i * s + y) * s + x) * 3 + k)] * t.stddev[k] + t.mean[k];
+          grid.pixels[static_cast<size_t>(
+              (((i / side) * s + y) * side * s + (i % side) * s + x) * 3 + k)] =
+              static_cast<uint8_t>(std::clamp(v * 255.0f, 0.0f, 255.0f));
+        }
+  const std::string bytes = image::encode_png(grid);
+  std::ofstream(path, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+int input_run(const std::string& dir, int threads, int batch, int epochs, int warmup,
+              const std::string& samples) {
   data::ImageFolderOptions o;
   o.transform.height = o.transform.width = 224;
   o.transform.resize = image::ImageTransform::Resize::kRandomResizedCrop;
@@ -88,6 +112,7 @@ int input_run(const std::string& dir, int threads, int batch, int epochs, int wa
                   .make_iterator();
     std::vector<Tensor> b;
     while (it->next(&b)) {
+      if (seen == 0 && !samples.empty()) write_samples(b[0], o.transform, samples);
       if (++seen == warmup)
         start = std::chrono::steady_clock::now();
       else if (seen > warmup)
@@ -143,8 +168,7 @@ int input_bench(const InputArgs& a) {
         ips[{sys, n}].push_back(j.at("images_per_sec").get<double>());
         rss[{sys, n}].push_back(j.value("peak_rss_mb", 0.0));
         std::fprintf(stderr, "round %d/%d  %d core(s)  %-7s %8.1f images/sec  %6.0f MB\n",
-                     round + 1, a.runs, n, sys.c_str(), ips[{sys, n}].back(),
-                     rss[{sys, n}].back());
+                     round + 1, a.runs, n, sys.c_str(), ips[{sys, n}].back(), rss[{sys, n}].back());
       }
   std::printf(
       "\ninput pipeline: %d JPEGs 224x224 -> random resized crop 224, flip, normalise, batch %d; "

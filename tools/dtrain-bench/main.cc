@@ -204,6 +204,9 @@ int main(int argc, char** argv) {
   input_run_cmd->add_option("--batch-size", in.batch);
   input_run_cmd->add_option("--epochs", in.epochs);
   input_run_cmd->add_option("--warmup", in.warmup);
+  std::string ir_samples;
+  input_run_cmd->add_option("--samples", ir_samples,
+                            "write the first batch's images as a PNG grid");
   ChaosArgs ch;
   auto* chaos =
       app.add_subcommand("chaos",
@@ -253,7 +256,8 @@ int main(int argc, char** argv) {
     if (*compare) return compare_bench(cmp);
     if (*chaos) return chaos_bench(ch);
     if (*input) return input_bench(in);
-    if (*input_run_cmd) return input_run(ir_dir, ir_threads, in.batch, in.epochs, in.warmup);
+    if (*input_run_cmd)
+      return input_run(ir_dir, ir_threads, in.batch, in.epochs, in.warmup, ir_samples);
     if (*pw) return ps_worker(pw_size, pw_seconds);
     if (*aw) return allreduce_worker(wrank, waddrs, wtoken, r.sizes, r.iters, r.warmup);
   } catch (const std::exception& e) {

@@ -1,6 +1,7 @@
-// Dataset: an immutable description of an input pipeline over an in-memory source of aligned
-// tensors, shaped like tf.data. All source components share the leading dimension N; element i of
-// the source is row i of every component. Transformations (shuffle, shard, repeat, take, batch,
+// Dataset: an immutable description of an input pipeline, shaped like tf.data, over a source of N
+// rows: aligned tensors in memory (from_tensors), or rows read on demand (from_reader: files, image
+// folders and TFRecord files in data/files.h, token files in data/text.h). Element i of the source
+// is row i of every component. Transformations (shuffle, shard, repeat, take, batch,
 // prefetch) return new Datasets that share the upstream stages, so copies are cheap handles.
 //
 // Order semantics follow tf.data exactly: stages apply in the order written, so
@@ -66,7 +67,7 @@ class DTRAIN_API Dataset {
   // rows on `num_parallel_calls` threads of its own, so decoding never runs on a training thread.
   using ElementReader = std::function<bool(int64_t row, uint64_t epoch, void* const* dst)>;
   struct ReaderOptions {
-    int num_parallel_calls = 1;  // threads batch() reads rows on; kAutotune: one per core
+    int num_parallel_calls = 1;    // threads batch() reads rows on; kAutotune: one per usable core
     bool epoch_dependent = false;  // read() uses `epoch`: then cache() is refused
     std::string name;              // shown by to_string(), e.g. "image_dataset_from_directory"
     // Identifies the data (files, sizes, times, decoding options): a cache file written for
@@ -113,8 +114,8 @@ class DTRAIN_API Dataset {
   // Applies `fn` to every batch, e.g. to normalise, cast or augment (tf.data's map). With
   // num_parallel_calls = 1 it runs on the thread that reads the dataset (the prefetch thread when
   // a prefetch() follows); with N > 1 on a pool of N threads of its own that map up to N batches
-  // ahead; kAutotune: one per core (std::thread::hardware_concurrency). Batches come out in the
-  // input's order either way, so the result never depends on N (tf.data's deterministic=True).
+  // ahead; kAutotune: one per core this process may run on (its CPU affinity). Batches come out in
+  // the input's order either way, so the result never depends on N (tf.data's deterministic=True).
   // `fn` must return as many tensors as it gets (InvalidArgument from next() otherwise); an
   // exception it throws propagates from next(), in order. With one call at a time it is not called
   // for elements a later shard() drops. It must be safe to call from several threads when

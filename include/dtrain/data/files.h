@@ -147,8 +147,9 @@ struct DTRAIN_API TFRecordOptions {
 
 // A Dataset with one component per feature, one row per record of `files` (indexed when called:
 // the files are memory-mapped and only the 12-byte record headers are read; each record's data
-// checksum is verified when the record is read). Throws NotFound for a missing file, DataLoss for
-// a broken header or a truncated file (unless ignore_errors), InvalidArgument for bad specs.
+// checksum is verified when the record is read). Uncompressed files only (a GZIP one is refused
+// by name: gunzip it). Throws NotFound for a missing file, DataLoss for a broken header or a
+// truncated file (unless ignore_errors), InvalidArgument for bad specs.
 DTRAIN_API Dataset TFRecordDataset(const std::vector<std::string>& files,
                                    const std::vector<FeatureSpec>& features,
                                    const TFRecordOptions& options = {});

@@ -54,9 +54,9 @@ struct DTRAIN_API ImageTransform {
   };
   Resize resize = Resize::kStretch;
   float central_fraction = 1.0f;
-  float scale_min = 0.08f, scale_max = 1.0f;            // share of the image's area
+  float scale_min = 0.08f, scale_max = 1.0f;               // share of the image's area
   float ratio_min = 3.0f / 4.0f, ratio_max = 4.0f / 3.0f;  // width / height, drawn log-uniform
-  bool random_flip = false;  // left-right with probability 1/2
+  bool random_flip = false;                                // left-right with probability 1/2
   // value = (pixel * rescale - mean[c]) / stddev[c]; empty mean/stddev: 0 and 1. ImageNet as
   // torchvision: rescale 1/255, mean {0.485, 0.456, 0.406}, stddev {0.229, 0.224, 0.225}. A
   // rescale of 1/n (n whole) divides by n, as torchvision's ToTensor does: 1/255 gives exactly

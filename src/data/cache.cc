@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <new>
 
 #include "data/dataset_node.h"
 #include "dtrain/data/dataset.h"
@@ -217,10 +218,19 @@ Dataset Dataset::cache(const std::string& filename) const {
   for (size_t c = 0; c < src->tensors.size(); ++c)
     signature += str_cat(" ", dtype_name(src->tensors[c].dtype()), src->tensors[c].to_string());
   std::unique_ptr<detail::Store> store;
-  if (filename.empty())
-    store = std::make_unique<detail::MemoryStore>(src->n, src->row_bytes);
-  else
+  if (filename.empty()) {
+    try {
+      store = std::make_unique<detail::MemoryStore>(src->n, src->row_bytes);
+    } catch (const std::bad_alloc&) {
+      size_t bytes = 0;
+      for (size_t rb : src->row_bytes) bytes += rb;
+      throw InvalidArgument(str_cat("Dataset::cache() on ", node->description(), ": ", src->n,
+                                    " rows of ", bytes, " bytes do not fit in memory; give ",
+                                    "cache() a file name"));
+    }
+  } else {
     store = std::make_unique<detail::FileStore>(filename, src->n, src->row_bytes, signature);
+  }
   auto cache = std::make_shared<detail::RowCache>(src->n, std::move(store));
   auto wrapped = std::make_shared<detail::DatasetSource>(*src);
   wrapped->read = [cache, read = src->read](int64_t row, uint64_t epoch, void* const* dst) {

@@ -140,7 +140,8 @@ class DTRAIN_API Dataset {
   // one written for another pipeline, or damaged, is refused with InvalidArgument/DataLoss naming
   // it. Rows written are flagged only after their bytes, so a run killed mid-pass leaves a valid
   // partial cache. Throws InvalidArgument on a stage that is not a source, or on a reader whose
-  // rows change with the epoch (cache before random augmentation, as in tf.data).
+  // rows change with the epoch (cache before random augmentation, as in tf.data), or for a memory
+  // cache larger than the memory. A source already in memory (from_tensors) is returned as it is.
   Dataset cache(const std::string& filename = "") const;
 
   // Rows the source's reader skipped so far (ignore_errors), over every pipeline built on it.

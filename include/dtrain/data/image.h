@@ -28,7 +28,8 @@ struct Image {
 };
 
 // Decodes a JPEG or PNG (told apart by their first bytes) to `channels` (0: the file's own, gray or
-// RGB; 1: gray; 3: RGB; a PNG's alpha is dropped, 16-bit samples become 8-bit). Throws DataLoss
+// RGB; 1: gray; 3: RGB; a PNG's alpha is dropped; a 16-bit PNG becomes 8-bit through libpng's
+// simplified API, which treats 16-bit samples as linear and encodes them as sRGB). Throws DataLoss
 // naming `what` (a file name, a record) for data that is not a whole JPEG or PNG: truncated,
 // corrupt, empty, another format. libjpeg's warnings (a premature end of data) count as errors:
 // a half-decoded image is never returned.

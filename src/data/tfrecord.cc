@@ -74,7 +74,8 @@ std::vector<RecordRef> index_records(const MappedFile& f, bool ignore_errors) {
   std::vector<RecordRef> out;
   const unsigned char* p = f.data();
   if (f.size() >= 2 && p[0] == 0x1f && p[1] == 0x8b)
-    throw InvalidArgument(str_cat(f.path(), ": a GZIP-compressed TFRecord file; dtrain reads "
+    throw InvalidArgument(str_cat(f.path(),
+                                  ": a GZIP-compressed TFRecord file; dtrain reads "
                                   "uncompressed ones: gunzip it (TFRecordWriter writes none)"));
   size_t at = 0;
   while (at < f.size()) {

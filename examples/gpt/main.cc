@@ -17,6 +17,7 @@
 #include <optional>
 #include <sstream>
 
+#include "dtrain/core/allocator.h"
 #include "dtrain/dtrain.h"
 
 namespace {
@@ -134,6 +135,10 @@ int main(int argc, char** argv) {
   app.add_option("--heads", heads, "override the preset's heads");
   app.add_option("--context", context, "T: the window length in bytes")->capture_default_str();
   app.add_option("--dropout", dropout, "dropout rate")->capture_default_str();
+  bool recompute = false;
+  app.add_flag("--recompute", recompute,
+               "recompute each transformer block's activations in the backward pass instead of "
+               "keeping them (GPTConfig::recompute): less memory, one more forward pass");
   app.add_option("--epochs", epochs, "epochs of --steps-per-epoch steps")->capture_default_str();
   app.add_option("--steps-per-epoch", steps_per_epoch, "steps in an epoch")->capture_default_str();
   app.add_option("--steps", steps, "stop after this many steps in all (0: epochs decide)");
@@ -178,6 +183,7 @@ int main(int argc, char** argv) {
     dtrain::applications::GPTConfig config = dtrain::applications::GPTConfig::preset(preset);
     config.context_length = context;
     config.dropout = dropout;
+    config.recompute = recompute;
     if (layers > 0) config.num_layers = layers;
     if (dim > 0) config.dim = dim;
     if (heads > 0) config.num_heads = heads;
@@ -295,18 +301,24 @@ int main(int argc, char** argv) {
         std::printf("--- sample ---\n%s\n--------------\n", sample.c_str());
       if (json) {
         const double val_loss = h.test_loss;
-        nlohmann::json j{{"strategy", strategy_name},
-                         {"replicas", strategy.num_replicas_in_sync()},
-                         {"preset", preset},
-                         {"parameters", model->count_params()},
-                         {"steps", h.steps},
-                         {"global_batch", batch},
-                         {"context", context},
-                         {"tokens_per_sec", h.images_per_sec * static_cast<double>(context)},
-                         {"final_loss", h.final_loss},
-                         {"val_loss_nats", val_loss},
-                         {"val_bits_per_byte", val_loss / std::log(2.0)},
-                         {"peak_rss_mb", static_cast<double>(usage.ru_maxrss) / 1024.0}};
+        nlohmann::json j{
+            {"strategy", strategy_name},
+            {"replicas", strategy.num_replicas_in_sync()},
+            {"preset", preset},
+            {"parameters", model->count_params()},
+            {"steps", h.steps},
+            {"global_batch", batch},
+            {"context", context},
+            {"tokens_per_sec", h.images_per_sec * static_cast<double>(context)},
+            {"final_loss", h.final_loss},
+            {"val_loss_nats", val_loss},
+            {"val_bits_per_byte", val_loss / std::log(2.0)},
+            {"recompute", recompute},
+            {"seconds_per_step",
+             h.images_per_sec > 0 ? static_cast<double>(batch) / h.images_per_sec : 0.0},
+            {"allocator_peak_mb",
+             static_cast<double>(dtrain::host_allocator().get_memory_info().peak) / 1048576.0},
+            {"peak_rss_mb", static_cast<double>(usage.ru_maxrss) / 1024.0}};
         if (!sample.empty()) j["sample"] = sample;
         std::printf("%s\n", j.dump().c_str());
       }

@@ -52,7 +52,18 @@ class CachingHostAllocator final : public Allocator {
         throw Unavailable(detail::str_cat("out of host memory allocating ", rounded,
                                           " bytes; reduce the batch size"));
     }
+    const size_t now = in_use_.fetch_add(rounded, std::memory_order_relaxed) + rounded;
+    for (size_t peak = peak_.load(std::memory_order_relaxed);
+         now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed);) {
+    }
     return std::make_shared<Storage>(p, rounded, device, &CachingHostAllocator::release, &pool);
+  }
+
+  MemoryInfo get_memory_info() const override {
+    return {in_use_.load(std::memory_order_relaxed), peak_.load(std::memory_order_relaxed)};
+  }
+  void reset_memory_stats() override {
+    peak_.store(in_use_.load(std::memory_order_relaxed), std::memory_order_relaxed);
   }
 
   void copy(void* dst, DeviceSpec, const void* src, DeviceSpec, size_t nbytes) override {
@@ -81,6 +92,7 @@ class CachingHostAllocator final : public Allocator {
   static void release(void* ctx, void* ptr, size_t nbytes) {
     auto* pool = static_cast<Pool*>(ctx);
     CachingHostAllocator* self = pool->owner;
+    self->in_use_.fetch_sub(nbytes, std::memory_order_relaxed);
     if (self->cached_bytes_.fetch_add(nbytes, std::memory_order_relaxed) + nbytes <=
         kMaxCachedBytes) {
       std::lock_guard<std::mutex> lock(pool->mu);
@@ -93,6 +105,7 @@ class CachingHostAllocator final : public Allocator {
 
   std::array<Pool, kPools> pools_;
   std::atomic<size_t> cached_bytes_{0};
+  std::atomic<size_t> in_use_{0}, peak_{0};  // tensor storage handed out and not released
 };
 
 std::mutex g_registry_mu;

@@ -20,6 +20,7 @@ namespace {
 thread_local std::vector<GradientTape*> t_tapes;
 thread_local tape::GradientReadyHook* t_hook = nullptr;
 thread_local const std::vector<bool>* t_needed = nullptr;  // the running BackwardFn's inputs
+thread_local int t_pause_all = 0;                          // tape::PauseAll guards alive
 
 // Sets which inputs the BackwardFn about to run must differentiate, for its duration.
 class NeededScope {
@@ -36,7 +37,7 @@ struct TapeAccess {
   static bool watches(const GradientTape& t, const Tensor& x) {
     return x.defined() && (x.is_trainable_variable() || t.watched_.count(x.id()) > 0);
   }
-  static bool active(const GradientTape& t) { return t.paused_ == 0; }
+  static bool active(const GradientTape& t) { return t.paused_ == 0 && t_pause_all == 0; }
   static void add(GradientTape& t, const std::shared_ptr<GradientTape::Node>& n,
                   const std::vector<Tensor>& inputs) {
     t.nodes_.push_back(n);
@@ -223,6 +224,9 @@ void record_node(const char* op, std::vector<Tensor>& inputs, std::vector<Tensor
   }
 }
 }  // namespace
+
+PauseAll::PauseAll() { ++t_pause_all; }
+PauseAll::~PauseAll() { --t_pause_all; }
 
 void record(const char* op, std::vector<Tensor> inputs, std::vector<Tensor> outputs,
             BackwardFn fn) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "dtrain/devices/device.h"
+#include "dtrain/model/recompute.h"
 #include "dtrain/strategies/strategy.h"
 #include "nn/graph_node.h"
 
@@ -247,6 +248,10 @@ std::vector<Tensor> Layer::operator()(const std::vector<Tensor>& xs, bool traini
     for (const auto& x : xs) shapes.push_back(x.shape());
     build(shapes);
   }
+  if (recompute_ && training && !t_build_pass)
+    return ::dtrain::recompute_grad(
+        [this, training](const std::vector<Tensor>& in) { return call(in, training); }, xs,
+        trainable_variables());
   if (!t_build_pass) return call(xs, training);
   std::vector<Tensor> moved = xs;
   move_to_weights(weights_, &moved);

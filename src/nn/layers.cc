@@ -5,6 +5,7 @@
 #include "dtrain/core/random.h"
 #include "dtrain/devices/device.h"
 #include "dtrain/model/initializers.h"
+#include "dtrain/model/recompute.h"
 #include "dtrain/nn/sync_batch_norm.h"
 #include "dtrain/strategies/strategy.h"
 
@@ -133,25 +134,30 @@ Dropout::Dropout(float rate, std::string name) : Layer(std::move(name)), rate_(r
   layer_stream_ = p.block(0)[2];
 }
 
-namespace {
-// Replicas of the current strategy in this process: each calls a layer once per step.
-uint64_t local_replicas() { return std::max<uint64_t>(1, get_strategy().worker_devices().size()); }
-}  // namespace
-
 int64_t Dropout::rng_calls() const {
-  return static_cast<int64_t>(calls_.load() / local_replicas());
+  // Every replica has made the same number of calls at a step's end, when checkpoints save this.
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t most = 0;
+  for (const auto& [replica, n] : calls_) most = std::max(most, n);
+  return static_cast<int64_t>(base_calls_ + most);
 }
 void Dropout::set_rng_calls(int64_t calls) {
   if (calls < 0) throw InvalidArgument("Dropout '" + name() + "': call count must be >= 0");
-  calls_.store(static_cast<uint64_t>(calls) * local_replicas());
+  std::lock_guard<std::mutex> lock(mu_);
+  base_calls_ = static_cast<uint64_t>(calls);
+  calls_.clear();
 }
 
 Tensor Dropout::call(const Tensor& x, bool training) {
   if (!training || rate_ == 0.f) return x;
   ReplicaContext* ctx = get_replica_context();
   const uint64_t replica = ctx ? static_cast<uint64_t>(ctx->replica_id_in_sync_group()) : 0;
-  // Calls are counted per replica so that replicas stay in step.
-  const uint64_t call = calls_.fetch_add(1) / local_replicas();
+  // The replica's own call count; under recompute_grad the replay reads back the call the first
+  // pass drew, so it applies the same mask.
+  const uint64_t call = recompute::replayed_draw([this, replica] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return base_calls_ + calls_[replica]++;
+  });
   const uint64_t stream = (layer_stream_ << 40) ^ (replica << 32) ^ call;
   return ops::dropout(x, rate_, true, seed_, stream);
 }
@@ -183,7 +189,8 @@ Tensor BatchNormalization::call(const Tensor& x, bool training) {
                                       &var);
   else
     y = ops::batch_norm_training(x, gamma->value(), beta->value(), epsilon_, &mean, &var);
-  if (sync || x.numel() > 0) {
+  // A recompute_grad replay computes the step's statistics again: the first pass updated them.
+  if ((sync || x.numel() > 0) && !recompute::replaying()) {
     Kernels& k = kernels_for(x);
     // moving = momentum * moving + (1 - momentum) * batch, on this replica's copy.
     moving_mean->update([&](Tensor& m, size_t) {

@@ -82,7 +82,10 @@ std::vector<std::string> Model::output_names() const {
   }
   for (const auto& o : graph_outputs_) {
     std::string n = o.node_->layer ? o.node_->layer->name() : o.node_->input_name;
-    if (o.node_->shapes.size() > 1) n += "_" + std::to_string(o.output_index());
+    if (o.node_->shapes.size() > 1) {  // two appends: GCC 12 warns (-Wrestrict) on "_" + s here
+      n += '_';
+      n += std::to_string(o.output_index());
+    }
     names.push_back(n);
   }
   return names;

@@ -45,6 +45,16 @@ class DTRAIN_API Allocator {
                     size_t nbytes) = 0;
   // Sets nbytes at dst to zero.
   virtual void zero(void* dst, size_t nbytes) = 0;
+  // Bytes of tensor storage allocated and not yet released, and the most there has been since
+  // the start or the last reset_memory_stats() (TF's tf.config.experimental.get_memory_info;
+  // PyTorch's memory_allocated / max_memory_allocated). Freed blocks the allocator keeps cached
+  // for reuse are not counted. Zero for allocators that do not count.
+  struct MemoryInfo {
+    size_t current = 0, peak = 0;
+  };
+  virtual MemoryInfo get_memory_info() const { return {}; }
+  // Sets the peak to the current value (TF's reset_memory_stats).
+  virtual void reset_memory_stats() {}
 };
 
 // The host allocator: caches freed blocks by size so that training steps do not page-fault.

@@ -101,6 +101,14 @@ DTRAIN_API bool should_record(std::initializer_list<const Tensor*> inputs);
 DTRAIN_API bool should_record(const std::vector<Tensor>& inputs);
 DTRAIN_API void record(const char* op, std::vector<Tensor> inputs, std::vector<Tensor> outputs,
                        BackwardFn fn);
+// While alive, no tape of the calling thread records (recompute_grad's first pass).
+class DTRAIN_API PauseAll {
+ public:
+  PauseAll();
+  ~PauseAll();
+  PauseAll(const PauseAll&) = delete;
+  PauseAll& operator=(const PauseAll&) = delete;
+};
 // Records an op that is not differentiable (again); differentiating through it throws
 // Unimplemented naming `op`.
 DTRAIN_API void record_nondifferentiable(const char* op, std::vector<Tensor> inputs,

@@ -28,6 +28,9 @@ struct DTRAIN_API GPTConfig {
   int64_t dim = 768;  // n_embd
   float dropout = 0.f;
   bool tie_weights = true;  // the head is the token embedding's matrix transposed
+  // Activation recomputation per transformer block (Layer::set_recompute_grad): training keeps
+  // each block's input instead of its activations, for one more forward pass of the blocks.
+  bool recompute = false;
   // By name (above); throws InvalidArgument listing the names.
   static GPTConfig preset(const std::string& name);
   // Parameters of this configuration (what the model's count_params() returns once built).

@@ -142,6 +142,16 @@ class DTRAIN_API Layer : public std::enable_shared_from_this<Layer> {
   // (summary() prints them); empty before.
   const std::vector<Shape>& output_shapes() const { return output_shapes_; }
 
+  // Activation recomputation (TF's tf.recompute_grad, PyTorch's torch.utils.checkpoint): while
+  // on, a training call under a recording tape keeps only the layer's inputs, and the backward
+  // pass runs the layer again to differentiate it (dtrain/model/recompute.h): the activations
+  // inside it are not held between forward and backward. A flag on the layer rather than a
+  // wrapper, so variable names, checkpoints and the model's structure do not change with it.
+  // Gradients are bitwise the same; Dropout replays its masks and BatchNormalization updates its
+  // moving statistics once.
+  void set_recompute_grad(bool on) { recompute_ = on; }
+  bool recompute_grad() const { return recompute_; }
+
   // Random state a checkpoint keeps (Dropout: calls per local replica so far); -1 when none.
   virtual int64_t rng_calls() const { return -1; }
   virtual void set_rng_calls(int64_t /*calls*/) {}
@@ -193,6 +203,7 @@ class DTRAIN_API Layer : public std::enable_shared_from_this<Layer> {
   VariableList weights_;
   std::vector<std::shared_ptr<Layer>> children_;
   Layer* parent_ = nullptr;  // the first layer that registered this one; cleared when it dies
+  bool recompute_ = false;
   std::vector<Shape> output_shapes_;
 };
 

@@ -5,7 +5,9 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "dtrain/core/export.h"
@@ -154,7 +156,9 @@ class DTRAIN_API ActivationLayer : public Layer {
 };
 
 // Inverted dropout. Each call draws a new Philox stream from (seed, layer, replica, call), so
-// masks are reproducible from --seed and differ across replicas and steps.
+// masks are reproducible from --seed and differ across replicas and steps. Calls are counted per
+// replica, so a layer called several times a step (a block's one Dropout after attention and
+// after the MLP) gives the same masks whatever the replica threads' timing.
 class DTRAIN_API Dropout : public Layer {
  public:
   explicit Dropout(float rate, std::string name = "dropout");
@@ -169,7 +173,9 @@ class DTRAIN_API Dropout : public Layer {
  private:
   float rate_;
   uint64_t seed_, layer_stream_;
-  std::atomic<uint64_t> calls_{0};
+  mutable std::mutex mu_;
+  uint64_t base_calls_ = 0;                       // set_rng_calls()
+  std::unordered_map<uint64_t, uint64_t> calls_;  // replica -> calls since then
 };
 
 // Keras BatchNormalization over the last axis. Moving statistics are non-trainable ON_READ

@@ -72,9 +72,11 @@ GPT::GPT(GPTConfig c, std::string name) : Model(std::move(name)), config_(c) {
   o.dropout = c.dropout;
   o.epsilon = 1e-5f;
   o.num_layers = c.num_layers;
-  for (int i = 0; i < c.num_layers; ++i)
+  for (int i = 0; i < c.num_layers; ++i) {
     blocks_.push_back(
         register_layer(std::make_shared<TransformerBlock>(o, "h_" + std::to_string(i))));
+    blocks_.back()->set_recompute_grad(c.recompute);
+  }
   ln_f = register_layer(std::make_shared<LayerNormalization>(1e-5f, "ln_f"));
   if (!c.tie_weights) {
     lm_head =

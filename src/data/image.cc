@@ -254,9 +254,15 @@ void decode_jpeg(std::string_view bytes, int channels, const ImageTransform* t, 
   for (int y = 0; y < r->height; ++y)
     rows[static_cast<size_t>(y)] = r->pixels.data() + static_cast<size_t>(y) * r->width * c;
   int got = 0;
-  while (got < r->height)
-    got += static_cast<int>(
+  while (got < r->height) {
+    const auto n = static_cast<int>(
         jpeg_read_scanlines(&cinfo, rows.data() + got, static_cast<JDIMENSION>(r->height - got)));
+    if (n == 0) {  // no progress: never a partly filled image
+      jpeg_destroy_decompress(&cinfo);
+      throw DataLoss(str_cat(what, ": cannot decode the JPEG: it ends before its last row"));
+    }
+    got += n;
+  }
   if (cinfo.output_scanline < cinfo.output_height)
     jpeg_abort_decompress(&cinfo);  // the rows below the window are not needed
   else

@@ -162,6 +162,29 @@ TEST(Image, JpegScaledAndCroppedDecodeMatchesFullDecodeThenTransform) {
   }
 }
 
+// Progressive JPEGs (common in photo collections; written by PIL with progressive=True, committed
+// in tests/data/testdata): the window-only decode (row skipping, column cropping) agrees with a
+// full decode, colour and gray.
+TEST(Image, ProgressiveJpegsDecodeThroughTheFastPathToo) {
+  for (const char* name : {"progressive.jpg", "progressive_gray.jpg"}) {
+    const std::string jpeg = image::read_file(std::string(DTRAIN_TEST_DATA_DIR) + "/" + name);
+    const image::Image full = image::decode_image(jpeg, 3, name);
+    ASSERT_EQ(full.width, 160) << name;
+    ASSERT_EQ(full.height, 120) << name;
+    image::ImageTransform t;
+    t.height = t.width = 40;
+    t.resize = image::ImageTransform::Resize::kRandomResizedCrop;
+    std::vector<float> fast(40 * 40 * 3), slow(fast.size());
+    for (int64_t index = 0; index < 8; ++index) {
+      image::decode_transformed(jpeg, t, 4, 0, index, fast.data(), name);
+      image::transform_image(full, t, 4, 0, index, slow.data());
+      double err = 0;
+      for (size_t i = 0; i < fast.size(); ++i) err += std::abs(fast[i] - slow[i]);
+      EXPECT_LT(err / static_cast<double>(fast.size()), 6.0) << name << " index " << index;
+    }
+  }
+}
+
 TEST(Image, RandomResizedCropIsAFunctionOfSeedEpochAndIndex) {
   const std::string png = image::encode_png(noise(64, 80, 3, 2));
   image::ImageTransform t;

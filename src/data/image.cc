@@ -187,7 +187,7 @@ void jpeg_message(j_common_ptr cinfo, int level) {
   if (level < 0) jpeg_fail(cinfo);  // a warning (corrupt or truncated data) is an error here
 }
 
-// Decodes the part of a JPEG a transform needs: rows and columns of its window, at the smallest
+// Decodes the part of a JPEG a transform needs: the rows of its window, at the smallest
 // DCT scale that keeps the window at least the output's size. t == nullptr: the whole image at
 // full size. Fills `pixels` and the decoded region's geometry; `win` comes back in its pixels.
 struct JpegRegion {
@@ -236,17 +236,15 @@ void decode_jpeg(std::string_view bytes, int channels, const ImageTransform* t, 
   win.w *= sx;
   win.y *= sy;
   win.h *= sy;
-  // The decoded region: the window's rows and columns, one pixel of margin for the filter.
+  // The decoded region: the window's rows, one pixel of margin for the filter.
   const int r0 = std::clamp(static_cast<int>(std::floor(win.y)) - 1, 0, sh - 1);
   const int r1 = std::clamp(static_cast<int>(std::ceil(win.y + win.h)) + 1, r0 + 1, sh);
-  JDIMENSION xoff =
-      static_cast<JDIMENSION>(std::clamp(static_cast<int>(std::floor(win.x)) - 1, 0, sw - 1));
-  JDIMENSION xw = static_cast<JDIMENSION>(
-      std::clamp(static_cast<int>(std::ceil(win.x + win.w)) + 1, static_cast<int>(xoff) + 1, sw) -
-      static_cast<int>(xoff));
-  if (xoff > 0 || static_cast<int>(xw) < sw) jpeg_crop_scanline(&cinfo, &xoff, &xw);
+  // Whole rows: jpeg_crop_scanline (libjpeg-turbo 2.1.5) leaves some samples of a cropped row
+  // uninitialised (valgrind showed it), so columns are not cropped; the rows above the window are
+  // skipped (jpeg_skip_scanlines) and those below it never decoded.
+  const JDIMENSION xoff = 0;
   if (r0 > 0) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(r0));
-  r->width = static_cast<int>(cinfo.output_width);  // the cropped width
+  r->width = static_cast<int>(cinfo.output_width);
   r->height = r1 - r0;
   r->channels = c;
   r->pixels.resize(static_cast<size_t>(r->width) * r->height * c);

@@ -7,8 +7,8 @@
 // uninterrupted run saw.
 //
 // A JPEG is decoded at the smallest of libjpeg's 1/8 ... 8/8 scales that still covers the output
-// at full resolution, and only the rows and columns of the crop are decoded (as TF's
-// decode_and_crop_jpeg); the bilinear resize then reads from that.
+// at full resolution, and only down to the crop window's last row (the rows above it skipped), as
+// TF's decode_and_crop_jpeg saves work; the bilinear resize then reads from that.
 #pragma once
 
 #include <cstdint>

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "dtrain/core/allocator.h"
 #include "dtrain/data/files.h"
 #include "dtrain/dtrain.h"
 
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
   bool fp16_allreduce = false, json = false;
   std::string image_dir;
   int input_threads = 0;
+  bool recompute = false;
   app.add_option("--model", model_name, "resnet18, resnet34, resnet50, resnet101, resnet152")
       ->capture_default_str();
   app.add_option("--batch-size", batch, "input batch size per replica")
@@ -74,6 +76,9 @@ int main(int argc, char** argv) {
   app.add_option("--image-dir", image_dir,
                  "train on image files (DIR/<class>/*.jpg|png) through the input pipeline instead "
                  "of one random batch");
+  app.add_flag("--recompute", recompute,
+               "recompute each residual block's activations in the backward pass "
+               "(ResNetOptions::recompute)");
   app.add_option("--input-threads", input_threads,
                  "threads decoding --image-dir files (0 = one per core)");
   CLI11_PARSE(app, argc, argv);
@@ -90,6 +95,7 @@ int main(int argc, char** argv) {
       dtrain::applications::ResNetOptions ro;
       ro.input_shape = dtrain::Shape{image_size, image_size, 3};
       ro.classes = 1000;
+      ro.recompute = recompute;
       std::shared_ptr<dtrain::Model> model;
       std::unique_ptr<dtrain::Optimizer> opt;
       {
@@ -218,19 +224,25 @@ int main(int argc, char** argv) {
           std::printf("Input: %zu files from %s; steps waited for input %.2f%% of the time\n",
                       folder->files.size(), image_dir.c_str(), 100 * input_share);
         if (json)
-          std::printf("%s\n", nlohmann::json{{"model", model_name},
-                                             {"strategy", strategy_name},
-                                             {"replicas", replicas},
-                                             {"batch_size", batch},
-                                             {"img_sec_per_device", mean},
-                                             {"img_sec_per_device_conf", conf},
-                                             {"total_img_sec", replicas * mean},
-                                             {"peak_rss_mb", rss},
-                                             {"input", folder ? image_dir : "synthetic"},
-                                             {"input_wait_fraction", folder ? input_share : 0.0},
-                                             {"params", model->count_params()}}
-                                  .dump()
-                                  .c_str());
+          std::printf(
+              "%s\n",
+              nlohmann::json{{"model", model_name},
+                             {"strategy", strategy_name},
+                             {"replicas", replicas},
+                             {"batch_size", batch},
+                             {"img_sec_per_device", mean},
+                             {"img_sec_per_device_conf", conf},
+                             {"total_img_sec", replicas * mean},
+                             {"peak_rss_mb", rss},
+                             {"recompute", recompute},
+                             {"allocator_peak_mb",
+                              static_cast<double>(dtrain::host_allocator().get_memory_info().peak) /
+                                  1048576.0},
+                             {"input", folder ? image_dir : "synthetic"},
+                             {"input_wait_fraction", folder ? input_share : 0.0},
+                             {"params", model->count_params()}}
+                  .dump()
+                  .c_str());
       }
       strategy.extended().on_training_end();
     };

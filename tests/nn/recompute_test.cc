@@ -11,6 +11,7 @@
 #include "dtrain/core/allocator.h"
 #include "dtrain/model/gradient_tape.h"
 #include "dtrain/model/ops.h"
+#include "dtrain/nn/applications.h"
 #include "dtrain/nn/gpt.h"
 #include "dtrain/nn/layers.h"
 #include "dtrain/nn/losses.h"
@@ -212,6 +213,49 @@ TEST_F(Recompute, GptWithRecomputedBlocksTrainsBitwiseAlikeUnderOneDeviceAndMirr
       EXPECT_EQ(plain0[i], recomputed0[i]) << name << " no dropout, variable " << i;
     const auto plain = train_gpt(name, false);
     const auto recomputed = train_gpt(name, true);
+    ASSERT_EQ(plain.size(), recomputed.size());
+    for (size_t i = 0; i < plain.size(); ++i)
+      EXPECT_EQ(plain[i], recomputed[i]) << name << " " << i;
+  }
+}
+
+// ResNetOptions::recompute: resnet8 with (synchronized) batch norm, trained by fit() with and
+// without recomputed blocks, under one device and Mirrored: bitwise the same weights and moving
+// statistics.
+std::vector<std::vector<float>> train_resnet(const std::string& name, bool recompute) {
+  auto s = strategy(name);
+  set_global_seed(9);
+  applications::ResNetOptions o;
+  o.input_shape = Shape{8, 8, 1};
+  o.classes = 3;
+  o.synchronized_batch_norm = name != "one_device";
+  o.recompute = recompute;
+  std::shared_ptr<Model> m;
+  std::unique_ptr<Optimizer> opt;
+  {
+    auto scope = s->scope();
+    m = applications::CifarResNet(8, o);
+    m->build(Shape{1, 8, 8, 1});
+    opt = std::make_unique<SGD>(0.05f, 0.9f);
+  }
+  const Tensor x = random_tensor(Shape{24, 8, 8, 1}, 21);
+  std::vector<int32_t> y;
+  for (int i = 0; i < 24; ++i) y.push_back(i % 3);
+  FitOptions f;
+  f.steps = 4;
+  f.global_batch_size = 12;
+  f.warmup_steps = 0;
+  fit(*s, *m, *opt, Dataset::from_tensors({x, Tensor::from_vector<int32_t>(y, Shape{24})}), nullptr,
+      f);
+  std::vector<std::vector<float>> w;
+  for (const auto& v : m->variables()) w.push_back(v->value().to_vector<float>());
+  return w;
+}
+
+TEST_F(Recompute, ResNetWithRecomputedBlocksTrainsBitwiseAlikeSyncBatchNormIncluded) {
+  for (const char* name : {"one_device", "mirrored"}) {
+    const auto plain = train_resnet(name, false);
+    const auto recomputed = train_resnet(name, true);
     ASSERT_EQ(plain.size(), recomputed.size());
     for (size_t i = 0; i < plain.size(); ++i)
       EXPECT_EQ(plain[i], recomputed[i]) << name << " " << i;

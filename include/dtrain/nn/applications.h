@@ -34,6 +34,9 @@ struct DTRAIN_API ResNetOptions {
   bool include_top = true;
   // Every BatchNormalization synchronized across replicas (SyncBatchNorm).
   bool synchronized_batch_norm = false;
+  // Activation recomputation per residual block (Layer::set_recompute_grad): training keeps each
+  // block's input instead of its activations, for one more forward pass of the blocks.
+  bool recompute = false;
 };
 
 // Throw InvalidArgument for an input too small for the network's strides, or classes < 1.

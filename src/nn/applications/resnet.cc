@@ -136,7 +136,9 @@ std::shared_ptr<Model> imagenet_resnet(const std::vector<int>& blocks, const std
   for (size_t s = 0; s < blocks.size(); ++s)
     for (int b = 1; b <= blocks[s]; ++b) {
       const std::string n = "conv" + std::to_string(s + 2) + "_block" + std::to_string(b);
-      x = (*block(filters[s], b == 1 && s > 0 ? 2 : 1, b == 1, n))(x);
+      std::shared_ptr<Layer> layer = block(filters[s], b == 1 && s > 0 ? 2 : 1, b == 1, n);
+      layer->set_recompute_grad(o.recompute);
+      x = (*layer)(x);
     }
   return std::make_shared<Model>(in, head(x, o), name);
 }
@@ -193,8 +195,10 @@ std::shared_ptr<Model> CifarResNet(int depth, const ResNetOptions& o) {
     for (int b = 1; b <= n; ++b) {
       const int stride = s > 0 && b == 1 ? 2 : 1;
       const std::string bn_name = "stack" + std::to_string(s + 1) + "_block" + std::to_string(b);
-      x = (*std::make_shared<BasicBlock>(filters, stride, stride != 1, true, false, 1e-3f,
-                                         initializers::he_normal(), o, bn_name))(x);
+      auto block = std::make_shared<BasicBlock>(filters, stride, stride != 1, true, false, 1e-3f,
+                                                initializers::he_normal(), o, bn_name);
+      block->set_recompute_grad(o.recompute);
+      x = (*block)(x);
     }
   if (o.include_top) {
     x = (*std::make_shared<GlobalAveragePooling2D>("avg_pool"))(x);

@@ -22,12 +22,7 @@ class ModelTraining : public ::testing::Test {
   void SetUp() override { configure_devices({2, 1}); }
 };
 
-std::unique_ptr<Strategy> strategy(const std::string& name) {
-  StrategyOptions o;
-  o.devices = {DeviceSpec::cpu(0)};
-  if (name != "one_device") o.devices.push_back(DeviceSpec::cpu(1));
-  return make_strategy(name, o);
-}
+using testing::strategy_on_cpus;
 
 // A residual CNN with two heads: 4 class logits and one value.
 std::shared_ptr<Model> two_heads() {
@@ -125,7 +120,7 @@ struct Trained {
 };
 
 Trained train_two_heads(const std::string& name) {
-  auto s = strategy(name);
+  auto s = strategy_on_cpus(name);
   set_global_seed(3);
   std::shared_ptr<Model> m;
   std::unique_ptr<Optimizer> opt;
@@ -153,7 +148,7 @@ TEST_F(ModelTraining, FunctionalModelWithTwoOutputsMatchesOneDeviceUnderEveryLoc
     EXPECT_NEAR(other.history.final_loss, one.history.final_loss, 1e-5) << name;
   }
   // The loss weights matter: without them the weights end elsewhere.
-  auto s = strategy("one_device");
+  auto s = strategy_on_cpus("one_device");
   set_global_seed(3);
   auto m = two_heads();
   SGD sgd(0.1f, 0.9f);
@@ -165,7 +160,7 @@ TEST_F(ModelTraining, FunctionalModelWithTwoOutputsMatchesOneDeviceUnderEveryLoc
 }
 
 std::vector<std::vector<float>> train_residual(const std::string& name, int64_t steps) {
-  auto s = strategy(name);
+  auto s = strategy_on_cpus(name);
   set_global_seed(5);
   std::shared_ptr<ResidualNet> m;
   std::unique_ptr<Optimizer> opt;
@@ -196,7 +191,7 @@ TEST_F(ModelTraining, CheckpointOfAFunctionalModelRestoresUnderAnotherStrategy) 
   const Dataset ds = Dataset::from_tensors({d.x, d.labels, d.values});
   Tensor before;
   {
-    auto s = strategy("mirrored");
+    auto s = strategy_on_cpus("mirrored");
     set_global_seed(9);
     std::shared_ptr<Model> m;
     std::unique_ptr<Optimizer> opt;
@@ -210,7 +205,7 @@ TEST_F(ModelTraining, CheckpointOfAFunctionalModelRestoresUnderAnotherStrategy) 
     ASSERT_TRUE(Checkpoint(*m, opt.get(), s.get()).save(path));
     before = predict(*s, *m, ds, 8);
   }
-  auto s = strategy("one_device");
+  auto s = strategy_on_cpus("one_device");
   set_global_seed(123);  // other initial weights: the restore must replace them all
   std::shared_ptr<Model> m;
   std::unique_ptr<Optimizer> opt;
@@ -233,7 +228,7 @@ TEST_F(ModelTraining, CheckpointOfASubclassedModelRestoresUnderAnotherStrategy) 
   const Dataset ds = Dataset::from_tensors({d.x, d.labels});
   Tensor before;
   {
-    auto s = strategy("central_storage");
+    auto s = strategy_on_cpus("central_storage");
     set_global_seed(9);
     std::shared_ptr<ResidualNet> m;
     std::unique_ptr<Optimizer> opt;
@@ -249,7 +244,7 @@ TEST_F(ModelTraining, CheckpointOfASubclassedModelRestoresUnderAnotherStrategy) 
     ASSERT_TRUE(Checkpoint(*m, opt.get(), s.get()).save(path));
     before = predict(*s, *m, ds, 8);
   }
-  auto s = strategy("mirrored");
+  auto s = strategy_on_cpus("mirrored");
   set_global_seed(321);
   std::shared_ptr<ResidualNet> m;
   std::unique_ptr<Optimizer> opt;
@@ -291,7 +286,7 @@ TEST_F(ModelTraining, SubclassedModelWithTwoInputsAndTwoOutputsTrains) {
   const Tensor flat = ops::reshape(d.x, Shape{64, 64});
   const Tensor other = ops::slice(flat, 1, 0, 10);
   for (const char* name : {"one_device", "mirrored"}) {
-    auto s = strategy(name);
+    auto s = strategy_on_cpus(name);
     std::shared_ptr<TwoInTwoOut> m;
     std::unique_ptr<Optimizer> opt;
     {
@@ -313,7 +308,7 @@ TEST_F(ModelTraining, SubclassedModelWithTwoInputsAndTwoOutputsTrains) {
 }
 
 TEST_F(ModelTraining, ADatasetWithoutALabelPerOutputIsRefused) {
-  auto s = strategy("one_device");
+  auto s = strategy_on_cpus("one_device");
   auto m = two_heads();
   SGD sgd(0.1f);
   const Data d = data(16);
@@ -337,7 +332,7 @@ TEST_F(ModelTraining, ADatasetWithoutALabelPerOutputIsRefused) {
 // training as the list form, bitwise.
 TEST_F(ModelTraining, LossesByOutputNameEqualTheListForm) {
   const Trained list = train_two_heads("one_device");
-  auto s = strategy("one_device");
+  auto s = strategy_on_cpus("one_device");
   set_global_seed(3);
   auto m = two_heads();
   SGD sgd(0.1f, 0.9f);
@@ -364,7 +359,7 @@ TEST_F(ModelTraining, LossesByOutputNameEqualTheListForm) {
 // initial weights under one device and under mirrored, while the other head trains.
 TEST_F(ModelTraining, AnOutputWithoutALossIsNotTrained) {
   for (const char* name : {"one_device", "mirrored"}) {
-    auto s = strategy(name);
+    auto s = strategy_on_cpus(name);
     set_global_seed(3);
     std::shared_ptr<Model> m;
     std::unique_ptr<Optimizer> opt;
@@ -406,7 +401,7 @@ TEST_F(ModelTraining, PredictGivesEveryOutput) {
   const Dataset ds = Dataset::from_tensors({d.x, d.labels, d.values});
   std::vector<std::vector<float>> first;
   for (const char* name : {"one_device", "mirrored", "ensemble"}) {
-    auto s = strategy(name);
+    auto s = strategy_on_cpus(name);
     set_global_seed(4);
     std::shared_ptr<Model> m;
     {
@@ -436,7 +431,7 @@ TEST_F(ModelTraining, StepsPerEpochContinuesThroughThePasses) {
   const Dataset ds = Dataset::from_tensors({d.x, d.labels, d.values});
   for (const char* name : {"one_device", "mirrored"}) {
     auto run = [&](int epochs, int64_t steps_per_epoch) {
-      auto s = strategy(name);
+      auto s = strategy_on_cpus(name);
       set_global_seed(3);
       std::shared_ptr<Model> m;
       std::unique_ptr<Optimizer> opt;
@@ -456,7 +451,7 @@ TEST_F(ModelTraining, StepsPerEpochContinuesThroughThePasses) {
       return weights(*m);
     };
     EXPECT_EQ(run(6, 1), run(2, 0)) << name;
-    auto s = strategy(name);
+    auto s = strategy_on_cpus(name);
     auto m = two_heads();
     SGD sgd(0.1f);
     FitOptions f = two_head_options();

@@ -158,16 +158,11 @@ TEST_F(Recompute, IntermediateTensorsAreNotKeptUntilBackward) {
               plain_peak, re_peak);
 }
 
-std::unique_ptr<Strategy> strategy(const std::string& name) {
-  StrategyOptions o;
-  o.devices = {DeviceSpec::cpu(0)};
-  if (name != "one_device") o.devices.push_back(DeviceSpec::cpu(1));
-  return make_strategy(name, o);
-}
+using testing::strategy_on_cpus;
 
 std::vector<std::vector<float>> train_gpt(const std::string& name, bool recompute,
                                           float dropout = 0.1f) {
-  auto s = strategy(name);
+  auto s = strategy_on_cpus(name);
   set_global_seed(7);
   GPTConfig c;
   c.vocab_size = 11;
@@ -185,14 +180,7 @@ std::vector<std::vector<float>> train_gpt(const std::string& name, bool recomput
     m->build(Shape{1, 8});
     opt = std::make_unique<Adam>(1e-2f);
   }
-  std::vector<int32_t> x, y;
-  for (int i = 0; i < 32; ++i)
-    for (int t = 0; t < 8; ++t) {
-      x.push_back((i + t) % 11);
-      y.push_back((i + t + 1) % 11);
-    }
-  const Dataset ds = Dataset::from_tensors({Tensor::from_vector<int32_t>(x, Shape{32, 8}),
-                                            Tensor::from_vector<int32_t>(y, Shape{32, 8})});
+  const Dataset ds = Dataset::from_tensors(testing::repeating_sequences(32, 8, 11));
   FitOptions f;
   f.steps = 12;
   f.global_batch_size = 16;
@@ -223,7 +211,7 @@ TEST_F(Recompute, GptWithRecomputedBlocksTrainsBitwiseAlikeUnderOneDeviceAndMirr
 // without recomputed blocks, under one device and Mirrored: bitwise the same weights and moving
 // statistics.
 std::vector<std::vector<float>> train_resnet(const std::string& name, bool recompute) {
-  auto s = strategy(name);
+  auto s = strategy_on_cpus(name);
   set_global_seed(9);
   applications::ResNetOptions o;
   o.input_shape = Shape{8, 8, 1};

@@ -23,12 +23,7 @@ class Transformer : public ::testing::Test {
   void SetUp() override { configure_devices({2, 1}); }
 };
 
-std::unique_ptr<Strategy> strategy(const std::string& name) {
-  StrategyOptions o;
-  o.devices = {DeviceSpec::cpu(0)};
-  if (name != "one_device") o.devices.push_back(DeviceSpec::cpu(1));
-  return make_strategy(name, o);
-}
+using testing::strategy_on_cpus;
 
 GPTConfig tiny() {
   GPTConfig c;
@@ -43,7 +38,7 @@ GPTConfig tiny() {
 TEST_F(Transformer, Gpt2SmallHasHuggingFacesParameterCount) {
   const GPTConfig c = GPTConfig::preset("gpt2");
   EXPECT_EQ(c.num_parameters(), 124439808);
-  auto s = strategy("one_device");
+  auto s = strategy_on_cpus("one_device");
   auto scope = s->scope();
   GPT m(c);
   m.build(Shape{1, 4});
@@ -182,7 +177,7 @@ TEST_F(Transformer, DenseAppliesToTheLastAxisOfASequence) {
 }
 
 std::vector<std::vector<float>> train_tiny(const std::string& name) {
-  auto s = strategy(name);
+  auto s = strategy_on_cpus(name);
   set_global_seed(7);
   std::shared_ptr<GPT> m;
   std::unique_ptr<Optimizer> opt;
@@ -193,14 +188,7 @@ std::vector<std::vector<float>> train_tiny(const std::string& name) {
     opt = std::make_unique<Adam>(1e-2f);
   }
   // A repeating sequence: each window's next token is determined by the current one.
-  std::vector<int32_t> x, y;
-  for (int i = 0; i < 32; ++i)
-    for (int t = 0; t < 8; ++t) {
-      x.push_back((i + t) % 11);
-      y.push_back((i + t + 1) % 11);
-    }
-  const Dataset ds = Dataset::from_tensors({Tensor::from_vector<int32_t>(x, Shape{32, 8}),
-                                            Tensor::from_vector<int32_t>(y, Shape{32, 8})});
+  const Dataset ds = Dataset::from_tensors(testing::repeating_sequences(32, 8, 11));
   FitOptions f;
   f.steps = 80;
   f.global_batch_size = 16;

@@ -15,11 +15,33 @@
 #include "dtrain/model/initializers.h"
 #include "dtrain/model/ops.h"
 #include "dtrain/model/variable.h"
+#include "dtrain/strategies/make_strategy.h"
 
 namespace dtrain::testing {
 
 // Every test process uses two logical CPU devices with one thread each.
 inline void use_two_cpus() { configure_devices({2, 1}); }
+
+// The strategy `name` on cpu:0, or on cpu:0 and cpu:1 for every strategy but one_device.
+inline std::unique_ptr<Strategy> strategy_on_cpus(const std::string& name) {
+  StrategyOptions o;
+  o.devices = {DeviceSpec::cpu(0)};
+  if (name != "one_device") o.devices.push_back(DeviceSpec::cpu(1));
+  return make_strategy(name, o);
+}
+
+// n windows of t tokens of a repeating sequence over `vocab` ids, and their targets (each window
+// shifted by one): a language-modelling task whose next token follows from the current one.
+inline std::vector<Tensor> repeating_sequences(int64_t n, int64_t t, int32_t vocab) {
+  std::vector<int32_t> x, y;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t k = 0; k < t; ++k) {
+      x.push_back(static_cast<int32_t>((i + k) % vocab));
+      y.push_back(static_cast<int32_t>((i + k + 1) % vocab));
+    }
+  return {Tensor::from_vector<int32_t>(x, Shape{n, t}),
+          Tensor::from_vector<int32_t>(y, Shape{n, t})};
+}
 
 // A non-trainable float32 variable of shape [1] holding v, with the given aggregation and
 // synchronization.

@@ -77,6 +77,14 @@ int input_bench(const InputArgs& a);
 int input_run(const std::string& dir, int threads, int batch, int epochs, int warmup,
               const std::string& samples = "");
 
+struct PeakArgs {
+  int threads = 1, reps = 5;
+  std::vector<int64_t> sizes = {512, 1024, 2048};
+  double images_per_sec = 0, gflop_per_image = 0;
+  bool json = false;
+};
+int peak_bench(const PeakArgs& a);
+
 struct ChaosArgs {
   int jobs = 10, workers = 3, steps = 400;
   uint64_t seed = 1;

@@ -7,6 +7,7 @@
 //   dtrain-bench ps --ps=1,2 --workers=1,2,4 --sizes=4K,1M,16M --train
 //   dtrain-bench scaling --max-replicas=2 --runs=3 --json
 //   dtrain-bench input --images=2000 --runs=3
+//   dtrain-bench peak --threads=1
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -207,6 +208,23 @@ int main(int argc, char** argv) {
   std::string ir_samples;
   input_run_cmd->add_option("--samples", ir_samples,
                             "write the first batch's images as a PNG grid");
+  PeakArgs pk;
+  auto* peak = app.add_subcommand(
+      "peak", "the machine's limit: float32 and mixed bfloat16 matmul GFLOP/s (oneDNN)");
+  peak->add_option("--threads", pk.threads, "threads (one CPU device)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  peak->add_option("--sizes", pk.sizes, "matrix sizes n (n x n x n products)")
+      ->capture_default_str();
+  peak->add_option("--reps", pk.reps, "timed products per size (median)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  peak->add_option("--images-per-sec", pk.images_per_sec,
+                   "a training run's speed, to print its share of the peak");
+  peak->add_option("--gflop-per-image", pk.gflop_per_image,
+                   "that model's GFLOP per training image (ResNet-50 at 224: 24.6, 2 per "
+                   "multiply-add)");
+  peak->add_flag("--json", pk.json, "also print one JSON object per result");
   ChaosArgs ch;
   auto* chaos =
       app.add_subcommand("chaos",
@@ -256,6 +274,7 @@ int main(int argc, char** argv) {
     if (*compare) return compare_bench(cmp);
     if (*chaos) return chaos_bench(ch);
     if (*input) return input_bench(in);
+    if (*peak) return peak_bench(pk);
     if (*input_run_cmd)
       return input_run(ir_dir, ir_threads, in.batch, in.epochs, in.warmup, ir_samples);
     if (*pw) return ps_worker(pw_size, pw_seconds);

@@ -1,0 +1,95 @@
+// `dtrain-bench peak`: the machine's practical compute limit, for judging how far a model's
+// training is from it: square matrix products through dtrain's CPU kernels (oneDNN's matmul
+// primitive), float32 and mixed bfloat16 (bfloat16 operands, float32 accumulation: AMX or AVX-512
+// BF16 where the CPU has them), on --threads threads, GFLOP/s (2 n^3 per product), median of --reps
+// after warm-up. With
+// --images-per-sec and --gflop-per-image it also prints the share of the peak a training run
+// reaches.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "bench_util.h"
+#include "dtrain/core/precision.h"
+#include "dtrain/devices/device.h"
+#include "dtrain/model/ops.h"
+
+namespace dtrain::bench {
+namespace {
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown CPU";
+}
+
+bool cpu_flag(const std::string& flag) {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("flags", 0) == 0)
+      return (line + " ").find(" " + flag + " ") != std::string::npos;
+  return false;
+}
+
+double gemm_gflops(int64_t n, int reps) {
+  const Tensor a = Tensor::full(Shape{n, n}, 0.5f), b = Tensor::full(Shape{n, n}, 0.25f);
+  for (int i = 0; i < 2; ++i) ops::matmul(a, b);  // warm-up: primitive creation, pages
+  std::vector<double> secs;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Tensor c = ops::matmul(a, b);
+    secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) /
+         median(secs) / 1e9;
+}
+
+}  // namespace
+
+int peak_bench(const PeakArgs& a) {
+  configure_devices({1, a.threads});
+  std::printf("CPU: %s; AVX-512F %s, AVX-512 BF16 %s, AMX-BF16 %s; %d thread(s)\n",
+              cpu_model().c_str(), cpu_flag("avx512f") ? "yes" : "no",
+              cpu_flag("avx512_bf16") ? "yes" : "no", cpu_flag("amx_bf16") ? "yes" : "no",
+              a.threads);
+  std::printf("%-34s %12s\n", "matmul n x n x n", "GFLOP/s");
+  double best[2] = {0, 0};
+  for (int p = 0; p < 2; ++p) {
+    set_precision_policy(p == 0 ? Precision::kFloat32 : Precision::kMixedBFloat16);
+    for (int64_t n : a.sizes) {
+      const double g = gemm_gflops(n, a.reps);
+      best[p] = std::max(best[p], g);
+      std::printf(
+          "%-34s %12.1f\n",
+          (std::string(p == 0 ? "float32" : "mixed bfloat16") + ", n = " + std::to_string(n))
+              .c_str(),
+          g);
+      if (a.json)
+        std::printf("%s\n", nlohmann::json{{"benchmark", "peak"},
+                                           {"precision", p == 0 ? "fp32" : "bf16"},
+                                           {"n", n},
+                                           {"threads", a.threads},
+                                           {"gflops", g},
+                                           {"cpu", cpu_model()}}
+                                .dump()
+                                .c_str());
+    }
+  }
+  set_precision_policy(Precision::kFloat32);
+  std::printf("peak: float32 %.1f GFLOP/s, mixed bfloat16 %.1f GFLOP/s (%.2fx)\n", best[0], best[1],
+              best[1] / best[0]);
+  if (a.images_per_sec > 0 && a.gflop_per_image > 0) {
+    const double reached = a.images_per_sec * a.gflop_per_image;
+    std::printf(
+        "a run of %.3f images/sec at %.1f GFLOP an image: %.1f GFLOP/s = %.1f%% of the "
+        "float32 peak, %.1f%% of the bfloat16 one\n",
+        a.images_per_sec, a.gflop_per_image, reached, 100 * reached / best[0],
+        100 * reached / best[1]);
+  }
+  return 0;
+}
+
+}  // namespace dtrain::bench

@@ -194,7 +194,6 @@ struct JpegRegion {
   std::vector<uint8_t> pixels;
   int width = 0, height = 0, channels = 0;
   Window win;
-  int full_width = 0, full_height = 0;
 };
 
 void decode_jpeg(std::string_view bytes, int channels, const ImageTransform* t, uint64_t seed,
@@ -217,8 +216,6 @@ void decode_jpeg(std::string_view bytes, int channels, const ImageTransform* t, 
   const int c = channels == 0 ? file_channels : channels;
   cinfo.out_color_space = c == 1 ? JCS_GRAYSCALE : JCS_RGB;
   const int W = static_cast<int>(cinfo.image_width), H = static_cast<int>(cinfo.image_height);
-  r->full_width = W;
-  r->full_height = H;
   Window win{0, 0, static_cast<double>(W), static_cast<double>(H), false};
   int num = 8;
   if (t != nullptr) {
@@ -242,7 +239,6 @@ void decode_jpeg(std::string_view bytes, int channels, const ImageTransform* t, 
   // Whole rows: jpeg_crop_scanline (libjpeg-turbo 2.1.5) leaves some samples of a cropped row
   // uninitialised (valgrind showed it), so columns are not cropped; the rows above the window are
   // skipped (jpeg_skip_scanlines) and those below it never decoded.
-  const JDIMENSION xoff = 0;
   if (r0 > 0) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(r0));
   r->width = static_cast<int>(cinfo.output_width);
   r->height = r1 - r0;
@@ -266,7 +262,6 @@ void decode_jpeg(std::string_view bytes, int channels, const ImageTransform* t, 
   else
     jpeg_finish_decompress(&cinfo);
   jpeg_destroy_decompress(&cinfo);
-  win.x -= static_cast<double>(xoff);
   win.y -= r0;
   r->win = win;
 }

@@ -136,6 +136,7 @@ void fsync_dir(const std::string& dir) {
 struct Piece {
   const void* data;
   size_t size;
+  const CheckpointData::Streamed* streamed = nullptr;  // produced when its turn comes
 };
 
 // Writes the pieces to a temporary file beside `path`, fsyncs it and renames it over `path`. The
@@ -146,8 +147,20 @@ void write_atomically(const std::string& path, const std::vector<Piece>& pieces)
   Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) throw_io("cannot create", tmp, errno);
   try {
-    for (const Piece& piece : pieces)
+    for (const Piece& piece : pieces) {
+      if (piece.streamed) {
+        const CheckpointData::Streamed& st = *piece.streamed;
+        Tensor t = st.produce();
+        if (!t.defined() || t.dtype() != st.dtype || t.shape() != st.shape)
+          throw Internal(detail::str_cat("checkpoint tensor '", st.name, "' was declared ",
+                                         dtype_name(st.dtype), " ", st.shape.to_string(),
+                                         " but produced ", t.to_string()));
+        if (!t.device().host_accessible()) t = t.to(DeviceSpec::cpu());
+        if (t.nbytes() > 0) write_all(fd.get(), t.raw_data(), t.nbytes(), tmp);
+        continue;
+      }
       if (piece.size > 0) write_all(fd.get(), piece.data, piece.size, tmp);
+    }
     if (::fsync(fd.get()) != 0) throw_io("cannot fsync", tmp, errno);
     if (const int err = fd.close(); err != 0) throw_io("cannot close", tmp, err);
     if (::rename(tmp.c_str(), path.c_str()) != 0)
@@ -176,6 +189,11 @@ const Tensor* CheckpointData::find(const std::string& name) const {
   return nullptr;
 }
 
+void CheckpointData::materialize() {
+  for (const Streamed& s : streamed) tensors.emplace_back(s.name, s.produce());
+  streamed.clear();
+}
+
 void save_safetensors(const std::string& path, const CheckpointData& data) {
   const std::string where = "save_safetensors(" + path + "): ";
   std::set<std::string> seen;
@@ -183,7 +201,7 @@ void save_safetensors(const std::string& path, const CheckpointData& data) {
   host.reserve(data.tensors.size());
   ojson header = ojson::object();
   uint64_t offset = 0;
-  for (const auto& [name, t] : data.tensors) {
+  auto check_name = [&](const std::string& name) {
     if (name.empty()) throw InvalidArgument(where + "a tensor has an empty name");
     if (name.rfind("__", 0) == 0)
       throw InvalidArgument(where + "tensor name '" + printable(name) +
@@ -192,6 +210,9 @@ void save_safetensors(const std::string& path, const CheckpointData& data) {
       throw InvalidArgument(where + "duplicate tensor name '" + printable(name) + "'");
     if (!is_valid_utf8(name))
       throw InvalidArgument(where + "tensor name '" + printable(name) + "' is not valid UTF-8");
+  };
+  for (const auto& [name, t] : data.tensors) {
+    check_name(name);
     if (!t.defined())
       throw InvalidArgument(where + "tensor '" + name + "' is undefined (default-constructed)");
     host.push_back(t.device().host_accessible() ? t : t.to(DeviceSpec::cpu()));
@@ -201,6 +222,18 @@ void save_safetensors(const std::string& path, const CheckpointData& data) {
     entry["shape"] = t.shape().dims();
     entry["data_offsets"] = ojson::array({offset, end});
     header[name] = std::move(entry);
+    offset = end;
+  }
+  for (const CheckpointData::Streamed& st : data.streamed) {
+    check_name(st.name);
+    if (!st.produce) throw InvalidArgument(where + "streamed tensor '" + st.name + "' has no producer");
+    const uint64_t end =
+        offset + static_cast<uint64_t>(st.shape.numel()) * dtype_size(st.dtype);
+    ojson entry = ojson::object();
+    entry["dtype"] = safetensors_name(st.dtype);
+    entry["shape"] = st.shape.dims();
+    entry["data_offsets"] = ojson::array({offset, end});
+    header[st.name] = std::move(entry);
     offset = end;
   }
   if (!data.metadata.empty()) {
@@ -221,6 +254,7 @@ void save_safetensors(const std::string& path, const CheckpointData& data) {
 
   std::vector<Piece> pieces{{prefix, 8}, {text.data(), text.size()}};
   for (const Tensor& t : host) pieces.push_back({t.raw_data(), t.nbytes()});
+  for (const CheckpointData::Streamed& st : data.streamed) pieces.push_back({nullptr, 0, &st});
   write_atomically(path, pieces);
 }
 

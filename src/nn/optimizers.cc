@@ -72,10 +72,59 @@ std::vector<std::shared_ptr<Variable>>& Optimizer::slots_for(const Variable* v) 
   return slots_.back();
 }
 
+Optimizer::PartSlots& Optimizer::part_slots_for(const Variable& v, int part, int parts,
+                                                 const DeviceSpec& device) {
+  auto it = part_index_.find(&v);
+  if (it == part_index_.end()) {
+    it = part_index_.emplace(&v, part_slots_.size()).first;
+    part_slots_.push_back(VariableParts{v.name(), v.shape(), {}});
+  }
+  VariableParts& vp = part_slots_[it->second];
+  for (PartSlots& p : vp.parts) {
+    if (p.parts != parts)
+      throw FailedPrecondition(
+          "optimizer slots of '" + v.name() + "' are sharded " + std::to_string(p.parts) +
+          " ways, but the strategy now divides updates " + std::to_string(parts) +
+          " ways (the job re-formed): restore the optimizer from a checkpoint "
+          "(BackupAndRestore does) after the workers change");
+    if (p.part == part) return p;
+  }
+  PartSlots p;
+  p.part = part;
+  p.parts = parts;
+  const auto [first, last] = partition_range(v.shape().numel(), part, parts);
+  p.first = first;
+  p.count = last - first;
+  for (int i = 0; i < slots_per_variable(); ++i)
+    p.slots.push_back(Tensor::full(Shape{p.count}, slot_initial_value(i)).to(device));
+  vp.parts.push_back(std::move(p));
+  return vp.parts.back();
+}
+
 void Optimizer::build(const std::vector<std::shared_ptr<Variable>>& vars) {
+  const std::optional<UpdatePartition> partition = get_strategy().update_partition();
   std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& v : vars)
-    if (!v->updates_remotely()) slots_for(v.get());
+  for (const auto& v : vars) {
+    if (v->updates_remotely()) continue;
+    if (!partition) {
+      slots_for(v.get());
+      continue;
+    }
+    for (size_t j = 0; j < partition->local_parts.size(); ++j)
+      part_slots_for(*v, partition->local_parts[j], partition->num_parts, partition->devices[j]);
+  }
+}
+
+std::vector<Optimizer::SlotShard> Optimizer::slot_shards() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<SlotShard> out;
+  const std::vector<std::string> names = rule_->slot_names();
+  for (const VariableParts& vp : part_slots_)
+    for (size_t i = 0; i < names.size(); ++i)
+      for (const PartSlots& p : vp.parts)
+        out.push_back(SlotShard{"optimizer/" + vp.name + "/" + names[i], vp.shape, p.part,
+                                p.parts, p.first, p.slots[i]});
+  return out;
 }
 
 int64_t Optimizer::iterations() const {
@@ -100,16 +149,22 @@ std::vector<std::shared_ptr<Variable>> Optimizer::slot_variables() const {
   return out;
 }
 
-std::vector<Tensor> Optimizer::clip(std::vector<Tensor> g) const {
-  const OptimizerOptions& o = options_;
-  if (o.clipvalue > 0.f)
+namespace {
+void clip_by_value(std::vector<Tensor>& g, float c) {
+  if (c > 0.f)
     for (Tensor& t : g)
       if (t.defined()) {
         Kernels& k = kernels_for(t);
-        const Tensor hi = Tensor::full(Shape{1}, o.clipvalue).to(t.device());
-        const Tensor lo = Tensor::full(Shape{1}, -o.clipvalue).to(t.device());
+        const Tensor hi = Tensor::full(Shape{1}, c).to(t.device());
+        const Tensor lo = Tensor::full(Shape{1}, -c).to(t.device());
         t = k.binary(BinaryOp::kMax, k.binary(BinaryOp::kMin, t, hi), lo);
       }
+}
+}  // namespace
+
+std::vector<Tensor> Optimizer::clip(std::vector<Tensor> g) const {
+  const OptimizerOptions& o = options_;
+  clip_by_value(g, o.clipvalue);
   if (o.clipnorm > 0.f)
     for (Tensor& t : g)
       if (t.defined()) {
@@ -153,6 +208,10 @@ void Optimizer::apply_gradients(const std::vector<Tensor>& grads,
                             vars[i]->shape().to_string());
 
   ReplicaContext* ctx = get_replica_context();
+  if (ctx && ctx->strategy().update_partition()) {
+    apply_partitioned(*ctx, grads, vars);
+    return;
+  }
   std::vector<Tensor> g = grads;
   // Replicas that share their variables' memory each update a slice of every variable (clipping by
   // norm and aggregators see whole gradients, so those keep the whole-variable update).
@@ -223,21 +282,88 @@ void Optimizer::apply_gradients(const std::vector<Tensor>& grads,
   }
 }
 
+void Optimizer::apply_partitioned(ReplicaContext& ctx, const std::vector<Tensor>& grads,
+                                  const std::vector<std::shared_ptr<Variable>>& vars) {
+  if (aggregator_)
+    throw FailedPrecondition(
+        "a gradient aggregator (hvd::DistributedOptimizer, or one set with "
+        "set_gradient_aggregator) sees whole gradients, but this strategy shards the optimizer's "
+        "update (MirroredOptions::sharding): use one or the other");
+  std::vector<Tensor> defined;
+  std::vector<std::shared_ptr<Variable>> owners;
+  for (size_t i = 0; i < grads.size(); ++i)
+    if (grads[i].defined()) {
+      defined.push_back(grads[i]);
+      owners.push_back(vars[i]);
+    }
+  std::optional<ReplicaContext::UpdateSlices> slices =
+      ctx.reduce_scatter_for_update(defined, owners);
+  if (!slices)
+    throw Internal("the strategy shards the update (update_partition) but its replica context "
+                   "returned no slices");
+  apply_slices(ctx, slices->grads, slices->offsets, owners, /*partitioned=*/true);
+}
+
+std::vector<Tensor> Optimizer::clip_parts(ReplicaContext& ctx, std::vector<Tensor> g) const {
+  const OptimizerOptions& o = options_;
+  clip_by_value(g, o.clipvalue);  // first, as clip() does
+  if (o.clipnorm == 0.f && o.global_clipnorm == 0.f) return g;
+  // Squares summed per part here, then across the replicas (float64: the parts' sums are exact
+  // enough that the norm does not depend on the shard count beyond float rounding).
+  std::vector<double> sq(g.size(), 0.0);
+  for (size_t i = 0; i < g.size(); ++i)
+    if (g[i].numel() > 0) sq[i] = squared_norm(g[i]);
+  std::vector<double> totals;
+  if (o.global_clipnorm > 0.f) {
+    double mine = 0;
+    for (double v : sq) mine += v;
+    totals = {mine};
+  } else {
+    totals = sq;
+  }
+  if (!totals.empty()) {
+    Tensor t = Tensor::from_vector(totals, Shape{static_cast<int64_t>(totals.size())})
+                   .to(ctx.device());
+    totals = ctx.all_reduce(ReduceOp::kSum, {t}).at(0).to(DeviceSpec::cpu()).to_vector<double>();
+  }
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double norm = std::sqrt(o.global_clipnorm > 0.f ? totals.at(0) : totals.at(i));
+    const double limit = o.global_clipnorm > 0.f ? o.global_clipnorm : o.clipnorm;
+    if (norm > limit && g[i].numel() > 0)
+      g[i] = kernels_for(g[i]).affine(g[i], static_cast<float>(limit / norm), 0.f);
+  }
+  return g;
+}
+
 void Optimizer::apply_slices(ReplicaContext& ctx, const std::vector<Tensor>& grads,
                              const std::vector<int64_t>& offsets,
-                             const std::vector<std::shared_ptr<Variable>>& vars) {
+                             const std::vector<std::shared_ptr<Variable>>& vars, bool partitioned) {
   // As apply_gradients, on flat slices: every rule here is elementwise, and clipvalue too.
   if (grads.size() != vars.size() || offsets.size() != vars.size())
     throw Internal("reduce_scatter_for_update returned " + std::to_string(grads.size()) +
                    " slices for " + std::to_string(vars.size()) + " variables");
-  const std::vector<Tensor> g = clip(grads);
+  const std::vector<Tensor> g = partitioned ? clip_parts(ctx, grads) : clip(grads);
   int64_t step;
   std::vector<std::vector<std::shared_ptr<Variable>>*> slot_lists;
+  std::vector<PartSlots*> parts;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto [it, fresh] = steps_.try_emplace(ctx.replica_id_in_sync_group(), base_iterations_);
     step = ++it->second;
-    for (const auto& v : vars) slot_lists.push_back(&slots_for(v.get()));
+    for (size_t i = 0; i < vars.size(); ++i) {
+      if (!partitioned) {
+        slot_lists.push_back(&slots_for(vars[i].get()));
+        continue;
+      }
+      PartSlots& p = part_slots_for(*vars[i], ctx.replica_id_in_sync_group(),
+                                    ctx.num_replicas_in_sync(), ctx.device());
+      if (p.first != offsets[i] || p.count != g[i].numel())
+        throw Internal("the update slice of '" + vars[i]->name() + "' starts at " +
+                       std::to_string(offsets[i]) + " with " + std::to_string(g[i].numel()) +
+                       " elements; its part is " + std::to_string(p.first) + " + " +
+                       std::to_string(p.count));
+      parts.push_back(&p);
+    }
   }
   const float lr = (*schedule_)(step - 1);
   auto part = [](const Tensor& whole, int64_t offset, int64_t count) {
@@ -250,8 +376,11 @@ void Optimizer::apply_slices(ReplicaContext& ctx, const std::vector<Tensor>& gra
       vars[i]->update([&](Tensor& value, size_t copy) {
         Tensor mine = part(value, offset, count);
         std::vector<Tensor> slots;
-        for (const auto& s : *slot_lists[i])
-          slots.push_back(part(s->device_values().at(copy), offset, count));
+        if (partitioned)
+          slots = parts[i]->slots;
+        else
+          for (const auto& s : *slot_lists[i])
+            slots.push_back(part(s->device_values().at(copy), offset, count));
         rule_->apply(mine, g[i].device() == value.device() ? g[i] : g[i].to(value.device()), slots,
                      step, lr, weight_decay_for(*vars[i]));
       });

@@ -44,6 +44,13 @@ StrategyOptions apply_environment(StrategyOptions o) {
           "': valid values are none, fp16 and bf16 (cross-worker gradient compression)");
     }
   }
+  if (const char* v = env("DTRAIN_SHARDING")) {
+    try {
+      o.mirrored.sharding = parse_sharding(v);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(std::string("DTRAIN_SHARDING: ") + e.what());
+    }
+  }
   if (const char* v = env("DTRAIN_RENDEZVOUS_TIMEOUT")) {  // seconds
     char* end = nullptr;
     const long secs = std::strtol(v, &end, 10);

@@ -22,6 +22,9 @@ struct ScatteredSum {
   std::vector<int64_t> starts;   // per tensor: its first element in the packed buffer
   std::vector<Tensor> slices;    // per tensor: its elements within `shard`, flat (possibly empty)
   std::vector<int64_t> offsets;  // per tensor: where its slice starts within the tensor
+  // Laid out by the fixed partition (sharded update): block r holds part r of every tensor, end to
+  // end (partition_range), not the tensors end to end.
+  bool partitioned = false;
 };
 
 // Fuses gradients into packs as backward produces them and all-reduces each pack on the
@@ -80,6 +83,10 @@ class MirroredReplicaContext final : public ReplicaContext {
   // Packs float32 `values` into one buffer and reduce-scatters it (SUM), on the communication
   // thread or, with `deferred`, on the thread that calls get().
   std::future<ScatteredSum> reduce_scatter_async(std::vector<Tensor> values, bool deferred = false);
+  // As reduce_scatter_async, laid out by the fixed partition of a sharded update: this replica's
+  // shard holds its part (partition_range) of every tensor.
+  std::future<ScatteredSum> reduce_scatter_partitioned_async(std::vector<Tensor> values,
+                                                             bool deferred = false);
   // The whole sums back from a reduce-scatter (an all-gather of the shards); new tensors.
   std::vector<Tensor> gather_sums(const ScatteredSum& s, const std::vector<Tensor>& like);
   std::optional<UpdateSlices> reduce_scatter_for_update(
@@ -89,8 +96,12 @@ class MirroredReplicaContext final : public ReplicaContext {
   // Between reduce_scatter_for_update() and end_sharded_update(): shared variables' update() hands
   // this replica the shared copy to write its slices into.
   bool in_sharded_update() const { return sharded_update_; }
-  void end_interrupted_update() { sharded_update_ = false; }  // a step that failed mid-update
+  void end_interrupted_update() {
+    sharded_update_ = false;
+    sharded_vars_.clear();
+  }  // a step that failed mid-update
   GradientPacker& packer() { return packer_; }
+  Sharding sharding() const;
   size_t bytes_per_pack() const;
   bool shares_variables() const;
   void barrier();
@@ -99,8 +110,11 @@ class MirroredReplicaContext final : public ReplicaContext {
   MirroredStrategy* strategy_;
   MirroredStrategy::Impl* impl_;
   int replica_;
+  // A sharded update's end: every replica's updated parts of `vars` into every copy.
+  void gather_parts(const std::vector<std::shared_ptr<Variable>>& vars);
   GradientPacker packer_;
   bool sharded_update_ = false;
+  std::vector<std::shared_ptr<Variable>> sharded_vars_;  // the update's variables (sharding)
 };
 
 struct MirroredStrategy::Impl {

@@ -119,25 +119,21 @@ std::future<ScatteredSum> MirroredReplicaContext::reduce_scatter_async(std::vect
   return f;
 }
 
-std::vector<Tensor> MirroredReplicaContext::gather_sums(const ScatteredSum& s,
-                                                        const std::vector<Tensor>& like) {
-  timeline::Span span("all-gather of the sums", "collective");
-  Tensor full = Tensor::empty(Shape{s.padded}, DType::kFloat32, device());
-  impl_->comms[static_cast<size_t>(replica_)]->allgather(s.shard, full).wait();
-  std::vector<Tensor> out;
-  for (size_t i = 0; i < like.size(); ++i)
-    out.push_back(
-        full.slice_rows(s.starts[i], s.starts[i] + like[i].numel()).view(like[i].shape()));
-  return out;
-}
-
 std::optional<ReplicaContext::UpdateSlices> MirroredReplicaContext::reduce_scatter_for_update(
     const std::vector<Tensor>& grads, const std::vector<std::shared_ptr<Variable>>& vars) {
-  if (!impl_->shared_variables || impl_->global_replicas < 2) return std::nullopt;
+  const bool partitioned = impl_->options.sharding != Sharding::kNone;
+  if (!partitioned && (!impl_->shared_variables || impl_->global_replicas < 2)) return std::nullopt;
   if (grads.size() != vars.size())
     throw InvalidArgument("reduce_scatter_for_update: " + std::to_string(grads.size()) +
                           " gradients for " + std::to_string(vars.size()) + " variables");
   for (size_t i = 0; i < vars.size(); ++i) {
+    if (partitioned) {
+      if (!grads[i].defined() || grads[i].numel() != vars[i]->shape().numel())
+        throw InvalidArgument("reduce_scatter_for_update: the gradient of '" + vars[i]->name() +
+                              "' is " + grads[i].to_string() + ", not one for its shape " +
+                              vars[i]->shape().to_string());
+      continue;
+    }
     const auto* mv = dynamic_cast<const MirroredVariable*>(vars[i].get());
     if (!mv || !mv->shares_storage() || !grads[i].defined() ||
         grads[i].dtype() != DType::kFloat32 || grads[i].numel() != vars[i]->shape().numel())
@@ -150,18 +146,40 @@ std::optional<ReplicaContext::UpdateSlices> MirroredReplicaContext::reduce_scatt
         throw InvalidArgument("reduce_scatter_for_update on replica " + std::to_string(replica_) +
                               ": " + g.to_string() + " is not on the replica's device " +
                               device().to_string());
+    bool f32 = true;
+    for (const auto& g : grads) f32 = f32 && g.dtype() == DType::kFloat32;
     // Queued behind any collective still in flight (as all_reduce), else inline.
-    ScatteredSum s = reduce_scatter_async(grads, /*deferred=*/packer_.idle()).get();
-    out.grads = std::move(s.slices);
-    out.offsets = std::move(s.offsets);
+    const bool inline_ = packer_.idle();
+    if (partitioned && (impl_->options.sharding == Sharding::kOptimizerState || !f32)) {
+      // Whole sums, of which this replica takes its part.
+      const std::vector<Tensor> sums = all_reduce_async(ReduceOp::kSum, grads, inline_).get();
+      const int n = impl_->global_replicas, me = replica_id_in_sync_group();
+      for (const Tensor& t : sums) {
+        const auto [b, e] = partition_range(t.numel(), me, n);
+        out.grads.push_back(t.view(Shape{t.numel()}).slice_rows(b, e));
+        out.offsets.push_back(b);
+      }
+    } else {
+      ScatteredSum s = partitioned ? reduce_scatter_partitioned_async(grads, inline_).get()
+                                   : reduce_scatter_async(grads, inline_).get();
+      out.grads = std::move(s.slices);
+      out.offsets = std::move(s.offsets);
+    }
   }
   sharded_update_ = true;
+  if (partitioned) sharded_vars_ = vars;
   return out;
 }
 
 void MirroredReplicaContext::end_sharded_update() {
   if (!sharded_update_) return;
   sharded_update_ = false;
+  if (impl_->options.sharding != Sharding::kNone) {
+    std::vector<std::shared_ptr<Variable>> vars = std::move(sharded_vars_);
+    sharded_vars_.clear();
+    gather_parts(vars);
+    return;
+  }
   timeline::Span span("barrier: every slice updated", "collective");
   impl_->comms[static_cast<size_t>(replica_)]->barrier().wait();
 }
@@ -257,7 +275,9 @@ void GradientPacker::launch(bool last) {
   Pack& p = packs_.back();
   bool f32 = true;
   for (const auto& g : p.grads) f32 = f32 && g.dtype() == DType::kFloat32;
-  if (ctx_->shares_variables() && f32)
+  if (ctx_->sharding() == Sharding::kGradients && f32)
+    p.scattered = ctx_->reduce_scatter_partitioned_async(p.grads, /*deferred=*/last);
+  else if (ctx_->shares_variables() && f32)
     p.scattered = ctx_->reduce_scatter_async(p.grads, /*deferred=*/last);
   else
     p.result = ctx_->all_reduce_async(ReduceOp::kSum, p.grads, /*deferred=*/last);

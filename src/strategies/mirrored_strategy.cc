@@ -27,6 +27,27 @@ const char* cross_device_ops_name(CrossDeviceOps ops) {
   return "?";
 }
 
+const char* sharding_name(Sharding s) {
+  switch (s) {
+    case Sharding::kNone:
+      return "none";
+    case Sharding::kOptimizerState:
+      return "optimizer_state (ZeRO-1)";
+    case Sharding::kGradients:
+      return "gradients (ZeRO-2)";
+  }
+  return "?";
+}
+
+Sharding parse_sharding(const std::string& name) {
+  if (name == "none" || name == "0") return Sharding::kNone;
+  if (name == "optimizer_state" || name == "1") return Sharding::kOptimizerState;
+  if (name == "gradients" || name == "2") return Sharding::kGradients;
+  throw InvalidArgument("sharding '" + name +
+                        "': valid values are none (0), optimizer_state (1: ZeRO-1) and gradients "
+                        "(2: ZeRO-2)");
+}
+
 void MirroredStrategy::Impl::span_workers(const StrategyExtended& parts) {
   const int local = static_cast<int>(devices.size());
   cross = parts.shared_cross_worker();
@@ -72,7 +93,12 @@ MirroredStrategy::MirroredStrategy(MirroredOptions options, StrategyExtended par
   bool all_host = true;
   for (const auto& d : m.devices) all_host = all_host && d.type == DeviceType::kCPU;
   // Multi-worker jobs keep a copy per replica: their sums come from other processes too.
-  m.shared_variables = options.share_host_variables && all_host && m.devices.size() > 1 && !m.cross;
+  m.shared_variables = options.share_host_variables && all_host && m.devices.size() > 1 &&
+                       !m.cross && options.sharding == Sharding::kNone;
+  if (options.sharding != Sharding::kNone) {
+    DTRAIN_LOG(INFO) << "sharding " << sharding_name(options.sharding) << " over "
+                     << m.global_replicas << " replicas";
+  }
   assemble(std::move(parts));
   m.make_group();
   m.exchange.resize(m.devices.size());
@@ -102,6 +128,20 @@ void MirroredStrategy::reassemble(const std::function<StrategyExtended()>& conne
   assemble(std::move(parts));
   extended().set_auto_shard_policy(shard);
   m.make_group();
+}
+
+Sharding MirroredStrategy::sharding() const { return impl_->options.sharding; }
+
+std::optional<UpdatePartition> MirroredStrategy::update_partition() const {
+  const Impl& m = *impl_;
+  if (m.options.sharding == Sharding::kNone) return std::nullopt;
+  UpdatePartition p;
+  p.num_parts = m.global_replicas;
+  for (size_t r = 0; r < m.devices.size(); ++r) {
+    p.local_parts.push_back(m.replica_offset + static_cast<int>(r));
+    p.devices.push_back(m.devices[r]);
+  }
+  return p;
 }
 
 void MirroredStrategy::set_broadcast_initial_values(bool on) { impl_->broadcast_initial = on; }
@@ -269,6 +309,10 @@ PerReplica MirroredStrategy::do_split_batch(const std::vector<Tensor>& batch, in
 
 namespace {
 MirroredOptions central_compute(MirroredOptions o) {
+  if (o.sharding != Sharding::kNone)
+    throw InvalidArgument(
+        "CentralStorageStrategy keeps one copy of each variable and updates it once; sharding "
+        "(ZeRO) is an option of MirroredStrategy and MultiWorkerMirroredStrategy");
   o.share_host_variables =
       false;  // its variables are central; the replicas all-reduce to update them
   return o;

@@ -81,6 +81,31 @@ std::vector<Tensor> all_member_copies(Strategy& s, const Variable& v) {
   return out;
 }
 
+// Sharded optimizer state: slot `name` (whole shape `shape`) gathered from this worker's parts
+// `mine` and the other workers' (collective: every worker calls it for the same slots in order).
+// Worker w's local parts are w L .. w L + L - 1 (replica ids), each padded to the longest part.
+Tensor gather_slot(Strategy& s, const std::vector<Optimizer::SlotShard>& mine) {
+  const Optimizer::SlotShard& first = mine.front();
+  const int64_t count = first.shape.numel(), parts = first.parts;
+  const int64_t longest = (count + parts - 1) / parts;
+  const int64_t local = static_cast<int64_t>(mine.size());
+  Tensor buf = Tensor::zeros(Shape{local * longest}, first.value.dtype());
+  for (int64_t j = 0; j < local; ++j) {
+    const Tensor part = mine[static_cast<size_t>(j)].value.to(DeviceSpec::cpu());
+    if (part.numel() > 0) buf.slice_rows(j * longest, j * longest + part.numel()).copy_from(part);
+  }
+  const Tensor all = s.extended().gather_across_workers(buf);
+  if (all.numel() != parts * longest)
+    throw Internal("gathering sharded slot '" + first.name + "': " + std::to_string(parts) +
+                   " parts expected, " + std::to_string(all.numel() / longest) + " arrived");
+  Tensor whole = Tensor::empty(Shape{count}, first.value.dtype());
+  for (int p = 0; p < parts; ++p) {
+    const auto [b, e] = partition_range(count, p, static_cast<int>(parts));
+    if (e > b) whole.slice_rows(b, e).copy_from(all.slice_rows(p * longest, p * longest + e - b));
+  }
+  return whole.view(first.shape);
+}
+
 }  // namespace
 
 Checkpoint::Checkpoint(Model& model, Optimizer* optimizer, Strategy* strategy)
@@ -107,6 +132,17 @@ CheckpointData Checkpoint::capture(const TrainingPosition& p,
   if (ensemble) d.metadata["dtrain.ensemble_members"] = std::to_string(job_members(*strategy_));
   if (optimizer_) {
     for (const auto& s : optimizer_->slot_variables()) put(s);
+    // Sharded slots: each whole slot gathered when the writer reaches it, never all at once.
+    std::vector<std::vector<Optimizer::SlotShard>> by_slot;
+    for (auto& part : optimizer_->slot_shards()) {
+      if (by_slot.empty() || by_slot.back().front().name != part.name) by_slot.emplace_back();
+      by_slot.back().push_back(std::move(part));
+    }
+    for (auto& parts : by_slot) {
+      const Optimizer::SlotShard& f = parts.front();
+      d.streamed.push_back({f.name, f.value.dtype(), f.shape,
+                            [s = strategy_, parts] { return gather_slot(*s, parts); }});
+    }
     d.tensors.emplace_back(kIterations, int64_scalar(optimizer_->iterations()));
     d.metadata["dtrain.optimizer"] = optimizer_->config();
   }
@@ -124,7 +160,10 @@ CheckpointData Checkpoint::capture(const TrainingPosition& p,
 bool Checkpoint::save(const std::string& path, const TrainingPosition& p,
                       const std::map<std::string, std::string>& extra) const {
   CheckpointData d = capture(p, extra);  // on every worker: reads may take part in collectives
-  if (!strategy_->extended().is_chief()) return false;
+  if (!strategy_->extended().is_chief()) {
+    for (const auto& st : d.streamed) st.produce();  // the chief's gathers need this worker's parts
+    return false;
+  }
   save_safetensors(path, d);
   return true;
 }
@@ -132,7 +171,10 @@ bool Checkpoint::save(const std::string& path, const TrainingPosition& p,
 bool Checkpoint::save(CheckpointManager& manager, const TrainingPosition& p,
                       const std::map<std::string, std::string>& extra) const {
   CheckpointData d = capture(p, extra);
-  if (!strategy_->extended().is_chief()) return false;
+  if (!strategy_->extended().is_chief()) {
+    for (const auto& st : d.streamed) st.produce();
+    return false;
+  }
   manager.save(p.global_step, std::move(d));
   return true;
 }
@@ -177,6 +219,7 @@ TrainingPosition Checkpoint::restore(const CheckpointData& d,
                                name + "' (" + describe(t) + "), which the model does not have");
   // The optimizer's state, when the checkpoint's optimizer is the same kind.
   std::vector<std::shared_ptr<Variable>> slots;
+  std::vector<Optimizer::SlotShard> shards;  // sharded state: this process's parts of the slots
   bool same_optimizer = false;
   std::optional<int64_t> iterations;
   if (optimizer_) {
@@ -197,6 +240,14 @@ TrainingPosition Checkpoint::restore(const CheckpointData& d,
       slots = optimizer_->slot_variables();
       for (const auto& sv : slots)
         if (const Tensor* t = d.find(sv->name())) require_like(sv, sv->name(), *t);
+      shards = optimizer_->slot_shards();
+      for (const auto& p : shards)
+        if (const Tensor* t = d.find(p.name))
+          if (t->shape() != p.shape || t->dtype() != p.value.dtype())
+            throw FailedPrecondition("the checkpoint does not match the optimizer: slot '" +
+                                     p.name + "': the model's is " +
+                                     dtype_name(p.value.dtype()) + " " + p.shape.to_string() +
+                                     ", the checkpoint's " + describe(*t));
       if (const Tensor* t = d.find(kIterations)) iterations = int64_of(*t, kIterations);
     }
   }
@@ -239,6 +290,17 @@ TrainingPosition Checkpoint::restore(const CheckpointData& d,
           });
           ++members_found;
         }
+  }
+  // Sharded slots: each part takes its range of the whole slot, whatever the saving shard count.
+  for (auto& p : shards) {
+    const Tensor* t = d.find(p.name);
+    if (!t) {
+      if (p.first == 0) missing.push_back(p.name);
+      continue;
+    }
+    const Tensor range =
+        t->view(Shape{t->numel()}).slice_rows(p.first, p.first + p.value.numel());
+    p.value.copy_from(range.to(p.value.device()));
   }
   if (ensemble && members_found == 0) {
     DTRAIN_LOG(WARNING) << "the checkpoint holds one model; every ensemble member starts from it";

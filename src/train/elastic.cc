@@ -151,6 +151,11 @@ RunReport run(Job& job, MultiWorkerMirroredStrategy& strategy, Model& model, Opt
         "elastic::run: build the strategy with CommunicationOptions::broadcast_initial_values = "
         "false: a worker that joins later creates its variables alone, and elastic::run gives it "
         "the state by broadcast (a broadcast at creation would meet no partner)");
+  if (strategy.update_partition())
+    throw Unimplemented(
+        "elastic::run with sharded optimizer state (MirroredOptions::sharding) is not supported: "
+        "a worker that leaves takes its part of the slots with it, and the committed state is kept "
+        "whole on rank 0. Train elastically with sharding none");
   if (!model.built())
     throw FailedPrecondition(
         "elastic::run: build the model first (model.build(input_shape) inside strategy.scope()): "

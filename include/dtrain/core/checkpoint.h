@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -39,8 +40,22 @@ struct DTRAIN_API CheckpointData {
   // The safetensors "__metadata__" map (string -> string).
   std::map<std::string, std::string> metadata;
 
+  // Tensors produced while the file is written, after `tensors` and one at a time (each written and
+  // dropped before the next is produced), so that a checkpoint need not sit in one process's
+  // memory at once: sharded optimizer slots are gathered from their parts so. produce() must return
+  // a tensor of the declared dtype and shape (else Internal). find() does not see them.
+  struct Streamed {
+    std::string name;
+    DType dtype = DType::kFloat32;
+    Shape shape;
+    std::function<Tensor()> produce;
+  };
+  std::vector<Streamed> streamed;
+
   // The tensor called `name`, or nullptr when there is none.
   const Tensor* find(const std::string& name) const;
+  // Produces every streamed tensor now and appends it to `tensors` (streamed becomes empty).
+  void materialize();
 };
 
 // Writes `data` to `path` atomically (see above), tensors in the order given. Tensors on a non-CPU

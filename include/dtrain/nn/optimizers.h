@@ -81,7 +81,22 @@ class DTRAIN_API Optimizer {
   // Slot variables in a fixed order: by the order variables were first seen (build() or
   // apply_gradients()), then by slot. Slot i of variable "dense/kernel" is named
   // "optimizer/dense/kernel/<slot_names()[i]>".
+  // Under sharded optimizer state (a strategy with an update_partition(), ZeRO), slots are not
+  // variables: see slot_shards(); slot_variables() then holds none of them.
   std::vector<std::shared_ptr<Variable>> slot_variables() const;
+  // Sharded optimizer state: this process's parts of the slots, one entry per slot and local part,
+  // in slot_variables()' order (variables first seen, then slot, then part). `value` aliases the
+  // part's memory: the flat elements [first, first + value.numel()) of the whole slot, which is
+  // shaped like its variable (`shape`); writing into it sets the slot.
+  struct SlotShard {
+    std::string name;  // the whole slot's name: "optimizer/<variable>/<slot>"
+    Shape shape;       // the whole slot's shape
+    int part = 0;      // partition_range(shape.numel(), part, parts)
+    int parts = 1;
+    int64_t first = 0;
+    Tensor value;
+  };
+  std::vector<SlotShard> slot_shards() const;
   std::vector<std::string> slot_names() const { return rule_->slot_names(); }
   int slots_per_variable() const { return static_cast<int>(rule_->slot_names().size()); }
   // The value slot i starts from (0 for all but Adagrad's accumulator).
@@ -117,12 +132,26 @@ class DTRAIN_API Optimizer {
 
  private:
   std::vector<std::shared_ptr<Variable>>& slots_for(const Variable* v);
+  // One local part's slots of a variable (sharded state).
+  struct PartSlots {
+    int part = 0, parts = 1;
+    int64_t first = 0, count = 0;
+    std::vector<Tensor> slots;
+  };
+  // The part's slots, made at slot_initial_value() on `device` when new (caller holds mu_).
+  // Throws FailedPrecondition when the variable's slots were made for another partition.
+  PartSlots& part_slots_for(const Variable& v, int part, int parts, const DeviceSpec& device);
+  // The sharded update (a strategy with an update_partition()).
+  void apply_partitioned(ReplicaContext& ctx, const std::vector<Tensor>& grads,
+                         const std::vector<std::shared_ptr<Variable>>& vars);
   std::vector<Tensor> clip(std::vector<Tensor> grads) const;
+  // clip() for the parts of gradients one replica holds: norms are summed across the replicas.
+  std::vector<Tensor> clip_parts(ReplicaContext& ctx, std::vector<Tensor> parts) const;
   // The update of this replica's slices of variables whose replicas share memory (see
   // ReplicaContext::reduce_scatter_for_update); ends with ctx.end_sharded_update().
   void apply_slices(ReplicaContext& ctx, const std::vector<Tensor>& grads,
                     const std::vector<int64_t>& offsets,
-                    const std::vector<std::shared_ptr<Variable>>& vars);
+                    const std::vector<std::shared_ptr<Variable>>& vars, bool partitioned = false);
   std::shared_ptr<const UpdateRule> rule_;
   std::shared_ptr<LearningRateSchedule> schedule_;
   OptimizerOptions options_;
@@ -132,6 +161,13 @@ class DTRAIN_API Optimizer {
   std::map<const Variable*, size_t> slot_index_;
   std::deque<std::vector<std::shared_ptr<Variable>>>
       slots_;  // in first-seen order; stable references
+  struct VariableParts {
+    std::string name;
+    Shape shape;
+    std::vector<PartSlots> parts;  // this process's, by the order they were made
+  };
+  std::map<const Variable*, size_t> part_index_;
+  std::deque<VariableParts> part_slots_;  // in first-seen order; stable references
   int64_t base_iterations_ = 0;
   std::map<int, int64_t> steps_;  // per replica id
 };

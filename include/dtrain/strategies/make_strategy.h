@@ -3,6 +3,7 @@
 // Environment variables are read in one place, apply_environment(), which make_strategy() calls
 // once; a program that builds strategies itself passes the same settings as options:
 //   DTRAIN_COLLECTIVE            communication.implementation: ring | nccl | mpi
+//   DTRAIN_SHARDING              mirrored.sharding: none | optimizer_state | gradients (0, 1, 2)
 //   DTRAIN_RENDEZVOUS_TIMEOUT    communication.connect_timeout, in seconds
 //   DTRAIN_CHECKPOINT_DIR        parameter_server.checkpoint_dir (and the evaluator's directory)
 //   DTRAIN_JOB_TOKEN             job_token

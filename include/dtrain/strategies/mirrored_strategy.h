@@ -27,6 +27,21 @@ enum class CrossDeviceOps {
 };
 DTRAIN_API const char* cross_device_ops_name(CrossDeviceOps ops);
 
+// Sharding of the optimizer's work across replicas (ZeRO, Rajbhandari et al. 2020; DeepSpeed's
+// stages). Every replica keeps whole parameters; with kOptimizerState (ZeRO-1, PyTorch's
+// ZeroRedundancyOptimizer) gradients are all-reduced as without sharding, but each replica applies
+// the optimizer to its part of every variable only (UpdatePartition) and keeps slots for that part
+// alone, and the updated parts are all-gathered; with kGradients (ZeRO-2, FSDP's SHARD_GRAD_OP)
+// gradient packs are reduce-scattered instead, so a replica holds only its part of the summed
+// gradients (the local gradients backward returns stay whole until apply_gradients returns).
+// Slot memory per replica falls as 1/N. Traffic: kGradients moves what an all-reduce moves;
+// kOptimizerState one all-gather more.
+enum class Sharding { kNone = 0, kOptimizerState = 1, kGradients = 2 };
+DTRAIN_API const char* sharding_name(Sharding s);
+// "none"/"0", "optimizer_state"/"1", "gradients"/"2" (the --sharding flag, DTRAIN_SHARDING);
+// throws InvalidArgument naming the valid values.
+DTRAIN_API Sharding parse_sharding(const std::string& name);
+
 struct DTRAIN_API MirroredOptions {
   std::vector<DeviceSpec> devices;  // empty: all GPUs, else CPU:0
   CrossDeviceOps cross_device_ops = CrossDeviceOps::kAuto;
@@ -40,6 +55,8 @@ struct DTRAIN_API MirroredOptions {
   // all-reduced, each replica applies the optimizer to its slice of every variable, and a barrier
   // ends the update. Results are bitwise those of separate copies. false: one copy per device.
   bool share_host_variables = true;
+  // Sharded optimizer state and gradients (see Sharding); turns share_host_variables off.
+  Sharding sharding = Sharding::kNone;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
 };
 
@@ -54,6 +71,9 @@ class DTRAIN_API MirroredStrategy : public Strategy {
   // Whether new variables start from the chief's value (multi-worker jobs; see
   // CommunicationOptions::broadcast_initial_values).
   bool broadcast_initial_values() const;
+  // With MirroredOptions::sharding: this worker's replicas' parts (none without sharding).
+  std::optional<UpdatePartition> update_partition() const override;
+  Sharding sharding() const;
 
   struct Impl;
 

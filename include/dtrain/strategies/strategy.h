@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtrain/collectives/communicator.h"
@@ -70,6 +71,10 @@ class DTRAIN_API ReplicaContext {
   // which hands this replica the shared copy, writes only its slices, and then calls
   // end_sharded_update(), which returns when every replica has written its slices.
   // Collective: every replica calls both, or neither.
+  //
+  // Under a strategy with an update_partition() (sharded optimizer state, ZeRO), every update goes
+  // this way: the slices are then the replica's fixed part of each variable (partition_range), and
+  // end_sharded_update() all-gathers the updated parts into every replica's copy.
   struct UpdateSlices {
     std::vector<Tensor> grads;     // per gradient: this replica's slice of the sum, flat
     std::vector<int64_t> offsets;  // per gradient: the slice's first element in the variable
@@ -82,6 +87,22 @@ class DTRAIN_API ReplicaContext {
   }
   virtual void end_sharded_update() {}
 };
+
+// Sharded optimizer state (ZeRO stages 1 and 2; MirroredOptions::sharding): the optimizer's update is
+// divided among the replicas in sync by a fixed partition of every variable: replica r of N
+// updates, and keeps optimizer slots for, the flat elements partition_range(numel, r, N) of each
+// variable. The same partition whatever the shard count is how checkpoints move between shard
+// counts.
+struct DTRAIN_API UpdatePartition {
+  int num_parts = 1;              // N: the replicas in sync over the whole job
+  std::vector<int> local_parts;   // per local replica: its part (its replica id in the sync group)
+  std::vector<DeviceSpec> devices;  // per local replica: where its part's slots live
+};
+// The flat elements [first, second) of a variable of `count` elements that part `part` of `parts`
+// holds: [count * part / parts, count * (part + 1) / parts).
+inline std::pair<int64_t, int64_t> partition_range(int64_t count, int part, int parts) {
+  return {count * part / parts, count * (part + 1) / parts};
+}
 
 // The replica context of the calling thread: inside run() the replica's; outside any strategy
 // the default strategy's single replica; nullptr in cross-replica context of a non-default
@@ -181,6 +202,9 @@ class DTRAIN_API Strategy : public VariableCreator {
   std::shared_ptr<Variable> make_variable(const VariableSpec& spec) override {
     return do_create_variable(spec);
   }
+  // Where the optimizer's update and slots are divided among the replicas (sharded optimizer state,
+  // ZeRO): the partition; nullopt where every replica updates whole variables (the default).
+  virtual std::optional<UpdatePartition> update_partition() const { return std::nullopt; }
 
  protected:
   Strategy();

@@ -100,14 +100,77 @@ class HierarchicalCommunicator final : public SyncCollectives {
     allreduce(copy, op);
     if (rank() == 0) t.copy_from(copy);
   }
-  void allgather(const Tensor&, Tensor&) override {
-    throw Unimplemented(
-        "MultiWorkerMirroredStrategy's replica contexts gather with merge_call; "
-        "use connect_tcp_group() directly for a cross-worker allgather");
+  // Worker w's replicas hold global ranks [w L, (w + 1) L): the workers gather blocks of L x n.
+  void allgather(const Tensor& in, Tensor& out) override {
+    const int64_t n = in.numel(), local = local_->size();
+    if (out.numel() != n * size() || out.dtype() != in.dtype())
+      throw InvalidArgument("allgather: output must hold size() x input.numel() = " +
+                            std::to_string(n * size()) + " elements of the input's dtype, got " +
+                            out.to_string());
+    Tensor mine = in;
+    if (local > 1) {
+      mine = Tensor::empty(Shape{n * local}, in.dtype(), in.device());
+      local_->allgather(in, mine).wait();
+    }
+    if (local_->rank() == 0) {
+      timeline::Span s("all-gather across workers", "collective");
+      if (cross_->device && !in.device().host_accessible()) {
+        cross_->device->allgather(mine, out).wait();
+      } else {
+        Tensor h = to_host(mine), o = to_host(out);
+        cross_->host->allgather(h, o).wait();
+        if (o.raw_data() != out.raw_data()) out.copy_from(o);
+      }
+    }
+    if (local > 1) local_->broadcast(out, 0).wait();
   }
-  void reduce_scatter(const Tensor&, Tensor&, ReduceOp) override {
-    throw Unimplemented(
-        "MultiWorkerMirroredStrategy does not reduce-scatter; use connect_tcp_group() directly");
+  // Summed within the worker first (whole buffer), then reduce-scattered across workers in blocks
+  // of L x n, each local replica keeping its n. Compression applies as in allreduce.
+  void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
+    const int64_t n = out.numel(), local = local_->size();
+    if (in.numel() != n * size() || out.dtype() != in.dtype())
+      throw InvalidArgument(
+          "reduce_scatter: input must hold size() x output.numel() elements of one dtype, got " +
+          in.to_string() + " and " + out.to_string());
+    const ReduceOp partial = op == ReduceOp::kMean ? ReduceOp::kSum : op;
+    Tensor summed = in;
+    if (local > 1) {
+      summed = in.clone();
+      local_->allreduce(summed, partial).wait();
+    }
+    Tensor block = local > 1 ? Tensor::empty(Shape{n * local}, in.dtype(), in.device()) : out;
+    if (local_->rank() == 0) {
+      timeline::Span s("reduce-scatter across workers", "collective");
+      const bool compress =
+          cross_->compression != Compression::kNone && in.dtype() == DType::kFloat32;
+      const DType wire =
+          cross_->compression == Compression::kBF16 ? DType::kBFloat16 : DType::kFloat16;
+      const bool nccl = cross_->device && !in.device().host_accessible();
+      Communicator& c = nccl ? *cross_->device : *cross_->host;
+      Tensor src = nccl ? summed : to_host(summed);
+      Tensor dst = nccl ? block : to_host(block);
+      if (compress) {
+        Tensor cs = kernels_for(src).cast(src, wire);
+        Tensor cd = Tensor::empty(dst.shape(), wire, dst.device());
+        c.reduce_scatter(cs, cd, partial).wait();
+        dst.copy_from(kernels_for(cd).cast(cd, DType::kFloat32));
+      } else {
+        c.reduce_scatter(src, dst, partial).wait();
+      }
+      if (dst.raw_data() != block.raw_data()) block.copy_from(dst);
+    }
+    if (local > 1) {
+      local_->broadcast(block, 0).wait();
+      out.copy_from(block.slice_rows(n * local_->rank(), n * (local_->rank() + 1)));
+    }
+    if (op == ReduceOp::kMean) {
+      if (out.device().host_accessible()) {
+        collectives::scale_for_mean(out.raw_data(), static_cast<size_t>(out.numel()), out.dtype(),
+                                    size());
+      } else {
+        out.copy_from(kernels_for(out).affine(out, 1.f / static_cast<float>(size()), 0.f));
+      }
+    }
   }
   void abort(const std::string& reason) override {
     local_->abort(reason);

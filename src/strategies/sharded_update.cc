@@ -1,0 +1,167 @@
+// The collectives of a sharded update (MirroredOptions::sharding, ZeRO): gradients reduce-scattered
+// and parameters all-gathered in the layout of the fixed partition, where block r of a buffer holds
+// part r (partition_range) of every tensor end to end. A replica's part of a variable is then where
+// its optimizer slots are, whatever the packing of the step.
+#include <algorithm>
+
+#include "dtrain/core/timeline.h"
+#include "dtrain/devices/device.h"
+#include "strategies/mirrored_impl.h"
+
+namespace dtrain {
+namespace {
+
+// For tensors of `counts` elements split among n parts: at[r][i] is where tensor i's part r
+// starts within block r, and every block holds `block` elements (whole 64-byte lines).
+struct PartLayout {
+  int64_t block = 0;
+  std::vector<std::vector<int64_t>> at;
+  int64_t length(int64_t count, int r, int n) const {
+    const auto [b, e] = partition_range(count, r, n);
+    return e - b;
+  }
+};
+
+PartLayout part_layout(const std::vector<int64_t>& counts, int n) {
+  PartLayout l;
+  l.at.resize(static_cast<size_t>(n));
+  int64_t longest = 0;
+  for (int r = 0; r < n; ++r) {
+    int64_t off = 0;
+    for (int64_t c : counts) {
+      l.at[static_cast<size_t>(r)].push_back(off);
+      off += l.length(c, r, n);
+    }
+    longest = std::max(longest, off);
+  }
+  l.block = std::max<int64_t>(16, (longest + 15) / 16 * 16);
+  return l;
+}
+
+Tensor flat(const Tensor& t) { return t.view(Shape{t.numel()}); }
+
+// Block r of `buf` (n blocks): part r of every tensor, then zeros to the block's end.
+void pack_block(Tensor& buf, int64_t block_start, const std::vector<Tensor>& values,
+                const PartLayout& l, int r, int n) {
+  int64_t end = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const auto [b, e] = partition_range(values[i].numel(), r, n);
+    const int64_t at = block_start + l.at[static_cast<size_t>(r)][i];
+    if (e > b) buf.slice_rows(at, at + e - b).copy_from(flat(values[i]).slice_rows(b, e));
+    end = l.at[static_cast<size_t>(r)][i] + e - b;
+  }
+  if (end < l.block)
+    buf.slice_rows(block_start + end, block_start + l.block)
+        .copy_from(Tensor::zeros(Shape{l.block - end}, buf.dtype(), buf.device()));
+}
+
+}  // namespace
+
+Sharding MirroredReplicaContext::sharding() const { return impl_->options.sharding; }
+
+std::future<ScatteredSum> MirroredReplicaContext::reduce_scatter_partitioned_async(
+    std::vector<Tensor> values, bool deferred) {
+  auto body = [this, values = std::move(values)] {
+    const DeviceSpec dev = device();
+    const int n = impl_->global_replicas, me = replica_id_in_sync_group();
+    timeline::Span whole("reduce-scatter " + std::to_string(values.size()) + " tensor(s) by part",
+                         "collective");
+    std::vector<int64_t> counts;
+    for (const auto& v : values) {
+      DTRAIN_CHECK(v.dtype() == DType::kFloat32, "reduce_scatter_partitioned takes float32");
+      counts.push_back(v.numel());
+    }
+    const PartLayout l = part_layout(counts, n);
+    Tensor buf = Tensor::empty(Shape{l.block * n}, DType::kFloat32, dev);
+    {
+      timeline::Span pack("pack by part", "collective");
+      for (int r = 0; r < n; ++r) pack_block(buf, l.block * r, values, l, r, n);
+    }
+    ScatteredSum s;
+    s.partitioned = true;
+    s.padded = l.block * n;
+    s.shard = Tensor::empty(Shape{l.block}, DType::kFloat32, dev);
+    {
+      timeline::Span reduce("reduce-scatter " + std::to_string(l.block * n * 4 / 1024) + " KiB",
+                            "collective");
+      impl_->comms[static_cast<size_t>(replica_)]->reduce_scatter(buf, s.shard, ReduceOp::kSum).wait();
+    }
+    for (size_t i = 0; i < values.size(); ++i) {
+      const auto [b, e] = partition_range(counts[i], me, n);
+      const int64_t at = l.at[static_cast<size_t>(me)][i];
+      s.starts.push_back(at);
+      s.slices.push_back(s.shard.slice_rows(at, at + e - b));
+      s.offsets.push_back(b);
+    }
+    return s;
+  };
+  if (deferred) return std::async(std::launch::deferred, std::move(body));
+  auto task = std::make_shared<std::packaged_task<ScatteredSum()>>(std::move(body));
+  std::future<ScatteredSum> f = task->get_future();
+  impl_->comm_threads[static_cast<size_t>(replica_)]->submit([task] { (*task)(); });
+  return f;
+}
+
+std::vector<Tensor> MirroredReplicaContext::gather_sums(const ScatteredSum& s,
+                                                        const std::vector<Tensor>& like) {
+  timeline::Span span("all-gather of the sums", "collective");
+  Tensor full = Tensor::empty(Shape{s.padded}, DType::kFloat32, device());
+  impl_->comms[static_cast<size_t>(replica_)]->allgather(s.shard, full).wait();
+  std::vector<Tensor> out;
+  if (!s.partitioned) {
+    for (size_t i = 0; i < like.size(); ++i)
+      out.push_back(
+          full.slice_rows(s.starts[i], s.starts[i] + like[i].numel()).view(like[i].shape()));
+    return out;
+  }
+  const int n = impl_->global_replicas;
+  std::vector<int64_t> counts;
+  for (const auto& t : like) counts.push_back(t.numel());
+  const PartLayout l = part_layout(counts, n);
+  for (size_t i = 0; i < like.size(); ++i) {
+    Tensor t = Tensor::empty(Shape{counts[i]}, DType::kFloat32, device());
+    for (int r = 0; r < n; ++r) {
+      const auto [b, e] = partition_range(counts[i], r, n);
+      const int64_t at = l.block * r + l.at[static_cast<size_t>(r)][i];
+      if (e > b) t.slice_rows(b, e).copy_from(full.slice_rows(at, at + e - b));
+    }
+    out.push_back(t.view(like[i].shape()));
+  }
+  return out;
+}
+
+void MirroredReplicaContext::gather_parts(const std::vector<std::shared_ptr<Variable>>& vars) {
+  const int n = impl_->global_replicas, me = replica_id_in_sync_group();
+  if (n < 2) return;
+  timeline::Span span("all-gather of the updated parts", "collective");
+  Communicator& comm = *impl_->comms[static_cast<size_t>(replica_)];
+  size_t i = 0;
+  while (i < vars.size()) {
+    // A chunk of about bytes_per_pack of one dtype: the gather buffers stay small.
+    std::vector<Tensor> values;
+    size_t bytes = 0;
+    const DType dt = vars[i]->dtype();
+    while (i < vars.size() && vars[i]->dtype() == dt && (values.empty() || bytes < bytes_per_pack())) {
+      values.push_back(vars[i]->value());
+      bytes += values.back().nbytes();
+      ++i;
+    }
+    std::vector<int64_t> counts;
+    for (const auto& v : values) counts.push_back(v.numel());
+    const PartLayout l = part_layout(counts, n);
+    Tensor mine = Tensor::empty(Shape{l.block}, dt, device());
+    pack_block(mine, 0, values, l, me, n);
+    Tensor full = Tensor::empty(Shape{l.block * n}, dt, device());
+    comm.allgather(mine, full).wait();
+    for (int r = 0; r < n; ++r) {
+      if (r == me) continue;
+      for (size_t k = 0; k < values.size(); ++k) {
+        const auto [b, e] = partition_range(counts[k], r, n);
+        const int64_t at = l.block * r + l.at[static_cast<size_t>(r)][k];
+        if (e > b) flat(values[k]).slice_rows(b, e).copy_from(full.slice_rows(at, at + e - b));
+      }
+    }
+  }
+}
+
+}  // namespace dtrain

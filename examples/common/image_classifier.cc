@@ -186,6 +186,10 @@ int image_classifier_main(int argc, char** argv, const ImageClassifierExample& e
                  "sum the gradients of this many batches per update (one all-reduce)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  std::string sharding_flag;
+  app.add_option("--sharding", sharding_flag,
+                 "mirrored / multi_worker_mirrored: shard the optimizer's state, none, "
+                 "optimizer_state (ZeRO-1) or gradients (ZeRO-2); default none, or DTRAIN_SHARDING");
   std::string compression_flag = "none";
   app.add_option("--compression", compression_flag,
                  "multi_worker_mirrored: cross-worker gradient compression, none, fp16 or bf16 "
@@ -252,6 +256,7 @@ int image_classifier_main(int argc, char** argv, const ImageClassifierExample& e
     if (ps_shards > 0) ps.partitioner = dtrain::fixed_shards_partitioner(ps_shards);
     if (strategy_name == "parameter_server") ps.checkpoint_dir = checkpoint_dir;
     opts.communication.compression = dtrain::parse_compression(compression_flag);
+    if (!sharding_flag.empty()) opts.mirrored.sharding = dtrain::parse_sharding(sharding_flag);
     opts.parameter_server = ps;
 
     // One binary for every task of a job: run_task() serves a ps task, calls evaluate on an

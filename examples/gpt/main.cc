@@ -110,6 +110,15 @@ class ValidationReport : public dtrain::Callback {
   bool chief_;
 };
 
+// The optimizer state this process holds: whole slots, or its parts of them under --sharding.
+double slot_bytes(const dtrain::Optimizer& opt) {
+  double bytes = 0;
+  for (const auto& s : opt.slot_variables())
+    bytes += static_cast<double>(s->shape().numel()) * dtrain::dtype_size(s->dtype());
+  for (const auto& p : opt.slot_shards()) bytes += static_cast<double>(p.value.nbytes());
+  return bytes;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -139,6 +148,10 @@ int main(int argc, char** argv) {
   app.add_flag("--recompute", recompute,
                "recompute each transformer block's activations in the backward pass instead of "
                "keeping them (GPTConfig::recompute): less memory, one more forward pass");
+  std::string sharding;
+  app.add_option("--sharding", sharding,
+                 "mirrored / multi_worker_mirrored: none, optimizer_state (ZeRO-1) or gradients "
+                 "(ZeRO-2); default none, or DTRAIN_SHARDING");
   app.add_option("--epochs", epochs, "epochs of --steps-per-epoch steps")->capture_default_str();
   app.add_option("--steps-per-epoch", steps_per_epoch, "steps in an epoch")->capture_default_str();
   app.add_option("--steps", steps, "stop after this many steps in all (0: epochs decide)");
@@ -189,6 +202,7 @@ int main(int argc, char** argv) {
     if (heads > 0) config.num_heads = heads;
     dtrain::StrategyOptions opts;
     opts.devices = dtrain::parse_devices_flag(devices_flag, threads);
+    if (!sharding.empty()) opts.mirrored.sharding = dtrain::parse_sharding(sharding);
 
     dtrain::TaskFunctions task;
     task.train = [&](dtrain::Strategy& strategy) {
@@ -314,6 +328,8 @@ int main(int argc, char** argv) {
             {"val_loss_nats", val_loss},
             {"val_bits_per_byte", val_loss / std::log(2.0)},
             {"recompute", recompute},
+            {"sharding", sharding.empty() ? "none" : sharding},
+            {"optimizer_state_mb", slot_bytes(*optimizer) / 1048576.0},
             {"seconds_per_step",
              h.images_per_sec > 0 ? static_cast<double>(batch) / h.images_per_sec : 0.0},
             {"allocator_peak_mb",

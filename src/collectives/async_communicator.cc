@@ -38,11 +38,12 @@ enum class Op {
   kReduceScatter,
   kBarrier,
   kAlltoall,
-  kReduceScatterConcat
+  kReduceScatterConcat,
+  kReduceScatterInPlace
 };
-constexpr std::array<const char*, 8> kOpNames = {
-    "allreduce",      "allgather", "broadcast", "reduce",
-    "reduce_scatter", "barrier",   "alltoall",  "reduce_scatter_concat"};
+constexpr std::array<const char*, 9> kOpNames = {
+    "allreduce", "allgather", "broadcast",           "reduce",
+    "reduce_scatter", "barrier", "alltoall", "reduce_scatter_concat", "reduce_scatter_in_place"};
 
 struct Task {
   uint64_t id = 0;
@@ -54,6 +55,7 @@ struct Task {
   const std::vector<Tensor>* inputs = nullptr;  // reduce_scatter_concat
   ReduceOp reduce = ReduceOp::kSum;
   int root = 0;
+  Tensor* scratch = nullptr;  // reduce_scatter_in_place: its input
 };
 
 // Shared by the communicator, its thread and the Works it hands out (which may outlive it; once the
@@ -136,6 +138,9 @@ class Queue final : public Work::Tracker {
           break;
         case Op::kReduceScatterConcat:
           b.reduce_scatter_concat(*task.inputs, *task.tensor, task.reduce);
+          break;
+        case Op::kReduceScatterInPlace:
+          b.reduce_scatter_in_place(*task.scratch, *task.tensor, task.reduce);
           break;
       }
     } catch (...) {
@@ -255,6 +260,9 @@ class AsyncCommunicator final : public Communicator {
   Work alltoall(const Tensor& in, Tensor& out) override {
     return submit(Op::kAlltoall, &out, &in, ReduceOp::kSum, 0);
   }
+  Work reduce_scatter_in_place(Tensor& in, Tensor& out, ReduceOp op) override {
+    return submit(Op::kReduceScatterInPlace, &out, &in, op, 0, nullptr, &in);
+  }
   Work reduce_scatter_concat(const std::vector<Tensor>& in, Tensor& out, ReduceOp op) override {
     return submit(Op::kReduceScatterConcat, &out, nullptr, op, 0, &in);
   }
@@ -272,7 +280,7 @@ class AsyncCommunicator final : public Communicator {
   // The caller keeps the tensors alive and untouched until wait() returns (Communicator's
   // contract), so the task holds pointers to them.
   Work submit(Op op, Tensor* tensor, const Tensor* input, ReduceOp reduce, int root,
-              const std::vector<Tensor>* inputs = nullptr) {
+              const std::vector<Tensor>* inputs = nullptr, Tensor* scratch = nullptr) {
     uint64_t id;
     bool wake;
     {
@@ -281,7 +289,7 @@ class AsyncCommunicator final : public Communicator {
         throw FailedPrecondition(std::string(kOpNames[static_cast<size_t>(op)]) +
                                  " on a communicator that is being destroyed");
       id = q_->next_id++;
-      q_->tasks.push_back(Task{id, Clock::now(), op, tensor, input, inputs, reduce, root});
+      q_->tasks.push_back(Task{id, Clock::now(), op, tensor, input, inputs, reduce, root, scratch});
       wake = q_->parked;
     }
     if (wake) q_->cv.notify_all();

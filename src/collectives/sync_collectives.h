@@ -28,6 +28,10 @@ class SyncCollectives {
   virtual void broadcast(Tensor& tensor, int root) = 0;
   virtual void reduce(Tensor& tensor, int root, ReduceOp op) = 0;
   virtual void reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) = 0;
+  // Communicator::reduce_scatter_in_place: input may be overwritten.
+  virtual void reduce_scatter_in_place(Tensor& input, Tensor& output, ReduceOp op) {
+    reduce_scatter(input, output, op);
+  }
   virtual void barrier() = 0;
   // Communicator::alltoall. The default gathers every rank's whole input and keeps the blocks meant
   // for this rank (size() times the bytes); the TCP and MPI backends exchange blocks pairwise.

@@ -355,6 +355,11 @@ void Optimizer::apply_slices(ReplicaContext& ctx, const std::vector<Tensor>& gra
         slot_lists.push_back(&slots_for(vars[i].get()));
         continue;
       }
+      if (slot_index_.count(vars[i].get()))
+        throw FailedPrecondition(
+            "the optimizer holds whole slots for '" + vars[i]->name() +
+            "', but its strategy shards the update (MirroredOptions::sharding): build the "
+            "optimizer (optimizer.build, or its first apply_gradients) inside strategy.scope()");
       PartSlots& p = part_slots_for(*vars[i], ctx.replica_id_in_sync_group(),
                                     ctx.num_replicas_in_sync(), ctx.device());
       if (p.first != offsets[i] || p.count != g[i].numel())

@@ -47,8 +47,10 @@ StrategyOptions apply_environment(StrategyOptions o) {
   if (const char* v = env("DTRAIN_SHARDING")) {
     try {
       o.mirrored.sharding = parse_sharding(v);
-    } catch (const InvalidArgument& e) {
-      throw InvalidArgument(std::string("DTRAIN_SHARDING: ") + e.what());
+    } catch (const InvalidArgument&) {
+      throw InvalidArgument(std::string("DTRAIN_SHARDING='") + v +
+                            "': valid values are none (0), optimizer_state (1: ZeRO-1) and "
+                            "gradients (2: ZeRO-2)");
     }
   }
   if (const char* v = env("DTRAIN_RENDEZVOUS_TIMEOUT")) {  // seconds

@@ -71,6 +71,15 @@ std::future<ScatteredSum> MirroredReplicaContext::reduce_scatter_partitioned_asy
       DTRAIN_CHECK(v.dtype() == DType::kFloat32, "reduce_scatter_partitioned takes float32");
       counts.push_back(v.numel());
     }
+    if (n == 1) {  // the sum is the gradient itself: no buffer, no copy
+      ScatteredSum s;
+      s.partitioned = true;
+      for (const auto& v : values) {
+        s.slices.push_back(flat(v));
+        s.offsets.push_back(0);
+      }
+      return s;
+    }
     const PartLayout l = part_layout(counts, n);
     Tensor buf = Tensor::empty(Shape{l.block * n}, DType::kFloat32, dev);
     {
@@ -84,7 +93,7 @@ std::future<ScatteredSum> MirroredReplicaContext::reduce_scatter_partitioned_asy
     {
       timeline::Span reduce("reduce-scatter " + std::to_string(l.block * n * 4 / 1024) + " KiB",
                             "collective");
-      impl_->comms[static_cast<size_t>(replica_)]->reduce_scatter(buf, s.shard, ReduceOp::kSum).wait();
+      impl_->comms[static_cast<size_t>(replica_)]->reduce_scatter_in_place(buf, s.shard, ReduceOp::kSum).wait();
     }
     for (size_t i = 0; i < values.size(); ++i) {
       const auto [b, e] = partition_range(counts[i], me, n);
@@ -105,6 +114,11 @@ std::future<ScatteredSum> MirroredReplicaContext::reduce_scatter_partitioned_asy
 std::vector<Tensor> MirroredReplicaContext::gather_sums(const ScatteredSum& s,
                                                         const std::vector<Tensor>& like) {
   timeline::Span span("all-gather of the sums", "collective");
+  if (s.partitioned && impl_->global_replicas == 1) {  // the slices are the sums, whole
+    std::vector<Tensor> out;
+    for (size_t i = 0; i < like.size(); ++i) out.push_back(s.slices[i].clone().view(like[i].shape()));
+    return out;
+  }
   Tensor full = Tensor::empty(Shape{s.padded}, DType::kFloat32, device());
   impl_->comms[static_cast<size_t>(replica_)]->allgather(s.shard, full).wait();
   std::vector<Tensor> out;

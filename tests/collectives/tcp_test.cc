@@ -152,6 +152,37 @@ TEST_P(TcpData, AllgatherBroadcastReduceReduceScatterBarrier) {
   }
 }
 
+// reduce_scatter keeps a scratch buffer between calls (up to 32 MiB, larger inputs get a one-off);
+// reduce_scatter_in_place reduces in the caller's buffer. Sizes below, at and above the scratch
+// buffer's, in an order that makes it grow and be reused, every element checked.
+TEST_P(TcpData, ReduceScatterCopiedAndInPlaceAreExact) {
+  for (int n : {2, 3}) {
+    auto errs = run_group(n, [&](int r, Communicator& c) {
+      for (int64_t block : {int64_t{1}, int64_t{1000}, int64_t{3} << 20, int64_t{7}, int64_t{50001}}) {
+        for (bool in_place : {false, true}) {
+          Tensor in = make(DType::kFloat32, block * n, r), out = Tensor::empty(Shape{block});
+          if (in_place)
+            c.reduce_scatter_in_place(in, out, ReduceOp::kSum).wait();
+          else
+            c.reduce_scatter(in, out, ReduceOp::kSum).wait();
+          const auto got = out.to_vector<double>();
+          for (int64_t i = 0; i < block; i += std::max<int64_t>(1, block / 4999)) {
+            double want = 0;
+            for (int q = 0; q < n; ++q) want += value(q, r * block + i);
+            ASSERT_EQ(got[static_cast<size_t>(i)], want)
+                << "n=" << n << " block " << block << (in_place ? " in place" : "") << " i " << i;
+          }
+          if (!in_place) {  // the copy leaves the input as it was
+            ASSERT_EQ(in.to_vector<double>()[static_cast<size_t>(block * n - 1)],
+                      value(r, block * n - 1));
+          }
+        }
+      }
+    });
+    for (const auto& e : errs) ASSERT_EQ(e, "") << "n=" << n;
+  }
+}
+
 TEST_P(TcpData, AlltoallExchangesBlocksPairwise) {
   for (int n : {2, 3, 4}) {
     for (int64_t block : {1, 5, 300000}) {  // 300000 float32 blocks: many segments per exchange

@@ -66,6 +66,12 @@ int main(int argc, char** argv) {
     const auto ds = dtrain::Dataset::from_tensors(
         {data.train_images.slice_rows(0, n), data.train_labels.slice_rows(0, n)});
     const dtrain::History h = dtrain::fit(*strategy, *model, *opt, ds, nullptr, f);
+    // The optimizer state this process holds (sharded: its parts only).
+    int64_t slot_elements = 0;
+    for (const auto& s : opt->slot_variables()) slot_elements += s->shape().numel();
+    for (const auto& p : opt->slot_shards()) slot_elements += p.value.numel();
+    std::printf("worker %d holds %lld optimizer slot elements\n", strategy->extended().worker_rank(),
+                static_cast<long long>(slot_elements));
     if (strategy->extended().is_chief()) {
       std::FILE* fp = std::fopen(out.c_str(), "wb");
       const double loss = h.final_loss;

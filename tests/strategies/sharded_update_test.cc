@@ -44,7 +44,7 @@ struct Trained {
 
 // A conv net of 641 weights (not a multiple of 16 x replicas: parts cut variables unevenly), 6 steps
 // of 24 images.
-Trained train(const MirroredOptions& o, const std::string& optimizer) {
+Trained train(const MirroredOptions& o, const std::string& optimizer, int accumulate = 1) {
   MirroredStrategy s(o);
   set_global_seed(3);
   Sequential model;
@@ -62,6 +62,7 @@ Trained train(const MirroredOptions& o, const std::string& optimizer) {
   FitOptions f;
   f.steps = 6;
   f.global_batch_size = 24;
+  f.accumulate = accumulate;
   fit(s, model, *opt, Dataset::from_tensors({x, Tensor::from_vector(y, Shape{144})}), nullptr, f);
   Trained r;
   for (const auto& v : model.trainable_variables()) {
@@ -106,6 +107,19 @@ TEST_F(ShardedUpdate, TrainingIsBitwiseThatOfUnshardedReplicas) {
     EXPECT_EQ(train(on(n, Sharding::kGradients, 512), optimizers[1]).weights, whole.weights);
     EXPECT_EQ(train(on(n, Sharding::kGradients, 0, false), optimizers[1]).weights, whole.weights);
     EXPECT_EQ(train(on(n, Sharding::kOptimizerState, 512), optimizers[1]).weights, whole.weights);
+  }
+}
+
+TEST_F(ShardedUpdate, GradientAccumulationIsBitwiseThatOfUnshardedReplicas) {
+  // fit(accumulate = 3): the hook is off for the first micro-batches, the summed mean goes through
+  // the sharded update without packs.
+  const Trained whole = train(on(3, Sharding::kNone), "adam learning_rate=0.01", 3);
+  EXPECT_EQ(whole.iterations, 2);
+  for (Sharding sh : {Sharding::kOptimizerState, Sharding::kGradients}) {
+    const Trained sharded = train(on(3, sh), "adam learning_rate=0.01", 3);
+    EXPECT_EQ(sharded.weights, whole.weights) << sharding_name(sh);
+    EXPECT_EQ(sharded.slots, whole.slots) << sharding_name(sh);
+    EXPECT_EQ(sharded.iterations, 2);
   }
 }
 
@@ -215,8 +229,9 @@ TEST_F(ShardedUpdate, CheckpointsDoNotCareAboutTheShardCount) {
     const Tensor* u = ds.find(name);
     ASSERT_NE(u, nullptr) << name;
     EXPECT_EQ(u->shape(), t.shape()) << name;
-    if (t.dtype() == DType::kFloat32)
+    if (t.dtype() == DType::kFloat32) {
       EXPECT_EQ(u->to_vector<float>(), t.to_vector<float>()) << name;
+    }
   }
   const std::vector<float> expected = predict(*a.strategy, a.model, Dataset::from_tensors({a.x})).to_vector<float>();
   // Restored under 2 and 3 shards, unsharded, and one device: equal predictions, and training on
@@ -281,6 +296,18 @@ TEST_F(ShardedUpdate, MisuseIsRefused) {
   } catch (const FailedPrecondition& e) {
     EXPECT_NE(std::string(e.what()).find("aggregator"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("sharding"), std::string::npos) << e.what();
+  }
+  // Whole slots made outside the scope, then a sharded update: refused, saying where to build.
+  Adam adam(0.1f);
+  adam.build({w});
+  try {
+    s.run([&](ReplicaContext& ctx, const std::vector<Tensor>&) {
+      adam.apply_gradients({Tensor::full(Shape{4}, 1.f, ctx.device())}, {w});
+      return std::vector<Tensor>{};
+    });
+    FAIL() << "expected FailedPrecondition";
+  } catch (const FailedPrecondition& e) {
+    EXPECT_NE(std::string(e.what()).find("inside strategy.scope()"), std::string::npos) << e.what();
   }
 }
 

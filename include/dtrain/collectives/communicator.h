@@ -99,6 +99,12 @@ class DTRAIN_API Communicator {
   [[nodiscard]] virtual Work reduce(Tensor& tensor, int root, ReduceOp op) = 0;
   // output (n / size elements) = rank's slice of op(all inputs) (n divisible by size).
   [[nodiscard]] virtual Work reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op) = 0;
+  // reduce_scatter that may use `input` as its working space: input's contents are unspecified
+  // once wait() returns. The TCP transport then reduces in it instead of in a copy (one pass over
+  // the bytes fewer). The default calls reduce_scatter.
+  [[nodiscard]] virtual Work reduce_scatter_in_place(Tensor& input, Tensor& output, ReduceOp op) {
+    return reduce_scatter(input, output, op);
+  }
   [[nodiscard]] virtual Work barrier() = 0;
   // input and output: n elements each (n divisible by size), seen as size() blocks; output's block
   // j becomes rank j's input block rank(). The TCP and MPI transports exchange blocks pairwise

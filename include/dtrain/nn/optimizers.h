@@ -164,7 +164,7 @@ class DTRAIN_API Optimizer {
   struct VariableParts {
     std::string name;
     Shape shape;
-    std::vector<PartSlots> parts;  // this process's, by the order they were made
+    std::deque<PartSlots> parts;  // this process's, in the order made; stable references
   };
   std::map<const Variable*, size_t> part_index_;
   std::deque<VariableParts> part_slots_;  // in first-seen order; stable references

@@ -127,6 +127,20 @@ class HierarchicalCommunicator final : public SyncCollectives {
   // Summed within the worker first (whole buffer), then reduce-scattered across workers in blocks
   // of L x n, each local replica keeping its n. Compression applies as in allreduce.
   void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
+    reduce_scatter_impl(const_cast<Tensor&>(in), out, op, /*scratch=*/false);
+  }
+  void reduce_scatter_in_place(Tensor& in, Tensor& out, ReduceOp op) override {
+    reduce_scatter_impl(in, out, op, /*scratch=*/true);
+  }
+  void abort(const std::string& reason) override {
+    local_->abort(reason);
+    cross_->host->abort(reason);
+    if (cross_->device) cross_->device->abort(reason);
+  }
+
+ private:
+  // With `scratch`, `in` may be overwritten (then it is never copied); without, it is only read.
+  void reduce_scatter_impl(Tensor& in, Tensor& out, ReduceOp op, bool scratch) {
     const int64_t n = out.numel(), local = local_->size();
     if (in.numel() != n * size() || out.dtype() != in.dtype())
       throw InvalidArgument(
@@ -135,9 +149,10 @@ class HierarchicalCommunicator final : public SyncCollectives {
     const ReduceOp partial = op == ReduceOp::kMean ? ReduceOp::kSum : op;
     Tensor summed = in;
     if (local > 1) {
-      summed = in.clone();
+      if (!scratch) summed = in.clone();
       local_->allreduce(summed, partial).wait();
     }
+    const bool own = scratch || local > 1;  // summed may be overwritten
     Tensor block = local > 1 ? Tensor::empty(Shape{n * local}, in.dtype(), in.device()) : out;
     if (local_->rank() == 0) {
       timeline::Span s("reduce-scatter across workers", "collective");
@@ -152,8 +167,10 @@ class HierarchicalCommunicator final : public SyncCollectives {
       if (compress) {
         Tensor cs = kernels_for(src).cast(src, wire);
         Tensor cd = Tensor::empty(dst.shape(), wire, dst.device());
-        c.reduce_scatter(cs, cd, partial).wait();
+        c.reduce_scatter_in_place(cs, cd, partial).wait();
         dst.copy_from(kernels_for(cd).cast(cd, DType::kFloat32));
+      } else if (own || src.raw_data() != summed.raw_data()) {  // ours, or a host copy
+        c.reduce_scatter_in_place(src, dst, partial).wait();
       } else {
         c.reduce_scatter(src, dst, partial).wait();
       }
@@ -172,13 +189,6 @@ class HierarchicalCommunicator final : public SyncCollectives {
       }
     }
   }
-  void abort(const std::string& reason) override {
-    local_->abort(reason);
-    cross_->host->abort(reason);
-    if (cross_->device) cross_->device->abort(reason);
-  }
-
- private:
   std::unique_ptr<Communicator> local_;
   std::shared_ptr<CrossWorkerCommunicators> cross_;
   int local_size_;

@@ -6,7 +6,7 @@ the machine has no swap, so going over kills the worker). For each of sharding n
 gradients, without and with --recompute, a binary search over the layers finds the deepest model that trains
 --steps steps; prints it with its parameter count.
 
-  bench/zero/budget.py --build build --workers 2 --budget-mb 2048 --context 128 [--max-layers 48]
+  bench/zero/budget.py --build build --workers 2 --budget-mb 2048 --context 128 [--max-layers 48] [--cache-mb 0]
 """
 import argparse, glob, json, os, subprocess, sys
 
@@ -20,8 +20,9 @@ def trains(a, layers, sharding, recompute):
            "--layers", str(layers), "--context", str(a.context), "--batch-size", str(a.workers),
            "--steps", str(a.steps), "--steps-per-epoch", str(a.steps), "--val-windows", "1",
            "--sharding", sharding, "--threads", "1", "--json"] + (["--recompute"] if recompute else [])
+    env = dict(os.environ, DTRAIN_HOST_CACHE_MB=str(a.cache_mb))
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     finally:
         for d in glob.glob("/sys/fs/cgroup/memory/dtrain-budget-*"):
             try:
@@ -40,9 +41,11 @@ def main():
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--max-layers", type=int, default=48)
+    p.add_argument("--cache-mb", type=int, default=2048, help="DTRAIN_HOST_CACHE_MB for the workers")
     a = p.parse_args()
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    print(f"CPU: {cpu}; {a.workers} workers, {a.budget_mb} MB each, width 768, context {a.context}, AdamW")
+    print(f"CPU: {cpu}; {a.workers} workers, {a.budget_mb} MB each, width 768, context {a.context}, AdamW, "
+          f"DTRAIN_HOST_CACHE_MB={a.cache_mb}")
     print(f"{'sharding':<18}{'recompute':>10}{'layers':>8}{'parameters':>14}{'alloc. peak MB':>16}")
     for sharding in ("none", "optimizer_state", "gradients"):
         for recompute in (False, True):

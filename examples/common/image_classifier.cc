@@ -187,9 +187,10 @@ int image_classifier_main(int argc, char** argv, const ImageClassifierExample& e
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   std::string sharding_flag;
-  app.add_option("--sharding", sharding_flag,
-                 "mirrored / multi_worker_mirrored: shard the optimizer's state, none, "
-                 "optimizer_state (ZeRO-1) or gradients (ZeRO-2); default none, or DTRAIN_SHARDING");
+  app.add_option(
+      "--sharding", sharding_flag,
+      "mirrored / multi_worker_mirrored: shard the optimizer's state, none, "
+      "optimizer_state (ZeRO-1) or gradients (ZeRO-2); default none, or DTRAIN_SHARDING");
   std::string compression_flag = "none";
   app.add_option("--compression", compression_flag,
                  "multi_worker_mirrored: cross-worker gradient compression, none, fp16 or bf16 "

@@ -41,9 +41,15 @@ enum class Op {
   kReduceScatterConcat,
   kReduceScatterInPlace
 };
-constexpr std::array<const char*, 9> kOpNames = {
-    "allreduce", "allgather", "broadcast",           "reduce",
-    "reduce_scatter", "barrier", "alltoall", "reduce_scatter_concat", "reduce_scatter_in_place"};
+constexpr std::array<const char*, 9> kOpNames = {"allreduce",
+                                                 "allgather",
+                                                 "broadcast",
+                                                 "reduce",
+                                                 "reduce_scatter",
+                                                 "barrier",
+                                                 "alltoall",
+                                                 "reduce_scatter_concat",
+                                                 "reduce_scatter_in_place"};
 
 struct Task {
   uint64_t id = 0;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dtrain/core/error.h"
+#include "dtrain/core/logging.h"
 
 namespace dtrain {
 namespace {
@@ -24,7 +25,7 @@ namespace {
 // device (one device alone: 1,850 us).
 class CachingHostAllocator final : public Allocator {
  public:
-  CachingHostAllocator() {
+  explicit CachingHostAllocator(size_t max_cached_bytes) : max_cached_bytes_(max_cached_bytes) {
     for (Pool& pool : pools_) pool.owner = this;
   }
   ~CachingHostAllocator() override {
@@ -74,8 +75,7 @@ class CachingHostAllocator final : public Allocator {
   }
 
  private:
-  static constexpr size_t kMaxCachedBytes = size_t{2} << 30;  // over all pools
-  static constexpr size_t kPools = 64;                        // cpu:63 and above share the last
+  static constexpr size_t kPools = 64;  // cpu:63 and above share the last
   struct Pool {
     CachingHostAllocator* owner = nullptr;
     std::mutex mu;
@@ -94,7 +94,7 @@ class CachingHostAllocator final : public Allocator {
     CachingHostAllocator* self = pool->owner;
     self->in_use_.fetch_sub(nbytes, std::memory_order_relaxed);
     if (self->cached_bytes_.fetch_add(nbytes, std::memory_order_relaxed) + nbytes <=
-        kMaxCachedBytes) {
+        self->max_cached_bytes_) {
       std::lock_guard<std::mutex> lock(pool->mu);
       pool->free[nbytes].push_back(ptr);
       return;
@@ -103,6 +103,7 @@ class CachingHostAllocator final : public Allocator {
     std::free(ptr);
   }
 
+  const size_t max_cached_bytes_;  // freed bytes kept for reuse, over all pools
   std::array<Pool, kPools> pools_;
   std::atomic<size_t> cached_bytes_{0};
   std::atomic<size_t> in_use_{0}, peak_{0};  // tensor storage handed out and not released
@@ -113,9 +114,26 @@ Allocator* g_cuda_allocator = nullptr;
 
 }  // namespace
 
+// DTRAIN_HOST_CACHE_MB: the most freed host memory kept for reuse (default 2048 MB; 0 = none, every
+// block goes back to malloc). Under a tight memory limit the cache's blocks of sizes no longer
+// asked for count against it.
+size_t host_cache_bytes() {
+  constexpr size_t kDefault = size_t{2} << 30;
+  const char* v = std::getenv("DTRAIN_HOST_CACHE_MB");
+  if (!v || !*v) return kDefault;
+  char* end = nullptr;
+  const long long mb = std::strtoll(v, &end, 10);
+  if (end == v || *end != '\0' || mb < 0) {
+    DTRAIN_LOG(WARNING) << "DTRAIN_HOST_CACHE_MB='" << v
+                        << "' is not a number of megabytes >= 0; keeping the default, 2048";
+    return kDefault;
+  }
+  return static_cast<size_t>(mb) << 20;
+}
+
 Allocator& host_allocator() {
   // Leaked on purpose: tensors held by static objects may be released after main returns.
-  static auto* a = new CachingHostAllocator();
+  static auto* a = new CachingHostAllocator(host_cache_bytes());
   return *a;
 }
 

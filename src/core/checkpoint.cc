@@ -226,9 +226,9 @@ void save_safetensors(const std::string& path, const CheckpointData& data) {
   }
   for (const CheckpointData::Streamed& st : data.streamed) {
     check_name(st.name);
-    if (!st.produce) throw InvalidArgument(where + "streamed tensor '" + st.name + "' has no producer");
-    const uint64_t end =
-        offset + static_cast<uint64_t>(st.shape.numel()) * dtype_size(st.dtype);
+    if (!st.produce)
+      throw InvalidArgument(where + "streamed tensor '" + st.name + "' has no producer");
+    const uint64_t end = offset + static_cast<uint64_t>(st.shape.numel()) * dtype_size(st.dtype);
     ojson entry = ojson::object();
     entry["dtype"] = safetensors_name(st.dtype);
     entry["shape"] = st.shape.dims();

@@ -73,7 +73,7 @@ std::vector<std::shared_ptr<Variable>>& Optimizer::slots_for(const Variable* v) 
 }
 
 Optimizer::PartSlots& Optimizer::part_slots_for(const Variable& v, int part, int parts,
-                                                 const DeviceSpec& device) {
+                                                const DeviceSpec& device) {
   auto it = part_index_.find(&v);
   if (it == part_index_.end()) {
     it = part_index_.emplace(&v, part_slots_.size()).first;
@@ -122,8 +122,8 @@ std::vector<Optimizer::SlotShard> Optimizer::slot_shards() const {
   for (const VariableParts& vp : part_slots_)
     for (size_t i = 0; i < names.size(); ++i)
       for (const PartSlots& p : vp.parts)
-        out.push_back(SlotShard{"optimizer/" + vp.name + "/" + names[i], vp.shape, p.part,
-                                p.parts, p.first, p.slots[i]});
+        out.push_back(SlotShard{"optimizer/" + vp.name + "/" + names[i], vp.shape, p.part, p.parts,
+                                p.first, p.slots[i]});
   return out;
 }
 
@@ -299,8 +299,9 @@ void Optimizer::apply_partitioned(ReplicaContext& ctx, const std::vector<Tensor>
   std::optional<ReplicaContext::UpdateSlices> slices =
       ctx.reduce_scatter_for_update(defined, owners);
   if (!slices)
-    throw Internal("the strategy shards the update (update_partition) but its replica context "
-                   "returned no slices");
+    throw Internal(
+        "the strategy shards the update (update_partition) but its replica context "
+        "returned no slices");
   apply_slices(ctx, slices->grads, slices->offsets, owners, /*partitioned=*/true);
 }
 
@@ -322,8 +323,8 @@ std::vector<Tensor> Optimizer::clip_parts(ReplicaContext& ctx, std::vector<Tenso
     totals = sq;
   }
   if (!totals.empty()) {
-    Tensor t = Tensor::from_vector(totals, Shape{static_cast<int64_t>(totals.size())})
-                   .to(ctx.device());
+    Tensor t =
+        Tensor::from_vector(totals, Shape{static_cast<int64_t>(totals.size())}).to(ctx.device());
     totals = ctx.all_reduce(ReduceOp::kSum, {t}).at(0).to(DeviceSpec::cpu()).to_vector<double>();
   }
   for (size_t i = 0; i < g.size(); ++i) {

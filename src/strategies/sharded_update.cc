@@ -93,7 +93,9 @@ std::future<ScatteredSum> MirroredReplicaContext::reduce_scatter_partitioned_asy
     {
       timeline::Span reduce("reduce-scatter " + std::to_string(l.block * n * 4 / 1024) + " KiB",
                             "collective");
-      impl_->comms[static_cast<size_t>(replica_)]->reduce_scatter_in_place(buf, s.shard, ReduceOp::kSum).wait();
+      impl_->comms[static_cast<size_t>(replica_)]
+          ->reduce_scatter_in_place(buf, s.shard, ReduceOp::kSum)
+          .wait();
     }
     for (size_t i = 0; i < values.size(); ++i) {
       const auto [b, e] = partition_range(counts[i], me, n);
@@ -116,7 +118,8 @@ std::vector<Tensor> MirroredReplicaContext::gather_sums(const ScatteredSum& s,
   timeline::Span span("all-gather of the sums", "collective");
   if (s.partitioned && impl_->global_replicas == 1) {  // the slices are the sums, whole
     std::vector<Tensor> out;
-    for (size_t i = 0; i < like.size(); ++i) out.push_back(s.slices[i].clone().view(like[i].shape()));
+    for (size_t i = 0; i < like.size(); ++i)
+      out.push_back(s.slices[i].clone().view(like[i].shape()));
     return out;
   }
   Tensor full = Tensor::empty(Shape{s.padded}, DType::kFloat32, device());
@@ -155,7 +158,8 @@ void MirroredReplicaContext::gather_parts(const std::vector<std::shared_ptr<Vari
     std::vector<Tensor> values;
     size_t bytes = 0;
     const DType dt = vars[i]->dtype();
-    while (i < vars.size() && vars[i]->dtype() == dt && (values.empty() || bytes < bytes_per_pack())) {
+    while (i < vars.size() && vars[i]->dtype() == dt &&
+           (values.empty() || bytes < bytes_per_pack())) {
       values.push_back(vars[i]->value());
       bytes += values.back().nbytes();
       ++i;

@@ -245,9 +245,9 @@ TrainingPosition Checkpoint::restore(const CheckpointData& d,
         if (const Tensor* t = d.find(p.name))
           if (t->shape() != p.shape || t->dtype() != p.value.dtype())
             throw FailedPrecondition("the checkpoint does not match the optimizer: slot '" +
-                                     p.name + "': the model's is " +
-                                     dtype_name(p.value.dtype()) + " " + p.shape.to_string() +
-                                     ", the checkpoint's " + describe(*t));
+                                     p.name + "': the model's is " + dtype_name(p.value.dtype()) +
+                                     " " + p.shape.to_string() + ", the checkpoint's " +
+                                     describe(*t));
       if (const Tensor* t = d.find(kIterations)) iterations = int64_of(*t, kIterations);
     }
   }
@@ -298,8 +298,7 @@ TrainingPosition Checkpoint::restore(const CheckpointData& d,
       if (p.first == 0) missing.push_back(p.name);
       continue;
     }
-    const Tensor range =
-        t->view(Shape{t->numel()}).slice_rows(p.first, p.first + p.value.numel());
+    const Tensor range = t->view(Shape{t->numel()}).slice_rows(p.first, p.first + p.value.numel());
     p.value.copy_from(range.to(p.value.device()));
   }
   if (ensemble && members_found == 0) {
@@ -359,7 +358,10 @@ void ModelCheckpoint::save(const TrainLogs& logs, int64_t epoch, int64_t step) {
   TrainingPosition p{epoch, step, logs.global_step};
   const Checkpoint ckpt(model(), &optimizer(), &strategy());
   CheckpointData d = ckpt.capture(p, {{"dtrain.monitor", monitor_}});
-  if (!manager_) return;  // not the chief
+  if (!manager_) {  // not the chief: its parts of sharded slots go to the chief's writer
+    for (const auto& st : d.streamed) st.produce();
+    return;
+  }
   last_saved_ = manager_->save(p.global_step, std::move(d));
 }
 

@@ -67,7 +67,8 @@ void run_job(int workers, int local, Compression compression,
 
 Tensor inputs(int rank, int64_t count) {
   std::vector<float> v(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i) v[static_cast<size_t>(i)] = static_cast<float>(value(rank, i));
+  for (int64_t i = 0; i < count; ++i)
+    v[static_cast<size_t>(i)] = static_cast<float>(value(rank, i));
   return Tensor::from_vector(v, Shape{count});
 }
 
@@ -100,8 +101,10 @@ TEST(Hierarchical, ReduceScatterAndAllgatherAreExact) {
         const auto g = all.to_vector<float>();
         for (int q = 0; q < n; ++q)
           for (int64_t i = 0; i < block; ++i)
-            wrong_gathered += g[static_cast<size_t>(q * block + i)] != static_cast<float>(value(q, i));
-        EXPECT_EQ(wrong_sums, 0) << workers << "x" << local << ", block " << block << ", rank " << r;
+            wrong_gathered +=
+                g[static_cast<size_t>(q * block + i)] != static_cast<float>(value(q, i));
+        EXPECT_EQ(wrong_sums, 0) << workers << "x" << local << ", block " << block << ", rank "
+                                 << r;
         EXPECT_EQ(wrong_gathered, 0) << workers << "x" << local << ", block " << block;
         Tensor wrong = Tensor::empty(Shape{block + 1});
         EXPECT_THROW(c.reduce_scatter(in, wrong, ReduceOp::kSum).wait(), InvalidArgument);

@@ -158,7 +158,8 @@ TEST_P(TcpData, AllgatherBroadcastReduceReduceScatterBarrier) {
 TEST_P(TcpData, ReduceScatterCopiedAndInPlaceAreExact) {
   for (int n : {2, 3}) {
     auto errs = run_group(n, [&](int r, Communicator& c) {
-      for (int64_t block : {int64_t{1}, int64_t{1000}, int64_t{3} << 20, int64_t{7}, int64_t{50001}}) {
+      for (int64_t block :
+           {int64_t{1}, int64_t{1000}, int64_t{3} << 20, int64_t{7}, int64_t{50001}}) {
         for (bool in_place : {false, true}) {
           Tensor in = make(DType::kFloat32, block * n, r), out = Tensor::empty(Shape{block});
           if (in_place)

@@ -70,8 +70,8 @@ int main(int argc, char** argv) {
     int64_t slot_elements = 0;
     for (const auto& s : opt->slot_variables()) slot_elements += s->shape().numel();
     for (const auto& p : opt->slot_shards()) slot_elements += p.value.numel();
-    std::printf("worker %d holds %lld optimizer slot elements\n", strategy->extended().worker_rank(),
-                static_cast<long long>(slot_elements));
+    std::printf("worker %d holds %lld optimizer slot elements\n",
+                strategy->extended().worker_rank(), static_cast<long long>(slot_elements));
     if (strategy->extended().is_chief()) {
       std::FILE* fp = std::fopen(out.c_str(), "wb");
       const double loss = h.final_loss;

@@ -42,8 +42,8 @@ struct Trained {
   int64_t iterations = 0;
 };
 
-// A conv net of 641 weights (not a multiple of 16 x replicas: parts cut variables unevenly), 6 steps
-// of 24 images.
+// A conv net of 641 weights (not a multiple of 16 x replicas: parts cut variables unevenly), 6
+// steps of 24 images.
 Trained train(const MirroredOptions& o, const std::string& optimizer, int accumulate = 1) {
   MirroredStrategy s(o);
   set_global_seed(3);
@@ -194,7 +194,8 @@ Trainee make(const MirroredOptions& o, int steps) {
   set_global_seed(5);
   {
     auto scope = r.strategy->scope();
-    r.model = Sequential({std::make_shared<Dense>(9, Activation::kRelu), std::make_shared<Dense>(3)});
+    r.model =
+        Sequential({std::make_shared<Dense>(9, Activation::kRelu), std::make_shared<Dense>(3)});
     r.opt = Optimizer::from_config("adam learning_rate=0.01");
     r.model.build({Shape{1, 5}});
     r.opt->build(r.model.trainable_variables());
@@ -233,7 +234,8 @@ TEST_F(ShardedUpdate, CheckpointsDoNotCareAboutTheShardCount) {
       EXPECT_EQ(u->to_vector<float>(), t.to_vector<float>()) << name;
     }
   }
-  const std::vector<float> expected = predict(*a.strategy, a.model, Dataset::from_tensors({a.x})).to_vector<float>();
+  const std::vector<float> expected =
+      predict(*a.strategy, a.model, Dataset::from_tensors({a.x})).to_vector<float>();
   // Restored under 2 and 3 shards, unsharded, and one device: equal predictions, and training on
   // from there matches the unsharded run trained on from its own checkpoint.
   Trainee cont_whole = make(on(4, Sharding::kNone), 0);
@@ -244,7 +246,9 @@ TEST_F(ShardedUpdate, CheckpointsDoNotCareAboutTheShardCount) {
     const TrainingPosition p =
         Checkpoint(b.model, b.opt.get(), b.strategy.get()).restore(sharded_file);
     (void)p;
-    EXPECT_EQ(predict(*b.strategy, b.model, Dataset::from_tensors({b.x})).to_vector<float>(), expected) << o.devices.size();
+    EXPECT_EQ(predict(*b.strategy, b.model, Dataset::from_tensors({b.x})).to_vector<float>(),
+              expected)
+        << o.devices.size();
     EXPECT_EQ(b.opt->iterations(), 4);
     // The whole slots, assembled from whatever layout holds them, are the saved ones.
     for (const auto& sv : b.opt->slot_variables())
@@ -259,7 +263,8 @@ TEST_F(ShardedUpdate, CheckpointsDoNotCareAboutTheShardCount) {
   }
   // A checkpoint of another model is refused before anything changes.
   Trainee c = make(on(2, Sharding::kGradients), 0);
-  const std::vector<float> before = predict(*c.strategy, c.model, Dataset::from_tensors({c.x})).to_vector<float>();
+  const std::vector<float> before =
+      predict(*c.strategy, c.model, Dataset::from_tensors({c.x})).to_vector<float>();
   CheckpointData other = load_safetensors(sharded_file);
   for (auto& [name, t] : other.tensors)
     if (name.find("/m") != std::string::npos && name.rfind("optimizer/", 0) == 0)

@@ -11,6 +11,10 @@
 //   3. lr = the schedule at iterations() (the count before this step);
 //   4. decoupled weight decay: var -= lr * weight_decay * var;
 //   5. the optimizer's own update with lr;  6. iterations() += 1.
+// Under a strategy with an update_partition() (MirroredOptions::sharding, ZeRO) step 1 gives this
+// replica only its part of each summed gradient, steps 2-5 run on that part (norms for clipping
+// summed across the replicas), the optimizer keeps slots for the part alone (slot_shards()), and
+// the strategy all-gathers the updated parts.
 //
 // Thread-safety: apply_gradients may be called concurrently by the replicas of one strategy.
 #pragma once

@@ -88,14 +88,14 @@ class DTRAIN_API ReplicaContext {
   virtual void end_sharded_update() {}
 };
 
-// Sharded optimizer state (ZeRO stages 1 and 2; MirroredOptions::sharding): the optimizer's update is
-// divided among the replicas in sync by a fixed partition of every variable: replica r of N
+// Sharded optimizer state (ZeRO stages 1 and 2; MirroredOptions::sharding): the optimizer's update
+// is divided among the replicas in sync by a fixed partition of every variable: replica r of N
 // updates, and keeps optimizer slots for, the flat elements partition_range(numel, r, N) of each
 // variable. The same partition whatever the shard count is how checkpoints move between shard
 // counts.
 struct DTRAIN_API UpdatePartition {
-  int num_parts = 1;              // N: the replicas in sync over the whole job
-  std::vector<int> local_parts;   // per local replica: its part (its replica id in the sync group)
+  int num_parts = 1;             // N: the replicas in sync over the whole job
+  std::vector<int> local_parts;  // per local replica: its part (its replica id in the sync group)
   std::vector<DeviceSpec> devices;  // per local replica: where its part's slots live
 };
 // The flat elements [first, second) of a variable of `count` elements that part `part` of `parts`

@@ -104,9 +104,9 @@ class HierarchicalCommunicator final : public SyncCollectives {
   void allgather(const Tensor& in, Tensor& out) override {
     const int64_t n = in.numel(), local = local_->size();
     if (out.numel() != n * size() || out.dtype() != in.dtype())
-      throw InvalidArgument("allgather: output must hold size() x input.numel() = " +
-                            std::to_string(n * size()) + " elements of the input's dtype, got " +
-                            out.to_string());
+      throw InvalidArgument(
+          "allgather: output must hold size() x input.numel() = " + std::to_string(n * size()) +
+          " elements of the input's dtype, got " + out.to_string());
     Tensor mine = in;
     if (local > 1) {
       mine = Tensor::empty(Shape{n * local}, in.dtype(), in.device());

@@ -110,6 +110,10 @@ class MirroredReplicaContext final : public ReplicaContext {
   MirroredStrategy* strategy_;
   MirroredStrategy::Impl* impl_;
   int replica_;
+  // `body` run on this replica's communication thread (after what is queued there), or with
+  // `deferred` on the thread that calls get().
+  template <typename F>
+  auto on_comm_thread(F body, bool deferred) -> std::future<decltype(body())>;
   // A sharded update's end: every replica's updated parts of `vars` into every copy.
   void gather_parts(const std::vector<std::shared_ptr<Variable>>& vars);
   GradientPacker packer_;
@@ -143,6 +147,17 @@ struct MirroredStrategy::Impl {
   void span_workers(const StrategyExtended& parts);
   void make_group();  // (re)creates comms; called at start and after a failed step
 };
+
+template <typename F>
+auto MirroredReplicaContext::on_comm_thread(F body, bool deferred)
+    -> std::future<decltype(body())> {
+  using R = decltype(body());
+  if (deferred) return std::async(std::launch::deferred, std::move(body));
+  auto task = std::make_shared<std::packaged_task<R()>>(std::move(body));
+  std::future<R> f = task->get_future();
+  impl_->comm_threads[static_cast<size_t>(replica_)]->submit([task] { (*task)(); });
+  return f;
+}
 
 // Builds the communicators for `devices` with the requested ops; sets *chosen and logs why.
 std::vector<std::unique_ptr<Communicator>> make_cross_device_group(

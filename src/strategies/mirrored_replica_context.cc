@@ -68,11 +68,7 @@ std::future<std::vector<Tensor>> MirroredReplicaContext::all_reduce_async(
     }
     return out;
   };
-  if (deferred) return std::async(std::launch::deferred, std::move(body));
-  auto task = std::make_shared<std::packaged_task<std::vector<Tensor>()>>(std::move(body));
-  std::future<std::vector<Tensor>> f = task->get_future();
-  impl_->comm_threads[static_cast<size_t>(replica_)]->submit([task] { (*task)(); });
-  return f;
+  return on_comm_thread(std::move(body), deferred);
 }
 
 std::future<ScatteredSum> MirroredReplicaContext::reduce_scatter_async(std::vector<Tensor> values,
@@ -112,11 +108,7 @@ std::future<ScatteredSum> MirroredReplicaContext::reduce_scatter_async(std::vect
     }
     return s;
   };
-  if (deferred) return std::async(std::launch::deferred, std::move(body));
-  auto task = std::make_shared<std::packaged_task<ScatteredSum()>>(std::move(body));
-  std::future<ScatteredSum> f = task->get_future();
-  impl_->comm_threads[static_cast<size_t>(replica_)]->submit([task] { (*task)(); });
-  return f;
+  return on_comm_thread(std::move(body), deferred);
 }
 
 std::optional<ReplicaContext::UpdateSlices> MirroredReplicaContext::reduce_scatter_for_update(

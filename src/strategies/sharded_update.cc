@@ -106,11 +106,7 @@ std::future<ScatteredSum> MirroredReplicaContext::reduce_scatter_partitioned_asy
     }
     return s;
   };
-  if (deferred) return std::async(std::launch::deferred, std::move(body));
-  auto task = std::make_shared<std::packaged_task<ScatteredSum()>>(std::move(body));
-  std::future<ScatteredSum> f = task->get_future();
-  impl_->comm_threads[static_cast<size_t>(replica_)]->submit([task] { (*task)(); });
-  return f;
+  return on_comm_thread(std::move(body), deferred);
 }
 
 std::vector<Tensor> MirroredReplicaContext::gather_sums(const ScatteredSum& s,

@@ -14,22 +14,19 @@ MultiWorkerMirrored with real processes over TCP on 127.0.0.1.
   written whole) restores under one_device with the job's own test accuracy, and a truncated copy
   of it is refused with DataLoss.
 """
-import json, os, random, signal, struct, subprocess, sys, tempfile, time
+import json, os, random, subprocess, sys, tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "train"))
-from backup_restore_test import backup_step, children, same, start_and_kill  # noqa: E402
+from backup_restore_test import children, same, start_and_kill  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import multiworker_test  # noqa: E402
 
 
 def read_weights(path):
+    """The file's bytes, and its tensors (multiworker_test.py's reader)."""
     with open(path, "rb") as f:
         data = f.read()
-    off, tensors = 8, []
-    while off < len(data):
-        (n,) = struct.unpack_from("q", data, off)
-        off += 8
-        tensors.append(struct.unpack_from(f"{n}f", data, off))
-        off += 4 * n
-    return data, tensors
+    return data, multiworker_test.read_weights(path)[1]
 
 
 def run(cmd, env=None, timeout=400):

@@ -328,7 +328,7 @@ int main(int argc, char** argv) {
             {"val_loss_nats", val_loss},
             {"val_bits_per_byte", val_loss / std::log(2.0)},
             {"recompute", recompute},
-            {"sharding", sharding.empty() ? "none" : sharding},
+            {"sharding", dtrain::sharding_name(dtrain::apply_environment(opts).mirrored.sharding)},
             {"optimizer_state_mb", slot_bytes(*optimizer) / 1048576.0},
             {"seconds_per_step",
              h.images_per_sec > 0 ? static_cast<double>(batch) / h.images_per_sec : 0.0},

@@ -201,7 +201,8 @@ void save_safetensors(const std::string& path, const CheckpointData& data) {
   host.reserve(data.tensors.size());
   ojson header = ojson::object();
   uint64_t offset = 0;
-  auto check_name = [&](const std::string& name) {
+  // One header entry: the name checked, the bytes placed after the previous entry's.
+  auto add_entry = [&](const std::string& name, DType dtype, const Shape& shape) {
     if (name.empty()) throw InvalidArgument(where + "a tensor has an empty name");
     if (name.rfind("__", 0) == 0)
       throw InvalidArgument(where + "tensor name '" + printable(name) +
@@ -210,31 +211,24 @@ void save_safetensors(const std::string& path, const CheckpointData& data) {
       throw InvalidArgument(where + "duplicate tensor name '" + printable(name) + "'");
     if (!is_valid_utf8(name))
       throw InvalidArgument(where + "tensor name '" + printable(name) + "' is not valid UTF-8");
-  };
-  for (const auto& [name, t] : data.tensors) {
-    check_name(name);
-    if (!t.defined())
-      throw InvalidArgument(where + "tensor '" + name + "' is undefined (default-constructed)");
-    host.push_back(t.device().host_accessible() ? t : t.to(DeviceSpec::cpu()));
-    const uint64_t end = offset + host.back().nbytes();
+    const uint64_t end = offset + static_cast<uint64_t>(shape.numel()) * dtype_size(dtype);
     ojson entry = ojson::object();
-    entry["dtype"] = safetensors_name(t.dtype());
-    entry["shape"] = t.shape().dims();
+    entry["dtype"] = safetensors_name(dtype);
+    entry["shape"] = shape.dims();
     entry["data_offsets"] = ojson::array({offset, end});
     header[name] = std::move(entry);
     offset = end;
+  };
+  for (const auto& [name, t] : data.tensors) {
+    if (!t.defined())
+      throw InvalidArgument(where + "tensor '" + name + "' is undefined (default-constructed)");
+    add_entry(name, t.dtype(), t.shape());
+    host.push_back(t.device().host_accessible() ? t : t.to(DeviceSpec::cpu()));
   }
   for (const CheckpointData::Streamed& st : data.streamed) {
-    check_name(st.name);
     if (!st.produce)
       throw InvalidArgument(where + "streamed tensor '" + st.name + "' has no producer");
-    const uint64_t end = offset + static_cast<uint64_t>(st.shape.numel()) * dtype_size(st.dtype);
-    ojson entry = ojson::object();
-    entry["dtype"] = safetensors_name(st.dtype);
-    entry["shape"] = st.shape.dims();
-    entry["data_offsets"] = ojson::array({offset, end});
-    header[st.name] = std::move(entry);
-    offset = end;
+    add_entry(st.name, st.dtype, st.shape);
   }
   if (!data.metadata.empty()) {
     ojson meta = ojson::object();

@@ -42,7 +42,7 @@ class Block(nn.Module):
         y = self.ln_1(x)
         q, k, v = (p(y).view(b, t, self.h, d // self.h).transpose(1, 2) for p in (self.q, self.k, self.v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.h)
-        att = att.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        att = att.masked_fill(torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
         y = (att.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d)
         x = x + self.o(y)
         return x + self.proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
@@ -58,7 +58,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(d, eps=1e-5)
 
     def forward(self, ids):
-        x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1]))
+        x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1], device=ids.device))
         for b in self.h:
             x = b(x)
         return self.ln_f(x) @ self.wte.weight.t()  # the tied head

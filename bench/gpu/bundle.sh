@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Packs what bench/gpu/run.sh needs on a GPU machine that has CUDA, cuDNN, NCCL and PyTorch but none of
+# dtrain's other dependencies: the CUDA build's test and example binaries, the non-CUDA shared libraries
+# they load (oneDNN, OpenMPI, ...), and a small text corpus for the GPT example, as one .gpu/bundle.tar.xz
+# in the repository root (git-ignored through .git/info/exclude; about 12 MB, under the device tool's
+# 64 MiB that travels).
+#   bench/gpu/bundle.sh [BUILD_DIR]     (default build; it must be configured with CUDA)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-$root/build}
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+out=$stage
+grep -qx '/.gpu/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu/' >>"$root/.git/info/exclude"
+mkdir -p "$out/bin" "$out/lib" "$out/corpus"
+bins=("$build/tests/gpu_kernels_test" "$build/examples/synthetic_benchmark" "$build/examples/gpt")
+for b in "${bins[@]}"; do
+  [ -x "$b" ] || { echo "bundle: $b is missing; build it with CUDA first" >&2; exit 1; }
+  cp "$b" "$out/bin/"
+  strip "$out/bin/$(basename "$b")"
+done
+# Libraries other than glibc's and the CUDA ones (the GPU machine has its own CUDA, cuDNN, NCCL).
+for b in "${bins[@]}"; do ldd "$b"; done | awk '/=> \//{print $1, $3}' | sort -u |
+  while read -r name path; do
+    case $name in
+      libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|libstdc++*|libgcc_s*) ;;
+      libcuda*|libcublas*|libcudnn*|libnccl*|libcudart*) ;;
+      *) cp -L "$path" "$out/lib/$name" ;;
+    esac
+  done
+for f in "$root"/docs/*.md "$root"/README.md; do cp "$f" "$out/corpus/$(basename "$f" .md).txt"; done
+mkdir -p "$root/.gpu"
+tar -C "$out" -cJf "$root/.gpu/bundle.tar.xz" .
+ls -la "$root/.gpu/bundle.tar.xz"

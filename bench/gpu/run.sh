@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The GPU checks of one device lease, as one script (see docs/gpu.md): run on the GPU machine from the
+# repository root with .gpu/bundle.tar.xz made by bench/gpu/bundle.sh. Writes logs and results.jsonl to
+# $OUT (or ./gpu-out). Each step has its own time limit so that one hang cannot eat the lease.
+#   bench/gpu/run.sh [quick]
+set -uo pipefail
+out=${OUT:-gpu-out}; mkdir -p "$out"
+stage=/tmp/dtrain-gpu; mkdir -p "$stage" && tar -C "$stage" -xJf .gpu/bundle.tar.xz
+# CUDA, cuDNN and NCCL of the machine: the toolkit's and the pip wheels' lib folders.
+libs=$(find /usr/local/cuda/lib64 /usr/local/cuda/targets/*/lib /opt/torch/.venv/lib/python3*/site-packages/nvidia \
+  \( -name 'libcudnn.so.9' -o -name 'libnccl.so.2' -o -name 'libcublas.so.13' -o -name 'libcudart.so.13' \) \
+  -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)
+export LD_LIBRARY_PATH=$stage/lib:$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+py=$(command -v python3)
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; echo "libs: $libs"; } | tee "$out/machine.txt"
+ldd "$stage/bin/synthetic_benchmark" | grep -E "not found|cudnn|nccl|cublas" | tee -a "$out/machine.txt"
+res=$out/results.jsonl; : >"$res"
+# peak GPU memory of the process under test, from nvidia-smi every 100 ms (the same measure for both systems)
+peak() {  # peak LABEL TIMEOUT CMD...
+  local label=$1 limit=$2; shift 2
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$stage/mem.$label" &
+  local smi=$!
+  echo "== $label: $*" | tee -a "$out/log.txt"
+  timeout "$limit" "$@" >"$stage/out.$label" 2>&1; local rc=$?
+  kill $smi 2>/dev/null; wait $smi 2>/dev/null
+  tail -n 25 "$stage/out.$label" >>"$out/log.txt"
+  local mb; mb=$(sort -n "$stage/mem.$label" | tail -1)
+  local last; last=$(grep '^{' "$stage/out.$label" | tail -1)
+  [ -n "$last" ] || last='{}'
+  "$py" -c 'import json,sys; j=json.loads(sys.argv[1]); j.update(label=sys.argv[2], rc=int(sys.argv[3]), smi_peak_mb=float(sys.argv[4] or 0)); print(json.dumps(j))' \
+    "$last" "$label" "$rc" "${mb:-0}" | tee -a "$res"
+}
+b=$stage/bin
+peak kernels 120 "$b/gpu_kernels_test"
+SB="--num-warmup-batches 5 --num-batches-per-iter 10 --num-iters 3 --devices=gpu --json"
+peak dtrain_resnet50_b32 120 "$b/synthetic_benchmark" --batch-size 32 $SB
+peak torch_resnet50_b32_fp32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math fp32
+peak torch_resnet50_b32_tf32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math tf32
+peak torch_resnet50_b32_bf16 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math bf16
+[ "${1:-}" = quick ] && exit 0
+peak dtrain_resnet50_b256 120 "$b/synthetic_benchmark" --batch-size 256 --num-warmup-batches 3 --num-batches-per-iter 5 --num-iters 3 --devices=gpu --json
+peak torch_resnet50_b256_fp32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 256 --math fp32 --batches 5
+peak torch_resnet50_b256_bf16 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 256 --math bf16 --batches 5
+peak dtrain_gpt2_c1024_b8 120 "$b/gpt" --preset gpt2 --context 1024 --batch-size 8 --devices=gpu --steps 25 --steps-per-epoch 25 --epochs 1 --val-windows 8 --warmup-steps 5 --corpus-dir "$stage/corpus" --json
+peak torch_gpt2_c1024_b8_fp32 75 "$py" bench/gpu/torch_peers.py gpt --batch-size 8 --context 1024 --math fp32
+peak torch_gpt2_c1024_b8_bf16 75 "$py" bench/gpu/torch_peers.py gpt --batch-size 8 --context 1024 --math bf16

@@ -150,8 +150,9 @@ int main(int argc, char** argv) {
                "keeping them (GPTConfig::recompute): less memory, one more forward pass");
   std::string sharding;
   app.add_option("--sharding", sharding,
-                 "mirrored / multi_worker_mirrored: none, optimizer_state (ZeRO-1) or gradients "
-                 "(ZeRO-2); default none, or DTRAIN_SHARDING");
+                 "mirrored / multi_worker_mirrored: none, optimizer_state (ZeRO-1), gradients "
+                 "(ZeRO-2) or parameters (ZeRO-3: each transformer block's weights sharded); "
+                 "default none, or DTRAIN_SHARDING");
   app.add_option("--epochs", epochs, "epochs of --steps-per-epoch steps")->capture_default_str();
   app.add_option("--steps-per-epoch", steps_per_epoch, "steps in an epoch")->capture_default_str();
   app.add_option("--steps", steps, "stop after this many steps in all (0: epochs decide)");
@@ -203,6 +204,9 @@ int main(int argc, char** argv) {
     dtrain::StrategyOptions opts;
     opts.devices = dtrain::parse_devices_flag(devices_flag, threads);
     if (!sharding.empty()) opts.mirrored.sharding = dtrain::parse_sharding(sharding);
+    // ZeRO-3: every transformer block is a unit whose weights are gathered when it runs.
+    config.shard_parameters =
+        dtrain::apply_environment(opts).mirrored.sharding == dtrain::Sharding::kParameters;
 
     dtrain::TaskFunctions task;
     task.train = [&](dtrain::Strategy& strategy) {

@@ -21,7 +21,33 @@ DType Tensor::dtype() const { return impl().dtype; }
 DeviceSpec Tensor::device() const { return impl().storage->device(); }
 uint64_t Tensor::id() const { return impl().id; }
 void* Tensor::raw_data() const {
-  return static_cast<char*>(impl().storage->data()) + impl().offset;
+  const Impl& i = impl();
+  if (i.storage->data() == nullptr && i.storage->nbytes() == 0 && i.shape.numel() > 0)
+    throw FailedPrecondition(
+        "use of a tensor whose memory was released: a variable's whole value outside the layer "
+        "that gathers it (parameters sharded across replicas, Sharding::kParameters); read it "
+        "inside that layer's call, or save a checkpoint and restore it unsharded");
+  return static_cast<char*>(i.storage->data()) + i.offset;
+}
+void Tensor::release_memory() {
+  Impl& i = const_cast<Impl&>(impl());
+  i.storage = std::make_shared<Storage>(nullptr, 0, i.storage->device(), nullptr, nullptr);
+  i.keep_alive.reset();
+  i.offset = 0;
+}
+void Tensor::adopt_memory(const Tensor& src) {
+  Impl& i = const_cast<Impl&>(impl());
+  const Impl& s = src.impl();
+  if (s.shape.numel() != i.shape.numel() || s.dtype != i.dtype ||
+      s.storage->device() != i.storage->device())
+    throw InvalidArgument("adopt_memory: " + src.to_string() + " for " + to_string());
+  i.storage = s.storage;
+  i.keep_alive = s.keep_alive;
+  i.offset = s.offset;
+}
+bool Tensor::has_memory() const {
+  const Impl& i = impl();
+  return i.storage->data() != nullptr || i.storage->nbytes() != 0 || i.shape.numel() == 0;
 }
 bool Tensor::is_trainable_variable() const { return impl().trainable_variable; }
 void Tensor::set_trainable_variable(bool v) {

@@ -56,6 +56,12 @@ uint64_t replayed_draw(const std::function<uint64_t()>& fresh) {
 
 std::vector<Tensor> recompute_grad(const RecomputeFn& f, const std::vector<Tensor>& inputs,
                                    const std::vector<std::shared_ptr<Variable>>& variables) {
+  return recompute_grad(f, inputs, variables, RecomputeHooks{});
+}
+
+std::vector<Tensor> recompute_grad(const RecomputeFn& f, const std::vector<Tensor>& inputs,
+                                   const std::vector<std::shared_ptr<Variable>>& variables,
+                                   RecomputeHooks hooks) {
   if (!f) throw InvalidArgument("recompute_grad: the function is empty");
   std::vector<Tensor> watched = inputs;
   for (const auto& v : variables) {
@@ -73,13 +79,20 @@ std::vector<Tensor> recompute_grad(const RecomputeFn& f, const std::vector<Tenso
   }
   const size_t n_in = inputs.size();
   tape::record("recompute_grad", watched, outputs,
-               [f, log, watched, n_in](const std::vector<Tensor>& output_grads) {
+               [f, log, watched, n_in, hooks](const std::vector<Tensor>& output_grads) {
                  std::vector<Tensor> in(watched.begin(), watched.begin() + static_cast<long>(n_in));
                  std::vector<size_t> wanted;  // which of `watched` the outer tape needs
                  for (size_t i = 0; i < watched.size(); ++i)
                    if (tape::needs_gradient(i)) wanted.push_back(i);
                  std::vector<Tensor> grads(watched.size());
                  if (wanted.empty()) return grads;
+                 if (hooks.before_replay) hooks.before_replay();
+                 struct After {
+                   const std::function<void()>& fn;
+                   ~After() {
+                     if (fn) fn();
+                   }
+                 } after{hooks.after_replay};
                  GradientTape inner;
                  for (const Tensor& x : in) inner.watch(x);
                  std::vector<Tensor> ys;

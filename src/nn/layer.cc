@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "dtrain/devices/device.h"
+#include "dtrain/model/gradient_tape.h"
 #include "dtrain/model/recompute.h"
 #include "dtrain/strategies/strategy.h"
 #include "nn/graph_node.h"
@@ -121,6 +122,8 @@ Layer& Layer::operator=(Layer&& o) noexcept {
   weights_ = std::move(o.weights_);
   children_ = std::move(o.children_);
   output_shapes_ = std::move(o.output_shapes_);
+  recompute_ = o.recompute_;
+  shard_parameters_ = o.shard_parameters_;
   parent_ = nullptr;
   for (auto& c : children_)
     if (c->parent_ == &o) c->parent_ = this;
@@ -248,6 +251,7 @@ std::vector<Tensor> Layer::operator()(const std::vector<Tensor>& xs, bool traini
     for (const auto& x : xs) shapes.push_back(x.shape());
     build(shapes);
   }
+  if (!t_build_pass && shard_parameters_) return call_gathered(xs, training);
   if (recompute_ && training && !t_build_pass)
     return ::dtrain::recompute_grad(
         [this, training](const std::vector<Tensor>& in) { return call(in, training); }, xs,
@@ -258,6 +262,34 @@ std::vector<Tensor> Layer::operator()(const std::vector<Tensor>& xs, bool traini
   std::vector<Tensor> ys = call(moved, training);
   output_shapes_ = per_example(ys);
   return ys;
+}
+
+std::vector<Tensor> Layer::call_gathered(const std::vector<Tensor>& xs, bool training) {
+  const VariableList vars = trainable_variables();
+  ParameterGatherer* gatherer = vars.empty() ? nullptr : vars.front()->parameter_gatherer();
+  auto plain = [this, training](const std::vector<Tensor>& in) { return call(in, training); };
+  if (!gatherer) {
+    if (recompute_ && training) return ::dtrain::recompute_grad(plain, xs, vars);
+    return call(xs, training);
+  }
+  std::vector<Tensor> watched = xs;
+  for (const auto& v : vars) watched.push_back(v->value());
+  const bool recording = training && tape::should_record(watched);
+  gatherer->gather(vars);
+  // Released when the call returns, unless a tape keeps the gathered values for the backward
+  // pass (no recompute_grad): then the strategy releases them at the end of the update.
+  struct Release {
+    ParameterGatherer* g;
+    const VariableList* v;
+    ~Release() {
+      if (v) g->release(*v);
+    }
+  } release{gatherer, recording && !recompute_ ? nullptr : &vars};
+  if (recompute_ && training)  // the backward pass's replay gathers again (FSDP's backward)
+    return ::dtrain::recompute_grad(plain, xs, vars,
+                                    RecomputeHooks{[gatherer, vars] { gatherer->gather(vars); },
+                                                   [gatherer, vars] { gatherer->release(vars); }});
+  return call(xs, training);
 }
 
 KerasTensor Layer::operator()(const KerasTensor& x) { return (*this)(std::vector<KerasTensor>{x}); }

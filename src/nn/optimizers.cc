@@ -380,7 +380,9 @@ void Optimizer::apply_slices(ReplicaContext& ctx, const std::vector<Tensor>& gra
       const int64_t count = g[i].numel(), offset = offsets[i];
       if (count == 0) continue;
       vars[i]->update([&](Tensor& value, size_t copy) {
-        Tensor mine = part(value, offset, count);
+        // A variable sharded across replicas (Sharding::kParameters) hands its part alone.
+        Tensor mine =
+            value.numel() == count ? value.view(Shape{count}) : part(value, offset, count);
         std::vector<Tensor> slots;
         if (partitioned)
           slots = parts[i]->slots;

@@ -13,6 +13,7 @@
 namespace dtrain {
 
 class MirroredReplicaContext;
+class ShardedParameters;
 
 // This replica's part of the sum of some float32 tensors over the replicas, from a reduce-scatter
 // of them packed into one buffer (padded to a whole number of 64-byte blocks per replica).
@@ -87,6 +88,14 @@ class MirroredReplicaContext final : public ReplicaContext {
   // shard holds its part (partition_range) of every tensor.
   std::future<ScatteredSum> reduce_scatter_partitioned_async(std::vector<Tensor> values,
                                                              bool deferred = false);
+  // Sharding::kParameters: the whole values of variables from every replica's parts (this
+  // replica's are `parts`, flat), one all-gather per dtype; new tensors of `shapes`.
+  std::future<std::vector<Tensor>> gather_parameters_async(std::vector<Tensor> parts,
+                                                           std::vector<Shape> shapes,
+                                                           bool deferred);
+  // Whether a collective may run on the calling thread: nothing queued on the communication
+  // thread (gradient packs, parameter prefetches).
+  bool comm_idle() const;
   // The whole sums back from a reduce-scatter (an all-gather of the shards); new tensors.
   std::vector<Tensor> gather_sums(const ScatteredSum& s, const std::vector<Tensor>& like);
   std::optional<UpdateSlices> reduce_scatter_for_update(
@@ -121,6 +130,31 @@ class MirroredReplicaContext final : public ReplicaContext {
   std::vector<std::shared_ptr<Variable>> sharded_vars_;  // the update's variables (sharding)
 };
 
+// Sharding::kParameters (sharded_parameters.cc): gathers and releases the variables of layers
+// marked shard_parameters, per replica, and prefetches the group that followed the one gathered in
+// the previous step (FSDP's forward and backward prefetch, by recorded execution order).
+class ShardedParameters final : public ParameterGatherer {
+ public:
+  ShardedParameters(MirroredStrategy* owner, MirroredStrategy::Impl* impl);
+  ~ShardedParameters() override;
+  void gather(const std::vector<std::shared_ptr<Variable>>& vars) override;
+  void release(const std::vector<std::shared_ptr<Variable>>& vars) override;
+  // The end of replica `local`'s update: releases what is still gathered (layers run without
+  // recompute_grad under a tape), waits for unused prefetches, and keeps this step's order.
+  void end_step(MirroredReplicaContext& ctx);
+  // After a failed step: forgets prefetches and order (the group is remade).
+  void reset();
+  bool pending(int local) const;
+
+ private:
+  struct Replica;
+  MirroredReplicaContext* context() const;
+  void start_gather(MirroredReplicaContext& ctx, Replica& r, const Variable* key);
+  MirroredStrategy* owner_;
+  MirroredStrategy::Impl* impl_;
+  std::vector<std::unique_ptr<Replica>> replicas_;  // by local replica
+};
+
 struct MirroredStrategy::Impl {
   MirroredOptions options;
   CrossDeviceOps chosen = CrossDeviceOps::kInproc;
@@ -138,6 +172,7 @@ struct MirroredStrategy::Impl {
   std::vector<std::unique_ptr<WorkerThread>>
       comm_threads;  // one per replica: collectives in FIFO order
   std::vector<std::unique_ptr<MirroredReplicaContext>> contexts;
+  std::unique_ptr<ShardedParameters> params;  // Sharding::kParameters
   // merge_call / all_gather exchange
   std::mutex exchange_mu;
   std::vector<std::vector<Tensor>> exchange;

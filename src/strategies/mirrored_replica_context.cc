@@ -141,7 +141,7 @@ std::optional<ReplicaContext::UpdateSlices> MirroredReplicaContext::reduce_scatt
     bool f32 = true;
     for (const auto& g : grads) f32 = f32 && g.dtype() == DType::kFloat32;
     // Queued behind any collective still in flight (as all_reduce), else inline.
-    const bool inline_ = packer_.idle();
+    const bool inline_ = comm_idle();
     if (partitioned && (impl_->options.sharding == Sharding::kOptimizerState || !f32)) {
       // Whole sums, of which this replica takes its part.
       const std::vector<Tensor> sums = all_reduce_async(ReduceOp::kSum, grads, inline_).get();
@@ -169,6 +169,7 @@ void MirroredReplicaContext::end_sharded_update() {
   if (impl_->options.sharding != Sharding::kNone) {
     std::vector<std::shared_ptr<Variable>> vars = std::move(sharded_vars_);
     sharded_vars_.clear();
+    if (impl_->params) impl_->params->end_step(*this);
     gather_parts(vars);
     return;
   }
@@ -187,7 +188,7 @@ std::vector<Tensor> MirroredReplicaContext::all_reduce(ReduceOp op,
                             device().to_string());
   // Inline unless gradient packs are still in flight on the communication thread (a collective
   // issued during backward, e.g. by SyncBatchNorm): then queue behind them to keep the order.
-  return all_reduce_async(op, values, /*deferred=*/packer_.idle()).get();
+  return all_reduce_async(op, values, /*deferred=*/comm_idle()).get();
 }
 
 void MirroredReplicaContext::barrier() {
@@ -267,7 +268,8 @@ void GradientPacker::launch(bool last) {
   Pack& p = packs_.back();
   bool f32 = true;
   for (const auto& g : p.grads) f32 = f32 && g.dtype() == DType::kFloat32;
-  if (ctx_->sharding() == Sharding::kGradients && f32)
+  if ((ctx_->sharding() == Sharding::kGradients || ctx_->sharding() == Sharding::kParameters) &&
+      f32)
     p.scattered = ctx_->reduce_scatter_partitioned_async(p.grads, /*deferred=*/last);
   else if (ctx_->shares_variables() && f32)
     p.scattered = ctx_->reduce_scatter_async(p.grads, /*deferred=*/last);

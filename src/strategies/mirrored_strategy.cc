@@ -35,6 +35,8 @@ const char* sharding_name(Sharding s) {
       return "optimizer_state (ZeRO-1)";
     case Sharding::kGradients:
       return "gradients (ZeRO-2)";
+    case Sharding::kParameters:
+      return "parameters (ZeRO-3)";
   }
   return "?";
 }
@@ -43,9 +45,10 @@ Sharding parse_sharding(const std::string& name) {
   if (name == "none" || name == "0") return Sharding::kNone;
   if (name == "optimizer_state" || name == "1") return Sharding::kOptimizerState;
   if (name == "gradients" || name == "2") return Sharding::kGradients;
+  if (name == "parameters" || name == "3") return Sharding::kParameters;
   throw InvalidArgument("sharding '" + name +
-                        "': valid values are none (0), optimizer_state (1: ZeRO-1) and gradients "
-                        "(2: ZeRO-2)");
+                        "': valid values are none (0), optimizer_state (1: ZeRO-1), gradients "
+                        "(2: ZeRO-2) and parameters (3: ZeRO-3)");
 }
 
 void MirroredStrategy::Impl::span_workers(const StrategyExtended& parts) {
@@ -101,6 +104,8 @@ MirroredStrategy::MirroredStrategy(MirroredOptions options, StrategyExtended par
   }
   assemble(std::move(parts));
   m.make_group();
+  if (options.sharding == Sharding::kParameters)
+    m.params = std::make_unique<ShardedParameters>(this, impl_.get());
   m.exchange.resize(m.devices.size());
   for (size_t r = 0; r < m.devices.size(); ++r) {
     const std::string comm_name =
@@ -217,6 +222,7 @@ PerReplica MirroredStrategy::do_run(const ReplicaFn& fn, const PerReplica& input
       }
     }
     for (auto& c : m.contexts) c->packer().reset();
+    if (m.params) m.params->reset();
     m.make_group();  // the aborted group is dead; the strategy stays usable
     std::rethrow_exception(errors[first]);
   }
@@ -226,7 +232,12 @@ PerReplica MirroredStrategy::do_run(const ReplicaFn& fn, const PerReplica& input
 std::shared_ptr<Variable> MirroredStrategy::do_create_variable(const VariableSpec& spec) {
   const bool shared =
       impl_->shared_variables && spec.synchronization != VariableSynchronization::kOnRead;
-  auto v = std::make_shared<MirroredVariable>(spec, this, impl_->devices, shared);
+  ParameterGatherer* gatherer = impl_->params && spec.trainable &&
+                                        spec.synchronization != VariableSynchronization::kOnRead &&
+                                        spec.dtype == DType::kFloat32
+                                    ? impl_->params.get()
+                                    : nullptr;
+  auto v = std::make_shared<MirroredVariable>(spec, this, impl_->devices, shared, gatherer);
   if (impl_->cross && impl_->cross->num_workers() > 1 &&
       impl_->broadcast_initial) {  // every worker starts from the chief's values
     Tensor h = v->device_values()[0].to(DeviceSpec::cpu()).clone();

@@ -46,8 +46,13 @@ Tensor aggregate_in_replica(ReplicaContext& ctx, const Variable& var, const Tens
 // --- MirroredVariable ---
 
 MirroredVariable::MirroredVariable(VariableSpec spec, const Strategy* owner,
-                                   const std::vector<DeviceSpec>& devices, bool shared)
-    : Variable(std::move(spec)), owner_(owner), shared_(shared && devices.size() > 1) {
+                                   const std::vector<DeviceSpec>& devices, bool shared,
+                                   ParameterGatherer* gatherer)
+    : Variable(std::move(spec)),
+      owner_(owner),
+      shared_(shared && devices.size() > 1),
+      gatherer_(gatherer),
+      parts_(devices.size()) {
   // Initialised once, on the first device, and copied: every replica starts identical.
   Tensor init = spec_.initializer(spec_.shape, spec_.dtype, devices.front());
   if (init.shape() != spec_.shape || init.dtype() != spec_.dtype)
@@ -76,6 +81,7 @@ ReplicaContext* MirroredVariable::my_replica() const {
 
 Tensor MirroredVariable::read_value() const {
   if (ReplicaContext* ctx = my_replica()) return values_[local(*ctx)];
+  if (holds_part(0) && !values_[0].has_memory()) return assemble();
   if (!on_read() || values_.size() == 1) return values_[0];
   // Cross-replica read of a sync-on-read variable: the aggregate of the replicas' copies.
   Kernels& k = kernels_for(values_[0]);
@@ -89,12 +95,69 @@ Tensor MirroredVariable::read_value() const {
   return acc;
 }
 
+std::vector<Tensor> MirroredVariable::device_values() const {
+  for (size_t l = 0; l < parts_.size(); ++l)
+    if (holds_part(l) && !values_[l].has_memory())
+      throw FailedPrecondition("variable '" + name() +
+                               "' is sharded across replicas (Sharding::kParameters): its copies "
+                               "hold parts only; read it with value() or save a checkpoint");
+  return values_;
+}
+
+std::vector<ValuePart> MirroredVariable::value_parts() const {
+  for (size_t l = 0; l < parts_.size(); ++l)
+    if (!holds_part(l)) return {};
+  return parts_;
+}
+
+void MirroredVariable::release_copy(size_t l, int part, int parts) {
+  Tensor& whole = values_[l];
+  if (!holds_part(l)) {
+    const auto [b, e] = partition_range(whole.numel(), part, parts);
+    parts_[l] =
+        ValuePart{part, parts, b, whole.view(Shape{whole.numel()}).slice_rows(b, e).clone()};
+  }
+  whole.release_memory();
+}
+
+Tensor MirroredVariable::assemble() const {
+  const int parts = parts_[0].parts;
+  if (static_cast<size_t>(parts) != parts_.size())
+    throw FailedPrecondition(
+        "variable '" + name() + "' is sharded across " + std::to_string(parts) +
+        " replicas of several workers (Sharding::kParameters): read its whole value inside "
+        "strategy.run() (a layer that gathers it), or save a checkpoint and restore it unsharded");
+  Tensor whole = Tensor::empty(spec_.shape, spec_.dtype, values_[0].device());
+  Tensor flat = whole.view(Shape{whole.numel()});
+  for (const ValuePart& p : parts_)
+    if (p.value.numel() > 0) flat.slice_rows(p.first, p.first + p.value.numel()).copy_from(p.value);
+  return whole;
+}
+
 void MirroredVariable::write(const Tensor& v, Kind kind) {
   check_same(*this, v,
              kind == Kind::kAssign ? "assign"
              : kind == Kind::kAdd  ? "assign_add"
                                    : "assign_sub");
   const int sign = kind == Kind::kAssign ? 0 : kind == Kind::kAdd ? 1 : -1;
+  bool partial = false;  // some copy holds only its part (Sharding::kParameters)
+  for (size_t l = 0; l < parts_.size(); ++l) partial = partial || holds_part(l);
+  if (partial) {
+    if (my_replica())
+      throw FailedPrecondition("variable '" + name() +
+                               "' is sharded across replicas (Sharding::kParameters): assign it "
+                               "in cross-replica context (outside strategy.run())");
+    // Each copy's part takes its range of the new value; whole copies (gathered) follow.
+    const Tensor flat_v = v.view(Shape{v.numel()});
+    for (size_t l = 0; l < parts_.size(); ++l) {
+      ValuePart& p = parts_[l];
+      if (p.value.defined() && p.value.numel() > 0)
+        p.value.copy_from(
+            combine(p.value, flat_v.slice_rows(p.first, p.first + p.value.numel()), sign));
+      if (values_[l].has_memory()) values_[l].copy_from(combine(values_[l], v, sign));
+    }
+    return;
+  }
   if (ReplicaContext* ctx = my_replica()) {
     Tensor& mine = values_[local(*ctx)];
     Tensor local = v.to(mine.device());
@@ -126,6 +189,10 @@ void MirroredVariable::do_update(const std::function<void(Tensor&, size_t)>& fn)
   if (ReplicaContext* ctx = my_replica()) {
     const size_t r = local(*ctx);
     auto& mirrored = static_cast<MirroredReplicaContext&>(*ctx);
+    if (holds_part(r)) {       // a sharded update writes the replica's part (flat); a whole value
+      fn(parts_[r].value, r);  // gathered meanwhile is released at the update's end
+      return;
+    }
     if (!shared_ || mirrored.in_sharded_update()) {
       fn(values_[r], r);
       return;
@@ -137,6 +204,10 @@ void MirroredVariable::do_update(const std::function<void(Tensor&, size_t)>& fn)
     mirrored.barrier();
     return;
   }
+  if (holds_part(0))
+    throw FailedPrecondition("variable '" + name() +
+                             "' is sharded across replicas (Sharding::kParameters): update it in "
+                             "replica context, or assign() it");
   for (size_t i = 0; i < (shared_ ? 1 : values_.size()); ++i) fn(values_[i], i);
 }
 

@@ -1,6 +1,8 @@
 // Private to src/strategies: the variables MirroredStrategy and CentralStorageStrategy create.
 #pragma once
 
+#include <atomic>
+
 #include "dtrain/model/variable.h"
 #include "dtrain/strategies/strategy.h"
 
@@ -11,17 +13,37 @@ namespace dtrain {
 // write lands once (cross-replica: on the block; replica context: from replica 0 between two
 // barriers), and update() in replica context hands each replica the block, to write its slice
 // during a sharded update (MirroredReplicaContext::in_sharded_update), else runs on replica 0 only.
+//
+// With a `gatherer` (Sharding::kParameters, trainable float variables), the copies may hold only
+// their replica's part (ZeRO-3): the first release() of a copy keeps its part and drops its whole
+// value; gather() gives it whole memory again. The tensor handle of each copy stays the same
+// throughout (release_memory/adopt_memory), so tapes follow it across gathers.
 class MirroredVariable final : public Variable {
  public:
   MirroredVariable(VariableSpec spec, const Strategy* owner, const std::vector<DeviceSpec>& devices,
-                   bool shared = false);
+                   bool shared = false, ParameterGatherer* gatherer = nullptr);
   bool shares_storage() const { return shared_; }
   Tensor read_value() const override;
   void do_assign(const Tensor& v) override { write(v, Kind::kAssign); }
   void do_assign_add(const Tensor& d) override { write(d, Kind::kAdd); }
   void do_assign_sub(const Tensor& d) override { write(d, Kind::kSub); }
   void do_update(const std::function<void(Tensor& value, size_t copy_index)>& fn) override;
-  std::vector<Tensor> device_values() const override { return values_; }
+  std::vector<Tensor> device_values() const override;
+  ParameterGatherer* parameter_gatherer() const override { return gatherer_; }
+  std::vector<ValuePart> value_parts() const override;
+
+  // For the gatherer (sharded_parameters.cc), on local copy `l`'s replica thread:
+  // whether copy l holds only a part (it has been released once); its part; its handle.
+  bool holds_part(size_t l) const { return parts_[l].value.defined(); }
+  const ValuePart& part(size_t l) const { return parts_[l]; }
+  Tensor& copy(size_t l) { return values_[l]; }
+  // Keeps part `part` of `parts` of copy l (carved from its whole value the first time) and
+  // drops the whole value's memory.
+  void release_copy(size_t l, int part, int parts);
+  // Whether a layer has gathered this variable (then the gatherer, not the update's all-gather of
+  // parts, keeps its copies whole or partial).
+  bool managed() const { return managed_.load(std::memory_order_acquire); }
+  void set_managed() { managed_.store(true, std::memory_order_release); }
 
  private:
   enum class Kind { kAssign, kAdd, kSub };
@@ -34,9 +56,14 @@ class MirroredVariable final : public Variable {
   size_t local(const ReplicaContext& ctx) const {
     return static_cast<size_t>(ctx.replica_id_in_sync_group()) % values_.size();
   }
+  // The whole value from the local parts (cross-replica reads in a one-process job).
+  Tensor assemble() const;
   const Strategy* owner_;
   std::vector<Tensor> values_;
   bool shared_ = false;
+  ParameterGatherer* gatherer_ = nullptr;
+  std::vector<ValuePart> parts_;  // per local copy; value undefined while the copy is whole
+  std::atomic<bool> managed_{false};
 };
 
 // A single copy on the parameter device; replicas read a per-step copy on their own device.

@@ -7,6 +7,7 @@
 #include "dtrain/core/timeline.h"
 #include "dtrain/devices/device.h"
 #include "strategies/mirrored_impl.h"
+#include "strategies/mirrored_variables.h"
 
 namespace dtrain {
 namespace {
@@ -143,9 +144,69 @@ std::vector<Tensor> MirroredReplicaContext::gather_sums(const ScatteredSum& s,
   return out;
 }
 
-void MirroredReplicaContext::gather_parts(const std::vector<std::shared_ptr<Variable>>& vars) {
+std::future<std::vector<Tensor>> MirroredReplicaContext::gather_parameters_async(
+    std::vector<Tensor> parts, std::vector<Shape> shapes, bool deferred) {
+  auto body = [this, parts = std::move(parts), shapes = std::move(shapes)] {
+    const int n = impl_->global_replicas, me = replica_id_in_sync_group();
+    std::vector<Tensor> out(parts.size());
+    if (n == 1) {  // the part is the whole value: no copy
+      for (size_t i = 0; i < parts.size(); ++i) out[i] = parts[i].view(shapes[i]);
+      return out;
+    }
+    timeline::Span span("all-gather of " + std::to_string(parts.size()) + " parameter(s)",
+                        "collective");
+    Communicator& comm = *impl_->comms[static_cast<size_t>(replica_)];
+    std::vector<bool> done(parts.size(), false);
+    for (size_t first = 0; first < parts.size(); ++first) {  // one all-gather per dtype
+      if (done[first]) continue;
+      const DType dt = parts[first].dtype();
+      std::vector<size_t> idx;
+      std::vector<int64_t> counts;
+      for (size_t i = first; i < parts.size(); ++i)
+        if (!done[i] && parts[i].dtype() == dt) {
+          idx.push_back(i);
+          counts.push_back(shapes[i].numel());
+          done[i] = true;
+        }
+      const PartLayout l = part_layout(counts, n);
+      Tensor mine = Tensor::empty(Shape{l.block}, dt, device());
+      for (size_t k = 0; k < idx.size(); ++k) {
+        const Tensor& p = parts[idx[k]];
+        const int64_t at = l.at[static_cast<size_t>(me)][k];
+        if (p.numel() != l.length(counts[k], me, n))
+          throw Internal("a parameter part of " + std::to_string(p.numel()) +
+                         " elements; the partition gives " +
+                         std::to_string(l.length(counts[k], me, n)));
+        if (p.numel() > 0) mine.slice_rows(at, at + p.numel()).copy_from(p);
+      }
+      Tensor full = Tensor::empty(Shape{l.block * n}, dt, device());
+      comm.allgather(mine, full).wait();
+      for (size_t k = 0; k < idx.size(); ++k) {
+        Tensor whole = Tensor::empty(Shape{counts[k]}, dt, device());
+        for (int r = 0; r < n; ++r) {
+          const auto [b, e] = partition_range(counts[k], r, n);
+          const int64_t at = l.block * r + l.at[static_cast<size_t>(r)][k];
+          if (e > b) whole.slice_rows(b, e).copy_from(full.slice_rows(at, at + e - b));
+        }
+        out[idx[k]] = whole.view(shapes[idx[k]]);
+      }
+    }
+    return out;
+  };
+  return on_comm_thread(std::move(body), deferred);
+}
+
+bool MirroredReplicaContext::comm_idle() const {
+  return packer_.idle() && !(impl_->params && impl_->params->pending(replica_));
+}
+
+void MirroredReplicaContext::gather_parts(const std::vector<std::shared_ptr<Variable>>& all) {
   const int n = impl_->global_replicas, me = replica_id_in_sync_group();
   if (n < 2) return;
+  std::vector<std::shared_ptr<Variable>> vars;  // kParameters: a layer gathers its own when it runs
+  for (const auto& v : all)
+    if (const auto* mv = dynamic_cast<const MirroredVariable*>(v.get()); !mv || !mv->managed())
+      vars.push_back(v);
   timeline::Span span("all-gather of the updated parts", "collective");
   Communicator& comm = *impl_->comms[static_cast<size_t>(replica_)];
   size_t i = 0;

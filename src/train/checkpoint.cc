@@ -118,6 +118,15 @@ CheckpointData Checkpoint::capture(const TrainingPosition& p,
   CheckpointData d;
   const bool ensemble = is_ensemble(*strategy_);
   auto put = [&](const std::shared_ptr<Variable>& v) {
+    if (std::vector<ValuePart> parts = v->value_parts(); !parts.empty() && !ensemble) {
+      // Parameters sharded across replicas: gathered from every worker when the writer gets there
+      std::vector<Optimizer::SlotShard> shards;
+      for (ValuePart& p : parts)
+        shards.push_back({v->name(), v->shape(), p.part, p.parts, p.first, std::move(p.value)});
+      d.streamed.push_back({v->name(), v->dtype(), v->shape(),
+                            [s = strategy_, shards] { return gather_slot(*s, shards); }});
+      return;
+    }
     if (!ensemble) {
       d.tensors.emplace_back(v->name(), v->value());  // the one model
       return;
@@ -280,7 +289,10 @@ TrainingPosition Checkpoint::restore(const CheckpointData& d,
       missing.push_back(v->name());
       continue;
     }
-    v->assign(t->to(v->value().device()));
+    if (v->value_parts().empty())
+      v->assign(t->to(v->value().device()));
+    else
+      v->assign(*t);  // each replica's part takes its range (Sharding::kParameters)
     if (!ensemble) continue;
     for (size_t m = 0; m < v->device_values().size(); ++m)
       if (first + m > 0)

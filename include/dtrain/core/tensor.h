@@ -77,6 +77,15 @@ class DTRAIN_API Tensor {
   // "Tensor(float32, [2, 3], CPU:0)"
   std::string to_string() const;
 
+  // Parameter sharding (ZeRO-3; dtrain/model/variable.h's ParameterGatherer), PyTorch FSDP's
+  // storage resizing: release_memory() drops the memory of every handle of this tensor (views and
+  // slices made earlier keep theirs), keeping its id, shape, dtype and device, so that a tape that
+  // follows it still knows it; reading or writing its data then throws FailedPrecondition until
+  // adopt_memory(src) makes every handle use src's memory (same shape, dtype and device).
+  void release_memory();
+  void adopt_memory(const Tensor& src);
+  bool has_memory() const;
+
   // Tape bookkeeping: trainable variables mark their value so tapes watch it automatically.
   bool is_trainable_variable() const;
   void set_trainable_variable(bool v);

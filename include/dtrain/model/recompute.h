@@ -36,6 +36,17 @@ DTRAIN_API std::vector<Tensor> recompute_grad(
     const RecomputeFn& f, const std::vector<Tensor>& inputs,
     const std::vector<std::shared_ptr<Variable>>& variables);
 
+// Called around the backward pass's replay: before_replay before f runs again, after_replay once
+// the replay's gradients are computed (also when that throws). A layer whose variables are
+// sharded across replicas gathers them there (PyTorch FSDP's pre- and post-backward hooks).
+struct DTRAIN_API RecomputeHooks {
+  std::function<void()> before_replay;
+  std::function<void()> after_replay;
+};
+DTRAIN_API std::vector<Tensor> recompute_grad(
+    const RecomputeFn& f, const std::vector<Tensor>& inputs,
+    const std::vector<std::shared_ptr<Variable>>& variables, RecomputeHooks hooks);
+
 namespace recompute {
 // True while a recompute_grad backward pass replays its function on this thread.
 DTRAIN_API bool replaying();

@@ -26,6 +26,34 @@ enum class VariableSynchronization { kAuto, kOnWrite, kOnRead, kNone };
 // TF's tf.VariableAggregation: how writes from several replicas combine.
 enum class VariableAggregation { kNone, kSum, kMean, kOnlyFirstReplica };
 
+class Variable;
+
+// Parameters sharded across replicas (ZeRO-3, FSDP's FULL_SHARD): a variable whose replicas keep
+// only their part of its value between uses. A layer marked with Layer::set_shard_parameters
+// gathers its variables for its call and releases them after; the strategy that made them
+// implements this. Calls outside the owning strategy's replica context do nothing on variables
+// that are still whole.
+class DTRAIN_API ParameterGatherer {
+ public:
+  virtual ~ParameterGatherer() = default;
+  // Makes the whole values of `vars` readable on the calling replica: one collective for all of
+  // them (or the prefetch started for them earlier), then starts the gather of the group of
+  // variables that followed this one the last time (FSDP's forward and backward prefetch).
+  virtual void gather(const std::vector<std::shared_ptr<Variable>>& vars) = 0;
+  // Drops the calling replica's whole values of `vars`, keeping its part. Tensors handed out
+  // while they were gathered stay valid (they hold the memory until they are dropped).
+  virtual void release(const std::vector<std::shared_ptr<Variable>>& vars) = 0;
+};
+
+// One replica's part of a parameter-sharded variable: flat elements [first, first + numel) of
+// the value, part `part` of `parts` (Strategy::update_partition's partition).
+struct DTRAIN_API ValuePart {
+  int part = 0;
+  int parts = 1;
+  int64_t first = 0;
+  Tensor value;  // flat
+};
+
 // Produces the initial value on `device`. Initializers in model/initializers.h are seeded.
 using Initializer = std::function<Tensor(const Shape& shape, DType dtype, DeviceSpec device)>;
 
@@ -85,8 +113,16 @@ class DTRAIN_API Variable {
     check_strategy("updated");
     do_update(fn);
   }
-  // Every device copy (one for a plain variable).
+  // Every device copy (one for a plain variable). Throws FailedPrecondition for a variable whose
+  // copies hold only their parts (value_parts()).
   virtual std::vector<Tensor> device_values() const { return {value()}; }
+
+  // ZeRO-3: the strategy's gatherer when this variable may be kept sharded (nullptr otherwise).
+  virtual ParameterGatherer* parameter_gatherer() const { return nullptr; }
+  // This process's parts of the value, one per local replica, when its replicas hold only their
+  // parts (after the first release()); empty while the variable is whole. update() in replica
+  // context then hands each replica its part (flat) instead of the whole value.
+  virtual std::vector<ValuePart> value_parts() const { return {}; }
 
   // Variables that live in another process (ParameterServer) are updated where they live, as TF
   // colocates an optimizer's update with its variable: the optimizer hands over its config()

@@ -31,6 +31,11 @@ struct DTRAIN_API GPTConfig {
   // Activation recomputation per transformer block (Layer::set_recompute_grad): training keeps
   // each block's input instead of its activations, for one more forward pass of the blocks.
   bool recompute = false;
+  // Fully sharded parameters per transformer block (Layer::set_shard_parameters): under
+  // Sharding::kParameters each block's weights are kept as one part per replica and gathered for
+  // its forward and backward (ZeRO-3 / FSDP, one unit per block; the embeddings, final norm and
+  // tied head stay whole). A no-op under other strategies.
+  bool shard_parameters = false;
   // By name (above); throws InvalidArgument listing the names.
   static GPTConfig preset(const std::string& name);
   // Parameters of this configuration (what the model's count_params() returns once built).

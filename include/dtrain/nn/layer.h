@@ -152,6 +152,17 @@ class DTRAIN_API Layer : public std::enable_shared_from_this<Layer> {
   void set_recompute_grad(bool on) { recompute_ = on; }
   bool recompute_grad() const { return recompute_; }
 
+  // Fully sharded parameters (ZeRO-3; PyTorch FSDP's wrapping of a module, FULL_SHARD): under a
+  // strategy with Sharding::kParameters, this layer's trainable variables (its subtree's) are kept
+  // as one part per replica between calls; a call in replica context gathers them (one
+  // collective; the next layer's gather is prefetched) and releases them after. With
+  // recompute_grad on too, nothing keeps the whole values between forward and backward: the
+  // backward pass gathers them again (FSDP's reshard_after_forward); without it, the tape holds
+  // them until backward. A no-op under other strategies. A flag, so names and checkpoints do not
+  // change with it.
+  void set_shard_parameters(bool on) { shard_parameters_ = on; }
+  bool shard_parameters() const { return shard_parameters_; }
+
   // Random state a checkpoint keeps (Dropout: calls per local replica so far); -1 when none.
   virtual int64_t rng_calls() const { return -1; }
   virtual void set_rng_calls(int64_t /*calls*/) {}
@@ -197,6 +208,8 @@ class DTRAIN_API Layer : public std::enable_shared_from_this<Layer> {
   // Layers of this subtree not yet built (so a shape pass can undo exactly what it built).
   void collect_unbuilt(std::vector<Layer*>* out);
   void unbuild();
+  // operator() of a layer with shard_parameters(): gathers its variables around the call.
+  std::vector<Tensor> call_gathered(const std::vector<Tensor>& xs, bool training);
 
   std::string name_;
   bool built_ = false;
@@ -204,6 +217,7 @@ class DTRAIN_API Layer : public std::enable_shared_from_this<Layer> {
   std::vector<std::shared_ptr<Layer>> children_;
   Layer* parent_ = nullptr;  // the first layer that registered this one; cleared when it dies
   bool recompute_ = false;
+  bool shard_parameters_ = false;
   std::vector<Shape> output_shapes_;
 };
 

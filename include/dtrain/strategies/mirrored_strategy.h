@@ -35,10 +35,14 @@ DTRAIN_API const char* cross_device_ops_name(CrossDeviceOps ops);
 // gradient packs are reduce-scattered instead, so a replica holds only its part of the summed
 // gradients (the local gradients backward returns stay whole until apply_gradients returns).
 // Slot memory per replica falls as 1/N. Traffic: kGradients moves what an all-reduce moves;
-// kOptimizerState one all-gather more.
-enum class Sharding { kNone = 0, kOptimizerState = 1, kGradients = 2 };
+// kOptimizerState one all-gather more. kParameters (ZeRO-3, FSDP's FULL_SHARD) is kGradients plus:
+// the trainable variables of layers marked Layer::set_shard_parameters are kept as one part per
+// replica between that layer's calls, gathered for each call (the next layer's gather prefetched)
+// and released after; an update writes the parts alone. Variables of other layers stay whole.
+enum class Sharding { kNone = 0, kOptimizerState = 1, kGradients = 2, kParameters = 3 };
 DTRAIN_API const char* sharding_name(Sharding s);
-// "none"/"0", "optimizer_state"/"1", "gradients"/"2" (the --sharding flag, DTRAIN_SHARDING);
+// "none"/"0", "optimizer_state"/"1", "gradients"/"2", "parameters"/"3" (the --sharding flag,
+// DTRAIN_SHARDING);
 // throws InvalidArgument naming the valid values.
 DTRAIN_API Sharding parse_sharding(const std::string& name);
 

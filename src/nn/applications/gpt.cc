@@ -76,6 +76,7 @@ GPT::GPT(GPTConfig c, std::string name) : Model(std::move(name)), config_(c) {
     blocks_.push_back(
         register_layer(std::make_shared<TransformerBlock>(o, "h_" + std::to_string(i))));
     blocks_.back()->set_recompute_grad(c.recompute);
+    blocks_.back()->set_shard_parameters(c.shard_parameters);
   }
   ln_f = register_layer(std::make_shared<LayerNormalization>(1e-5f, "ln_f"));
   if (!c.tie_weights) {

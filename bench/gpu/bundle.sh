@@ -13,7 +13,8 @@ trap 'rm -rf "$stage"' EXIT
 out=$stage
 grep -qx '/.gpu/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu/' >>"$root/.git/info/exclude"
 mkdir -p "$out/bin" "$out/lib" "$out/corpus"
-bins=("$build/tests/gpu_kernels_test" "$build/examples/synthetic_benchmark" "$build/examples/gpt")
+bins=("$build/tests/gpu_kernels_test" "$build/examples/synthetic_benchmark" "$build/examples/gpt"
+      "$build/tools/dtrain-run")
 for b in "${bins[@]}"; do
   [ -x "$b" ] || { echo "bundle: $b is missing; build it with CUDA first" >&2; exit 1; }
   cp "$b" "$out/bin/"

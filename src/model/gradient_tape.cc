@@ -1,6 +1,7 @@
 #include "dtrain/model/gradient_tape.h"
 
 #include <unordered_map>
+#include <unordered_set>
 
 #include "dtrain/model/ops.h"
 #include "dtrain/model/variable.h"
@@ -93,51 +94,65 @@ std::vector<Tensor> GradientTape::compute(const Tensor& target, const std::vecto
       if (f != first_use.end()) ready_at[f->second].push_back(i);
     }
   }
+  // A non-persistent tape lets go of each node once it is processed: its saved tensors, and the
+  // gradients of its outputs (complete by then: every reader of an output was recorded after the
+  // node), unless an output is a source. Memory then falls as backward runs, as in PyTorch's
+  // autograd, instead of holding every activation and every gradient to the end.
+  std::unordered_set<uint64_t> keep;
+  if (!persistent_)
+    for (const Tensor& s : sources) keep.insert(s.id());
   for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
-    const Node& n = **it;
-    if (hook) {  // report after this node (the loop body below `continue`s, so report first for
-                 // k+1)
-      const size_t k = static_cast<size_t>(nodes_.rend() - it);  // index of the node after n
-      if (k < nodes_.size())
-        for (size_t i : ready_at[k]) {
-          auto g = grads.find(sources[i].id());
-          hook->on_ready(i, g == grads.end() ? Tensor() : g->second);
-          reported[i] = true;
-        }
-    }
-    std::vector<Tensor> og(n.output_ids.size());
-    bool any = false;
-    for (size_t j = 0; j < og.size(); ++j) {
-      auto g = grads.find(n.output_ids[j]);
-      if (g != grads.end()) {
-        og[j] = g->second;
-        any = true;
+    do {  // `continue` below ends this node's processing
+      const Node& n = **it;
+      if (hook) {  // report after this node (the loop body below `continue`s, so report first for
+                   // k+1)
+        const size_t k = static_cast<size_t>(nodes_.rend() - it);  // index of the node after n
+        if (k < nodes_.size())
+          for (size_t i : ready_at[k]) {
+            auto g = grads.find(sources[i].id());
+            hook->on_ready(i, g == grads.end() ? Tensor() : g->second);
+            reported[i] = true;
+          }
       }
-    }
-    if (!any) continue;
-    if (!n.fn)
-      throw Unimplemented(
-          std::string("cannot differentiate through '") + n.op +
-          "': its gradient is first-order only. Use tanh/sigmoid/matmul/elementwise "
-          "ops for models that need higher derivatives");
-    for (size_t j = 0; j < og.size(); ++j)
-      if (!og[j].defined())
-        og[j] = Tensor::zeros(n.output_shapes[j], DType::kFloat32, n.output_devices[j]);
-    std::vector<bool> needed(n.input_ids.size());
-    for (size_t i = 0; i < needed.size(); ++i)
-      needed[i] = n.input_ids[i] != 0 && watched_.count(n.input_ids[i]) > 0;
-    std::vector<Tensor> ig;
-    {
-      NeededScope scope(&needed);
-      ig = n.fn(og);
-    }
-    DTRAIN_CHECK(ig.size() == n.input_ids.size(), "backward of ", n.op, " returned ", ig.size(),
-                 " gradients for ", n.input_ids.size(), " inputs");
-    for (size_t i = 0; i < ig.size(); ++i) {
-      // Gradients only flow to what this tape follows (TF: unwatched sources get None).
-      if (!ig[i].defined() || !watched_.count(n.input_ids[i])) continue;
-      auto [slot, inserted] = grads.emplace(n.input_ids[i], ig[i]);
-      if (!inserted) slot->second = ops::add(slot->second, ig[i]);
+      std::vector<Tensor> og(n.output_ids.size());
+      bool any = false;
+      for (size_t j = 0; j < og.size(); ++j) {
+        auto g = grads.find(n.output_ids[j]);
+        if (g != grads.end()) {
+          og[j] = g->second;
+          any = true;
+        }
+      }
+      if (!any) continue;
+      if (!n.fn)
+        throw Unimplemented(
+            std::string("cannot differentiate through '") + n.op +
+            "': its gradient is first-order only. Use tanh/sigmoid/matmul/elementwise "
+            "ops for models that need higher derivatives");
+      for (size_t j = 0; j < og.size(); ++j)
+        if (!og[j].defined())
+          og[j] = Tensor::zeros(n.output_shapes[j], DType::kFloat32, n.output_devices[j]);
+      std::vector<bool> needed(n.input_ids.size());
+      for (size_t i = 0; i < needed.size(); ++i)
+        needed[i] = n.input_ids[i] != 0 && watched_.count(n.input_ids[i]) > 0;
+      std::vector<Tensor> ig;
+      {
+        NeededScope scope(&needed);
+        ig = n.fn(og);
+      }
+      DTRAIN_CHECK(ig.size() == n.input_ids.size(), "backward of ", n.op, " returned ", ig.size(),
+                   " gradients for ", n.input_ids.size(), " inputs");
+      for (size_t i = 0; i < ig.size(); ++i) {
+        // Gradients only flow to what this tape follows (TF: unwatched sources get None).
+        if (!ig[i].defined() || !watched_.count(n.input_ids[i])) continue;
+        auto [slot, inserted] = grads.emplace(n.input_ids[i], ig[i]);
+        if (!inserted) slot->second = ops::add(slot->second, ig[i]);
+      }
+    } while (false);
+    if (!persistent_) {
+      for (uint64_t id : (*it)->output_ids)
+        if (!keep.count(id)) grads.erase(id);
+      it->reset();
     }
   }
   std::vector<Tensor> out;

@@ -24,9 +24,11 @@ void* Tensor::raw_data() const {
   const Impl& i = impl();
   if (i.storage->data() == nullptr && i.storage->nbytes() == 0 && i.shape.numel() > 0)
     throw FailedPrecondition(
-        "use of a tensor whose memory was released: a variable's whole value outside the layer "
-        "that gathers it (parameters sharded across replicas, Sharding::kParameters); read it "
-        "inside that layer's call, or save a checkpoint and restore it unsharded");
+        "use of a tensor whose memory was released (MirroredOptions::sharding): a gradient "
+        "tape.gradient() returned, whose values went into the reduce-scatter (kGradients, "
+        "kParameters: pass it to apply_gradients unchanged), or a variable's whole value outside "
+        "the layer that gathers it (kParameters: read it inside that layer's call, or save a "
+        "checkpoint and restore it unsharded)");
   return static_cast<char*>(i.storage->data()) + i.offset;
 }
 void Tensor::release_memory() {

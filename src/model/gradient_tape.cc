@@ -99,8 +99,18 @@ std::vector<Tensor> GradientTape::compute(const Tensor& target, const std::vecto
   // node), unless an output is a source. Memory then falls as backward runs, as in PyTorch's
   // autograd, instead of holding every activation and every gradient to the end.
   std::unordered_set<uint64_t> keep;
+  std::unordered_map<uint64_t, int> source_count;
+  for (const Tensor& s : sources) ++source_count[s.id()];
   if (!persistent_)
     for (const Tensor& s : sources) keep.insert(s.id());
+  // Whether nothing else in this backward pass holds `g`'s memory: no other pending gradient is
+  // the same tensor (an op may hand its output gradient on unchanged) and the source is listed once.
+  auto exclusive = [&](size_t i, const Tensor& g) {
+    if (persistent_ || !g.defined() || source_count[sources[i].id()] != 1) return false;
+    int holders = 0;
+    for (const auto& [id, t] : grads) holders += t.defined() && t.id() == g.id();
+    return holders == 1;
+  };
   for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
     do {  // `continue` below ends this node's processing
       const Node& n = **it;
@@ -110,7 +120,8 @@ std::vector<Tensor> GradientTape::compute(const Tensor& target, const std::vecto
         if (k < nodes_.size())
           for (size_t i : ready_at[k]) {
             auto g = grads.find(sources[i].id());
-            hook->on_ready(i, g == grads.end() ? Tensor() : g->second);
+            const Tensor grad = g == grads.end() ? Tensor() : g->second;
+            hook->on_ready(i, grad, exclusive(i, grad));
             reported[i] = true;
           }
       }
@@ -163,7 +174,7 @@ std::vector<Tensor> GradientTape::compute(const Tensor& target, const std::vecto
   }
   if (hook) {
     for (size_t i = 0; i < sources.size(); ++i)
-      if (!reported[i]) hook->on_ready(i, out[i]);
+      if (!reported[i]) hook->on_ready(i, out[i], exclusive(i, out[i]));
     hook->on_done();
   }
   if (!persistent_) {

@@ -35,7 +35,7 @@ class GradientPacker final : public tape::GradientReadyHook {
  public:
   explicit GradientPacker(MirroredReplicaContext* ctx) : ctx_(ctx) {}
   void reset();
-  void on_ready(size_t index, const Tensor& grad) override;
+  void on_ready(size_t index, const Tensor& grad, bool exclusive) override;
   void on_done() override;
   // If `grads` are exactly the gradients this packer saw (same tensors, same order), waits for
   // their packs and returns the reduced tensors; otherwise returns false.
@@ -48,6 +48,7 @@ class GradientPacker final : public tape::GradientReadyHook {
   struct Pack {
     std::vector<size_t> indices;
     std::vector<Tensor> grads;
+    std::vector<bool> exclusive;  // per gradient: the tape lets the packer release its memory
     size_t bytes = 0;
     std::future<std::vector<Tensor>> result;  // all-reduced, or
     std::future<ScatteredSum> scattered;      // reduce-scattered
@@ -86,8 +87,11 @@ class MirroredReplicaContext final : public ReplicaContext {
   std::future<ScatteredSum> reduce_scatter_async(std::vector<Tensor> values, bool deferred = false);
   // As reduce_scatter_async, laid out by the fixed partition of a sharded update: this replica's
   // shard holds its part (partition_range) of every tensor.
+  // `release` (per value): once packed, its memory is released (Tensor::release_memory): the
+  // packing then runs on the calling thread, before the collective is queued.
   std::future<ScatteredSum> reduce_scatter_partitioned_async(std::vector<Tensor> values,
-                                                             bool deferred = false);
+                                                             bool deferred = false,
+                                                             std::vector<bool> release = {});
   // Sharding::kParameters: the whole values of variables from every replica's parts (this
   // replica's are `parts`, flat), one all-gather per dtype; new tensors of `shapes`.
   std::future<std::vector<Tensor>> gather_parameters_async(std::vector<Tensor> parts,

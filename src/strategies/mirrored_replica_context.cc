@@ -241,13 +241,14 @@ void GradientPacker::reset() {
   current_ = Pack();
 }
 
-void GradientPacker::on_ready(size_t index, const Tensor& grad) {
+void GradientPacker::on_ready(size_t index, const Tensor& grad, bool exclusive) {
   if (seen_.size() <= index) seen_.resize(index + 1);
   if (current_.grads.empty() && timeline::enabled()) current_.first_ready_us = timeline::now_us();
   seen_[index] = grad;
   if (!grad.defined()) return;
   current_.indices.push_back(index);
   current_.grads.push_back(grad);
+  current_.exclusive.push_back(exclusive);
   current_.bytes += grad.nbytes();
   if (current_.bytes >= ctx_->bytes_per_pack()) launch(false);
 }
@@ -270,7 +271,9 @@ void GradientPacker::launch(bool last) {
   for (const auto& g : p.grads) f32 = f32 && g.dtype() == DType::kFloat32;
   if ((ctx_->sharding() == Sharding::kGradients || ctx_->sharding() == Sharding::kParameters) &&
       f32)
-    p.scattered = ctx_->reduce_scatter_partitioned_async(p.grads, /*deferred=*/last);
+    // Each replica keeps only its part of the summed gradients: the whole local gradients go as
+    // soon as they are packed (those the tape says nothing else holds).
+    p.scattered = ctx_->reduce_scatter_partitioned_async(p.grads, /*deferred=*/last, p.exclusive);
   else if (ctx_->shares_variables() && f32)
     p.scattered = ctx_->reduce_scatter_async(p.grads, /*deferred=*/last);
   else

@@ -61,32 +61,44 @@ void pack_block(Tensor& buf, int64_t block_start, const std::vector<Tensor>& val
 Sharding MirroredReplicaContext::sharding() const { return impl_->options.sharding; }
 
 std::future<ScatteredSum> MirroredReplicaContext::reduce_scatter_partitioned_async(
-    std::vector<Tensor> values, bool deferred) {
-  auto body = [this, values = std::move(values)] {
-    const DeviceSpec dev = device();
-    const int n = impl_->global_replicas, me = replica_id_in_sync_group();
-    timeline::Span whole("reduce-scatter " + std::to_string(values.size()) + " tensor(s) by part",
-                         "collective");
-    std::vector<int64_t> counts;
+    std::vector<Tensor> values, bool deferred, std::vector<bool> release) {
+  const int n = impl_->global_replicas, me = replica_id_in_sync_group();
+  std::vector<int64_t> counts;
+  for (const auto& v : values) {
+    DTRAIN_CHECK(v.dtype() == DType::kFloat32, "reduce_scatter_partitioned takes float32");
+    counts.push_back(v.numel());
+  }
+  if (n == 1) {  // the sum is the gradient itself: no buffer, no copy (and nothing to release)
+    ScatteredSum s;
+    s.partitioned = true;
     for (const auto& v : values) {
-      DTRAIN_CHECK(v.dtype() == DType::kFloat32, "reduce_scatter_partitioned takes float32");
-      counts.push_back(v.numel());
+      s.slices.push_back(flat(v));
+      s.offsets.push_back(0);
     }
-    if (n == 1) {  // the sum is the gradient itself: no buffer, no copy
-      ScatteredSum s;
-      s.partitioned = true;
-      for (const auto& v : values) {
-        s.slices.push_back(flat(v));
-        s.offsets.push_back(0);
-      }
-      return s;
-    }
-    const PartLayout l = part_layout(counts, n);
+    std::promise<ScatteredSum> done;
+    done.set_value(std::move(s));
+    return done.get_future();
+  }
+  const PartLayout l = part_layout(counts, n);
+  const DeviceSpec dev = device();
+  auto pack = [values, l, n, dev] {
+    timeline::Span span("pack by part", "collective");
     Tensor buf = Tensor::empty(Shape{l.block * n}, DType::kFloat32, dev);
-    {
-      timeline::Span pack("pack by part", "collective");
-      for (int r = 0; r < n; ++r) pack_block(buf, l.block * r, values, l, r, n);
-    }
+    for (int r = 0; r < n; ++r) pack_block(buf, l.block * r, values, l, r, n);
+    return buf;
+  };
+  bool any = false;
+  for (bool r : release) any = any || r;
+  Tensor packed;
+  if (any) {  // packed here, so that the released gradients are never read again
+    packed = pack();
+    for (size_t i = 0; i < values.size() && i < release.size(); ++i)
+      if (release[i]) values[i].release_memory();
+  }
+  auto body = [this, pack, packed, counts, l, n, me, dev, size = values.size()] {
+    timeline::Span whole("reduce-scatter " + std::to_string(size) + " tensor(s) by part",
+                         "collective");
+    Tensor buf = packed.defined() ? packed : pack();
     ScatteredSum s;
     s.partitioned = true;
     s.padded = l.block * n;
@@ -98,7 +110,7 @@ std::future<ScatteredSum> MirroredReplicaContext::reduce_scatter_partitioned_asy
           ->reduce_scatter_in_place(buf, s.shard, ReduceOp::kSum)
           .wait();
     }
-    for (size_t i = 0; i < values.size(); ++i) {
+    for (size_t i = 0; i < counts.size(); ++i) {
       const auto [b, e] = partition_range(counts[i], me, n);
       const int64_t at = l.at[static_cast<size_t>(me)][i];
       s.starts.push_back(at);

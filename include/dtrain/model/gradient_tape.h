@@ -80,8 +80,11 @@ namespace tape {
 class DTRAIN_API GradientReadyHook {
  public:
   virtual ~GradientReadyHook() = default;
-  // grad may be undefined (the target does not depend on that source).
-  virtual void on_ready(size_t source_index, const Tensor& grad) = 0;
+  // grad may be undefined (the target does not depend on that source). `exclusive`: nothing else
+  // in the backward pass holds grad's memory (no other pending gradient is the same tensor), so
+  // the hook may release it (Tensor::release_memory) once it has taken the values: gradient()
+  // then returns that handle without values (ZeRO-2/3: each replica keeps only its part).
+  virtual void on_ready(size_t source_index, const Tensor& grad, bool exclusive) = 0;
   // Backward finished; every source was reported.
   virtual void on_done() = 0;
 };

@@ -104,7 +104,8 @@ std::vector<Tensor> GradientTape::compute(const Tensor& target, const std::vecto
   if (!persistent_)
     for (const Tensor& s : sources) keep.insert(s.id());
   // Whether nothing else in this backward pass holds `g`'s memory: no other pending gradient is
-  // the same tensor (an op may hand its output gradient on unchanged) and the source is listed once.
+  // the same tensor (an op may hand its output gradient on unchanged) and the source is listed
+  // once.
   auto exclusive = [&](size_t i, const Tensor& g) {
     if (persistent_ || !g.defined() || source_count[sources[i].id()] != 1) return false;
     int holders = 0;

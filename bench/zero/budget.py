@@ -3,7 +3,7 @@
 gpt2 preset's vocabulary of 50,257; only the number of layers varies) under MultiWorkerMirrored with N workers,
 each worker in a memory cgroup of its own limited to --budget-mb (bench/zero/in_memory_budget.sh; needs root,
 the machine has no swap, so going over kills the worker). For each of sharding none / optimizer_state /
-gradients, without and with --recompute, a binary search over the layers finds the deepest model that trains
+gradients / parameters (--modes), without and with --recompute, a binary search over the layers finds the deepest model that trains
 --steps steps; prints it with its parameter count.
 
   bench/zero/budget.py --build build --workers 2 --budget-mb 2048 --context 128 [--max-layers 48] [--cache-mb 0]
@@ -42,12 +42,13 @@ def main():
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--max-layers", type=int, default=48)
     p.add_argument("--cache-mb", type=int, default=2048, help="DTRAIN_HOST_CACHE_MB for the workers")
+    p.add_argument("--modes", default="none,optimizer_state,gradients,parameters")
     a = p.parse_args()
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     print(f"CPU: {cpu}; {a.workers} workers, {a.budget_mb} MB each, width 768, context {a.context}, AdamW, "
           f"DTRAIN_HOST_CACHE_MB={a.cache_mb}")
     print(f"{'sharding':<18}{'recompute':>10}{'layers':>8}{'parameters':>14}{'alloc. peak MB':>16}")
-    for sharding in ("none", "optimizer_state", "gradients"):
+    for sharding in a.modes.split(","):
         for recompute in (False, True):
             lo, hi, best = 0, a.max_layers + 1, None  # lo trains (0 = nothing did), hi does not
             while hi - lo > 1:

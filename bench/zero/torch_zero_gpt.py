@@ -6,6 +6,9 @@ of random tokens with AdamW (betas 0.9/0.95, eps 1e-8, weight decay 0.1) under
   ddp   DistributedDataParallel, whole torch.optim.AdamW on every rank (dtrain's sharding none)
   zero  DDP + torch.distributed.optim.ZeroRedundancyOptimizer(AdamW)  (ZeRO-1: dtrain's optimizer_state)
   fsdp  FullyShardedDataParallel(SHARD_GRAD_OP) on the CPU            (ZeRO-2: dtrain's gradients)
+  fsdp3 FullyShardedDataParallel(FULL_SHARD), one unit per block       (ZeRO-3: dtrain's parameters)
+
+--recompute: every block under torch.utils.checkpoint (dtrain's --recompute).
 
 Each rank prints one JSON line: its peak RSS, the optimizer state it holds and the seconds per step.
 
@@ -38,11 +41,20 @@ def worker(rank, a, port):
     dist.init_process_group("gloo", rank=rank, world_size=a.nproc)
     torch.manual_seed(1)
     model = GPT(a.vocab, a.context, a.layers, a.dim, a.heads)
+    if a.recompute:
+        from torch.utils.checkpoint import checkpoint
+        for blk in model.h:
+            blk.forward = lambda x, f=blk.forward: checkpoint(f, x, use_reentrant=False)
     kw = dict(lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
-    if a.mode == "fsdp":
+    if a.mode in ("fsdp", "fsdp3"):
+        import functools
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, ShardingStrategy
-        model = FSDP(model, sharding_strategy=ShardingStrategy.SHARD_GRAD_OP, device_id=torch.device("cpu"),
-                     use_orig_params=True)
+        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+        from torch_gpt import Block
+        full = a.mode == "fsdp3"
+        model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD if full else ShardingStrategy.SHARD_GRAD_OP,
+                     auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})
+                     if full else None, device_id=torch.device("cpu"), use_orig_params=True)
         opt = torch.optim.AdamW(model.parameters(), **kw)
     else:
         model = torch.nn.parallel.DistributedDataParallel(model)
@@ -60,10 +72,13 @@ def worker(rank, a, port):
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0) if a.mode != "fsdp" else model.clip_grad_norm_(1.0)
+        if a.mode.startswith("fsdp"):
+            model.clip_grad_norm_(1.0)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         times.append(time.perf_counter() - t0)
-    print(json.dumps({"system": "pytorch " + torch.__version__, "mode": a.mode, "workers": a.nproc, "rank": rank,
+    print(json.dumps({"system": "pytorch " + torch.__version__, "mode": a.mode, "recompute": a.recompute, "workers": a.nproc, "rank": rank,
                       "optimizer_state_mb": state_bytes(opt) / 2**20,
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                       "seconds_per_step": sorted(times[1:] or times)[len(times[1:] or times) // 2]}), flush=True)
@@ -72,7 +87,8 @@ def worker(rank, a, port):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["ddp", "zero", "fsdp"], required=True)
+    p.add_argument("--mode", choices=["ddp", "zero", "fsdp", "fsdp3"], required=True)
+    p.add_argument("--recompute", action="store_true")
     for name, default in (("nproc", 2), ("layers", 12), ("dim", 768), ("heads", 12), ("vocab", 50257),
                           ("context", 64), ("batch", 1), ("steps", 3), ("threads", 1), ("port", 29611)):
         p.add_argument("--" + name, type=int, default=default)

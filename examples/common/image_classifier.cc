@@ -190,7 +190,8 @@ int image_classifier_main(int argc, char** argv, const ImageClassifierExample& e
   app.add_option(
       "--sharding", sharding_flag,
       "mirrored / multi_worker_mirrored: shard the optimizer's state, none, "
-      "optimizer_state (ZeRO-1) or gradients (ZeRO-2); default none, or DTRAIN_SHARDING");
+      "optimizer_state (ZeRO-1), gradients (ZeRO-2) or parameters (ZeRO-3: each ResNet block's "
+      "weights sharded too); default none, or DTRAIN_SHARDING");
   std::string compression_flag = "none";
   app.add_option("--compression", compression_flag,
                  "multi_worker_mirrored: cross-worker gradient compression, none, fp16 or bf16 "
@@ -258,6 +259,9 @@ int image_classifier_main(int argc, char** argv, const ImageClassifierExample& e
     if (strategy_name == "parameter_server") ps.checkpoint_dir = checkpoint_dir;
     opts.communication.compression = dtrain::parse_compression(compression_flag);
     if (!sharding_flag.empty()) opts.mirrored.sharding = dtrain::parse_sharding(sharding_flag);
+    // ZeRO-3: each ResNet residual block is a unit whose weights are gathered when it runs.
+    const bool shard_blocks =
+        dtrain::apply_environment(opts).mirrored.sharding == dtrain::Sharding::kParameters;
     opts.parameter_server = ps;
 
     // One binary for every task of a job: run_task() serves a ps task, calls evaluate on an
@@ -284,7 +288,7 @@ int image_classifier_main(int argc, char** argv, const ImageClassifierExample& e
           scale_lr ? dtrain::scale_learning_rate(lr, strategy.num_replicas_in_sync()) : lr;
       {
         auto scope = strategy.scope();
-        model = make_model(model_name, sync_bn);
+        model = make_model(model_name, sync_bn, shard_blocks);
         std::string line = optimizer_flag;
         char rate_text[32];
         std::snprintf(rate_text, sizeof(rate_text), "%.9g", static_cast<double>(rate));

@@ -55,14 +55,17 @@ inline std::string model_names() {
 
 inline bool wants_32x32(const std::string& name) { return name.rfind("resnet", 0) == 0; }
 
-// sync_bn: every batch normalization synchronized across replicas. Throws InvalidArgument for an
-// unknown name.
-inline std::shared_ptr<Model> make_model(const std::string& name, bool sync_bn = false) {
+// sync_bn: every batch normalization synchronized across replicas; shard_blocks: each ResNet
+// residual block is a unit of fully sharded parameters (ResNetOptions::shard_parameters; for
+// --sharding=parameters). Throws InvalidArgument for an unknown name.
+inline std::shared_ptr<Model> make_model(const std::string& name, bool sync_bn = false,
+                                         bool shard_blocks = false) {
   if (name == "reference_cnn") return std::make_shared<Sequential>(reference_cnn());
   if (name == "residual_cnn") return std::make_shared<ResidualCnn>(sync_bn);
   if (wants_32x32(name)) {
     applications::ResNetOptions o;
     o.synchronized_batch_norm = sync_bn;
+    o.shard_parameters = shard_blocks;
     o.input_shape = Shape{32, 32, 1};
     o.classes = 10;
     const std::string depth = name.substr(6);

@@ -211,6 +211,12 @@ int main(int argc, char** argv) {
     dtrain::TaskFunctions task;
     task.train = [&](dtrain::Strategy& strategy) {
       const dtrain::StrategyExtended& ext = strategy.extended();
+      if (config.shard_parameters && ext.num_workers() > 1 && max_new_tokens > 0)
+        throw dtrain::InvalidArgument(
+            "--generate after training with --sharding=parameters and several workers: each "
+            "worker holds only its part of the blocks' weights; train with --checkpoint-dir, then "
+            "sample from the checkpoint on one process (--restore DIR/final.safetensors "
+            "--generate-only --generate ...)");
       std::string used_dir;
       const std::string text = read_corpus(corpus_dir, &used_dir);
       const std::string path = token_file.empty()

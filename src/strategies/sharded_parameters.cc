@@ -21,12 +21,14 @@ namespace dtrain {
 struct ShardedParameters::Replica {
   std::map<const Variable*, std::vector<std::shared_ptr<Variable>>> groups;  // by first variable
   std::vector<const Variable*> order_prev, order_now;
-  size_t cursor = 0;  // where this step is in order_prev; npos once it went another way
+  size_t cursor = 0;  // where this step is in order_prev; kOffOrder once it went another way
   std::map<const Variable*, std::future<std::vector<Tensor>>> prefetched;
   std::vector<std::shared_ptr<Variable>> held;  // gathered, released at the update's end
 };
 
 namespace {
+
+constexpr size_t kOffOrder = ~size_t{0};
 
 MirroredVariable& mirrored(const std::shared_ptr<Variable>& v) {
   return static_cast<MirroredVariable&>(*v);  // only MirroredVariables have this gatherer
@@ -95,6 +97,8 @@ void ShardedParameters::gather(const std::vector<std::shared_ptr<Variable>>& var
   const Variable* key = vars.front().get();
   for (const auto& v : vars) mirrored(v).set_managed();
   r.groups.emplace(key, vars);
+  // Steps without an update (evaluation, prediction) never end the order: keep it bounded.
+  if (r.order_now.size() > 4 * r.groups.size() + 64) r.order_now.clear();
   r.order_now.push_back(key);
   const std::vector<std::shared_ptr<Variable>> need = to_gather(vars, l);
   if (!need.empty()) {
@@ -128,7 +132,7 @@ void ShardedParameters::gather(const std::vector<std::shared_ptr<Variable>>& var
     if (r.cursor < r.order_prev.size() && r.order_prev[r.cursor] != key)
       start_gather(*ctx, r, r.order_prev[r.cursor]);
   } else {
-    r.cursor = std::string::npos;  // another order this step: no more prefetching
+    r.cursor = kOffOrder;  // another order this step: no more prefetching
   }
 }
 

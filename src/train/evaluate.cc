@@ -16,6 +16,25 @@ void call(const std::vector<Callback*>& cbs, void (Callback::*hook)(const TrainL
   for (Callback* c : cbs) (c->*hook)(logs);
 }
 
+// Under parameter sharding (ZeRO-3) a forward pass takes part in collectives: each sharded layer
+// gathers its weights from every replica. A replica whose share of a batch is empty must still
+// issue them, so it runs the model on one row of zeros and drops the result.
+bool forward_is_collective(const Model& model) {
+  for (const auto& v : model.trainable_variables())
+    if (v->parameter_gatherer()) return true;
+  return false;
+}
+
+std::vector<Tensor> one_zero_row(const std::vector<Tensor>& in) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : in) {
+    std::vector<int64_t> dims = t.shape().dims();
+    if (!dims.empty()) dims[0] = 1;
+    out.push_back(Tensor::zeros(Shape(dims), t.dtype(), t.device()));
+  }
+  return out;
+}
+
 }  // namespace
 
 EvalResult evaluate(Strategy& strategy, Model& model, const Dataset& test, int64_t batch_size,
@@ -41,13 +60,17 @@ EvalResult evaluate(Strategy& strategy, Model& model, const Dataset& test,
   timeline::Span span("evaluate", "step");
   call(callbacks, &Callback::on_test_begin, logs);
   auto next = strategy.distribute_dataset(test.batch(batch_size, false), batch_size);
+  const bool collective = forward_is_collective(model);
   PerReplica batch;
   while (next(&batch)) {
     call(callbacks, &Callback::on_test_batch_begin, logs);
     strategy.run(
         [&](ReplicaContext&, const std::vector<Tensor>& in) -> std::vector<Tensor> {
           const int64_t rows = in.at(0).shape()[0];
-          if (rows == 0) return {};
+          if (rows == 0) {
+            if (collective) heads.forward(model, one_zero_row(in), false);
+            return {};
+          }
           const std::vector<Tensor> outs = heads.forward(model, in, false);
           heads.update_metrics(*tally, outs, in);
           tally->loss.update(heads.loss_sum(outs, in) / static_cast<double>(rows),
@@ -204,6 +227,7 @@ std::vector<Tensor> predict_outputs(Strategy& strategy, Model& model, const Data
   const int local = static_cast<int>(devices.size());
   const size_t inputs = static_cast<size_t>(model.num_inputs());
   auto it = data.batch(batch_size, false).make_iterator();
+  const bool collective = forward_is_collective(model);
   std::vector<std::vector<Tensor>> parts;  // [output][batch part]
   std::vector<Tensor> b;
   while (it->next(&b)) {
@@ -222,7 +246,10 @@ std::vector<Tensor> predict_outputs(Strategy& strategy, Model& model, const Data
     in.global_rows = rows;
     const PerReplica out = strategy.run(
         [&](ReplicaContext&, const std::vector<Tensor>& x) -> std::vector<Tensor> {
-          if (x[0].shape()[0] == 0) return {};
+          if (x[0].shape()[0] == 0) {
+            if (collective) all_outputs(model, one_zero_row(x), inputs);
+            return {};
+          }
           return all_outputs(model, x, inputs);
         },
         in);

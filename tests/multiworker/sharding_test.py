@@ -137,12 +137,13 @@ def main():
 def zero3(dtrain_run, gpt, d, rng):
     """ZeRO-3 on the GPT example: equivalence, and kill -9 + BackupAndRestore."""
     common = ["--preset", "gpt-nano", "--context", "32", "--batch-size", "12", "--epochs", "3",
-              "--steps-per-epoch", "8", "--val-windows", "12", "--warmup-steps", "4", "--seed", "3"]
+              "--steps-per-epoch", "8", "--warmup-steps", "4", "--seed", "3"]
 
-    def job(n, sharding, tag, extra=()):
+    def job(n, sharding, tag, extra=(), val=12):
         out = f"{d}/gpt-{tag}"
         text = run([dtrain_run, "-np", str(n), "--grace", "2", "--", gpt, "--strategy=multi_worker_mirrored",
-                    f"--sharding={sharding}", "--checkpoint-dir", out] + common + list(extra), timeout=300)
+                    f"--sharding={sharding}", "--checkpoint-dir", out, "--val-windows", str(val)] + common
+                   + list(extra), timeout=300)
         return f"{out}/final.safetensors", text
 
     # The example clips by global norm, which sharded jobs sum from parts (in float64): the ZeRO-2
@@ -151,6 +152,15 @@ def zero3(dtrain_run, gpt, d, rng):
     for extra in (["--recompute"], []):
         got, _ = job(2, "parameters", "z3-" + str(len(extra)), extra)
         same(ref, got, f"GPT, 2 workers, ZeRO-3{' with recompute' if extra else ''} vs ZeRO-2")
+    # One validation window for 2 workers: one has no rows, yet every forward pass gathers each
+    # block from both (it runs the model on a row of zeros); the validation loss is the one row's.
+    _, one = job(2, "parameters", "z3-val1", ["--json"], val=1)
+    _, one_ref = job(2, "gradients", "z2-val1", ["--json"], val=1)
+    vals = [json.loads(t.split("] ", 1)[-1].strip().splitlines()[-1])["val_loss_nats"]
+            for t in (one, one_ref) for t in [[l for l in t.splitlines() if '"val_loss_nats"' in l][-1]]]
+    if vals[0] != vals[1]:
+        sys.exit(f"one validation window: ZeRO-3 {vals[0]}, ZeRO-2 {vals[1]}")
+    print(f"ok: GPT, 2 workers, one validation window (a worker with no rows): ZeRO-3 = ZeRO-2 ({vals[0]})")
     ref3, _ = job(3, "none", "ref3")
     z2, _ = job(3, "gradients", "z2x3", ["--recompute"])
     got3, text = job(3, "parameters", "z3x3", ["--recompute", "--json"])
@@ -175,7 +185,7 @@ def zero3(dtrain_run, gpt, d, rng):
     uninterrupted, _ = job(2, "parameters", "z3-ref", ["--recompute", "--backup-every", "3"])
     cmd = [dtrain_run, "-np", "2", "--grace", "2", "--", gpt, "--strategy=multi_worker_mirrored",
            "--sharding=parameters", "--recompute", "--backup-every", "3", "--backup-dir", f"{d}/gpt-bk",
-           "--checkpoint-dir", f"{d}/gpt-k"] + common
+           "--checkpoint-dir", f"{d}/gpt-k", "--val-windows", "12"] + common
     code, out = start_and_kill(cmd, f"{d}/gpt-bk", lambda p: rng.choice(children(p.pid)), 6, 24)
     if code == 0:
         sys.exit(f"the ZeRO-3 job survived a killed worker without --max-restarts:\n{out}")

@@ -183,6 +183,27 @@ TEST_F(ShardedParameters, CheckpointsMoveBetweenShardLayouts) {
   std::filesystem::remove_all(dir);
 }
 
+TEST_F(ShardedParameters, ReplicasWithNoRowsStillTakePartInTheGathers) {
+  // One row among 3 replicas: two have nothing to compute but must join each block's all-gather
+  // (a short collective timeout turns a missing participant into an error, not a hang).
+  MirroredOptions o = on(3, Sharding::kParameters);
+  o.timeout = std::chrono::seconds(20);
+  Job z3 = make(o, true, 2);
+  Job plain = make(on(3, Sharding::kGradients), true, 2);
+  const Tensor one = z3.x.slice_rows(0, 1);
+  EXPECT_EQ(predict(*z3.strategy, z3.model, Dataset::from_tensors({one})).to_vector<float>(),
+            predict(*plain.strategy, plain.model, Dataset::from_tensors({one})).to_vector<float>());
+  std::vector<int32_t> y{1};
+  FitOptions f;
+  f.eval_batch_size = 1;
+  const EvalResult a = evaluate(*z3.strategy, z3.model,
+                                Dataset::from_tensors({one, Tensor::from_vector(y, Shape{1})}), f);
+  const EvalResult b = evaluate(*plain.strategy, plain.model,
+                                Dataset::from_tensors({one, Tensor::from_vector(y, Shape{1})}), f);
+  EXPECT_EQ(a.examples, 1);
+  EXPECT_EQ(a.loss, b.loss);
+}
+
 // Last in this file: it turns the timeline on for the rest of the process.
 TEST_F(ShardedParameters, EachBlockPrefetchesTheNextOnesParameters) {
   const auto path = std::filesystem::temp_directory_path() / "dtrain_sharded_params_trace.json";

@@ -37,6 +37,10 @@ struct DTRAIN_API ResNetOptions {
   // Activation recomputation per residual block (Layer::set_recompute_grad): training keeps each
   // block's input instead of its activations, for one more forward pass of the blocks.
   bool recompute = false;
+  // Fully sharded parameters per residual block (Layer::set_shard_parameters): under
+  // Sharding::kParameters each block's weights are kept as one part per replica and gathered when
+  // the block runs (ZeRO-3, one unit per block). A no-op under other strategies.
+  bool shard_parameters = false;
 };
 
 // Throw InvalidArgument for an input too small for the network's strides, or classes < 1.

@@ -138,6 +138,7 @@ std::shared_ptr<Model> imagenet_resnet(const std::vector<int>& blocks, const std
       const std::string n = "conv" + std::to_string(s + 2) + "_block" + std::to_string(b);
       std::shared_ptr<Layer> layer = block(filters[s], b == 1 && s > 0 ? 2 : 1, b == 1, n);
       layer->set_recompute_grad(o.recompute);
+      layer->set_shard_parameters(o.shard_parameters);
       x = (*layer)(x);
     }
   return std::make_shared<Model>(in, head(x, o), name);
@@ -198,6 +199,7 @@ std::shared_ptr<Model> CifarResNet(int depth, const ResNetOptions& o) {
       auto block = std::make_shared<BasicBlock>(filters, stride, stride != 1, true, false, 1e-3f,
                                                 initializers::he_normal(), o, bn_name);
       block->set_recompute_grad(o.recompute);
+      block->set_shard_parameters(o.shard_parameters);
       x = (*block)(x);
     }
   if (o.include_top) {

@@ -2,13 +2,7 @@
 # Second look after bench/gpu/run.sh: a failing kernel test in full, and where a ResNet-50 step's time
 # goes on the GPU (GPU utilisation sampled by nvidia-smi for dtrain and PyTorch, and dtrain's timeline).
 set -uo pipefail
-out=${OUT:-gpu-out}; mkdir -p "$out"
-stage=/tmp/dtrain-gpu; mkdir -p "$stage" && tar -C "$stage" -xJf .gpu/bundle.tar.xz
-libs=$(find /usr/local/cuda/targets/*/lib /opt/torch/.venv/lib/python3*/site-packages/nvidia \
-  \( -name 'libcudnn.so.9' -o -name 'libnccl.so.2' -o -name 'libcublas.so.13' -o -name 'libcudart.so.13' \) \
-  -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)
-export LD_LIBRARY_PATH=$stage/lib:$libs
-b=$stage/bin
+. "$(dirname "$0")/stage.sh"
 timeout 60 "$b/gpu_kernels_test" --gtest_filter="${KERNEL_FILTER:-GpuKernels.Unary}" >"$out/kernels.txt" 2>&1
 util() {  # util LABEL CMD...: GPU utilisation (%) every 50 ms while CMD runs
   local label=$1; shift

@@ -1,16 +1,10 @@
 #!/usr/bin/env bash
-# The GPU checks of one device lease, as one script (see docs/gpu.md): run on the GPU machine from the
-# repository root with .gpu/bundle.tar.xz made by bench/gpu/bundle.sh. Writes logs and results.jsonl to
-# $OUT (or ./gpu-out). Each step has its own time limit so that one hang cannot eat the lease.
+# The GPU checks of one device lease, as one script (docs/performance.md, "On a GPU"): run on the
+# GPU machine from the repository root with .gpu/bundle.tar.xz made by bench/gpu/bundle.sh. Writes
+# logs and results.jsonl to $OUT (or ./gpu-out). Each step has its own time limit so that one hang cannot eat the lease.
 #   bench/gpu/run.sh [quick]
 set -uo pipefail
-out=${OUT:-gpu-out}; mkdir -p "$out"
-stage=/tmp/dtrain-gpu; mkdir -p "$stage" && tar -C "$stage" -xJf .gpu/bundle.tar.xz
-# CUDA, cuDNN and NCCL of the machine: the toolkit's and the pip wheels' lib folders.
-libs=$(find /usr/local/cuda/lib64 /usr/local/cuda/targets/*/lib /opt/torch/.venv/lib/python3*/site-packages/nvidia \
-  \( -name 'libcudnn.so.9' -o -name 'libnccl.so.2' -o -name 'libcublas.so.13' -o -name 'libcudart.so.13' \) \
-  -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)
-export LD_LIBRARY_PATH=$stage/lib:$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+. "$(dirname "$0")/stage.sh"
 py=$(command -v python3)
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; echo "libs: $libs"; } | tee "$out/machine.txt"
 ldd "$stage/bin/synthetic_benchmark" | grep -E "not found|cudnn|nccl|cublas" | tee -a "$out/machine.txt"
@@ -30,7 +24,6 @@ peak() {  # peak LABEL TIMEOUT CMD...
   "$py" -c 'import json,sys; j=json.loads(sys.argv[1]); j.update(label=sys.argv[2], rc=int(sys.argv[3]), smi_peak_mb=float(sys.argv[4] or 0)); print(json.dumps(j))' \
     "$last" "$label" "$rc" "${mb:-0}" | tee -a "$res"
 }
-b=$stage/bin
 peak kernels 120 "$b/gpu_kernels_test"
 SB="--num-warmup-batches 5 --num-batches-per-iter 10 --num-iters 3 --devices=gpu --json"
 peak dtrain_resnet50_b32 120 "$b/synthetic_benchmark" --batch-size 32 $SB

@@ -4,13 +4,7 @@
 # (transformer blocks' weights sharded and gathered per block), with recompute: the final losses
 # must agree. Run on the GPU machine from the repository root after bench/gpu/bundle.sh.
 set -uo pipefail
-out=${OUT:-gpu-out}; mkdir -p "$out"
-stage=/tmp/dtrain-gpu; mkdir -p "$stage" && tar -C "$stage" -xJf .gpu/bundle.tar.xz
-libs=$(find /usr/local/cuda/targets/*/lib /opt/torch/.venv/lib/python3*/site-packages/nvidia \
-  \( -name 'libcudnn.so.9' -o -name 'libnccl.so.2' -o -name 'libcublas.so.13' -o -name 'libcudart.so.13' \) \
-  -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)
-export LD_LIBRARY_PATH=$stage/lib:$libs
-b=$stage/bin
+. "$(dirname "$0")/stage.sh"
 timeout 120 "$b/gpu_kernels_test" >"$out/kernels.txt" 2>&1; echo "gpu_kernels_test rc $?"
 grep -E "^\[  (PASSED|FAILED)" "$out/kernels.txt"
 for sh in none gradients parameters; do

@@ -30,7 +30,8 @@ struct ScatteredSum {
 
 // Fuses gradients into packs as backward produces them and all-reduces each pack on the
 // replica's communication thread (see MirroredOptions::bytes_per_pack). When the replicas share
-// their variables, float32 packs are reduce-scattered instead (each replica then updates its part).
+// their variables, or under MirroredOptions::sharding, float32 packs are reduce-scattered instead
+// (each replica then updates its part); ZeRO-2/3 release the packed local gradients.
 class GradientPacker final : public tape::GradientReadyHook {
  public:
   explicit GradientPacker(MirroredReplicaContext* ctx) : ctx_(ctx) {}

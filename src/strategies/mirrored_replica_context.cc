@@ -142,7 +142,7 @@ std::optional<ReplicaContext::UpdateSlices> MirroredReplicaContext::reduce_scatt
     for (const auto& g : grads) f32 = f32 && g.dtype() == DType::kFloat32;
     // Queued behind any collective still in flight (as all_reduce), else inline.
     const bool inline_ = comm_idle();
-    if (partitioned && (impl_->options.sharding == Sharding::kOptimizerState || !f32)) {
+    if (partitioned && !f32) {
       // Whole sums, of which this replica takes its part.
       const std::vector<Tensor> sums = all_reduce_async(ReduceOp::kSum, grads, inline_).get();
       const int n = impl_->global_replicas, me = replica_id_in_sync_group();
@@ -269,12 +269,14 @@ void GradientPacker::launch(bool last) {
   Pack& p = packs_.back();
   bool f32 = true;
   for (const auto& g : p.grads) f32 = f32 && g.dtype() == DType::kFloat32;
-  if ((ctx_->sharding() == Sharding::kGradients || ctx_->sharding() == Sharding::kParameters) &&
-      f32)
-    // Each replica keeps only its part of the summed gradients: the whole local gradients go as
-    // soon as they are packed (those the tape says nothing else holds).
-    p.scattered = ctx_->reduce_scatter_partitioned_async(p.grads, /*deferred=*/last, p.exclusive);
-  else if (ctx_->shares_variables() && f32)
+  if (ctx_->sharding() != Sharding::kNone && f32) {
+    // Each replica receives its part of the sums. ZeRO-2/3 keep nothing more: the whole local
+    // gradients go as soon as they are packed (those the tape says nothing else holds); ZeRO-1
+    // keeps them until the update (DeepSpeed's stage 1).
+    const bool free_local = ctx_->sharding() != Sharding::kOptimizerState;
+    p.scattered = ctx_->reduce_scatter_partitioned_async(
+        p.grads, /*deferred=*/last, free_local ? p.exclusive : std::vector<bool>{});
+  } else if (ctx_->shares_variables() && f32)
     p.scattered = ctx_->reduce_scatter_async(p.grads, /*deferred=*/last);
   else
     p.result = ctx_->all_reduce_async(ReduceOp::kSum, p.grads, /*deferred=*/last);

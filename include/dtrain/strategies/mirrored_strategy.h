@@ -28,14 +28,13 @@ enum class CrossDeviceOps {
 DTRAIN_API const char* cross_device_ops_name(CrossDeviceOps ops);
 
 // Sharding of the optimizer's work across replicas (ZeRO, Rajbhandari et al. 2020; DeepSpeed's
-// stages). Every replica keeps whole parameters; with kOptimizerState (ZeRO-1, PyTorch's
-// ZeroRedundancyOptimizer) gradients are all-reduced as without sharding, but each replica applies
-// the optimizer to its part of every variable only (UpdatePartition) and keeps slots for that part
-// alone, and the updated parts are all-gathered; with kGradients (ZeRO-2, FSDP's SHARD_GRAD_OP)
-// gradient packs are reduce-scattered instead, so a replica holds only its part of the summed
-// gradients (the local gradients backward returns stay whole until apply_gradients returns).
-// Slot memory per replica falls as 1/N. Traffic: kGradients moves what an all-reduce moves;
-// kOptimizerState one all-gather more. kParameters (ZeRO-3, FSDP's FULL_SHARD) is kGradients plus:
+// stages). Gradient packs are reduce-scattered during backward, so each replica receives its part
+// of the summed gradients (UpdatePartition), applies the optimizer to its part of every variable
+// and keeps slots for that part alone, and the updated parts are all-gathered: one reduce-scatter
+// plus one all-gather, the bytes of one all-reduce. kOptimizerState (ZeRO-1, DeepSpeed's stage 1)
+// keeps the whole local gradients backward returns until the update; kGradients (ZeRO-2, FSDP's
+// SHARD_GRAD_OP) releases each one once it is packed (tape.gradient() then returns handles
+// without values: pass them to apply_gradients unchanged). Slot memory per replica falls as 1/N. kParameters (ZeRO-3, FSDP's FULL_SHARD) is kGradients plus:
 // the trainable variables of layers marked Layer::set_shard_parameters are kept as one part per
 // replica between that layer's calls, gathered for each call (the next layer's gather prefetched)
 // and released after; an update writes the parts alone. Variables of other layers stay whole.

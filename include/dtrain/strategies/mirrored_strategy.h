@@ -34,10 +34,11 @@ DTRAIN_API const char* cross_device_ops_name(CrossDeviceOps ops);
 // plus one all-gather, the bytes of one all-reduce. kOptimizerState (ZeRO-1, DeepSpeed's stage 1)
 // keeps the whole local gradients backward returns until the update; kGradients (ZeRO-2, FSDP's
 // SHARD_GRAD_OP) releases each one once it is packed (tape.gradient() then returns handles
-// without values: pass them to apply_gradients unchanged). Slot memory per replica falls as 1/N. kParameters (ZeRO-3, FSDP's FULL_SHARD) is kGradients plus:
-// the trainable variables of layers marked Layer::set_shard_parameters are kept as one part per
-// replica between that layer's calls, gathered for each call (the next layer's gather prefetched)
-// and released after; an update writes the parts alone. Variables of other layers stay whole.
+// without values: pass them to apply_gradients unchanged). Slot memory per replica falls as 1/N.
+// kParameters (ZeRO-3, FSDP's FULL_SHARD) is kGradients plus: the trainable variables of layers
+// marked Layer::set_shard_parameters are kept as one part per replica between that layer's calls,
+// gathered for each call (the next layer's gather prefetched) and released after; an update writes
+// the parts alone. Variables of other layers stay whole.
 enum class Sharding { kNone = 0, kOptimizerState = 1, kGradients = 2, kParameters = 3 };
 DTRAIN_API const char* sharding_name(Sharding s);
 // "none"/"0", "optimizer_state"/"1", "gradients"/"2", "parameters"/"3" (the --sharding flag,

@@ -266,7 +266,15 @@ std::vector<Tensor> Layer::operator()(const std::vector<Tensor>& xs, bool traini
 
 std::vector<Tensor> Layer::call_gathered(const std::vector<Tensor>& xs, bool training) {
   const VariableList vars = trainable_variables();
-  ParameterGatherer* gatherer = vars.empty() ? nullptr : vars.front()->parameter_gatherer();
+  // The variables the strategy can keep sharded (float32, made under a sharding strategy); the
+  // others of the layer stay whole.
+  ParameterGatherer* gatherer = nullptr;
+  VariableList sharded;
+  for (const auto& v : vars)
+    if (ParameterGatherer* g = v->parameter_gatherer(); g && (!gatherer || g == gatherer)) {
+      gatherer = g;
+      sharded.push_back(v);
+    }
   auto plain = [this, training](const std::vector<Tensor>& in) { return call(in, training); };
   if (!gatherer) {
     if (recompute_ && training) return ::dtrain::recompute_grad(plain, xs, vars);
@@ -275,7 +283,7 @@ std::vector<Tensor> Layer::call_gathered(const std::vector<Tensor>& xs, bool tra
   std::vector<Tensor> watched = xs;
   for (const auto& v : vars) watched.push_back(v->value());
   const bool recording = training && tape::should_record(watched);
-  gatherer->gather(vars);
+  gatherer->gather(sharded);
   // Released when the call returns, unless a tape keeps the gathered values for the backward
   // pass (no recompute_grad): then the strategy releases them at the end of the update.
   struct Release {
@@ -284,11 +292,12 @@ std::vector<Tensor> Layer::call_gathered(const std::vector<Tensor>& xs, bool tra
     ~Release() {
       if (v) g->release(*v);
     }
-  } release{gatherer, recording && !recompute_ ? nullptr : &vars};
+  } release{gatherer, recording && !recompute_ ? nullptr : &sharded};
   if (recompute_ && training)  // the backward pass's replay gathers again (FSDP's backward)
-    return ::dtrain::recompute_grad(plain, xs, vars,
-                                    RecomputeHooks{[gatherer, vars] { gatherer->gather(vars); },
-                                                   [gatherer, vars] { gatherer->release(vars); }});
+    return ::dtrain::recompute_grad(
+        plain, xs, vars,
+        RecomputeHooks{[gatherer, sharded] { gatherer->gather(sharded); },
+                       [gatherer, sharded] { gatherer->release(sharded); }});
   return call(xs, training);
 }
 

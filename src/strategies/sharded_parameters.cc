@@ -31,7 +31,10 @@ namespace {
 constexpr size_t kOffOrder = ~size_t{0};
 
 MirroredVariable& mirrored(const std::shared_ptr<Variable>& v) {
-  return static_cast<MirroredVariable&>(*v);  // only MirroredVariables have this gatherer
+  auto* m = dynamic_cast<MirroredVariable*>(v.get());
+  if (!m || !v->parameter_gatherer())  // Layer::call_gathered passes only this gatherer's
+    throw Internal("variable '" + v->name() + "' is not a parameter-sharded MirroredVariable");
+  return *m;
 }
 
 // The variables of `vars` whose copy l holds only its part and no whole memory.

@@ -26,11 +26,12 @@ namespace {
 // replica: replica 0's forward pass took 2,742 us with one shared pool and 2,140 us with a pool per
 // device (one device alone: 1,850 us).
 //
-// Blocks of 1 MiB and more are mapped from the kernel (mmap) and unmapped when freed, not taken from
-// malloc: glibc raises its mmap threshold each time it frees a mapped block (up to 32 MiB), after
-// which large blocks come from its heap and stay in the process when freed. Measured with
-// DTRAIN_HOST_CACHE_MB=0, GPT (gpt2 width, 8 layers, context 128) under 2-worker ZeRO-3 with recompute:
-// peak RSS 2,210 MB through malloc, 1,633 MB with large blocks mapped (allocator peak 1,387 MB both).
+// Blocks of 1 MiB and more are mapped from the kernel (mmap) and unmapped when freed, not taken
+// from malloc: glibc raises its mmap threshold each time it frees a mapped block (up to 32 MiB),
+// after which large blocks come from its heap and stay in the process when freed. Measured with
+// DTRAIN_HOST_CACHE_MB=0, GPT (gpt2 width, 8 layers, context 128) under 2-worker ZeRO-3 with
+// recompute: peak RSS 2,210 MB through malloc, 1,633 MB with large blocks mapped (allocator peak
+// 1,387 MB both).
 class CachingHostAllocator final : public Allocator {
  public:
   explicit CachingHostAllocator(size_t max_cached_bytes) : max_cached_bytes_(max_cached_bytes) {

@@ -106,8 +106,11 @@ std::vector<Tensor> GradientTape::compute(const Tensor& target, const std::vecto
   // Whether nothing else in this backward pass holds `g`'s memory: no other pending gradient is
   // the same tensor (an op may hand its output gradient on unchanged) and the source is listed
   // once.
+  // The caller's output_gradient is the caller's: never handed over.
+  const uint64_t seed = output_gradient.defined() ? output_gradient.id() : 0;
   auto exclusive = [&](size_t i, const Tensor& g) {
-    if (persistent_ || !g.defined() || source_count[sources[i].id()] != 1) return false;
+    if (persistent_ || !g.defined() || g.id() == seed || source_count[sources[i].id()] != 1)
+      return false;
     int holders = 0;
     for (const auto& [id, t] : grads) holders += t.defined() && t.id() == g.id();
     return holders == 1;

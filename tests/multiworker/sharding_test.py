@@ -41,6 +41,17 @@ def run(cmd, env=None, timeout=400):
     return r.stdout + r.stderr
 
 
+def kill_and_resume(cmd, backup_dir, rng, min_step, total_steps, timeout):
+    """kill -9 of a random worker of `cmd` once a backup at >= min_step exists, then `cmd` again, which must
+    resume from the backup."""
+    code, out = start_and_kill(cmd, backup_dir, lambda p: rng.choice(children(p.pid)), min_step, total_steps)
+    if code == 0:
+        sys.exit(f"the sharded job survived a killed worker without --max-restarts:\n{out}")
+    out = run(cmd, timeout=timeout)
+    if "resuming from a backup" not in out:
+        sys.exit(f"the second sharded run did not resume:\n{out}")
+
+
 def slot_elements(out):
     """Per worker: the optimizer slot elements it reported holding."""
     held = {}
@@ -104,12 +115,7 @@ def main():
         job = [dtrain_run, "-np", "3", "--grace", "2", "--", example, "--strategy=multi_worker_mirrored"] + common
         ref_out = run(job + ["--checkpoint-dir", f"{d}/ref"], timeout=500)
         cmd = job + ["--backup-dir", f"{d}/bk", "--checkpoint-dir", f"{d}/k"]
-        code, out = start_and_kill(cmd, f"{d}/bk", lambda p: rng.choice(children(p.pid)), 10, 60)
-        if code == 0:
-            sys.exit(f"the sharded job survived a killed worker without --max-restarts:\n{out}")
-        out = run(cmd, timeout=500)
-        if "resuming from a backup" not in out:
-            sys.exit(f"the second sharded run did not resume:\n{out}")
+        kill_and_resume(cmd, f"{d}/bk", rng, 10, 60, 500)
         same(f"{d}/ref/final.safetensors", f"{d}/k/final.safetensors", "sharded MWMS x3, a worker killed, run again")
 
         # The sharded job's checkpoint under one device: the job's own accuracy.
@@ -186,12 +192,7 @@ def zero3(dtrain_run, gpt, d, rng):
     cmd = [dtrain_run, "-np", "2", "--grace", "2", "--", gpt, "--strategy=multi_worker_mirrored",
            "--sharding=parameters", "--recompute", "--backup-every", "3", "--backup-dir", f"{d}/gpt-bk",
            "--checkpoint-dir", f"{d}/gpt-k", "--val-windows", "12"] + common
-    code, out = start_and_kill(cmd, f"{d}/gpt-bk", lambda p: rng.choice(children(p.pid)), 6, 24)
-    if code == 0:
-        sys.exit(f"the ZeRO-3 job survived a killed worker without --max-restarts:\n{out}")
-    out = run(cmd, timeout=300)
-    if "resuming from a backup" not in out:
-        sys.exit(f"the second ZeRO-3 run did not resume:\n{out}")
+    kill_and_resume(cmd, f"{d}/gpt-bk", rng, 6, 24, 300)
     same(uninterrupted, f"{d}/gpt-k/final.safetensors", "GPT ZeRO-3 x2, a worker killed, run again")
     text = run([gpt, "--strategy=one_device", "--restore", uninterrupted, "--generate-only", "--generate", "The ",
                 "--max-new-tokens", "8"] + common)

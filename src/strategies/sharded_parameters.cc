@@ -46,6 +46,20 @@ std::vector<std::shared_ptr<Variable>> to_gather(const std::vector<std::shared_p
   return out;
 }
 
+// The whole values of `vars` from every replica's parts (this replica's are its copies' parts).
+std::future<std::vector<Tensor>> all_gather(MirroredReplicaContext& ctx,
+                                            const std::vector<std::shared_ptr<Variable>>& vars,
+                                            bool deferred) {
+  const size_t l = static_cast<size_t>(ctx.local_replica());
+  std::vector<Tensor> parts;
+  std::vector<Shape> shapes;
+  for (const auto& v : vars) {
+    parts.push_back(mirrored(v).part(l).value);
+    shapes.push_back(v->shape());
+  }
+  return ctx.gather_parameters_async(std::move(parts), std::move(shapes), deferred);
+}
+
 }  // namespace
 
 ShardedParameters::ShardedParameters(MirroredStrategy* owner, MirroredStrategy::Impl* impl)
@@ -70,17 +84,9 @@ void ShardedParameters::start_gather(MirroredReplicaContext& ctx, Replica& r, co
   if (r.prefetched.count(key)) return;
   const auto g = r.groups.find(key);
   if (g == r.groups.end()) return;
-  const size_t l = static_cast<size_t>(ctx.local_replica());
-  const std::vector<std::shared_ptr<Variable>> vars = to_gather(g->second, l);
-  if (vars.empty()) return;
-  std::vector<Tensor> parts;
-  std::vector<Shape> shapes;
-  for (const auto& v : vars) {
-    parts.push_back(mirrored(v).part(l).value);
-    shapes.push_back(v->shape());
-  }
-  r.prefetched.emplace(key, ctx.gather_parameters_async(std::move(parts), std::move(shapes),
-                                                        /*deferred=*/false));
+  const std::vector<std::shared_ptr<Variable>> vars =
+      to_gather(g->second, static_cast<size_t>(ctx.local_replica()));
+  if (!vars.empty()) r.prefetched.emplace(key, all_gather(ctx, vars, /*deferred=*/false));
 }
 
 void ShardedParameters::gather(const std::vector<std::shared_ptr<Variable>>& vars) {
@@ -112,15 +118,7 @@ void ShardedParameters::gather(const std::vector<std::shared_ptr<Variable>>& var
       wholes = pre->second.get();
       r.prefetched.erase(pre);
     } else {
-      std::vector<Tensor> parts;
-      std::vector<Shape> shapes;
-      for (const auto& v : need) {
-        parts.push_back(mirrored(v).part(l).value);
-        shapes.push_back(v->shape());
-      }
-      wholes = ctx->gather_parameters_async(std::move(parts), std::move(shapes),
-                                            /*deferred=*/ctx->comm_idle())
-                   .get();
+      wholes = all_gather(*ctx, need, /*deferred=*/ctx->comm_idle()).get();
     }
     if (wholes.size() != need.size())
       throw Internal("gathered " + std::to_string(wholes.size()) + " parameters for " +

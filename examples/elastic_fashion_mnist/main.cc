@@ -6,23 +6,48 @@
 //
 // Kill a worker (kill -9) and the others roll back to the last commit, re-form and go on; list
 // another slot in the discovery script and a new worker starts, receives the committed state by
-// broadcast and is taken in at the next commit. The global batch (--batch-size) stays the same
-// whatever the number of workers, so the learning rate stays too (see dtrain/train/elastic.h).
+// broadcast and is taken in at the next commit. --sharding shards the optimizer state (and more)
+// across the workers; the commits then keep each piece of the state on two neighbouring workers.
+// The global batch (--batch-size) stays the same whatever the number of workers, so the learning
+// rate stays too (see dtrain/train/elastic.h).
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "../fashion_mnist/reference_cnn.h"
 #include "dtrain/dtrain.h"
 
+// --exit-at-step: a worker that dies between two commits, at a step the test chooses.
+class ExitAtStep final : public dtrain::Callback {
+ public:
+  ExitAtStep(const dtrain::elastic::Job& job, int64_t step, int rank)
+      : job_(job), step_(step), rank_(rank) {}
+  void on_train_batch_end(const dtrain::TrainLogs& logs) override {
+    if (step_ > 0 && logs.global_step == step_ && job_.membership().generation == 1 &&
+        job_.membership().rank == rank_) {
+      std::fprintf(stderr, "exiting at global step %lld (--exit-at-step)\n",
+                   static_cast<long long>(step_));
+      std::fflush(nullptr);
+      std::_Exit(3);
+    }
+  }
+
+ private:
+  const dtrain::elastic::Job& job_;
+  int64_t step_;
+  int rank_;
+};
+
 int main(int argc, char** argv) {
   CLI::App app{"elastic MultiWorkerMirrored training of the reference CNN on Fashion-MNIST"};
   int epochs = 3;
-  int64_t batch = 96, train_limit = 0, commit_every = 10;
+  int64_t batch = 96, train_limit = 0, commit_every = 10, exit_at = 0;
+  int exit_rank = 1;
   float lr = 1e-3f;
   uint64_t seed = 42;
   bool json = false;
-  std::string data_dir, devices = "cpu";
+  std::string data_dir, devices = "cpu", sharding = "none";
   app.add_option("--epochs", epochs, "epochs to train")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -36,8 +61,18 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "seed for weights and shuffling")->capture_default_str();
   app.add_option("--devices", devices, "this worker's devices, e.g. cpu or cpu:2")
       ->capture_default_str();
+  app.add_option(
+         "--sharding", sharding,
+         "ZeRO stage: none, optimizer_state (1), gradients (2), parameters (3: every layer is "
+         "a unit)")
+      ->capture_default_str();
   app.add_option("--data-dir", data_dir, "Fashion-MNIST IDX directory");
   app.add_option("--train-limit", train_limit, "train on the first N images only (tests)");
+  app.add_option(
+      "--exit-at-step", exit_at,
+      "fault tests: in the first round, the worker of rank --exit-rank exits abruptly "
+      "(status 3) once global step N is done; the others roll back to their last commit");
+  app.add_option("--exit-rank", exit_rank, "see --exit-at-step")->capture_default_str();
   app.add_flag("--json", json,
                "the last round's rank 0 prints one JSON object with the results as the last line");
   CLI11_PARSE(app, argc, argv);
@@ -45,6 +80,7 @@ int main(int argc, char** argv) {
     dtrain::elastic::Job job;
     dtrain::MirroredOptions local;
     local.devices = dtrain::parse_devices_flag(devices, 1);
+    local.sharding = dtrain::parse_sharding(sharding);
     dtrain::CommunicationOptions comm;
     comm.connect_timeout =
         std::chrono::seconds(30);  // a round whose member dies while connecting re-forms sooner
@@ -66,12 +102,15 @@ int main(int argc, char** argv) {
     {
       auto scope = strategy.scope();
       model = dtrain::examples::reference_cnn();
+      if (local.sharding == dtrain::Sharding::kParameters)
+        for (const auto& layer : model.layers()) layer->set_shard_parameters(true);
       std::vector<int64_t> input = data.train_images.shape().dims();
       input[0] = 1;
       model.build(dtrain::Shape(input));  // the state elastic::run commits and broadcasts
       opt = std::make_unique<dtrain::Adam>(lr);
     }
     dtrain::History history;
+    ExitAtStep exit_at_step(job, exit_at, exit_rank);
     dtrain::elastic::RunOptions ro;
     ro.commit_every = commit_every;
     ro.on_reset = [&](const dtrain::elastic::Membership& m) {
@@ -87,7 +126,7 @@ int main(int argc, char** argv) {
           fit.epochs = epochs;
           fit.global_batch_size = batch;
           fit.shuffle_seed = seed;
-          fit.callbacks = {&elastic};
+          fit.callbacks = {&elastic, &exit_at_step};
           if (strategy.extended().is_chief()) fit.callbacks.push_back(&progress);
           dtrain::History h = dtrain::fit(strategy, model, *opt, train, &test, fit);
           if (!h.history["loss"].empty())

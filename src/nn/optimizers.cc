@@ -1,5 +1,6 @@
 #include "dtrain/nn/optimizers.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "dtrain/devices/device.h"
@@ -125,6 +126,22 @@ std::vector<Optimizer::SlotShard> Optimizer::slot_shards() const {
         out.push_back(SlotShard{"optimizer/" + vp.name + "/" + names[i], vp.shape, p.part, p.parts,
                                 p.first, p.slots[i]});
   return out;
+}
+
+bool Optimizer::repartition_slots() {
+  const std::optional<UpdatePartition> partition = get_strategy().update_partition();
+  std::lock_guard<std::mutex> lock(mu_);
+  bool dropped = false;
+  for (VariableParts& vp : part_slots_) {
+    bool stale = false;
+    for (const PartSlots& p : vp.parts)
+      stale = stale || !partition || p.parts != partition->num_parts ||
+              std::find(partition->local_parts.begin(), partition->local_parts.end(), p.part) ==
+                  partition->local_parts.end();
+    if (stale) vp.parts.clear();
+    dropped = dropped || stale;
+  }
+  return dropped;
 }
 
 int64_t Optimizer::iterations() const {

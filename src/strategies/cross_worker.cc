@@ -26,6 +26,7 @@ class CollectiveCrossWorker final : public CrossWorkerOps {
     comms_->host->allreduce(host, ReduceOp::kSum).wait();
   }
   void broadcast_from_chief(Tensor& host) override { comms_->host->broadcast(host, 0).wait(); }
+  void broadcast(Tensor& host, int root) override { comms_->host->broadcast(host, root).wait(); }
   Tensor all_gather(const Tensor& host) override {
     std::vector<int64_t> dims = host.shape().dims();
     if (dims.empty()) throw InvalidArgument("all_gather needs a tensor of rank >= 1, got a scalar");
@@ -131,6 +132,16 @@ Tensor CrossWorkerOps::all_gather(const Tensor& host) {
       host.raw_data(), host.nbytes());
   all_reduce_sum(out);
   return out;
+}
+
+void CrossWorkerOps::broadcast(Tensor& host, int root) {
+  if (root < 0 || root >= num_workers())
+    throw InvalidArgument("broadcast: root " + std::to_string(root) + " is not a worker of " +
+                          std::to_string(num_workers()));
+  if (root == 0) return broadcast_from_chief(host);
+  const Tensor flat = host.view(Shape{1, host.numel()});
+  const Tensor all = all_gather(flat);
+  std::memcpy(host.raw_data(), all.slice_rows(root, root + 1).raw_data(), host.nbytes());
 }
 
 }  // namespace dtrain

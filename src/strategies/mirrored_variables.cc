@@ -147,10 +147,30 @@ void MirroredVariable::write(const Tensor& v, Kind kind) {
       throw FailedPrecondition("variable '" + name() +
                                "' is sharded across replicas (Sharding::kParameters): assign it "
                                "in cross-replica context (outside strategy.run())");
-    // Each copy's part takes its range of the new value; whole copies (gathered) follow.
+    if (sign == 0) {
+      // A whole value: every copy becomes whole again, as a new variable is, and its part is
+      // dropped; the next release cuts the part for the strategy's partition then. Every worker
+      // that restores a checkpoint so ends in the same state (an elastic job's newcomers too, and
+      // after the job re-formed with another number of replicas).
+      for (size_t l = 0; l < parts_.size(); ++l) {
+        if (!values_[l].has_memory())
+          values_[l].adopt_memory(Tensor::empty(spec_.shape, spec_.dtype, values_[l].device()));
+        values_[l].copy_from(combine(values_[l], v, 0));
+        parts_[l] = ValuePart{};
+      }
+      return;
+    }
+    // An increment: each copy's part takes its range of it; whole copies (gathered) follow.
     const Tensor flat_v = v.view(Shape{v.numel()});
+    const std::optional<UpdatePartition> now = owner_->update_partition();
     for (size_t l = 0; l < parts_.size(); ++l) {
       ValuePart& p = parts_[l];
+      if (p.value.defined() && now && l < now->local_parts.size() &&
+          (p.parts != now->num_parts || p.part != now->local_parts[l]))
+        throw FailedPrecondition(
+            "variable '" + name() + "' holds its part of " + std::to_string(p.parts) +
+            " (Sharding::kParameters) but the strategy now has " + std::to_string(now->num_parts) +
+            " replicas: assign() it whole (restore a checkpoint) first");
       if (p.value.defined() && p.value.numel() > 0)
         p.value.copy_from(
             combine(p.value, flat_v.slice_rows(p.first, p.first + p.value.numel()), sign));

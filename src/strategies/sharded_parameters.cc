@@ -51,9 +51,18 @@ std::future<std::vector<Tensor>> all_gather(MirroredReplicaContext& ctx,
                                             const std::vector<std::shared_ptr<Variable>>& vars,
                                             bool deferred) {
   const size_t l = static_cast<size_t>(ctx.local_replica());
+  const int n = ctx.num_replicas_in_sync(), me = ctx.replica_id_in_sync_group();
   std::vector<Tensor> parts;
   std::vector<Shape> shapes;
   for (const auto& v : vars) {
+    const ValuePart& p = mirrored(v).part(l);
+    if (p.parts != n || p.part != me)
+      throw FailedPrecondition("variable '" + v->name() + "' holds part " + std::to_string(p.part) +
+                               " of " + std::to_string(p.parts) +
+                               " (Sharding::kParameters), but this replica is " +
+                               std::to_string(me) + " of " + std::to_string(n) +
+                               ": the job re-formed; restore the state (elastic::run, "
+                               "Checkpoint::restore) before training on");
     parts.push_back(mirrored(v).part(l).value);
     shapes.push_back(v->shape());
   }

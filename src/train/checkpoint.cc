@@ -203,37 +203,62 @@ TrainingPosition Checkpoint::restore(const CheckpointData& d,
     throw FailedPrecondition(
         "Checkpoint::restore: build the model first (same layers, same input shape)");
   const bool ensemble = is_ensemble(*strategy_);
+  // What the checkpoint declares: its tensors, and its streamed entries (produced one at a time
+  // while they are applied below).
+  struct Entry {
+    DType dtype;
+    Shape shape;
+    const Tensor* tensor = nullptr;  // nullptr: streamed
+  };
+  std::map<std::string, Entry> entries;
+  for (const auto& [name, t] : d.tensors) entries[name] = Entry{t.dtype(), t.shape(), &t};
+  for (const auto& st : d.streamed) entries[st.name] = Entry{st.dtype, st.shape, nullptr};
+  auto entry = [&](const std::string& name) -> const Entry* {
+    auto it = entries.find(name);
+    return it == entries.end() ? nullptr : &it->second;
+  };
+  auto describe_entry = [](const Entry& e) {
+    return std::string(dtype_name(e.dtype)) + " " + e.shape.to_string();
+  };
   // 1. Check everything before changing anything.
   std::set<std::string> known;
   auto require_like = [&](const std::shared_ptr<Variable>& v, const std::string& name,
-                          const Tensor& t) {
-    if (t.shape() != v->shape() || t.dtype() != v->dtype())
+                          const Entry& t) {
+    if (t.shape != v->shape() || t.dtype != v->dtype())
       throw FailedPrecondition("the checkpoint does not match the model: variable '" + name +
                                "': the model has " + dtype_name(v->dtype()) + " " +
-                               v->shape().to_string() + ", the checkpoint " + describe(t));
+                               v->shape().to_string() + ", the checkpoint " + describe_entry(t));
+  };
+  auto require_count = [&](const std::string& name, const Entry& t) {
+    if (t.dtype != DType::kInt64 || t.shape.numel() != 1)
+      throw FailedPrecondition("checkpoint entry '" + name + "' should be one int64, got " +
+                               describe_entry(t));
   };
   for (const auto& v : model_.variables()) {
     known.insert(v->name());
-    const Tensor* t = d.find(v->name());
+    const Entry* t = entry(v->name());
     if (!t)
       throw FailedPrecondition("the checkpoint does not match the model: variable '" + v->name() +
                                "' (" + dtype_name(v->dtype()) + " " + v->shape().to_string() +
                                ") is not in it");
     require_like(v, v->name(), *t);
   }
-  for (const auto& [name, t] : d.tensors)
+  for (const auto& [name, t] : entries)
     if (!known.count(name) && name.rfind("optimizer/", 0) != 0 && name.rfind("rng/", 0) != 0 &&
         name.rfind("ensemble/", 0) != 0)
       throw FailedPrecondition("the checkpoint does not match the model: it holds variable '" +
-                               name + "' (" + describe(t) + "), which the model does not have");
+                               name + "' (" + describe_entry(t) +
+                               "), which the model does not have");
   // The optimizer's state, when the checkpoint's optimizer is the same kind.
   std::vector<std::shared_ptr<Variable>> slots;
   std::vector<Optimizer::SlotShard> shards;  // sharded state: this process's parts of the slots
   bool same_optimizer = false;
-  std::optional<int64_t> iterations;
   if (optimizer_) {
     {
       auto scope = strategy_->scope();
+      // Slots sharded for another partition (an elastic job re-formed) are remade for this one
+      // and filled below.
+      optimizer_->repartition_slots();
       optimizer_->build(
           model_.trainable_variables());  // creates missing slots (zero state), changes no weight
     }
@@ -248,16 +273,19 @@ TrainingPosition Checkpoint::restore(const CheckpointData& d,
     } else {
       slots = optimizer_->slot_variables();
       for (const auto& sv : slots)
-        if (const Tensor* t = d.find(sv->name())) require_like(sv, sv->name(), *t);
+        if (const Entry* t = entry(sv->name())) require_like(sv, sv->name(), *t);
       shards = optimizer_->slot_shards();
       for (const auto& p : shards)
-        if (const Tensor* t = d.find(p.name))
-          if (t->shape() != p.shape || t->dtype() != p.value.dtype())
+        if (const Entry* t = entry(p.name))
+          if (t->shape != p.shape || t->dtype != p.value.dtype())
             throw FailedPrecondition("the checkpoint does not match the optimizer: slot '" +
                                      p.name + "': the model's is " + dtype_name(p.value.dtype()) +
                                      " " + p.shape.to_string() + ", the checkpoint's " +
-                                     describe(*t));
-      if (const Tensor* t = d.find(kIterations)) iterations = int64_of(*t, kIterations);
+                                     describe_entry(*t));
+      if (const Entry* t = entry(kIterations)) {
+        require_count(kIterations, *t);
+        if (t->tensor) int64_of(*t->tensor, kIterations);
+      }
     }
   }
   std::vector<std::shared_ptr<Variable>> all = model_.variables();
@@ -273,26 +301,61 @@ TrainingPosition Checkpoint::restore(const CheckpointData& d,
       for (size_t m = 0; m < v->device_values().size(); ++m)
         if (first + m > 0)
           if (const Tensor* t = member_tensor(v, first + m))
-            require_like(v, member_name(first + m, v->name()), *t);
-  std::vector<std::pair<std::shared_ptr<Layer>, int64_t>> rng;
+            require_like(v, member_name(first + m, v->name()), Entry{t->dtype(), t->shape(), t});
+  std::map<std::string, std::shared_ptr<Layer>> rng_layers;
   for (const auto& l : model_.layers())
     if (l->rng_calls() >= 0)
-      if (const Tensor* t = d.find(rng_name(*l))) rng.emplace_back(l, int64_of(*t, rng_name(*l)));
+      if (const Entry* t = entry(rng_name(*l))) {
+        require_count(rng_name(*l), *t);
+        if (t->tensor) int64_of(*t->tensor, rng_name(*l));
+        rng_layers.emplace(rng_name(*l), l);
+      }
 
   // 2. Apply: every copy gets the saved value (member 0's); ensemble checkpoints then give each
   // member its own.
+  std::map<std::string, std::shared_ptr<Variable>> by_name;
+  for (const auto& v : all) by_name.emplace(v->name(), v);
+  std::optional<int64_t> iterations;
+  auto apply = [&](const std::string& name, const Tensor& t) {
+    if (auto v = by_name.find(name); v != by_name.end()) {
+      if (v->second->value_parts().empty())
+        v->second->assign(t.to(v->second->value().device()));
+      else
+        v->second->assign(t);  // each replica's part takes its range (Sharding::kParameters)
+      return;
+    }
+    if (name == kIterations) {
+      if (same_optimizer) iterations = int64_of(t, name);
+      return;
+    }
+    if (auto l = rng_layers.find(name); l != rng_layers.end()) {
+      l->second->set_rng_calls(int64_of(t, name));
+      return;
+    }
+    // Sharded slots: each part takes its range of the whole slot, whatever the saving shard count.
+    for (auto& p : shards)
+      if (p.name == name) {
+        const Tensor range =
+            t.view(Shape{t.numel()}).slice_rows(p.first, p.first + p.value.numel());
+        p.value.copy_from(range.to(p.value.device()));
+      }
+  };
+  for (const auto& [name, t] : d.tensors) apply(name, t);
+  for (const auto& st : d.streamed) {
+    const Tensor t = st.produce();  // every entry, in order: producing may be collective
+    if (t.dtype() != st.dtype || t.shape() != st.shape)
+      throw Internal("streamed checkpoint entry '" + st.name + "' declared " +
+                     dtype_name(st.dtype) + " " + st.shape.to_string() + ", produced " +
+                     describe(t));
+    apply(st.name, t);
+  }
   int members_found = 0;
   std::vector<std::string> missing;
   for (const auto& v : all) {
-    const Tensor* t = d.find(v->name());
-    if (!t) {
+    if (!entry(v->name())) {
       missing.push_back(v->name());
       continue;
     }
-    if (v->value_parts().empty())
-      v->assign(t->to(v->value().device()));
-    else
-      v->assign(*t);  // each replica's part takes its range (Sharding::kParameters)
     if (!ensemble) continue;
     for (size_t m = 0; m < v->device_values().size(); ++m)
       if (first + m > 0)
@@ -303,16 +366,8 @@ TrainingPosition Checkpoint::restore(const CheckpointData& d,
           ++members_found;
         }
   }
-  // Sharded slots: each part takes its range of the whole slot, whatever the saving shard count.
-  for (auto& p : shards) {
-    const Tensor* t = d.find(p.name);
-    if (!t) {
-      if (p.first == 0) missing.push_back(p.name);
-      continue;
-    }
-    const Tensor range = t->view(Shape{t->numel()}).slice_rows(p.first, p.first + p.value.numel());
-    p.value.copy_from(range.to(p.value.device()));
-  }
+  for (const auto& p : shards)
+    if (!entry(p.name) && p.first == 0) missing.push_back(p.name);
   if (ensemble && members_found == 0) {
     DTRAIN_LOG(WARNING) << "the checkpoint holds one model; every ensemble member starts from it";
   }
@@ -323,7 +378,6 @@ TrainingPosition Checkpoint::restore(const CheckpointData& d,
                         << "'); they start afresh (a checkpoint written under "
                         << "parameter_server keeps slots on the servers)";
   }
-  for (const auto& [layer, calls] : rng) layer->set_rng_calls(calls);
   if (metadata) *metadata = d.metadata;
   TrainingPosition p;
   p.epoch = meta_int(d.metadata, "dtrain.epoch");

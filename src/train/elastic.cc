@@ -10,19 +10,21 @@
 #include "dtrain/nn/optimizers.h"
 #include "dtrain/strategies/multi_worker_mirrored_strategy.h"
 #include "dtrain/train/checkpoint.h"
+#include "train/elastic_state.h"
 
 namespace dtrain::elastic {
 namespace {
 
 const char* kEpochState = "dtrain.epoch_state";
 
-// Horovod's KerasState with its commit callbacks: keeps the last committed state in memory, asks at
-// each commit whether the membership changes, and puts a restored state's position into fit().
+// Horovod's KerasState with its commit callbacks: keeps the last committed state in memory (in
+// pieces across the workers: elastic_state.h), asks at each commit whether the membership changes,
+// and puts a restored state's position into fit().
 class CommitState final : public Callback {
  public:
   CommitState(Job& job, MultiWorkerMirroredStrategy& strategy, Model& model, Optimizer& optimizer,
               int64_t every)
-      : job_(job), strategy_(strategy), model_(model), optimizer_(optimizer), every_(every) {}
+      : job_(job), strategy_(strategy), every_(every), state_(strategy, model, optimizer) {}
 
   void on_train_begin(const TrainLogs&) override {
     if (!resume_) return;
@@ -47,65 +49,18 @@ class CommitState final : public Callback {
            /*ask=*/logs.epoch + 1 < logs.epochs);
   }
 
-  // Rank 0's last committed state (before the first commit: its current one) to every worker, which
-  // all restore. Collective over the current workers. Returns the batches this worker had computed
-  // beyond the restored position.
+  // Restores the newest state the workers of this round committed between them (before the first
+  // commit: the state they start with). Collective over the current workers. Returns the batches
+  // this worker had computed beyond the restored position.
   int64_t sync() {
-    CrossWorkerOps* x = strategy_.extended().cross_worker();
-    const bool root = strategy_.extended().worker_rank() == 0;
-    if (root && !committed_)
-      committed_ = Checkpoint(model_, &optimizer_, &strategy_).capture(TrainingPosition{});
-    std::string header;
-    if (root) {
-      nlohmann::json j;
-      j["metadata"] = committed_->metadata;
-      j["tensors"] = nlohmann::json::array();
-      for (const auto& [name, t] : committed_->tensors)
-        j["tensors"].push_back(
-            {{"name", name}, {"dtype", dtype_name(t.dtype())}, {"shape", t.shape().dims()}});
-      header = j.dump();
-    }
-    Tensor head =
-        Tensor::from_vector<int64_t>({root ? 1 : 0, static_cast<int64_t>(header.size())}, Shape{2});
-    x->broadcast_from_chief(head);
-    const int64_t* h = head.data<int64_t>();
-    if (h[0] == 0) return 0;
-    Tensor bytes = Tensor::zeros(Shape{(h[1] + 3) / 4}, DType::kInt32);
-    if (root) std::memcpy(bytes.raw_data(), header.data(), header.size());
-    x->broadcast_from_chief(bytes);
-    CheckpointData data;
-    if (root) {
-      data = *committed_;
-    } else {
-      header.assign(static_cast<const char*>(bytes.raw_data()), static_cast<size_t>(h[1]));
-      try {
-        const nlohmann::json j = nlohmann::json::parse(header);
-        data.metadata = j.at("metadata").get<std::map<std::string, std::string>>();
-        for (const auto& e : j.at("tensors"))
-          data.tensors.emplace_back(
-              e.at("name").get<std::string>(),
-              Tensor::empty(Shape(e.at("shape").get<std::vector<int64_t>>()),
-                            dtype_from_name(e.at("dtype").get<std::string>())));
-      } catch (const nlohmann::json::exception& e) {
-        throw DataLoss(
-            std::string("elastic: the committed state's header from rank 0 is malformed: ") +
-            e.what());
-      }
-    }
-    for (auto& [name, t] : data.tensors) {
-      Tensor host = root ? t.clone() : t;
-      x->broadcast_from_chief(host);
-      if (!root) t = host;
-    }
     std::map<std::string, std::string> meta;
-    const TrainingPosition p = Checkpoint(model_, &optimizer_, &strategy_).restore(data, &meta);
+    const TrainingPosition p = state_.restore(job_.membership().generation, &meta);
     resume_ = p;
     resume_state_.clear();
     if (auto it = meta.find(kEpochState); it != meta.end()) {
       const nlohmann::json s = nlohmann::json::parse(it->second);
       for (const auto& [k, v] : s.items()) resume_state_[k] = v.get<std::vector<double>>();
     }
-    committed_ = std::move(data);
     const int64_t lost = std::max<int64_t>(0, last_global_step_ - p.global_step);
     last_global_step_ = p.global_step;
     return lost;
@@ -119,7 +74,7 @@ class CommitState final : public Callback {
       for (const auto& [k, v] : context().epoch_state()) j[k] = v;
       extra[kEpochState] = j.dump();
     }
-    committed_ = Checkpoint(model_, &optimizer_, &strategy_).capture(p, extra);
+    state_.commit(job_.membership().generation, p, extra);
     if (!ask) return;
     // Every worker asks; any yes stops all of them after this same commit.
     const bool mine = job_.membership_changing();
@@ -130,10 +85,8 @@ class CommitState final : public Callback {
 
   Job& job_;
   MultiWorkerMirroredStrategy& strategy_;
-  Model& model_;
-  Optimizer& optimizer_;
   int64_t every_;
-  std::optional<CheckpointData> committed_;
+  detail::CommittedState state_;
   std::optional<TrainingPosition> resume_;
   std::map<std::string, std::vector<double>> resume_state_;
   int64_t last_global_step_ = 0;
@@ -151,11 +104,6 @@ RunReport run(Job& job, MultiWorkerMirroredStrategy& strategy, Model& model, Opt
         "elastic::run: build the strategy with CommunicationOptions::broadcast_initial_values = "
         "false: a worker that joins later creates its variables alone, and elastic::run gives it "
         "the state by broadcast (a broadcast at creation would meet no partner)");
-  if (strategy.update_partition())
-    throw Unimplemented(
-        "elastic::run with sharded optimizer state (MirroredOptions::sharding) is not supported: "
-        "a worker that leaves takes its part of the slots with it, and the committed state is kept "
-        "whole on rank 0. Train elastically with sharding none");
   if (!model.built())
     throw FailedPrecondition(
         "elastic::run: build the model first (model.build(input_shape) inside strategy.scope()): "

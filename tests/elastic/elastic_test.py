@@ -36,14 +36,14 @@ def discovery(lines):
         f.write("".join(l + "\n" for l in lines))
     os.replace(path + ".tmp", path)
 
-def start(np_, extra=(), settle="3"):
+def start(np_, extra=(), settle="3", example_args=(), args=ARGS):
     script = os.path.join(work, "discover.sh")
     with open(script, "w") as f:
         f.write(f"#!/bin/sh\ncat {os.path.join(work, 'hosts')}\n")
     os.chmod(script, 0o755)
     where = ["--netns", prefix] if mode == "netns" else []
     cmd = [dtrain_run, *where, "--min-np", "2", "--max-np", "3", "-np", str(np_), "--host-discovery-script", script,
-           "--elastic-settle", settle, "--elastic-timeout", "6", "--timeout", "240", *extra, "--", example, *ARGS]
+           "--elastic-settle", settle, "--elastic-timeout", "6", "--timeout", "240", *extra, "--", example, *args, *example_args]
     out, err = open(os.path.join(work, "out"), "w+"), open(os.path.join(work, "err"), "w+")
     return subprocess.Popen(cmd, stdout=out, stderr=err), out, err
 
@@ -92,9 +92,10 @@ def run_reference():
     print(f"undisturbed: {r}")
     return r
 
-def run_disturbed(ref):
+def run_disturbed(ref, sharding=None):
+    what = "disturbed job" + (f" (--sharding {sharding})" if sharding else "")
     discovery(hosts(3))
-    proc, out, err = start(3)
+    proc, out, err = start(3, example_args=["--sharding", sharding] if sharding else [])
     rdzv = wait_for(err, r"rendezvous at (\S+)", proc).group(1)
     wait_for(err, rf"\[worker:0\] Epoch 2/{EPOCHS}", proc)  # well into training, with commits behind it
     t_lost = time.time()
@@ -113,15 +114,37 @@ def run_disturbed(ref):
     # A new slot: a new worker starts, receives the committed state and is taken in.
     discovery([f"{prefix}-h0:1", f"{prefix}-h1:1", f"{prefix}-h3:1"] if mode == "netns" else ["localhost:3"])
     wait_for(err, r"round 3, 3 workers", proc)
-    r, e = finish(proc, out, err, "disturbed job")
-    print(f"disturbed: {r}; re-formed as 2 workers {reform_s:.1f} s after the loss")
-    if r["resets"] != 2 or r["rounds"] != 3 or r["workers"] != 3: fail(f"disturbed job: expected rounds 3/2/3 and 2 resets: {r}")
-    if r["optimizer_steps"] != STEPS: fail(f"disturbed job applied {r['optimizer_steps']} steps, expected {STEPS}")
+    r, e = finish(proc, out, err, what)
+    print(f"{what}: {r}; re-formed as 2 workers {reform_s:.1f} s after the loss")
+    if r["resets"] != 2 or r["rounds"] != 3 or r["workers"] != 3: fail(f"{what}: expected rounds 3/2/3 and 2 resets: {r}")
+    if r["optimizer_steps"] != STEPS: fail(f"{what} applied {r['optimizer_steps']} steps, expected {STEPS}")
     if abs(r["test_accuracy"] - ref["test_accuracy"]) > 0.015:
         fail(f"test accuracy {r['test_accuracy']:.4f} vs undisturbed {ref['test_accuracy']:.4f}")
     if mode == "netns" and "worker:3 on " + f"{prefix}-h3" not in e: fail("the new worker did not start on the new host")
     for needle in ["HostsUpdated", "rejoining"]:
         if needle not in e: fail(f"'{needle}' missing from the log")
+
+def run_exact_rollback():
+    """A worker exits between two commits, after step 43 or after step 47 (commits every 10 steps):
+    either way the survivors roll back to the commit of step 40 and go on as 2 workers, so the two
+    jobs must end bitwise equal (the same final loss), unsharded and under each ZeRO stage. A
+    rollback that kept any of the discarded steps (weights, slots, counts) would differ."""
+    args = ["--train-limit", str(IMAGES), "--epochs", "1", "--batch-size", "96", "--json"]
+    steps = IMAGES // 96
+    losses = {}
+    for sharding in ["none", "gradients", "parameters"]:
+        for at in (43, 47):
+            what = f"--sharding {sharding}, worker 1 exits after step {at}"
+            discovery(["localhost:2"])  # no slot for a replacement
+            proc, out, err = start(3, args=args, example_args=["--sharding", sharding, "--exit-at-step", str(at)])
+            r, e = finish(proc, out, err, what)
+            if r["resets"] != 1 or r["workers"] != 2 or r["optimizer_steps"] != steps or r["rolled_back_steps"] != at - 40:
+                fail(f"{what}: expected 1 reset, 2 workers, {steps} steps, {at - 40} rolled back: {r}")
+            losses[(sharding, at)] = r["final_loss"]
+        if losses[(sharding, 43)] != losses[(sharding, 47)]:
+            fail(f"--sharding {sharding}: the rollback is not exact: final loss {losses[(sharding, 43)]!r} "
+                 f"(exit after step 43) vs {losses[(sharding, 47)]!r} (after step 47)")
+    print("exact rollback: final losses " + ", ".join(f"{k[0]}@{k[1]}={v!r}" for k, v in losses.items()))
 
 def run_below_min_np():
     discovery(["localhost:2"])
@@ -161,7 +184,10 @@ def main():
         if mode == "local": run_usage()
         ref = run_reference()
         run_disturbed(ref)
-        if mode == "local": run_below_min_np()
+        if mode == "local":
+            run_disturbed(ref, "parameters")  # ZeRO-3: the state in pieces, parts cut for 3, 2, 3 workers
+            run_exact_rollback()
+            run_below_min_np()
     finally:
         if mode == "netns": subprocess.run([netns, "down", "--prefix", prefix], capture_output=True, timeout=60)
     print("PASSED")

@@ -101,6 +101,11 @@ class DTRAIN_API Optimizer {
     Tensor value;
   };
   std::vector<SlotShard> slot_shards() const;
+  // After the strategy's update partition changed (an elastic job re-formed with another number of
+  // workers): forgets the sharded slots made for the old partition, so that build() makes them for
+  // the new one, starting afresh. Returns whether any were forgotten. Checkpoint::restore calls it
+  // before it fills the slots from the checkpoint. Not while a step runs.
+  bool repartition_slots();
   std::vector<std::string> slot_names() const { return rule_->slot_names(); }
   int slots_per_variable() const { return static_cast<int>(rule_->slot_names().size()); }
   // The value slot i starts from (0 for all but Adagrad's accumulator).

@@ -48,6 +48,10 @@ class DTRAIN_API CrossWorkerOps {
   virtual void all_reduce_sum(Tensor& host) = 0;
   // Replaces `host` with worker 0's value. Collective.
   virtual void broadcast_from_chief(Tensor& host) = 0;
+  // Replaces `host` with worker `root`'s value (the same shape and dtype on every worker).
+  // Collective. The default all-gathers (num_workers() times the bytes); the TCP ring and MPI
+  // override it.
+  virtual void broadcast(Tensor& host, int root);
   // Every worker's `host` (a CPU tensor of rank >= 1, the same shape and dtype on every worker)
   // concatenated along axis 0 in worker order. Collective. The default sums zero tensors holding
   // each worker's rows in its slot (exact: x + 0 == x) at num_workers() times the bytes of a real

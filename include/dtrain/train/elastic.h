@@ -16,18 +16,23 @@
 //   });
 //
 // What happens (Horovod's elastic.run with a KerasState and its commit callbacks):
-//   - every `commit_every` batches and at each epoch's end, every worker commits: it keeps a copy
-//     of the variables, the optimizer's state and the data position in memory, then asks the
-//     rendezvous whether the membership is about to change (a worker waits to join, or one left);
-//     all workers agree on the answer (a sum over the workers), and if so leave the step together;
+//   - every `commit_every` batches and at each epoch's end, every worker commits: it keeps a
+//     snapshot of the variables, the optimizer's state and the data position in memory, then asks
+//     the rendezvous whether the membership is about to change (a worker waits to join, or one
+//     left); all workers agree on the answer (a sum over the workers), and if so leave the step
+//     together. Unsharded jobs keep the whole snapshot on every worker (any one survivor can
+//     restore it); under MirroredOptions::sharding (ZeRO-1/2/3) each worker keeps 2/N of it (its
+//     own piece of every entry and the next worker's), so any one worker may leave at a time; two
+//     neighbours that leave together lose a piece, and the restore throws DataLoss saying so;
 //   - when a collective fails (a worker died, hung or lost its link: Unavailable or
 //     DeadlineExceeded), the survivors close their connections and go to the rendezvous;
 //   - the rendezvous closes a round when every live worker has arrived (or after the settle time,
 //     leaving out one that does not come), with at least --min-np and at most --max-np workers,
-//     survivors first in their old order, so the new rank 0 holds a committed state;
-//   - the strategy reconnects to the new membership (MultiWorkerMirroredStrategy::reconnect), rank
-//   0
-//     broadcasts its last committed state, every worker (new ones too) restores it, and fit()
+//     survivors first in their old order;
+//   - the strategy reconnects to the new membership (MultiWorkerMirroredStrategy::reconnect); the
+//     workers rebuild the newest commit they hold between them, one entry at a time (an
+//     all-gather of its pieces, checked against a hash taken at commit), every worker (new ones
+//     too) restores it, sharded slots and parameters re-cut for the new worker count, and fit()
 //     resumes at the committed batch, as BackupAndRestore would.
 // The global batch stays what the dataset says: each replica's share changes with the number of
 // workers (96 rows: 32 each on 3 workers, 48 on 2), so the learning rate needs no change and the

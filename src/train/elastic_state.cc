@@ -67,7 +67,7 @@ std::optional<RestorePlan> plan_restore(const std::vector<std::vector<CommitTag>
       why = "the commit at global step " + std::to_string(c.global_step) + " (round " +
             std::to_string(c.round) + ", " + std::to_string(w) + " workers, each keeping " +
             std::to_string(c.copies) + " of its pieces) lost piece(s)";
-      for (int k : lost) why += " " + std::to_string(k);
+      for (int k : lost) why.append(1, ' ').append(std::to_string(k));
       why += ": the workers that kept them have all left";
     }
   }
@@ -110,16 +110,24 @@ CommittedState::Entry CommittedState::keep(const std::string& name, const Tensor
 }
 
 void CommittedState::commit(int64_t round, const TrainingPosition& p,
-                            const std::map<std::string, std::string>& extra) {
+                            const std::map<std::string, std::string>& extra, bool first) {
   const CheckpointData d = Checkpoint(model_, &optimizer_, &strategy_).capture(p, extra);
-  const int workers = strategy_.extended().num_workers();
+  const int workers = strategy_.extended().num_workers(), rank = strategy_.extended().worker_rank();
   const bool sharded = strategy_.update_partition().has_value();
+  // The first commit is rank 0's alone, whole: the job starts from its state, whatever the others
+  // were initialized with (they still take part in the gathers of sharded entries).
+  const bool here = !first || rank == 0;
   Held h;
-  h.tag = CommitTag{round, p.global_step, workers, strategy_.extended().worker_rank(),
-                    sharded ? std::min(2, workers) : workers};
+  h.tag = CommitTag{round, p.global_step, workers, rank,
+                    sharded && !first ? std::min(2, workers) : workers};
   h.metadata = d.metadata;
-  for (const auto& [name, t] : d.tensors) h.entries.push_back(keep(name, t, h.tag));
-  for (const auto& st : d.streamed) h.entries.push_back(keep(st.name, st.produce(), h.tag));
+  for (const auto& [name, t] : d.tensors)
+    if (here) h.entries.push_back(keep(name, t, h.tag));
+  for (const auto& st : d.streamed) {
+    const Tensor whole = st.produce();
+    if (here) h.entries.push_back(keep(st.name, whole, h.tag));
+  }
+  if (!here) return;
   // A commit that gathered (sharded) may be complete here and not on a worker that failed in it:
   // the one before stays until the next.
   if (!d.streamed.empty())
@@ -194,8 +202,8 @@ TrainingPosition CommittedState::restore(int64_t round,
                       static_cast<int>(f[2]), static_cast<int>(f[3]), static_cast<int>(f[4])});
     }
   const std::optional<RestorePlan> plan = plan_restore(held);
-  if (!plan) {  // the job's first round: every worker commits what it has, then all restore it
-    commit(round, TrainingPosition{});
+  if (!plan) {  // the job's first round: rank 0 commits what it has, then all restore it
+    commit(round, TrainingPosition{}, {}, /*first=*/true);
     return restore(round, metadata);
   }
   const Held* mine = nullptr;

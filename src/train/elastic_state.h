@@ -65,10 +65,11 @@ class CommittedState {
   // Commits the current state at `p` in round `round` (collective under sharding: the sharded
   // entries are gathered whole one at a time). The commit before it is kept while the new one may
   // be incomplete on some worker (sharded jobs); an unsharded commit is local.
+  // `first`: the job's first commit, kept whole by rank 0 alone (the job starts from its state).
   void commit(int64_t round, const TrainingPosition& p,
-              const std::map<std::string, std::string>& extra = {});
+              const std::map<std::string, std::string>& extra = {}, bool first = false);
   // Rebuilds the newest commit the workers of `round` hold between them and restores it on every
-  // worker (collective); when none holds one (the job's start), commits the current state first.
+  // worker (collective); when none holds one (the job's start), rank 0 commits its state first.
   // The rebuilt state becomes this worker's commit for the new round. Returns the position.
   TrainingPosition restore(int64_t round, std::map<std::string, std::string>* metadata);
 

@@ -9,6 +9,11 @@
 //               PyTorch DDP over gloo (one core each)
 // --steps timed steps at 64 images per replica; other batch sizes time the same number of images.
 // --precision=bf16: dtrain --precision=bf16 against Keras' mixed_bfloat16 (PyTorch left out).
+// --model resnet50 (101, 152): Horovod's synthetic benchmark instead, 224x224 random images:
+// examples/synthetic_benchmark against bench/resnet/peer_synthetic.py (Keras ResNet50(weights=None)
+// in a tf.function step; torchvision resnet50() eager; bf16: mixed_bfloat16 and
+// autocast(bfloat16)); --steps timed batches after --warmup; rows one_thread and dtrain's
+// mirrored and workers (the peers' two-process ResNet runs are not scripted yet).
 // The peers come from bench/peers/setup.sh (a venv with tensorflow-cpu and torch; python3-torch).
 #include <sys/stat.h>
 
@@ -55,12 +60,15 @@ int compare_bench(const CompareArgs& a) {
   const std::string peers =
       a.peers_python.empty() ? (bin / "peers-venv" / "bin" / "python").string() : a.peers_python;
   const bool bf16 = a.precision == "bf16";
+  const bool resnet = a.model != "reference_cnn";
+  const std::string synthetic = (bin / "examples" / "synthetic_benchmark").string();
+  const std::string peer_synthetic = (bench_dir / "resnet" / "peer_synthetic.py").string();
 
   // Which peers are here: a missing one is left out of the table, said once.
   std::map<std::string, bool> have{{"dtrain", true}};
   have["tf"] = runs_python(peers, "tensorflow");
-  have["torch"] = !bf16 && runs_python(peers, "torch");
-  have["torch113"] = !bf16 && runs_python(a.debian_python, "torch");
+  have["torch"] = (resnet || !bf16) && runs_python(peers, resnet ? "torchvision" : "torch");
+  have["torch113"] = !bf16 && runs_python(a.debian_python, resnet ? "torchvision" : "torch");
   std::string torch113_version;
   for (const auto& [k, ok] : have)
     if (!ok && !(bf16 && (k == "torch" || k == "torch113")))
@@ -78,9 +86,29 @@ int compare_bench(const CompareArgs& a) {
 
   const std::string prec = bf16 ? " --precision=bf16" : "";
   // --steps is for 64 images per replica; other batch sizes run the same number of images.
-  auto steps_for = [&](long b) { return std::max<long>(20, a.steps * 64 / b); };
+  auto steps_for = [&](long b) { return resnet ? a.steps : std::max<long>(20, a.steps * 64 / b); };
   // The command of one system in one row, or "" when it has no such setup.
+  // Horovod's synthetic benchmark: dtrain's example and the peers' script, same flags.
+  auto resnet_command = [&](const std::string& row, const std::string& sys, long b) -> std::string {
+    const std::string flags = " --model " + a.model + " --batch-size " + std::to_string(b) +
+                              " --num-warmup-batches " + std::to_string(a.warmup) +
+                              " --num-batches-per-iter 1 --num-iters " + std::to_string(a.steps) +
+                              " --json";
+    const std::string pin = "taskset -c 0 env OMP_NUM_THREADS=1 ";
+    const std::string py = sys == "torch" ? peers : a.debian_python;
+    if (sys == "dtrain") {
+      const std::string d = synthetic + flags + prec;
+      if (row == "one_thread") return pin + d + " --strategy=one_device --threads 1";
+      if (row == "mirrored") return d + " --strategy=mirrored --devices=cpu:2 --threads 1";
+      return dtrain_run + " -np 2 -- " + d + " --strategy=multi_worker_mirrored";
+    }
+    if (row != "one_thread") return "";
+    return pin + (sys == "tf" ? peers : py) + " " + peer_synthetic +
+           (sys == "tf" ? " tf" : " torch") + " --threads 1" + flags +
+           (bf16 ? " --precision bf16" : "");
+  };
   auto command = [&](const std::string& row, const std::string& sys, long b) -> std::string {
+    if (resnet) return resnet_command(row, sys, b);
     const std::string timing = " --steps " + std::to_string(steps_for(b)) + " --warmup " +
                                std::to_string(a.warmup) + " --json";
     const std::string B = std::to_string(b), B2 = std::to_string(2 * b);
@@ -133,7 +161,8 @@ int compare_bench(const CompareArgs& a) {
           if (cmd.empty()) continue;
           const nlohmann::json j = run_json_lines(cmd).back();
           Result& r = res[{b, row, s.key}];
-          r.ips.push_back(j.at("images_per_sec").get<double>());
+          r.ips.push_back(j.contains("images_per_sec") ? j.at("images_per_sec").get<double>()
+                                                       : j.at("total_img_sec").get<double>());
           r.rss.push_back(j.value("peak_rss_mb", 0.0));
           std::fprintf(stderr, "round %d/%d  batch %ld  %-10s %-12s %8.0f images/sec  %6.0f MB\n",
                        round + 1, a.runs, b, row.c_str(), s.label.c_str(), r.ips.back(),
@@ -147,9 +176,10 @@ int compare_bench(const CompareArgs& a) {
       {"workers", "two worker processes (MWMS; DDP gloo)"}};
   for (long b : batches) {
     std::printf(
-        "\nreference CNN, %ld images per replica, %s, median of %d interleaved rounds: images/sec "
+        "\n%s, %ld images per replica, %s, median of %d interleaved rounds: images/sec "
         "(peak RSS MB)\n",
-        b, bf16 ? "mixed bfloat16" : "float32", a.runs);
+        resnet ? (a.model + " synthetic 224x224").c_str() : "reference CNN", b,
+        bf16 ? "mixed bfloat16" : "float32", a.runs);
     std::printf("%-42s", "run");
     for (const System& s : kSystems)
       if (have[s.key]) std::printf(" %18s", s.label.c_str());
@@ -185,6 +215,7 @@ int compare_bench(const CompareArgs& a) {
           const double v = med(row, s.key);
           if (v <= 0) continue;
           nlohmann::json j{{"benchmark", "compare"},
+                           {"model", a.model},
                            {"row", row},
                            {"system", s.key},
                            {"batch_per_replica", b},

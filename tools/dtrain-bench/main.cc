@@ -144,8 +144,16 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CompareArgs cmp;
   auto* compare = app.add_subcommand("compare",
-                                     "the reference CNN against TensorFlow 2.21, PyTorch 2.x and "
-                                     "PyTorch 1.13 (bench/peers/setup.sh)");
+                                     "the reference CNN (or ResNet-50, Horovod's synthetic "
+                                     "benchmark) against TensorFlow 2.21, PyTorch 2.x and PyTorch "
+                                     "1.13 (bench/peers/setup.sh)");
+  compare
+      ->add_option("--model", cmp.model,
+                   "reference_cnn (Fashion-MNIST), or resnet50, resnet101, resnet152: Horovod's "
+                   "synthetic benchmark (examples/synthetic_benchmark against "
+                   "bench/resnet/peer_synthetic.py); --steps then counts timed batches")
+      ->check(CLI::IsMember({"reference_cnn", "resnet50", "resnet101", "resnet152"}))
+      ->capture_default_str();
   compare
       ->add_option("--batch-sizes", cmp.batch_sizes,
                    "images per replica, comma-separated (e.g. 32,64,256)")

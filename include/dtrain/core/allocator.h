@@ -58,7 +58,8 @@ class DTRAIN_API Allocator {
 };
 
 // The host allocator: caches freed blocks by size so that training steps do not page-fault, up to
-// DTRAIN_HOST_CACHE_MB megabytes (default 2048; 0 turns the cache off, for tight memory limits).
+// DTRAIN_HOST_CACHE_MB megabytes (default: the larger of 2048 and twice the most memory the
+// program has held at once; 0 turns the cache off, for tight memory limits).
 DTRAIN_API Allocator& host_allocator();
 // Registers the allocator for non-host memory of `type` (called by the CUDA device).
 DTRAIN_API void register_allocator(DeviceType type, Allocator* allocator);

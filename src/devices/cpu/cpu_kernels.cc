@@ -119,6 +119,13 @@ memory::dims bn_dims(const Shape& s) {
   return {s.numel() / c, c};
 }
 
+// The rows x channels of bn_dims() as channels-last 4-D data (N = rows, 1 x 1 spatial): the same
+// bytes as a 2-D "nc" tensor, but oneDNN 2.x gives "nc" only its plain ncsp_bnorm loop (2.3x a
+// ResNet-50 step's convolution time at batch 16), and nhwc its vectorised jit kernel.
+memory::desc bn_desc(const memory::dims& d) {
+  return memory::desc({d[0], d[1], 1, 1}, dt::f32, tag::nhwc);
+}
+
 }  // namespace
 
 namespace {
@@ -484,7 +491,7 @@ BatchNormForward CpuKernels::batch_norm_training(const Tensor& x, const Tensor& 
     return out;
   }
   const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
-  const memory::desc md(d, dt::f32, tag::nc);
+  const memory::desc md = bn_desc(d);
   try {
     std::string key = "bnf" + std::to_string(eps) + ":";
     key_dims(key, d);
@@ -515,7 +522,7 @@ Tensor CpuKernels::batch_norm_inference(const Tensor& x, const Tensor& gamma, co
   if (d[0] == 0) return y;
   const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift |
                      dnnl::normalization_flags::use_global_stats;
-  const memory::desc md(d, dt::f32, tag::nc);
+  const memory::desc md = bn_desc(d);
   try {
     std::string key = "bni" + std::to_string(eps) + ":";
     key_dims(key, d);
@@ -552,7 +559,7 @@ BatchNormBackward CpuKernels::batch_norm_backward(const Tensor& dy, const Tensor
     return out;
   }
   const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
-  const memory::desc md(d, dt::f32, tag::nc);
+  const memory::desc md = bn_desc(d);
   try {
     std::string key = "bnb" + std::to_string(eps) + ":";
     key_dims(key, d);

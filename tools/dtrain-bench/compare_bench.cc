@@ -151,6 +151,7 @@ int compare_bench(const CompareArgs& a) {
   struct Result {
     std::vector<double> ips, rss;
   };
+  const int digits = resnet ? 2 : 0;  // images/sec: a few a second for ResNet-50 on a core
   std::map<std::tuple<long, std::string, std::string>, Result> res;
   for (int round = 0; round < a.runs; ++round) {
     for (long b : batches)
@@ -164,8 +165,8 @@ int compare_bench(const CompareArgs& a) {
           r.ips.push_back(j.contains("images_per_sec") ? j.at("images_per_sec").get<double>()
                                                        : j.at("total_img_sec").get<double>());
           r.rss.push_back(j.value("peak_rss_mb", 0.0));
-          std::fprintf(stderr, "round %d/%d  batch %ld  %-10s %-12s %8.0f images/sec  %6.0f MB\n",
-                       round + 1, a.runs, b, row.c_str(), s.label.c_str(), r.ips.back(),
+          std::fprintf(stderr, "round %d/%d  batch %ld  %-10s %-12s %8.*f images/sec  %6.0f MB\n",
+                       round + 1, a.runs, b, row.c_str(), s.label.c_str(), digits, r.ips.back(),
                        r.rss.back());
         }
   }
@@ -197,7 +198,7 @@ int compare_bench(const CompareArgs& a) {
         if (!have[s.key]) continue;
         const double v = med(row, s.key);
         if (v > 0)
-          std::printf(" %11.0f (%4.0f)", v, med(row, s.key, true));
+          std::printf(" %11.*f (%4.0f)", digits, v, med(row, s.key, true));
         else
           std::printf(" %18s", "-");
       }

@@ -3,7 +3,8 @@
 the peers `dtrain-bench compare --model resnet50` sets beside examples/synthetic_benchmark.
 
   python bench/resnet/peer_synthetic.py tf|torch [--model resnet50] [--batch-size 32] [--threads 1]
-      [--num-warmup-batches 1] [--num-batches-per-iter 1] [--num-iters 2] [--precision fp32|bf16] [--json]
+      [--num-warmup-batches 1] [--num-batches-per-iter 1] [--num-iters 2] [--precision fp32|bf16]
+      [--workers N] [--json]
 
 As Horovod's tensorflow2_synthetic_benchmark.py and pytorch_synthetic_benchmark.py: the model built
 without pretrained weights (Keras applications.ResNet50(weights=None), torchvision resnet50()), one fixed
@@ -11,9 +12,14 @@ batch of random 224x224 images and random labels of 1,000 classes, SGD at 0.01, 
 iteration times --num-batches-per-iter steps. TensorFlow runs a tf.function step with a GradientTape
 (channels-last, as Keras stores it); PyTorch runs eager (channels-first, its default).
 --precision bf16: Keras' mixed_bfloat16 policy; torch.autocast("cpu", bfloat16).
-The last line is one JSON object: images_per_sec (mean over the iterations) and peak_rss_mb.
+--workers N: N worker processes started by this script, one core each where there are enough
+(taskset), --batch-size images each: TensorFlow under MultiWorkerMirroredStrategy (RING collectives,
+each worker with its TF_CONFIG; strategy.run of the same step, as bench/tf_fashion_mnist.py), PyTorch
+under DistributedDataParallel over gloo.
+The last line is one JSON object: images_per_sec (mean over the iterations; with --workers, of the
+whole job: the workers' rates summed) and peak_rss_mb (the largest process).
 """
-import argparse, json, os, resource, sys, time
+import argparse, json, os, resource, socket, subprocess, sys, time
 
 
 def main():
@@ -27,8 +33,13 @@ def main():
     a.add_argument("--num-batches-per-iter", type=int, default=1)
     a.add_argument("--num-iters", type=int, default=2)
     a.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    a.add_argument("--workers", type=int, default=1)
+    a.add_argument("--worker-index", type=int, default=-1, help=argparse.SUPPRESS)
+    a.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     a.add_argument("--json", action="store_true")
     args = a.parse_args()
+    if args.workers > 1 and args.worker_index < 0:
+        return launch_workers(args)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     step = tf_step(args) if args.framework == "tf" else torch_step(args)
     for _ in range(args.num_warmup_batches):
@@ -48,6 +59,48 @@ def main():
     print(json.dumps(out) if args.json else out, flush=True)
 
 
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def launch_workers(args):
+    """Starts --workers copies of this script, one core each where there are enough; prints the job's rate."""
+    ports = free_ports(args.workers)
+    cores = sorted(os.sched_getaffinity(0))
+    procs = []
+    for i in range(args.workers):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS=str(args.threads))
+        if args.framework == "tf":
+            env["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                                           "task": {"type": "worker", "index": i}})
+        argv = [a for a in sys.argv[1:] if a != "--json"]
+        cmd = [sys.executable, os.path.abspath(__file__)] + argv + [f"--worker-index={i}", f"--port={ports[0]}", "--json"]
+        if len(cores) >= args.workers * args.threads:
+            cmd = ["taskset", "-c", ",".join(map(str, cores[i * args.threads:(i + 1) * args.threads]))] + cmd
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results, failed = [], []
+    for i, p in enumerate(procs):
+        out, err = p.communicate(timeout=3600)
+        lines = [l for l in out.splitlines() if l.startswith("{")]
+        if p.returncode != 0 or not lines:
+            failed.append(f"worker {i} exited {p.returncode}:\n" + "\n".join(err.splitlines()[-25:]))
+        else:
+            results.append(json.loads(lines[-1]))
+    if failed:
+        sys.exit("\n".join(failed))
+    out = dict(results[0])
+    out["workers"] = args.workers
+    out["images_per_sec"] = sum(r["images_per_sec"] for r in results)
+    out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in results)
+    print(json.dumps(out) if args.json else out, flush=True)
+
+
 def tf_step(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
@@ -58,20 +111,31 @@ def tf_step(args):
     tf.random.set_seed(0)
     build = {"resnet50": tf.keras.applications.ResNet50, "resnet101": tf.keras.applications.ResNet101,
              "resnet152": tf.keras.applications.ResNet152}[args.model]
-    model = build(weights=None, input_shape=(args.image_size, args.image_size, 3))
-    opt = tf.keras.optimizers.SGD(0.01)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy()
+    if args.workers > 1:  # before any op runs: collectives are configured at startup
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=tf.distribute.experimental.CommunicationOptions(
+                implementation=tf.distribute.experimental.CommunicationImplementation.RING))
+    else:
+        strategy = tf.distribute.get_strategy()
     data = tf.random.uniform([args.batch_size, args.image_size, args.image_size, 3])
     target = tf.random.uniform([args.batch_size, 1], minval=0, maxval=999, dtype=tf.int64)
+    global_batch = args.batch_size * args.workers
+    with strategy.scope():
+        model = build(weights=None, input_shape=(args.image_size, args.image_size, 3))
+        opt = tf.keras.optimizers.SGD(0.01)
+        loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(reduction="none")
 
-    @tf.function
-    def step():
+    def replica_step():
         with tf.GradientTape() as tape:
             probs = model(data, training=True)
-            loss = loss_fn(target, probs)
+            loss = tf.nn.compute_average_loss(loss_fn(target, probs), global_batch_size=global_batch)
         grads = tape.gradient(loss, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
+
+    @tf.function
+    def step():
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_step), axis=None)
 
     return lambda: step().numpy()
 
@@ -83,6 +147,11 @@ def torch_step(args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = getattr(torchvision.models, args.model)()
+    if args.workers > 1:
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
+                                rank=args.worker_index, world_size=args.workers)
+        model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
     target = torch.randint(0, 1000, (args.batch_size,))

@@ -12,8 +12,8 @@
 // --model resnet50 (101, 152): Horovod's synthetic benchmark instead, 224x224 random images:
 // examples/synthetic_benchmark against bench/resnet/peer_synthetic.py (Keras ResNet50(weights=None)
 // in a tf.function step; torchvision resnet50() eager; bf16: mixed_bfloat16 and
-// autocast(bfloat16)); --steps timed batches after --warmup; rows one_thread and dtrain's
-// mirrored and workers (the peers' two-process ResNet runs are not scripted yet).
+// autocast(bfloat16)); --steps timed batches after --warmup; rows one_thread, workers (TF MWMS
+// RING, DDP over gloo; the peers' launcher pins a core each) and dtrain's mirrored.
 // The peers come from bench/peers/setup.sh (a venv with tensorflow-cpu and torch; python3-torch).
 #include <sys/stat.h>
 
@@ -102,10 +102,12 @@ int compare_bench(const CompareArgs& a) {
       if (row == "mirrored") return d + " --strategy=mirrored --devices=cpu:2 --threads 1";
       return dtrain_run + " -np 2 -- " + d + " --strategy=multi_worker_mirrored";
     }
-    if (row != "one_thread") return "";
-    return pin + (sys == "tf" ? peers : py) + " " + peer_synthetic +
-           (sys == "tf" ? " tf" : " torch") + " --threads 1" + flags +
-           (bf16 ? " --precision bf16" : "");
+    const std::string peer = (sys == "tf" ? peers : py) + " " + peer_synthetic +
+                             (sys == "tf" ? " tf" : " torch") + " --threads 1" + flags +
+                             (bf16 ? " --precision bf16" : "");
+    if (row == "one_thread") return pin + peer;
+    if (row == "workers") return peer + " --workers 2";  // TF MWMS RING; DDP gloo; a core each
+    return "";
   };
   auto command = [&](const std::string& row, const std::string& sys, long b) -> std::string {
     if (resnet) return resnet_command(row, sys, b);

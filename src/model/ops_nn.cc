@@ -171,9 +171,11 @@ Tensor batch_norm_training(const Tensor& x, const Tensor& gamma, const Tensor& b
   *batch_var = f.var;
   if (tape::should_record({&x, &gamma, &beta})) {
     tape::record("batch_norm", {x, gamma, beta}, {f.y},
-                 [x, gamma, f, eps](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                 [x, gamma, mean = f.mean, var = f.var,
+                  eps](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                   // (not f: its output y need not live until the backward pass)
                    BatchNormBackward b =
-                       kernels_for(x).batch_norm_backward(g[0], x, gamma, f.mean, f.var, eps);
+                       kernels_for(x).batch_norm_backward(g[0], x, gamma, mean, var, eps);
                    if (tape::should_record({&g[0], &x, &gamma}))
                      tape::record_nondifferentiable("batch_norm_grad", {g[0], x, gamma},
                                                     {b.dx, b.dgamma, b.dbeta});

@@ -1,6 +1,7 @@
 // GradientTape semantics, including higher derivatives through nested tapes.
 #include <cmath>
 
+#include "dtrain/core/allocator.h"
 #include "dtrain/model/initializers.h"
 #include "dtrain/nn/layers.h"
 #include "testing/test_util.h"
@@ -183,6 +184,36 @@ TEST_F(Tape, SecondDerivativeThroughConvIsRefusedNotZero) {
     gx = inner.gradient(ops::sum(ops::square(ops::conv2d(x, w, Tensor()))), {x})[0];
   }
   EXPECT_THROW(outer.gradient(ops::sum(gx), {x}), Unimplemented);
+}
+
+TEST_F(Tape, ReluAndBatchNormKeepOnlyWhatTheirBackwardNeeds) {
+  // Between the forward and the backward pass each op keeps what its gradient reads: batch norm its
+  // input and statistics, relu its output (y > 0 exactly where x > 0). So in h -> batch norm ->
+  // relu the batch norm's output is freed once the caller drops it; only h and y stay.
+  Allocator& host = host_allocator();
+  const Shape shape{4, 32, 32, 16};
+  Tensor x = Tensor::from_vector<float>(std::vector<float>(shape.numel(), 0.5f), shape);
+  Tensor gamma = Tensor::from_vector<float>(std::vector<float>(16, 1.f), Shape{16});
+  Tensor beta = Tensor::from_vector<float>(std::vector<float>(16, 0.f), Shape{16});
+  for (int64_t i = 0; i < shape.numel(); ++i)
+    x.data<float>()[i] = std::sin(0.37f * static_cast<float>(i));
+  const size_t bytes = static_cast<size_t>(shape.numel()) * sizeof(float);
+  GradientTape tape;
+  tape.watch(x);
+  const size_t before = host.get_memory_info().current;
+  Tensor y, mean, var;
+  {
+    Tensor h = ops::mul(x, x);
+    Tensor b = ops::batch_norm_training(h, gamma, beta, 1e-3f, &mean, &var);
+    y = ops::relu(b);
+  }
+  const size_t held = host.get_memory_info().current - before;
+  EXPECT_GE(held, 2 * bytes);  // h (batch norm's input) and y
+  EXPECT_LT(held, 2 * bytes + bytes / 2) << "the batch norm's output is still held";
+  // The gradient through relu's output is relu's: dy where the batch norm's output was > 0.
+  const Tensor g = tape.gradient(ops::sum(y), {x})[0];
+  ASSERT_TRUE(g.defined());
+  EXPECT_EQ(g.shape(), shape);
 }
 
 }  // namespace

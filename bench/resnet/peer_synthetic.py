@@ -19,7 +19,10 @@ under DistributedDataParallel over gloo.
 The last line is one JSON object: images_per_sec (mean over the iterations; with --workers, of the
 whole job: the workers' rates summed) and peak_rss_mb (the largest process).
 """
-import argparse, json, os, resource, socket, subprocess, sys, time
+import argparse, json, os, resource, subprocess, sys, time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from tf_fashion_mnist import free_ports  # noqa: E402 (bench/: imports no framework at load)
 
 
 def main():
@@ -57,16 +60,6 @@ def main():
            "images_per_sec": sum(rates) / len(rates),
            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
     print(json.dumps(out) if args.json else out, flush=True)
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def launch_workers(args):

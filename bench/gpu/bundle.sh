@@ -13,7 +13,7 @@ trap 'rm -rf "$stage"' EXIT
 out=$stage
 grep -qx '/.gpu/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu/' >>"$root/.git/info/exclude"
 mkdir -p "$out/bin" "$out/lib" "$out/corpus"
-bins=("$build/tests/gpu_kernels_test" "$build/examples/synthetic_benchmark" "$build/examples/gpt"
+bins=("$build/tests/gpu_kernels_test" "$build/examples/synthetic_benchmark" "$build/examples/gpt" "$build/tools/conv_probe"
       "$build/tools/dtrain-run")
 for b in "${bins[@]}"; do
   [ -x "$b" ] || { echo "bundle: $b is missing; build it with CUDA first" >&2; exit 1; }
@@ -29,6 +29,11 @@ for b in "${bins[@]}"; do ldd "$b"; done | awk '/=> \//{print $1, $3}' | sort -u
       *) cp -L "$path" "$out/lib/$name" ;;
     esac
   done
+# gperftools' CPU profiler for `bench/gpu/profile.sh host`, when installed here (google-perftools).
+for l in libprofiler.so.0 libunwind.so.8 liblzma.so.5; do
+  p=$(ldconfig -p | awk -v l="$l" '$1 == l && /x86-64/ {print $NF; exit}')
+  if [ -n "$p" ]; then cp -L "$p" "$out/lib/$l"; fi
+done
 for f in "$root"/docs/*.md "$root"/README.md; do cp "$f" "$out/corpus/$(basename "$f" .md).txt"; done
 mkdir -p "$root/.gpu"
 tar -C "$out" -cJf "$root/.gpu/bundle.tar.xz" .

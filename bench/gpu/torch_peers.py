@@ -30,6 +30,9 @@ def main():
     a.add_argument("--dim", type=int, default=768)
     a.add_argument("--heads", type=int, default=12)
     a.add_argument("--vocab", type=int, default=50257)
+    a.add_argument("--profile", metavar="FILE",
+                   help="after timing, profile one more step with torch.profiler and write its GPU "
+                        "kernels (name, count, total us) to FILE, as JSON lines")
     args = a.parse_args()
     strict = args.math == "fp32"
     torch.backends.cuda.matmul.allow_tf32 = not strict
@@ -79,6 +82,16 @@ def main():
         torch.cuda.synchronize()
         rates.append(args.batches * per_step / (time.perf_counter() - t0))
     rates.sort()
+    if args.profile:
+        from torch.profiler import profile, ProfilerActivity
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+        with open(args.profile, "w") as f:
+            for e in prof.key_averages():
+                us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+                if us > 0:
+                    f.write(json.dumps({"kernel": e.key, "count": e.count, "us": us}) + "\n")
     print(json.dumps({"system": "pytorch " + torch.__version__, "model": args.model, "math": args.math,
                       "batch": args.batch_size, "per_sec": rates[len(rates) // 2],
                       "unit": "img/s" if args.model == "resnet50" else "tokens/s",

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Where a ResNet-50 step's GPU time goes, for dtrain and PyTorch (docs/performance.md, "On a GPU"):
+# run on the GPU machine from the repository root with .gpu/bundle.tar.xz (bench/gpu/bundle.sh).
+#  1. conv_probe: cuDNN's algorithms for ResNet-50's convolutions, NHWC and NCHW, FMA and TF32 math;
+#  2. dtrain's synthetic benchmark at batch 32 (the algorithm each convolution got, at DEBUG);
+#  3. ncu: every kernel of dtrain's first two steps, its name and duration (CSV);
+#  4. PyTorch fp32 (TF32 off): torch.profiler's kernels of one step.
+# `profile.sh ab` compares dtrain's convolution paths (1x1 on cuBLAS + cuDNN graph-API plans, the
+# default; everything on graph-API plans; everything on legacy calls) in interleaved rounds with
+# PyTorch fp32, runs gpu_kernels_test on each path, batch 256, and ncu (ROUNDS, B256=0, NCU=0).
+# `profile.sh host` instead samples where dtrain's host threads spend a step (gperftools' CPU
+# profiler, bundled by bench/gpu/bundle.sh when libprofiler is installed here; symbolize here with
+# `google-pprof --text build/examples/synthetic_benchmark dtrain_host.prof`), and times cuDNN's host
+# side per call (conv_probe's host_us, NHWC FMA only).
+# Each step has its own time limit; results go to $OUT (or ./gpu-out).
+set -uo pipefail
+. "$(dirname "$0")/stage.sh"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; } | tee "$out/machine.txt"
+if [ "${1:-}" = ab ]; then  # dtrain's CUDA convolution paths against each other and PyTorch
+  # default: 1x1 convolutions on cuBLAS, the rest on cuDNN graph-API plans; nogemm: every
+  # convolution on cuDNN plans; legacy: every convolution on cuDNN's legacy calls
+  configs="default:DTRAIN_CUDNN_API=graph nogemm:DTRAIN_CUDA_CONV_GEMM=0 legacy:DTRAIN_CUDA_CONV_GEMM=0,DTRAIN_CUDNN_API=legacy"
+  for api in graph legacy; do
+    DTRAIN_CUDNN_API=$api timeout 120 "$b/gpu_kernels_test" >"$out/kernels_$api.txt" 2>&1
+    echo "gpu_kernels_test ($api) rc $? $(grep -E '^\[  (PASSED|FAILED)' "$out/kernels_$api.txt" | tr '\n' ' ')"
+  done
+  DTRAIN_CUDA_CONV_GEMM=0 timeout 120 "$b/gpu_kernels_test" --gtest_filter='GpuKernels.Conv*' >"$out/kernels_nogemm.txt" 2>&1
+  echo "gpu_kernels_test (no gemm) rc $? $(grep -E '^\[  (PASSED|FAILED)' "$out/kernels_nogemm.txt" | tr '\n' ' ')"
+  for round in $(seq "${ROUNDS:-2}"); do
+    for cfg in $configs; do
+      name=${cfg%%:*}; vars=${cfg#*:}
+      env ${vars//,/ } DTRAIN_LOG_LEVEL=${LOGLEVEL:-info} timeout 120 "$b/synthetic_benchmark" \
+        --batch-size 32 --devices=gpu --json --num-warmup-batches 5 --num-batches-per-iter 10 \
+        --num-iters 3 >"$out/dtrain_${name}_$round.txt" 2>&1
+      echo "dtrain $name round $round rc $? $(grep -o '"img_sec_per_device":[0-9.]*' "$out/dtrain_${name}_$round.txt")"
+    done
+    timeout 90 python3 bench/gpu/torch_peers.py resnet50 --batch-size 32 --math fp32 2>&1 | tail -n 1
+  done
+  if [ "${B256:-1}" = 1 ]; then
+    timeout 120 "$b/synthetic_benchmark" --batch-size 256 --devices=gpu --json --num-warmup-batches 3 \
+      --num-batches-per-iter 5 --num-iters 3 >"$out/dtrain_default_b256.txt" 2>&1
+    echo "dtrain default b256 rc $? $(grep -o '"img_sec_per_device":[0-9.]*' "$out/dtrain_default_b256.txt")"
+    timeout 90 python3 bench/gpu/torch_peers.py resnet50 --batch-size 256 --math fp32 --batches 5 2>&1 | tail -n 1
+  fi
+  if [ "${NCU:-1}" = 1 ]; then
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+    timeout 150 "$ncu" --csv --metrics gpu__time_duration.sum --clock-control none --cache-control none \
+      --launch-count 6000 "$b/synthetic_benchmark" --batch-size 32 --devices=gpu --num-warmup-batches 1 \
+      --num-batches-per-iter 1 --num-iters 1 >"$out/ncu_dtrain_b32.csv" 2>"$out/ncu_dtrain_b32.err"
+    echo "ncu rc $?"
+  fi
+  # the device tool brings back at most 8 files: everything else travels as one archive
+  (cd "$out" && tar -czf /tmp/ab.tgz --exclude=machine.txt . ; find . -type f ! -name machine.txt -delete; mv /tmp/ab.tgz .)
+  ls -la "$out"
+  exit 0
+fi
+if [ "${1:-}" = host ]; then
+  timeout 100 "$b/conv_probe" --batch 32 --math fma --layout nhwc >"$out/conv_probe_host.jsonl" 2>&1
+  echo "conv_probe rc $?"
+  LD_PRELOAD=$stage/lib/libprofiler.so.0 CPUPROFILE=$out/dtrain_host.prof CPUPROFILE_FREQUENCY=1000 \
+    timeout 120 "$b/synthetic_benchmark" --batch-size 32 --devices=gpu --json --num-warmup-batches 3 \
+    --num-batches-per-iter 10 --num-iters 2 >"$out/dtrain_host.txt" 2>&1
+  echo "dtrain rc $?"; tail -n 2 "$out/dtrain_host.txt"; ls -la "$out"
+  exit 0
+fi
+timeout 120 "$b/conv_probe" --batch 32 >"$out/conv_probe.jsonl" 2>&1; echo "conv_probe rc $?"
+grep summary "$out/conv_probe.jsonl"
+SB="--batch-size 32 --devices=gpu --json"
+DTRAIN_LOG_LEVEL=debug timeout 90 "$b/synthetic_benchmark" $SB --num-warmup-batches 5 \
+  --num-batches-per-iter 10 --num-iters 2 >"$out/dtrain_b32.txt" 2>&1; echo "dtrain rc $?"
+tail -n 3 "$out/dtrain_b32.txt"
+ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+timeout 240 "$ncu" --csv --metrics gpu__time_duration.sum --clock-control none --cache-control none \
+  --launch-count 6000 "$b/synthetic_benchmark" $SB --num-warmup-batches 1 --num-batches-per-iter 1 \
+  --num-iters 1 >"$out/ncu_dtrain_b32.csv" 2>"$out/ncu_dtrain_b32.err"; echo "ncu rc $?"
+tail -n 3 "$out/ncu_dtrain_b32.err"; wc -l "$out/ncu_dtrain_b32.csv"
+timeout 90 python3 bench/gpu/torch_peers.py resnet50 --batch-size 32 --math fp32 --iters 2 \
+  --profile "$out/torch_b32_fp32_kernels.jsonl" 2>&1 | tail -n 2; echo "torch rc $?"
+gzip -9 "$out/ncu_dtrain_b32.csv"; ls -la "$out"

@@ -84,7 +84,10 @@ std::vector<ConvCase> conv_cases() {
   std::vector<ConvCase> cases;
   cases.push_back({Shape{2, 7, 9, 3}, Shape{3, 3, 3, 5}, {1, 1, 1, 1, 1, 1}});  // same, symmetric
   cases.push_back({Shape{2, 8, 8, 4}, Shape{3, 3, 4, 6}, {2, 2, 0, 1, 0, 1}});  // same, stride 2
-  cases.push_back({Shape{3, 6, 5, 2}, Shape{1, 1, 2, 7}, {1, 1, 0, 0, 0, 0}});  // 1x1
+  cases.push_back({Shape{3, 6, 5, 2}, Shape{1, 1, 2, 7}, {1, 1, 0, 0, 0, 0}});  // 1x1 (a GEMM)
+  cases.push_back(
+      {Shape{2, 7, 8, 5}, Shape{1, 1, 5, 6}, {2, 2, 0, 0, 0, 0}});  // 1x1 stride 2, odd H
+  cases.push_back({Shape{2, 9, 7, 3}, Shape{1, 1, 3, 4}, {3, 2, 0, 0, 0, 0}});  // 1x1 strides 3x2
   cases.push_back({Shape{1, 11, 10, 3}, Shape{5, 5, 3, 4}, {2, 2, 2, 2, 2, 2}});
   cases.push_back({Shape{2, 9, 9, 1}, Shape{2, 2, 1, 3}, {1, 2, 1, 0, 0, 1}});  // asymmetric both
   cases.push_back({Shape{4, 12, 12, 8}, Shape{3, 3, 8, 16}, {1, 1, 0, 0, 0, 0}});  // valid
@@ -153,8 +156,11 @@ TEST(GpuKernels, Conv2dGradientsAreBitwiseRepeatable) {
   if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   uint64_t s = 400;
   for (int64_t n : {64, 96, 256}) {
-    for (const ConvCase& c : {ConvCase{Shape{n, 28, 28, 1}, Shape{3, 3, 1, 32}, {}},
-                              ConvCase{Shape{n, 13, 13, 32}, Shape{3, 3, 32, 64}, {}}}) {
+    for (const ConvCase& c :
+         {ConvCase{Shape{n, 28, 28, 1}, Shape{3, 3, 1, 32}, {}},
+          ConvCase{Shape{n, 13, 13, 32}, Shape{3, 3, 32, 64}, {}},
+          ConvCase{Shape{n, 14, 14, 64}, Shape{1, 1, 64, 128}, {}},
+          ConvCase{Shape{n, 14, 14, 64}, Shape{1, 1, 64, 32}, {2, 2, 0, 0, 0, 0}}}) {
       const Tensor x = G(random_tensor(c.x, s++)), w = G(random_tensor(c.w, s++));
       const Tensor dy = G(random_tensor(gpu().conv2d(x, w, Tensor(), c.p).shape(), s++));
       Tensor db0;
@@ -385,6 +391,27 @@ TEST(GpuKernels, BinaryWithBroadcasting) {
   EXPECT_THROW(
       gpu().binary(BinaryOp::kAdd, G(random_tensor(Shape{3}, 1)), G(random_tensor(Shape{4}, 2))),
       InvalidArgument);
+}
+
+// The float4 paths of the memory-bound kernels (16-byte-aligned arrays, sizes and channel counts
+// multiple of 4) against the CPU: the other tests' odd sizes take the scalar paths.
+TEST(GpuKernels, VectorizedElementwiseKernelsMatchTheCpu) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Tensor x = random_tensor(Shape{2, 6, 5, 16}, 900, -3.f, 3.f);
+  const Tensor dy = random_tensor(Shape{2, 6, 5, 16}, 901);
+  for (UnaryOp op : {UnaryOp::kRelu, UnaryOp::kGeluTanh, UnaryOp::kSigmoid})
+    expect_close(cpu().unary(op, x), gpu().unary(op, G(x)), 1e-5f, 1e-6f,
+                 "unary " + std::to_string(static_cast<int>(op)));
+  for (UnaryOp op : {UnaryOp::kRelu, UnaryOp::kGeluErf})
+    expect_close(cpu().activation_backward(op, x, dy), gpu().activation_backward(op, G(x), G(dy)),
+                 1e-5f, 1e-6f, "activation_backward " + std::to_string(static_cast<int>(op)));
+  for (BinaryOp op : {BinaryOp::kAdd, BinaryOp::kMul, BinaryOp::kMax})
+    expect_close(cpu().binary(op, x, dy), gpu().binary(op, G(x), G(dy)), 1e-6f, 1e-7f,
+                 "binary " + std::to_string(static_cast<int>(op)));
+  // The bias add after a convolution (16 output channels).
+  const Tensor w = random_tensor(Shape{3, 3, 16, 16}, 902), b = random_tensor(Shape{16}, 903);
+  expect_close(cpu().conv2d(x, w, b, {1, 1, 1, 1, 1, 1}),
+               gpu().conv2d(G(x), G(w), G(b), {1, 1, 1, 1, 1, 1}), 1e-4f, 1e-4f, "conv bias");
 }
 
 TEST(GpuKernels, Affine) {

@@ -38,26 +38,63 @@ struct DyXhatLoad {
   }
 };
 
+__device__ __forceinline__ float bn_apply_at(float x, const float* mean, const float* var,
+                                             const float* gamma, const float* beta, float eps,
+                                             int64_t c) {
+  return (x - mean[c]) * inv_std(var, c, eps) * gamma[c] + beta[c];
+}
+
+// kVec: 4 elements at a time (cols a multiple of 4, so they share a row; see vec4_ok).
+template <bool kVec>
 __global__ void bn_apply_kernel(const float* __restrict__ x, const float* __restrict__ mean,
                                 const float* __restrict__ var, const float* __restrict__ gamma,
                                 const float* __restrict__ beta, float eps, float* __restrict__ y,
                                 int64_t total, int64_t cols) {
-  DTRAIN_GRID_STRIDE_LOOP(i, total) {
-    const int64_t c = i % cols;
-    y[i] = (x[i] - mean[c]) * inv_std(var, c, eps) * gamma[c] + beta[c];
+  if constexpr (kVec) {
+    DTRAIN_GRID_STRIDE_LOOP(q, total / 4) {
+      const int64_t c = (4 * q) % cols;
+      const float4 v = load4(x, 4 * q);
+      store4(y, 4 * q,
+             make_float4(bn_apply_at(v.x, mean, var, gamma, beta, eps, c),
+                         bn_apply_at(v.y, mean, var, gamma, beta, eps, c + 1),
+                         bn_apply_at(v.z, mean, var, gamma, beta, eps, c + 2),
+                         bn_apply_at(v.w, mean, var, gamma, beta, eps, c + 3)));
+    }
+  } else {
+    DTRAIN_GRID_STRIDE_LOOP(i, total) {
+      y[i] = bn_apply_at(x[i], mean, var, gamma, beta, eps, i % cols);
+    }
   }
 }
 
-__global__ void bn_dx_kernel(const float* __restrict__ dy, const float* __restrict__ x,
-                             const float* __restrict__ gamma, const float* __restrict__ mean,
-                             const float* __restrict__ var, float eps,
-                             const float* __restrict__ dgamma, const float* __restrict__ dbeta,
-                             float* __restrict__ dx, int64_t total, int64_t cols, float m) {
-  DTRAIN_GRID_STRIDE_LOOP(i, total) {
-    const int64_t c = i % cols;
+struct BnDx {
+  const float* gamma;
+  const float* mean;
+  const float* var;
+  float eps;
+  const float* dgamma;
+  const float* dbeta;
+  float m;
+  __device__ __forceinline__ float operator()(float dy, float x, int64_t c) const {
     const float is = inv_std(var, c, eps);
-    const float xhat = (x[i] - mean[c]) * is;
-    dx[i] = gamma[c] * is * (dy[i] - dbeta[c] / m - xhat * dgamma[c] / m);
+    const float xhat = (x - mean[c]) * is;
+    return gamma[c] * is * (dy - dbeta[c] / m - xhat * dgamma[c] / m);
+  }
+};
+
+template <bool kVec>
+__global__ void bn_dx_kernel(const float* __restrict__ dy, const float* __restrict__ x, BnDx f,
+                             float* __restrict__ dx, int64_t total, int64_t cols) {
+  if constexpr (kVec) {
+    DTRAIN_GRID_STRIDE_LOOP(q, total / 4) {
+      const int64_t c = (4 * q) % cols;
+      const float4 d = load4(dy, 4 * q), v = load4(x, 4 * q);
+      store4(
+          dx, 4 * q,
+          make_float4(f(d.x, v.x, c), f(d.y, v.y, c + 1), f(d.z, v.z, c + 2), f(d.w, v.w, c + 3)));
+    }
+  } else {
+    DTRAIN_GRID_STRIDE_LOOP(i, total) { dx[i] = f(dy[i], x[i], i % cols); }
   }
 }
 
@@ -75,7 +112,12 @@ void launch_bn_apply(const float* x, const float* mean, const float* var, const 
                      cudaStream_t s) {
   const int64_t total = rows * C;
   if (total == 0) return;
-  bn_apply_kernel<<<grid_for(total), kBlock, 0, s>>>(x, mean, var, gamma, beta, eps, y, total, C);
+  if (vec4_ok(C, {x, y}))
+    bn_apply_kernel<true>
+        <<<grid_for(total / 4), kBlock, 0, s>>>(x, mean, var, gamma, beta, eps, y, total, C);
+  else
+    bn_apply_kernel<false>
+        <<<grid_for(total), kBlock, 0, s>>>(x, mean, var, gamma, beta, eps, y, total, C);
   DTRAIN_CHECK_LAUNCH("bn_apply_kernel");
 }
 
@@ -86,8 +128,11 @@ void launch_bn_backward(const float* dy, const float* x, const float* gamma, con
   run_column_reduce<SumOp>(DyXhatLoad{dy, x, mean, var, eps, C}, Store{dgamma}, rows, C, ctx);
   const int64_t total = rows * C;
   if (total == 0) return;
-  bn_dx_kernel<<<grid_for(total), kBlock, 0, ctx.stream()>>>(
-      dy, x, gamma, mean, var, eps, dgamma, dbeta, dx, total, C, static_cast<float>(rows));
+  const BnDx f{gamma, mean, var, eps, dgamma, dbeta, static_cast<float>(rows)};
+  if (vec4_ok(C, {dy, x, dx}))
+    bn_dx_kernel<true><<<grid_for(total / 4), kBlock, 0, ctx.stream()>>>(dy, x, f, dx, total, C);
+  else
+    bn_dx_kernel<false><<<grid_for(total), kBlock, 0, ctx.stream()>>>(dy, x, f, dx, total, C);
   DTRAIN_CHECK_LAUNCH("bn_dx_kernel");
 }
 

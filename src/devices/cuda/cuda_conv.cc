@@ -6,12 +6,24 @@
 // Padding: cuDNN pads symmetrically only. Symmetric padding is passed to cuDNN; asymmetric padding
 // (TF "SAME" with an even window) is applied by an explicit zero-pad kernel, after which cuDNN
 // runs unpadded, and the input gradient is cropped back.
-// Algorithms: cuDNN's heuristics rank candidates; the first that runs is cached per problem.
+// Plans: each direction first runs a cached cuDNN graph-API execution plan (cuda_conv_plan.h: the
+// legacy calls below cost 100-740 us of host time each in cuDNN 9); only a problem with no
+// qualifying graph-API engine, or DTRAIN_CUDNN_API=legacy, takes the legacy path.
+// Pointwise convolutions (1x1 window, no padding: two thirds of ResNet-50's) skip cuDNN: on NHWC
+// data they are one cuBLAS SGEMM over the pixels ([N*H*W, Cin] x [Cin, Cout], the HWIO filter as it
+// is), where cuDNN's float32 engines transpose to NCHW and back around every call; a stride > 1
+// first subsamples the pixels (and the input gradient is scattered back with zeros).
+// DTRAIN_CUDA_CONV_GEMM=0 sends them to cuDNN too (for comparisons).
+// Algorithms (legacy path): cuDNN's heuristics rank candidates; the first that runs is cached per
+// problem.
 // Deterministic algorithms come first: cuDNN's non-deterministic ones (backward data ALGO_0,
 // backward filter ALGO_0 and ALGO_3 accumulate with atomics) give different bits on every run,
 // which breaks bitwise-reproducible training (a run resumed from a backup must end bit for bit
 // where an uninterrupted one does). They are tried only when no deterministic algorithm runs.
 #include <array>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -73,6 +85,34 @@ ConvGeometry conv_geometry(const char* op, const Shape& x, const Shape& w, const
                                    " disagrees with cuDNN's for x ", x.to_string(), " w ",
                                    w.to_string()));
   return g;
+}
+
+// A 1x1 convolution without padding, small enough for cuBLAS's int dimensions.
+bool pointwise(const ConvGeometry& g) {
+  static const bool on = [] {
+    const char* v = std::getenv("DTRAIN_CUDA_CONV_GEMM");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on && g.kh == 1 && g.kw == 1 && !g.explicit_pad && g.pad_h == 0 && g.pad_w == 0 &&
+         g.n * g.h * g.w <= INT_MAX && g.cin <= INT_MAX && g.cout <= INT_MAX;
+}
+
+// Row-major C[m, n] = op(A) op(B) (A's stored rows are lda long, B's ldb, C's ldc) as the
+// column-major product C^T = op(B)^T op(A)^T (see cuda_matmul.cc).
+void sgemm_row_major(CudaContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                     const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+                     int64_t ldc) {
+  const float alpha = 1.f, beta = 0.f;
+  auto lock = ctx.lock_cublas();
+  DTRAIN_CUBLAS_CALL(cublasSgemm(
+      ctx.cublas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
+      static_cast<int>(ldb), a, static_cast<int>(lda), &beta, c, static_cast<int>(ldc)));
+}
+
+ConvPlanProblem plan_problem(const ConvGeometry& g, const Conv2dParams& p) {
+  return {g.n,  g.hp, g.wp,    g.cin,   g.kh,       g.kw,      g.cout,
+          g.oh, g.ow, g.pad_h, g.pad_w, p.stride_h, p.stride_w};
 }
 
 std::string describe(const ConvGeometry& g, const Conv2dParams& p) {
@@ -356,6 +396,14 @@ void CudaKernels::remember_algo(const AlgoKey& key, int algo) {
   algo_cache_[key] = algo;
 }
 
+Tensor CudaKernels::subsample_nhwc(const Tensor& x, int64_t oh, int64_t ow, int sh, int sw) {
+  if (sh == 1 && sw == 1) return x;
+  const Shape& s = x.shape();
+  Tensor xs = empty(Shape{s[0], oh, ow, s[3]});
+  launch_subsample_nhwc(fptr(x), fptr(xs), s[0], s[1], s[2], s[3], oh, ow, sh, sw, ctx_.stream());
+  return xs;
+}
+
 Tensor CudaKernels::pad_nhwc(const Tensor& x, int top, int bottom, int left, int right,
                              float value) {
   const Shape& s = x.shape();
@@ -384,15 +432,22 @@ Tensor CudaKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
   if (y.numel() == 0) return y;
   if (g.cin == 0 || g.kh == 0 || g.kw == 0) {  // an empty sum: the output is the bias alone
     launch_fill(y.raw_data(), DType::kFloat32, y.numel(), 0.f, ctx_.stream());
+  } else if (pointwise(g)) {
+    const Tensor xs = subsample_nhwc(x, g.oh, g.ow, p.stride_h, p.stride_w);
+    sgemm_row_major(ctx_, false, false, g.n * g.oh * g.ow, g.cout, g.cin, fptr(xs), g.cin, fptr(w),
+                    g.cout, fptr(y), g.cout);
   } else {
     const Tensor xin =
         g.explicit_pad ? pad_nhwc(x, p.pad_top, p.pad_bottom, p.pad_left, p.pad_right, 0.f) : x;
     const Tensor wk = hwio_to_krsc(w, ctx_.spec(), ctx_.stream());
-    ConvProblem c(g, p, "conv2d");
-    const AlgoKey key = algo_key(Forward::kDirection, g, p);
-    const int algo = convolve<Forward>(ctx_, c, cached_algo(key), xin.raw_data(), wk.raw_data(),
-                                       y.raw_data(), describe(g, p));
-    remember_algo(key, algo);
+    if (!conv_plans_.run(ConvDirection::kForward, plan_problem(g, p), xin.raw_data(), wk.raw_data(),
+                         y.raw_data())) {
+      ConvProblem c(g, p, "conv2d");
+      const AlgoKey key = algo_key(Forward::kDirection, g, p);
+      const int algo = convolve<Forward>(ctx_, c, cached_algo(key), xin.raw_data(), wk.raw_data(),
+                                         y.raw_data(), describe(g, p));
+      remember_algo(key, algo);
+    }
   }
   if (bias.defined())
     launch_add_bias(fptr(y), fptr(bias), g.n * g.oh * g.ow, g.cout, ctx_.stream());
@@ -416,11 +471,22 @@ Tensor CudaKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, con
     launch_fill(dx.raw_data(), DType::kFloat32, dx.numel(), 0.f, ctx_.stream());
     return dx;
   }
+  if (pointwise(g)) {
+    const bool strided = p.stride_h != 1 || p.stride_w != 1;
+    const Tensor dxs = strided ? empty(Shape{g.n, g.oh, g.ow, g.cin}) : dx;
+    sgemm_row_major(ctx_, false, true, g.n * g.oh * g.ow, g.cin, g.cout, fptr(dy), g.cout, fptr(w),
+                    g.cout, fptr(dxs), g.cin);
+    if (strided)
+      launch_upsample_zero_nhwc(fptr(dxs), fptr(dx), g.n, g.h, g.w, g.cin, g.oh, g.ow, p.stride_h,
+                                p.stride_w, ctx_.stream());
+    return dx;
+  }
   const Tensor wk = hwio_to_krsc(w, ctx_.spec(), ctx_.stream());
   const Tensor dxp = g.explicit_pad ? empty(Shape{g.n, g.hp, g.wp, g.cin}) : dx;
-  ConvProblem c(g, p, "conv2d_backward_input");
-  const AlgoKey key = algo_key(BackwardData::kDirection, g, p);
-  {
+  if (!conv_plans_.run(ConvDirection::kBackwardData, plan_problem(g, p), dxp.raw_data(),
+                       wk.raw_data(), dy.raw_data())) {
+    ConvProblem c(g, p, "conv2d_backward_input");
+    const AlgoKey key = algo_key(BackwardData::kDirection, g, p);
     const int algo = convolve<BackwardData>(ctx_, c, cached_algo(key), wk.raw_data(), dy.raw_data(),
                                             dxp.raw_data(), describe(g, p));
     remember_algo(key, algo);
@@ -455,12 +521,20 @@ Tensor CudaKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, co
     launch_fill(dw.raw_data(), DType::kFloat32, dw.numel(), 0.f, ctx_.stream());
     return dw;
   }
+  if (pointwise(g)) {
+    const Tensor xs = subsample_nhwc(x, g.oh, g.ow, p.stride_h, p.stride_w);
+    Tensor dw = empty(w_shape);  // HWIO [1, 1, Cin, Cout] is the matrix [Cin, Cout]
+    sgemm_row_major(ctx_, true, false, g.cin, g.cout, g.n * g.oh * g.ow, fptr(xs), g.cin, fptr(dy),
+                    g.cout, fptr(dw), g.cout);
+    return dw;
+  }
   const Tensor xin =
       g.explicit_pad ? pad_nhwc(x, p.pad_top, p.pad_bottom, p.pad_left, p.pad_right, 0.f) : x;
   Tensor dwk = empty(Shape{g.cout, g.kh, g.kw, g.cin});
-  ConvProblem c(g, p, "conv2d_backward_filter");
-  const AlgoKey key = algo_key(BackwardFilter::kDirection, g, p);
-  {
+  if (!conv_plans_.run(ConvDirection::kBackwardFilter, plan_problem(g, p), xin.raw_data(),
+                       dwk.raw_data(), dy.raw_data())) {
+    ConvProblem c(g, p, "conv2d_backward_filter");
+    const AlgoKey key = algo_key(BackwardFilter::kDirection, g, p);
     const int algo = convolve<BackwardFilter>(ctx_, c, cached_algo(key), xin.raw_data(),
                                               dy.raw_data(), dwk.raw_data(), describe(g, p));
     remember_algo(key, algo);

@@ -42,38 +42,74 @@ __device__ __forceinline__ float unary_fn(float x) {
     return fabsf(x);  // kAbs
 }
 
-template <UnaryOp kOp>
+template <UnaryOp kOp, bool kVec>
 __global__ void unary_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
-  DTRAIN_GRID_STRIDE_LOOP(i, n) { y[i] = unary_fn<kOp>(x[i]); }
+  if constexpr (kVec) {
+    DTRAIN_GRID_STRIDE_LOOP(q, n / 4) {
+      float4 v = load4(x, 4 * q);
+      v.x = unary_fn<kOp>(v.x);
+      v.y = unary_fn<kOp>(v.y);
+      v.z = unary_fn<kOp>(v.z);
+      v.w = unary_fn<kOp>(v.w);
+      store4(y, 4 * q, v);
+    }
+  } else {
+    DTRAIN_GRID_STRIDE_LOOP(i, n) { y[i] = unary_fn<kOp>(x[i]); }
+  }
 }
 
 template <UnaryOp kOp>
 void launch_unary_t(const float* x, float* y, int64_t n, cudaStream_t s) {
-  unary_kernel<kOp><<<grid_for(n), kBlock, 0, s>>>(x, y, n);
+  if (vec4_ok(n, {x, y}))
+    unary_kernel<kOp, true><<<grid_for(n / 4), kBlock, 0, s>>>(x, y, n);
+  else
+    unary_kernel<kOp, false><<<grid_for(n), kBlock, 0, s>>>(x, y, n);
   DTRAIN_CHECK_LAUNCH("unary_kernel");
 }
 
+// The gradient of activation kOp at v (x, or y for tanh and sigmoid) times d.
 template <UnaryOp kOp>
+__device__ __forceinline__ float activation_grad(float v, float d) {
+  if constexpr (kOp == UnaryOp::kRelu)
+    return v > 0.f ? d : 0.f;  // v is x
+  else if constexpr (kOp == UnaryOp::kTanh)
+    return d * (1.f - v * v);                   // v is y
+  else if constexpr (kOp == UnaryOp::kGeluErf)  // v is x: Phi(x) + x phi(x)
+    return d * (0.5f * erfcf(v * -0.70710678118654752f) +
+                v * 0.39894228040143268f * expf(-0.5f * v * v));
+  else if constexpr (kOp == UnaryOp::kGeluTanh) {  // v is x; s = sigmoid(2u) = 0.5 (1 + tanh u)
+    const float s = 1.f / (1.f + expf(-1.5957691216057307f * (v + 0.044715f * v * v * v)));
+    // d/dx [x s] = s + x * 2 s (1 - s) * du/dx, du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+    return d *
+           (s + 2.f * v * s * (1.f - s) * 0.79788456080286536f * (1.f + 3.f * 0.044715f * v * v));
+  } else
+    return d * v * (1.f - v);  // sigmoid, v is y
+}
+
+template <UnaryOp kOp, bool kVec>
 __global__ void activation_backward_kernel(const float* __restrict__ xy,
                                            const float* __restrict__ dy, float* __restrict__ dx,
                                            int64_t n) {
-  DTRAIN_GRID_STRIDE_LOOP(i, n) {
-    const float v = xy[i];
-    if constexpr (kOp == UnaryOp::kRelu)
-      dx[i] = v > 0.f ? dy[i] : 0.f;  // v is x
-    else if constexpr (kOp == UnaryOp::kTanh)
-      dx[i] = dy[i] * (1.f - v * v);              // v is y
-    else if constexpr (kOp == UnaryOp::kGeluErf)  // v is x: Phi(x) + x phi(x)
-      dx[i] = dy[i] * (0.5f * erfcf(v * -0.70710678118654752f) +
-                       v * 0.39894228040143268f * expf(-0.5f * v * v));
-    else if constexpr (kOp == UnaryOp::kGeluTanh) {  // v is x; s = sigmoid(2u) = 0.5 (1 + tanh u)
-      const float s = 1.f / (1.f + expf(-1.5957691216057307f * (v + 0.044715f * v * v * v)));
-      // d/dx [x s] = s + x * 2 s (1 - s) * du/dx, du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
-      dx[i] = dy[i] * (s + 2.f * v * s * (1.f - s) * 0.79788456080286536f *
-                               (1.f + 3.f * 0.044715f * v * v));
-    } else
-      dx[i] = dy[i] * v * (1.f - v);  // sigmoid, v is y
+  if constexpr (kVec) {
+    DTRAIN_GRID_STRIDE_LOOP(q, n / 4) {
+      const float4 v = load4(xy, 4 * q), d = load4(dy, 4 * q);
+      store4(dx, 4 * q,
+             make_float4(activation_grad<kOp>(v.x, d.x), activation_grad<kOp>(v.y, d.y),
+                         activation_grad<kOp>(v.z, d.z), activation_grad<kOp>(v.w, d.w)));
+    }
+  } else {
+    DTRAIN_GRID_STRIDE_LOOP(i, n) { dx[i] = activation_grad<kOp>(xy[i], dy[i]); }
   }
+}
+
+template <UnaryOp kOp>
+void launch_activation_backward_t(const float* xy, const float* dy, float* dx, int64_t n,
+                                  cudaStream_t s) {
+  if (vec4_ok(n, {xy, dy, dx}))
+    activation_backward_kernel<kOp, true><<<grid_for(n / 4), kBlock, 0, s>>>(xy, dy, dx, n);
+  else
+    activation_backward_kernel<kOp, false><<<grid_for(n), kBlock, 0, s>>>(xy, dy, dx, n);
+  DTRAIN_CHECK_LAUNCH("activation_backward_kernel");
 }
 
 // --- binary ---
@@ -94,10 +130,19 @@ __device__ __forceinline__ float binary_fn(float a, float b) {
     return b < a ? b : a;  // std::min
 }
 
-template <BinaryOp kOp>
+template <BinaryOp kOp, bool kVec>
 __global__ void binary_same_kernel(const float* __restrict__ a, const float* __restrict__ b,
                                    float* __restrict__ out, int64_t n) {
-  DTRAIN_GRID_STRIDE_LOOP(i, n) { out[i] = binary_fn<kOp>(a[i], b[i]); }
+  if constexpr (kVec) {
+    DTRAIN_GRID_STRIDE_LOOP(q, n / 4) {
+      const float4 u = load4(a, 4 * q), v = load4(b, 4 * q);
+      store4(out, 4 * q,
+             make_float4(binary_fn<kOp>(u.x, v.x), binary_fn<kOp>(u.y, v.y),
+                         binary_fn<kOp>(u.z, v.z), binary_fn<kOp>(u.w, v.w)));
+    }
+  } else {
+    DTRAIN_GRID_STRIDE_LOOP(i, n) { out[i] = binary_fn<kOp>(a[i], b[i]); }
+  }
 }
 
 template <BinaryOp kOp>
@@ -122,7 +167,10 @@ void launch_binary_t(const float* a, const float* b, float* out, int64_t n,
     binary_broadcast_kernel<kOp><<<grid_for(n), kBlock, 0, s>>>(a, b, out, n, *g);
     DTRAIN_CHECK_LAUNCH("binary_broadcast_kernel");
   } else {
-    binary_same_kernel<kOp><<<grid_for(n), kBlock, 0, s>>>(a, b, out, n);
+    if (vec4_ok(n, {a, b, out}))
+      binary_same_kernel<kOp, true><<<grid_for(n / 4), kBlock, 0, s>>>(a, b, out, n);
+    else
+      binary_same_kernel<kOp, false><<<grid_for(n), kBlock, 0, s>>>(a, b, out, n);
     DTRAIN_CHECK_LAUNCH("binary_same_kernel");
   }
 }
@@ -140,9 +188,22 @@ __global__ void fill_kernel(T* __restrict__ x, int64_t n, T value) {
   DTRAIN_GRID_STRIDE_LOOP(i, n) { x[i] = value; }
 }
 
+template <bool kVec>  // kVec: cols is a multiple of 4 too, so a float4 never spans two rows
 __global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t n,
                                 int64_t cols) {
-  DTRAIN_GRID_STRIDE_LOOP(i, n) { y[i] += bias[i % cols]; }
+  if constexpr (kVec) {
+    DTRAIN_GRID_STRIDE_LOOP(q, n / 4) {
+      float4 v = load4(y, 4 * q);
+      const float4 b = load4(bias, (4 * q) % cols);
+      v.x += b.x;
+      v.y += b.y;
+      v.z += b.z;
+      v.w += b.w;
+      store4(y, 4 * q, v);
+    }
+  } else {
+    DTRAIN_GRID_STRIDE_LOOP(i, n) { y[i] += bias[i % cols]; }
+  }
 }
 
 // --- casts ---
@@ -266,6 +327,37 @@ __global__ void crop_nhwc_kernel(const float* __restrict__ xp, float* __restrict
   }
 }
 
+// xs[n, i, j, c] = x[n, i * sh, j * sw, c]; xs is [N, OH, OW, C].
+__global__ void subsample_nhwc_kernel(const float* __restrict__ x, float* __restrict__ xs,
+                                      int64_t total, int64_t H, int64_t W, int64_t C, int64_t OH,
+                                      int64_t OW, int64_t sh, int64_t sw) {
+  DTRAIN_GRID_STRIDE_LOOP(i, total) {
+    const int64_t c = i % C;
+    int64_t rest = i / C;
+    const int64_t j = rest % OW;
+    rest /= OW;
+    const int64_t h = rest % OH;
+    const int64_t n = rest / OH;
+    xs[i] = x[((n * H + h * sh) * W + j * sw) * C + c];
+  }
+}
+
+// The adjoint's nonzero part: x[n, i * sh, j * sw, c] = xs[n, i, j, c] (the rest of x is zeroed
+// by a memset first).
+__global__ void scatter_strided_nhwc_kernel(const float* __restrict__ xs, float* __restrict__ x,
+                                            int64_t total, int64_t H, int64_t W, int64_t C,
+                                            int64_t OH, int64_t OW, int64_t sh, int64_t sw) {
+  DTRAIN_GRID_STRIDE_LOOP(i, total) {
+    const int64_t c = i % C;
+    int64_t rest = i / C;
+    const int64_t j = rest % OW;
+    rest /= OW;
+    const int64_t h = rest % OH;
+    const int64_t n = rest / OH;
+    x[((n * H + h * sh) * W + j * sw) * C + c] = xs[i];
+  }
+}
+
 struct PermuteGeometry {
   int rank;
   int64_t out_dims[kMaxDims];
@@ -320,29 +412,25 @@ void launch_activation_backward(UnaryOp op, const float* x_or_y, const float* dy
   if (n == 0) return;
   switch (op) {
     case UnaryOp::kRelu:
-      activation_backward_kernel<UnaryOp::kRelu><<<grid_for(n), kBlock, 0, s>>>(x_or_y, dy, dx, n);
+      launch_activation_backward_t<UnaryOp::kRelu>(x_or_y, dy, dx, n, s);
       break;
     case UnaryOp::kTanh:
-      activation_backward_kernel<UnaryOp::kTanh><<<grid_for(n), kBlock, 0, s>>>(x_or_y, dy, dx, n);
+      launch_activation_backward_t<UnaryOp::kTanh>(x_or_y, dy, dx, n, s);
       break;
     case UnaryOp::kSigmoid:
-      activation_backward_kernel<UnaryOp::kSigmoid>
-          <<<grid_for(n), kBlock, 0, s>>>(x_or_y, dy, dx, n);
+      launch_activation_backward_t<UnaryOp::kSigmoid>(x_or_y, dy, dx, n, s);
       break;
     case UnaryOp::kGeluErf:
-      activation_backward_kernel<UnaryOp::kGeluErf>
-          <<<grid_for(n), kBlock, 0, s>>>(x_or_y, dy, dx, n);
+      launch_activation_backward_t<UnaryOp::kGeluErf>(x_or_y, dy, dx, n, s);
       break;
     case UnaryOp::kGeluTanh:
-      activation_backward_kernel<UnaryOp::kGeluTanh>
-          <<<grid_for(n), kBlock, 0, s>>>(x_or_y, dy, dx, n);
+      launch_activation_backward_t<UnaryOp::kGeluTanh>(x_or_y, dy, dx, n, s);
       break;
     default:
       throw InvalidArgument(detail::str_cat(
           "activation_backward: op ", static_cast<int>(op),
           " is not an activation (use kRelu, kTanh, kSigmoid, kGeluErf, kGeluTanh)"));
   }
-  DTRAIN_CHECK_LAUNCH("activation_backward_kernel");
 }
 
 void launch_binary(BinaryOp op, const float* a, const float* b, float* out, int64_t n,
@@ -439,6 +527,26 @@ void launch_crop_nhwc(const float* xp, float* x, int64_t N, int64_t H, int64_t W
   DTRAIN_CHECK_LAUNCH("crop_nhwc_kernel");
 }
 
+void launch_subsample_nhwc(const float* x, float* xs, int64_t N, int64_t H, int64_t W, int64_t C,
+                           int64_t OH, int64_t OW, int64_t sh, int64_t sw, cudaStream_t s) {
+  const int64_t total = N * OH * OW * C;
+  if (total == 0) return;
+  subsample_nhwc_kernel<<<grid_for(total), kBlock, 0, s>>>(x, xs, total, H, W, C, OH, OW, sh, sw);
+  DTRAIN_CHECK_LAUNCH("subsample_nhwc_kernel");
+}
+
+void launch_upsample_zero_nhwc(const float* xs, float* x, int64_t N, int64_t H, int64_t W,
+                               int64_t C, int64_t OH, int64_t OW, int64_t sh, int64_t sw,
+                               cudaStream_t s) {
+  const int64_t total = N * OH * OW * C;
+  if (N * H * W * C == 0) return;
+  DTRAIN_CUDA_CALL(cudaMemsetAsync(x, 0, static_cast<size_t>(N * H * W * C) * sizeof(float), s));
+  if (total == 0) return;
+  scatter_strided_nhwc_kernel<<<grid_for(total), kBlock, 0, s>>>(xs, x, total, H, W, C, OH, OW, sh,
+                                                                 sw);
+  DTRAIN_CHECK_LAUNCH("scatter_strided_nhwc_kernel");
+}
+
 void launch_permute(const float* x, float* y, int rank, const int64_t* x_dims, const int* perm,
                     cudaStream_t s) {
   if (rank < 1 || rank > kMaxDims)
@@ -463,7 +571,10 @@ void launch_permute(const float* x, float* y, int rank, const int64_t* x_dims, c
 void launch_add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t s) {
   const int64_t n = rows * cols;
   if (n == 0) return;
-  add_bias_kernel<<<grid_for(n), kBlock, 0, s>>>(y, bias, n, cols);
+  if (vec4_ok(cols, {y, bias}))
+    add_bias_kernel<true><<<grid_for(n / 4), kBlock, 0, s>>>(y, bias, n, cols);
+  else
+    add_bias_kernel<false><<<grid_for(n), kBlock, 0, s>>>(y, bias, n, cols);
   DTRAIN_CHECK_LAUNCH("add_bias_kernel");
 }
 

@@ -233,3 +233,32 @@ void CudaKernels::fill(Tensor& x, float value) {
 }
 
 }  // namespace dtrain::cuda
+
+namespace dtrain::cuda {
+
+// One strided copy on the stream (the base class makes one copy per index before `axis`: at
+// ZeroPadding2D's 32 x 230 rows that was 7,360 cudaMemcpyAsync calls per concat, most of a
+// ResNet-50 step's host time). Tensors elsewhere go through the base class.
+void CudaKernels::copy_slab(const Tensor& src, int axis, int64_t src_begin, Tensor& dst,
+                            int64_t dst_begin, int64_t count) {
+  if (src.device() != ctx_.spec() || dst.device() != ctx_.spec()) {
+    Kernels::copy_slab(src, axis, src_begin, dst, dst_begin, count);
+    return;
+  }
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < axis; ++i) outer *= src.shape()[i];
+  for (int i = axis + 1; i < src.shape().rank(); ++i) inner *= src.shape()[i];
+  const size_t elem = dtype_size(src.dtype());
+  const size_t row = static_cast<size_t>(count * inner) * elem;
+  if (row == 0 || outer == 0) return;
+  const size_t src_pitch = static_cast<size_t>(src.shape()[axis] * inner) * elem;
+  const size_t dst_pitch = static_cast<size_t>(dst.shape()[axis] * inner) * elem;
+  const char* from = static_cast<const char*>(src.raw_data()) + src_begin * inner * elem;
+  char* to = static_cast<char*>(dst.raw_data()) + dst_begin * inner * elem;
+  DeviceGuard guard(ctx_.index());
+  DTRAIN_CUDA_CALL(cudaMemcpy2DAsync(to, dst_pitch, from, src_pitch, row,
+                                     static_cast<size_t>(outer), cudaMemcpyDeviceToDevice,
+                                     ctx_.stream()));
+}
+
+}  // namespace dtrain::cuda

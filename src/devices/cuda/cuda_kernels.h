@@ -19,13 +19,14 @@
 #include <vector>
 
 #include "devices/cuda/cuda_context.h"
+#include "devices/cuda/cuda_conv_plan.h"
 #include "dtrain/devices/kernels.h"
 
 namespace dtrain::cuda {
 
 class CudaKernels final : public Kernels {
  public:
-  explicit CudaKernels(CudaContext& ctx) : ctx_(ctx) {}
+  explicit CudaKernels(CudaContext& ctx) : ctx_(ctx), conv_plans_(ctx) {}
 
   Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                 const Conv2dParams& p) override;
@@ -60,6 +61,8 @@ class CudaKernels final : public Kernels {
                 bool keepdims) override;
   Tensor cast(const Tensor& x, DType dtype) override;
   void fill(Tensor& x, float value) override;
+  void copy_slab(const Tensor& src, int axis, int64_t src_begin, Tensor& dst, int64_t dst_begin,
+                 int64_t count) override;
 
   void softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* loss,
                              Tensor* probs) override;
@@ -93,14 +96,18 @@ class CudaKernels final : public Kernels {
   Tensor empty(const Shape& shape, DType dtype = DType::kFloat32) const;
   // Zero-pads (conv, value 0) or -inf-pads (pooling) an NHWC tensor spatially.
   Tensor pad_nhwc(const Tensor& x, int top, int bottom, int left, int right, float value);
+  // x[:, ::sh, ::sw, :] cut to [N, oh, ow, C] (x itself when both strides are 1).
+  Tensor subsample_nhwc(const Tensor& x, int64_t oh, int64_t ow, int sh, int sw);
 
-  // A cuDNN algorithm choice, cached by problem (kind, shapes, params): the heuristics query is
-  // much slower than the convolution itself for small layers.
+  // A legacy-API cuDNN algorithm choice (used when no graph-API plan qualifies), cached by problem
+  // (kind, shapes, params): the heuristics query is much slower than the convolution itself for
+  // small layers.
   using AlgoKey = std::vector<int64_t>;
   int cached_algo(const AlgoKey& key) const;  // -1 when unknown
   void remember_algo(const AlgoKey& key, int algo);
 
   CudaContext& ctx_;
+  ConvPlanCache conv_plans_;  // cuDNN graph-API plans, tried before the legacy algorithms
   mutable std::mutex algo_mu_;
   std::map<AlgoKey, int> algo_cache_;
 };

@@ -44,6 +44,13 @@ void launch_pad_nhwc(const float* x, float* y, int64_t N, int64_t H, int64_t W, 
 // x[n, h, w, c] = xp[n, h + top, w + left, c]; the inverse window of launch_pad_nhwc.
 void launch_crop_nhwc(const float* xp, float* x, int64_t N, int64_t H, int64_t W, int64_t C,
                       int64_t top, int64_t left, int64_t Hp, int64_t Wp, cudaStream_t s);
+// xs[n, i, j, c] = x[n, i * sh, j * sw, c] for xs [N, OH, OW, C] (a strided 1x1 convolution's
+// input); launch_upsample_zero_nhwc is its adjoint: x gets xs at those positions and 0 elsewhere.
+void launch_subsample_nhwc(const float* x, float* xs, int64_t N, int64_t H, int64_t W, int64_t C,
+                           int64_t OH, int64_t OW, int64_t sh, int64_t sw, cudaStream_t s);
+void launch_upsample_zero_nhwc(const float* xs, float* x, int64_t N, int64_t H, int64_t W,
+                               int64_t C, int64_t OH, int64_t OW, int64_t sh, int64_t sw,
+                               cudaStream_t s);
 // y = x transposed: y's dimension i is x's dimension perm[i] (rank <= kMaxDims).
 void launch_permute(const float* x, float* y, int rank, const int64_t* x_dims, const int* perm,
                     cudaStream_t s);

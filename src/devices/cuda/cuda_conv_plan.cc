@@ -1,0 +1,306 @@
+#include "devices/cuda/cuda_conv_plan.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "devices/cuda/cuda_check.h"
+#include "dtrain/core/error.h"
+#include "dtrain/core/logging.h"
+
+namespace dtrain::cuda {
+namespace {
+
+constexpr int64_t kMaxWorkspaceBytes = int64_t{1} << 30;  // as the legacy path
+constexpr int64_t kUidX = 'x', kUidW = 'w', kUidY = 'y';
+
+// One backend descriptor, destroyed with its owner.
+class Desc {
+ public:
+  explicit Desc(cudnnBackendDescriptorType_t type) {
+    DTRAIN_CUDNN_CALL(cudnnBackendCreateDescriptor(type, &d_));
+  }
+  ~Desc() {
+    if (d_) (void)cudnnBackendDestroyDescriptor(d_);
+  }
+  Desc(const Desc&) = delete;
+  Desc& operator=(const Desc&) = delete;
+  Desc(Desc&& o) noexcept : d_(std::exchange(o.d_, nullptr)) {}
+  cudnnBackendDescriptor_t get() const { return d_; }
+
+  template <typename T>
+  void set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, const T* values,
+           int64_t count) {
+    DTRAIN_CUDNN_CALL(cudnnBackendSetAttribute(d_, name, type, count, values));
+  }
+  template <typename T>
+  void set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, const T& value) {
+    set(name, type, &value, 1);
+  }
+  void set(cudnnBackendAttributeName_t name, const Desc& other) {
+    cudnnBackendDescriptor_t o = other.get();
+    set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, &o, 1);
+  }
+  void finalize() { DTRAIN_CUDNN_CALL(cudnnBackendFinalize(d_)); }
+  cudnnStatus_t try_finalize() { return cudnnBackendFinalize(d_); }
+
+ private:
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+
+// A 4-D float32 tensor in cuDNN's logical [N, C, H, W] order with channels-last strides.
+Desc nhwc_tensor(int64_t uid, int64_t n, int64_t c, int64_t h, int64_t w, int64_t alignment) {
+  Desc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  const int64_t dims[4] = {n, c, h, w};
+  const int64_t strides[4] = {h * w * c, 1, w * c, c};
+  const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+  t.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, f32);
+  t.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, dims, 4);
+  t.set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, strides, 4);
+  t.set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, uid);
+  t.set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, alignment);
+  t.finalize();
+  return t;
+}
+
+bool has(const std::vector<int>& notes, int note) {
+  return std::find(notes.begin(), notes.end(), note) != notes.end();
+}
+
+// The largest power of two (up to 16, cuDNN's widest vector access) dividing every address.
+int64_t alignment_of(std::initializer_list<const void*> ptrs) {
+  int64_t a = 16;
+  for (const void* p : ptrs)
+    while (a > 4 && reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(a) != 0) a /= 2;
+  return a;
+}
+
+const char* direction_name(ConvDirection d) {
+  switch (d) {
+    case ConvDirection::kForward:
+      return "forward";
+    case ConvDirection::kBackwardData:
+      return "backward data";
+    case ConvDirection::kBackwardFilter:
+      return "backward filter";
+  }
+  return "?";
+}
+
+}  // namespace
+
+// Every descriptor the plan was built from stays alive with it.
+struct ConvPlanCache::Plan {
+  std::vector<Desc> keep;
+  std::unique_ptr<Desc> plan;
+  int64_t workspace = 0;
+};
+
+ConvPlanCache::ConvPlanCache(CudaContext& ctx) : ctx_(ctx) {}
+ConvPlanCache::~ConvPlanCache() = default;
+
+bool ConvPlanCache::enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("DTRAIN_CUDNN_API");
+    if (!v || !*v || std::strcmp(v, "graph") == 0) return true;
+    if (std::strcmp(v, "legacy") == 0) return false;
+    throw InvalidArgument(detail::str_cat(
+        "DTRAIN_CUDNN_API=", v, " is not a cuDNN API; use graph (the default) or legacy"));
+  }();
+  return on;
+}
+
+std::shared_ptr<ConvPlanCache::Plan> ConvPlanCache::plan_for(ConvDirection d,
+                                                             const ConvPlanProblem& p,
+                                                             int64_t alignment) {
+  const std::vector<int64_t> key = {static_cast<int64_t>(d),
+                                    p.n,
+                                    p.h,
+                                    p.w,
+                                    p.cin,
+                                    p.kh,
+                                    p.kw,
+                                    p.cout,
+                                    p.oh,
+                                    p.ow,
+                                    p.pad_h,
+                                    p.pad_w,
+                                    p.stride_h,
+                                    p.stride_w,
+                                    alignment};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return it->second;
+  }
+  std::shared_ptr<Plan> plan = build(d, p, alignment);
+  std::lock_guard<std::mutex> lock(mu_);
+  return plans_.emplace(key, std::move(plan)).first->second;
+}
+
+// Called with the cuDNN lock held (run() takes it first).
+std::shared_ptr<ConvPlanCache::Plan> ConvPlanCache::build(ConvDirection d, const ConvPlanProblem& p,
+                                                          int64_t alignment) {
+  cudnnHandle_t handle = ctx_.cudnn();
+  auto plan = std::make_shared<Plan>();
+  plan->keep.push_back(nhwc_tensor(kUidX, p.n, p.cin, p.h, p.w, alignment));
+  plan->keep.push_back(nhwc_tensor(kUidW, p.cout, p.cin, p.kh, p.kw, alignment));
+  plan->keep.push_back(nhwc_tensor(kUidY, p.n, p.cout, p.oh, p.ow, alignment));
+  const Desc& x = plan->keep[0];
+  const Desc& w = plan->keep[1];
+  const Desc& y = plan->keep[2];
+
+  Desc conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
+  const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
+  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  const int64_t spatial = 2, dilation[2] = {1, 1}, stride[2] = {p.stride_h, p.stride_w},
+                pad[2] = {p.pad_h, p.pad_w};
+  conv.set(CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, f32);
+  conv.set(CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, mode);
+  conv.set(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, spatial);
+  conv.set(CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, dilation, 2);
+  conv.set(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, stride, 2);
+  conv.set(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, pad, 2);
+  conv.set(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, pad, 2);
+  conv.finalize();
+
+  const float alpha = 1.f, beta = 0.f;
+  std::unique_ptr<Desc> op;
+  switch (d) {
+    case ConvDirection::kForward:
+      op = std::make_unique<Desc>(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, alpha);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, beta);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, y);
+      break;
+    case ConvDirection::kBackwardData:
+      op = std::make_unique<Desc>(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, alpha);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, beta);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, conv);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, x);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, w);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, y);
+      break;
+    case ConvDirection::kBackwardFilter:
+      op = std::make_unique<Desc>(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, alpha);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, beta);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, conv);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, x);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, w);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, y);
+      break;
+  }
+  op->finalize();
+
+  Desc graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, *op);
+  graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, handle);
+  graph.finalize();
+
+  const std::string what =
+      detail::str_cat("convolution ", direction_name(d), " x [", p.n, ", ", p.h, ", ", p.w, ", ",
+                      p.cin, "] w [", p.kh, ", ", p.kw, ", ", p.cin, ", ", p.cout, "] stride ",
+                      p.stride_h, "x", p.stride_w, " padding ", p.pad_h, "x", p.pad_w);
+  for (const cudnnBackendHeurMode_t heur_mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    heur.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
+    heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, heur_mode);
+    if (heur.try_finalize() != CUDNN_STATUS_SUCCESS) continue;
+    int64_t count = 0;
+    if (cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
+                                 nullptr) != CUDNN_STATUS_SUCCESS ||
+        count <= 0)
+      continue;
+    std::vector<Desc> configs;
+    std::vector<cudnnBackendDescriptor_t> raw;
+    for (int64_t i = 0; i < count; ++i) {
+      configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+      raw.push_back(configs.back().get());
+    }
+    int64_t got = 0;
+    DTRAIN_CUDNN_CALL(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                               CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
+                                               raw.data()));
+    for (int64_t i = 0; i < got; ++i) {
+      Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+      cudnnBackendDescriptor_t e = engine.get();
+      int64_t n = 0;
+      if (cudnnBackendGetAttribute(configs[static_cast<size_t>(i)].get(),
+                                   CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                   &n, &e) != CUDNN_STATUS_SUCCESS)
+        continue;
+      cudnnBackendNumericalNote_t numerical[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+      cudnnBackendBehaviorNote_t behavior[CUDNN_BEHAVIOR_NOTE_TYPE_COUNT];
+      int64_t nn = 0, nb = 0;
+      if (cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                                   CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &nn,
+                                   numerical) != CUDNN_STATUS_SUCCESS ||
+          cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE,
+                                   CUDNN_BEHAVIOR_NOTE_TYPE_COUNT, &nb,
+                                   behavior) != CUDNN_STATUS_SUCCESS)
+        continue;
+      std::vector<int> notes(numerical, numerical + nn), behaviors(behavior, behavior + nb);
+      if (has(notes, CUDNN_NUMERICAL_NOTE_TENSOR_CORE) ||
+          has(notes, CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) ||
+          has(notes, CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION) ||
+          has(notes, CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) ||
+          has(behaviors, CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION))
+        continue;
+      auto exec = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+      exec->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, handle);
+      exec->set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[static_cast<size_t>(i)]);
+      if (exec->try_finalize() != CUDNN_STATUS_SUCCESS) continue;
+      int64_t ws = 0;
+      if (cudnnBackendGetAttribute(exec->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                   CUDNN_TYPE_INT64, 1, &n, &ws) != CUDNN_STATUS_SUCCESS ||
+          ws < 0 || ws > kMaxWorkspaceBytes)
+        continue;
+      int64_t global = -1;
+      (void)cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
+                                     &global);
+      DTRAIN_LOG(DEBUG) << what << ": cuDNN engine " << global << " (heuristics "
+                        << (heur_mode == CUDNN_HEUR_MODE_A ? "A" : "fallback") << ", rank " << i
+                        << ", workspace " << ws << " bytes)";
+      plan->workspace = ws;
+      plan->plan = std::move(exec);
+      plan->keep.push_back(std::move(conv));
+      plan->keep.push_back(std::move(*op));
+      plan->keep.push_back(std::move(graph));
+      plan->keep.push_back(std::move(engine));
+      for (auto& c : configs) plan->keep.push_back(std::move(c));
+      return plan;
+    }
+  }
+  DTRAIN_LOG(DEBUG) << what
+                    << ": no deterministic float32 cuDNN engine in the graph API; using the "
+                       "legacy API";
+  return nullptr;
+}
+
+bool ConvPlanCache::run(ConvDirection d, const ConvPlanProblem& p, void* x, void* w, void* y) {
+  if (!enabled()) return false;
+  auto lock = ctx_.lock_cudnn();
+  const std::shared_ptr<Plan> plan = plan_for(d, p, alignment_of({x, w, y}));
+  if (!plan) return false;
+  std::shared_ptr<Storage> ws;
+  if (plan->workspace > 0) ws = ctx_.scratch(static_cast<size_t>(plan->workspace));
+  Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  const int64_t uids[3] = {kUidX, kUidW, kUidY};
+  void* ptrs[3] = {x, w, y};
+  void* workspace = ws ? ws->data() : nullptr;
+  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, uids, 3);
+  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, ptrs, 3);
+  pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, workspace);
+  pack.finalize();
+  DTRAIN_CUDNN_CALL(cudnnBackendExecute(ctx_.cudnn(), plan->plan->get(), pack.get()));
+  return true;
+}
+
+}  // namespace dtrain::cuda

@@ -1,0 +1,64 @@
+// cuDNN's graph (backend) API for the three directions of a 2-D convolution: one execution plan per
+// problem, built once and cached, then run with a variant pack per call.
+//
+// Why not the legacy calls (cudnnConvolutionForward & co.) alone: in cuDNN 9 each legacy call
+// rebuilds what a plan holds, 100-740 us of host time per call measured on an H200 (bench/gpu/
+// conv_probe, 73 ms per ResNet-50 step at batch 32, as much as the step's whole GPU time), so the
+// GPU waited for the host. PyTorch and TensorFlow cache plans the same way.
+//
+// The engine is the first of cuDNN's heuristics (mode A, then the fallback list) that is
+// deterministic, uses no tensor cores (float32 stays float32: no TF32), needs no runtime
+// compilation and a workspace of at most 1 GiB; the choice depends only on the problem, so a run
+// and its resumption pick the same engine (bitwise-repeatable training). When none qualifies, or
+// DTRAIN_CUDNN_API=legacy is set, the caller uses the legacy path (cuda_conv.cc).
+#pragma once
+
+#include <cudnn.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "devices/cuda/cuda_context.h"
+
+namespace dtrain::cuda {
+
+enum class ConvDirection { kForward = 0, kBackwardData = 1, kBackwardFilter = 2 };
+
+// The problem as cuDNN sees it: NHWC x [n, h, w, cin] (already explicitly padded when padding was
+// asymmetric), KRSC filter [cout, kh, kw, cin], NHWC y [n, oh, ow, cout], symmetric padding.
+struct ConvPlanProblem {
+  int64_t n, h, w, cin, kh, kw, cout, oh, ow;
+  int64_t pad_h, pad_w, stride_h, stride_w;
+};
+
+class ConvPlanCache {
+ public:
+  explicit ConvPlanCache(CudaContext& ctx);
+  ~ConvPlanCache();
+  ConvPlanCache(const ConvPlanCache&) = delete;
+  ConvPlanCache& operator=(const ConvPlanCache&) = delete;
+
+  // Runs direction d of problem p on device pointers x, w and y (forward writes y from x and w;
+  // backward data writes x from w and y = dy; backward filter writes w from x and y = dy).
+  // Returns false, doing nothing, when the graph API is off or has no qualifying engine for the
+  // problem (remembered: the next call returns false at once). Throws on a cuDNN failure.
+  bool run(ConvDirection d, const ConvPlanProblem& p, void* x, void* w, void* y);
+
+  // Whether DTRAIN_CUDNN_API is unset or "graph" (read once); "legacy" turns the plans off.
+  static bool enabled();
+
+ private:
+  struct Plan;
+  std::shared_ptr<Plan> plan_for(ConvDirection d, const ConvPlanProblem& p, int64_t alignment);
+  std::shared_ptr<Plan> build(ConvDirection d, const ConvPlanProblem& p, int64_t alignment);
+
+  CudaContext& ctx_;
+  std::mutex mu_;
+  std::map<std::vector<int64_t>, std::shared_ptr<Plan>> plans_;  // null: no qualifying engine
+};
+
+}  // namespace dtrain::cuda

@@ -1,0 +1,104 @@
+// The CPU device's reduce against a float64 reference, over every pattern of reduced axes of
+// rank-1 to rank-4 shapes (size-1 axes included): the merged-dimension path, the in-house
+// column loop ([A, R, B] -> [A, 1, B], which oneDNN 2.x runs on its slow reference kernel) and
+// oneDNN's innermost reductions, for sum, mean and max, with and without keepdims.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "dtrain/core/random.h"
+#include "dtrain/core/tensor.h"
+#include "dtrain/devices/device.h"
+
+namespace dtrain {
+namespace {
+
+Kernels& cpu() { return get_device(DeviceSpec::cpu(0)).kernels(); }
+
+Tensor random_tensor(const Shape& s, uint64_t stream) {
+  Philox rng(11, stream);
+  std::vector<float> v(static_cast<size_t>(s.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = -1.f + 2.f * rng.uniform(i);
+  return Tensor::from_vector(v, s, DeviceSpec::cpu(0));
+}
+
+// The reduction in float64, output laid out as the kept dimensions in order.
+std::vector<double> reference(ReductionKind kind, const Tensor& x, const std::vector<bool>& red) {
+  const Shape& s = x.shape();
+  const std::vector<float> v = x.to_vector<float>();
+  int64_t out_n = 1;
+  for (int i = 0; i < s.rank(); ++i)
+    if (!red[static_cast<size_t>(i)]) out_n *= s[i];
+  std::vector<double> out(static_cast<size_t>(out_n),
+                          kind == ReductionKind::kMax ? -INFINITY : 0.0);
+  std::vector<int64_t> count(static_cast<size_t>(out_n), 0);
+  for (int64_t flat = 0; flat < s.numel(); ++flat) {
+    int64_t rest = flat, o = 0, stride = 1;
+    for (int i = s.rank() - 1; i >= 0; --i) {
+      const int64_t c = rest % s[i];
+      rest /= s[i];
+      if (!red[static_cast<size_t>(i)]) {
+        o += c * stride;
+        stride *= s[i];
+      }
+    }
+    const double e = v[static_cast<size_t>(flat)];
+    double& r = out[static_cast<size_t>(o)];
+    r = kind == ReductionKind::kMax ? std::max(r, e) : r + e;
+    ++count[static_cast<size_t>(o)];
+  }
+  if (kind == ReductionKind::kMean)
+    for (size_t i = 0; i < out.size(); ++i) out[i] /= static_cast<double>(count[i]);
+  return out;
+}
+
+TEST(CpuReduce, EveryAxisPatternMatchesFloat64) {
+  const std::vector<Shape> shapes = {Shape{7},         Shape{6, 9},        Shape{1, 33},
+                                     Shape{4, 1, 5},   Shape{3, 64, 24},   Shape{2, 3, 4, 5},
+                                     Shape{1024, 768}, Shape{2, 1, 37, 1}, Shape{5, 300, 2}};
+  uint64_t stream = 0;
+  int checked = 0;
+  for (const Shape& s : shapes) {
+    const Tensor x = random_tensor(s, stream++);
+    for (int mask = 1; mask < (1 << s.rank()); ++mask) {
+      std::vector<int> axes;
+      std::vector<bool> red(static_cast<size_t>(s.rank()), false);
+      for (int i = 0; i < s.rank(); ++i)
+        if (mask & (1 << i)) {
+          axes.push_back(i);
+          red[static_cast<size_t>(i)] = true;
+        }
+      for (ReductionKind kind : {ReductionKind::kSum, ReductionKind::kMean, ReductionKind::kMax})
+        for (bool keepdims : {false, true}) {
+          const Tensor y = cpu().reduce(kind, x, axes, keepdims);
+          std::vector<int64_t> want_dims;
+          for (int i = 0; i < s.rank(); ++i)
+            if (!red[static_cast<size_t>(i)] || keepdims)
+              want_dims.push_back(red[static_cast<size_t>(i)] ? 1 : s[i]);
+          const std::string what = s.to_string() + " mask " + std::to_string(mask) + " kind " +
+                                   std::to_string(static_cast<int>(kind)) +
+                                   (keepdims ? " keepdims" : "");
+          ASSERT_EQ(y.shape(), Shape(want_dims)) << what;
+          const std::vector<double> ref = reference(kind, x, red);
+          const std::vector<float> got = y.to_vector<float>();
+          ASSERT_EQ(got.size(), ref.size()) << what;
+          int64_t reduced_n = 1;
+          for (int i = 0; i < s.rank(); ++i)
+            if (red[static_cast<size_t>(i)]) reduced_n *= s[i];
+          // float32 sums of n terms in [-1, 1]: within n * 2^-24 * n of the exact sum.
+          const double tol =
+              kind == ReductionKind::kMax ? 0.0 : 1e-6 * static_cast<double>(reduced_n);
+          for (size_t i = 0; i < got.size(); ++i)
+            ASSERT_NEAR(got[i], ref[i], tol + 1e-6) << what << " output " << i;
+          ++checked;
+        }
+    }
+  }
+  EXPECT_GT(checked, 300);
+}
+
+}  // namespace
+}  // namespace dtrain

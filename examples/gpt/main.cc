@@ -123,9 +123,11 @@ double slot_bytes(const dtrain::Optimizer& opt) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Train a byte-level GPT on the Perl documentation with dtrain"};
-  std::string strategy_name = "one_device", devices_flag = "cpu", preset = "gpt-micro";
+  std::string strategy_name = "one_device", devices_flag = "cpu", preset = "gpt-micro",
+              precision_flag = "fp32";
   std::string corpus_dir, token_file, prompt, checkpoint_dir, backup_dir, restore_path, csv_path;
   std::string window_order = "random";
+  int timing_warmup = 5;
   int threads = 0, epochs = 5, top_k = 20, max_new_tokens = 0, heads = 0, layers = 0;
   int64_t steps_per_epoch = 200, batch = 32, context = 128, warmup = 100, val_windows = 256,
           steps = 0, dim = 0, backup_every = 0;
@@ -136,6 +138,13 @@ int main(int argc, char** argv) {
   app.add_option("--devices", devices_flag, "cpu, cpu:N, gpu, gpu:0,1, auto")
       ->capture_default_str();
   app.add_option("--threads", threads, "intra-op threads per CPU device (0 = cores / devices)");
+  app.add_option("--timing-warmup-steps", timing_warmup,
+                 "first steps left out of tokens_per_sec (FitOptions::warmup_steps)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--precision", precision_flag,
+                 "fp32, or bf16 (mixed_bfloat16: bfloat16 matrix products, float32 weights)")
+      ->capture_default_str();
   app.add_option("--preset", preset,
                  "GPT shape: gpt-nano, gpt-micro, gpt-mini (byte vocabulary), gpt2, ...")
       ->capture_default_str();
@@ -194,6 +203,7 @@ int main(int argc, char** argv) {
 
   try {
     dtrain::set_global_seed(seed);
+    dtrain::set_precision_policy(dtrain::parse_precision(precision_flag));
     dtrain::applications::GPTConfig config = dtrain::applications::GPTConfig::preset(preset);
     config.context_length = context;
     config.dropout = dropout;
@@ -289,6 +299,7 @@ int main(int argc, char** argv) {
         dtrain::ProgressBar progress(json ? stderr : stdout);
         ValidationReport report(ext.is_chief());
         dtrain::FitOptions fit;
+        fit.warmup_steps = timing_warmup;
         fit.epochs = epochs;
         fit.steps = steps;
         fit.global_batch_size = batch;
@@ -339,6 +350,7 @@ int main(int argc, char** argv) {
             {"val_bits_per_byte", val_loss / std::log(2.0)},
             {"recompute", recompute},
             {"sharding", dtrain::sharding_name(dtrain::apply_environment(opts).mirrored.sharding)},
+            {"precision", precision_flag},
             {"optimizer_state_mb", slot_bytes(*optimizer) / 1048576.0},
             {"seconds_per_step",
              h.images_per_sec > 0 ? static_cast<double>(batch) / h.images_per_sec : 0.0},

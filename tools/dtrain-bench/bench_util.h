@@ -59,7 +59,8 @@ int scaling_bench(const ScalingArgs& a);
 
 struct CompareArgs {
   std::string batch_sizes = "64", rows = "one_thread,mirrored,workers", precision = "fp32";
-  std::string model = "reference_cnn";  // or resnet50/101/152 (Horovod's synthetic benchmark)
+  std::string model = "reference_cnn";  // or resnet50/101/152 (Horovod's synthetic benchmark), gpt2
+  long context = 256;                   // gpt2: tokens per window
   std::string peers_python;             // default: <build>/peers-venv/bin/python
   std::string debian_python = "/usr/bin/python3";
   int runs = 3, warmup = 20;

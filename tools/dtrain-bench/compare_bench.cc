@@ -14,6 +14,10 @@
 // in a tf.function step; torchvision resnet50() eager; bf16: mixed_bfloat16 and
 // autocast(bfloat16)); --steps timed batches after --warmup; rows one_thread, workers (TF MWMS
 // RING, DDP over gloo; the peers' launcher pins a core each) and dtrain's mirrored.
+// --model gpt2: GPT-2 small (the gpt2 preset: 12 layers, width 768, vocabulary 50,257) on random
+// byte windows of --context tokens, --batch-sizes windows per replica, AdamW and clipping:
+// examples/gpt against bench/gpt/peer_gpt.py (the same model in PyTorch, eager and torch.compile);
+// tokens/sec; rows one_thread, workers (DDP over gloo) and dtrain's mirrored.
 // The peers come from bench/peers/setup.sh (a venv with tensorflow-cpu and torch; python3-torch).
 #include <sys/stat.h>
 
@@ -35,6 +39,7 @@ struct System {
 const std::vector<System> kSystems = {{"dtrain", "dtrain"},
                                       {"tf", "TensorFlow"},
                                       {"torch", "PyTorch 2.x"},
+                                      {"torch_compile", "torch.compile"},
                                       {"torch113", "PyTorch 1.13"}};
 
 std::vector<std::string> split(const std::string& s) {
@@ -60,18 +65,25 @@ int compare_bench(const CompareArgs& a) {
   const std::string peers =
       a.peers_python.empty() ? (bin / "peers-venv" / "bin" / "python").string() : a.peers_python;
   const bool bf16 = a.precision == "bf16";
-  const bool resnet = a.model != "reference_cnn";
+  const bool gpt = a.model == "gpt2";
+  const bool resnet = a.model != "reference_cnn" && !gpt;
+  const std::string gpt_example = (bin / "examples" / "gpt").string();
+  const std::string peer_gpt = (bench_dir / "gpt" / "peer_gpt.py").string();
   const std::string synthetic = (bin / "examples" / "synthetic_benchmark").string();
   const std::string peer_synthetic = (bench_dir / "resnet" / "peer_synthetic.py").string();
 
   // Which peers are here: a missing one is left out of the table, said once.
   std::map<std::string, bool> have{{"dtrain", true}};
-  have["tf"] = runs_python(peers, "tensorflow");
-  have["torch"] = (resnet || !bf16) && runs_python(peers, resnet ? "torchvision" : "torch");
-  have["torch113"] = !bf16 && runs_python(a.debian_python, resnet ? "torchvision" : "torch");
+  // No TensorFlow GPT peer is written, and Debian's PyTorch 1.13 has no torch.compile.
+  have["tf"] = !gpt && runs_python(peers, "tensorflow");
+  have["torch"] = (resnet || gpt || !bf16) && runs_python(peers, resnet ? "torchvision" : "torch");
+  have["torch_compile"] = gpt && have["torch"];
+  have["torch113"] =
+      !gpt && !bf16 && runs_python(a.debian_python, resnet ? "torchvision" : "torch");
   std::string torch113_version;
   for (const auto& [k, ok] : have)
-    if (!ok && !(bf16 && (k == "torch" || k == "torch113")))
+    if (!ok && !(bf16 && (k == "torch" || k == "torch113")) && !(gpt && k != "torch") &&
+        !(!gpt && k == "torch_compile"))
       std::fprintf(stderr,
                    "compare: %s is not installed (bench/peers/setup.sh installs it); left out\n",
                    k.c_str());
@@ -86,7 +98,9 @@ int compare_bench(const CompareArgs& a) {
 
   const std::string prec = bf16 ? " --precision=bf16" : "";
   // --steps is for 64 images per replica; other batch sizes run the same number of images.
-  auto steps_for = [&](long b) { return resnet ? a.steps : std::max<long>(20, a.steps * 64 / b); };
+  auto steps_for = [&](long b) {
+    return resnet || gpt ? a.steps : std::max<long>(20, a.steps * 64 / b);
+  };
   // The command of one system in one row, or "" when it has no such setup.
   // Horovod's synthetic benchmark: dtrain's example and the peers' script, same flags.
   auto resnet_command = [&](const std::string& row, const std::string& sys, long b) -> std::string {
@@ -109,7 +123,30 @@ int compare_bench(const CompareArgs& a) {
     if (row == "workers") return peer + " --workers 2";  // TF MWMS RING; DDP gloo; a core each
     return "";
   };
+  // GPT-2 small: --steps timed steps after --warmup, --batch-sizes windows per replica.
+  auto gpt_command = [&](const std::string& row, const std::string& sys, long b) -> std::string {
+    const std::string pin = "taskset -c 0 env OMP_NUM_THREADS=1 ";
+    if (sys == "dtrain") {
+      const long replicas = row == "one_thread" ? 1 : 2, n = a.warmup + a.steps;
+      const std::string d = gpt_example + " --preset gpt2 --context " + std::to_string(a.context) +
+                            " --batch-size " + std::to_string(replicas * b) + " --steps " +
+                            std::to_string(n) + " --steps-per-epoch " + std::to_string(n) +
+                            " --epochs 1 --val-windows 1 --timing-warmup-steps " +
+                            std::to_string(a.warmup) + " --json" + prec;
+      if (row == "one_thread") return pin + d + " --strategy=one_device --threads 1";
+      if (row == "mirrored") return d + " --strategy=mirrored --devices=cpu:2 --threads 1";
+      return dtrain_run + " -np 2 -- " + d + " --strategy=multi_worker_mirrored";
+    }
+    if (row == "mirrored") return "";
+    const std::string peer =
+        peers + " " + peer_gpt + " --context " + std::to_string(a.context) + " --batch-size " +
+        std::to_string(b) + " --threads 1 --warmup " + std::to_string(std::max(1, a.warmup)) +
+        " --steps " + std::to_string(a.steps) + " --json" + (bf16 ? " --precision bf16" : "") +
+        (sys == "torch_compile" ? " --compile" : "");
+    return row == "one_thread" ? pin + peer : peer + " --workers 2";
+  };
   auto command = [&](const std::string& row, const std::string& sys, long b) -> std::string {
+    if (gpt) return gpt_command(row, sys, b);
     if (resnet) return resnet_command(row, sys, b);
     const std::string timing = " --steps " + std::to_string(steps_for(b)) + " --warmup " +
                                std::to_string(a.warmup) + " --json";
@@ -153,7 +190,8 @@ int compare_bench(const CompareArgs& a) {
   struct Result {
     std::vector<double> ips, rss;
   };
-  const int digits = resnet ? 2 : 0;  // images/sec: a few a second for ResNet-50 on a core
+  const int digits = resnet ? 2 : gpt ? 1 : 0;  // a few images a second for ResNet-50 on a core
+  const char* unit = gpt ? "tokens/sec" : "images/sec";
   std::map<std::tuple<long, std::string, std::string>, Result> res;
   for (int round = 0; round < a.runs; ++round) {
     for (long b : batches)
@@ -164,12 +202,13 @@ int compare_bench(const CompareArgs& a) {
           if (cmd.empty()) continue;
           const nlohmann::json j = run_json_lines(cmd).back();
           Result& r = res[{b, row, s.key}];
-          r.ips.push_back(j.contains("images_per_sec") ? j.at("images_per_sec").get<double>()
-                                                       : j.at("total_img_sec").get<double>());
+          r.ips.push_back(j.contains("tokens_per_sec")   ? j.at("tokens_per_sec").get<double>()
+                          : j.contains("images_per_sec") ? j.at("images_per_sec").get<double>()
+                                                         : j.at("total_img_sec").get<double>());
           r.rss.push_back(j.value("peak_rss_mb", 0.0));
-          std::fprintf(stderr, "round %d/%d  batch %ld  %-10s %-12s %8.*f images/sec  %6.0f MB\n",
+          std::fprintf(stderr, "round %d/%d  batch %ld  %-10s %-14s %8.*f %s  %6.0f MB\n",
                        round + 1, a.runs, b, row.c_str(), s.label.c_str(), digits, r.ips.back(),
-                       r.rss.back());
+                       unit, r.rss.back());
         }
   }
 
@@ -178,11 +217,12 @@ int compare_bench(const CompareArgs& a) {
       {"mirrored", "two replicas in one process (Mirrored)"},
       {"workers", "two worker processes (MWMS; DDP gloo)"}};
   for (long b : batches) {
-    std::printf(
-        "\n%s, %ld images per replica, %s, median of %d interleaved rounds: images/sec "
-        "(peak RSS MB)\n",
-        resnet ? (a.model + " synthetic 224x224").c_str() : "reference CNN", b,
-        bf16 ? "mixed bfloat16" : "float32", a.runs);
+    const std::string what = gpt      ? "GPT-2 small, context " + std::to_string(a.context)
+                             : resnet ? a.model + " synthetic 224x224"
+                                      : std::string("reference CNN");
+    std::printf("\n%s, %ld %s per replica, %s, median of %d interleaved rounds: %s (peak RSS MB)\n",
+                what.c_str(), b, gpt ? "windows" : "images", bf16 ? "mixed bfloat16" : "float32",
+                a.runs, unit);
     std::printf("%-42s", "run");
     for (const System& s : kSystems)
       if (have[s.key]) std::printf(" %18s", s.label.c_str());
@@ -223,11 +263,12 @@ int compare_bench(const CompareArgs& a) {
                            {"system", s.key},
                            {"batch_per_replica", b},
                            {"precision", a.precision},
-                           {"images_per_sec", v},
+                           {gpt ? "tokens_per_sec" : "images_per_sec", v},
                            {"peak_rss_mb", med(row, s.key, true)},
                            {"ratio_dtrain", med(row, "dtrain") / v},
                            {"runs", a.runs},
                            {"steps", steps_for(b)}};
+          if (gpt) j["context"] = a.context;
           std::printf("%s\n", j.dump().c_str());
         }
     }

@@ -145,14 +145,20 @@ int main(int argc, char** argv) {
   CompareArgs cmp;
   auto* compare = app.add_subcommand("compare",
                                      "the reference CNN (or ResNet-50, Horovod's synthetic "
-                                     "benchmark) against TensorFlow 2.21, PyTorch 2.x and PyTorch "
-                                     "1.13 (bench/peers/setup.sh)");
+                                     "benchmark, or GPT-2 small) against TensorFlow 2.21, PyTorch "
+                                     "2.x and PyTorch 1.13 (bench/peers/setup.sh)");
   compare
-      ->add_option("--model", cmp.model,
-                   "reference_cnn (Fashion-MNIST), or resnet50, resnet101, resnet152: Horovod's "
-                   "synthetic benchmark (examples/synthetic_benchmark against "
-                   "bench/resnet/peer_synthetic.py); --steps then counts timed batches")
-      ->check(CLI::IsMember({"reference_cnn", "resnet50", "resnet101", "resnet152"}))
+      ->add_option(
+          "--model", cmp.model,
+          "reference_cnn (Fashion-MNIST), or resnet50, resnet101, resnet152: Horovod's "
+          "synthetic benchmark (examples/synthetic_benchmark against "
+          "bench/resnet/peer_synthetic.py); --steps then counts timed batches; gpt2: GPT-2 "
+          "small on random byte windows, tokens/sec (examples/gpt against "
+          "bench/gpt/peer_gpt.py, PyTorch eager and torch.compile)")
+      ->check(CLI::IsMember({"reference_cnn", "resnet50", "resnet101", "resnet152", "gpt2"}))
+      ->capture_default_str();
+  compare->add_option("--context", cmp.context, "gpt2: tokens per window")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   compare
       ->add_option("--batch-sizes", cmp.batch_sizes,

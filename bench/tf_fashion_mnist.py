@@ -206,22 +206,23 @@ def free_ports(n):
     return ports
 
 
-def launch_workers(a, argv):
-    """Starts --replicas workers with their TF_CONFIG, one core each when there are enough."""
-    workers = [f"127.0.0.1:{p}" for p in free_ports(a.replicas)]
+def run_workers(script, argv, n, threads, env_for=lambda i: {}, timeout=3600):
+    """Runs n copies of `script` with argv + --worker-index=i --json, one core share each when there are
+    enough (taskset), env_for(i) added to their environment; returns the last JSON line of each, in
+    order, or exits with the failed workers' stderr. The peers' launcher (this file, bench/resnet/
+    peer_synthetic.py, bench/gpt/peer_gpt.py)."""
     cores = sorted(os.sched_getaffinity(0))
     procs = []
-    for i in range(a.replicas):
-        env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}),
-                   TF_CPP_MIN_LOG_LEVEL="2")
-        cmd = [sys.executable, os.path.abspath(__file__)] + argv + [f"--worker-index={i}", "--json"]
-        if len(cores) >= a.replicas * a.threads:
-            share = cores[i * a.threads:(i + 1) * a.threads]
-            cmd = ["taskset", "-c", ",".join(map(str, share))] + cmd
+    for i in range(n):
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), **env_for(i))
+        cmd = [sys.executable, os.path.abspath(script)] + [x for x in argv if x != "--json"] + \
+            [f"--worker-index={i}", "--json"]
+        if len(cores) >= n * threads:
+            cmd = ["taskset", "-c", ",".join(map(str, cores[i * threads:(i + 1) * threads]))] + cmd
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results, failed = [], []
     for i, p in enumerate(procs):
-        out, err = p.communicate(timeout=1800)
+        out, err = p.communicate(timeout=timeout)
         lines = [l for l in out.splitlines() if l.startswith("{")]
         if p.returncode != 0 or not lines:
             tail = [l for l in err.splitlines() if l.strip() and not l.lstrip().startswith(("[", "...", "0.", "]"))]
@@ -230,6 +231,15 @@ def launch_workers(a, argv):
             results.append(json.loads(lines[-1]))
     if failed:
         sys.exit("\n".join(failed))
+    return results
+
+
+def launch_workers(a, argv):
+    """Starts --replicas workers with their TF_CONFIG, one core each when there are enough."""
+    workers = [f"127.0.0.1:{p}" for p in free_ports(a.replicas)]
+    results = run_workers(__file__, argv, a.replicas, a.threads, lambda i: {
+        "TF_CONFIG": json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}),
+        "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=1800)
     chief = results[0]
     chief["peak_rss_mb"] = max(r["peak_rss_mb"] for r in results)
     return chief

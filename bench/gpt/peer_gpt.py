@@ -15,11 +15,11 @@ global-norm clipping at 1, on the CPU; prints tokens per second.
 The last line is one JSON object: tokens_per_sec (the whole job's), seconds_per_step and peak_rss_mb
 (the largest process).
 """
-import argparse, json, os, resource, subprocess, sys, time
+import argparse, json, os, resource, sys, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
-from tf_fashion_mnist import free_ports  # noqa: E402 (bench/: imports no framework at load)
+from tf_fashion_mnist import free_ports, run_workers  # noqa: E402 (bench/: imports no framework at load)
 
 
 def main():
@@ -85,25 +85,7 @@ def main():
 def launch_workers(args):
     """Starts --workers copies of this script, one core each where there are enough; prints the job's rate."""
     port = free_ports(1)[0]
-    cores = sorted(os.sched_getaffinity(0))
-    procs = []
-    for i in range(args.workers):
-        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-        argv = [x for x in sys.argv[1:] if x != "--json"]
-        cmd = [sys.executable, os.path.abspath(__file__)] + argv + [f"--worker-index={i}", f"--port={port}", "--json"]
-        if len(cores) >= args.workers * args.threads:
-            cmd = ["taskset", "-c", ",".join(map(str, cores[i * args.threads:(i + 1) * args.threads]))] + cmd
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results, failed = [], []
-    for i, p in enumerate(procs):
-        out, err = p.communicate(timeout=3600)
-        lines = [l for l in out.splitlines() if l.startswith("{")]
-        if p.returncode != 0 or not lines:
-            failed.append(f"worker {i} exited {p.returncode}:\n" + "\n".join(err.splitlines()[-25:]))
-        else:
-            results.append(json.loads(lines[-1]))
-    if failed:
-        sys.exit("\n".join(failed))
+    results = run_workers(__file__, sys.argv[1:] + [f"--port={port}"], args.workers, args.threads)
     out = dict(results[0])
     out["workers"] = args.workers
     out["tokens_per_sec"] = sum(r["tokens_per_sec"] for r in results)

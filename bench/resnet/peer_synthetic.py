@@ -19,10 +19,10 @@ under DistributedDataParallel over gloo.
 The last line is one JSON object: images_per_sec (mean over the iterations; with --workers, of the
 whole job: the workers' rates summed) and peak_rss_mb (the largest process).
 """
-import argparse, json, os, resource, subprocess, sys, time
+import argparse, json, os, resource, sys, time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from tf_fashion_mnist import free_ports  # noqa: E402 (bench/: imports no framework at load)
+from tf_fashion_mnist import free_ports, run_workers  # noqa: E402 (bench/: imports no framework at load)
 
 
 def main():
@@ -65,28 +65,14 @@ def main():
 def launch_workers(args):
     """Starts --workers copies of this script, one core each where there are enough; prints the job's rate."""
     ports = free_ports(args.workers)
-    cores = sorted(os.sched_getaffinity(0))
-    procs = []
-    for i in range(args.workers):
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", OMP_NUM_THREADS=str(args.threads))
+
+    def env_for(i):
+        env = {"TF_CPP_MIN_LOG_LEVEL": "2"}
         if args.framework == "tf":
             env["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
                                            "task": {"type": "worker", "index": i}})
-        argv = [a for a in sys.argv[1:] if a != "--json"]
-        cmd = [sys.executable, os.path.abspath(__file__)] + argv + [f"--worker-index={i}", f"--port={ports[0]}", "--json"]
-        if len(cores) >= args.workers * args.threads:
-            cmd = ["taskset", "-c", ",".join(map(str, cores[i * args.threads:(i + 1) * args.threads]))] + cmd
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results, failed = [], []
-    for i, p in enumerate(procs):
-        out, err = p.communicate(timeout=3600)
-        lines = [l for l in out.splitlines() if l.startswith("{")]
-        if p.returncode != 0 or not lines:
-            failed.append(f"worker {i} exited {p.returncode}:\n" + "\n".join(err.splitlines()[-25:]))
-        else:
-            results.append(json.loads(lines[-1]))
-    if failed:
-        sys.exit("\n".join(failed))
+        return env
+    results = run_workers(__file__, sys.argv[1:] + [f"--port={ports[0]}"], args.workers, args.threads, env_for)
     out = dict(results[0])
     out["workers"] = args.workers
     out["images_per_sec"] = sum(r["images_per_sec"] for r in results)

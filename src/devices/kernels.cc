@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "devices/slab_copy.h"
 #include "dtrain/core/allocator.h"
 
 namespace dtrain {
@@ -20,19 +21,12 @@ int64_t conv_output_size(int64_t in, int window, int stride, int pad_before, int
 
 void Kernels::copy_slab(const Tensor& src, int axis, int64_t src_begin, Tensor& dst,
                         int64_t dst_begin, int64_t count) {
-  int64_t outer = 1, inner = 1;
-  for (int i = 0; i < axis; ++i) outer *= src.shape()[i];
-  for (int i = axis + 1; i < src.shape().rank(); ++i) inner *= src.shape()[i];
-  const size_t elem = dtype_size(src.dtype());
-  const size_t row = static_cast<size_t>(count * inner) * elem;
-  if (row == 0 || outer == 0) return;
-  const size_t src_pitch = static_cast<size_t>(src.shape()[axis] * inner) * elem;
-  const size_t dst_pitch = static_cast<size_t>(dst.shape()[axis] * inner) * elem;
-  const char* from = static_cast<const char*>(src.raw_data()) + src_begin * inner * elem;
-  char* to = static_cast<char*>(dst.raw_data()) + dst_begin * inner * elem;
+  const detail::SlabCopy c = detail::slab_copy(src, axis, src_begin, dst, dst_begin, count);
+  if (c.empty()) return;
   Allocator& a = allocator_for(dst.device().host_accessible() ? src.device() : dst.device());
-  for (int64_t o = 0; o < outer; ++o)
-    a.copy(to + o * dst_pitch, dst.device(), from + o * src_pitch, src.device(), row);
+  for (int64_t o = 0; o < c.rows; ++o)
+    a.copy(c.to + o * c.dst_pitch, dst.device(), c.from + o * c.src_pitch, src.device(),
+           c.row_bytes);
 }
 
 Shape broadcast_shapes(const Shape& a, const Shape& b) {

@@ -40,9 +40,9 @@ __device__ __forceinline__ int64_t global_stride() {
 
 // Memory-bound elementwise kernels move 4 floats per access (float4) when every array is 16-byte
 // aligned and n is a multiple of 4 (every lane computes exactly what the scalar loop would, so the
-// result does not depend on which path ran). Before, on an H200, ReLU and batch norm's kernels moved
-// ResNet-50's activations at 1.7-2.5 TB/s of the card's 4.8; with float4 the whole step went from
-// 775-783 to 861-895 images/sec at batch 32 (per-kernel rates afterwards not measured).
+// result does not depend on which path ran). Before, on an H200, ReLU and batch norm's kernels
+// moved ResNet-50's activations at 1.7-2.5 TB/s of the card's 4.8; with float4 the whole step went
+// from 775-783 to 861-895 images/sec at batch 32 (per-kernel rates afterwards not measured).
 inline bool vec4_ok(int64_t n, std::initializer_list<const void*> ptrs) {
   if (n % 4 != 0) return false;
   for (const void* p : ptrs)

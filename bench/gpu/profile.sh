@@ -9,7 +9,8 @@
 # default; everything on graph-API plans; everything on legacy calls) in interleaved rounds with
 # PyTorch fp32, runs gpu_kernels_test on each path, batch 256, and ncu (ROUNDS, B256=0, NCU=0).
 # `profile.sh host` instead samples where dtrain's host threads spend a step (gperftools' CPU
-# profiler, bundled by bench/gpu/bundle.sh when libprofiler is installed here; symbolize here with
+# profiler, bundled by bench/gpu/bundle.sh when libprofiler is installed here: `apt-get install
+# google-perftools`; the GPU machine has no perf or nsys; symbolize here with
 # `google-pprof --text build/examples/synthetic_benchmark dtrain_host.prof`), and times cuDNN's host
 # side per call (conv_probe's host_us, NHWC FMA only).
 # Each step has its own time limit; results go to $OUT (or ./gpu-out).

@@ -8,7 +8,7 @@
 // heuristic's first deterministic choice and its time, the fastest deterministic algorithm, the
 // fastest of all, and the count of that convolution in the network. A summary line sums a step.
 //   conv_probe [--batch N] [--math fma|tf32|both] [--layout nhwc|nchw|both]
-// Built with the CUDA build (tools/CMakeLists.txt); run by bench/gpu/run.sh on a GPU machine.
+// Built with the CUDA build (tools/CMakeLists.txt); run by bench/gpu/profile.sh on a GPU machine.
 #include <cuda_runtime.h>
 #include <cudnn.h>
 

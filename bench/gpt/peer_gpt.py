@@ -31,6 +31,9 @@ def main():
     a.add_argument("--compile", action="store_true")
     a.add_argument("--worker-index", type=int, default=-1, help=argparse.SUPPRESS)
     a.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    a.add_argument("--master-addr", default="127.0.0.1",
+                   help="with --worker-index and --port: rank 0's address (bench/links/links.py starts each "
+                   "worker on its own netns host)")
     a.add_argument("--json", action="store_true")
     args = a.parse_args()
     if args.workers > 1 and args.worker_index < 0:
@@ -50,7 +53,7 @@ def main():
                             lr=1e-4, betas=(0.9, 0.95), eps=1e-8)
     if args.workers > 1:
         import torch.distributed as dist
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
+        dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{args.port}",
                                 rank=args.worker_index, world_size=args.workers)
         model = torch.nn.parallel.DistributedDataParallel(model)
     run = torch.compile(model) if args.compile else model

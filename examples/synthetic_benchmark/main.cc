@@ -125,11 +125,23 @@ int main(int argc, char** argv) {
           });
       const dtrain::ReplicaFn step = [&](dtrain::ReplicaContext&,
                                          const std::vector<dtrain::Tensor>& in) {
+        // Spans named as fit() names them: the timeline (DTRAIN_TIMELINE) then shows each step's
+        // phases, and `dtrain-bench simulate` reads its compute profile from them.
         dtrain::GradientTape tape;
-        const dtrain::Tensor logits = (*model)(in[0], true);
-        const dtrain::Tensor loss = dtrain::compute_average_loss(
-            dtrain::ops::sparse_softmax_cross_entropy(logits, in[1]), batch * replicas);
-        opt->apply_gradients(tape.gradient(loss, vars), vars);
+        dtrain::Tensor loss;
+        {
+          dtrain::timeline::Span s("forward", "compute");
+          const dtrain::Tensor logits = (*model)(in[0], true);
+          loss = dtrain::compute_average_loss(
+              dtrain::ops::sparse_softmax_cross_entropy(logits, in[1]), batch * replicas);
+        }
+        std::vector<dtrain::Tensor> grads;
+        {
+          dtrain::timeline::Span s("backward", "compute");
+          grads = tape.gradient(loss, vars);
+        }
+        dtrain::timeline::Span s("optimizer update", "compute");
+        opt->apply_gradients(grads, vars);
         return std::vector<dtrain::Tensor>{loss};
       };
       // --image-dir: the global batch of each step from the files, as fit() reads them.

@@ -246,6 +246,14 @@ void GradientPacker::on_ready(size_t index, const Tensor& grad, bool exclusive) 
   if (current_.grads.empty() && timeline::enabled()) current_.first_ready_us = timeline::now_us();
   seen_[index] = grad;
   if (!grad.defined()) return;
+  // One zero-length event per gradient: when backward produced it and its size, the profile that
+  // `dtrain-bench simulate` replays at other worker counts and link speeds.
+  if (timeline::enabled()) {
+    const int64_t t = timeline::now_us();
+    timeline::complete(
+        "gradient " + std::to_string(index) + ": " + std::to_string(grad.nbytes()) + " B",
+        "gradient", t, t);
+  }
   current_.indices.push_back(index);
   current_.grads.push_back(grad);
   current_.exclusive.push_back(exclusive);

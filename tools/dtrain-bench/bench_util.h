@@ -97,5 +97,18 @@ struct ChaosArgs {
       false;  // elastic MultiWorkerMirrored jobs (dtrain-run --min-np/--max-np) that must finish
 };
 int chaos_bench(const ChaosArgs& a);
+struct SimulateArgs {
+  std::string profile;  // a one-worker timeline (DTRAIN_TIMELINE)
+  std::string workers = "2,8,32,128,512,1024", gbps, algorithm = "ring";
+  int warmup = 1, workers_per_host = 8;
+  double busbw = 0, small_allreduce_seconds = 0, link_efficiency = 0.94, latency_us = 25;
+  double intra_gbps = 2400, intra_latency_us = 5, pack_mb = 4.194304, step_seconds = 0;
+  double comm_cpu_ns_per_byte = 0;
+  int workers_per_core = 1;
+  bool json = false;
+};
+int simulate_bench(const SimulateArgs& a);
+// `dtrain-bench links ARGS`: runs bench/links/links.py ARGS with the build this tool is in.
+int links_bench(const std::vector<std::string>& args);
 
 }  // namespace dtrain::bench

@@ -279,6 +279,79 @@ int main(int argc, char** argv) {
                   "2 --max-np W on W+1 "
                   "hosts, any worker hit, rank 0 included): each must re-form and finish with "
                   "every step applied once");
+  SimulateArgs sim;
+  auto* simulate = app.add_subcommand(
+      "simulate",
+      "a data-parallel step at other worker counts and link speeds, from one worker's timeline: "
+      "gradient packs, ring/tree/hierarchical all-reduce, overlap with backward");
+  simulate
+      ->add_option("--profile", sim.profile,
+                   "timeline of one worker (DTRAIN_TIMELINE=FILE examples/synthetic_benchmark or "
+                   "examples/gpt --strategy=mirrored --devices=cpu)")
+      ->required();
+  simulate->add_option("--warmup", sim.warmup, "steps of the profile left out")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  simulate->add_option("--workers", sim.workers, "worker counts, comma-separated")
+      ->capture_default_str();
+  simulate->add_option("--gbps", sim.gbps,
+                       "link rates in Gbit/s, comma-separated (default 10,25,100)");
+  simulate
+      ->add_option(
+          "--link-efficiency", sim.link_efficiency,
+          "bus bandwidth / link rate (0.93-0.94 measured over TCP on 1 Gbit/s netns links)")
+      ->check(CLI::Range(0.01, 1.0))
+      ->capture_default_str();
+  simulate
+      ->add_option("--busbw", sim.busbw,
+                   "measured bus bandwidth, bytes/s (dtrain-bench allreduce), instead of --gbps")
+      ->check(CLI::PositiveNumber);
+  simulate->add_option("--latency-us", sim.latency_us, "seconds x 1e6 of one empty ring step")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  simulate
+      ->add_option("--small-allreduce-seconds", sim.small_allreduce_seconds,
+                   "measured time of a tiny all-reduce at --workers (one count): sets the latency")
+      ->check(CLI::PositiveNumber);
+  simulate->add_option("--algorithm", sim.algorithm, "ring, tree or hierarchical")
+      ->check(CLI::IsMember({"ring", "tree", "hierarchical"}))
+      ->capture_default_str();
+  simulate->add_option("--workers-per-host", sim.workers_per_host, "hierarchical: workers per host")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  simulate->add_option("--intra-gbps", sim.intra_gbps, "hierarchical: link rate inside a host")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  simulate
+      ->add_option("--intra-latency-us", sim.intra_latency_us,
+                   "hierarchical: step latency inside a host")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  simulate
+      ->add_option("--comm-cpu-ns-per-byte", sim.comm_cpu_ns_per_byte,
+                   "CPU links: CPU ns a worker spends per byte it moves (TCP, sums), taken from "
+                   "its compute (0: none, as on a GPU)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  simulate->add_option("--workers-per-core", sim.workers_per_core, "workers sharing one core")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  simulate->add_option("--pack-mb", sim.pack_mb, "gradient pack (fusion buffer) size, MB")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  simulate
+      ->add_option("--step-seconds", sim.step_seconds,
+                   "scale the profile's compute to this one-worker step time (a measured "
+                   "step on another device, e.g. a GPU)")
+      ->check(CLI::PositiveNumber);
+  simulate->add_flag("--json", sim.json, "also print one JSON object per prediction");
+  auto* links = app.add_subcommand(
+      "links",
+      "ResNet-50 and GPT-2 on 2-4 netns hosts at shaped link rates, MultiWorkerMirrored vs DDP "
+      "(bench/links/links.py; its options follow, see --help there; needs root)");
+  links->allow_extras();
+  links->set_help_flag("");  // --help goes to links.py
+  links->prefix_command();
   CLI11_PARSE(app, argc, argv);
   try {
     if (*train) return train_bench(t);
@@ -289,6 +362,8 @@ int main(int argc, char** argv) {
     if (*chaos) return chaos_bench(ch);
     if (*input) return input_bench(in);
     if (*peak) return peak_bench(pk);
+    if (*simulate) return simulate_bench(sim);
+    if (*links) return links_bench(links->remaining());
     if (*input_run_cmd)
       return input_run(ir_dir, ir_threads, in.batch, in.epochs, in.warmup, ir_samples);
     if (*pw) return ps_worker(pw_size, pw_seconds);

@@ -6,7 +6,7 @@ and links, in interleaved rounds; medians of seconds per step.
 
   bench/links/links.py [--build build] [--models resnet50,gpt2] [--hosts 2,4] [--rates none,10gbit,1gbit]
       [--systems dtrain,ddp] [--rounds 2] [--warmup 1] [--steps 2] [--resnet-batch 32] [--gpt-batch 4]
-      [--context 256] [--out DIR] [--profile] [--simulate] [--json]
+      [--context 256] [--out DIR] [--profile] [--simulate] [--from links.jsonl] [--json]
 
 Per run: seconds per step (the workers' slowest), images or tokens per second of the job, peak RSS of the
 largest worker, and for dtrain, from its timeline (DTRAIN_TIMELINE, merged by dtrain-run): the
@@ -17,8 +17,10 @@ cores, workers share cores, and the steps are then longer for both systems alike
 --profile: also records, for the simulator (`dtrain-bench simulate`), each model's compute profile: one
 worker's timeline with no peer (forward, backward with the moment and size of every gradient, the
 update), with as many such jobs sharing its core as the H-host runs put on a core; and the links' own
-all-reduce speed on each (H, rate) (dtrain-bench allreduce over the same hosts). --simulate: then
-predicts every dtrain row from those and prints predicted against measured.
+all-reduce speed on each (H, rate) (dtrain-bench allreduce over the same hosts), with the CPU time a rank
+spends per byte it moves (on unshaped links). --simulate: then predicts every dtrain row from those and
+prints predicted against measured. --from FILE: no training, the rows of an earlier links.jsonl (and the
+profiles beside it), the links measured again.
 
 Needs root (network namespaces); the peers' interpreter is build/peers-venv/bin/python
 (bench/peers/setup.sh). Files go to --out (default build/links): links.jsonl (one object per run),

@@ -1,6 +1,7 @@
 // Core value types: dtype conversions, shapes, tensors, Philox, errors.
 #include <thread>
 
+#include "dtrain/core/allocator.h"
 #include "dtrain/core/random.h"
 #include "testing/test_util.h"
 
@@ -111,6 +112,34 @@ TEST(Devices, GpuLocalPinsTheGpuOfTheLocalRank) {
     EXPECT_EQ(parse_devices_flag("gpu:local"), std::vector<DeviceSpec>{DeviceSpec::gpu(3 % n)});
   }
   ::unsetenv("LOCAL_RANK");
+}
+
+// The host allocator's cache: a large request with no cached block of its size takes the smallest
+// cached block of up to twice its size, whole; small requests and larger slack take new memory.
+TEST(HostAllocator, ALargeMissReusesACachedBlockOfUpToTwiceItsSize) {
+  Allocator& host = host_allocator();
+  constexpr size_t kMiB = size_t{1} << 20;
+  const size_t big = 40 * kMiB + 128;  // sizes no other test asks for
+  auto a = host.allocate(big, DeviceSpec::cpu());
+  void* const pa = a->data();
+  a.reset();  // cached
+  auto b = host.allocate(25 * kMiB + 64, DeviceSpec::cpu());
+  EXPECT_EQ(b->data(), pa);
+  EXPECT_EQ(b->nbytes(), big);  // the whole block, returned to its own size's list
+  b.reset();
+  auto c = host.allocate(big, DeviceSpec::cpu());
+  EXPECT_EQ(c->data(), pa);
+  c.reset();
+  auto d = host.allocate(15 * kMiB, DeviceSpec::cpu());  // 40 MiB is more than twice 15
+  EXPECT_NE(d->data(), pa);
+  EXPECT_EQ(d->nbytes(), 15 * kMiB);
+  d.reset();
+  auto e = host.allocate(900 * 1024 + 64, DeviceSpec::cpu());  // below 1 MiB: exact sizes only
+  void* const pe = e->data();
+  e.reset();
+  auto f = host.allocate(600 * 1024 + 64, DeviceSpec::cpu());
+  EXPECT_EQ(f->nbytes(), size_t{600 * 1024 + 64});
+  EXPECT_NE(f->data(), pe);
 }
 
 TEST(Errors, CheckFailuresAreInternalErrors) {

@@ -187,6 +187,10 @@ TEST(StepModelTest, ProfileComesFromTheTimelinesSpansAndGradientEvents) {
   EXPECT_DOUBLE_EQ(p.compute(), 0.010);
   // The warm-up step counts when asked to.
   EXPECT_EQ(profile_from_timeline(trace(), 0).steps, 3);
+  // Only the last step left: it has no next forward, so nothing is "other" (this crashed once).
+  const StepProfile last = profile_from_timeline(trace(), 2);
+  EXPECT_EQ(last.steps, 1);
+  EXPECT_DOUBLE_EQ(last.other, 0);
   const StepProfile half = p.scaled(0.5);
   EXPECT_DOUBLE_EQ(half.compute(), 0.005);
   EXPECT_DOUBLE_EQ(half.gradients[1].at, 0.00105);

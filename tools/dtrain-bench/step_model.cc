@@ -124,7 +124,7 @@ StepProfile profile_from_timeline(const nlohmann::json& trace, int warmup) {
   p.forward = median(f);
   p.backward = median(b);
   p.update = median(u);
-  p.other = median(o);
+  p.other = o.empty() ? 0 : median(o);  // only the last step counted: it has no next forward
   for (auto& [index, times] : at) p.gradients.push_back({median(times), bytes[index]});
   std::stable_sort(p.gradients.begin(), p.gradients.end(),
                    [](const GradientReady& x, const GradientReady& y) { return x.at < y.at; });

@@ -97,6 +97,8 @@ def run_dtrain(a, model, hosts, tag):
 
 def run_ddp(a, model, hosts, python):
     port = 29500 + int(time.time()) % 400
+    master = netns("list").stdout.split()[1]  # host 0's address ("namespace address" lines)
+    cores = sorted(os.sched_getaffinity(0))
     procs = []
     for i in range(hosts):
         if model == "resnet50":
@@ -107,8 +109,7 @@ def run_ddp(a, model, hosts, python):
             peer = [python, os.path.join(ROOT, "bench", "gpt", "peer_gpt.py"), "--context", str(a.context),
                     "--batch-size", str(a.gpt_batch), "--warmup", str(a.warmup), "--steps", str(a.steps)]
         peer += ["--threads", "1", "--workers", str(hosts), "--worker-index", str(i), "--port", str(port),
-                 "--master-addr", "192.0.2.10", "--json"]
-        cores = sorted(os.sched_getaffinity(0))
+                 "--master-addr", master, "--json"]
         cmd = ["ip", "netns", "exec", f"{PREFIX}-h{i}", "taskset", "-c", str(cores[i % len(cores)]),
                "env", "OMP_NUM_THREADS=1", "GLOO_SOCKET_IFNAME=eth0"] + peer  # not the hostname's 127.0.0.1
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))

@@ -1,14 +1,17 @@
 // mixed_bfloat16 on the CPU device where oneDNN has no bfloat16 kernels (devices/cpu/dnnl_util.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "devices/cpu/dnnl_util.h"
 #include "dtrain/core/dtype.h"
 #include "dtrain/core/precision.h"
 #include "dtrain/devices/device.h"
+#include "dtrain/devices/kernels.h"
 #include "dtrain/model/gradient_tape.h"
 #include "dtrain/model/ops.h"
 
@@ -90,6 +93,149 @@ TEST(CpuBf16, WithoutBf16KernelsMixedBfloat16RoundsEveryKernelInput) {
   EXPECT_TRUE(std::isnan(odd[3]));
   EXPECT_EQ(odd[4], INFINITY);
   EXPECT_EQ(odd[5], INFINITY);
+}
+
+// Restores float32 (and native kernels) however a test leaves.
+struct MixedBf16 {
+  MixedBf16() { set_precision_policy(Precision::kMixedBFloat16); }
+  ~MixedBf16() { set_precision_policy(Precision::kFloat32); }
+};
+
+std::vector<float> wave(size_t n, float f) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = std::sin(f * static_cast<float>(i) + 0.3f);
+  return v;
+}
+
+// With bfloat16 kernels, ops::matmul converts each operand once (a recorded cast) and hands the
+// kernel bfloat16 copies, forward and backward. The numbers are the kernel's own rounding of
+// float32 operands, bit for bit, for every transpose.
+TEST(CpuBf16, NativeMatmulOnConvertedCopiesEqualsTheKernelsOwnRounding) {
+  if (!cpu::bf16_kernels_native()) GTEST_SKIP() << "no oneDNN bfloat16 kernels on this CPU";
+  MixedBf16 policy;
+  Kernels& k = get_device(DeviceSpec::cpu(0)).kernels();
+  ASSERT_EQ(k.matmul_operand_dtype(), DType::kBFloat16);
+  // b a weight (a trainable variable: converted by the kernel at each product) or an activation
+  for (const bool weight : {false, true})
+    for (const bool ta : {false, true})
+      for (const bool tb : {false, true}) {
+        const int64_t m = 37, kk = 70, n = 19;
+        Tensor a = Tensor::from_vector(wave(m * kk, 0.37f), ta ? Shape{kk, m} : Shape{m, kk});
+        Tensor b = Tensor::from_vector(wave(kk * n, 0.71f), tb ? Shape{n, kk} : Shape{kk, n});
+        b.set_trainable_variable(weight);
+        const Tensor dz = Tensor::from_vector(wave(m * n, 1.3f), Shape{m, n});
+        GradientTape tape;
+        tape.watch(a);
+        tape.watch(b);
+        const Tensor z = ops::matmul(a, b, ta, tb);
+        const auto g = tape.gradient(ops::sum(ops::mul(z, dz)), {a, b});
+        // The kernel alone, float32 operands rounded inside it.
+        const Tensor z_ref = k.matmul(a, b, ta, tb);
+        const Tensor ga_ref = ta ? k.matmul(b, dz, tb, true) : k.matmul(dz, b, false, !tb);
+        const Tensor gb_ref = tb ? k.matmul(dz, a, true, ta) : k.matmul(a, dz, !ta, false);
+        const std::string where = std::string("ta=") + (ta ? "1" : "0") +
+                                  " tb=" + (tb ? "1" : "0") + (weight ? " (b a variable)" : "");
+        EXPECT_EQ(z.dtype(), DType::kFloat32) << where;
+        EXPECT_EQ(z.to_vector<float>(), z_ref.to_vector<float>()) << where;
+        ASSERT_EQ(g[0].dtype(), DType::kFloat32) << where;
+        EXPECT_EQ(g[0].shape(), a.shape()) << where;
+        EXPECT_EQ(g[0].to_vector<float>(), ga_ref.to_vector<float>()) << where;
+        EXPECT_EQ(g[1].to_vector<float>(), gb_ref.to_vector<float>()) << where;
+      }
+}
+
+// The same for batched products (attention's scores and weighted values): ops::matmul of rank-3
+// operands against the kernel on float32 operands, bit for bit, for every transpose.
+TEST(CpuBf16, NativeBatchMatmulOnConvertedCopiesEqualsTheKernelsOwnRounding) {
+  if (!cpu::bf16_kernels_native()) GTEST_SKIP() << "no oneDNN bfloat16 kernels on this CPU";
+  MixedBf16 policy;
+  Kernels& k = get_device(DeviceSpec::cpu(0)).kernels();
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true}) {
+      const int64_t bt = 3, m = 17, kk = 33, n = 9;
+      Tensor a =
+          Tensor::from_vector(wave(bt * m * kk, 0.37f), ta ? Shape{bt, kk, m} : Shape{bt, m, kk});
+      Tensor b =
+          Tensor::from_vector(wave(bt * kk * n, 0.71f), tb ? Shape{bt, n, kk} : Shape{bt, kk, n});
+      const Tensor dz = Tensor::from_vector(wave(bt * m * n, 1.3f), Shape{bt, m, n});
+      GradientTape tape;
+      tape.watch(a);
+      tape.watch(b);
+      const Tensor z = ops::matmul(a, b, ta, tb);
+      const auto g = tape.gradient(ops::sum(ops::mul(z, dz)), {a, b});
+      const Tensor z_ref = k.batch_matmul(a, b, ta, tb);
+      const Tensor ga_ref =
+          ta ? k.batch_matmul(b, dz, tb, true) : k.batch_matmul(dz, b, false, !tb);
+      const Tensor gb_ref =
+          tb ? k.batch_matmul(dz, a, true, ta) : k.batch_matmul(a, dz, !ta, false);
+      const std::string where = std::string("ta=") + (ta ? "1" : "0") + " tb=" + (tb ? "1" : "0");
+      EXPECT_EQ(z.to_vector<float>(), z_ref.to_vector<float>()) << where;
+      EXPECT_EQ(g[0].to_vector<float>(), ga_ref.to_vector<float>()) << where;
+      EXPECT_EQ(g[1].to_vector<float>(), gb_ref.to_vector<float>()) << where;
+      // and against float64 on the rounded operands: bfloat16 products, not float32 ones
+      const std::vector<float> av = a.to_vector<float>(), bv = b.to_vector<float>(),
+                               zv = z.to_vector<float>();
+      double worst = 0;
+      for (int64_t p = 0; p < bt; ++p)
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            double want = 0;
+            for (int64_t q = 0; q < kk; ++q) {
+              const float x =
+                  av[static_cast<size_t>(ta ? (p * kk + q) * m + i : (p * m + i) * kk + q)];
+              const float y =
+                  bv[static_cast<size_t>(tb ? (p * n + j) * kk + q : (p * kk + q) * n + j)];
+              want += static_cast<double>(bf16_to_float(float_to_bf16(x))) *
+                      bf16_to_float(float_to_bf16(y));
+            }
+            worst = std::max(worst, std::abs(want - zv[static_cast<size_t>((p * m + i) * n + j)]));
+          }
+      EXPECT_LT(worst, 1e-4) << where;
+    }
+}
+
+// The casts are recorded, so a second derivative still reaches the float32 operands: for
+// L = |a b|^2 / 2, dL/db = a^T a b, and d/da of sum(dL/db * v) against float64.
+TEST(CpuBf16, NativeMatmulKeepsSecondDerivatives) {
+  if (!cpu::bf16_kernels_native()) GTEST_SKIP() << "no oneDNN bfloat16 kernels on this CPU";
+  MixedBf16 policy;
+  const int64_t m = 6, kk = 5, n = 4;
+  const std::vector<float> av = wave(m * kk, 0.5f), bv = wave(kk * n, 0.9f),
+                           vv = wave(kk * n, 1.7f);
+  Tensor a = Tensor::from_vector(av, Shape{m, kk}), b = Tensor::from_vector(bv, Shape{kk, n});
+  GradientTape outer;
+  outer.watch(a);
+  Tensor gb;
+  {
+    GradientTape inner;
+    inner.watch(b);
+    const Tensor z = ops::matmul(a, b);
+    gb = inner.gradient(ops::scale(ops::sum(ops::mul(z, z)), 0.5f), {b})[0];
+  }
+  const Tensor h = ops::sum(ops::mul(gb, Tensor::from_vector(vv, Shape{kk, n})));
+  const Tensor ga = outer.gradient(h, {a})[0];
+  ASSERT_TRUE(ga.defined());
+  // h = sum_{k,j} v_kj sum_i a_ik (a b)_ij; dh/da_pq = sum_j v_qj (a b)_pj + sum_k,j a_pk v_kj
+  // b_qj.
+  const auto A = [&](int64_t i, int64_t j) { return static_cast<double>(av[i * kk + j]); };
+  const auto B = [&](int64_t i, int64_t j) { return static_cast<double>(bv[i * n + j]); };
+  const auto V = [&](int64_t i, int64_t j) { return static_cast<double>(vv[i * n + j]); };
+  const std::vector<float> got = ga.to_vector<float>();
+  double worst = 0, scale = 0;
+  for (int64_t p = 0; p < m; ++p)
+    for (int64_t q = 0; q < kk; ++q) {
+      double want = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        double ab = 0;
+        for (int64_t k = 0; k < kk; ++k) ab += A(p, k) * B(k, j);
+        want += V(q, j) * ab;
+        for (int64_t k = 0; k < kk; ++k) want += A(p, k) * V(k, j) * B(q, j);
+      }
+      worst = std::max(worst, std::abs(want - got[static_cast<size_t>(p * kk + q)]));
+      scale = std::max(scale, std::abs(want));
+    }
+  EXPECT_LT(worst, 3e-2 * scale);  // bfloat16 operands, float32 sums
+  EXPECT_GT(scale, 0.1);
 }
 
 TEST(CpuBf16, TheDeviceSaysHowItRunsMixedBfloat16) {

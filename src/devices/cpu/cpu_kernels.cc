@@ -201,9 +201,23 @@ CpuKernels::CpuKernels(DeviceSpec spec, int threads)
     : spec_(spec), state_(std::make_unique<State>(threads)) {}
 CpuKernels::~CpuKernels() = default;
 
+DType CpuKernels::matmul_operand_dtype() const {
+  return mixed_bf16() && bf16_kernels_native() ? DType::kBFloat16 : DType::kFloat32;
+}
+
 Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  require_f32(a, "matmul", "a");
-  require_f32(b, "matmul", "b");
+  // float32, or bfloat16 copies made by ops::matmul (matmul_operand_dtype()); bfloat16 operands
+  // need oneDNN's bfloat16 kernels.
+  for (const auto& [t, name] : {std::pair{&a, "a"}, std::pair{&b, "b"}}) {
+    if (!t->defined() || (t->dtype() != DType::kFloat32 && t->dtype() != DType::kBFloat16))
+      throw InvalidArgument(std::string("matmul: ") + name + " must be float32 or bfloat16, got " +
+                            (t->defined() ? dtype_name(t->dtype()) : "an undefined tensor"));
+    if (t->dtype() == DType::kBFloat16 && !bf16_kernels_native())
+      throw InvalidArgument(std::string("matmul: ") + name +
+                            " is bfloat16, but oneDNN has no bfloat16 kernels on this CPU (they "
+                            "need AVX-512); pass float32 operands (mixed_bfloat16 then rounds "
+                            "them)");
+  }
   if (a.rank() != 2 || b.rank() != 2)
     throw InvalidArgument("matmul expects 2-D operands, got " + a.shape().to_string() + " and " +
                           b.shape().to_string());
@@ -218,41 +232,43 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     fill(c, 0.f);
     return c;
   }
-  const memory::desc amd({m, k}, dt::f32, ta ? memory::dims{1, m} : memory::dims{k, 1});
-  const memory::desc bmd({k, n}, dt::f32, tb ? memory::dims{1, k} : memory::dims{n, 1});
+  // Operands as stored: a transpose is a stride.
+  const memory::desc amd({m, k}, dnnl_type(a.dtype()),
+                         ta ? memory::dims{1, m} : memory::dims{k, 1});
+  const memory::desc bmd({k, n}, dnnl_type(b.dtype()),
+                         tb ? memory::dims{1, k} : memory::dims{n, 1});
   const memory::desc cmd({m, n}, dt::f32, memory::dims{n, 1});
   try {
-    // mixed_bfloat16 (core/precision.h): both operands rounded to bfloat16 (row-major copies),
-    // float32 accumulation and result.
-    // Without bfloat16 kernels (dnnl_util.h) the copies are float32, rounded to bfloat16 in place.
-    const bool bf16 = mixed_bf16(), native = bf16 && bf16_kernels_native();
+    // mixed_bfloat16 (core/precision.h), or bfloat16 operands: the primitive reads bfloat16,
+    // float32 accumulation and result. A bfloat16 operand is read where it is, a transpose as a
+    // stride (oneDNN's brgemm copies it into its own blocks either way); a float32 operand is
+    // converted into a row-major bfloat16 copy first. Without bfloat16 kernels (dnnl_util.h)
+    // the copies are float32, rounded to bfloat16 in place.
+    const bool bf16 =
+        mixed_bf16() || a.dtype() == DType::kBFloat16 || b.dtype() == DType::kBFloat16;
+    const bool native = bf16 && bf16_kernels_native();
     const dt in_dt = native ? dt::bf16 : dt::f32;
-    const memory::desc abf({m, k}, in_dt, memory::dims{k, 1}),
-        bbf({k, n}, in_dt, memory::dims{n, 1});
-    // Under mixed_bfloat16 the primitive reads the row-major copies, whatever the transposes.
+    const bool a_as_is = !bf16 || amd.data_type() == dt::bf16,
+               b_as_is = !bf16 || bmd.data_type() == dt::bf16;
+    const memory::desc a_read = a_as_is ? amd : memory::desc({m, k}, in_dt, memory::dims{k, 1}),
+                       b_read = b_as_is ? bmd : memory::desc({k, n}, in_dt, memory::dims{n, 1});
     std::string key = bf16 ? (native ? "mm@bf16" : "mm@bf16-emulated") : "mm";
-    key_dims(key, {m, k, n, ta, tb});
+    key_dims(key, {m, k, n, a_as_is && ta, b_as_is && tb});
     auto e = state_->get<Matmul>(key, [&] {
-      dnnl::matmul::primitive_desc pd(
-          bf16 ? dnnl::matmul::desc(abf, bbf, cmd) : dnnl::matmul::desc(amd, bmd, cmd),
-          state_->engine);
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_read, b_read, cmd), state_->engine);
       return std::make_shared<Matmul>(Matmul{dnnl::matmul(pd)});
     });
     memory am = mem(amd, state_->engine, a), bm = mem(bmd, state_->engine, b);
     Tensor a16, b16;
-    if (bf16) {
-      a16 = scratch(abf.get_size(), spec_);
-      b16 = scratch(bbf.get_size(), spec_);
-      memory a_out(abf, state_->engine, a16.raw_data()), b_out(bbf, state_->engine, b16.raw_data());
-      dnnl::reorder(am, a_out).execute(state_->stream(m * k), am, a_out);
-      dnnl::reorder(bm, b_out).execute(state_->stream(k * n), bm, b_out);
-      if (!native) {
-        round_to_bf16(static_cast<float*>(a16.raw_data()), static_cast<size_t>(m * k));
-        round_to_bf16(static_cast<float*>(b16.raw_data()), static_cast<size_t>(k * n));
-      }
-      am = a_out;
-      bm = b_out;
-    }
+    const auto convert = [&](memory& src, const memory::desc& want, Tensor& holder) {
+      holder = scratch(want.get_size(), spec_);
+      memory out(want, state_->engine, holder.raw_data());
+      dnnl::reorder(src, out).execute(state_->stream(want.get_size() / 2), src, out);
+      if (!native) round_to_bf16(static_cast<float*>(holder.raw_data()), want.get_size() / 4);
+      src = out;
+    };
+    if (!a_as_is) convert(am, a_read, a16);
+    if (!b_as_is) convert(bm, b_read, b16);
     e->prim.execute(
         state_->stream(m * n * k / 8),
         {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, mem(cmd, state_->engine, c)}});

@@ -30,8 +30,16 @@ int64_t rows_of(const Tensor& x) { return x.shape()[-1] == 0 ? 0 : x.numel() / x
 }  // namespace
 
 Tensor CpuKernels::batch_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  require_f32(a, "batch_matmul", "a");
-  require_f32(b, "batch_matmul", "b");
+  for (const auto& [t, name] : {std::pair{&a, "a"}, std::pair{&b, "b"}}) {
+    if (!t->defined() || (t->dtype() != DType::kFloat32 && t->dtype() != DType::kBFloat16))
+      throw InvalidArgument(std::string("batch_matmul: ") + name +
+                            " must be float32 or bfloat16, got " +
+                            (t->defined() ? dtype_name(t->dtype()) : "an undefined tensor"));
+    if (t->dtype() == DType::kBFloat16 && !bf16_kernels_native())
+      throw InvalidArgument(std::string("batch_matmul: ") + name +
+                            " is bfloat16, but oneDNN has no bfloat16 kernels on this CPU (they "
+                            "need AVX-512); pass float32 operands");
+  }
   const auto [batch, m, k, n] = detail::batch_matmul_dims(a, b, ta, tb);
   Tensor c = Tensor::empty(Shape{batch, m, n}, DType::kFloat32, spec_);
   if (c.numel() == 0) return c;
@@ -39,21 +47,30 @@ Tensor CpuKernels::batch_matmul(const Tensor& a, const Tensor& b, bool ta, bool 
     fill(c, 0.f);
     return c;
   }
+  // bfloat16 operands, float32 accumulation, as matmul (dnnl_util.h): on bfloat16 kernels the
+  // primitive reads bfloat16 (float32 operands converted first, in their own layout); without
+  // them, float32 copies rounded to bfloat16.
+  const bool bf16 = mixed_bf16() || a.dtype() == DType::kBFloat16 || b.dtype() == DType::kBFloat16;
+  const bool native = bf16 && bf16_kernels_native();
   Tensor ar = a, br = b;
-  if (mixed_bf16()) {  // bfloat16 operands, float32 accumulation, as matmul (dnnl_util.h)
+  if (native) {
+    if (a.dtype() == DType::kFloat32) ar = cast(a, DType::kBFloat16);
+    if (b.dtype() == DType::kFloat32) br = cast(b, DType::kBFloat16);
+  } else if (bf16) {
     ar = a.clone();
     br = b.clone();
     round_to_bf16(static_cast<float*>(ar.raw_data()), static_cast<size_t>(ar.numel()));
     round_to_bf16(static_cast<float*>(br.raw_data()), static_cast<size_t>(br.numel()));
   }
+  const dt in_dt = native ? dt::bf16 : dt::f32;
   // Transposes are strides: a stored [B, K, M] read as [B, M, K] with strides {K M, 1, M}.
-  const memory::desc amd({batch, m, k}, dt::f32,
+  const memory::desc amd({batch, m, k}, in_dt,
                          ta ? memory::dims{m * k, 1, m} : memory::dims{m * k, k, 1});
-  const memory::desc bmd({batch, k, n}, dt::f32,
+  const memory::desc bmd({batch, k, n}, in_dt,
                          tb ? memory::dims{k * n, 1, k} : memory::dims{k * n, n, 1});
   const memory::desc cmd({batch, m, n}, dt::f32, memory::dims{m * n, n, 1});
   try {
-    std::string key = "bmm";
+    std::string key = native ? "bmm@bf16" : "bmm";
     key_dims(key, {batch, m, k, n, ta, tb});
     auto e = state_->get<Matmul3>(key, [&] {
       dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(amd, bmd, cmd), state_->engine);

@@ -280,14 +280,18 @@ int main(int argc, char** argv) {
             lr / static_cast<float>(w + 1), std::max<int64_t>(1, total - w), 0.1f, lr, w));
         optimizer = std::move(adamw);
       }
-      if (ext.is_chief())
+      if (ext.is_chief()) {
         std::fprintf(stderr,
                      "GPT %s: %d layers, %lld wide, %d heads, context %lld, %lld parameters; "
-                     "strategy %s, %d replica(s)\n",
+                     "strategy %s, %d replica(s); local devices:",
                      preset.c_str(), config.num_layers, static_cast<long long>(config.dim),
                      config.num_heads, static_cast<long long>(context),
                      static_cast<long long>(model->count_params()), strategy.name().c_str(),
                      strategy.num_replicas_in_sync());
+        for (const auto& d : strategy.worker_devices())
+          std::fprintf(stderr, " %s", dtrain::get_device(d).description().c_str());
+        std::fprintf(stderr, "\n");
+      }
       if (!restore_path.empty()) {
         const dtrain::TrainingPosition p =
             dtrain::Checkpoint(*model, optimizer.get(), &strategy).restore(restore_path);

@@ -186,6 +186,10 @@ int main(int argc, char** argv) {
       if (chief) {
         std::printf("Model: %s\nBatch size: %lld\nNumber of devices: %d (%s)\n", model_name.c_str(),
                     static_cast<long long>(batch), replicas, strategy.name().c_str());
+        std::printf("Local devices:");
+        for (const auto& d : strategy.worker_devices())
+          std::printf(" %s", dtrain::get_device(d).description().c_str());
+        std::printf("\n");
         std::printf("Running warmup...\n");
         std::fflush(stdout);
       }

@@ -117,11 +117,6 @@ void same_device(const char* op, const Tensor& a, const Tensor& b) {
                           "that scope); otherwise move one with .to(device)");
 }
 
-bool convert_operand_once(const Tensor& x, DType operand) {
-  return operand != DType::kFloat32 && x.dtype() == DType::kFloat32 && x.numel() > 0 &&
-         !x.is_trainable_variable();
-}
-
 Tensor add(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::kAdd, "add", a, b); }
 Tensor sub(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::kSub, "sub", a, b); }
 Tensor mul(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::kMul, "mul", a, b); }
@@ -173,23 +168,11 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     d.back() = c.shape()[1];
     return reshape(c, Shape(d));
   }
-  Kernels& kernels = kernels_for(a);
-  // mixed_bfloat16 on bfloat16 kernels: activation operands converted once (op_util.h). The
-  // numerics are the kernel's own: it would round the same operands to bfloat16 itself.
-  const DType operand = kernels.matmul_operand_dtype();
-  if (convert_operand_once(a, operand) || convert_operand_once(b, operand)) {
-    const auto in = [&](const Tensor& x) {
-      return convert_operand_once(x, operand) ? cast(x, operand) : x;
-    };
-    return matmul(in(a), in(b), ta, tb);
-  }
-  Tensor c = kernels.matmul(a, b, ta, tb);
+  Tensor c = kernels_for(a).matmul(a, b, ta, tb);
   if (tape::should_record({&a, &b})) {
     tape::record("matmul", {a, b}, {c},
                  [a, b, ta, tb](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-                   // The incoming gradient converted once for both products.
-                   const bool low = a.dtype() == DType::kBFloat16 || b.dtype() == DType::kBFloat16;
-                   const Tensor d = low ? cast(g[0], DType::kBFloat16) : g[0];
+                   const Tensor& d = g[0];
                    if (!ta && !tb) return {matmul(d, b, false, true), matmul(a, d, true, false)};
                    if (ta && !tb) return {matmul(b, d, false, true), matmul(a, d, false, false)};
                    if (!ta && tb) return {matmul(d, b, false, false), matmul(d, a, true, false)};

@@ -39,21 +39,11 @@ std::vector<int> inverse(const std::vector<int>& perm) {
 
 // op(a) @ op(b) on [B, ., .] operands, recorded with its gradient.
 Tensor batch_matmul3(const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  Kernels& kernels = kernels_for(a);
-  // As ops::matmul: on bfloat16 kernels, activation operands converted once (op_util.h).
-  const DType operand = kernels.matmul_operand_dtype();
-  if (convert_operand_once(a, operand) || convert_operand_once(b, operand)) {
-    const auto in = [&](const Tensor& x) {
-      return convert_operand_once(x, operand) ? cast(x, operand) : x;
-    };
-    return batch_matmul3(in(a), in(b), ta, tb);
-  }
-  Tensor c = kernels.batch_matmul(a, b, ta, tb);
+  Tensor c = kernels_for(a).batch_matmul(a, b, ta, tb);
   if (tape::should_record({&a, &b})) {
     tape::record("batch_matmul", {a, b}, {c},
                  [a, b, ta, tb](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-                   const bool low = a.dtype() == DType::kBFloat16 || b.dtype() == DType::kBFloat16;
-                   const Tensor d = low ? cast(g[0], DType::kBFloat16) : g[0];
+                   const Tensor& d = g[0];
                    if (!ta && !tb)
                      return {batch_matmul3(d, b, false, true), batch_matmul3(a, d, true, false)};
                    if (ta && !tb)

@@ -3,12 +3,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "devices/cpu/dnnl_util.h"
 #include "dtrain/core/dtype.h"
+#include "dtrain/core/error.h"
 #include "dtrain/core/precision.h"
 #include "dtrain/devices/device.h"
 #include "dtrain/devices/kernels.h"
@@ -96,9 +98,16 @@ TEST(CpuBf16, WithoutBf16KernelsMixedBfloat16RoundsEveryKernelInput) {
 }
 
 // Restores float32 (and native kernels) however a test leaves.
+// (on oneDNN's bfloat16 kernels, whatever they measured on this CPU)
 struct MixedBf16 {
-  MixedBf16() { set_precision_policy(Precision::kMixedBFloat16); }
-  ~MixedBf16() { set_precision_policy(Precision::kFloat32); }
+  MixedBf16() {
+    set_precision_policy(Precision::kMixedBFloat16);
+    cpu::force_bf16_native_for_testing(true);
+  }
+  ~MixedBf16() {
+    cpu::force_bf16_native_for_testing(false);
+    set_precision_policy(Precision::kFloat32);
+  }
 };
 
 std::vector<float> wave(size_t n, float f) {
@@ -107,47 +116,13 @@ std::vector<float> wave(size_t n, float f) {
   return v;
 }
 
-// With bfloat16 kernels, ops::matmul converts each operand once (a recorded cast) and hands the
-// kernel bfloat16 copies, forward and backward. The numbers are the kernel's own rounding of
-// float32 operands, bit for bit, for every transpose.
-TEST(CpuBf16, NativeMatmulOnConvertedCopiesEqualsTheKernelsOwnRounding) {
-  if (!cpu::bf16_kernels_native()) GTEST_SKIP() << "no oneDNN bfloat16 kernels on this CPU";
-  MixedBf16 policy;
-  Kernels& k = get_device(DeviceSpec::cpu(0)).kernels();
-  ASSERT_EQ(k.matmul_operand_dtype(), DType::kBFloat16);
-  // b a weight (a trainable variable: converted by the kernel at each product) or an activation
-  for (const bool weight : {false, true})
-    for (const bool ta : {false, true})
-      for (const bool tb : {false, true}) {
-        const int64_t m = 37, kk = 70, n = 19;
-        Tensor a = Tensor::from_vector(wave(m * kk, 0.37f), ta ? Shape{kk, m} : Shape{m, kk});
-        Tensor b = Tensor::from_vector(wave(kk * n, 0.71f), tb ? Shape{n, kk} : Shape{kk, n});
-        b.set_trainable_variable(weight);
-        const Tensor dz = Tensor::from_vector(wave(m * n, 1.3f), Shape{m, n});
-        GradientTape tape;
-        tape.watch(a);
-        tape.watch(b);
-        const Tensor z = ops::matmul(a, b, ta, tb);
-        const auto g = tape.gradient(ops::sum(ops::mul(z, dz)), {a, b});
-        // The kernel alone, float32 operands rounded inside it.
-        const Tensor z_ref = k.matmul(a, b, ta, tb);
-        const Tensor ga_ref = ta ? k.matmul(b, dz, tb, true) : k.matmul(dz, b, false, !tb);
-        const Tensor gb_ref = tb ? k.matmul(dz, a, true, ta) : k.matmul(a, dz, !ta, false);
-        const std::string where = std::string("ta=") + (ta ? "1" : "0") +
-                                  " tb=" + (tb ? "1" : "0") + (weight ? " (b a variable)" : "");
-        EXPECT_EQ(z.dtype(), DType::kFloat32) << where;
-        EXPECT_EQ(z.to_vector<float>(), z_ref.to_vector<float>()) << where;
-        ASSERT_EQ(g[0].dtype(), DType::kFloat32) << where;
-        EXPECT_EQ(g[0].shape(), a.shape()) << where;
-        EXPECT_EQ(g[0].to_vector<float>(), ga_ref.to_vector<float>()) << where;
-        EXPECT_EQ(g[1].to_vector<float>(), gb_ref.to_vector<float>()) << where;
-      }
-}
-
-// The same for batched products (attention's scores and weighted values): ops::matmul of rank-3
-// operands against the kernel on float32 operands, bit for bit, for every transpose.
-TEST(CpuBf16, NativeBatchMatmulOnConvertedCopiesEqualsTheKernelsOwnRounding) {
-  if (!cpu::bf16_kernels_native()) GTEST_SKIP() << "no oneDNN bfloat16 kernels on this CPU";
+// Batched products (attention's scores and weighted values) on the bfloat16 kernels: against
+// float64 on the operands rounded to bfloat16, for every transpose (the kernel once ran float32
+// kernels on rounded float32 copies; now bfloat16 ones on bfloat16 copies), and their gradients
+// through ops::matmul against the kernel itself.
+TEST(CpuBf16, NativeBatchMatmulReadsBfloat16Operands) {
+  if (!cpu::bf16_kernel_choice().available)
+    GTEST_SKIP() << "no oneDNN bfloat16 kernels on this CPU";
   MixedBf16 policy;
   Kernels& k = get_device(DeviceSpec::cpu(0)).kernels();
   for (const bool ta : {false, true})
@@ -194,10 +169,11 @@ TEST(CpuBf16, NativeBatchMatmulOnConvertedCopiesEqualsTheKernelsOwnRounding) {
     }
 }
 
-// The casts are recorded, so a second derivative still reaches the float32 operands: for
-// L = |a b|^2 / 2, dL/db = a^T a b, and d/da of sum(dL/db * v) against float64.
+// Second derivatives through matrix products on the bfloat16 kernels: for L = |a b|^2 / 2,
+// dL/db = a^T a b, and d/da of sum(dL/db * v) against float64.
 TEST(CpuBf16, NativeMatmulKeepsSecondDerivatives) {
-  if (!cpu::bf16_kernels_native()) GTEST_SKIP() << "no oneDNN bfloat16 kernels on this CPU";
+  if (!cpu::bf16_kernel_choice().available)
+    GTEST_SKIP() << "no oneDNN bfloat16 kernels on this CPU";
   MixedBf16 policy;
   const int64_t m = 6, kk = 5, n = 4;
   const std::vector<float> av = wave(m * kk, 0.5f), bv = wave(kk * n, 0.9f),
@@ -238,6 +214,37 @@ TEST(CpuBf16, NativeMatmulKeepsSecondDerivatives) {
   EXPECT_GT(scale, 0.1);
 }
 
+// DTRAIN_BF16_KERNELS: auto runs the bfloat16 kernels unless they measured under kBf16MinSpeed of
+// float32 (then the emulated path: the same numerics at float32's speed); native and emulated
+// decide; anything else is a typed error naming the accepted values.
+TEST(CpuBf16, TheBfloat16KernelsRunWhereTheyAreFaster) {
+  EXPECT_TRUE(cpu::decide_bf16_kernels("auto", true, 1.95).native);                // Zen 4
+  EXPECT_TRUE(cpu::decide_bf16_kernels("auto", true, 0).native);                   // not measured
+  const cpu::Bf16KernelChoice slow = cpu::decide_bf16_kernels("auto", true, 0.5);  // the Xeon
+  EXPECT_FALSE(slow.native);
+  EXPECT_NE(slow.why.find("ran at 0.50x float32's speed"), std::string::npos) << slow.why;
+  EXPECT_NE(slow.why.find("DTRAIN_BF16_KERNELS=native"), std::string::npos) << slow.why;
+  EXPECT_TRUE(cpu::decide_bf16_kernels("native", true, 0.5).native);
+  EXPECT_FALSE(cpu::decide_bf16_kernels("emulated", true, 1.95).native);
+  const cpu::Bf16KernelChoice none = cpu::decide_bf16_kernels("native", false, 0);
+  EXPECT_FALSE(none.native);  // asked for, but oneDNN has none here
+  EXPECT_NE(none.why.find("no bfloat16 kernels"), std::string::npos) << none.why;
+  try {
+    cpu::decide_bf16_kernels("fast", true, 1.0);
+    ADD_FAILURE() << "no error for DTRAIN_BF16_KERNELS=fast";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("DTRAIN_BF16_KERNELS=fast: expected auto"),
+              std::string::npos)
+        << e.what();
+  }
+  // This process's choice, as the device reports it.
+  const cpu::Bf16KernelChoice& here = cpu::bf16_kernel_choice();
+  if (here.available && !std::getenv("DTRAIN_BF16_KERNELS")) {
+    EXPECT_GT(here.bf16_speed, 0.0);
+    EXPECT_EQ(here.native, here.bf16_speed >= cpu::kBf16MinSpeed) << here.bf16_speed;
+  }
+}
+
 TEST(CpuBf16, TheDeviceSaysHowItRunsMixedBfloat16) {
   // What ran is in the device's description (the examples print it at start-up), per policy.
   Device& d = get_device(DeviceSpec::cpu(0));
@@ -248,7 +255,8 @@ TEST(CpuBf16, TheDeviceSaysHowItRunsMixedBfloat16) {
   const std::string emulated = d.description();
   cpu::force_bf16_emulation_for_testing(false);
   set_precision_policy(Precision::kFloat32);
-  EXPECT_NE(emulated.find("mixed_bfloat16 emulated: oneDNN has no bfloat16 kernels for this CPU"),
+  EXPECT_NE(emulated.find("mixed_bfloat16 emulated: "), std::string::npos) << emulated;
+  EXPECT_NE(emulated.find("so float32 kernels run on inputs rounded to bfloat16"),
             std::string::npos)
       << emulated;
   EXPECT_NE(native.find(cpu::bf16_kernels_native() ? "on oneDNN's bfloat16 kernels"

@@ -112,15 +112,8 @@ class DTRAIN_API Kernels {
                                                    bool want_dx, bool want_dw);
 
   // --- dense algebra ---
-  // op(a) @ op(b) for 2-D a, b: float32, or operands of matmul_operand_dtype(); the result is
-  // float32.
+  // op(a) @ op(b) for 2-D a, b.
   virtual Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) = 0;
-  // The dtype in which matmul reads its operands under the current precision policy: kBFloat16
-  // where mixed_bfloat16 products run on bfloat16 kernels (a CPU with AVX-512 BF16 or AMX), else
-  // kFloat32. Where it is kBFloat16, ops::matmul converts an activation operand once and keeps
-  // that copy for the backward pass, instead of the kernel converting it for each of the three
-  // products it takes part in (src/model/op_util.h).
-  virtual DType matmul_operand_dtype() const { return DType::kFloat32; }
 
   // Batched: a [B, M, K] ([B, K, M] when transpose_a), b [B, K, N] ([B, N, K] when transpose_b)
   // -> [B, M, N], each batch entry op(a[i]) @ op(b[i]) (the caller flattens leading dimensions).

@@ -54,14 +54,18 @@ class CpuDevice final : public Device {
     return spec_.to_string() + " (oneDNN " + std::to_string(v->major) + "." +
            std::to_string(v->minor) + ", " + std::to_string(threads_) + " thread" +
            (threads_ == 1 ? "" : "s") +
-           (!cpu::mixed_bf16() ? ""
-            : cpu::bf16_kernels_native()
-                ? ", mixed_bfloat16 on oneDNN's bfloat16 kernels"
-                : ", mixed_bfloat16 emulated: oneDNN has no bfloat16 kernels for this CPU "
-                  "(they need AVX-512), so float32 kernels run on inputs rounded to bfloat16") +
+           (!cpu::mixed_bf16()           ? ""
+            : cpu::bf16_kernels_native() ? ", mixed_bfloat16 on oneDNN's bfloat16 kernels"
+                                         : ", mixed_bfloat16 emulated: " + emulation_reason() +
+                                               ", so float32 kernels run on inputs rounded to "
+                                               "bfloat16") +
            ")";
   }
   Kernels& kernels() override { return kernels_; }
+  static std::string emulation_reason() {
+    const std::string& why = cpu::bf16_kernel_choice().why;
+    return why.empty() ? "oneDNN's bfloat16 kernels set aside by a test" : why;
+  }
   std::future<void> submit(std::function<void()> fn) override {
     return worker_.submit(std::move(fn));
   }

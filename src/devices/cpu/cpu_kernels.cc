@@ -2,7 +2,12 @@
 #include <omp.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "devices/cpu/dnnl_util.h"
 #include "dtrain/core/precision.h"
@@ -126,7 +131,8 @@ memory::desc bn_desc(const memory::dims& d) {
 }  // namespace
 
 namespace {
-std::atomic<bool> g_force_bf16_emulation{false};
+// Tests' override of the choice: 0 none, 1 emulated, 2 native (where oneDNN has the kernels).
+std::atomic<int> g_force_bf16{0};
 
 bool probe_bf16_kernels() {
   try {
@@ -151,20 +157,99 @@ bool probe_bf16_kernels() {
     return false;  // dnnl_unimplemented: no bfloat16 kernel for this CPU
   }
 }
+
+// Seconds of the fastest of 3 runs (after one) of a 512 x 512 x 512 product with operands of
+// `type`.
+double time_square_matmul(dt type) {
+  constexpr int64_t n = 512;
+  const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(eng);
+  const memory::desc ab({n, n}, type, tag::ab), c({n, n}, dt::f32, tag::ab);
+  dnnl::matmul prim(dnnl::matmul::primitive_desc(dnnl::matmul::desc(ab, ab, c), eng));
+  std::vector<float> bytes(static_cast<size_t>(n * n * 3), 0.5f);  // a, b (any type) and c
+  memory am(ab, eng, bytes.data()), bm(ab, eng, bytes.data() + n * n),
+      cm(c, eng, bytes.data() + 2 * n * n);
+  double best = 1e30;
+  for (int i = 0; i < 4; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    stream.wait();
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (i > 0) best = std::min(best, t);
+  }
+  return best;
+}
+
+Bf16KernelChoice choose_once() {
+  const char* env = std::getenv("DTRAIN_BF16_KERNELS");
+  const std::string requested = env ? env : "auto";
+  const bool available = probe_bf16_kernels();
+  double speed = 0;
+  if (available && requested == "auto") {
+    try {
+      speed = time_square_matmul(dt::f32) / time_square_matmul(dt::bf16);
+    } catch (const dnnl::error&) {
+      speed = 0;
+    }
+  }
+  return decide_bf16_kernels(requested, available, speed);
+}
 }  // namespace
+
+Bf16KernelChoice decide_bf16_kernels(const std::string& requested, bool available,
+                                     double bf16_speed) {
+  Bf16KernelChoice c;
+  c.available = available;
+  c.bf16_speed = bf16_speed;
+  if (requested != "auto" && requested != "native" && requested != "emulated")
+    throw InvalidArgument("DTRAIN_BF16_KERNELS=" + requested +
+                          ": expected auto (the default: oneDNN's bfloat16 kernels unless they "
+                          "measure slower than float32 on this CPU), native or emulated");
+  if (!available) {
+    c.native = false;
+    c.why = "oneDNN has no bfloat16 kernels for this CPU (they need AVX-512)";
+  } else if (requested == "emulated") {
+    c.native = false;
+    c.why = "DTRAIN_BF16_KERNELS=emulated";
+  } else if (requested == "native") {
+    c.native = true;
+    c.why = "DTRAIN_BF16_KERNELS=native";
+  } else if (bf16_speed > 0 && bf16_speed < kBf16MinSpeed) {
+    c.native = false;
+    char ratio[32];
+    std::snprintf(ratio, sizeof ratio, "%.2fx", bf16_speed);
+    c.why = std::string("oneDNN's bfloat16 matmul ran at ") + ratio +
+            " float32's speed on this CPU (DTRAIN_BF16_KERNELS=native runs it anyway)";
+  } else {
+    c.native = true;
+  }
+  return c;
+}
+
+const Bf16KernelChoice& bf16_kernel_choice() {
+  static const Bf16KernelChoice choice = choose_once();
+  return choice;
+}
 
 bool mixed_bf16() { return precision_policy() == Precision::kMixedBFloat16; }
 
 bool bf16_kernels_native() {
-  static const bool native = probe_bf16_kernels();
-  return native && !g_force_bf16_emulation.load(std::memory_order_relaxed);
+  switch (g_force_bf16.load(std::memory_order_relaxed)) {
+    case 1:
+      return false;
+    case 2:
+      return bf16_kernel_choice().available;
+    default:
+      return bf16_kernel_choice().native;
+  }
 }
 
 memory::data_type kernel_input_type() {
   return mixed_bf16() && bf16_kernels_native() ? dt::bf16 : dt::f32;
 }
 
-void force_bf16_emulation_for_testing(bool on) { g_force_bf16_emulation.store(on); }
+void force_bf16_emulation_for_testing(bool on) { g_force_bf16.store(on ? 1 : 0); }
+void force_bf16_native_for_testing(bool on) { g_force_bf16.store(on ? 2 : 0); }
 
 // Built for AVX2 beside the baseline: a copy-speed pass over the operands.
 DTRAIN_TARGET_CLONES("avx2", "default") void round_to_bf16(float* p, size_t n) {
@@ -201,23 +286,9 @@ CpuKernels::CpuKernels(DeviceSpec spec, int threads)
     : spec_(spec), state_(std::make_unique<State>(threads)) {}
 CpuKernels::~CpuKernels() = default;
 
-DType CpuKernels::matmul_operand_dtype() const {
-  return mixed_bf16() && bf16_kernels_native() ? DType::kBFloat16 : DType::kFloat32;
-}
-
 Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  // float32, or bfloat16 copies made by ops::matmul (matmul_operand_dtype()); bfloat16 operands
-  // need oneDNN's bfloat16 kernels.
-  for (const auto& [t, name] : {std::pair{&a, "a"}, std::pair{&b, "b"}}) {
-    if (!t->defined() || (t->dtype() != DType::kFloat32 && t->dtype() != DType::kBFloat16))
-      throw InvalidArgument(std::string("matmul: ") + name + " must be float32 or bfloat16, got " +
-                            (t->defined() ? dtype_name(t->dtype()) : "an undefined tensor"));
-    if (t->dtype() == DType::kBFloat16 && !bf16_kernels_native())
-      throw InvalidArgument(std::string("matmul: ") + name +
-                            " is bfloat16, but oneDNN has no bfloat16 kernels on this CPU (they "
-                            "need AVX-512); pass float32 operands (mixed_bfloat16 then rounds "
-                            "them)");
-  }
+  require_f32(a, "matmul", "a");
+  require_f32(b, "matmul", "b");
   if (a.rank() != 2 || b.rank() != 2)
     throw InvalidArgument("matmul expects 2-D operands, got " + a.shape().to_string() + " and " +
                           b.shape().to_string());
@@ -232,43 +303,41 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     fill(c, 0.f);
     return c;
   }
-  // Operands as stored: a transpose is a stride.
-  const memory::desc amd({m, k}, dnnl_type(a.dtype()),
-                         ta ? memory::dims{1, m} : memory::dims{k, 1});
-  const memory::desc bmd({k, n}, dnnl_type(b.dtype()),
-                         tb ? memory::dims{1, k} : memory::dims{n, 1});
+  const memory::desc amd({m, k}, dt::f32, ta ? memory::dims{1, m} : memory::dims{k, 1});
+  const memory::desc bmd({k, n}, dt::f32, tb ? memory::dims{1, k} : memory::dims{n, 1});
   const memory::desc cmd({m, n}, dt::f32, memory::dims{n, 1});
   try {
-    // mixed_bfloat16 (core/precision.h), or bfloat16 operands: the primitive reads bfloat16,
-    // float32 accumulation and result. A bfloat16 operand is read where it is, a transpose as a
-    // stride (oneDNN's brgemm copies it into its own blocks either way); a float32 operand is
-    // converted into a row-major bfloat16 copy first. Without bfloat16 kernels (dnnl_util.h)
-    // the copies are float32, rounded to bfloat16 in place.
-    const bool bf16 =
-        mixed_bf16() || a.dtype() == DType::kBFloat16 || b.dtype() == DType::kBFloat16;
-    const bool native = bf16 && bf16_kernels_native();
+    // mixed_bfloat16 (core/precision.h): both operands rounded to bfloat16 (row-major copies),
+    // float32 accumulation and result.
+    // Without bfloat16 kernels (dnnl_util.h) the copies are float32, rounded to bfloat16 in place.
+    const bool bf16 = mixed_bf16(), native = bf16 && bf16_kernels_native();
     const dt in_dt = native ? dt::bf16 : dt::f32;
-    const bool a_as_is = !bf16 || amd.data_type() == dt::bf16,
-               b_as_is = !bf16 || bmd.data_type() == dt::bf16;
-    const memory::desc a_read = a_as_is ? amd : memory::desc({m, k}, in_dt, memory::dims{k, 1}),
-                       b_read = b_as_is ? bmd : memory::desc({k, n}, in_dt, memory::dims{n, 1});
+    const memory::desc abf({m, k}, in_dt, memory::dims{k, 1}),
+        bbf({k, n}, in_dt, memory::dims{n, 1});
+    // Under mixed_bfloat16 the primitive reads the row-major copies, whatever the transposes.
     std::string key = bf16 ? (native ? "mm@bf16" : "mm@bf16-emulated") : "mm";
-    key_dims(key, {m, k, n, a_as_is && ta, b_as_is && tb});
+    key_dims(key, {m, k, n, ta, tb});
     auto e = state_->get<Matmul>(key, [&] {
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_read, b_read, cmd), state_->engine);
+      dnnl::matmul::primitive_desc pd(
+          bf16 ? dnnl::matmul::desc(abf, bbf, cmd) : dnnl::matmul::desc(amd, bmd, cmd),
+          state_->engine);
       return std::make_shared<Matmul>(Matmul{dnnl::matmul(pd)});
     });
     memory am = mem(amd, state_->engine, a), bm = mem(bmd, state_->engine, b);
     Tensor a16, b16;
-    const auto convert = [&](memory& src, const memory::desc& want, Tensor& holder) {
-      holder = scratch(want.get_size(), spec_);
-      memory out(want, state_->engine, holder.raw_data());
-      dnnl::reorder(src, out).execute(state_->stream(want.get_size() / 2), src, out);
-      if (!native) round_to_bf16(static_cast<float*>(holder.raw_data()), want.get_size() / 4);
-      src = out;
-    };
-    if (!a_as_is) convert(am, a_read, a16);
-    if (!b_as_is) convert(bm, b_read, b16);
+    if (bf16) {
+      a16 = scratch(abf.get_size(), spec_);
+      b16 = scratch(bbf.get_size(), spec_);
+      memory a_out(abf, state_->engine, a16.raw_data()), b_out(bbf, state_->engine, b16.raw_data());
+      dnnl::reorder(am, a_out).execute(state_->stream(m * k), am, a_out);
+      dnnl::reorder(bm, b_out).execute(state_->stream(k * n), bm, b_out);
+      if (!native) {
+        round_to_bf16(static_cast<float*>(a16.raw_data()), static_cast<size_t>(m * k));
+        round_to_bf16(static_cast<float*>(b16.raw_data()), static_cast<size_t>(k * n));
+      }
+      am = a_out;
+      bm = b_out;
+    }
     e->prim.execute(
         state_->stream(m * n * k / 8),
         {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, mem(cmd, state_->engine, c)}});

@@ -45,7 +45,6 @@ class CpuKernels final : public Kernels {
                                            const Conv2dParams& cp, const Pool2dParams& pp,
                                            bool want_dx, bool want_dw) override;
   Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) override;
-  DType matmul_operand_dtype() const override;
   Tensor batch_matmul(const Tensor& a, const Tensor& b, bool transpose_a,
                       bool transpose_b) override;
   Tensor permute(const Tensor& x, const std::vector<int>& perm) override;

@@ -30,16 +30,8 @@ int64_t rows_of(const Tensor& x) { return x.shape()[-1] == 0 ? 0 : x.numel() / x
 }  // namespace
 
 Tensor CpuKernels::batch_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  for (const auto& [t, name] : {std::pair{&a, "a"}, std::pair{&b, "b"}}) {
-    if (!t->defined() || (t->dtype() != DType::kFloat32 && t->dtype() != DType::kBFloat16))
-      throw InvalidArgument(std::string("batch_matmul: ") + name +
-                            " must be float32 or bfloat16, got " +
-                            (t->defined() ? dtype_name(t->dtype()) : "an undefined tensor"));
-    if (t->dtype() == DType::kBFloat16 && !bf16_kernels_native())
-      throw InvalidArgument(std::string("batch_matmul: ") + name +
-                            " is bfloat16, but oneDNN has no bfloat16 kernels on this CPU (they "
-                            "need AVX-512); pass float32 operands");
-  }
+  require_f32(a, "batch_matmul", "a");
+  require_f32(b, "batch_matmul", "b");
   const auto [batch, m, k, n] = detail::batch_matmul_dims(a, b, ta, tb);
   Tensor c = Tensor::empty(Shape{batch, m, n}, DType::kFloat32, spec_);
   if (c.numel() == 0) return c;
@@ -48,14 +40,14 @@ Tensor CpuKernels::batch_matmul(const Tensor& a, const Tensor& b, bool ta, bool 
     return c;
   }
   // bfloat16 operands, float32 accumulation, as matmul (dnnl_util.h): on bfloat16 kernels the
-  // primitive reads bfloat16 (float32 operands converted first, in their own layout); without
-  // them, float32 copies rounded to bfloat16.
-  const bool bf16 = mixed_bf16() || a.dtype() == DType::kBFloat16 || b.dtype() == DType::kBFloat16;
+  // primitive reads bfloat16 copies (in the operands' own layout; a transpose stays a stride);
+  // emulated, float32 copies rounded to bfloat16.
+  const bool bf16 = mixed_bf16();
   const bool native = bf16 && bf16_kernels_native();
   Tensor ar = a, br = b;
   if (native) {
-    if (a.dtype() == DType::kFloat32) ar = cast(a, DType::kBFloat16);
-    if (b.dtype() == DType::kFloat32) br = cast(b, DType::kBFloat16);
+    ar = cast(a, DType::kBFloat16);
+    br = cast(b, DType::kBFloat16);
   } else if (bf16) {
     ar = a.clone();
     br = b.clone();

@@ -85,16 +85,34 @@ inline Tensor scratch(size_t bytes, DeviceSpec dev) {
 
 // mixed_bfloat16 (core/precision.h) on the CPU. oneDNN 2.x has bfloat16 convolution and matmul
 // kernels only on x86 CPUs with AVX-512 (found once, by creating a small bfloat16 convolution).
-// Where they exist the kernels read bfloat16 copies of their inputs; where they do not (an AVX2
-// CPU), the inputs are rounded to bfloat16 in float32 memory and the float32 kernels run them: the
-// same numerics (bfloat16 operands, float32 accumulation), without the speed-up.
-bool mixed_bf16();           // the policy is mixed_bfloat16
-bool bf16_kernels_native();  // oneDNN has bfloat16 kernels on this CPU (and no test forced them
-                             // off)
+// Where they run ("native") the kernels read bfloat16 copies of their inputs; otherwise
+// ("emulated") the inputs are rounded to bfloat16 in float32 memory and the float32 kernels run
+// them: the same numerics (bfloat16 operands, float32 accumulation) at float32's speed less the
+// rounding. Having the kernels is not enough: on a 2-core Xeon VM (model 207, AVX-512 BF16, no
+// AMX) oneDNN 2.6's bfloat16 matmul runs at half float32's rate (76 against 134-152 GFLOP/s), where
+// a Zen 4 EPYC runs it at 1.95x. So by default (DTRAIN_BF16_KERNELS=auto) the first use times one
+// 512^3 product each way and runs the emulated path where bfloat16 measures under kBf16MinSpeed
+// of float32; DTRAIN_BF16_KERNELS=native or emulated decides instead.
+constexpr double kBf16MinSpeed = 0.8;
+struct Bf16KernelChoice {
+  bool available = false;  // oneDNN has bfloat16 kernels on this CPU
+  bool native = false;     // mixed_bfloat16 runs them
+  double bf16_speed = 0;   // bfloat16 matmul's speed over float32's (0: not measured)
+  std::string why;         // why not native (empty when native)
+};
+// The choice for DTRAIN_BF16_KERNELS=`requested` (auto, native, emulated; else InvalidArgument).
+Bf16KernelChoice decide_bf16_kernels(const std::string& requested, bool available,
+                                     double bf16_speed);
+const Bf16KernelChoice& bf16_kernel_choice();  // this process's, made at the first call
+bool mixed_bf16();                             // the policy is mixed_bfloat16
+bool bf16_kernels_native();  // mixed_bfloat16 runs oneDNN's bfloat16 kernels (the choice, or a
+                             // test's override)
 memory::data_type kernel_input_type();  // bf16 under mixed_bfloat16 with native kernels, else f32
 // Rounds n floats to the nearest bfloat16 (ties to even, as oneDNN's reorder), in place.
 void round_to_bf16(float* p, size_t n);
-// Tests: run mixed_bfloat16 as on a CPU without bfloat16 kernels (false: what this CPU has).
+// Tests: run mixed_bfloat16 as on a CPU without bfloat16 kernels, or on the bfloat16 kernels
+// where oneDNN has them whatever they measured (false: back to the choice).
 void force_bf16_emulation_for_testing(bool on);
+void force_bf16_native_for_testing(bool on);
 
 }  // namespace dtrain::cpu

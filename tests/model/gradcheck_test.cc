@@ -92,7 +92,12 @@ TEST_F(GradCheck, Conv2dValidSameStrided) {
   };
   for (const Case& c : {Case{{2, 6, 6, 2}, {3, 3, 2, 3}, 1, ops::Padding::kValid},
                         Case{{1, 5, 5, 3}, {3, 3, 3, 2}, 1, ops::Padding::kSame},
-                        Case{{2, 7, 7, 1}, {3, 3, 1, 4}, 2, ops::Padding::kValid}}) {
+                        Case{{2, 7, 7, 1}, {3, 3, 1, 4}, 2, ops::Padding::kValid},
+                        // 1x1, stride 1: the CPU's backward passes are matrix products
+                        Case{{2, 3, 4, 5}, {1, 1, 5, 3}, 1, ops::Padding::kValid},
+                        Case{{1, 4, 3, 2}, {1, 1, 2, 6}, 1, ops::Padding::kSame},
+                        // 1x1, stride 2: the convolution primitives
+                        Case{{2, 5, 5, 3}, {1, 1, 3, 2}, 2, ops::Padding::kValid}}) {
     check_gradients(
         [&c](const V& x) { return ops::conv2d(x[0], x[1], x[2], c.stride, c.stride, c.pad); },
         {random_tensor(c.x, 50), random_tensor(c.w, 51), random_tensor({c.w[3]}, 52)},

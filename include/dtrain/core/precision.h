@@ -3,7 +3,10 @@
 // incoming gradients — to bfloat16 and run oneDNN's bfloat16 kernels (AVX512-BF16 on CPUs that have
 // it), accumulating and returning float32. oneDNN has no bfloat16 kernels on CPUs without AVX-512
 // (AVX2): there the inputs are rounded to bfloat16 and float32 kernels run them, the same numerics
-// without the speed-up, and the device's description says so ("mixed_bfloat16 emulated").
+// without the speed-up, and the device's description says so ("mixed_bfloat16 emulated"). The same
+// path runs where the bfloat16 kernels exist but measure slower than float32's (timed once, at the
+// first bfloat16 product; a Xeon without AMX: 0.5-0.67x); DTRAIN_BF16_KERNELS=native|emulated
+// overrides that choice.
 // Variables, optimizer state, activations between layers, losses and gradients stay float32, so it
 // needs no loss scaling (bfloat16 has float32's range).
 // Unlike Keras, the layer outputs are not rounded to bfloat16 as well; what is rounded is exactly

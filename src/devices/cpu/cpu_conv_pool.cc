@@ -3,7 +3,9 @@
 // into the primitive's preferred blocked layout per call (a few KB, so cheaper than keeping a
 // second copy in sync with the optimizer).
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "devices/cpu/dnnl_util.h"
 #include "dtrain/core/precision.h"
@@ -269,6 +271,21 @@ ConvShapes checked_conv_shapes(const char* op, const Tensor& x, const Tensor& w,
   return s;
 }
 
+// A 1x1 convolution with stride 1 and no padding on channels-last data is a matrix product over
+// the N H W rows: y[NHW, Cout] = x[NHW, Cin] w[Cin, Cout] (the HWIO filter's memory as it is). Its
+// forward pass already runs oneDNN's brgemm convolution, but oneDNN 2.6 runs the two backward
+// passes on its older jit_1x1 kernels at about half their speed; as matrix products they run on the
+// matmul primitive. (ResNet-50's 1x1 convolutions: most of its backward time.)
+// DTRAIN_CPU_CONV_GEMM=0 keeps them on the convolution primitives, for comparisons.
+bool conv_as_gemm(const Shape& w, const Conv2dParams& p) {
+  static const bool on = [] {
+    const char* v = std::getenv("DTRAIN_CPU_CONV_GEMM");
+    return !(v && std::string(v) == "0");
+  }();
+  return on && w[0] == 1 && w[1] == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_top == 0 &&
+         p.pad_bottom == 0 && p.pad_left == 0 && p.pad_right == 0;
+}
+
 }  // namespace
 
 Tensor CpuKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
@@ -298,6 +315,11 @@ Tensor CpuKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, cons
                                          const Conv2dParams& p) {
   require_f32(dy, "conv2d_backward_input", "dy");
   const ConvShapes s = conv_shapes(x_shape, w.shape(), p);
+  if (conv_as_gemm(w.shape(), p) && x_shape.numel() > 0) {  // dx = dy w^T
+    const int64_t cin = w.shape()[2], cout = w.shape()[3];
+    return matmul(dy.view(Shape{dy.numel() / cout, cout}), w.view(Shape{cin, cout}), false, true)
+        .view(x_shape);
+  }
   Tensor dx = Tensor::empty(x_shape, DType::kFloat32, spec_);
   if (dx.numel() == 0) return dx;
   try {
@@ -321,6 +343,12 @@ Tensor CpuKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, con
   require_f32(x, "conv2d_backward_filter", "x");
   require_f32(dy, "conv2d_backward_filter", "dy");
   const ConvShapes s = conv_shapes(x.shape(), w_shape, p);
+  if (conv_as_gemm(w_shape, p) && x.numel() > 0 && dy.numel() > 0) {  // dw = x^T dy, db = sum dy
+    const int64_t cin = w_shape[2], cout = w_shape[3];
+    const Tensor rows = dy.view(Shape{dy.numel() / cout, cout});
+    if (want_bias) *db = reduce(ReductionKind::kSum, rows, {0}, false);
+    return matmul(x.view(Shape{x.numel() / cin, cin}), rows, true, false).view(w_shape);
+  }
   Tensor dw = Tensor::empty(w_shape, DType::kFloat32, spec_);
   if (want_bias) *db = Tensor::empty(Shape{s.wei[0]}, DType::kFloat32, spec_);
   if (x.numel() == 0 || dy.numel() == 0) {

@@ -213,7 +213,6 @@ Bf16KernelChoice decide_bf16_kernels(const std::string& requested, bool availabl
     c.why = "DTRAIN_BF16_KERNELS=emulated";
   } else if (requested == "native") {
     c.native = true;
-    c.why = "DTRAIN_BF16_KERNELS=native";
   } else if (bf16_speed > 0 && bf16_speed < kBf16MinSpeed) {
     c.native = false;
     char ratio[32];

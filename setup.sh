@@ -18,7 +18,7 @@ case "$what" in demo|test|build|deps) ;; *) echo "usage: $0 demo|test|build|deps
 packages=(build-essential cmake python3 libdnnl-dev ocl-icd-opencl-dev opencl-headers nlohmann-json3-dev
           libboost-dev libgtest-dev libcli11-dev zlib1g-dev libssl-dev libopenmpi-dev
           openmpi-bin dataset-fashion-mnist libprotobuf-dev protobuf-compiler libjpeg62-turbo-dev libpng-dev python3-venv
-          python3-matplotlib iproute2 clang-format doxygen perl-doc)
+          python3-matplotlib iproute2 clang-format doxygen perl-doc ccache)
 
 if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
   echo "setup.sh: this system has no apt/dpkg, so nothing was installed." >&2

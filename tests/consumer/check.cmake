@@ -39,6 +39,12 @@ if(MODE STREQUAL "install")
   run(${CMAKE_COMMAND} -S ${consumer} -B ${WORK_DIR}/build -DCMAKE_BUILD_TYPE=Release
       -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
 elseif(MODE STREQUAL "subdirectory")
+  # Through ccache when dtrain's own build uses it (-DCCACHE=<program>): the second and later runs of
+  # this test then compile nothing (the consumer's build inherits these variables).
+  if(CCACHE)
+    set(ENV{CMAKE_CXX_COMPILER_LAUNCHER} ${CCACHE})
+    set(ENV{CCACHE_BASEDIR} ${DTRAIN_SOURCE_DIR})
+  endif()
   # No build type: the parent project's choice (none: -O0) reaches dtrain, which compiles about a
   # third faster than Release; what is checked is the CMake wiring, not the speed.
   run(${CMAKE_COMMAND} -S ${consumer} -B ${WORK_DIR}/build -DCMAKE_BUILD_TYPE=

@@ -13,6 +13,7 @@
 #include <set>
 
 #include "data/input_test_util.h"
+#include "data/testdata_dir.h"
 #include "dtrain/core/error.h"
 #include "dtrain/data/image.h"
 
@@ -236,7 +237,7 @@ TEST(Cache, MemoryAndFileCachesServeTheSameRowsWithoutReadingAgain) {
 // ---- TFRecord ----
 
 std::string testdata(const std::string& name) {
-  return std::string(DTRAIN_TEST_DATA_DIR) + "/" + name;
+  return dtrain::testing::testdata_dir() + "/" + name;
 }
 
 std::vector<FeatureSpec> tf_specs(int h = 6, int w = 8) {

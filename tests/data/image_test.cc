@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "data/input_test_util.h"
+#include "data/testdata_dir.h"
 #include "dtrain/core/error.h"
 
 namespace dtrain::data {
@@ -167,7 +168,7 @@ TEST(Image, JpegScaledAndCroppedDecodeMatchesFullDecodeThenTransform) {
 // full decode, colour and gray.
 TEST(Image, ProgressiveJpegsDecodeThroughTheFastPathToo) {
   for (const char* name : {"progressive.jpg", "progressive_gray.jpg"}) {
-    const std::string jpeg = image::read_file(std::string(DTRAIN_TEST_DATA_DIR) + "/" + name);
+    const std::string jpeg = image::read_file(dtrain::testing::testdata_dir() + "/" + name);
     const image::Image full = image::decode_image(jpeg, 3, name);
     ASSERT_EQ(full.width, 160) << name;
     ASSERT_EQ(full.height, 120) << name;

@@ -201,7 +201,7 @@ int allreduce_bench(const AllreduceArgs& a) {
       const auto hosts = netns_hosts(a.netns, a.ranks);
       std::string list;
       for (const auto& h : hosts) list += (list.empty() ? "" : ",") + h.second;
-      const std::string rsh = std::string(DTRAIN_SOURCE_DIR) + "/tools/netns/dtrain-netns-rsh";
+      const std::string rsh = source_dir() + "/tools/netns/dtrain-netns-rsh";
       peers.push_back(run_json_lines(
           "ip netns exec " + hosts[0].first + " mpirun --allow-run-as-root --bind-to none -np " +
           std::to_string(a.ranks) + " --host " + list + " --mca plm_rsh_agent " + rsh +

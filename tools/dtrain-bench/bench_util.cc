@@ -45,6 +45,8 @@ std::string self_dir() {
   return std::filesystem::canonical("/proc/self/exe").parent_path().string();
 }
 
+std::string source_dir() { return DTRAIN_SOURCE_DIR; }
+
 std::vector<long> parse_sizes(const std::string& s) {
   std::vector<long> out;
   for (const std::string_view given : split_list(s)) {

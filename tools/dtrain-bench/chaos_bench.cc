@@ -201,7 +201,7 @@ int elastic_chaos(const ChaosArgs& a, const std::string& netns_tool, const std::
 }  // namespace
 
 int chaos_bench(const ChaosArgs& a) {
-  const std::string netns_tool = std::string(DTRAIN_SOURCE_DIR) + "/tools/netns/dtrain-netns";
+  const std::string netns_tool = source_dir() + "/tools/netns/dtrain-netns";
   const std::string dtrain_run = self_dir() + "/dtrain-run";
   const std::string example =
       (fs::path(self_dir()).parent_path() / "examples" / "fashion_mnist").string();

@@ -61,7 +61,7 @@ int compare_bench(const CompareArgs& a) {
   const fs::path bin = fs::path(self_dir()).parent_path();
   const std::string example = (bin / "examples" / "fashion_mnist").string();
   const std::string dtrain_run = (fs::path(self_dir()) / "dtrain-run").string();
-  const fs::path bench_dir = fs::path(DTRAIN_SOURCE_DIR) / "bench";
+  const fs::path bench_dir = fs::path(source_dir()) / "bench";
   const std::string peers =
       a.peers_python.empty() ? (bin / "peers-venv" / "bin" / "python").string() : a.peers_python;
   const bool bf16 = a.precision == "bf16";

@@ -135,7 +135,7 @@ int input_bench(const InputArgs& a) {
   const fs::path bin = fs::path(self_dir()).parent_path();
   const fs::path dir = bin / "bench-data" / ("input-jpeg-" + std::to_string(a.images));
   make_images(dir, a.images);
-  const fs::path bench_dir = fs::path(DTRAIN_SOURCE_DIR) / "bench" / "input";
+  const fs::path bench_dir = fs::path(source_dir()) / "bench" / "input";
   const std::string peers =
       a.peers_python.empty() ? (bin / "peers-venv" / "bin" / "python").string() : a.peers_python;
   auto have = [&](const std::string& module) {

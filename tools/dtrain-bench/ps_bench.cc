@@ -99,7 +99,7 @@ int ps_bench(const PsArgs& a) {
   if (!a.sizes.empty() && a.sizes != "none") {
     const bool peer = a.peer == "torch-rpc";
     const std::string peer_script =
-        (fs::path(DTRAIN_SOURCE_DIR) / "bench" / "peers" / "torch_rpc_ps.py").string();
+        (fs::path(source_dir()) / "bench" / "peers" / "torch_rpc_ps.py").string();
     std::printf("%-6s %-8s %-8s %18s %14s %16s%s\n", "ps", "workers", "size", "round trips/sec",
                 "MB/sec", "per worker rt/s", peer ? "   torch-rpc rt/s   ratio" : "");
     for (int ps : parse_counts(a.ps, "--ps"))

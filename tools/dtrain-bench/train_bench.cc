@@ -9,7 +9,7 @@ namespace dtrain::bench {
 int train_bench(const TrainArgs& a) {
   namespace fs = std::filesystem;
   const fs::path example = fs::path(self_dir()).parent_path() / "examples" / "fashion_mnist";
-  const fs::path bench_dir = fs::path(DTRAIN_SOURCE_DIR) / "bench";
+  const fs::path bench_dir = fs::path(source_dir()) / "bench";
   int replicas = 1;
   if (a.devices.rfind("cpu:", 0) == 0) replicas = std::stoi(a.devices.substr(4));
   const bool multi_worker = a.strategy == "multi_worker_mirrored";

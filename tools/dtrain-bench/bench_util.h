@@ -13,8 +13,8 @@ std::vector<nlohmann::json> run_json_lines(
     const std::string& cmd, const std::string& stderr_log = "/tmp/dtrain-bench-stderr.log");
 double median(std::vector<double> v);
 std::string self_dir();  // directory of the running executable
-// The dtrain checkout this dtrain-bench was built from (bench/, tools/netns/ live there). Defined in
-// bench_util.cc alone, so that only that file's compile line carries the absolute path (ccache).
+// The dtrain checkout this dtrain-bench was built from (bench/, tools/netns/ live there). Defined
+// in bench_util.cc alone, so that only that file's compile line carries the absolute path (ccache).
 std::string source_dir();
 // "4K,64K,1M,64M" -> bytes. Throws std::invalid_argument naming a bad entry.
 std::vector<long> parse_sizes(const std::string& s);

@@ -143,8 +143,8 @@ int simulate_bench(const SimulateArgs& a) {
 int links_bench(const std::vector<std::string>& args) {
   // The build this binary belongs to (build/tools/dtrain-bench -> build).
   const std::string build = self_dir() + "/..";
-  std::vector<std::string> argv = {
-      "python3", source_dir() + "/bench/links/links.py", "--build", build};
+  std::vector<std::string> argv = {"python3", source_dir() + "/bench/links/links.py", "--build",
+                                   build};
   argv.insert(argv.end(), args.begin(), args.end());
   std::vector<char*> c;
   for (auto& s : argv) c.push_back(s.data());

@@ -65,4 +65,21 @@ ConvPoolGrads Kernels::conv2d_max_pool2d_backward(const Tensor& dy, const Tensor
   return g;
 }
 
+BatchNormForward Kernels::batch_norm_relu_training(const Tensor& x, const Tensor& gamma,
+                                                   const Tensor& beta, float epsilon,
+                                                   Tensor* relu_mask) {
+  BatchNormForward f = batch_norm_training(x, gamma, beta, epsilon);
+  f.y = unary(UnaryOp::kRelu, f.y);
+  *relu_mask = f.y;  // y > 0 exactly where the normalised value was
+  return f;
+}
+
+BatchNormBackward Kernels::batch_norm_relu_backward(const Tensor& dy, const Tensor& x,
+                                                    const Tensor& gamma, const Tensor& mean,
+                                                    const Tensor& var, float epsilon,
+                                                    const Tensor& relu_mask) {
+  return batch_norm_backward(activation_backward(UnaryOp::kRelu, relu_mask, dy), x, gamma, mean,
+                             var, epsilon);
+}
+
 }  // namespace dtrain

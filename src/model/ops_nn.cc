@@ -185,6 +185,27 @@ Tensor batch_norm_training(const Tensor& x, const Tensor& gamma, const Tensor& b
   return f.y;
 }
 
+Tensor batch_norm_relu_training(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                                Tensor* batch_mean, Tensor* batch_var) {
+  Tensor mask;
+  BatchNormForward f = kernels_for(x).batch_norm_relu_training(x, gamma, beta, eps, &mask);
+  *batch_mean = f.mean;
+  *batch_var = f.var;
+  if (tape::should_record({&x, &gamma, &beta})) {
+    tape::record("batch_norm_relu", {x, gamma, beta}, {f.y},
+                 [x, gamma, mean = f.mean, var = f.var, eps,
+                  mask](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                   BatchNormBackward b = kernels_for(x).batch_norm_relu_backward(
+                       g[0], x, gamma, mean, var, eps, mask);
+                   if (tape::should_record({&g[0], &x, &gamma}))
+                     tape::record_nondifferentiable("batch_norm_relu_grad", {g[0], x, gamma},
+                                                    {b.dx, b.dgamma, b.dbeta});
+                   return {b.dx, b.dgamma, b.dbeta};
+                 });
+  }
+  return f.y;
+}
+
 Tensor batch_norm_inference(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                             const Tensor& mean, const Tensor& var, float eps) {
   Tensor y = kernels_for(x).batch_norm_inference(x, gamma, beta, mean, var, eps);

@@ -179,16 +179,21 @@ void BatchNormalization::build_weights(const Shape& s) {
 
 Tensor BatchNormalization::call(const Tensor& x, bool training) {
   if (!training)
-    return ops::batch_norm_inference(x, gamma->value(), beta->value(), moving_mean->value(),
-                                     moving_variance->value(), epsilon_);
+    return apply_activation(activation, ops::batch_norm_inference(
+                                            x, gamma->value(), beta->value(), moving_mean->value(),
+                                            moving_variance->value(), epsilon_));
   Tensor mean, var, y;
   ReplicaContext* ctx = get_replica_context();
   const bool sync = synchronized_ && ctx && ctx->num_replicas_in_sync() > 1;
   if (sync)
-    y = ops::sync_batch_norm_training(*ctx, x, gamma->value(), beta->value(), epsilon_, &mean,
-                                      &var);
+    y = apply_activation(
+        activation, ops::sync_batch_norm_training(*ctx, x, gamma->value(), beta->value(), epsilon_,
+                                                  &mean, &var));
+  else if (activation == Activation::kRelu)
+    y = ops::batch_norm_relu_training(x, gamma->value(), beta->value(), epsilon_, &mean, &var);
   else
-    y = ops::batch_norm_training(x, gamma->value(), beta->value(), epsilon_, &mean, &var);
+    y = apply_activation(activation, ops::batch_norm_training(x, gamma->value(), beta->value(),
+                                                              epsilon_, &mean, &var));
   // A recompute_grad replay computes the step's statistics again: the first pass updated them.
   if ((sync || x.numel() > 0) && !recompute::replaying()) {
     Kernels& k = kernels_for(x);

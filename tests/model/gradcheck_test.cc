@@ -93,6 +93,10 @@ TEST_F(GradCheck, Conv2dValidSameStrided) {
   for (const Case& c : {Case{{2, 6, 6, 2}, {3, 3, 2, 3}, 1, ops::Padding::kValid},
                         Case{{1, 5, 5, 3}, {3, 3, 3, 2}, 1, ops::Padding::kSame},
                         Case{{2, 7, 7, 1}, {3, 3, 1, 4}, 2, ops::Padding::kValid},
+                        // non-square kernels, and an even one (2x4: 'same' pads one side more)
+                        Case{{1, 6, 5, 2}, {3, 1, 2, 3}, 1, ops::Padding::kSame},
+                        Case{{2, 7, 6, 3}, {5, 3, 3, 2}, 1, ops::Padding::kSame},
+                        Case{{1, 5, 6, 2}, {2, 4, 2, 3}, 1, ops::Padding::kSame},
                         // 1x1, stride 1: the CPU's backward passes are matrix products
                         Case{{2, 3, 4, 5}, {1, 1, 5, 3}, 1, ops::Padding::kValid},
                         Case{{1, 4, 3, 2}, {1, 1, 2, 6}, 1, ops::Padding::kSame},
@@ -138,6 +142,16 @@ TEST_F(GradCheck, BatchNorm) {
         return ops::batch_norm_training(x[0], x[1], x[2], 1e-3f, &m, &v);
       },
       {random_tensor({4, 2, 2, 3}, 80), random_tensor({3}, 81, 0.5f, 1.5f), random_tensor({3}, 82)},
+      {true, true, true}, 1e-3f, 1e-2f);
+}
+
+TEST_F(GradCheck, BatchNormRelu) {
+  check_gradients(
+      [](const V& x) {
+        Tensor m, v;
+        return ops::batch_norm_relu_training(x[0], x[1], x[2], 1e-3f, &m, &v);
+      },
+      {random_tensor({4, 2, 2, 3}, 83), random_tensor({3}, 84, 0.5f, 1.5f), random_tensor({3}, 85)},
       {true, true, true}, 1e-3f, 1e-2f);
 }
 

@@ -259,6 +259,54 @@ TEST_F(Layers, BatchNormNormalisesAndUpdatesMovingStats) {
   EXPECT_EQ(bn.moving_variance->value().to_vector<float>(), (std::vector<float>{1.f, 50.5f}));
 }
 
+// BatchNormalization(activation = relu) runs ops::batch_norm_relu_training (on the CPU oneDNN's
+// fused kernel with its bitmask): the same output, statistics and gradients as the layer followed by
+// a ReLU, in training and in inference; and the devices' default (the two kernels, the output kept
+// as the mask, what CUDA runs) agrees with the CPU's fused kernel.
+TEST_F(Layers, BatchNormReluEqualsBatchNormThenRelu) {
+  const Shape shape{4, 5, 5, 6};
+  const Tensor x = testing::random_tensor(shape, 31, -1.f, 2.f);
+  const Tensor weights = testing::random_tensor(shape, 32);  // loss = sum(y * weights)
+  BatchNormalization fused(0.9f, 1e-3f), plain(0.9f, 1e-3f);
+  fused.activation = Activation::kRelu;
+  for (BatchNormalization* l : {&fused, &plain}) {
+    l->build(shape);
+    l->gamma->assign(testing::random_tensor(Shape{6}, 33, 0.5f, 1.5f));
+    l->beta->assign(testing::random_tensor(Shape{6}, 34, -0.5f, 0.5f));
+  }
+  GradientTape ft, pt;
+  ft.watch(x);
+  pt.watch(x);
+  const Tensor yf = fused(x, true);
+  const Tensor yp = ops::relu(plain(x, true));
+  EXPECT_LT(relative_error(yf, yp), 1e-6);
+  const std::vector<Tensor> gf =
+      ft.gradient(ops::sum(ops::mul(yf, weights)), {x, fused.gamma->value(), fused.beta->value()});
+  const std::vector<Tensor> gp =
+      pt.gradient(ops::sum(ops::mul(yp, weights)), {x, plain.gamma->value(), plain.beta->value()});
+  ASSERT_EQ(gf.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_LT(relative_error(gf[i], gp[i]), 1e-5) << "gradient " << i;
+  EXPECT_LT(relative_error(fused.moving_mean->value(), plain.moving_mean->value()), 1e-6);
+  EXPECT_LT(relative_error(fused.moving_variance->value(), plain.moving_variance->value()), 1e-6);
+  EXPECT_LT(relative_error(fused(x, false), ops::relu(plain(x, false))), 1e-6);
+
+  Kernels& k = kernels_for(x);
+  const Tensor gamma = fused.gamma->value(), beta = fused.beta->value();
+  Tensor mask_cpu, mask_default;
+  const BatchNormForward fc = k.batch_norm_relu_training(x, gamma, beta, 1e-3f, &mask_cpu);
+  const BatchNormForward fd =
+      k.Kernels::batch_norm_relu_training(x, gamma, beta, 1e-3f, &mask_default);
+  EXPECT_LT(relative_error(fc.y, fd.y), 1e-6);
+  EXPECT_LE(mask_cpu.nbytes() * 4, fc.y.nbytes());  // a bit or a byte an element, not y
+  const BatchNormBackward bc =
+      k.batch_norm_relu_backward(weights, x, gamma, fc.mean, fc.var, 1e-3f, mask_cpu);
+  const BatchNormBackward bd = k.Kernels::batch_norm_relu_backward(weights, x, gamma, fd.mean,
+                                                                   fd.var, 1e-3f, mask_default);
+  EXPECT_LT(relative_error(bc.dx, bd.dx), 1e-5);
+  EXPECT_LT(relative_error(bc.dgamma, bd.dgamma), 1e-5);
+  EXPECT_LT(relative_error(bc.dbeta, bd.dbeta), 1e-5);
+}
+
 TEST_F(Layers, InitializersAreSeededAndBounded) {
   set_global_seed(11);
   auto a = initializers::glorot_uniform()(Shape{20, 30}, DType::kFloat32, DeviceSpec::cpu());

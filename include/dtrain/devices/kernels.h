@@ -185,6 +185,19 @@ class DTRAIN_API Kernels {
   virtual BatchNormBackward batch_norm_backward(const Tensor& dy, const Tensor& x,
                                                 const Tensor& gamma, const Tensor& mean,
                                                 const Tensor& var, float epsilon) = 0;
+  // relu(batch_norm_training(x, ...)) as one op (TF's grappler makes the same fusion:
+  // _FusedBatchNormEx with activation_mode "Relu"). `relu_mask` receives what the backward pass
+  // needs to know where the output was positive, in the device's own form: the default runs the two
+  // kernels and keeps the output itself; the CPU runs oneDNN's fused kernel (fuse_norm_relu), which
+  // writes a bitmask (1/32 of y's bytes) and saves one pass over y in each direction.
+  virtual BatchNormForward batch_norm_relu_training(const Tensor& x, const Tensor& gamma,
+                                                    const Tensor& beta, float epsilon,
+                                                    Tensor* relu_mask);
+  // The gradients of batch_norm_relu_training for its output's gradient dy.
+  virtual BatchNormBackward batch_norm_relu_backward(const Tensor& dy, const Tensor& x,
+                                                     const Tensor& gamma, const Tensor& mean,
+                                                     const Tensor& var, float epsilon,
+                                                     const Tensor& relu_mask);
 
   // --- optimizer updates, in place ---
   // SGD: with momentum m: buf = mu*buf + g; var -= lr * (nesterov ? g + mu*buf : buf).

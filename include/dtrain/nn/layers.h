@@ -188,6 +188,11 @@ class DTRAIN_API BatchNormalization : public Layer {
                               bool synchronized = false, std::string name = "batch_normalization");
   std::string class_name() const override { return "BatchNormalization"; }
   std::shared_ptr<Variable> gamma, beta, moving_mean, moving_variance;
+  // dtrain's addition to Keras' layer: an activation applied to the output, the same values as an
+  // Activation layer after it. kRelu in training runs as one op (ops::batch_norm_relu_training: on
+  // the CPU a pass less over the data each way, and the backward pass reads a bitmask instead of
+  // the output), as TF's grappler fuses FusedBatchNorm+Relu; the ResNets of applications.h use it.
+  Activation activation = Activation::kNone;
 
  protected:
   using Layer::build_weights;

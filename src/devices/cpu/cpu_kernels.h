@@ -77,6 +77,12 @@ class CpuKernels final : public Kernels {
   BatchNormBackward batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                         const Tensor& mean, const Tensor& var,
                                         float epsilon) override;
+  BatchNormForward batch_norm_relu_training(const Tensor& x, const Tensor& gamma,
+                                            const Tensor& beta, float epsilon,
+                                            Tensor* relu_mask) override;
+  BatchNormBackward batch_norm_relu_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                             const Tensor& mean, const Tensor& var, float epsilon,
+                                             const Tensor& relu_mask) override;
   void sgd_update(Tensor& var, const Tensor& grad, Tensor* momentum, float lr, float mu,
                   bool nesterov) override;
   void adam_update(Tensor& var, Tensor& m, Tensor& v, const Tensor& grad, float lr, float beta1,
@@ -85,6 +91,11 @@ class CpuKernels final : public Kernels {
   struct State;  // oneDNN engine, per-thread streams and the primitive cache (cpu_kernels.cc)
 
  private:
+  BatchNormForward batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                      float eps, Tensor* relu_mask);
+  BatchNormBackward batch_norm_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                             const Tensor& mean, const Tensor& var, float eps,
+                                             const Tensor* relu_mask);
   DeviceSpec spec_;
   std::unique_ptr<State> state_;
 };

@@ -40,6 +40,7 @@ class BottleneckBlock : public Layer {
     b1_ = register_layer(bn(o, eps), "1_bn");
     c2_ = register_layer(conv(filters, 3, 1, true, Padding::kSame), "2_conv");
     b2_ = register_layer(bn(o, eps), "2_bn");
+    b1_->activation = b2_->activation = Activation::kRelu;  // Keras' 1_relu, 2_relu: fused
     c3_ = register_layer(conv(4 * filters, 1, 1, true, Padding::kValid), "3_conv");
     b3_ = register_layer(bn(o, eps), "3_bn");
   }
@@ -49,8 +50,8 @@ class BottleneckBlock : public Layer {
   using Layer::call;
   Tensor call(const Tensor& x, bool training) override {
     const Tensor shortcut = c0_ ? (*b0_)((*c0_)(x), training) : x;
-    Tensor y = ops::relu((*b1_)((*c1_)(x), training));
-    y = ops::relu((*b2_)((*c2_)(y), training));
+    Tensor y = (*b1_)((*c1_)(x), training);
+    y = (*b2_)((*c2_)(y), training);
     y = (*b3_)((*c3_)(y), training);
     return ops::relu(ops::add(shortcut, y));
   }
@@ -69,6 +70,7 @@ class BasicBlock : public Layer {
       : Layer(std::move(name)) {
     c1_ = register_layer(conv(filters, 3, stride, use_bias, Padding::kSame, init), "1_conv");
     b1_ = register_layer(bn(o, epsilon), "1_bn");
+    b1_->activation = Activation::kRelu;  // 1_relu, fused
     c2_ = register_layer(conv(filters, 3, 1, use_bias, Padding::kSame, init), "2_conv");
     b2_ = register_layer(bn(o, epsilon), "2_bn");
     if (project) {
@@ -81,7 +83,7 @@ class BasicBlock : public Layer {
  protected:
   using Layer::call;
   Tensor call(const Tensor& x, bool training) override {
-    Tensor y = ops::relu((*b1_)((*c1_)(x), training));
+    Tensor y = (*b1_)((*c1_)(x), training);
     y = (*b2_)((*c2_)(y), training);
     Tensor shortcut = x;
     if (c0_) shortcut = (*c0_)(x);

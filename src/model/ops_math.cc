@@ -15,14 +15,20 @@ Tensor binary_op(BinaryOp op, const char* name, const Tensor& a, const Tensor& b
   same_device(name, a, b);
   Tensor y = kernels_for(a).binary(op, a, b);
   if (tape::should_record({&a, &b})) {
+    // The backward pass keeps the operands only where it reads them (mul, div): a sum's operands
+    // are freed once nothing else holds them. (A residual connection's add kept both branches to
+    // the end of the step: 0.85 GB of ResNet-50's 3.5 GB at batch 32.)
+    const bool keep = op == BinaryOp::kMul || op == BinaryOp::kDiv;
     tape::record(
-        name, {a, b}, {y}, [op, a, b](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+        name, {a, b}, {y},
+        [op, sa = a.shape(), sb = b.shape(), a = keep ? a : Tensor(),
+         b = keep ? b : Tensor()](const std::vector<Tensor>& g) -> std::vector<Tensor> {
           const Tensor& dy = g[0];
           switch (op) {
             case BinaryOp::kAdd:
-              return {sum_to_shape(dy, a.shape()), sum_to_shape(dy, b.shape())};
+              return {sum_to_shape(dy, sa), sum_to_shape(dy, sb)};
             case BinaryOp::kSub:
-              return {sum_to_shape(dy, a.shape()), sum_to_shape(neg(dy), b.shape())};
+              return {sum_to_shape(dy, sa), sum_to_shape(neg(dy), sb)};
             case BinaryOp::kMul:
               return {sum_to_shape(mul(dy, b), a.shape()), sum_to_shape(mul(dy, a), b.shape())};
             case BinaryOp::kDiv:
@@ -39,31 +45,38 @@ Tensor binary_op(BinaryOp op, const char* name, const Tensor& a, const Tensor& b
 Tensor unary_op(UnaryOp op, const char* name, const Tensor& x) {
   Tensor y = kernels_for(x).unary(op, x);
   if (tape::should_record({&x})) {
-    tape::record(name, {x}, {y}, [op, x, y](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-      const Tensor& dy = g[0];
-      switch (op) {
-        case UnaryOp::kNeg:
-          return {neg(dy)};
-        case UnaryOp::kExp:
-          return {mul(dy, y)};
-        case UnaryOp::kLog:
-          return {div(dy, x)};
-        case UnaryOp::kSquare:
-          return {mul(dy, scale(x, 2.f))};
-        case UnaryOp::kSqrt:
-          return {div(dy, scale(y, 2.f))};
-        case UnaryOp::kTanh:
-          if (!tape::should_record({&dy, &y}))  // first order: one fused kernel
-            return {kernels_for(y).activation_backward(UnaryOp::kTanh, y, dy)};
-          return {mul(dy, add_scalar(neg(square(y)), 1.f))};
-        case UnaryOp::kSigmoid:
-          if (!tape::should_record({&dy, &y}))
-            return {kernels_for(y).activation_backward(UnaryOp::kSigmoid, y, dy)};
-          return {mul(dy, mul(y, add_scalar(neg(y), 1.f)))};
-        default:
-          throw Unimplemented("gradient of this unary op");
-      }
-    });
+    // Each gradient reads the input (log, square) or the output (exp, sqrt, tanh, sigmoid), and
+    // only that one is kept.
+    const bool reads_x = op == UnaryOp::kLog || op == UnaryOp::kSquare;
+    const bool reads_y = op == UnaryOp::kExp || op == UnaryOp::kSqrt || op == UnaryOp::kTanh ||
+                         op == UnaryOp::kSigmoid;
+    tape::record(name, {x}, {y},
+                 [op, x = reads_x ? x : Tensor(),
+                  y = reads_y ? y : Tensor()](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                   const Tensor& dy = g[0];
+                   switch (op) {
+                     case UnaryOp::kNeg:
+                       return {neg(dy)};
+                     case UnaryOp::kExp:
+                       return {mul(dy, y)};
+                     case UnaryOp::kLog:
+                       return {div(dy, x)};
+                     case UnaryOp::kSquare:
+                       return {mul(dy, scale(x, 2.f))};
+                     case UnaryOp::kSqrt:
+                       return {div(dy, scale(y, 2.f))};
+                     case UnaryOp::kTanh:
+                       if (!tape::should_record({&dy, &y}))  // first order: one fused kernel
+                         return {kernels_for(y).activation_backward(UnaryOp::kTanh, y, dy)};
+                       return {mul(dy, add_scalar(neg(square(y)), 1.f))};
+                     case UnaryOp::kSigmoid:
+                       if (!tape::should_record({&dy, &y}))
+                         return {kernels_for(y).activation_backward(UnaryOp::kSigmoid, y, dy)};
+                       return {mul(dy, mul(y, add_scalar(neg(y), 1.f)))};
+                     default:
+                       throw Unimplemented("gradient of this unary op");
+                   }
+                 });
   }
   return y;
 }

@@ -112,6 +112,31 @@ TEST(GpuKernels, BatchNormBackward) {
   }
 }
 
+// batch norm + ReLU as one op: the CPU's fused kernel (a bitmask) against the GPU's two kernels.
+TEST(GpuKernels, BatchNormReluMatchesTheCpu) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  uint64_t s = 1650;
+  for (const Shape& shape : {Shape{8, 5, 5, 6}, Shape{6, 4, 4, 8}}) {
+    const int64_t c = shape[-1];
+    const Tensor x = random_tensor(shape, s++);
+    const Tensor dy = random_tensor(shape, s++);
+    const Tensor gamma = random_tensor(Shape{c}, s++, 0.5f, 1.5f);
+    const Tensor beta = random_tensor(Shape{c}, s++);
+    Tensor mc, mg;
+    const BatchNormForward fc = cpu().batch_norm_relu_training(x, gamma, beta, 1e-3f, &mc);
+    const BatchNormForward fg = gpu().batch_norm_relu_training(G(x), G(gamma), G(beta), 1e-3f, &mg);
+    expect_close(fc.y, fg.y, 1e-4f, 1e-4f, "y " + shape.to_string());
+    const BatchNormBackward bc =
+        cpu().batch_norm_relu_backward(dy, x, gamma, fc.mean, fc.var, 1e-3f, mc);
+    const BatchNormBackward bg =
+        gpu().batch_norm_relu_backward(G(dy), G(x), G(gamma), fg.mean, fg.var, 1e-3f, mg);
+    const float atol = 1e-4f * std::sqrt(static_cast<float>(shape.numel() / c));
+    expect_close(bc.dbeta, bg.dbeta, 1e-4f, atol, "dbeta " + shape.to_string());
+    expect_close(bc.dgamma, bg.dgamma, 1e-4f, atol, "dgamma " + shape.to_string());
+    expect_close(bc.dx, bg.dx, 1e-3f, 1e-4f, "dx " + shape.to_string());
+  }
+}
+
 // --- optimizers ---
 
 TEST(GpuKernels, SgdUpdate) {

@@ -260,9 +260,9 @@ TEST_F(Layers, BatchNormNormalisesAndUpdatesMovingStats) {
 }
 
 // BatchNormalization(activation = relu) runs ops::batch_norm_relu_training (on the CPU oneDNN's
-// fused kernel with its bitmask): the same output, statistics and gradients as the layer followed by
-// a ReLU, in training and in inference; and the devices' default (the two kernels, the output kept
-// as the mask, what CUDA runs) agrees with the CPU's fused kernel.
+// fused kernel with its bitmask): the same output, statistics and gradients as the layer followed
+// by a ReLU, in training and in inference; and the devices' default (the two kernels, the output
+// kept as the mask, what CUDA runs) agrees with the CPU's fused kernel.
 TEST_F(Layers, BatchNormReluEqualsBatchNormThenRelu) {
   const Shape shape{4, 5, 5, 6};
   const Tensor x = testing::random_tensor(shape, 31, -1.f, 2.f);
@@ -300,8 +300,8 @@ TEST_F(Layers, BatchNormReluEqualsBatchNormThenRelu) {
   EXPECT_LE(mask_cpu.nbytes() * 4, fc.y.nbytes());  // a bit or a byte an element, not y
   const BatchNormBackward bc =
       k.batch_norm_relu_backward(weights, x, gamma, fc.mean, fc.var, 1e-3f, mask_cpu);
-  const BatchNormBackward bd = k.Kernels::batch_norm_relu_backward(weights, x, gamma, fd.mean,
-                                                                   fd.var, 1e-3f, mask_default);
+  const BatchNormBackward bd =
+      k.Kernels::batch_norm_relu_backward(weights, x, gamma, fd.mean, fd.var, 1e-3f, mask_default);
   EXPECT_LT(relative_error(bc.dx, bd.dx), 1e-5);
   EXPECT_LT(relative_error(bc.dgamma, bd.dgamma), 1e-5);
   EXPECT_LT(relative_error(bc.dbeta, bd.dbeta), 1e-5);

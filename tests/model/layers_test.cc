@@ -305,6 +305,18 @@ TEST_F(Layers, BatchNormReluEqualsBatchNormThenRelu) {
   EXPECT_LT(relative_error(bc.dx, bd.dx), 1e-5);
   EXPECT_LT(relative_error(bc.dgamma, bd.dgamma), 1e-5);
   EXPECT_LT(relative_error(bc.dbeta, bd.dbeta), 1e-5);
+  // A mask from another tensor (too small for this x) is refused, naming what to pass.
+  Tensor small_mask;
+  k.batch_norm_relu_training(testing::random_tensor(Shape{1, 6}, 35), gamma, beta, 1e-3f,
+                             &small_mask);
+  try {
+    k.batch_norm_relu_backward(weights, x, gamma, fc.mean, fc.var, 1e-3f, small_mask);
+    ADD_FAILURE() << "a mask of the wrong size was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("batch_norm_relu_training wrote for this x"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(Layers, InitializersAreSeededAndBounded) {

@@ -15,13 +15,6 @@
 
 namespace dtrain::cpu {
 namespace {
-using dnnl::algorithm;
-using dnnl::prop_kind;
-using tag = memory::format_tag;
-using dt = memory::data_type;
-}  // namespace
-
-namespace {
 // Tests' override of the choice: 0 none, 1 emulated, 2 native (where oneDNN has the kernels).
 std::atomic<int> g_force_bf16{0};
 

@@ -13,11 +13,6 @@
 namespace dtrain::cpu {
 namespace {
 
-using dnnl::algorithm;
-using dnnl::prop_kind;
-using tag = memory::format_tag;
-using dt = memory::data_type;
-
 struct ConvShapes {
   memory::dims src, wei, bias, dst, strides, pad_l, pad_r;
 };

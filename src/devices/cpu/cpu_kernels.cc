@@ -11,11 +11,6 @@
 namespace dtrain::cpu {
 namespace {
 
-using dnnl::algorithm;
-using dnnl::prop_kind;
-using tag = memory::format_tag;
-using dt = memory::data_type;
-
 std::atomic<uint64_t> g_state_uid{1};
 
 algorithm eltwise_algorithm(UnaryOp op, float* alpha) {

@@ -9,8 +9,6 @@
 namespace dtrain::cpu {
 namespace {
 
-using dnnl::algorithm;
-
 struct Reduction {
   dnnl::reduction prim;
 };

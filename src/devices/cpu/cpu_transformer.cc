@@ -9,10 +9,6 @@
 namespace dtrain::cpu {
 namespace {
 
-using dnnl::algorithm;
-using dnnl::prop_kind;
-using dt = memory::data_type;
-
 struct Matmul3 {
   dnnl::matmul prim;
 };

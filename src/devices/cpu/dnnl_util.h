@@ -13,6 +13,11 @@
 namespace dtrain::cpu {
 
 using dnnl::memory;
+// The oneDNN names every CPU kernel file uses, declared once here.
+using dnnl::algorithm;
+using dnnl::prop_kind;
+using tag = memory::format_tag;
+using dt = memory::data_type;
 
 struct CpuKernels::State {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};

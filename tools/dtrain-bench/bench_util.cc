@@ -4,7 +4,9 @@
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
+#include <thread>
 
 #include "dtrain/core/strings.h"
 
@@ -46,6 +48,47 @@ std::string self_dir() {
 }
 
 std::string source_dir() { return DTRAIN_SOURCE_DIR; }
+
+namespace {
+// The value of the first /proc/cpuinfo line whose key (before the tabs and ':') is `key`.
+std::string cpuinfo(const std::string& key) {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string k = line.substr(0, colon);
+    while (!k.empty() && (k.back() == '\t' || k.back() == ' ')) k.pop_back();
+    if (k == key) return colon + 2 <= line.size() ? line.substr(colon + 2) : "";
+  }
+  return "";
+}
+}  // namespace
+
+std::string cpu_model() {
+  const std::string m = cpuinfo("model name");
+  return m.empty() ? "unknown CPU" : m;
+}
+
+bool cpu_flag(const std::string& flag) {
+  std::string flags = cpuinfo("flags"), want = flag;
+  flags.insert(flags.begin(), ' ');
+  flags.push_back(' ');
+  want.insert(want.begin(), ' ');
+  want.push_back(' ');
+  return flags.find(want) != std::string::npos;  // (not " " + s: GCC 12 warns -Wrestrict on it)
+}
+
+std::string cpu_description() {
+  const auto yes = [](bool b) { return b ? "yes" : "no"; };
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "CPU: %s (family %s model %s), %u logical CPUs; AVX2 %s, AVX-512F %s, AVX-512 BF16 "
+                "%s, AMX-BF16 %s",
+                cpu_model().c_str(), cpuinfo("cpu family").c_str(), cpuinfo("model").c_str(),
+                std::thread::hardware_concurrency(), yes(cpu_flag("avx2")),
+                yes(cpu_flag("avx512f")), yes(cpu_flag("avx512_bf16")), yes(cpu_flag("amx_bf16")));
+  return buf;
+}
 
 std::vector<long> parse_sizes(const std::string& s) {
   std::vector<long> out;

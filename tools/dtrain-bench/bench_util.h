@@ -16,6 +16,12 @@ std::string self_dir();  // directory of the running executable
 // The dtrain checkout this dtrain-bench was built from (bench/, tools/netns/ live there). Defined
 // in bench_util.cc alone, so that only that file's compile line carries the absolute path (ccache).
 std::string source_dir();
+// /proc/cpuinfo's "model name" of the first CPU ("unknown CPU" without one).
+std::string cpu_model();
+bool cpu_flag(const std::string& flag);  // the first CPU's flags line lists `flag`
+// What a figure depends on, printed beside it: "CPU: <model name> (family F model M), N logical
+// CPUs; AVX2 yes, AVX-512F yes, AVX-512 BF16 yes, AMX-BF16 no".
+std::string cpu_description();
 // "4K,64K,1M,64M" -> bytes. Throws std::invalid_argument naming a bad entry.
 std::vector<long> parse_sizes(const std::string& s);
 

@@ -216,6 +216,7 @@ int compare_bench(const CompareArgs& a) {
       {"one_thread", "one process, one thread (taskset -c 0)"},
       {"mirrored", "two replicas in one process (Mirrored)"},
       {"workers", "two worker processes (MWMS; DDP gloo)"}};
+  std::printf("\n%s\n", cpu_description().c_str());
   for (long b : batches) {
     const std::string what = gpt      ? "GPT-2 small, context " + std::to_string(a.context)
                              : resnet ? a.model + " synthetic 224x224"

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <string>
 
 #include "bench_util.h"
@@ -18,21 +17,6 @@
 
 namespace dtrain::bench {
 namespace {
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown CPU";
-}
-
-bool cpu_flag(const std::string& flag) {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("flags", 0) == 0)
-      return (line + " ").find(" " + flag + " ") != std::string::npos;
-  return false;
-}
 
 double gemm_gflops(int64_t n, int reps) {
   const Tensor a = Tensor::full(Shape{n, n}, 0.5f), b = Tensor::full(Shape{n, n}, 0.25f);
@@ -51,10 +35,7 @@ double gemm_gflops(int64_t n, int reps) {
 
 int peak_bench(const PeakArgs& a) {
   configure_devices({1, a.threads});
-  std::printf("CPU: %s; AVX-512F %s, AVX-512 BF16 %s, AMX-BF16 %s; %d thread(s)\n",
-              cpu_model().c_str(), cpu_flag("avx512f") ? "yes" : "no",
-              cpu_flag("avx512_bf16") ? "yes" : "no", cpu_flag("amx_bf16") ? "yes" : "no",
-              a.threads);
+  std::printf("%s; %d thread(s)\n", cpu_description().c_str(), a.threads);
   std::printf("%-34s %12s\n", "matmul n x n x n", "GFLOP/s");
   double best[2] = {0, 0};
   for (int p = 0; p < 2; ++p) {

@@ -106,8 +106,18 @@ dt dnnl_type(DType t) {
   }
 }
 
-// Widest column block of a matmul on a row-major B (see CpuKernels::matmul).
-constexpr int64_t kMatmulColumnBlock = 1536;
+// Blocks of a large matmul (see CpuKernels::matmul): the widest block of C's columns and of the
+// inner dimension over a row-major B, and of C's rows over a transposed A taller than
+// kMatmulRowsSplitAbove.
+constexpr int64_t kMatmulColumnBlock = 1536, kMatmulInnerBlock = 1536;
+constexpr int64_t kMatmulRowBlock = 4096, kMatmulRowsSplitAbove = 8192;
+
+// `extent` as equal blocks of at most about `most` (multiples of 16 but the last): their width.
+int64_t block_width(int64_t extent, int64_t most) {
+  if (extent <= most) return extent;
+  const int64_t blocks = (extent + most - 1) / most;
+  return ((extent + blocks - 1) / blocks + 15) / 16 * 16;
+}
 
 // Views a channels-last tensor as [M, C] for batch norm.
 memory::dims bn_dims(const Shape& s) {
@@ -173,34 +183,20 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     // Without bfloat16 kernels (dnnl_util.h) the copies are float32, rounded to bfloat16 in place.
     const bool bf16 = mixed_bf16(), native = bf16 && bf16_kernels_native();
     const dt in_dt = native ? dt::bf16 : dt::f32;
-    const memory::desc abf({m, k}, in_dt, memory::dims{k, 1});
     // Under mixed_bfloat16 the primitive reads the row-major copies, whatever the transposes.
-    const bool b_rows = bf16 || !tb;
-    const dt b_dt = bf16 ? in_dt : dt::f32;
-    const int64_t ldb = b_rows ? n : k;
-    const auto b_desc = [&](int64_t w) {
-      return memory::desc({k, w}, b_dt, b_rows ? memory::dims{ldb, 1} : memory::dims{1, ldb});
-    };
-    const auto c_desc = [&](int64_t w) {
-      return memory::desc({m, w}, dt::f32, memory::dims{n, 1});
-    };
-    // The primitive for `w` of the n columns (dst and B keep their full row strides).
-    const auto prim = [&](int64_t w) {
-      std::string key = bf16 ? (native ? "mm@bf16" : "mm@bf16-emulated") : "mm";
-      key_dims(key, {m, k, n, w, ta, tb});
-      return state_->get<Matmul>(key, [&] {
-        dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(bf16 ? abf : amd, b_desc(w), c_desc(w)),
-                                        state_->engine);
-        return std::make_shared<Matmul>(Matmul{dnnl::matmul(pd)});
-      });
-    };
+    const bool a_rows = bf16 || !ta, b_rows = bf16 || !tb;
+    const dt op_dt = bf16 ? in_dt : dt::f32;
+    // Element strides of the operands the primitive reads: A(i, p), B(p, j), C(i, j).
+    const memory::dims as = a_rows ? memory::dims{k, 1} : memory::dims{1, m};
+    const memory::dims bs = b_rows ? memory::dims{n, 1} : memory::dims{1, k};
     memory am = mem(amd, state_->engine, a);
-    const void* bp = b.raw_data();
+    const char* ap = static_cast<const char*>(a.raw_data());
+    const char* bp = static_cast<const char*>(b.raw_data());
     Tensor a16, b16;
     if (bf16) {
+      const memory::desc abf({m, k}, in_dt, as), bbf({k, n}, in_dt, bs);
       memory bm = mem(memory::desc({k, n}, dt::f32, tb ? memory::dims{1, k} : memory::dims{n, 1}),
                       state_->engine, b);
-      const memory::desc bbf({k, n}, in_dt, memory::dims{n, 1});
       a16 = scratch(abf.get_size(), spec_);
       b16 = scratch(bbf.get_size(), spec_);
       memory a_out(abf, state_->engine, a16.raw_data()), b_out(bbf, state_->engine, b16.raw_data());
@@ -210,27 +206,58 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
         round_to_bf16(static_cast<float*>(a16.raw_data()), static_cast<size_t>(m * k));
         round_to_bf16(static_cast<float*>(b16.raw_data()), static_cast<size_t>(k * n));
       }
-      am = a_out;
-      bp = b16.raw_data();
+      ap = static_cast<const char*>(a16.raw_data());
+      bp = static_cast<const char*>(b16.raw_data());
     }
-    // oneDNN 2.6's brgemm matmul on a row-major B a few thousand columns wide runs at a third of
-    // its rate (Xeon family 6 model 207, one thread: [1024x768] @ [768x3072] 88.8 ms whole, 35-38
-    // ms as column blocks of 1,024-1,536; the first layer of every transformer block's MLP, and its
-    // weight gradient). Such a product runs as equal column blocks of at most kMatmulColumnBlock,
-    // one primitive call each on views of B and C; a transposed B (which stays fast) runs whole.
-    const int64_t blocks =
-        b_rows && n > kMatmulColumnBlock ? (n + kMatmulColumnBlock - 1) / kMatmulColumnBlock : 1;
-    const int64_t width = blocks == 1 ? n : ((n + blocks - 1) / blocks + 15) / 16 * 16;
-    const size_t b_elem = b_dt == dt::bf16 ? 2 : 4;
-    for (int64_t j = 0; j < n; j += width) {
-      const int64_t w = std::min(width, n - j);
-      const int64_t b_off = b_rows ? j : j * ldb;
-      memory bm(b_desc(w), state_->engine,
-                const_cast<char*>(static_cast<const char*>(bp)) + b_off * b_elem);
-      memory cm(c_desc(w), state_->engine, static_cast<float*>(c.raw_data()) + j);
-      prim(w)->prim.execute(state_->stream(m * w * k / 8),
-                            {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
-    }
+    // oneDNN 2.6's brgemm matmul loses up to two thirds of its rate on some large operands that
+    // it runs well in pieces (Xeon family 6 model 207, one thread, GFLOP/s whole -> in blocks):
+    //  - a row-major B thousands of columns wide: [1024x768] @ [768x3072] 50 -> 129-155 (the first
+    //    layer of each transformer block's MLP, and its weight gradient);
+    //  - a long inner dimension over a row-major B: [1024x50257] @ [50257x768] 110 -> 157 (the
+    //    gradient into GPT-2's tied embedding), [1024x2048] @ [2048x768] 87 -> 154;
+    //  - a transposed A tens of thousands of rows tall: [50257x1024] @ [1024x768] 101 -> 137 (the
+    //    embedding's weight gradient).
+    // Such a product runs as blocks of C's columns, of the inner dimension (the blocks after the
+    // first adding into C: a sum post-op) and of C's rows, one primitive call each on views of the
+    // operands. The float32 sums are then taken in a different order: equal to within rounding.
+    const int64_t nw = block_width(n, b_rows ? kMatmulColumnBlock : n);
+    const int64_t kw = block_width(k, b_rows ? kMatmulInnerBlock : k);
+    const int64_t mw = block_width(m, !a_rows && m > kMatmulRowsSplitAbove ? kMatmulRowBlock : m);
+    const size_t elem = op_dt == dt::bf16 ? 2 : 4;
+    // The primitive for an mb x kb x nb block (operands and C keep their full strides).
+    const auto prim = [&](int64_t mb, int64_t kb, int64_t nb, bool accumulate) {
+      std::string key = bf16 ? (native ? "mm@bf16" : "mm@bf16-emulated") : "mm";
+      key_dims(key, {m, k, n, mb, kb, nb, ta, tb, accumulate});
+      return state_->get<Matmul>(key, [&] {
+        dnnl::primitive_attr attr;
+        if (accumulate) {
+          dnnl::post_ops po;
+          po.append_sum(1.f);
+          attr.set_post_ops(po);
+        }
+        dnnl::matmul::primitive_desc pd(
+            dnnl::matmul::desc(memory::desc({mb, kb}, op_dt, as), memory::desc({kb, nb}, op_dt, bs),
+                               memory::desc({mb, nb}, dt::f32, memory::dims{n, 1})),
+            attr, state_->engine);
+        return std::make_shared<Matmul>(Matmul{dnnl::matmul(pd)});
+      });
+    };
+    auto* cp = static_cast<float*>(c.raw_data());
+    for (int64_t i = 0; i < m; i += mw)
+      for (int64_t j = 0; j < n; j += nw)
+        for (int64_t p = 0; p < k; p += kw) {
+          const int64_t mb = std::min(mw, m - i), nb = std::min(nw, n - j),
+                        kb = std::min(kw, k - p);
+          auto e = prim(mb, kb, nb, p > 0);
+          const memory ab(memory::desc({mb, kb}, op_dt, as), state_->engine,
+                          const_cast<char*>(ap) + (i * as[0] + p * as[1]) * elem);
+          const memory bb(memory::desc({kb, nb}, op_dt, bs), state_->engine,
+                          const_cast<char*>(bp) + (p * bs[0] + j * bs[1]) * elem);
+          const memory cb(memory::desc({mb, nb}, dt::f32, memory::dims{n, 1}), state_->engine,
+                          cp + i * n + j);
+          e->prim.execute(state_->stream(mb * nb * kb / 8),
+                          {{DNNL_ARG_SRC, ab}, {DNNL_ARG_WEIGHTS, bb}, {DNNL_ARG_DST, cb}});
+        }
   } catch (const dnnl::error& err) {
     rethrow_dnnl("matmul", err);
   }

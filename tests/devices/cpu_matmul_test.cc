@@ -53,7 +53,8 @@ Error compare(const std::vector<float>& av, const std::vector<float>& bv, int64_
 void check_all_transposes(int64_t m, int64_t k, int64_t n, bool bf16) {
   for (const bool ta : {false, true})
     for (const bool tb : {false, true}) {
-      SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n) + (ta ? " A^T" : " A") + (tb ? " B^T" : " B") +
+      SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n) +
+                   (ta ? " A^T" : " A") + (tb ? " B^T" : " B") +
                    (bf16 ? " mixed_bfloat16" : " float32"));
       const std::vector<float> av = wave(m * k, 0.37f), bv = wave(k * n, 0.0113f);
       const Tensor a = Tensor::from_vector(av, ta ? Shape{k, m} : Shape{m, k});

@@ -1,0 +1,209 @@
+// oneDNN's convolution and pooling primitives for the CPU kernels: shapes, cache keys, creation
+// (cpu_conv_prims.h).
+#include "devices/cpu/cpu_conv_prims.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "dtrain/core/precision.h"
+
+namespace dtrain::cpu {
+namespace {
+
+// Under the mixed_bfloat16 policy the convolution reads bfloat16 (src, weights, diff_dst) and
+// writes float32 (dst, diff_src, diff_weights, bias): what its kernels read is rounded, nothing
+// else. Without bfloat16 kernels on this CPU they read float32 rounded to bfloat16 (dnnl_util.h).
+dt in_type(bool bf16) { return bf16 ? kernel_input_type() : dt::f32; }
+
+std::string conv_key(const char* op, const ConvShapes& s, bool bias) {
+  std::string k = op;
+  if (mixed_bf16()) k += bf16_kernels_native() ? "@bf16" : "@bf16-emulated";
+  key_dims(k, s.src);
+  key_dims(k, s.wei);
+  key_dims(k, s.strides);
+  key_dims(k, s.pad_l);
+  key_dims(k, s.pad_r);
+  k += bias ? "b" : "n";
+  return k;
+}
+
+dnnl::convolution_forward::desc conv_fwd_desc(const ConvShapes& s, bool bias, bool bf16) {
+  const memory::desc src(s.src, in_type(bf16), tag::nhwc), dst(s.dst, dt::f32, tag::nhwc);
+  const memory::desc wei(s.wei, in_type(bf16), tag::any);
+  if (bias)
+    return {prop_kind::forward_training,
+            algorithm::convolution_direct,
+            src,
+            wei,
+            memory::desc(s.bias, dt::f32, tag::a),
+            dst,
+            s.strides,
+            s.pad_l,
+            s.pad_r};
+  return {prop_kind::forward_training,
+          algorithm::convolution_direct,
+          src,
+          wei,
+          dst,
+          s.strides,
+          s.pad_l,
+          s.pad_r};
+}
+
+dnnl::pooling_forward::desc pool_fwd_desc(const PoolShapes& s) {
+  return {prop_kind::forward_training,
+          algorithm::pooling_max,
+          memory::desc(s.src, dt::f32, tag::nhwc),
+          memory::desc(s.dst, dt::f32, tag::nhwc),
+          s.strides,
+          s.kernel,
+          s.pad_l,
+          s.pad_r};
+}
+
+std::string pool_key(const char* op, const PoolShapes& s) {
+  std::string k = op;
+  key_dims(k, s.src);
+  key_dims(k, s.kernel);
+  key_dims(k, s.strides);
+  key_dims(k, s.pad_l);
+  key_dims(k, s.pad_r);
+  return k;
+}
+
+}  // namespace
+
+ConvShapes conv_shapes(const Shape& x, const Shape& w, const Conv2dParams& p) {
+  if (x.rank() != 4 || w.rank() != 4)
+    throw InvalidArgument("conv2d expects x [N,H,W,C] and w [KH,KW,Cin,Cout], got " +
+                          x.to_string() + " and " + w.to_string());
+  if (x[3] != w[2])
+    throw InvalidArgument("conv2d: input has " + std::to_string(x[3]) +
+                          " channels but the filter expects " + std::to_string(w[2]) + " (x " +
+                          x.to_string() + ", w " + w.to_string() + ")");
+  const int64_t oh =
+      conv_output_size(x[1], static_cast<int>(w[0]), p.stride_h, p.pad_top, p.pad_bottom);
+  const int64_t ow =
+      conv_output_size(x[2], static_cast<int>(w[1]), p.stride_w, p.pad_left, p.pad_right);
+  return {{x[0], x[3], x[1], x[2]},   {w[3], w[2], w[0], w[1]}, {w[3]},
+          {x[0], w[3], oh, ow},       {p.stride_h, p.stride_w}, {p.pad_top, p.pad_left},
+          {p.pad_bottom, p.pad_right}};
+}
+
+// Runs a reorder from the user's tensor (an HWIO filter, an NHWC activation or gradient: a kernel's
+// input) into `want` if they differ (a blocked layout, or bfloat16); returns the memory to use.
+// Under mixed_bfloat16 without bfloat16 kernels, `want` is float32 and the copy is rounded to
+// bfloat16.
+memory filter_in(CpuKernels::State& st, const memory::desc& user, const memory::desc& want,
+                 const Tensor& w, Tensor* holder) {
+  memory user_mem(user, st.engine, w.raw_data());
+  const bool round = mixed_bf16() && !bf16_kernels_native();
+  if (user == want && !round) return user_mem;
+  *holder = scratch(want.get_size(), w.device());
+  memory out(want, st.engine, holder->raw_data());
+  if (user == want)
+    std::memcpy(holder->raw_data(), w.raw_data(), want.get_size());
+  else
+    dnnl::reorder(user_mem, out).execute(st.stream(), user_mem, out);
+  if (round)
+    round_to_bf16(static_cast<float*>(holder->raw_data()), want.get_size() / sizeof(float));
+  return out;
+}
+
+PoolShapes pool_shapes(const Shape& x, const Pool2dParams& p) {
+  if (x.rank() != 4) throw InvalidArgument("max_pool2d expects [N,H,W,C], got " + x.to_string());
+  const int64_t oh = conv_output_size(x[1], p.window_h, p.stride_h, p.pad_top, p.pad_bottom);
+  const int64_t ow = conv_output_size(x[2], p.window_w, p.stride_w, p.pad_left, p.pad_right);
+  return {{x[0], x[3], x[1], x[2]}, {x[0], x[3], oh, ow},    {p.stride_h, p.stride_w},
+          {p.window_h, p.window_w}, {p.pad_top, p.pad_left}, {p.pad_bottom, p.pad_right}};
+}
+
+std::shared_ptr<ConvFwd> conv_fwd_prim(CpuKernels::State& st, const ConvShapes& s, bool bias) {
+  return st.get<ConvFwd>(conv_key("cf", s, bias), [&] {
+    dnnl::convolution_forward::primitive_desc pd(conv_fwd_desc(s, bias, mixed_bf16()), st.engine);
+    return std::make_shared<ConvFwd>(
+        ConvFwd{pd, dnnl::convolution_forward(pd), memory::desc(s.wei, dt::f32, tag::hwio)});
+  });
+}
+
+std::shared_ptr<ConvBwdData> conv_bwd_data_prim(CpuKernels::State& st, const ConvShapes& s) {
+  return st.get<ConvBwdData>(conv_key("cbd", s, false), [&] {
+    const bool bf16 = mixed_bf16();
+    dnnl::convolution_forward::primitive_desc hint(conv_fwd_desc(s, false, bf16), st.engine);
+    dnnl::convolution_backward_data::desc d(
+        algorithm::convolution_direct, memory::desc(s.src, dt::f32, tag::nhwc),
+        memory::desc(s.wei, in_type(bf16), tag::any), memory::desc(s.dst, in_type(bf16), tag::nhwc),
+        s.strides, s.pad_l, s.pad_r);
+    dnnl::convolution_backward_data::primitive_desc pd(d, st.engine, hint);
+    return std::make_shared<ConvBwdData>(ConvBwdData{pd, dnnl::convolution_backward_data(pd),
+                                                     memory::desc(s.wei, dt::f32, tag::hwio)});
+  });
+}
+
+std::shared_ptr<ConvBwdWeights> conv_bwd_weights_prim(CpuKernels::State& st, const ConvShapes& s,
+                                                      bool bias) {
+  return st.get<ConvBwdWeights>(conv_key("cbw", s, bias), [&] {
+    const bool bf16 = mixed_bf16();
+    dnnl::convolution_forward::primitive_desc hint(conv_fwd_desc(s, bias, bf16), st.engine);
+    const memory::desc src(s.src, in_type(bf16), tag::nhwc), ddst(s.dst, in_type(bf16), tag::nhwc);
+    const memory::desc dwei(s.wei, dt::f32, tag::any);
+    auto d =
+        bias ? dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, src, dwei,
+                                                        memory::desc(s.bias, dt::f32, tag::a), ddst,
+                                                        s.strides, s.pad_l, s.pad_r)
+             : dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, src, dwei,
+                                                        ddst, s.strides, s.pad_l, s.pad_r);
+    dnnl::convolution_backward_weights::primitive_desc pd(d, st.engine, hint);
+    return std::make_shared<ConvBwdWeights>(ConvBwdWeights{
+        pd, dnnl::convolution_backward_weights(pd), memory::desc(s.wei, dt::f32, tag::hwio)});
+  });
+}
+
+std::shared_ptr<PoolFwd> pool_fwd_prim(CpuKernels::State& st, const PoolShapes& s) {
+  return st.get<PoolFwd>(pool_key("pf", s), [&] {
+    dnnl::pooling_forward::primitive_desc pd(pool_fwd_desc(s), st.engine);
+    return std::make_shared<PoolFwd>(PoolFwd{pd, dnnl::pooling_forward(pd)});
+  });
+}
+
+std::shared_ptr<PoolBwd> pool_bwd_prim(CpuKernels::State& st, const PoolShapes& s) {
+  return st.get<PoolBwd>(pool_key("pb", s), [&] {
+    dnnl::pooling_forward::primitive_desc hint(pool_fwd_desc(s), st.engine);
+    dnnl::pooling_backward::desc d(algorithm::pooling_max, memory::desc(s.src, dt::f32, tag::nhwc),
+                                   memory::desc(s.dst, dt::f32, tag::nhwc), s.strides, s.kernel,
+                                   s.pad_l, s.pad_r);
+    dnnl::pooling_backward::primitive_desc pd(d, st.engine, hint);
+    return std::make_shared<PoolBwd>(PoolBwd{pd, dnnl::pooling_backward(pd)});
+  });
+}
+
+// Checks conv2d's operands (float32, the bias's shape) and returns the shapes; `op` names the
+// caller.
+ConvShapes checked_conv_shapes(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias,
+                               const Conv2dParams& p) {
+  require_f32(x, op, "input");
+  require_f32(w, op, "filter");
+  const ConvShapes s = conv_shapes(x.shape(), w.shape(), p);
+  if (bias.defined() && bias.shape() != Shape{s.wei[0]})
+    throw InvalidArgument(std::string(op) + ": bias must be [" + std::to_string(s.wei[0]) +
+                          "], got " + bias.shape().to_string());
+  return s;
+}
+
+// A 1x1 convolution with stride 1 and no padding on channels-last data is a matrix product over
+// the N H W rows: y[NHW, Cout] = x[NHW, Cin] w[Cin, Cout] (the HWIO filter's memory as it is). Its
+// forward pass already runs oneDNN's brgemm convolution, but oneDNN 2.6 runs the two backward
+// passes on its older jit_1x1 kernels at about half their speed; as matrix products they run on the
+// matmul primitive. (ResNet-50's 1x1 convolutions: most of its backward time.)
+// DTRAIN_CPU_CONV_GEMM=0 keeps them on the convolution primitives, for comparisons.
+bool conv_as_gemm(const Shape& w, const Conv2dParams& p) {
+  static const bool on = [] {
+    const char* v = std::getenv("DTRAIN_CPU_CONV_GEMM");
+    return !(v && std::string(v) == "0");
+  }();
+  return on && w[0] == 1 && w[1] == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_top == 0 &&
+         p.pad_bottom == 0 && p.pad_left == 0 && p.pad_right == 0;
+}
+
+}  // namespace dtrain::cpu

@@ -1,0 +1,77 @@
+// Private to the CPU convolution and pooling kernels (cpu_conv_pool.cc, cpu_conv_pool_fused.cc):
+// the shapes oneDNN is given, and its primitives, created once per shape and cached in the
+// device's State. Not a public header.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "devices/cpu/dnnl_util.h"
+
+namespace dtrain::cpu {
+
+struct ConvShapes {
+  memory::dims src, wei, bias, dst, strides, pad_l, pad_r;
+};
+
+ConvShapes conv_shapes(const Shape& x, const Shape& w, const Conv2dParams& p);
+
+struct ConvFwd {
+  dnnl::convolution_forward::primitive_desc pd;
+  dnnl::convolution_forward prim;
+  memory::desc user_w;
+};
+struct ConvBwdData {
+  dnnl::convolution_backward_data::primitive_desc pd;
+  dnnl::convolution_backward_data prim;
+  memory::desc user_w;
+};
+struct ConvBwdWeights {
+  dnnl::convolution_backward_weights::primitive_desc pd;
+  dnnl::convolution_backward_weights prim;
+  memory::desc user_w;
+};
+
+// Runs a reorder from the user's tensor (an HWIO filter, an NHWC activation or gradient: a kernel's
+// input) into `want` if they differ (a blocked layout, or bfloat16); returns the memory to use.
+// Under mixed_bfloat16 without bfloat16 kernels, `want` is float32 and the copy is rounded to
+// bfloat16.
+memory filter_in(CpuKernels::State& st, const memory::desc& user, const memory::desc& want,
+                 const Tensor& w, Tensor* holder);
+
+struct PoolShapes {
+  memory::dims src, dst, strides, kernel, pad_l, pad_r;
+};
+
+PoolShapes pool_shapes(const Shape& x, const Pool2dParams& p);
+
+struct PoolFwd {
+  dnnl::pooling_forward::primitive_desc pd;
+  dnnl::pooling_forward prim;
+};
+struct PoolBwd {
+  dnnl::pooling_backward::primitive_desc pd;
+  dnnl::pooling_backward prim;
+};
+
+std::shared_ptr<ConvFwd> conv_fwd_prim(CpuKernels::State& st, const ConvShapes& s, bool bias);
+std::shared_ptr<ConvBwdData> conv_bwd_data_prim(CpuKernels::State& st, const ConvShapes& s);
+std::shared_ptr<ConvBwdWeights> conv_bwd_weights_prim(CpuKernels::State& st, const ConvShapes& s,
+                                                      bool bias);
+std::shared_ptr<PoolFwd> pool_fwd_prim(CpuKernels::State& st, const PoolShapes& s);
+std::shared_ptr<PoolBwd> pool_bwd_prim(CpuKernels::State& st, const PoolShapes& s);
+
+// Checks conv2d's operands (float32, the bias's shape) and returns the shapes; `op` names the
+// caller.
+ConvShapes checked_conv_shapes(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias,
+                               const Conv2dParams& p);
+
+// A 1x1 convolution with stride 1 and no padding on channels-last data is a matrix product over
+// the N H W rows: y[NHW, Cout] = x[NHW, Cin] w[Cin, Cout] (the HWIO filter's memory as it is). Its
+// forward pass already runs oneDNN's brgemm convolution, but oneDNN 2.6 runs the two backward
+// passes on its older jit_1x1 kernels at about half their speed; as matrix products they run on the
+// matmul primitive. (ResNet-50's 1x1 convolutions: most of its backward time.)
+// DTRAIN_CPU_CONV_GEMM=0 keeps them on the convolution primitives, for comparisons.
+bool conv_as_gemm(const Shape& w, const Conv2dParams& p);
+
+}  // namespace dtrain::cpu

@@ -1,6 +1,11 @@
 #include "horovod/descriptor.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <utility>
+
+#include "dtrain/core/error.h"
 
 namespace dtrain::hvd::detail {
 
@@ -80,6 +85,65 @@ Tensor concat_rows(const std::vector<Tensor>& parts, const Shape& like) {
 std::string describe_name(const Desc& d) {
   std::string name(reinterpret_cast<const char*>(&d[fName]), kNameBytes);
   return name.substr(0, name.find('\0'));
+}
+
+std::vector<int> active_ranks(const std::vector<Desc>& ds, uint64_t seq) {
+  std::vector<int> active;
+  for (size_t q = 0; q < ds.size(); ++q)
+    if (!ds[q][fJoined]) active.push_back(static_cast<int>(q));
+  for (int q : active)
+    if (!agree(ds[static_cast<size_t>(q)], ds[static_cast<size_t>(active[0])])) {
+      std::string table;
+      for (size_t p = 0; p < ds.size(); ++p)
+        table += "\n  rank " + std::to_string(p) + ": " + describe(ds[p]);
+      throw FailedPrecondition(
+          "hvd: the ranks issued different collectives (collective #" + std::to_string(seq) +
+          " of this job); every rank must issue the same collectives, with the same name, "
+          "dtype, shape and op, in the same order:" +
+          table);
+    }
+  return active;
+}
+
+size_t agreed_count(const std::vector<Desc>& ds) {
+  int64_t k = static_cast<int64_t>(kMaxBatch);
+  for (const Desc& d : ds)
+    if (!d[fJoined]) k = std::min(k, std::max<int64_t>(d[fCount], 1));
+  return static_cast<size_t>(std::max<int64_t>(k, 1));
+}
+
+void apply_environment(InitOptions& o) {
+  // Horovod's own variables work too, for scripts that set them; dtrain's win when both are set.
+  auto env = [](const char* dtrain_name,
+                const char* horovod_name) -> std::pair<const char*, const char*> {
+    for (const char* n : {dtrain_name, horovod_name})
+      if (const char* v = std::getenv(n); v && *v) return {n, v};
+    return {nullptr, nullptr};
+  };
+  if (auto [name, f] = env("DTRAIN_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD"); f) {
+    char* end = nullptr;
+    const long long v = std::strtoll(f, &end, 10);
+    if (*end != '\0' || v < 0)
+      throw InvalidArgument(std::string(name) + " must be a byte count >= 0, got '" + f + "'");
+    o.fusion_threshold_bytes = static_cast<size_t>(v);
+  }
+  if (auto [name, f] = env("DTRAIN_CYCLE_TIME", "HOROVOD_CYCLE_TIME"); f) {
+    char* end = nullptr;
+    const double ms = std::strtod(f, &end);
+    if (*end != '\0' || !(ms >= 0) || ms > 60000)
+      throw InvalidArgument(std::string(name) +
+                            " must be milliseconds in [0, 60000] (e.g. 1 or 3.5), got '" + f + "'");
+    o.cycle_time = std::chrono::microseconds(static_cast<int64_t>(ms * 1000));
+  }
+  if (const char* v = std::getenv("DTRAIN_STALL_CHECK_SECONDS"); v && *v) {
+    char* end = nullptr;
+    const long long secs = std::strtoll(v, &end, 10);
+    if (*end != '\0' || secs < 0)
+      throw InvalidArgument(
+          std::string("DTRAIN_STALL_CHECK_SECONDS must be a number of seconds >= 0, got '") + v +
+          "'");
+    o.stall_warning = std::chrono::seconds(secs);
+  }
 }
 
 }  // namespace dtrain::hvd::detail

@@ -46,6 +46,16 @@ std::string describe(const Desc& d);
 std::string describe_name(const Desc& d);
 // Whether two active ranks' descriptions agree (allgather: all but the first dimension).
 bool agree(const Desc& a, const Desc& b);
+// The ranks that have not joined; throws FailedPrecondition (the same table of every rank's
+// description, on every rank) when their descriptions differ. `seq` numbers the collective.
+std::vector<int> active_ranks(const std::vector<Desc>& ds, uint64_t seq);
+// The number of all-reduces of this cycle that every rank has ready: the smallest count among the
+// ranks that have not joined (each announced its own in the first round).
+size_t agreed_count(const std::vector<Desc>& ds);
+// hvd::init's options as the environment changes them: DTRAIN_FUSION_THRESHOLD /
+// HOROVOD_FUSION_THRESHOLD, DTRAIN_CYCLE_TIME / HOROVOD_CYCLE_TIME, DTRAIN_STALL_CHECK_SECONDS
+// (InvalidArgument naming the variable on a malformed value).
+void apply_environment(InitOptions& o);
 // Zeros of the described shape and dtype (rows >= 0 replaces the first dimension).
 Tensor zeros_like_desc(const Desc& d, int64_t rows);
 // Concatenates host tensors along axis 0.

@@ -85,38 +85,7 @@ class Runtime {
     std::lock_guard<std::mutex> lock(mu_);
     if (initialized_) return;
     opts_ = o;
-    // Horovod's own variables work too, for scripts that set them; dtrain's win when both are set.
-    auto env = [](const char* dtrain_name,
-                  const char* horovod_name) -> std::pair<const char*, const char*> {
-      for (const char* n : {dtrain_name, horovod_name})
-        if (const char* v = std::getenv(n); v && *v) return {n, v};
-      return {nullptr, nullptr};
-    };
-    if (auto [name, f] = env("DTRAIN_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD"); f) {
-      char* end = nullptr;
-      const long long v = std::strtoll(f, &end, 10);
-      if (*end != '\0' || v < 0)
-        throw InvalidArgument(std::string(name) + " must be a byte count >= 0, got '" + f + "'");
-      opts_.fusion_threshold_bytes = static_cast<size_t>(v);
-    }
-    if (auto [name, f] = env("DTRAIN_CYCLE_TIME", "HOROVOD_CYCLE_TIME"); f) {
-      char* end = nullptr;
-      const double ms = std::strtod(f, &end);
-      if (*end != '\0' || !(ms >= 0) || ms > 60000)
-        throw InvalidArgument(std::string(name) +
-                              " must be milliseconds in [0, 60000] (e.g. 1 or 3.5), got '" + f +
-                              "'");
-      opts_.cycle_time = std::chrono::microseconds(static_cast<int64_t>(ms * 1000));
-    }
-    if (const char* v = std::getenv("DTRAIN_STALL_CHECK_SECONDS"); v && *v) {
-      char* end = nullptr;
-      const long long secs = std::strtoll(v, &end, 10);
-      if (*end != '\0' || secs < 0)
-        throw InvalidArgument(
-            std::string("DTRAIN_STALL_CHECK_SECONDS must be a number of seconds >= 0, got '") + v +
-            "'");
-      opts_.stall_warning = std::chrono::seconds(secs);
-    }
+    apply_environment(opts_);
     std::optional<ClusterResolution> c = resolve_cluster(false);
     bool mpi = false;
     if (!c && std::getenv("OMPI_COMM_WORLD_SIZE")) {
@@ -425,33 +394,8 @@ class Runtime {
     w.wait();
   }
 
-  // The descriptions of the ranks that have not joined; throws on every rank when they differ.
-  std::vector<int> check(const std::vector<Desc>& ds) {
-    std::vector<int> active;
-    for (int q = 0; q < size_; ++q)
-      if (!ds[static_cast<size_t>(q)][fJoined]) active.push_back(q);
-    for (int q : active)
-      if (!agree(ds[static_cast<size_t>(q)], ds[static_cast<size_t>(active[0])])) {
-        std::string table;
-        for (int p = 0; p < size_; ++p)
-          table += "\n  rank " + std::to_string(p) + ": " + describe(ds[static_cast<size_t>(p)]);
-        throw FailedPrecondition(
-            "hvd: the ranks issued different collectives (collective #" + std::to_string(seq_) +
-            " of this job); every rank must issue the same collectives, with the same name, "
-            "dtype, shape and op, in the same order:" +
-            table);
-      }
-    return active;
-  }
-
-  // The number of all-reduces of this cycle that every rank has ready: the smallest count among the
-  // ranks that have not joined (each announced its own in the first round).
-  size_t agreed_count(const std::vector<Desc>& ds) const {
-    int64_t k = static_cast<int64_t>(kMaxBatch);
-    for (const Desc& d : ds)
-      if (!d[fJoined]) k = std::min(k, std::max<int64_t>(d[fCount], 1));
-    return static_cast<size_t>(std::max<int64_t>(k, 1));
-  }
+  // The ranks that have not joined; throws on every rank when their descriptions differ.
+  std::vector<int> check(const std::vector<Desc>& ds) const { return active_ranks(ds, seq_); }
 
   // A fused cycle's second round: checks positions 1..k-1 like the first (the same table on every
   // rank when any differs) and returns the agreed descriptors of the whole run.

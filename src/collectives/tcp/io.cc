@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "dtrain/core/dtype.h"
 #include "dtrain/core/error.h"
@@ -175,6 +177,59 @@ FrameHeader read_header(const Peer& p, size_t max_payload, Clock::time_point dea
                                    " payload bytes, over the limit of ", max_payload,
                                    "; refusing it"));
   return h;
+}
+
+void split_address(const std::string& a, std::string* host, int* port) {
+  const auto colon = a.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == a.size())
+    throw InvalidArgument("bad address '" + a +
+                          "': expected host:port, e.g. 10.0.0.1:2222 or [::1]:2222");
+  *host = a.substr(0, colon);
+  if (host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
+  const std::string p = a.substr(colon + 1);
+  char* end = nullptr;
+  const long v = std::strtol(p.c_str(), &end, 10);
+  if (*end != '\0' || v < 1 || v > 65535)
+    throw InvalidArgument("bad port in '" + a + "': must be 1-65535, e.g. 10.0.0.1:2222");
+  *port = static_cast<int>(v);
+}
+
+int open_listener(const std::string& address, const std::string& who) {
+  std::string host;
+  int port = 0;
+  split_address(address, &host, &port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (rc != 0 || !res)
+    throw InvalidArgument("cannot resolve '" + address + "': " + ::gai_strerror(rc) +
+                          "; use an IP address or a resolvable host name");
+  const int fd = ::socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, 0);
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  const bool ok =
+      fd >= 0 && ::bind(fd, res->ai_addr, res->ai_addrlen) == 0 && ::listen(fd, 128) == 0;
+  const int err = errno;
+  ::freeaddrinfo(res);
+  if (!ok) {
+    if (fd >= 0) ::close(fd);
+    throw Unavailable("cannot listen on " + address + " (" + who + "): " + std::strerror(err) +
+                      "; is the port in use or the address not on this host?");
+  }
+  set_nonblocking(fd);
+  return fd;
+}
+
+// Dead peers are noticed even when no request is in flight (a host that vanished sends no FIN).
+void set_keepalive(int fd) {
+  int one = 1, idle = 10, interval = 2, count = 3;
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
 }
 
 }  // namespace dtrain::tcp

@@ -36,5 +36,13 @@ void set_nonblocking(int fd);
 // the connected (non-blocking) fd, or -1 when refused, unreachable or out of time.
 int connect_until(const std::string& address, Clock::time_point deadline);
 void set_socket_options(int fd);  // TCP_NODELAY, 4 MiB buffers
+// Parses "host:port" / "[v6]:port"; throws InvalidArgument quoting the address.
+void split_address(const std::string& address, std::string* host, int* port);
+// A non-blocking listening socket on "host:port" (SO_REUSEADDR); `who` names the listener in the
+// Unavailable thrown when the address cannot be bound.
+int open_listener(const std::string& address, const std::string& who);
+// TCP keep-alive after 10 s idle, probes every 2 s, 3 lost: dead peers are noticed even when no
+// request is in flight (a host that vanished sends no FIN).
+void set_keepalive(int fd);
 
 }  // namespace dtrain::tcp

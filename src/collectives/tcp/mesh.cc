@@ -36,21 +36,6 @@ tcp::endpoint endpoint_of(asio::io_context& io, const std::string& address) {
 
 }  // namespace
 
-void split_address(const std::string& a, std::string* host, int* port) {
-  const auto colon = a.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == a.size())
-    throw InvalidArgument("bad address '" + a +
-                          "': expected host:port, e.g. 10.0.0.1:2222 or [::1]:2222");
-  *host = a.substr(0, colon);
-  if (host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
-  const std::string p = a.substr(colon + 1);
-  char* end = nullptr;
-  const long v = std::strtol(p.c_str(), &end, 10);
-  if (*end != '\0' || v < 1 || v > 65535)
-    throw InvalidArgument("bad port in '" + a + "': must be 1-65535, e.g. 10.0.0.1:2222");
-  *port = static_cast<int>(v);
-}
-
 std::vector<Peer> build_mesh(const TcpGroupOptions& o) {
   const int n = static_cast<int>(o.addresses.size());
   if (o.rank < 0 || o.rank >= n)

@@ -10,7 +10,5 @@ namespace dtrain::tcp {
 
 // peers[r] is the connection to rank r (fd -1 for ourselves). See tcp.h for the errors.
 std::vector<Peer> build_mesh(const TcpGroupOptions& options);
-// Parses "host:port" / "[v6]:port"; throws InvalidArgument quoting the address.
-void split_address(const std::string& address, std::string* host, int* port);
 
 }  // namespace dtrain::tcp

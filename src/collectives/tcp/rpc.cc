@@ -2,7 +2,6 @@
 
 #include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -74,44 +73,6 @@ std::string strip_prefix(const std::string& m) {
     default:
       throw Internal(msg);
   }
-}
-
-int open_listener(const std::string& address, const std::string& who) {
-  std::string host;
-  int port = 0;
-  split_address(address, &host, &port);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
-  if (rc != 0 || !res)
-    throw InvalidArgument("cannot resolve '" + address + "': " + ::gai_strerror(rc) +
-                          "; use an IP address or a resolvable host name");
-  const int fd = ::socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, 0);
-  int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  const bool ok =
-      fd >= 0 && ::bind(fd, res->ai_addr, res->ai_addrlen) == 0 && ::listen(fd, 128) == 0;
-  const int err = errno;
-  ::freeaddrinfo(res);
-  if (!ok) {
-    if (fd >= 0) ::close(fd);
-    throw Unavailable("cannot listen on " + address + " (" + who + "): " + std::strerror(err) +
-                      "; is the port in use or the address not on this host?");
-  }
-  set_nonblocking(fd);
-  return fd;
-}
-
-// Dead peers are noticed even when no request is in flight (a host that vanished sends no FIN).
-void set_keepalive(int fd) {
-  int one = 1, idle = 10, interval = 2, count = 3;
-  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
 }
 
 }  // namespace

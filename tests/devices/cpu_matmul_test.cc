@@ -1,9 +1,9 @@
 // CpuKernels::matmul runs some large products as blocks, one primitive call each on views of the
 // operands (cpu_kernels.cc: oneDNN 2.6 is up to three times slower on them whole): C's columns over
-// a wide row-major B, the inner dimension over a row-major B (later blocks adding into C), C's rows
-// over a tall transposed A. Every element of every block, uneven last blocks included, against
-// float64 sums, for each transpose and under mixed_bfloat16 (whose row-major copies always take
-// the column and inner blocks).
+// a wide row-major B, the inner dimension over an untransposed A and a row-major B (later blocks
+// adding into C), C's rows over a tall transposed A (float32). Every element of every block, uneven
+// last blocks included, against float64 sums, for each transpose and under mixed_bfloat16 (whose
+// row-major copies take the column blocks whatever the transposes).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -68,13 +68,15 @@ void check_all_transposes(int64_t m, int64_t k, int64_t n, bool bf16) {
 }
 
 // Columns: 1,536 one call; 1,537 two blocks of 784 and 753; 3,013 two of 1,520 and 1,493; 4,700
-// three of 1,568 and a last of 1,564. The inner dimension: 3,100 two blocks of 1,552 and 1,548.
-// Rows (over a transposed A): 8,300 two blocks of 2,768 and a last of 2,764.
+// three of 1,184 and a last of 1,148. The inner dimension (untransposed A): 3,100 two blocks of
+// 1,040 and a last of 1,020. Rows (transposed A): 8,300 two blocks of 2,768 and a last of 2,764;
+// with 1,540 columns, each of those in two column blocks (784 and 756).
 TEST(CpuMatmul, BlockedProductsEqualFloat64InEveryBlock) {
   for (const int64_t n : {1536, 1537, 3013, 4700}) check_all_transposes(9, 23, n, false);
   check_all_transposes(9, 3100, 40, false);
   check_all_transposes(5, 3100, 1700, false);  // column and inner blocks at once
   check_all_transposes(8300, 23, 40, false);
+  check_all_transposes(8300, 7, 1540, false);  // row and column blocks at once
 }
 
 // Restores float32 and the process's kernel choice however the test leaves.

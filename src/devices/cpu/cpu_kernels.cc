@@ -107,8 +107,8 @@ dt dnnl_type(DType t) {
 }
 
 // Blocks of a large matmul (see CpuKernels::matmul): the widest block of C's columns over a
-// row-major B and of the inner dimension over row-major A and B, and of C's rows over a transposed
-// A taller than kMatmulRowsSplitAbove.
+// row-major B and of the inner dimension over an untransposed A and a row-major B, and of C's rows
+// over a transposed A taller than kMatmulRowsSplitAbove.
 constexpr int64_t kMatmulColumnBlock = 1536, kMatmulInnerBlock = 1536;
 constexpr int64_t kMatmulRowBlock = 4096, kMatmulRowsSplitAbove = 8192;
 
@@ -176,7 +176,6 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     fill(c, 0.f);
     return c;
   }
-  const memory::desc amd({m, k}, dt::f32, ta ? memory::dims{1, m} : memory::dims{k, 1});
   try {
     // mixed_bfloat16 (core/precision.h): both operands rounded to bfloat16 (row-major copies),
     // float32 accumulation and result.
@@ -189,12 +188,13 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     // Element strides of the operands the primitive reads: A(i, p), B(p, j), C(i, j).
     const memory::dims as = a_rows ? memory::dims{k, 1} : memory::dims{1, m};
     const memory::dims bs = b_rows ? memory::dims{n, 1} : memory::dims{1, k};
-    memory am = mem(amd, state_->engine, a);
     const char* ap = static_cast<const char*>(a.raw_data());
     const char* bp = static_cast<const char*>(b.raw_data());
     Tensor a16, b16;
     if (bf16) {
       const memory::desc abf({m, k}, in_dt, as), bbf({k, n}, in_dt, bs);
+      memory am = mem(memory::desc({m, k}, dt::f32, ta ? memory::dims{1, m} : memory::dims{k, 1}),
+                      state_->engine, a);
       memory bm = mem(memory::desc({k, n}, dt::f32, tb ? memory::dims{1, k} : memory::dims{n, 1}),
                       state_->engine, b);
       a16 = scratch(abf.get_size(), spec_);
@@ -213,7 +213,7 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     // it runs well in pieces (Xeon family 6 model 207, one thread, GFLOP/s whole -> in blocks):
     //  - a row-major B thousands of columns wide: [1024x768] @ [768x3072] 50 -> 129-155 (the first
     //    layer of each transformer block's MLP, and its weight gradient);
-    //  - a long inner dimension, row-major A and B: [1024x50257] @ [50257x768] 110 -> 157 (the
+    //  - a long inner dimension, A and B row-major: [1024x50257] @ [50257x768] 110 -> 157 (the
     //    gradient into GPT-2's tied embedding), [1024x2048] @ [2048x768] 87 -> 154;
     //  - a transposed A tens of thousands of rows tall: [50257x1024] @ [1024x768] 101 -> 137 (the
     //    embedding's weight gradient).
@@ -222,7 +222,8 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     // operands. The float32 sums are then taken in a different order: equal to within rounding.
     const int64_t nw = block_width(n, b_rows ? kMatmulColumnBlock : n);
     // (Not under a transposed A: ResNet-50's 1x1 weight gradients, x^T dy with inner dimensions of
-    // 1,568-100,352, ran 0.86-1.09x as fast in blocks.)
+    // 1,568-100,352, ran 0.86-1.09x as fast in blocks. Those with 2,048 output channels do run as
+    // two column blocks: 0.96-0.98x, within the noise of those timings.)
     const int64_t kw = block_width(k, b_rows && !ta ? kMatmulInnerBlock : k);
     const int64_t mw = block_width(m, !a_rows && m > kMatmulRowsSplitAbove ? kMatmulRowBlock : m);
     const size_t elem = op_dt == dt::bf16 ? 2 : 4;

@@ -31,7 +31,10 @@ def main():
     p.add_argument("--restarted-exit0", action="store_true",
                    help="a restarted start (n >= 1) reports, prints and exits 0")
     p.add_argument("--grandchild", action="store_true", help="start a `sleep` in the same group")
-    p.add_argument("--on-term", choices=["default", "exit0", "ignore"], default="default")
+    p.add_argument("--on-term", choices=["default", "exit0", "ignore", "slow-exit0"], default="default",
+                   help="slow-exit0: exit 0 --term-delay seconds after the signal (an evaluator "
+                        "finishing its last checkpoint)")
+    p.add_argument("--term-delay", type=float, default=3.0)
     p.add_argument("--on-int", choices=["default", "exit0", "ignore"], default="default")
     p.add_argument("--lines", type=int, default=0, help="extra numbered stdout lines")
     p.add_argument("--partial", action="store_true", help="end stdout without a newline")
@@ -50,6 +53,11 @@ def main():
             f.write("1")
         mode = args.on_term if signum == signal.SIGTERM else args.on_int
         if mode == "exit0":
+            os._exit(0)
+        if mode == "slow-exit0":
+            time.sleep(args.term_delay)
+            sys.stdout.write(f"finished {args.term_delay} s after {name}\n")
+            sys.stdout.flush()
             os._exit(0)
 
     for sig, mode in ((signal.SIGTERM, args.on_term), (signal.SIGINT, args.on_int)):

@@ -425,9 +425,32 @@ class PsJob(LauncherCase):
                       "--wait-for", "worker:0,ps:0,evaluator:0"), timeout=30)
         self.assertEqual(status, 0, err)
         self.assertIn("all workers finished; stopping 1 parameter server(s) and the evaluator "
-                      "(SIGTERM)", err)
+                      "(SIGTERM; the evaluator finishes the newest checkpoint, SIGKILL after 300 s "
+                      "(--evaluator-grace))", err)
         self.assertTrue(self.marker("evaluator:0.SIGTERM"))
         self.assertTrue(self.marker("ps:0.SIGTERM"))
+
+    def test_evaluator_finishing_its_last_checkpoint_outlives_the_grace(self):
+        # After the workers, the evaluator's SIGTERM means "evaluate the newest checkpoint, then
+        # exit"; on a loaded machine that takes longer than --grace, and a SIGKILL then would lose
+        # the final checkpoint's evaluation (ps_Basics saw this under CI load).
+        status, out, err, _ = self.run_launcher(
+            ["-np", "1", "--ps", "1", "--evaluator", "--grace", "1"],
+            self.fake("--sleep", "60", "--sleep-tasks", "ps:0,evaluator:0", "--on-term", "slow-exit0",
+                      "--term-delay", "3", "--wait-for", "worker:0,ps:0,evaluator:0"), timeout=30)
+        self.assertEqual(status, 0, err)
+        self.assertIn("SIGKILL after 300 s (--evaluator-grace)", err)
+        self.assertIn("[evaluator:0] finished 3.0 s after SIGTERM", out)
+        self.assertNotIn("evaluator:0 still running", err)
+
+    def test_evaluator_grace_is_bounded(self):
+        status, out, err, _ = self.run_launcher(
+            ["-np", "1", "--ps", "1", "--evaluator", "--grace", "1", "--evaluator-grace", "1"],
+            self.fake("--sleep", "60", "--sleep-tasks", "ps:0,evaluator:0", "--on-term", "slow-exit0",
+                      "--term-delay", "20", "--wait-for", "worker:0,ps:0,evaluator:0"), timeout=30)
+        self.assertEqual(status, 0, err)  # the chief and the ps decide a ps job's status
+        self.assertIn("evaluator:0 still running 1 s after SIGTERM; sending SIGKILL", err)
+        self.assertNotIn("[evaluator:0] finished", out)
 
     def test_failed_ps_stops_the_job(self):
         tasks = ["worker:0", "worker:1", "ps:0"]

@@ -114,7 +114,7 @@ void Supervisor::read_from(Child& c, int which, bool drain) {
   }
 }
 
-void Supervisor::signal_child(Child& c, int sig) {
+void Supervisor::signal_child(Child& c, int sig, double grace_override_s) {
   if (!c.group_alive()) return;
   if (::kill(-c.pid, sig) != 0 && !c.reaped) ::kill(c.pid, sig);
   const auto now = Clock::now();
@@ -123,7 +123,14 @@ void Supervisor::signal_child(Child& c, int sig) {
     c.give_up_at = now + std::chrono::duration_cast<Clock::duration>(kGiveUpAfterKill);
   } else {
     c.stop_requested = true;
-    if (c.kill_at == kNever) c.kill_at = now + std::chrono::duration_cast<Clock::duration>(grace_);
+    // The earliest deadline holds: a --timeout or a signal after the evaluator's longer grace
+    // began still stops it within --grace.
+    const Seconds grace = grace_override_s >= 0 ? Seconds(grace_override_s) : grace_;
+    const auto deadline = now + std::chrono::duration_cast<Clock::duration>(grace);
+    if (deadline < c.kill_at) {
+      c.kill_at = deadline;
+      c.kill_after_s = grace.count();
+    }
   }
 }
 
@@ -252,9 +259,14 @@ void Supervisor::stop_servers_when_workers_done() {
   std::string what;
   if (running_ps > 0) what = std::to_string(running_ps) + " parameter server(s)";
   if (running_evaluator) what += running_ps > 0 ? " and the evaluator" : "the evaluator";
-  log_line("all workers finished; stopping " + what + " (SIGTERM)");
+  log_line("all workers finished; stopping " + what + " (SIGTERM" +
+           (running_evaluator ? "; the evaluator finishes the newest checkpoint, SIGKILL after " +
+                                    seconds_text(o_.evaluator_grace_s) + " s (--evaluator-grace)"
+                              : std::string()) +
+           ")");
   for (auto& c : children_) {
-    if (c.task.type == "ps" || c.task.type == "evaluator") signal_child(c, SIGTERM);
+    if (c.task.type == "ps") signal_child(c, SIGTERM);
+    if (c.task.type == "evaluator") signal_child(c, SIGTERM, std::max(0.0, o_.evaluator_grace_s));
   }
 }
 
@@ -285,7 +297,7 @@ void Supervisor::check_deadlines(Clock::time_point now) {
   for (auto& c : children_) {
     if (!stopping_ && now >= c.restart_at) restart(c);
     if (!c.sigkilled && c.group_alive() && now >= c.kill_at) {
-      log_line(c.task.name() + " still running " + seconds_text(o_.grace_s) +
+      log_line(c.task.name() + " still running " + seconds_text(c.kill_after_s) +
                " s after SIGTERM; sending SIGKILL");
       signal_child(c, SIGKILL);
     }

@@ -33,9 +33,13 @@ struct LaunchOptions {
   std::string devices;               // appended as --devices=<value> unless the command has one
   double timeout_s = 0;              // whole-job limit; 0 = none
   double grace_s = 10;               // SIGTERM to SIGKILL when stopping the job
-  std::string job_token;             // DTRAIN_JOB_TOKEN for every task
-  int restart_workers = 0;           // jobs with ps: restarts of each failed non-chief worker
-  double restart_delay_s = 1;        // between a worker's failure and its restart
+  // A parameter-server job whose workers all finished: the evaluator's SIGTERM means "evaluate the
+  // newest checkpoint, then exit" (the chief's final one), which can take longer than --grace on a
+  // loaded machine; SIGKILL follows only after this many seconds.
+  double evaluator_grace_s = 300;
+  std::string job_token;       // DTRAIN_JOB_TOKEN for every task
+  int restart_workers = 0;     // jobs with ps: restarts of each failed non-chief worker
+  double restart_delay_s = 1;  // between a worker's failure and its restart
   // Each local task is bound to its share of this process's cores (share_cpus) and, unless the
   // environment sets OMP_NUM_THREADS, told that many threads; false (--bind-to none): no binding.
   bool bind_cores = true;

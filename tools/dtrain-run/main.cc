@@ -41,6 +41,7 @@ struct Args {
   std::string bind_to = "core";
   double timeout_s = 0;
   double grace_s = 10;
+  double evaluator_grace_s = 300;
   bool print_config = false;
   std::string hosts;
   std::string netns;  // --netns PREFIX: the test hosts of tools/netns/dtrain-netns
@@ -235,6 +236,7 @@ int run_local(const Args& a) {
   o.bind_cores = a.bind_to == "core";
   o.timeout_s = a.timeout_s;
   o.grace_s = a.grace_s;
+  o.evaluator_grace_s = a.evaluator_grace_s;
   o.restart_workers = a.restart_workers;
   const char* token = std::getenv("DTRAIN_JOB_TOKEN");
   const bool user_token = token != nullptr && *token != '\0';
@@ -316,6 +318,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1e8))
       ->capture_default_str();
   app.add_option("--grace", a.grace_s, "seconds between SIGTERM and SIGKILL when stopping tasks")
+      ->check(CLI::Range(0.0, 1e8))
+      ->capture_default_str();
+  app.add_option("--evaluator-grace", a.evaluator_grace_s,
+                 "with --ps: seconds the evaluator gets, once every worker finished, to evaluate "
+                 "the newest checkpoint after its SIGTERM before SIGKILL")
       ->check(CLI::Range(0.0, 1e8))
       ->capture_default_str();
   app.add_option(

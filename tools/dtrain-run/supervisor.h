@@ -62,6 +62,7 @@ struct Child {
   bool stop_requested = false;  // we signalled it: a non-zero exit is not a failure
   bool sigkilled = false;
   Clock::time_point kill_at = kNever;     // SIGKILL when still alive then
+  double kill_after_s = 0;                // the grace that set kill_at (for the log)
   Clock::time_point give_up_at = kNever;  // stop waiting for it then
   Clock::time_point reaped_at = kNever;
 };
@@ -85,7 +86,8 @@ class Supervisor {
   void restart(Child& c);
   void read_from(Child& c, int which, bool drain);
   void close_fds(Child& c);
-  void signal_child(Child& c, int sig);
+  // SIGTERM: SIGKILL follows after grace_s seconds, or after grace_override_s when >= 0.
+  void signal_child(Child& c, int sig, double grace_override_s = -1);
   void begin_stop(int sig);
   void stop_servers_when_workers_done();
   void log_summary() const;

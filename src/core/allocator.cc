@@ -1,6 +1,7 @@
 #include "dtrain/core/allocator.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -75,8 +76,13 @@ class CachingHostAllocator final : public Allocator {
       if (it != pool.free.end() && !it->second.empty()) {
         p = it->second.back();
         it->second.pop_back();
-        rounded = it->first;
-        cached_bytes_.fetch_sub(rounded, std::memory_order_relaxed);
+        cached_bytes_.fetch_sub(it->first, std::memory_order_relaxed);
+        // A block of 1.5x the request or more is cut to its size, the tail going back to the
+        // system (mapped sizes are whole pages); a smaller one is taken whole and goes back to
+        // its own size's list.
+        const bool cut = it->first * 100 >= rounded * kTrimPercent &&
+                         munmap(static_cast<char*>(p) + rounded, it->first - rounded) == 0;
+        if (!cut) rounded = it->first;
       }
     }
     if (!p) {
@@ -117,8 +123,17 @@ class CachingHostAllocator final : public Allocator {
   };
 
   static constexpr size_t kMapped = size_t{1} << 20;  // blocks this large or larger: mmap
-  static constexpr size_t kMaxSlackPercent = 200;     // a miss may take a block up to 2x
-  static size_t round_up(size_t n) { return (n + 63) & ~size_t{63}; }
+  static size_t page_size() {
+    static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    return page;
+  }
+  static constexpr size_t kMaxSlackPercent = 200;  // a miss may take a block up to 2x
+  static constexpr size_t kTrimPercent = 150;      // and cuts one of 1.5x or more to size
+  // Mapped blocks are whole pages, so that a cached one can be cut to another mapped size.
+  static size_t round_up(size_t n) {
+    return n >= kMapped ? (n + page_size() - 1) / page_size() * page_size()
+                        : (n + 63) & ~size_t{63};
+  }
   static void* take(size_t rounded) {
     if (rounded < kMapped) return std::aligned_alloc(64, rounded);
     void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -221,6 +221,19 @@ bool should_record(std::initializer_list<const Tensor*> inputs) {
   return false;
 }
 
+int recording_tapes(std::initializer_list<const Tensor*> inputs) {
+  int n = 0;
+  for (GradientTape* t : t_tapes) {
+    if (!TapeAccess::active(*t)) continue;
+    for (const Tensor* x : inputs)
+      if (TapeAccess::watches(*t, *x)) {
+        ++n;
+        break;
+      }
+  }
+  return n;
+}
+
 bool should_record(const std::vector<Tensor>& inputs) {
   for (GradientTape* t : t_tapes) {
     if (!TapeAccess::active(*t)) continue;

@@ -5,4 +5,14 @@
 namespace dtrain::ops {
 // Throws InvalidArgument when a and b live on different devices.
 void same_device(const char* op, const Tensor& a, const Tensor& b);
+
+// What an op keeps for its backward pass. Under mixed_bfloat16 (dtrain/core/precision.h) a float32
+// CPU tensor is kept as a bfloat16 copy, half the memory, as Keras and PyTorch's autocast keep
+// bfloat16 activations; otherwise the tensor itself. Ops that keep the same tensor share one copy
+// (a ReLU's output and the convolutions that read it). Exact where the backward pass rounds what
+// it reads to bfloat16 anyway (a convolution's input); batch norm rounds its input in the forward
+// pass too, so that both passes see the same values.
+Tensor keep_for_backward(const Tensor& x);
+// The float32 value of what keep_for_backward returned (a new tensor when it was a copy).
+Tensor kept_value(const Tensor& kept);
 }  // namespace dtrain::ops

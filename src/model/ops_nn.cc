@@ -33,22 +33,25 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int sh, int 
   Kernels& k = kernels_for(x);
   Tensor y = k.conv2d(x, w, bias, p);
   if (tape::should_record({&x, &w, &bias})) {
+    // Under mixed_bfloat16 the filter's gradient reads x rounded to bfloat16: only that is kept.
+    const Tensor kept = tape::recording_tapes({&x, &w, &bias}) == 1 ? keep_for_backward(x) : x;
     tape::record("conv2d", {x, w, bias}, {y},
-                 [x, w, bias, p](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-                   Kernels& k = kernels_for(x);
+                 [kept, x_shape = x.shape(), w, bias,
+                  p](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                   Kernels& k = kernels_for(w);
                    Tensor db, dx, dw;
                    // The input's gradient only when the tape wants it: never for the data fed to
                    // the first layer (TF and PyTorch skip it too); the filter's and bias's
                    // likewise.
-                   if (tape::needs_gradient(0)) dx = k.conv2d_backward_input(g[0], w, x.shape(), p);
+                   if (tape::needs_gradient(0)) dx = k.conv2d_backward_input(g[0], w, x_shape, p);
                    if (tape::needs_gradient(1) || tape::needs_gradient(2))
-                     dw = k.conv2d_backward_filter(x, g[0], w.shape(), p, bias.defined(), &db);
-                   if (tape::should_record({&g[0], &x, &w})) {
+                     dw = k.conv2d_backward_filter(kept, g[0], w.shape(), p, bias.defined(), &db);
+                   if (tape::should_record({&g[0], &kept, &w})) {
                      std::vector<Tensor> outs;
                      for (const Tensor* t : {&dx, &dw, &db})
                        if (t->defined()) outs.push_back(*t);
                      if (!outs.empty())
-                       tape::record_nondifferentiable("conv2d_grad", {g[0], x, w}, outs);
+                       tape::record_nondifferentiable("conv2d_grad", {g[0], kept, w}, outs);
                    }
                    return {dx, dw, db};
                  });
@@ -164,20 +167,43 @@ Tensor dropout(const Tensor& x, float rate, bool training, uint64_t seed, uint64
   return mul(x, mask);
 }
 
+namespace {
+// Batch norm's input. Under mixed_bfloat16 it is rounded to bfloat16 in the forward pass (Keras's
+// convolution before it outputs bfloat16) and the backward pass reads the same values: `kept`, a
+// bfloat16 copy, or under an outer tape (which differentiates the backward pass) the rounded
+// float32 values, with `outer` = x so that that tape still sees the backward pass read x.
+struct BatchNormInput {
+  Tensor x;      // what the forward pass normalizes
+  Tensor kept;   // what the backward pass reads (kept_value(kept))
+  Tensor outer;  // x under an outer tape, else undefined
+};
+BatchNormInput batch_norm_input(const Tensor& x, const Tensor& gamma, const Tensor& beta) {
+  BatchNormInput in;
+  const Tensor copy = keep_for_backward(x);
+  in.x = kept_value(copy);
+  const bool nested = tape::recording_tapes({&x, &gamma, &beta}) > 1;
+  in.kept = nested ? in.x : copy;
+  if (nested) in.outer = x;
+  return in;
+}
+}  // namespace
+
 Tensor batch_norm_training(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
                            Tensor* batch_mean, Tensor* batch_var) {
-  BatchNormForward f = kernels_for(x).batch_norm_training(x, gamma, beta, eps);
+  const BatchNormInput in = batch_norm_input(x, gamma, beta);
+  BatchNormForward f = kernels_for(x).batch_norm_training(in.x, gamma, beta, eps);
   *batch_mean = f.mean;
   *batch_var = f.var;
   if (tape::should_record({&x, &gamma, &beta})) {
     tape::record("batch_norm", {x, gamma, beta}, {f.y},
-                 [x, gamma, mean = f.mean, var = f.var,
+                 [kept = in.kept, outer = in.outer, gamma, mean = f.mean, var = f.var,
                   eps](const std::vector<Tensor>& g) -> std::vector<Tensor> {
                    // (not f: its output y need not live until the backward pass)
-                   BatchNormBackward b =
-                       kernels_for(x).batch_norm_backward(g[0], x, gamma, mean, var, eps);
-                   if (tape::should_record({&g[0], &x, &gamma}))
-                     tape::record_nondifferentiable("batch_norm_grad", {g[0], x, gamma},
+                   BatchNormBackward b = kernels_for(gamma).batch_norm_backward(
+                       g[0], kept_value(kept), gamma, mean, var, eps);
+                   const Tensor& read = outer.defined() ? outer : kept;
+                   if (tape::should_record({&g[0], &read, &gamma}))
+                     tape::record_nondifferentiable("batch_norm_grad", {g[0], read, gamma},
                                                     {b.dx, b.dgamma, b.dbeta});
                    return {b.dx, b.dgamma, b.dbeta};
                  });
@@ -188,17 +214,19 @@ Tensor batch_norm_training(const Tensor& x, const Tensor& gamma, const Tensor& b
 Tensor batch_norm_relu_training(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
                                 Tensor* batch_mean, Tensor* batch_var) {
   Tensor mask;
-  BatchNormForward f = kernels_for(x).batch_norm_relu_training(x, gamma, beta, eps, &mask);
+  const BatchNormInput in = batch_norm_input(x, gamma, beta);
+  BatchNormForward f = kernels_for(x).batch_norm_relu_training(in.x, gamma, beta, eps, &mask);
   *batch_mean = f.mean;
   *batch_var = f.var;
   if (tape::should_record({&x, &gamma, &beta})) {
     tape::record("batch_norm_relu", {x, gamma, beta}, {f.y},
-                 [x, gamma, mean = f.mean, var = f.var, eps,
+                 [kept = in.kept, outer = in.outer, gamma, mean = f.mean, var = f.var, eps,
                   mask](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-                   BatchNormBackward b = kernels_for(x).batch_norm_relu_backward(
-                       g[0], x, gamma, mean, var, eps, mask);
-                   if (tape::should_record({&g[0], &x, &gamma}))
-                     tape::record_nondifferentiable("batch_norm_relu_grad", {g[0], x, gamma},
+                   BatchNormBackward b = kernels_for(gamma).batch_norm_relu_backward(
+                       g[0], kept_value(kept), gamma, mean, var, eps, mask);
+                   const Tensor& read = outer.defined() ? outer : kept;
+                   if (tape::should_record({&g[0], &read, &gamma}))
+                     tape::record_nondifferentiable("batch_norm_relu_grad", {g[0], read, gamma},
                                                     {b.dx, b.dgamma, b.dbeta});
                    return {b.dx, b.dgamma, b.dbeta};
                  });
@@ -208,7 +236,9 @@ Tensor batch_norm_relu_training(const Tensor& x, const Tensor& gamma, const Tens
 
 Tensor batch_norm_inference(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                             const Tensor& mean, const Tensor& var, float eps) {
-  Tensor y = kernels_for(x).batch_norm_inference(x, gamma, beta, mean, var, eps);
+  // Under mixed_bfloat16 on x rounded to bfloat16, as in training.
+  Tensor y = kernels_for(x).batch_norm_inference(kept_value(keep_for_backward(x)), gamma, beta,
+                                                 mean, var, eps);
   if (tape::should_record({&x, &gamma, &beta}))
     tape::record_nondifferentiable("batch_norm_inference", {x, gamma, beta}, {y});
   return y;

@@ -12,6 +12,7 @@
 #include "dtrain/devices/device.h"
 #include "dtrain/model/gradient_tape.h"
 #include "dtrain/strategies/strategy.h"
+#include "model/op_util.h"
 
 namespace dtrain::ops {
 
@@ -22,7 +23,8 @@ Tensor sync_batch_norm_training(ReplicaContext& ctx, const Tensor& x, const Tens
     throw InvalidArgument("batch norm needs rank >= 2, got " + x.shape().to_string());
   Kernels& k = kernels_for(x);
   const int64_t c = x.shape()[-1], m = x.numel() / c;
-  const Tensor x2 = x.view(Shape{m, c});
+  // Under mixed_bfloat16 the input rounded to bfloat16, as batch_norm_training's (ops_nn.cc).
+  const Tensor x2 = ops::kept_value(ops::keep_for_backward(x)).view(Shape{m, c});
   // Round 1: the global sum of x and the global row count give the mean.
   const Tensor count = Tensor::full(Shape{1}, static_cast<float>(m), x.device());
   std::vector<Tensor> g =

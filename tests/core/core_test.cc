@@ -1,4 +1,9 @@
 // Core value types: dtype conversions, shapes, tensors, Philox, errors.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <thread>
 
 #include "dtrain/core/allocator.h"
@@ -115,31 +120,47 @@ TEST(Devices, GpuLocalPinsTheGpuOfTheLocalRank) {
 }
 
 // The host allocator's cache: a large request with no cached block of its size takes the smallest
-// cached block of up to twice its size, whole; small requests and larger slack take new memory.
+// cached block of up to twice its size: whole below 1.5x, else cut to its size with the tail
+// unmapped; small requests and larger slack take new memory. Mapped sizes are whole pages.
 TEST(HostAllocator, ALargeMissReusesACachedBlockOfUpToTwiceItsSize) {
   Allocator& host = host_allocator();
   constexpr size_t kMiB = size_t{1} << 20;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  auto pages = [&](size_t n) { return (n + page - 1) / page * page; };
   const size_t big = 40 * kMiB + 128;  // sizes no other test asks for
   auto a = host.allocate(big, DeviceSpec::cpu());
   void* const pa = a->data();
-  a.reset();  // cached
-  auto b = host.allocate(25 * kMiB + 64, DeviceSpec::cpu());
+  EXPECT_EQ(a->nbytes(), pages(big));
+  a.reset();                                                  // cached
+  auto b = host.allocate(30 * kMiB + 64, DeviceSpec::cpu());  // 1.33x: taken whole
   EXPECT_EQ(b->data(), pa);
-  EXPECT_EQ(b->nbytes(), big);  // the whole block, returned to its own size's list
+  EXPECT_EQ(b->nbytes(), pages(big));  // the whole block, returned to its own size's list
   b.reset();
   auto c = host.allocate(big, DeviceSpec::cpu());
   EXPECT_EQ(c->data(), pa);
   c.reset();
-  auto d = host.allocate(15 * kMiB, DeviceSpec::cpu());  // 40 MiB is more than twice 15
-  EXPECT_NE(d->data(), pa);
-  EXPECT_EQ(d->nbytes(), 15 * kMiB);
+  auto d = host.allocate(25 * kMiB + 64, DeviceSpec::cpu());  // 1.6x: cut to size
+  EXPECT_EQ(d->data(), pa);
+  EXPECT_EQ(d->nbytes(), pages(25 * kMiB + 64));
+  char* const tail = static_cast<char*>(pa) + d->nbytes();
+  errno = 0;
+  EXPECT_EQ(msync(tail, page, MS_ASYNC), -1) << "the cut block's tail is still mapped";
+  EXPECT_EQ(errno, ENOMEM);
+  std::memset(d->data(), 1, d->nbytes());  // what is left is usable, to its last byte
   d.reset();
-  auto e = host.allocate(900 * 1024 + 64, DeviceSpec::cpu());  // below 1 MiB: exact sizes only
-  void* const pe = e->data();
+  auto e = host.allocate(big, DeviceSpec::cpu());  // no block of 40 MiB any more
+  EXPECT_NE(e->data(), pa);
+  auto f = host.allocate(10 * kMiB, DeviceSpec::cpu());  // 25 MiB is more than twice 10
+  EXPECT_NE(f->data(), pa);
+  EXPECT_EQ(f->nbytes(), 10 * kMiB);
+  f.reset();
   e.reset();
-  auto f = host.allocate(600 * 1024 + 64, DeviceSpec::cpu());
-  EXPECT_EQ(f->nbytes(), size_t{600 * 1024 + 64});
-  EXPECT_NE(f->data(), pe);
+  auto g = host.allocate(900 * 1024 + 64, DeviceSpec::cpu());  // below 1 MiB: exact sizes only
+  void* const pg = g->data();
+  g.reset();
+  auto h = host.allocate(600 * 1024 + 64, DeviceSpec::cpu());
+  EXPECT_EQ(h->nbytes(), size_t{600 * 1024 + 64});
+  EXPECT_NE(h->data(), pg);
 }
 
 TEST(Errors, CheckFailuresAreInternalErrors) {

@@ -87,7 +87,8 @@ class DTRAIN_API Kernels {
                         const Conv2dParams& p) = 0;
   virtual Tensor conv2d_backward_input(const Tensor& dy, const Tensor& w, const Shape& x_shape,
                                        const Conv2dParams& p) = 0;
-  // Returns dw (shape of w); writes db ([Cout]) when want_bias.
+  // Returns dw (shape of w); writes db ([Cout]) when want_bias. Under mixed_bfloat16 x may be
+  // bfloat16 (the copy ops::conv2d keeps for the backward pass; dtrain/core/precision.h).
   virtual Tensor conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Shape& w_shape,
                                         const Conv2dParams& p, bool want_bias, Tensor* db) = 0;
 

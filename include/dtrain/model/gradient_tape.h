@@ -102,6 +102,10 @@ DTRAIN_API bool needs_gradient(size_t index);
 // True when some active tape on this thread watches one of `inputs`.
 DTRAIN_API bool should_record(std::initializer_list<const Tensor*> inputs);
 DTRAIN_API bool should_record(const std::vector<Tensor>& inputs);
+// How many active tapes on this thread watch one of `inputs`: more than one when an outer tape
+// differentiates the backward pass (a gradient penalty), and what an op keeps must then be the
+// inputs themselves, not compact copies of them.
+DTRAIN_API int recording_tapes(std::initializer_list<const Tensor*> inputs);
 DTRAIN_API void record(const char* op, std::vector<Tensor> inputs, std::vector<Tensor> outputs,
                        BackwardFn fn);
 // While alive, no tape of the calling thread records (recompute_grad's first pass).

@@ -61,7 +61,7 @@ Tensor CpuKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, cons
 
 Tensor CpuKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Shape& w_shape,
                                           const Conv2dParams& p, bool want_bias, Tensor* db) {
-  require_f32(x, "conv2d_backward_filter", "x");
+  require_f32_or_kept_bf16(x, "conv2d_backward_filter", "x");
   require_f32(dy, "conv2d_backward_filter", "dy");
   const ConvShapes s = conv_shapes(x.shape(), w_shape, p);
   if (conv_as_gemm(w_shape, p) && x.numel() > 0 && dy.numel() > 0) {  // dw = x^T dy, db = sum dy
@@ -84,8 +84,8 @@ Tensor CpuKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, con
     memory dwm(e->pd.diff_weights_desc(), state_->engine, holder.raw_data());
     Tensor x_holder, dy_holder;
     std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, filter_in(*state_, memory::desc(s.src, dt::f32, tag::nhwc), e->pd.src_desc(),
-                                 x, &x_holder)},
+        {DNNL_ARG_SRC, filter_in(*state_, memory::desc(s.src, dnnl_type(x.dtype()), tag::nhwc),
+                                 e->pd.src_desc(), x, &x_holder)},
         {DNNL_ARG_DIFF_DST, filter_in(*state_, memory::desc(s.dst, dt::f32, tag::nhwc),
                                       e->pd.diff_dst_desc(), dy, &dy_holder)},
         {DNNL_ARG_DIFF_WEIGHTS, dwm}};

@@ -91,21 +91,6 @@ struct BnBwd {
   dnnl::batch_normalization_backward prim;
 };
 
-dt dnnl_type(DType t) {
-  switch (t) {
-    case DType::kFloat32:
-      return dt::f32;
-    case DType::kFloat16:
-      return dt::f16;
-    case DType::kBFloat16:
-      return dt::bf16;
-    case DType::kInt32:
-      return dt::s32;
-    default:
-      return dt::undef;
-  }
-}
-
 // Blocks of a large matmul (see CpuKernels::matmul): the widest block of C's columns over a
 // row-major B and of the inner dimension over an untransposed A of at least
 // kMatmulInnerBlockMinRows rows and a row-major B, and of C's rows over a transposed A taller than
@@ -162,8 +147,8 @@ CpuKernels::CpuKernels(DeviceSpec spec, int threads)
 CpuKernels::~CpuKernels() = default;
 
 Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  require_f32(a, "matmul", "a");
-  require_f32(b, "matmul", "b");
+  require_f32_or_kept_bf16(a, "matmul", "a");
+  require_f32_or_kept_bf16(b, "matmul", "b");
   if (a.rank() != 2 || b.rank() != 2)
     throw InvalidArgument("matmul expects 2-D operands, got " + a.shape().to_string() + " and " +
                           b.shape().to_string());
@@ -195,19 +180,22 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     Tensor a16, b16;
     if (bf16) {
       const memory::desc abf({m, k}, in_dt, as), bbf({k, n}, in_dt, bs);
-      memory am = mem(memory::desc({m, k}, dt::f32, ta ? memory::dims{1, m} : memory::dims{k, 1}),
-                      state_->engine, a);
-      memory bm = mem(memory::desc({k, n}, dt::f32, tb ? memory::dims{1, k} : memory::dims{n, 1}),
-                      state_->engine, b);
+      // (A bfloat16 operand is what an op kept for its backward pass: exact in bfloat16.)
+      memory am = mem(
+          memory::desc({m, k}, dnnl_type(a.dtype()), ta ? memory::dims{1, m} : memory::dims{k, 1}),
+          state_->engine, a);
+      memory bm = mem(
+          memory::desc({k, n}, dnnl_type(b.dtype()), tb ? memory::dims{1, k} : memory::dims{n, 1}),
+          state_->engine, b);
       a16 = scratch(abf.get_size(), spec_);
       b16 = scratch(bbf.get_size(), spec_);
       memory a_out(abf, state_->engine, a16.raw_data()), b_out(bbf, state_->engine, b16.raw_data());
       dnnl::reorder(am, a_out).execute(state_->stream(m * k), am, a_out);
       dnnl::reorder(bm, b_out).execute(state_->stream(k * n), bm, b_out);
-      if (!native) {
+      if (!native && a.dtype() != DType::kBFloat16)
         round_to_bf16(static_cast<float*>(a16.raw_data()), static_cast<size_t>(m * k));
+      if (!native && b.dtype() != DType::kBFloat16)
         round_to_bf16(static_cast<float*>(b16.raw_data()), static_cast<size_t>(k * n));
-      }
       ap = static_cast<const char*>(a16.raw_data());
       bp = static_cast<const char*>(b16.raw_data());
     }

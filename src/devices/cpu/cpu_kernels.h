@@ -102,6 +102,9 @@ class CpuKernels final : public Kernels {
 
 // Throws InvalidArgument unless t is float32 (names the op and the operand).
 void require_f32(const Tensor& t, const char* op, const char* what);
+// The same, but under mixed_bfloat16 also a bfloat16 tensor: what an op kept for its backward pass
+// (a matmul or convolution rounds what it reads to bfloat16 then anyway).
+void require_f32_or_kept_bf16(const Tensor& t, const char* op, const char* what);
 // c = a op b with numpy broadcasting, for the cases oneDNN's src1-only broadcast cannot do.
 void binary_broadcast_loop(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& c);
 // Element conversion for the types oneDNN's reorder has no data type for (float64, int64).

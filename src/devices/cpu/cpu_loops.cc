@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "devices/cpu/cpu_kernels.h"
+#include "dtrain/core/precision.h"
 #include "dtrain/core/random.h"
 
 namespace dtrain::cpu {
@@ -14,6 +15,13 @@ void require_f32(const Tensor& t, const char* op, const char* what) {
   if (t.dtype() != DType::kFloat32)
     throw InvalidArgument(std::string(op) + ": " + what + " must be float32, got " +
                           dtype_name(t.dtype()) + "; cast it with ops::cast(x, DType::kFloat32)");
+}
+
+void require_f32_or_kept_bf16(const Tensor& t, const char* op, const char* what) {
+  if (t.defined() && t.dtype() == DType::kBFloat16 &&
+      precision_policy() == Precision::kMixedBFloat16)
+    return;
+  require_f32(t, op, what);
 }
 
 namespace {

@@ -112,6 +112,22 @@ const Bf16KernelChoice& bf16_kernel_choice();  // this process's, made at the fi
 bool mixed_bf16();                             // the policy is mixed_bfloat16
 bool bf16_kernels_native();  // mixed_bfloat16 runs oneDNN's bfloat16 kernels (the choice, or a
                              // test's override)
+// oneDNN's data type for a dtype; undef for those it has none for (float64, int64).
+inline memory::data_type dnnl_type(DType t) {
+  switch (t) {
+    case DType::kFloat32:
+      return memory::data_type::f32;
+    case DType::kFloat16:
+      return memory::data_type::f16;
+    case DType::kBFloat16:
+      return memory::data_type::bf16;
+    case DType::kInt32:
+      return memory::data_type::s32;
+    default:
+      return memory::data_type::undef;
+  }
+}
+
 memory::data_type kernel_input_type();  // bf16 under mixed_bfloat16 with native kernels, else f32
 // Rounds n floats to the nearest bfloat16 (ties to even, as oneDNN's reorder), in place.
 void round_to_bf16(float* p, size_t n);

@@ -5,6 +5,7 @@
 
 #include "dtrain/model/ops.h"
 #include "dtrain/model/variable.h"
+#include "model/op_util.h"
 
 namespace dtrain {
 
@@ -69,6 +70,7 @@ std::vector<Tensor> GradientTape::gradient(const Tensor& target, const std::vect
 std::vector<Tensor> GradientTape::compute(const Tensor& target, const std::vector<Tensor>& sources,
                                           const Tensor& output_gradient,
                                           tape::GradientReadyHook* hook) {
+  ops::forget_kept_copies();  // the tape's closures hold what the backward pass needs
   if (used_ && !persistent_)
     throw FailedPrecondition(
         "gradient() was already called on this non-persistent GradientTape; construct it with "

@@ -13,6 +13,12 @@ void same_device(const char* op, const Tensor& a, const Tensor& b);
 // it reads to bfloat16 anyway (a convolution's input); batch norm rounds its input in the forward
 // pass too, so that both passes see the same values.
 Tensor keep_for_backward(const Tensor& x);
+// The copy keep_for_backward made of x for another op, if it did (and x is still the last few
+// tensors copied), else x: for an op whose backward pass reads x rounded, but which would not make
+// a copy of its own (a matmul reading a ReLU's output: it then shares the ReLU's copy).
+Tensor kept_copy_if_made(const Tensor& x);
+// Drops this thread's references to the copies made (GradientTape::gradient calls it).
+void forget_kept_copies();
 // The float32 value of what keep_for_backward returned (a new tensor when it was a copy).
 Tensor kept_value(const Tensor& kept);
 }  // namespace dtrain::ops

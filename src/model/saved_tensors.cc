@@ -10,8 +10,8 @@ namespace dtrain::ops {
 namespace {
 // The last few copies made on this thread, by the id of the tensor copied (ids are never reused):
 // a ReLU's output is kept by the ReLU and by each convolution reading it (a residual block's
-// first convolution and its projection shortcut), and they share one copy. Holding the copies
-// here keeps at most kSlots of them a little longer than their tape.
+// first convolution and its projection shortcut), and they share one copy. The slots are emptied
+// when a backward pass starts (forget_kept_copies), so they hold no copy beyond its tape.
 constexpr int kSlots = 4;
 struct Slot {
   uint64_t source_id = 0;
@@ -25,12 +25,22 @@ Tensor keep_for_backward(const Tensor& x) {
   if (!x.defined() || x.dtype() != DType::kFloat32 || x.device().type != DeviceType::kCPU ||
       precision_policy() != Precision::kMixedBFloat16 || x.numel() == 0)
     return x;
-  for (const Slot& s : t_slots)
-    if (s.source_id == x.id() && s.copy.defined() && s.copy.shape() == x.shape()) return s.copy;
+  if (Tensor made = kept_copy_if_made(x); made.dtype() == DType::kBFloat16) return made;
   Tensor copy = kernels_for(x).cast(x, DType::kBFloat16);
   t_slots[t_next] = {x.id(), copy};
   t_next = (t_next + 1) % kSlots;
   return copy;
+}
+
+Tensor kept_copy_if_made(const Tensor& x) {
+  if (!x.defined() || precision_policy() != Precision::kMixedBFloat16) return x;
+  for (const Slot& s : t_slots)
+    if (s.source_id == x.id() && s.copy.defined() && s.copy.shape() == x.shape()) return s.copy;
+  return x;
+}
+
+void forget_kept_copies() {
+  for (Slot& s : t_slots) s = Slot{};
 }
 
 Tensor kept_value(const Tensor& kept) {

@@ -319,6 +319,48 @@ TEST_F(ModelApi, MixedBfloat16KeepsHalfTheBytesForTheBackwardPassWithTheSameGrad
   EXPECT_NE(f32, b16);  // bfloat16 did run
 }
 
+// The same for dense layers: a matmul reading a ReLU's output keeps the ReLU's bfloat16 copy.
+TEST_F(ModelApi, MixedBfloat16DenseLayersShareTheReluCopies) {
+  Sequential model({std::make_shared<Dense>(512, Activation::kRelu),
+                    std::make_shared<Dense>(512, Activation::kRelu), std::make_shared<Dense>(4)});
+  model.build(Shape{1, 256});
+  const Tensor x = random_tensor({64, 256}, 22);
+  std::vector<Tensor> sources{x};
+  for (const auto& v : model.trainable_variables()) sources.push_back(v->value());
+  auto step = [&](bool outer_tape, std::vector<std::vector<float>>* grads) {
+    Allocator& host = allocator_for(x.device());
+    const size_t before = host.get_memory_info().current;
+    std::optional<GradientTape> outer;
+    if (outer_tape) {
+      outer.emplace();
+      outer->watch(x);
+    }
+    GradientTape tape;
+    tape.watch(x);
+    const Tensor loss = ops::sum(ops::square(model(x, true)));
+    const size_t held = host.get_memory_info().current - before;
+    for (const Tensor& g : tape.gradient(loss, sources)) grads->push_back(g.to_vector<float>());
+    return held;
+  };
+  std::vector<std::vector<float>> f32, b16, b16_full;
+  const size_t f32_bytes = step(false, &f32);
+  set_precision_policy(Precision::kMixedBFloat16);
+  size_t b16_bytes = 0;
+  try {
+    b16_bytes = step(false, &b16);
+    step(true, &b16_full);
+  } catch (...) {
+    set_precision_policy(Precision::kFloat32);
+    throw;
+  }
+  set_precision_policy(Precision::kFloat32);
+  std::printf("after the forward pass: float32 %zu bytes, mixed_bfloat16 %zu\n", f32_bytes,
+              b16_bytes);
+  EXPECT_LT(b16_bytes, f32_bytes * 6 / 10);
+  EXPECT_EQ(b16, b16_full);
+  EXPECT_NE(f32, b16);
+}
+
 TEST_F(ModelApi, NewOpsHaveGradients) {
   using V = std::vector<Tensor>;
   testing::check_gradients(

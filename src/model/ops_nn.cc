@@ -179,11 +179,14 @@ struct BatchNormInput {
 };
 BatchNormInput batch_norm_input(const Tensor& x, const Tensor& gamma, const Tensor& beta) {
   BatchNormInput in;
-  const Tensor copy = keep_for_backward(x);
-  in.x = kept_value(copy);
-  const bool nested = tape::recording_tapes({&x, &gamma, &beta}) > 1;
-  in.kept = nested ? in.x : copy;
-  if (nested) in.outer = x;
+  const int tapes = tape::recording_tapes({&x, &gamma, &beta});
+  if (tapes == 1) {
+    in.kept = keep_for_backward(x);
+    in.x = kept_value(in.kept);
+  } else {
+    in.x = in.kept = rounded_under_policy(x);
+    if (tapes > 1) in.outer = x;
+  }
   return in;
 }
 }  // namespace
@@ -237,8 +240,8 @@ Tensor batch_norm_relu_training(const Tensor& x, const Tensor& gamma, const Tens
 Tensor batch_norm_inference(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                             const Tensor& mean, const Tensor& var, float eps) {
   // Under mixed_bfloat16 on x rounded to bfloat16, as in training.
-  Tensor y = kernels_for(x).batch_norm_inference(kept_value(keep_for_backward(x)), gamma, beta,
-                                                 mean, var, eps);
+  Tensor y =
+      kernels_for(x).batch_norm_inference(rounded_under_policy(x), gamma, beta, mean, var, eps);
   if (tape::should_record({&x, &gamma, &beta}))
     tape::record_nondifferentiable("batch_norm_inference", {x, gamma, beta}, {y});
   return y;

@@ -21,10 +21,21 @@ thread_local std::array<Slot, kSlots> t_slots;
 thread_local int t_next = 0;
 }  // namespace
 
+namespace {
+bool compacts(const Tensor& x) {
+  return x.defined() && x.dtype() == DType::kFloat32 && x.device().type == DeviceType::kCPU &&
+         precision_policy() == Precision::kMixedBFloat16 && x.numel() > 0;
+}
+}  // namespace
+
+Tensor rounded_under_policy(const Tensor& x) {
+  if (!compacts(x)) return x;
+  Kernels& k = kernels_for(x);
+  return k.cast(k.cast(x, DType::kBFloat16), DType::kFloat32);
+}
+
 Tensor keep_for_backward(const Tensor& x) {
-  if (!x.defined() || x.dtype() != DType::kFloat32 || x.device().type != DeviceType::kCPU ||
-      precision_policy() != Precision::kMixedBFloat16 || x.numel() == 0)
-    return x;
+  if (!compacts(x)) return x;
   if (Tensor made = kept_copy_if_made(x); made.dtype() == DType::kBFloat16) return made;
   Tensor copy = kernels_for(x).cast(x, DType::kBFloat16);
   t_slots[t_next] = {x.id(), copy};

@@ -24,7 +24,7 @@ Tensor sync_batch_norm_training(ReplicaContext& ctx, const Tensor& x, const Tens
   Kernels& k = kernels_for(x);
   const int64_t c = x.shape()[-1], m = x.numel() / c;
   // Under mixed_bfloat16 the input rounded to bfloat16, as batch_norm_training's (ops_nn.cc).
-  const Tensor x2 = ops::kept_value(ops::keep_for_backward(x)).view(Shape{m, c});
+  const Tensor x2 = ops::rounded_under_policy(x).view(Shape{m, c});
   // Round 1: the global sum of x and the global row count give the mean.
   const Tensor count = Tensor::full(Shape{1}, static_cast<float>(m), x.device());
   std::vector<Tensor> g =

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <optional>
 #include <sstream>
 
@@ -235,6 +236,53 @@ TEST_F(ModelApi, ConvPoolFusionIsOfferedByTheLayersToAnyContainer) {
   EXPECT_EQ(f(x, false).to_vector<float>(), apart.to_vector<float>());
 }
 
+// One training step's forward and backward pass in float32, under mixed_bfloat16, and under
+// mixed_bfloat16 with an outer tape also watching x (which makes the ops keep their float32
+// tensors): the gradients w.r.t. x and `vars`, the bytes the host allocator holds after the forward
+// pass and the most it held during it.
+struct PrecisionRun {
+  std::vector<std::vector<float>> grads;
+  size_t held = 0, peak = 0;
+};
+struct PrecisionRuns {
+  PrecisionRun f32, b16, b16_outer;
+};
+PrecisionRuns run_in_both_precisions(const std::function<Tensor()>& loss_of_forward,
+                                     const Tensor& x, const VariableList& vars) {
+  auto step = [&](bool outer_tape) {
+    PrecisionRun r;
+    Allocator& host = allocator_for(x.device());
+    const size_t before = host.get_memory_info().current;
+    host.reset_memory_stats();
+    std::optional<GradientTape> outer;
+    if (outer_tape) {
+      outer.emplace();
+      outer->watch(x);
+    }
+    GradientTape tape;
+    tape.watch(x);
+    const Tensor loss = loss_of_forward();
+    r.held = host.get_memory_info().current - before;
+    r.peak = host.get_memory_info().peak - before;
+    std::vector<Tensor> sources{x};
+    for (const auto& v : vars) sources.push_back(v->value());
+    for (const Tensor& g : tape.gradient(loss, sources)) r.grads.push_back(g.to_vector<float>());
+    return r;
+  };
+  PrecisionRuns runs;
+  runs.f32 = step(false);
+  set_precision_policy(Precision::kMixedBFloat16);
+  try {
+    runs.b16 = step(false);
+    runs.b16_outer = step(true);
+  } catch (...) {
+    set_precision_policy(Precision::kFloat32);
+    throw;
+  }
+  set_precision_policy(Precision::kFloat32);
+  return runs;
+}
+
 // Under mixed_bfloat16 what the backward pass keeps of a residual block (the convolutions' inputs,
 // batch norm's inputs, the ReLU's output) is bfloat16 copies, and the functional model drops its
 // float32 values after their last reader: the tape holds 0.6x float32's bytes. The
@@ -255,48 +303,17 @@ TEST_F(ModelApi, MixedBfloat16KeepsHalfTheBytesForTheBackwardPassWithTheSameGrad
               {(*std::make_shared<Dense>(3))((*std::make_shared<GlobalAveragePooling2D>())(y))});
   model.build();
   const Tensor x = random_tensor({16, 16, 16, 16}, 21);
-  const auto vars = model.trainable_variables();
-  // Returns the bytes held after the forward pass; the gradients (x's first) into `grads`, the
-  // most held during the forward pass into `peaks`.
-  std::vector<size_t> peaks;
-  auto step = [&](bool outer_tape, std::vector<std::vector<float>>* grads) {
-    Allocator& host = allocator_for(x.device());
-    const size_t before = host.get_memory_info().current;
-    host.reset_memory_stats();
-    std::optional<GradientTape> outer;
-    if (outer_tape) {
-      outer.emplace();
-      outer->watch(x);
-    }
-    GradientTape tape;
-    tape.watch(x);
-    const Tensor loss = ops::sum(ops::square(model(std::vector<Tensor>{x}, true)[0]));
-    const size_t held = host.get_memory_info().current - before;
-    peaks.push_back(host.get_memory_info().peak - before);
-    std::vector<Tensor> sources{x};
-    for (const auto& v : vars) sources.push_back(v->value());
-    for (const Tensor& g : tape.gradient(loss, sources)) grads->push_back(g.to_vector<float>());
-    return held;
-  };
-  std::vector<std::vector<float>> f32, b16, b16_full;
-  const size_t f32_bytes = step(false, &f32);
-  set_precision_policy(Precision::kMixedBFloat16);
-  size_t b16_bytes = 0;
-  try {
-    b16_bytes = step(false, &b16);
-    step(true, &b16_full);
-  } catch (...) {
-    set_precision_policy(Precision::kFloat32);
-    throw;
-  }
-  set_precision_policy(Precision::kFloat32);
+  const PrecisionRuns r = run_in_both_precisions(
+      [&] { return ops::sum(ops::square(model(std::vector<Tensor>{x}, true)[0])); }, x,
+      model.trainable_variables());
+  const auto &f32 = r.f32.grads, &b16 = r.b16.grads, &b16_full = r.b16_outer.grads;
   std::printf(
       "after the forward pass: float32 %zu bytes, mixed_bfloat16 %zu; at its peak %zu and %zu\n",
-      f32_bytes, b16_bytes, peaks[0], peaks[1]);
-  EXPECT_LT(b16_bytes, f32_bytes * 65 / 100);
+      r.f32.held, r.b16.held, r.f32.peak, r.b16.peak);
+  EXPECT_LT(r.b16.held, r.f32.held * 65 / 100);
   // Also during the forward pass: each float32 value is dropped after its last reader (kept to the
   // end of the pass, they made mixed_bfloat16's peak 1.4x float32's).
-  EXPECT_LT(peaks[1], peaks[0] * 9 / 10);
+  EXPECT_LT(r.b16.peak, r.f32.peak * 9 / 10);
   ASSERT_EQ(b16.size(), b16_full.size());
   for (size_t i = 0; i < b16.size(); ++i) EXPECT_EQ(b16[i], b16_full[i]) << "gradient " << i;
   // And they are bfloat16's approximations of float32's: each points the same way, except where
@@ -325,38 +342,12 @@ TEST_F(ModelApi, MixedBfloat16DenseLayersShareTheReluCopies) {
                     std::make_shared<Dense>(512, Activation::kRelu), std::make_shared<Dense>(4)});
   model.build(Shape{1, 256});
   const Tensor x = random_tensor({64, 256}, 22);
-  std::vector<Tensor> sources{x};
-  for (const auto& v : model.trainable_variables()) sources.push_back(v->value());
-  auto step = [&](bool outer_tape, std::vector<std::vector<float>>* grads) {
-    Allocator& host = allocator_for(x.device());
-    const size_t before = host.get_memory_info().current;
-    std::optional<GradientTape> outer;
-    if (outer_tape) {
-      outer.emplace();
-      outer->watch(x);
-    }
-    GradientTape tape;
-    tape.watch(x);
-    const Tensor loss = ops::sum(ops::square(model(x, true)));
-    const size_t held = host.get_memory_info().current - before;
-    for (const Tensor& g : tape.gradient(loss, sources)) grads->push_back(g.to_vector<float>());
-    return held;
-  };
-  std::vector<std::vector<float>> f32, b16, b16_full;
-  const size_t f32_bytes = step(false, &f32);
-  set_precision_policy(Precision::kMixedBFloat16);
-  size_t b16_bytes = 0;
-  try {
-    b16_bytes = step(false, &b16);
-    step(true, &b16_full);
-  } catch (...) {
-    set_precision_policy(Precision::kFloat32);
-    throw;
-  }
-  set_precision_policy(Precision::kFloat32);
-  std::printf("after the forward pass: float32 %zu bytes, mixed_bfloat16 %zu\n", f32_bytes,
-              b16_bytes);
-  EXPECT_LT(b16_bytes, f32_bytes * 6 / 10);
+  const PrecisionRuns r = run_in_both_precisions(
+      [&] { return ops::sum(ops::square(model(x, true))); }, x, model.trainable_variables());
+  const auto &f32 = r.f32.grads, &b16 = r.b16.grads, &b16_full = r.b16_outer.grads;
+  std::printf("after the forward pass: float32 %zu bytes, mixed_bfloat16 %zu\n", r.f32.held,
+              r.b16.held);
+  EXPECT_LT(r.b16.held, r.f32.held * 6 / 10);
   EXPECT_EQ(b16, b16_full);
   EXPECT_NE(f32, b16);
 }

@@ -160,6 +160,22 @@ Tensor relu(const Tensor& x) {
   return y;
 }
 
+Tensor add_relu(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return relu(add(a, b));
+  same_device("add_relu", a, b);
+  Tensor y = kernels_for(a).add_relu(a, b);
+  // As relu: the output (or its bfloat16 copy) is what the backward pass reads.
+  if (tape::should_record({&a, &b})) {
+    const Tensor kept = tape::recording_tapes({&a, &b}) == 1 ? keep_for_backward(y) : y;
+    tape::record("add_relu", {a, b}, {y},
+                 [kept](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                   Tensor d = relu_grad(kept_value(kept), g[0]);
+                   return {d, d};
+                 });
+  }
+  return y;
+}
+
 Tensor scale(const Tensor& x, float alpha) {
   Tensor y = kernels_for(x).affine(x, alpha, 0.f);
   if (tape::should_record({&x}))

@@ -74,10 +74,10 @@ Layer::FusedCall Conv2D::fuse_with_next(const Layer& next) {
       pool->window_h != pool->window_w || pool->stride_h != pool->stride_w)
     return {};
   const Pool2DSpec p = *pool;
-  return [this, p](const Tensor& x, bool) {
+  return [this, p](const std::vector<Tensor>& xs, bool) {
     const Tensor pooled =
-        ops::conv2d_max_pool2d(x, kernel->value(), use_bias_ ? bias->value() : Tensor(), stride_,
-                               padding_, p.window_h, p.stride_h, p.padding);
+        ops::conv2d_max_pool2d(xs.at(0), kernel->value(), use_bias_ ? bias->value() : Tensor(),
+                               stride_, padding_, p.window_h, p.stride_h, p.padding);
     return apply_activation(Activation::kRelu, pooled);
   };
 }

@@ -9,13 +9,14 @@ void need_two(const Layer& l, const std::vector<Tensor>& xs) {
                           "' needs at least 2 inputs, got " + std::to_string(xs.size()));
 }
 
+// op(a, b, last): last is true for the last input.
 template <class Op>
 std::vector<Tensor> fold(const Layer& l, const std::vector<Tensor>& xs, Op op) {
   need_two(l, xs);
   Tensor y = xs[0];
   for (size_t i = 1; i < xs.size(); ++i) {
     try {
-      y = op(y, xs[i]);
+      y = op(y, xs[i], i + 1 == xs.size());
     } catch (const InvalidArgument& e) {
       throw InvalidArgument(l.class_name() + " layer '" + l.path() + "': input " +
                             std::to_string(i) + " " + xs[i].shape().to_string() +
@@ -28,11 +29,23 @@ std::vector<Tensor> fold(const Layer& l, const std::vector<Tensor>& xs, Op op) {
 }  // namespace
 
 std::vector<Tensor> Add::call(const std::vector<Tensor>& xs, bool) {
-  return fold(*this, xs, [](const Tensor& a, const Tensor& b) { return ops::add(a, b); });
+  return fold(*this, xs, [](const Tensor& a, const Tensor& b, bool) { return ops::add(a, b); });
+}
+
+Layer::FusedCall Add::fuse_with_next(const Layer& next) {
+  if (next.activation_spec() != Activation::kRelu || !built() || !next.built()) return {};
+  return [this](const std::vector<Tensor>& xs, bool) {
+    // The same sums in the same order as Add then ReLU; the last one with the ReLU.
+    return fold(*this, xs,
+                [](const Tensor& a, const Tensor& b, bool last) {
+                  return last ? ops::add_relu(a, b) : ops::add(a, b);
+                })
+        .at(0);
+  };
 }
 
 std::vector<Tensor> Multiply::call(const std::vector<Tensor>& xs, bool) {
-  return fold(*this, xs, [](const Tensor& a, const Tensor& b) { return ops::mul(a, b); });
+  return fold(*this, xs, [](const Tensor& a, const Tensor& b, bool) { return ops::mul(a, b); });
 }
 
 std::vector<Tensor> Concatenate::call(const std::vector<Tensor>& xs, bool) {

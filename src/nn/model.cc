@@ -187,7 +187,7 @@ std::vector<Tensor> Model::run_graph(const std::vector<Tensor>& xs, bool trainin
     const detail::Node& n = *nodes_[i];
     if (!fused_call_.empty() && fused_call_[i]) {
       const detail::Node& first = *n.inputs[0].node_;
-      values[&n] = {fused_call_[i](input_values(first).at(0), training)};
+      values[&n] = {fused_call_[i](input_values(first), training)};
     } else {
       values[&n] = (*n.layer)(input_values(n), training);
     }
@@ -214,8 +214,8 @@ void Model::plan_fusions() {
     if (second.inputs.size() != 1 || second.shapes.size() != 1) continue;
     const detail::Node* first = second.inputs[0].node_.get();
     auto it = index.find(first);
-    if (it == index.end() || readers[first] != 1 || first->inputs.size() != 1 ||
-        first->shapes.size() != 1 || fused_into_[it->second] >= 0 || fused_call_[it->second])
+    if (it == index.end() || readers[first] != 1 || first->shapes.size() != 1 ||
+        fused_into_[it->second] >= 0 || fused_call_[it->second])
       continue;
     FusedCall f = first->layer->fuse_with_next(*second.layer);
     if (!f) continue;
@@ -255,7 +255,7 @@ Tensor Sequential::call(const Tensor& x, bool training) {
   Tensor y = x;
   for (size_t i = 0; i < ls.size(); ++i) {
     if (i < fused_.size() && fused_[i]) {
-      y = fused_[i](y, training);
+      y = fused_[i]({y}, training);
       ++i;
       continue;
     }

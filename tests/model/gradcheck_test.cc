@@ -52,6 +52,33 @@ TEST_F(GradCheck, Activations) {
                   {true});
 }
 
+// relu(a + b) as one op: the values and gradients of relu(add(a, b)), bitwise; sums kept away
+// from ReLU's kink for the finite differences; operands of other shapes take the two ops.
+TEST_F(GradCheck, AddRelu) {
+  const Shape s{4, 33};  // 132 elements: oneDNN's vector body and its tail
+  const Tensor a = random_tensor(s, 23), b = testing::away_from_zero(s, 24);
+  const Tensor half = ops::scale(a, 0.5f);
+  check_gradients([&half](const V& x) { return ops::add_relu(half, x[0]); }, {b}, {true});
+  check_gradients([](const V& x) { return ops::add_relu(x[0], x[1]); }, {ops::scale(a, 0.25f), b},
+                  {true, true});
+  for (const auto& [sa, sb] : {std::pair<Shape, Shape>{s, s}, {s, Shape{33}}, {Shape{33}, s}}) {
+    const Tensor x = random_tensor(sa, 25), y = random_tensor(sb, 26);
+    std::vector<Tensor> fused, apart;
+    for (bool one_op : {true, false}) {
+      GradientTape tape;
+      tape.watch(x);
+      tape.watch(y);
+      const Tensor z = one_op ? ops::add_relu(x, y) : ops::relu(ops::add(x, y));
+      (one_op ? fused : apart) = tape.gradient(ops::sum(ops::square(z)), {x, y});
+      (one_op ? fused : apart).push_back(z);
+    }
+    for (size_t i = 0; i < fused.size(); ++i)
+      EXPECT_EQ(fused[i].to_vector<float>(), apart[i].to_vector<float>())
+          << sa.to_string() << " + " << sb.to_string() << ", tensor " << i;
+  }
+  EXPECT_THROW(kernels_for(a).add_relu(a, random_tensor({33}, 27)), InvalidArgument);
+}
+
 TEST_F(GradCheck, MatmulAllTransposes) {
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {

@@ -236,6 +236,76 @@ TEST_F(ModelApi, ConvPoolFusionIsOfferedByTheLayersToAnyContainer) {
   EXPECT_EQ(f(x, false).to_vector<float>(), apart.to_vector<float>());
 }
 
+// Add followed by a ReLU activation runs as one op in a functional graph (the end of a residual
+// block): the values and gradients of the layers run apart, and the sum is never stored, so the
+// forward pass holds one tensor fewer at its peak.
+TEST_F(ModelApi, AddReluFusionInAFunctionalGraph) {
+  auto dense = std::make_shared<Dense>(64);
+  auto add = std::make_shared<Add>();
+  auto relu = std::make_shared<ActivationLayer>(Activation::kRelu);
+  EXPECT_FALSE(add->fuse_with_next(*relu));  // not built yet
+  KerasTensor in = Input({64});
+  const KerasTensor h = (*dense)(in);
+  Model f(in, {(*relu)((*add)({in, h})), h});  // h is kept to the end: it is an output
+  f.build();
+  EXPECT_TRUE(add->fuse_with_next(*relu));
+  EXPECT_FALSE(relu->fuse_with_next(*add));
+  EXPECT_FALSE(add->fuse_with_next(*std::make_shared<ActivationLayer>(Activation::kTanh)));
+
+  const Tensor x = random_tensor({256, 64}, 9);  // 64 KB a tensor
+  const size_t tensor_bytes = 256 * 64 * sizeof(float);
+  Allocator& host = allocator_for(x.device());
+  auto forward_peak = [&](const std::function<std::vector<Tensor>()>& forward,
+                          std::vector<Tensor>* out) {
+    const size_t before = host.get_memory_info().current;
+    host.reset_memory_stats();
+    *out = forward();
+    return host.get_memory_info().peak - before;
+  };
+  std::vector<Tensor> fused, apart;
+  const size_t fused_peak = forward_peak([&] { return f(std::vector<Tensor>{x}, false); }, &fused);
+  const size_t apart_peak = forward_peak(
+      [&] {
+        const Tensor hx = (*dense)(x);
+        return std::vector<Tensor>{(*relu)((*add)({x, hx}).at(0)), hx};
+      },
+      &apart);
+  ASSERT_EQ(fused.size(), 2u);
+  EXPECT_EQ(fused[0].to_vector<float>(), apart[0].to_vector<float>());
+  EXPECT_EQ(fused[1].to_vector<float>(), apart[1].to_vector<float>());
+  EXPECT_GE(apart_peak, fused_peak + tensor_bytes) << fused_peak << " against " << apart_peak;
+
+  std::vector<std::vector<float>> g[2];
+  for (int run = 0; run < 2; ++run) {
+    GradientTape tape;
+    tape.watch(x);
+    std::vector<Tensor> ys;
+    if (run == 0) {
+      ys = f(std::vector<Tensor>{x}, true);
+    } else {
+      const Tensor hx = (*dense)(x, true);
+      ys = {(*relu)((*add)({x, hx}).at(0)), hx};
+    }
+    VariableList vars = f.trainable_variables();
+    std::vector<Tensor> sources{x};
+    for (const auto& v : vars) sources.push_back(v->value());
+    for (const Tensor& t :
+         tape.gradient(ops::add(ops::sum(ops::square(ys[0])), ops::sum(ys[1])), sources))
+      g[run].push_back(t.to_vector<float>());
+  }
+  EXPECT_EQ(g[0], g[1]);
+
+  // With a second reader of the sum, the pair is not fused; the values are the same.
+  KerasTensor in2 = Input({64});
+  auto add2 = std::make_shared<Add>();
+  const KerasTensor s2 = (*add2)({in2, (*dense)(in2)});
+  Model g2(in2, {(*std::make_shared<ActivationLayer>(Activation::kRelu))(s2), s2});
+  g2.build();
+  const std::vector<Tensor> both = g2(std::vector<Tensor>{x}, false);
+  EXPECT_EQ(both[0].to_vector<float>(), fused[0].to_vector<float>());
+  EXPECT_EQ(both[1].to_vector<float>(), ops::add(x, fused[1]).to_vector<float>());
+}
+
 // One training step's forward and backward pass in float32, under mixed_bfloat16, and under
 // mixed_bfloat16 with an outer tape also watching x (which makes the ops keep their float32
 // tensors): the gradients w.r.t. x and `vars`, the bytes the host allocator holds after the forward
@@ -331,8 +401,11 @@ TEST_F(ModelApi, MixedBfloat16KeepsHalfTheBytesForTheBackwardPassWithTheSameGrad
     cosine[i] = d / std::sqrt(a * b + 1e-300);
   }
   const double largest = *std::max_element(norm.begin(), norm.end());
-  for (size_t i = 0; i < f32.size(); ++i)
-    if (norm[i] > 1e-3 * largest) EXPECT_GT(cosine[i], 0.99) << "gradient " << i;
+  for (size_t i = 0; i < f32.size(); ++i) {
+    if (norm[i] > 1e-3 * largest) {
+      EXPECT_GT(cosine[i], 0.99) << "gradient " << i;
+    }
+  }
   EXPECT_NE(f32, b16);  // bfloat16 did run
 }
 

@@ -138,6 +138,11 @@ class DTRAIN_API Kernels {
   virtual Tensor activation_backward(UnaryOp op, const Tensor& x_or_y, const Tensor& dy) = 0;
   // Numpy broadcasting between a and b.
   virtual Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) = 0;
+  // relu(a + b) for a and b of one shape (a residual block's sum and ReLU). This default runs
+  // binary() and unary(); the CPU does it in one pass over the data.
+  virtual Tensor add_relu(const Tensor& a, const Tensor& b) {
+    return unary(UnaryOp::kRelu, binary(BinaryOp::kAdd, a, b));
+  }
   // alpha * x + beta.
   virtual Tensor affine(const Tensor& x, float alpha, float beta) = 0;
   // Reduces over `axes` (unique, ascending); keeps size-1 dims when keepdims.

@@ -27,6 +27,10 @@ DTRAIN_API Tensor sqrt(const Tensor& x);
 
 // --- activations ---
 DTRAIN_API Tensor relu(const Tensor& x);
+// relu(a + b), the end of a residual block, as one op: one pass over the data instead of two, and
+// the sum is never stored. a and b of one shape (other shapes: relu(add(a, b))); the same values
+// and gradients as the two ops.
+DTRAIN_API Tensor add_relu(const Tensor& a, const Tensor& b);
 DTRAIN_API Tensor tanh(const Tensor& x);
 DTRAIN_API Tensor sigmoid(const Tensor& x);
 

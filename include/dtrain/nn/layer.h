@@ -168,11 +168,13 @@ class DTRAIN_API Layer : public std::enable_shared_from_this<Layer> {
   virtual void set_rng_calls(int64_t /*calls*/) {}
 
   // Fusion, offered by the layer itself rather than found by a container: a max-pooling layer
-  // describes its pooling; a layer that can run together with the layer after it (when nothing
-  // else reads its output) returns that combined call, or an empty function. Containers run the
-  // pair through it once both are built (Conv2D with ReLU followed by max pooling: one op).
+  // describes its pooling, an activation layer its activation; a layer that can run together with
+  // the layer after it (when nothing else reads its output) returns that combined call on its own
+  // inputs, or an empty function. Containers run the pair through it once both are built (Conv2D
+  // with ReLU followed by max pooling: one op; Add followed by a ReLU: one op).
   virtual std::optional<Pool2DSpec> max_pool_spec() const { return std::nullopt; }
-  using FusedCall = std::function<Tensor(const Tensor& x, bool training)>;
+  virtual std::optional<Activation> activation_spec() const { return std::nullopt; }
+  using FusedCall = std::function<Tensor(const std::vector<Tensor>& xs, bool training)>;
   virtual FusedCall fuse_with_next(const Layer& /*next*/) { return {}; }
 
  protected:

@@ -146,6 +146,7 @@ class DTRAIN_API ActivationLayer : public Layer {
   explicit ActivationLayer(Activation a, std::string name = "activation")
       : Layer(std::move(name)), a_(a) {}
   std::string class_name() const override { return "Activation"; }
+  std::optional<Activation> activation_spec() const override { return a_; }
 
  protected:
   using Layer::call;

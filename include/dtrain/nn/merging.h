@@ -17,6 +17,9 @@ class DTRAIN_API Add : public Layer {
  public:
   explicit Add(std::string name = "add") : Layer(std::move(name)) {}
   std::string class_name() const override { return "Add"; }
+  // Add followed by a ReLU activation layer (a residual block's end) runs as ops::add_relu: one
+  // pass over the data, and the sum is not stored.
+  FusedCall fuse_with_next(const Layer& next) override;
 
  protected:
   using Layer::call;

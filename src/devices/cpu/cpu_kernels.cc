@@ -375,6 +375,38 @@ Tensor CpuKernels::binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   return c;
 }
 
+// One pass: oneDNN's binary add with a ReLU post-op. ResNet-50 at batch 32, one thread, two steps
+// (ONEDNN_VERBOSE): the ReLU primitives' forward time 602 -> 76 ms, the sums' 1,001 -> 1,004 ms
+// with the ReLU in them (a ReLU pass over 25.7 M floats took 22 ms, memory-bound).
+Tensor CpuKernels::add_relu(const Tensor& a, const Tensor& b) {
+  require_f32(a, "add_relu", "a");
+  require_f32(b, "add_relu", "b");
+  if (a.shape() != b.shape())
+    throw InvalidArgument("add_relu: operands of one shape only, got " + a.shape().to_string() +
+                          " and " + b.shape().to_string());
+  Tensor c = Tensor::empty(a.shape(), DType::kFloat32, spec_);
+  if (c.numel() == 0) return c;
+  const memory::desc md({c.numel()}, dt::f32, tag::a);
+  try {
+    std::string key = "addrelu:";
+    key_dims(key, {c.numel()});
+    auto e = state_->get<Binary>(key, [&] {
+      dnnl::post_ops po;
+      po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
+      dnnl::primitive_attr attr;
+      attr.set_post_ops(po);
+      dnnl::binary::primitive_desc pd({algorithm::binary_add, md, md, md}, attr, state_->engine);
+      return std::make_shared<Binary>(Binary{dnnl::binary(pd)});
+    });
+    e->prim.execute(state_->stream(c.numel()), {{DNNL_ARG_SRC_0, mem(md, state_->engine, a)},
+                                                {DNNL_ARG_SRC_1, mem(md, state_->engine, b)},
+                                                {DNNL_ARG_DST, mem(md, state_->engine, c)}});
+  } catch (const dnnl::error& err) {
+    rethrow_dnnl("add_relu", err);
+  }
+  return c;
+}
+
 Tensor CpuKernels::affine(const Tensor& x, float alpha, float beta) {
   require_f32(x, "affine", "x");
   Tensor y = Tensor::empty(x.shape(), DType::kFloat32, spec_);

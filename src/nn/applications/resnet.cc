@@ -53,7 +53,7 @@ class BottleneckBlock : public Layer {
     Tensor y = (*b1_)((*c1_)(x), training);
     y = (*b2_)((*c2_)(y), training);
     y = (*b3_)((*c3_)(y), training);
-    return ops::relu(ops::add(shortcut, y));
+    return ops::add_relu(shortcut, y);
   }
 
  private:
@@ -88,7 +88,7 @@ class BasicBlock : public Layer {
     Tensor shortcut = x;
     if (c0_) shortcut = (*c0_)(x);
     if (b0_) shortcut = (*b0_)(shortcut, training);
-    return ops::relu(ops::add(shortcut, y));
+    return ops::add_relu(shortcut, y);
   }
 
  private:

@@ -44,6 +44,15 @@ StrategyOptions apply_environment(StrategyOptions o) {
           "': valid values are none, fp16 and bf16 (cross-worker gradient compression)");
     }
   }
+  if (const char* v = env("DTRAIN_BYTES_PER_PACK"); v && !o.mirrored.bytes_per_pack) {
+    char* end = nullptr;
+    const long long bytes = std::strtoll(v, &end, 10);
+    if (end == v || *end != '\0' || bytes < 0)
+      throw InvalidArgument(std::string("DTRAIN_BYTES_PER_PACK='") + v +
+                            "': the gradient pack size in bytes (0: one pack; unset: chosen by "
+                            "the number of workers)");
+    o.mirrored.bytes_per_pack = static_cast<size_t>(bytes);
+  }
   if (const char* v = env("DTRAIN_SHARDING")) {
     try {
       o.mirrored.sharding = parse_sharding(v);

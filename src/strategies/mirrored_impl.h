@@ -171,8 +171,11 @@ struct MirroredStrategy::Impl {
   // Replicas share their ON_WRITE variables' memory and update slices of them (one process, logical
   // CPU devices, MirroredOptions::share_host_variables); fixed at construction.
   bool shared_variables = false;
-  int replica_offset = 0;                            // this worker's first global replica id
-  int global_replicas = 1;                           // replicas of the whole job
+  int replica_offset = 0;   // this worker's first global replica id
+  int global_replicas = 1;  // replicas of the whole job
+  // Gradient pack size in bytes (MirroredOptions::bytes_per_pack, or chosen by the number of
+  // workers; SIZE_MAX: one pack).
+  size_t pack_bytes = size_t{4} << 20;
   std::vector<std::unique_ptr<Communicator>> comms;  // one per replica
   std::vector<std::unique_ptr<WorkerThread>>
       comm_threads;  // one per replica: collectives in FIFO order

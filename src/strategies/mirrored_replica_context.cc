@@ -22,7 +22,7 @@ int MirroredReplicaContext::replica_id_in_sync_group() const {
 DeviceSpec MirroredReplicaContext::device() const {
   return impl_->devices[static_cast<size_t>(replica_)];
 }
-size_t MirroredReplicaContext::bytes_per_pack() const { return impl_->options.bytes_per_pack; }
+size_t MirroredReplicaContext::bytes_per_pack() const { return impl_->pack_bytes; }
 bool MirroredReplicaContext::shares_variables() const { return impl_->shared_variables; }
 
 std::future<std::vector<Tensor>> MirroredReplicaContext::all_reduce_async(

@@ -1,5 +1,6 @@
 #include "dtrain/strategies/mirrored_strategy.h"
 
+#include <algorithm>
 #include <exception>
 
 #include "dtrain/collectives/inproc.h"
@@ -51,11 +52,28 @@ Sharding parse_sharding(const std::string& name) {
                         "(2: ZeRO-2) and parameters (3: ZeRO-3)");
 }
 
+size_t auto_bytes_per_pack(int workers) {
+  constexpr size_t kPerWorker = size_t{512} << 10, kLeast = size_t{4} << 20,
+                   kMost = size_t{64} << 20;
+  return std::clamp(static_cast<size_t>(std::max(workers, 1)) * kPerWorker, kLeast, kMost);
+}
+
 void MirroredStrategy::Impl::span_workers(const StrategyExtended& parts) {
   const int local = static_cast<int>(devices.size());
   cross = parts.shared_cross_worker();
   replica_offset = cross ? parts.worker_rank() * local : 0;
   global_replicas = cross ? parts.num_workers() * local : local;
+  const int workers = cross ? parts.num_workers() : 1;
+  const size_t before = pack_bytes;
+  if (!options.bytes_per_pack)
+    pack_bytes = auto_bytes_per_pack(workers);
+  else
+    pack_bytes = *options.bytes_per_pack == 0 ? ~size_t{0} : *options.bytes_per_pack;
+  if (!options.bytes_per_pack && pack_bytes != before) {
+    DTRAIN_LOG(INFO) << "gradient packs of " << (pack_bytes >> 10) << " KiB for " << workers
+                     << " workers (MirroredOptions::bytes_per_pack or DTRAIN_BYTES_PER_PACK sets "
+                        "it)";
+  }
 }
 
 void MirroredStrategy::Impl::make_group() {
@@ -92,7 +110,6 @@ MirroredStrategy::MirroredStrategy(MirroredOptions options, StrategyExtended par
   m.options = options;
   m.devices = mirrored_devices(options);
   m.span_workers(parts);
-  if (options.bytes_per_pack == 0) m.options.bytes_per_pack = ~size_t{0};  // 0 = one pack
   bool all_host = true;
   for (const auto& d : m.devices) all_host = all_host && d.type == DeviceType::kCPU;
   // Multi-worker jobs keep a copy per replica: their sums come from other processes too.
@@ -136,6 +153,8 @@ void MirroredStrategy::reassemble(const std::function<StrategyExtended()>& conne
 }
 
 Sharding MirroredStrategy::sharding() const { return impl_->options.sharding; }
+
+size_t MirroredStrategy::bytes_per_pack() const { return impl_->pack_bytes; }
 
 std::optional<UpdatePartition> MirroredStrategy::update_partition() const {
   const Impl& m = *impl_;

@@ -18,7 +18,7 @@ StrategyExtended connect_workers(const std::vector<DeviceSpec>& devices,
 }
 
 MirroredOptions local_options(MirroredOptions local, const CommunicationOptions& comm) {
-  local.bytes_per_pack = comm.bytes_per_pack;
+  if (comm.bytes_per_pack) local.bytes_per_pack = comm.bytes_per_pack;
   local.timeout = comm.timeout;
   return local;
 }

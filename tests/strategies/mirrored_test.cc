@@ -2,8 +2,10 @@
 // their equivalence with OneDevice at the same global batch.
 #include <cmath>
 
+#include "dtrain/cluster/cluster_resolver.h"
 #include "dtrain/data/dataset.h"
 #include "dtrain/data/fashion_mnist.h"
+#include "dtrain/model/gradient_tape.h"
 #include "dtrain/model/initializers.h"
 #include "dtrain/nn/layers.h"
 #include "dtrain/nn/losses.h"
@@ -31,6 +33,113 @@ class Mirrored : public ::testing::Test {
 };
 
 using V = std::vector<Tensor>;
+
+// The gradient pack size follows the number of workers unless it is set: 4 MiB up to 8 workers,
+// 512 KiB a worker above, at most 64 MiB; chosen again when an elastic job changes size.
+TEST_F(Mirrored, GradientPackSizeFollowsTheNumberOfWorkersUnlessSet) {
+  EXPECT_EQ(auto_bytes_per_pack(0), size_t{4} << 20);
+  EXPECT_EQ(auto_bytes_per_pack(1), size_t{4} << 20);
+  EXPECT_EQ(auto_bytes_per_pack(8), size_t{4} << 20);
+  EXPECT_EQ(auto_bytes_per_pack(9), size_t{9} << 19);
+  EXPECT_EQ(auto_bytes_per_pack(32), size_t{16} << 20);
+  EXPECT_EQ(auto_bytes_per_pack(128), size_t{64} << 20);
+  EXPECT_EQ(auto_bytes_per_pack(1024), size_t{64} << 20);
+
+  EXPECT_EQ(MirroredStrategy(on(2)).bytes_per_pack(), size_t{4} << 20);
+  MirroredOptions set = on(2);
+  set.bytes_per_pack = 12345;
+  EXPECT_EQ(MirroredStrategy(set).bytes_per_pack(), 12345u);
+  set.bytes_per_pack = 0;  // one pack
+  EXPECT_EQ(MirroredStrategy(set).bytes_per_pack(), ~size_t{0});
+
+  // Rank 0 of a job of `workers`: the other workers are not there, so the cross-worker steps are
+  // the identity, and each replica's collectives are counted (the element counts of its
+  // all-reduces).
+  struct Counted final : public Communicator {
+    Counted(std::unique_ptr<Communicator> c, std::vector<int64_t>* sizes)
+        : inner(std::move(c)), sizes(sizes) {}
+    int rank() const override { return inner->rank(); }
+    int size() const override { return inner->size(); }
+    Work allreduce(Tensor& t, ReduceOp op) override {
+      sizes->push_back(t.numel());
+      return inner->allreduce(t, op);
+    }
+    Work allgather(const Tensor& in, Tensor& out) override { return inner->allgather(in, out); }
+    Work broadcast(Tensor& t, int root) override { return inner->broadcast(t, root); }
+    Work reduce(Tensor& t, int root, ReduceOp op) override { return inner->reduce(t, root, op); }
+    Work reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
+      return inner->reduce_scatter(in, out, op);
+    }
+    Work barrier() override { return inner->barrier(); }
+    void abort(const std::string& reason) override { inner->abort(reason); }
+    std::unique_ptr<Communicator> inner;
+    std::vector<int64_t>* sizes;
+  };
+  class Absent final : public CrossWorkerOps {
+   public:
+    Absent(int workers, std::vector<int64_t>* sizes) : workers_(workers), sizes_(sizes) {}
+    int num_workers() const override { return workers_; }
+    int worker_rank() const override { return 0; }
+    void all_reduce_sum(Tensor&) override {}
+    void broadcast_from_chief(Tensor&) override {}
+    std::unique_ptr<Communicator> span_workers(std::unique_ptr<Communicator> local, int) override {
+      return std::make_unique<Counted>(std::move(local), sizes_);
+    }
+
+   private:
+    int workers_;
+    std::vector<int64_t>* sizes_;
+  };
+  std::vector<int64_t> sizes;
+  auto job = [&sizes](int workers) {
+    std::string list;
+    for (int i = 0; i < workers; ++i)
+      list += (i ? ",\"" : "\"") + std::string("127.0.0.1:") + std::to_string(20000 + i) + "\"";
+    return StrategyExtended(resolve_tf_config(R"({"cluster":{"worker":[)" + list +
+                                              R"(]},"task":{"type":"worker","index":0}})"),
+                            std::make_shared<Absent>(workers, &sizes), nullptr);
+  };
+  class Job : public MirroredStrategy {
+   public:
+    Job(MirroredOptions o, StrategyExtended parts)
+        : MirroredStrategy(std::move(o), std::move(parts)) {}
+    using MirroredStrategy::reassemble;
+  };
+  Job big(on(1), job(16));
+  EXPECT_EQ(big.bytes_per_pack(), size_t{8} << 20);
+  // The packs the backward pass launches: 24 gradients of 1 MiB in packs of 8 MiB at 16 workers,
+  // of 4 MiB at 4.
+  std::vector<std::shared_ptr<Variable>> vars;
+  std::unique_ptr<SGD> sgd;
+  {
+    auto scope = big.scope();
+    sgd = std::make_unique<SGD>(0.1f);
+    for (int i = 0; i < 24; ++i)
+      vars.push_back(create_variable(VariableSpec{"w" + std::to_string(i), Shape{1 << 18},
+                                                  DType::kFloat32, initializers::constant(1.f)}));
+  }
+  auto packs = [&] {
+    sizes.clear();
+    big.run([&](ReplicaContext&, const V&) -> V {
+      GradientTape tape;
+      Tensor loss = ops::sum(vars[0]->value());
+      for (size_t i = 1; i < vars.size(); ++i) loss = ops::add(loss, ops::sum(vars[i]->value()));
+      sgd->apply_gradients(tape.gradient(loss, vars), vars);
+      return {};
+    });
+    return sizes;
+  };
+  EXPECT_EQ(packs(), std::vector<int64_t>(3, 8 << 18));
+  big.reassemble([&] { return job(40); });  // an elastic job grew
+  EXPECT_EQ(big.bytes_per_pack(), size_t{20} << 20);
+  big.reassemble([&] { return job(4); });
+  EXPECT_EQ(big.bytes_per_pack(), size_t{4} << 20);
+  EXPECT_EQ(packs(), std::vector<int64_t>(6, 4 << 18));
+  MirroredOptions fixed = on(1);
+  fixed.bytes_per_pack = size_t{1} << 20;
+  Job pinned(fixed, job(40));
+  EXPECT_EQ(pinned.bytes_per_pack(), size_t{1} << 20);
+}
 
 TEST_F(Mirrored, VariablesAreMirroredAndInitialisedFromReplicaZero) {
   MirroredStrategy s(on(3));

@@ -119,7 +119,7 @@ struct Trained {
 // replicas, so the packed buffer's padding is exercised, and replicas' slices cut variables.
 Trained train(MirroredOptions o, const std::string& optimizer, size_t bytes_per_pack = 0,
               bool overlap = true) {
-  o.bytes_per_pack = bytes_per_pack ? bytes_per_pack : o.bytes_per_pack;
+  if (bytes_per_pack) o.bytes_per_pack = bytes_per_pack;
   o.overlap_backward = overlap;
   MirroredStrategy s(o);
   set_global_seed(3);

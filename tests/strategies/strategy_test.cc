@@ -6,6 +6,7 @@
 #include "dtrain/nn/losses.h"
 #include "dtrain/nn/optimizers.h"
 #include "dtrain/strategies/make_strategy.h"
+#include "dtrain/strategies/mirrored_strategy.h"
 #include "dtrain/strategies/one_device_strategy.h"
 #include "dtrain/train/fit.h"
 #include "testing/test_util.h"
@@ -121,6 +122,37 @@ TEST_F(Strategies, FactoryNamesTheValidValues) {
   one.devices = {DeviceSpec::cpu(1)};
   EXPECT_THROW(make_strategy("one_device", two), InvalidArgument);
   EXPECT_EQ(make_strategy("one_device", one)->worker_devices()[0], DeviceSpec::cpu(1));
+}
+
+// DTRAIN_BYTES_PER_PACK sets the gradient pack size where the options leave it unset; a value
+// that is not a byte count is refused, naming the variable.
+TEST_F(Strategies, BytesPerPackFromTheEnvironment) {
+  ::setenv("DTRAIN_BYTES_PER_PACK", "1048576", 1);
+  EXPECT_EQ(apply_environment({}).mirrored.bytes_per_pack, std::optional<size_t>(1048576));
+  StrategyOptions set;
+  set.mirrored.bytes_per_pack = 77;
+  EXPECT_EQ(apply_environment(set).mirrored.bytes_per_pack, std::optional<size_t>(77));
+  StrategyOptions two;
+  two.devices = {DeviceSpec::cpu(0), DeviceSpec::cpu(1)};
+  auto* m = dynamic_cast<MirroredStrategy*>(make_strategy("mirrored", two).get());
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->bytes_per_pack(), 1048576u);
+  for (const char* bad : {"4MB", "-1", ""}) {
+    ::setenv("DTRAIN_BYTES_PER_PACK", bad, 1);
+    if (!*bad) {
+      EXPECT_EQ(apply_environment({}).mirrored.bytes_per_pack, std::nullopt);  // empty: unset
+      continue;
+    }
+    try {
+      apply_environment({});
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("DTRAIN_BYTES_PER_PACK='"), std::string::npos)
+          << e.what();
+    }
+  }
+  ::unsetenv("DTRAIN_BYTES_PER_PACK");
+  EXPECT_EQ(apply_environment({}).mirrored.bytes_per_pack, std::nullopt);
 }
 
 TEST_F(Strategies, BadDevicesFlagsAreRejectedWithTheAcceptedForms) {

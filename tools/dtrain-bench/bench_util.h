@@ -111,7 +111,10 @@ struct SimulateArgs {
   std::string workers = "2,8,32,128,512,1024", gbps, algorithm = "ring";
   int warmup = 1, workers_per_host = 8;
   double busbw = 0, small_allreduce_seconds = 0, link_efficiency = 0.94, latency_us = 25;
-  double intra_gbps = 2400, intra_latency_us = 5, pack_mb = 4.194304, step_seconds = 0;
+  double intra_gbps = 2400, intra_latency_us = 5, step_seconds = 0;
+  // Megabytes, or "auto": dtrain's default for the processes the cross-worker ring spans
+  // (auto_bytes_per_pack: every worker under ring and tree, one per host under hierarchical).
+  std::string pack_mb = "auto";
   double comm_cpu_ns_per_byte = 0;
   int workers_per_core = 1;
   bool json = false;

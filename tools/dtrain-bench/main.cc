@@ -336,8 +336,21 @@ int main(int argc, char** argv) {
   simulate->add_option("--workers-per-core", sim.workers_per_core, "workers sharing one core")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  simulate->add_option("--pack-mb", sim.pack_mb, "gradient pack (fusion buffer) size, MB")
-      ->check(CLI::PositiveNumber)
+  simulate
+      ->add_option("--pack-mb", sim.pack_mb,
+                   "gradient pack (fusion buffer) size, MB, or auto: dtrain's default for the "
+                   "processes in the cross-worker ring (512 KiB each, 4-64 MiB)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "auto") return "";
+            try {
+              size_t used = 0;
+              if (std::stod(v, &used) > 0 && used == v.size()) return "";
+            } catch (const std::exception&) {
+            }
+            return "'" + v + "' is neither a positive number of megabytes nor auto";
+          },
+          "MB|auto"))
       ->capture_default_str();
   simulate
       ->add_option("--step-seconds", sim.step_seconds,

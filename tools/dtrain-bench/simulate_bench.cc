@@ -3,6 +3,7 @@
 // real links (bench/links/links.py does), it predicts those runs; with --gbps it goes past them.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include <stdexcept>
 
 #include "bench_util.h"
+#include "dtrain/strategies/mirrored_strategy.h"
 #include "step_model.h"
 
 namespace dtrain::bench {
@@ -89,12 +91,28 @@ int simulate_bench(const SimulateArgs& a) {
       a.profile.c_str(), measured.steps, profile.forward, profile.backward, profile.update,
       profile.other, profile.gradients.size(), grad_mb,
       a.step_seconds > 0 ? " (times scaled to --step-seconds)" : "");
-  std::printf("%s all-reduce, packs of %.1f MB%s\n", a.algorithm.c_str(), a.pack_mb,
-              algo == Algorithm::kHierarchical
-                  ? (", " + std::to_string(a.workers_per_host) + " workers per host").c_str()
-                  : "");
-  std::printf("%-16s %8s %11s %11s %13s %8s %11s\n", "link", "workers", "step s", "compute s",
-              "all-reduce s", "hidden", "efficiency");
+  const bool auto_pack = a.pack_mb == "auto";
+  const double fixed_pack = auto_pack ? 0 : std::stod(a.pack_mb) * 1e6;
+  // dtrain's pack size at `w` workers: its cross-worker ring spans every worker, or one process
+  // per host under hierarchical.
+  auto pack_bytes = [&](double w) {
+    if (!auto_pack) return fixed_pack;
+    const int ring = algo == Algorithm::kHierarchical
+                         ? std::max(1, static_cast<int>(w) / a.workers_per_host)
+                         : static_cast<int>(w);
+    return static_cast<double>(auto_bytes_per_pack(ring));
+  };
+  const std::string hosts = algo == Algorithm::kHierarchical
+                                ? ", " + std::to_string(a.workers_per_host) + " workers per host"
+                                : "";
+  if (auto_pack)
+    std::printf("%s all-reduce, packs chosen by worker count as dtrain does%s\n",
+                a.algorithm.c_str(), hosts.c_str());
+  else
+    std::printf("%s all-reduce, packs of %.1f MB%s\n", a.algorithm.c_str(), fixed_pack / 1e6,
+                hosts.c_str());
+  std::printf("%-16s %8s %8s %11s %11s %13s %8s %11s\n", "link", "workers", "pack MB", "step s",
+              "compute s", "all-reduce s", "hidden", "efficiency");
   for (const auto& [busbw, label] : links) {
     for (double w : workers) {
       Network net;
@@ -109,10 +127,11 @@ int simulate_bench(const SimulateArgs& a) {
       // alpha: measured (a small all-reduce is ~2 (N-1) empty ring steps) or given.
       net.alpha = a.small_allreduce_seconds > 0 && w > 1 ? a.small_allreduce_seconds / (2 * (w - 1))
                                                          : a.latency_us * 1e-6;
-      const StepPrediction p = simulate_step(profile, net, a.pack_mb * 1e6);
-      std::printf("%-16s %8d %11.4f %11.4f %13.4f %7.0f%% %10.1f%%\n", label.c_str(), net.workers,
-                  p.seconds_per_step, p.compute_seconds, p.allreduce_seconds, 100 * p.hidden_share,
-                  100 * p.efficiency);
+      const double pack = pack_bytes(w);
+      const StepPrediction p = simulate_step(profile, net, pack);
+      std::printf("%-16s %8d %8.1f %11.4f %11.4f %13.4f %7.0f%% %10.1f%%\n", label.c_str(),
+                  net.workers, pack / 1e6, p.seconds_per_step, p.compute_seconds,
+                  p.allreduce_seconds, 100 * p.hidden_share, 100 * p.efficiency);
       if (a.json)
         std::printf("%s\n", nlohmann::json({{"benchmark", "simulate"},
                                             {"profile", a.profile},
@@ -121,7 +140,7 @@ int simulate_bench(const SimulateArgs& a) {
                                             {"alpha_seconds", net.alpha},
                                             {"algorithm", a.algorithm},
                                             {"workers", net.workers},
-                                            {"pack_bytes", a.pack_mb * 1e6},
+                                            {"pack_bytes", pack},
                                             {"gradient_bytes", profile.gradient_bytes()},
                                             {"seconds_per_step", p.seconds_per_step},
                                             {"compute_seconds", p.compute_seconds},

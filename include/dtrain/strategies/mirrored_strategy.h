@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "dtrain/core/export.h"
 #include "dtrain/strategies/strategy.h"
@@ -46,12 +47,24 @@ DTRAIN_API const char* sharding_name(Sharding s);
 // throws InvalidArgument naming the valid values.
 DTRAIN_API Sharding parse_sharding(const std::string& name);
 
+// The gradient pack size for an all-reduce across `workers` processes: 512 KiB a worker, at least
+// 4 MiB and at most 64 MiB (Horovod's fusion threshold). Each pack pays 2 (workers - 1) ring-step
+// latencies, so the more workers, the larger a pack must be for its bytes to outweigh them; and a
+// pack must be small enough that the last one, sent after the backward pass, stays short. A fixed
+// 4 MiB was best for the 2-8 workers measured here (docs/performance.md) but, by the step
+// simulator (dtrain-bench simulate), gave ResNet-50 26% scaling efficiency instead of 75% at
+// 1,024 GPUs (128 hosts of 8, 100 Gbit/s); this rule is within a few points of the best size of
+// 1-256 MiB in every case simulated there (ResNet-50, GPT-2 small; 2-1,024 workers; 10-100 Gbit/s).
+DTRAIN_API size_t auto_bytes_per_pack(int workers);
+
 struct DTRAIN_API MirroredOptions {
   std::vector<DeviceSpec> devices;  // empty: all GPUs, else CPU:0
   CrossDeviceOps cross_device_ops = CrossDeviceOps::kAuto;
   // Gradients are fused into packs of about this many bytes; a pack's all-reduce starts as soon as
-  // the backward pass has produced all of its gradients (overlapping the rest of backward).
-  size_t bytes_per_pack = size_t{4} << 20;
+  // the backward pass has produced all of its gradients (overlapping the rest of backward). 0: one
+  // pack. Unset: auto_bytes_per_pack() of the number of workers (processes) the all-reduce spans,
+  // chosen again when an elastic job changes size (DTRAIN_BYTES_PER_PACK for make_strategy).
+  std::optional<size_t> bytes_per_pack;
   bool overlap_backward = true;
   // Logical CPU devices of one process (Mirrored, not multi-worker): every replica's copy of a
   // variable (synchronized on write) is one block of host memory, so the weights and optimizer
@@ -78,6 +91,9 @@ class DTRAIN_API MirroredStrategy : public Strategy {
   // With MirroredOptions::sharding: this worker's replicas' parts (none without sharding).
   std::optional<UpdatePartition> update_partition() const override;
   Sharding sharding() const;
+  // The gradient pack size in use, in bytes: MirroredOptions::bytes_per_pack, or
+  // auto_bytes_per_pack() of the workers the job has now; SIZE_MAX: one pack.
+  size_t bytes_per_pack() const;
 
   struct Impl;
 

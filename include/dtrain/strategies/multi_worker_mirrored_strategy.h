@@ -26,7 +26,9 @@ struct DTRAIN_API CommunicationOptions {
   // NCCL for GPU devices when built in, else the ring; kMpi: OpenMPI's collectives under mpirun.
   enum class Implementation { kAuto, kRing, kNccl, kMpi };
   Implementation implementation = Implementation::kAuto;
-  size_t bytes_per_pack = size_t{4} << 20;
+  // The gradient pack size (MirroredOptions::bytes_per_pack; this one wins when both are set).
+  // Unset: auto_bytes_per_pack() of the number of workers.
+  std::optional<size_t> bytes_per_pack;
   // Cross-worker gradient compression (the local all-reduce inside a worker stays float32);
   // DTRAIN_COMPRESSION=none|fp16|bf16 sets it for make_strategy.
   Compression compression = Compression::kNone;

@@ -1,6 +1,7 @@
 // MirroredStrategy / CentralStorageStrategy semantics (following TF's documented behaviour) and
 // their equivalence with OneDevice at the same global batch.
 #include <cmath>
+#include <sstream>
 
 #include "dtrain/cluster/cluster_resolver.h"
 #include "dtrain/data/dataset.h"
@@ -92,11 +93,12 @@ TEST_F(Mirrored, GradientPackSizeFollowsTheNumberOfWorkersUnlessSet) {
   };
   std::vector<int64_t> sizes;
   auto job = [&sizes](int workers) {
-    std::string list;
+    std::ostringstream tf_config;
+    tf_config << R"({"cluster":{"worker":[)";
     for (int i = 0; i < workers; ++i)
-      list += (i ? ",\"" : "\"") + std::string("127.0.0.1:") + std::to_string(20000 + i) + "\"";
-    return StrategyExtended(resolve_tf_config(R"({"cluster":{"worker":[)" + list +
-                                              R"(]},"task":{"type":"worker","index":0}})"),
+      tf_config << (i ? "," : "") << "\"127.0.0.1:" << 20000 + i << '"';
+    tf_config << R"(]},"task":{"type":"worker","index":0}})";
+    return StrategyExtended(resolve_tf_config(tf_config.str()),
                             std::make_shared<Absent>(workers, &sizes), nullptr);
   };
   class Job : public MirroredStrategy {
@@ -114,8 +116,8 @@ TEST_F(Mirrored, GradientPackSizeFollowsTheNumberOfWorkersUnlessSet) {
   {
     auto scope = big.scope();
     sgd = std::make_unique<SGD>(0.1f);
-    for (int i = 0; i < 24; ++i)
-      vars.push_back(create_variable(VariableSpec{"w" + std::to_string(i), Shape{1 << 18},
+    for (const char c : std::string("abcdefghijklmnopqrstuvwx"))
+      vars.push_back(create_variable(VariableSpec{std::string(1, c), Shape{1 << 18},
                                                   DType::kFloat32, initializers::constant(1.f)}));
   }
   auto packs = [&] {

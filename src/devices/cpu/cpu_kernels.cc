@@ -377,7 +377,7 @@ Tensor CpuKernels::binary(BinaryOp op, const Tensor& a, const Tensor& b) {
 
 // One pass: oneDNN's binary add with a ReLU post-op. ResNet-50 at batch 32, one thread, two steps
 // (ONEDNN_VERBOSE): the ReLU primitives' forward time 602 -> 76 ms, the sums' 1,001 -> 1,004 ms
-// with the ReLU in them (a ReLU pass over 25.7 M floats took 22 ms, memory-bound).
+// with the ReLU in them (a ReLU pass over 25.7 M floats took 37 ms, memory-bound).
 Tensor CpuKernels::add_relu(const Tensor& a, const Tensor& b) {
   require_f32(a, "add_relu", "a");
   require_f32(b, "add_relu", "b");

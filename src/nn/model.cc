@@ -199,6 +199,12 @@ std::vector<Tensor> Model::run_graph(const std::vector<Tensor>& xs, bool trainin
   return out;
 }
 
+namespace {
+// A fused pair runs its ops directly, so a layer that asks for its activations to be recomputed
+// or its weights gathered for each call runs on its own.
+bool fusable(const Layer& l) { return !l.recompute_grad() && !l.shard_parameters(); }
+}  // namespace
+
 void Model::plan_fusions() {
   fused_into_.assign(nodes_.size(), -1);
   fused_call_.assign(nodes_.size(), FusedCall());
@@ -217,6 +223,7 @@ void Model::plan_fusions() {
     if (it == index.end() || readers[first] != 1 || first->shapes.size() != 1 ||
         fused_into_[it->second] >= 0 || fused_call_[it->second])
       continue;
+    if (!fusable(*first->layer) || !fusable(*second.layer)) continue;
     FusedCall f = first->layer->fuse_with_next(*second.layer);
     if (!f) continue;
     fused_into_[it->second] = static_cast<int>(j);
@@ -246,7 +253,7 @@ void Sequential::after_build() {
   fused_.assign(ls.size(), FusedCall());
   for (size_t i = 0; i + 1 < ls.size(); ++i) {
     if (i > 0 && fused_[i - 1]) continue;  // layer i already runs with layer i - 1
-    fused_[i] = ls[i]->fuse_with_next(*ls[i + 1]);
+    if (fusable(*ls[i]) && fusable(*ls[i + 1])) fused_[i] = ls[i]->fuse_with_next(*ls[i + 1]);
   }
 }
 

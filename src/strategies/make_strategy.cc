@@ -1,6 +1,8 @@
 #include "dtrain/strategies/make_strategy.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cstdlib>
 
 #include "dtrain/core/logging.h"
@@ -44,10 +46,12 @@ StrategyOptions apply_environment(StrategyOptions o) {
           "': valid values are none, fp16 and bf16 (cross-worker gradient compression)");
     }
   }
-  if (const char* v = env("DTRAIN_BYTES_PER_PACK"); v && !o.mirrored.bytes_per_pack) {
+  if (const char* v = env("DTRAIN_BYTES_PER_PACK");
+      v && !o.mirrored.bytes_per_pack && !o.communication.bytes_per_pack) {
     char* end = nullptr;
-    const long long bytes = std::strtoll(v, &end, 10);
-    if (end == v || *end != '\0' || bytes < 0)
+    errno = 0;
+    const unsigned long long bytes = std::strtoull(v, &end, 10);
+    if (!std::isdigit(static_cast<unsigned char>(v[0])) || *end != '\0' || errno == ERANGE)
       throw InvalidArgument(std::string("DTRAIN_BYTES_PER_PACK='") + v +
                             "': the gradient pack size in bytes (0: one pack; unset: chosen by "
                             "the number of workers)");
@@ -138,7 +142,7 @@ std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyO
     MirroredOptions m = options.mirrored;
     m.devices = options.devices;
     CommunicationOptions c = options.communication;
-    c.bytes_per_pack = m.bytes_per_pack;
+    if (!c.bytes_per_pack) c.bytes_per_pack = m.bytes_per_pack;
     return std::make_unique<MultiWorkerMirroredStrategy>(m, c, options.cluster, options.job_token);
   }
   // parameter_server

@@ -250,7 +250,9 @@ TEST_F(ModelApi, AddReluFusionInAFunctionalGraph) {
   f.build();
   EXPECT_TRUE(add->fuse_with_next(*relu));
   EXPECT_FALSE(relu->fuse_with_next(*add));
-  EXPECT_FALSE(add->fuse_with_next(*std::make_shared<ActivationLayer>(Activation::kTanh)));
+  auto tanh = std::make_shared<ActivationLayer>(Activation::kTanh);
+  (*tanh)(random_tensor({2, 64}, 8));  // built
+  EXPECT_FALSE(add->fuse_with_next(*tanh));
 
   const Tensor x = random_tensor({256, 64}, 9);  // 64 KB a tensor
   const size_t tensor_bytes = 256 * 64 * sizeof(float);
@@ -295,15 +297,20 @@ TEST_F(ModelApi, AddReluFusionInAFunctionalGraph) {
   }
   EXPECT_EQ(g[0], g[1]);
 
-  // With a second reader of the sum, the pair is not fused; the values are the same.
-  KerasTensor in2 = Input({64});
-  auto add2 = std::make_shared<Add>();
-  const KerasTensor s2 = (*add2)({in2, (*dense)(in2)});
-  Model g2(in2, {(*std::make_shared<ActivationLayer>(Activation::kRelu))(s2), s2});
-  g2.build();
-  const std::vector<Tensor> both = g2(std::vector<Tensor>{x}, false);
-  EXPECT_EQ(both[0].to_vector<float>(), fused[0].to_vector<float>());
-  EXPECT_EQ(both[1].to_vector<float>(), ops::add(x, fused[1]).to_vector<float>());
+  // With a second reader of the sum (another layer, or the model's output), the pair is not fused;
+  // the values are the same.
+  for (bool output : {false, true}) {
+    KerasTensor in2 = Input({64});
+    auto add2 = std::make_shared<Add>();
+    const KerasTensor s2 = (*add2)({in2, (*dense)(in2)});
+    const KerasTensor other =
+        output ? s2 : (*std::make_shared<ActivationLayer>(Activation::kNone))(s2);
+    Model g2(in2, {(*std::make_shared<ActivationLayer>(Activation::kRelu))(s2), other});
+    g2.build();
+    const std::vector<Tensor> both = g2(std::vector<Tensor>{x}, false);
+    EXPECT_EQ(both[0].to_vector<float>(), fused[0].to_vector<float>());
+    EXPECT_EQ(both[1].to_vector<float>(), ops::add(x, fused[1]).to_vector<float>());
+  }
 }
 
 // One training step's forward and backward pass in float32, under mixed_bfloat16, and under

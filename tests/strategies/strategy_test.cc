@@ -127,17 +127,23 @@ TEST_F(Strategies, FactoryNamesTheValidValues) {
 // DTRAIN_BYTES_PER_PACK sets the gradient pack size where the options leave it unset; a value
 // that is not a byte count is refused, naming the variable.
 TEST_F(Strategies, BytesPerPackFromTheEnvironment) {
+  struct Unset {
+    ~Unset() { ::unsetenv("DTRAIN_BYTES_PER_PACK"); }
+  } unset;
   ::setenv("DTRAIN_BYTES_PER_PACK", "1048576", 1);
   EXPECT_EQ(apply_environment({}).mirrored.bytes_per_pack, std::optional<size_t>(1048576));
-  StrategyOptions set;
+  StrategyOptions set, set_comm;
   set.mirrored.bytes_per_pack = 77;
   EXPECT_EQ(apply_environment(set).mirrored.bytes_per_pack, std::optional<size_t>(77));
+  set_comm.communication.bytes_per_pack = 88;  // an explicit option wins over the environment
+  EXPECT_EQ(apply_environment(set_comm).mirrored.bytes_per_pack, std::nullopt);
   StrategyOptions two;
   two.devices = {DeviceSpec::cpu(0), DeviceSpec::cpu(1)};
-  auto* m = dynamic_cast<MirroredStrategy*>(make_strategy("mirrored", two).get());
+  const std::unique_ptr<Strategy> s = make_strategy("mirrored", two);
+  auto* m = dynamic_cast<MirroredStrategy*>(s.get());
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(m->bytes_per_pack(), 1048576u);
-  for (const char* bad : {"4MB", "-1", ""}) {
+  for (const char* bad : {"4MB", "-1", "+5", " 5", "99999999999999999999999", ""}) {
     ::setenv("DTRAIN_BYTES_PER_PACK", bad, 1);
     if (!*bad) {
       EXPECT_EQ(apply_environment({}).mirrored.bytes_per_pack, std::nullopt);  // empty: unset

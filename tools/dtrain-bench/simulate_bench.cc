@@ -141,6 +141,7 @@ int simulate_bench(const SimulateArgs& a) {
                                             {"algorithm", a.algorithm},
                                             {"workers", net.workers},
                                             {"pack_bytes", pack},
+                                            {"pack_rule", auto_pack ? "auto" : "fixed"},
                                             {"gradient_bytes", profile.gradient_bytes()},
                                             {"seconds_per_step", p.seconds_per_step},
                                             {"compute_seconds", p.compute_seconds},

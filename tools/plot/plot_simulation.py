@@ -29,11 +29,15 @@ def main():
         panels.append((title, rows))
     fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 5.2), squeeze=False)
     for ax, (title, rows) in zip(axes[0], panels):
-        packs = sorted({r["pack_bytes"] for r in rows})
+        # A run with --pack-mb auto (dtrain's rule) changes its pack size with the worker count: one line.
+        def pack_of(r):
+            return "auto" if r.get("pack_rule") == "auto" else r["pack_bytes"]
+        packs = sorted({pack_of(r) for r in rows}, key=lambda p: (p != "auto", 0 if p == "auto" else p))
         colors = {}
-        for link, pack in dict.fromkeys((r["link"], r["pack_bytes"]) for r in rows):
-            rs = sorted((r for r in rows if r["link"] == link and r["pack_bytes"] == pack), key=lambda r: r["workers"])
-            label = link + (f", {pack / 2**20:.0f} MiB packs" if len(packs) > 1 else "")
+        for link, pack in dict.fromkeys((r["link"], pack_of(r)) for r in rows):
+            rs = sorted((r for r in rows if r["link"] == link and pack_of(r) == pack), key=lambda r: r["workers"])
+            name = "packs by worker count" if pack == "auto" else f"{pack / 2**20:.0f} MiB packs"
+            label = link + (f", {name}" if len(packs) > 1 else "")
             style = "-o" if pack == packs[0] else "--s"
             line, = ax.plot([r["workers"] for r in rs], [100 * r["efficiency"] for r in rs], style, ms=4,
                             label=label, color=colors.get(link))

@@ -11,6 +11,8 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "dtrain/core/error.h"
@@ -19,8 +21,9 @@
 namespace dtrain {
 namespace {
 
-// Size-exact free lists, one set per logical CPU device. Training allocates the same sizes every
-// step, so after the first step every allocation is a cache hit and no page is faulted in again.
+// Free lists (exact sizes below 1 MiB, best fit above), one set per logical CPU device. Training
+// allocates the same sizes every step, so after the first steps every allocation is a cache hit
+// and no page is faulted in again.
 // A block goes back to the pool of the device it was allocated for: each replica thread of
 // Mirrored cpu:N is pinned to its own core, and a block it freed is still in that core's cache,
 // while handing it to another replica would move every line of it across cores (and the two
@@ -35,18 +38,21 @@ namespace {
 // recompute: peak RSS 2,210 MB through malloc, 1,633 MB with large blocks mapped (allocator peak
 // 1,387 MB both).
 //
-// A large request with no cached block of its size takes the smallest cached block of up to twice
-// its size (whole) before mapping a new one: the backward pass asks for other sizes than the
-// forward pass freed, and with exact sizes only those freed blocks sat in the cache, resident,
-// while new ones were faulted in beside them. One thread, peak RSS (taskset -c 0, /usr/bin/time):
-// ResNet-50 at batch 32 4,677 -> 4,353 MB, GPT-2 small at 4 x 256 tokens 4,510 -> 3,586 MB, speed
-// the same (3.98 / 3.96 images/sec; 8.09 / 8.16 s a step). Larger slack was worse for ResNet-50
-// (3x: 4,379 MB, 4x: 4,709, any: 4,745: small requests take the blocks large ones then miss).
-// A block of 1.5x the request or more is cut to the request's size, its tail unmapped: taken whole,
-// a bfloat16 copy (mixed_bfloat16's kept tensors) held a float32 tensor's block, twice its size.
-// ResNet-50, batch 32, one thread, peak RSS (allocator peak) whole -> cut: mixed_bfloat16 3,128
-// (2,162) -> 2,561 (1,626) MB; float32 3,530 (2,846) -> 3,575 (2,733); GPT-2 small the same
-// (3,167 float32, 3,208 mixed_bfloat16). Cutting from 1.9x: 2,604 and 3,590.
+// Mapped blocks are cached best-fit, cut and joined again (as TensorFlow's BFC allocator and
+// PyTorch's CUDA caching allocator do within their segments): a request takes the smallest cached
+// block that holds it; what that block has beyond the request (1 MiB or more) stays cached as a
+// block of its own; a freed block joins the free blocks on either side of it. The backward pass
+// asks for other sizes than the forward pass freed, and a step's requests take the same memory
+// step after step: after the first steps no page is mapped again.
+// Before (sessions 19-24), a miss took a cached block of up to twice its size, whole, or cut one of
+// 1.5x or more to size and unmapped the tail: blocks were cut down step after step, and requests
+// of the size they had had mapped and faulted in new pages (ResNet-50 at batch 32, Mirrored cpu:2:
+// ~75 k page faults a step, in 98 MiB blocks, in the first stage's backward pass; now none).
+// ResNet-50, batch 32, `--num-warmup-batches=1 --num-iters=2`, /usr/bin/time, two alternating
+// rounds, before -> after: one thread float32 peak RSS 3,666 -> 3,152 MB (page faults 1.01 M ->
+// 0.77 M), mixed_bfloat16 2,477 -> 2,046 MB, Mirrored cpu:2 7,063 -> 6,151..6,394 MB (system time
+// 20-21 -> 8-9 s); speed the same within the rounds' spread (3.87/3.89 against 3.74/3.94
+// images/sec; Mirrored 7.05/7.21 against 6.24/7.20).
 class CachingHostAllocator final : public Allocator {
  public:
   // `max_cached_bytes`: a fixed bound on the cache; nullopt: the larger of kDefaultCache and twice
@@ -56,9 +62,11 @@ class CachingHostAllocator final : public Allocator {
     for (Pool& pool : pools_) pool.owner = this;
   }
   ~CachingHostAllocator() override {
-    for (Pool& pool : pools_)
-      for (auto& [size, blocks] : pool.free)
+    for (Pool& pool : pools_) {
+      for (auto& [size, blocks] : pool.small)
         for (void* p : blocks) give_back(p, size);
+      for (const auto& [block, size] : pool.large_at) give_back(block, size);
+    }
   }
 
   std::shared_ptr<Storage> allocate(size_t nbytes, DeviceSpec device) override {
@@ -67,27 +75,26 @@ class CachingHostAllocator final : public Allocator {
     void* p = nullptr;
     {
       std::lock_guard<std::mutex> lock(pool.mu);
-      auto it = pool.free.find(rounded);
-      // No block of this size: a large request takes the smallest cached block of up to
-      // twice its size (kMaxSlackPercent), whole (it goes back to its own size's list). Its pages
-      // are resident already; mapping a new block would fault in fresh ones while the cached one
-      // sits unused (a step's passes free blocks of sizes the next pass does not ask for).
-      if ((it == pool.free.end() || it->second.empty()) && rounded >= kMapped) {
-        it = pool.free.lower_bound(rounded);
-        while (it != pool.free.end() && it->second.empty()) ++it;
-        if (it != pool.free.end() && it->first * 100 > rounded * kMaxSlackPercent)
-          it = pool.free.end();
-      }
-      if (it != pool.free.end() && !it->second.empty()) {
-        p = it->second.back();
-        it->second.pop_back();
-        cached_bytes_.fetch_sub(it->first, std::memory_order_relaxed);
-        // A block of 1.5x the request or more is cut to its size, the tail going back to the
-        // system (mapped sizes are whole pages); a smaller one is taken whole and goes back to
-        // its own size's list.
-        const bool cut = it->first * 100 >= rounded * kTrimPercent &&
-                         munmap(static_cast<char*>(p) + rounded, it->first - rounded) == 0;
-        if (!cut) rounded = it->first;
+      if (rounded < kMapped) {
+        auto it = pool.small.find(rounded);
+        if (it != pool.small.end() && !it->second.empty()) {
+          p = it->second.back();
+          it->second.pop_back();
+          cached_bytes_.fetch_sub(rounded, std::memory_order_relaxed);
+        }
+      } else if (auto it = pool.large.lower_bound({rounded, nullptr}); it != pool.large.end()) {
+        // The smallest cached block that holds the request; what it has beyond the request stays
+        // cached as a block of its own (a tail under 1 MiB goes with the request).
+        const auto [size, block] = *it;
+        pool.erase_large(block, size);
+        cached_bytes_.fetch_sub(size, std::memory_order_relaxed);
+        p = block;
+        if (size - rounded >= kMapped) {
+          pool.insert_large(block + rounded, size - rounded);
+          cached_bytes_.fetch_add(size - rounded, std::memory_order_relaxed);
+        } else {
+          rounded = size;
+        }
       }
     }
     if (!p) {
@@ -124,7 +131,19 @@ class CachingHostAllocator final : public Allocator {
   struct Pool {
     CachingHostAllocator* owner = nullptr;
     std::mutex mu;
-    std::map<size_t, std::vector<void*>> free;  // by size, ordered: a miss looks for the next
+    std::map<size_t, std::vector<void*>> small;  // below kMapped: by exact size
+    // Mapped blocks, each page range free, by (size, address) for the best fit and by address
+    // for the neighbours a freed block joins.
+    std::set<std::pair<size_t, char*>> large;
+    std::map<char*, size_t> large_at;
+    void insert_large(char* block, size_t size) {
+      large.emplace(size, block);
+      large_at.emplace(block, size);
+    }
+    void erase_large(char* block, size_t size) {
+      large.erase({size, block});
+      large_at.erase(block);
+    }
   };
 
   static constexpr size_t kMapped = size_t{1} << 20;  // blocks this large or larger: mmap
@@ -132,8 +151,6 @@ class CachingHostAllocator final : public Allocator {
     static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     return page;
   }
-  static constexpr size_t kMaxSlackPercent = 200;  // a miss may take a block up to 2x
-  static constexpr size_t kTrimPercent = 150;      // and cuts one of 1.5x or more to size
   // Mapped blocks are whole pages, so that a cached one can be cut to another mapped size.
   static size_t round_up(size_t n) {
     return n >= kMapped ? (n + page_size() - 1) / page_size() * page_size()
@@ -166,7 +183,31 @@ class CachingHostAllocator final : public Allocator {
             : std::max(kDefaultCache, 2 * self->high_water_.load(std::memory_order_relaxed));
     if (self->cached_bytes_.fetch_add(nbytes, std::memory_order_relaxed) + nbytes <= limit) {
       std::lock_guard<std::mutex> lock(pool->mu);
-      pool->free[nbytes].push_back(ptr);
+      if (nbytes < kMapped) {
+        pool->small[nbytes].push_back(ptr);
+        return;
+      }
+      // A mapped block joins the free blocks on either side of it (pages of this pool, mapped
+      // apart or cut from one block), so that a block cut for a smaller request is whole again
+      // once both parts are free.
+      char* block = static_cast<char*>(ptr);
+      size_t size = nbytes;
+      if (auto next = pool->large_at.find(block + size); next != pool->large_at.end()) {
+        const size_t n = next->second;
+        pool->erase_large(block + size, n);
+        size += n;
+      }
+      if (auto prev = pool->large_at.lower_bound(block); prev != pool->large_at.begin()) {
+        --prev;
+        if (prev->first + prev->second == block) {
+          char* const start = prev->first;
+          const size_t n = prev->second;
+          pool->erase_large(start, n);
+          block = start;
+          size += n;
+        }
+      }
+      pool->insert_large(block, size);
       return;
     }
     self->cached_bytes_.fetch_sub(nbytes, std::memory_order_relaxed);

@@ -59,8 +59,8 @@ class DTRAIN_API Allocator {
 
 // The host allocator: caches freed blocks (below 1 MiB by exact size; larger ones best-fit, cut for
 // smaller requests and joined again when freed, as TF's BFC allocator does) so that training steps
-// do not page-fault, up to DTRAIN_HOST_CACHE_MB megabytes (default: the larger of 2048 and twice the most memory the
-// program has held at once; 0 turns the cache off, for tight memory limits).
+// do not page-fault, up to DTRAIN_HOST_CACHE_MB megabytes (default: the larger of 2048 and twice
+// the most memory the program has held at once; 0 turns the cache off, for tight memory limits).
 DTRAIN_API Allocator& host_allocator();
 // Registers the allocator for non-host memory of `type` (called by the CUDA device).
 DTRAIN_API void register_allocator(DeviceType type, Allocator* allocator);

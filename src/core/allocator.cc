@@ -43,11 +43,13 @@ namespace {
 // block that holds it; what that block has beyond the request (1 MiB or more) stays cached as a
 // block of its own; a freed block joins the free blocks on either side of it. The backward pass
 // asks for other sizes than the forward pass freed, and a step's requests take the same memory
-// step after step: after the first steps no page is mapped again.
+// step after step: in the runs measured, after the first steps no page was mapped again (not a
+// guarantee: a full cache unmaps what is freed, and free memory in pieces smaller than a request
+// does not serve it). Unlike BFC, blocks mapped apart join too when their pages are adjacent.
 // Before (sessions 19-24), a miss took a cached block of up to twice its size, whole, or cut one of
 // 1.5x or more to size and unmapped the tail: blocks were cut down step after step, and requests
 // of the size they had had mapped and faulted in new pages (ResNet-50 at batch 32, Mirrored cpu:2:
-// ~75 k page faults a step, in 98 MiB blocks, in the first stage's backward pass; now none).
+// ~75 k page faults a step, in 98 MiB blocks, in the first stage's backward pass; now 0-2 k).
 // ResNet-50, batch 32, `--num-warmup-batches=1 --num-iters=2`, /usr/bin/time, two alternating
 // rounds, before -> after: one thread float32 peak RSS 3,666 -> 3,152 MB (page faults 1.01 M ->
 // 0.77 M), mixed_bfloat16 2,477 -> 2,046 MB, Mirrored cpu:2 7,063 -> 6,151..6,394 MB (system time
@@ -229,8 +231,9 @@ Allocator* g_cuda_allocator = nullptr;
 // DTRAIN_HOST_CACHE_MB: the most freed host memory kept for reuse (0 = none, every block goes back
 // to the system). Unset: the larger of 2,048 MB and twice the most the program has held at once,
 // so that a step whose working set is larger than 2 GB still finds the blocks of the step before
-// in the cache (twice: the freed blocks of one pass are of other sizes than the next pass asks for;
-// the cache keeps only what the program itself allocated, so its RSS is what its steps touch). A
+// in the cache (twice: measured when the cache kept exact sizes, whose freed blocks of one pass
+// were of other sizes than the next pass asked for; the cache keeps only what the program itself
+// allocated, so its RSS is what its steps touch). A
 // fixed 2 GB made ResNet-50 at batch 32 (4.6 GB at its peak) unmap and fault in ~2.5 GB a
 // step: 14.2 s of system time in 40 s, 2.9 against 4.0 images/sec on one thread. Under a tight
 // memory limit the cache's blocks of sizes no longer asked for count against it: set it low there.

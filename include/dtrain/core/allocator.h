@@ -58,7 +58,7 @@ class DTRAIN_API Allocator {
 };
 
 // The host allocator: caches freed blocks (below 1 MiB by exact size; larger ones best-fit, cut for
-// smaller requests and joined again when freed, as TF's BFC allocator does) so that training steps
+// smaller requests and joined again when freed, like TF's BFC allocator) so that training steps
 // do not page-fault, up to DTRAIN_HOST_CACHE_MB megabytes (default: the larger of 2048 and twice
 // the most memory the program has held at once; 0 turns the cache off, for tight memory limits).
 DTRAIN_API Allocator& host_allocator();

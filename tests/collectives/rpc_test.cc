@@ -339,6 +339,42 @@ TEST(Rpc, ConnectTimeoutHoldsWhenTheServerDropsConnections) {
   ::close(l);
 }
 
+// A job relaunched at once: the port's previous owner still listens, accepts the client's first
+// connection and drops it before any handshake, then goes; the client dials again and reaches the
+// real server (a chaos run's relaunch failed on this, in the collective mesh's same dial loop).
+TEST(Rpc, AConnectionDroppedBeforeTheHandshakeIsDialedAgain) {
+  const auto addrs = testing::free_loopback_addresses(2);
+  const int l = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  ::setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  const sockaddr_in a = loopback(std::stoi(addrs[0].substr(addrs[0].rfind(':') + 1)));
+  ASSERT_EQ(::bind(l, reinterpret_cast<const sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(l, 8), 0);
+  std::string err;
+  std::thread client([&] {
+    try {
+      RpcClient c(options(addrs, 1), 0);
+      EXPECT_EQ(c.call(RpcMessage{7, "x", {}}).meta, "x");
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  });
+  const int dropped = ::accept(l, nullptr, nullptr);
+  EXPECT_GE(dropped, 0);
+  if (dropped >= 0) {
+    const linger hard{1, 0};  // an RST, as from a process killed with connections in its backlog
+    ::setsockopt(dropped, SOL_SOCKET, SO_LINGER, &hard, sizeof(hard));
+    ::close(dropped);
+  }
+  ::close(l);
+  std::this_thread::sleep_for(300ms);
+  {
+    RpcServer server(options(addrs, 0), echo);
+    client.join();
+  }
+  EXPECT_EQ(err, "");
+}
+
 // DTRAIN_HEARTBEAT_TIMEOUT shortens (or lengthens) the time after which a silent peer is hung, for
 // every TCP group; heartbeats follow at a quarter of it. Malformed values are refused by name.
 TEST(Rpc, HeartbeatTimeoutFromTheEnvironment) {

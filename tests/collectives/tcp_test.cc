@@ -242,6 +242,60 @@ TEST(Tcp, AWorkerThatNeverStartsIsNamed) {
     EXPECT_NE(e.find("worker:2 (" + addrs[2] + ")"), std::string::npos) << e;
 }
 
+// A job relaunched at once can dial a rank's port while the previous owner of that port still
+// listens and then closes it: the connection is accepted and dropped before any handshake. The
+// dialer must dial again (until its connect timeout), not fail the new job.
+TEST(Tcp, AConnectionDroppedBeforeTheHandshakeIsDialedAgain) {
+  const auto addrs = testing::free_loopback_addresses(2);
+  const int port = std::stoi(addrs[0].substr(addrs[0].rfind(':') + 1));
+  const int stale = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(stale, 0);
+  const int one = 1;
+  ::setsockopt(stale, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(stale, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << std::strerror(errno);
+  ASSERT_EQ(::listen(stale, 8), 0);
+  std::string err1;
+  std::thread r1([&] {
+    try {
+      auto c = connect_tcp_group(options(addrs, 1));
+      Tensor t = Tensor::full(Shape{3}, 2.f);
+      c->allreduce(t, ReduceOp::kSum).wait();
+      EXPECT_EQ(t.to_vector<float>()[0], 3.f);
+    } catch (const std::exception& e) {
+      err1 = e.what();
+    }
+  });
+  // The stale listener takes rank 1's first connection and drops it unanswered, then goes away.
+  const int dropped = ::accept(stale, nullptr, nullptr);
+  EXPECT_GE(dropped, 0) << std::strerror(errno);
+  if (dropped >= 0) {
+    const linger hard{1, 0};  // an RST, as a process killed with connections in its backlog sends
+    ::setsockopt(dropped, SOL_SOCKET, SO_LINGER, &hard, sizeof(hard));
+    ::close(dropped);
+  }
+  ::close(stale);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::string err0;
+  std::thread r0([&] {
+    try {
+      auto c = connect_tcp_group(options(addrs, 0));
+      Tensor t = Tensor::full(Shape{3}, 1.f);
+      c->allreduce(t, ReduceOp::kSum).wait();
+      EXPECT_EQ(t.to_vector<float>()[0], 3.f);
+    } catch (const std::exception& e) {
+      err0 = e.what();
+    }
+  });
+  r1.join();
+  r0.join();
+  EXPECT_EQ(err0, "");
+  EXPECT_EQ(err1, "");
+}
+
 TEST_P(TcpData, FingerprintMismatchFailsOnEveryRank) {
   auto errs = run_group(3, [](int r, Communicator& c) {
     Tensor t = Tensor::zeros(Shape{r == 1 ? 5 : 4});

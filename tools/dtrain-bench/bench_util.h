@@ -101,6 +101,9 @@ struct ChaosArgs {
   uint64_t seed = 1;
   double max_fault_s = 4, heartbeat_timeout_s = 5;
   std::string prefix = "dtc", rate = "1gbit";
+  // Which (strategy, fault) pairs the jobs take in turn, e.g. {"multi_worker_mirrored:link_down"};
+  // empty: all 8.
+  std::vector<std::string> cases;
   bool json = false;
   bool elastic =
       false;  // elastic MultiWorkerMirrored jobs (dtrain-run --min-np/--max-np) that must finish

@@ -240,11 +240,19 @@ int chaos_bench(const ChaosArgs& a) {
   std::map<std::string, Tally> tally;  // by "strategy fault"
   const double bound_s = 2 * a.heartbeat_timeout_s;
   int bad = 0;
+  // Every (strategy, fault) pair in turn, so 8 jobs cover them all (or the pairs --cases names);
+  // victim and moment are drawn.
+  std::vector<std::pair<std::string, std::string>> cases;
+  if (a.cases.empty()) {
+    for (const auto& f : faults)
+      for (const char* s : {"multi_worker_mirrored", "parameter_server"}) cases.emplace_back(s, f);
+  } else {
+    for (const auto& c : a.cases)
+      cases.emplace_back(c.substr(0, c.find(':')), c.substr(c.find(':') + 1));
+  }
   for (int j = 0; j < a.jobs; ++j) {
-    const bool ps = j % 2 == 1;
-    const std::string strategy = ps ? "parameter_server" : "multi_worker_mirrored";
-    // Every (strategy, fault) pair in turn, so 8 jobs cover them all; victim and moment are drawn.
-    const std::string fault = faults[static_cast<size_t>(j / 2) % faults.size()];
+    const auto& [strategy, fault] = cases[static_cast<size_t>(j) % cases.size()];
+    const bool ps = strategy == "parameter_server";
     const int victim =
         ps ? a.workers : 1 + static_cast<int>(rng() % static_cast<uint64_t>(a.workers - 1));
     const std::string victim_task = ps ? "ps:0" : "worker:" + std::to_string(victim);
@@ -313,6 +321,14 @@ int chaos_bench(const ChaosArgs& a) {
     std::fprintf(stderr, "job %d/%d: %s, %s on %s at %.1f s: %s; relaunch %s\n", j + 1, a.jobs,
                  strategy.c_str(), fault.c_str(), victim_task.c_str(), at_s, what.c_str(),
                  rs == 0 ? "finished" : "FAILED");
+    if (rs != 0) {  // why, in the output itself (a CI log outlives the machine's /tmp)
+      std::vector<std::string> lines;
+      std::istringstream in(slurp(log + ".relaunch"));
+      for (std::string line; std::getline(in, line);) lines.push_back(line);
+      std::fprintf(stderr, "  the relaunch's last lines:\n");
+      for (size_t i = lines.size() > 8 ? lines.size() - 8 : 0; i < lines.size(); ++i)
+        std::fprintf(stderr, "  %s\n", lines[i].c_str());
+    }
   }
   run_quiet(netns_tool + " down --prefix " + prefix);
   std::printf(

@@ -273,6 +273,23 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   chaos->add_option("--prefix", ch.prefix, "dtrain-netns prefix for the hosts it makes and removes")
       ->capture_default_str();
+  chaos
+      ->add_option("--cases", ch.cases,
+                   "only these (strategy, fault) pairs, taken in turn: STRATEGY:FAULT with "
+                   "STRATEGY multi_worker_mirrored or parameter_server and FAULT kill, stop, "
+                   "link_down or drop (e.g. --cases multi_worker_mirrored:link_down to repeat one)")
+      ->delimiter(',')
+      ->check([](const std::string& c) -> std::string {
+        const auto colon = c.find(':');
+        const std::string s = c.substr(0, colon),
+                          f = colon == std::string::npos ? "" : c.substr(colon + 1);
+        if ((s == "multi_worker_mirrored" || s == "parameter_server") &&
+            (f == "kill" || f == "stop" || f == "link_down" || f == "drop"))
+          return {};
+        return "'" + c +
+               "' is not STRATEGY:FAULT (multi_worker_mirrored or parameter_server; kill, stop, "
+               "link_down or drop)";
+      });
   chaos->add_flag("--json", ch.json, "also print one JSON object per case");
   chaos->add_flag("--elastic", ch.elastic,
                   "elastic jobs instead (examples/elastic_fashion_mnist under dtrain-run --min-np "

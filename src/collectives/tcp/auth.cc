@@ -86,7 +86,7 @@ bool verify(const Proof& got, const Proof& want) {
 }  // namespace
 
 int authenticate(Peer& p, const TcpGroupOptions& o, uint64_t fp, int expected, bool any_rank,
-                 Clock::time_point dl) {
+                 Clock::time_point dl, bool* heard) {
   Hello mine{};
   if (RAND_bytes(mine.nonce, sizeof(mine.nonce)) != 1) throw Internal("RAND_bytes failed");
   mine.world = static_cast<uint32_t>(o.addresses.size());
@@ -94,6 +94,7 @@ int authenticate(Peer& p, const TcpGroupOptions& o, uint64_t fp, int expected, b
   mine.rank = static_cast<uint32_t>(o.rank);
   send_frame(p, FrameKind::kHello, mine.rank, &mine, sizeof(mine), dl);
   const Hello theirs = read_payload<Hello>(p, FrameKind::kHello, dl);
+  if (heard) *heard = true;
   auto refuse = [&](const std::string& why) {
     try {
       send_frame(p, FrameKind::kAbort, mine.rank, why.data(), why.size(), dl);

@@ -19,8 +19,10 @@ std::string name_of(const TcpGroupOptions& o, int r);
 // rank we dialed, or -1 when accepting; an acceptor takes any rank when `any_rank` (RPC servers),
 // else only ranks above its own (the mesh). Returns the peer's rank. Throws PermissionDenied for a
 // wrong token, world size or job (after telling the peer why), DataLoss for a malformed handshake,
-// Unavailable / DeadlineExceeded from the socket.
+// Unavailable / DeadlineExceeded from the socket. `heard`, when given, is set once the peer's Hello
+// has arrived: a dialer whose connection closed before that met no live acceptor (a listener that
+// was closing), which is worth dialing again.
 int authenticate(Peer& p, const TcpGroupOptions& o, uint64_t fingerprint, int expected,
-                 bool any_rank, Clock::time_point deadline);
+                 bool any_rank, Clock::time_point deadline, bool* heard = nullptr);
 
 }  // namespace dtrain::tcp

@@ -121,7 +121,21 @@ std::vector<Peer> build_mesh(const TcpGroupOptions& o) {
           p.name = name_of(o, r);
           set_nonblocking(p.fd);
           set_socket_options(p.fd);
-          authenticate(p, o, fp, r, false, deadline);
+          bool heard = false;
+          try {
+            authenticate(p, o, fp, r, false, deadline, &heard);
+          } catch (const Unavailable& e) {
+            ::close(p.fd);
+            // Closed before rank r's Hello: what answered was a listener on its way out (the
+            // port's previous owner, a job relaunched at once), not rank r refusing us; dial
+            // again until the deadline. After the Hello a closed connection is rank r's doing.
+            if (heard || Clock::now() >= deadline) throw;
+            DTRAIN_LOG(INFO) << name_of(o, o.rank) << ": the connection to " << p.name << " ("
+                             << p.address << ") closed before its handshake (" << e.what()
+                             << "); dialing again";
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            continue;
+          }
           std::lock_guard<std::mutex> lock(mu);
           peers[static_cast<size_t>(r)] = p;
           break;

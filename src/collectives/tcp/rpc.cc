@@ -441,10 +441,19 @@ RpcClient::RpcClient(const TcpGroupOptions& options, int server)
       peer_.name = name_of(o_, server);
       set_socket_options(fd);
       set_keepalive(fd);
+      bool heard = false;
       try {
-        authenticate(peer_, o_, job_fingerprint(o_.addresses), server, false, deadline);
+        authenticate(peer_, o_, job_fingerprint(o_.addresses), server, false, deadline, &heard);
         peer_.stall_timeout = o_.heartbeat_timeout;  // from now on the server sends heartbeats
         return;
+      } catch (const Unavailable& e) {
+        ::close(fd);
+        peer_.fd = -1;
+        // Closed before the server's Hello: a listener on its way out (as in the mesh); again.
+        if (heard || Clock::now() >= deadline) throw;
+        DTRAIN_LOG(INFO) << name_of(o_, o_.rank) << ": the connection to " << peer_.name << " ("
+                         << address << ") closed before its handshake (" << e.what()
+                         << "); dialing again";
       } catch (...) {
         ::close(fd);
         peer_.fd = -1;

@@ -224,7 +224,8 @@ int main(int argc, char** argv) {
                             "write the first batch's images as a PNG grid");
   PeakArgs pk;
   auto* peak = app.add_subcommand(
-      "peak", "the machine's limit: float32 and mixed bfloat16 matmul GFLOP/s (oneDNN)");
+      "peak",
+      "the machine's limit: float32 and mixed bfloat16 matmul GFLOP/s (oneDNN), and memory GB/s");
   peak->add_option("--threads", pk.threads, "threads (one CPU device)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -238,6 +239,10 @@ int main(int argc, char** argv) {
   peak->add_option("--gflop-per-image", pk.gflop_per_image,
                    "that model's GFLOP per training image (ResNet-50 at 224: 24.6, 2 per "
                    "multiply-add)");
+  peak->add_option("--stream-mb", pk.stream_mb,
+                   "MB of each tensor of the memory-bandwidth line (c = a + b); 0 leaves it out")
+      ->check(CLI::Range(0.0, 4096.0))
+      ->capture_default_str();
   peak->add_flag("--json", pk.json, "also print one JSON object per result");
   ChaosArgs ch;
   auto* chaos =

@@ -4,7 +4,9 @@
 // BF16 where the CPU has them), on --threads threads, GFLOP/s (2 n^3 per product), median of --reps
 // after warm-up. With
 // --images-per-sec and --gflop-per-image it also prints the share of the peak a training run
-// reaches.
+// reaches. The memory-bound limit beside it: a sum of two --stream-mb tensors into a third through
+// the same kernels (oneDNN's binary add, as a residual sum or a gradient's), GB/s of the three
+// streams (the write's read for ownership not counted).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -29,6 +31,21 @@ double gemm_gflops(int64_t n, int reps) {
   }
   return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) /
          median(secs) / 1e9;
+}
+
+// GB/s of c = a + b over tensors of `mb` MB each, three streams counted; median of `reps` after
+// warm-up (c's block then comes from the allocator's cache: no page faults are timed).
+double stream_gbs(double mb, int reps) {
+  const int64_t n = static_cast<int64_t>(mb * 1e6 / 4);
+  const Tensor a = Tensor::full(Shape{n}, 0.5f), b = Tensor::full(Shape{n}, 0.25f);
+  for (int i = 0; i < 2; ++i) ops::add(a, b);
+  std::vector<double> secs;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Tensor c = ops::add(a, b);
+    secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return 3.0 * 4.0 * static_cast<double>(n) / median(secs) / 1e9;
 }
 
 }  // namespace
@@ -60,6 +77,22 @@ int peak_bench(const PeakArgs& a) {
     }
   }
   set_precision_policy(Precision::kFloat32);
+  if (a.stream_mb > 0) {
+    const double gbs = stream_gbs(a.stream_mb, a.reps);
+    std::printf(
+        "%-34s %12.1f\n",
+        ("memory: c = a + b, 3 x " + std::to_string(static_cast<int>(a.stream_mb)) + " MB, GB/s")
+            .c_str(),
+        gbs);
+    if (a.json)
+      std::printf("%s\n", nlohmann::json{{"benchmark", "peak"},
+                                         {"stream_mb", a.stream_mb},
+                                         {"threads", a.threads},
+                                         {"gbs", gbs},
+                                         {"cpu", cpu_model()}}
+                              .dump()
+                              .c_str());
+  }
   std::printf("peak: float32 %.1f GFLOP/s, mixed bfloat16 %.1f GFLOP/s (%.2fx)\n", best[0], best[1],
               best[1] / best[0]);
   if (a.images_per_sec > 0 && a.gflop_per_image > 0) {

@@ -1,0 +1,124 @@
+#include "devices/cpu/cpu_stream.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+namespace dtrain::cpu {
+namespace {
+
+// The scalar forms (the peeled head, until the output is aligned, and the tail) and the vector
+// ones, each with oneDNN 2.6's exact results (cpu_stream_test probes them): its ReLU is max(x, 0)
+// as the max instruction takes it, so relu(NaN) = 0 and relu(-0) = +0; its ReLU gradient is
+// y <= 0 ? 0 * dy : dy, so a NaN y passes dy on and a NaN or infinite dy at y <= 0 gives NaN.
+struct Add {
+  static float scalar(float a, float b) { return a + b; }
+  __attribute__((target("avx512f"))) static __m512 v512(__m512 a, __m512 b) {
+    return _mm512_add_ps(a, b);
+  }
+  __attribute__((target("avx2"))) static __m256 v256(__m256 a, __m256 b) {
+    return _mm256_add_ps(a, b);
+  }
+};
+struct AddRelu {
+  static float scalar(float a, float b) {
+    const float s = a + b;
+    return s > 0.f ? s : 0.f;
+  }
+  __attribute__((target("avx512f"))) static __m512 v512(__m512 a, __m512 b) {
+    const __m512 s = _mm512_add_ps(a, b);  // s > 0 ? s : +0, the max instruction's answer
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GT_OQ), s);
+  }
+  __attribute__((target("avx2"))) static __m256 v256(__m256 a, __m256 b) {
+    return _mm256_max_ps(_mm256_add_ps(a, b), _mm256_setzero_ps());
+  }
+};
+struct ReluGrad {  // a = y, b = dy
+  static float scalar(float y, float g) { return y <= 0.f ? 0.f * g : g; }
+  __attribute__((target("avx512f"))) static __m512 v512(__m512 y, __m512 g) {
+    const __mmask16 off = _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_LE_OQ);
+    return _mm512_mask_mov_ps(g, off, _mm512_mul_ps(g, _mm512_setzero_ps()));
+  }
+  __attribute__((target("avx2"))) static __m256 v256(__m256 y, __m256 g) {
+    const __m256 off = _mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_LE_OQ);
+    return _mm256_blendv_ps(g, _mm256_mul_ps(g, _mm256_setzero_ps()), off);
+  }
+};
+
+// The output's first elements until it is aligned for streaming stores; the count.
+inline int64_t head(const float* c, int64_t n, int64_t align) {
+  const auto addr = reinterpret_cast<uintptr_t>(c);
+  const int64_t off = static_cast<int64_t>((align - addr % align) % align);
+  if (off % 4 != 0) return -1;  // not even float-aligned: no streaming
+  return std::min<int64_t>(n, off / 4);
+}
+
+template <typename Op>
+__attribute__((target("avx512f"))) void run512(const float* a, const float* b, float* c,
+                                               int64_t n) {
+  int64_t i = head(c, n, 64);
+  if (i < 0) {
+    for (int64_t j = 0; j < n; ++j) c[j] = Op::scalar(a[j], b[j]);
+    return;
+  }
+  for (int64_t j = 0; j < i; ++j) c[j] = Op::scalar(a[j], b[j]);
+  for (; i + 16 <= n; i += 16)
+    _mm512_stream_ps(c + i, Op::v512(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
+  for (; i < n; ++i) c[i] = Op::scalar(a[i], b[i]);
+  _mm_sfence();
+}
+
+template <typename Op>
+__attribute__((target("avx2"))) void run256(const float* a, const float* b, float* c, int64_t n) {
+  int64_t i = head(c, n, 32);
+  if (i < 0) {
+    for (int64_t j = 0; j < n; ++j) c[j] = Op::scalar(a[j], b[j]);
+    return;
+  }
+  for (int64_t j = 0; j < i; ++j) c[j] = Op::scalar(a[j], b[j]);
+  for (; i + 8 <= n; i += 8)
+    _mm256_stream_ps(c + i, Op::v256(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+  for (; i < n; ++i) c[i] = Op::scalar(a[i], b[i]);
+  _mm_sfence();
+}
+
+template <typename Op>
+void run(const float* a, const float* b, float* c, int64_t n, StreamIsa isa) {
+  if (isa == StreamIsa::kAvx512)
+    run512<Op>(a, b, c, n);
+  else if (isa == StreamIsa::kAvx2)
+    run256<Op>(a, b, c, n);
+  else
+    for (int64_t i = 0; i < n; ++i) c[i] = Op::scalar(a[i], b[i]);
+}
+
+}  // namespace
+
+StreamIsa stream_isa() {
+  static const StreamIsa v = [] {
+    const char* e = std::getenv("DTRAIN_CPU_STREAM_STORES");
+    if (e && std::string(e) == "0") return StreamIsa::kNone;
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return StreamIsa::kAvx512;
+    if (__builtin_cpu_supports("avx2")) return StreamIsa::kAvx2;
+    return StreamIsa::kNone;
+  }();
+  return v;
+}
+
+bool stream_pass(int64_t n) { return stream_isa() != StreamIsa::kNone && n * 4 >= kStreamBytes; }
+
+void stream_add(const float* a, const float* b, float* c, int64_t n, StreamIsa isa) {
+  run<Add>(a, b, c, n, isa);
+}
+void stream_add_relu(const float* a, const float* b, float* c, int64_t n, StreamIsa isa) {
+  run<AddRelu>(a, b, c, n, isa);
+}
+void stream_relu_grad(const float* y, const float* dy, float* dx, int64_t n, StreamIsa isa) {
+  run<ReluGrad>(y, dy, dx, n, isa);
+}
+
+}  // namespace dtrain::cpu

@@ -1,0 +1,144 @@
+// The CPU device's streaming-store passes (src/devices/cpu/cpu_stream.h: sums, residual sums with
+// their ReLU, ReLU gradients whose output is 4 MB or more) against the oneDNN primitives they
+// replace, bit for bit: random values with zeros of both signs, NaNs, infinities and denormals
+// mixed in, outputs at every alignment (the peeled head) and lengths that leave a tail. And through
+// the kernels of a one-thread device, at the size where the device takes them.
+#include "devices/cpu/cpu_stream.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "devices/cpu/dnnl_util.h"
+#include "dtrain/devices/device.h"
+#include "dtrain/devices/kernels.h"
+
+namespace dtrain::cpu {
+namespace {
+
+std::vector<float> values(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-3.f, 3.f);
+  const float specials[] = {0.f,
+                            -0.f,
+                            std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::denorm_min(),
+                            -std::numeric_limits<float>::denorm_min(),
+                            1e-39f};
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = rng() % 7 == 0 ? specials[rng() % 8] : u(rng);
+  return v;
+}
+
+// oneDNN's primitives, as CpuKernels ran them before: binary add (with a ReLU post-op) and the
+// ReLU's backward pass, on 1-D f32 memory.
+void onednn_binary(const float* a, const float* b, float* c, int64_t n, bool relu) {
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream s(eng);
+  const memory::desc md({n}, dt::f32, tag::a);
+  dnnl::primitive_attr attr;
+  if (relu) {
+    dnnl::post_ops po;
+    po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
+    attr.set_post_ops(po);
+  }
+  dnnl::binary::primitive_desc pd({algorithm::binary_add, md, md, md}, attr, eng);
+  dnnl::binary(pd).execute(s, {{DNNL_ARG_SRC_0, memory(md, eng, const_cast<float*>(a))},
+                               {DNNL_ARG_SRC_1, memory(md, eng, const_cast<float*>(b))},
+                               {DNNL_ARG_DST, memory(md, eng, c)}});
+  s.wait();
+}
+
+void onednn_relu_grad(const float* y, const float* dy, float* dx, int64_t n) {
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream s(eng);
+  const memory::desc md({n}, dt::f32, tag::a);
+  dnnl::eltwise_forward::primitive_desc hint(
+      {prop_kind::forward_training, algorithm::eltwise_relu, md, 0.f, 0.f}, eng);
+  dnnl::eltwise_backward::primitive_desc pd({algorithm::eltwise_relu, md, md, 0.f, 0.f}, eng, hint);
+  dnnl::eltwise_backward(pd).execute(s,
+                                     {{DNNL_ARG_SRC, memory(md, eng, const_cast<float*>(y))},
+                                      {DNNL_ARG_DIFF_DST, memory(md, eng, const_cast<float*>(dy))},
+                                      {DNNL_ARG_DIFF_SRC, memory(md, eng, dx)}});
+  s.wait();
+}
+
+// Bitwise equal (a NaN equal to a NaN of the same bits); the first difference is reported.
+void expect_same_bits(const float* got, const float* want, int64_t n, const char* what) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t g, w;
+    std::memcpy(&g, got + i, 4);
+    std::memcpy(&w, want + i, 4);
+    if (g != w && !(std::isnan(got[i]) && std::isnan(want[i]))) {
+      ADD_FAILURE() << what << ": element " << i << " is " << got[i] << " (0x" << std::hex << g
+                    << "), oneDNN gives " << want[i] << " (0x" << w << ")";
+      return;
+    }
+  }
+}
+
+// On AVX-512, AVX2 (where the CPU has them) and scalar stores alike.
+std::vector<StreamIsa> isas() {
+  std::vector<StreamIsa> v = {StreamIsa::kNone};
+  if (__builtin_cpu_supports("avx2")) v.push_back(StreamIsa::kAvx2);
+  if (__builtin_cpu_supports("avx512f")) v.push_back(StreamIsa::kAvx512);
+  return v;
+}
+
+TEST(CpuStream, EveryPassEqualsItsOneDnnPrimitiveBitForBit) {
+  // Lengths with tails; outputs offset by 0..15 floats from a 64-byte boundary, so that the peeled
+  // head takes 0..15 elements.
+  for (const StreamIsa isa : isas())
+    for (const int64_t n : {int64_t{1} << 20, (int64_t{1} << 20) + 13, int64_t{1234567}}) {
+      const std::vector<float> a = values(static_cast<size_t>(n), 1),
+                               b = values(static_cast<size_t>(n), 2);
+      for (int off : {0, 1, 5, 15}) {
+        SCOPED_TRACE("isa " + std::to_string(static_cast<int>(isa)) + ", n " + std::to_string(n) +
+                     ", output offset " + std::to_string(off));
+        std::vector<float> got(static_cast<size_t>(n) + 64), want(static_cast<size_t>(n));
+        float* out =
+            got.data() + ((64 - reinterpret_cast<uintptr_t>(got.data()) % 64) % 64) / 4 + off;
+        stream_add(a.data(), b.data(), out, n, isa);
+        onednn_binary(a.data(), b.data(), want.data(), n, false);
+        expect_same_bits(out, want.data(), n, "add");
+        stream_add_relu(a.data(), b.data(), out, n, isa);
+        onednn_binary(a.data(), b.data(), want.data(), n, true);
+        expect_same_bits(out, want.data(), n, "add_relu");
+        stream_relu_grad(a.data(), b.data(), out, n, isa);
+        onednn_relu_grad(a.data(), b.data(), want.data(), n);
+        expect_same_bits(out, want.data(), n, "relu_grad");
+      }
+    }
+}
+
+// Through the kernels of a one-thread CPU device, at 4 MB (where the device streams) and just
+// below.
+TEST(CpuStream, TheKernelsOfAOneThreadDeviceGiveTheSameBits) {
+  configure_devices({1, 1});
+  Kernels& k = get_device(DeviceSpec::cpu(0)).kernels();
+  for (const int64_t n : {kStreamBytes / 4, kStreamBytes / 4 - 1, kStreamBytes / 4 + 7}) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    EXPECT_EQ(stream_pass(n), n * 4 >= kStreamBytes);
+    const std::vector<float> av = values(static_cast<size_t>(n), 3),
+                             bv = values(static_cast<size_t>(n), 4);
+    const Tensor a = Tensor::from_vector(av, Shape{n}), b = Tensor::from_vector(bv, Shape{n});
+    std::vector<float> want(static_cast<size_t>(n));
+    onednn_binary(av.data(), bv.data(), want.data(), n, false);
+    expect_same_bits(k.binary(BinaryOp::kAdd, a, b).data<float>(), want.data(), n, "binary add");
+    onednn_binary(av.data(), bv.data(), want.data(), n, true);
+    expect_same_bits(k.add_relu(a, b).data<float>(), want.data(), n, "add_relu");
+    onednn_relu_grad(av.data(), bv.data(), want.data(), n);
+    expect_same_bits(k.activation_backward(UnaryOp::kRelu, a, b).data<float>(), want.data(), n,
+                     "relu backward");
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::cpu

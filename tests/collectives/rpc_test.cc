@@ -2,6 +2,8 @@
 // clients on threads of this process: exact round trips of every dtype, pipelining, typed handler
 // errors, concurrency and disconnect callbacks, authentication, deadlines and shutdown (malformed
 // frames and fuzzing: rpc_wire_test.cc). Every wait is bounded.
+#include <sys/time.h>
+
 #include "collectives/rpc_test_util.h"
 #include "collectives/tcp/tcp_environment.h"
 
@@ -350,6 +352,8 @@ TEST(Rpc, AConnectionDroppedBeforeTheHandshakeIsDialedAgain) {
   const sockaddr_in a = loopback(std::stoi(addrs[0].substr(addrs[0].rfind(':') + 1)));
   ASSERT_EQ(::bind(l, reinterpret_cast<const sockaddr*>(&a), sizeof(a)), 0);
   ASSERT_EQ(::listen(l, 8), 0);
+  const timeval limit{20, 0};  // accept() gives up after 20 s rather than hang the test
+  ::setsockopt(l, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
   std::string err;
   std::thread client([&] {
     try {

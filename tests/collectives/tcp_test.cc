@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 
 #include <cerrno>
@@ -258,17 +259,21 @@ TEST(Tcp, AConnectionDroppedBeforeTheHandshakeIsDialedAgain) {
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ASSERT_EQ(::bind(stale, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << std::strerror(errno);
   ASSERT_EQ(::listen(stale, 8), 0);
-  std::string err1;
-  std::thread r1([&] {
+  const timeval limit{20, 0};  // accept() gives up after 20 s rather than hang the test
+  ::setsockopt(stale, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+  // Rank r adds r + 1 to the all-reduce: 3 on both when the group forms.
+  const auto rank = [&](int r, std::string* err) {
     try {
-      auto c = connect_tcp_group(options(addrs, 1));
-      Tensor t = Tensor::full(Shape{3}, 2.f);
+      auto c = connect_tcp_group(options(addrs, r));
+      Tensor t = Tensor::full(Shape{3}, static_cast<float>(r + 1));
       c->allreduce(t, ReduceOp::kSum).wait();
       EXPECT_EQ(t.to_vector<float>()[0], 3.f);
     } catch (const std::exception& e) {
-      err1 = e.what();
+      *err = e.what();
     }
-  });
+  };
+  std::string err0, err1;
+  std::thread r1(rank, 1, &err1);
   // The stale listener takes rank 1's first connection and drops it unanswered, then goes away.
   const int dropped = ::accept(stale, nullptr, nullptr);
   EXPECT_GE(dropped, 0) << std::strerror(errno);
@@ -279,17 +284,7 @@ TEST(Tcp, AConnectionDroppedBeforeTheHandshakeIsDialedAgain) {
   }
   ::close(stale);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  std::string err0;
-  std::thread r0([&] {
-    try {
-      auto c = connect_tcp_group(options(addrs, 0));
-      Tensor t = Tensor::full(Shape{3}, 1.f);
-      c->allreduce(t, ReduceOp::kSum).wait();
-      EXPECT_EQ(t.to_vector<float>()[0], 3.f);
-    } catch (const std::exception& e) {
-      err0 = e.what();
-    }
-  });
+  std::thread r0(rank, 0, &err0);
   r1.join();
   r0.join();
   EXPECT_EQ(err0, "");

@@ -5,8 +5,9 @@
 // after warm-up. With
 // --images-per-sec and --gflop-per-image it also prints the share of the peak a training run
 // reaches. The memory-bound limit beside it: a sum of two --stream-mb tensors into a third through
-// the same kernels (oneDNN's binary add, as a residual sum or a gradient's), GB/s of the three
-// streams (the write's read for ownership not counted).
+// the device's kernels, as a residual sum or a gradient's (on a one-thread device the
+// streaming-store loop from 4 MB, else oneDNN's binary add; DTRAIN_CPU_STREAM_STORES=0 for the
+// latter), GB/s of the three streams (a normal store's read for ownership not counted).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

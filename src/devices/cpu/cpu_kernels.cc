@@ -15,6 +15,12 @@ namespace {
 
 std::atomic<uint64_t> g_state_uid{1};
 
+// Whether a memory-bound pass writing `n` floats takes cpu_stream.h's streaming-store loop: on a
+// one-thread device only (the loops are serial; more threads keep oneDNN's parallel primitives).
+bool streams(const CpuKernels::State& state, int64_t n) {
+  return state.threads == 1 && stream_pass(n);
+}
+
 algorithm eltwise_algorithm(UnaryOp op, float* alpha) {
   *alpha = 0.f;
   switch (op) {
@@ -293,8 +299,7 @@ Tensor CpuKernels::activation_backward(UnaryOp op, const Tensor& x_or_y, const T
   }
   Tensor dx = Tensor::empty(dy.shape(), DType::kFloat32, spec_);
   if (dx.numel() == 0) return dx;
-  if (op == UnaryOp::kRelu && x_or_y.dtype() == DType::kFloat32 && state_->threads == 1 &&
-      stream_pass(dx.numel())) {
+  if (op == UnaryOp::kRelu && x_or_y.dtype() == DType::kFloat32 && streams(*state_, dx.numel())) {
     stream_relu_grad(x_or_y.data<float>(), dy.data<float>(), dx.data<float>(), dx.numel());
     return dx;
   }
@@ -324,8 +329,8 @@ Tensor CpuKernels::binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   const Shape out = broadcast_shapes(a.shape(), b.shape());
   Tensor c = Tensor::empty(out, DType::kFloat32, spec_);
   if (c.numel() == 0) return c;
-  if (op == BinaryOp::kAdd && a.shape() == b.shape() && state_->threads == 1 &&
-      stream_pass(c.numel())) {  // a residual sum, or a gradient's from two paths
+  if (op == BinaryOp::kAdd && a.shape() == b.shape() &&
+      streams(*state_, c.numel())) {  // a residual sum, or a gradient's from two paths
     stream_add(a.data<float>(), b.data<float>(), c.data<float>(), c.numel());
     return c;
   }
@@ -376,7 +381,7 @@ Tensor CpuKernels::add_relu(const Tensor& a, const Tensor& b) {
                           " and " + b.shape().to_string());
   Tensor c = Tensor::empty(a.shape(), DType::kFloat32, spec_);
   if (c.numel() == 0) return c;
-  if (state_->threads == 1 && stream_pass(c.numel())) {
+  if (streams(*state_, c.numel())) {
     stream_add_relu(a.data<float>(), b.data<float>(), c.data<float>(), c.numel());
     return c;
   }

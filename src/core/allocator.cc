@@ -6,15 +6,18 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
-#include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "core/free_blocks.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/logging.h"
 
@@ -59,15 +62,16 @@ class CachingHostAllocator final : public Allocator {
  public:
   // `max_cached_bytes`: a fixed bound on the cache; nullopt: the larger of kDefaultCache and twice
   // the most memory the program has held at once.
-  explicit CachingHostAllocator(std::optional<size_t> max_cached_bytes)
-      : max_cached_bytes_(max_cached_bytes) {
+  // `trace`: where to write every allocation and release (DTRAIN_ALLOC_TRACE), or null.
+  CachingHostAllocator(std::optional<size_t> max_cached_bytes, std::FILE* trace)
+      : max_cached_bytes_(max_cached_bytes), trace_(trace) {
     for (Pool& pool : pools_) pool.owner = this;
   }
   ~CachingHostAllocator() override {
     for (Pool& pool : pools_) {
       for (auto& [size, blocks] : pool.small)
         for (void* p : blocks) give_back(p, size);
-      for (const auto& [block, size] : pool.large_at) give_back(block, size);
+      for (const detail::FreeBlocks::Block& b : pool.large.clear()) give_back(b.ptr, b.size);
     }
   }
 
@@ -84,19 +88,12 @@ class CachingHostAllocator final : public Allocator {
           it->second.pop_back();
           cached_bytes_.fetch_sub(rounded, std::memory_order_relaxed);
         }
-      } else if (auto it = pool.large.lower_bound({rounded, nullptr}); it != pool.large.end()) {
+      } else if (const auto b = pool.large.take(rounded, kMapped); b.ptr) {
         // The smallest cached block that holds the request; what it has beyond the request stays
         // cached as a block of its own (a tail under 1 MiB goes with the request).
-        const auto [size, block] = *it;
-        pool.erase_large(block, size);
-        cached_bytes_.fetch_sub(size, std::memory_order_relaxed);
-        p = block;
-        if (size - rounded >= kMapped) {
-          pool.insert_large(block + rounded, size - rounded);
-          cached_bytes_.fetch_add(size - rounded, std::memory_order_relaxed);
-        } else {
-          rounded = size;
-        }
+        cached_bytes_.fetch_sub(b.size, std::memory_order_relaxed);
+        p = b.ptr;
+        rounded = b.size;
       }
     }
     if (!p) {
@@ -105,6 +102,7 @@ class CachingHostAllocator final : public Allocator {
         throw Unavailable(detail::str_cat("out of host memory allocating ", rounded,
                                           " bytes; reduce the batch size"));
     }
+    if (trace_) std::fprintf(trace_, "+ %p %zu\n", p, nbytes);  // one locked call: whole lines
     const size_t now = in_use_.fetch_add(rounded, std::memory_order_relaxed) + rounded;
     for (std::atomic<size_t>* mark : {&peak_, &high_water_})
       for (size_t peak = mark->load(std::memory_order_relaxed);
@@ -134,18 +132,9 @@ class CachingHostAllocator final : public Allocator {
     CachingHostAllocator* owner = nullptr;
     std::mutex mu;
     std::map<size_t, std::vector<void*>> small;  // below kMapped: by exact size
-    // Mapped blocks, each page range free, by (size, address) for the best fit and by address
-    // for the neighbours a freed block joins.
-    std::set<std::pair<size_t, char*>> large;
-    std::map<char*, size_t> large_at;
-    void insert_large(char* block, size_t size) {
-      large.emplace(size, block);
-      large_at.emplace(block, size);
-    }
-    void erase_large(char* block, size_t size) {
-      large.erase({size, block});
-      large_at.erase(block);
-    }
+    // Mapped blocks, each page range free (one segment: any adjacent pages join, whichever
+    // mmap they came from, as munmap may unmap any page range).
+    detail::FreeBlocks large;
   };
 
   static constexpr size_t kMapped = size_t{1} << 20;  // blocks this large or larger: mmap
@@ -178,6 +167,7 @@ class CachingHostAllocator final : public Allocator {
   static void release(void* ctx, void* ptr, size_t nbytes) {
     auto* pool = static_cast<Pool*>(ctx);
     CachingHostAllocator* self = pool->owner;
+    if (self->trace_) std::fprintf(self->trace_, "- %p\n", ptr);
     self->in_use_.fetch_sub(nbytes, std::memory_order_relaxed);
     const size_t limit =
         self->max_cached_bytes_
@@ -192,24 +182,7 @@ class CachingHostAllocator final : public Allocator {
       // A mapped block joins the free blocks on either side of it (pages of this pool, mapped
       // apart or cut from one block), so that a block cut for a smaller request is whole again
       // once both parts are free.
-      char* block = static_cast<char*>(ptr);
-      size_t size = nbytes;
-      if (auto next = pool->large_at.find(block + size); next != pool->large_at.end()) {
-        const size_t n = next->second;
-        pool->erase_large(block + size, n);
-        size += n;
-      }
-      if (auto prev = pool->large_at.lower_bound(block); prev != pool->large_at.begin()) {
-        --prev;
-        if (prev->first + prev->second == block) {
-          char* const start = prev->first;
-          const size_t n = prev->second;
-          pool->erase_large(start, n);
-          block = start;
-          size += n;
-        }
-      }
-      pool->insert_large(block, size);
+      pool->large.put(static_cast<char*>(ptr), nbytes);
       return;
     }
     self->cached_bytes_.fetch_sub(nbytes, std::memory_order_relaxed);
@@ -221,6 +194,7 @@ class CachingHostAllocator final : public Allocator {
   std::atomic<size_t> cached_bytes_{0};
   std::atomic<size_t> in_use_{0}, peak_{0};  // tensor storage handed out and not released
   std::atomic<size_t> high_water_{0};        // the peak since the start (never reset)
+  std::FILE* const trace_;
 };
 
 std::mutex g_registry_mu;
@@ -251,9 +225,32 @@ static std::optional<size_t> host_cache_bytes() {
   return static_cast<size_t>(mb) << 20;
 }
 
+// DTRAIN_ALLOC_TRACE=FILE: every host allocation ("+ address bytes", the bytes asked for) and
+// release ("- address") in order, line-buffered, for `dtrain-bench alloc-replay`, which replays
+// them against the CUDA allocator's policies. "%p" in FILE becomes the process id (one file per
+// worker under dtrain-run). A file that cannot be opened is a warning, not an error.
+static std::FILE* alloc_trace() {
+  const char* env = std::getenv("DTRAIN_ALLOC_TRACE");
+  if (!env || !*env) return nullptr;
+  std::string path = env;
+  for (size_t at = path.find("%p"); at != std::string::npos; at = path.find("%p", at)) {
+    const std::string pid = std::to_string(getpid());
+    path.replace(at, 2, pid);
+    at += pid.size();
+  }
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) {
+    DTRAIN_LOG(WARNING) << "DTRAIN_ALLOC_TRACE='" << path << "' cannot be written ("
+                        << std::strerror(errno) << "); not tracing allocations";
+    return nullptr;
+  }
+  std::setvbuf(f, nullptr, _IOLBF, 0);
+  return f;
+}
+
 Allocator& host_allocator() {
   // Leaked on purpose: tensors held by static objects may be released after main returns.
-  static auto* a = new CachingHostAllocator(host_cache_bytes());
+  static auto* a = new CachingHostAllocator(host_cache_bytes(), alloc_trace());
   return *a;
 }
 

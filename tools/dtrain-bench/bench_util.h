@@ -97,6 +97,13 @@ struct PeakArgs {
 };
 int peak_bench(const PeakArgs& a);
 
+struct AllocReplayArgs {
+  std::string trace;  // DTRAIN_ALLOC_TRACE's file
+  bool json = false;
+};
+// An allocation trace replayed against the CUDA allocator's policies (alloc_bench.cc).
+int alloc_replay_bench(const AllocReplayArgs& a);
+
 struct ChaosArgs {
   int jobs = 10, workers = 3, steps = 400;
   uint64_t seed = 1;

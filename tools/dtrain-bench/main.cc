@@ -8,6 +8,7 @@
 //   dtrain-bench scaling --max-replicas=2 --runs=3 --json
 //   dtrain-bench input --images=2000 --runs=3
 //   dtrain-bench peak --threads=1
+//   DTRAIN_ALLOC_TRACE=t.txt examples/...; dtrain-bench alloc-replay t.txt
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -244,6 +245,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 4096.0))
       ->capture_default_str();
   peak->add_flag("--json", pk.json, "also print one JSON object per result");
+  AllocReplayArgs al;
+  auto* alloc = app.add_subcommand(
+      "alloc-replay",
+      "an allocation trace (DTRAIN_ALLOC_TRACE=FILE) replayed against the CUDA allocator's "
+      "policies: device memory each would reserve");
+  alloc->add_option("trace", al.trace, "the trace file")->required();
+  alloc->add_flag("--json", al.json, "also print one JSON object");
   ChaosArgs ch;
   auto* chaos =
       app.add_subcommand("chaos",
@@ -397,6 +405,7 @@ int main(int argc, char** argv) {
     if (*chaos) return chaos_bench(ch);
     if (*input) return input_bench(in);
     if (*peak) return peak_bench(pk);
+    if (*alloc) return alloc_replay_bench(al);
     if (*simulate) return simulate_bench(sim);
     if (*links) return links_bench(links->remaining());
     if (*input_run_cmd)

@@ -1,6 +1,5 @@
 #include "devices/cuda/cuda_allocator.h"
 
-#include <bit>
 #include <cstring>
 
 #include "devices/cuda/cuda_check.h"
@@ -13,17 +12,6 @@ namespace dtrain::cuda {
 CudaAllocator& CudaAllocator::instance() {
   static auto* a = new CudaAllocator();  // leaked on purpose, like host_allocator()
   return *a;
-}
-
-size_t CudaAllocator::bucket_size(size_t nbytes) {
-  constexpr size_t kSmall = size_t{1} << 20;
-  if (nbytes == 0) nbytes = 1;
-  if (nbytes <= kSmall) return (nbytes + 511) & ~size_t{511};
-  // Four buckets per power of two: at most 25% waste, and few distinct sizes, so that a training
-  // step's allocations hit the cache from the second step on.
-  const int msb = std::bit_width(nbytes - 1) - 1;  // floor(log2(nbytes - 1))
-  const size_t step = (size_t{1} << msb) / 4;
-  return (nbytes + step - 1) / step * step;
 }
 
 CudaAllocator::Pool& CudaAllocator::pool(int index) {
@@ -52,29 +40,33 @@ void CudaAllocator::set_stream(int index, cudaStream_t stream) {
 std::shared_ptr<Storage> CudaAllocator::allocate(size_t nbytes, DeviceSpec device) {
   if (device.type != DeviceType::kCUDA)
     throw InvalidArgument("CudaAllocator asked for memory on " + device.to_string());
-  const size_t size = bucket_size(nbytes);
+  if (nbytes > detail::SegmentCache::kMaxRequest)
+    throw Unavailable(detail::str_cat(device.to_string(), " cannot hold ", nbytes,
+                                      " bytes; reduce the batch size or the model"));
   Pool& p = pool(device.index);
-  void* ptr = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(p.mu);
-    auto it = p.free.find(size);
-    if (it != p.free.end() && !it->second.empty()) {
-      ptr = it->second.back();
-      it->second.pop_back();
-      p.cached_bytes -= size;
-    }
-  }
-  if (!ptr) {
+  std::unique_lock<std::mutex> lock(p.mu);
+  detail::SegmentCache::Block b = p.cache.take(nbytes);
+  if (!b.ptr) {
+    // The device calls run without the pool's lock: a thread that frees or allocates on this GPU
+    // must not wait for a device synchronisation (which may wait for a collective that thread
+    // is part of).
+    size_t size = p.cache.segment_size(nbytes);
+    lock.unlock();
     DeviceGuard guard(device.index);
+    void* ptr = nullptr;
     cudaError_t err = cudaMalloc(&ptr, size);
+    if (err == cudaErrorMemoryAllocation &&
+        size > detail::SegmentCache::exact_segment_size(nbytes)) {
+      (void)cudaGetLastError();  // no room for a region: a segment of the request's own size
+      size = detail::SegmentCache::exact_segment_size(nbytes);
+      err = cudaMalloc(&ptr, size);
+    }
     if (err == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
-      const size_t cached = cached_bytes(device.index);
-      if (cached > 0) {
+      if (const size_t freed = free_segments(p); freed > 0) {
         DTRAIN_LOG(WARNING) << device.to_string() << ": cudaMalloc of " << size
-                            << " bytes failed; releasing " << cached
-                            << " cached bytes and retrying";
-        empty_cache(device.index);
+                            << " bytes failed; freed " << freed
+                            << " bytes of cached segments and retrying";
         err = cudaMalloc(&ptr, size);
       }
     }
@@ -83,43 +75,61 @@ std::shared_ptr<Storage> CudaAllocator::allocate(size_t nbytes, DeviceSpec devic
       size_t free_b = 0, total_b = 0;
       (void)cudaMemGetInfo(&free_b, &total_b);
       (void)cudaGetLastError();
-      throw Unavailable(
-          detail::str_cat(device.to_string(), " is out of memory: cudaMalloc(", size,
-                          " bytes) failed with ", free_b >> 20, " MiB free of ", total_b >> 20,
-                          " MiB; reduce the batch size or the model, or use more GPUs"));
+      lock.lock();
+      throw Unavailable(detail::str_cat(
+          device.to_string(), " is out of memory: cudaMalloc(", size, " bytes) failed with ",
+          free_b >> 20, " MiB free of ", total_b >> 20, " MiB (dtrain holds ",
+          p.cache.reserved() >> 20, " MiB, ", p.cache.cached() >> 20,
+          " MiB of it free in pieces); reduce the batch size or the model, or use more GPUs"));
     }
     if (err != cudaSuccess) throw_cuda_error(err, "cudaMalloc", __FILE__, __LINE__);
+    lock.lock();
+    // Another thread may have freed a block that fits meanwhile; the new segment is cached
+    // either way.
+    p.cache.add_segment(ptr, size, nbytes);
+    b = p.cache.take(nbytes);
+    DTRAIN_CHECK(b.ptr, "CudaAllocator: a new segment did not serve its request");
   }
-  return std::make_shared<Storage>(ptr, size, device, &CudaAllocator::release, &p);
+  return std::make_shared<Storage>(b.ptr, b.size, device, &CudaAllocator::release, &p);
 }
 
 void CudaAllocator::release(void* ctx, void* ptr, size_t nbytes) {
   auto* p = static_cast<Pool*>(ctx);
   std::lock_guard<std::mutex> lock(p->mu);
-  p->free[nbytes].push_back(ptr);
-  p->cached_bytes += nbytes;
+  p->cache.put(ptr, nbytes);
+}
+
+size_t CudaAllocator::free_segments(Pool& p) {
+  std::vector<detail::SegmentCache::Block> segments;
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    segments = p.cache.take_free_segments();  // out of the books: nobody can take them now
+  }
+  if (segments.empty()) return 0;
+  DeviceGuard guard(p.index);
+  // Queued kernels may still use a cached block (see the stream-ordering contract).
+  DTRAIN_CUDA_CALL(cudaDeviceSynchronize());
+  size_t bytes = 0;
+  for (const auto& s : segments) {
+    DTRAIN_CUDA_CALL(cudaFree(s.ptr));
+    bytes += s.size;
+  }
+  return bytes;
 }
 
 size_t CudaAllocator::cached_bytes(int index) {
   Pool& p = pool(index);
   std::lock_guard<std::mutex> lock(p.mu);
-  return p.cached_bytes;
+  return p.cache.cached();
 }
 
-void CudaAllocator::empty_cache(int index) {
+size_t CudaAllocator::reserved_bytes(int index) {
   Pool& p = pool(index);
-  std::unordered_map<size_t, std::vector<void*>> blocks;
-  {
-    std::lock_guard<std::mutex> lock(p.mu);
-    blocks.swap(p.free);
-    p.cached_bytes = 0;
-  }
-  DeviceGuard guard(index);
-  // Queued kernels may still use a cached block (see the stream-ordering contract).
-  DTRAIN_CUDA_CALL(cudaDeviceSynchronize());
-  for (auto& [size, list] : blocks)
-    for (void* ptr : list) DTRAIN_CUDA_CALL(cudaFree(ptr));
+  std::lock_guard<std::mutex> lock(p.mu);
+  return p.cache.reserved();
 }
+
+void CudaAllocator::empty_cache(int index) { free_segments(pool(index)); }
 
 void CudaAllocator::copy(void* dst, DeviceSpec dst_dev, const void* src, DeviceSpec src_dev,
                          size_t nbytes) {

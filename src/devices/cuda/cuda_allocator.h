@@ -1,8 +1,16 @@
 // CudaAllocator: device memory for every GPU, with a per-GPU cache of freed blocks.
 //
-// Blocks come from cudaMalloc (never managed memory) in size buckets, and freed blocks go back to
-// their bucket's free list instead of to cudaFree, which synchronises the whole device. When
-// cudaMalloc runs out, the GPU's cache is released and the allocation retried once.
+// Memory comes from cudaMalloc (never managed memory) in segments, and freed blocks stay in the
+// GPU's cache instead of going back to cudaFree, which synchronises the whole device. The cache is
+// detail::SegmentCache (src/core/free_blocks.h), with the policy of PyTorch's caching allocator:
+// requests of up to 1 MiB share 2 MiB segments, those under 10 MiB 20 MiB ones, larger ones take
+// segments of their size rounded up to 2 MiB; a request takes the best-fitting free block and
+// cuts it, and a freed block joins its free neighbours in its segment. Until 2026-11-27 freed
+// blocks went to per-size buckets (four per power of two) and served only requests of their own
+// bucket; ResNet-50 at batch 256 on an H200 then held 40 GB where PyTorch holds 29 (the new policy
+// is not yet measured on a GPU; `dtrain-bench alloc-replay` replays a CPU run's requests against
+// both). When cudaMalloc runs out, the GPU's wholly free segments are freed and the allocation
+// retried once (a segment of which any part is in use stays).
 //
 // Stream-ordering contract (the same as PyTorch's caching allocator): a block may be handed out
 // again as soon as its Storage is released, while kernels that used it may still be queued. That is
@@ -18,9 +26,9 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
+#include "core/free_blocks.h"
 #include "dtrain/core/allocator.h"
 
 namespace dtrain::cuda {
@@ -44,23 +52,28 @@ class CudaAllocator final : public Allocator {
   // The stream on which GPU `index`'s copies and memsets are ordered (its device stream); nullptr
   // unregisters it, after which the legacy default stream is used.
   void set_stream(int index, cudaStream_t stream);
-  // Returns GPU `index`'s cached blocks to the driver. Waits for the GPU to go idle first.
+  // Returns GPU `index`'s wholly free segments to the driver (a segment part of which is in use
+  // stays). Waits for the GPU to go idle first.
   void empty_cache(int index);
-  // Bytes held in GPU `index`'s cache.
+  // Bytes in GPU `index`'s free blocks, including pieces of segments in use, which empty_cache
+  // cannot give back.
   size_t cached_bytes(int index);
+  // Bytes of all GPU `index`'s segments (cudaMalloc'd), in use or not.
+  size_t reserved_bytes(int index);
 
  private:
   struct Pool {
     int index = 0;
     std::mutex mu;
-    std::unordered_map<size_t, std::vector<void*>> free;  // bucket size -> blocks
-    size_t cached_bytes = 0;
+    detail::SegmentCache cache;
   };
 
   CudaAllocator() = default;
   Pool& pool(int index);
   cudaStream_t stream_for(int index);
-  static size_t bucket_size(size_t nbytes);
+  // Frees the pool's wholly free segments (takes p.mu; call without it) after synchronising the
+  // GPU; returns their bytes.
+  static size_t free_segments(Pool& p);
   static void release(void* ctx, void* ptr, size_t nbytes);
 
   std::mutex mu_;                             // guards pools_ and streams_

@@ -75,7 +75,9 @@ class FreeBlocks {
 // alloc-replay`; docs/performance.md), device memory reserved over the bytes in use at the peak:
 // ResNet-50 at batch 32 / 64 / 128 1.41 / 1.40 / 1.39x with buckets, 1.22 / 1.19 / 1.18x with
 // PyTorch's policy, 1.06 / 1.07 / 1.06x with regions of twice the largest request (once, 1.06 /
-// 1.06 / 1.04x; four times, 1.12 / 1.11 / 1.10x); GPT-2 small 1.61x, 1.12x and 1.09x.
+// 1.06 / 1.04x; four times, 1.12 / 1.11 / 1.10x); GPT-2 small 1.61x, 1.12x and 1.09x. Regions
+// lose where a small model has one large tensor: the reference CNN with its 188 MB training set
+// 1.43x against PyTorch's policy's 1.10x (each later region 376 MB).
 //
 // The caller does the memory calls: when take() finds no block it asks the backend for
 // segment_size(n) bytes (exact_segment_size(n) when that fails) and calls add_segment(), then

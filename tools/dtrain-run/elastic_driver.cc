@@ -69,9 +69,21 @@ ElasticSpawn ElasticDriver::make_spawn(const ElasticHost& host) {
   if (o_.port_base > 0) {
     s.port = o_.port_base + s.id;
   } else {
-    std::vector<Task> one(1);
-    assign_local_ports(one, 0);
-    s.port = one[0].port;
+    // A port probed and closed is free again, and the next probe may return it: never hand out
+    // a port this job has handed out before (a CI run of 2026-11-27 started worker:0 and
+    // worker:1 on one port, and every worker refused the cluster).
+    for (int attempt = 1;; ++attempt) {
+      std::vector<Task> one(1);
+      assign_local_ports(one, 0);
+      if (ports_.insert(one[0].port).second) {
+        s.port = one[0].port;
+        break;
+      }
+      if (attempt == 100)
+        throw std::runtime_error(
+            "no free port on 127.0.0.1 that this elastic job has not used (100 probes); use "
+            "--port-base");
+    }
   }
   s.env = {"DTRAIN_ELASTIC_RENDEZVOUS=" + o_.rendezvous_address,
            "DTRAIN_ELASTIC_ID=" + std::to_string(s.id),

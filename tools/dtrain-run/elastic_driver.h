@@ -13,6 +13,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,7 @@ class ElasticDriver {
   std::string token_;
   std::unique_ptr<elastic::RendezvousServer> server_;
   std::map<int, std::string> running_;  // id -> host name
+  std::set<int> ports_;                 // every port handed out on 127.0.0.1 (no --port-base)
   struct Cooldown {
     int failures = 0;
     std::chrono::steady_clock::time_point until{};

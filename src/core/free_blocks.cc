@@ -4,6 +4,7 @@
 #include <iterator>
 
 #include "dtrain/core/error.h"
+#include "dtrain/core/logging.h"
 
 namespace dtrain::detail {
 
@@ -147,6 +148,88 @@ std::vector<SegmentCache::Block> SegmentCache::take_free_segments() {
     }
   }
   return out;
+}
+
+// --- SegmentPool ---
+
+SegmentPool::SegmentPool(Backend& backend, std::string device)
+    : backend_(backend), device_(std::move(device)) {}
+
+SegmentCache::Block SegmentPool::allocate(size_t n) {
+  if (n > SegmentCache::kMaxRequest)
+    throw Unavailable(
+        str_cat(device_, " cannot hold ", n, " bytes; reduce the batch size or the model"));
+  std::unique_lock<std::mutex> lock(mu_);
+  SegmentCache::Block b = cache_.take(n);
+  if (b.ptr) return b;
+  size_t size = cache_.segment_size(n);
+  const size_t exact = SegmentCache::exact_segment_size(n);
+  lock.unlock();  // the device calls run without the lock (see the class comment)
+  void* ptr = backend_.allocate(size);
+  if (!ptr && size > exact) {  // no room for a region: a segment of the request's own size
+    size = exact;
+    ptr = backend_.allocate(size);
+  }
+  if (!ptr) {
+    if (const size_t freed = free_segments(); freed > 0) {
+      DTRAIN_LOG(WARNING) << device_ << ": allocating " << size << " bytes failed; freed " << freed
+                          << " bytes of cached segments and retrying";
+      ptr = backend_.allocate(size);
+    }
+  }
+  if (!ptr) {
+    const auto [free_b, total_b] = backend_.memory_info();
+    lock.lock();
+    throw Unavailable(str_cat(device_, " is out of memory: allocating ", size,
+                              " bytes failed with ", free_b >> 20, " MiB free of ", total_b >> 20,
+                              " MiB (dtrain holds ", cache_.reserved() >> 20, " MiB, ",
+                              cache_.cached() >> 20,
+                              " MiB of it free in pieces); reduce the batch size or the model, "
+                              "or use more devices"));
+  }
+  lock.lock();
+  // Another thread may have freed a block that fits meanwhile; the new segment is cached either
+  // way.
+  cache_.add_segment(ptr, size, n);
+  b = cache_.take(n);
+  DTRAIN_CHECK(b.ptr, "SegmentPool: a new segment did not serve its request");
+  return b;
+}
+
+void SegmentPool::release(void* ptr, size_t size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cache_.put(ptr, size);
+}
+
+size_t SegmentPool::free_segments() {
+  std::vector<SegmentCache::Block> segments;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    segments = cache_.take_free_segments();  // out of the books: nobody can take them now
+  }
+  if (segments.empty()) return 0;
+  backend_.synchronize();  // queued work may still use a cached block
+  size_t bytes = 0;
+  for (const auto& s : segments) {
+    backend_.free(s.ptr);
+    bytes += s.size;
+  }
+  return bytes;
+}
+
+size_t SegmentPool::reserved() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_.reserved();
+}
+
+size_t SegmentPool::cached() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_.cached();
+}
+
+size_t SegmentPool::peak_reserved() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cache_.peak_reserved();
 }
 
 }  // namespace dtrain::detail

@@ -2,15 +2,20 @@
 // so that tests drive it on fake address ranges: FreeBlocks (free ranges, best fit, cut and
 // joined), used by the host allocator (src/core/allocator.cc) for its mapped blocks, and
 // SegmentCache (segments from a backend, small and large blocks), used by the CUDA allocator
-// (src/devices/cuda/cuda_allocator.cc) over cudaMalloc.
+// (src/devices/cuda/cuda_allocator.cc) over cudaMalloc, and SegmentPool, the CUDA allocator's
+// per-GPU pool: a SegmentCache behind a lock, with the device calls (allocate, synchronise, free)
+// behind an interface, so that its out-of-memory paths and its locking run in CPU tests.
 //
-// Neither is thread-safe: the owning allocator's lock guards them.
+// FreeBlocks and SegmentCache are not thread-safe (SegmentPool's lock guards its cache);
+// SegmentPool is.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -136,6 +141,53 @@ class SegmentCache {
   size_t reserved_ = 0, peak_reserved_ = 0;
   size_t largest_request_ = 0;  // rounded, of those take() was asked for
   Policy policy_;
+};
+
+// One device's memory: a SegmentCache behind a lock over a Backend that makes the device calls.
+// allocate() takes a cached block, else asks the backend for segment_size(n) bytes, then for
+// exact_segment_size(n) when that fails, then frees the wholly free segments (after the backend's
+// synchronize(), since queued work may still use a cached block) and asks once more; when that
+// fails too it throws Unavailable naming the device, the bytes held and how to fix it.
+//
+// The backend is called without the lock held: a thread that frees or allocates on this device
+// must not wait for a device synchronisation (which may wait for a collective that thread is part
+// of).
+class SegmentPool {
+ public:
+  class Backend {
+   public:
+    virtual ~Backend() = default;
+    // bytes of device memory; nullptr when the device is out of memory (other failures throw).
+    virtual void* allocate(size_t bytes) = 0;
+    // Waits until no queued work can still use memory of this device.
+    virtual void synchronize() = 0;
+    virtual void free(void* ptr) = 0;
+    // The device's free and total bytes, for the out-of-memory message ({0, 0} when unknown).
+    virtual std::pair<size_t, size_t> memory_info() = 0;
+  };
+
+  // `device` names the device in messages ("cuda:0"). The backend must outlive the pool.
+  SegmentPool(Backend& backend, std::string device);
+  SegmentPool(const SegmentPool&) = delete;
+  SegmentPool& operator=(const SegmentPool&) = delete;
+
+  // A block of at least n bytes (n <= SegmentCache::kMaxRequest, else Unavailable).
+  SegmentCache::Block allocate(size_t n);
+  // Returns a block allocate() handed out (ptr and size as it returned them).
+  void release(void* ptr, size_t size);
+  // Gives the wholly free segments back to the backend (after synchronize()); returns their
+  // bytes. A segment of which any part is in use stays.
+  size_t free_segments();
+
+  size_t reserved();
+  size_t cached();
+  size_t peak_reserved();
+
+ private:
+  Backend& backend_;
+  const std::string device_;
+  std::mutex mu_;
+  SegmentCache cache_;
 };
 
 }  // namespace dtrain::detail

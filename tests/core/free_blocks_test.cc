@@ -1,14 +1,23 @@
 // The caching allocators' bookkeeping (src/core/free_blocks.h) on fake address ranges: FreeBlocks'
-// best fit, cuts and joins, and SegmentCache, the CUDA allocator's policy, with a fake backend that
-// hands out segments back to back (so that a join across segments would show).
+// best fit, cuts and joins; SegmentCache, the CUDA allocator's policy, with a fake backend that
+// hands out segments back to back (so that a join across segments would show); and SegmentPool,
+// the CUDA allocator's per-GPU pool, on a fake device of limited memory: its out-of-memory paths,
+// its error, and that the device calls run without its lock while other threads use the pool.
 #include "core/free_blocks.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "dtrain/core/error.h"
@@ -268,6 +277,253 @@ TEST(SegmentCache, SegmentsNeverJoinAndOnlyWhollyFreeOnesAreGivenBack) {
   EXPECT_EQ(cache.segments(), 0u);
   // A block outside every segment is a bug, caught.
   EXPECT_THROW(cache.put(a.ptr, 512), Internal);
+}
+
+// --- SegmentPool on a fake device ---
+
+// A device of `capacity` bytes whose addresses are never dereferenced: segments are placed back to
+// back, and every call is logged ("malloc N", "malloc N failed", "sync", "free N"). `during_call`,
+// when set, runs inside each device call (as another thread would while the call blocks).
+class FakeGpu final : public SegmentPool::Backend {
+ public:
+  explicit FakeGpu(size_t capacity) : capacity_(capacity) {}
+
+  void* allocate(size_t bytes) override {
+    hook();
+    synced() = false;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (throw_next_) {
+      throw_next_ = false;
+      throw Internal("the fake device failed");
+    }
+    if (used_ + bytes > capacity_) {
+      log_.push_back("malloc " + std::to_string(bytes) + " failed");
+      return nullptr;
+    }
+    char* p = at(next_);
+    next_ += bytes;
+    used_ += bytes;
+    live_[p] = bytes;
+    log_.push_back("malloc " + std::to_string(bytes));
+    return p;
+  }
+  void synchronize() override {
+    hook();
+    synced() = true;
+    std::lock_guard<std::mutex> lock(mu_);
+    log_.push_back("sync");
+  }
+  void free(void* ptr) override {
+    hook();
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = live_.find(static_cast<char*>(ptr));
+    if (it == live_.end()) {
+      ADD_FAILURE() << "free of a pointer the device did not hand out";
+      return;
+    }
+    if (!synced()) ADD_FAILURE() << "free without a synchronize before it";
+    used_ -= it->second;
+    log_.push_back("free " + std::to_string(it->second));
+    live_.erase(it);
+  }
+  std::pair<size_t, size_t> memory_info() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {capacity_ - used_, capacity_};
+  }
+
+  std::vector<std::string> log() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return log_;
+  }
+  void clear_log() {
+    std::lock_guard<std::mutex> lock(mu_);
+    log_.clear();
+  }
+  size_t used() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return used_;
+  }
+  void throw_next() {
+    std::lock_guard<std::mutex> lock(mu_);
+    throw_next_ = true;
+  }
+  std::function<void()> during_call;
+
+ private:
+  void hook() {
+    if (during_call) during_call();
+  }
+  // Whether this thread's last device call before a free was a synchronize.
+  static bool& synced() {
+    thread_local bool s = false;
+    return s;
+  }
+  std::mutex mu_;
+  const size_t capacity_;
+  size_t used_ = 0;
+  uintptr_t next_ = 0;
+  bool throw_next_ = false;
+  std::map<char*, size_t> live_;
+  std::vector<std::string> log_;
+};
+
+std::string mib(size_t n) { return std::to_string(n * kMiB); }
+
+TEST(SegmentPool, ARegionThatDoesNotFitFallsBackToTheRequestsOwnSize) {
+  FakeGpu gpu(70 * kMiB);
+  SegmentPool pool(gpu, "fake:0");
+  const SegmentCache::Block b = pool.allocate(40 * kMiB);
+  EXPECT_EQ(b.size, 40 * kMiB);
+  EXPECT_EQ(gpu.log(),
+            (std::vector<std::string>{"malloc " + mib(80) + " failed", "malloc " + mib(40)}));
+  EXPECT_EQ(pool.reserved(), 40 * kMiB);
+  pool.release(b.ptr, b.size);
+  EXPECT_EQ(pool.cached(), 40 * kMiB);
+}
+
+TEST(SegmentPool, OutOfMemoryFreesWhollyFreeSegmentsAfterASynchronizeAndRetries) {
+  FakeGpu gpu(128 * kMiB);
+  SegmentPool pool(gpu, "fake:0");
+  const SegmentCache::Block a = pool.allocate(30 * kMiB);  // a 64 MiB region
+  const SegmentCache::Block small = pool.allocate(1000);   // a 2 MiB segment, kept in use
+  pool.release(a.ptr, a.size);
+  gpu.clear_log();
+  const SegmentCache::Block b = pool.allocate(100 * kMiB);
+  EXPECT_EQ(b.size, 100 * kMiB);
+  EXPECT_EQ(gpu.log(), (std::vector<std::string>{"malloc " + mib(200) + " failed",
+                                                 "malloc " + mib(100) + " failed", "sync",
+                                                 "free " + mib(64), "malloc " + mib(100)}));
+  EXPECT_EQ(pool.reserved(), 102 * kMiB);
+  EXPECT_EQ(gpu.used(), 102 * kMiB);
+  pool.release(b.ptr, b.size);
+  pool.release(small.ptr, small.size);
+  EXPECT_EQ(pool.free_segments(), 102 * kMiB);
+  EXPECT_EQ(gpu.used(), 0u);
+  EXPECT_EQ(pool.reserved(), 0u);
+  EXPECT_EQ(pool.peak_reserved(), 102 * kMiB);
+}
+
+TEST(SegmentPool, OutOfMemoryIsUnavailableNamingTheDeviceAndTheFix) {
+  FakeGpu gpu(10 * kMiB);
+  SegmentPool pool(gpu, "fake:0");
+  const SegmentCache::Block held = pool.allocate(1000);  // 2 MiB held, in use
+  try {
+    pool.allocate(20 * kMiB);
+    FAIL() << "20 MiB on a 10 MiB device";
+  } catch (const Unavailable& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("fake:0 is out of memory"), std::string::npos) << what;
+    EXPECT_NE(what.find("8 MiB free of 10 MiB"), std::string::npos) << what;
+    EXPECT_NE(what.find("dtrain holds 2 MiB"), std::string::npos) << what;
+    EXPECT_NE(what.find("reduce the batch size"), std::string::npos) << what;
+  }
+  EXPECT_EQ(pool.reserved(), 2 * kMiB);  // nothing lost, and the pool goes on serving
+  const SegmentCache::Block next = pool.allocate(1000);
+  EXPECT_NE(next.ptr, held.ptr);
+  EXPECT_EQ(pool.reserved(), 2 * kMiB);
+  // A request no device holds is refused before any device call.
+  gpu.clear_log();
+  EXPECT_THROW(pool.allocate(SegmentCache::kMaxRequest + 1), Unavailable);
+  EXPECT_TRUE(gpu.log().empty());
+  // Another failure of the device is the device's error, and the pool stays usable.
+  gpu.throw_next();
+  EXPECT_THROW(pool.allocate(5 * kMiB), Internal);
+  EXPECT_EQ(pool.reserved(), 2 * kMiB);
+  EXPECT_EQ(pool.allocate(5 * kMiB).size, 5 * kMiB);
+}
+
+// A device call may block for long (cudaDeviceSynchronize waits for queued work, which may be a
+// collective that needs another thread of this process to allocate or free). Other threads must be
+// able to use the pool meanwhile: here, inside each device call, another thread frees and asks.
+TEST(SegmentPool, DeviceCallsRunWithoutThePoolsLock) {
+  FakeGpu gpu(size_t{1} << 30);
+  SegmentPool pool(gpu, "fake:0");
+  std::vector<SegmentCache::Block> held;
+  for (int i = 0; i < 8; ++i) held.push_back(pool.allocate(1000));
+  std::atomic<int> calls{0}, stuck{0};
+  gpu.during_call = [&] {
+    if (held.empty()) return;
+    const SegmentCache::Block b = held.back();
+    held.pop_back();
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    std::thread other([&pool, b, done] {
+      pool.release(b.ptr, b.size);
+      (void)pool.cached();
+      *done = true;
+    });
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!*done && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (*done) {
+      other.join();
+    } else {
+      other.detach();  // blocked on the pool's lock, which this thread holds: the bug
+      ++stuck;
+    }
+    ++calls;
+  };
+  const SegmentCache::Block big = pool.allocate(100 * kMiB);  // malloc
+  ASSERT_EQ(stuck.load(), 0) << "another thread waited for the pool's lock during cudaMalloc";
+  pool.release(big.ptr, big.size);
+  pool.free_segments();  // sync and frees
+  EXPECT_EQ(stuck.load(), 0) << "another thread waited for the pool's lock during a sync or free";
+  EXPECT_GE(calls.load(), 3);
+  gpu.during_call = nullptr;
+}
+
+// Threads allocate and release at once, with device calls that take time; no two live blocks
+// may overlap, and once everything is released every segment goes back to the device.
+TEST(SegmentPool, ConcurrentThreadsNeverShareABlockAndAllMemoryComesBack) {
+  FakeGpu gpu(size_t{4} << 30);
+  SegmentPool pool(gpu, "fake:0");
+  gpu.during_call = [] { std::this_thread::sleep_for(std::chrono::microseconds(200)); };
+  std::mutex mu;
+  std::map<char*, size_t> live;  // every block handed out and not yet released
+  std::atomic<int> overlaps{0};
+  auto work = [&](unsigned seed) {
+    std::mt19937 rng(seed);
+    std::vector<SegmentCache::Block> mine;
+    for (int i = 0; i < 1500; ++i) {
+      if (mine.size() < 8 && (mine.empty() || rng() % 2)) {
+        const size_t n = rng() % 4 ? 1 + rng() % (2 * kMiB) : 1 + rng() % (24 * kMiB);
+        const SegmentCache::Block b = pool.allocate(n);
+        if (b.size < n) ++overlaps;
+        std::lock_guard<std::mutex> lock(mu);
+        char* p = static_cast<char*>(b.ptr);
+        auto next = live.lower_bound(p);
+        if (next != live.end() && next->first < p + b.size) ++overlaps;
+        if (next != live.begin() && std::prev(next)->first + std::prev(next)->second > p)
+          ++overlaps;
+        live.emplace(p, b.size);
+        mine.push_back(b);
+      } else {
+        const size_t k = rng() % mine.size();
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          live.erase(static_cast<char*>(mine[k].ptr));
+        }
+        pool.release(mine[k].ptr, mine[k].size);
+        mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(k));
+      }
+      if (i % 500 == 499) pool.free_segments();
+    }
+    for (const auto& b : mine) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        live.erase(static_cast<char*>(b.ptr));
+      }
+      pool.release(b.ptr, b.size);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < 4; ++t) threads.emplace_back(work, 17 + t);
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_EQ(pool.cached(), pool.reserved());
+  const size_t used = gpu.used();
+  EXPECT_EQ(pool.free_segments(), used);
+  EXPECT_EQ(pool.reserved(), 0u);
+  EXPECT_EQ(gpu.used(), 0u);
 }
 
 }  // namespace

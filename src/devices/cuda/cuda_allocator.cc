@@ -5,7 +5,6 @@
 #include "devices/cuda/cuda_check.h"
 #include "devices/cuda/cuda_guard.h"
 #include "dtrain/core/error.h"
-#include "dtrain/core/logging.h"
 
 namespace dtrain::cuda {
 
@@ -17,11 +16,41 @@ CudaAllocator& CudaAllocator::instance() {
 CudaAllocator::Pool& CudaAllocator::pool(int index) {
   std::lock_guard<std::mutex> lock(mu_);
   if (index < 0) throw InvalidArgument(detail::str_cat("negative GPU index ", index));
-  while (static_cast<int>(pools_.size()) <= index) {
-    pools_.push_back(std::make_unique<Pool>());
-    pools_.back()->index = static_cast<int>(pools_.size()) - 1;
-  }
+  while (static_cast<int>(pools_.size()) <= index)
+    pools_.push_back(std::make_unique<Pool>(static_cast<int>(pools_.size())));
   return *pools_[static_cast<size_t>(index)];
+}
+
+void* CudaAllocator::Backend::allocate(size_t bytes) {
+  DeviceGuard guard(index_);
+  void* ptr = nullptr;
+  const cudaError_t err = cudaMalloc(&ptr, bytes);
+  if (err == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // clears the error: the pool tries a smaller segment or frees some
+    return nullptr;
+  }
+  if (err != cudaSuccess) throw_cuda_error(err, "cudaMalloc", __FILE__, __LINE__);
+  return ptr;
+}
+
+void CudaAllocator::Backend::synchronize() {
+  DeviceGuard guard(index_);
+  DTRAIN_CUDA_CALL(cudaDeviceSynchronize());
+}
+
+void CudaAllocator::Backend::free(void* ptr) {
+  DeviceGuard guard(index_);
+  DTRAIN_CUDA_CALL(cudaFree(ptr));
+}
+
+std::pair<size_t, size_t> CudaAllocator::Backend::memory_info() {
+  DeviceGuard guard(index_);
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {0, 0};
+  }
+  return {free_b, total_b};
 }
 
 cudaStream_t CudaAllocator::stream_for(int index) {
@@ -40,96 +69,25 @@ void CudaAllocator::set_stream(int index, cudaStream_t stream) {
 std::shared_ptr<Storage> CudaAllocator::allocate(size_t nbytes, DeviceSpec device) {
   if (device.type != DeviceType::kCUDA)
     throw InvalidArgument("CudaAllocator asked for memory on " + device.to_string());
-  if (nbytes > detail::SegmentCache::kMaxRequest)
-    throw Unavailable(detail::str_cat(device.to_string(), " cannot hold ", nbytes,
-                                      " bytes; reduce the batch size or the model"));
   Pool& p = pool(device.index);
-  std::unique_lock<std::mutex> lock(p.mu);
-  detail::SegmentCache::Block b = p.cache.take(nbytes);
-  if (!b.ptr) {
-    // The device calls run without the pool's lock: a thread that frees or allocates on this GPU
-    // must not wait for a device synchronisation (which may wait for a collective that thread
-    // is part of).
-    size_t size = p.cache.segment_size(nbytes);
-    lock.unlock();
-    DeviceGuard guard(device.index);
-    void* ptr = nullptr;
-    cudaError_t err = cudaMalloc(&ptr, size);
-    if (err == cudaErrorMemoryAllocation &&
-        size > detail::SegmentCache::exact_segment_size(nbytes)) {
-      (void)cudaGetLastError();  // no room for a region: a segment of the request's own size
-      size = detail::SegmentCache::exact_segment_size(nbytes);
-      err = cudaMalloc(&ptr, size);
-    }
-    if (err == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();
-      if (const size_t freed = free_segments(p); freed > 0) {
-        DTRAIN_LOG(WARNING) << device.to_string() << ": cudaMalloc of " << size
-                            << " bytes failed; freed " << freed
-                            << " bytes of cached segments and retrying";
-        err = cudaMalloc(&ptr, size);
-      }
-    }
-    if (err == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();
-      size_t free_b = 0, total_b = 0;
-      (void)cudaMemGetInfo(&free_b, &total_b);
-      (void)cudaGetLastError();
-      lock.lock();
-      throw Unavailable(detail::str_cat(
-          device.to_string(), " is out of memory: cudaMalloc(", size, " bytes) failed with ",
-          free_b >> 20, " MiB free of ", total_b >> 20, " MiB (dtrain holds ",
-          p.cache.reserved() >> 20, " MiB, ", p.cache.cached() >> 20,
-          " MiB of it free in pieces); reduce the batch size or the model, or use more GPUs"));
-    }
-    if (err != cudaSuccess) throw_cuda_error(err, "cudaMalloc", __FILE__, __LINE__);
-    lock.lock();
-    // Another thread may have freed a block that fits meanwhile; the new segment is cached
-    // either way.
-    p.cache.add_segment(ptr, size, nbytes);
-    b = p.cache.take(nbytes);
-    DTRAIN_CHECK(b.ptr, "CudaAllocator: a new segment did not serve its request");
+  const detail::SegmentCache::Block b = p.pool.allocate(nbytes);
+  try {
+    return std::make_shared<Storage>(b.ptr, b.size, device, &CudaAllocator::release, &p);
+  } catch (...) {
+    p.pool.release(b.ptr, b.size);
+    throw;
   }
-  return std::make_shared<Storage>(b.ptr, b.size, device, &CudaAllocator::release, &p);
 }
 
 void CudaAllocator::release(void* ctx, void* ptr, size_t nbytes) {
-  auto* p = static_cast<Pool*>(ctx);
-  std::lock_guard<std::mutex> lock(p->mu);
-  p->cache.put(ptr, nbytes);
+  static_cast<Pool*>(ctx)->pool.release(ptr, nbytes);
 }
 
-size_t CudaAllocator::free_segments(Pool& p) {
-  std::vector<detail::SegmentCache::Block> segments;
-  {
-    std::lock_guard<std::mutex> lock(p.mu);
-    segments = p.cache.take_free_segments();  // out of the books: nobody can take them now
-  }
-  if (segments.empty()) return 0;
-  DeviceGuard guard(p.index);
-  // Queued kernels may still use a cached block (see the stream-ordering contract).
-  DTRAIN_CUDA_CALL(cudaDeviceSynchronize());
-  size_t bytes = 0;
-  for (const auto& s : segments) {
-    DTRAIN_CUDA_CALL(cudaFree(s.ptr));
-    bytes += s.size;
-  }
-  return bytes;
-}
+size_t CudaAllocator::cached_bytes(int index) { return pool(index).pool.cached(); }
 
-size_t CudaAllocator::cached_bytes(int index) {
-  Pool& p = pool(index);
-  std::lock_guard<std::mutex> lock(p.mu);
-  return p.cache.cached();
-}
+size_t CudaAllocator::reserved_bytes(int index) { return pool(index).pool.reserved(); }
 
-size_t CudaAllocator::reserved_bytes(int index) {
-  Pool& p = pool(index);
-  std::lock_guard<std::mutex> lock(p.mu);
-  return p.cache.reserved();
-}
-
-void CudaAllocator::empty_cache(int index) { free_segments(pool(index)); }
+void CudaAllocator::empty_cache(int index) { pool(index).pool.free_segments(); }
 
 void CudaAllocator::copy(void* dst, DeviceSpec dst_dev, const void* src, DeviceSpec src_dev,
                          size_t nbytes) {

@@ -1,16 +1,19 @@
 // CudaAllocator: device memory for every GPU, with a per-GPU cache of freed blocks.
 //
 // Memory comes from cudaMalloc (never managed memory) in segments, and freed blocks stay in the
-// GPU's cache instead of going back to cudaFree, which synchronises the whole device. The cache is
-// detail::SegmentCache (src/core/free_blocks.h), with the policy of PyTorch's caching allocator:
-// requests of up to 1 MiB share 2 MiB segments, those under 10 MiB 20 MiB ones, larger ones take
-// segments of their size rounded up to 2 MiB; a request takes the best-fitting free block and
-// cuts it, and a freed block joins its free neighbours in its segment. Until 2026-11-27 freed
-// blocks went to per-size buckets (four per power of two) and served only requests of their own
-// bucket; ResNet-50 at batch 256 on an H200 then held 40 GB where PyTorch holds 29 (the new policy
-// is not yet measured on a GPU; `dtrain-bench alloc-replay` replays a CPU run's requests against
-// both). When cudaMalloc runs out, the GPU's wholly free segments are freed and the allocation
-// retried once (a segment of which any part is in use stays).
+// GPU's cache instead of going back to cudaFree, which synchronises the whole device. Each GPU's
+// cache is a detail::SegmentPool (src/core/free_blocks.h) over cudaMalloc, cudaDeviceSynchronize
+// and cudaFree: requests of up to 1 MiB share 2 MiB segments; a larger request that no free block
+// holds gets a region of at least 64 MiB and twice the largest request so far, which the large
+// requests after it share; a request takes the best-fitting free block and cuts it, and a freed
+// block joins its free neighbours within its own cudaMalloc. When a region does not fit, a segment
+// of the request's own size is tried; when cudaMalloc still runs out, the GPU's wholly free
+// segments are freed and the allocation retried once (a segment of which any part is in use
+// stays). Until 2026-11-27 freed blocks went to per-size buckets (four per power of two) and served
+// only requests of their own bucket; ResNet-50 at batch 256 on an H200 then held 40 GB where
+// PyTorch holds 29. The new policy is not yet measured on a GPU: `dtrain-bench alloc-replay`
+// replays a CPU run's requests against both (docs/performance.md), and free_blocks_test runs the
+// pool's out-of-memory paths and locking on a fake device.
 //
 // Stream-ordering contract (the same as PyTorch's caching allocator): a block may be handed out
 // again as soon as its Storage is released, while kernels that used it may still be queued. That is
@@ -26,6 +29,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "core/free_blocks.h"
@@ -62,18 +66,27 @@ class CudaAllocator final : public Allocator {
   size_t reserved_bytes(int index);
 
  private:
+  // SegmentPool's device calls on GPU `index`.
+  class Backend final : public detail::SegmentPool::Backend {
+   public:
+    explicit Backend(int index) : index_(index) {}
+    void* allocate(size_t bytes) override;
+    void synchronize() override;
+    void free(void* ptr) override;
+    std::pair<size_t, size_t> memory_info() override;
+
+   private:
+    int index_;
+  };
   struct Pool {
-    int index = 0;
-    std::mutex mu;
-    detail::SegmentCache cache;
+    explicit Pool(int index) : backend(index), pool(backend, DeviceSpec::gpu(index).to_string()) {}
+    Backend backend;
+    detail::SegmentPool pool;
   };
 
   CudaAllocator() = default;
   Pool& pool(int index);
   cudaStream_t stream_for(int index);
-  // Frees the pool's wholly free segments (takes p.mu; call without it) after synchronising the
-  // GPU; returns their bytes.
-  static size_t free_segments(Pool& p);
   static void release(void* ctx, void* ptr, size_t nbytes);
 
   std::mutex mu_;                             // guards pools_ and streams_

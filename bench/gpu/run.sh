@@ -27,13 +27,17 @@ peak() {  # peak LABEL TIMEOUT CMD...
 peak kernels 120 "$b/gpu_kernels_test"
 SB="--num-warmup-batches 5 --num-batches-per-iter 10 --num-iters 3 --devices=gpu --json"
 peak dtrain_resnet50_b32 120 "$b/synthetic_benchmark" --batch-size 32 $SB
+peak dtrain_resnet50_b32_tf32 120 "$b/synthetic_benchmark" --batch-size 32 --tf32 $SB
+peak dtrain_resnet50_b32_bf16 120 "$b/synthetic_benchmark" --batch-size 32 --precision bf16 $SB
 peak torch_resnet50_b32_fp32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math fp32
 peak torch_resnet50_b32_tf32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math tf32
 peak torch_resnet50_b32_bf16 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math bf16
 [ "${1:-}" = quick ] && exit 0
 peak dtrain_resnet50_b256 120 "$b/synthetic_benchmark" --batch-size 256 --num-warmup-batches 3 --num-batches-per-iter 5 --num-iters 3 --devices=gpu --json
 peak torch_resnet50_b256_fp32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 256 --math fp32 --batches 5
+peak dtrain_resnet50_b256_bf16 120 "$b/synthetic_benchmark" --batch-size 256 --precision bf16 --num-warmup-batches 3 --num-batches-per-iter 5 --num-iters 3 --devices=gpu --json
 peak torch_resnet50_b256_bf16 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 256 --math bf16 --batches 5
 peak dtrain_gpt2_c1024_b8 120 "$b/gpt" --preset gpt2 --context 1024 --batch-size 8 --devices=gpu --steps 25 --steps-per-epoch 25 --epochs 1 --val-windows 8 --warmup-steps 5 --corpus-dir "$stage/corpus" --json
+peak dtrain_gpt2_c1024_b8_bf16 120 "$b/gpt" --preset gpt2 --context 1024 --batch-size 8 --devices=gpu --precision bf16 --steps 25 --steps-per-epoch 25 --epochs 1 --val-windows 8 --warmup-steps 5 --corpus-dir "$stage/corpus" --json
 peak torch_gpt2_c1024_b8_fp32 75 "$py" bench/gpu/torch_peers.py gpt --batch-size 8 --context 1024 --math fp32
 peak torch_gpt2_c1024_b8_bf16 75 "$py" bench/gpu/torch_peers.py gpt --batch-size 8 --context 1024 --math bf16

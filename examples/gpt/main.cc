@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
           steps = 0, dim = 0, backup_every = 0;
   float lr = 1e-3f, weight_decay = 0.1f, dropout = 0.f, temperature = 0.8f;
   uint64_t seed = 42;
-  bool json = false, generate_only = false;
+  bool json = false, generate_only = false, tf32 = false;
   app.add_option("--strategy", strategy_name, "distribution strategy")->capture_default_str();
   app.add_option("--devices", devices_flag, "cpu, cpu:N, gpu, gpu:0,1, auto")
       ->capture_default_str();
@@ -145,6 +145,9 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision_flag,
                  "fp32, or bf16 (mixed_bfloat16: bfloat16 matrix products, float32 weights)")
       ->capture_default_str();
+  app.add_flag("--tf32", tf32,
+               "float32 products on GPU tensor cores as TensorFloat-32 "
+               "(enable_tensor_float_32_execution; CPUs ignore it)");
   app.add_option("--preset", preset,
                  "GPT shape: gpt-nano, gpt-micro, gpt-mini (byte vocabulary), gpt2, ...")
       ->capture_default_str();
@@ -204,6 +207,7 @@ int main(int argc, char** argv) {
   try {
     dtrain::set_global_seed(seed);
     dtrain::set_precision_policy(dtrain::parse_precision(precision_flag));
+    dtrain::enable_tensor_float_32_execution(tf32);
     dtrain::applications::GPTConfig config = dtrain::applications::GPTConfig::preset(preset);
     config.context_length = context;
     config.dropout = dropout;
@@ -355,6 +359,7 @@ int main(int argc, char** argv) {
             {"recompute", recompute},
             {"sharding", dtrain::sharding_name(dtrain::apply_environment(opts).mirrored.sharding)},
             {"precision", precision_flag},
+            {"tf32", tf32},
             {"optimizer_state_mb", slot_bytes(*optimizer) / 1048576.0},
             {"seconds_per_step",
              h.images_per_sec > 0 ? static_cast<double>(batch) / h.images_per_sec : 0.0},

@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   bool fp16_allreduce = false, json = false;
   std::string image_dir;
   int input_threads = 0;
-  bool recompute = false;
+  bool recompute = false, tf32 = false;
   app.add_option("--model", model_name, "resnet18, resnet34, resnet50, resnet101, resnet152")
       ->capture_default_str();
   app.add_option("--batch-size", batch, "input batch size per replica")
@@ -72,6 +72,9 @@ int main(int argc, char** argv) {
   app.add_flag("--fp16-allreduce", fp16_allreduce, "Horovod's flag: --compression=fp16");
   app.add_option("--precision", precision_flag, "fp32, or bf16 (mixed_bfloat16)")
       ->capture_default_str();
+  app.add_flag("--tf32", tf32,
+               "float32 products on GPU tensor cores as TensorFloat-32 "
+               "(enable_tensor_float_32_execution; CPUs ignore it)");
   app.add_flag("--json", json, "print one JSON object with the results as the last line");
   app.add_option("--image-dir", image_dir,
                  "train on image files (DIR/<class>/*.jpg|png) through the input pipeline instead "
@@ -86,6 +89,7 @@ int main(int argc, char** argv) {
   try {
     dtrain::set_global_seed(1);
     dtrain::set_precision_policy(dtrain::parse_precision(precision_flag));
+    dtrain::enable_tensor_float_32_execution(tf32);
     dtrain::StrategyOptions opts;
     opts.devices = dtrain::parse_devices_flag(devices_flag, threads);
     opts.communication.compression =
@@ -251,6 +255,8 @@ int main(int argc, char** argv) {
                              {"total_img_sec", replicas * mean},
                              {"peak_rss_mb", rss},
                              {"recompute", recompute},
+                             {"precision", precision_flag},
+                             {"tf32", tf32},
                              {"allocator_peak_mb",
                               static_cast<double>(dtrain::host_allocator().get_memory_info().peak) /
                                   1048576.0},

@@ -7,7 +7,14 @@
 namespace dtrain {
 namespace {
 std::atomic<Precision> g_policy{Precision::kFloat32};
+std::atomic<bool> g_tf32{false};
 }  // namespace
+
+void enable_tensor_float_32_execution(bool enabled) {
+  g_tf32.store(enabled, std::memory_order_relaxed);
+}
+
+bool tensor_float_32_execution_enabled() { return g_tf32.load(std::memory_order_relaxed); }
 
 void set_precision_policy(Precision p) { g_policy.store(p, std::memory_order_relaxed); }
 

@@ -19,8 +19,9 @@ Tensor keep_for_backward(const Tensor& x);
 Tensor kept_copy_if_made(const Tensor& x);
 // Drops this thread's references to the copies made (GradientTape::gradient calls it).
 void forget_kept_copies();
-// Under mixed_bfloat16, x's values rounded to bfloat16 (float32; a new tensor), else x. For what
-// is rounded but not kept (batch norm in inference, SyncBatchNorm); no copy is remembered.
+// Under mixed_bfloat16, x's values rounded to bfloat16 (float32; a new tensor), else x, on every
+// device (keep_for_backward makes bfloat16 copies on CPU devices only). For what is rounded but
+// not kept (batch norm in inference, SyncBatchNorm, batch norm on a GPU); no copy is remembered.
 Tensor rounded_under_policy(const Tensor& x);
 // The float32 value of what keep_for_backward returned (a new tensor when it was a copy).
 Tensor kept_value(const Tensor& kept);

@@ -183,6 +183,8 @@ BatchNormInput batch_norm_input(const Tensor& x, const Tensor& gamma, const Tens
   if (tapes == 1) {
     in.kept = keep_for_backward(x);
     in.x = kept_value(in.kept);
+    // Devices that keep float32 (GPUs) return x itself: round it all the same.
+    if (in.kept.id() == x.id()) in.x = in.kept = rounded_under_policy(x);
   } else {
     in.x = in.kept = rounded_under_policy(x);
     if (tapes > 1) in.outer = x;

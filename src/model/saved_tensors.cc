@@ -22,14 +22,16 @@ thread_local int t_next = 0;
 }  // namespace
 
 namespace {
-bool compacts(const Tensor& x) {
-  return x.defined() && x.dtype() == DType::kFloat32 && x.device().type == DeviceType::kCPU &&
+bool rounds(const Tensor& x) {
+  return x.defined() && x.dtype() == DType::kFloat32 &&
          precision_policy() == Precision::kMixedBFloat16 && x.numel() > 0;
 }
+// Kept copies are bfloat16 on CPU devices only: the GPU kernels read float32 operands.
+bool compacts(const Tensor& x) { return rounds(x) && x.device().type == DeviceType::kCPU; }
 }  // namespace
 
 Tensor rounded_under_policy(const Tensor& x) {
-  if (!compacts(x)) return x;
+  if (!rounds(x)) return x;
   Kernels& k = kernels_for(x);
   return k.cast(k.cast(x, DType::kBFloat16), DType::kFloat32);
 }

@@ -2,7 +2,11 @@
 // CPU:0 and GPU:0 and the results must agree to float32 rounding (rel/abs ~1e-4); dropout masks
 // and casts must agree bit for bit. Also covers the CUDA device itself (allocator copies, worker
 // thread, calls from several threads). Every test skips when no CUDA device is visible.
+#include <algorithm>
+#include <cstdlib>
+
 #include "devices/gpu_test_util.h"
+#include "dtrain/core/precision.h"
 #include "dtrain/model/ops.h"
 
 namespace dtrain {
@@ -231,6 +235,118 @@ TEST(GpuKernels, Matmul) {
   expect_close(cpu().matmul(e1, e2, false, false), gpu().matmul(G(e1), G(e2), false, false), 0.f,
                0.f, "k = 0");
   EXPECT_THROW(gpu().matmul(G(big_a), G(big_a), false, false), InvalidArgument);
+}
+
+// --- precision: mixed_bfloat16 and TensorFloat-32 ---
+
+// Sets the precision policy and TF32 for a scope; float32 without TF32 again at its end.
+struct PrecisionScope {
+  PrecisionScope(Precision p, bool tf32) {
+    set_precision_policy(p);
+    enable_tensor_float_32_execution(tf32);
+  }
+  ~PrecisionScope() {
+    set_precision_policy(Precision::kFloat32);
+    enable_tensor_float_32_execution(false);
+  }
+  PrecisionScope(const PrecisionScope&) = delete;
+  PrecisionScope& operator=(const PrecisionScope&) = delete;
+};
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const std::vector<float> x = a.to(kCpu).to_vector<float>(), y = b.to(kCpu).to_vector<float>();
+  double d = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i)
+    d = std::max(d, std::fabs(static_cast<double>(x[i]) - y[i]));
+  return d;
+}
+
+// Every product kind on one set of inputs: the four matmul transposes, a larger matmul, a batched
+// product, and each convolution case's three directions. Inputs are host tensors, moved to the
+// kernels' device.
+struct Products {
+  std::vector<std::string> what;
+  std::vector<Tensor> out;  // on the kernels' device
+};
+Products all_products(Kernels& k, bool gpu_side) {
+  auto on = [&](const Tensor& t) { return gpu_side ? G(t) : t; };
+  Products r;
+  uint64_t s = 900;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const Tensor a = random_tensor(ta ? Shape{33, 17} : Shape{17, 33}, s++);
+      const Tensor b = random_tensor(tb ? Shape{9, 33} : Shape{33, 9}, s++);
+      r.what.push_back(std::string("matmul ") + (ta ? "a^T" : "a") + (tb ? " b^T" : " b"));
+      r.out.push_back(k.matmul(on(a), on(b), ta, tb));
+    }
+  const Tensor big_a = random_tensor(Shape{256, 512}, s++),
+               big_b = random_tensor(Shape{512, 128}, s++);
+  r.what.push_back("matmul 256x512x128");
+  r.out.push_back(k.matmul(on(big_a), on(big_b), false, false));
+  const Tensor ba = random_tensor(Shape{3, 17, 33}, s++), bb = random_tensor(Shape{3, 9, 33}, s++);
+  r.what.push_back("batch_matmul [3, 17, 33] @ [3, 9, 33]^T");
+  r.out.push_back(k.batch_matmul(on(ba), on(bb), false, true));
+  for (const ConvCase& c : conv_cases()) {
+    const Tensor x = random_tensor(c.x, s++), w = random_tensor(c.w, s++);
+    const Tensor y = k.conv2d(on(x), on(w), Tensor(), c.p);
+    r.what.push_back("conv2d " + conv_name(c));
+    r.out.push_back(y);
+    const Tensor dy = random_tensor(y.shape(), s++);
+    r.what.push_back("conv2d_backward_input " + conv_name(c));
+    r.out.push_back(k.conv2d_backward_input(on(dy), on(w), c.x, c.p));
+    r.what.push_back("conv2d_backward_filter " + conv_name(c));
+    r.out.push_back(k.conv2d_backward_filter(on(x), on(dy), c.w, c.p, false, nullptr));
+  }
+  return r;
+}
+
+// Under mixed_bfloat16 the GPU's products read their operands rounded to bfloat16 and accumulate
+// in float32 (as TF32 on tensor cores from compute capability 8.0, which holds bfloat16 values
+// exactly), as the CPU device's do: the two agree to float32 rounding of the sums, and both differ
+// from float32's results (so the rounding did happen).
+TEST(GpuKernels, MixedBFloat16ProductsMatchTheCpus) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Products f32 = all_products(cpu(), false);
+  PrecisionScope scope(Precision::kMixedBFloat16, false);
+  const Products c = all_products(cpu(), false);
+  const Products g = all_products(gpu(), true);
+  ASSERT_EQ(c.out.size(), g.out.size());
+  for (size_t i = 0; i < c.out.size(); ++i) {
+    expect_close(c.out[i], g.out[i], 1e-4f, 1e-4f, c.what[i]);
+    EXPECT_GT(max_abs_diff(f32.out[i], g.out[i]), 0.0)
+        << c.what[i] << ": bfloat16 gave float32's exact values (were the operands rounded?)";
+  }
+}
+
+// TF32 (enable_tensor_float_32_execution): within TF32's rounding of float32 (about 1e-3 relative
+// per product), and off again, float32's results bit for bit as before (TF32 plans and algorithm
+// choices are cached apart from float32's).
+TEST(GpuKernels, TensorFloat32StaysNearFloat32AndSwitchesOffCleanly) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Products c = all_products(cpu(), false);
+  const Products before = all_products(gpu(), true);
+  Products tf32;
+  {
+    PrecisionScope scope(Precision::kFloat32, true);
+    tf32 = all_products(gpu(), true);
+  }
+  const Products after = all_products(gpu(), true);
+  ASSERT_EQ(c.out.size(), tf32.out.size());
+  double largest = 0;
+  for (size_t i = 0; i < c.out.size(); ++i) {
+    expect_close(c.out[i], tf32.out[i], 1e-2f, 1e-2f, "TF32 " + c.what[i]);
+    expect_bitwise_equal(before.out[i], after.out[i],
+                         "float32 before and after TF32: " + c.what[i]);
+    largest = std::max(largest, max_abs_diff(before.out[i], tf32.out[i]));
+  }
+  // Tensor cores exist from compute capability 8.0 ("sm_80" in the description); there TF32 must
+  // have changed something (the 256x512x128 product at least).
+  const std::string d = get_device(kGpu).description();
+  const size_t at = d.find("sm_");
+  const int major = at == std::string::npos ? 0 : std::atoi(d.c_str() + at + 3) / 10;
+  if (major >= 8) {
+    EXPECT_GT(largest, 0.0) << d << ": TF32 gave float32's exact results (did it run?)";
+  }
 }
 
 // --- elementwise ---

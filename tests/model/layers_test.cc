@@ -224,6 +224,19 @@ TEST_F(Layers, MixedBfloat16ConvAndMatmulRoundTheirInputsOnly) {
     EXPECT_LT(err, 3e-2 * scale) << what[k];
   }
   EXPECT_EQ(run(), f32);  // float32 again, bit for bit
+  // TensorFloat-32 is a GPU setting: CPU results stay float32's, bit for bit.
+  EXPECT_FALSE(tensor_float_32_execution_enabled());  // off unless asked for
+  enable_tensor_float_32_execution(true);
+  EXPECT_TRUE(tensor_float_32_execution_enabled());
+  std::vector<std::vector<float>> tf32;
+  try {
+    tf32 = run();
+  } catch (...) {
+    enable_tensor_float_32_execution(false);
+    throw;
+  }
+  enable_tensor_float_32_execution(false);
+  EXPECT_EQ(tf32, f32);
   EXPECT_EQ(parse_precision("mixed_bfloat16"), Precision::kMixedBFloat16);
   EXPECT_THROW(parse_precision("fp16"), InvalidArgument);
 }

@@ -19,9 +19,14 @@
 //
 //   dtrain::set_precision_policy(dtrain::Precision::kMixedBFloat16);   // --precision=bf16
 //
-// The policy is process-wide and read by the CPU kernels each call; set it before training. CUDA
-// devices do not implement it yet: their kernels throw Unimplemented under it, never run float32
-// silently. Thread-safety: set and read atomically.
+// On CUDA devices the same products round the same inputs to bfloat16 and run on the GPU's tensor
+// cores as TensorFloat-32 (Ampere and later): every bfloat16 value is a TF32 value and their
+// products are exact in float32, so the numerics are those of bfloat16 kernels that accumulate in
+// float32, and of the CPU's. Batch norm's input is rounded there too; what the backward pass keeps
+// stays float32 on a GPU. (Not yet run on a GPU: see docs/performance.md.)
+//
+// The policy is process-wide and read by the kernels each call; set it before training.
+// Thread-safety: set and read atomically.
 #pragma once
 
 #include <string>
@@ -37,5 +42,17 @@ DTRAIN_API Precision precision_policy();
 // "fp32" / "float32", "bf16" / "mixed_bfloat16"; InvalidArgument naming the accepted values.
 DTRAIN_API Precision parse_precision(const std::string& name);
 DTRAIN_API const char* precision_name(Precision p);  // "float32", "mixed_bfloat16"
+
+// TensorFloat-32 on NVIDIA GPUs (compute capability 8.0 and later), as TensorFlow's
+// tf.config.experimental.enable_tensor_float_32_execution: float32 matrix products and
+// convolutions may round their inputs to TF32 (10 bits of mantissa, float32's range) and run on
+// tensor cores, accumulating in float32: several times the float32 speed, with about 1e-3
+// relative error per product. Unlike TensorFlow (on) and PyTorch (on for cuDNN convolutions, off
+// for matrix products), dtrain's default is off: float32 results stay within float32 rounding of
+// the CPU device's, so a model trained on GPUs and checked on CPUs agrees, and the switch is one
+// call or the examples' --tf32 flag. CPU devices ignore it (no CPU has TF32). Process-wide, read by
+// each kernel call; thread-safe.
+DTRAIN_API void enable_tensor_float_32_execution(bool enabled);
+DTRAIN_API bool tensor_float_32_execution_enabled();
 
 }  // namespace dtrain

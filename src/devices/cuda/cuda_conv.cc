@@ -9,6 +9,10 @@
 // Plans: each direction first runs a cached cuDNN graph-API execution plan (cuda_conv_plan.h: the
 // legacy calls below cost 100-740 us of host time each in cuDNN 9); only a problem with no
 // qualifying graph-API engine, or DTRAIN_CUDNN_API=legacy, takes the legacy path.
+// Precision: float32 on the float32 units (cuDNN's FMA math, engines without tensor cores) unless
+// CudaKernels::tensor_cores() (TF32 switched on, or mixed_bfloat16, whose operands are rounded to
+// bfloat16 first: product_operand); then tensor-core engines and cuBLAS's TF32 GEMMs may run, and
+// plans and algorithm choices are cached apart for the two.
 // Pointwise convolutions (1x1 window, no padding: two thirds of ResNet-50's) skip cuDNN: on NHWC
 // data they are one cuBLAS SGEMM over the pixels ([N*H*W, Cin] x [Cin, Cout], the HWIO filter as it
 // is), where cuDNN's float32 engines transpose to NCHW and back around every call; a stride > 1
@@ -29,6 +33,7 @@
 
 #include "devices/cuda/cuda_check.h"
 #include "devices/cuda/cuda_cudnn.h"
+#include "devices/cuda/cuda_gemm.h"
 #include "devices/cuda/cuda_guard.h"
 #include "devices/cuda/cuda_kernels.h"
 #include "devices/cuda/cuda_launch.h"
@@ -97,19 +102,6 @@ bool pointwise(const ConvGeometry& g) {
          g.n * g.h * g.w <= INT_MAX && g.cin <= INT_MAX && g.cout <= INT_MAX;
 }
 
-// Row-major C[m, n] = op(A) op(B) (A's stored rows are lda long, B's ldb, C's ldc) as the
-// column-major product C^T = op(B)^T op(A)^T (see cuda_matmul.cc).
-void sgemm_row_major(CudaContext& ctx, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
-                     const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
-                     int64_t ldc) {
-  const float alpha = 1.f, beta = 0.f;
-  auto lock = ctx.lock_cublas();
-  DTRAIN_CUBLAS_CALL(cublasSgemm(
-      ctx.cublas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
-      static_cast<int>(ldb), a, static_cast<int>(lda), &beta, c, static_cast<int>(ldc)));
-}
-
 ConvPlanProblem plan_problem(const ConvGeometry& g, const Conv2dParams& p) {
   return {g.n,  g.hp, g.wp,    g.cin,   g.kh,       g.kw,      g.cout,
           g.oh, g.ow, g.pad_h, g.pad_w, p.stride_h, p.stride_w};
@@ -160,10 +152,12 @@ struct Candidate {
 // until one is accepted (cuDNN reports some layout/algorithm combinations as NOT_SUPPORTED only
 // at execution). Candidates are first sought with FP32 FMA math; only if none accepts the problem
 // does it fall back, with a warning, to cuDNN's default math, which may use TF32 tensor cores.
+// With tensor_cores (CudaKernels::tensor_cores()) they are sought with the default math at once.
 // Returns the choice to cache.
 template <typename Algo, typename CandidatesFn, typename SizeFn, typename RunFn>
-int run_first_supported(CudaContext& ctx, ConvDesc& cd, int cached, CandidatesFn candidates,
-                        SizeFn size_of, RunFn run, const char* call, const std::string& problem) {
+int run_first_supported(CudaContext& ctx, ConvDesc& cd, int cached, bool tensor_cores,
+                        CandidatesFn candidates, SizeFn size_of, RunFn run, const char* call,
+                        const std::string& problem) {
   cudnnStatus_t last = CUDNN_STATUS_NOT_SUPPORTED;
   auto attempt = [&](Algo algo) -> bool {
     size_t bytes = 0;
@@ -191,6 +185,21 @@ int run_first_supported(CudaContext& ctx, ConvDesc& cd, int cached, CandidatesFn
   if (cached >= 0) {
     cd.set_math((cached & kDefaultMathFlag) ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH);
     if (attempt(static_cast<Algo>(cached & ~kDefaultMathFlag))) return cached;
+  }
+  if (tensor_cores) {
+    cd.set_math(CUDNN_DEFAULT_MATH);
+    const std::vector<Candidate<Algo>> list = candidates();
+    for (const auto& c : list)
+      if (attempt(c.algo)) {
+        if (!c.deterministic) {
+          DTRAIN_LOG(WARNING) << call << ": no deterministic cuDNN algorithm accepts " << problem
+                              << "; using non-deterministic algorithm " << static_cast<int>(c.algo)
+                              << ", so results may differ bitwise between runs";
+        }
+        return static_cast<int>(c.algo) | kDefaultMathFlag;
+      }
+    throw Unimplemented(detail::str_cat(call, ": no cuDNN algorithm accepts ", problem,
+                                        " (last status: ", cudnnGetErrorString(last), ")"));
   }
   cd.set_math(CUDNN_FMA_MATH);
   // Logs a fresh choice: at DEBUG when deterministic, else as a warning.
@@ -278,9 +287,21 @@ struct ConvProblem {
 };
 
 // The key a direction's algorithm choice is cached under.
-std::vector<int64_t> algo_key(int direction, const ConvGeometry& g, const Conv2dParams& p) {
-  return {direction, g.n,    g.hp,    g.wp,    g.cin,      g.kh,
-          g.kw,      g.cout, g.pad_h, g.pad_w, p.stride_h, p.stride_w};
+std::vector<int64_t> algo_key(int direction, const ConvGeometry& g, const Conv2dParams& p,
+                              bool tensor_cores) {
+  return {direction,
+          g.n,
+          g.hp,
+          g.wp,
+          g.cin,
+          g.kh,
+          g.kw,
+          g.cout,
+          g.pad_h,
+          g.pad_w,
+          p.stride_h,
+          p.stride_w,
+          tensor_cores ? 1 : 0};
 }
 
 // What differs between the three directions: cuDNN's types, calls and operand order. run() takes
@@ -366,13 +387,13 @@ struct BackwardFilter {
 // Runs direction D of problem `c` on (a, b) -> out with the cached algorithm choice, else the first
 // of cuDNN's ranked candidates that accepts it (run_first_supported). Returns the choice to cache.
 template <typename D>
-int convolve(CudaContext& ctx, ConvProblem& c, int cached, const void* a, const void* b, void* out,
-             const std::string& problem) {
+int convolve(CudaContext& ctx, ConvProblem& c, int cached, bool tensor_cores, const void* a,
+             const void* b, void* out, const std::string& problem) {
   using Algo = typename D::Algo;
   auto lock = ctx.lock_cudnn();
   cudnnHandle_t h = ctx.cudnn();
   return run_first_supported<Algo>(
-      ctx, c.conv, cached,
+      ctx, c.conv, cached, tensor_cores,
       [&] {
         return ranked<typename D::Perf, Algo>(
             [&](int n, int* got, typename D::Perf* perf) { return D::query(h, c, n, got, perf); },
@@ -417,7 +438,6 @@ Tensor CudaKernels::pad_nhwc(const Tensor& x, int top, int bottom, int left, int
 Tensor CudaKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                            const Conv2dParams& p) {
   DeviceGuard guard(ctx_.index());
-  require_float32_policy("conv2d");
   check_f32(x, "conv2d", "x");
   check_f32(w, "conv2d", "w");
   const ConvGeometry g = conv_geometry("conv2d", x.shape(), w.shape(), p);
@@ -430,22 +450,25 @@ Tensor CudaKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
   }
   Tensor y = empty(Shape{g.n, g.oh, g.ow, g.cout});
   if (y.numel() == 0) return y;
+  const bool tc = tensor_cores();
   if (g.cin == 0 || g.kh == 0 || g.kw == 0) {  // an empty sum: the output is the bias alone
     launch_fill(y.raw_data(), DType::kFloat32, y.numel(), 0.f, ctx_.stream());
   } else if (pointwise(g)) {
-    const Tensor xs = subsample_nhwc(x, g.oh, g.ow, p.stride_h, p.stride_w);
-    sgemm_row_major(ctx_, false, false, g.n * g.oh * g.ow, g.cout, g.cin, fptr(xs), g.cin, fptr(w),
-                    g.cout, fptr(y), g.cout);
+    const Tensor xs = product_operand(subsample_nhwc(x, g.oh, g.ow, p.stride_h, p.stride_w));
+    const Tensor wr = product_operand(w);
+    gemm_row_major(ctx_, tc, false, false, g.n * g.oh * g.ow, g.cout, g.cin, fptr(xs), g.cin,
+                   fptr(wr), g.cout, fptr(y), g.cout);
   } else {
+    const Tensor xr = product_operand(x);
     const Tensor xin =
-        g.explicit_pad ? pad_nhwc(x, p.pad_top, p.pad_bottom, p.pad_left, p.pad_right, 0.f) : x;
-    const Tensor wk = hwio_to_krsc(w, ctx_.spec(), ctx_.stream());
+        g.explicit_pad ? pad_nhwc(xr, p.pad_top, p.pad_bottom, p.pad_left, p.pad_right, 0.f) : xr;
+    const Tensor wk = hwio_to_krsc(product_operand(w), ctx_.spec(), ctx_.stream());
     if (!conv_plans_.run(ConvDirection::kForward, plan_problem(g, p), xin.raw_data(), wk.raw_data(),
-                         y.raw_data())) {
+                         y.raw_data(), tc)) {
       ConvProblem c(g, p, "conv2d");
-      const AlgoKey key = algo_key(Forward::kDirection, g, p);
-      const int algo = convolve<Forward>(ctx_, c, cached_algo(key), xin.raw_data(), wk.raw_data(),
-                                         y.raw_data(), describe(g, p));
+      const AlgoKey key = algo_key(Forward::kDirection, g, p, tc);
+      const int algo = convolve<Forward>(ctx_, c, cached_algo(key), tc, xin.raw_data(),
+                                         wk.raw_data(), y.raw_data(), describe(g, p));
       remember_algo(key, algo);
     }
   }
@@ -457,7 +480,6 @@ Tensor CudaKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
 Tensor CudaKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, const Shape& x_shape,
                                           const Conv2dParams& p) {
   DeviceGuard guard(ctx_.index());
-  require_float32_policy("conv2d_backward_input");
   check_f32(dy, "conv2d_backward_input", "dy");
   check_f32(w, "conv2d_backward_input", "w");
   const ConvGeometry g = conv_geometry("conv2d_backward_input", x_shape, w.shape(), p);
@@ -471,24 +493,26 @@ Tensor CudaKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, con
     launch_fill(dx.raw_data(), DType::kFloat32, dx.numel(), 0.f, ctx_.stream());
     return dx;
   }
+  const bool tc = tensor_cores();
+  const Tensor dyr = product_operand(dy), wr = product_operand(w);
   if (pointwise(g)) {
     const bool strided = p.stride_h != 1 || p.stride_w != 1;
     const Tensor dxs = strided ? empty(Shape{g.n, g.oh, g.ow, g.cin}) : dx;
-    sgemm_row_major(ctx_, false, true, g.n * g.oh * g.ow, g.cin, g.cout, fptr(dy), g.cout, fptr(w),
-                    g.cout, fptr(dxs), g.cin);
+    gemm_row_major(ctx_, tc, false, true, g.n * g.oh * g.ow, g.cin, g.cout, fptr(dyr), g.cout,
+                   fptr(wr), g.cout, fptr(dxs), g.cin);
     if (strided)
       launch_upsample_zero_nhwc(fptr(dxs), fptr(dx), g.n, g.h, g.w, g.cin, g.oh, g.ow, p.stride_h,
                                 p.stride_w, ctx_.stream());
     return dx;
   }
-  const Tensor wk = hwio_to_krsc(w, ctx_.spec(), ctx_.stream());
+  const Tensor wk = hwio_to_krsc(wr, ctx_.spec(), ctx_.stream());
   const Tensor dxp = g.explicit_pad ? empty(Shape{g.n, g.hp, g.wp, g.cin}) : dx;
   if (!conv_plans_.run(ConvDirection::kBackwardData, plan_problem(g, p), dxp.raw_data(),
-                       wk.raw_data(), dy.raw_data())) {
+                       wk.raw_data(), dyr.raw_data(), tc)) {
     ConvProblem c(g, p, "conv2d_backward_input");
-    const AlgoKey key = algo_key(BackwardData::kDirection, g, p);
-    const int algo = convolve<BackwardData>(ctx_, c, cached_algo(key), wk.raw_data(), dy.raw_data(),
-                                            dxp.raw_data(), describe(g, p));
+    const AlgoKey key = algo_key(BackwardData::kDirection, g, p, tc);
+    const int algo = convolve<BackwardData>(ctx_, c, cached_algo(key), tc, wk.raw_data(),
+                                            dyr.raw_data(), dxp.raw_data(), describe(g, p));
     remember_algo(key, algo);
   }
   if (g.explicit_pad)
@@ -500,7 +524,6 @@ Tensor CudaKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, con
 Tensor CudaKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Shape& w_shape,
                                            const Conv2dParams& p, bool want_bias, Tensor* db) {
   DeviceGuard guard(ctx_.index());
-  require_float32_policy("conv2d_backward_filter");
   check_f32(x, "conv2d_backward_filter", "x");
   check_f32(dy, "conv2d_backward_filter", "dy");
   if (want_bias && !db)
@@ -521,22 +544,26 @@ Tensor CudaKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, co
     launch_fill(dw.raw_data(), DType::kFloat32, dw.numel(), 0.f, ctx_.stream());
     return dw;
   }
+  // The bias gradient above sums dy as it is; the filter gradient reads the rounded operands.
+  const bool tc = tensor_cores();
+  const Tensor dyr = product_operand(dy);
   if (pointwise(g)) {
-    const Tensor xs = subsample_nhwc(x, g.oh, g.ow, p.stride_h, p.stride_w);
+    const Tensor xs = product_operand(subsample_nhwc(x, g.oh, g.ow, p.stride_h, p.stride_w));
     Tensor dw = empty(w_shape);  // HWIO [1, 1, Cin, Cout] is the matrix [Cin, Cout]
-    sgemm_row_major(ctx_, true, false, g.cin, g.cout, g.n * g.oh * g.ow, fptr(xs), g.cin, fptr(dy),
-                    g.cout, fptr(dw), g.cout);
+    gemm_row_major(ctx_, tc, true, false, g.cin, g.cout, g.n * g.oh * g.ow, fptr(xs), g.cin,
+                   fptr(dyr), g.cout, fptr(dw), g.cout);
     return dw;
   }
+  const Tensor xr = product_operand(x);
   const Tensor xin =
-      g.explicit_pad ? pad_nhwc(x, p.pad_top, p.pad_bottom, p.pad_left, p.pad_right, 0.f) : x;
+      g.explicit_pad ? pad_nhwc(xr, p.pad_top, p.pad_bottom, p.pad_left, p.pad_right, 0.f) : xr;
   Tensor dwk = empty(Shape{g.cout, g.kh, g.kw, g.cin});
   if (!conv_plans_.run(ConvDirection::kBackwardFilter, plan_problem(g, p), xin.raw_data(),
-                       dwk.raw_data(), dy.raw_data())) {
+                       dwk.raw_data(), dyr.raw_data(), tc)) {
     ConvProblem c(g, p, "conv2d_backward_filter");
-    const AlgoKey key = algo_key(BackwardFilter::kDirection, g, p);
-    const int algo = convolve<BackwardFilter>(ctx_, c, cached_algo(key), xin.raw_data(),
-                                              dy.raw_data(), dwk.raw_data(), describe(g, p));
+    const AlgoKey key = algo_key(BackwardFilter::kDirection, g, p, tc);
+    const int algo = convolve<BackwardFilter>(ctx_, c, cached_algo(key), tc, xin.raw_data(),
+                                              dyr.raw_data(), dwk.raw_data(), describe(g, p));
     remember_algo(key, algo);
   }
   return krsc_to_hwio(dwk, ctx_.spec(), ctx_.stream());

@@ -113,7 +113,7 @@ bool ConvPlanCache::enabled() {
 
 std::shared_ptr<ConvPlanCache::Plan> ConvPlanCache::plan_for(ConvDirection d,
                                                              const ConvPlanProblem& p,
-                                                             int64_t alignment) {
+                                                             int64_t alignment, bool tensor_cores) {
   const std::vector<int64_t> key = {static_cast<int64_t>(d),
                                     p.n,
                                     p.h,
@@ -128,20 +128,21 @@ std::shared_ptr<ConvPlanCache::Plan> ConvPlanCache::plan_for(ConvDirection d,
                                     p.pad_w,
                                     p.stride_h,
                                     p.stride_w,
-                                    alignment};
+                                    alignment,
+                                    tensor_cores ? 1 : 0};
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second;
   }
-  std::shared_ptr<Plan> plan = build(d, p, alignment);
+  std::shared_ptr<Plan> plan = build(d, p, alignment, tensor_cores);
   std::lock_guard<std::mutex> lock(mu_);
   return plans_.emplace(key, std::move(plan)).first->second;
 }
 
 // Called with the cuDNN lock held (run() takes it first).
 std::shared_ptr<ConvPlanCache::Plan> ConvPlanCache::build(ConvDirection d, const ConvPlanProblem& p,
-                                                          int64_t alignment) {
+                                                          int64_t alignment, bool tensor_cores) {
   cudnnHandle_t handle = ctx_.cudnn();
   auto plan = std::make_shared<Plan>();
   plan->keep.push_back(nhwc_tensor(kUidX, p.n, p.cin, p.h, p.w, alignment));
@@ -247,7 +248,9 @@ std::shared_ptr<ConvPlanCache::Plan> ConvPlanCache::build(ConvDirection d, const
                                    behavior) != CUDNN_STATUS_SUCCESS)
         continue;
       std::vector<int> notes(numerical, numerical + nn), behaviors(behavior, behavior + nb);
-      if (has(notes, CUDNN_NUMERICAL_NOTE_TENSOR_CORE) ||
+      // Tensor cores on float32 data are TF32: allowed only when the caller allows them. Inputs
+      // converted to float16 or bfloat16 are never allowed (as PyTorch's engine filter).
+      if ((!tensor_cores && has(notes, CUDNN_NUMERICAL_NOTE_TENSOR_CORE)) ||
           has(notes, CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) ||
           has(notes, CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION) ||
           has(notes, CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) ||
@@ -265,7 +268,8 @@ std::shared_ptr<ConvPlanCache::Plan> ConvPlanCache::build(ConvDirection d, const
       int64_t global = -1;
       (void)cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
                                      &global);
-      DTRAIN_LOG(DEBUG) << what << ": cuDNN engine " << global << " (heuristics "
+      DTRAIN_LOG(DEBUG) << what << ": cuDNN engine " << global
+                        << (tensor_cores ? " (TF32 allowed, heuristics " : " (heuristics ")
                         << (heur_mode == CUDNN_HEUR_MODE_A ? "A" : "fallback") << ", rank " << i
                         << ", workspace " << ws << " bytes)";
       plan->workspace = ws;
@@ -284,10 +288,11 @@ std::shared_ptr<ConvPlanCache::Plan> ConvPlanCache::build(ConvDirection d, const
   return nullptr;
 }
 
-bool ConvPlanCache::run(ConvDirection d, const ConvPlanProblem& p, void* x, void* w, void* y) {
+bool ConvPlanCache::run(ConvDirection d, const ConvPlanProblem& p, void* x, void* w, void* y,
+                        bool tensor_cores) {
   if (!enabled()) return false;
   auto lock = ctx_.lock_cudnn();
-  const std::shared_ptr<Plan> plan = plan_for(d, p, alignment_of({x, w, y}));
+  const std::shared_ptr<Plan> plan = plan_for(d, p, alignment_of({x, w, y}), tensor_cores);
   if (!plan) return false;
   std::shared_ptr<Storage> ws;
   if (plan->workspace > 0) ws = ctx_.scratch(static_cast<size_t>(plan->workspace));

@@ -7,8 +7,10 @@
 // GPU waited for the host. PyTorch and TensorFlow cache plans the same way.
 //
 // The engine is the first of cuDNN's heuristics (mode A, then the fallback list) that is
-// deterministic, uses no tensor cores (float32 stays float32: no TF32), needs no runtime
-// compilation and a workspace of at most 1 GiB; the choice depends only on the problem, so a run
+// deterministic, uses no tensor cores (float32 stays float32: no TF32) unless the caller allows
+// them (TF32 switched on, or mixed_bfloat16: CudaKernels::tensor_cores()), never converts its
+// inputs to a narrower type than TF32, needs no runtime compilation and a workspace of at most
+// 1 GiB; the choice depends only on the problem, so a run
 // and its resumption pick the same engine (bitwise-repeatable training). When none qualifies, or
 // DTRAIN_CUDNN_API=legacy is set, the caller uses the legacy path (cuda_conv.cc).
 #pragma once
@@ -44,17 +46,21 @@ class ConvPlanCache {
 
   // Runs direction d of problem p on device pointers x, w and y (forward writes y from x and w;
   // backward data writes x from w and y = dy; backward filter writes w from x and y = dy).
-  // Returns false, doing nothing, when the graph API is off or has no qualifying engine for the
-  // problem (remembered: the next call returns false at once). Throws on a cuDNN failure.
-  bool run(ConvDirection d, const ConvPlanProblem& p, void* x, void* w, void* y);
+  // tensor_cores allows engines that run float32 data on tensor cores as TF32 (plans are cached
+  // apart for the two). Returns false, doing nothing, when the graph API is off or has no
+  // qualifying engine for the problem (remembered: the next call returns false at once). Throws on
+  // a cuDNN failure.
+  bool run(ConvDirection d, const ConvPlanProblem& p, void* x, void* w, void* y, bool tensor_cores);
 
   // Whether DTRAIN_CUDNN_API is unset or "graph" (read once); "legacy" turns the plans off.
   static bool enabled();
 
  private:
   struct Plan;
-  std::shared_ptr<Plan> plan_for(ConvDirection d, const ConvPlanProblem& p, int64_t alignment);
-  std::shared_ptr<Plan> build(ConvDirection d, const ConvPlanProblem& p, int64_t alignment);
+  std::shared_ptr<Plan> plan_for(ConvDirection d, const ConvPlanProblem& p, int64_t alignment,
+                                 bool tensor_cores);
+  std::shared_ptr<Plan> build(ConvDirection d, const ConvPlanProblem& p, int64_t alignment,
+                              bool tensor_cores);
 
   CudaContext& ctx_;
   std::mutex mu_;

@@ -297,6 +297,10 @@ void launch_cast_from(const void* x, DType to, void* y, int64_t n, cudaStream_t 
   throw InvalidArgument(detail::str_cat("cast to unknown dtype ", static_cast<int>(to)));
 }
 
+__global__ void round_to_bf16_kernel(const float* x, float* y, int64_t n) {
+  DTRAIN_GRID_STRIDE_LOOP(i, n) { y[i] = bf16_bits_to_float(float_to_bf16_bits(x[i])); }
+}
+
 // --- layout helpers ---
 
 __global__ void pad_nhwc_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t total,
@@ -507,6 +511,12 @@ void launch_cast(const void* x, DType from, void* y, DType to, int64_t n, cudaSt
       return launch_cast_from<int64_t>(x, to, y, n, s);
   }
   throw InvalidArgument(detail::str_cat("cast from unknown dtype ", static_cast<int>(from)));
+}
+
+void launch_round_to_bf16(const float* x, float* y, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  round_to_bf16_kernel<<<grid_for(n), kBlock, 0, s>>>(x, y, n);
+  DTRAIN_CHECK_LAUNCH("round_to_bf16_kernel");
 }
 
 void launch_pad_nhwc(const float* x, float* y, int64_t N, int64_t H, int64_t W, int64_t C,

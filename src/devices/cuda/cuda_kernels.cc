@@ -104,12 +104,17 @@ void CudaKernels::check_device(const Tensor& t, const char* op, const char* arg)
                                           ctx_.spec().to_string(), ") first"));
 }
 
-void CudaKernels::require_float32_policy(const char* op) {
-  if (precision_policy() != Precision::kFloat32)
-    throw Unimplemented(
-        std::string("CUDA ") + op + " under the " + precision_name(precision_policy()) +
-        " policy: the GPU kernels are float32 only so far; use --precision=fp32 on GPUs "
-        "(mixed_bfloat16 runs on CPU devices)");
+Tensor CudaKernels::product_operand(const Tensor& t) const {
+  if (precision_policy() != Precision::kMixedBFloat16 || t.numel() == 0) return t;
+  Tensor r = empty(t.shape());
+  launch_round_to_bf16(static_cast<const float*>(t.raw_data()), static_cast<float*>(r.raw_data()),
+                       t.numel(), ctx_.stream());
+  return r;
+}
+
+bool CudaKernels::tensor_cores() const {
+  return ctx_.cc_major() >= 8 &&
+         (precision_policy() == Precision::kMixedBFloat16 || tensor_float_32_execution_enabled());
 }
 
 void CudaKernels::check_f32(const Tensor& t, const char* op, const char* arg) const {

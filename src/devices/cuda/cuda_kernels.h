@@ -88,9 +88,14 @@ class CudaKernels final : public Kernels {
   void check_device(const Tensor& t, const char* op, const char* arg) const;
   // check_device plus dtype float32.
   void check_f32(const Tensor& t, const char* op, const char* arg) const;
-  // Unimplemented under the mixed_bfloat16 policy (core/precision.h): the cuDNN/cuBLAS paths are
-  // float32 only so far, and must not run float32 where bfloat16 was asked for.
-  static void require_float32_policy(const char* op);
+  // The operand a matrix product or convolution reads: under the mixed_bfloat16 policy
+  // (core/precision.h) a copy of t rounded to bfloat16 and kept as float32, else t itself.
+  Tensor product_operand(const Tensor& t) const;
+  // Whether products and convolutions run on tensor cores as TensorFloat-32: under mixed_bfloat16
+  // (TF32 holds its rounded operands exactly, so the products are bfloat16's, accumulated in
+  // float32) or with enable_tensor_float_32_execution, on GPUs of compute capability 8.0 and later.
+  // Elsewhere they run float32, with the same rounded operands under mixed_bfloat16.
+  bool tensor_cores() const;
   // Throws InvalidArgument naming both shapes unless they are equal.
   static void check_same_shape(const Tensor& a, const Tensor& b, const char* op);
   Tensor empty(const Shape& shape, DType dtype = DType::kFloat32) const;

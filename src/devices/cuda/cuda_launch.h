@@ -37,6 +37,9 @@ void launch_affine(const float* x, float* y, int64_t n, float alpha, float beta,
 void launch_fill(void* x, DType dtype, int64_t n, float value, cudaStream_t s);
 // Converts n elements; float16/bfloat16 narrowing rounds exactly like float_to_f16/float_to_bf16.
 void launch_cast(const void* x, DType from, void* y, DType to, int64_t n, cudaStream_t s);
+// y = x rounded to bfloat16 (as float_to_bf16: to nearest, ties to even), kept as float32: the
+// operands of a product under the mixed_bfloat16 policy. y may be x.
+void launch_round_to_bf16(const float* x, float* y, int64_t n, cudaStream_t s);
 // y[n, h, w, c] = x[n, h - top, w - left, c] inside x, else value; y is [N, Hp, Wp, C].
 void launch_pad_nhwc(const float* x, float* y, int64_t N, int64_t H, int64_t W, int64_t C,
                      int64_t top, int64_t left, int64_t Hp, int64_t Wp, float value,

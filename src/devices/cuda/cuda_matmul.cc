@@ -1,19 +1,57 @@
-// CudaKernels::matmul with cuBLAS SGEMM. cuBLAS is column-major; a row-major [r, c] matrix is the
-// same memory as a column-major [c, r] one, i.e. its transpose. So row-major C = op(A) op(B) is
-// computed as column-major C^T = op(B)^T op(A)^T: swap the operands, keep each one's op, and use
-// each stored matrix's row length as its leading dimension.
+// CudaKernels::matmul and the row-major GEMMs of cuda_gemm.h on cuBLAS.
 #include <climits>
 
 #include "devices/cuda/cuda_check.h"
+#include "devices/cuda/cuda_gemm.h"
 #include "devices/cuda/cuda_guard.h"
 #include "devices/cuda/cuda_kernels.h"
 #include "dtrain/core/error.h"
 
 namespace dtrain::cuda {
 
+void gemm_row_major(CudaContext& ctx, bool tensor_cores, bool ta, bool tb, int64_t m, int64_t n,
+                    int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+                    int64_t ldc) {
+  const float alpha = 1.f, beta = 0.f;
+  const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  auto lock = ctx.lock_cublas();
+  if (tensor_cores) {
+    DTRAIN_CUBLAS_CALL(cublasGemmEx(
+        ctx.cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
+        &alpha, b, CUDA_R_32F, static_cast<int>(ldb), a, CUDA_R_32F, static_cast<int>(lda), &beta,
+        c, CUDA_R_32F, static_cast<int>(ldc), CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+  DTRAIN_CUBLAS_CALL(cublasSgemm(ctx.cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m),
+                                 static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
+                                 static_cast<int>(lda), &beta, c, static_cast<int>(ldc)));
+}
+
+void gemm_row_major_batched(CudaContext& ctx, bool tensor_cores, bool ta, bool tb, int64_t m,
+                            int64_t n, int64_t k, const float* a, int64_t lda, int64_t stride_a,
+                            const float* b, int64_t ldb, int64_t stride_b, float* c, int64_t ldc,
+                            int64_t stride_c, int64_t batch) {
+  const float alpha = 1.f, beta = 0.f;
+  const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  auto lock = ctx.lock_cublas();
+  if (tensor_cores) {
+    DTRAIN_CUBLAS_CALL(cublasGemmStridedBatchedEx(
+        ctx.cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
+        &alpha, b, CUDA_R_32F, static_cast<int>(ldb), stride_b, a, CUDA_R_32F,
+        static_cast<int>(lda), stride_a, &beta, c, CUDA_R_32F, static_cast<int>(ldc), stride_c,
+        static_cast<int>(batch), CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+  DTRAIN_CUBLAS_CALL(cublasSgemmStridedBatched(
+      ctx.cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
+      &alpha, b, static_cast<int>(ldb), stride_b, a, static_cast<int>(lda), stride_a, &beta, c,
+      static_cast<int>(ldc), stride_c, static_cast<int>(batch)));
+}
+
 Tensor CudaKernels::matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
   DeviceGuard guard(ctx_.index());
-  require_float32_policy("matmul");
   check_f32(a, "matmul", "a");
   check_f32(b, "matmul", "b");
   if (a.rank() != 2 || b.rank() != 2)
@@ -27,7 +65,7 @@ Tensor CudaKernels::matmul(const Tensor& a, const Tensor& b, bool transpose_a, b
     throw InvalidArgument(detail::str_cat(
         "matmul: inner dimensions differ: ", a.shape().to_string(), transpose_a ? "^T" : "", " @ ",
         b.shape().to_string(), transpose_b ? "^T" : "", " (", k, " vs ", kb, ")"));
-  for (int64_t d : {m, n, k})
+  for (int64_t d : {m, n, k, a.shape()[1], b.shape()[1]})
     if (d > INT_MAX)
       throw InvalidArgument(detail::str_cat("matmul: dimension ", d,
                                             " exceeds cuBLAS's 32-bit limit; split the matrix"));
@@ -37,16 +75,11 @@ Tensor CudaKernels::matmul(const Tensor& a, const Tensor& b, bool transpose_a, b
     DTRAIN_CUDA_CALL(cudaMemsetAsync(c.raw_data(), 0, c.nbytes(), ctx_.stream()));
     return c;
   }
-  const float alpha = 1.f, beta = 0.f;
-  const int lda = static_cast<int>(a.shape()[1]);  // stored row lengths
-  const int ldb = static_cast<int>(b.shape()[1]);
-  auto lock = ctx_.lock_cublas();
-  DTRAIN_CUBLAS_CALL(cublasSgemm(ctx_.cublas(), transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                 transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
-                                 static_cast<int>(m), static_cast<int>(k), &alpha,
-                                 static_cast<const float*>(b.raw_data()), ldb,
-                                 static_cast<const float*>(a.raw_data()), lda, &beta,
-                                 static_cast<float*>(c.raw_data()), static_cast<int>(n)));
+  const Tensor ar = product_operand(a), br = product_operand(b);
+  gemm_row_major(ctx_, tensor_cores(), transpose_a, transpose_b, m, n, k,
+                 static_cast<const float*>(ar.raw_data()), a.shape()[1],
+                 static_cast<const float*>(br.raw_data()), b.shape()[1],
+                 static_cast<float*>(c.raw_data()), n);
   return c;
 }
 

@@ -1,10 +1,12 @@
 // CudaKernels: the transformer ops (argument checks here, arithmetic in cuda_transformer.cu):
-// permute, strided-batched cuBLAS GEMM, softmax, layer norm, and embedding gather/scatter-add.
+// permute, strided-batched cuBLAS GEMM (cuda_gemm.h), softmax, layer norm, and embedding
+// gather/scatter-add.
 #include <climits>
 #include <vector>
 
 #include "devices/batch_matmul_dims.h"
 #include "devices/cuda/cuda_check.h"
+#include "devices/cuda/cuda_gemm.h"
 #include "devices/cuda/cuda_guard.h"
 #include "devices/cuda/cuda_kernels.h"
 #include "devices/cuda/cuda_launch.h"
@@ -22,7 +24,6 @@ int64_t rows_of(const Tensor& x) { return x.shape()[-1] == 0 ? 0 : x.numel() / x
 
 Tensor CudaKernels::batch_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   DeviceGuard guard(ctx_.index());
-  require_float32_policy("batch_matmul");
   check_f32(a, "batch_matmul", "a");
   check_f32(b, "batch_matmul", "b");
   const auto [batch, m, k, n] = detail::batch_matmul_dims(a, b, ta, tb);
@@ -36,16 +37,10 @@ Tensor CudaKernels::batch_matmul(const Tensor& a, const Tensor& b, bool ta, bool
     DTRAIN_CUDA_CALL(cudaMemsetAsync(c.raw_data(), 0, c.nbytes(), ctx_.stream()));
     return c;
   }
-  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T (cuda_matmul.cc).
-  const float alpha = 1.f, beta = 0.f;
-  const int lda = static_cast<int>(a.shape()[2]), ldb = static_cast<int>(b.shape()[2]);
-  auto lock = ctx_.lock_cublas();
-  DTRAIN_CUBLAS_CALL(cublasSgemmStridedBatched(
-      ctx_.cublas(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha,
-      static_cast<const float*>(b.raw_data()), ldb, b.shape()[1] * b.shape()[2],
-      static_cast<const float*>(a.raw_data()), lda, a.shape()[1] * a.shape()[2], &beta,
-      static_cast<float*>(c.raw_data()), static_cast<int>(n), m * n, static_cast<int>(batch)));
+  const Tensor ar = product_operand(a), br = product_operand(b);
+  gemm_row_major_batched(ctx_, tensor_cores(), ta, tb, m, n, k, fptr(ar), a.shape()[2],
+                         a.shape()[1] * a.shape()[2], fptr(br), b.shape()[2],
+                         b.shape()[1] * b.shape()[2], fptr(c), n, m * n, batch);
   return c;
 }
 

@@ -26,18 +26,40 @@ std::array<uint32_t, 4> Philox::block(uint64_t counter) const {
   return {c0, c1, c2, c3};
 }
 
-float Philox::uniform(uint64_t i) const {
-  const auto b = block(i / 4);
-  // 24 random bits -> [0, 1) exactly representable.
-  return static_cast<float>(b[i % 4] >> 8) * (1.0f / 16777216.0f);
-}
-
-float Philox::normal(uint64_t i) const {
-  const auto b = block(i / 2);
-  const uint32_t w0 = b[(i % 2) * 2], w1 = b[(i % 2) * 2 + 1];
+namespace {
+// 24 random bits -> [0, 1) exactly representable.
+float uniform_of(uint32_t w) { return static_cast<float>(w >> 8) * (1.0f / 16777216.0f); }
+// Box-Muller on two words.
+float normal_of(uint32_t w0, uint32_t w1) {
   const double u1 = (static_cast<double>(w0) + 1.0) / 4294967297.0;  // (0, 1]
   const double u2 = static_cast<double>(w1) / 4294967296.0;
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+}
+}  // namespace
+
+float Philox::uniform(uint64_t i) const { return uniform_of(block(i / 4)[i % 4]); }
+
+float Philox::normal(uint64_t i) const {
+  const auto b = block(i / 2);
+  return normal_of(b[(i % 2) * 2], b[(i % 2) * 2 + 1]);
+}
+
+void Philox::uniform_fill(uint64_t first, int64_t n, float* out) const {
+  int64_t j = 0;
+  while (j < n) {
+    const uint64_t i = first + static_cast<uint64_t>(j);
+    const auto b = block(i / 4);
+    for (uint64_t w = i % 4; w < 4 && j < n; ++w, ++j) out[j] = uniform_of(b[w]);
+  }
+}
+
+void Philox::normal_fill(uint64_t first, int64_t n, float* out) const {
+  int64_t j = 0;
+  while (j < n) {
+    const uint64_t i = first + static_cast<uint64_t>(j);
+    const auto b = block(i / 2);
+    for (uint64_t h = i % 2; h < 2 && j < n; ++h, ++j) out[j] = normal_of(b[h * 2], b[h * 2 + 1]);
+  }
 }
 
 namespace {

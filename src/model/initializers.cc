@@ -7,15 +7,18 @@
 namespace dtrain::initializers {
 namespace {
 
-Initializer from_host(std::function<float(const Philox&, int64_t, const Shape&)> f) {
+// An initializer that fills a host vector and copies it to the device: `fill(rng, shape, v)` writes
+// all shape.numel() values of v, element i from element i of the stream (so the values depend only
+// on the seed, the stream and i).
+Initializer from_host(std::function<void(const Philox&, const Shape&, std::vector<float>&)> fill) {
   const Philox rng = global_next_stream();
-  return [rng, f](const Shape& shape, DType dtype, DeviceSpec device) {
+  return [rng, fill](const Shape& shape, DType dtype, DeviceSpec device) {
     if (dtype != DType::kFloat32)
       throw InvalidArgument(std::string("initializers produce float32 variables, got ") +
                             dtype_name(dtype));
     std::vector<float> v(static_cast<size_t>(shape.numel()));
     const Philox mine = rng.fork(initializer_branch());  // ensemble members draw their own weights
-    for (int64_t i = 0; i < shape.numel(); ++i) v[static_cast<size_t>(i)] = f(mine, i, shape);
+    if (!v.empty()) fill(mine, shape, v);
     return Tensor::from_vector(v, shape, device);
   };
 }
@@ -51,37 +54,42 @@ Initializer constant(float value) {
 }
 
 Initializer glorot_uniform() {
-  return from_host([](const Philox& rng, int64_t i, const Shape& s) {
+  return from_host([](const Philox& rng, const Shape& s, std::vector<float>& v) {
     double fi, fo;
     compute_fans(s, &fi, &fo);
     const float limit = static_cast<float>(std::sqrt(6.0 / (fi + fo)));
-    return (2.f * rng.uniform(static_cast<uint64_t>(i)) - 1.f) * limit;
+    rng.uniform_fill(0, static_cast<int64_t>(v.size()), v.data());
+    for (float& x : v) x = (2.f * x - 1.f) * limit;
   });
 }
 
 Initializer he_normal() {
-  return from_host([](const Philox& rng, int64_t i, const Shape& s) {
+  return from_host([](const Philox& rng, const Shape& s, std::vector<float>& v) {
     double fi, fo;
     compute_fans(s, &fi, &fo);
     const float stddev = static_cast<float>(std::sqrt(2.0 / fi) / 0.87962566103423978);
-    // Redraw outside two standard deviations, from further along the same stream.
-    const uint64_t n = static_cast<uint64_t>(s.numel());
-    for (uint64_t k = 0;; ++k) {
-      const float z = rng.normal(static_cast<uint64_t>(i) + k * n);
-      if (std::fabs(z) <= 2.f) return z * stddev;
+    const uint64_t n = v.size();
+    rng.normal_fill(0, static_cast<int64_t>(n), v.data());
+    for (uint64_t i = 0; i < n; ++i) {
+      // Redraw outside two standard deviations, from further along the same stream.
+      float z = v[i];
+      for (uint64_t k = 1; std::fabs(z) > 2.f; ++k) z = rng.normal(i + k * n);
+      v[i] = z * stddev;
     }
   });
 }
 
 Initializer random_uniform(float low, float high) {
-  return from_host([low, high](const Philox& rng, int64_t i, const Shape&) {
-    return low + (high - low) * rng.uniform(static_cast<uint64_t>(i));
+  return from_host([low, high](const Philox& rng, const Shape&, std::vector<float>& v) {
+    rng.uniform_fill(0, static_cast<int64_t>(v.size()), v.data());
+    for (float& x : v) x = low + (high - low) * x;
   });
 }
 
 Initializer random_normal(float mean, float stddev) {
-  return from_host([mean, stddev](const Philox& rng, int64_t i, const Shape&) {
-    return mean + stddev * rng.normal(static_cast<uint64_t>(i));
+  return from_host([mean, stddev](const Philox& rng, const Shape&, std::vector<float>& v) {
+    rng.normal_fill(0, static_cast<int64_t>(v.size()), v.data());
+    for (float& x : v) x = mean + stddev * x;
   });
 }
 

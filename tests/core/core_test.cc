@@ -31,6 +31,24 @@ TEST(Philox, MatchesRandom123KnownAnswers) {
   EXPECT_EQ(ones, (std::array<uint32_t, 4>{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
 }
 
+// The bulk fills give element for element what uniform(i) and normal(i) give, from any start and
+// for any length (blocks cut at both ends).
+TEST(Philox, FillsEqualTheElementwiseValues) {
+  const Philox p(42, 7);
+  for (uint64_t first : {0, 1, 2, 3, 5, 1000003})
+    for (int64_t n : {0, 1, 2, 3, 4, 5, 7, 64, 101}) {
+      std::vector<float> u(static_cast<size_t>(n)), z(static_cast<size_t>(n));
+      p.uniform_fill(first, n, u.data());
+      p.normal_fill(first, n, z.data());
+      for (int64_t j = 0; j < n; ++j) {
+        ASSERT_EQ(u[static_cast<size_t>(j)], p.uniform(first + static_cast<uint64_t>(j)))
+            << "uniform, first " << first << " n " << n << " j " << j;
+        ASSERT_EQ(z[static_cast<size_t>(j)], p.normal(first + static_cast<uint64_t>(j)))
+            << "normal, first " << first << " n " << n << " j " << j;
+      }
+    }
+}
+
 TEST(Philox, SameStreamOnAnyThread) {
   Philox p(42, 7);
   std::vector<float> here(1000), there(1000);

@@ -350,6 +350,44 @@ TEST_F(Layers, InitializersAreSeededAndBounded) {
   EXPECT_NEAR(std::sqrt(sq / h.numel()), std::sqrt(2.f / 144.f), 0.02);
 }
 
+// Each random initializer's element i is its formula applied to element i of its stream, as
+// defined element by element (the values every run, checkpoint and test since the first release
+// were made with; the initializers fill in blocks now).
+TEST_F(Layers, InitializersGiveTheirElementwiseValues) {
+  const Shape shape{3, 3, 7, 5};  // 315 elements: blocks cut at the end
+  const int64_t n = shape.numel();
+  set_global_seed(11);
+  const std::vector<float> g =
+      initializers::glorot_uniform()(shape, DType::kFloat32, DeviceSpec::cpu()).to_vector<float>();
+  set_global_seed(11);
+  const std::vector<float> h =
+      initializers::he_normal()(shape, DType::kFloat32, DeviceSpec::cpu()).to_vector<float>();
+  set_global_seed(11);
+  const std::vector<float> u =
+      initializers::random_uniform(-0.5f, 2.f)(shape, DType::kFloat32, DeviceSpec::cpu())
+          .to_vector<float>();
+  set_global_seed(11);
+  const std::vector<float> z =
+      initializers::random_normal(1.f, 0.25f)(shape, DType::kFloat32, DeviceSpec::cpu())
+          .to_vector<float>();
+  const Philox rng(11, 0);  // the first stream after set_global_seed(11)
+  const float limit = static_cast<float>(std::sqrt(6.0 / (63.0 + 45.0)));  // fans 63, 45
+  const float sd = static_cast<float>(std::sqrt(2.0 / 63.0) / 0.87962566103423978);
+  int redrawn = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto k = static_cast<uint64_t>(i);
+    ASSERT_EQ(g[k], (2.f * rng.uniform(k) - 1.f) * limit) << "glorot_uniform " << i;
+    float zz = rng.normal(k);
+    for (uint64_t r = 1; std::fabs(zz) > 2.f; ++r)
+      zz = rng.normal(k + r * static_cast<uint64_t>(n));
+    redrawn += std::fabs(rng.normal(k)) > 2.f;
+    ASSERT_EQ(h[k], zz * sd) << "he_normal " << i;
+    ASSERT_EQ(u[k], -0.5f + 2.5f * rng.uniform(k)) << "random_uniform " << i;
+    ASSERT_EQ(z[k], 1.f + 0.25f * rng.normal(k)) << "random_normal " << i;
+  }
+  EXPECT_GT(redrawn, 0);  // the redraw path ran
+}
+
 TEST_F(Layers, SgdPlainMomentumNesterovByHand) {
   const Tensor g = Tensor::full(Shape{1}, 0.5f);
   struct Case {

@@ -21,6 +21,10 @@ class DTRAIN_API Philox {
   float uniform(uint64_t i) const;
   // Standard normal for element i (Box-Muller on the block's words).
   float normal(uint64_t i) const;
+  // out[j] = uniform(first + j) and normal(first + j) for j < n: the same values, one block for
+  // every four uniforms or two normals instead of one per element.
+  void uniform_fill(uint64_t first, int64_t n, float* out) const;
+  void normal_fill(uint64_t first, int64_t n, float* out) const;
   // An independent stream for `branch` (branch 0: this one). EnsembleStrategy's member m draws its
   // initial weights from branch m of each initializer's stream.
   Philox fork(uint64_t branch) const;

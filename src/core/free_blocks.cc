@@ -1,6 +1,7 @@
 #include "core/free_blocks.h"
 
 #include <algorithm>
+#include <exception>
 #include <iterator>
 
 #include "dtrain/core/error.h"
@@ -140,7 +141,7 @@ std::vector<SegmentCache::Block> SegmentCache::take_free_segments() {
   for (auto it = segments_.begin(); it != segments_.end();) {
     FreeBlocks& blocks = it->second.small ? small_ : large_;
     if (blocks.remove_exact(it->first, it->second.size)) {
-      out.push_back({it->first, it->second.size});
+      out.push_back({it->first, it->second.size, it->second.small});
       reserved_ -= it->second.size;
       it = segments_.erase(it);
     } else {
@@ -148,6 +149,10 @@ std::vector<SegmentCache::Block> SegmentCache::take_free_segments() {
     }
   }
   return out;
+}
+
+void SegmentCache::put_back_segments(const std::vector<Block>& segments) {
+  for (const Block& b : segments) add_segment(b.ptr, b.size, b.small ? 1 : b.size);
 }
 
 // --- SegmentPool ---
@@ -208,12 +213,24 @@ size_t SegmentPool::free_segments() {
     segments = cache_.take_free_segments();  // out of the books: nobody can take them now
   }
   if (segments.empty()) return 0;
-  backend_.synchronize();  // queued work may still use a cached block
-  size_t bytes = 0;
-  for (const auto& s : segments) {
-    backend_.free(s.ptr);
-    bytes += s.size;
+  try {
+    backend_.synchronize();  // queued work may still use a cached block
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mu_);
+    cache_.put_back_segments(segments);
+    throw;
   }
+  size_t bytes = 0;
+  std::exception_ptr first;
+  for (const auto& s : segments) {
+    try {
+      backend_.free(s.ptr);
+      bytes += s.size;
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
   return bytes;
 }
 

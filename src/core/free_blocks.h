@@ -100,7 +100,8 @@ class SegmentCache {
 
   struct Block {
     void* ptr = nullptr;
-    size_t size = 0;  // what the block holds: the request rounded up, or more when cut short
+    size_t size = 0;     // what the block holds: the request rounded up, or more when cut short
+    bool small = false;  // take_free_segments(): a segment of small blocks
   };
   // How large requests get segments: kRegions (above), or kPyTorch, PyTorch's policy (a request
   // under 10 MiB a 20 MiB segment, a larger one its own), kept for `dtrain-bench alloc-replay`.
@@ -120,9 +121,10 @@ class SegmentCache {
   void add_segment(void* ptr, size_t size, size_t n);
   // Returns a block take() handed out (ptr and size as take() returned them).
   void put(void* ptr, size_t size);
-  // Removes every segment that is wholly free from the books and returns them (ptr, size) for
-  // the caller to free.
+  // Removes every segment that is wholly free from the books and returns them (ptr, size, small)
+  // for the caller to free; put_back_segments() returns what could not be freed to the books.
   std::vector<Block> take_free_segments();
+  void put_back_segments(const std::vector<Block>& segments);
 
   size_t reserved() const { return reserved_; }                      // bytes in segments
   size_t peak_reserved() const { return peak_reserved_; }            // the most reserved() has been
@@ -176,7 +178,9 @@ class SegmentPool {
   // Returns a block allocate() handed out (ptr and size as it returned them).
   void release(void* ptr, size_t size);
   // Gives the wholly free segments back to the backend (after synchronize()); returns their
-  // bytes. A segment of which any part is in use stays.
+  // bytes. A segment of which any part is in use stays. When synchronize() throws, the segments
+  // stay cached and the error propagates; when a free() throws, the others are still freed and
+  // the first error propagates (that segment is lost to the books).
   size_t free_segments();
 
   size_t reserved();

@@ -311,11 +311,19 @@ class FakeGpu final : public SegmentPool::Backend {
     hook();
     synced() = true;
     std::lock_guard<std::mutex> lock(mu_);
+    if (fail_sync_) {
+      fail_sync_ = false;
+      throw Internal("the fake device's synchronize failed");
+    }
     log_.push_back("sync");
   }
   void free(void* ptr) override {
     hook();
     std::lock_guard<std::mutex> lock(mu_);
+    if (fail_free_) {
+      fail_free_ = false;
+      throw Internal("the fake device's free failed");
+    }
     auto it = live_.find(static_cast<char*>(ptr));
     if (it == live_.end()) {
       ADD_FAILURE() << "free of a pointer the device did not hand out";
@@ -347,6 +355,14 @@ class FakeGpu final : public SegmentPool::Backend {
     std::lock_guard<std::mutex> lock(mu_);
     throw_next_ = true;
   }
+  void fail_next_sync() {
+    std::lock_guard<std::mutex> lock(mu_);
+    fail_sync_ = true;
+  }
+  void fail_next_free() {
+    std::lock_guard<std::mutex> lock(mu_);
+    fail_free_ = true;
+  }
   std::function<void()> during_call;
 
  private:
@@ -362,7 +378,7 @@ class FakeGpu final : public SegmentPool::Backend {
   const size_t capacity_;
   size_t used_ = 0;
   uintptr_t next_ = 0;
-  bool throw_next_ = false;
+  bool throw_next_ = false, fail_sync_ = false, fail_free_ = false;
   std::map<char*, size_t> live_;
   std::vector<std::string> log_;
 };
@@ -432,12 +448,43 @@ TEST(SegmentPool, OutOfMemoryIsUnavailableNamingTheDeviceAndTheFix) {
   EXPECT_EQ(pool.allocate(5 * kMiB).size, 5 * kMiB);
 }
 
+// A failed synchronize leaves the free segments cached (nothing is freed that queued work may still
+// use); a failed free still frees the other segments.
+TEST(SegmentPool, AFailedSynchronizeKeepsTheSegmentsAndAFailedFreeTheOthersGo) {
+  FakeGpu gpu(size_t{1} << 30);
+  SegmentPool pool(gpu, "fake:0");
+  const SegmentCache::Block small = pool.allocate(1000);      // a 2 MiB segment
+  const SegmentCache::Block large = pool.allocate(3 * kMiB);  // a 64 MiB region
+  pool.release(small.ptr, small.size);
+  pool.release(large.ptr, large.size);
+  gpu.fail_next_sync();
+  EXPECT_THROW(pool.free_segments(), Internal);
+  EXPECT_EQ(pool.reserved(), 66 * kMiB);
+  EXPECT_EQ(pool.cached(), 66 * kMiB);
+  EXPECT_EQ(gpu.used(), 66 * kMiB);
+  // Both segments are back in their classes: a small and a large request are served from them.
+  const SegmentCache::Block s2 = pool.allocate(1000), l2 = pool.allocate(3 * kMiB);
+  EXPECT_EQ(s2.ptr, small.ptr);
+  EXPECT_EQ(l2.ptr, large.ptr);
+  EXPECT_EQ(pool.reserved(), 66 * kMiB);
+  pool.release(s2.ptr, s2.size);
+  pool.release(l2.ptr, l2.size);
+  gpu.fail_next_free();
+  EXPECT_THROW(pool.free_segments(), Internal);
+  EXPECT_EQ(pool.reserved(), 0u);
+  EXPECT_EQ(gpu.used(), 2 * kMiB);  // the first free (the small segment's) failed, the region went
+}
+
 // A device call may block for long (cudaDeviceSynchronize waits for queued work, which may be a
 // collective that needs another thread of this process to allocate or free). Other threads must be
 // able to use the pool meanwhile: here, inside each device call, another thread frees and asks.
 TEST(SegmentPool, DeviceCallsRunWithoutThePoolsLock) {
-  FakeGpu gpu(size_t{1} << 30);
-  SegmentPool pool(gpu, "fake:0");
+  // On the heap, and leaked when a thread is left blocked on the pool's lock (a failure): that
+  // thread may still use them after the test returns.
+  auto* gpu_p = new FakeGpu(size_t{1} << 30);
+  auto* pool_p = new SegmentPool(*gpu_p, "fake:0");
+  FakeGpu& gpu = *gpu_p;
+  SegmentPool& pool = *pool_p;
   std::vector<SegmentCache::Block> held;
   for (int i = 0; i < 8; ++i) held.push_back(pool.allocate(1000));
   std::atomic<int> calls{0}, stuck{0};
@@ -463,12 +510,19 @@ TEST(SegmentPool, DeviceCallsRunWithoutThePoolsLock) {
     ++calls;
   };
   const SegmentCache::Block big = pool.allocate(100 * kMiB);  // malloc
-  ASSERT_EQ(stuck.load(), 0) << "another thread waited for the pool's lock during cudaMalloc";
+  if (stuck.load() != 0) {
+    ADD_FAILURE() << "another thread waited for the pool's lock during cudaMalloc";
+    return;  // pool and gpu leaked: the blocked thread may still use them
+  }
   pool.release(big.ptr, big.size);
   pool.free_segments();  // sync and frees
   EXPECT_EQ(stuck.load(), 0) << "another thread waited for the pool's lock during a sync or free";
   EXPECT_GE(calls.load(), 3);
   gpu.during_call = nullptr;
+  if (stuck.load() == 0) {
+    delete pool_p;
+    delete gpu_p;
+  }
 }
 
 // Threads allocate and release at once, with device calls that take time; no two live blocks

@@ -139,6 +139,27 @@ bool not_supported(cudnnStatus_t st) {
 // A cached choice: the algorithm, plus this flag when it needed cuDNN's default math.
 constexpr int kDefaultMathFlag = 0x100;
 
+// Algorithms that multiply transformed operands (Winograd, FFT). On tensor cores those products
+// are rounded to TF32 again, so under mixed_bfloat16 they would no longer be exact bfloat16
+// products: with tensor cores allowed they are passed over.
+bool transforms(cudnnConvolutionFwdAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+}
+bool transforms(cudnnConvolutionBwdDataAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT ||
+         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD ||
+         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+bool transforms(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+}
+
 // A candidate algorithm, whether it gives the same bits on every run, and its place in cuDNN's
 // ranking (-1: a fallback cuDNN did not rank).
 template <typename Algo>
@@ -152,7 +173,8 @@ struct Candidate {
 // until one is accepted (cuDNN reports some layout/algorithm combinations as NOT_SUPPORTED only
 // at execution). Candidates are first sought with FP32 FMA math; only if none accepts the problem
 // does it fall back, with a warning, to cuDNN's default math, which may use TF32 tensor cores.
-// With tensor_cores (CudaKernels::tensor_cores()) they are sought with the default math at once.
+// With tensor_cores (CudaKernels::tensor_cores()) they are sought with the default math at once,
+// passing over Winograd and FFT (transforms()).
 // Returns the choice to cache.
 template <typename Algo, typename CandidatesFn, typename SizeFn, typename RunFn>
 int run_first_supported(CudaContext& ctx, ConvDesc& cd, int cached, bool tensor_cores,
@@ -190,7 +212,7 @@ int run_first_supported(CudaContext& ctx, ConvDesc& cd, int cached, bool tensor_
     cd.set_math(CUDNN_DEFAULT_MATH);
     const std::vector<Candidate<Algo>> list = candidates();
     for (const auto& c : list)
-      if (attempt(c.algo)) {
+      if (!transforms(c.algo) && attempt(c.algo)) {
         if (!c.deterministic) {
           DTRAIN_LOG(WARNING) << call << ": no deterministic cuDNN algorithm accepts " << problem
                               << "; using non-deterministic algorithm " << static_cast<int>(c.algo)

@@ -249,9 +249,16 @@ std::shared_ptr<ConvPlanCache::Plan> ConvPlanCache::build(ConvDirection d, const
         continue;
       std::vector<int> notes(numerical, numerical + nn), behaviors(behavior, behavior + nb);
       // Tensor cores on float32 data are TF32: allowed only when the caller allows them. Inputs
-      // converted to float16 or bfloat16 are never allowed (as PyTorch's engine filter).
+      // converted to float16 or bfloat16 are never allowed (as PyTorch's engine filter). With
+      // tensor cores, engines that multiply transformed operands (FFT, Winograd) are passed over:
+      // their products are rounded to TF32 again, so mixed_bfloat16's would not be exact.
+      const bool transformed = has(notes, CUDNN_NUMERICAL_NOTE_FFT) ||
+                               has(notes, CUDNN_NUMERICAL_NOTE_WINOGRAD) ||
+                               has(notes, CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4) ||
+                               has(notes, CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6) ||
+                               has(notes, CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13);
       if ((!tensor_cores && has(notes, CUDNN_NUMERICAL_NOTE_TENSOR_CORE)) ||
-          has(notes, CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) ||
+          (tensor_cores && transformed) || has(notes, CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) ||
           has(notes, CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION) ||
           has(notes, CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) ||
           has(behaviors, CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION))
@@ -271,7 +278,8 @@ std::shared_ptr<ConvPlanCache::Plan> ConvPlanCache::build(ConvDirection d, const
       DTRAIN_LOG(DEBUG) << what << ": cuDNN engine " << global
                         << (tensor_cores ? " (TF32 allowed, heuristics " : " (heuristics ")
                         << (heur_mode == CUDNN_HEUR_MODE_A ? "A" : "fallback") << ", rank " << i
-                        << ", workspace " << ws << " bytes)";
+                        << ", workspace " << ws << " bytes, tensor cores "
+                        << (has(notes, CUDNN_NUMERICAL_NOTE_TENSOR_CORE) ? "yes" : "no") << ")";
       plan->workspace = ws;
       plan->plan = std::move(exec);
       plan->keep.push_back(std::move(conv));

@@ -4,7 +4,10 @@
 // each other); softmax, layer_norm and gelu to first order (a second derivative throws
 // Unimplemented naming the op).
 #include <limits>
+#include <map>
+#include <mutex>
 #include <numeric>
+#include <tuple>
 
 #include "dtrain/devices/device.h"
 #include "dtrain/model/gradient_tape.h"
@@ -206,15 +209,33 @@ Tensor embedding_lookup(const Tensor& table, const Tensor& ids) {
   return gather_rows(table, ids);
 }
 
+namespace {
+// The [t, s] mask on `device`, made once per (t, s, device) and kept: a GPT asks for the same one
+// in every layer of every step, and making it on the host and copying it to a GPU each time (a
+// copy from host memory, which waits for the GPU's queue to drain) stalled the GPU once a layer.
+// Query i (of the last t positions of s) sees keys j <= i + (s - t): TF's lower-triangular mask.
+Tensor causal_mask_values(int64_t t, int64_t s, DeviceSpec device) {
+  using Key = std::tuple<int64_t, int64_t, int, int>;
+  static std::mutex mu;
+  static auto* cache = new std::map<Key, Tensor>();  // leaked: tensors outlive main's return
+  const Key key{t, s, static_cast<int>(device.type), device.index};
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = cache->find(key); it != cache->end()) return it->second;
+  std::vector<float> m(static_cast<size_t>(t * s), 0.f);
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t j = i + (s - t) + 1; j < s; ++j) m[static_cast<size_t>(i * s + j)] = kMaskValue;
+  Tensor mask = Tensor::from_vector(m, Shape{t, s}).to(device);
+  if (cache->size() >= 16) cache->clear();  // a bound for programs of many shapes
+  cache->emplace(key, mask);
+  return mask;
+}
+}  // namespace
+
 Tensor causal_mask(const Tensor& scores) {
   if (scores.rank() < 2)
     throw InvalidArgument("causal_mask: scores must be [..., T, S], got " + scores.to_string());
   const int64_t t = scores.shape()[-2], s = scores.shape()[-1];
-  // Query i (of the last t positions of s) sees keys j <= i + (s - t): TF's lower-triangular mask.
-  std::vector<float> m(static_cast<size_t>(t * s), 0.f);
-  for (int64_t i = 0; i < t; ++i)
-    for (int64_t j = i + (s - t) + 1; j < s; ++j) m[static_cast<size_t>(i * s + j)] = kMaskValue;
-  return add(scores, Tensor::from_vector(m, Shape{t, s}).to(scores.device()));
+  return add(scores, causal_mask_values(t, s, scores.device()));
 }
 
 Tensor sequence_cross_entropy(const Tensor& logits, const Tensor& labels) {

@@ -507,6 +507,21 @@ TEST(GpuKernels, TransformerKernelsMatchTheCpu) {
   expect_close(bc.dx, bg.dx, 1e-3f, 1e-4f, "layer_norm dx");
   expect_close(bc.dgamma, bg.dgamma, 1e-4f, 1e-4f, "layer_norm dgamma");
   expect_close(bc.dbeta, bg.dbeta, 1e-4f, 1e-4f, "layer_norm dbeta");
+  {  // GPT-sized: 2,048 rows of 768, where dgamma/dbeta's column sums run in chunks of rows
+    const Tensor xl = random_tensor(Shape{2048, 768}, s++, -2.f, 5.f);
+    const Tensor gl = random_tensor(Shape{768}, s++), bl = random_tensor(Shape{768}, s++);
+    const LayerNormForward fl = cpu().layer_norm(xl, gl, bl, 1e-5f);
+    const Tensor dyl = random_tensor(xl.shape(), s++);
+    const LayerNormBackward cl = cpu().layer_norm_backward(dyl, xl, gl, fl.mean, fl.var, 1e-5f);
+    const LayerNormBackward gl2 =
+        gpu().layer_norm_backward(G(dyl), G(xl), G(gl), G(fl.mean), G(fl.var), 1e-5f);
+    expect_close(cl.dx, gl2.dx, 1e-3f, 1e-4f, "layer_norm dx, 2048 rows");
+    expect_close(cl.dgamma, gl2.dgamma, 1e-4f, 1e-3f, "layer_norm dgamma, 2048 rows");
+    expect_close(cl.dbeta, gl2.dbeta, 1e-4f, 1e-3f, "layer_norm dbeta, 2048 rows");
+    const LayerNormBackward again =
+        gpu().layer_norm_backward(G(dyl), G(xl), G(gl), G(fl.mean), G(fl.var), 1e-5f);
+    expect_bitwise_equal(gl2.dgamma, again.dgamma, "layer_norm dgamma repeated");
+  }
   const Tensor table = random_tensor(Shape{5, 8}, s++);
   expect_bitwise_equal(cpu().gather_rows(table, ids), gpu().gather_rows(G(table), G(ids)),
                        "gather_rows");

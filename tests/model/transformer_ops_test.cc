@@ -127,6 +127,15 @@ TEST_F(TransformerOps, ValuesAgainstFloat64) {
   EXPECT_EQ(p[5], 0.f);
   EXPECT_NEAR(p[0], 1.f, 1e-7);
   EXPECT_GT(p[3], 0.f);
+  // Masks are made once per shape and kept: another shape (3 queries over 4 keys: query i sees
+  // keys up to i + 1) gets its own, and the first comes back unchanged.
+  const std::vector<float> q =
+      ops::softmax(ops::causal_mask(random_tensor({3, 4}, 38))).to_vector<float>();
+  EXPECT_GT(q[1], 0.f);
+  EXPECT_EQ(q[2], 0.f);
+  EXPECT_EQ(q[7], 0.f);
+  EXPECT_GT(q[11], 0.f);
+  EXPECT_EQ(ops::softmax(ops::causal_mask(random_tensor({3, 3}, 36))).to_vector<float>(), p);
   // The sequence loss of each position equals the 2-D op's.
   const Tensor logits = random_tensor({2, 3, 5}, 37);
   const Tensor labels = Tensor::from_vector<int32_t>({0, 3, 2, 1, 4, 4}, Shape{2, 3});

@@ -66,7 +66,7 @@ void launch_layer_norm(const float* x, const float* gamma, const float* beta, fl
                        float* var, int64_t rows, int64_t c, float eps, cudaStream_t s);
 void launch_layer_norm_backward(const float* dy, const float* x, const float* gamma,
                                 const float* mean, const float* var, float* dx, float* dgamma,
-                                float* dbeta, int64_t rows, int64_t c, float eps, cudaStream_t s);
+                                float* dbeta, int64_t rows, int64_t c, float eps, CudaContext& ctx);
 void launch_gather_rows(const float* table, const int32_t* idx, float* out, int64_t n, int64_t d,
                         cudaStream_t s);
 // order/starts: dy's rows grouped by target row, in index order (built on the host).

@@ -182,7 +182,7 @@ LayerNormBackward CudaKernels::layer_norm_backward(const Tensor& dy, const Tenso
   const int64_t rows = rows_of(x), c = x.shape()[-1];
   LayerNormBackward b{empty(x.shape()), empty(Shape{c}), empty(Shape{c})};
   launch_layer_norm_backward(fptr(dy), fptr(x), fptr(gamma), fptr(mean), fptr(var), fptr(b.dx),
-                             fptr(b.dgamma), fptr(b.dbeta), rows, c, epsilon, ctx_.stream());
+                             fptr(b.dgamma), fptr(b.dbeta), rows, c, epsilon, ctx_);
   return b;
 }
 

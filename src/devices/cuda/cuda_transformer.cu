@@ -1,11 +1,15 @@
 // The transformer kernels: softmax and log-softmax over the last axis and their gradients, layer
 // normalisation and its gradients, and row gather / scatter-add (embeddings). One warp per row
-// with shuffle reductions; the column sums of layer norm's dgamma/dbeta and the scatter-add run
-// one thread per output column over rows in order, so every result is bitwise repeatable.
+// with shuffle reductions; layer norm's dgamma/dbeta are column sums on the reduction engine
+// (cuda_reduce.cuh: chunks of rows in parallel, combined in a fixed order) and the scatter-add runs
+// one thread per output element over its rows in order, so every result is bitwise repeatable.
+// (dgamma/dbeta ran one thread per column over all rows until 2026-11-27: 768 threads for GPT-2's
+// 8,192 rows, a few SMs of the GPU busy.)
 #include <cmath>
 
 #include "devices/cuda/cuda_common.cuh"
 #include "devices/cuda/cuda_launch.h"
+#include "devices/cuda/cuda_reduce.cuh"
 
 namespace dtrain::cuda {
 namespace {
@@ -97,22 +101,18 @@ __global__ void layer_norm_dx_kernel(const float* __restrict__ dy, const float* 
   }
 }
 
-__global__ void layer_norm_dparams_kernel(const float* __restrict__ dy, const float* __restrict__ x,
-                                          const float* __restrict__ mean,
-                                          const float* __restrict__ var, float* __restrict__ dgamma,
-                                          float* __restrict__ dbeta, int64_t rows, int64_t c,
-                                          float eps) {
-  DTRAIN_GRID_STRIDE_LOOP(j, c) {
-    float dg = 0.f, db = 0.f;
-    for (int64_t r = 0; r < rows; ++r) {
-      const float g = dy[r * c + j];
-      dg += g * (x[r * c + j] - mean[r]) * rsqrtf(var[r] + eps);
-      db += g;
-    }
-    dgamma[j] = dg;
-    dbeta[j] = db;
+// dgamma's terms: dy[r, j] * xhat[r, j], xhat = (x - mean[r]) * rsqrt(var[r] + eps).
+struct LayerNormGammaLoad {
+  const float* dy;
+  const float* x;
+  const float* mean;
+  const float* var;
+  int64_t c;
+  float eps;
+  __device__ float operator()(int64_t r, int64_t j) const {
+    return dy[r * c + j] * (x[r * c + j] - mean[r]) * rsqrtf(var[r] + eps);
   }
-}
+};
 
 __global__ void gather_rows_kernel(const float* __restrict__ table, const int32_t* __restrict__ idx,
                                    float* __restrict__ out, int64_t n, int64_t d) {
@@ -165,16 +165,18 @@ void launch_layer_norm(const float* x, const float* gamma, const float* beta, fl
 
 void launch_layer_norm_backward(const float* dy, const float* x, const float* gamma,
                                 const float* mean, const float* var, float* dx, float* dgamma,
-                                float* dbeta, int64_t rows, int64_t c, float eps, cudaStream_t s) {
+                                float* dbeta, int64_t rows, int64_t c, float eps,
+                                CudaContext& ctx) {
   if (c == 0) return;
   if (rows > 0) {
-    layer_norm_dx_kernel<<<row_blocks(rows), kBlock, 0, s>>>(dy, x, gamma, mean, var, dx, rows, c,
-                                                             eps);
+    layer_norm_dx_kernel<<<row_blocks(rows), kBlock, 0, ctx.stream()>>>(dy, x, gamma, mean, var, dx,
+                                                                        rows, c, eps);
     DTRAIN_CHECK_LAUNCH("layer_norm_dx_kernel");
   }
-  layer_norm_dparams_kernel<<<grid_for(c), kBlock, 0, s>>>(dy, x, mean, var, dgamma, dbeta, rows, c,
-                                                           eps);
-  DTRAIN_CHECK_LAUNCH("layer_norm_dparams_kernel");
+  // rows == 0: the engine's identity, zeros.
+  run_column_reduce<SumOp>(LayerNormGammaLoad{dy, x, mean, var, c, eps}, Store{dgamma}, rows, c,
+                           ctx);
+  run_column_reduce<SumOp>(MatrixColumnLoad{dy, c}, Store{dbeta}, rows, c, ctx);
 }
 
 void launch_gather_rows(const float* table, const int32_t* idx, float* out, int64_t n, int64_t d,

@@ -126,6 +126,10 @@ TEST(GpuKernels, BatchNormReluMatchesTheCpu) {
     const BatchNormForward fc = cpu().batch_norm_relu_training(x, gamma, beta, 1e-3f, &mc);
     const BatchNormForward fg = gpu().batch_norm_relu_training(G(x), G(gamma), G(beta), 1e-3f, &mg);
     expect_close(fc.y, fg.y, 1e-4f, 1e-4f, "y " + shape.to_string());
+    // The GPU fuses the ReLU into the normalisation's pass: the same bits as the two kernels.
+    expect_bitwise_equal(
+        gpu().unary(UnaryOp::kRelu, gpu().batch_norm_training(G(x), G(gamma), G(beta), 1e-3f).y),
+        fg.y, "fused against batch_norm_training then relu " + shape.to_string());
     const BatchNormBackward bc =
         cpu().batch_norm_relu_backward(dy, x, gamma, fc.mean, fc.var, 1e-3f, mc);
     const BatchNormBackward bg =

@@ -4,7 +4,9 @@
 //   backward: dbeta = sum(dy), dgamma = sum(dy * xhat),
 //             dx = gamma * inv_std * (dy - dbeta / M - xhat * dgamma / M)
 // The variance is computed in a second pass over (x - mean)^2 rather than as E[x^2] - mean^2,
-// which cancels catastrophically when |mean| >> std.
+// which cancels catastrophically when |mean| >> std. With relu (batch_norm_relu_training), the
+// normalisation writes relu(y) in the same pass (x > 0 ? x : 0, as the ReLU kernel), saving the
+// ReLU's own pass over y.
 #include "devices/cuda/cuda_launch.h"
 #include "devices/cuda/cuda_reduce.cuh"
 
@@ -38,14 +40,17 @@ struct DyXhatLoad {
   }
 };
 
+template <bool kRelu>
 __device__ __forceinline__ float bn_apply_at(float x, const float* mean, const float* var,
                                              const float* gamma, const float* beta, float eps,
                                              int64_t c) {
-  return (x - mean[c]) * inv_std(var, c, eps) * gamma[c] + beta[c];
+  const float y = (x - mean[c]) * inv_std(var, c, eps) * gamma[c] + beta[c];
+  if constexpr (kRelu) return y > 0.f ? y : 0.f;
+  return y;
 }
 
 // kVec: 4 elements at a time (cols a multiple of 4, so they share a row; see vec4_ok).
-template <bool kVec>
+template <bool kVec, bool kRelu>
 __global__ void bn_apply_kernel(const float* __restrict__ x, const float* __restrict__ mean,
                                 const float* __restrict__ var, const float* __restrict__ gamma,
                                 const float* __restrict__ beta, float eps, float* __restrict__ y,
@@ -55,14 +60,14 @@ __global__ void bn_apply_kernel(const float* __restrict__ x, const float* __rest
       const int64_t c = (4 * q) % cols;
       const float4 v = load4(x, 4 * q);
       store4(y, 4 * q,
-             make_float4(bn_apply_at(v.x, mean, var, gamma, beta, eps, c),
-                         bn_apply_at(v.y, mean, var, gamma, beta, eps, c + 1),
-                         bn_apply_at(v.z, mean, var, gamma, beta, eps, c + 2),
-                         bn_apply_at(v.w, mean, var, gamma, beta, eps, c + 3)));
+             make_float4(bn_apply_at<kRelu>(v.x, mean, var, gamma, beta, eps, c),
+                         bn_apply_at<kRelu>(v.y, mean, var, gamma, beta, eps, c + 1),
+                         bn_apply_at<kRelu>(v.z, mean, var, gamma, beta, eps, c + 2),
+                         bn_apply_at<kRelu>(v.w, mean, var, gamma, beta, eps, c + 3)));
     }
   } else {
     DTRAIN_GRID_STRIDE_LOOP(i, total) {
-      y[i] = bn_apply_at(x[i], mean, var, gamma, beta, eps, i % cols);
+      y[i] = bn_apply_at<kRelu>(x[i], mean, var, gamma, beta, eps, i % cols);
     }
   }
 }
@@ -108,16 +113,24 @@ void launch_bn_stats(const float* x, int64_t rows, int64_t C, float* mean, float
 }
 
 void launch_bn_apply(const float* x, const float* mean, const float* var, const float* gamma,
-                     const float* beta, float eps, float* y, int64_t rows, int64_t C,
+                     const float* beta, float eps, float* y, int64_t rows, int64_t C, bool relu,
                      cudaStream_t s) {
   const int64_t total = rows * C;
   if (total == 0) return;
-  if (vec4_ok(C, {x, y}))
-    bn_apply_kernel<true>
-        <<<grid_for(total / 4), kBlock, 0, s>>>(x, mean, var, gamma, beta, eps, y, total, C);
+  const bool vec = vec4_ok(C, {x, y});
+  const unsigned grid = grid_for(vec ? total / 4 : total);
+  if (vec && relu)
+    bn_apply_kernel<true, true>
+        <<<grid, kBlock, 0, s>>>(x, mean, var, gamma, beta, eps, y, total, C);
+  else if (vec)
+    bn_apply_kernel<true, false>
+        <<<grid, kBlock, 0, s>>>(x, mean, var, gamma, beta, eps, y, total, C);
+  else if (relu)
+    bn_apply_kernel<false, true>
+        <<<grid, kBlock, 0, s>>>(x, mean, var, gamma, beta, eps, y, total, C);
   else
-    bn_apply_kernel<false>
-        <<<grid_for(total), kBlock, 0, s>>>(x, mean, var, gamma, beta, eps, y, total, C);
+    bn_apply_kernel<false, false>
+        <<<grid, kBlock, 0, s>>>(x, mean, var, gamma, beta, eps, y, total, C);
   DTRAIN_CHECK_LAUNCH("bn_apply_kernel");
 }
 

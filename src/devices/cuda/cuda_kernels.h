@@ -72,6 +72,11 @@ class CudaKernels final : public Kernels {
   Tensor dropout_mask(const Shape& shape, float rate, uint64_t seed, uint64_t stream) override;
   BatchNormForward batch_norm_training(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                        float epsilon) override;
+  // The ReLU fused into the normalisation's pass (the mask is the output; the backward pass is
+  // Kernels' default).
+  BatchNormForward batch_norm_relu_training(const Tensor& x, const Tensor& gamma,
+                                            const Tensor& beta, float epsilon,
+                                            Tensor* relu_mask) override;
   Tensor batch_norm_inference(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                               const Tensor& mean, const Tensor& var, float epsilon) override;
   BatchNormBackward batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
@@ -84,6 +89,9 @@ class CudaKernels final : public Kernels {
                    float beta2, float epsilon, int64_t step) override;
 
  private:
+  // batch_norm_training, with relu(y) written in the same pass when relu.
+  BatchNormForward bn_training(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                               float epsilon, bool relu, const char* op);
   // Throws InvalidArgument unless t is defined and lives on this GPU.
   void check_device(const Tensor& t, const char* op, const char* arg) const;
   // check_device plus dtype float32.

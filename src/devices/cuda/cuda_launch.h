@@ -111,9 +111,9 @@ void launch_dropout_mask(float* out, int64_t n, float rate, float scale, uint64_
 // Batch mean and biased variance per channel (two passes, for accuracy).
 void launch_bn_stats(const float* x, int64_t rows, int64_t C, float* mean, float* var,
                      CudaContext& ctx);
-// y = (x - mean) / sqrt(var + eps) * gamma + beta.
+// y = (x - mean) / sqrt(var + eps) * gamma + beta; with relu, relu(y) in the same pass.
 void launch_bn_apply(const float* x, const float* mean, const float* var, const float* gamma,
-                     const float* beta, float eps, float* y, int64_t rows, int64_t C,
+                     const float* beta, float eps, float* y, int64_t rows, int64_t C, bool relu,
                      cudaStream_t s);
 void launch_bn_backward(const float* dy, const float* x, const float* gamma, const float* mean,
                         const float* var, float eps, float* dx, float* dgamma, float* dbeta,

@@ -112,16 +112,16 @@ Tensor CudaKernels::dropout_mask(const Shape& shape, float rate, uint64_t seed, 
 
 // --- batch norm ---
 
-BatchNormForward CudaKernels::batch_norm_training(const Tensor& x, const Tensor& gamma,
-                                                  const Tensor& beta, float epsilon) {
+BatchNormForward CudaKernels::bn_training(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                          float epsilon, bool relu, const char* op) {
   DeviceGuard guard(ctx_.index());
-  check_f32(x, "batch_norm_training", "x");
-  check_f32(gamma, "batch_norm_training", "gamma");
-  check_f32(beta, "batch_norm_training", "beta");
-  check_bn_rank(x, "batch_norm_training");
+  check_f32(x, op, "x");
+  check_f32(gamma, op, "gamma");
+  check_f32(beta, op, "beta");
+  check_bn_rank(x, op);
   const int64_t c = x.shape()[-1];
-  check_channels(gamma, c, "batch_norm_training", "gamma", x);
-  check_channels(beta, c, "batch_norm_training", "beta", x);
+  check_channels(gamma, c, op, "gamma", x);
+  check_channels(beta, c, op, "beta", x);
   const int64_t rows = c == 0 ? 0 : x.numel() / c;
   BatchNormForward out{empty(x.shape()), empty(Shape{c}), empty(Shape{c})};
   if (rows == 0) {  // no samples: zero statistics, as on the CPU (the output is empty)
@@ -131,8 +131,24 @@ BatchNormForward CudaKernels::batch_norm_training(const Tensor& x, const Tensor&
   }
   launch_bn_stats(fptr(x), rows, c, fptr(out.mean), fptr(out.var), ctx_);
   launch_bn_apply(fptr(x), fptr(out.mean), fptr(out.var), fptr(gamma), fptr(beta), epsilon,
-                  fptr(out.y), rows, c, ctx_.stream());
+                  fptr(out.y), rows, c, relu, ctx_.stream());
   return out;
+}
+
+BatchNormForward CudaKernels::batch_norm_training(const Tensor& x, const Tensor& gamma,
+                                                  const Tensor& beta, float epsilon) {
+  return bn_training(x, gamma, beta, epsilon, false, "batch_norm_training");
+}
+
+// The ReLU in the normalisation's pass; the mask is the output itself (y > 0 exactly where the
+// normalised value was), so the backward pass is Kernels' default (ReLU gradient, then batch
+// norm's).
+BatchNormForward CudaKernels::batch_norm_relu_training(const Tensor& x, const Tensor& gamma,
+                                                       const Tensor& beta, float epsilon,
+                                                       Tensor* relu_mask) {
+  BatchNormForward f = bn_training(x, gamma, beta, epsilon, true, "batch_norm_relu_training");
+  *relu_mask = f.y;
+  return f;
 }
 
 Tensor CudaKernels::batch_norm_inference(const Tensor& x, const Tensor& gamma, const Tensor& beta,
@@ -153,7 +169,7 @@ Tensor CudaKernels::batch_norm_inference(const Tensor& x, const Tensor& gamma, c
   const int64_t rows = c == 0 ? 0 : x.numel() / c;
   Tensor y = empty(x.shape());
   launch_bn_apply(fptr(x), fptr(mean), fptr(var), fptr(gamma), fptr(beta), epsilon, fptr(y), rows,
-                  c, ctx_.stream());
+                  c, false, ctx_.stream());
   return y;
 }
 

@@ -388,6 +388,29 @@ TEST_F(Layers, InitializersGiveTheirElementwiseValues) {
   EXPECT_GT(redrawn, 0);  // the redraw path ran
 }
 
+// Tensors of a million elements and more are filled by several threads (one per usable core, as
+// on this suite's 2-core machines): every element is still its formula on its stream element.
+TEST_F(Layers, LargeInitializersFilledInParallelGiveTheElementwiseValues) {
+  const Shape shape{1100, 1001};  // 1,101,100 elements: ranges of 550,552 and 550,548
+  const int64_t n = shape.numel();
+  set_global_seed(5);
+  const std::vector<float> h =
+      initializers::he_normal()(shape, DType::kFloat32, DeviceSpec::cpu()).to_vector<float>();
+  set_global_seed(5);
+  const std::vector<float> g =
+      initializers::glorot_uniform()(shape, DType::kFloat32, DeviceSpec::cpu()).to_vector<float>();
+  const Philox rng(5, 0);
+  const float sd = static_cast<float>(std::sqrt(2.0 / 1100.0) / 0.87962566103423978);
+  const float limit = static_cast<float>(std::sqrt(6.0 / (1100.0 + 1001.0)));
+  for (int64_t i = 0; i < n; ++i) {
+    const auto k = static_cast<uint64_t>(i);
+    float z = rng.normal(k);
+    for (uint64_t r = 1; std::fabs(z) > 2.f; ++r) z = rng.normal(k + r * static_cast<uint64_t>(n));
+    ASSERT_EQ(h[k], z * sd) << "he_normal " << i;
+    ASSERT_EQ(g[k], (2.f * rng.uniform(k) - 1.f) * limit) << "glorot_uniform " << i;
+  }
+}
+
 TEST_F(Layers, SgdPlainMomentumNesterovByHand) {
   const Tensor g = Tensor::full(Shape{1}, 0.5f);
   struct Case {

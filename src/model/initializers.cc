@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -44,20 +45,35 @@ Initializer from_host(RangeFill fill) {
     if (threads <= 1) {
       if (n > 0) fill(mine, shape, 0, n, v.data());
     } else {
-      // Ranges start at multiples of 4, so that no Philox block is split between two of them.
+      // Ranges start at multiples of 4, so that no Philox block is split between two of them. The
+      // calling thread fills range 0; when a thread cannot be started, it fills that range too.
       const int64_t per = (n / threads + 3) / 4 * 4;
-      std::vector<std::thread> pool;
-      std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
-      for (int t = 0; t < threads; ++t) {
+      auto range = [&](int t) {
         const int64_t first = std::min(n, t * per);
         const int64_t count = t == threads - 1 ? n - first : std::min(per, n - first);
-        pool.emplace_back([&, t, first, count] {
-          try {
-            if (count > 0) fill(mine, shape, first, count, v.data() + first);
-          } catch (...) {
-            errors[static_cast<size_t>(t)] = std::current_exception();
-          }
-        });
+        if (count > 0) fill(mine, shape, first, count, v.data() + first);
+      };
+      std::vector<std::thread> pool;
+      std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
+      std::vector<int> left;  // ranges no thread took
+      for (int t = 1; t < threads; ++t) {
+        try {
+          pool.emplace_back([&, t] {
+            try {
+              range(t);
+            } catch (...) {
+              errors[static_cast<size_t>(t)] = std::current_exception();
+            }
+          });
+        } catch (const std::system_error&) {
+          left.push_back(t);
+        }
+      }
+      try {
+        range(0);
+        for (int t : left) range(t);
+      } catch (...) {
+        errors[0] = std::current_exception();
       }
       for (auto& th : pool) th.join();
       for (const auto& e : errors)
@@ -118,7 +134,7 @@ Initializer he_normal() {
       // Redraw outside two standard deviations, from further along the same stream.
       const uint64_t i = static_cast<uint64_t>(first + j);
       float z = v[j];
-      for (uint64_t k = 1; std::fabs(z) > 2.f; ++k) z = rng.normal(i + k * n);
+      for (uint64_t k = 1; !(std::fabs(z) <= 2.f); ++k) z = rng.normal(i + k * n);
       v[j] = z * stddev;
     }
   });

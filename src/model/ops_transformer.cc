@@ -3,6 +3,8 @@
 // embedding's gather/scatter-add differentiate to any order (their backward passes are made of
 // each other); softmax, layer_norm and gelu to first order (a second derivative throws
 // Unimplemented naming the op).
+#include <algorithm>
+#include <deque>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -213,21 +215,38 @@ namespace {
 // The [t, s] mask on `device`, made once per (t, s, device) and kept: a GPT asks for the same one
 // in every layer of every step, and making it on the host and copying it to a GPU each time (a
 // copy from host memory, which waits for the GPU's queue to drain) stalled the GPU once a layer.
-// Query i (of the last t positions of s) sees keys j <= i + (s - t): TF's lower-triangular mask.
+// Query i (of the last t positions of s) sees keys j <= i + (s - t): TF's lower-triangular mask
+// (with t > s, the first t - s queries see none). At most 64 masks are kept, the oldest dropped
+// first; the mask is made and copied outside the lock (two threads may both make a new one; the
+// first kept wins).
 Tensor causal_mask_values(int64_t t, int64_t s, DeviceSpec device) {
   using Key = std::tuple<int64_t, int64_t, int, int>;
-  static std::mutex mu;
-  static auto* cache = new std::map<Key, Tensor>();  // leaked: tensors outlive main's return
+  struct Cache {
+    std::mutex mu;
+    std::map<Key, Tensor> masks;
+    std::deque<Key> order;  // insertion order, for dropping the oldest
+  };
+  static auto* cache = new Cache();  // leaked: its tensors outlive main's return
   const Key key{t, s, static_cast<int>(device.type), device.index};
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto it = cache->find(key); it != cache->end()) return it->second;
+  {
+    std::lock_guard<std::mutex> lock(cache->mu);
+    if (auto it = cache->masks.find(key); it != cache->masks.end()) return it->second;
+  }
   std::vector<float> m(static_cast<size_t>(t * s), 0.f);
   for (int64_t i = 0; i < t; ++i)
-    for (int64_t j = i + (s - t) + 1; j < s; ++j) m[static_cast<size_t>(i * s + j)] = kMaskValue;
+    for (int64_t j = std::max<int64_t>(0, i + (s - t) + 1); j < s; ++j)
+      m[static_cast<size_t>(i * s + j)] = kMaskValue;
   Tensor mask = Tensor::from_vector(m, Shape{t, s}).to(device);
-  if (cache->size() >= 16) cache->clear();  // a bound for programs of many shapes
-  cache->emplace(key, mask);
-  return mask;
+  std::lock_guard<std::mutex> lock(cache->mu);
+  auto [it, fresh] = cache->masks.emplace(key, mask);
+  if (fresh) {
+    cache->order.push_back(key);
+    if (cache->order.size() > 64) {
+      cache->masks.erase(cache->order.front());
+      cache->order.pop_front();
+    }
+  }
+  return it->second;
 }
 }  // namespace
 

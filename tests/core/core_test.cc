@@ -49,6 +49,20 @@ TEST(Philox, FillsEqualTheElementwiseValues) {
     }
 }
 
+// Values pinned as the per-element code of 2a28314 computed them (every initial weight since
+// depends on them): uniform(k) and normal(k) of Philox(11, 0).
+TEST(Philox, UniformAndNormalKeepTheirValues) {
+  const Philox p(11, 0);
+  EXPECT_EQ(p.uniform(0), 0x1.cac6ccp-1f);
+  EXPECT_EQ(p.normal(0), 0x1.cfc7f4p-2f);
+  EXPECT_EQ(p.uniform(1), 0x1.eae616p-1f);
+  EXPECT_EQ(p.normal(1), -0x1.76c216p-1f);
+  EXPECT_EQ(p.uniform(5), 0x1.6305eep-1f);
+  EXPECT_EQ(p.normal(5), -0x1.c7934ep-4f);
+  EXPECT_EQ(p.uniform(1000001), 0x1.18c98p-5f);
+  EXPECT_EQ(p.normal(1000001), 0x1.53caa2p+0f);
+}
+
 TEST(Philox, SameStreamOnAnyThread) {
   Philox p(42, 7);
   std::vector<float> here(1000), there(1000);

@@ -521,6 +521,16 @@ TEST(GpuKernels, TransformerKernelsMatchTheCpu) {
     const LayerNormBackward again =
         gpu().layer_norm_backward(G(dyl), G(xl), G(gl), G(fl.mean), G(fl.var), 1e-5f);
     expect_bitwise_equal(gl2.dgamma, again.dgamma, "layer_norm dgamma repeated");
+    expect_bitwise_equal(gl2.dbeta, again.dbeta, "layer_norm dbeta repeated");
+  }
+  {  // no rows: zero parameter gradients
+    const Tensor x0 = random_tensor(Shape{0, 768}, s++), g0 = random_tensor(Shape{768}, s++);
+    const Tensor m0 = random_tensor(Shape{0}, s++);
+    const LayerNormBackward c0 = cpu().layer_norm_backward(x0, x0, g0, m0, m0, 1e-5f);
+    const LayerNormBackward g0b =
+        gpu().layer_norm_backward(G(x0), G(x0), G(g0), G(m0), G(m0), 1e-5f);
+    expect_close(c0.dgamma, g0b.dgamma, 0.f, 0.f, "layer_norm dgamma, no rows");
+    expect_close(c0.dbeta, g0b.dbeta, 0.f, 0.f, "layer_norm dbeta, no rows");
   }
   const Tensor table = random_tensor(Shape{5, 8}, s++);
   expect_bitwise_equal(cpu().gather_rows(table, ids), gpu().gather_rows(G(table), G(ids)),

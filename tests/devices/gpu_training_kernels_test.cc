@@ -112,7 +112,8 @@ TEST(GpuKernels, BatchNormBackward) {
   }
 }
 
-// batch norm + ReLU as one op: the CPU's fused kernel (a bitmask) against the GPU's two kernels.
+// batch norm + ReLU as one op: the CPU's fused kernel (a bitmask) against the GPU's (the ReLU in
+// the normalisation's pass, the output as the mask).
 TEST(GpuKernels, BatchNormReluMatchesTheCpu) {
   if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   uint64_t s = 1650;

@@ -135,6 +135,22 @@ TEST_F(TransformerOps, ValuesAgainstFloat64) {
   EXPECT_EQ(q[2], 0.f);
   EXPECT_EQ(q[7], 0.f);
   EXPECT_GT(q[11], 0.f);
+  // The same keys, fewer queries (2 over 4: query i sees keys up to i + 2): a mask of its own.
+  const std::vector<float> r =
+      ops::softmax(ops::causal_mask(random_tensor({2, 4}, 39))).to_vector<float>();
+  EXPECT_GT(r[2], 0.f);
+  EXPECT_EQ(r[3], 0.f);
+  EXPECT_GT(r[7], 0.f);
+  // More queries than keys (4 over 2): the first two see none (all masked alike: uniform), the
+  // third key 0, the last both.
+  const std::vector<float> u =
+      ops::softmax(ops::causal_mask(random_tensor({4, 2}, 40))).to_vector<float>();
+  EXPECT_FLOAT_EQ(u[0], 0.5f);
+  EXPECT_FLOAT_EQ(u[3], 0.5f);
+  EXPECT_EQ(u[4], 1.f);
+  EXPECT_EQ(u[5], 0.f);
+  EXPECT_GT(u[6], 0.f);
+  EXPECT_GT(u[7], 0.f);
   EXPECT_EQ(ops::softmax(ops::causal_mask(random_tensor({3, 3}, 36))).to_vector<float>(), p);
   // The sequence loss of each position equals the 2-D op's.
   const Tensor logits = random_tensor({2, 3, 5}, 37);

@@ -27,7 +27,9 @@ peak() {  # peak LABEL TIMEOUT CMD...
 peak kernels 120 "$b/gpu_kernels_test"
 SB="--num-warmup-batches 5 --num-batches-per-iter 10 --num-iters 3 --devices=gpu --json"
 peak dtrain_resnet50_b32 120 "$b/synthetic_benchmark" --batch-size 32 $SB
-peak dtrain_resnet50_b32_tf32 90 "$b/synthetic_benchmark" --batch-size 32 --tf32 $SB
+peak dtrain_resnet50_b32_tf32 90 env DTRAIN_LOG_LEVEL=DEBUG "$b/synthetic_benchmark" --batch-size 32 --tf32 $SB
+# which cuDNN plans the TF32 run chose: tensor-core engines or not (cuda_conv_plan.cc's DEBUG lines)
+echo "tf32 cuDNN plans: $(grep -c 'tensor cores yes' "$stage/out.dtrain_resnet50_b32_tf32") with tensor cores, $(grep -c 'tensor cores no' "$stage/out.dtrain_resnet50_b32_tf32") without" | tee -a "$out/log.txt"
 peak dtrain_resnet50_b32_bf16 90 "$b/synthetic_benchmark" --batch-size 32 --precision bf16 $SB
 peak torch_resnet50_b32_fp32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math fp32
 peak torch_resnet50_b32_tf32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math tf32

@@ -1,7 +1,5 @@
 #include "dtrain/data/dataset.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -14,6 +12,7 @@
 #include <system_error>
 #include <thread>
 
+#include "core/usable_cores.h"
 #include "data/dataset_node.h"
 #include "dtrain/core/random.h"
 
@@ -360,12 +359,7 @@ class EpochNode final : public DatasetNode {
 
 }  // namespace
 
-int autotune_threads() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
+int autotune_threads() { return detail::usable_cores(); }
 
 bool read_row(const DatasetSource& src, int64_t row, uint64_t epoch, std::vector<Tensor>* out) {
   out->clear();

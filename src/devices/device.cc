@@ -1,13 +1,11 @@
 // The process-wide device registry: logical CPU devices as configured, GPUs as discovered.
 #include "dtrain/devices/device.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
-#include <thread>
 
+#include "core/usable_cores.h"
 #include "dtrain/core/logging.h"
 #include "dtrain/core/strings.h"
 
@@ -34,9 +32,7 @@ Registry& registry() {
 // mask: a launcher such as dtrain-run or taskset may have given it a share of the machine), or
 // OMP_NUM_THREADS when the user set fewer.
 int hardware_threads() {
-  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = std::max(1, CPU_COUNT(&set));
+  int cores = detail::usable_cores();
   if (const char* omp = std::getenv("OMP_NUM_THREADS")) {
     const int n = std::atoi(omp);
     if (n > 0 && n < cores) cores = n;

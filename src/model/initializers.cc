@@ -1,7 +1,5 @@
 #include "dtrain/model/initializers.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <cmath>
 #include <exception>
@@ -9,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/usable_cores.h"
 #include "dtrain/core/random.h"
 
 namespace dtrain::initializers {
@@ -18,14 +17,6 @@ namespace {
 // [first, first + count) of the tensor to out[0, count), element i from element i of the stream, so
 // the values depend only on the seed, the stream and i, never on how the tensor is cut.
 using RangeFill = std::function<void(const Philox&, const Shape&, int64_t, int64_t, float*)>;
-
-// The cores this process may run on (at least 1).
-int usable_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  return std::max(1, CPU_COUNT(&set));
-}
 
 // An initializer that fills a host vector and copies it to the device. Tensors of a million
 // elements and more are filled in ranges by up to 8 threads (one per usable core): GPT-2's 124 M
@@ -40,8 +31,8 @@ Initializer from_host(RangeFill fill) {
     std::vector<float> v(static_cast<size_t>(n));
     const Philox mine = rng.fork(initializer_branch());  // ensemble members draw their own weights
     constexpr int64_t kPerThread = int64_t{1} << 19;
-    const int threads = static_cast<int>(
-        std::min<int64_t>({usable_cores(), 8, n >= (int64_t{1} << 20) ? n / kPerThread : 1}));
+    const int threads = static_cast<int>(std::min<int64_t>(
+        {detail::usable_cores(), 8, n >= (int64_t{1} << 20) ? n / kPerThread : 1}));
     if (threads <= 1) {
       if (n > 0) fill(mine, shape, 0, n, v.data());
     } else {

@@ -124,4 +124,32 @@ inline void expect_bitwise_equal(const Tensor& c, const Tensor& g, const std::st
   EXPECT_EQ(bad, 0u) << what;
 }
 
+// Convolution problems the GPU tests share (gpu_kernels_test.cc, gpu_precision_test.cc): padding
+// symmetric and not, strides, 1x1 (cuBLAS) and larger windows.
+struct ConvCase {
+  Shape x, w;
+  Conv2dParams p;
+};
+
+inline std::vector<ConvCase> conv_cases() {
+  std::vector<ConvCase> cases;
+  cases.push_back({Shape{2, 7, 9, 3}, Shape{3, 3, 3, 5}, {1, 1, 1, 1, 1, 1}});  // same, symmetric
+  cases.push_back({Shape{2, 8, 8, 4}, Shape{3, 3, 4, 6}, {2, 2, 0, 1, 0, 1}});  // same, stride 2
+  cases.push_back({Shape{3, 6, 5, 2}, Shape{1, 1, 2, 7}, {1, 1, 0, 0, 0, 0}});  // 1x1 (a GEMM)
+  cases.push_back(
+      {Shape{2, 7, 8, 5}, Shape{1, 1, 5, 6}, {2, 2, 0, 0, 0, 0}});  // 1x1 stride 2, odd H
+  cases.push_back({Shape{2, 9, 7, 3}, Shape{1, 1, 3, 4}, {3, 2, 0, 0, 0, 0}});  // 1x1 strides 3x2
+  cases.push_back({Shape{1, 11, 10, 3}, Shape{5, 5, 3, 4}, {2, 2, 2, 2, 2, 2}});
+  cases.push_back({Shape{2, 9, 9, 1}, Shape{2, 2, 1, 3}, {1, 2, 1, 0, 0, 1}});  // asymmetric both
+  cases.push_back({Shape{4, 12, 12, 8}, Shape{3, 3, 8, 16}, {1, 1, 0, 0, 0, 0}});  // valid
+  return cases;
+}
+
+inline std::string conv_name(const ConvCase& c) {
+  return "x " + c.x.to_string() + " w " + c.w.to_string() + " stride " +
+         std::to_string(c.p.stride_h) + "x" + std::to_string(c.p.stride_w) + " pad " +
+         std::to_string(c.p.pad_top) + std::to_string(c.p.pad_bottom) +
+         std::to_string(c.p.pad_left) + std::to_string(c.p.pad_right);
+}
+
 }  // namespace dtrain::gpu_test

@@ -374,6 +374,19 @@ std::vector<Entry> parse_header(const std::string& where, const std::string& tex
 
 }  // namespace
 
+namespace {
+std::string source_of(const std::string& path, const struct stat& st) {
+  return detail::str_cat(path, "@", st.st_dev, ":", st.st_ino, ":", st.st_mtim.tv_sec, ".",
+                         st.st_mtim.tv_nsec, ":", st.st_size);
+}
+}  // namespace
+
+std::string file_source(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {};
+  return source_of(path, st);
+}
+
 CheckpointData load_safetensors(const std::string& path) {
   const std::string where = "safetensors file " + path + ": ";
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
@@ -404,6 +417,7 @@ CheckpointData load_safetensors(const std::string& path) {
   pread_all(fd.get(), text.data(), n, 8, path);
 
   CheckpointData out;
+  out.source = source_of(path, st);
   const std::vector<Entry> entries = parse_header(where, text, file_size - 8 - n, &out.metadata);
   out.tensors.reserve(entries.size());
   for (const Entry& e : entries) {

@@ -58,26 +58,21 @@ void SidecarEvaluator::load_into(Model& model, const CheckpointData& data) {
 std::vector<SidecarResult> SidecarEvaluator::run() {
   CheckpointManager manager(o_.checkpoint_dir);
   std::vector<SidecarResult> results;
-  // A checkpoint is new when its path or its modification time differs from the last one
-  // evaluated: the chief's final checkpoint may rewrite the file of the same step.
-  auto identity = [](const std::string& path) {
-    std::error_code ec;
-    const auto t = std::filesystem::last_write_time(path, ec);
-    return path + "@" + (ec ? std::string("?") : std::to_string(t.time_since_epoch().count()));
-  };
+  // A checkpoint is new when the file the index names is another file than the one last
+  // evaluated (file_source: path, inode, modification time, size): the chief's final checkpoint
+  // replaces the file of its last step, possibly within one timestamp tick. What counts as seen is
+  // the file the load read (CheckpointData::source), not the path's file after the load, which may
+  // already be the final one.
   std::string last_seen;
   auto last_change = std::chrono::steady_clock::now();
   for (;;) {
     const bool stopping = o_.stop && o_.stop->load();
     const std::optional<std::string> path = manager.latest_path();
-    if (path && identity(*path) != last_seen) {
+    if (path && file_source(*path) != last_seen) {
       int64_t step = 0;
       std::optional<CheckpointData> data = manager.restore_latest(&step);
       if (data) {
-        // What was loaded (a newer file may have landed since latest_path()).
-        last_seen = identity((std::filesystem::path(o_.checkpoint_dir) /
-                              ("ckpt-" + std::to_string(step) + ".safetensors"))
-                                 .string());
+        last_seen = data->source;
         last_change = std::chrono::steady_clock::now();
         load_into(model_, *data);
         SidecarResult r;

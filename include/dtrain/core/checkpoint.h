@@ -39,6 +39,10 @@ struct DTRAIN_API CheckpointData {
   std::vector<std::pair<std::string, Tensor>> tensors;
   // The safetensors "__metadata__" map (string -> string).
   std::map<std::string, std::string> metadata;
+  // Set by a load: the file it read, as file_source() describes the file at a path (empty for data
+  // not loaded from a file). A file replaced since (the chief's final checkpoint rewrites the file
+  // of its last step) has another source, even within the file system's timestamp resolution.
+  std::string source;
 
   // Tensors produced while the file is written, after `tensors` and one at a time (each written and
   // dropped before the next is produced), so that a checkpoint need not sit in one process's
@@ -64,6 +68,10 @@ struct DTRAIN_API CheckpointData {
 // that is not valid UTF-8; Unavailable when the file cannot be written (the message names the path
 // and the system's error text). On failure the previous file at `path`, if any, is untouched.
 DTRAIN_API void save_safetensors(const std::string& path, const CheckpointData& data);
+
+// The file at `path` now: its path, device, inode, modification time (ns) and size, as
+// CheckpointData::source records them; empty when there is no such file.
+DTRAIN_API std::string file_source(const std::string& path);
 
 // Reads a safetensors file and checks all of it: the header length (at most 100 MB and within the
 // file), the JSON, each entry's dtype, shape and offsets (end - begin == numel * dtype size), and

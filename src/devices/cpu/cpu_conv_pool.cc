@@ -17,15 +17,17 @@ Tensor CpuKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
   if (y.numel() == 0) return y;
   try {
     auto e = conv_fwd_prim(*state_, s, has_bias);
-    Tensor holder, x_holder;
+    Tensor holder, x_holder, y_holder;
     memory wm = filter_in(*state_, e->user_w, e->pd.weights_desc(), w, &holder);
     memory xm =
         filter_in(*state_, memory::desc(s.src, dt::f32, tag::nhwc), e->pd.src_desc(), x, &x_holder);
-    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, xm},
-                                         {DNNL_ARG_WEIGHTS, wm},
-                                         {DNNL_ARG_DST, mem(e->pd.dst_desc(), state_->engine, y)}};
+    const memory::desc y_user(s.dst, dt::f32, tag::nhwc);
+    const memory ym = out_memory(*state_, y_user, e->pd.dst_desc(), y, &y_holder);
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, ym}};
     if (has_bias) args.emplace(DNNL_ARG_BIAS, mem(e->pd.bias_desc(), state_->engine, bias));
     e->prim.execute(state_->stream(), args);
+    finish_out(*state_, y_user, ym, y);
   } catch (const dnnl::error& err) {
     rethrow_dnnl("conv2d", err);
   }
@@ -45,14 +47,15 @@ Tensor CpuKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, cons
   if (dx.numel() == 0) return dx;
   try {
     auto e = conv_bwd_data_prim(*state_, s);
-    Tensor holder, dy_holder;
+    Tensor holder, dy_holder, dx_holder;
     memory wm = filter_in(*state_, e->user_w, e->pd.weights_desc(), w, &holder);
     memory dym = filter_in(*state_, memory::desc(s.dst, dt::f32, tag::nhwc), e->pd.diff_dst_desc(),
                            dy, &dy_holder);
+    const memory::desc dx_user(s.src, dt::f32, tag::nhwc);
+    const memory dxm = out_memory(*state_, dx_user, e->pd.diff_src_desc(), dx, &dx_holder);
     e->prim.execute(state_->stream(),
-                    {{DNNL_ARG_DIFF_DST, dym},
-                     {DNNL_ARG_WEIGHTS, wm},
-                     {DNNL_ARG_DIFF_SRC, mem(e->pd.diff_src_desc(), state_->engine, dx)}});
+                    {{DNNL_ARG_DIFF_DST, dym}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DIFF_SRC, dxm}});
+    finish_out(*state_, dx_user, dxm, dx);
   } catch (const dnnl::error& err) {
     rethrow_dnnl("conv2d_backward_input", err);
   }

@@ -57,6 +57,7 @@ ChunkPrims chunk_prims(CpuKernels::State& st, const Shape& x, const Shape& w,
 Tensor CpuKernels::conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                                      const Conv2dParams& cp, const Pool2dParams& pp,
                                      ConvPoolSaved* saved) {
+  const DirectConvolutionsOnly direct;  // the same algorithm in both paths, whatever the batch
   const ConvShapes full = checked_conv_shapes("conv2d_max_pool2d", x, w, bias, cp);
   const bool has_bias = bias.defined();
   const Shape conv_shape{full.dst[0], full.dst[2], full.dst[3], full.dst[1]};
@@ -126,6 +127,7 @@ ConvPoolGrads CpuKernels::conv2d_max_pool2d_backward(const Tensor& dy, const Ten
                                                      const ConvPoolSaved& saved,
                                                      const Conv2dParams& cp, const Pool2dParams& pp,
                                                      bool want_dx, bool want_dw) {
+  const DirectConvolutionsOnly direct;
   if (saved.chunk == 0)
     return Kernels::conv2d_max_pool2d_backward(dy, x, w, has_bias, saved, cp, pp, want_dx, want_dw);
   require_f32(dy, "conv2d_max_pool2d_backward", "dy");

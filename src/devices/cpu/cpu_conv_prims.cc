@@ -16,8 +16,9 @@ namespace {
 // else. Without bfloat16 kernels on this CPU they read float32 rounded to bfloat16 (dnnl_util.h).
 dt in_type(bool bf16) { return bf16 ? kernel_input_type() : dt::f32; }
 
-std::string conv_key(const char* op, const ConvShapes& s, bool bias) {
+std::string conv_key(const char* op, const ConvShapes& s, bool bias, bool winograd) {
   std::string k = op;
+  if (winograd) k += "@wino";
   if (mixed_bf16()) k += bf16_kernels_native() ? "@bf16" : "@bf16-emulated";
   key_dims(k, s.src);
   key_dims(k, s.wei);
@@ -28,12 +29,17 @@ std::string conv_key(const char* op, const ConvShapes& s, bool bias) {
   return k;
 }
 
-dnnl::convolution_forward::desc conv_fwd_desc(const ConvShapes& s, bool bias, bool bf16) {
-  const memory::desc src(s.src, in_type(bf16), tag::nhwc), dst(s.dst, dt::f32, tag::nhwc);
+// The layout of a convolution's activations: NHWC for direct convolutions (dtrain's own), the
+// kernels' choice for Winograd ones (nChw16c; the callers reorder, a few ms at ResNet-50's sizes).
+tag act_tag(algorithm a) { return a == algorithm::convolution_winograd ? tag::any : tag::nhwc; }
+
+dnnl::convolution_forward::desc conv_fwd_desc(const ConvShapes& s, bool bias, bool bf16,
+                                              algorithm a) {
+  const memory::desc src(s.src, in_type(bf16), act_tag(a)), dst(s.dst, dt::f32, act_tag(a));
   const memory::desc wei(s.wei, in_type(bf16), tag::any);
   if (bias)
     return {prop_kind::forward_training,
-            algorithm::convolution_direct,
+            a,
             src,
             wei,
             memory::desc(s.bias, dt::f32, tag::a),
@@ -41,14 +47,36 @@ dnnl::convolution_forward::desc conv_fwd_desc(const ConvShapes& s, bool bias, bo
             s.strides,
             s.pad_l,
             s.pad_r};
-  return {prop_kind::forward_training,
-          algorithm::convolution_direct,
-          src,
-          wei,
-          dst,
-          s.strides,
-          s.pad_l,
-          s.pad_r};
+  return {prop_kind::forward_training, a, src, wei, dst, s.strides, s.pad_l, s.pad_r};
+}
+
+thread_local bool t_direct_only = false;
+
+// Whether a convolution of these shapes should run oneDNN's Winograd kernels: the conditions
+// precision.h gives (enable_winograd_convolutions). None depends on the batch size, so that a
+// layer runs the same algorithm whatever the strategy splits the batch into (Winograd's rounding
+// differs from the direct convolution's). oneDNN checks its own conditions (the CPU, the layout)
+// when the primitive is made; where it has none, the direct convolution runs.
+bool winograd_wanted(const ConvShapes& s) {
+  if (t_direct_only || !winograd_convolutions_enabled() || mixed_bf16()) return false;
+  const memory::dims& w = s.wei;  // {Cout, Cin, KH, KW}
+  if (w[2] != 3 || w[3] != 3 || s.strides[0] != 1 || s.strides[1] != 1) return false;
+  for (const auto pad : {s.pad_l[0], s.pad_l[1], s.pad_r[0], s.pad_r[1]})
+    if (pad < 0 || pad > 1) return false;
+  if (w[0] % 16 != 0 || w[1] % 16 != 0) return false;
+  return ((s.dst[2] + 3) / 4) * ((s.dst[3] + 3) / 4) >= 16;  // 4x4 output tiles per image
+}
+
+// Makes a primitive with Winograd's algorithm where wanted and oneDNN has it, else the direct one.
+template <class Make>
+auto with_algorithm(const ConvShapes& s, Make make) {
+  if (winograd_wanted(s)) {
+    try {
+      return make(algorithm::convolution_winograd);
+    } catch (const dnnl::error&) {  // unimplemented here (an AVX2-only CPU): the direct one
+    }
+  }
+  return make(algorithm::convolution_direct);
 }
 
 dnnl::pooling_forward::desc pool_fwd_desc(const PoolShapes& s) {
@@ -120,45 +148,69 @@ PoolShapes pool_shapes(const Shape& x, const Pool2dParams& p) {
           {p.window_h, p.window_w}, {p.pad_top, p.pad_left}, {p.pad_bottom, p.pad_right}};
 }
 
+DirectConvolutionsOnly::DirectConvolutionsOnly() : previous_(t_direct_only) {
+  t_direct_only = true;
+}
+DirectConvolutionsOnly::~DirectConvolutionsOnly() { t_direct_only = previous_; }
+
 std::shared_ptr<ConvFwd> conv_fwd_prim(CpuKernels::State& st, const ConvShapes& s, bool bias) {
-  return st.get<ConvFwd>(conv_key("cf", s, bias), [&] {
-    dnnl::convolution_forward::primitive_desc pd(conv_fwd_desc(s, bias, mixed_bf16()), st.engine);
-    return std::make_shared<ConvFwd>(
-        ConvFwd{pd, dnnl::convolution_forward(pd), memory::desc(s.wei, dt::f32, tag::hwio)});
+  return st.get<ConvFwd>(conv_key("cf", s, bias, winograd_wanted(s)), [&] {
+    return with_algorithm(s, [&](algorithm a) {
+      dnnl::convolution_forward::primitive_desc pd(conv_fwd_desc(s, bias, mixed_bf16(), a),
+                                                   st.engine);
+      return std::make_shared<ConvFwd>(
+          ConvFwd{pd, dnnl::convolution_forward(pd), memory::desc(s.wei, dt::f32, tag::hwio)});
+    });
   });
 }
 
 std::shared_ptr<ConvBwdData> conv_bwd_data_prim(CpuKernels::State& st, const ConvShapes& s) {
-  return st.get<ConvBwdData>(conv_key("cbd", s, false), [&] {
-    const bool bf16 = mixed_bf16();
-    dnnl::convolution_forward::primitive_desc hint(conv_fwd_desc(s, false, bf16), st.engine);
-    dnnl::convolution_backward_data::desc d(
-        algorithm::convolution_direct, memory::desc(s.src, dt::f32, tag::nhwc),
-        memory::desc(s.wei, in_type(bf16), tag::any), memory::desc(s.dst, in_type(bf16), tag::nhwc),
-        s.strides, s.pad_l, s.pad_r);
-    dnnl::convolution_backward_data::primitive_desc pd(d, st.engine, hint);
-    return std::make_shared<ConvBwdData>(ConvBwdData{pd, dnnl::convolution_backward_data(pd),
-                                                     memory::desc(s.wei, dt::f32, tag::hwio)});
+  return st.get<ConvBwdData>(conv_key("cbd", s, false, winograd_wanted(s)), [&] {
+    return with_algorithm(s, [&](algorithm a) {
+      const bool bf16 = mixed_bf16();
+      dnnl::convolution_forward::primitive_desc hint(conv_fwd_desc(s, false, bf16, a), st.engine);
+      dnnl::convolution_backward_data::desc d(
+          a, memory::desc(s.src, dt::f32, act_tag(a)), memory::desc(s.wei, in_type(bf16), tag::any),
+          memory::desc(s.dst, in_type(bf16), act_tag(a)), s.strides, s.pad_l, s.pad_r);
+      dnnl::convolution_backward_data::primitive_desc pd(d, st.engine, hint);
+      return std::make_shared<ConvBwdData>(ConvBwdData{pd, dnnl::convolution_backward_data(pd),
+                                                       memory::desc(s.wei, dt::f32, tag::hwio)});
+    });
   });
 }
 
 std::shared_ptr<ConvBwdWeights> conv_bwd_weights_prim(CpuKernels::State& st, const ConvShapes& s,
                                                       bool bias) {
-  return st.get<ConvBwdWeights>(conv_key("cbw", s, bias), [&] {
-    const bool bf16 = mixed_bf16();
-    dnnl::convolution_forward::primitive_desc hint(conv_fwd_desc(s, bias, bf16), st.engine);
-    const memory::desc src(s.src, in_type(bf16), tag::nhwc), ddst(s.dst, in_type(bf16), tag::nhwc);
-    const memory::desc dwei(s.wei, dt::f32, tag::any);
-    auto d =
-        bias ? dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, src, dwei,
-                                                        memory::desc(s.bias, dt::f32, tag::a), ddst,
-                                                        s.strides, s.pad_l, s.pad_r)
-             : dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, src, dwei,
-                                                        ddst, s.strides, s.pad_l, s.pad_r);
-    dnnl::convolution_backward_weights::primitive_desc pd(d, st.engine, hint);
-    return std::make_shared<ConvBwdWeights>(ConvBwdWeights{
-        pd, dnnl::convolution_backward_weights(pd), memory::desc(s.wei, dt::f32, tag::hwio)});
+  return st.get<ConvBwdWeights>(conv_key("cbw", s, bias, winograd_wanted(s)), [&] {
+    return with_algorithm(s, [&](algorithm a) {
+      const bool bf16 = mixed_bf16();
+      dnnl::convolution_forward::primitive_desc hint(conv_fwd_desc(s, bias, bf16, a), st.engine);
+      const memory::desc src(s.src, in_type(bf16), act_tag(a)),
+          ddst(s.dst, in_type(bf16), act_tag(a));
+      const memory::desc dwei(s.wei, dt::f32, tag::any);
+      auto d = bias ? dnnl::convolution_backward_weights::desc(
+                          a, src, dwei, memory::desc(s.bias, dt::f32, tag::a), ddst, s.strides,
+                          s.pad_l, s.pad_r)
+                    : dnnl::convolution_backward_weights::desc(a, src, dwei, ddst, s.strides,
+                                                               s.pad_l, s.pad_r);
+      dnnl::convolution_backward_weights::primitive_desc pd(d, st.engine, hint);
+      return std::make_shared<ConvBwdWeights>(ConvBwdWeights{
+          pd, dnnl::convolution_backward_weights(pd), memory::desc(s.wei, dt::f32, tag::hwio)});
+    });
   });
+}
+
+memory out_memory(CpuKernels::State& st, const memory::desc& user, const memory::desc& want,
+                  const Tensor& t, Tensor* holder) {
+  if (user == want) return memory(user, st.engine, t.raw_data());
+  *holder = scratch(want.get_size(), t.device());
+  return memory(want, st.engine, holder->raw_data());
+}
+
+void finish_out(CpuKernels::State& st, const memory::desc& user, memory written, const Tensor& t) {
+  if (written.get_desc() == user) return;
+  memory out(user, st.engine, t.raw_data());
+  dnnl::reorder(written, out).execute(st.stream(), written, out);
 }
 
 std::shared_ptr<PoolFwd> pool_fwd_prim(CpuKernels::State& st, const PoolShapes& s) {

@@ -54,10 +54,35 @@ struct PoolBwd {
   dnnl::pooling_backward prim;
 };
 
+// The convolution primitives, cached per shape. Where Winograd's algorithm is wanted (precision.h:
+// enable_winograd_convolutions) and oneDNN has it, the primitive is a Winograd one whose
+// activations are in a blocked layout (not NHWC): read them through filter_in, write them through
+// out_memory and finish_out.
 std::shared_ptr<ConvFwd> conv_fwd_prim(CpuKernels::State& st, const ConvShapes& s, bool bias);
 std::shared_ptr<ConvBwdData> conv_bwd_data_prim(CpuKernels::State& st, const ConvShapes& s);
 std::shared_ptr<ConvBwdWeights> conv_bwd_weights_prim(CpuKernels::State& st, const ConvShapes& s,
                                                       bool bias);
+
+// While one lives, the convolutions this thread runs are direct ones: the fused conv+pool kernel's
+// (its chunked path pools the NHWC output in place, and its unchunked path, taken for small
+// batches, must compute what the chunked one does, so that strategies agree).
+class DirectConvolutionsOnly {
+ public:
+  DirectConvolutionsOnly();
+  ~DirectConvolutionsOnly();
+  DirectConvolutionsOnly(const DirectConvolutionsOnly&) = delete;
+  DirectConvolutionsOnly& operator=(const DirectConvolutionsOnly&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// The memory a primitive writes the NHWC tensor `t` through: `t` itself where the primitive's
+// layout `want` is the user's, else a scratch buffer in `want` (kept in *holder) that finish_out
+// then reorders into `t`.
+memory out_memory(CpuKernels::State& st, const memory::desc& user, const memory::desc& want,
+                  const Tensor& t, Tensor* holder);
+void finish_out(CpuKernels::State& st, const memory::desc& user, memory written, const Tensor& t);
 std::shared_ptr<PoolFwd> pool_fwd_prim(CpuKernels::State& st, const PoolShapes& s);
 std::shared_ptr<PoolBwd> pool_bwd_prim(CpuKernels::State& st, const PoolShapes& s);
 

@@ -1,0 +1,229 @@
+// Winograd convolutions on the CPU device (precision.h: enable_winograd_convolutions): where they
+// apply (float32, 3x3, stride 1, channels in multiples of 16, at least 16 output tiles of 4x4 per
+// image, whatever the batch) conv2d and both gradients stay within float32-like error of float64
+// sums, and differ from the direct convolution's on CPUs whose oneDNN has Winograd kernels
+// (AVX-512), so that path ran; where they do not apply, and in the fused conv+pool op, the results
+// are the direct convolution's bit for bit.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtrain/core/precision.h"
+#include "dtrain/model/gradient_tape.h"
+#include "dtrain/model/ops.h"
+
+namespace dtrain {
+namespace {
+
+struct Case {
+  int64_t n, h, w, cin, cout, stride;
+  ops::Padding padding;
+  std::string name() const {
+    return std::to_string(n) + "x" + std::to_string(h) + "x" + std::to_string(w) + "x" +
+           std::to_string(cin) + " -> " + std::to_string(cout) + " stride " +
+           std::to_string(stride) + (padding == ops::Padding::kSame ? " same" : " valid");
+  }
+};
+
+std::vector<float> wave(int64_t n, float f, float scale) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    v[static_cast<size_t>(i)] = scale * std::sin(f * static_cast<float>(i) + 0.3f);
+  return v;
+}
+
+struct Data {
+  Case c;
+  int64_t oh, ow, pad;
+  std::vector<float> x, w, b, dy;
+  explicit Data(const Case& k) : c(k) {
+    pad = k.padding == ops::Padding::kSame ? 1 : 0;
+    oh = (k.h + 2 * pad - 3) / k.stride + 1;
+    ow = (k.w + 2 * pad - 3) / k.stride + 1;
+    x = wave(k.n * k.h * k.w * k.cin, 0.37f, 1.f);
+    w = wave(9 * k.cin * k.cout, 0.91f, 0.2f);
+    b = wave(k.cout, 1.7f, 0.1f);
+    dy = wave(k.n * oh * ow * k.cout, 0.53f, 1.f);
+  }
+};
+
+// y, dx, dw, db of conv2d (NHWC, HWIO) on the device, with the loss sum(y * dy).
+std::vector<std::vector<float>> run(const Data& d) {
+  const Case& c = d.c;
+  Tensor x = Tensor::from_vector(d.x, Shape{c.n, c.h, c.w, c.cin});
+  Tensor w = Tensor::from_vector(d.w, Shape{3, 3, c.cin, c.cout});
+  Tensor b = Tensor::from_vector(d.b, Shape{c.cout});
+  GradientTape tape;
+  for (Tensor* t : {&x, &w, &b}) tape.watch(*t);
+  const Tensor y =
+      ops::conv2d(x, w, b, static_cast<int>(c.stride), static_cast<int>(c.stride), c.padding);
+  const Tensor loss = ops::sum(ops::mul(y, Tensor::from_vector(d.dy, y.shape())));
+  const auto g = tape.gradient(loss, {x, w, b});
+  return {y.to_vector<float>(), g[0].to_vector<float>(), g[1].to_vector<float>(),
+          g[2].to_vector<float>()};
+}
+
+// The same four in float64, each with the largest sum of |terms| (what bounds a float32 sum's
+// rounding error).
+struct Reference {
+  std::vector<double> value[4];
+  double scale[4] = {0, 0, 0, 0};
+};
+Reference reference(const Data& d) {
+  const Case& c = d.c;
+  Reference r;
+  for (auto& v : r.value) v.clear();
+  r.value[0].assign(static_cast<size_t>(c.n * d.oh * d.ow * c.cout), 0);
+  r.value[1].assign(d.x.size(), 0);
+  r.value[2].assign(d.w.size(), 0);
+  r.value[3].assign(static_cast<size_t>(c.cout), 0);
+  std::vector<double> mag[4];
+  for (int k = 0; k < 4; ++k) mag[k].assign(r.value[k].size(), 0);
+  const auto xi = [&](int64_t n, int64_t i, int64_t j, int64_t ci) {
+    return static_cast<size_t>(((n * c.h + i) * c.w + j) * c.cin + ci);
+  };
+  const auto wi = [&](int64_t ki, int64_t kj, int64_t ci, int64_t co) {
+    return static_cast<size_t>(((ki * 3 + kj) * c.cin + ci) * c.cout + co);
+  };
+  for (int64_t n = 0; n < c.n; ++n)
+    for (int64_t i = 0; i < d.oh; ++i)
+      for (int64_t j = 0; j < d.ow; ++j)
+        for (int64_t co = 0; co < c.cout; ++co) {
+          const size_t yi = static_cast<size_t>(((n * d.oh + i) * d.ow + j) * c.cout + co);
+          const double g = d.dy[yi];
+          r.value[0][yi] += d.b[static_cast<size_t>(co)];
+          mag[0][yi] += std::abs(static_cast<double>(d.b[static_cast<size_t>(co)]));
+          r.value[3][static_cast<size_t>(co)] += g;
+          mag[3][static_cast<size_t>(co)] += std::abs(g);
+          for (int64_t ki = 0; ki < 3; ++ki)
+            for (int64_t kj = 0; kj < 3; ++kj) {
+              const int64_t si = i * c.stride + ki - d.pad, sj = j * c.stride + kj - d.pad;
+              if (si < 0 || sj < 0 || si >= c.h || sj >= c.w) continue;
+              for (int64_t ci = 0; ci < c.cin; ++ci) {
+                const double xv = d.x[xi(n, si, sj, ci)], wv = d.w[wi(ki, kj, ci, co)];
+                r.value[0][yi] += xv * wv;
+                mag[0][yi] += std::abs(xv * wv);
+                r.value[1][xi(n, si, sj, ci)] += g * wv;
+                mag[1][xi(n, si, sj, ci)] += std::abs(g * wv);
+                r.value[2][wi(ki, kj, ci, co)] += g * xv;
+                mag[2][wi(ki, kj, ci, co)] += std::abs(g * xv);
+              }
+            }
+        }
+  for (int k = 0; k < 4; ++k) r.scale[k] = *std::max_element(mag[k].begin(), mag[k].end());
+  return r;
+}
+
+// Switches Winograd convolutions on or off for a scope, and back on after it.
+struct Winograd {
+  explicit Winograd(bool on) { enable_winograd_convolutions(on); }
+  ~Winograd() { enable_winograd_convolutions(true); }
+};
+
+bool has_avx512() { return __builtin_cpu_supports("avx512f"); }
+
+const char* kWhat[] = {"y", "dx", "dw", "db"};
+
+TEST(CpuConv, WinogradConvolutionsStayNearFloat64AndRunWhereTheyApply) {
+  for (const Case& c : {Case{4, 16, 16, 32, 48, 1, ops::Padding::kSame},
+                        Case{1, 16, 16, 32, 48, 1, ops::Padding::kSame},      // one image
+                        Case{3, 19, 15, 16, 16, 1, ops::Padding::kValid},     // partial tiles
+                        Case{16, 14, 14, 32, 64, 1, ops::Padding::kSame}}) {  // 7 x 7 after pooling
+    SCOPED_TRACE(c.name());
+    const Data d(c);
+    std::vector<std::vector<float>> direct, wino;
+    {
+      Winograd off(false);
+      direct = run(d);
+    }
+    wino = run(d);
+    const Reference r = reference(d);
+    bool differs = false;
+    for (int k = 0; k < 4; ++k) {
+      double to_direct = 0, to_wino = 0;
+      ASSERT_EQ(wino[static_cast<size_t>(k)].size(), r.value[k].size()) << kWhat[k];
+      for (size_t i = 0; i < r.value[k].size(); ++i) {
+        to_direct =
+            std::max(to_direct, std::abs(direct[static_cast<size_t>(k)][i] - r.value[k][i]));
+        to_wino = std::max(to_wino, std::abs(wino[static_cast<size_t>(k)][i] - r.value[k][i]));
+      }
+      // float32 direct sums: well within 1e-6 of the terms' magnitude; Winograd about 5x that
+      // (transforms of the operands before the products)
+      EXPECT_LE(to_direct, 1e-6 * r.scale[k]) << kWhat[k];
+      EXPECT_LE(to_wino, 2e-5 * r.scale[k]) << kWhat[k];
+      if (k < 3 && wino[static_cast<size_t>(k)] != direct[static_cast<size_t>(k)]) differs = true;
+    }
+    if (has_avx512()) {
+      EXPECT_TRUE(differs) << "the Winograd kernels did not run on this AVX-512 CPU";
+    }
+    EXPECT_EQ(run(d), wino);  // repeatable, bit for bit
+  }
+}
+
+TEST(CpuConv, WhereWinogradDoesNotApplyTheDirectConvolutionRuns) {
+  for (const Case& c : {Case{32, 7, 7, 32, 32, 1, ops::Padding::kSame},    // 4 tiles an image
+                        Case{4, 16, 16, 32, 48, 2, ops::Padding::kSame},   // stride 2
+                        Case{4, 16, 16, 24, 48, 1, ops::Padding::kSame}})  // 24 channels
+  {
+    SCOPED_TRACE(c.name());
+    const Data d(c);
+    std::vector<std::vector<float>> direct;
+    {
+      Winograd off(false);
+      direct = run(d);
+    }
+    EXPECT_EQ(run(d), direct);
+  }
+  // mixed_bfloat16's products are bfloat16 ones: never Winograd
+  const Data d(Case{4, 16, 16, 32, 48, 1, ops::Padding::kSame});
+  set_precision_policy(Precision::kMixedBFloat16);
+  std::vector<std::vector<float>> direct, wino;
+  try {
+    {
+      Winograd off(false);
+      direct = run(d);
+    }
+    wino = run(d);
+  } catch (...) {
+    set_precision_policy(Precision::kFloat32);
+    throw;
+  }
+  set_precision_policy(Precision::kFloat32);
+  EXPECT_EQ(wino, direct);
+}
+
+// The fused conv+pool op runs direct convolutions whatever the batch: its chunked path (large
+// batches) and its unchunked one (small batches: a replica's share) compute the same, so that
+// strategies that split the batch agree with one device to rounding.
+TEST(CpuConv, TheFusedConvolutionAndPoolingRunsDirectConvolutions) {
+  for (const int64_t n : {2, 64}) {
+    SCOPED_TRACE(std::to_string(n) + " images");
+    const Tensor x = Tensor::from_vector(wave(n * 16 * 16 * 32, 0.37f, 1.f), Shape{n, 16, 16, 32});
+    const Tensor w = Tensor::from_vector(wave(9 * 32 * 64, 0.91f, 0.2f), Shape{3, 3, 32, 64});
+    const Tensor b = Tensor::from_vector(wave(64, 1.7f, 0.1f), Shape{64});
+    auto run_fused = [&] {
+      Tensor xv = x, wv = w, bv = b;
+      GradientTape tape;
+      for (Tensor* t : {&xv, &wv, &bv}) tape.watch(*t);
+      const Tensor y =
+          ops::conv2d_max_pool2d(xv, wv, bv, 1, ops::Padding::kSame, 2, 2, ops::Padding::kValid);
+      const Tensor loss = ops::sum(ops::mul(y, y));
+      const auto g = tape.gradient(loss, {xv, wv, bv});
+      return std::vector<std::vector<float>>{y.to_vector<float>(), g[0].to_vector<float>(),
+                                             g[1].to_vector<float>(), g[2].to_vector<float>()};
+    };
+    std::vector<std::vector<float>> direct;
+    {
+      Winograd off(false);
+      direct = run_fused();
+    }
+    EXPECT_EQ(run_fused(), direct);
+  }
+}
+
+}  // namespace
+}  // namespace dtrain

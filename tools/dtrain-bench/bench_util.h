@@ -92,7 +92,8 @@ struct PeakArgs {
   int threads = 1, reps = 5;
   std::vector<int64_t> sizes = {512, 1024, 2048};
   double images_per_sec = 0, gflop_per_image = 0;
-  double stream_mb = 128;  // the memory-bandwidth line's tensor size; 0: none
+  double stream_mb = 128;             // the memory-bandwidth line's tensor size; 0: none
+  std::vector<int64_t> conv_batches;  // ResNet-50's 3x3 layers at these batches; empty: none
   bool json = false;
 };
 int peak_bench(const PeakArgs& a);

@@ -244,6 +244,10 @@ int main(int argc, char** argv) {
                    "MB of each tensor of the memory-bandwidth line (c = a + b); 0 leaves it out")
       ->check(CLI::Range(0.0, 4096.0))
       ->capture_default_str();
+  peak->add_option("--conv-batches", pk.conv_batches,
+                   "also time ResNet-50's 3x3 layers (56x56x64 to 7x7x512; forward and both "
+                   "backward passes) at these batch sizes, direct and Winograd")
+      ->delimiter(',');
   peak->add_flag("--json", pk.json, "also print one JSON object per result");
   AllocReplayArgs al;
   auto* alloc = app.add_subcommand(

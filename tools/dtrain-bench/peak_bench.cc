@@ -7,7 +7,10 @@
 // reaches. The memory-bound limit beside it: a sum of two --stream-mb tensors into a third through
 // the device's kernels, as a residual sum or a gradient's (on a one-thread device the
 // streaming-store loop from 4 MB, else oneDNN's binary add; DTRAIN_CPU_STREAM_STORES=0 for the
-// latter), GB/s of the three streams (a normal store's read for ownership not counted).
+// latter), GB/s of the three streams (a normal store's read for ownership not counted). With
+// --conv-batches, ResNet-50's four 3x3 layer shapes through conv2d and its two gradients (a tape
+// over sum(conv2d(x, w))), with Winograd convolutions off and on (precision.h): ms per layer, the
+// median of --reps.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -16,6 +19,7 @@
 #include "bench_util.h"
 #include "dtrain/core/precision.h"
 #include "dtrain/devices/device.h"
+#include "dtrain/model/gradient_tape.h"
 #include "dtrain/model/ops.h"
 
 namespace dtrain::bench {
@@ -47,6 +51,57 @@ double stream_gbs(double mb, int reps) {
     secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return 3.0 * 4.0 * static_cast<double>(n) / median(secs) / 1e9;
+}
+
+// ms of one 3x3, stride-1, same-padded c -> c convolution layer on [n, hw, hw, c]: forward, the
+// input's gradient and the filter's (and the loss's sum), median of `reps` after warm-up.
+double conv_layer_ms(int64_t n, int64_t hw, int64_t c, bool winograd, int reps) {
+  enable_winograd_convolutions(winograd);
+  const Tensor x = Tensor::full(Shape{n, hw, hw, c}, 0.5f);
+  const Tensor w = Tensor::full(Shape{3, 3, c, c}, 0.01f);
+  auto layer = [&] {
+    Tensor xv = x, wv = w;
+    GradientTape tape;
+    tape.watch(xv);
+    tape.watch(wv);
+    const Tensor loss = ops::sum(ops::conv2d(xv, wv, Tensor(), 1, 1, ops::Padding::kSame));
+    return tape.gradient(loss, {xv, wv});
+  };
+  for (int i = 0; i < 2; ++i) layer();
+  std::vector<double> secs;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    layer();
+    secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  enable_winograd_convolutions(true);
+  return 1e3 * median(secs);
+}
+
+void conv_lines(const PeakArgs& a) {
+  struct Layer {
+    int64_t hw, c;
+  };
+  for (const int64_t n : a.conv_batches)
+    for (const Layer l : {Layer{56, 64}, Layer{28, 128}, Layer{14, 256}, Layer{7, 512}}) {
+      const double direct = conv_layer_ms(n, l.hw, l.c, false, a.reps);
+      const double wino = conv_layer_ms(n, l.hw, l.c, true, a.reps);
+      const std::string what = "conv 3x3 " + std::to_string(l.hw) + "x" + std::to_string(l.hw) +
+                               "x" + std::to_string(l.c) + ", batch " + std::to_string(n);
+      std::printf("%-34s direct %8.1f ms, Winograd %8.1f ms (%.2fx)\n", what.c_str(), direct, wino,
+                  direct / wino);
+      if (a.json)
+        std::printf("%s\n", nlohmann::json{{"benchmark", "peak_conv"},
+                                           {"hw", l.hw},
+                                           {"channels", l.c},
+                                           {"batch", n},
+                                           {"threads", a.threads},
+                                           {"direct_ms", direct},
+                                           {"winograd_ms", wino},
+                                           {"cpu", cpu_model()}}
+                                .dump()
+                                .c_str());
+    }
 }
 
 }  // namespace
@@ -94,6 +149,7 @@ int peak_bench(const PeakArgs& a) {
                               .dump()
                               .c_str());
   }
+  conv_lines(a);
   std::printf("peak: float32 %.1f GFLOP/s, mixed bfloat16 %.1f GFLOP/s (%.2fx)\n", best[0], best[1],
               best[1] / best[0]);
   if (a.images_per_sec > 0 && a.gflop_per_image > 0) {

@@ -1,5 +1,5 @@
-// Safetensors files and CheckpointManager. nlohmann/json is used only inside this file; its
-// exceptions are caught where it is called and rethrown as dtrain errors.
+// Safetensors files (CheckpointManager: checkpoint_manager.cc). nlohmann/json's exceptions are
+// caught where it is called and rethrown as dtrain errors.
 //
 // Loading never trusts the header: every size is checked against the file size before anything
 // is allocated, and the entries must tile the data section exactly (the same rule as the Rust
@@ -20,10 +20,16 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "core/checkpoint_files.h"
 #include "dtrain/core/logging.h"
 
 namespace dtrain {
 namespace {
+
+using detail::Fd;
+using detail::Piece;
+using detail::printable;
+using detail::write_atomically;
 
 static_assert(std::endian::native == std::endian::little,
               "safetensors data is little-endian; this host needs byte swapping added");
@@ -32,9 +38,7 @@ namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
 
 constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
-constexpr size_t kMaxIndexBytes = 64 << 10;
 constexpr int kMaxJsonDepth = 16;  // a safetensors header nests 3 deep
-constexpr const char* kIndexName = "checkpoint";
 
 struct DTypeName {
   DType dtype;
@@ -53,36 +57,6 @@ const char* safetensors_name(DType t) {
     if (d.dtype == t) return d.name;
   throw Internal(std::string("no safetensors name for dtype ") + dtype_name(t));
 }
-
-// nlohmann's messages and file contents may hold raw bytes; keep messages printable and short.
-std::string printable(const std::string& s, size_t limit = 200) {
-  std::string out = s.substr(0, limit);
-  for (char& c : out)
-    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
-  if (s.size() > limit) out += "...";
-  return out;
-}
-
-// Owns a file descriptor.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  // Closes now, returning close()'s errno (0 on success): on NFS a failed close is a failed write.
-  int close() {
-    const int r = ::close(fd_);
-    fd_ = -1;
-    return r == 0 ? 0 : errno;
-  }
-
- private:
-  int fd_;
-};
 
 [[noreturn]] void throw_io(const std::string& what, const std::string& path, int err) {
   throw Unavailable(detail::str_cat(what, " ", path, ": ", std::strerror(err)));
@@ -133,14 +107,19 @@ void fsync_dir(const std::string& dir) {
   if (::fsync(fd.get()) != 0 && errno != EINVAL) throw_io("cannot fsync directory", dir, errno);
 }
 
-struct Piece {
-  const void* data;
-  size_t size;
-  const CheckpointData::Streamed* streamed = nullptr;  // produced when its turn comes
-};
+bool is_valid_utf8(const std::string& s) {
+  try {
+    (void)ojson(s).dump();
+    return true;
+  } catch (const nlohmann::json::exception&) {
+    return false;
+  }
+}
 
-// Writes the pieces to a temporary file beside `path`, fsyncs it and renames it over `path`. The
-// name carries pid and a sequence number so concurrent writers never share a temporary file.
+}  // namespace
+
+namespace detail {
+
 void write_atomically(const std::string& path, const std::vector<Piece>& pieces) {
   static std::atomic<uint64_t> seq{0};
   const std::string tmp = detail::str_cat(path, ".tmp.", ::getpid(), ".", seq.fetch_add(1));
@@ -172,16 +151,7 @@ void write_atomically(const std::string& path, const std::vector<Piece>& pieces)
   fsync_dir(parent_dir(path));
 }
 
-bool is_valid_utf8(const std::string& s) {
-  try {
-    (void)ojson(s).dump();
-    return true;
-  } catch (const nlohmann::json::exception&) {
-    return false;
-  }
-}
-
-}  // namespace
+}  // namespace detail
 
 const Tensor* CheckpointData::find(const std::string& name) const {
   for (const auto& [n, t] : tensors)
@@ -426,187 +396,6 @@ CheckpointData load_safetensors(const std::string& path) {
     out.tensors.emplace_back(e.name, std::move(t));
   }
   return out;
-}
-
-// ---------------------------------------------------------------------------------------------
-// CheckpointManager
-
-namespace {
-
-std::mutex g_save_mu;  // serialises save() within the process (checkpoints are rare and large)
-
-std::string ckpt_name(int64_t step) { return "ckpt-" + std::to_string(step) + ".safetensors"; }
-
-// The step of "ckpt-<digits>.safetensors", or nullopt for any other name.
-std::optional<int64_t> parse_ckpt_name(const std::string& name) {
-  static const std::string kPrefix = "ckpt-", kSuffix = ".safetensors";
-  if (name.size() <= kPrefix.size() + kSuffix.size() || name.rfind(kPrefix, 0) != 0 ||
-      name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) != 0)
-    return std::nullopt;
-  const std::string digits =
-      name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
-  if (digits.size() > 18 ||
-      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    return std::nullopt;
-  return std::stoll(digits);
-}
-
-std::string join_path(const std::string& dir, const std::string& name) {
-  return (fs::path(dir) / name).string();
-}
-
-// (step, file name) of every checkpoint file in `dir`, highest step first.
-std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
-  std::vector<std::pair<int64_t, std::string>> out;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (auto step = parse_ckpt_name(name)) out.emplace_back(*step, name);
-  }
-  if (ec) throw Unavailable("cannot list checkpoint directory " + dir + ": " + ec.message());
-  std::sort(out.begin(), out.end(), std::greater<>());
-  return out;
-}
-
-void remove_file(const std::string& path, const char* why) {
-  if (::unlink(path.c_str()) == 0 || errno == ENOENT) return;
-  const int err = errno;
-  DTRAIN_LOG(WARNING) << "CheckpointManager: cannot remove " << why << " " << path << ": "
-                      << std::strerror(err) << "; it is left in place";
-}
-
-// Leftovers of a writer killed mid-save: "ckpt-*.tmp.*" and "checkpoint.tmp.*".
-void remove_temporaries(const std::string& dir) {
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if ((name.rfind("ckpt-", 0) == 0 || name.rfind(kIndexName, 0) == 0) &&
-        name.find(".tmp.") != std::string::npos)
-      remove_file(it->path().string(), "temporary file");
-  }
-}
-
-// The checkpoint file the index names, or nullopt with *why set (empty when there is no index).
-std::optional<std::string> read_index(const std::string& dir, std::string* why) {
-  const std::string path = join_path(dir, kIndexName);
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    *why = errno == ENOENT ? "" : "index " + path + " cannot be opened: " + std::strerror(errno);
-    return std::nullopt;
-  }
-  std::string text(kMaxIndexBytes, '\0');
-  ssize_t r;
-  do r = ::pread(fd.get(), text.data(), text.size(), 0);
-  while (r < 0 && errno == EINTR);
-  if (r < 0) {
-    *why = "index " + path + " cannot be read: " + std::strerror(errno);
-    return std::nullopt;
-  }
-  text.resize(static_cast<size_t>(r));
-  try {
-    const ojson j = ojson::parse(text);
-    const auto step = parse_ckpt_name(j.at("latest").get<std::string>());
-    if (!step || j.at("step").get<int64_t>() != *step) throw std::invalid_argument("inconsistent");
-    return ckpt_name(*step);
-  } catch (const std::exception&) {  // json errors and our own "inconsistent"
-    *why = "index " + path + " is corrupt ('" + printable(text, 100) + "')";
-    return std::nullopt;
-  }
-}
-
-}  // namespace
-
-CheckpointManager::CheckpointManager(std::string directory, int max_to_keep)
-    : directory_(std::move(directory)), max_to_keep_(max_to_keep) {
-  if (directory_.empty()) throw InvalidArgument("CheckpointManager: the directory name is empty");
-  if (max_to_keep_ < 1)
-    throw InvalidArgument(detail::str_cat("CheckpointManager: max_to_keep is ", max_to_keep_,
-                                          "; it must be at least 1"));
-  std::error_code ec;
-  fs::create_directories(directory_, ec);
-  if (ec) throw Unavailable("CheckpointManager: cannot create " + directory_ + ": " + ec.message());
-  if (!fs::is_directory(directory_, ec))
-    throw Unavailable("CheckpointManager: " + directory_ + " exists and is not a directory");
-}
-
-std::string CheckpointManager::save(int64_t step, CheckpointData data) {
-  if (step < 0)
-    throw InvalidArgument(detail::str_cat("CheckpointManager::save: step ", step, " is negative"));
-  std::lock_guard<std::mutex> lock(g_save_mu);
-  remove_temporaries(directory_);
-  data.metadata["step"] = std::to_string(step);
-  const std::string name = ckpt_name(step);
-  const std::string path = join_path(directory_, name);
-  save_safetensors(path, data);  // durable before the index can name it
-
-  ojson index = ojson::object();
-  index["latest"] = name;
-  index["step"] = step;
-  const std::string text = index.dump() + "\n";
-  write_atomically(join_path(directory_, kIndexName), {{text.data(), text.size()}});
-
-  int kept = 1;  // the one just written
-  for (const auto& [s, file] : list_checkpoints(directory_)) {
-    if (s == step) continue;
-    if (kept < max_to_keep_)
-      ++kept;
-    else
-      remove_file(join_path(directory_, file), "old checkpoint");
-  }
-  return path;
-}
-
-std::optional<CheckpointData> CheckpointManager::restore_latest(int64_t* step) const {
-  std::vector<std::string> skipped;  // "what: why", for the one warning line
-  auto try_load = [&](const std::string& name) -> std::optional<CheckpointData> {
-    const int64_t s = *parse_ckpt_name(name);
-    try {
-      CheckpointData d = load_safetensors(join_path(directory_, name));
-      auto it = d.metadata.find("step");
-      if (it != d.metadata.end() && it->second != std::to_string(s))
-        throw DataLoss("its metadata says step " + printable(it->second, 40));
-      if (step) *step = s;
-      return d;
-    } catch (const Error& e) {
-      skipped.push_back(name + " (" + e.what() + ")");
-      return std::nullopt;
-    }
-  };
-
-  std::string why;
-  const std::optional<std::string> indexed = read_index(directory_, &why);
-  if (indexed)
-    if (auto d = try_load(*indexed)) return d;
-  const auto files = list_checkpoints(directory_);
-  if (!indexed && why.empty() && !files.empty()) why = "index file 'checkpoint' is missing";
-  if (!why.empty()) skipped.insert(skipped.begin(), why);
-
-  for (const auto& [s, name] : files) {
-    if (indexed && name == *indexed) continue;
-    if (auto d = try_load(name)) {
-      std::string line;
-      for (const std::string& what : skipped) line += (line.empty() ? "" : "; ") + what;
-      DTRAIN_LOG(WARNING) << "CheckpointManager(" << directory_ << "): restored " << name
-                          << " after skipping: " << line;
-      return d;
-    }
-  }
-  if (skipped.empty()) return std::nullopt;  // no index, no checkpoint files: a fresh directory
-  std::string all;
-  for (const std::string& what : skipped) all += (all.empty() ? "" : "; ") + what;
-  throw DataLoss("CheckpointManager(" + directory_ + "): no checkpoint can be restored: " + all);
-}
-
-std::optional<std::string> CheckpointManager::latest_path() const {
-  std::string why;
-  if (auto indexed = read_index(directory_, &why)) {
-    const std::string path = join_path(directory_, *indexed);
-    std::error_code ec;
-    if (fs::is_regular_file(path, ec)) return path;
-  }
-  const auto files = list_checkpoints(directory_);
-  if (files.empty()) return std::nullopt;
-  return join_path(directory_, files.front().second);
 }
 
 }  // namespace dtrain

@@ -3,11 +3,9 @@
 // are in backup_restore_test.py).
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <thread>
 
 #include "dtrain/dtrain.h"
 
@@ -463,68 +461,6 @@ TEST_F(TrainingApi, BackupAndRestoreResumesBitwise) {
         << "crash at " << crash_at;                        // the epoch's sums were restored
     EXPECT_FALSE(fs::exists(fs::path(b) / "checkpoint"));  // deleted once training finished
   }
-}
-
-// The chief's final checkpoint replaces the file of its last step, at times within the file
-// system's timestamp tick (or between the evaluator's load and its look at the file): the evaluator
-// must still evaluate it. The modification time is set back here so that only the file's identity
-// (its inode) tells the two apart.
-TEST_F(TrainingApi, SidecarEvaluatorEvaluatesAFinalCheckpointThatReplacedTheLastOne) {
-  Sequential model = mlp();
-  model.build(Shape{1, 4});
-  auto data = [&](bool final) {
-    CheckpointData d;
-    for (const auto& v : model.variables()) d.tensors.emplace_back(v->name(), v->value());
-    d.metadata["final"] = final ? "1" : "0";
-    return d;
-  };
-  CheckpointManager manager(dir_.string());
-  const std::string path = manager.save(6, data(false));
-  const fs::path out_path = dir_ / "evaluator.out";
-  std::FILE* out = std::fopen(out_path.c_str(), "w");
-  ASSERT_NE(out, nullptr);
-  std::atomic<bool> stop{false};
-  SidecarEvaluatorOptions o;
-  o.checkpoint_dir = dir_.string();
-  o.poll = std::chrono::milliseconds(5);
-  o.timeout = std::chrono::seconds(20);
-  o.stop = &stop;
-  o.out = out;
-  o.json = true;
-  std::vector<SidecarResult> results;
-  std::string error;
-  std::thread evaluator([&] {
-    try {
-      results = SidecarEvaluator(model, classification(50), o).run();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  });
-  auto lines = [&] {
-    std::ifstream in(out_path);
-    int n = 0;
-    for (std::string line; std::getline(in, line);) n += line.find("evaluator_step") != line.npos;
-    return n;
-  };
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (lines() < 1 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  // As CheckpointManager::save writes it, but with the old file's modification time before it
-  // replaces the old file.
-  const fs::path staged = dir_ / "staged.safetensors";
-  CheckpointData final_data = data(true);
-  final_data.metadata["step"] = "6";
-  save_safetensors(staged.string(), final_data);
-  fs::last_write_time(staged, fs::last_write_time(path));
-  fs::rename(staged, path);
-  stop = true;
-  evaluator.join();
-  std::fclose(out);
-  ASSERT_EQ(error, "");
-  ASSERT_EQ(results.size(), 2u);
-  EXPECT_FALSE(results[0].final);
-  EXPECT_TRUE(results[1].final);
-  EXPECT_EQ(results[1].step, 6);
 }
 
 TEST_F(TrainingApi, ModelCheckpointKeepsTheBest) {

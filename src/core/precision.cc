@@ -10,17 +10,21 @@ namespace dtrain {
 namespace {
 std::atomic<Precision> g_policy{Precision::kFloat32};
 std::atomic<bool> g_tf32{false};
-std::atomic<bool> g_winograd{[] {
-  const char* v = std::getenv("DTRAIN_CPU_CONV_WINOGRAD");
-  return !(v && std::strcmp(v, "0") == 0);
-}()};
+// A function's static, so that a call from another file's static initializer finds it set.
+std::atomic<bool>& winograd_flag() {
+  static std::atomic<bool> flag{[] {
+    const char* v = std::getenv("DTRAIN_CPU_CONV_WINOGRAD");
+    return !(v && std::strcmp(v, "0") == 0);
+  }()};
+  return flag;
+}
 }  // namespace
 
 void enable_winograd_convolutions(bool enabled) {
-  g_winograd.store(enabled, std::memory_order_relaxed);
+  winograd_flag().store(enabled, std::memory_order_relaxed);
 }
 
-bool winograd_convolutions_enabled() { return g_winograd.load(std::memory_order_relaxed); }
+bool winograd_convolutions_enabled() { return winograd_flag().load(std::memory_order_relaxed); }
 
 void enable_tensor_float_32_execution(bool enabled) {
   g_tf32.store(enabled, std::memory_order_relaxed);

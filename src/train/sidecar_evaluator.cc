@@ -63,16 +63,20 @@ std::vector<SidecarResult> SidecarEvaluator::run() {
   // replaces the file of its last step, possibly within one timestamp tick. What counts as seen is
   // the file the load read (CheckpointData::source), not the path's file after the load, which may
   // already be the final one.
-  std::string last_seen;
+  // Also the file the index named when it was loaded: where that file does not load,
+  // restore_latest() falls back to an older one, which must not be evaluated again and again.
+  std::string last_seen, last_named;
   auto last_change = std::chrono::steady_clock::now();
   for (;;) {
     const bool stopping = o_.stop && o_.stop->load();
     const std::optional<std::string> path = manager.latest_path();
-    if (path && file_source(*path) != last_seen) {
+    const std::string named = path ? file_source(*path) : std::string();
+    if (path && named != last_seen && named != last_named) {
       int64_t step = 0;
       std::optional<CheckpointData> data = manager.restore_latest(&step);
       if (data) {
         last_seen = data->source;
+        last_named = named;
         last_change = std::chrono::steady_clock::now();
         load_into(model_, *data);
         SidecarResult r;

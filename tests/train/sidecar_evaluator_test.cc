@@ -99,5 +99,41 @@ TEST_F(SidecarEvaluatorTest, EvaluatesAFinalCheckpointThatReplacedTheLastOne) {
   EXPECT_EQ(results[1].step, 6);
 }
 
+// The index names a checkpoint that does not load (truncated): the evaluator evaluates the older
+// one restore_latest() falls back to once, then waits, rather than evaluating it again and again.
+TEST_F(SidecarEvaluatorTest, EvaluatesTheFallbackOfADamagedCheckpointOnce) {
+  Sequential model;
+  model.add(std::make_shared<Dense>(3));
+  model.build(Shape{1, 4});
+  CheckpointData d;
+  for (const auto& v : model.variables()) d.tensors.emplace_back(v->name(), v->value());
+  CheckpointManager manager(dir_.string());
+  manager.save(6, d);
+  const std::string damaged = manager.save(9, d);
+  fs::resize_file(damaged, 20);
+  std::atomic<bool> stop{false};
+  SidecarEvaluatorOptions o;
+  o.checkpoint_dir = dir_.string();
+  o.poll = std::chrono::milliseconds(5);
+  o.timeout = std::chrono::seconds(20);
+  o.stop = &stop;
+  o.out = nullptr;
+  std::vector<SidecarResult> results;
+  std::string error;
+  std::thread evaluator([&] {
+    try {
+      results = SidecarEvaluator(model, dataset(), o).run();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // 60 polls
+  stop = true;
+  evaluator.join();
+  ASSERT_EQ(error, "");
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].step, 6);
+}
+
 }  // namespace
 }  // namespace dtrain

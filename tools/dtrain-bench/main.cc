@@ -246,8 +246,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   peak->add_option("--conv-batches", pk.conv_batches,
                    "also time ResNet-50's 3x3 layers (56x56x64 to 7x7x512; forward and both "
-                   "backward passes) at these batch sizes, direct and Winograd")
-      ->delimiter(',');
+                   "backward passes) at these batch sizes, Winograd off and on")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   peak->add_flag("--json", pk.json, "also print one JSON object per result");
   AllocReplayArgs al;
   auto* alloc = app.add_subcommand(

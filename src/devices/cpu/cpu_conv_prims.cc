@@ -16,10 +16,10 @@ namespace {
 // else. Without bfloat16 kernels on this CPU they read float32 rounded to bfloat16 (dnnl_util.h).
 dt in_type(bool bf16) { return bf16 ? kernel_input_type() : dt::f32; }
 
-std::string conv_key(const char* op, const ConvShapes& s, bool bias, bool winograd) {
+std::string conv_key(const char* op, const ConvShapes& s, bool bias, bool bf16, bool winograd) {
   std::string k = op;
   if (winograd) k += "@wino";
-  if (mixed_bf16()) k += bf16_kernels_native() ? "@bf16" : "@bf16-emulated";
+  if (bf16) k += bf16_kernels_native() ? "@bf16" : "@bf16-emulated";
   key_dims(k, s.src);
   key_dims(k, s.wei);
   key_dims(k, s.strides);
@@ -57,8 +57,8 @@ thread_local bool t_direct_only = false;
 // layer runs the same algorithm whatever the strategy splits the batch into (Winograd's rounding
 // differs from the direct convolution's). oneDNN checks its own conditions (the CPU, the layout)
 // when the primitive is made; where it has none, the direct convolution runs.
-bool winograd_wanted(const ConvShapes& s) {
-  if (t_direct_only || !winograd_convolutions_enabled() || mixed_bf16()) return false;
+bool winograd_wanted(const ConvShapes& s, bool bf16) {
+  if (t_direct_only || bf16 || !winograd_convolutions_enabled()) return false;
   const memory::dims& w = s.wei;  // {Cout, Cin, KH, KW}
   if (w[2] != 3 || w[3] != 3 || s.strides[0] != 1 || s.strides[1] != 1) return false;
   for (const auto pad : {s.pad_l[0], s.pad_l[1], s.pad_r[0], s.pad_r[1]})
@@ -68,9 +68,11 @@ bool winograd_wanted(const ConvShapes& s) {
 }
 
 // Makes a primitive with Winograd's algorithm where wanted and oneDNN has it, else the direct one.
+// The caller decides `winograd` once, for the cache key and the primitive alike (the settings may
+// change on another thread meanwhile).
 template <class Make>
-auto with_algorithm(const ConvShapes& s, Make make) {
-  if (winograd_wanted(s)) {
+auto with_algorithm(bool winograd, Make make) {
+  if (winograd) {
     try {
       return make(algorithm::convolution_winograd);
     } catch (const dnnl::error&) {  // unimplemented here (an AVX2-only CPU): the direct one
@@ -154,10 +156,10 @@ DirectConvolutionsOnly::DirectConvolutionsOnly() : previous_(t_direct_only) {
 DirectConvolutionsOnly::~DirectConvolutionsOnly() { t_direct_only = previous_; }
 
 std::shared_ptr<ConvFwd> conv_fwd_prim(CpuKernels::State& st, const ConvShapes& s, bool bias) {
-  return st.get<ConvFwd>(conv_key("cf", s, bias, winograd_wanted(s)), [&] {
-    return with_algorithm(s, [&](algorithm a) {
-      dnnl::convolution_forward::primitive_desc pd(conv_fwd_desc(s, bias, mixed_bf16(), a),
-                                                   st.engine);
+  const bool bf16 = mixed_bf16(), wino = winograd_wanted(s, bf16);
+  return st.get<ConvFwd>(conv_key("cf", s, bias, bf16, wino), [&] {
+    return with_algorithm(wino, [&](algorithm a) {
+      dnnl::convolution_forward::primitive_desc pd(conv_fwd_desc(s, bias, bf16, a), st.engine);
       return std::make_shared<ConvFwd>(
           ConvFwd{pd, dnnl::convolution_forward(pd), memory::desc(s.wei, dt::f32, tag::hwio)});
     });
@@ -165,9 +167,9 @@ std::shared_ptr<ConvFwd> conv_fwd_prim(CpuKernels::State& st, const ConvShapes& 
 }
 
 std::shared_ptr<ConvBwdData> conv_bwd_data_prim(CpuKernels::State& st, const ConvShapes& s) {
-  return st.get<ConvBwdData>(conv_key("cbd", s, false, winograd_wanted(s)), [&] {
-    return with_algorithm(s, [&](algorithm a) {
-      const bool bf16 = mixed_bf16();
+  const bool bf16 = mixed_bf16(), wino = winograd_wanted(s, bf16);
+  return st.get<ConvBwdData>(conv_key("cbd", s, false, bf16, wino), [&] {
+    return with_algorithm(wino, [&](algorithm a) {
       dnnl::convolution_forward::primitive_desc hint(conv_fwd_desc(s, false, bf16, a), st.engine);
       dnnl::convolution_backward_data::desc d(
           a, memory::desc(s.src, dt::f32, act_tag(a)), memory::desc(s.wei, in_type(bf16), tag::any),
@@ -181,9 +183,9 @@ std::shared_ptr<ConvBwdData> conv_bwd_data_prim(CpuKernels::State& st, const Con
 
 std::shared_ptr<ConvBwdWeights> conv_bwd_weights_prim(CpuKernels::State& st, const ConvShapes& s,
                                                       bool bias) {
-  return st.get<ConvBwdWeights>(conv_key("cbw", s, bias, winograd_wanted(s)), [&] {
-    return with_algorithm(s, [&](algorithm a) {
-      const bool bf16 = mixed_bf16();
+  const bool bf16 = mixed_bf16(), wino = winograd_wanted(s, bf16);
+  return st.get<ConvBwdWeights>(conv_key("cbw", s, bias, bf16, wino), [&] {
+    return with_algorithm(wino, [&](algorithm a) {
       dnnl::convolution_forward::primitive_desc hint(conv_fwd_desc(s, bias, bf16, a), st.engine);
       const memory::desc src(s.src, in_type(bf16), act_tag(a)),
           ddst(s.dst, in_type(bf16), act_tag(a));

@@ -57,9 +57,10 @@ DTRAIN_API bool tensor_float_32_execution_enabled();
 
 // Winograd convolutions on CPUs. oneDNN's Winograd kernels (F(4x4, 3x3), AVX-512 CPUs) compute a
 // 3x3, stride-1 float32 convolution with about 2.2x fewer operations: ResNet-50's 3x3 layers run
-// 2.1-2.2x faster in all three directions on a Zen 4 EPYC core (docs/performance.md). The price is
+// 1.7-2.0x faster (forward and both gradients, reorders included) on a Zen 4 EPYC core at batch
+// 32 (docs/performance.md). The price is
 // rounding: about 5x float32 direct convolution's error (root-mean-square 8.5e-7 against 1.6e-7 on
-// outputs of magnitude 1; bfloat16's is 1e-3 and TF32's 1e-4), still float32-accurate for
+// outputs of magnitude 1; a bfloat16 operand's rounding is 4e-3, TF32's 5e-4), float32-accurate for
 // training, and deterministic. dtrain uses them where they pay: float32 (not mixed_bfloat16, whose
 // numerics are bfloat16 products), 3x3 filters, stride 1, at most 1 pixel of padding, channel
 // counts that are multiples of 16 and at least 16 output tiles of 4x4 an image (outputs of 13x13

@@ -22,6 +22,8 @@ class SidecarEvaluatorTest : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
+    model_.add(std::make_shared<Dense>(3));
+    model_.build(Shape{1, 4});
   }
   void TearDown() override { fs::remove_all(dir_); }
   // 20 examples of 4 features, 3 classes.
@@ -33,7 +35,54 @@ class SidecarEvaluatorTest : public ::testing::Test {
     return Dataset::from_tensors(
         {Tensor::from_vector(x, Shape{20, 4}), Tensor::from_vector(y, Shape{20})});
   }
+  // The model's variables as a checkpoint, marked final or not.
+  CheckpointData checkpoint(bool final) const {
+    CheckpointData d;
+    for (const auto& v : model_.variables()) d.tensors.emplace_back(v->name(), v->value());
+    d.metadata["final"] = std::string(1, final ? '1' : '0');
+    return d;
+  }
+
+  // Runs the evaluator on dir_ on a thread (polling every 5 ms, giving up after 20 s without a
+  // new checkpoint) until finish() sets `stop` and joins it.
+  class Background {
+   public:
+    Background(SidecarEvaluatorTest& t, std::FILE* out) {
+      SidecarEvaluatorOptions o;
+      o.checkpoint_dir = t.dir_.string();
+      o.poll = std::chrono::milliseconds(5);
+      o.timeout = std::chrono::seconds(20);
+      o.stop = &stop_;
+      o.out = out;
+      o.json = true;
+      thread_ = std::thread([this, &t, o] {
+        try {
+          results_ = SidecarEvaluator(t.model_, dataset(), o).run();
+        } catch (const std::exception& e) {
+          error_ = e.what();
+        }
+      });
+    }
+    ~Background() {
+      if (thread_.joinable()) finish();
+    }
+    // Stops the evaluator, joins it and returns what it evaluated; fails the test on an error.
+    std::vector<SidecarResult> finish() {
+      stop_ = true;
+      thread_.join();
+      EXPECT_EQ(error_, "");
+      return results_;
+    }
+
+   private:
+    std::atomic<bool> stop_{false};
+    std::vector<SidecarResult> results_;
+    std::string error_;
+    std::thread thread_;
+  };
+
   fs::path dir_;
+  Sequential model_;
 };
 
 // The chief's final checkpoint replaces the file of its last step, at times within the file
@@ -41,37 +90,12 @@ class SidecarEvaluatorTest : public ::testing::Test {
 // must still evaluate it. The modification time is set back here so that only the file's identity
 // (its inode) tells the two apart.
 TEST_F(SidecarEvaluatorTest, EvaluatesAFinalCheckpointThatReplacedTheLastOne) {
-  Sequential model;
-  model.add(std::make_shared<Dense>(3));
-  model.build(Shape{1, 4});
-  auto data = [&](bool final) {
-    CheckpointData d;
-    for (const auto& v : model.variables()) d.tensors.emplace_back(v->name(), v->value());
-    d.metadata["final"] = std::string(1, final ? '1' : '0');
-    return d;
-  };
   CheckpointManager manager(dir_.string());
-  const std::string path = manager.save(6, data(false));
+  const std::string path = manager.save(6, checkpoint(false));
   const fs::path out_path = dir_ / "evaluator.out";
   std::FILE* out = std::fopen(out_path.c_str(), "w");
   ASSERT_NE(out, nullptr);
-  std::atomic<bool> stop{false};
-  SidecarEvaluatorOptions o;
-  o.checkpoint_dir = dir_.string();
-  o.poll = std::chrono::milliseconds(5);
-  o.timeout = std::chrono::seconds(20);
-  o.stop = &stop;
-  o.out = out;
-  o.json = true;
-  std::vector<SidecarResult> results;
-  std::string error;
-  std::thread evaluator([&] {
-    try {
-      results = SidecarEvaluator(model, dataset(), o).run();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  });
+  Background evaluator(*this, out);
   auto lines = [&] {
     std::ifstream in(out_path);
     int n = 0;
@@ -84,15 +108,13 @@ TEST_F(SidecarEvaluatorTest, EvaluatesAFinalCheckpointThatReplacedTheLastOne) {
   // As CheckpointManager::save writes it, but with the old file's modification time before it
   // replaces the old file.
   const fs::path staged = dir_ / "staged.safetensors";
-  CheckpointData final_data = data(true);
-  final_data.metadata["step"] = "6";
+  CheckpointData final_data = checkpoint(true);
+  final_data.metadata["step"] = std::to_string(6);
   save_safetensors(staged.string(), final_data);
   fs::last_write_time(staged, fs::last_write_time(path));
   fs::rename(staged, path);
-  stop = true;
-  evaluator.join();
+  const std::vector<SidecarResult> results = evaluator.finish();
   std::fclose(out);
-  ASSERT_EQ(error, "");
   ASSERT_EQ(results.size(), 2u);
   EXPECT_FALSE(results[0].final);
   EXPECT_TRUE(results[1].final);
@@ -102,35 +124,12 @@ TEST_F(SidecarEvaluatorTest, EvaluatesAFinalCheckpointThatReplacedTheLastOne) {
 // The index names a checkpoint that does not load (truncated): the evaluator evaluates the older
 // one restore_latest() falls back to once, then waits, rather than evaluating it again and again.
 TEST_F(SidecarEvaluatorTest, EvaluatesTheFallbackOfADamagedCheckpointOnce) {
-  Sequential model;
-  model.add(std::make_shared<Dense>(3));
-  model.build(Shape{1, 4});
-  CheckpointData d;
-  for (const auto& v : model.variables()) d.tensors.emplace_back(v->name(), v->value());
   CheckpointManager manager(dir_.string());
-  manager.save(6, d);
-  const std::string damaged = manager.save(9, d);
-  fs::resize_file(damaged, 20);
-  std::atomic<bool> stop{false};
-  SidecarEvaluatorOptions o;
-  o.checkpoint_dir = dir_.string();
-  o.poll = std::chrono::milliseconds(5);
-  o.timeout = std::chrono::seconds(20);
-  o.stop = &stop;
-  o.out = nullptr;
-  std::vector<SidecarResult> results;
-  std::string error;
-  std::thread evaluator([&] {
-    try {
-      results = SidecarEvaluator(model, dataset(), o).run();
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  });
+  manager.save(6, checkpoint(false));
+  fs::resize_file(manager.save(9, checkpoint(false)), 20);
+  Background evaluator(*this, nullptr);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // 60 polls
-  stop = true;
-  evaluator.join();
-  ASSERT_EQ(error, "");
+  const std::vector<SidecarResult> results = evaluator.finish();
   ASSERT_EQ(results.size(), 1u);
   EXPECT_EQ(results[0].step, 6);
 }

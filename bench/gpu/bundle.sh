@@ -31,7 +31,7 @@ for b in "${bins[@]}"; do ldd "$b"; done | awk '/=> \//{print $1, $3}' | sort -u
   done
 # gperftools' CPU profiler for `bench/gpu/profile.sh host`, when installed here (google-perftools).
 for l in libprofiler.so.0 libunwind.so.8 liblzma.so.5; do
-  p=$(ldconfig -p | awk -v l="$l" '$1 == l && /x86-64/ {print $NF; exit}')
+  p=$(ldconfig -p | awk -v l="$l" '$1 == l && /x86-64/ && !f {print $NF; f = 1}')  # no early exit: SIGPIPE under pipefail
   if [ -n "$p" ]; then cp -L "$p" "$out/lib/$l"; fi
 done
 for f in "$root"/docs/*.md "$root"/README.md; do cp "$f" "$out/corpus/$(basename "$f" .md).txt"; done

@@ -2,7 +2,7 @@
 # The GPU checks of one device lease, as one script (docs/performance.md, "On a GPU"): run on the
 # GPU machine from the repository root with .gpu/bundle.tar.xz made by bench/gpu/bundle.sh. Writes
 # logs and results.jsonl to $OUT (or ./gpu-out). Each step has its own time limit so that one hang cannot eat the lease.
-#   bench/gpu/run.sh [quick]
+#   bench/gpu/run.sh [quick]          ONLY=REGEX runs only the steps whose label matches (bash =~)
 set -uo pipefail
 . "$(dirname "$0")/stage.sh"
 py=$(command -v python3)
@@ -12,6 +12,7 @@ res=$out/results.jsonl; : >"$res"
 # peak GPU memory of the process under test, from nvidia-smi every 100 ms (the same measure for both systems)
 peak() {  # peak LABEL TIMEOUT CMD...
   local label=$1 limit=$2; shift 2
+  [[ $label =~ ${ONLY:-.} ]] || return 0
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$stage/mem.$label" &
   local smi=$!
   echo "== $label: $*" | tee -a "$out/log.txt"
@@ -36,10 +37,14 @@ peak torch_resnet50_b32_tf32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-
 peak torch_resnet50_b32_bf16 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math bf16
 [ "${1:-}" = quick ] && exit 0
 peak dtrain_resnet50_b256 120 "$b/synthetic_benchmark" --batch-size 256 --num-warmup-batches 3 --num-batches-per-iter 5 --num-iters 3 --devices=gpu --json
+peak dtrain_resnet50_b256_tf32 120 "$b/synthetic_benchmark" --batch-size 256 --tf32 --num-warmup-batches 3 --num-batches-per-iter 5 --num-iters 3 --devices=gpu --json
 peak torch_resnet50_b256_fp32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 256 --math fp32 --batches 5
 peak dtrain_resnet50_b256_bf16 120 "$b/synthetic_benchmark" --batch-size 256 --precision bf16 --num-warmup-batches 3 --num-batches-per-iter 5 --num-iters 3 --devices=gpu --json
+peak torch_resnet50_b256_tf32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 256 --math tf32 --batches 5
 peak torch_resnet50_b256_bf16 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 256 --math bf16 --batches 5
 peak dtrain_gpt2_c1024_b8 120 "$b/gpt" --preset gpt2 --context 1024 --batch-size 8 --devices=gpu --steps 25 --steps-per-epoch 25 --epochs 1 --val-windows 8 --warmup-steps 5 --corpus-dir "$stage/corpus" --json
 peak dtrain_gpt2_c1024_b8_bf16 120 "$b/gpt" --preset gpt2 --context 1024 --batch-size 8 --devices=gpu --precision bf16 --steps 25 --steps-per-epoch 25 --epochs 1 --val-windows 8 --warmup-steps 5 --corpus-dir "$stage/corpus" --json
+peak dtrain_gpt2_c1024_b8_tf32 120 "$b/gpt" --preset gpt2 --context 1024 --batch-size 8 --devices=gpu --tf32 --steps 25 --steps-per-epoch 25 --epochs 1 --val-windows 8 --warmup-steps 5 --corpus-dir "$stage/corpus" --json
 peak torch_gpt2_c1024_b8_fp32 75 "$py" bench/gpu/torch_peers.py gpt --batch-size 8 --context 1024 --math fp32
+peak torch_gpt2_c1024_b8_tf32 75 "$py" bench/gpu/torch_peers.py gpt --batch-size 8 --context 1024 --math tf32
 peak torch_gpt2_c1024_b8_bf16 75 "$py" bench/gpu/torch_peers.py gpt --batch-size 8 --context 1024 --math bf16

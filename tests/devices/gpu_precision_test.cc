@@ -1,7 +1,7 @@
 // The GPU under the precision settings, against the CPU: mixed_bfloat16 (operands rounded to
-// bfloat16, products on TF32 tensor cores) and TensorFloat-32 (enable_tensor_float_32_execution),
-// on every product kind (matmul, batch_matmul, the three convolution directions). Every test skips
-// when no CUDA device is visible.
+// bfloat16; cuBLAS's products on bfloat16 tensor cores, cuDNN's on TF32 ones) and TensorFloat-32
+// (enable_tensor_float_32_execution), on every product kind (matmul, batch_matmul, the three
+// convolution directions). Every test skips when no CUDA device is visible.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -89,9 +89,10 @@ Products all_products(Kernels& k, bool gpu_side,
 }
 
 // Under mixed_bfloat16 the GPU's products read their operands rounded to bfloat16 and accumulate
-// in float32 (as TF32 on tensor cores from compute capability 8.0, which holds bfloat16 values
-// exactly), as the CPU device's do: the two agree to float32 rounding of the sums, and both differ
-// from float32's results (so the rounding did happen).
+// in float32 (from compute capability 8.0 on tensor cores: cuBLAS's products on bfloat16 copies,
+// cuDNN's as TF32, which holds bfloat16 values exactly), as the CPU device's do: the two agree to
+// float32 rounding of the sums, and both differ from float32's results (so the rounding did
+// happen).
 TEST(GpuKernels, MixedBFloat16ProductsMatchTheCpus) {
   if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const Products f32 = all_products(cpu(), false);

@@ -11,8 +11,9 @@
 // qualifying graph-API engine, or DTRAIN_CUDNN_API=legacy, takes the legacy path.
 // Precision: float32 on the float32 units (cuDNN's FMA math, engines without tensor cores) unless
 // CudaKernels::tensor_cores() (TF32 switched on, or mixed_bfloat16, whose operands are rounded to
-// bfloat16 first: product_operand); then tensor-core engines and cuBLAS's TF32 GEMMs may run, and
-// plans and algorithm choices are cached apart for the two.
+// bfloat16 first: product_operand); then tensor-core engines may run, and plans and algorithm
+// choices are cached apart for the two. The pointwise GEMMs below follow gemm_math() instead: under
+// mixed_bfloat16 they read bfloat16 copies on bfloat16 tensor cores.
 // Pointwise convolutions (1x1 window, no padding: two thirds of ResNet-50's) skip cuDNN: on NHWC
 // data they are one cuBLAS SGEMM over the pixels ([N*H*W, Cin] x [Cin, Cout], the HWIO filter as it
 // is), where cuDNN's float32 engines transpose to NCHW and back around every call; a stride > 1
@@ -476,10 +477,11 @@ Tensor CudaKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
   if (g.cin == 0 || g.kh == 0 || g.kw == 0) {  // an empty sum: the output is the bias alone
     launch_fill(y.raw_data(), DType::kFloat32, y.numel(), 0.f, ctx_.stream());
   } else if (pointwise(g)) {
-    const Tensor xs = product_operand(subsample_nhwc(x, g.oh, g.ow, p.stride_h, p.stride_w));
-    const Tensor wr = product_operand(w);
-    gemm_row_major(ctx_, tc, false, false, g.n * g.oh * g.ow, g.cout, g.cin, fptr(xs), g.cin,
-                   fptr(wr), g.cout, fptr(y), g.cout);
+    const GemmMath math = gemm_math();
+    const Tensor xs = gemm_operand(subsample_nhwc(x, g.oh, g.ow, p.stride_h, p.stride_w), math);
+    const Tensor wr = gemm_operand(w, math);
+    gemm_row_major(ctx_, math, false, false, g.n * g.oh * g.ow, g.cout, g.cin, xs.raw_data(), g.cin,
+                   wr.raw_data(), g.cout, fptr(y), g.cout);
   } else {
     const Tensor xr = product_operand(x);
     const Tensor xin =
@@ -515,19 +517,21 @@ Tensor CudaKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, con
     launch_fill(dx.raw_data(), DType::kFloat32, dx.numel(), 0.f, ctx_.stream());
     return dx;
   }
-  const bool tc = tensor_cores();
-  const Tensor dyr = product_operand(dy), wr = product_operand(w);
   if (pointwise(g)) {
+    const GemmMath math = gemm_math();
+    const Tensor dyg = gemm_operand(dy, math), wg = gemm_operand(w, math);
     const bool strided = p.stride_h != 1 || p.stride_w != 1;
     const Tensor dxs = strided ? empty(Shape{g.n, g.oh, g.ow, g.cin}) : dx;
-    gemm_row_major(ctx_, tc, false, true, g.n * g.oh * g.ow, g.cin, g.cout, fptr(dyr), g.cout,
-                   fptr(wr), g.cout, fptr(dxs), g.cin);
+    gemm_row_major(ctx_, math, false, true, g.n * g.oh * g.ow, g.cin, g.cout, dyg.raw_data(),
+                   g.cout, wg.raw_data(), g.cout, fptr(dxs), g.cin);
     if (strided)
       launch_upsample_zero_nhwc(fptr(dxs), fptr(dx), g.n, g.h, g.w, g.cin, g.oh, g.ow, p.stride_h,
                                 p.stride_w, ctx_.stream());
     return dx;
   }
-  const Tensor wk = hwio_to_krsc(wr, ctx_.spec(), ctx_.stream());
+  const bool tc = tensor_cores();
+  const Tensor dyr = product_operand(dy);
+  const Tensor wk = hwio_to_krsc(product_operand(w), ctx_.spec(), ctx_.stream());
   const Tensor dxp = g.explicit_pad ? empty(Shape{g.n, g.hp, g.wp, g.cin}) : dx;
   if (!conv_plans_.run(ConvDirection::kBackwardData, plan_problem(g, p), dxp.raw_data(),
                        wk.raw_data(), dyr.raw_data(), tc)) {
@@ -567,15 +571,17 @@ Tensor CudaKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, co
     return dw;
   }
   // The bias gradient above sums dy as it is; the filter gradient reads the rounded operands.
-  const bool tc = tensor_cores();
-  const Tensor dyr = product_operand(dy);
   if (pointwise(g)) {
-    const Tensor xs = product_operand(subsample_nhwc(x, g.oh, g.ow, p.stride_h, p.stride_w));
+    const GemmMath math = gemm_math();
+    const Tensor xs = gemm_operand(subsample_nhwc(x, g.oh, g.ow, p.stride_h, p.stride_w), math);
+    const Tensor dyg = gemm_operand(dy, math);
     Tensor dw = empty(w_shape);  // HWIO [1, 1, Cin, Cout] is the matrix [Cin, Cout]
-    gemm_row_major(ctx_, tc, true, false, g.cin, g.cout, g.n * g.oh * g.ow, fptr(xs), g.cin,
-                   fptr(dyr), g.cout, fptr(dw), g.cout);
+    gemm_row_major(ctx_, math, true, false, g.cin, g.cout, g.n * g.oh * g.ow, xs.raw_data(), g.cin,
+                   dyg.raw_data(), g.cout, fptr(dw), g.cout);
     return dw;
   }
+  const bool tc = tensor_cores();
+  const Tensor dyr = product_operand(dy);
   const Tensor xr = product_operand(x);
   const Tensor xin =
       g.explicit_pad ? pad_nhwc(xr, p.pad_top, p.pad_bottom, p.pad_left, p.pad_right, 0.f) : xr;

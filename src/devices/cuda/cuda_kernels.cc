@@ -112,6 +112,21 @@ Tensor CudaKernels::product_operand(const Tensor& t) const {
   return r;
 }
 
+GemmMath CudaKernels::gemm_math() const {
+  if (ctx_.cc_major() < 8) return GemmMath::kFloat32;
+  if (precision_policy() == Precision::kMixedBFloat16) return GemmMath::kBFloat16;
+  return tensor_float_32_execution_enabled() ? GemmMath::kTensorFloat32 : GemmMath::kFloat32;
+}
+
+Tensor CudaKernels::gemm_operand(const Tensor& t, GemmMath math) const {
+  if (math != GemmMath::kBFloat16) return product_operand(t);
+  Tensor r = empty(t.shape(), DType::kBFloat16);
+  if (t.numel() > 0)
+    launch_cast(t.raw_data(), DType::kFloat32, r.raw_data(), DType::kBFloat16, t.numel(),
+                ctx_.stream());
+  return r;
+}
+
 bool CudaKernels::tensor_cores() const {
   return ctx_.cc_major() >= 8 &&
          (precision_policy() == Precision::kMixedBFloat16 || tensor_float_32_execution_enabled());

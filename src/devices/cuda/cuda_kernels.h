@@ -20,6 +20,7 @@
 
 #include "devices/cuda/cuda_context.h"
 #include "devices/cuda/cuda_conv_plan.h"
+#include "devices/cuda/cuda_gemm.h"
 #include "dtrain/devices/kernels.h"
 
 namespace dtrain::cuda {
@@ -99,10 +100,19 @@ class CudaKernels final : public Kernels {
   // The operand a matrix product or convolution reads: under the mixed_bfloat16 policy
   // (core/precision.h) a copy of t rounded to bfloat16 and kept as float32, else t itself.
   Tensor product_operand(const Tensor& t) const;
-  // Whether products and convolutions run on tensor cores as TensorFloat-32: under mixed_bfloat16
+  // How this call's cuBLAS products multiply (cuda_gemm.h): bfloat16 operands under mixed_bfloat16,
+  // TF32 with enable_tensor_float_32_execution, else float32; float32 on GPUs older than
+  // compute capability 8.0 (under mixed_bfloat16 with product_operand's rounded operands there).
+  // Read once per op, so that one product's operands and math agree.
+  GemmMath gemm_math() const;
+  // The operand a cuBLAS product under `math` reads: a bfloat16 copy of t (rounded to nearest,
+  // ties to even, as product_operand rounds) for GemmMath::kBFloat16, else product_operand(t).
+  Tensor gemm_operand(const Tensor& t, GemmMath math) const;
+  // Whether convolutions run on tensor cores as TensorFloat-32: under mixed_bfloat16
   // (TF32 holds its rounded operands exactly, so the products are bfloat16's, accumulated in
   // float32) or with enable_tensor_float_32_execution, on GPUs of compute capability 8.0 and later.
-  // Elsewhere they run float32, with the same rounded operands under mixed_bfloat16.
+  // Elsewhere they run float32, with the same rounded operands under mixed_bfloat16. (cuDNN's
+  // convolutions; cuBLAS's products follow gemm_math.)
   bool tensor_cores() const;
   // Throws InvalidArgument naming both shapes unless they are equal.
   static void check_same_shape(const Tensor& a, const Tensor& b, const char* op);

@@ -9,44 +9,59 @@
 
 namespace dtrain::cuda {
 
-void gemm_row_major(CudaContext& ctx, bool tensor_cores, bool ta, bool tb, int64_t m, int64_t n,
-                    int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+namespace {
+
+cudaDataType_t operand_type(GemmMath math) {
+  return math == GemmMath::kBFloat16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+cublasComputeType_t compute_type(GemmMath math) {
+  return math == GemmMath::kTensorFloat32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
+}  // namespace
+
+void gemm_row_major(CudaContext& ctx, GemmMath math, bool ta, bool tb, int64_t m, int64_t n,
+                    int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb, float* c,
                     int64_t ldc) {
   const float alpha = 1.f, beta = 0.f;
   const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   auto lock = ctx.lock_cublas();
-  if (tensor_cores) {
-    DTRAIN_CUBLAS_CALL(cublasGemmEx(
-        ctx.cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
-        &alpha, b, CUDA_R_32F, static_cast<int>(ldb), a, CUDA_R_32F, static_cast<int>(lda), &beta,
-        c, CUDA_R_32F, static_cast<int>(ldc), CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+  if (math != GemmMath::kFloat32) {
+    DTRAIN_CUBLAS_CALL(
+        cublasGemmEx(ctx.cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m),
+                     static_cast<int>(k), &alpha, b, operand_type(math), static_cast<int>(ldb), a,
+                     operand_type(math), static_cast<int>(lda), &beta, c, CUDA_R_32F,
+                     static_cast<int>(ldc), compute_type(math), CUBLAS_GEMM_DEFAULT));
     return;
   }
   DTRAIN_CUBLAS_CALL(cublasSgemm(ctx.cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m),
-                                 static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
+                                 static_cast<int>(k), &alpha, static_cast<const float*>(b),
+                                 static_cast<int>(ldb), static_cast<const float*>(a),
                                  static_cast<int>(lda), &beta, c, static_cast<int>(ldc)));
 }
 
-void gemm_row_major_batched(CudaContext& ctx, bool tensor_cores, bool ta, bool tb, int64_t m,
-                            int64_t n, int64_t k, const float* a, int64_t lda, int64_t stride_a,
-                            const float* b, int64_t ldb, int64_t stride_b, float* c, int64_t ldc,
-                            int64_t stride_c, int64_t batch) {
+void gemm_row_major_batched(CudaContext& ctx, GemmMath math, bool ta, bool tb, int64_t m, int64_t n,
+                            int64_t k, const void* a, int64_t lda, int64_t stride_a, const void* b,
+                            int64_t ldb, int64_t stride_b, float* c, int64_t ldc, int64_t stride_c,
+                            int64_t batch) {
   const float alpha = 1.f, beta = 0.f;
   const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   auto lock = ctx.lock_cublas();
-  if (tensor_cores) {
+  if (math != GemmMath::kFloat32) {
     DTRAIN_CUBLAS_CALL(cublasGemmStridedBatchedEx(
         ctx.cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
-        &alpha, b, CUDA_R_32F, static_cast<int>(ldb), stride_b, a, CUDA_R_32F,
+        &alpha, b, operand_type(math), static_cast<int>(ldb), stride_b, a, operand_type(math),
         static_cast<int>(lda), stride_a, &beta, c, CUDA_R_32F, static_cast<int>(ldc), stride_c,
-        static_cast<int>(batch), CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+        static_cast<int>(batch), compute_type(math), CUBLAS_GEMM_DEFAULT));
     return;
   }
   DTRAIN_CUBLAS_CALL(cublasSgemmStridedBatched(
       ctx.cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
-      &alpha, b, static_cast<int>(ldb), stride_b, a, static_cast<int>(lda), stride_a, &beta, c,
+      &alpha, static_cast<const float*>(b), static_cast<int>(ldb), stride_b,
+      static_cast<const float*>(a), static_cast<int>(lda), stride_a, &beta, c,
       static_cast<int>(ldc), stride_c, static_cast<int>(batch)));
 }
 
@@ -75,11 +90,10 @@ Tensor CudaKernels::matmul(const Tensor& a, const Tensor& b, bool transpose_a, b
     DTRAIN_CUDA_CALL(cudaMemsetAsync(c.raw_data(), 0, c.nbytes(), ctx_.stream()));
     return c;
   }
-  const Tensor ar = product_operand(a), br = product_operand(b);
-  gemm_row_major(ctx_, tensor_cores(), transpose_a, transpose_b, m, n, k,
-                 static_cast<const float*>(ar.raw_data()), a.shape()[1],
-                 static_cast<const float*>(br.raw_data()), b.shape()[1],
-                 static_cast<float*>(c.raw_data()), n);
+  const GemmMath math = gemm_math();
+  const Tensor ar = gemm_operand(a, math), br = gemm_operand(b, math);
+  gemm_row_major(ctx_, math, transpose_a, transpose_b, m, n, k, ar.raw_data(), a.shape()[1],
+                 br.raw_data(), b.shape()[1], static_cast<float*>(c.raw_data()), n);
   return c;
 }
 

@@ -37,9 +37,10 @@ Tensor CudaKernels::batch_matmul(const Tensor& a, const Tensor& b, bool ta, bool
     DTRAIN_CUDA_CALL(cudaMemsetAsync(c.raw_data(), 0, c.nbytes(), ctx_.stream()));
     return c;
   }
-  const Tensor ar = product_operand(a), br = product_operand(b);
-  gemm_row_major_batched(ctx_, tensor_cores(), ta, tb, m, n, k, fptr(ar), a.shape()[2],
-                         a.shape()[1] * a.shape()[2], fptr(br), b.shape()[2],
+  const GemmMath math = gemm_math();
+  const Tensor ar = gemm_operand(a, math), br = gemm_operand(b, math);
+  gemm_row_major_batched(ctx_, math, ta, tb, m, n, k, ar.raw_data(), a.shape()[2],
+                         a.shape()[1] * a.shape()[2], br.raw_data(), b.shape()[2],
                          b.shape()[1] * b.shape()[2], fptr(c), n, m * n, batch);
   return c;
 }

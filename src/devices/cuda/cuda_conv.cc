@@ -15,7 +15,7 @@
 // choices are cached apart for the two. The pointwise GEMMs below follow gemm_math() instead: under
 // mixed_bfloat16 they read bfloat16 copies on bfloat16 tensor cores.
 // Pointwise convolutions (1x1 window, no padding: two thirds of ResNet-50's) skip cuDNN: on NHWC
-// data they are one cuBLAS SGEMM over the pixels ([N*H*W, Cin] x [Cin, Cout], the HWIO filter as it
+// data they are one cuBLAS GEMM over the pixels ([N*H*W, Cin] x [Cin, Cout], the HWIO filter as it
 // is), where cuDNN's float32 engines transpose to NCHW and back around every call; a stride > 1
 // first subsamples the pixels (and the input gradient is scattered back with zeros).
 // DTRAIN_CUDA_CONV_GEMM=0 sends them to cuDNN too (for comparisons).
@@ -473,7 +473,6 @@ Tensor CudaKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
   }
   Tensor y = empty(Shape{g.n, g.oh, g.ow, g.cout});
   if (y.numel() == 0) return y;
-  const bool tc = tensor_cores();
   if (g.cin == 0 || g.kh == 0 || g.kw == 0) {  // an empty sum: the output is the bias alone
     launch_fill(y.raw_data(), DType::kFloat32, y.numel(), 0.f, ctx_.stream());
   } else if (pointwise(g)) {
@@ -483,6 +482,7 @@ Tensor CudaKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
     gemm_row_major(ctx_, math, false, false, g.n * g.oh * g.ow, g.cout, g.cin, xs.raw_data(), g.cin,
                    wr.raw_data(), g.cout, fptr(y), g.cout);
   } else {
+    const bool tc = tensor_cores();
     const Tensor xr = product_operand(x);
     const Tensor xin =
         g.explicit_pad ? pad_nhwc(xr, p.pad_top, p.pad_bottom, p.pad_left, p.pad_right, 0.f) : xr;

@@ -97,13 +97,15 @@ class CudaKernels final : public Kernels {
   void check_device(const Tensor& t, const char* op, const char* arg) const;
   // check_device plus dtype float32.
   void check_f32(const Tensor& t, const char* op, const char* arg) const;
-  // The operand a matrix product or convolution reads: under the mixed_bfloat16 policy
-  // (core/precision.h) a copy of t rounded to bfloat16 and kept as float32, else t itself.
+  // The operand a cuDNN convolution reads (and a cuBLAS product on GPUs before compute capability
+  // 8.0): under the mixed_bfloat16 policy (core/precision.h) a copy of t rounded to bfloat16 and
+  // kept as float32, else t itself.
   Tensor product_operand(const Tensor& t) const;
   // How this call's cuBLAS products multiply (cuda_gemm.h): bfloat16 operands under mixed_bfloat16,
   // TF32 with enable_tensor_float_32_execution, else float32; float32 on GPUs older than
   // compute capability 8.0 (under mixed_bfloat16 with product_operand's rounded operands there).
-  // Read once per op, so that one product's operands and math agree.
+  // Read once per op, so that the operands' dtype and the math agree (the policy is meant to be set
+  // before training; one set during an op may leave its operands rounded differently).
   GemmMath gemm_math() const;
   // The operand a cuBLAS product under `math` reads: a bfloat16 copy of t (rounded to nearest,
   // ties to even, as product_operand rounds) for GemmMath::kBFloat16, else product_operand(t).

@@ -34,6 +34,7 @@ def main():
     p.add_argument("--on-term", choices=["default", "exit0", "ignore", "slow-exit0"], default="default",
                    help="slow-exit0: exit 0 --term-delay seconds after the signal (an evaluator "
                         "finishing its last checkpoint)")
+    p.add_argument("--on-term-tasks", default="", help="only these tasks use --on-term (comma-separated)")
     p.add_argument("--term-delay", type=float, default=3.0)
     p.add_argument("--on-int", choices=["default", "exit0", "ignore"], default="default")
     p.add_argument("--lines", type=int, default=0, help="extra numbered stdout lines")
@@ -60,6 +61,8 @@ def main():
             sys.stdout.flush()
             os._exit(0)
 
+    if args.on_term_tasks and task not in args.on_term_tasks.split(","):
+        args.on_term = "default"
     for sig, mode in ((signal.SIGTERM, args.on_term), (signal.SIGINT, args.on_int)):
         if mode != "default":
             signal.signal(sig, handler)

@@ -262,7 +262,7 @@ class Failure(LauncherCase):
         os.kill(reports["worker:0"]["pid"], signal.SIGKILL)
         status, _, err = self.finish(p, timeout=20)
         self.assertEqual(status, 128 + 9, err)
-        self.assertIn("dtrain-run: worker:0 killed by signal 9\n", err)
+        self.assertIn("dtrain-run: worker:0 killed by signal 9 (SIGKILL)\n", err)
         self.assert_gone([reports["worker:1"]["pid"]])
 
     def test_sigkill_after_grace_when_sigterm_is_ignored(self):
@@ -375,7 +375,7 @@ class PsJob(LauncherCase):
         os.kill(first["pid"], signal.SIGKILL)
         status, out, err = self.finish(p, timeout=30)
         self.assertEqual(status, 0, err)
-        self.assertIn("dtrain-run: worker:1 killed by signal 9; the parameter-server job "
+        self.assertIn("dtrain-run: worker:1 killed by signal 9 (SIGKILL); the parameter-server job "
                       "continues, restarting it in 1 s\n", err)
         self.assertEqual(err.count("dtrain-run: restarting worker:1 (restart 1 of 1)\n"), 1, err)
         self.assertEqual(out.count("[worker:1] hello from worker:1\n"), 2, out)
@@ -429,6 +429,19 @@ class PsJob(LauncherCase):
                       "(--evaluator-grace))", err)
         self.assertTrue(self.marker("evaluator:0.SIGTERM"))
         self.assertTrue(self.marker("ps:0.SIGTERM"))
+
+    def test_evaluator_dying_of_its_sigterm_is_reported(self):
+        # An evaluator still starting (no handler yet) or crashing while it evaluates the final
+        # checkpoint: the job's status stays the chief's, but the launcher says so.
+        status, out, err, _ = self.run_launcher(
+            ["-np", "1", "--ps", "1", "--evaluator"],
+            self.fake("--sleep", "60", "--sleep-tasks", "ps:0,evaluator:0", "--on-term", "exit0",
+                      "--on-term-tasks", "ps:0", "--wait-for", "worker:0,ps:0,evaluator:0"),
+            timeout=30)
+        self.assertEqual(status, 0, err)
+        self.assertIn("dtrain-run: evaluator:0 killed by signal 15 (SIGTERM) after its SIGTERM; the "
+                      "newest checkpoint may not have been evaluated", err)
+        self.assertNotIn("ps:0 killed", err)
 
     def test_evaluator_finishing_its_last_checkpoint_outlives_the_grace(self):
         # After the workers, the evaluator's SIGTERM means "evaluate the newest checkpoint, then
@@ -486,7 +499,7 @@ class PsJob(LauncherCase):
         os.kill(reports["worker:0"]["pid"], signal.SIGKILL)
         status, _, err = self.finish(p, timeout=20)
         self.assertEqual(status, 128 + 9, err)
-        self.assertIn("dtrain-run: worker:0 killed by signal 9\n", err)
+        self.assertIn("dtrain-run: worker:0 killed by signal 9 (SIGKILL)\n", err)
         self.assertNotIn("restarting", err)
         self.assert_gone([reports[t]["pid"] for t in ("worker:1", "ps:0")])
 

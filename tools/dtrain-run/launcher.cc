@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <string.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -46,6 +47,7 @@ std::string signal_name(int sig) {
     case SIGKILL:
       return "SIGKILL";
     default:
+      if (const char* abbrev = ::sigabbrev_np(sig)) return std::string("SIG") + abbrev;
       return "signal " + std::to_string(sig);
   }
 }
@@ -165,10 +167,21 @@ void Supervisor::on_exit(Child& c, int status) {
   for (int w = 0; w < 2; ++w) read_from(c, w, /*drain=*/true);
   const bool by_signal = WIFSIGNALED(status);
   const int code = by_signal ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
-  const std::string what = by_signal ? "killed by signal " + std::to_string(WTERMSIG(status))
+  const std::string what = by_signal ? "killed by signal " + std::to_string(WTERMSIG(status)) +
+                                           " (" + signal_name(WTERMSIG(status)) + ")"
                                      : "exited with status " + std::to_string(code);
   if (c.elastic) {
     elastic_exit(c, code, what);
+    return;
+  }
+  if (code != 0 && c.stop_requested && !stopping_ && !c.sigkilled) {
+    // Stopped after the workers (a ps or the evaluator): its SIGTERM asks for a clean exit, so
+    // anything else is said, though the chief's status stays the job's.
+    log_line(c.task.name() + " " + what + " after its SIGTERM" +
+             (c.task.type == "evaluator"
+                  ? "; the newest checkpoint may not have been evaluated (evaluate it again with "
+                    "the evaluator's TF_CONFIG and --checkpoint-dir)"
+                  : ""));
     return;
   }
   if (code == 0 || stopping_ || c.stop_requested) return;

@@ -8,7 +8,6 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -24,9 +23,6 @@
 
 namespace dtrain::examples {
 namespace {
-std::atomic<bool> g_stop{
-    false};  // SIGTERM to the evaluator task: finish the newest checkpoint, exit
-
 // The data a run trains and evaluates on: Fashion-MNIST's IDX files in memory, or folders of
 // image files read by the input pipeline (--image-dir).
 struct Inputs {
@@ -269,14 +265,15 @@ int image_classifier_main(int argc, char** argv, const ImageClassifierExample& e
     dtrain::TaskFunctions task;
     task.evaluate = [&](const dtrain::TaskInfo& info) {
       // TF's sidecar evaluation: evaluates each checkpoint the chief writes, until the final one,
-      // on plain variables of its own.
-      std::signal(SIGTERM, [](int) { g_stop = true; });
+      // on plain variables of its own. SIGTERM means "finish the newest checkpoint, then exit";
+      // taken by StopSignals, not a handler (see stop_signals.h: oneDNN's GEMM kernels).
+      dtrain::StopSignals stop({SIGTERM});
       const Inputs data = load_inputs(data_dir, image_dir, model_name, 0, input_threads);
       std::shared_ptr<dtrain::Model> model = make_model(model_name, sync_bn);
       model->build(data.example);
       dtrain::SidecarEvaluatorOptions so;
       so.checkpoint_dir = info.checkpoint_dir;
-      so.stop = &g_stop;
+      so.stop = &stop.flag();
       so.json = json;
       dtrain::SidecarEvaluator(*model, data.test, so).run();
     };

@@ -6,6 +6,7 @@
 #include "dtrain/core/logging.h"
 #include "dtrain/core/precision.h"
 #include "dtrain/core/random.h"
+#include "dtrain/core/stop_signals.h"
 #include "dtrain/core/tensor.h"
 #include "dtrain/core/timeline.h"
 #include "dtrain/data/dataset.h"

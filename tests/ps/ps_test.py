@@ -229,6 +229,41 @@ class Basics(unittest.TestCase):
             self.assertGreaterEqual(evals[-1]["evaluator_step"], 300)
             self.assertGreater(evals[-1]["test_accuracy"], 0.6)
 
+    def test_the_evaluator_takes_sigterm_without_a_handler(self):
+        # A SIGTERM handler runs on whichever thread the signal interrupts, and oneDNN 2.x's float32
+        # GEMM runs with its stack pointer on a heap workspace: the handler's signal frame corrupted
+        # the heap (an evaluator aborted in about 1 job in 40). The evaluator takes SIGTERM with
+        # sigwait (dtrain::StopSignals): no handler (SigCgt), every thread but the waiting one blocks
+        # it (SigBlk), and SIGTERM still ends it, with status 0.
+        job = Job(workers=1, ps=1)
+        with tempfile.TemporaryDirectory() as d:
+            p = job.start("evaluator", 0, example("--checkpoint-dir", d))
+            term = 1 << (signal.SIGTERM - 1)
+
+            def status(path):
+                with open(path) as f:
+                    return dict(l.split(":", 1) for l in f if ":" in l)
+            threads = {}
+            deadline = time.time() + 60
+            while time.time() < deadline and p.poll() is None:  # until the CPU device's thread runs
+                try:
+                    threads = {t: status(f"/proc/{p.p.pid}/task/{t}/status") for t in os.listdir(f"/proc/{p.p.pid}/task")}
+                except (FileNotFoundError, ProcessLookupError):
+                    pass
+                if any(s["Name"].strip() == "CPU:0 device" for s in threads.values()):
+                    break
+                time.sleep(0.1)
+            names = sorted(s["Name"].strip() for s in threads.values())
+            self.assertIn("CPU:0 device", names, names)
+            self.assertIn("stop signals", names, names)
+            self.assertEqual(int(status(f"/proc/{p.p.pid}/status")["SigCgt"], 16) & term, 0, "a SIGTERM handler")
+            for t, s in threads.items():
+                if s["Name"].strip() != "stop signals":
+                    self.assertTrue(int(s["SigBlk"], 16) & term, f"thread {t} ({s['Name'].strip()}) takes SIGTERM")
+            p.send_signal(signal.SIGTERM)
+            code, out, err = job.finish("evaluator", 0, 60)
+            self.assertEqual(code, 0, err[-2000:])
+
 
 class Faults(unittest.TestCase):
     def test_kill_9_a_worker_the_job_finishes_and_a_restarted_one_rejoins(self):

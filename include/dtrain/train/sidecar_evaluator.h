@@ -9,7 +9,9 @@
 // ParameterServerStrategy names them (a repeated name gets the first free of "_1", "_2", ...;
 // variables are stored whole; older files with "<name>/part_<i>" shards are concatenated back).
 //
-// Thread-safety: one thread runs run(); `stop` may be set from anywhere (e.g. a signal handler).
+// Thread-safety: one thread runs run(); `stop` may be set from any thread. For SIGTERM, point it at
+// StopSignals::flag() (dtrain/core/stop_signals.h), not at a flag a signal handler sets: a handler
+// interrupting oneDNN's GEMM kernels corrupts the heap.
 #pragma once
 
 #include <atomic>

@@ -26,20 +26,24 @@ peak() {  # peak LABEL TIMEOUT CMD...
     "$last" "$label" "$rc" "${mb:-0}" | tee -a "$res"
 }
 peak kernels 120 "$b/gpu_kernels_test"
+# dtrain's ResNet-50 in torchvision's form (v1.5, no convolution biases): the model PyTorch's rows train.
+# The Keras form (what TensorFlow trains, and what rows before 2026-11-28 measured) once, beside it.
+TV="--resnet-style torchvision"
 SB="--num-warmup-batches 5 --num-batches-per-iter 10 --num-iters 3 --devices=gpu --json"
-peak dtrain_resnet50_b32 120 "$b/synthetic_benchmark" --batch-size 32 $SB
-peak dtrain_resnet50_b32_tf32 90 env DTRAIN_LOG_LEVEL=DEBUG "$b/synthetic_benchmark" --batch-size 32 --tf32 $SB
+peak dtrain_resnet50_b32 120 "$b/synthetic_benchmark" --batch-size 32 $SB $TV
+peak dtrain_resnet50_b32_keras 120 "$b/synthetic_benchmark" --batch-size 32 $SB --resnet-style keras
+peak dtrain_resnet50_b32_tf32 90 env DTRAIN_LOG_LEVEL=DEBUG "$b/synthetic_benchmark" --batch-size 32 --tf32 $SB $TV
 # which cuDNN plans the TF32 run chose: tensor-core engines or not (cuda_conv_plan.cc's DEBUG lines)
 echo "tf32 cuDNN plans: $(grep -c 'tensor cores yes' "$stage/out.dtrain_resnet50_b32_tf32") with tensor cores, $(grep -c 'tensor cores no' "$stage/out.dtrain_resnet50_b32_tf32") without" | tee -a "$out/log.txt"
-peak dtrain_resnet50_b32_bf16 90 "$b/synthetic_benchmark" --batch-size 32 --precision bf16 $SB
+peak dtrain_resnet50_b32_bf16 90 "$b/synthetic_benchmark" --batch-size 32 --precision bf16 $SB $TV
 peak torch_resnet50_b32_fp32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math fp32
 peak torch_resnet50_b32_tf32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math tf32
 peak torch_resnet50_b32_bf16 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math bf16
 [ "${1:-}" = quick ] && exit 0
-peak dtrain_resnet50_b256 120 "$b/synthetic_benchmark" --batch-size 256 --num-warmup-batches 3 --num-batches-per-iter 5 --num-iters 3 --devices=gpu --json
-peak dtrain_resnet50_b256_tf32 120 "$b/synthetic_benchmark" --batch-size 256 --tf32 --num-warmup-batches 3 --num-batches-per-iter 5 --num-iters 3 --devices=gpu --json
+peak dtrain_resnet50_b256 120 "$b/synthetic_benchmark" --batch-size 256 --num-warmup-batches 3 --num-batches-per-iter 5 --num-iters 3 --devices=gpu --json $TV
+peak dtrain_resnet50_b256_tf32 120 "$b/synthetic_benchmark" --batch-size 256 --tf32 --num-warmup-batches 3 --num-batches-per-iter 5 --num-iters 3 --devices=gpu --json $TV
 peak torch_resnet50_b256_fp32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 256 --math fp32 --batches 5
-peak dtrain_resnet50_b256_bf16 120 "$b/synthetic_benchmark" --batch-size 256 --precision bf16 --num-warmup-batches 3 --num-batches-per-iter 5 --num-iters 3 --devices=gpu --json
+peak dtrain_resnet50_b256_bf16 120 "$b/synthetic_benchmark" --batch-size 256 --precision bf16 --num-warmup-batches 3 --num-batches-per-iter 5 --num-iters 3 --devices=gpu --json $TV
 peak torch_resnet50_b256_tf32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 256 --math tf32 --batches 5
 peak torch_resnet50_b256_bf16 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 256 --math bf16 --batches 5
 peak dtrain_gpt2_c1024_b8 120 "$b/gpt" --preset gpt2 --context 1024 --batch-size 8 --devices=gpu --steps 25 --steps-per-epoch 25 --epochs 1 --val-windows 8 --warmup-steps 5 --corpus-dir "$stage/corpus" --json

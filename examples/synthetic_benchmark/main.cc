@@ -39,7 +39,7 @@ double peak_rss_mb() {
 int main(int argc, char** argv) {
   CLI::App app{"Horovod's synthetic benchmark with dtrain: images/sec of a model on random data"};
   std::string model_name = "resnet50", strategy_name = "one_device", devices_flag = "cpu",
-              compression_flag = "none", precision_flag = "fp32";
+              compression_flag = "none", precision_flag = "fp32", style_flag = "keras";
   int64_t batch = 32, image_size = 224;
   int warmup = 10, per_iter = 10, iters = 10, threads = 0;
   bool fp16_allreduce = false, json = false;
@@ -47,6 +47,12 @@ int main(int argc, char** argv) {
   int input_threads = 0;
   bool recompute = false, tf32 = false;
   app.add_option("--model", model_name, "resnet18, resnet34, resnet50, resnet101, resnet152")
+      ->capture_default_str();
+  app.add_option("--resnet-style", style_flag,
+                 "keras: keras.applications' ResNet50/101/152 (v1, convolution biases; Horovod's "
+                 "TensorFlow script), torchvision: torchvision's (v1.5, no biases; its PyTorch "
+                 "script)")
+      ->check(CLI::IsMember({"keras", "torchvision"}))
       ->capture_default_str();
   app.add_option("--batch-size", batch, "input batch size per replica")
       ->check(CLI::PositiveNumber)
@@ -100,6 +106,8 @@ int main(int argc, char** argv) {
       ro.input_shape = dtrain::Shape{image_size, image_size, 3};
       ro.classes = 1000;
       ro.recompute = recompute;
+      ro.style = style_flag == "torchvision" ? dtrain::applications::ResNetStyle::kTorchvision
+                                             : dtrain::applications::ResNetStyle::kKeras;
       std::shared_ptr<dtrain::Model> model;
       std::unique_ptr<dtrain::Optimizer> opt;
       {
@@ -188,8 +196,9 @@ int main(int argc, char** argv) {
           strategy.reduce(dtrain::ReduceOp::kSum, strategy.run(step, input()));
       };
       if (chief) {
-        std::printf("Model: %s\nBatch size: %lld\nNumber of devices: %d (%s)\n", model_name.c_str(),
-                    static_cast<long long>(batch), replicas, strategy.name().c_str());
+        std::printf("Model: %s (%s form)\nBatch size: %lld\nNumber of devices: %d (%s)\n",
+                    model_name.c_str(), style_flag.c_str(), static_cast<long long>(batch), replicas,
+                    strategy.name().c_str());
         std::printf("Local devices:");
         for (const auto& d : strategy.worker_devices())
           std::printf(" %s", dtrain::get_device(d).description().c_str());
@@ -247,6 +256,7 @@ int main(int argc, char** argv) {
           std::printf(
               "%s\n",
               nlohmann::json{{"model", model_name},
+                             {"resnet_style", style_flag},
                              {"strategy", strategy_name},
                              {"replicas", replicas},
                              {"batch_size", batch},

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <string>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -114,21 +115,50 @@ Initializer glorot_uniform() {
   });
 }
 
-Initializer he_normal() {
-  return from_host([](const Philox& rng, const Shape& s, int64_t first, int64_t count, float* v) {
-    double fi, fo;
-    compute_fans(s, &fi, &fo);
-    const float stddev = static_cast<float>(std::sqrt(2.0 / fi) / 0.87962566103423978);
-    const uint64_t n = static_cast<uint64_t>(s.numel());
-    rng.normal_fill(static_cast<uint64_t>(first), count, v);
-    for (int64_t j = 0; j < count; ++j) {
-      // Redraw outside two standard deviations, from further along the same stream.
-      const uint64_t i = static_cast<uint64_t>(first + j);
-      float z = v[j];
-      for (uint64_t k = 1; !(std::fabs(z) <= 2.f); ++k) z = rng.normal(i + k * n);
-      v[j] = z * stddev;
-    }
-  });
+Initializer he_normal() { return variance_scaling(2.0, "fan_in", "truncated_normal"); }
+
+Initializer variance_scaling(double scale, const std::string& mode,
+                             const std::string& distribution) {
+  if (!(scale > 0))
+    throw InvalidArgument("variance_scaling: scale must be > 0, got " + std::to_string(scale));
+  if (mode != "fan_in" && mode != "fan_out" && mode != "fan_avg")
+    throw InvalidArgument("variance_scaling: mode '" + mode +
+                          "' is not one of fan_in, fan_out, fan_avg");
+  if (distribution != "truncated_normal" && distribution != "untruncated_normal" &&
+      distribution != "uniform")
+    throw InvalidArgument("variance_scaling: distribution '" + distribution +
+                          "' is not one of truncated_normal, untruncated_normal, uniform");
+  const int m = mode == "fan_in" ? 0 : mode == "fan_out" ? 1 : 2;
+  const int d = distribution == "truncated_normal"     ? 0
+                : distribution == "untruncated_normal" ? 1
+                                                       : 2;
+  return from_host(
+      [scale, m, d](const Philox& rng, const Shape& s, int64_t first, int64_t count, float* v) {
+        double fi, fo;
+        compute_fans(s, &fi, &fo);
+        const double n = m == 0 ? fi : m == 1 ? fo : (fi + fo) / 2;
+        if (d == 2) {
+          const float limit = static_cast<float>(std::sqrt(3.0 * scale / n));
+          rng.uniform_fill(static_cast<uint64_t>(first), count, v);
+          for (int64_t j = 0; j < count; ++j) v[j] = (2.f * v[j] - 1.f) * limit;
+          return;
+        }
+        const float stddev = static_cast<float>(d == 0 ? std::sqrt(scale / n) / 0.87962566103423978
+                                                       : std::sqrt(scale / n));
+        rng.normal_fill(static_cast<uint64_t>(first), count, v);
+        if (d == 1) {
+          for (int64_t j = 0; j < count; ++j) v[j] *= stddev;
+          return;
+        }
+        const uint64_t total = static_cast<uint64_t>(s.numel());
+        for (int64_t j = 0; j < count; ++j) {
+          // Redraw outside two standard deviations, from further along the same stream.
+          const uint64_t i = static_cast<uint64_t>(first + j);
+          float z = v[j];
+          for (uint64_t k = 1; !(std::fabs(z) <= 2.f); ++k) z = rng.normal(i + k * total);
+          v[j] = z * stddev;
+        }
+      });
 }
 
 Initializer random_uniform(float low, float high) {

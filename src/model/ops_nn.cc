@@ -28,8 +28,23 @@ Conv2dParams conv_params(const Shape& x, const Shape& w, int sh, int sw, Padding
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int sh, int sw,
               Padding padding) {
+  return conv2d(x, w, bias, conv_params(x.shape(), w.shape(), sh, sw, padding));
+}
+
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) {
   same_device("conv2d", x, w);
-  const Conv2dParams p = conv_params(x.shape(), w.shape(), sh, sw, padding);
+  if (p.stride_h < 1 || p.stride_w < 1 || p.pad_top < 0 || p.pad_bottom < 0 || p.pad_left < 0 ||
+      p.pad_right < 0)
+    throw InvalidArgument("conv2d: strides must be >= 1 and pads >= 0; got strides " +
+                          std::to_string(p.stride_h) + "x" + std::to_string(p.stride_w) +
+                          ", pads (top, bottom, left, right) " + std::to_string(p.pad_top) + ", " +
+                          std::to_string(p.pad_bottom) + ", " + std::to_string(p.pad_left) + ", " +
+                          std::to_string(p.pad_right));
+  if (x.rank() == 4 && w.rank() == 4 &&
+      (x.shape()[1] + p.pad_top + p.pad_bottom < w.shape()[0] ||
+       x.shape()[2] + p.pad_left + p.pad_right < w.shape()[1]))
+    throw InvalidArgument("conv2d: the " + w.shape().to_string() + " filter is larger than the " +
+                          x.shape().to_string() + " input with its padding");
   Kernels& k = kernels_for(x);
   Tensor y = k.conv2d(x, w, bias, p);
   if (tape::should_record({&x, &w, &bias})) {

@@ -56,9 +56,22 @@ void Conv2D::build_weights(const Shape& s) {
   if (use_bias_) bias = add_weight("bias", Shape{filters_}, initializers::zeros());
 }
 
+void Conv2D::set_explicit_padding(int pad_h, int pad_w) {
+  if (pad_h < 0 || pad_w < 0)
+    throw InvalidArgument("Conv2D '" + name() + "': explicit padding must be >= 0, got (" +
+                          std::to_string(pad_h) + ", " + std::to_string(pad_w) + ")");
+  if (built())
+    throw FailedPrecondition("Conv2D '" + name() +
+                             "': set_explicit_padding() after the layer was built; set it first");
+  pad_h_ = pad_h;
+  pad_w_ = pad_w;
+}
+
 Tensor Conv2D::linear(const Tensor& x) {
-  return ops::conv2d(x, kernel->value(), use_bias_ ? bias->value() : Tensor(), stride_, stride_,
-                     padding_);
+  const Tensor b = use_bias_ ? bias->value() : Tensor();
+  if (pad_h_ < 0) return ops::conv2d(x, kernel->value(), b, stride_, stride_, padding_);
+  return ops::conv2d(x, kernel->value(), b,
+                     Conv2dParams{stride_, stride_, pad_h_, pad_h_, pad_w_, pad_w_});
 }
 
 Tensor Conv2D::call(const Tensor& x, bool) { return apply_activation(activation_, linear(x)); }
@@ -70,7 +83,7 @@ Layer::FusedCall Conv2D::fuse_with_next(const Layer& next) {
   // is most of the memory traffic of the reference CNN's first layer. The convolution and the
   // pooling run as one op (ops::conv2d_max_pool2d), which a CPU runs a few images at a time.
   const std::optional<Pool2DSpec> pool = next.max_pool_spec();
-  if (activation_ != Activation::kRelu || !pool || !built() || !next.built() ||
+  if (activation_ != Activation::kRelu || !pool || !built() || !next.built() || pad_h_ >= 0 ||
       pool->window_h != pool->window_w || pool->stride_h != pool->stride_w)
     return {};
   const Pool2DSpec p = *pool;

@@ -391,6 +391,45 @@ TEST_F(Layers, InitializersGiveTheirElementwiseValues) {
   EXPECT_GT(redrawn, 0);  // the redraw path ran
 }
 
+// keras.initializers.VarianceScaling: each mode's fan, each distribution's formula on the stream.
+TEST_F(Layers, VarianceScalingGivesKerasValuesForEachModeAndDistribution) {
+  const Shape shape{3, 3, 7, 5};  // fan_in 63, fan_out 45
+  const int64_t n = shape.numel();
+  const Philox rng(11, 0);
+  auto draw = [&](double scale, const char* mode, const char* dist) {
+    set_global_seed(11);
+    return initializers::variance_scaling(scale, mode, dist)(shape, DType::kFloat32,
+                                                             DeviceSpec::cpu())
+        .to_vector<float>();
+  };
+  // torchvision's ResNet convolutions: kaiming_normal_(mode="fan_out", nonlinearity="relu").
+  const std::vector<float> kaiming = draw(2.0, "fan_out", "untruncated_normal");
+  const std::vector<float> uni = draw(1.0, "fan_avg", "uniform");  // = glorot_uniform
+  const std::vector<float> trunc = draw(0.5, "fan_in", "truncated_normal");
+  const float sd_out = static_cast<float>(std::sqrt(2.0 / 45.0));
+  const float limit = static_cast<float>(std::sqrt(3.0 / 54.0));
+  const float sd_in = static_cast<float>(std::sqrt(0.5 / 63.0) / 0.87962566103423978);
+  double sq = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto k = static_cast<uint64_t>(i);
+    ASSERT_EQ(kaiming[k], rng.normal(k) * sd_out) << i;
+    ASSERT_EQ(uni[k], (2.f * rng.uniform(k) - 1.f) * limit) << i;
+    float z = rng.normal(k);
+    for (uint64_t r = 1; !(std::fabs(z) <= 2.f); ++r)
+      z = rng.normal(k + r * static_cast<uint64_t>(n));
+    ASSERT_EQ(trunc[k], z * sd_in) << i;
+    sq += static_cast<double>(kaiming[k]) * kaiming[k];
+  }
+  EXPECT_NEAR(std::sqrt(sq / static_cast<double>(n)), sd_out, 0.15 * sd_out);
+  EXPECT_EQ(draw(1.0, "fan_avg", "uniform"),
+            (set_global_seed(11),
+             initializers::glorot_uniform()(shape, DType::kFloat32, DeviceSpec::cpu())
+                 .to_vector<float>()));
+  EXPECT_THROW(initializers::variance_scaling(2, "fan_mid", "uniform"), InvalidArgument);
+  EXPECT_THROW(initializers::variance_scaling(2, "fan_in", "normal"), InvalidArgument);
+  EXPECT_THROW(initializers::variance_scaling(0, "fan_in", "uniform"), InvalidArgument);
+}
+
 // Tensors of a million elements and more are filled by several threads (one per usable core, as
 // on this suite's 2-core machines): every element is still its formula on its stream element.
 TEST_F(Layers, LargeInitializersFilledInParallelGiveTheElementwiseValues) {

@@ -13,7 +13,10 @@
 // examples/synthetic_benchmark against bench/resnet/peer_synthetic.py (Keras ResNet50(weights=None)
 // in a tf.function step; torchvision resnet50() eager; bf16: mixed_bfloat16 and
 // autocast(bfloat16)); --steps timed batches after --warmup; rows one_thread, workers (TF MWMS
-// RING, DDP over gloo; the peers' launcher pins a core each) and dtrain's mirrored.
+// RING, DDP over gloo; the peers' launcher pins a core each) and dtrain's mirrored. The two peers
+// train different ResNets (Keras' v1 with convolution biases, torchvision's v1.5 without), so
+// dtrain runs both forms: the Keras one against TensorFlow, "dtrain (tv form)" (--resnet-style
+// torchvision) against PyTorch.
 // --model gpt2: GPT-2 small (the gpt2 preset: 12 layers, width 768, vocabulary 50,257) on random
 // byte windows of --context tokens, --batch-sizes windows per replica, AdamW and clipping:
 // examples/gpt against bench/gpt/peer_gpt.py (the same model in PyTorch, eager and torch.compile);
@@ -36,11 +39,9 @@ struct System {
   std::string key, label;
 };
 
-const std::vector<System> kSystems = {{"dtrain", "dtrain"},
-                                      {"tf", "TensorFlow"},
-                                      {"torch", "PyTorch 2.x"},
-                                      {"torch_compile", "torch.compile"},
-                                      {"torch113", "PyTorch 1.13"}};
+const std::vector<System> kSystems = {
+    {"dtrain", "dtrain"},     {"dtrain_tv", "dtrain (tv form)"},  {"tf", "TensorFlow"},
+    {"torch", "PyTorch 2.x"}, {"torch_compile", "torch.compile"}, {"torch113", "PyTorch 1.13"}};
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -80,10 +81,12 @@ int compare_bench(const CompareArgs& a) {
   have["torch_compile"] = gpt && have["torch"];
   have["torch113"] =
       !gpt && !bf16 && runs_python(a.debian_python, resnet ? "torchvision" : "torch");
+  // ResNets: torchvision's form of the model, for the PyTorch columns.
+  have["dtrain_tv"] = resnet && (have["torch"] || have["torch113"]);
   std::string torch113_version;
   for (const auto& [k, ok] : have)
-    if (!ok && !(bf16 && (k == "torch" || k == "torch113")) && !(gpt && k != "torch") &&
-        !(!gpt && k == "torch_compile"))
+    if (!ok && k != "dtrain_tv" && !(bf16 && (k == "torch" || k == "torch113")) &&
+        !(gpt && k != "torch") && !(!gpt && k == "torch_compile"))
       std::fprintf(stderr,
                    "compare: %s is not installed (bench/peers/setup.sh installs it); left out\n",
                    k.c_str());
@@ -110,8 +113,10 @@ int compare_bench(const CompareArgs& a) {
                               " --json";
     const std::string pin = "taskset -c 0 env OMP_NUM_THREADS=1 ";
     const std::string py = sys == "torch" ? peers : a.debian_python;
-    if (sys == "dtrain") {
-      const std::string d = synthetic + flags + prec;
+    if (sys == "dtrain" || sys == "dtrain_tv") {
+      if (sys == "dtrain_tv" && row == "mirrored") return "";  // no peer to set it beside
+      const std::string d =
+          synthetic + flags + prec + (sys == "dtrain_tv" ? " --resnet-style torchvision" : "");
       if (row == "one_thread") return pin + d + " --strategy=one_device --threads 1";
       if (row == "mirrored") return d + " --strategy=mirrored --devices=cpu:2 --threads 1";
       return dtrain_run + " -np 2 -- " + d + " --strategy=multi_worker_mirrored";
@@ -146,6 +151,7 @@ int compare_bench(const CompareArgs& a) {
     return row == "one_thread" ? pin + peer : peer + " --workers 2";
   };
   auto command = [&](const std::string& row, const std::string& sys, long b) -> std::string {
+    if (sys == "dtrain_tv" && !resnet) return "";
     if (gpt) return gpt_command(row, sys, b);
     if (resnet) return resnet_command(row, sys, b);
     const std::string timing = " --steps " + std::to_string(steps_for(b)) + " --warmup " +
@@ -228,12 +234,18 @@ int compare_bench(const CompareArgs& a) {
     for (const System& s : kSystems)
       if (have[s.key]) std::printf(" %18s", s.label.c_str());
     for (const System& s : kSystems)
-      if (have[s.key] && s.key != "dtrain") std::printf(" %10s", ("vs " + s.key).c_str());
+      if (have[s.key] && s.key.rfind("dtrain", 0) != 0)
+        std::printf(" %10s", ("vs " + s.key).c_str());
     std::printf("\n");
     auto med = [&](const std::string& row, const std::string& sys, bool rss = false) {
       auto it = res.find({b, row, sys});
       if (it == res.end()) return 0.0;
       return median(rss ? it->second.rss : it->second.ips);
+    };
+    // dtrain's run of the same model as a peer's: the torchvision form for PyTorch's ResNets.
+    auto ours = [&](const std::string& row, const std::string& peer) {
+      const bool tv = (peer == "torch" || peer == "torch113") && med(row, "dtrain_tv") > 0;
+      return med(row, tv ? "dtrain_tv" : "dtrain");
     };
     for (const std::string& row : rows) {
       std::printf("%-42s", row_label.at(row).c_str());
@@ -246,10 +258,10 @@ int compare_bench(const CompareArgs& a) {
           std::printf(" %18s", "-");
       }
       for (const System& s : kSystems) {
-        if (!have[s.key] || s.key == "dtrain") continue;
+        if (!have[s.key] || s.key.rfind("dtrain", 0) == 0) continue;
         const double v = med(row, s.key);
         if (v > 0)
-          std::printf(" %9.2fx", med(row, "dtrain") / v);
+          std::printf(" %9.2fx", ours(row, s.key) / v);
         else
           std::printf(" %10s", "-");
       }
@@ -266,7 +278,7 @@ int compare_bench(const CompareArgs& a) {
                            {"precision", a.precision},
                            {gpt ? "tokens_per_sec" : "images_per_sec", v},
                            {"peak_rss_mb", med(row, s.key, true)},
-                           {"ratio_dtrain", med(row, "dtrain") / v},
+                           {"ratio_dtrain", ours(row, s.key) / v},
                            {"runs", a.runs},
                            {"steps", steps_for(b)}};
           if (gpt) j["context"] = a.context;

@@ -3,6 +3,8 @@
 // weights depend only on the seed and the order layers create weights, not on threads or devices.
 #pragma once
 
+#include <string>
+
 #include "dtrain/core/export.h"
 #include "dtrain/model/variable.h"
 
@@ -15,6 +17,14 @@ DTRAIN_API Initializer constant(float value);
 DTRAIN_API Initializer glorot_uniform();
 // Truncated normal (|z| <= 2), stddev sqrt(2 / fan_in) / 0.87962566 (Keras he_normal).
 DTRAIN_API Initializer he_normal();
+// keras.initializers.VarianceScaling: variance scale / n, n the kernel's fan_in, fan_out or their
+// mean (mode "fan_in", "fan_out", "fan_avg"); distribution "truncated_normal" (|z| <= 2, stddev
+// divided by 0.87962566 as Keras does), "untruncated_normal" or "uniform" (limit sqrt(3 scale /
+// n)). variance_scaling(2, "fan_out", "untruncated_normal") is torch.nn.init.kaiming_normal_(mode=
+// "fan_out", nonlinearity="relu"), torchvision's ResNet convolutions. Throws InvalidArgument for
+// another mode or distribution, or scale <= 0.
+DTRAIN_API Initializer variance_scaling(double scale, const std::string& mode,
+                                        const std::string& distribution);
 DTRAIN_API Initializer random_uniform(float low, float high);
 DTRAIN_API Initializer random_normal(float mean, float stddev);
 

@@ -81,6 +81,12 @@ DTRAIN_API Conv2dParams conv_params(const Shape& x, const Shape& w, int stride_h
                                     Padding padding);
 DTRAIN_API Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int stride_h = 1,
                          int stride_w = 1, Padding padding = Padding::kValid);
+// The same with explicit zero padding: torch.nn.Conv2d(padding=(h, w)) is pad_top = pad_bottom = h,
+// pad_left = pad_right = w. (For a stride of 2 on an even input, TF's kSame pads one row at the
+// end only, torch's padding=1 one on each side: the same output size, windows one row apart.)
+// Throws InvalidArgument for a stride < 1, a negative pad or a filter larger than the padded input.
+DTRAIN_API Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
+                         const Conv2dParams& params);
 DTRAIN_API Tensor max_pool2d(const Tensor& x, int window_h = 2, int window_w = 2, int stride_h = 2,
                              int stride_w = 2, Padding padding = Padding::kValid);
 // NHWC average pooling as TF's avg_pool2d: with kSame padding each output divides by the number

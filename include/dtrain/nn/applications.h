@@ -7,8 +7,9 @@
 //                      1.001e-5); ResNet50(...) has 25,636,712 parameters at 224x224x3 and 1,000
 //                      classes, as keras.applications.ResNet50(weights=None).
 //   ResNet18/34        basic blocks as torchvision's (no convolution biases, projection shortcuts
-//                      with BatchNormalization); ResNet18 has torchvision's 11,689,512 trainable
-//                      parameters.
+//                      with BatchNormalization, strided 3x3 convolutions padded by one on each
+//                      side); ResNet18 has torchvision's 11,689,512 trainable parameters.
+//   ResNetOptions::style = ResNetStyle::kTorchvision: ResNet50/101/152 as torchvision's (below).
 //   ResNet20/32/56     He et al. 2015, section 4.2 (CIFAR), written as Keras' cifar10_resnet
 //   example
 //                      (resnet_v1: 16/32/64 filters, 1x1 projection shortcuts when the shape
@@ -27,7 +28,26 @@
 
 namespace dtrain::applications {
 
+// The form of ResNet50/101/152. ResNet18/34 have torchvision's topology either way; kTorchvision
+// gives them torchvision's initializers too.
+//   kKeras        keras.applications.ResNet50 (ResNet v1): a strided block strides in its first 1x1
+//                 convolution, a bias on every convolution, BatchNormalization epsilon 1.001e-5,
+//                 glorot_uniform kernels; 25,636,712 parameters (Keras' count, with the batch
+//                 statistics).
+//   kTorchvision  torchvision.models.resnet50() (v1.5): the stride on the 3x3 convolution,
+//                 padded by one on each side (torch's padding=1); no convolution biases (a bias
+//                 before batch normalization is subtracted again by it); epsilon 1e-5; kernels
+//                 kaiming_normal_(mode="fan_out"), the head's torch.nn.Linear's U(+-1/sqrt(fan_in))
+//                 (its bias starts at zero here); 25,557,032 trainable parameters (torchvision's
+//                 count). tests/nn/applications_test.cc checks its logits against torchvision's.
+// The two do different work: v1.5 runs 4.09 G multiply-adds a 224x224 image forward, v1 3.86 G
+// (6% fewer: in the three strided blocks v1's first 1x1 convolution sees a quarter of the
+// positions), and on a GPU v1's biases cost a pass over each convolution's output and gradient.
+// Compare with TensorFlow in the Keras form and with PyTorch in the torchvision form.
+enum class ResNetStyle { kKeras, kTorchvision };
+
 struct DTRAIN_API ResNetOptions {
+  ResNetStyle style = ResNetStyle::kKeras;
   Shape input_shape{224, 224, 3};  // one example's shape (HWC)
   int64_t classes = 1000;
   // false: no pooling and no Dense head; the model returns the last block's feature map.

@@ -50,6 +50,9 @@ class DTRAIN_API Conv2D : public Layer {
   std::shared_ptr<Variable> kernel, bias;
   // Keras' kernel_initializer; set before the layer is built.
   Initializer kernel_initializer;  // empty: glorot_uniform
+  // torch.nn.Conv2d's padding=(pad_h, pad_w): that many zeros on each side, in place of the
+  // constructor's `padding` (Keras has only "valid" and "same"). Set before the layer is built.
+  void set_explicit_padding(int pad_h, int pad_w);
   // With ReLU, followed by max pooling: the convolution and the pooling as one op, then the ReLU.
   FusedCall fuse_with_next(const Layer& next) override;
 
@@ -67,6 +70,7 @@ class DTRAIN_API Conv2D : public Layer {
   ops::Padding padding_;
   int stride_;
   bool use_bias_;
+  int pad_h_ = -1, pad_w_ = -1;  // set_explicit_padding's; -1: padding_
 };
 
 class DTRAIN_API MaxPool2D : public Layer {

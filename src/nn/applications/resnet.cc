@@ -10,6 +10,18 @@ namespace {
 
 using ops::Padding;
 
+bool torchvision(const ResNetOptions& o) { return o.style == ResNetStyle::kTorchvision; }
+
+// Makes one convolution's kernel initializer. One per convolution: an initializer is one random
+// stream, so two kernels sharing one would start from the same numbers. Empty: glorot_uniform.
+using InitFactory = std::function<Initializer()>;
+Initializer make(const InitFactory& f) { return f ? f() : Initializer(); }
+
+// torchvision's convolutions: kaiming_normal_(mode="fan_out", nonlinearity="relu").
+Initializer kaiming_fan_out() {
+  return initializers::variance_scaling(2.0, "fan_out", "untruncated_normal");
+}
+
 std::shared_ptr<BatchNormalization> bn(const ResNetOptions& o, float epsilon,
                                        std::string name = "batch_normalization") {
   return std::make_shared<BatchNormalization>(0.99f, epsilon, o.synchronized_batch_norm,
@@ -25,23 +37,31 @@ std::shared_ptr<Conv2D> conv(int64_t filters, int k, int stride, bool bias, Padd
 }
 
 // Keras' residual_block_v1: 1x1 (stride) -> 3x3 -> 1x1 (4 x filters), BN after each, and a 1x1
-// projection of the input (with BN) when `project`.
+// projection of the input (with BN) when `project`. In torchvision's form (v1.5) the 3x3 strides,
+// padded by one on each side, and no convolution has a bias.
 class BottleneckBlock : public Layer {
  public:
   BottleneckBlock(int64_t filters, int stride, bool project, const ResNetOptions& o,
                   std::string name)
       : Layer(std::move(name)) {
-    const float eps = 1.001e-5f;
+    const bool tv = torchvision(o);
+    const float eps = tv ? 1e-5f : 1.001e-5f;
+    const bool bias = !tv;
+    const InitFactory init = tv ? InitFactory(kaiming_fan_out) : InitFactory();
     if (project) {
-      c0_ = register_layer(conv(4 * filters, 1, stride, true, Padding::kValid), "0_conv");
+      c0_ =
+          register_layer(conv(4 * filters, 1, stride, bias, Padding::kValid, make(init)), "0_conv");
       b0_ = register_layer(bn(o, eps), "0_bn");
     }
-    c1_ = register_layer(conv(filters, 1, stride, true, Padding::kValid), "1_conv");
+    c1_ = register_layer(conv(filters, 1, tv ? 1 : stride, bias, Padding::kValid, make(init)),
+                         "1_conv");
     b1_ = register_layer(bn(o, eps), "1_bn");
-    c2_ = register_layer(conv(filters, 3, 1, true, Padding::kSame), "2_conv");
+    c2_ = register_layer(conv(filters, 3, tv ? stride : 1, bias, Padding::kSame, make(init)),
+                         "2_conv");
+    if (tv && stride > 1) c2_->set_explicit_padding(1, 1);  // kSame would pad the end only
     b2_ = register_layer(bn(o, eps), "2_bn");
     b1_->activation = b2_->activation = Activation::kRelu;  // Keras' 1_relu, 2_relu: fused
-    c3_ = register_layer(conv(4 * filters, 1, 1, true, Padding::kValid), "3_conv");
+    c3_ = register_layer(conv(4 * filters, 1, 1, bias, Padding::kValid, make(init)), "3_conv");
     b3_ = register_layer(bn(o, eps), "3_bn");
   }
   std::string class_name() const override { return "BottleneckBlock"; }
@@ -62,19 +82,23 @@ class BottleneckBlock : public Layer {
 };
 
 // Two 3x3 convolutions with BN; the shortcut is the input, or a 1x1 projection (with BN when
-// `projection_bn`) when the stride or the width changes.
+// `projection_bn`) when the stride or the width changes. `torch_padding`: a strided first
+// convolution pads one on each side (torchvision), not Keras' "same" (the extra row at the end).
 class BasicBlock : public Layer {
  public:
   BasicBlock(int64_t filters, int stride, bool project, bool use_bias, bool projection_bn,
-             float epsilon, Initializer init, const ResNetOptions& o, std::string name)
+             float epsilon, const InitFactory& init, bool torch_padding, const ResNetOptions& o,
+             std::string name)
       : Layer(std::move(name)) {
-    c1_ = register_layer(conv(filters, 3, stride, use_bias, Padding::kSame, init), "1_conv");
+    c1_ = register_layer(conv(filters, 3, stride, use_bias, Padding::kSame, make(init)), "1_conv");
+    if (torch_padding && stride > 1) c1_->set_explicit_padding(1, 1);
     b1_ = register_layer(bn(o, epsilon), "1_bn");
     b1_->activation = Activation::kRelu;  // 1_relu, fused
-    c2_ = register_layer(conv(filters, 3, 1, use_bias, Padding::kSame, init), "2_conv");
+    c2_ = register_layer(conv(filters, 3, 1, use_bias, Padding::kSame, make(init)), "2_conv");
     b2_ = register_layer(bn(o, epsilon), "2_bn");
     if (project) {
-      c0_ = register_layer(conv(filters, 1, stride, use_bias, Padding::kValid, init), "0_conv");
+      c0_ =
+          register_layer(conv(filters, 1, stride, use_bias, Padding::kValid, make(init)), "0_conv");
       if (projection_bn) b0_ = register_layer(bn(o, epsilon), "0_bn");
     }
   }
@@ -111,14 +135,21 @@ void check(const ResNetOptions& o, int64_t min_side, const char* model) {
 KerasTensor head(KerasTensor x, const ResNetOptions& o) {
   if (!o.include_top) return x;
   x = (*std::make_shared<GlobalAveragePooling2D>("avg_pool"))(x);
-  return (*std::make_shared<Dense>(o.classes, Activation::kNone, true, "predictions"))(x);
+  auto dense = std::make_shared<Dense>(o.classes, Activation::kNone, true, "predictions");
+  // torch.nn.Linear's kaiming_uniform_(a=sqrt(5)): U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+  if (torchvision(o))
+    dense->kernel_initializer = initializers::variance_scaling(1.0 / 3, "fan_in", "uniform");
+  return (*dense)(x);
 }
 
-// The ImageNet stem: 7x7/2 convolution, BN, ReLU, 3x3/2 max pooling (Keras' names).
+// The ImageNet stem: 7x7/2 convolution, BN, ReLU, 3x3/2 max pooling (Keras' names). Without the
+// bias, torchvision's: BN epsilon 1e-5. (Zeros pad the pooling where torch pads with -inf: the
+// same maxima after the ReLU.)
 KerasTensor stem(KerasTensor x, bool bias, const ResNetOptions& o) {
   x = (*std::make_shared<ZeroPadding2D>(3, 3, 3, 3, "conv1_pad"))(x);
-  x = (*conv(64, 7, 2, bias, Padding::kValid, {}, "conv1_conv"))(x);
-  x = (*bn(o, 1.001e-5f, "conv1_bn"))(x);
+  x = (*conv(64, 7, 2, bias, Padding::kValid, torchvision(o) ? kaiming_fan_out() : Initializer(),
+             "conv1_conv"))(x);
+  x = (*bn(o, bias ? 1.001e-5f : 1e-5f, "conv1_bn"))(x);
   x = (*std::make_shared<ActivationLayer>(Activation::kRelu, "conv1_relu"))(x);
   x = (*std::make_shared<ZeroPadding2D>(1, 1, 1, 1, "pool1_pad"))(x);
   return (*std::make_shared<MaxPool2D>(3, 2, Padding::kValid, "pool1_pool"))(x);
@@ -148,7 +179,7 @@ std::shared_ptr<Model> imagenet_resnet(const std::vector<int>& blocks, const std
 
 std::shared_ptr<Model> bottleneck_resnet(const std::vector<int>& blocks, const std::string& name,
                                          const ResNetOptions& o) {
-  return imagenet_resnet(blocks, name, true, o,
+  return imagenet_resnet(blocks, name, !torchvision(o), o,
                          [&o](int64_t f, int stride, bool first, const std::string& n) {
                            return std::make_shared<BottleneckBlock>(f, stride, first, o, n);
                          });
@@ -156,11 +187,12 @@ std::shared_ptr<Model> bottleneck_resnet(const std::vector<int>& blocks, const s
 
 std::shared_ptr<Model> basic_resnet(const std::vector<int>& blocks, const std::string& name,
                                     const ResNetOptions& o) {
-  return imagenet_resnet(blocks, name, false, o,
-                         [&o](int64_t f, int stride, bool, const std::string& n) {
-                           return std::make_shared<BasicBlock>(f, stride, stride != 1, false, true,
-                                                               1e-5f, Initializer(), o, n);
-                         });
+  return imagenet_resnet(
+      blocks, name, false, o, [&o](int64_t f, int stride, bool, const std::string& n) {
+        return std::make_shared<BasicBlock>(
+            f, stride, stride != 1, false, true, 1e-5f,
+            torchvision(o) ? InitFactory(kaiming_fan_out) : InitFactory(), true, o, n);
+      });
 }
 
 }  // namespace
@@ -198,8 +230,9 @@ std::shared_ptr<Model> CifarResNet(int depth, const ResNetOptions& o) {
     for (int b = 1; b <= n; ++b) {
       const int stride = s > 0 && b == 1 ? 2 : 1;
       const std::string bn_name = "stack" + std::to_string(s + 1) + "_block" + std::to_string(b);
-      auto block = std::make_shared<BasicBlock>(filters, stride, stride != 1, true, false, 1e-3f,
-                                                initializers::he_normal(), o, bn_name);
+      auto block =
+          std::make_shared<BasicBlock>(filters, stride, stride != 1, true, false, 1e-3f,
+                                       InitFactory(initializers::he_normal), false, o, bn_name);
       block->set_recompute_grad(o.recompute);
       block->set_shard_parameters(o.shard_parameters);
       x = (*block)(x);

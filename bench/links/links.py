@@ -66,7 +66,8 @@ def dtrain_command(a, model, hosts):
     if model == "resnet50":
         return [os.path.join(a.build, "examples", "synthetic_benchmark"), "--model", "resnet50",
                 "--batch-size", str(a.resnet_batch), "--num-warmup-batches", str(a.warmup),
-                "--num-batches-per-iter", "1", "--num-iters", str(a.steps), "--threads", "1", "--json"]
+                "--num-batches-per-iter", "1", "--num-iters", str(a.steps), "--threads", "1", "--json",
+                "--resnet-style", a.resnet_style]
     n = a.warmup + a.steps
     return [os.path.join(a.build, "examples", "gpt"), "--preset", "gpt2", "--context", str(a.context),
             "--batch-size", str(hosts * a.gpt_batch), "--steps", str(n), "--steps-per-epoch", str(n),
@@ -256,6 +257,9 @@ def main():
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--resnet-batch", type=int, default=32)
+    p.add_argument("--resnet-style", default="torchvision", choices=["torchvision", "keras"],
+                   help="dtrain's ResNet-50: torchvision's form, the model DDP trains (default since "
+                   "2026-11-28), or Keras' (the form of the tables before)")
     p.add_argument("--gpt-batch", type=int, default=4)
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--out", default="")

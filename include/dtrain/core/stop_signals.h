@@ -36,7 +36,10 @@ namespace dtrain {
 class DTRAIN_API StopSignals {
  public:
   explicit StopSignals(std::vector<int> signals = {SIGTERM, SIGINT});
-  ~StopSignals();  // stops its thread; unblocks the signals in the constructing thread again
+  // Stops its thread and unblocks the signals again in the calling thread: destroy it on the thread
+  // that made it. Threads started meanwhile keep them blocked (the signals' default actions then
+  // reach the process through the threads that do not).
+  ~StopSignals();
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 

@@ -138,6 +138,31 @@ TEST_F(GradCheck, Conv2dValidSameStrided) {
                   {random_tensor({1, 4, 4, 2}, 53), random_tensor({2, 2, 2, 2}, 54)}, {true, true});
 }
 
+// Explicit padding (torch.nn.Conv2d's padding=, Conv2D::set_explicit_padding): symmetric at stride
+// 2 on an even input (torchvision's strided 3x3), and uneven pads; bad parameters refused.
+TEST_F(GradCheck, Conv2dExplicitPadding) {
+  for (const Conv2dParams& p : {Conv2dParams{2, 2, 1, 1, 1, 1}, Conv2dParams{1, 1, 0, 2, 2, 0},
+                                Conv2dParams{2, 1, 2, 0, 1, 2}}) {
+    check_gradients(
+        [&p](const V& x) { return ops::conv2d(x[0], x[1], x[2], p); },
+        {random_tensor({2, 6, 6, 3}, 55), random_tensor({3, 3, 3, 2}, 56), random_tensor({2}, 57)},
+        {true, true, true});
+  }
+  // Symmetric pads equal the same convolution of the input padded with zeros by hand.
+  const Tensor x = random_tensor({1, 6, 6, 2}, 58), w = random_tensor({3, 3, 2, 4}, 59);
+  const std::vector<float> padded =
+      ops::conv2d(ops::zero_pad2d(x, 1, 1, 1, 1), w, Tensor(), 2, 2, ops::Padding::kValid)
+          .to_vector<float>();
+  const std::vector<float> direct =
+      ops::conv2d(x, w, Tensor(), Conv2dParams{2, 2, 1, 1, 1, 1}).to_vector<float>();
+  ASSERT_EQ(direct.size(), padded.size());
+  for (size_t i = 0; i < direct.size(); ++i) EXPECT_NEAR(direct[i], padded[i], 1e-5f) << i;
+  EXPECT_THROW(ops::conv2d(x, w, Tensor(), Conv2dParams{0, 1, 0, 0, 0, 0}), InvalidArgument);
+  EXPECT_THROW(ops::conv2d(x, w, Tensor(), Conv2dParams{1, 1, -1, 0, 0, 0}), InvalidArgument);
+  EXPECT_THROW(ops::conv2d(random_tensor({1, 2, 2, 2}, 60), w, Tensor(), Conv2dParams{}),
+               InvalidArgument);  // a 3x3 filter on a 2x2 input without padding
+}
+
 TEST_F(GradCheck, MaxPool) {
   // Distinct values so the arg-max is unique and stable under the perturbation.
   std::vector<float> v(2 * 6 * 6 * 3);

@@ -4,14 +4,15 @@
 Makes 3 hosts with 200 Mbit/s links, checks the shaping (a TCP stream between two hosts runs at
 80-105% of the link rate), that a cut link stops traffic and a restored one carries it again, runs a
 MultiWorkerMirrored job of 3 workers and a ParameterServer job (2 workers + 1 ps) across the hosts with
-`dtrain-run --netns` (each task on its own host and address), and removes everything. Exits 77 (CTest:
+`dtrain-run --netns` (each task on its own host and address), checks that ranks waiting on the slow link
+leave the CPU alone (dtrain-bench allreduce), and removes everything. Exits 77 (CTest:
 skipped) with the reason where namespaces cannot be created (not root, no CAP_NET_ADMIN).
 
-  netns_test.py DTRAIN_NETNS DTRAIN_RUN FASHION_MNIST
+  netns_test.py DTRAIN_NETNS DTRAIN_RUN FASHION_MNIST DTRAIN_BENCH
 """
-import json, os, subprocess, sys, time
+import json, os, resource, subprocess, sys, time
 
-netns, dtrain_run, example = sys.argv[1:4]
+netns, dtrain_run, example, bench = sys.argv[1:5]
 prefix = f"dt{os.getpid() % 10000}"
 
 def sh(*cmd, timeout=120, check=True):
@@ -86,6 +87,21 @@ def main():
         rows, r = job_json(["-np", "2", "--ps", "1", "--", example, "--strategy=parameter_server"] + quick, 2)
         assert rows, r.stdout + r.stderr
         print(f"ok: ParameterServer, 2 workers + 1 ps on 3 hosts: {len(rows)} worker result(s)")
+
+        # Ranks waiting on a slow link block in poll() rather than spin (next_spin_budget in
+        # src/collectives/tcp/tcp_transport.h): the two ranks' CPU time over 6 more 8 MiB all-reduces
+        # (about 2 s on the wire at 200 Mbit/s), as a share of the wall time they took.
+        def allreduce(iters):
+            before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.time()
+            sh(bench, "allreduce", "--backend", "tcp", "--ranks", "2", "--netns", prefix, "--warmup", "1",
+               "--sizes", "8M", "--iters", str(iters), timeout=120)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, time.time() - t0
+        (c2, w2), (c8, w8) = allreduce(2), allreduce(8)
+        share = (c8 - c2) / (w8 - w2)
+        print(f"ok: two ranks all-reducing over 200 Mbit/s links used {share:.2f} of a core "
+              f"({c8 - c2:.2f} s of CPU in {w8 - w2:.2f} s)")
+        assert w8 - w2 > 1.0 and share < 0.12, (c2, w2, c8, w8)
     finally:
         sh(netns, "down", "--prefix", prefix, check=False)
     left = [l for l in sh("ip", "netns", "list").stdout.splitlines() if l.startswith(prefix + "-")]

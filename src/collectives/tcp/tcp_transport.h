@@ -9,7 +9,9 @@
 // (a per-peer send mutex keeps frames whole).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <string>
@@ -21,6 +23,18 @@
 #include "collectives/tcp/shm_channel.h"
 
 namespace dtrain::tcp {
+
+// How long a TCP exchange polls (yielding the core) before it blocks in poll(): spinning answers
+// a quick peer without a wake-up's tens of microseconds, but on a slow link almost every wait
+// blocks anyway and the spinning only burns CPU. So the budget adapts: halved (down to kMinSpin)
+// after a wait that spinning did not end, raised to four times what a successful spin took (up to
+// kMaxSpin). `spun` is how long this wait spun, `found` whether it found work.
+inline constexpr std::chrono::microseconds kMinSpin{4}, kMaxSpin{100};
+inline std::chrono::microseconds next_spin_budget(std::chrono::microseconds budget,
+                                                  std::chrono::microseconds spun, bool found) {
+  if (!found) return std::max(kMinSpin, budget / 2);
+  return std::clamp(std::max(budget, 4 * spun + kMinSpin), kMinSpin, kMaxSpin);
+}
 
 class TcpTransport final : public collectives::Transport {
  public:
@@ -70,6 +84,7 @@ class TcpTransport final : public collectives::Transport {
   std::atomic<bool> aborted_{false};
   std::string abort_reason_;
   std::atomic<int64_t> marker_{-1};
+  std::atomic<int> spin_budget_us_{static_cast<int>(kMaxSpin.count())};  // next_spin_budget
   std::unique_ptr<std::atomic<int64_t>[]> peer_marker_;  // per peer, from its heartbeats
   bool shm_ = false;
   std::vector<ShmChannel> tx_, rx_;  // per peer, when shm_: to it and from it

@@ -1,10 +1,10 @@
 // Ring algorithms: each step sends one chunk to the next rank while receiving one from the
 // previous, segments pipelined through the transport; the reduction of a received segment overlaps
 // the transfer of the next.
-#include <vector>
 
 #include "collectives/algorithms/algorithms.h"
 #include "collectives/reduction.h"
+#include "dtrain/core/allocator.h"
 
 namespace dtrain::collectives {
 namespace {
@@ -20,14 +20,18 @@ int ring_reduce_scatter(Transport& t, void* buf_v, int64_t count, DType dt, Redu
   const size_t es = dtype_size(dt);
   auto lo = [&](int k) { return count * k / n; };
   auto cbytes = [&](int k) { return static_cast<size_t>(lo(k + 1) - lo(k)) * es; };
-  std::vector<char> scratch(static_cast<size_t>((count + n - 1) / n + 1) * es);
+  // The received chunk lands in a block of the host allocator's cache. A fresh std::vector was
+  // zeroed, and above glibc's mmap threshold page-faulted in, on every collective: 38 ms of a
+  // 590 ms 64 MiB all-reduce of two ranks at 1 Gbit/s.
+  const auto scratch = host_allocator().allocate(static_cast<size_t>((count + n - 1) / n + 1) * es,
+                                                 DeviceSpec::cpu());
+  char* const got = static_cast<char*>(scratch->data());
   for (int s = 0; s < n - 1; ++s) {
     const int sk = mod(me - s + shift, n), rk = mod(me - s - 1 + shift, n);
     char* dst = buf + static_cast<size_t>(lo(rk)) * es;
     t.exchange(mod(me + 1, n), buf + static_cast<size_t>(lo(sk)) * es, cbytes(sk), mod(me - 1, n),
-               scratch.data(), cbytes(rk), fp, [&](size_t off, size_t nb) {
-                 reduce_into(dst + off, scratch.data() + off, nb / es, dt, op);
-               });
+               got, cbytes(rk), fp,
+               [&](size_t off, size_t nb) { reduce_into(dst + off, got + off, nb / es, dt, op); });
   }
   return mod(me + 1 + shift, n);
 }

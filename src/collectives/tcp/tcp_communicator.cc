@@ -11,6 +11,7 @@
 #include "collectives/sync_collectives.h"
 #include "collectives/tcp/tcp_environment.h"
 #include "collectives/tcp/tcp_transport.h"
+#include "dtrain/core/allocator.h"
 #include "dtrain/core/logging.h"
 
 namespace dtrain {
@@ -75,28 +76,21 @@ class TcpCollectives final : public SyncCollectives {
       throw InvalidArgument("reduce: root " + std::to_string(root) + " out of range");
     const Fingerprint fp = begin(kReduce, t.dtype(), t.numel(), op);
     guarded([&] {
-      std::vector<char> tmp(t.nbytes());
-      std::memcpy(tmp.data(), t.raw_data(), t.nbytes());
-      collectives::allreduce(t_, tmp.data(), t.numel(), t.dtype(), op, fp);
-      if (rank() == root) std::memcpy(t.raw_data(), tmp.data(), t.nbytes());
+      const auto block = host_allocator().allocate(t.nbytes(), DeviceSpec::cpu());  // as ring.cc
+      char* const tmp = static_cast<char*>(block->data());
+      std::memcpy(tmp, t.raw_data(), t.nbytes());
+      collectives::allreduce(t_, tmp, t.numel(), t.dtype(), op, fp);
+      if (rank() == root) std::memcpy(t.raw_data(), tmp, t.nbytes());
     });
   }
 
   void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override {
     check_reduce_scatter(in, out);
-    // The ring reduces in a scratch copy of the input, kept between calls up to 32 MiB: a fresh
-    // zeroed buffer per call cost a page fault per 4 KiB and a memset, half again the
-    // collective's time for 4 MB gradient packs. Larger inputs get an uninitialised one-off.
-    constexpr size_t kKept = size_t{32} << 20;
-    std::unique_ptr<char[]> once;
-    char* tmp;
-    if (in.nbytes() <= kKept) {
-      if (scratch_.size() < in.nbytes()) scratch_.reset(in.nbytes());
-      tmp = scratch_.data();
-    } else {
-      once.reset(new char[in.nbytes()]);
-      tmp = once.get();
-    }
+    // The ring reduces in a scratch copy of the input, a block of the host allocator's cache: a
+    // fresh zeroed buffer per call cost a page fault per 4 KiB and a memset, half again the
+    // collective's time for 4 MB gradient packs.
+    const auto block = host_allocator().allocate(in.nbytes(), DeviceSpec::cpu());
+    char* const tmp = static_cast<char*>(block->data());
     std::memcpy(tmp, in.raw_data(), in.nbytes());
     ring_reduce_scatter(tmp, in, out, op);
   }
@@ -180,25 +174,8 @@ class TcpCollectives final : public SyncCollectives {
     }
   }
 
-  // Uninitialised bytes that grow to the largest reduce_scatter input seen (the communication
-  // thread alone uses them).
-  class Scratch {
-   public:
-    size_t size() const { return size_; }
-    char* data() { return data_.get(); }
-    void reset(size_t n) {
-      data_.reset(new char[n]);
-      size_ = n;
-    }
-
-   private:
-    std::unique_ptr<char[]> data_;
-    size_t size_ = 0;
-  };
-
   TcpTransport t_;
   uint64_t seq_ = 0;
-  Scratch scratch_;
 };
 
 }  // namespace

@@ -23,6 +23,39 @@ TEST(Dtype, HalfConversionsRoundTripAndRound) {
   EXPECT_THROW(dtype_from_name("float8"), InvalidArgument);
 }
 
+// The array conversions give the scalar ones' bits for every value class (ties to even both ways,
+// NaNs of either sign and any payload -> 0x7fc0, infinities, subnormals, the largest finite values
+// that round up to infinity), at every length and offset (the vector loop's tail, unaligned
+// outputs) and above 4 MB (the streaming stores).
+TEST(Dtype, BfloatArrayConversionsEqualTheScalarOnes) {
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x3f800000u, 0x3f808000u, 0x3f818000u,
+                                0x3f807fffu, 0x3f808001u, 0x7f800000u, 0xff800000u, 0x7f800001u,
+                                0xffc00000u, 0x7fffffffu, 0x7f7fffffu, 0xff7fffffu, 0x00000001u,
+                                0x807fffffu, 0x7f7f8000u, 0x3480ffffu};
+  Philox rng(7, 1);
+  for (uint64_t i = 0; bits.size() < 4096; ++i) {
+    const auto b = rng.block(i);
+    bits.insert(bits.end(), b.begin(), b.end());
+  }
+  const size_t large = (size_t{5} << 20) / 2 + 3;  // 5 MB of bfloat16 output, 10 MB of float32
+  for (const size_t n : {size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{4096}, large})
+    for (const size_t offset : {size_t{0}, size_t{1}}) {
+      std::vector<float> in(n + offset);
+      for (size_t i = 0; i < in.size(); ++i) std::memcpy(&in[i], &bits[i % bits.size()], 4);
+      std::vector<uint16_t> half(n + offset, 0);
+      floats_to_bf16(in.data() + offset, half.data() + offset, n);
+      std::vector<float> back(n + offset, 0.f);
+      bf16_to_floats(half.data() + offset, back.data() + offset, n);
+      size_t wrong = 0;
+      for (size_t i = offset; i < n + offset; ++i) {
+        const float scalar_back = bf16_to_float(half[i]);
+        wrong += half[i] != float_to_bf16(in[i]) ||
+                 std::memcmp(&back[i], &scalar_back, 4) != 0;
+      }
+      EXPECT_EQ(wrong, 0u) << "n " << n << ", offset " << offset;
+    }
+}
+
 TEST(Philox, MatchesRandom123KnownAnswers) {
   // philox4x32-10 known-answer vectors from Random123's kat_vectors.
   auto zero = Philox(0, 0).block(0);

@@ -10,7 +10,11 @@
 // latter), GB/s of the three streams (a normal store's read for ownership not counted). With
 // --conv-batches, ResNet-50's four 3x3 layer shapes through conv2d and its two gradients (a tape
 // over sum(conv2d(x, w))), with Winograd convolutions off and on (precision.h): ms per layer, the
-// median of --reps.
+// median of --reps. The kernels' own limit beside dtrain's products: oneDNN's matmul on operands
+// already in its types and its chosen weight layout (benchdnn's way of timing a GEMM: no reorder,
+// no rounding pass timed; AMX tiles where the CPU has them), which is what the core can do.
+#include <dnnl.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -33,6 +37,33 @@ double gemm_gflops(int64_t n, int reps) {
     const auto t0 = std::chrono::steady_clock::now();
     const Tensor c = ops::matmul(a, b);
     secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) /
+         median(secs) / 1e9;
+}
+
+// GFLOP/s of oneDNN's matmul alone on one thread's engine: n x n operands of `type` (bfloat16 or
+// float32), the weights in the layout the kernel asks for (tag::any: a blocked, VNNI-packed one on
+// AMX), float32 out; median of `reps` after two warm-up runs. The operands' values do not matter.
+double kernel_gemm_gflops(int64_t n, dnnl::memory::data_type type, int reps) {
+  using dnnl::memory;
+  const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(eng);
+  const memory::desc a({n, n}, type, memory::format_tag::ab),
+      b({n, n}, type, memory::format_tag::any),
+      c({n, n}, memory::data_type::f32, memory::format_tag::ab);
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), eng);
+  const dnnl::matmul prim(pd);
+  memory am(pd.src_desc(), eng), bm(pd.weights_desc(), eng), cm(pd.dst_desc(), eng);
+  for (memory* m : {&am, &bm})  // zeros: no denormal or NaN slows the kernel down
+    std::fill_n(static_cast<char*>(m->get_data_handle()), m->get_desc().get_size(), 0);
+  std::vector<double> secs;
+  for (int i = 0; i < reps + 2; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    prim.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    stream.wait();
+    if (i >= 2)
+      secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) /
          median(secs) / 1e9;
@@ -137,6 +168,34 @@ int peak_bench(const PeakArgs& a) {
     }
   }
   set_precision_policy(Precision::kFloat32);
+  // The kernels alone (oneDNN uses the OpenMP threads configure_devices set).
+  double kernel_best[2] = {0, 0};
+  for (int p = 0; p < 2; ++p)
+    for (int64_t n : a.sizes) {
+      double g = 0;
+      try {
+        g = kernel_gemm_gflops(
+            n, p == 0 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16, a.reps);
+      } catch (const dnnl::error&) {  // no bfloat16 kernel on this CPU (AVX2 only)
+        std::printf("%-34s %12s\n", "oneDNN bfloat16 matmul", "none");
+        break;
+      }
+      kernel_best[p] = std::max(kernel_best[p], g);
+      std::printf("%-34s %12.1f\n",
+                  (std::string("oneDNN alone, ") + (p == 0 ? "float32" : "bfloat16") +
+                   ", n = " + std::to_string(n))
+                      .c_str(),
+                  g);
+      if (a.json)
+        std::printf("%s\n", nlohmann::json{{"benchmark", "peak_kernel"},
+                                           {"precision", p == 0 ? "fp32" : "bf16"},
+                                           {"n", n},
+                                           {"threads", a.threads},
+                                           {"gflops", g},
+                                           {"cpu", cpu_model()}}
+                                .dump()
+                                .c_str());
+    }
   if (a.stream_mb > 0) {
     const double gbs = stream_gbs(a.stream_mb, a.reps);
     std::printf(
@@ -156,6 +215,10 @@ int peak_bench(const PeakArgs& a) {
   conv_lines(a);
   std::printf("peak: float32 %.1f GFLOP/s, mixed bfloat16 %.1f GFLOP/s (%.2fx)\n", best[0], best[1],
               best[1] / best[0]);
+  if (kernel_best[1] > 0)
+    std::printf(
+        "kernels' limit (oneDNN alone): float32 %.1f GFLOP/s, bfloat16 %.1f GFLOP/s (%.2fx)\n",
+        kernel_best[0], kernel_best[1], kernel_best[1] / kernel_best[0]);
   if (a.images_per_sec > 0 && a.gflop_per_image > 0) {
     const double reached = a.images_per_sec * a.gflop_per_image;
     std::printf(
@@ -163,6 +226,9 @@ int peak_bench(const PeakArgs& a) {
         "float32 peak, %.1f%% of the bfloat16 one\n",
         a.images_per_sec, a.gflop_per_image, reached, 100 * reached / best[0],
         100 * reached / best[1]);
+    if (kernel_best[1] > 0)
+      std::printf("  and %.1f%% of the kernels' float32 limit, %.1f%% of their bfloat16 one\n",
+                  100 * reached / kernel_best[0], 100 * reached / kernel_best[1]);
   }
   return 0;
 }

@@ -433,6 +433,27 @@ Tensor CpuKernels::cast(const Tensor& x, DType to) {
                   static_cast<size_t>(x.numel()));
     return y;
   }
+  // float32 <-> bfloat16 (mixed_bfloat16's kept copies): AVX-512 loops with streaming stores for
+  // large outputs (dtype.cc; widening 2x oneDNN 2.6's reorder), split over the device's threads
+  // as a primitive would be.
+  const bool narrow = x.dtype() == DType::kFloat32 && to == DType::kBFloat16;
+  if (narrow || (x.dtype() == DType::kBFloat16 && to == DType::kFloat32)) {
+    const int64_t n = x.numel();
+    const int threads = n < State::kSerialWork ? 1 : state_->threads;
+    const int64_t chunk = ((n + threads - 1) / threads + 15) / 16 * 16;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int t = 0; t < threads; ++t) {
+      const int64_t b = std::min(n, t * chunk), len = std::min(n, b + chunk) - b;
+      if (len <= 0) continue;
+      if (narrow)
+        floats_to_bf16(x.data<float>() + b, static_cast<uint16_t*>(y.raw_data()) + b,
+                       static_cast<size_t>(len));
+      else
+        bf16_to_floats(static_cast<const uint16_t*>(x.raw_data()) + b, y.data<float>() + b,
+                       static_cast<size_t>(len));
+    }
+    return y;
+  }
   const dt from_dt = dnnl_type(x.dtype()), to_dt = dnnl_type(to);
   if (from_dt == dt::undef || to_dt == dt::undef) {  // float64 / int64: no oneDNN type
     cast_loop(x, y);

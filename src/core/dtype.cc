@@ -170,8 +170,8 @@ __attribute__((target("avx512f"))) void bf16_to_f32_avx512(const uint16_t* in, f
   const bool stream = streams(out, n * 4, 64);
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m512i h = _mm512_cvtepu16_epi32(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)));
+    const __m512i h =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)));
     if (stream)
       _mm512_stream_si512(reinterpret_cast<__m512i*>(out + i), _mm512_slli_epi32(h, 16));
     else

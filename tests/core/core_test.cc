@@ -49,8 +49,7 @@ TEST(Dtype, BfloatArrayConversionsEqualTheScalarOnes) {
       size_t wrong = 0;
       for (size_t i = offset; i < n + offset; ++i) {
         const float scalar_back = bf16_to_float(half[i]);
-        wrong += half[i] != float_to_bf16(in[i]) ||
-                 std::memcmp(&back[i], &scalar_back, 4) != 0;
+        wrong += half[i] != float_to_bf16(in[i]) || std::memcmp(&back[i], &scalar_back, 4) != 0;
       }
       EXPECT_EQ(wrong, 0u) << "n " << n << ", offset " << offset;
     }

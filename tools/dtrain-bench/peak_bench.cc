@@ -13,11 +13,10 @@
 // median of --reps. The kernels' own limit beside dtrain's products: oneDNN's matmul on operands
 // already in its types and its chosen weight layout (benchdnn's way of timing a GEMM: no reorder,
 // no rounding pass timed; AMX tiles where the CPU has them), which is what the core can do.
-#include <dnnl.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <dnnl.hpp>
 #include <string>
 
 #include "bench_util.h"

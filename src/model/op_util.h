@@ -17,6 +17,10 @@ Tensor keep_for_backward(const Tensor& x);
 // tensors copied), else x: for an op whose backward pass reads x rounded, but which would not make
 // a copy of its own (a matmul reading a ReLU's output: it then shares the ReLU's copy).
 Tensor kept_copy_if_made(const Tensor& x);
+// Under mixed_bfloat16 on a CPU device, a bfloat16 copy of the float32 x for kernels that read it
+// rounded (a convolution's gradient, read by both of its backward kernels), not remembered; else
+// x.
+Tensor kernel_copy(const Tensor& x);
 // Drops this thread's references to the copies made (GradientTape::gradient calls it).
 void forget_kept_copies();
 // Under mixed_bfloat16, x's values rounded to bfloat16 (float32; a new tensor), else x, on every

@@ -46,21 +46,33 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2d
     throw InvalidArgument("conv2d: the " + w.shape().to_string() + " filter is larger than the " +
                           x.shape().to_string() + " input with its padding");
   Kernels& k = kernels_for(x);
-  Tensor y = k.conv2d(x, w, bias, p);
-  if (tape::should_record({&x, &w, &bias})) {
-    // Under mixed_bfloat16 the filter's gradient reads x rounded to bfloat16: only that is kept.
-    const Tensor kept = tape::recording_tapes({&x, &w, &bias}) == 1 ? keep_for_backward(x) : x;
+  const bool records = tape::should_record({&x, &w, &bias});
+  // Under mixed_bfloat16 the filter's gradient reads x rounded to bfloat16: only that is kept. On
+  // the CPU that is a bfloat16 copy, which the forward pass reads too (its kernel would make the
+  // same copy).
+  const Tensor kept =
+      records && tape::recording_tapes({&x, &w, &bias}) == 1 ? keep_for_backward(x) : x;
+  Tensor y = k.conv2d(kept.dtype() == DType::kBFloat16 ? kept : x, w, bias, p);
+  if (records) {
     tape::record("conv2d", {x, w, bias}, {y},
                  [kept, x_shape = x.shape(), w, bias,
                   p](const std::vector<Tensor>& g) -> std::vector<Tensor> {
                    Kernels& k = kernels_for(w);
                    Tensor db, dx, dw;
+                   const bool want_dx = tape::needs_gradient(0),
+                              want_dw = tape::needs_gradient(1) || tape::needs_gradient(2);
+                   // Both gradients read g rounded to bfloat16 under mixed_bfloat16: on the CPU
+                   // one copy serves both (not under an outer tape, which differentiates g).
+                   const Tensor dy = want_dx && want_dw && !bias.defined() &&
+                                             !tape::should_record({&g[0], &kept, &w})
+                                         ? kernel_copy(g[0])
+                                         : g[0];
                    // The input's gradient only when the tape wants it: never for the data fed to
                    // the first layer (TF and PyTorch skip it too); the filter's and bias's
                    // likewise.
-                   if (tape::needs_gradient(0)) dx = k.conv2d_backward_input(g[0], w, x_shape, p);
-                   if (tape::needs_gradient(1) || tape::needs_gradient(2))
-                     dw = k.conv2d_backward_filter(kept, g[0], w.shape(), p, bias.defined(), &db);
+                   if (want_dx) dx = k.conv2d_backward_input(dy, w, x_shape, p);
+                   if (want_dw)
+                     dw = k.conv2d_backward_filter(kept, dy, w.shape(), p, bias.defined(), &db);
                    if (tape::should_record({&g[0], &kept, &w})) {
                      std::vector<Tensor> outs;
                      for (const Tensor* t : {&dx, &dw, &db})

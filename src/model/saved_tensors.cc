@@ -45,6 +45,10 @@ Tensor keep_for_backward(const Tensor& x) {
   return copy;
 }
 
+Tensor kernel_copy(const Tensor& x) {
+  return compacts(x) ? kernels_for(x).cast(x, DType::kBFloat16) : x;
+}
+
 Tensor kept_copy_if_made(const Tensor& x) {
   if (!x.defined() || precision_policy() != Precision::kMixedBFloat16) return x;
   for (const Slot& s : t_slots)

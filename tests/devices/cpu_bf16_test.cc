@@ -116,6 +116,59 @@ std::vector<float> wave(size_t n, float f) {
   return v;
 }
 
+// Convolutions on the bfloat16 kernels (where oneDNN has them; else the emulated path): the forward
+// pass reads the bfloat16 copy ops::conv2d keeps of x, and both backward kernels one bfloat16
+// copy of the incoming gradient. Forward and both gradients equal float32 on the rounded operands
+// (the same products, accumulated in float32), for a 3x3 and a 1x1 convolution (the latter's
+// backward passes run as matrix products), with and without a bias (which keeps dy float32).
+TEST(CpuBf16, ConvolutionsReadBfloat16CopiesOfTheirInputAndGradient) {
+  auto rounded = [](std::vector<float> v) {
+    for (float& f : v) f = bf16_to_float(float_to_bf16(f));
+    return v;
+  };
+  struct Case {
+    int64_t k;
+    bool bias;
+  };
+  for (const Case c : {Case{3, false}, Case{1, false}, Case{1, true}}) {
+    const Shape xs{2, 6, 6, 16}, ws{c.k, c.k, 16, 32};
+    const auto xv = wave(static_cast<size_t>(xs.numel()), 0.37f),
+               wv = wave(static_cast<size_t>(ws.numel()), 0.91f), bv = wave(32, 0.5f);
+    auto run = [&](const std::vector<float>& x_values, const std::vector<float>& w_values,
+                   const std::vector<float>& g_values) {
+      Tensor x = Tensor::from_vector(x_values, xs), w = Tensor::from_vector(w_values, ws);
+      Tensor b = c.bias ? Tensor::from_vector(bv, Shape{32}) : Tensor();
+      GradientTape tape;
+      tape.watch(x);
+      tape.watch(w);
+      const Tensor y = ops::conv2d(x, w, b, 1, 1, ops::Padding::kValid);
+      const Tensor g = Tensor::from_vector(g_values, y.shape());
+      const auto grads = tape.gradient(ops::sum(ops::mul(y, g)), {x, w});
+      return std::vector<std::vector<float>>{y.to_vector<float>(), grads[0].to_vector<float>(),
+                                             grads[1].to_vector<float>()};
+    };
+    const int64_t oh = 6 - c.k + 1;
+    const auto gv = wave(static_cast<size_t>(2 * oh * oh * 32), 1.3f);
+    const auto reference = run(rounded(xv), rounded(wv), rounded(gv));
+    std::vector<std::vector<float>> mixed;
+    {
+      MixedBf16 policy;
+      mixed = run(xv, wv, gv);
+    }
+    const char* what[] = {"y", "dx", "dw"};
+    for (size_t k = 0; k < 3; ++k) {
+      double scale = 0, diff = 0;
+      for (size_t i = 0; i < reference[k].size(); ++i) {
+        scale = std::max(scale, std::abs(static_cast<double>(reference[k][i])));
+        diff = std::max(diff, std::abs(static_cast<double>(mixed[k][i]) - reference[k][i]));
+      }
+      // (The product's y is not rounded: its output stays float32.)
+      EXPECT_LE(diff, 2e-6 * scale)
+          << what[k] << ", " << c.k << "x" << c.k << (c.bias ? " with a bias" : "");
+    }
+  }
+}
+
 // Batched products (attention's scores and weighted values) on the bfloat16 kernels: against
 // float64 on the operands rounded to bfloat16, for every transpose (the kernel once ran float32
 // kernels on rounded float32 copies; now bfloat16 ones on bfloat16 copies), and their gradients

@@ -83,12 +83,15 @@ class DTRAIN_API Kernels {
   virtual ~Kernels() = default;
 
   // --- convolution (x: [N,H,W,Cin], w: [KH,KW,Cin,Cout], bias: [Cout] or undefined) ---
+  // Under mixed_bfloat16, on a device whose kept copies are bfloat16 (the CPU:
+  // dtrain/core/precision.h), x and dy may be those bfloat16 copies: what the kernels read anyway,
+  // made once for the forward and the backward pass (x) or for both gradients (dy; not with a
+  // bias).
   virtual Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                         const Conv2dParams& p) = 0;
   virtual Tensor conv2d_backward_input(const Tensor& dy, const Tensor& w, const Shape& x_shape,
                                        const Conv2dParams& p) = 0;
-  // Returns dw (shape of w); writes db ([Cout]) when want_bias. Under mixed_bfloat16 x may be
-  // bfloat16 (the copy ops::conv2d keeps for the backward pass; dtrain/core/precision.h).
+  // Returns dw (shape of w); writes db ([Cout]) when want_bias.
   virtual Tensor conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Shape& w_shape,
                                         const Conv2dParams& p, bool want_bias, Tensor* db) = 0;
 

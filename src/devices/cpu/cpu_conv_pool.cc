@@ -11,7 +11,7 @@ namespace dtrain::cpu {
 
 Tensor CpuKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                           const Conv2dParams& p) {
-  const ConvShapes s = checked_conv_shapes("conv2d", x, w, bias, p);
+  const ConvShapes s = checked_conv_shapes("conv2d", x, w, bias, p, /*x_may_be_kept=*/true);
   const bool has_bias = bias.defined();
   Tensor y = Tensor::empty(Shape{s.dst[0], s.dst[2], s.dst[3], s.dst[1]}, DType::kFloat32, spec_);
   if (y.numel() == 0) return y;
@@ -19,8 +19,8 @@ Tensor CpuKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
     auto e = conv_fwd_prim(*state_, s, has_bias);
     Tensor holder, x_holder, y_holder;
     memory wm = filter_in(*state_, e->user_w, e->pd.weights_desc(), w, &holder);
-    memory xm =
-        filter_in(*state_, memory::desc(s.src, dt::f32, tag::nhwc), e->pd.src_desc(), x, &x_holder);
+    memory xm = filter_in(*state_, memory::desc(s.src, dnnl_type(x.dtype()), tag::nhwc),
+                          e->pd.src_desc(), x, &x_holder);
     const memory::desc y_user(s.dst, dt::f32, tag::nhwc);
     const memory ym = out_memory(*state_, y_user, e->pd.dst_desc(), y, &y_holder);
     std::unordered_map<int, memory> args{
@@ -36,7 +36,7 @@ Tensor CpuKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
 
 Tensor CpuKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, const Shape& x_shape,
                                          const Conv2dParams& p) {
-  require_f32(dy, "conv2d_backward_input", "dy");
+  require_f32_or_kept_bf16(dy, "conv2d_backward_input", "dy");
   const ConvShapes s = conv_shapes(x_shape, w.shape(), p);
   if (conv_as_gemm(w.shape(), p) && x_shape.numel() > 0) {  // dx = dy w^T
     const int64_t cin = w.shape()[2], cout = w.shape()[3];
@@ -49,8 +49,8 @@ Tensor CpuKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, cons
     auto e = conv_bwd_data_prim(*state_, s);
     Tensor holder, dy_holder, dx_holder;
     memory wm = filter_in(*state_, e->user_w, e->pd.weights_desc(), w, &holder);
-    memory dym = filter_in(*state_, memory::desc(s.dst, dt::f32, tag::nhwc), e->pd.diff_dst_desc(),
-                           dy, &dy_holder);
+    memory dym = filter_in(*state_, memory::desc(s.dst, dnnl_type(dy.dtype()), tag::nhwc),
+                           e->pd.diff_dst_desc(), dy, &dy_holder);
     const memory::desc dx_user(s.src, dt::f32, tag::nhwc);
     const memory dxm = out_memory(*state_, dx_user, e->pd.diff_src_desc(), dx, &dx_holder);
     e->prim.execute(state_->stream(),
@@ -65,7 +65,9 @@ Tensor CpuKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, cons
 Tensor CpuKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Shape& w_shape,
                                           const Conv2dParams& p, bool want_bias, Tensor* db) {
   require_f32_or_kept_bf16(x, "conv2d_backward_filter", "x");
-  require_f32(dy, "conv2d_backward_filter", "dy");
+  require_f32_or_kept_bf16(dy, "conv2d_backward_filter", "dy");
+  if (want_bias && dy.dtype() != DType::kFloat32)
+    throw InvalidArgument("conv2d_backward_filter: the bias's gradient needs a float32 dy");
   const ConvShapes s = conv_shapes(x.shape(), w_shape, p);
   if (conv_as_gemm(w_shape, p) && x.numel() > 0 && dy.numel() > 0) {  // dw = x^T dy, db = sum dy
     const int64_t cin = w_shape[2], cout = w_shape[3];
@@ -89,8 +91,9 @@ Tensor CpuKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, con
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, filter_in(*state_, memory::desc(s.src, dnnl_type(x.dtype()), tag::nhwc),
                                  e->pd.src_desc(), x, &x_holder)},
-        {DNNL_ARG_DIFF_DST, filter_in(*state_, memory::desc(s.dst, dt::f32, tag::nhwc),
-                                      e->pd.diff_dst_desc(), dy, &dy_holder)},
+        {DNNL_ARG_DIFF_DST,
+         filter_in(*state_, memory::desc(s.dst, dnnl_type(dy.dtype()), tag::nhwc),
+                   e->pd.diff_dst_desc(), dy, &dy_holder)},
         {DNNL_ARG_DIFF_WEIGHTS, dwm}};
     if (want_bias)
       args.emplace(DNNL_ARG_DIFF_BIAS, mem(e->pd.diff_bias_desc(), state_->engine, *db));

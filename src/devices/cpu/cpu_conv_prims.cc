@@ -236,8 +236,11 @@ std::shared_ptr<PoolBwd> pool_bwd_prim(CpuKernels::State& st, const PoolShapes& 
 // Checks conv2d's operands (float32, the bias's shape) and returns the shapes; `op` names the
 // caller.
 ConvShapes checked_conv_shapes(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias,
-                               const Conv2dParams& p) {
-  require_f32(x, op, "input");
+                               const Conv2dParams& p, bool x_may_be_kept) {
+  if (x_may_be_kept)
+    require_f32_or_kept_bf16(x, op, "input");
+  else
+    require_f32(x, op, "input");
   require_f32(w, op, "filter");
   const ConvShapes s = conv_shapes(x.shape(), w.shape(), p);
   if (bias.defined() && bias.shape() != Shape{s.wei[0]})

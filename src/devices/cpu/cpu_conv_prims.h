@@ -87,9 +87,10 @@ std::shared_ptr<PoolFwd> pool_fwd_prim(CpuKernels::State& st, const PoolShapes& 
 std::shared_ptr<PoolBwd> pool_bwd_prim(CpuKernels::State& st, const PoolShapes& s);
 
 // Checks conv2d's operands (float32, the bias's shape) and returns the shapes; `op` names the
-// caller.
+// caller. With `x_may_be_kept`, x may also be a bfloat16 copy keep_for_backward made (under
+// mixed_bfloat16: exact in bfloat16, what the kernel reads anyway).
 ConvShapes checked_conv_shapes(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias,
-                               const Conv2dParams& p);
+                               const Conv2dParams& p, bool x_may_be_kept = false);
 
 // A 1x1 convolution with stride 1 and no padding on channels-last data is a matrix product over
 // the N H W rows: y[NHW, Cout] = x[NHW, Cin] w[Cin, Cout] (the HWIO filter's memory as it is). Its

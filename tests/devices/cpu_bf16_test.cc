@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "devices/cpu/cpu_conv_prims.h"
 #include "devices/cpu/dnnl_util.h"
 #include "dtrain/core/dtype.h"
 #include "dtrain/core/error.h"
@@ -120,7 +121,8 @@ std::vector<float> wave(size_t n, float f) {
 // pass reads the bfloat16 copy ops::conv2d keeps of x, and both backward kernels one bfloat16
 // copy of the incoming gradient. Forward and both gradients equal float32 on the rounded operands
 // (the same products, accumulated in float32), for a 3x3 and a 1x1 convolution (the latter's
-// backward passes run as matrix products), with and without a bias (which keeps dy float32).
+// backward passes run as matrix products), with and without a bias (which keeps dy float32), and
+// for a layer of 3 input channels, which runs float32 kernels on the rounded operands.
 TEST(CpuBf16, ConvolutionsReadBfloat16CopiesOfTheirInputAndGradient) {
   auto rounded = [](std::vector<float> v) {
     for (float& f : v) f = bf16_to_float(float_to_bf16(f));
@@ -129,9 +131,11 @@ TEST(CpuBf16, ConvolutionsReadBfloat16CopiesOfTheirInputAndGradient) {
   struct Case {
     int64_t k;
     bool bias;
+    int64_t cin;
   };
-  for (const Case c : {Case{3, false}, Case{1, false}, Case{1, true}}) {
-    const Shape xs{2, 6, 6, 16}, ws{c.k, c.k, 16, 32};
+  for (const Case c :
+       {Case{3, false, 16}, Case{1, false, 16}, Case{1, true, 16}, Case{3, false, 3}}) {
+    const Shape xs{2, 6, 6, c.cin}, ws{c.k, c.k, c.cin, 32};
     const auto xv = wave(static_cast<size_t>(xs.numel()), 0.37f),
                wv = wave(static_cast<size_t>(ws.numel()), 0.91f), bv = wave(32, 0.5f);
     auto run = [&](const std::vector<float>& x_values, const std::vector<float>& w_values,
@@ -163,10 +167,22 @@ TEST(CpuBf16, ConvolutionsReadBfloat16CopiesOfTheirInputAndGradient) {
         diff = std::max(diff, std::abs(static_cast<double>(mixed[k][i]) - reference[k][i]));
       }
       // (The product's y is not rounded: its output stays float32.)
-      EXPECT_LE(diff, 2e-6 * scale)
-          << what[k] << ", " << c.k << "x" << c.k << (c.bias ? " with a bias" : "");
+      EXPECT_LE(diff, 2e-6 * scale) << what[k] << ", " << c.k << "x" << c.k << ", " << c.cin
+                                    << " channels" << (c.bias ? ", with a bias" : "");
     }
   }
+}
+
+// Which layers run the bfloat16 kernels: those of 16 input channels and more, where the CPU has
+// the kernels; never outside mixed_bfloat16.
+TEST(CpuBf16, LayersWithFewInputChannelsRunFloat32Kernels) {
+  Conv2dParams p;
+  const cpu::ConvShapes few = cpu::conv_shapes(Shape{2, 8, 8, 3}, Shape{3, 3, 3, 16}, p),
+                        many = cpu::conv_shapes(Shape{2, 8, 8, 16}, Shape{3, 3, 16, 16}, p);
+  MixedBf16 policy;
+  EXPECT_FALSE(cpu::conv_reads_bf16(few, true));
+  EXPECT_EQ(cpu::conv_reads_bf16(many, true), cpu::bf16_kernel_choice().available);
+  EXPECT_FALSE(cpu::conv_reads_bf16(many, false));
 }
 
 // Batched products (attention's scores and weighted values) on the bfloat16 kernels: against

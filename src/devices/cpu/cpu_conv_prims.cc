@@ -13,13 +13,14 @@ namespace {
 
 // Under the mixed_bfloat16 policy the convolution reads bfloat16 (src, weights, diff_dst) and
 // writes float32 (dst, diff_src, diff_weights, bias): what its kernels read is rounded, nothing
-// else. Without bfloat16 kernels on this CPU they read float32 rounded to bfloat16 (dnnl_util.h).
-dt in_type(bool bf16) { return bf16 ? kernel_input_type() : dt::f32; }
+// else. Without bfloat16 kernels on this CPU, or for a layer conv_reads_bf16 leaves on float32
+// kernels, they read float32 rounded to bfloat16 (dnnl_util.h; filter_in rounds).
+dt in_type(const ConvShapes& s, bool bf16) { return conv_reads_bf16(s, bf16) ? dt::bf16 : dt::f32; }
 
 std::string conv_key(const char* op, const ConvShapes& s, bool bias, bool bf16, bool winograd) {
   std::string k = op;
   if (winograd) k += "@wino";
-  if (bf16) k += bf16_kernels_native() ? "@bf16" : "@bf16-emulated";
+  if (bf16) k += conv_reads_bf16(s, bf16) ? "@bf16" : "@bf16-emulated";
   key_dims(k, s.src);
   key_dims(k, s.wei);
   key_dims(k, s.strides);
@@ -35,8 +36,8 @@ tag act_tag(algorithm a) { return a == algorithm::convolution_winograd ? tag::an
 
 dnnl::convolution_forward::desc conv_fwd_desc(const ConvShapes& s, bool bias, bool bf16,
                                               algorithm a) {
-  const memory::desc src(s.src, in_type(bf16), act_tag(a)), dst(s.dst, dt::f32, act_tag(a));
-  const memory::desc wei(s.wei, in_type(bf16), tag::any);
+  const memory::desc src(s.src, in_type(s, bf16), act_tag(a)), dst(s.dst, dt::f32, act_tag(a));
+  const memory::desc wei(s.wei, in_type(s, bf16), tag::any);
   if (bias)
     return {prop_kind::forward_training,
             a,
@@ -104,6 +105,10 @@ std::string pool_key(const char* op, const PoolShapes& s) {
 
 }  // namespace
 
+bool conv_reads_bf16(const ConvShapes& s, bool mixed) {
+  return mixed && bf16_kernels_native() && s.wei[1] >= kBf16MinInputChannels;
+}
+
 ConvShapes conv_shapes(const Shape& x, const Shape& w, const Conv2dParams& p) {
   if (x.rank() != 4 || w.rank() != 4)
     throw InvalidArgument("conv2d expects x [N,H,W,C] and w [KH,KW,Cin,Cout], got " +
@@ -123,13 +128,13 @@ ConvShapes conv_shapes(const Shape& x, const Shape& w, const Conv2dParams& p) {
 
 // Runs a reorder from the user's tensor (an HWIO filter, an NHWC activation or gradient: a kernel's
 // input) into `want` if they differ (a blocked layout, or bfloat16); returns the memory to use.
-// Under mixed_bfloat16 without bfloat16 kernels, `want` is float32 and the copy is rounded to
-// bfloat16.
+// Under mixed_bfloat16, where `want` is float32 (no bfloat16 kernels on this CPU, or a layer left
+// on float32 kernels), the copy is rounded to bfloat16.
 memory filter_in(CpuKernels::State& st, const memory::desc& user, const memory::desc& want,
                  const Tensor& w, Tensor* holder) {
   memory user_mem(user, st.engine, w.raw_data());
   // (A bfloat16 user tensor, the copy an op kept, is exact in bfloat16 already.)
-  const bool round = mixed_bf16() && !bf16_kernels_native() && user.data_type() != dt::bf16;
+  const bool round = mixed_bf16() && want.data_type() == dt::f32 && user.data_type() == dt::f32;
   if (user == want && !round) return user_mem;
   *holder = scratch(want.get_size(), w.device());
   memory out(want, st.engine, holder->raw_data());
@@ -171,9 +176,10 @@ std::shared_ptr<ConvBwdData> conv_bwd_data_prim(CpuKernels::State& st, const Con
   return st.get<ConvBwdData>(conv_key("cbd", s, false, bf16, wino), [&] {
     return with_algorithm(wino, [&](algorithm a) {
       dnnl::convolution_forward::primitive_desc hint(conv_fwd_desc(s, false, bf16, a), st.engine);
-      dnnl::convolution_backward_data::desc d(
-          a, memory::desc(s.src, dt::f32, act_tag(a)), memory::desc(s.wei, in_type(bf16), tag::any),
-          memory::desc(s.dst, in_type(bf16), act_tag(a)), s.strides, s.pad_l, s.pad_r);
+      dnnl::convolution_backward_data::desc d(a, memory::desc(s.src, dt::f32, act_tag(a)),
+                                              memory::desc(s.wei, in_type(s, bf16), tag::any),
+                                              memory::desc(s.dst, in_type(s, bf16), act_tag(a)),
+                                              s.strides, s.pad_l, s.pad_r);
       dnnl::convolution_backward_data::primitive_desc pd(d, st.engine, hint);
       return std::make_shared<ConvBwdData>(ConvBwdData{pd, dnnl::convolution_backward_data(pd),
                                                        memory::desc(s.wei, dt::f32, tag::hwio)});
@@ -187,8 +193,8 @@ std::shared_ptr<ConvBwdWeights> conv_bwd_weights_prim(CpuKernels::State& st, con
   return st.get<ConvBwdWeights>(conv_key("cbw", s, bias, bf16, wino), [&] {
     return with_algorithm(wino, [&](algorithm a) {
       dnnl::convolution_forward::primitive_desc hint(conv_fwd_desc(s, bias, bf16, a), st.engine);
-      const memory::desc src(s.src, in_type(bf16), act_tag(a)),
-          ddst(s.dst, in_type(bf16), act_tag(a));
+      const memory::desc src(s.src, in_type(s, bf16), act_tag(a)),
+          ddst(s.dst, in_type(s, bf16), act_tag(a));
       const memory::desc dwei(s.wei, dt::f32, tag::any);
       auto d = bias ? dnnl::convolution_backward_weights::desc(
                           a, src, dwei, memory::desc(s.bias, dt::f32, tag::a), ddst, s.strides,

@@ -196,15 +196,21 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     // Such a product runs as blocks of C's columns, of the inner dimension (the blocks after the
     // first adding into C: a sum post-op) and of C's rows, one primitive call each on views of the
     // operands. The float32 sums are then taken in a different order: equal to within rounding.
-    const int64_t nw = block_width(n, b_rows ? kMatmulColumnBlock : n);
+    // None of this on the bfloat16 kernels: oneDNN 2.6 runs a block of a bfloat16 B (strided rows)
+    // on its older jit GEMM instead of the AMX brgemm one, at a fraction of the rate (GPT-2 small's
+    // MLP products, [1024x768] @ [768x1536] blocks of [768x3072]: 221 GFLOP/s on an AMX Xeon, 3.6
+    // of 8.8 s of oneDNN time over two steps).
+    const bool blocks = !native;
+    const int64_t nw = block_width(n, blocks && b_rows ? kMatmulColumnBlock : n);
     // (Not under a transposed A: ResNet-50's 1x1 weight gradients, x^T dy with inner dimensions of
     // 1,568-100,352, ran 0.86-1.09x as fast in blocks. Those with 2,048 output channels do run as
     // two column blocks: 0.96-0.98x, within the noise of those timings.)
     // Nor for few rows: [64x1600] @ [1600x128] (the reference CNN's first dense layer at 64 images)
     // took 0.19-0.26 ms in two blocks against 0.17-0.22 whole; at 1,000 rows, 2.8 against 7.7.
-    const int64_t kw =
-        block_width(k, b_rows && !ta && m >= kMatmulInnerBlockMinRows ? kMatmulInnerBlock : k);
-    const int64_t mw = block_width(m, !a_rows && m > kMatmulRowsSplitAbove ? kMatmulRowBlock : m);
+    const int64_t kw = block_width(
+        k, blocks && b_rows && !ta && m >= kMatmulInnerBlockMinRows ? kMatmulInnerBlock : k);
+    const int64_t mw =
+        block_width(m, blocks && !a_rows && m > kMatmulRowsSplitAbove ? kMatmulRowBlock : m);
     const size_t elem = op_dt == dt::bf16 ? 2 : 4;
     // The primitive for an mb x kb x nb block (operands and C keep their full strides).
     const auto prim = [&](int64_t mb, int64_t kb, int64_t nb, bool accumulate) {

@@ -15,6 +15,8 @@
 #include "devices/cpu/dnnl_util.h"
 #include "dtrain/core/dtype.h"
 #include "dtrain/core/precision.h"
+#include "dtrain/devices/device.h"
+#include "dtrain/devices/kernels.h"
 #include "dtrain/model/ops.h"
 
 namespace dtrain {
@@ -102,6 +104,33 @@ TEST(CpuMatmul, WideProductsUnderMixedBfloat16EqualSumsOfRoundedOperands) {
     cpu::force_bf16_native_for_testing(!emulated);
     for (const int64_t n : {1537, 3013}) check_all_transposes(9, 23, n, true);
     check_all_transposes(257, 3100, 40, true);
+  }
+}
+
+// bfloat16 operands (the copies ops keep for the backward pass) give the product of their float32
+// originals bit for bit, for every transpose: the kernel reads them as they lie (native) or widens
+// them (emulated), where it converts float32 ones itself.
+TEST(CpuMatmul, BfloatOperandsGiveTheProductOfTheirOriginals) {
+  MixedBf16 policy;
+  Kernels& k = kernels_for(Tensor::full(Shape{1}, 0.f));
+  for (const bool emulated : {true, false}) {
+    if (!emulated && !cpu::bf16_kernel_choice().available) continue;
+    cpu::force_bf16_emulation_for_testing(emulated);
+    cpu::force_bf16_native_for_testing(!emulated);
+    for (const bool ta : {false, true})
+      for (const bool tb : {false, true}) {
+        const int64_t m = 37, kk = 70, n = 29;
+        std::vector<float> av(static_cast<size_t>(m * kk)), bv(static_cast<size_t>(kk * n));
+        for (size_t i = 0; i < av.size(); ++i) av[i] = std::sin(0.37f * static_cast<float>(i));
+        for (size_t i = 0; i < bv.size(); ++i) bv[i] = std::cos(0.91f * static_cast<float>(i));
+        const Tensor a = Tensor::from_vector(av, ta ? Shape{kk, m} : Shape{m, kk}),
+                     b = Tensor::from_vector(bv, tb ? Shape{n, kk} : Shape{kk, n});
+        const Tensor from_f32 = k.matmul(a, b, ta, tb);
+        const Tensor from_bf16 =
+            k.matmul(k.cast(a, DType::kBFloat16), k.cast(b, DType::kBFloat16), ta, tb);
+        EXPECT_EQ(from_bf16.to_vector<float>(), from_f32.to_vector<float>())
+            << (emulated ? "emulated" : "native") << " ta " << ta << " tb " << tb;
+      }
   }
 }
 

@@ -122,7 +122,7 @@ std::vector<float> wave(size_t n, float f) {
 // copy of the incoming gradient. Forward and both gradients equal float32 on the rounded operands
 // (the same products, accumulated in float32), for a 3x3 and a 1x1 convolution (the latter's
 // backward passes run as matrix products), with and without a bias (which keeps dy float32), and
-// for a layer of 3 input channels, which runs float32 kernels on the rounded operands.
+// for a 3x3 layer of 3 input channels, which runs float32 kernels on the rounded operands.
 TEST(CpuBf16, ConvolutionsReadBfloat16CopiesOfTheirInputAndGradient) {
   auto rounded = [](std::vector<float> v) {
     for (float& f : v) f = bf16_to_float(float_to_bf16(f));
@@ -173,15 +173,21 @@ TEST(CpuBf16, ConvolutionsReadBfloat16CopiesOfTheirInputAndGradient) {
   }
 }
 
-// Which layers run the bfloat16 kernels: those of 16 input channels and more, where the CPU has
-// the kernels; never outside mixed_bfloat16.
-TEST(CpuBf16, LayersWithFewInputChannelsRunFloat32Kernels) {
+// Which layers run the bfloat16 kernels: those summing 32 products an output or more (3x3x16,
+// ResNet's 7x7x3 stem; not 3x3x3 or the reference CNN's 3x3x1), where the CPU has the kernels;
+// never outside mixed_bfloat16.
+TEST(CpuBf16, LayersWithShortSumsRunFloat32Kernels) {
   Conv2dParams p;
-  const cpu::ConvShapes few = cpu::conv_shapes(Shape{2, 8, 8, 3}, Shape{3, 3, 3, 16}, p),
-                        many = cpu::conv_shapes(Shape{2, 8, 8, 16}, Shape{3, 3, 16, 16}, p);
+  const bool kernels = cpu::bf16_kernel_choice().available;
   MixedBf16 policy;
-  EXPECT_FALSE(cpu::conv_reads_bf16(few, true));
-  EXPECT_EQ(cpu::conv_reads_bf16(many, true), cpu::bf16_kernel_choice().available);
+  for (const int64_t cin : {1, 3})
+    EXPECT_FALSE(
+        cpu::conv_reads_bf16(cpu::conv_shapes(Shape{2, 8, 8, cin}, Shape{3, 3, cin, 16}, p), true))
+        << cin;
+  const cpu::ConvShapes many = cpu::conv_shapes(Shape{2, 8, 8, 16}, Shape{3, 3, 16, 16}, p),
+                        stem = cpu::conv_shapes(Shape{2, 16, 16, 3}, Shape{7, 7, 3, 64}, p);
+  EXPECT_EQ(cpu::conv_reads_bf16(many, true), kernels);
+  EXPECT_EQ(cpu::conv_reads_bf16(stem, true), kernels);
   EXPECT_FALSE(cpu::conv_reads_bf16(many, false));
 }
 

@@ -6,7 +6,9 @@
 // without the speed-up, and the device's description says so ("mixed_bfloat16 emulated"). The same
 // path runs where the bfloat16 kernels exist but measure slower than float32's (timed once, at the
 // first bfloat16 product; a Xeon without AMX: 0.5-0.67x); DTRAIN_BF16_KERNELS=native|emulated
-// overrides that choice.
+// overrides that choice. Convolutions whose outputs sum fewer than 32 products (KH x KW x Cin: a
+// small network's first layer) take that path wherever they run: oneDNN's bfloat16 kernels run
+// them slower than float32 ones.
 // Variables, optimizer state, activations between layers, losses and gradients stay float32, so it
 // needs no loss scaling (bfloat16 has float32's range).
 // Unlike Keras, most layer outputs are not rounded to bfloat16 as well; what is rounded is what

@@ -106,7 +106,7 @@ std::string pool_key(const char* op, const PoolShapes& s) {
 }  // namespace
 
 bool conv_reads_bf16(const ConvShapes& s, bool mixed) {
-  return mixed && bf16_kernels_native() && s.wei[1] >= kBf16MinInputChannels;
+  return mixed && bf16_kernels_native() && s.wei[1] * s.wei[2] * s.wei[3] >= kBf16MinReduction;
 }
 
 ConvShapes conv_shapes(const Shape& x, const Shape& w, const Conv2dParams& p) {

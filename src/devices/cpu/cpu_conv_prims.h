@@ -87,13 +87,14 @@ std::shared_ptr<PoolFwd> pool_fwd_prim(CpuKernels::State& st, const PoolShapes& 
 std::shared_ptr<PoolBwd> pool_bwd_prim(CpuKernels::State& st, const PoolShapes& s);
 
 // Under mixed_bfloat16 (`mixed`), whether a convolution of these shapes runs oneDNN's bfloat16
-// kernels: where this CPU runs them (bf16_kernels_native) and the layer has at least
-// kBf16MinInputChannels input channels. With fewer, oneDNN 2.6's bfloat16 kernels pad the channels
-// to their pairs and tiles and run slower than float32 ones (on a Xeon with AMX: the reference
-// CNN's first layer, 1 channel, 1.8x slower forward and backward; ResNet-50's stem, 3 channels,
-// about 60 GFLOP/s forward); those layers run float32 kernels on operands rounded to bfloat16,
-// the same numerics.
-constexpr int64_t kBf16MinInputChannels = 16;
+// kernels: where this CPU runs them (bf16_kernels_native) and each output sums at least
+// kBf16MinReduction products (KH x KW x Cin; an AMX tile row holds 32 bfloat16 values). With
+// fewer, oneDNN 2.6's bfloat16 kernels pad the channels to their pairs and tiles and ran slower
+// than float32 ones on a Xeon with AMX: the reference CNN's first layer (3x3x1 = 9) 1.8x slower
+// forward and backward, where ResNet-50's stem (7x7x3 = 147) runs 2.2x faster forward and 1.4x
+// faster backward on them. Those layers run float32 kernels on operands rounded to bfloat16, the
+// same numerics.
+constexpr int64_t kBf16MinReduction = 32;
 bool conv_reads_bf16(const ConvShapes& s, bool mixed);
 
 // Checks conv2d's operands (float32, the bias's shape) and returns the shapes; `op` names the

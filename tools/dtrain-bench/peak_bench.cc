@@ -138,6 +138,22 @@ void conv_lines(const PeakArgs& a) {
     }
 }
 
+// One product's line, "<what>, n = <n>   <GFLOP/s>", and with --json its object (`benchmark`:
+// peak for dtrain's products, peak_kernel for oneDNN's alone; precision p 0 float32, 1 bfloat16).
+void print_gemm(const PeakArgs& a, const char* benchmark, const char* what, int p, int64_t n,
+                double gflops) {
+  std::printf("%-34s %12.1f\n", (std::string(what) + ", n = " + std::to_string(n)).c_str(), gflops);
+  if (a.json)
+    std::printf("%s\n", nlohmann::json{{"benchmark", benchmark},
+                                       {"precision", p == 0 ? "fp32" : "bf16"},
+                                       {"n", n},
+                                       {"threads", a.threads},
+                                       {"gflops", gflops},
+                                       {"cpu", cpu_model()}}
+                            .dump()
+                            .c_str());
+}
+
 }  // namespace
 
 int peak_bench(const PeakArgs& a) {
@@ -150,20 +166,7 @@ int peak_bench(const PeakArgs& a) {
     for (int64_t n : a.sizes) {
       const double g = gemm_gflops(n, a.reps);
       best[p] = std::max(best[p], g);
-      std::printf(
-          "%-34s %12.1f\n",
-          (std::string(p == 0 ? "float32" : "mixed bfloat16") + ", n = " + std::to_string(n))
-              .c_str(),
-          g);
-      if (a.json)
-        std::printf("%s\n", nlohmann::json{{"benchmark", "peak"},
-                                           {"precision", p == 0 ? "fp32" : "bf16"},
-                                           {"n", n},
-                                           {"threads", a.threads},
-                                           {"gflops", g},
-                                           {"cpu", cpu_model()}}
-                                .dump()
-                                .c_str());
+      print_gemm(a, "peak", p == 0 ? "float32" : "mixed bfloat16", p, n, g);
     }
   }
   set_precision_policy(Precision::kFloat32);
@@ -180,20 +183,8 @@ int peak_bench(const PeakArgs& a) {
         break;
       }
       kernel_best[p] = std::max(kernel_best[p], g);
-      std::printf("%-34s %12.1f\n",
-                  (std::string("oneDNN alone, ") + (p == 0 ? "float32" : "bfloat16") +
-                   ", n = " + std::to_string(n))
-                      .c_str(),
-                  g);
-      if (a.json)
-        std::printf("%s\n", nlohmann::json{{"benchmark", "peak_kernel"},
-                                           {"precision", p == 0 ? "fp32" : "bf16"},
-                                           {"n", n},
-                                           {"threads", a.threads},
-                                           {"gflops", g},
-                                           {"cpu", cpu_model()}}
-                                .dump()
-                                .c_str());
+      print_gemm(a, "peak_kernel", p == 0 ? "oneDNN alone, float32" : "oneDNN alone, bfloat16", p,
+                 n, g);
     }
   if (a.stream_mb > 0) {
     const double gbs = stream_gbs(a.stream_mb, a.reps);

@@ -175,23 +175,21 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
       memory bm = mem(
           memory::desc({k, n}, dnnl_type(b.dtype()), tb ? memory::dims{1, k} : memory::dims{n, 1}),
           state_->engine, b);
-      // (Emulated: always a copy, which is rounded.)
-      if (!native || am.get_desc() != abf) {
-        a16 = scratch(abf.get_size(), spec_);
-        memory a_out(abf, state_->engine, a16.raw_data());
-        dnnl::reorder(am, a_out).execute(state_->stream(m * k), am, a_out);
-        if (!native && a.dtype() != DType::kBFloat16)
-          round_to_bf16(static_cast<float*>(a16.raw_data()), static_cast<size_t>(m * k));
-        ap = static_cast<const char*>(a16.raw_data());
-      }
-      if (!native || bm.get_desc() != bbf) {
-        b16 = scratch(bbf.get_size(), spec_);
-        memory b_out(bbf, state_->engine, b16.raw_data());
-        dnnl::reorder(bm, b_out).execute(state_->stream(k * n), bm, b_out);
-        if (!native && b.dtype() != DType::kBFloat16)
-          round_to_bf16(static_cast<float*>(b16.raw_data()), static_cast<size_t>(k * n));
-        bp = static_cast<const char*>(b16.raw_data());
-      }
+      // The operand the primitive reads: `user` itself where it is that already (native), else a
+      // copy in `holder` (emulated: always, rounded unless the operand is a bfloat16 copy).
+      const auto operand = [&](memory user, const memory::desc& want, const Tensor& t,
+                               Tensor* holder, const char* p) -> const char* {
+        if (native && user.get_desc() == want) return p;
+        *holder = scratch(want.get_size(), spec_);
+        memory out(want, state_->engine, holder->raw_data());
+        const int64_t elems = t.numel();
+        dnnl::reorder(user, out).execute(state_->stream(elems), user, out);
+        if (!native && t.dtype() != DType::kBFloat16)
+          round_to_bf16(static_cast<float*>(holder->raw_data()), static_cast<size_t>(elems));
+        return static_cast<const char*>(holder->raw_data());
+      };
+      ap = operand(am, abf, a, &a16, ap);
+      bp = operand(bm, bbf, b, &b16, bp);
     }
     // oneDNN 2.6's brgemm matmul loses up to two thirds of its rate on some large operands that
     // it runs well in pieces (Xeon family 6 model 207, one thread, GFLOP/s whole -> in blocks):

@@ -37,14 +37,16 @@ struct Ew {
 }  // namespace
 
 void UpdateRule::apply(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step,
-                       float lr, float weight_decay) const {
+                       float lr, float weight_decay, float grad_scale) const {
   const size_t want = slot_names().size();
   if (slots.size() != want)
     throw InvalidArgument(name() + " needs " + std::to_string(want) + " slots per variable, got " +
                           std::to_string(slots.size()));
-  if (weight_decay > 0.f)
-    value.copy_from(kernels_for(value).affine(value, 1.f - lr * weight_decay, 0.f));
-  update(value, grad, slots, step, lr);
+  const float decay = weight_decay > 0.f ? 1.f - lr * weight_decay : 1.f;
+  if (update_scaled(value, grad, slots, step, lr, grad_scale, decay)) return;
+  if (decay != 1.f) value.copy_from(kernels_for(value).affine(value, decay, 0.f));
+  update(value, grad_scale == 1.f ? grad : kernels_for(grad).affine(grad, grad_scale, 0.f), slots,
+         step, lr);
 }
 
 // ---- SGD ----
@@ -77,8 +79,13 @@ std::string AdamRule::hyper_config() const {
 }
 void AdamRule::update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step,
                       float lr) const {
+  update_scaled(value, grad, slots, step, lr, 1.f, 1.f);
+}
+bool AdamRule::update_scaled(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots,
+                             int64_t step, float lr, float grad_scale, float decay) const {
   kernels_for(value).adam_update(value, slots[0], slots[1], grad, lr, beta1_, beta2_, epsilon_,
-                                 step);
+                                 step, grad_scale, decay);
+  return true;
 }
 
 // ---- RMSprop ----

@@ -179,27 +179,30 @@ void clip_by_value(std::vector<Tensor>& g, float c) {
 }
 }  // namespace
 
-std::vector<Tensor> Optimizer::clip(std::vector<Tensor> g) const {
+std::vector<float> Optimizer::clip(std::vector<Tensor>& g) const {
   const OptimizerOptions& o = options_;
   clip_by_value(g, o.clipvalue);
+  std::vector<float> scale(g.size(), 1.f);
+  if (o.clipnorm == 0.f && o.global_clipnorm == 0.f) return scale;
+  std::vector<double> sq(g.size(), 0.0);
+  for (size_t i = 0; i < g.size(); ++i)
+    if (g[i].defined()) sq[i] = squared_norm(g[i]);
   if (o.clipnorm > 0.f)
-    for (Tensor& t : g)
-      if (t.defined()) {
-        const double norm = std::sqrt(squared_norm(t));
-        if (norm > o.clipnorm)
-          t = kernels_for(t).affine(t, static_cast<float>(o.clipnorm / norm), 0.f);
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double norm = std::sqrt(sq[i]);
+      if (g[i].defined() && norm > o.clipnorm) {
+        scale[i] = static_cast<float>(o.clipnorm / norm);
+        sq[i] *= static_cast<double>(scale[i]) * scale[i];  // the global norm sees clipped ones
       }
+    }
   if (o.global_clipnorm > 0.f) {
-    double sq = 0;
-    for (const Tensor& t : g)
-      if (t.defined()) sq += squared_norm(t);
-    const double norm = std::sqrt(sq);
+    double total = 0;
+    for (double v : sq) total += v;
+    const double norm = std::sqrt(total);
     if (norm > o.global_clipnorm)
-      for (Tensor& t : g)
-        if (t.defined())
-          t = kernels_for(t).affine(t, static_cast<float>(o.global_clipnorm / norm), 0.f);
+      for (float& s : scale) s *= static_cast<float>(o.global_clipnorm / norm);
   }
-  return g;
+  return scale;
 }
 
 void Optimizer::apply_dense(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots,
@@ -268,7 +271,7 @@ void Optimizer::apply_gradients(const std::vector<Tensor>& grads,
       throw Internal("the gradient aggregator returned " + std::to_string(g.size()) +
                      " gradients for " + std::to_string(vars.size()) + " variables");
   }
-  g = clip(std::move(g));
+  const std::vector<float> scale = clip(g);
   const int replica = ctx ? ctx->replica_id_in_sync_group() : 0;
   int64_t step;
   std::vector<std::vector<std::shared_ptr<Variable>>*> slot_lists;
@@ -287,14 +290,14 @@ void Optimizer::apply_gradients(const std::vector<Tensor>& grads,
     if (!slot_lists[i]) {  // the variable lives on a parameter server, which applies the update
       vars[i]->apply_remote_update(
           name() + kv("learning_rate", lr) + rule_->hyper_config() + kv("weight_decay", decay),
-          grad);
+          scale[i] == 1.f ? grad : kernels_for(grad).affine(grad, scale[i], 0.f));
       continue;
     }
     vars[i]->update([&](Tensor& value, size_t copy) {
       std::vector<Tensor> slots;
       for (const auto& s : *slot_lists[i]) slots.push_back(s->device_values().at(copy));
       rule_->apply(value, grad.device() == value.device() ? grad : grad.to(value.device()), slots,
-                   step, lr, decay);
+                   step, lr, decay, scale[i]);
     });
   }
 }
@@ -322,10 +325,11 @@ void Optimizer::apply_partitioned(ReplicaContext& ctx, const std::vector<Tensor>
   apply_slices(ctx, slices->grads, slices->offsets, owners, /*partitioned=*/true);
 }
 
-std::vector<Tensor> Optimizer::clip_parts(ReplicaContext& ctx, std::vector<Tensor> g) const {
+std::vector<float> Optimizer::clip_parts(ReplicaContext& ctx, std::vector<Tensor>& g) const {
   const OptimizerOptions& o = options_;
   clip_by_value(g, o.clipvalue);  // first, as clip() does
-  if (o.clipnorm == 0.f && o.global_clipnorm == 0.f) return g;
+  std::vector<float> scale(g.size(), 1.f);
+  if (o.clipnorm == 0.f && o.global_clipnorm == 0.f) return scale;
   // Squares summed per part here, then across the replicas (float64: the parts' sums are exact
   // enough that the norm does not depend on the shard count beyond float rounding).
   std::vector<double> sq(g.size(), 0.0);
@@ -347,10 +351,9 @@ std::vector<Tensor> Optimizer::clip_parts(ReplicaContext& ctx, std::vector<Tenso
   for (size_t i = 0; i < g.size(); ++i) {
     const double norm = std::sqrt(o.global_clipnorm > 0.f ? totals.at(0) : totals.at(i));
     const double limit = o.global_clipnorm > 0.f ? o.global_clipnorm : o.clipnorm;
-    if (norm > limit && g[i].numel() > 0)
-      g[i] = kernels_for(g[i]).affine(g[i], static_cast<float>(limit / norm), 0.f);
+    if (norm > limit && g[i].numel() > 0) scale[i] = static_cast<float>(limit / norm);
   }
-  return g;
+  return scale;
 }
 
 void Optimizer::apply_slices(ReplicaContext& ctx, const std::vector<Tensor>& grads,
@@ -360,7 +363,8 @@ void Optimizer::apply_slices(ReplicaContext& ctx, const std::vector<Tensor>& gra
   if (grads.size() != vars.size() || offsets.size() != vars.size())
     throw Internal("reduce_scatter_for_update returned " + std::to_string(grads.size()) +
                    " slices for " + std::to_string(vars.size()) + " variables");
-  const std::vector<Tensor> g = partitioned ? clip_parts(ctx, grads) : clip(grads);
+  std::vector<Tensor> g = grads;
+  const std::vector<float> scale = partitioned ? clip_parts(ctx, g) : clip(g);
   int64_t step;
   std::vector<std::vector<std::shared_ptr<Variable>>*> slot_lists;
   std::vector<PartSlots*> parts;
@@ -407,7 +411,7 @@ void Optimizer::apply_slices(ReplicaContext& ctx, const std::vector<Tensor>& gra
           for (const auto& s : *slot_lists[i])
             slots.push_back(part(s->device_values().at(copy), offset, count));
         rule_->apply(mine, g[i].device() == value.device() ? g[i] : g[i].to(value.device()), slots,
-                     step, lr, weight_decay_for(*vars[i]));
+                     step, lr, weight_decay_for(*vars[i]), scale[i]);
       });
     }
   } catch (...) {

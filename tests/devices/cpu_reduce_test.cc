@@ -1,7 +1,8 @@
 // The CPU device's reduce against a float64 reference, over every pattern of reduced axes of
 // rank-1 to rank-4 shapes (size-1 axes included): the merged-dimension path, the in-house
 // column loop ([A, R, B] -> [A, 1, B], which oneDNN 2.x runs on its slow reference kernel) and
-// oneDNN's innermost reductions, for sum, mean and max, with and without keepdims.
+// oneDNN's innermost reductions, for sum, mean and max, with and without keepdims; and the fused
+// softmax cross-entropy.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -98,6 +99,54 @@ TEST(CpuReduce, EveryAxisPatternMatchesFloat64) {
     }
   }
   EXPECT_GT(checked, 300);
+}
+
+// The fused softmax cross-entropy (a row reduction: max, sum of exponentials) against float64:
+// widths around one AVX-512 register and GPT-2's vocabulary, logits up to +-60, a row with
+// -inf logits (masked), a constant row, and a NaN that must reach the loss.
+TEST(CpuReduce, SoftmaxCrossEntropyMatchesFloat64) {
+  for (const int64_t c : {1, 5, 16, 17, 33, 50257}) {
+    const int64_t n = 6;
+    Philox rng(5, static_cast<uint64_t>(c));
+    std::vector<float> x(static_cast<size_t>(n * c));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = 60.f * (2.f * rng.uniform(i) - 1.f);
+    for (int64_t j = 0; j < c; ++j) x[static_cast<size_t>(2 * c + j)] = 1.5f;  // constant row
+    for (int64_t j = 0; c > 1 && j < c; j += 3)
+      x[static_cast<size_t>(3 * c + j)] = -INFINITY;  // masked; its label is column 1
+    std::vector<int32_t> y(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) y[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7) % c);
+    if (c > 1) y[3] = 1;
+    const Tensor logits = Tensor::from_vector(x, Shape{n, c}, DeviceSpec::cpu(0));
+    const Tensor labels = Tensor::from_vector(y, Shape{n}, DeviceSpec::cpu(0));
+    Tensor loss, probs;
+    cpu().softmax_cross_entropy(logits, labels, &loss, &probs);
+    const std::vector<float> l = loss.to_vector<float>(), p = probs.to_vector<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = x.data() + i * c;
+      double mx = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < c; ++j) mx = std::max(mx, double{row[j]});
+      for (int64_t j = 0; j < c; ++j) sum += std::exp(double{row[j]} - mx);
+      for (int64_t j = 0; j < c; ++j) {
+        // Float's x - max is rounded (half an ulp of it), which exp turns into relative error.
+        const double d = double{row[j]} - mx, want = std::exp(d) / sum;
+        if (std::isinf(d)) {
+          ASSERT_EQ(p[static_cast<size_t>(i * c + j)], 0.f) << "C " << c << " column " << j;
+          continue;
+        }
+        ASSERT_NEAR(p[static_cast<size_t>(i * c + j)], want,
+                    (2e-6 + 6e-8 * std::abs(d)) * want + 1e-44)
+            << "C " << c << " row " << i << " column " << j;
+      }
+      const double want_loss = std::log(sum) - (row[y[static_cast<size_t>(i)]] - mx);
+      EXPECT_NEAR(l[static_cast<size_t>(i)], want_loss, 2e-6 * std::abs(want_loss) + 2e-6)
+          << "C " << c << " row " << i;
+    }
+    x[static_cast<size_t>(5 * c + c / 2)] = NAN;
+    cpu().softmax_cross_entropy(Tensor::from_vector(x, Shape{n, c}, DeviceSpec::cpu(0)), labels,
+                                &loss, &probs);
+    EXPECT_TRUE(std::isnan(loss.to_vector<float>()[5])) << "C " << c;
+    EXPECT_FALSE(std::isnan(loss.to_vector<float>()[4])) << "C " << c;
+  }
 }
 
 }  // namespace

@@ -169,8 +169,8 @@ TEST(GpuKernels, AdamUpdate) {
   Tensor v_g = Tensor::zeros(Shape{1000}, DType::kFloat32, kGpu);
   for (int64_t step = 1; step <= 4; ++step) {
     const Tensor grad = random_tensor(Shape{1000}, 1810 + static_cast<uint64_t>(step));
-    cpu().adam_update(var_c, m_c, v_c, grad, 1e-2f, 0.9f, 0.999f, 1e-7f, step);
-    gpu().adam_update(var_g, m_g, v_g, G(grad), 1e-2f, 0.9f, 0.999f, 1e-7f, step);
+    cpu().adam_update(var_c, m_c, v_c, grad, 1e-2f, 0.9f, 0.999f, 1e-7f, step, 0.5f, 0.999f);
+    gpu().adam_update(var_g, m_g, v_g, G(grad), 1e-2f, 0.9f, 0.999f, 1e-7f, step, 0.5f, 0.999f);
   }
   expect_close(var_c, var_g, 1e-5f, 1e-6f, "var");
   expect_close(m_c, m_g, 1e-5f, 1e-7f, "m");

@@ -2,6 +2,7 @@
 // hand from the Keras formulas (in double).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "dtrain/dtrain.h"
@@ -159,6 +160,53 @@ TEST_F(Optimizers, ClipValueNormAndGlobalNorm) {
   OptimizerOptions both;
   both.clipnorm = both.global_clipnorm = 1.f;
   EXPECT_THROW(SGD(1.f, 0.f, false, both), InvalidArgument);
+}
+
+// Adam scales the gradient (clipping by norm) and decays the variable (AdamW) in its own pass
+// over memory: the Keras formulas step by step, in double, on vectors longer than one AVX-512
+// register (tails included). epsilon = 0.1 makes the step depend on the gradient's scale.
+TEST_F(Optimizers, AdamClipsAndDecaysInItsOwnPassAsKerasDoesInSteps) {
+  for (const bool global : {true, false}) {
+    std::vector<float> a0(37), b0(1000);
+    for (size_t i = 0; i < a0.size(); ++i) a0[i] = 0.01f * static_cast<float>(i) - 0.2f;
+    for (size_t i = 0; i < b0.size(); ++i) b0[i] = std::sin(0.37f * static_cast<float>(i));
+    auto a = var("a", a0), b = var("b", b0);
+    OptimizerOptions o;
+    (global ? o.global_clipnorm : o.clipnorm) = 0.5f;
+    AdamW opt(0.05f, /*weight_decay=*/0.2f, 0.9f, 0.999f, /*epsilon=*/0.1f, o);
+    std::vector<double> xa(a0.begin(), a0.end()), xb(b0.begin(), b0.end());
+    std::vector<double> ma(xa.size()), va(xa.size()), mb(xb.size()), vb(xb.size());
+    for (int t = 1; t <= 3; ++t) {
+      std::vector<float> ga(xa.size()), gb(xb.size());
+      for (size_t i = 0; i < ga.size(); ++i) ga[i] = std::cos(static_cast<float>(i * t));
+      for (size_t i = 0; i < gb.size(); ++i) gb[i] = 0.3f * t * std::cos(0.1f * i + t);
+      opt.apply_gradients({vec(ga), vec(gb)}, {a, b});
+      double na = 0, nb = 0;
+      for (float g : ga) na += double{g} * g;
+      for (float g : gb) nb += double{g} * g;
+      const double sa = global ? std::min(1.0, 0.5 / std::sqrt(na + nb)) : std::min(1.0, 0.5 / std::sqrt(na));
+      const double sb = global ? sa : std::min(1.0, 0.5 / std::sqrt(nb));
+      const double lr_t = 0.05 * std::sqrt(1 - std::pow(0.999, t)) / (1 - std::pow(0.9, t));
+      auto step = [&](std::vector<double>& x, std::vector<double>& m, std::vector<double>& v,
+                      const std::vector<float>& g, double s) {
+        for (size_t i = 0; i < x.size(); ++i) {
+          const double gi = s * g[i];
+          x[i] -= 0.05 * 0.2 * x[i];
+          m[i] = 0.9 * m[i] + 0.1 * gi;
+          v[i] = 0.999 * v[i] + 0.001 * gi * gi;
+          x[i] -= lr_t * m[i] / (std::sqrt(v[i]) + 0.1);
+        }
+      };
+      step(xa, ma, va, ga, sa);
+      step(xb, mb, vb, gb, sb);
+      const std::vector<float> got_a = a->value().to_vector<float>(),
+                               got_b = b->value().to_vector<float>();
+      for (size_t i = 0; i < xa.size(); ++i)
+        ASSERT_NEAR(got_a[i], xa[i], 2e-6) << (global ? "global" : "clipnorm") << " step " << t;
+      for (size_t i = 0; i < xb.size(); ++i)
+        ASSERT_NEAR(got_b[i], xb[i], 2e-6) << (global ? "global" : "clipnorm") << " step " << t;
+    }
+  }
 }
 
 TEST_F(Optimizers, ClippingSeesTheAllReducedGradient) {

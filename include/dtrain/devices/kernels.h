@@ -213,10 +213,15 @@ class DTRAIN_API Kernels {
   // Without momentum (momentum == nullptr): var -= lr * g.
   virtual void sgd_update(Tensor& var, const Tensor& grad, Tensor* momentum, float lr, float mu,
                           bool nesterov) = 0;
-  // Adam (Kingma & Ba, with TF/Keras epsilon placement): m = b1 m + (1-b1) g;
-  // v = b2 v + (1-b2) g^2; var -= lr_t * m / (sqrt(v) + eps), lr_t = lr sqrt(1-b2^t)/(1-b1^t).
+  // Adam (Kingma & Ba, with TF/Keras epsilon placement), with the gradient scaled by grad_scale
+  // (clipping by norm) and the variable by decay (AdamW's 1 - lr * weight_decay) in the same pass:
+  // g = grad_scale * grad; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+  // var = decay * var - lr_t * m / (sqrt(v) + eps), lr_t = lr sqrt(1-b2^t)/(1-b1^t).
+  // The same IEEE operations as scaling grad and var first, but one pass over memory instead of
+  // three (GPT-2 small: 124 M weights, 7% of a step on one core).
   virtual void adam_update(Tensor& var, Tensor& m, Tensor& v, const Tensor& grad, float lr,
-                           float beta1, float beta2, float epsilon, int64_t step) = 0;
+                           float beta1, float beta2, float epsilon, int64_t step,
+                           float grad_scale, float decay) = 0;
 };
 
 // Output shape of a convolution / pooling window; throws InvalidArgument when it would be empty.

@@ -28,16 +28,24 @@ class DTRAIN_API UpdateRule {
   virtual float slot_initial_value(int /*slot*/) const { return 0.f; }
   // The rule's own hyper-parameters as " key=value" pairs, in a fixed order.
   virtual std::string hyper_config() const = 0;
-  // One step on `value` in place: decoupled weight decay (value -= lr * weight_decay * value)
-  // when weight_decay > 0, then the rule's update. `slots` holds slot_names().size() tensors
-  // shaped like value; `step` is this variable's 1-based step count.
+  // One step on `value` in place, for the gradient grad_scale * grad (what clipping by norm
+  // leaves of it): decoupled weight decay (value -= lr * weight_decay * value) when
+  // weight_decay > 0, then the rule's update. `slots` holds slot_names().size() tensors shaped
+  // like value; `step` is this variable's 1-based step count. Adam does all of it in one pass.
   // Throws InvalidArgument when the slot count is wrong.
   void apply(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step, float lr,
-             float weight_decay) const;
+             float weight_decay, float grad_scale = 1.f) const;
 
  protected:
   virtual void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step,
                       float lr) const = 0;
+  // The whole of apply() in one pass (value multiplied by decay, the gradient by grad_scale);
+  // false where the rule has no such kernel, and apply() scales the two first.
+  virtual bool update_scaled(Tensor& /*value*/, const Tensor& /*grad*/,
+                             std::vector<Tensor>& /*slots*/, int64_t /*step*/, float /*lr*/,
+                             float /*grad_scale*/, float /*decay*/) const {
+    return false;
+  }
 };
 
 // SGD with momentum and Nesterov momentum (keras SGD). Throws InvalidArgument for momentum
@@ -71,6 +79,8 @@ class DTRAIN_API AdamRule : public UpdateRule {
  protected:
   void update(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step,
               float lr) const override;
+  bool update_scaled(Tensor& value, const Tensor& grad, std::vector<Tensor>& slots, int64_t step,
+                     float lr, float grad_scale, float decay) const override;
 
  private:
   float beta1_, beta2_, epsilon_;

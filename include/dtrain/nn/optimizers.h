@@ -153,9 +153,11 @@ class DTRAIN_API Optimizer {
   // The sharded update (a strategy with an update_partition()).
   void apply_partitioned(ReplicaContext& ctx, const std::vector<Tensor>& grads,
                          const std::vector<std::shared_ptr<Variable>>& vars);
-  std::vector<Tensor> clip(std::vector<Tensor> grads) const;
+  // Clipping: clipvalue on `grads` in place, and the factor clipping by norm multiplies each by
+  // (1 where it does not), which the update rule applies in its own pass over the gradient.
+  std::vector<float> clip(std::vector<Tensor>& grads) const;
   // clip() for the parts of gradients one replica holds: norms are summed across the replicas.
-  std::vector<Tensor> clip_parts(ReplicaContext& ctx, std::vector<Tensor> parts) const;
+  std::vector<float> clip_parts(ReplicaContext& ctx, std::vector<Tensor>& parts) const;
   // The update of this replica's slices of variables whose replicas share memory (see
   // ReplicaContext::reduce_scatter_for_update); ends with ctx.end_sharded_update().
   void apply_slices(ReplicaContext& ctx, const std::vector<Tensor>& grads,

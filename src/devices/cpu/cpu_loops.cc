@@ -1,10 +1,14 @@
 // The CPU kernels oneDNN has no primitive for: fused sparse softmax cross-entropy, Philox dropout
 // masks, optimizer updates, and general broadcasting for non-commutative binary ops.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "devices/cpu/cpu_kernels.h"
+#include "devices/cpu/dnnl_util.h"
 #include "dtrain/core/precision.h"
 #include "dtrain/core/random.h"
 
@@ -113,6 +117,83 @@ void CpuKernels::fill(Tensor& x, float value) {
   std::fill_n(x.data<float>(), x.numel(), value);
 }
 
+namespace {
+// One row of the fused softmax cross-entropy: probabilities into prow, the loss returned
+// (log(sum) - (x_y - max), which stays finite where p_y underflows).
+float softmax_xent_row_scalar(const float* row, float* prow, int64_t c, int32_t y) {
+  float mx = row[0];
+  for (int64_t j = 1; j < c; ++j) mx = row[j] > mx ? row[j] : mx;
+  float sum = 0.f;
+  for (int64_t j = 0; j < c; ++j) {
+    prow[j] = std::exp(row[j] - mx);
+    sum += prow[j];
+  }
+  const float inv = 1.f / sum;
+  for (int64_t j = 0; j < c; ++j) prow[j] *= inv;
+  return std::log(sum) - (row[y] - mx);
+}
+
+// GCC 12's AVX-512 headers trip its own uninitialized-variable warnings (GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// exp on 16 lanes of x <= 0 (Cephes' expf: x = n ln2 + r, |r| <= ln2/2, a degree-6 polynomial in
+// r, then 2^n by scalef; within 2 ulp of std::exp; 0 below -103, where float's denormals end, as
+// std::exp).
+__attribute__((target("avx512f"))) inline __m512 exp_nonpositive_avx512(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-104.f), x);  // -inf to 0; a NaN stays NaN (max's 2nd operand)
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// The same row on AVX-512: 16 columns at a time, the tail masked. About 5x the scalar loop,
+// whose std::exp calls took 7% of GPT-2 small's step (50,257 classes for 1,024 tokens).
+__attribute__((target("avx512f"))) float softmax_xent_row_avx512(const float* row, float* prow,
+                                                                  int64_t c, int32_t y) {
+  const int64_t body = c / 16 * 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (c - body)) - 1u);
+  __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < body; j += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(row + j));
+  if (tail) vmax = _mm512_mask_max_ps(vmax, tail, vmax, _mm512_maskz_loadu_ps(tail, row + body));
+  const float mx = _mm512_reduce_max_ps(vmax);
+  const __m512 vmx = _mm512_set1_ps(mx);
+  __m512 vsum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < body; j += 16) {
+    const __m512 e = exp_nonpositive_avx512(_mm512_sub_ps(_mm512_loadu_ps(row + j), vmx));
+    _mm512_storeu_ps(prow + j, e);
+    vsum = _mm512_add_ps(vsum, e);
+  }
+  if (tail) {
+    const __m512 e =
+        exp_nonpositive_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, row + body), vmx));
+    _mm512_mask_storeu_ps(prow + body, tail, e);
+    vsum = _mm512_mask_add_ps(vsum, tail, vsum, e);
+  }
+  const float sum = _mm512_reduce_add_ps(vsum);
+  const __m512 inv = _mm512_set1_ps(1.f / sum);
+  for (int64_t j = 0; j < body; j += 16)
+    _mm512_storeu_ps(prow + j, _mm512_mul_ps(_mm512_loadu_ps(prow + j), inv));
+  if (tail)
+    _mm512_mask_storeu_ps(prow + body, tail,
+                          _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, prow + body), inv));
+  return std::log(sum) - (row[y] - mx);
+}
+
+#pragma GCC diagnostic pop
+
+const bool kSoftmaxAvx512 = __builtin_cpu_supports("avx512f");
+}  // namespace
+
 void CpuKernels::softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* loss,
                                        Tensor* probs) {
   require_f32(logits, "softmax_cross_entropy", "logits");
@@ -123,30 +204,23 @@ void CpuKernels::softmax_cross_entropy(const Tensor& logits, const Tensor& label
     throw InvalidArgument(std::string("softmax_cross_entropy: labels must be int32, got ") +
                           dtype_name(labels.dtype()));
   const int64_t n = logits.shape()[0], c = logits.shape()[1];
-  *loss = Tensor::empty(Shape{n}, DType::kFloat32, spec_);
-  *probs = Tensor::empty(logits.shape(), DType::kFloat32, spec_);
-  const float* pl = logits.data<float>();
   const int32_t* py = labels.data<int32_t>();
-  float* pp = probs->data<float>();
-  float* ploss = loss->data<float>();
-  for (int64_t i = 0; i < n; ++i) {
-    const float* row = pl + i * c;
-    float* prow = pp + i * c;
-    const int32_t y = py[i];
-    if (y < 0 || y >= c)
-      throw InvalidArgument("softmax_cross_entropy: label " + std::to_string(y) + " at row " +
+  for (int64_t i = 0; i < n; ++i)  // before any work: nothing may throw inside the parallel loop
+    if (py[i] < 0 || py[i] >= c)
+      throw InvalidArgument("softmax_cross_entropy: label " + std::to_string(py[i]) + " at row " +
                             std::to_string(i) + " is outside [0, " + std::to_string(c) +
                             "); check the dataset's labels and the number of classes");
-    const float mx = *std::max_element(row, row + c);
-    float sum = 0.f;
-    for (int64_t j = 0; j < c; ++j) {
-      prow[j] = std::exp(row[j] - mx);
-      sum += prow[j];
-    }
-    const float inv = 1.f / sum;
-    for (int64_t j = 0; j < c; ++j) prow[j] *= inv;
-    ploss[i] = std::log(sum) - (row[y] - mx);
-  }
+  *loss = Tensor::empty(Shape{n}, DType::kFloat32, spec_);
+  *probs = Tensor::empty(logits.shape(), DType::kFloat32, spec_);
+  if (c == 0) return;
+  const float* pl = logits.data<float>();
+  float* pp = probs->data<float>();
+  float* ploss = loss->data<float>();
+  const int threads = n * c < State::kSerialWork ? 1 : std::min<int64_t>(n, state_->threads);
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+  for (int64_t i = 0; i < n; ++i)
+    ploss[i] = kSoftmaxAvx512 ? softmax_xent_row_avx512(pl + i * c, pp + i * c, c, py[i])
+                              : softmax_xent_row_scalar(pl + i * c, pp + i * c, c, py[i]);
 }
 
 Tensor CpuKernels::softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels,
@@ -220,20 +294,22 @@ namespace {
 DTRAIN_TARGET_CLONES("avx512f", "avx2", "default")
 void adam_loop(float* __restrict w, float* __restrict pm, float* __restrict pv,
                const float* __restrict g, int64_t n, float lr_t, float beta1, float beta2,
-               float epsilon) {
+               float epsilon, float grad_scale, float decay) {
   const float b1c = 1.f - beta1, b2c = 1.f - beta2;
   for (int64_t i = 0; i < n; ++i) {
-    const float mi = beta1 * pm[i] + b1c * g[i];
-    const float vi = beta2 * pv[i] + b2c * g[i] * g[i];
+    const float gi = grad_scale * g[i];
+    const float mi = beta1 * pm[i] + b1c * gi;
+    const float vi = beta2 * pv[i] + b2c * gi * gi;
     pm[i] = mi;
     pv[i] = vi;
-    w[i] -= lr_t * mi / (std::sqrt(vi) + epsilon);
+    w[i] = decay * w[i] - lr_t * mi / (std::sqrt(vi) + epsilon);
   }
 }
 }  // namespace
 
 void CpuKernels::adam_update(Tensor& var, Tensor& m, Tensor& v, const Tensor& grad, float lr,
-                             float beta1, float beta2, float epsilon, int64_t step) {
+                             float beta1, float beta2, float epsilon, int64_t step,
+                             float grad_scale, float decay) {
   require_f32(var, "adam_update", "variable");
   require_f32(grad, "adam_update", "gradient");
   if (var.shape() != grad.shape())
@@ -247,7 +323,7 @@ void CpuKernels::adam_update(Tensor& var, Tensor& m, Tensor& v, const Tensor& gr
   float* pv = v.data<float>();
   const float* g = grad.data<float>();
   const int64_t n = var.numel();
-  adam_loop(w, pm, pv, g, n, lr_t, beta1, beta2, epsilon);
+  adam_loop(w, pm, pv, g, n, lr_t, beta1, beta2, epsilon, grad_scale, decay);
 }
 
 }  // namespace dtrain::cpu

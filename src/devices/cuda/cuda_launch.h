@@ -124,8 +124,10 @@ void launch_bn_backward(const float* dy, const float* x, const float* gamma, con
 // buf).
 void launch_sgd_update(float* var, const float* grad, float* momentum, int64_t n, float lr,
                        float mu, bool nesterov, cudaStream_t s);
-// m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; var -= lr_t m / (sqrt(v) + eps).
+// g = grad_scale grad; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+// var = decay var - lr_t m / (sqrt(v) + eps).
 void launch_adam_update(float* var, float* m, float* v, const float* grad, int64_t n, float lr_t,
-                        float beta1, float beta2, float epsilon, cudaStream_t s);
+                        float beta1, float beta2, float epsilon, float grad_scale, float decay,
+                        cudaStream_t s);
 
 }  // namespace dtrain::cuda

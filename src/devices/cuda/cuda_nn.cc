@@ -214,7 +214,8 @@ void CudaKernels::sgd_update(Tensor& var, const Tensor& grad, Tensor* momentum, 
 }
 
 void CudaKernels::adam_update(Tensor& var, Tensor& m, Tensor& v, const Tensor& grad, float lr,
-                              float beta1, float beta2, float epsilon, int64_t step) {
+                              float beta1, float beta2, float epsilon, int64_t step,
+                              float grad_scale, float decay) {
   DeviceGuard guard(ctx_.index());
   check_f32(var, "adam_update", "var");
   check_f32(m, "adam_update", "m");
@@ -230,7 +231,7 @@ void CudaKernels::adam_update(Tensor& var, Tensor& m, Tensor& v, const Tensor& g
   const float lr_t = static_cast<float>(lr * std::sqrt(1.0 - std::pow(double{beta2}, t)) /
                                         (1.0 - std::pow(double{beta1}, t)));
   launch_adam_update(fptr(var), fptr(m), fptr(v), fptr(grad), var.numel(), lr_t, beta1, beta2,
-                     epsilon, ctx_.stream());
+                     epsilon, grad_scale, decay, ctx_.stream());
 }
 
 }  // namespace dtrain::cuda

@@ -184,7 +184,8 @@ TEST_F(Optimizers, AdamClipsAndDecaysInItsOwnPassAsKerasDoesInSteps) {
       double na = 0, nb = 0;
       for (float g : ga) na += double{g} * g;
       for (float g : gb) nb += double{g} * g;
-      const double sa = global ? std::min(1.0, 0.5 / std::sqrt(na + nb)) : std::min(1.0, 0.5 / std::sqrt(na));
+      const double sa =
+          global ? std::min(1.0, 0.5 / std::sqrt(na + nb)) : std::min(1.0, 0.5 / std::sqrt(na));
       const double sb = global ? sa : std::min(1.0, 0.5 / std::sqrt(nb));
       const double lr_t = 0.05 * std::sqrt(1 - std::pow(0.999, t)) / (1 - std::pow(0.9, t));
       auto step = [&](std::vector<double>& x, std::vector<double>& m, std::vector<double>& v,

@@ -220,8 +220,8 @@ class DTRAIN_API Kernels {
   // The same IEEE operations as scaling grad and var first, but one pass over memory instead of
   // three (GPT-2 small: 124 M weights, 7% of a step on one core).
   virtual void adam_update(Tensor& var, Tensor& m, Tensor& v, const Tensor& grad, float lr,
-                           float beta1, float beta2, float epsilon, int64_t step,
-                           float grad_scale, float decay) = 0;
+                           float beta1, float beta2, float epsilon, int64_t step, float grad_scale,
+                           float decay) = 0;
 };
 
 // Output shape of a convolution / pooling window; throws InvalidArgument when it would be empty.

@@ -87,8 +87,8 @@ class CpuKernels final : public Kernels {
   void sgd_update(Tensor& var, const Tensor& grad, Tensor* momentum, float lr, float mu,
                   bool nesterov) override;
   void adam_update(Tensor& var, Tensor& m, Tensor& v, const Tensor& grad, float lr, float beta1,
-                   float beta2, float epsilon, int64_t step,
-                   float grad_scale, float decay) override;
+                   float beta2, float epsilon, int64_t step, float grad_scale,
+                   float decay) override;
 
   struct State;  // oneDNN engine, per-thread streams and the primitive cache (cpu_kernels.cc)
 

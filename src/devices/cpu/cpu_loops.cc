@@ -159,7 +159,7 @@ __attribute__((target("avx512f"))) inline __m512 exp_nonpositive_avx512(__m512 x
 // The same row on AVX-512: 16 columns at a time, the tail masked. About 5x the scalar loop,
 // whose std::exp calls took 7% of GPT-2 small's step (50,257 classes for 1,024 tokens).
 __attribute__((target("avx512f"))) float softmax_xent_row_avx512(const float* row, float* prow,
-                                                                  int64_t c, int32_t y) {
+                                                                 int64_t c, int32_t y) {
   const int64_t body = c / 16 * 16;
   const __mmask16 tail = static_cast<__mmask16>((1u << (c - body)) - 1u);
   __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());

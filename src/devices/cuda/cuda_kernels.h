@@ -87,8 +87,8 @@ class CudaKernels final : public Kernels {
   void sgd_update(Tensor& var, const Tensor& grad, Tensor* momentum, float lr, float mu,
                   bool nesterov) override;
   void adam_update(Tensor& var, Tensor& m, Tensor& v, const Tensor& grad, float lr, float beta1,
-                   float beta2, float epsilon, int64_t step,
-                   float grad_scale, float decay) override;
+                   float beta2, float epsilon, int64_t step, float grad_scale,
+                   float decay) override;
 
  private:
   // batch_norm_training, with relu(y) written in the same pass when relu.

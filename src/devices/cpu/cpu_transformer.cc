@@ -26,8 +26,8 @@ int64_t rows_of(const Tensor& x) { return x.shape()[-1] == 0 ? 0 : x.numel() / x
 }  // namespace
 
 Tensor CpuKernels::batch_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  require_f32(a, "batch_matmul", "a");
-  require_f32(b, "batch_matmul", "b");
+  require_f32_or_kept_bf16(a, "batch_matmul", "a");
+  require_f32_or_kept_bf16(b, "batch_matmul", "b");
   const auto [batch, m, k, n] = detail::batch_matmul_dims(a, b, ta, tb);
   Tensor c = Tensor::empty(Shape{batch, m, n}, DType::kFloat32, spec_);
   if (c.numel() == 0) return c;
@@ -36,20 +36,20 @@ Tensor CpuKernels::batch_matmul(const Tensor& a, const Tensor& b, bool ta, bool 
     return c;
   }
   // bfloat16 operands, float32 accumulation, as matmul (dnnl_util.h): on bfloat16 kernels the
-  // primitive reads bfloat16 copies (in the operands' own layout; a transpose stays a stride);
-  // emulated, float32 copies rounded to bfloat16.
+  // primitive reads bfloat16 copies (in the operands' own layout; a transpose stays a stride), or
+  // a bfloat16 operand (a copy the op keeps) as it is; emulated, float32 copies rounded to
+  // bfloat16.
   const bool bf16 = mixed_bf16();
   const bool native = bf16 && bf16_kernels_native();
-  Tensor ar = a, br = b;
-  if (native) {
-    ar = cast(a, DType::kBFloat16);
-    br = cast(b, DType::kBFloat16);
-  } else if (bf16) {
-    ar = a.clone();
-    br = b.clone();
-    round_to_bf16(static_cast<float*>(ar.raw_data()), static_cast<size_t>(ar.numel()));
-    round_to_bf16(static_cast<float*>(br.raw_data()), static_cast<size_t>(br.numel()));
-  }
+  const auto operand = [&](const Tensor& t) -> Tensor {
+    if (native) return t.dtype() == DType::kBFloat16 ? t : cast(t, DType::kBFloat16);
+    if (t.dtype() == DType::kBFloat16) return cast(t, DType::kFloat32);  // exact
+    if (!bf16) return t;
+    Tensor r = t.clone();
+    round_to_bf16(static_cast<float*>(r.raw_data()), static_cast<size_t>(r.numel()));
+    return r;
+  };
+  const Tensor ar = operand(a), br = operand(b);
   const dt in_dt = native ? dt::bf16 : dt::f32;
   // Transposes are strides: a stored [B, K, M] read as [B, M, K] with strides {K M, 1, M}.
   const memory::desc amd({batch, m, k}, in_dt,

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -242,6 +243,57 @@ TEST(CpuBf16, NativeBatchMatmulReadsBfloat16Operands) {
           }
       EXPECT_LT(worst, 1e-4) << where;
     }
+}
+
+// Under mixed_bfloat16 a matrix product (2-D and batched) keeps the bfloat16 copies its kernel
+// read for the backward pass: overwriting the float32 operands after the forward pass leaves the
+// gradients equal, bit for bit, to the kernel's products on the original operands (natively or
+// emulated: the copies are made either way).
+TEST(CpuBf16, MatmulsKeepTheBfloat16CopiesTheirProductsRead) {
+  struct Mixed {  // native kernels where oneDNN has them, else the emulated path
+    Mixed() { set_precision_policy(Precision::kMixedBFloat16); }
+    ~Mixed() { set_precision_policy(Precision::kFloat32); }
+  };
+  std::optional<MixedBf16> native;
+  std::optional<Mixed> emulated;
+  if (cpu::bf16_kernel_choice().available)
+    native.emplace();
+  else
+    emulated.emplace();
+  Kernels& k = get_device(DeviceSpec::cpu(0)).kernels();
+  for (const bool batched : {false, true})
+    for (const bool ta : {false, true})
+      for (const bool tb : {false, true}) {
+        const int64_t bt = 2, m = 17, kk = 33, n = 9;
+        const auto shape = [&](int64_t r, int64_t c) {
+          return batched ? Shape{bt, r, c} : Shape{r, c};
+        };
+        const int64_t reps = batched ? bt : 1;
+        const auto count = [&](int64_t r, int64_t c) { return static_cast<size_t>(reps * r * c); };
+        const Tensor a0 =
+            Tensor::from_vector(wave(count(m, kk), 0.37f), ta ? shape(kk, m) : shape(m, kk));
+        const Tensor b0 =
+            Tensor::from_vector(wave(count(kk, n), 0.71f), tb ? shape(n, kk) : shape(kk, n));
+        const Tensor dz = Tensor::from_vector(wave(count(m, n), 1.3f), shape(m, n));
+        Tensor a = a0.clone(), b = b0.clone();
+        GradientTape tape;
+        tape.watch(a);
+        tape.watch(b);
+        const Tensor z = ops::matmul(a, b, ta, tb);
+        const Tensor loss = ops::sum(ops::mul(z, dz));
+        std::fill_n(a.data<float>(), a.numel(), 1000.f);  // what the backward pass must not read
+        std::fill_n(b.data<float>(), b.numel(), -1000.f);
+        const auto g = tape.gradient(loss, {a, b});
+        const auto mm = [&](const Tensor& x, const Tensor& y, bool tx, bool ty) {
+          return batched ? k.batch_matmul(x, y, tx, ty) : k.matmul(x, y, tx, ty);
+        };
+        const Tensor ga = ta ? mm(b0, dz, tb, true) : mm(dz, b0, false, !tb);
+        const Tensor gb = tb ? mm(dz, a0, true, ta) : mm(a0, dz, !ta, false);
+        const std::string where = std::string(batched ? "batched" : "2-D") +
+                                  " ta=" + (ta ? "1" : "0") + " tb=" + (tb ? "1" : "0");
+        EXPECT_EQ(g[0].to_vector<float>(), ga.to_vector<float>()) << where;
+        EXPECT_EQ(g[1].to_vector<float>(), gb.to_vector<float>()) << where;
+      }
 }
 
 // Second derivatives through matrix products on the bfloat16 kernels: for L = |a b|^2 / 2,

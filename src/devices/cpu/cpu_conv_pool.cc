@@ -67,7 +67,11 @@ Tensor CpuKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, con
   require_f32_or_kept_bf16(x, "conv2d_backward_filter", "x");
   require_f32_or_kept_bf16(dy, "conv2d_backward_filter", "dy");
   if (want_bias && dy.dtype() != DType::kFloat32)
-    throw InvalidArgument("conv2d_backward_filter: the bias's gradient needs a float32 dy");
+    throw InvalidArgument(
+        "conv2d_backward_filter: the bias's gradient is summed from dy in float32, but dy is " +
+        std::string(dtype_name(dy.dtype())) +
+        "; pass the float32 gradient (ops::conv2d keeps no bfloat16 copy of dy for a layer with "
+        "a bias), or want_bias=false and sum the bias's gradient apart");
   const ConvShapes s = conv_shapes(x.shape(), w_shape, p);
   if (conv_as_gemm(w_shape, p) && x.numel() > 0 && dy.numel() > 0) {  // dw = x^T dy, db = sum dy
     const int64_t cin = w_shape[2], cout = w_shape[3];

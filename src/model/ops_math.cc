@@ -202,22 +202,13 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     d.back() = c.shape()[1];
     return reshape(c, Shape(d));
   }
-  // Under mixed_bfloat16 on a CPU device the product reads bfloat16 copies of its operands. Made
-  // here rather than inside the kernel, they are also what the backward pass keeps and reads (its
-  // products round the same operands), so neither operand is converted again there; the gradient
-  // is converted once for both of its products. GPT-2 small converted each weight and input of a
-  // Dense layer twice a step and each output gradient twice: 6 conversions a layer, now 3 (peak
-  // RSS: a bfloat16 copy of every weight held through the step, where the float32 inputs are no
-  // longer held). Not under nested tapes, which differentiate the backward pass itself.
-  const bool record = tape::should_record({&a, &b});
-  const bool one_tape = record && tape::recording_tapes({&a, &b}) == 1;
-  const Tensor ka = one_tape ? keep_for_backward(a) : a;
-  const Tensor kb = one_tape ? keep_for_backward(b) : b;
+  // The bfloat16 copies the kernel reads under mixed_bfloat16, kept for the backward pass.
+  const auto [ka, kb] = product_operands(a, b);
   Tensor c = kernels_for(a).matmul(ka, kb, ta, tb);
-  if (record) {
+  if (tape::should_record({&a, &b})) {
     tape::record("matmul", {a, b}, {c},
                  [a = ka, b = kb, ta, tb](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-                   const Tensor d = tape::should_record({&g[0], &a, &b}) ? g[0] : kernel_copy(g[0]);
+                   const Tensor d = product_gradient(g[0], a, b);
                    if (!ta && !tb) return {matmul(d, b, false, true), matmul(a, d, true, false)};
                    if (ta && !tb) return {matmul(b, d, false, true), matmul(a, d, false, false)};
                    if (!ta && tb) return {matmul(d, b, false, false), matmul(d, a, true, false)};

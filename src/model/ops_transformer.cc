@@ -44,17 +44,13 @@ std::vector<int> inverse(const std::vector<int>& perm) {
 
 // op(a) @ op(b) on [B, ., .] operands, recorded with its gradient.
 Tensor batch_matmul3(const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  // The bfloat16 copies the product reads under mixed_bfloat16 are what the backward pass keeps,
-  // and the gradient is converted once for its two products, as ops::matmul.
-  const bool record = tape::should_record({&a, &b});
-  const bool one_tape = record && tape::recording_tapes({&a, &b}) == 1;
-  const Tensor ka = one_tape ? keep_for_backward(a) : a;
-  const Tensor kb = one_tape ? keep_for_backward(b) : b;
+  // The bfloat16 copies the kernel reads under mixed_bfloat16, kept for the backward pass.
+  const auto [ka, kb] = product_operands(a, b);
   Tensor c = kernels_for(a).batch_matmul(ka, kb, ta, tb);
-  if (record) {
+  if (tape::should_record({&a, &b})) {
     tape::record("batch_matmul", {a, b}, {c},
                  [a = ka, b = kb, ta, tb](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-                   const Tensor d = tape::should_record({&g[0], &a, &b}) ? g[0] : kernel_copy(g[0]);
+                   const Tensor d = product_gradient(g[0], a, b);
                    if (!ta && !tb)
                      return {batch_matmul3(d, b, false, true), batch_matmul3(a, d, true, false)};
                    if (ta && !tb)

@@ -4,6 +4,7 @@
 
 #include "dtrain/core/precision.h"
 #include "dtrain/devices/device.h"
+#include "dtrain/model/gradient_tape.h"
 #include "model/op_util.h"
 
 namespace dtrain::ops {
@@ -47,6 +48,15 @@ Tensor keep_for_backward(const Tensor& x) {
 
 Tensor kernel_copy(const Tensor& x) {
   return compacts(x) ? kernels_for(x).cast(x, DType::kBFloat16) : x;
+}
+
+std::pair<Tensor, Tensor> product_operands(const Tensor& a, const Tensor& b) {
+  if (!tape::should_record({&a, &b}) || tape::recording_tapes({&a, &b}) != 1) return {a, b};
+  return {keep_for_backward(a), keep_for_backward(b)};
+}
+
+Tensor product_gradient(const Tensor& g, const Tensor& ka, const Tensor& kb) {
+  return tape::should_record({&g, &ka, &kb}) ? g : kernel_copy(g);
 }
 
 Tensor kept_copy_if_made(const Tensor& x) {

@@ -14,10 +14,11 @@
 // Unlike Keras, most layer outputs are not rounded to bfloat16 as well; what is rounded is what
 // the bfloat16 kernels read, and batch norm's input (Keras's convolution before it outputs
 // bfloat16), in both passes. What the backward pass keeps of those tensors (a convolution's
-// input, batch norm's input, a ReLU's output) is kept as bfloat16 copies: ResNet-50 at batch 32
-// holds 1.5 GB instead of 2.7 at the end of its forward pass, with the gradients of keeping the
-// float32 tensors (ReLU's: except where its output is below 2^-133, bfloat16's smallest, which
-// counts as 0).
+// input, batch norm's input, a ReLU's output, both operands of a matrix product, weights
+// included, as PyTorch's autocast and Keras' AutoCastVariable keep theirs) is kept as bfloat16
+// copies: ResNet-50 at batch 32 holds 1.5 GB instead of 2.7 at the end of its forward pass, with
+// the gradients of keeping the float32 tensors (ReLU's: except where its output is below 2^-133,
+// bfloat16's smallest, which counts as 0).
 //
 //   dtrain::set_precision_policy(dtrain::Precision::kMixedBFloat16);   // --precision=bf16
 //

@@ -138,8 +138,9 @@ float softmax_xent_row_scalar(const float* row, float* prow, int64_t c, int32_t 
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // exp on 16 lanes of x <= 0 (Cephes' expf: x = n ln2 + r, |r| <= ln2/2, a degree-6 polynomial in
-// r, then 2^n by scalef; within 2 ulp of std::exp; 0 below -103, where float's denormals end, as
-// std::exp).
+// r, then 2^n by scalef; relative error about 1e-7 where the result is a normal float). x below
+// -104, -inf included, is taken as -104, whose exp is below float's smallest denormal and rounds
+// to 0, as std::exp's does.
 __attribute__((target("avx512f"))) inline __m512 exp_nonpositive_avx512(__m512 x) {
   x = _mm512_max_ps(_mm512_set1_ps(-104.f), x);  // -inf to 0; a NaN stays NaN (max's 2nd operand)
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
@@ -156,8 +157,8 @@ __attribute__((target("avx512f"))) inline __m512 exp_nonpositive_avx512(__m512 x
   return _mm512_scalef_ps(p, n);
 }
 
-// The same row on AVX-512: 16 columns at a time, the tail masked. About 5x the scalar loop,
-// whose std::exp calls took 7% of GPT-2 small's step (50,257 classes for 1,024 tokens).
+// The same row on AVX-512: 16 columns at a time, the tail masked. The scalar loop's std::exp calls
+// took 7% of GPT-2 small's step (50,257 classes for 1,024 tokens); this row, 1.8%.
 __attribute__((target("avx512f"))) float softmax_xent_row_avx512(const float* row, float* prow,
                                                                  int64_t c, int32_t y) {
   const int64_t body = c / 16 * 16;

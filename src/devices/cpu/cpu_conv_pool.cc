@@ -1,7 +1,7 @@
-// Convolution and max pooling on oneDNN. Activations are NHWC in memory (what TF users pass and
-// what oneDNN's brgemm kernels read without a reorder); filters are stored HWIO and reordered
-// into the primitive's preferred blocked layout per call (a few KB, so cheaper than keeping a
-// second copy in sync with the optimizer).
+// Convolution on oneDNN, max pooling on cpu_pool.h's loops. Activations are NHWC in memory (what TF
+// users pass and what oneDNN's brgemm kernels read without a reorder); filters are stored HWIO and
+// reordered into the primitive's preferred blocked layout per call (a few KB, so cheaper than
+// keeping a second copy in sync with the optimizer).
 #include <string>
 
 #include "devices/cpu/cpu_conv_prims.h"
@@ -114,43 +114,35 @@ Tensor CpuKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, con
 
 Tensor CpuKernels::max_pool2d(const Tensor& x, const Pool2dParams& p, Tensor* workspace) {
   require_f32(x, "max_pool2d", "input");
-  const PoolShapes s = pool_shapes(x.shape(), p);
-  Tensor y = Tensor::empty(Shape{s.dst[0], s.dst[2], s.dst[3], s.dst[1]}, DType::kFloat32, spec_);
-  if (y.numel() == 0) {
-    *workspace = Tensor::empty(Shape{0}, DType::kFloat32, spec_);
-    return y;
-  }
-  try {
-    auto e = pool_fwd_prim(*state_, s);
-    *workspace = scratch(e->pd.workspace_desc().get_size(), spec_);
-    e->prim.execute(state_->stream(), {{DNNL_ARG_SRC, mem(e->pd.src_desc(), state_->engine, x)},
-                                       {DNNL_ARG_DST, mem(e->pd.dst_desc(), state_->engine, y)},
-                                       {DNNL_ARG_WORKSPACE,
-                                        mem(e->pd.workspace_desc(), state_->engine, *workspace)}});
-  } catch (const dnnl::error& err) {
-    rethrow_dnnl("max_pool2d", err);
-  }
+  const PoolGeometry g = pool_geometry(x.shape(), p);
+  Tensor y = Tensor::empty(Shape{g.n, g.oh, g.ow, g.c}, DType::kFloat32, spec_);
+  *workspace = scratch(max_pool_workspace_bytes(g), spec_);
+  if (y.numel() == 0) return y;
+  max_pool_forward(g, static_cast<const float*>(x.raw_data()), static_cast<float*>(y.raw_data()),
+                   workspace->raw_data(), state_->threads);
   return y;
 }
 
 Tensor CpuKernels::max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& workspace,
                                        const Pool2dParams& p) {
   require_f32(dy, "max_pool2d_backward", "dy");
-  const PoolShapes s = pool_shapes(x.shape(), p);
+  const PoolGeometry g = pool_geometry(x.shape(), p);
+  if (dy.shape() != Shape{g.n, g.oh, g.ow, g.c})
+    throw InvalidArgument("max_pool2d_backward: dy is " + dy.shape().to_string() +
+                          ", but pooling " + x.shape().to_string() + " gives " +
+                          Shape{g.n, g.oh, g.ow, g.c}.to_string());
+  if (static_cast<size_t>(workspace.numel()) * 4 < max_pool_workspace_bytes(g))
+    throw InvalidArgument("max_pool2d_backward: the workspace (" +
+                          std::to_string(workspace.numel() * 4) + " bytes) is not the one " +
+                          "max_pool2d made for this input (" +
+                          std::to_string(max_pool_workspace_bytes(g)) + " bytes)");
   Tensor dx = Tensor::empty(x.shape(), DType::kFloat32, spec_);
   if (dy.numel() == 0) {
     fill(dx, 0.f);
     return dx;
   }
-  try {
-    auto e = pool_bwd_prim(*state_, s);
-    e->prim.execute(state_->stream(),
-                    {{DNNL_ARG_DIFF_DST, mem(e->pd.diff_dst_desc(), state_->engine, dy)},
-                     {DNNL_ARG_DIFF_SRC, mem(e->pd.diff_src_desc(), state_->engine, dx)},
-                     {DNNL_ARG_WORKSPACE, mem(e->pd.workspace_desc(), state_->engine, workspace)}});
-  } catch (const dnnl::error& err) {
-    rethrow_dnnl("max_pool2d_backward", err);
-  }
+  max_pool_backward(g, static_cast<const float*>(dy.raw_data()), workspace.raw_data(),
+                    static_cast<float*>(dx.raw_data()), state_->threads);
   return dx;
 }
 

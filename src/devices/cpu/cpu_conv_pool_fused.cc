@@ -27,10 +27,8 @@ int64_t conv_pool_chunk(const Shape& conv_shape, int threads) {
 // The primitives for chunks of `m` images.
 struct ChunkPrims {
   ConvShapes cs;
-  PoolShapes ps;
+  PoolGeometry ps;
   std::shared_ptr<ConvFwd> fwd;
-  std::shared_ptr<PoolFwd> pool_fwd;
-  std::shared_ptr<PoolBwd> pool_bwd;
   std::shared_ptr<ConvBwdData> bwd_data;
   std::shared_ptr<ConvBwdWeights> bwd_weights;
 };
@@ -40,12 +38,10 @@ ChunkPrims chunk_prims(CpuKernels::State& st, const Shape& x, const Shape& w,
                        bool want_dx, bool want_dw) {
   ChunkPrims c;
   c.cs = conv_shapes(x, w, cp);
-  c.ps = pool_shapes(Shape{c.cs.dst[0], c.cs.dst[2], c.cs.dst[3], c.cs.dst[1]}, pp);
+  c.ps = pool_geometry(Shape{c.cs.dst[0], c.cs.dst[2], c.cs.dst[3], c.cs.dst[1]}, pp);
   if (forward) {
     c.fwd = conv_fwd_prim(st, c.cs, bias);
-    c.pool_fwd = pool_fwd_prim(st, c.ps);
   } else {
-    c.pool_bwd = pool_bwd_prim(st, c.ps);
     if (want_dx) c.bwd_data = conv_bwd_data_prim(st, c.cs);
     if (want_dw) c.bwd_weights = conv_bwd_weights_prim(st, c.cs, bias);
   }
@@ -64,9 +60,8 @@ Tensor CpuKernels::conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Ten
   const int64_t n = x.shape()[0];
   const int64_t chunk = conv_pool_chunk(conv_shape, state_->threads);
   if (chunk >= n) return Kernels::conv2d_max_pool2d(x, w, bias, cp, pp, saved);
-  const PoolShapes pfull = pool_shapes(conv_shape, pp);
-  Tensor y =
-      Tensor::empty(Shape{n, pfull.dst[2], pfull.dst[3], pfull.dst[1]}, DType::kFloat32, spec_);
+  const PoolGeometry pfull = pool_geometry(conv_shape, pp);
+  Tensor y = Tensor::empty(Shape{n, pfull.oh, pfull.ow, pfull.c}, DType::kFloat32, spec_);
   if (y.numel() == 0) return Kernels::conv2d_max_pool2d(x, w, bias, cp, pp, saved);
   try {
     const int64_t tail = n % chunk;
@@ -76,10 +71,13 @@ Tensor CpuKernels::conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Ten
     if (tail)
       last = chunk_prims(*state_, with_rows(x.shape(), tail), w.shape(), cp, pp, has_bias, true,
                          false, false);
-    const size_t ws_chunk = body.pool_fwd->pd.workspace_desc().get_size();
-    Tensor workspace = scratch(ws_chunk * static_cast<size_t>(n / chunk) +
-                                   (tail ? last.pool_fwd->pd.workspace_desc().get_size() : 0),
-                               spec_);
+    // The pooling loops read the convolution's output as NHWC: what a direct convolution writes.
+    if (body.fwd->pd.dst_desc() != memory::desc(body.cs.dst, dt::f32, tag::nhwc))
+      throw Internal("conv2d_max_pool2d: the convolution's output is not NHWC");
+    const size_t ws_chunk = max_pool_workspace_bytes(body.ps);
+    Tensor workspace = scratch(
+        ws_chunk * static_cast<size_t>(n / chunk) + (tail ? max_pool_workspace_bytes(last.ps) : 0),
+        spec_);
     Tensor conv_buf = Tensor::empty(with_rows(conv_shape, chunk), DType::kFloat32, spec_);
     Tensor w_body, w_last;  // the filter in each primitive's layout, reordered once
     const memory wm_body =
@@ -100,13 +98,10 @@ Tensor CpuKernels::conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Ten
                                            {DNNL_ARG_DST, cm}};
       if (has_bias) args.emplace(DNNL_ARG_BIAS, mem(c.fwd->pd.bias_desc(), state_->engine, bias));
       c.fwd->prim.execute(stream, args);
-      c.pool_fwd->prim.execute(
-          stream, {{DNNL_ARG_SRC, cm},
-                   {DNNL_ARG_DST,
-                    mem(c.pool_fwd->pd.dst_desc(), state_->engine, y.slice_rows(off, off + m))},
-                   {DNNL_ARG_WORKSPACE, memory(c.pool_fwd->pd.workspace_desc(), state_->engine,
-                                               static_cast<char*>(workspace.raw_data()) +
-                                                   ws_chunk * static_cast<size_t>(k))}});
+      max_pool_forward(c.ps, static_cast<const float*>(conv_buf.raw_data()),
+                       static_cast<float*>(y.slice_rows(off, off + m).raw_data()),
+                       static_cast<char*>(workspace.raw_data()) + ws_chunk * static_cast<size_t>(k),
+                       state_->threads);
     }
     saved->conv_out = Tensor();
     saved->workspace = workspace;
@@ -140,7 +135,7 @@ ConvPoolGrads CpuKernels::conv2d_max_pool2d_backward(const Tensor& dy, const Ten
     if (tail)
       last = chunk_prims(*state_, with_rows(x.shape(), tail), w.shape(), cp, pp, has_bias, false,
                          want_dx, want_dw);
-    const size_t ws_chunk = body.pool_bwd->pd.workspace_desc().get_size();
+    const size_t ws_chunk = max_pool_workspace_bytes(body.ps);
     Tensor dconv = Tensor::empty(with_rows(saved.conv_shape, chunk), DType::kFloat32, spec_);
     if (want_dx) g.dx = Tensor::empty(x.shape(), DType::kFloat32, spec_);
     // Filter for the input's gradient, reordered once per primitive.
@@ -176,14 +171,10 @@ ConvPoolGrads CpuKernels::conv2d_max_pool2d_backward(const Tensor& dy, const Ten
       const int64_t m = std::min(chunk, n - off);
       const ChunkPrims& c = m == chunk ? body : last;
       const Tensor dconv_m = m == chunk ? dconv : dconv.slice_rows(0, m);
-      c.pool_bwd->prim.execute(
-          stream,
-          {{DNNL_ARG_DIFF_DST,
-            mem(c.pool_bwd->pd.diff_dst_desc(), state_->engine, dy.slice_rows(off, off + m))},
-           {DNNL_ARG_DIFF_SRC, mem(c.pool_bwd->pd.diff_src_desc(), state_->engine, dconv_m)},
-           {DNNL_ARG_WORKSPACE, memory(c.pool_bwd->pd.workspace_desc(), state_->engine,
-                                       static_cast<char*>(saved.workspace.raw_data()) +
-                                           ws_chunk * static_cast<size_t>(k))}});
+      max_pool_backward(
+          c.ps, static_cast<const float*>(dy.slice_rows(off, off + m).raw_data()),
+          static_cast<const char*>(saved.workspace.raw_data()) + ws_chunk * static_cast<size_t>(k),
+          static_cast<float*>(dconv_m.raw_data()), state_->threads);
       memory dconv_w;  // the chunk's gradient as the filter's backward pass reads it (bfloat16
                        // under bf16)
       Tensor dconv_holder;

@@ -1,5 +1,5 @@
-// oneDNN's convolution and pooling primitives for the CPU kernels: shapes, cache keys, creation
-// (cpu_conv_prims.h).
+// oneDNN's convolution primitives for the CPU kernels (and max pooling's geometry): shapes, cache
+// keys, creation (cpu_conv_prims.h).
 #include "devices/cpu/cpu_conv_prims.h"
 
 #include <cstdlib>
@@ -82,27 +82,6 @@ auto with_algorithm(bool winograd, Make make) {
   return make(algorithm::convolution_direct);
 }
 
-dnnl::pooling_forward::desc pool_fwd_desc(const PoolShapes& s) {
-  return {prop_kind::forward_training,
-          algorithm::pooling_max,
-          memory::desc(s.src, dt::f32, tag::nhwc),
-          memory::desc(s.dst, dt::f32, tag::nhwc),
-          s.strides,
-          s.kernel,
-          s.pad_l,
-          s.pad_r};
-}
-
-std::string pool_key(const char* op, const PoolShapes& s) {
-  std::string k = op;
-  key_dims(k, s.src);
-  key_dims(k, s.kernel);
-  key_dims(k, s.strides);
-  key_dims(k, s.pad_l);
-  key_dims(k, s.pad_r);
-  return k;
-}
-
 }  // namespace
 
 bool conv_reads_bf16(const ConvShapes& s, bool mixed) {
@@ -147,12 +126,20 @@ memory filter_in(CpuKernels::State& st, const memory::desc& user, const memory::
   return out;
 }
 
-PoolShapes pool_shapes(const Shape& x, const Pool2dParams& p) {
+PoolGeometry pool_geometry(const Shape& x, const Pool2dParams& p) {
   if (x.rank() != 4) throw InvalidArgument("max_pool2d expects [N,H,W,C], got " + x.to_string());
   const int64_t oh = conv_output_size(x[1], p.window_h, p.stride_h, p.pad_top, p.pad_bottom);
   const int64_t ow = conv_output_size(x[2], p.window_w, p.stride_w, p.pad_left, p.pad_right);
-  return {{x[0], x[3], x[1], x[2]}, {x[0], x[3], oh, ow},    {p.stride_h, p.stride_w},
-          {p.window_h, p.window_w}, {p.pad_top, p.pad_left}, {p.pad_bottom, p.pad_right}};
+  if (p.pad_top < 0 || p.pad_bottom < 0 || p.pad_top >= p.window_h || p.pad_bottom >= p.window_h ||
+      p.pad_left < 0 || p.pad_right < 0 || p.pad_left >= p.window_w || p.pad_right >= p.window_w)
+    throw InvalidArgument("max_pool2d: padding (top " + std::to_string(p.pad_top) + ", bottom " +
+                          std::to_string(p.pad_bottom) + ", left " + std::to_string(p.pad_left) +
+                          ", right " + std::to_string(p.pad_right) +
+                          ") must be at least 0 and smaller than the window " +
+                          std::to_string(p.window_h) + "x" + std::to_string(p.window_w) +
+                          " (a window wholly in the padding has no max); use 'same' padding");
+  return {x[0],       x[1],       x[2],       x[3],       oh,        ow,
+          p.window_h, p.window_w, p.stride_h, p.stride_w, p.pad_top, p.pad_left};
 }
 
 DirectConvolutionsOnly::DirectConvolutionsOnly() : previous_(t_direct_only) {
@@ -219,24 +206,6 @@ void finish_out(CpuKernels::State& st, const memory::desc& user, memory written,
   if (written.get_desc() == user) return;
   memory out(user, st.engine, t.raw_data());
   dnnl::reorder(written, out).execute(st.stream(), written, out);
-}
-
-std::shared_ptr<PoolFwd> pool_fwd_prim(CpuKernels::State& st, const PoolShapes& s) {
-  return st.get<PoolFwd>(pool_key("pf", s), [&] {
-    dnnl::pooling_forward::primitive_desc pd(pool_fwd_desc(s), st.engine);
-    return std::make_shared<PoolFwd>(PoolFwd{pd, dnnl::pooling_forward(pd)});
-  });
-}
-
-std::shared_ptr<PoolBwd> pool_bwd_prim(CpuKernels::State& st, const PoolShapes& s) {
-  return st.get<PoolBwd>(pool_key("pb", s), [&] {
-    dnnl::pooling_forward::primitive_desc hint(pool_fwd_desc(s), st.engine);
-    dnnl::pooling_backward::desc d(algorithm::pooling_max, memory::desc(s.src, dt::f32, tag::nhwc),
-                                   memory::desc(s.dst, dt::f32, tag::nhwc), s.strides, s.kernel,
-                                   s.pad_l, s.pad_r);
-    dnnl::pooling_backward::primitive_desc pd(d, st.engine, hint);
-    return std::make_shared<PoolBwd>(PoolBwd{pd, dnnl::pooling_backward(pd)});
-  });
 }
 
 // Checks conv2d's operands (float32, the bias's shape) and returns the shapes; `op` names the

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "devices/cpu/cpu_pool.h"
 #include "devices/cpu/dnnl_util.h"
 
 namespace dtrain::cpu {
@@ -39,20 +40,9 @@ struct ConvBwdWeights {
 memory filter_in(CpuKernels::State& st, const memory::desc& user, const memory::desc& want,
                  const Tensor& w, Tensor* holder);
 
-struct PoolShapes {
-  memory::dims src, dst, strides, kernel, pad_l, pad_r;
-};
-
-PoolShapes pool_shapes(const Shape& x, const Pool2dParams& p);
-
-struct PoolFwd {
-  dnnl::pooling_forward::primitive_desc pd;
-  dnnl::pooling_forward prim;
-};
-struct PoolBwd {
-  dnnl::pooling_backward::primitive_desc pd;
-  dnnl::pooling_backward prim;
-};
+// Max pooling's geometry for x [N,H,W,C] (cpu_pool.h); throws InvalidArgument when the window
+// does not fit or a padding is not smaller than the window.
+PoolGeometry pool_geometry(const Shape& x, const Pool2dParams& p);
 
 // The convolution primitives, cached per shape. Where Winograd's algorithm is wanted (precision.h:
 // enable_winograd_convolutions) and oneDNN has it, the primitive is a Winograd one whose
@@ -83,8 +73,6 @@ class DirectConvolutionsOnly {
 memory out_memory(CpuKernels::State& st, const memory::desc& user, const memory::desc& want,
                   const Tensor& t, Tensor* holder);
 void finish_out(CpuKernels::State& st, const memory::desc& user, memory written, const Tensor& t);
-std::shared_ptr<PoolFwd> pool_fwd_prim(CpuKernels::State& st, const PoolShapes& s);
-std::shared_ptr<PoolBwd> pool_bwd_prim(CpuKernels::State& st, const PoolShapes& s);
 
 // Under mixed_bfloat16 (`mixed`), whether a convolution of these shapes runs oneDNN's bfloat16
 // kernels: where this CPU runs them (bf16_kernels_native) and each output sums at least

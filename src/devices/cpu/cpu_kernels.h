@@ -1,7 +1,8 @@
-// CpuKernels: the Kernels of one logical CPU device. Convolution, pooling, matmul, eltwise,
-// binary, reduction, batch norm and reorders are oneDNN primitives, created once per shape and
-// cached; the few things oneDNN has no primitive for (the fused softmax cross-entropy, Philox
-// dropout masks, optimizer updates) are plain loops the compiler vectorises.
+// CpuKernels: the Kernels of one logical CPU device. Convolution, matmul, eltwise, binary,
+// reduction, batch norm and reorders are oneDNN primitives, created once per shape and cached; the
+// things oneDNN has no primitive for (the fused softmax cross-entropy, Philox dropout masks,
+// optimizer updates) or runs slowly (max pooling on channels-last data: cpu_pool.h) are loops of
+// our own, vectorised by hand (AVX-512) or by the compiler.
 //
 // Thread-safety: the primitive cache is guarded by a mutex; primitives execute on the calling
 // thread with the device's thread count (set as the calling thread's OpenMP thread count).

@@ -192,6 +192,31 @@ TEST(CpuBf16, LayersWithShortSumsRunFloat32Kernels) {
   EXPECT_FALSE(cpu::conv_reads_bf16(many, false));
 }
 
+// Those layers' float32 kernels read their operands rounded to bfloat16 (copies rounded as they
+// are made): under the policy, the output and the filter's gradient of a 1-channel convolution
+// are, bit for bit, those of float32 on rounded x, w and dy.
+TEST(CpuBf16, Float32KernelsReadOperandsRoundedToBfloat16) {
+  Kernels& k = get_device(DeviceSpec::cpu(0)).kernels();
+  const Conv2dParams p;
+  const Tensor x = Tensor::from_vector(wave(2 * 9 * 9, 0.37f), Shape{2, 9, 9, 1}),
+               w = Tensor::from_vector(wave(3 * 3 * 16, 0.71f), Shape{3, 3, 1, 16}),
+               dy = Tensor::from_vector(wave(2 * 7 * 7 * 16, 1.3f), Shape{2, 7, 7, 16});
+  const auto rounded = [](const Tensor& t) {
+    Tensor r = t.clone();
+    cpu::round_to_bf16(static_cast<float*>(r.raw_data()), static_cast<size_t>(r.numel()));
+    return r;
+  };
+  const Tensor y_ref = k.conv2d(rounded(x), rounded(w), Tensor(), p);
+  const Tensor dw_ref =
+      k.conv2d_backward_filter(rounded(x), rounded(dy), w.shape(), p, false, nullptr);
+  ASSERT_NE(y_ref.to_vector<float>(), k.conv2d(x, w, Tensor(), p).to_vector<float>())
+      << "rounding changes nothing here: the test would prove nothing";
+  MixedBf16 policy;
+  EXPECT_EQ(k.conv2d(x, w, Tensor(), p).to_vector<float>(), y_ref.to_vector<float>());
+  EXPECT_EQ(k.conv2d_backward_filter(x, dy, w.shape(), p, false, nullptr).to_vector<float>(),
+            dw_ref.to_vector<float>());
+}
+
 // Batched products (attention's scores and weighted values) on the bfloat16 kernels: against
 // float64 on the operands rounded to bfloat16, for every transpose (the kernel once ran float32
 // kernels on rounded float32 copies; now bfloat16 ones on bfloat16 copies), and their gradients

@@ -117,12 +117,14 @@ memory filter_in(CpuKernels::State& st, const memory::desc& user, const memory::
   if (user == want && !round) return user_mem;
   *holder = scratch(want.get_size(), w.device());
   memory out(want, st.engine, holder->raw_data());
-  if (user == want)
-    std::memcpy(holder->raw_data(), w.raw_data(), want.get_size());
-  else
-    dnnl::reorder(user_mem, out).execute(st.stream(), user_mem, out);
-  if (round)
-    round_to_bf16(static_cast<float*>(holder->raw_data()), want.get_size() / sizeof(float));
+  float* copy = static_cast<float*>(holder->raw_data());
+  const size_t floats = want.get_size() / sizeof(float);
+  if (user == want) {  // (then round: only the rounding is asked for, in one pass)
+    round_to_bf16(static_cast<const float*>(w.raw_data()), copy, floats);
+    return out;
+  }
+  dnnl::reorder(user_mem, out).execute(st.stream(), user_mem, out);
+  if (round) round_to_bf16(copy, floats);
   return out;
 }
 

@@ -129,8 +129,10 @@ inline memory::data_type dnnl_type(DType t) {
 }
 
 memory::data_type kernel_input_type();  // bf16 under mixed_bfloat16 with native kernels, else f32
-// Rounds n floats to the nearest bfloat16 (ties to even, as oneDNN's reorder), in place.
+// Rounds n floats to the nearest bfloat16 (ties to even, as oneDNN's reorder), in place; or from
+// src into dst in the same pass (a rounded copy without a copy first).
 void round_to_bf16(float* p, size_t n);
+void round_to_bf16(const float* src, float* dst, size_t n);  // src, dst apart
 // Tests: run mixed_bfloat16 as on a CPU without bfloat16 kernels, or on the bfloat16 kernels
 // where oneDNN has them whatever they measured (false: back to the choice).
 void force_bf16_emulation_for_testing(bool on);

@@ -123,7 +123,8 @@ Tensor max_pool2d(const Tensor& x, int wh, int ww, int sh, int sw, Padding paddi
 }
 
 Tensor conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias, int stride,
-                         Padding conv_padding, int window, int pool_stride, Padding pool_padding) {
+                         Padding conv_padding, int window, int pool_stride, Padding pool_padding,
+                         bool relu) {
   same_device("conv2d_max_pool2d", x, w);
   if (x.rank() != 4 || w.rank() != 4)
     throw InvalidArgument("conv2d_max_pool2d expects x [N,H,W,C] and w [KH,KW,Cin,Cout], got " +
@@ -135,10 +136,13 @@ Tensor conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias, i
                          conv_output_size(x.shape()[2], static_cast<int>(w.shape()[1]), stride,
                                           cp.pad_left, cp.pad_right),
                          w.shape()[3]};
-  const Pool2dParams pp =
-      pool_params(conv_shape, window, window, pool_stride, pool_stride, pool_padding);
-  auto saved = std::make_shared<ConvPoolSaved>();
   Kernels& k = kernels_for(x);
+  if (relu && !k.fuses_pool_relu())
+    return ops::relu(conv2d_max_pool2d(x, w, bias, stride, conv_padding, window, pool_stride,
+                                       pool_padding, false));
+  Pool2dParams pp = pool_params(conv_shape, window, window, pool_stride, pool_stride, pool_padding);
+  pp.relu = relu;
+  auto saved = std::make_shared<ConvPoolSaved>();
   Tensor y = k.conv2d_max_pool2d(x, w, bias, cp, pp, saved.get());
   if (tape::should_record({&x, &w, &bias})) {
     tape::record("conv2d_max_pool2d", {x, w, bias}, {y},

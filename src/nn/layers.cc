@@ -80,18 +80,18 @@ Layer::FusedCall Conv2D::fuse_with_next(const Layer& next) {
   // Conv2D(activation=relu) then max pooling: pooled first, then ReLU. The values are the same
   // (ReLU is non-decreasing, so it commutes with max; pooling never reads padding), and so are the
   // gradients; the ReLU and its backward pass touch a quarter of the elements (a 2x2 pool), which
-  // is most of the memory traffic of the reference CNN's first layer. The convolution and the
-  // pooling run as one op (ops::conv2d_max_pool2d), which a CPU runs a few images at a time.
+  // is most of the memory traffic of the reference CNN's first layer. The convolution, the pooling
+  // and the ReLU run as one op (ops::conv2d_max_pool2d), which a CPU runs a few images at a time
+  // with the ReLU in the pooling's pass (no pass of its own either way).
   const std::optional<Pool2DSpec> pool = next.max_pool_spec();
   if (activation_ != Activation::kRelu || !pool || !built() || !next.built() || pad_h_ >= 0 ||
       pool->window_h != pool->window_w || pool->stride_h != pool->stride_w)
     return {};
   const Pool2DSpec p = *pool;
   return [this, p](const std::vector<Tensor>& xs, bool) {
-    const Tensor pooled =
-        ops::conv2d_max_pool2d(xs.at(0), kernel->value(), use_bias_ ? bias->value() : Tensor(),
-                               stride_, padding_, p.window_h, p.stride_h, p.padding);
-    return apply_activation(Activation::kRelu, pooled);
+    return ops::conv2d_max_pool2d(xs.at(0), kernel->value(), use_bias_ ? bias->value() : Tensor(),
+                                  stride_, padding_, p.window_h, p.stride_h, p.padding,
+                                  /*relu=*/true);
   };
 }
 

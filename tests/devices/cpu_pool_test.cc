@@ -28,7 +28,7 @@ std::string name(const PoolGeometry& g) {
   return std::to_string(g.n) + "x" + std::to_string(g.h) + "x" + std::to_string(g.w) + "x" +
          std::to_string(g.c) + " window " + std::to_string(g.kh) + "x" + std::to_string(g.kw) +
          " stride " + std::to_string(g.sh) + "x" + std::to_string(g.sw) + " pad " +
-         std::to_string(g.pt) + "," + std::to_string(g.pl);
+         std::to_string(g.pt) + "," + std::to_string(g.pl) + (g.relu ? " then ReLU" : "");
 }
 
 // The geometry with bottom/right padding pb, pr (the output size as conv_output_size gives it).
@@ -39,10 +39,11 @@ PoolGeometry geometry(int64_t n, int64_t h, int64_t w, int64_t c, int64_t kh, in
 }
 
 // From the definition: the window's positions inside the image in row-major order; the first of
-// the greatest wins, and the first NaN wins over everything.
+// the greatest wins, and the first NaN wins over everything. With the ReLU, a max not above 0
+// gives 0 (a NaN stays NaN) and passes no gradient, as ReLU's gradient there is 0.
 struct Reference {
   std::vector<float> y;
-  std::vector<int64_t> arg;  // the input index of each output's max
+  std::vector<int64_t> arg;  // the input index of each output's max; -1: no gradient
 };
 Reference reference_forward(const PoolGeometry& g, const std::vector<float>& x) {
   Reference r;
@@ -64,8 +65,14 @@ Reference reference_forward(const PoolGeometry& g, const std::vector<float>& x) 
               if (std::isnan(m)) continue;
               if (std::isnan(v) || v > m) best = at;
             }
-          r.y.push_back(x[static_cast<size_t>(best)]);
-          r.arg.push_back(best);
+          const float m = x[static_cast<size_t>(best)];
+          if (g.relu && !(m > 0.f)) {
+            r.y.push_back(std::isnan(m) ? m : 0.f);
+            r.arg.push_back(-1);
+          } else {
+            r.y.push_back(m);
+            r.arg.push_back(best);
+          }
         }
   return r;
 }
@@ -73,7 +80,8 @@ Reference reference_forward(const PoolGeometry& g, const std::vector<float>& x) 
 std::vector<float> reference_backward(const PoolGeometry& g, const Reference& r,
                                       const std::vector<float>& dy) {
   std::vector<float> dx(static_cast<size_t>(g.n * g.h * g.w * g.c), 0.f);
-  for (size_t o = 0; o < dy.size(); ++o) dx[static_cast<size_t>(r.arg[o])] += dy[o];
+  for (size_t o = 0; o < dy.size(); ++o)
+    if (r.arg[o] >= 0) dx[static_cast<size_t>(r.arg[o])] += dy[o];
   return dx;
 }
 
@@ -92,7 +100,7 @@ std::vector<float> inputs(const PoolGeometry& g, unsigned seed, bool nans) {
   return x;
 }
 
-void check(const PoolGeometry& g, bool nans) {
+void check_one(const PoolGeometry& g, bool nans) {
   SCOPED_TRACE(name(g) + (nans ? " with NaNs" : ""));
   const std::vector<float> x = inputs(g, static_cast<unsigned>(g.c * 31 + g.kh * 7 + g.sw), nans);
   const Reference ref = reference_forward(g, x);
@@ -120,6 +128,13 @@ void check(const PoolGeometry& g, bool nans) {
     }
 }
 
+void check(PoolGeometry g, bool nans) {
+  for (const bool relu : {false, true}) {
+    g.relu = relu;
+    check_one(g, nans);
+  }
+}
+
 TEST(CpuPool, LoopsMatchTheDefinitionBitForBit) {
   for (const int64_t c : {1, 3, 16, 17, 32, 40, 64}) {
     for (const bool nans : {false, true}) {
@@ -133,6 +148,8 @@ TEST(CpuPool, LoopsMatchTheDefinitionBitForBit) {
   // 16x16 windows: 256 positions, past one byte's arg-max.
   check(geometry(2, 17, 18, 5, 16, 16, 1, 2, 0, 0, 0, 0), true);
   check(geometry(2, 16, 16, 33, 16, 16, 16, 16, 0, 0, 0, 0), false);
+  // 15x17 windows: 255 positions, the most a byte holds beside the ReLU's "no gradient" (255).
+  check(geometry(2, 16, 18, 7, 15, 17, 1, 1, 0, 0, 0, 0), true);
 }
 
 TEST(CpuPool, ManyImagesSplitOverThreadsAsOne) {

@@ -151,32 +151,37 @@ TEST_F(Layers, ConvMaxPoolInChunksEqualsTheOpsApart) {
                                                c.window, c.window, 2, 2, c.pool_pad)
                                    .shape(),
                                73);
-    auto run = [&](bool fused) {
+    auto run = [&](bool fused, bool relu) {
       GradientTape tape;
       Tensor xv = x, wv = w, bv = b;
       tape.watch(xv);
       tape.watch(wv);
       if (c.bias) tape.watch(bv);
-      const Tensor y =
-          fused ? ops::conv2d_max_pool2d(xv, wv, bv, c.stride, c.conv_pad, c.window, 2, c.pool_pad)
-                : ops::max_pool2d(ops::conv2d(xv, wv, bv, c.stride, c.stride, c.conv_pad), c.window,
-                                  c.window, 2, 2, c.pool_pad);
+      Tensor y = fused ? ops::conv2d_max_pool2d(xv, wv, bv, c.stride, c.conv_pad, c.window, 2,
+                                                c.pool_pad, relu && fused)
+                       : ops::max_pool2d(ops::conv2d(xv, wv, bv, c.stride, c.stride, c.conv_pad),
+                                         c.window, c.window, 2, 2, c.pool_pad);
+      if (relu && !fused) y = ops::relu(y);  // the ReLU apart
       std::vector<Tensor> sources{xv, wv};
       if (c.bias) sources.push_back(bv);
       std::vector<Tensor> out{y};
       for (Tensor& g : tape.gradient(ops::sum(ops::mul(y, dy_weights)), sources)) out.push_back(g);
       return out;
     };
-    const auto fused = run(true), apart = run(false);
-    ASSERT_EQ(fused.size(), apart.size());
-    EXPECT_EQ(fused[0].to_vector<float>(), apart[0].to_vector<float>()) << "forward";
-    const char* what[] = {"forward", "dx", "dw", "db"};
-    for (size_t i = 1; i < fused.size(); ++i) {
-      ASSERT_TRUE(fused[i].defined()) << what[i];
-      EXPECT_LT(relative_error(fused[i], apart[i]), 1e-5) << what[i];
+    // And with the ReLU in the pooling's pass (relu = true) against ops::relu after it.
+    for (const bool relu : {false, true}) {
+      SCOPED_TRACE(relu ? "then ReLU" : "no ReLU");
+      const auto fused = run(true, relu), apart = run(false, relu);
+      ASSERT_EQ(fused.size(), apart.size());
+      EXPECT_EQ(fused[0].to_vector<float>(), apart[0].to_vector<float>()) << "forward";
+      const char* what[] = {"forward", "dx", "dw", "db"};
+      for (size_t i = 1; i < fused.size(); ++i) {
+        ASSERT_TRUE(fused[i].defined()) << what[i];
+        EXPECT_LT(relative_error(fused[i], apart[i]), 1e-5) << what[i];
+      }
+      // The input's gradient does not depend on the chunks' order: it is exact as well.
+      EXPECT_EQ(fused[1].to_vector<float>(), apart[1].to_vector<float>()) << "dx";
     }
-    // The input's gradient does not depend on the chunks' order: it is exact as well.
-    EXPECT_EQ(fused[1].to_vector<float>(), apart[1].to_vector<float>()) << "dx";
   }
 }
 

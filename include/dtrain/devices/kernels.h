@@ -43,6 +43,10 @@ struct DTRAIN_API Pool2dParams {
   int window_h = 2, window_w = 2;
   int stride_h = 2, stride_w = 2;
   int pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
+  // Max pooling then ReLU, in the pooling's own pass (relu(max) = the max or 0; a NaN stays NaN
+  // and, as ReLU's gradient at NaN, passes no gradient). Only where Kernels::fuses_pool_relu();
+  // other devices reject it.
+  bool relu = false;
 };
 
 struct DTRAIN_API BatchNormForward {
@@ -96,6 +100,8 @@ class DTRAIN_API Kernels {
                                         const Conv2dParams& p, bool want_bias, Tensor* db) = 0;
 
   // --- max pooling, NHWC. `workspace` is device-specific state the backward needs. ---
+  // Whether max_pool2d and conv2d_max_pool2d take Pool2dParams::relu (the CPU's do).
+  virtual bool fuses_pool_relu() const { return false; }
   virtual Tensor max_pool2d(const Tensor& x, const Pool2dParams& p, Tensor* workspace) = 0;
   virtual Tensor max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& workspace,
                                      const Pool2dParams& p) = 0;

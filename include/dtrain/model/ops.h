@@ -87,6 +87,9 @@ DTRAIN_API Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, i
 // Throws InvalidArgument for a stride < 1, a negative pad or a filter larger than the padded input.
 DTRAIN_API Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                          const Conv2dParams& params);
+// NHWC max pooling as TF's max_pool2d. The gradient goes to each window's first maximum
+// (row-major); a NaN in a window is its maximum on CPU and GPU (torch.nn.MaxPool2d's rule), so a
+// NaN is never hidden by pooling.
 DTRAIN_API Tensor max_pool2d(const Tensor& x, int window_h = 2, int window_w = 2, int stride_h = 2,
                              int stride_w = 2, Padding padding = Padding::kValid);
 // NHWC average pooling as TF's avg_pool2d: with kSame padding each output divides by the number
@@ -98,9 +101,11 @@ DTRAIN_API Tensor avg_pool2d(const Tensor& x, int window_h = 2, int window_w = 2
 // pool_stride, pool_padding) as one op, with the same values and gradients up to the order in which
 // the filter's gradient is summed over the batch. A CPU device runs it a few images at a time, so
 // the convolution's output stays in cache and is never kept whole for the backward pass.
+// relu: then ReLU, relu(max_pool2d(conv2d(...))) with the same values and gradients (ReLU commutes
+// with max), in the pooling's own pass where the device fuses it (the CPU), else as ops::relu.
 DTRAIN_API Tensor conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                                     int stride, Padding conv_padding, int window, int pool_stride,
-                                    Padding pool_padding);
+                                    Padding pool_padding, bool relu = false);
 // --- attention and sequence models ---
 // Softmax / log-softmax along `axis`, numerically stable (the maximum subtracted).
 DTRAIN_API Tensor softmax(const Tensor& x, int axis = -1);

@@ -140,8 +140,8 @@ PoolGeometry pool_geometry(const Shape& x, const Pool2dParams& p) {
                           ") must be at least 0 and smaller than the window " +
                           std::to_string(p.window_h) + "x" + std::to_string(p.window_w) +
                           " (a window wholly in the padding has no max); use 'same' padding");
-  return {x[0],       x[1],       x[2],       x[3],       oh,        ow,
-          p.window_h, p.window_w, p.stride_h, p.stride_w, p.pad_top, p.pad_left};
+  return {x[0],       x[1],       x[2],       x[3],      oh,         ow,    p.window_h,
+          p.window_w, p.stride_h, p.stride_w, p.pad_top, p.pad_left, p.relu};
 }
 
 DirectConvolutionsOnly::DirectConvolutionsOnly() : previous_(t_direct_only) {

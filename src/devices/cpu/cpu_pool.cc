@@ -63,6 +63,15 @@ void forward_row_portable(const PoolGeometry& g, const float* img, int64_t oy, f
           k[ch] = takes ? kp : k[ch];
         }
       }
+    if (g.relu) {
+      const auto none = static_cast<int32_t>(g.kh * g.kw);
+      for (int64_t ch = 0; ch < c; ++ch) {
+        const float v = m[ch];
+        const bool positive = v > 0.f;
+        m[ch] = positive | (v != v) ? v : 0.f;
+        k[ch] = positive ? k[ch] : none;
+      }
+    }
   }
 }
 
@@ -146,6 +155,12 @@ __attribute__((target("avx512f"))) void forward_row_avx512(const PoolGeometry& g
           idx = _mm512_mask_mov_epi32(
               idx, r, _mm512_set1_epi32(static_cast<int>((i - s.ys) * g.kw + (j - s.xs))));
         }
+      if (g.relu) {  // keep the positive values and NaNs; no gradient but through positive ones
+        const __mmask16 positive = _mm512_cmp_ps_mask(m, _mm512_setzero_ps(), _CMP_GT_OQ);
+        m = _mm512_maskz_mov_ps(positive | _mm512_cmp_ps_mask(m, m, _CMP_UNORD_Q), m);
+        idx =
+            _mm512_mask_mov_epi32(_mm512_set1_epi32(static_cast<int>(g.kh * g.kw)), positive, idx);
+      }
       _mm512_mask_storeu_ps(yrow + ox * c + cb, mask, m);
       if constexpr (sizeof(Idx) == 1)
         _mm512_mask_cvtepi32_storeu_epi8(wrow + ox * c + cb, mask, idx);

@@ -19,14 +19,17 @@ namespace dtrain::cpu {
 // is over its positions inside the image, of which it always has at least one).
 struct PoolGeometry {
   int64_t n, h, w, c, oh, ow, kh, kw, sh, sw, pt, pl;
+  bool relu = false;  // then ReLU: y = max(y, 0) but a NaN stays; no gradient where y is not > 0
 };
 
-// The workspace: per output value the window position its max came from (i * kw + j), one byte
-// for windows of up to 255 positions, else four (int32).
+// The workspace: per output value the window position its max came from (i * kw + j), or kh * kw
+// where no gradient passes (the ReLU's zeros); one byte for windows of up to 255 positions, else
+// four (int32).
 size_t max_pool_workspace_bytes(const PoolGeometry& g);
 
-// y = max over each window; ties go to the first position in row-major window order, and a NaN
-// anywhere in a window is the window's max (torch.nn.MaxPool2d's rule: a NaN input never vanishes).
+// y = max over each window (then ReLU where g.relu); ties go to the first position in row-major
+// window order, and a NaN anywhere in a window is the window's max (torch.nn.MaxPool2d's rule: a
+// NaN input never vanishes).
 // threads: at most this many OpenMP threads (over images and output rows). allow_avx512 = false
 // runs the portable loop on any CPU (what the tests compare the AVX-512 one against).
 void max_pool_forward(const PoolGeometry& g, const float* x, float* y, void* workspace, int threads,

@@ -75,6 +75,10 @@ void run_pooling(PoolDesc& pd, const Pool2dParams& p, const char* call, Fn fn) {
 Tensor CudaKernels::max_pool2d(const Tensor& x, const Pool2dParams& p, Tensor* workspace) {
   DeviceGuard guard(ctx_.index());
   check_f32(x, "max_pool2d", "x");
+  if (p.relu)
+    throw InvalidArgument(
+        "max_pool2d: this device does not fuse a ReLU into its pooling (fuses_pool_relu() is "
+        "false); apply ops::relu to the pooled output");
   const PoolGeometry g = pool_geometry("max_pool2d", x.shape(), p);
   Tensor y = empty(Shape{g.n, g.oh, g.ow, g.c});
   if (y.numel() > 0) {

@@ -217,6 +217,48 @@ TEST(CpuBf16, Float32KernelsReadOperandsRoundedToBfloat16) {
             dw_ref.to_vector<float>());
 }
 
+// The fused conv+pool op in chunks under mixed bfloat16, on a 1-channel convolution (float32
+// kernels on rounded operands: the reference CNN's first layer), whose pooling's backward pass
+// writes the gradient already rounded for them: every output and gradient as conv2d, max_pool2d
+// and ReLU apart under the same policy (the forward pass and dx exactly, dw and db to the order
+// of the chunks' sums). Fails when the gradient the kernels read is not rounded.
+TEST(CpuBf16, FusedConvPoolInChunksRoundsTheGradientItsKernelsRead) {
+  MixedBf16 policy;
+  const int64_t n = 13;  // 28x28x32 float32 outputs, 100 KB an image: chunks of 5, 5 and 3
+  const Tensor x = Tensor::from_vector(wave(n * 30 * 30, 0.37f), Shape{n, 30, 30, 1}),
+               w = Tensor::from_vector(wave(3 * 3 * 32, 0.71f), Shape{3, 3, 1, 32}),
+               b = Tensor::from_vector(wave(32, 1.9f), Shape{32}),
+               dyw = Tensor::from_vector(wave(n * 14 * 14 * 32, 1.3f), Shape{n, 14, 14, 32});
+  auto run = [&](bool fused) {
+    GradientTape tape;
+    Tensor xv = x, wv = w, bv = b;
+    tape.watch(xv);
+    tape.watch(wv);
+    tape.watch(bv);
+    const Tensor y =
+        fused ? ops::conv2d_max_pool2d(xv, wv, bv, 1, ops::Padding::kValid, 2, 2,
+                                       ops::Padding::kValid, /*relu=*/true)
+              : ops::relu(ops::max_pool2d(ops::conv2d(xv, wv, bv, 1, 1, ops::Padding::kValid)));
+    std::vector<Tensor> out{y};
+    for (const Tensor& g : tape.gradient(ops::sum(ops::mul(y, dyw)), {xv, wv, bv}))
+      out.push_back(g);
+    return out;
+  };
+  const auto fused = run(true), apart = run(false);
+  EXPECT_EQ(fused[0].to_vector<float>(), apart[0].to_vector<float>()) << "forward";
+  EXPECT_EQ(fused[1].to_vector<float>(), apart[1].to_vector<float>()) << "dx";
+  for (size_t i = 2; i < 4; ++i) {
+    const auto f = fused[i].to_vector<float>(), a = apart[i].to_vector<float>();
+    ASSERT_EQ(f.size(), a.size());
+    double scale = 1e-30, err = 0;
+    for (size_t j = 0; j < f.size(); ++j) {
+      scale = std::max(scale, std::abs(static_cast<double>(a[j])));
+      err = std::max(err, std::abs(static_cast<double>(f[j]) - a[j]));
+    }
+    EXPECT_LT(err / scale, 1e-5) << (i == 2 ? "dw" : "db");
+  }
+}
+
 // Batched products (attention's scores and weighted values) on the bfloat16 kernels: against
 // float64 on the operands rounded to bfloat16, for every transpose (the kernel once ran float32
 // kernels on rounded float32 copies; now bfloat16 ones on bfloat16 copies), and their gradients

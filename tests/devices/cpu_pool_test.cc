@@ -2,7 +2,8 @@
 // reference written from the definition: every output, arg-max and gradient bit for bit, over
 // channel counts that leave vector tails, padding, overlapping windows, strides wider than the
 // window, windows of more than 255 positions (the 4-byte workspace), ties and NaNs; and through
-// CpuKernels, the errors a wrong padding or workspace gets.
+// CpuKernels, the errors a wrong padding or workspace gets. The gradient also rounded to bfloat16
+// as it is written (round_dx, for float32 kernels under mixed bfloat16).
 #include "devices/cpu/cpu_pool.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "devices/cpu/dnnl_util.h"
 #include "dtrain/core/error.h"
 #include "dtrain/devices/device.h"
 #include "dtrain/devices/kernels.h"
@@ -125,6 +127,15 @@ void check_one(const PoolGeometry& g, bool nans) {
       for (size_t i = 0; i < dx.size(); ++i)
         ASSERT_TRUE(same_bits(dx[i], dx_ref[i]))
             << "dx[" << i << "] " << dx[i] << " vs " << dx_ref[i];
+      // round_dx: the same gradient rounded to bfloat16 (overlapping windows' sums after adding).
+      PoolGeometry rounded = g;
+      rounded.round_dx = true;
+      std::vector<float> dx16(dx_ref.size(), 12345.f), want16 = dx_ref;
+      cpu::round_to_bf16(want16.data(), want16.size());
+      cpu::max_pool_backward(rounded, dy.data(), ws.data(), dx16.data(), threads, avx512);
+      for (size_t i = 0; i < dx16.size(); ++i)
+        ASSERT_TRUE(same_bits(dx16[i], want16[i]))
+            << "rounded dx[" << i << "] " << dx16[i] << " vs " << want16[i];
     }
 }
 

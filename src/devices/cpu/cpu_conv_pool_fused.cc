@@ -171,8 +171,16 @@ ConvPoolGrads CpuKernels::conv2d_max_pool2d_backward(const Tensor& dy, const Ten
       const int64_t m = std::min(chunk, n - off);
       const ChunkPrims& c = m == chunk ? body : last;
       const Tensor dconv_m = m == chunk ? dconv : dconv.slice_rows(0, m);
+      // Under mixed bfloat16, float32 kernels read the gradient rounded to bfloat16 (a rounded
+      // copy, filter_in): where every kernel here reads it so, the pooling's backward pass writes
+      // it rounded instead, and they read it in place.
+      const memory::desc dconv_user(c.cs.dst, dt::f32, tag::nhwc);
+      PoolGeometry pool = c.ps;
+      pool.round_dx = mixed_bf16() &&
+                      (!want_dw || c.bwd_weights->pd.diff_dst_desc() == dconv_user) &&
+                      (!want_dx || c.bwd_data->pd.diff_dst_desc() == dconv_user);
       max_pool_backward(
-          c.ps, static_cast<const float*>(dy.slice_rows(off, off + m).raw_data()),
+          pool, static_cast<const float*>(dy.slice_rows(off, off + m).raw_data()),
           static_cast<const char*>(saved.workspace.raw_data()) + ws_chunk * static_cast<size_t>(k),
           static_cast<float*>(dconv_m.raw_data()), state_->threads);
       memory dconv_w;  // the chunk's gradient as the filter's backward pass reads it (bfloat16
@@ -184,8 +192,9 @@ ConvPoolGrads CpuKernels::conv2d_max_pool2d_backward(const Tensor& dy, const Ten
         Tensor& out = first && direct ? acc : direct ? part : last_part;
         memory dwm(c.bwd_weights->pd.diff_weights_desc(), state_->engine, out.raw_data());
         Tensor x_holder;
-        dconv_w = filter_in(*state_, memory::desc(c.cs.dst, dt::f32, tag::nhwc),
-                            c.bwd_weights->pd.diff_dst_desc(), dconv_m, &dconv_holder);
+        dconv_w = pool.round_dx ? mem(dconv_user, state_->engine, dconv_m)
+                                : filter_in(*state_, dconv_user, c.bwd_weights->pd.diff_dst_desc(),
+                                            dconv_m, &dconv_holder);
         std::unordered_map<int, memory> args{
             {DNNL_ARG_SRC,
              filter_in(*state_, memory::desc(c.cs.src, dt::f32, tag::nhwc),
@@ -215,10 +224,10 @@ ConvPoolGrads CpuKernels::conv2d_max_pool2d_backward(const Tensor& dy, const Ten
       if (want_dx) {
         Tensor dy_holder;
         const memory dconv_x =
-            want_dw && c.bwd_data->pd.diff_dst_desc() == c.bwd_weights->pd.diff_dst_desc()
-                ? dconv_w
-                : filter_in(*state_, memory::desc(c.cs.dst, dt::f32, tag::nhwc),
-                            c.bwd_data->pd.diff_dst_desc(), dconv_m, &dy_holder);
+            want_dw && c.bwd_data->pd.diff_dst_desc() == c.bwd_weights->pd.diff_dst_desc() ? dconv_w
+            : pool.round_dx ? mem(dconv_user, state_->engine, dconv_m)
+                            : filter_in(*state_, dconv_user, c.bwd_data->pd.diff_dst_desc(),
+                                        dconv_m, &dy_holder);
         c.bwd_data->prim.execute(
             stream, {{DNNL_ARG_DIFF_DST, dconv_x},
                      {DNNL_ARG_WEIGHTS, m == chunk ? wm_body : wm_last},

@@ -170,6 +170,18 @@ __attribute__((target("avx512f"))) void forward_row_avx512(const PoolGeometry& g
   }
 }
 
+// v rounded to the nearest bfloat16, as round_to_bf16 (ties to even; a NaN to the quiet NaN).
+__attribute__((target("avx512f"))) inline __m512 rounded_to_bf16(__m512 v) {
+  const __m512i x = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(
+      _mm512_maskz_srli_epi32(static_cast<__mmask16>(0xFFFF), x, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb);
+  r = _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+                            _mm512_set1_epi32(0x7fc00000));
+  return _mm512_castsi512_ps(r);
+}
+
 template <typename Idx, bool Disjoint>
 __attribute__((target("avx512f"))) void backward_image_avx512(const PoolGeometry& g,
                                                               const float* dyi, const Idx* wsi,
@@ -182,7 +194,10 @@ __attribute__((target("avx512f"))) void backward_image_avx512(const PoolGeometry
       const Idx* k = wsi + (oy * g.ow + ox) * c;
       for (int64_t cb = 0; cb < c; cb += 16) {
         const __mmask16 mask = lanes(c - cb);
-        const __m512 dv = _mm512_maskz_loadu_ps(mask, d + cb);
+        __m512 dv = _mm512_maskz_loadu_ps(mask, d + cb);
+        // (Disjoint: each dx value is one dy or 0, so rounding dy rounds dx; overlapping windows
+        // add first and round after.)
+        if (Disjoint && g.round_dx) dv = rounded_to_bf16(dv);
         __m512i idx;
         if constexpr (sizeof(Idx) == 1) {
           __m128i bytes;
@@ -268,6 +283,7 @@ void backward(const PoolGeometry& g, const float* dy, const Idx* ws, float* dx, 
         backward_image_avx512<Idx, false>(g, dyi, wsi, dxi);
       else
         backward_image_portable(g, dyi, wsi, dxi, false);
+      if (g.round_dx) round_to_bf16(dxi, static_cast<size_t>(in));  // the sums, while in cache
       continue;
     }
     for (int64_t i = 0; i < g.h; ++i) {
@@ -279,10 +295,12 @@ void backward(const PoolGeometry& g, const float* dy, const Idx* ws, float* dx, 
         if (!col_hit[static_cast<size_t>(j)])
           std::memset(dxi + (i * g.w + j) * c, 0, static_cast<size_t>(c) * sizeof(float));
     }
-    if (avx512)
-      backward_image_avx512<Idx, true>(g, dyi, wsi, dxi);
-    else
+    if (avx512) {
+      backward_image_avx512<Idx, true>(g, dyi, wsi, dxi);  // (rounds as it writes)
+    } else {
       backward_image_portable(g, dyi, wsi, dxi, true);
+      if (g.round_dx) round_to_bf16(dxi, static_cast<size_t>(in));
+    }
   }
 }
 

@@ -20,6 +20,9 @@ namespace dtrain::cpu {
 struct PoolGeometry {
   int64_t n, h, w, c, oh, ow, kh, kw, sh, sw, pt, pl;
   bool relu = false;  // then ReLU: y = max(y, 0) but a NaN stays; no gradient where y is not > 0
+  // Backward: dx rounded to the nearest bfloat16 (kept as float32) as it is written, for float32
+  // kernels under mixed bfloat16 that would otherwise round a copy of it (dnnl_util.h).
+  bool round_dx = false;
 };
 
 // The workspace: per output value the window position its max came from (i * kw + j), or kh * kw

@@ -146,8 +146,4 @@ Tensor CpuKernels::max_pool2d_backward(const Tensor& dy, const Tensor& x, const 
   return dx;
 }
 
-// The pair a chunk of images at a time: each chunk's convolution output goes to one buffer, reused
-// by every chunk (so it stays in cache), and is pooled from there into its rows of the output. The
-// pooling's workspace is kept whole (chunk k's at k times a full chunk's size); the convolution's
-// output is not kept at all: the backward pass needs only the pooling's arg-max.
 }  // namespace dtrain::cpu

@@ -50,6 +50,10 @@ ChunkPrims chunk_prims(CpuKernels::State& st, const Shape& x, const Shape& w,
 
 }  // namespace
 
+// The pair a chunk of images at a time: each chunk's convolution output goes to one buffer, reused
+// by every chunk (so it stays in cache), and is pooled from there into its rows of the output. The
+// pooling's workspace is kept whole (chunk k's at k times a full chunk's size); the convolution's
+// output is not kept at all: the backward pass needs only the pooling's arg-max.
 Tensor CpuKernels::conv2d_max_pool2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                                      const Conv2dParams& cp, const Pool2dParams& pp,
                                      ConvPoolSaved* saved) {

@@ -14,12 +14,14 @@ all-reduce time per step and the share of it that ran while backward was still r
 Each worker is pinned to a core (dtrain-run --bind-to core; taskset for the peers): with more hosts than
 cores, workers share cores, and the steps are then longer for both systems alike.
 
---profile: also records, for the simulator (`dtrain-bench simulate`), each model's compute profile: one
-worker's timeline with no peer (forward, backward with the moment and size of every gradient, the
-update), with as many such jobs sharing its core as the H-host runs put on a core; and the links' own
-all-reduce speed on each (H, rate) (dtrain-bench allreduce over the same hosts), with the CPU time a rank
-spends per byte it moves (on unshaped links). --simulate: then predicts every dtrain row from those and
-prints predicted against measured. --from FILE: no training, the rows of an earlier links.jsonl (and the
+--profile: also records, for the simulator (`dtrain-bench simulate`), each model's compute profile in
+every round, just before that round's runs: one worker's timeline with no peer (forward, backward with
+the moment and size of every gradient, the update) while H such one-worker jobs run at once, placed on
+the cores as the H-host runs place their workers (so what co-located workers cost each other, the core,
+caches and memory bandwidth, is in it); and the links' own all-reduce speed on each (H, rate)
+(dtrain-bench allreduce over the same hosts), with the CPU time a rank spends per byte it moves (on
+unshaped links). --simulate: then predicts every dtrain run from its own round's profile and prints the
+median prediction against the median measured step. --from FILE: no training, the rows of an earlier links.jsonl (and the
 profiles beside it), the links measured again.
 
 Needs root (network namespaces); the peers' interpreter is build/peers-venv/bin/python
@@ -168,26 +170,35 @@ def overlap(path, warmup):
     return {"allreduce_seconds_per_step": total / steps / 1e6, "hidden_share": hidden / total if total else 0.0}
 
 
-def profile_name(model, batch, per_core):
+def profile_name(model, batch, hosts, rnd):
+    return f"profile_{model}_b{batch}_h{hosts}_r{rnd}.json"
+
+
+def legacy_profile_name(model, batch, per_core):
+    """Runs before 2026-11-28 (evening) kept one profile a (model, hosts): `per_core` jobs on core 0 alone."""
     return f"profile_{model}_b{batch}_k{per_core}.json"
 
 
-def profile_runs(a, model, per_core, tag):
-    """`per_core` one-worker jobs at once on core 0; the first one's timeline is the profile."""
+def profile_runs(a, model, hosts, path):
+    """`hosts` one-worker jobs at once, job i on core i % cores, as dtrain-run --bind-to core (and the DDP
+    runs) place worker i; job 0's timeline is the profile."""
     cores = sorted(os.sched_getaffinity(0))
-    path = os.path.join(a.out, f"profile_{tag}.json")
     procs = []
-    for j in range(per_core):
-        env = dict(os.environ, DTRAIN_TIMELINE=path if j == 0 else os.path.join(a.out, f"profile_{tag}.{j}.json"))
-        cmd = ["taskset", "-c", str(cores[0])] + dtrain_command(a, model, 1) + ["--strategy=mirrored",
-                                                                             "--devices=cpu"]
+    for j in range(hosts):
+        env = dict(os.environ, DTRAIN_TIMELINE=path if j == 0 else f"{path}.{j}")
+        cmd = ["taskset", "-c", str(cores[j % len(cores)])] + dtrain_command(a, model, 1) + \
+            ["--strategy=mirrored", "--devices=cpu"]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    failed = []
     for p in procs:
         out, err = p.communicate(timeout=2000)
         if p.returncode != 0:
-            raise SystemExit(f"profile run failed ({p.returncode}):\n{err[-2000:]}")
-    for j in range(1, per_core):
-        os.remove(os.path.join(a.out, f"profile_{tag}.{j}.json"))
+            failed.append(f"profile run failed ({p.returncode}):\n{err[-2000:]}")
+    for j in range(1, hosts):
+        if os.path.exists(f"{path}.{j}"):
+            os.remove(f"{path}.{j}")
+    if failed:
+        raise SystemExit("\n".join(failed))
     return path
 
 
@@ -300,6 +311,15 @@ def main():
             netns("up", "--hosts", str(hosts), "--rate", "none")
             links = measure_links(a, hosts, rates) if a.profile else {}
             for rnd in range(a.rounds):
+                profiles = {}
+                if a.profile and "dtrain" in systems:
+                    for model in models:
+                        batch = a.resnet_batch if model == "resnet50" else a.gpt_batch
+                        t0 = time.time()
+                        profiles[model] = profile_runs(
+                            a, model, hosts, os.path.join(a.out, profile_name(model, batch, hosts, rnd + 1)))
+                        print(f"round {rnd + 1}: {model} profile, {hosts} one-worker jobs at once "
+                              f"({time.time() - t0:.0f} s)", flush=True)
                 for rate in rates:
                     for h in range(hosts):
                         netns("link", str(h), "--rate", rate)
@@ -317,6 +337,8 @@ def main():
                                 res["context"] = a.context
                             if a.profile and rate in links:
                                 res.update({"link_" + k: v for k, v in links[rate].items()})
+                            if system == "dtrain" and model in profiles:
+                                res["profile"] = profiles[model]
                             results.append(res)
                             log.write(json.dumps(res) + "\n")
                             log.flush()
@@ -326,14 +348,6 @@ def main():
                                   f"{res['seconds_per_step']:.2f} s/step{extra} ({time.time() - t0:.0f} s)",
                                   flush=True)
             netns("down")
-            if a.profile:
-                per_core = max(1, -(-hosts // ncores))
-                for model in models:
-                    batch = a.resnet_batch if model == "resnet50" else a.gpt_batch
-                    prof = profile_runs(a, model, per_core, profile_name(model, batch, per_core)[8:-5])
-                    for r in results:
-                        if r["model"] == model and r["hosts"] == hosts and r["system"] == "dtrain":
-                            r["profile"] = prof
     finally:
         netns("down", check=False)
     report(a, results, cpu, ncores)
@@ -355,8 +369,8 @@ def from_file(a, cpu, ncores):
     here = os.path.dirname(os.path.abspath(a.from_file))
     for r in results:
         if r["system"] == "dtrain" and "profile" not in r:
-            r["profile"] = os.path.join(here, profile_name(r["model"], r["batch_per_worker"],
-                                                           max(1, -(-r["hosts"] // ncores))))
+            r["profile"] = os.path.join(here, legacy_profile_name(r["model"], r["batch_per_worker"],
+                                                                  max(1, -(-r["hosts"] // ncores))))
     if a.simulate:
         netns("down", check=False)
         try:
@@ -404,23 +418,29 @@ def report(a, results, cpu, ncores):
           "DDP's step time over dtrain's; all-reduce s: per step, summed over gradient packs; hidden: the share "
           "of it that ran while backward was running (dtrain's timeline)")
     if a.simulate:
-        print(f"\nsimulated (dtrain-bench simulate: the one-worker profile + the links' measured all-reduce speed) "
-              f"against measured, dtrain:")
+        print(f"\nsimulated (dtrain-bench simulate: each run predicted from its round's profile + the links' "
+              f"measured all-reduce speed; medians) against measured, dtrain:")
         for k in keys:
             if k[3] != "dtrain":
                 continue
-            row = med[k]["rows"][0]
-            if "profile" not in row or "link_busbw_bytes_per_sec" not in row:
+            rows = [r for r in med[k]["rows"] if "profile" in r and "link_busbw_bytes_per_sec" in r
+                    and os.path.exists(r["profile"])]
+            if not rows:
                 continue
-            link = {k2[5:]: v for k2, v in row.items() if k2.startswith("link_")}
-            sim = simulate(a, row["profile"], k[1], link, ncores)
-            meas = med[k]["seconds_per_step"]
-            err = sim["seconds_per_step"] / meas - 1
-            print(f"  {k[0]:<9} {k[1]} hosts {k[2]:>7}: predicted {sim['seconds_per_step']:.2f} s/step, measured "
-                  f"{meas:.2f} ({100 * err:+.1f}%)")
+            preds = []
+            for row in rows:
+                link = {k2[5:]: v for k2, v in row.items() if k2.startswith("link_")}
+                preds.append(simulate(a, row["profile"], k[1], link, ncores)["seconds_per_step"])
+            pred = statistics.median(preds)
+            meas = statistics.median(r["seconds_per_step"] for r in rows)
+            err = pred / meas - 1
+            per_round = ", ".join(f"{p:.2f} vs {r['seconds_per_step']:.2f}" for p, r in zip(preds, rows))
+            print(f"  {k[0]:<9} {k[1]} hosts {k[2]:>7}: predicted {pred:.2f} s/step, measured {meas:.2f} "
+                  f"({100 * err:+.1f}%)" + (f"  [rounds: {per_round}]" if len(rows) > 1 else ""))
             if a.json:
                 print(json.dumps({"benchmark": "links_simulated", "model": k[0], "hosts": k[1], "rate": k[2],
-                                  "predicted": sim["seconds_per_step"], "measured": meas, "error": err}))
+                                  "predicted": pred, "measured": meas, "error": err,
+                                  "rounds": [[p, r["seconds_per_step"]] for p, r in zip(preds, rows)]}))
 
 
 if __name__ == "__main__":

@@ -193,5 +193,40 @@ TEST(CpuPool, KernelsNameAPaddingAsWideAsTheWindowAndAForeignWorkspace) {
   EXPECT_EQ(dx.shape(), x.shape());
 }
 
+// Through CpuKernels, as the ops reach it: the window, strides and the four paddings of
+// Pool2dParams must reach the loops as the definition reads them (the loop tests above take a
+// PoolGeometry directly), with and without the ReLU.
+TEST(CpuPool, KernelsPoolAsTheDefinition) {
+  Kernels& k = get_device(DeviceSpec::cpu(0)).kernels();
+  for (const bool relu : {false, true}) {
+    Pool2dParams p;
+    p.window_h = 3, p.window_w = 2, p.stride_h = 2, p.stride_w = 1;
+    p.pad_top = 1, p.pad_bottom = 2, p.pad_left = 0, p.pad_right = 1;
+    p.relu = relu;
+    const PoolGeometry g = geometry(2, 9, 7, 19, 3, 2, 2, 1, 1, 2, 0, 1);
+    SCOPED_TRACE(name(g) + (relu ? " then ReLU" : ""));
+    PoolGeometry gr = g;
+    gr.relu = relu;
+    const std::vector<float> xv = inputs(g, 11, true);
+    const Reference ref = reference_forward(gr, xv);
+    const Tensor x = Tensor::from_vector(xv, Shape{g.n, g.h, g.w, g.c});
+    Tensor ws;
+    const Tensor y = k.max_pool2d(x, p, &ws);
+    ASSERT_EQ(y.shape(), (Shape{g.n, g.oh, g.ow, g.c}));
+    const std::vector<float> yv = y.to_vector<float>();
+    for (size_t i = 0; i < yv.size(); ++i)
+      ASSERT_TRUE(same_bits(yv[i], ref.y[i])) << "y[" << i << "] " << yv[i] << " vs " << ref.y[i];
+    std::vector<float> dyv(yv.size());
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    for (float& v : dyv) v = u(rng);
+    const std::vector<float> want = reference_backward(gr, ref, dyv);
+    const Tensor dy = Tensor::from_vector(dyv, y.shape());
+    const std::vector<float> dx = k.max_pool2d_backward(dy, x, ws, p).to_vector<float>();
+    for (size_t i = 0; i < dx.size(); ++i)
+      ASSERT_TRUE(same_bits(dx[i], want[i])) << "dx[" << i << "] " << dx[i] << " vs " << want[i];
+  }
+}
+
 }  // namespace
 }  // namespace dtrain

@@ -21,8 +21,8 @@ the cores as the H-host runs place their workers (so what co-located workers cos
 caches and memory bandwidth, is in it); and the links' own all-reduce speed on each (H, rate)
 (dtrain-bench allreduce over the same hosts), with the CPU time a rank spends per byte it moves (on
 unshaped links). --simulate: then predicts every dtrain run from its own round's profile and prints the
-median prediction against the median measured step. --from FILE: no training, the rows of an earlier links.jsonl (and the
-profiles beside it), the links measured again.
+median prediction against the median measured step. --from FILE: no training, the rows of an earlier
+links.jsonl (and the profiles beside it), the links measured again.
 
 Needs root (network namespaces); the peers' interpreter is build/peers-venv/bin/python
 (bench/peers/setup.sh). Files go to --out (default build/links): links.jsonl (one object per run),

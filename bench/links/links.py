@@ -423,8 +423,12 @@ def report(a, results, cpu, ncores):
         for k in keys:
             if k[3] != "dtrain":
                 continue
-            rows = [r for r in med[k]["rows"] if "profile" in r and "link_busbw_bytes_per_sec" in r
-                    and os.path.exists(r["profile"])]
+            rows = [r for r in med[k]["rows"] if "profile" in r and "link_busbw_bytes_per_sec" in r]
+            missing = sorted({r["profile"] for r in rows if not os.path.exists(r["profile"])})
+            if missing:
+                print(f"  {k[0]:<9} {k[1]} hosts {k[2]:>7}: not predicted, no profile at {', '.join(missing)} "
+                      f"(run with --profile; --from reads the profiles beside links.jsonl)")
+                continue
             if not rows:
                 continue
             preds = []

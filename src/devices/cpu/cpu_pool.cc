@@ -173,6 +173,7 @@ __attribute__((target("avx512f"))) void forward_row_avx512(const PoolGeometry& g
 // v rounded to the nearest bfloat16, as round_to_bf16 (ties to even; a NaN to the quiet NaN).
 __attribute__((target("avx512f"))) inline __m512 rounded_to_bf16(__m512 v) {
   const __m512i x = _mm512_castps_si512(v);
+  // (maskz with every lane set is srli itself: GCC 12's srli warns of its undefined pass-through.)
   const __m512i lsb = _mm512_and_si512(
       _mm512_maskz_srli_epi32(static_cast<__mmask16>(0xFFFF), x, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)), lsb);

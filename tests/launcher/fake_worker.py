@@ -28,6 +28,9 @@ def main():
     p.add_argument("--wait-files", default="",
                    help="then wait (<= 20 s) for these files in the report dir (comma-separated)")
     p.add_argument("--wait-files-tasks", default="", help="only these tasks wait for --wait-files")
+    p.add_argument("--wait-reaped", default="",
+                   help="then wait (<= 20 s) until the launcher has reaped these tasks (their "
+                        "reported pids are gone), so it has seen their exits before this task's")
     p.add_argument("--restarted-exit0", action="store_true",
                    help="a restarted start (n >= 1) reports, prints and exits 0")
     p.add_argument("--grandchild", action="store_true", help="start a `sleep` in the same group")
@@ -42,6 +45,17 @@ def main():
     args, rest = p.parse_known_args()
 
     task = os.environ.get("DTRAIN_TASK", "?")
+
+    def pid_alive(other):
+        """True until `other`'s reported process is reaped (a zombie still answers signal 0)."""
+        try:
+            with open(os.path.join(args.report_dir, f"{other}.json")) as f:
+                os.kill(json.load(f)["pid"], 0)
+        except ProcessLookupError:
+            return False
+        except (OSError, ValueError, KeyError):
+            pass  # no report yet: keep waiting (bounded by the caller's deadline)
+        return True
     grandchild = None
     if args.grandchild:
         grandchild = subprocess.Popen(["sleep", "60"])
@@ -112,6 +126,12 @@ def main():
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not all(
                 os.path.exists(os.path.join(args.report_dir, f)) for f in files):
+            time.sleep(0.02)
+
+    reaped = [t for t in args.wait_reaped.split(",") if t and t != task]
+    if reaped and (not args.wait_files_tasks or task in args.wait_files_tasks.split(",")):
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(pid_alive(t) for t in reaped):
             time.sleep(0.02)
 
     if task == args.fail_task:

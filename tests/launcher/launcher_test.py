@@ -411,7 +411,8 @@ class PsJob(LauncherCase):
             ["-np", "2", "--ps", "1", "--evaluator", "--restart-workers", "1"],
             self.fake("--fail-task", "evaluator:0", "--fail-code", "7", "--sleep", "60",
                       "--sleep-tasks", "ps:0", "--wait-files", "evaluator:0.failed",
-                      "--wait-files-tasks", "worker:0,worker:1"), timeout=40)
+                      "--wait-reaped", "evaluator:0", "--wait-files-tasks", "worker:0,worker:1"),
+            timeout=40)
         self.assertEqual(status, 0, err)
         self.assertIn("dtrain-run: evaluator:0 exited with status 7; the parameter-server job "
                       "continues without it\n", err)  # evaluators are not restarted

@@ -122,8 +122,10 @@ std::vector<float> wave(size_t n, float f) {
 // pass reads the bfloat16 copy ops::conv2d keeps of x, and both backward kernels one bfloat16
 // copy of the incoming gradient. Forward and both gradients equal float32 on the rounded operands
 // (the same products, accumulated in float32), for a 3x3 and a 1x1 convolution (the latter's
-// backward passes run as matrix products), with and without a bias (which keeps dy float32), and
-// for a 3x3 layer of 3 input channels, which runs float32 kernels on the rounded operands.
+// backward passes run as matrix products), with and without a bias (which keeps dy float32), a
+// 1x1 at strides 2 and 3 on bfloat16 kernels (the rows it reads gathered for a matrix product;
+// the float32 reference runs the convolution primitives), and for a 3x3 layer of 3 input
+// channels, which runs float32 kernels on the rounded operands.
 TEST(CpuBf16, ConvolutionsReadBfloat16CopiesOfTheirInputAndGradient) {
   auto rounded = [](std::vector<float> v) {
     for (float& f : v) f = bf16_to_float(float_to_bf16(f));
@@ -133,10 +135,13 @@ TEST(CpuBf16, ConvolutionsReadBfloat16CopiesOfTheirInputAndGradient) {
     int64_t k;
     bool bias;
     int64_t cin;
+    int stride = 1;
+    int64_t h = 6, w = 6;
   };
-  for (const Case c :
-       {Case{3, false, 16}, Case{1, false, 16}, Case{1, true, 16}, Case{3, false, 3}}) {
-    const Shape xs{2, 6, 6, c.cin}, ws{c.k, c.k, c.cin, 32};
+  for (const Case c : {Case{3, false, 16}, Case{1, false, 16}, Case{1, true, 16},
+                       Case{1, false, 32, 2}, Case{1, true, 32, 2, 7, 5},
+                       Case{1, false, 32, 3, 7, 8}, Case{3, false, 3}}) {
+    const Shape xs{2, c.h, c.w, c.cin}, ws{c.k, c.k, c.cin, 32};
     const auto xv = wave(static_cast<size_t>(xs.numel()), 0.37f),
                wv = wave(static_cast<size_t>(ws.numel()), 0.91f), bv = wave(32, 0.5f);
     auto run = [&](const std::vector<float>& x_values, const std::vector<float>& w_values,
@@ -146,14 +151,14 @@ TEST(CpuBf16, ConvolutionsReadBfloat16CopiesOfTheirInputAndGradient) {
       GradientTape tape;
       tape.watch(x);
       tape.watch(w);
-      const Tensor y = ops::conv2d(x, w, b, 1, 1, ops::Padding::kValid);
+      const Tensor y = ops::conv2d(x, w, b, c.stride, c.stride, ops::Padding::kValid);
       const Tensor g = Tensor::from_vector(g_values, y.shape());
       const auto grads = tape.gradient(ops::sum(ops::mul(y, g)), {x, w});
       return std::vector<std::vector<float>>{y.to_vector<float>(), grads[0].to_vector<float>(),
                                              grads[1].to_vector<float>()};
     };
-    const int64_t oh = 6 - c.k + 1;
-    const auto gv = wave(static_cast<size_t>(2 * oh * oh * 32), 1.3f);
+    const int64_t oh = (c.h - c.k) / c.stride + 1, ow = (c.w - c.k) / c.stride + 1;
+    const auto gv = wave(static_cast<size_t>(2 * oh * ow * 32), 1.3f);
     const auto reference = run(rounded(xv), rounded(wv), rounded(gv));
     std::vector<std::vector<float>> mixed;
     {
@@ -169,7 +174,9 @@ TEST(CpuBf16, ConvolutionsReadBfloat16CopiesOfTheirInputAndGradient) {
       }
       // (The product's y is not rounded: its output stays float32.)
       EXPECT_LE(diff, 2e-6 * scale) << what[k] << ", " << c.k << "x" << c.k << ", " << c.cin
-                                    << " channels" << (c.bias ? ", with a bias" : "");
+                                    << " channels, stride " << c.stride << ", " << c.h << "x"
+                                    << c.w
+                                    << (c.bias ? ", with a bias" : "");
     }
   }
 }

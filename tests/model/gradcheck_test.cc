@@ -126,7 +126,8 @@ TEST_F(GradCheck, Conv2dValidSameStrided) {
                         // 1x1, stride 1: the CPU's backward passes are matrix products
                         Case{{2, 3, 4, 5}, {1, 1, 5, 3}, 1, ops::Padding::kValid},
                         Case{{1, 4, 3, 2}, {1, 1, 2, 6}, 1, ops::Padding::kSame},
-                        // 1x1, stride 2: the convolution primitives
+                        // 1x1, strided: the convolution primitives in float32 (matrix products
+                        // on the rows it reads on bfloat16 kernels: cpu_bf16_test)
                         Case{{2, 5, 5, 3}, {1, 1, 3, 2}, 2, ops::Padding::kValid}}) {
     check_gradients(
         [&c](const V& x) { return ops::conv2d(x[0], x[1], x[2], c.stride, c.stride, c.pad); },

@@ -2,12 +2,45 @@
 // users pass and what oneDNN's brgemm kernels read without a reorder); filters are stored HWIO and
 // reordered into the primitive's preferred blocked layout per call (a few KB, so cheaper than
 // keeping a second copy in sync with the optimizer).
+#include <cstring>
 #include <string>
 
 #include "devices/cpu/cpu_conv_prims.h"
 #include "dtrain/core/precision.h"
 
 namespace dtrain::cpu {
+namespace {
+
+// Copies between an NHWC tensor's positions x[:, ::sh, ::sw, :] and dense rows [N*Ho*Wo, C] (the
+// matmul's operand), one C-element row a position, in either direction (`gather`: x -> rows).
+// (oneDNN's reorder would take a strided view only where Ho*sh <= H and Wo*sw <= W.)
+void sampled_rows_copy(const Shape& x, int64_t oh, int64_t ow, int sh, int sw, size_t elem,
+                       char* xp, char* rows, bool gather, int threads) {
+  const int64_t n = x[0], h = x[1], w = x[2];
+  const size_t row = static_cast<size_t>(x[3]) * elem;
+  // Row r of the result lies at image r / oh, output row r % oh: at x row (r % oh) * sh.
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+  for (int64_t r = 0; r < n * oh; ++r) {
+    char* from = xp + static_cast<size_t>((r / oh) * h + (r % oh) * sh) * w * row;
+    char* to = rows + static_cast<size_t>(r * ow) * row;
+    for (int64_t j = 0; j < ow; ++j, from += sw * row, to += row) {
+      if (gather)
+        std::memcpy(to, from, row);
+      else
+        std::memcpy(from, to, row);
+    }
+  }
+}
+
+void require_dy_shape(const char* op, const Tensor& dy, const ConvShapes& s, const Shape& x) {
+  const Shape want{s.dst[0], s.dst[2], s.dst[3], s.dst[1]};
+  if (dy.shape() != want)
+    throw InvalidArgument(std::string(op) + ": dy is " + dy.shape().to_string() +
+                          ", but the convolution of " + x.to_string() + " gives " +
+                          want.to_string());
+}
+
+}  // namespace
 
 Tensor CpuKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                           const Conv2dParams& p) {
@@ -38,10 +71,19 @@ Tensor CpuKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, cons
                                          const Conv2dParams& p) {
   require_f32_or_kept_bf16(dy, "conv2d_backward_input", "dy");
   const ConvShapes s = conv_shapes(x_shape, w.shape(), p);
+  require_dy_shape("conv2d_backward_input", dy, s, x_shape);
   if (conv_as_gemm(w.shape(), p) && x_shape.numel() > 0) {  // dx = dy w^T
     const int64_t cin = w.shape()[2], cout = w.shape()[3];
-    return matmul(dy.view(Shape{dy.numel() / cout, cout}), w.view(Shape{cin, cout}), false, true)
-        .view(x_shape);
+    Tensor rows =
+        matmul(dy.view(Shape{dy.numel() / cout, cout}), w.view(Shape{cin, cout}), false, true);
+    if (p.stride_h == 1 && p.stride_w == 1) return rows.view(x_shape);
+    // Strided: the rows are dx[:, ::sh, ::sw, :]; the positions between them read nothing.
+    Tensor dx = Tensor::empty(x_shape, DType::kFloat32, spec_);
+    fill(dx, 0.f);
+    sampled_rows_copy(x_shape, s.dst[2], s.dst[3], p.stride_h, p.stride_w, sizeof(float),
+                      static_cast<char*>(dx.raw_data()), static_cast<char*>(rows.raw_data()),
+                      /*gather=*/false, state_->threads);
+    return dx;
   }
   Tensor dx = Tensor::empty(x_shape, DType::kFloat32, spec_);
   if (dx.numel() == 0) return dx;
@@ -73,11 +115,20 @@ Tensor CpuKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, con
         "; pass the float32 gradient (ops::conv2d keeps no bfloat16 copy of dy for a layer with "
         "a bias), or want_bias=false and sum the bias's gradient apart");
   const ConvShapes s = conv_shapes(x.shape(), w_shape, p);
+  require_dy_shape("conv2d_backward_filter", dy, s, x.shape());
   if (conv_as_gemm(w_shape, p) && x.numel() > 0 && dy.numel() > 0) {  // dw = x^T dy, db = sum dy
     const int64_t cin = w_shape[2], cout = w_shape[3];
     const Tensor rows = dy.view(Shape{dy.numel() / cout, cout});
     if (want_bias) *db = reduce(ReductionKind::kSum, rows, {0}, false);
-    return matmul(x.view(Shape{x.numel() / cin, cin}), rows, true, false).view(w_shape);
+    if (p.stride_h == 1 && p.stride_w == 1)
+      return matmul(x.view(Shape{x.numel() / cin, cin}), rows, true, false).view(w_shape);
+    // Strided: the rows it reads, x[:, ::sh, ::sw, :], gathered (in x's type: float32, or the
+    // bfloat16 copy the op kept).
+    Tensor xs = Tensor::empty(Shape{dy.numel() / cout, cin}, x.dtype(), spec_);
+    sampled_rows_copy(x.shape(), s.dst[2], s.dst[3], p.stride_h, p.stride_w, dtype_size(x.dtype()),
+                      static_cast<char*>(x.raw_data()),
+                      static_cast<char*>(xs.raw_data()), /*gather=*/true, state_->threads);
+    return matmul(xs, rows, true, false).view(w_shape);
   }
   Tensor dw = Tensor::empty(w_shape, DType::kFloat32, spec_);
   if (want_bias) *db = Tensor::empty(Shape{s.wei[0]}, DType::kFloat32, spec_);

@@ -226,19 +226,30 @@ ConvShapes checked_conv_shapes(const char* op, const Tensor& x, const Tensor& w,
   return s;
 }
 
-// A 1x1 convolution with stride 1 and no padding on channels-last data is a matrix product over
-// the N H W rows: y[NHW, Cout] = x[NHW, Cin] w[Cin, Cout] (the HWIO filter's memory as it is). Its
-// forward pass already runs oneDNN's brgemm convolution, but oneDNN 2.6 runs the two backward
-// passes on its older jit_1x1 kernels at about half their speed; as matrix products they run on the
-// matmul primitive. (ResNet-50's 1x1 convolutions: most of its backward time.)
-// DTRAIN_CPU_CONV_GEMM=0 keeps them on the convolution primitives, for comparisons.
+// A 1x1 convolution without padding on channels-last data is a matrix product over the N H W rows
+// it reads: y[NHW, Cout] = x[NHW, Cin] w[Cin, Cout] (the HWIO filter's memory as it is); with a
+// stride, over the rows x[:, ::sh, ::sw, :]. Its forward pass already runs oneDNN's brgemm
+// convolution, but oneDNN 2.6 runs the two backward passes on older kernels. At stride 1 its
+// jit_1x1 ones run at about half the matmul's speed, so these run as matrix products always.
+// Strided (ResNet-50's downsampling convolutions), on the bfloat16 kernels of a Xeon with AMX, its
+// jit_avx512_core_amx ones ran at 36-90 GFLOP/s where the matmul runs the same products at
+// 150-200 (the rows gathered first, dx's rows scattered after): ResNet-50's whole step 11% faster
+// under mixed bfloat16. On float32 kernels the strided convolution primitives are as fast or faster
+// (the step 4% slower as products), so there they stay. (ResNet-50's 1x1 convolutions: most of
+// its backward time.)
+// DTRAIN_CPU_CONV_GEMM=0 keeps them all on the convolution primitives, =unstrided the strided
+// ones, for comparisons.
 bool conv_as_gemm(const Shape& w, const Conv2dParams& p) {
-  static const bool on = [] {
+  static const int mode = [] {  // 0: none, 1: stride 1 only, 2: strided too, on bfloat16 kernels
     const char* v = std::getenv("DTRAIN_CPU_CONV_GEMM");
-    return !(v && std::string(v) == "0");
+    const std::string s = v ? v : "";
+    return s == "0" ? 0 : s == "unstrided" ? 1 : 2;
   }();
-  return on && w[0] == 1 && w[1] == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_top == 0 &&
-         p.pad_bottom == 0 && p.pad_left == 0 && p.pad_right == 0;
+  if (mode == 0 || w[0] != 1 || w[1] != 1 || p.pad_top != 0 || p.pad_bottom != 0 ||
+      p.pad_left != 0 || p.pad_right != 0)
+    return false;
+  if (p.stride_h == 1 && p.stride_w == 1) return true;
+  return mode == 2 && mixed_bf16() && bf16_kernels_native() && w[2] >= kBf16MinReduction;
 }
 
 }  // namespace dtrain::cpu

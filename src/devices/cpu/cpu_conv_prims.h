@@ -91,12 +91,11 @@ bool conv_reads_bf16(const ConvShapes& s, bool mixed);
 ConvShapes checked_conv_shapes(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias,
                                const Conv2dParams& p, bool x_may_be_kept = false);
 
-// A 1x1 convolution with stride 1 and no padding on channels-last data is a matrix product over
-// the N H W rows: y[NHW, Cout] = x[NHW, Cin] w[Cin, Cout] (the HWIO filter's memory as it is). Its
-// forward pass already runs oneDNN's brgemm convolution, but oneDNN 2.6 runs the two backward
-// passes on its older jit_1x1 kernels at about half their speed; as matrix products they run on the
-// matmul primitive. (ResNet-50's 1x1 convolutions: most of its backward time.)
-// DTRAIN_CPU_CONV_GEMM=0 keeps them on the convolution primitives, for comparisons.
+// Whether a convolution with filter w [KH,KW,Cin,Cout] runs its two backward passes as matrix
+// products (cpu_conv_prims.cc says why): 1x1 filters without padding, at stride 1, and strided
+// where the convolution runs oneDNN's bfloat16 kernels (mixed_bfloat16, native kernels, Cin at
+// least kBf16MinReduction). DTRAIN_CPU_CONV_GEMM=0 keeps them all on the convolution primitives,
+// =unstrided the strided ones, for comparisons.
 bool conv_as_gemm(const Shape& w, const Conv2dParams& p);
 
 }  // namespace dtrain::cpu

@@ -201,25 +201,24 @@ Tensor dropout(const Tensor& x, float rate, bool training, uint64_t seed, uint64
 namespace {
 // Batch norm's input. Under mixed_bfloat16 it is rounded to bfloat16 in the forward pass (Keras's
 // convolution before it outputs bfloat16) and the backward pass reads the same values: `kept`, a
-// bfloat16 copy, or under an outer tape (which differentiates the backward pass) the rounded
-// float32 values, with `outer` = x so that that tape still sees the backward pass read x.
+// bfloat16 copy (which the CPU's kernels read as it is, both ways), or under an outer tape (which
+// differentiates the backward pass) the rounded float32 values, with `outer` = x so that that tape
+// still sees the backward pass read x.
 struct BatchNormInput {
   Tensor x;      // what the forward pass normalizes
-  Tensor kept;   // what the backward pass reads (kept_value(kept))
+  Tensor kept;   // what the backward pass reads (bfloat16 under the policy on the CPU)
   Tensor outer;  // x under an outer tape, else undefined
 };
 BatchNormInput batch_norm_input(const Tensor& x, const Tensor& gamma, const Tensor& beta) {
   BatchNormInput in;
   const int tapes = tape::recording_tapes({&x, &gamma, &beta});
-  if (tapes == 1) {
-    in.kept = keep_for_backward(x);
-    in.x = kept_value(in.kept);
-    // Devices that keep float32 (GPUs) return x itself: round it all the same.
-    if (in.kept.id() == x.id()) in.x = in.kept = rounded_under_policy(x);
-  } else {
-    in.x = in.kept = rounded_under_policy(x);
-    if (tapes > 1) in.outer = x;
-  }
+  // (With no tape or an outer one, a copy of its own, so that the kernels read the same values
+  // the same way whatever records.)
+  in.kept = tapes == 1 ? keep_for_backward(x) : kernel_copy(x);
+  if (tapes > 1) in.outer = x;
+  // Devices that keep float32 (GPUs) return x itself: round it all the same.
+  if (in.kept.id() == x.id()) in.kept = rounded_under_policy(x);
+  in.x = in.kept;
   return in;
 }
 }  // namespace
@@ -235,8 +234,8 @@ Tensor batch_norm_training(const Tensor& x, const Tensor& gamma, const Tensor& b
                  [kept = in.kept, outer = in.outer, gamma, mean = f.mean, var = f.var,
                   eps](const std::vector<Tensor>& g) -> std::vector<Tensor> {
                    // (not f: its output y need not live until the backward pass)
-                   BatchNormBackward b = kernels_for(gamma).batch_norm_backward(
-                       g[0], kept_value(kept), gamma, mean, var, eps);
+                   BatchNormBackward b =
+                       kernels_for(gamma).batch_norm_backward(g[0], kept, gamma, mean, var, eps);
                    const Tensor& read = outer.defined() ? outer : kept;
                    if (tape::should_record({&g[0], &read, &gamma}))
                      tape::record_nondifferentiable("batch_norm_grad", {g[0], read, gamma},
@@ -259,7 +258,7 @@ Tensor batch_norm_relu_training(const Tensor& x, const Tensor& gamma, const Tens
                  [kept = in.kept, outer = in.outer, gamma, mean = f.mean, var = f.var, eps,
                   mask](const std::vector<Tensor>& g) -> std::vector<Tensor> {
                    BatchNormBackward b = kernels_for(gamma).batch_norm_relu_backward(
-                       g[0], kept_value(kept), gamma, mean, var, eps, mask);
+                       g[0], kept, gamma, mean, var, eps, mask);
                    const Tensor& read = outer.defined() ? outer : kept;
                    if (tape::should_record({&g[0], &read, &gamma}))
                      tape::record_nondifferentiable("batch_norm_relu_grad", {g[0], read, gamma},

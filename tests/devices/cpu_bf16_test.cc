@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "devices/cpu/cpu_conv_prims.h"
+#include "devices/cpu/cpu_kernels.h"
 #include "devices/cpu/dnnl_util.h"
 #include "dtrain/core/dtype.h"
 #include "dtrain/core/error.h"
@@ -138,9 +139,9 @@ TEST(CpuBf16, ConvolutionsReadBfloat16CopiesOfTheirInputAndGradient) {
     int stride = 1;
     int64_t h = 6, w = 6;
   };
-  for (const Case c : {Case{3, false, 16}, Case{1, false, 16}, Case{1, true, 16},
-                       Case{1, false, 32, 2}, Case{1, true, 32, 2, 7, 5},
-                       Case{1, false, 32, 3, 7, 8}, Case{3, false, 3}}) {
+  for (const Case c :
+       {Case{3, false, 16}, Case{1, false, 16}, Case{1, true, 16}, Case{1, false, 32, 2},
+        Case{1, true, 32, 2, 7, 5}, Case{1, false, 32, 3, 7, 8}, Case{3, false, 3}}) {
     const Shape xs{2, c.h, c.w, c.cin}, ws{c.k, c.k, c.cin, 32};
     const auto xv = wave(static_cast<size_t>(xs.numel()), 0.37f),
                wv = wave(static_cast<size_t>(ws.numel()), 0.91f), bv = wave(32, 0.5f);
@@ -173,10 +174,9 @@ TEST(CpuBf16, ConvolutionsReadBfloat16CopiesOfTheirInputAndGradient) {
         diff = std::max(diff, std::abs(static_cast<double>(mixed[k][i]) - reference[k][i]));
       }
       // (The product's y is not rounded: its output stays float32.)
-      EXPECT_LE(diff, 2e-6 * scale) << what[k] << ", " << c.k << "x" << c.k << ", " << c.cin
-                                    << " channels, stride " << c.stride << ", " << c.h << "x"
-                                    << c.w
-                                    << (c.bias ? ", with a bias" : "");
+      EXPECT_LE(diff, 2e-6 * scale)
+          << what[k] << ", " << c.k << "x" << c.k << ", " << c.cin << " channels, stride "
+          << c.stride << ", " << c.h << "x" << c.w << (c.bias ? ", with a bias" : "");
     }
   }
 }
@@ -263,6 +263,81 @@ TEST(CpuBf16, FusedConvPoolInChunksRoundsTheGradientItsKernelsRead) {
       err = std::max(err, std::abs(static_cast<double>(f[j]) - a[j]));
     }
     EXPECT_LT(err / scale, 1e-5) << (i == 2 ? "dw" : "db");
+  }
+}
+
+// Batch norm in training on the bfloat16 copy ops keep (the CPU's own loops) against oneDNN's
+// float32 kernels on the same values, rounded: forward (with and without ReLU), mean, variance and
+// the three gradients agree to float32's rounding of the sums. With ReLU the backward pass finds
+// the zeros where the forward pass put them (dy = 1: dbeta counts the positive outputs exactly),
+// and 2 threads give what 1 gives, bit for bit. 40 channels (not a multiple of a vector), 286 rows
+// (blocks of 128, the last partial), a mean far from 0.
+TEST(CpuBf16, BatchNormReadsTheBfloat16CopyAsFloat32ReadsTheRoundedValues) {
+  const Shape xs{2, 13, 11, 40};
+  const int64_t c = 40, m = xs.numel() / c;
+  std::vector<float> xv = wave(static_cast<size_t>(xs.numel()), 0.37f);
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = 3.f + 0.5f * xv[i] + 0.01f * (i % 40);
+  for (float& v : xv) v = bf16_to_float(float_to_bf16(v));
+  const Tensor x = Tensor::from_vector(xv, xs);
+  std::vector<float> gv = wave(40, 0.9f), bv = wave(40, 1.7f);
+  for (float& v : gv) v = 1.f + 0.5f * v;  // (every channel then has outputs either side of 0)
+  for (float& v : bv) v *= 0.2f;
+  const Tensor gamma = Tensor::from_vector(gv, Shape{c}), beta = Tensor::from_vector(bv, Shape{c}),
+               dy = Tensor::from_vector(wave(static_cast<size_t>(xs.numel()), 1.3f), xs);
+  cpu::CpuKernels one(DeviceSpec::cpu(0), 1), two(DeviceSpec::cpu(0), 2);
+  const auto close = [](const Tensor& got, const Tensor& want, double tol, const char* what) {
+    const auto g = got.to_vector<float>(), w = want.to_vector<float>();
+    ASSERT_EQ(g.size(), w.size()) << what;
+    double scale = 0, err = 0;
+    for (size_t i = 0; i < w.size(); ++i) {
+      scale = std::max(scale, std::abs(static_cast<double>(w[i])));
+      err = std::max(err, std::abs(static_cast<double>(g[i]) - w[i]));
+    }
+    EXPECT_LE(err, tol * scale) << what << ": largest error " << err << " against " << scale;
+  };
+  for (const bool relu : {false, true}) {
+    SCOPED_TRACE(relu ? "with ReLU" : "without ReLU");
+    Tensor ref_mask, mask, mask2;
+    const BatchNormForward ref =
+        relu ? one.batch_norm_relu_training(x, gamma, beta, 1e-3f, &ref_mask)
+             : one.batch_norm_training(x, gamma, beta, 1e-3f);
+    MixedBf16 policy;
+    const Tensor x16 = one.cast(x, DType::kBFloat16);
+    const BatchNormForward f = relu ? one.batch_norm_relu_training(x16, gamma, beta, 1e-3f, &mask)
+                                    : one.batch_norm_training(x16, gamma, beta, 1e-3f);
+    const BatchNormForward f2 = relu ? two.batch_norm_relu_training(x16, gamma, beta, 1e-3f, &mask2)
+                                     : two.batch_norm_training(x16, gamma, beta, 1e-3f);
+    close(f.y, ref.y, 2e-5, "y");
+    close(f.mean, ref.mean, 1e-6, "mean");
+    close(f.var, ref.var, 1e-5, "var");
+    const auto bwd = [&](cpu::CpuKernels& k, const Tensor& xk, const Tensor& g,
+                         const BatchNormForward& fk, const Tensor& mk) {
+      return relu ? k.batch_norm_relu_backward(g, xk, gamma, fk.mean, fk.var, 1e-3f, mk)
+                  : k.batch_norm_backward(g, xk, gamma, fk.mean, fk.var, 1e-3f);
+    };
+    const BatchNormBackward rb = bwd(one, x, dy, ref, ref_mask), b = bwd(one, x16, dy, f, mask),
+                            b2 = bwd(two, x16, dy, f2, mask2);
+    close(b.dx, rb.dx, 1e-4, "dx");
+    close(b.dgamma, rb.dgamma, 1e-4, "dgamma");
+    close(b.dbeta, rb.dbeta, 1e-5, "dbeta");
+    for (const auto& [a, z] : {std::pair{f.y, f2.y},
+                               {f.mean, f2.mean},
+                               {f.var, f2.var},
+                               {b.dx, b2.dx},
+                               {b.dgamma, b2.dgamma},
+                               {b.dbeta, b2.dbeta}})
+      EXPECT_EQ(a.to_vector<float>(), z.to_vector<float>()) << "1 thread against 2";
+    if (!relu) continue;
+    const Tensor ones = Tensor::from_vector(std::vector<float>(xv.size(), 1.f), xs);
+    const auto counted = bwd(one, x16, ones, f, mask).dbeta.to_vector<float>();
+    const auto y = f.y.to_vector<float>();
+    std::vector<float> positive(static_cast<size_t>(c), 0.f);
+    for (size_t i = 0; i < y.size(); ++i) positive[i % 40] += y[i] > 0.f ? 1.f : 0.f;
+    EXPECT_EQ(counted, positive);
+    EXPECT_GT(*std::min_element(positive.begin(), positive.end()), 0.f);
+    EXPECT_LT(*std::max_element(positive.begin(), positive.end()), static_cast<float>(m));
+    EXPECT_THROW(one.batch_norm_relu_backward(dy, x16, gamma, f.mean, f.var, 1e-3f, ref_mask),
+                 InvalidArgument);  // oneDNN's bitmask for a float32 x, not this x's [2, C]
   }
 }
 

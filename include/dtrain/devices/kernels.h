@@ -192,7 +192,8 @@ class DTRAIN_API Kernels {
   // Elementwise keep-mask scaled by 1/(1-rate): element i is kept iff
   // Philox(seed, stream).uniform(i) >= rate, so every device draws the same mask.
   virtual Tensor dropout_mask(const Shape& shape, float rate, uint64_t seed, uint64_t stream) = 0;
-  // Channels-last batch norm over all but the last axis.
+  // Channels-last batch norm over all but the last axis. Under mixed_bfloat16, on devices whose
+  // ops keep bfloat16 copies (the CPU), the training passes' x may be such a copy.
   virtual BatchNormForward batch_norm_training(const Tensor& x, const Tensor& gamma,
                                                const Tensor& beta, float epsilon) = 0;
   virtual Tensor batch_norm_inference(const Tensor& x, const Tensor& gamma, const Tensor& beta,

@@ -1,7 +1,13 @@
 // Batch normalization on oneDNN (training, with ReLU fused or not, inference, and their backward
-// passes), over channels-last data seen as rows x channels.
+// passes), over channels-last data seen as rows x channels; training on a bfloat16 input (the copy
+// ops keep under mixed_bfloat16) on loops of our own.
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
 #include <string>
 
+#include "devices/cpu/cpu_kernels.h"
 #include "devices/cpu/dnnl_util.h"
 
 namespace dtrain::cpu {
@@ -30,7 +36,247 @@ memory::desc bn_desc(const memory::dims& d) {
   return memory::desc({d[0], d[1], 1, 1}, dt::f32, tag::nhwc);
 }
 
+// --- Training on a bfloat16 input ---
+// Under mixed_bfloat16 batch norm normalizes its input rounded to bfloat16 (ops keep that copy for
+// the backward pass anyway). oneDNN 2.6 reads float32 here, so the copy was widened again for each
+// pass, and its forward kernel reads x three times (mean, variance, normalize): 28 bytes moved an
+// element forward, 26 backward, with the widening. These loops read the 2-byte copy: the forward
+// pass once for the sums and once to normalize (14 bytes with the copy's making), the backward
+// pass once for the sums and once for dx (16). Sums: float within blocks of kBnRows rows, of x less
+// the first row (so that a large mean does not cost the variance its digits), then the blocks in
+// double, in block order: the same result on any number of threads. Fused ReLU keeps no mask: the
+// backward pass computes each y again from x, the same way, and keeps dy where y > 0; relu_mask
+// holds the per-channel scale and shift ([2, C]) the forward pass used.
+constexpr int64_t kBnRows = 128;
+
+inline float widen(uint16_t v) { return std::bit_cast<float>(static_cast<uint32_t>(v) << 16); }
+
+// y before ReLU, as both passes compute it.
+__attribute__((always_inline)) inline float bn_y(float x, float mean, float scale, float beta) {
+  return (x - mean) * scale + beta;
+}
+
+// s[c] = sum of (x - first[c]), q[c] = sum of its squares, over `rows` rows.
+DTRAIN_TARGET_CLONES("avx512f", "avx2", "default")
+void bn_block_moments(const uint16_t* __restrict x, int64_t rows, int64_t c,
+                      const float* __restrict first, float* __restrict s, float* __restrict q) {
+  for (int64_t j = 0; j < c; ++j) s[j] = q[j] = 0.f;
+  for (int64_t r = 0; r < rows; ++r, x += c)
+    for (int64_t j = 0; j < c; ++j) {
+      const float d = widen(x[j]) - first[j];
+      s[j] += d;
+      q[j] += d * d;
+    }
+}
+
+template <bool kRelu>
+__attribute__((always_inline)) inline void bn_rows(const uint16_t* __restrict x, int64_t rows,
+                                                   int64_t c, const float* __restrict mean,
+                                                   const float* __restrict scale,
+                                                   const float* __restrict beta,
+                                                   float* __restrict y) {
+  for (int64_t r = 0; r < rows; ++r, x += c, y += c)
+    for (int64_t j = 0; j < c; ++j) {
+      const float v = bn_y(widen(x[j]), mean[j], scale[j], beta[j]);
+      y[j] = kRelu && v < 0.f ? 0.f : v;  // (a NaN stays NaN)
+    }
+}
+DTRAIN_TARGET_CLONES("avx512f", "avx2", "default")
+void bn_normalize_rows(const uint16_t* x, int64_t rows, int64_t c, const float* mean,
+                       const float* scale, const float* beta, float* y, bool relu) {
+  if (relu)
+    bn_rows<true>(x, rows, c, mean, scale, beta, y);
+  else
+    bn_rows<false>(x, rows, c, mean, scale, beta, y);
+}
+
+// g = dy (kept where y > 0 with ReLU): s[c] = sum of g, t[c] = sum of g (x - mean).
+template <bool kRelu>
+__attribute__((always_inline)) inline void bn_grad_sums(const uint16_t* __restrict x,
+                                                        const float* __restrict dy, int64_t rows,
+                                                        int64_t c, const float* __restrict mean,
+                                                        const float* __restrict scale,
+                                                        const float* __restrict beta,
+                                                        float* __restrict s, float* __restrict t) {
+  for (int64_t j = 0; j < c; ++j) s[j] = t[j] = 0.f;
+  for (int64_t r = 0; r < rows; ++r, x += c, dy += c)
+    for (int64_t j = 0; j < c; ++j) {
+      const float xv = widen(x[j]);
+      const float g = kRelu && !(bn_y(xv, mean[j], scale[j], beta[j]) > 0.f) ? 0.f : dy[j];
+      s[j] += g;
+      t[j] += g * (xv - mean[j]);
+    }
+}
+DTRAIN_TARGET_CLONES("avx512f", "avx2", "default")
+void bn_block_grad_sums(const uint16_t* x, const float* dy, int64_t rows, int64_t c,
+                        const float* mean, const float* scale, const float* beta, float* s,
+                        float* t, bool relu) {
+  if (relu)
+    bn_grad_sums<true>(x, dy, rows, c, mean, scale, beta, s, t);
+  else
+    bn_grad_sums<false>(x, dy, rows, c, mean, scale, beta, s, t);
+}
+
+// dx = scale g + (x - mean) p + q.
+template <bool kRelu>
+__attribute__((always_inline)) inline void bn_dx(
+    const uint16_t* __restrict x, const float* __restrict dy, int64_t rows, int64_t c,
+    const float* __restrict mean, const float* __restrict scale, const float* __restrict beta,
+    const float* __restrict p, const float* __restrict q, float* __restrict dx) {
+  for (int64_t r = 0; r < rows; ++r, x += c, dy += c, dx += c)
+    for (int64_t j = 0; j < c; ++j) {
+      const float xv = widen(x[j]);
+      const float g = kRelu && !(bn_y(xv, mean[j], scale[j], beta[j]) > 0.f) ? 0.f : dy[j];
+      dx[j] = scale[j] * g + ((xv - mean[j]) * p[j] + q[j]);
+    }
+}
+DTRAIN_TARGET_CLONES("avx512f", "avx2", "default")
+void bn_dx_rows(const uint16_t* x, const float* dy, int64_t rows, int64_t c, const float* mean,
+                const float* scale, const float* beta, const float* p, const float* q, float* dx,
+                bool relu) {
+  if (relu)
+    bn_dx<true>(x, dy, rows, c, mean, scale, beta, p, q, dx);
+  else
+    bn_dx<false>(x, dy, rows, c, mean, scale, beta, p, q, dx);
+}
+
+// Sums over the row blocks of [m, c] data: `block` fills two [c] partials for rows [r0, r0 + n),
+// in parallel; then out0/out1 = their totals in double, in block order.
+template <class Block>
+void bn_sums(int64_t m, int64_t c, int threads, DeviceSpec spec, double* out0, double* out1,
+             Block block) {
+  const int64_t blocks = (m + kBnRows - 1) / kBnRows;
+  Tensor parts = Tensor::empty(Shape{blocks, 2, c}, DType::kFloat32, spec);
+  float* pp = static_cast<float*>(parts.raw_data());
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+  for (int64_t b = 0; b < blocks; ++b)
+    block(b * kBnRows, std::min(kBnRows, m - b * kBnRows), pp + b * 2 * c, pp + (b * 2 + 1) * c);
+  for (int64_t j = 0; j < c; ++j) out0[j] = out1[j] = 0;
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t j = 0; j < c; ++j) {
+      out0[j] += pp[b * 2 * c + j];
+      out1[j] += pp[(b * 2 + 1) * c + j];
+    }
+}
+
+// Row ranges of [m, c] data for `threads` threads, each a whole number of blocks.
+template <class Rows>
+void bn_parallel_rows(int64_t m, int threads, Rows rows) {
+  const int64_t blocks = (m + kBnRows - 1) / kBnRows;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+  for (int64_t b = 0; b < blocks; ++b) rows(b * kBnRows, std::min(kBnRows, m - b * kBnRows));
+}
+
 }  // namespace
+
+BatchNormForward CpuKernels::batch_norm_forward_bf16(const Tensor& x, const Tensor& gamma,
+                                                     const Tensor& beta, float eps,
+                                                     Tensor* relu_mask) {
+  const memory::dims d = bn_dims(x.shape());
+  const int64_t m = d[0], c = d[1];
+  BatchNormForward out{Tensor::empty(x.shape(), DType::kFloat32, spec_),
+                       Tensor::empty(Shape{c}, DType::kFloat32, spec_),
+                       Tensor::empty(Shape{c}, DType::kFloat32, spec_)};
+  // [2, c]: the scale gamma / sqrt(var + eps), then beta (what the backward pass computes y from).
+  Tensor coef = Tensor::empty(Shape{2, c}, DType::kFloat32, spec_);
+  if (relu_mask) *relu_mask = coef;
+  if (m == 0) {
+    fill(out.mean, 0.f);
+    fill(out.var, 0.f);
+    return out;
+  }
+  const uint16_t* xp = static_cast<const uint16_t*>(x.raw_data());
+  float* first = static_cast<float*>(out.var.raw_data());  // (overwritten below)
+  for (int64_t j = 0; j < c; ++j) first[j] = widen(xp[j]);
+  Tensor sums = Tensor::empty(Shape{2 * c}, DType::kFloat64, spec_);
+  double* s = static_cast<double*>(sums.raw_data());
+  double* q = s + c;
+  bn_sums(m, c, state_->threads, spec_, s, q, [&](int64_t r0, int64_t n, float* ps, float* pq) {
+    bn_block_moments(xp + r0 * c, n, c, first, ps, pq);
+  });
+  float* mean = static_cast<float*>(out.mean.raw_data());
+  float* var = static_cast<float*>(out.var.raw_data());
+  float* scale = static_cast<float*>(coef.raw_data());
+  float* shift = scale + c;
+  const float* g = static_cast<const float*>(gamma.raw_data());
+  const float* b = static_cast<const float*>(beta.raw_data());
+  for (int64_t j = 0; j < c; ++j) {
+    const double mu = s[j] / static_cast<double>(m);
+    const double v = std::max(q[j] / static_cast<double>(m) - mu * mu, 0.0);
+    mean[j] = static_cast<float>(first[j] + mu);  // (first is var's memory: read before written)
+    var[j] = static_cast<float>(v);
+    scale[j] = g[j] / std::sqrt(var[j] + eps);
+    shift[j] = b[j];
+  }
+  float* y = static_cast<float*>(out.y.raw_data());
+  const bool relu = relu_mask != nullptr;
+  bn_parallel_rows(m, state_->threads, [&](int64_t r0, int64_t n) {
+    bn_normalize_rows(xp + r0 * c, n, c, mean, scale, shift, y + r0 * c, relu);
+  });
+  return out;
+}
+
+BatchNormBackward CpuKernels::batch_norm_backward_bf16(const Tensor& dy, const Tensor& x,
+                                                       const Tensor& gamma, const Tensor& mean,
+                                                       const Tensor& var, float eps,
+                                                       const Tensor* relu_mask) {
+  const memory::dims d = bn_dims(x.shape());
+  const int64_t m = d[0], c = d[1];
+  if (dy.shape() != x.shape())
+    throw InvalidArgument("batch_norm_backward: dy is " + dy.shape().to_string() + ", x is " +
+                          x.shape().to_string());
+  if (relu_mask && relu_mask->shape() != Shape{2, c})
+    throw InvalidArgument("batch_norm_relu_backward: x is bfloat16, so the mask must be the [2, " +
+                          std::to_string(c) + "] batch_norm_relu_training wrote for it, got " +
+                          relu_mask->shape().to_string());
+  BatchNormBackward out{Tensor::empty(x.shape(), DType::kFloat32, spec_),
+                        Tensor::empty(Shape{c}, DType::kFloat32, spec_),
+                        Tensor::empty(Shape{c}, DType::kFloat32, spec_)};
+  if (m == 0) {
+    fill(out.dgamma, 0.f);
+    fill(out.dbeta, 0.f);
+    return out;
+  }
+  const uint16_t* xp = static_cast<const uint16_t*>(x.raw_data());
+  const float* dyp = static_cast<const float*>(dy.raw_data());
+  const float* mu = static_cast<const float*>(mean.raw_data());
+  const float* va = static_cast<const float*>(var.raw_data());
+  const float* g = static_cast<const float*>(gamma.raw_data());
+  // scale and beta: those of the forward pass (ReLU's zeros), else gamma / sqrt(var + eps).
+  Tensor coef = relu_mask ? *relu_mask : Tensor::empty(Shape{2, c}, DType::kFloat32, spec_);
+  float* scale = static_cast<float*>(coef.raw_data());
+  if (!relu_mask)
+    for (int64_t j = 0; j < c; ++j) scale[j] = g[j] / std::sqrt(va[j] + eps);
+  const float* beta = scale + c;
+  Tensor sums = Tensor::empty(Shape{2 * c}, DType::kFloat64, spec_);
+  double* s = static_cast<double*>(sums.raw_data());
+  double* t = s + c;
+  const bool relu = relu_mask != nullptr;
+  bn_sums(m, c, state_->threads, spec_, s, t, [&](int64_t r0, int64_t n, float* ps, float* pt) {
+    bn_block_grad_sums(xp + r0 * c, dyp + r0 * c, n, c, mu, scale, beta, ps, pt, relu);
+  });
+  // dbeta = sum g, dgamma = sum g xhat; dx = scale (g - dbeta/m - xhat dgamma/m), xhat = (x -
+  // mean) inv: dx = scale g + (x - mean) p + q with p = -scale inv dgamma / m, q = -scale dbeta /
+  // m.
+  Tensor pq = Tensor::empty(Shape{2, c}, DType::kFloat32, spec_);
+  float* p = static_cast<float*>(pq.raw_data());
+  float* q = p + c;
+  float* dgamma = static_cast<float*>(out.dgamma.raw_data());
+  float* dbeta = static_cast<float*>(out.dbeta.raw_data());
+  for (int64_t j = 0; j < c; ++j) {
+    const double inv = 1.0 / std::sqrt(static_cast<double>(va[j]) + eps);
+    const double dg = t[j] * inv;
+    dgamma[j] = static_cast<float>(dg);
+    dbeta[j] = static_cast<float>(s[j]);
+    p[j] = static_cast<float>(-scale[j] * inv * dg / static_cast<double>(m));
+    q[j] = static_cast<float>(-scale[j] * s[j] / static_cast<double>(m));
+  }
+  float* dx = static_cast<float*>(out.dx.raw_data());
+  bn_parallel_rows(m, state_->threads, [&](int64_t r0, int64_t n) {
+    bn_dx_rows(xp + r0 * c, dyp + r0 * c, n, c, mu, scale, beta, p, q, dx + r0 * c, relu);
+  });
+  return out;
+}
 
 BatchNormForward CpuKernels::batch_norm_training(const Tensor& x, const Tensor& gamma,
                                                  const Tensor& beta, float eps) {
@@ -47,7 +293,8 @@ BatchNormForward CpuKernels::batch_norm_relu_training(const Tensor& x, const Ten
 // workspace written there.
 BatchNormForward CpuKernels::batch_norm_forward(const Tensor& x, const Tensor& gamma,
                                                 const Tensor& beta, float eps, Tensor* relu_mask) {
-  require_f32(x, "batch_norm", "x");
+  require_f32_or_kept_bf16(x, "batch_norm", "x");
+  if (x.dtype() == DType::kBFloat16) return batch_norm_forward_bf16(x, gamma, beta, eps, relu_mask);
   const memory::dims d = bn_dims(x.shape());
   BatchNormForward out{Tensor::empty(x.shape(), DType::kFloat32, spec_),
                        Tensor::empty(Shape{d[1]}, DType::kFloat32, spec_),
@@ -136,6 +383,9 @@ BatchNormBackward CpuKernels::batch_norm_backward_impl(const Tensor& dy, const T
                                                        const Tensor& var, float eps,
                                                        const Tensor* relu_mask) {
   require_f32(dy, "batch_norm_backward", "dy");
+  require_f32_or_kept_bf16(x, "batch_norm_backward", "x");
+  if (x.dtype() == DType::kBFloat16)
+    return batch_norm_backward_bf16(dy, x, gamma, mean, var, eps, relu_mask);
   const memory::dims d = bn_dims(x.shape());
   BatchNormBackward out{Tensor::empty(x.shape(), DType::kFloat32, spec_),
                         Tensor::empty(Shape{d[1]}, DType::kFloat32, spec_),

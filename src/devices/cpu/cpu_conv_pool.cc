@@ -126,8 +126,8 @@ Tensor CpuKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, con
     // bfloat16 copy the op kept).
     Tensor xs = Tensor::empty(Shape{dy.numel() / cout, cin}, x.dtype(), spec_);
     sampled_rows_copy(x.shape(), s.dst[2], s.dst[3], p.stride_h, p.stride_w, dtype_size(x.dtype()),
-                      static_cast<char*>(x.raw_data()),
-                      static_cast<char*>(xs.raw_data()), /*gather=*/true, state_->threads);
+                      static_cast<char*>(x.raw_data()), static_cast<char*>(xs.raw_data()),
+                      /*gather=*/true, state_->threads);
     return matmul(xs, rows, true, false).view(w_shape);
   }
   Tensor dw = Tensor::empty(w_shape, DType::kFloat32, spec_);

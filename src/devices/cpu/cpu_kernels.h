@@ -100,6 +100,12 @@ class CpuKernels final : public Kernels {
   BatchNormBackward batch_norm_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                              const Tensor& mean, const Tensor& var, float eps,
                                              const Tensor* relu_mask);
+  // The same on a bfloat16 x (cpu_batch_norm.cc): loops of our own; relu_mask is then [2, C].
+  BatchNormForward batch_norm_forward_bf16(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                           float eps, Tensor* relu_mask);
+  BatchNormBackward batch_norm_backward_bf16(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                             const Tensor& mean, const Tensor& var, float eps,
+                                             const Tensor* relu_mask);
   DeviceSpec spec_;
   std::unique_ptr<State> state_;
 };

@@ -40,6 +40,4 @@ void forget_kept_copies();
 // device (keep_for_backward makes bfloat16 copies on CPU devices only). For what is rounded but
 // not kept (batch norm in inference, SyncBatchNorm, batch norm on a GPU); no copy is remembered.
 Tensor rounded_under_policy(const Tensor& x);
-// The float32 value of what keep_for_backward returned (a new tensor when it was a copy).
-Tensor kept_value(const Tensor& kept);
 }  // namespace dtrain::ops

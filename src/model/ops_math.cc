@@ -154,7 +154,7 @@ Tensor relu(const Tensor& x) {
   if (tape::should_record({&x})) {
     const Tensor kept = tape::recording_tapes({&x}) == 1 ? keep_for_backward(y) : y;
     tape::record("relu", {x}, {y}, [kept](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-      return {relu_grad(kept_value(kept), g[0])};
+      return {relu_grad(kept, g[0])};
     });
   }
   return y;
@@ -169,7 +169,7 @@ Tensor add_relu(const Tensor& a, const Tensor& b) {
     const Tensor kept = tape::recording_tapes({&a, &b}) == 1 ? keep_for_backward(y) : y;
     tape::record("add_relu", {a, b}, {y},
                  [kept](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-                   Tensor d = relu_grad(kept_value(kept), g[0]);
+                   Tensor d = relu_grad(kept, g[0]);
                    return {d, d};
                  });
   }

@@ -70,9 +70,4 @@ void forget_kept_copies() {
   for (Slot& s : t_slots) s = Slot{};
 }
 
-Tensor kept_value(const Tensor& kept) {
-  if (!kept.defined() || kept.dtype() != DType::kBFloat16) return kept;
-  return kernels_for(kept).cast(kept, DType::kFloat32);
-}
-
 }  // namespace dtrain::ops

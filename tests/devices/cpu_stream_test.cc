@@ -1,8 +1,9 @@
 // The CPU device's streaming-store passes (src/devices/cpu/cpu_stream.h: sums, residual sums with
 // their ReLU, ReLU gradients whose output is 4 MB or more) against the oneDNN primitives they
 // replace, bit for bit: random values with zeros of both signs, NaNs, infinities and denormals
-// mixed in, outputs at every alignment (the peeled head) and lengths that leave a tail. And through
-// the kernels of a one-thread device, at the size where the device takes them.
+// mixed in, outputs at every alignment (the peeled head) and lengths that leave a tail; the ReLU
+// gradient also on a bfloat16 y (the copy ops keep) against oneDNN on it widened. And through the
+// kernels of a one-thread device, at the size where the device takes them.
 #include "devices/cpu/cpu_stream.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "devices/cpu/dnnl_util.h"
+#include "dtrain/core/precision.h"
 #include "dtrain/devices/device.h"
 #include "dtrain/devices/kernels.h"
 
@@ -114,6 +116,20 @@ TEST(CpuStream, EveryPassEqualsItsOneDnnPrimitiveBitForBit) {
         stream_relu_grad(a.data(), b.data(), out, n, isa);
         onednn_relu_grad(a.data(), b.data(), want.data(), n);
         expect_same_bits(out, want.data(), n, "relu_grad");
+        // y as a bfloat16 copy: as oneDNN on the copy widened (a's top 16 bits: NaNs, infinities,
+        // zeros of both signs and a denormal survive the truncation).
+        std::vector<uint16_t> a16(static_cast<size_t>(n));
+        std::vector<float> a_wide(static_cast<size_t>(n));
+        for (size_t i = 0; i < a16.size(); ++i) {
+          uint32_t bits;
+          std::memcpy(&bits, &a[i], 4);
+          a16[i] = static_cast<uint16_t>(bits >> 16);
+          bits &= 0xFFFF0000u;
+          std::memcpy(&a_wide[i], &bits, 4);
+        }
+        stream_relu_grad(a16.data(), b.data(), out, n, isa);
+        onednn_relu_grad(a_wide.data(), b.data(), want.data(), n);
+        expect_same_bits(out, want.data(), n, "relu_grad on bfloat16 y");
       }
     }
 }
@@ -137,6 +153,15 @@ TEST(CpuStream, TheKernelsOfAOneThreadDeviceGiveTheSameBits) {
     onednn_relu_grad(av.data(), bv.data(), want.data(), n);
     expect_same_bits(k.activation_backward(UnaryOp::kRelu, a, b).data<float>(), want.data(), n,
                      "relu backward");
+    // y a bfloat16 copy (under mixed_bfloat16): read as it is where the pass streams, widened
+    // below; the same bits as oneDNN on the widened copy either way.
+    set_precision_policy(Precision::kMixedBFloat16);
+    const Tensor a16 = k.cast(a, DType::kBFloat16);
+    const Tensor a_wide = k.cast(a16, DType::kFloat32);
+    const Tensor dx = k.activation_backward(UnaryOp::kRelu, a16, b);
+    set_precision_policy(Precision::kFloat32);
+    onednn_relu_grad(a_wide.data<float>(), bv.data(), want.data(), n);
+    expect_same_bits(dx.data<float>(), want.data(), n, "relu backward on a bfloat16 y");
   }
 }
 

@@ -286,6 +286,17 @@ Tensor CpuKernels::activation_backward(UnaryOp op, const Tensor& x_or_y, const T
   if (x_or_y.shape() != dy.shape())
     throw InvalidArgument("activation_backward: " + x_or_y.shape().to_string() + " vs dy " +
                           dy.shape().to_string());
+  if (op == UnaryOp::kRelu && x_or_y.dtype() == DType::kBFloat16) {
+    // ReLU's kept bfloat16 output under mixed_bfloat16 (ops::relu): read as it is where the pass
+    // streams, else widened first (the same results).
+    require_f32_or_kept_bf16(x_or_y, "activation_backward", "y");
+    if (!streams(*state_, dy.numel()))
+      return activation_backward(op, cast(x_or_y, DType::kFloat32), dy);
+    Tensor dx = Tensor::empty(dy.shape(), DType::kFloat32, spec_);
+    stream_relu_grad(static_cast<const uint16_t*>(x_or_y.raw_data()), dy.data<float>(),
+                     dx.data<float>(), dx.numel());
+    return dx;
+  }
   algorithm alg;
   int data_arg = DNNL_ARG_SRC;
   switch (op) {

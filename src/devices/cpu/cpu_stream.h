@@ -28,5 +28,9 @@ void stream_add_relu(const float* a, const float* b, float* c, int64_t n,
 // dx = y <= 0 ? 0 * dy : dy, as oneDNN's ReLU backward pass.
 void stream_relu_grad(const float* y, const float* dy, float* dx, int64_t n,
                       StreamIsa isa = stream_isa());
+// The same with y a bfloat16 copy (the one ops keep for ReLU's backward pass under
+// mixed_bfloat16), read as it is: the results of widening it first, without that pass.
+void stream_relu_grad(const uint16_t* y, const float* dy, float* dx, int64_t n,
+                      StreamIsa isa = stream_isa());
 
 }  // namespace dtrain::cpu

@@ -338,6 +338,13 @@ TEST(CpuBf16, BatchNormReadsTheBfloat16CopyAsFloat32ReadsTheRoundedValues) {
     EXPECT_LT(*std::max_element(positive.begin(), positive.end()), static_cast<float>(m));
     EXPECT_THROW(one.batch_norm_relu_backward(dy, x16, gamma, f.mean, f.var, 1e-3f, ref_mask),
                  InvalidArgument);  // oneDNN's bitmask for a float32 x, not this x's [2, C]
+    // Per-channel operands of another length are refused on both paths, not read past their end.
+    const Tensor short_gamma = Tensor::from_vector(std::vector<float>(39, 1.f), Shape{39});
+    for (const Tensor& xk : {x, x16}) {
+      EXPECT_THROW(one.batch_norm_training(xk, short_gamma, beta, 1e-3f), InvalidArgument);
+      EXPECT_THROW(one.batch_norm_backward(dy, xk, gamma, f.mean, short_gamma, 1e-3f),
+                   InvalidArgument);
+    }
   }
 }
 

@@ -5,7 +5,9 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "devices/cpu/cpu_kernels.h"
 #include "devices/cpu/dnnl_util.h"
@@ -27,6 +29,18 @@ memory::dims bn_dims(const Shape& s) {
   if (s.rank() < 2) throw InvalidArgument("batch norm needs rank >= 2, got " + s.to_string());
   const int64_t c = s[-1];
   return {s.numel() / c, c};
+}
+
+// Batch norm's per-channel operands (gamma, beta, mean, variance): float32 [C] for x's C channels.
+void require_channels(const char* op, int64_t c,
+                      std::initializer_list<std::pair<const char*, const Tensor*>> operands) {
+  for (const auto& [what, t] : operands) {
+    require_f32(*t, op, what);
+    if (t->shape() != Shape{c})
+      throw InvalidArgument(std::string(op) + ": " + what + " must be [" + std::to_string(c) +
+                            "] for x's " + std::to_string(c) + " channels, got " +
+                            t->shape().to_string());
+  }
 }
 
 // The rows x channels of bn_dims() as channels-last 4-D data (N = rows, 1 x 1 spatial): the same
@@ -294,6 +308,7 @@ BatchNormForward CpuKernels::batch_norm_relu_training(const Tensor& x, const Ten
 BatchNormForward CpuKernels::batch_norm_forward(const Tensor& x, const Tensor& gamma,
                                                 const Tensor& beta, float eps, Tensor* relu_mask) {
   require_f32_or_kept_bf16(x, "batch_norm", "x");
+  require_channels("batch_norm", bn_dims(x.shape())[1], {{"gamma", &gamma}, {"beta", &beta}});
   if (x.dtype() == DType::kBFloat16) return batch_norm_forward_bf16(x, gamma, beta, eps, relu_mask);
   const memory::dims d = bn_dims(x.shape());
   BatchNormForward out{Tensor::empty(x.shape(), DType::kFloat32, spec_),
@@ -338,6 +353,8 @@ Tensor CpuKernels::batch_norm_inference(const Tensor& x, const Tensor& gamma, co
                                         const Tensor& mean, const Tensor& var, float eps) {
   require_f32(x, "batch_norm", "x");
   const memory::dims d = bn_dims(x.shape());
+  require_channels("batch_norm", d[1],
+                   {{"gamma", &gamma}, {"beta", &beta}, {"mean", &mean}, {"var", &var}});
   Tensor y = Tensor::empty(x.shape(), DType::kFloat32, spec_);
   if (d[0] == 0) return y;
   const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift |
@@ -384,6 +401,8 @@ BatchNormBackward CpuKernels::batch_norm_backward_impl(const Tensor& dy, const T
                                                        const Tensor* relu_mask) {
   require_f32(dy, "batch_norm_backward", "dy");
   require_f32_or_kept_bf16(x, "batch_norm_backward", "x");
+  require_channels("batch_norm_backward", bn_dims(x.shape())[1],
+                   {{"gamma", &gamma}, {"mean", &mean}, {"var", &var}});
   if (x.dtype() == DType::kBFloat16)
     return batch_norm_backward_bf16(dy, x, gamma, mean, var, eps, relu_mask);
   const memory::dims d = bn_dims(x.shape());

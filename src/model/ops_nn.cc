@@ -61,10 +61,10 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2d
                    Tensor db, dx, dw;
                    const bool want_dx = tape::needs_gradient(0),
                               want_dw = tape::needs_gradient(1) || tape::needs_gradient(2);
-                   // Both gradients read g rounded to bfloat16 under mixed_bfloat16: on the CPU
-                   // one copy serves both (not under an outer tape, which differentiates g).
-                   const Tensor dy = want_dx && want_dw && !bias.defined() &&
-                                             !tape::should_record({&g[0], &kept, &w})
+                   // Both gradients (and the bias's) read g rounded to bfloat16 under
+                   // mixed_bfloat16: on the CPU one copy serves both products (not under an
+                   // outer tape, which differentiates g).
+                   const Tensor dy = want_dx && want_dw && !tape::should_record({&g[0], &kept, &w})
                                          ? kernel_copy(g[0])
                                          : g[0];
                    // The input's gradient only when the tape wants it: never for the data fed to

@@ -123,7 +123,7 @@ std::vector<float> wave(size_t n, float f) {
 // pass reads the bfloat16 copy ops::conv2d keeps of x, and both backward kernels one bfloat16
 // copy of the incoming gradient. Forward and both gradients equal float32 on the rounded operands
 // (the same products, accumulated in float32), for a 3x3 and a 1x1 convolution (the latter's
-// backward passes run as matrix products), with and without a bias (which keeps dy float32), a
+// backward passes run as matrix products), with and without a bias (summed from the same copy), a
 // 1x1 at strides 2 and 3 on bfloat16 kernels (the rows it reads gathered for a matrix product;
 // the float32 reference runs the convolution primitives), and for a 3x3 layer of 3 input
 // channels, which runs float32 kernels on the rounded operands.
@@ -139,9 +139,9 @@ TEST(CpuBf16, ConvolutionsReadBfloat16CopiesOfTheirInputAndGradient) {
     int stride = 1;
     int64_t h = 6, w = 6;
   };
-  for (const Case c :
-       {Case{3, false, 16}, Case{1, false, 16}, Case{1, true, 16}, Case{1, false, 32, 2},
-        Case{1, true, 32, 2, 7, 5}, Case{1, false, 32, 3, 7, 8}, Case{3, false, 3}}) {
+  for (const Case c : {Case{3, false, 16}, Case{3, true, 16}, Case{1, false, 16}, Case{1, true, 16},
+                       Case{1, false, 32, 2}, Case{1, true, 32, 2, 7, 5},
+                       Case{1, false, 32, 3, 7, 8}, Case{3, false, 3}}) {
     const Shape xs{2, c.h, c.w, c.cin}, ws{c.k, c.k, c.cin, 32};
     const auto xv = wave(static_cast<size_t>(xs.numel()), 0.37f),
                wv = wave(static_cast<size_t>(ws.numel()), 0.91f), bv = wave(32, 0.5f);
@@ -152,11 +152,21 @@ TEST(CpuBf16, ConvolutionsReadBfloat16CopiesOfTheirInputAndGradient) {
       GradientTape tape;
       tape.watch(x);
       tape.watch(w);
+      if (c.bias) tape.watch(b);
       const Tensor y = ops::conv2d(x, w, b, c.stride, c.stride, ops::Padding::kValid);
       const Tensor g = Tensor::from_vector(g_values, y.shape());
-      const auto grads = tape.gradient(ops::sum(ops::mul(y, g)), {x, w});
-      return std::vector<std::vector<float>>{y.to_vector<float>(), grads[0].to_vector<float>(),
-                                             grads[1].to_vector<float>()};
+      const auto grads =
+          tape.gradient(ops::sum(ops::mul(y, g)),
+                        c.bias ? std::vector<Tensor>{x, w, b} : std::vector<Tensor>{x, w});
+      std::vector<std::vector<float>> out{y.to_vector<float>(), grads[0].to_vector<float>(),
+                                          grads[1].to_vector<float>()};
+      if (c.bias) {
+        GradientTape again;
+        again.watch(b);
+        const Tensor yb = ops::conv2d(x, w, b, c.stride, c.stride, ops::Padding::kValid);
+        out.push_back(again.gradient(ops::sum(ops::mul(yb, g)), {b})[0].to_vector<float>());
+      }
+      return out;
     };
     const int64_t oh = (c.h - c.k) / c.stride + 1, ow = (c.w - c.k) / c.stride + 1;
     const auto gv = wave(static_cast<size_t>(2 * oh * ow * 32), 1.3f);
@@ -166,8 +176,8 @@ TEST(CpuBf16, ConvolutionsReadBfloat16CopiesOfTheirInputAndGradient) {
       MixedBf16 policy;
       mixed = run(xv, wv, gv);
     }
-    const char* what[] = {"y", "dx", "dw"};
-    for (size_t k = 0; k < 3; ++k) {
+    const char* what[] = {"y", "dx", "dw", "db"};
+    for (size_t k = 0; k < reference.size(); ++k) {
       double scale = 0, diff = 0;
       for (size_t i = 0; i < reference[k].size(); ++i) {
         scale = std::max(scale, std::abs(static_cast<double>(reference[k][i])));

@@ -2,6 +2,9 @@
 // users pass and what oneDNN's brgemm kernels read without a reorder); filters are stored HWIO and
 // reordered into the primitive's preferred blocked layout per call (a few KB, so cheaper than
 // keeping a second copy in sync with the optimizer).
+#include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -30,6 +33,30 @@ void sampled_rows_copy(const Shape& x, int64_t oh, int64_t ow, int sh, int sw, s
         std::memcpy(from, to, row);
     }
   }
+}
+
+// The bias's gradient under mixed_bfloat16: the column sums of dy's rows [M, C] rounded to bfloat16
+// (what the products read, and what oneDNN's convolutions sum from their bfloat16 diff_dst), in
+// float32, row by row: a bfloat16 copy of dy and the float32 dy give the same bits.
+Tensor rounded_column_sums(const Tensor& rows, DeviceSpec spec) {
+  const int64_t m = rows.shape()[0], c = rows.shape()[1];
+  Tensor out = Tensor::empty(Shape{c}, DType::kFloat32, spec);
+  float* acc = static_cast<float*>(out.raw_data());
+  std::fill(acc, acc + c, 0.f);
+  if (rows.dtype() == DType::kBFloat16) {
+    const uint16_t* p = static_cast<const uint16_t*>(rows.raw_data());
+    for (int64_t r = 0; r < m; ++r, p += c)
+      for (int64_t j = 0; j < c; ++j) acc[j] += std::bit_cast<float>(uint32_t{p[j]} << 16);
+    return out;
+  }
+  Tensor row = Tensor::empty(Shape{c}, DType::kFloat32, spec);  // one row rounded at a time
+  float* q = static_cast<float*>(row.raw_data());
+  const float* p = static_cast<const float*>(rows.raw_data());
+  for (int64_t r = 0; r < m; ++r, p += c) {
+    round_to_bf16(p, q, static_cast<size_t>(c));
+    for (int64_t j = 0; j < c; ++j) acc[j] += q[j];
+  }
+  return out;
 }
 
 void require_dy_shape(const char* op, const Tensor& dy, const ConvShapes& s, const Shape& x) {
@@ -108,18 +135,14 @@ Tensor CpuKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, con
                                           const Conv2dParams& p, bool want_bias, Tensor* db) {
   require_f32_or_kept_bf16(x, "conv2d_backward_filter", "x");
   require_f32_or_kept_bf16(dy, "conv2d_backward_filter", "dy");
-  if (want_bias && dy.dtype() != DType::kFloat32)
-    throw InvalidArgument(
-        "conv2d_backward_filter: the bias's gradient is summed from dy in float32, but dy is " +
-        std::string(dtype_name(dy.dtype())) +
-        "; pass the float32 gradient (ops::conv2d keeps no bfloat16 copy of dy for a layer with "
-        "a bias), or want_bias=false and sum the bias's gradient apart");
   const ConvShapes s = conv_shapes(x.shape(), w_shape, p);
   require_dy_shape("conv2d_backward_filter", dy, s, x.shape());
   if (conv_as_gemm(w_shape, p) && x.numel() > 0 && dy.numel() > 0) {  // dw = x^T dy, db = sum dy
     const int64_t cin = w_shape[2], cout = w_shape[3];
     const Tensor rows = dy.view(Shape{dy.numel() / cout, cout});
-    if (want_bias) *db = reduce(ReductionKind::kSum, rows, {0}, false);
+    if (want_bias)
+      *db = mixed_bf16() ? rounded_column_sums(rows, spec_)
+                         : reduce(ReductionKind::kSum, rows, {0}, false);
     if (p.stride_h == 1 && p.stride_w == 1)
       return matmul(x.view(Shape{x.numel() / cin, cin}), rows, true, false).view(w_shape);
     // Strided: the rows it reads, x[:, ::sh, ::sw, :], gathered (in x's type: float32, or the

@@ -2,7 +2,6 @@
 // passes), over channels-last data seen as rows x channels; training on a bfloat16 input (the copy
 // ops keep under mixed_bfloat16) on loops of our own.
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -10,6 +9,7 @@
 #include <utility>
 
 #include "devices/cpu/cpu_kernels.h"
+#include "devices/cpu/cpu_stream.h"
 #include "devices/cpu/dnnl_util.h"
 
 namespace dtrain::cpu {
@@ -63,8 +63,6 @@ memory::desc bn_desc(const memory::dims& d) {
 // holds the per-channel scale and shift ([2, C]) the forward pass used.
 constexpr int64_t kBnRows = 128;
 
-inline float widen(uint16_t v) { return std::bit_cast<float>(static_cast<uint32_t>(v) << 16); }
-
 // y before ReLU, as both passes compute it.
 __attribute__((always_inline)) inline float bn_y(float x, float mean, float scale, float beta) {
   return (x - mean) * scale + beta;
@@ -77,7 +75,7 @@ void bn_block_moments(const uint16_t* __restrict x, int64_t rows, int64_t c,
   for (int64_t j = 0; j < c; ++j) s[j] = q[j] = 0.f;
   for (int64_t r = 0; r < rows; ++r, x += c)
     for (int64_t j = 0; j < c; ++j) {
-      const float d = widen(x[j]) - first[j];
+      const float d = widened_bf16(x[j]) - first[j];
       s[j] += d;
       q[j] += d * d;
     }
@@ -91,7 +89,7 @@ __attribute__((always_inline)) inline void bn_rows(const uint16_t* __restrict x,
                                                    float* __restrict y) {
   for (int64_t r = 0; r < rows; ++r, x += c, y += c)
     for (int64_t j = 0; j < c; ++j) {
-      const float v = bn_y(widen(x[j]), mean[j], scale[j], beta[j]);
+      const float v = bn_y(widened_bf16(x[j]), mean[j], scale[j], beta[j]);
       y[j] = kRelu && v < 0.f ? 0.f : v;  // (a NaN stays NaN)
     }
 }
@@ -115,7 +113,7 @@ __attribute__((always_inline)) inline void bn_grad_sums(const uint16_t* __restri
   for (int64_t j = 0; j < c; ++j) s[j] = t[j] = 0.f;
   for (int64_t r = 0; r < rows; ++r, x += c, dy += c)
     for (int64_t j = 0; j < c; ++j) {
-      const float xv = widen(x[j]);
+      const float xv = widened_bf16(x[j]);
       const float g = kRelu && !(bn_y(xv, mean[j], scale[j], beta[j]) > 0.f) ? 0.f : dy[j];
       s[j] += g;
       t[j] += g * (xv - mean[j]);
@@ -139,7 +137,7 @@ __attribute__((always_inline)) inline void bn_dx(
     const float* __restrict p, const float* __restrict q, float* __restrict dx) {
   for (int64_t r = 0; r < rows; ++r, x += c, dy += c, dx += c)
     for (int64_t j = 0; j < c; ++j) {
-      const float xv = widen(x[j]);
+      const float xv = widened_bf16(x[j]);
       const float g = kRelu && !(bn_y(xv, mean[j], scale[j], beta[j]) > 0.f) ? 0.f : dy[j];
       dx[j] = scale[j] * g + ((xv - mean[j]) * p[j] + q[j]);
     }
@@ -201,7 +199,7 @@ BatchNormForward CpuKernels::batch_norm_forward_bf16(const Tensor& x, const Tens
   }
   const uint16_t* xp = static_cast<const uint16_t*>(x.raw_data());
   float* first = static_cast<float*>(out.var.raw_data());  // (overwritten below)
-  for (int64_t j = 0; j < c; ++j) first[j] = widen(xp[j]);
+  for (int64_t j = 0; j < c; ++j) first[j] = widened_bf16(xp[j]);
   Tensor sums = Tensor::empty(Shape{2 * c}, DType::kFloat64, spec_);
   double* s = static_cast<double*>(sums.raw_data());
   double* q = s + c;

@@ -3,12 +3,12 @@
 // reordered into the primitive's preferred blocked layout per call (a few KB, so cheaper than
 // keeping a second copy in sync with the optimizer).
 #include <algorithm>
-#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <string>
 
 #include "devices/cpu/cpu_conv_prims.h"
+#include "devices/cpu/cpu_stream.h"
 #include "dtrain/core/precision.h"
 
 namespace dtrain::cpu {
@@ -46,7 +46,7 @@ Tensor rounded_column_sums(const Tensor& rows, DeviceSpec spec) {
   if (rows.dtype() == DType::kBFloat16) {
     const uint16_t* p = static_cast<const uint16_t*>(rows.raw_data());
     for (int64_t r = 0; r < m; ++r, p += c)
-      for (int64_t j = 0; j < c; ++j) acc[j] += std::bit_cast<float>(uint32_t{p[j]} << 16);
+      for (int64_t j = 0; j < c; ++j) acc[j] += widened_bf16(p[j]);
     return out;
   }
   Tensor row = Tensor::empty(Shape{c}, DType::kFloat32, spec);  // one row rounded at a time

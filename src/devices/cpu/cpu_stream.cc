@@ -85,21 +85,15 @@ __attribute__((target("avx2"))) void run256(const float* a, const float* b, floa
   _mm_sfence();
 }
 
-// ReluGrad with y a bfloat16 copy (widened exactly: its 16 bits above 16 zero bits).
-inline float widen(uint16_t v) {
-  uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  __builtin_memcpy(&f, &bits, sizeof f);
-  return f;
-}
+// ReluGrad with y a bfloat16 copy, widened as it is read.
 __attribute__((target("avx512f"))) void relu_grad_bf16_512(const uint16_t* y, const float* dy,
                                                            float* dx, int64_t n) {
   int64_t i = head(dx, n, 64);
   if (i < 0) {
-    for (int64_t j = 0; j < n; ++j) dx[j] = ReluGrad::scalar(widen(y[j]), dy[j]);
+    for (int64_t j = 0; j < n; ++j) dx[j] = ReluGrad::scalar(widened_bf16(y[j]), dy[j]);
     return;
   }
-  for (int64_t j = 0; j < i; ++j) dx[j] = ReluGrad::scalar(widen(y[j]), dy[j]);
+  for (int64_t j = 0; j < i; ++j) dx[j] = ReluGrad::scalar(widened_bf16(y[j]), dy[j]);
   for (; i + 16 <= n; i += 16) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + i));
     // (The maskz forms with every lane set: GCC 12 warns on the plain ones' undefined
@@ -108,23 +102,23 @@ __attribute__((target("avx512f"))) void relu_grad_bf16_512(const uint16_t* y, co
         _mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
     _mm512_stream_ps(dx + i, ReluGrad::v512(yv, _mm512_loadu_ps(dy + i)));
   }
-  for (; i < n; ++i) dx[i] = ReluGrad::scalar(widen(y[i]), dy[i]);
+  for (; i < n; ++i) dx[i] = ReluGrad::scalar(widened_bf16(y[i]), dy[i]);
   _mm_sfence();
 }
 __attribute__((target("avx2"))) void relu_grad_bf16_256(const uint16_t* y, const float* dy,
                                                         float* dx, int64_t n) {
   int64_t i = head(dx, n, 32);
   if (i < 0) {
-    for (int64_t j = 0; j < n; ++j) dx[j] = ReluGrad::scalar(widen(y[j]), dy[j]);
+    for (int64_t j = 0; j < n; ++j) dx[j] = ReluGrad::scalar(widened_bf16(y[j]), dy[j]);
     return;
   }
-  for (int64_t j = 0; j < i; ++j) dx[j] = ReluGrad::scalar(widen(y[j]), dy[j]);
+  for (int64_t j = 0; j < i; ++j) dx[j] = ReluGrad::scalar(widened_bf16(y[j]), dy[j]);
   for (; i + 8 <= n; i += 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(y + i));
     const __m256 yv = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     _mm256_stream_ps(dx + i, ReluGrad::v256(yv, _mm256_loadu_ps(dy + i)));
   }
-  for (; i < n; ++i) dx[i] = ReluGrad::scalar(widen(y[i]), dy[i]);
+  for (; i < n; ++i) dx[i] = ReluGrad::scalar(widened_bf16(y[i]), dy[i]);
   _mm_sfence();
 }
 
@@ -169,7 +163,7 @@ void stream_relu_grad(const uint16_t* y, const float* dy, float* dx, int64_t n, 
   else if (isa == StreamIsa::kAvx2)
     relu_grad_bf16_256(y, dy, dx, n);
   else
-    for (int64_t i = 0; i < n; ++i) dx[i] = ReluGrad::scalar(widen(y[i]), dy[i]);
+    for (int64_t i = 0; i < n; ++i) dx[i] = ReluGrad::scalar(widened_bf16(y[i]), dy[i]);
 }
 
 }  // namespace dtrain::cpu

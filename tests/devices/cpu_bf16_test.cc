@@ -158,14 +158,9 @@ TEST(CpuBf16, ConvolutionsReadBfloat16CopiesOfTheirInputAndGradient) {
       const auto grads =
           tape.gradient(ops::sum(ops::mul(y, g)),
                         c.bias ? std::vector<Tensor>{x, w, b} : std::vector<Tensor>{x, w});
-      std::vector<std::vector<float>> out{y.to_vector<float>(), grads[0].to_vector<float>(),
-                                          grads[1].to_vector<float>()};
-      if (c.bias) {
-        GradientTape again;
-        again.watch(b);
-        const Tensor yb = ops::conv2d(x, w, b, c.stride, c.stride, ops::Padding::kValid);
-        out.push_back(again.gradient(ops::sum(ops::mul(yb, g)), {b})[0].to_vector<float>());
-      }
+      std::vector<std::vector<float>> out;
+      for (const Tensor& t : grads) out.push_back(t.to_vector<float>());
+      out.insert(out.begin(), y.to_vector<float>());  // y, dx, dw (, db)
       return out;
     };
     const int64_t oh = (c.h - c.k) / c.stride + 1, ow = (c.w - c.k) / c.stride + 1;

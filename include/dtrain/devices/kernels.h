@@ -205,7 +205,9 @@ class DTRAIN_API Kernels {
   // _FusedBatchNormEx with activation_mode "Relu"). `relu_mask` receives what the backward pass
   // needs to know where the output was positive, in the device's own form: the default runs the two
   // kernels and keeps the output itself; the CPU runs oneDNN's fused kernel (fuse_norm_relu), which
-  // writes a bitmask (1/32 of y's bytes) and saves one pass over y in each direction.
+  // writes a bitmask (1/32 of y's bytes) and saves one pass over y in each direction, or on a
+  // bfloat16 x its own loops, which keep the per-channel scale and shift ([2, C]) and compute y
+  // again in the backward pass.
   virtual BatchNormForward batch_norm_relu_training(const Tensor& x, const Tensor& gamma,
                                                     const Tensor& beta, float epsilon,
                                                     Tensor* relu_mask);

@@ -56,80 +56,62 @@ inline int64_t head(const float* c, int64_t n, int64_t align) {
   return std::min<int64_t>(n, off / 4);
 }
 
-template <typename Op>
-__attribute__((target("avx512f"))) void run512(const float* a, const float* b, float* c,
-                                               int64_t n) {
+// The first operand as float32: float32 itself, or a bfloat16 copy widened as it is read (the
+// ReLU gradient's kept y under mixed_bfloat16).
+inline float at(const float* a, int64_t i) { return a[i]; }
+inline float at(const uint16_t* a, int64_t i) { return widened_bf16(a[i]); }
+__attribute__((target("avx512f"))) inline __m512 load512(const float* a) {
+  return _mm512_loadu_ps(a);
+}
+__attribute__((target("avx512f"))) inline __m512 load512(const uint16_t* a) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+  // (The maskz forms with every lane set: GCC 12 warns on the plain ones' undefined pass-through
+  // operand, as in cpu_pool.cc.)
+  return _mm512_castsi512_ps(
+      _mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
+}
+__attribute__((target("avx2"))) inline __m256 load256(const float* a) { return _mm256_loadu_ps(a); }
+__attribute__((target("avx2"))) inline __m256 load256(const uint16_t* a) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+template <typename Op, typename A>
+__attribute__((target("avx512f"))) void run512(const A* a, const float* b, float* c, int64_t n) {
   int64_t i = head(c, n, 64);
   if (i < 0) {
-    for (int64_t j = 0; j < n; ++j) c[j] = Op::scalar(a[j], b[j]);
+    for (int64_t j = 0; j < n; ++j) c[j] = Op::scalar(at(a, j), b[j]);
     return;
   }
-  for (int64_t j = 0; j < i; ++j) c[j] = Op::scalar(a[j], b[j]);
+  for (int64_t j = 0; j < i; ++j) c[j] = Op::scalar(at(a, j), b[j]);
   for (; i + 16 <= n; i += 16)
-    _mm512_stream_ps(c + i, Op::v512(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
-  for (; i < n; ++i) c[i] = Op::scalar(a[i], b[i]);
+    _mm512_stream_ps(c + i, Op::v512(load512(a + i), _mm512_loadu_ps(b + i)));
+  for (; i < n; ++i) c[i] = Op::scalar(at(a, i), b[i]);
   _mm_sfence();
 }
 
-template <typename Op>
-__attribute__((target("avx2"))) void run256(const float* a, const float* b, float* c, int64_t n) {
+template <typename Op, typename A>
+__attribute__((target("avx2"))) void run256(const A* a, const float* b, float* c, int64_t n) {
   int64_t i = head(c, n, 32);
   if (i < 0) {
-    for (int64_t j = 0; j < n; ++j) c[j] = Op::scalar(a[j], b[j]);
+    for (int64_t j = 0; j < n; ++j) c[j] = Op::scalar(at(a, j), b[j]);
     return;
   }
-  for (int64_t j = 0; j < i; ++j) c[j] = Op::scalar(a[j], b[j]);
+  for (int64_t j = 0; j < i; ++j) c[j] = Op::scalar(at(a, j), b[j]);
   for (; i + 8 <= n; i += 8)
-    _mm256_stream_ps(c + i, Op::v256(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
-  for (; i < n; ++i) c[i] = Op::scalar(a[i], b[i]);
+    _mm256_stream_ps(c + i, Op::v256(load256(a + i), _mm256_loadu_ps(b + i)));
+  for (; i < n; ++i) c[i] = Op::scalar(at(a, i), b[i]);
   _mm_sfence();
 }
 
-// ReluGrad with y a bfloat16 copy, widened as it is read.
-__attribute__((target("avx512f"))) void relu_grad_bf16_512(const uint16_t* y, const float* dy,
-                                                           float* dx, int64_t n) {
-  int64_t i = head(dx, n, 64);
-  if (i < 0) {
-    for (int64_t j = 0; j < n; ++j) dx[j] = ReluGrad::scalar(widened_bf16(y[j]), dy[j]);
-    return;
-  }
-  for (int64_t j = 0; j < i; ++j) dx[j] = ReluGrad::scalar(widened_bf16(y[j]), dy[j]);
-  for (; i + 16 <= n; i += 16) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + i));
-    // (The maskz forms with every lane set: GCC 12 warns on the plain ones' undefined
-    // pass-through operand, as in cpu_pool.cc.)
-    const __m512 yv = _mm512_castsi512_ps(
-        _mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
-    _mm512_stream_ps(dx + i, ReluGrad::v512(yv, _mm512_loadu_ps(dy + i)));
-  }
-  for (; i < n; ++i) dx[i] = ReluGrad::scalar(widened_bf16(y[i]), dy[i]);
-  _mm_sfence();
-}
-__attribute__((target("avx2"))) void relu_grad_bf16_256(const uint16_t* y, const float* dy,
-                                                        float* dx, int64_t n) {
-  int64_t i = head(dx, n, 32);
-  if (i < 0) {
-    for (int64_t j = 0; j < n; ++j) dx[j] = ReluGrad::scalar(widened_bf16(y[j]), dy[j]);
-    return;
-  }
-  for (int64_t j = 0; j < i; ++j) dx[j] = ReluGrad::scalar(widened_bf16(y[j]), dy[j]);
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(y + i));
-    const __m256 yv = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    _mm256_stream_ps(dx + i, ReluGrad::v256(yv, _mm256_loadu_ps(dy + i)));
-  }
-  for (; i < n; ++i) dx[i] = ReluGrad::scalar(widened_bf16(y[i]), dy[i]);
-  _mm_sfence();
-}
-
-template <typename Op>
-void run(const float* a, const float* b, float* c, int64_t n, StreamIsa isa) {
+template <typename Op, typename A>
+void run(const A* a, const float* b, float* c, int64_t n, StreamIsa isa) {
   if (isa == StreamIsa::kAvx512)
     run512<Op>(a, b, c, n);
   else if (isa == StreamIsa::kAvx2)
     run256<Op>(a, b, c, n);
   else
-    for (int64_t i = 0; i < n; ++i) c[i] = Op::scalar(a[i], b[i]);
+    for (int64_t i = 0; i < n; ++i) c[i] = Op::scalar(at(a, i), b[i]);
 }
 
 }  // namespace
@@ -158,12 +140,7 @@ void stream_relu_grad(const float* y, const float* dy, float* dx, int64_t n, Str
   run<ReluGrad>(y, dy, dx, n, isa);
 }
 void stream_relu_grad(const uint16_t* y, const float* dy, float* dx, int64_t n, StreamIsa isa) {
-  if (isa == StreamIsa::kAvx512)
-    relu_grad_bf16_512(y, dy, dx, n);
-  else if (isa == StreamIsa::kAvx2)
-    relu_grad_bf16_256(y, dy, dx, n);
-  else
-    for (int64_t i = 0; i < n; ++i) dx[i] = ReluGrad::scalar(widened_bf16(y[i]), dy[i]);
+  run<ReluGrad>(y, dy, dx, n, isa);
 }
 
 }  // namespace dtrain::cpu

@@ -29,8 +29,9 @@ def main():
                    help="then wait (<= 20 s) for these files in the report dir (comma-separated)")
     p.add_argument("--wait-files-tasks", default="", help="only these tasks wait for --wait-files")
     p.add_argument("--wait-reaped", default="",
-                   help="then wait (<= 20 s) until the launcher has reaped these tasks (their "
-                        "reported pids are gone), so it has seen their exits before this task's")
+                   help="then wait (<= 20 s; only the tasks --wait-files-tasks names, if given) "
+                        "until the launcher has reaped these tasks (their reported pids are "
+                        "gone), so it has seen their exits before this task's")
     p.add_argument("--restarted-exit0", action="store_true",
                    help="a restarted start (n >= 1) reports, prints and exits 0")
     p.add_argument("--grandchild", action="store_true", help="start a `sleep` in the same group")

@@ -20,8 +20,10 @@ the moment and size of every gradient, the update) while H such one-worker jobs 
 the cores as the H-host runs place their workers (so what co-located workers cost each other, the core,
 caches and memory bandwidth, is in it); and the links' own all-reduce speed on each (H, rate)
 (dtrain-bench allreduce over the same hosts), with the CPU time a rank spends per byte it moves (on
-unshaped links). --simulate: then predicts every dtrain run from its own round's profile and prints the
-median prediction against the median measured step. --from FILE: no training, the rows of an earlier
+unshaped links). --simulate: then predicts every dtrain run from its own round's profiles, one a
+worker, and takes the slowest worker's step (a synchronous step waits for its slowest worker, and on a
+shared VM one core can run slower than the other for minutes); prints the median prediction against the
+median measured step, and what worker 0's profile alone predicts. --from FILE: no training, the rows of an earlier
 links.jsonl (and the profiles beside it), the links measured again.
 
 Needs root (network namespaces); the peers' interpreter is build/peers-venv/bin/python
@@ -181,7 +183,8 @@ def legacy_profile_name(model, batch, per_core):
 
 def profile_runs(a, model, hosts, path):
     """`hosts` one-worker jobs at once, job i on core i % cores, as dtrain-run --bind-to core (and the DDP
-    runs) place worker i; job 0's timeline is the profile."""
+    runs) place worker i; returns every job's timeline (job 0's at `path`, job j's at `path`.j): the
+    profile of the worker on that core."""
     cores = sorted(os.sched_getaffinity(0))
     procs = []
     for j in range(hosts):
@@ -194,12 +197,9 @@ def profile_runs(a, model, hosts, path):
         out, err = p.communicate(timeout=2000)
         if p.returncode != 0:
             failed.append(f"profile run failed ({p.returncode}):\n{err[-2000:]}")
-    for j in range(1, hosts):
-        if os.path.exists(f"{path}.{j}"):
-            os.remove(f"{path}.{j}")
     if failed:
         raise SystemExit("\n".join(failed))
-    return path
+    return [path] + [f"{path}.{j}" for j in range(1, hosts)]
 
 
 def allreduce_command(a, hosts):
@@ -245,6 +245,12 @@ def measure_links(a, hosts, rates):
               f"{out[rate]['busbw_bytes_per_sec'] / 1e6:.1f} MB/s at 64 MiB, {out[rate]['small_seconds'] * 1e3:.2f} "
               f"ms at 4 KiB; {cpu * 1e9:.2f} CPU ns per byte moved (unlimited links)", flush=True)
     return out
+
+
+def worker_profiles(row):
+    """The profiles of a run's workers (one a core's job, recorded together); runs before 2026-11-29 kept
+    worker 0's alone."""
+    return row.get("profiles") or [row["profile"]]
 
 
 def simulate(a, profile, hosts, link, ncores):
@@ -338,7 +344,7 @@ def main():
                             if a.profile and rate in links:
                                 res.update({"link_" + k: v for k, v in links[rate].items()})
                             if system == "dtrain" and model in profiles:
-                                res["profile"] = profiles[model]
+                                res["profile"], res["profiles"] = profiles[model][0], profiles[model]
                             results.append(res)
                             log.write(json.dumps(res) + "\n")
                             log.flush()
@@ -418,32 +424,37 @@ def report(a, results, cpu, ncores):
           "DDP's step time over dtrain's; all-reduce s: per step, summed over gradient packs; hidden: the share "
           "of it that ran while backward was running (dtrain's timeline)")
     if a.simulate:
-        print(f"\nsimulated (dtrain-bench simulate: each run predicted from its round's profile + the links' "
-              f"measured all-reduce speed; medians) against measured, dtrain:")
+        print(f"\nsimulated (dtrain-bench simulate: each run predicted from its round's profiles, the slowest "
+              f"worker's step, + the links' measured all-reduce speed; medians) against measured, dtrain:")
         for k in keys:
             if k[3] != "dtrain":
                 continue
             rows = [r for r in med[k]["rows"] if "profile" in r and "link_busbw_bytes_per_sec" in r]
-            missing = sorted({r["profile"] for r in rows if not os.path.exists(r["profile"])})
+            missing = sorted({p for r in rows for p in worker_profiles(r) if not os.path.exists(p)})
             if missing:
                 print(f"  {k[0]:<9} {k[1]} hosts {k[2]:>7}: not predicted, no profile at {', '.join(missing)} "
                       f"(run with --profile; --from reads the profiles beside links.jsonl)")
                 continue
             if not rows:
                 continue
-            preds = []
+            preds, firsts = [], []
             for row in rows:
                 link = {k2[5:]: v for k2, v in row.items() if k2.startswith("link_")}
-                preds.append(simulate(a, row["profile"], k[1], link, ncores)["seconds_per_step"])
+                each = [simulate(a, p, k[1], link, ncores)["seconds_per_step"] for p in worker_profiles(row)]
+                preds.append(max(each))
+                firsts.append(each[0])
             pred = statistics.median(preds)
             meas = statistics.median(r["seconds_per_step"] for r in rows)
             err = pred / meas - 1
             per_round = ", ".join(f"{p:.2f} vs {r['seconds_per_step']:.2f}" for p, r in zip(preds, rows))
+            first = statistics.median(firsts)
             print(f"  {k[0]:<9} {k[1]} hosts {k[2]:>7}: predicted {pred:.2f} s/step, measured {meas:.2f} "
-                  f"({100 * err:+.1f}%)" + (f"  [rounds: {per_round}]" if len(rows) > 1 else ""))
+                  f"({100 * err:+.1f}%; from worker 0's profile alone {first:.2f}, {100 * (first / meas - 1):+.1f}%)"
+                  + (f"  [rounds: {per_round}]" if len(rows) > 1 else ""))
             if a.json:
                 print(json.dumps({"benchmark": "links_simulated", "model": k[0], "hosts": k[1], "rate": k[2],
                                   "predicted": pred, "measured": meas, "error": err,
+                                  "predicted_worker0": first, "error_worker0": first / meas - 1,
                                   "rounds": [[p, r["seconds_per_step"]] for p, r in zip(preds, rows)]}))
 
 

@@ -11,9 +11,11 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 
 #include "dtrain/data/augment.h"
 #include "dtrain/data/files.h"
@@ -76,20 +78,36 @@ void write_image_folders(const std::string& data_dir, const std::string& out, in
     for (int c = 0; c < 10; ++c)
       std::filesystem::create_directories(std::string(out) + "/" + split + "/" + std::to_string(c) +
                                           "_" + kNames[c]);
-    for (size_t i = 0; i < y.size(); ++i) {
-      image::Image im{28, 28, 1, std::vector<uint8_t>(784)};
-      for (size_t k = 0; k < 784; ++k)
-        im.pixels[k] = static_cast<uint8_t>(std::lround(px[i * 784 + k] * 255.0f));
-      char name[32];
-      std::snprintf(name, sizeof(name), "/%05zu.png", i);
-      const std::string path =
-          out + "/" + split + "/" + std::to_string(y[i]) + "_" + kNames[y[i]] + name;
-      const std::string bytes = image::encode_png(im);
-      std::FILE* f = std::fopen(path.c_str(), "wb");
-      if (f == nullptr || std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size())
-        throw DataLoss("cannot write " + path);
-      std::fclose(f);
-    }
+    // Images i, i + T, i + 2T, ... on each of T threads (encoding is most of the time); the first
+    // failure is rethrown here.
+    const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
+    std::vector<std::exception_ptr> failed(threads);
+    std::vector<std::thread> pool;
+    for (size_t t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        try {
+          for (size_t i = t; i < y.size(); i += threads) {
+            image::Image im{28, 28, 1, std::vector<uint8_t>(784)};
+            for (size_t k = 0; k < 784; ++k)
+              im.pixels[k] = static_cast<uint8_t>(std::lround(px[i * 784 + k] * 255.0f));
+            char name[32];
+            std::snprintf(name, sizeof(name), "/%05zu.png", i);
+            const std::string path =
+                out + "/" + split + "/" + std::to_string(y[i]) + "_" + kNames[y[i]] + name;
+            const std::string bytes = image::encode_png(im);
+            std::FILE* f = std::fopen(path.c_str(), "wb");
+            const bool ok =
+                f != nullptr && std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+            if (f != nullptr && std::fclose(f) != 0) throw DataLoss("cannot write " + path);
+            if (!ok) throw DataLoss("cannot write " + path);
+          }
+        } catch (...) {
+          failed[t] = std::current_exception();
+        }
+      });
+    for (std::thread& th : pool) th.join();
+    for (const std::exception_ptr& e : failed)
+      if (e) std::rethrow_exception(e);
     std::fprintf(stderr, "wrote %zu %s images to %s/%s\n", y.size(), split, out.c_str(), split);
   }
 }

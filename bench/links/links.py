@@ -23,8 +23,8 @@ caches and memory bandwidth, is in it); and the links' own all-reduce speed on e
 unshaped links). --simulate: then predicts every dtrain run from its own round's profiles, one a
 worker, and takes the slowest worker's step (a synchronous step waits for its slowest worker, and on a
 shared VM one core can run slower than the other for minutes); prints the median prediction against the
-median measured step, and what worker 0's profile alone predicts. --from FILE: no training, the rows of an earlier
-links.jsonl (and the profiles beside it), the links measured again.
+median measured step, and what worker 0's profile alone predicts. --from FILE: no training, the rows of
+an earlier links.jsonl (and the profiles beside it), the links measured again.
 
 Needs root (network namespaces); the peers' interpreter is build/peers-venv/bin/python
 (bench/peers/setup.sh). Files go to --out (default build/links): links.jsonl (one object per run),
@@ -248,7 +248,7 @@ def measure_links(a, hosts, rates):
 
 
 def worker_profiles(row):
-    """The profiles of a run's workers (one a core's job, recorded together); runs before 2026-11-29 kept
+    """The profiles of a run's workers (one a core's job, recorded together); runs before 2026-11-28 (late night) kept
     worker 0's alone."""
     return row.get("profiles") or [row["profile"]]
 

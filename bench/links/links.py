@@ -248,8 +248,8 @@ def measure_links(a, hosts, rates):
 
 
 def worker_profiles(row):
-    """The profiles of a run's workers (one a core's job, recorded together); runs before 2026-11-28 (late night) kept
-    worker 0's alone."""
+    """The profiles of a run's workers (one a core's job, recorded together); runs before 2026-11-28
+    (late night) kept worker 0's alone."""
     return row.get("profiles") or [row["profile"]]
 
 

@@ -353,6 +353,96 @@ TEST(CpuBf16, BatchNormReadsTheBfloat16CopyAsFloat32ReadsTheRoundedValues) {
   }
 }
 
+// Operands a kernel would read past its end are refused on both paths (float32 and the bfloat16
+// copy), and tensors without channels give empty results instead of a division by zero (found by a
+// second reading of the kernels): batch norm's dy of another shape (oneDNN's float32 kernel read x's
+// size from it), a ReLU mask of another type, x of shape [..., 0]; a bfloat16 filter handed to the
+// convolution's input gradient (its primitive read it as float32), and no output channels there.
+// Also that a NaN gives the fused ReLU's 0 on both batch norm paths.
+TEST(CpuBf16, KernelsRefuseOperandsTheyWouldReadPastAndHandleNoChannels) {
+  cpu::CpuKernels k(DeviceSpec::cpu(0), 1);
+  const Shape xs{2, 3, 5, 8};
+  const Tensor x = Tensor::from_vector(wave(static_cast<size_t>(xs.numel()), 0.37f), xs);
+  const Tensor dy = Tensor::from_vector(wave(static_cast<size_t>(xs.numel()), 0.53f), xs);
+  const Tensor gamma = Tensor::from_vector(std::vector<float>(8, 1.f), Shape{8}),
+               beta = Tensor::from_vector(std::vector<float>(8, 0.f), Shape{8});
+  const Tensor short_dy = Tensor::from_vector(std::vector<float>(8, 1.f), Shape{1, 8});
+  const BatchNormForward f = k.batch_norm_training(x, gamma, beta, 1e-3f);
+  EXPECT_THROW(k.batch_norm_backward(short_dy, x, gamma, f.mean, f.var, 1e-3f), InvalidArgument);
+  Tensor mask32;
+  const BatchNormForward fr = k.batch_norm_relu_training(x, gamma, beta, 1e-3f, &mask32);
+  EXPECT_THROW(k.batch_norm_relu_backward(short_dy, x, gamma, fr.mean, fr.var, 1e-3f, mask32),
+               InvalidArgument);
+  {
+    MixedBf16 policy;
+    const Tensor x16 = k.cast(x, DType::kBFloat16);
+    Tensor mask;
+    const BatchNormForward f16 = k.batch_norm_relu_training(x16, gamma, beta, 1e-3f, &mask);
+    EXPECT_THROW(k.batch_norm_backward(short_dy, x16, gamma, f16.mean, f16.var, 1e-3f),
+                 InvalidArgument);
+    const Tensor mask_int = Tensor::from_vector(std::vector<int32_t>(16, 0), Shape{2, 8});
+    EXPECT_THROW(
+        k.batch_norm_relu_backward(dy, x16, gamma, f16.mean, f16.var, 1e-3f, mask_int),
+        InvalidArgument);
+    EXPECT_NO_THROW(k.batch_norm_relu_backward(dy, x16, gamma, f16.mean, f16.var, 1e-3f, mask));
+  }
+  {  // A NaN makes its channel's statistics NaN; the fused ReLU gives 0 there on both paths, as
+     // oneDNN's float32 kernel and ops::relu do (the bfloat16 path gave NaN).
+    std::vector<float> xv = x.to_vector<float>();
+    xv[5] = std::numeric_limits<float>::quiet_NaN();
+    const Tensor xn = Tensor::from_vector(xv, xs);
+    Tensor m32, m16;
+    const std::vector<float> y32 =
+        k.batch_norm_relu_training(xn, gamma, beta, 1e-3f, &m32).y.to_vector<float>();
+    MixedBf16 policy;
+    const std::vector<float> y16 =
+        k.batch_norm_relu_training(k.cast(xn, DType::kBFloat16), gamma, beta, 1e-3f, &m16)
+            .y.to_vector<float>();
+    for (size_t i = 5; i < y32.size(); i += 8) {
+      EXPECT_EQ(y32[i], 0.f) << i;
+      EXPECT_EQ(y16[i], 0.f) << i;
+    }
+  }
+  const Shape none{2, 3, 5, 0};
+  const Tensor x0 = Tensor::from_vector(std::vector<float>{}, none),
+               c0 = Tensor::from_vector(std::vector<float>{}, Shape{0});
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bfloat16 copy" : "float32");
+    std::optional<MixedBf16> policy;
+    if (bf16) policy.emplace();
+    const Tensor xk = bf16 ? k.cast(x0, DType::kBFloat16) : x0;
+    Tensor mask;
+    const BatchNormForward f0 = k.batch_norm_relu_training(xk, c0, c0, 1e-3f, &mask);
+    EXPECT_EQ(f0.y.shape(), none);
+    EXPECT_EQ(f0.mean.shape(), Shape{0});
+    const BatchNormBackward b0 =
+        k.batch_norm_relu_backward(x0, xk, c0, f0.mean, f0.var, 1e-3f, mask);
+    EXPECT_EQ(b0.dx.shape(), none);
+    EXPECT_EQ(b0.dgamma.shape(), Shape{0});
+    EXPECT_EQ(k.batch_norm_training(xk, c0, c0, 1e-3f).var.shape(), Shape{0});
+  }
+  EXPECT_EQ(k.batch_norm_inference(x0, c0, c0, c0, c0, 1e-3f).shape(), none);
+
+  // The convolution's input gradient: a 1x1 filter (a matrix product) and a 3x3 one (the
+  // primitive), each as float32 (fine) and as bfloat16 (refused), then with no output channels.
+  const Conv2dParams p;
+  for (const int64_t kh : {int64_t{1}, int64_t{3}}) {
+    SCOPED_TRACE("kernel " + std::to_string(kh));
+    const Shape ws{kh, kh, 8, 4};
+    const Tensor w = Tensor::from_vector(wave(static_cast<size_t>(ws.numel()), 0.91f), ws);
+    const Shape ys{2, 3 - kh + 1, 5 - kh + 1, 4};
+    const Tensor g = Tensor::from_vector(wave(static_cast<size_t>(ys.numel()), 0.71f), ys);
+    EXPECT_EQ(k.conv2d_backward_input(g, w, xs, p).shape(), xs);
+    EXPECT_THROW(k.conv2d_backward_input(g, k.cast(w, DType::kBFloat16), xs, p), InvalidArgument);
+    const Tensor w0 = Tensor::from_vector(std::vector<float>{}, Shape{kh, kh, 8, 0});
+    const Tensor g0 = Tensor::from_vector(std::vector<float>{}, Shape{2, 3 - kh + 1, 5 - kh + 1, 0});
+    const std::vector<float> dx0 = k.conv2d_backward_input(g0, w0, xs, p).to_vector<float>();
+    EXPECT_EQ(dx0, std::vector<float>(static_cast<size_t>(xs.numel()), 0.f));
+    EXPECT_EQ(k.conv2d(x, w0, Tensor(), p).shape(), (Shape{2, 3 - kh + 1, 5 - kh + 1, 0}));
+    EXPECT_EQ(k.conv2d_backward_filter(x, g0, w0.shape(), p, false, nullptr).shape(), w0.shape());
+  }
+}
+
 // Batched products (attention's scores and weighted values) on the bfloat16 kernels: against
 // float64 on the operands rounded to bfloat16, for every transpose (the kernel once ran float32
 // kernels on rounded float32 copies; now bfloat16 ones on bfloat16 copies), and their gradients

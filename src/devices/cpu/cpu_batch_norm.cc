@@ -24,11 +24,13 @@ struct BnBwd {
   dnnl::batch_normalization_backward prim;
 };
 
-// Views a channels-last tensor as [M, C] for batch norm.
+// Views a channels-last tensor as [M, C] for batch norm (M = the product of the leading axes, also
+// where C is 0).
 memory::dims bn_dims(const Shape& s) {
   if (s.rank() < 2) throw InvalidArgument("batch norm needs rank >= 2, got " + s.to_string());
-  const int64_t c = s[-1];
-  return {s.numel() / c, c};
+  int64_t m = 1;
+  for (int i = 0; i + 1 < s.rank(); ++i) m *= s[i];
+  return {m, s[-1]};
 }
 
 // Batch norm's per-channel operands (gamma, beta, mean, variance): float32 [C] for x's C channels.
@@ -90,7 +92,9 @@ __attribute__((always_inline)) inline void bn_rows(const uint16_t* __restrict x,
   for (int64_t r = 0; r < rows; ++r, x += c, y += c)
     for (int64_t j = 0; j < c; ++j) {
       const float v = bn_y(widened_bf16(x[j]), mean[j], scale[j], beta[j]);
-      y[j] = kRelu && v < 0.f ? 0.f : v;  // (a NaN stays NaN)
+      // As oneDNN's fused ReLU on float32 x, and ops::relu: max(v, 0), so a NaN (a channel whose
+      // statistics are NaN) gives 0, and -0 gives +0; the backward pass keeps dy where v > 0.
+      y[j] = kRelu && !(v > 0.f) ? 0.f : v;
     }
 }
 DTRAIN_TARGET_CLONES("avx512f", "avx2", "default")
@@ -192,9 +196,10 @@ BatchNormForward CpuKernels::batch_norm_forward_bf16(const Tensor& x, const Tens
   // [2, c]: the scale gamma / sqrt(var + eps), then beta (what the backward pass computes y from).
   Tensor coef = Tensor::empty(Shape{2, c}, DType::kFloat32, spec_);
   if (relu_mask) *relu_mask = coef;
-  if (m == 0) {
+  if (m == 0 || c == 0) {
     fill(out.mean, 0.f);
     fill(out.var, 0.f);
+    fill(coef, 0.f);
     return out;
   }
   const uint16_t* xp = static_cast<const uint16_t*>(x.raw_data());
@@ -234,17 +239,14 @@ BatchNormBackward CpuKernels::batch_norm_backward_bf16(const Tensor& dy, const T
                                                        const Tensor* relu_mask) {
   const memory::dims d = bn_dims(x.shape());
   const int64_t m = d[0], c = d[1];
-  if (dy.shape() != x.shape())
-    throw InvalidArgument("batch_norm_backward: dy is " + dy.shape().to_string() + ", x is " +
-                          x.shape().to_string());
-  if (relu_mask && relu_mask->shape() != Shape{2, c})
+  if (relu_mask && (relu_mask->dtype() != DType::kFloat32 || relu_mask->shape() != Shape{2, c}))
     throw InvalidArgument("batch_norm_relu_backward: x is bfloat16, so the mask must be the [2, " +
                           std::to_string(c) + "] batch_norm_relu_training wrote for it, got " +
-                          relu_mask->shape().to_string());
+                          relu_mask->shape().to_string() + " " + dtype_name(relu_mask->dtype()));
   BatchNormBackward out{Tensor::empty(x.shape(), DType::kFloat32, spec_),
                         Tensor::empty(Shape{c}, DType::kFloat32, spec_),
                         Tensor::empty(Shape{c}, DType::kFloat32, spec_)};
-  if (m == 0) {
+  if (m == 0 || c == 0) {
     fill(out.dgamma, 0.f);
     fill(out.dbeta, 0.f);
     return out;
@@ -312,7 +314,7 @@ BatchNormForward CpuKernels::batch_norm_forward(const Tensor& x, const Tensor& g
   BatchNormForward out{Tensor::empty(x.shape(), DType::kFloat32, spec_),
                        Tensor::empty(Shape{d[1]}, DType::kFloat32, spec_),
                        Tensor::empty(Shape{d[1]}, DType::kFloat32, spec_)};
-  if (d[0] == 0) {
+  if (d[0] == 0 || d[1] == 0) {
     fill(out.mean, 0.f);
     fill(out.var, 0.f);
     if (relu_mask) *relu_mask = Tensor::empty(Shape{0}, DType::kFloat32, spec_);
@@ -354,7 +356,7 @@ Tensor CpuKernels::batch_norm_inference(const Tensor& x, const Tensor& gamma, co
   require_channels("batch_norm", d[1],
                    {{"gamma", &gamma}, {"beta", &beta}, {"mean", &mean}, {"var", &var}});
   Tensor y = Tensor::empty(x.shape(), DType::kFloat32, spec_);
-  if (d[0] == 0) return y;
+  if (d[0] == 0 || d[1] == 0) return y;
   const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift |
                      dnnl::normalization_flags::use_global_stats;
   const memory::desc md = bn_desc(d);
@@ -401,13 +403,16 @@ BatchNormBackward CpuKernels::batch_norm_backward_impl(const Tensor& dy, const T
   require_f32_or_kept_bf16(x, "batch_norm_backward", "x");
   require_channels("batch_norm_backward", bn_dims(x.shape())[1],
                    {{"gamma", &gamma}, {"mean", &mean}, {"var", &var}});
+  if (dy.shape() != x.shape())  // (both paths: oneDNN would read x's size from a shorter dy)
+    throw InvalidArgument("batch_norm_backward: dy is " + dy.shape().to_string() + ", x is " +
+                          x.shape().to_string() + "; dy must have x's shape");
   if (x.dtype() == DType::kBFloat16)
     return batch_norm_backward_bf16(dy, x, gamma, mean, var, eps, relu_mask);
   const memory::dims d = bn_dims(x.shape());
   BatchNormBackward out{Tensor::empty(x.shape(), DType::kFloat32, spec_),
                         Tensor::empty(Shape{d[1]}, DType::kFloat32, spec_),
                         Tensor::empty(Shape{d[1]}, DType::kFloat32, spec_)};
-  if (d[0] == 0) {
+  if (d[0] == 0 || d[1] == 0) {
     fill(out.dgamma, 0.f);
     fill(out.dbeta, 0.f);
     return out;

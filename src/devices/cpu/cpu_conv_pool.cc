@@ -97,8 +97,14 @@ Tensor CpuKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
 Tensor CpuKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, const Shape& x_shape,
                                          const Conv2dParams& p) {
   require_f32_or_kept_bf16(dy, "conv2d_backward_input", "dy");
+  require_f32(w, "conv2d_backward_input", "filter");
   const ConvShapes s = conv_shapes(x_shape, w.shape(), p);
   require_dy_shape("conv2d_backward_input", dy, s, x_shape);
+  if (dy.numel() == 0) {  // no outputs (or no output channels): nothing flows back
+    Tensor dx = Tensor::empty(x_shape, DType::kFloat32, spec_);
+    fill(dx, 0.f);
+    return dx;
+  }
   if (conv_as_gemm(w.shape(), p) && x_shape.numel() > 0) {  // dx = dy w^T
     const int64_t cin = w.shape()[2], cout = w.shape()[3];
     Tensor rows =

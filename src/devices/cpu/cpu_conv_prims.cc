@@ -2,6 +2,7 @@
 // keys, creation (cpu_conv_prims.h).
 #include "devices/cpu/cpu_conv_prims.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -238,12 +239,20 @@ ConvShapes checked_conv_shapes(const char* op, const Tensor& x, const Tensor& w,
 // (the step 4% slower as products), so there they stay. (ResNet-50's 1x1 convolutions: most of
 // its backward time.)
 // DTRAIN_CPU_CONV_GEMM=0 keeps them all on the convolution primitives, =unstrided the strided
-// ones, for comparisons.
+// ones, for comparisons (1, the default, as described; another value is reported and ignored).
 bool conv_as_gemm(const Shape& w, const Conv2dParams& p) {
   static const int mode = [] {  // 0: none, 1: stride 1 only, 2: strided too, on bfloat16 kernels
     const char* v = std::getenv("DTRAIN_CPU_CONV_GEMM");
     const std::string s = v ? v : "";
-    return s == "0" ? 0 : s == "unstrided" ? 1 : 2;
+    if (s == "0") return 0;
+    if (s == "unstrided") return 1;
+    if (!s.empty() && s != "1")
+      std::fprintf(stderr,
+                   "dtrain: DTRAIN_CPU_CONV_GEMM='%s' is not 0, unstrided or 1; keeping the "
+                   "default (1: every 1x1 convolution without padding that can run as a matrix "
+                   "product does)\n",
+                   s.c_str());
+    return 2;
   }();
   if (mode == 0 || w[0] != 1 || w[1] != 1 || p.pad_top != 0 || p.pad_bottom != 0 ||
       p.pad_left != 0 || p.pad_right != 0)

@@ -355,10 +355,10 @@ TEST(CpuBf16, BatchNormReadsTheBfloat16CopyAsFloat32ReadsTheRoundedValues) {
 
 // Operands a kernel would read past its end are refused on both paths (float32 and the bfloat16
 // copy), and tensors without channels give empty results instead of a division by zero (found by a
-// second reading of the kernels): batch norm's dy of another shape (oneDNN's float32 kernel read x's
-// size from it), a ReLU mask of another type, x of shape [..., 0]; a bfloat16 filter handed to the
-// convolution's input gradient (its primitive read it as float32), and no output channels there.
-// Also that a NaN gives the fused ReLU's 0 on both batch norm paths.
+// second reading of the kernels): batch norm's dy of another shape (oneDNN's float32 kernel read
+// x's size from it), a ReLU mask of another type, x of shape [..., 0]; a bfloat16 filter handed to
+// the convolution's input gradient (its primitive read it as float32), and no output channels
+// there. Also that a NaN gives the fused ReLU's 0 on both batch norm paths.
 TEST(CpuBf16, KernelsRefuseOperandsTheyWouldReadPastAndHandleNoChannels) {
   cpu::CpuKernels k(DeviceSpec::cpu(0), 1);
   const Shape xs{2, 3, 5, 8};
@@ -381,9 +381,8 @@ TEST(CpuBf16, KernelsRefuseOperandsTheyWouldReadPastAndHandleNoChannels) {
     EXPECT_THROW(k.batch_norm_backward(short_dy, x16, gamma, f16.mean, f16.var, 1e-3f),
                  InvalidArgument);
     const Tensor mask_int = Tensor::from_vector(std::vector<int32_t>(16, 0), Shape{2, 8});
-    EXPECT_THROW(
-        k.batch_norm_relu_backward(dy, x16, gamma, f16.mean, f16.var, 1e-3f, mask_int),
-        InvalidArgument);
+    EXPECT_THROW(k.batch_norm_relu_backward(dy, x16, gamma, f16.mean, f16.var, 1e-3f, mask_int),
+                 InvalidArgument);
     EXPECT_NO_THROW(k.batch_norm_relu_backward(dy, x16, gamma, f16.mean, f16.var, 1e-3f, mask));
   }
   {  // A NaN makes its channel's statistics NaN; the fused ReLU gives 0 there on both paths, as
@@ -435,7 +434,8 @@ TEST(CpuBf16, KernelsRefuseOperandsTheyWouldReadPastAndHandleNoChannels) {
     EXPECT_EQ(k.conv2d_backward_input(g, w, xs, p).shape(), xs);
     EXPECT_THROW(k.conv2d_backward_input(g, k.cast(w, DType::kBFloat16), xs, p), InvalidArgument);
     const Tensor w0 = Tensor::from_vector(std::vector<float>{}, Shape{kh, kh, 8, 0});
-    const Tensor g0 = Tensor::from_vector(std::vector<float>{}, Shape{2, 3 - kh + 1, 5 - kh + 1, 0});
+    const Tensor g0 =
+        Tensor::from_vector(std::vector<float>{}, Shape{2, 3 - kh + 1, 5 - kh + 1, 0});
     const std::vector<float> dx0 = k.conv2d_backward_input(g0, w0, xs, p).to_vector<float>();
     EXPECT_EQ(dx0, std::vector<float>(static_cast<size_t>(xs.numel()), 0.f));
     EXPECT_EQ(k.conv2d(x, w0, Tensor(), p).shape(), (Shape{2, 3 - kh + 1, 5 - kh + 1, 0}));

@@ -384,6 +384,10 @@ TEST(CpuBf16, KernelsRefuseOperandsTheyWouldReadPastAndHandleNoChannels) {
     EXPECT_THROW(k.batch_norm_relu_backward(dy, x16, gamma, f16.mean, f16.var, 1e-3f, mask_int),
                  InvalidArgument);
     EXPECT_NO_THROW(k.batch_norm_relu_backward(dy, x16, gamma, f16.mean, f16.var, 1e-3f, mask));
+    // The bfloat16 path's [2, C] handed to the float32 path, whose bitmask for these 30 x 8 values
+    // is 30 bytes: as many bytes would pass, so the shape is checked too.
+    EXPECT_THROW(k.batch_norm_relu_backward(dy, x, gamma, fr.mean, fr.var, 1e-3f, mask),
+                 InvalidArgument);
   }
   {  // A NaN makes its channel's statistics NaN; the fused ReLU gives 0 there on both paths, as
      // oneDNN's float32 kernel and ops::relu do (the bfloat16 path gave NaN).

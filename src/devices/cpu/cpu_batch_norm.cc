@@ -443,11 +443,17 @@ BatchNormBackward CpuKernels::batch_norm_backward_impl(const Tensor& dy, const T
         {DNNL_ARG_DIFF_SCALE, mem(cmd, state_->engine, out.dgamma)},
         {DNNL_ARG_DIFF_SHIFT, mem(cmd, state_->engine, out.dbeta)}};
     if (relu_mask) {
-      if (relu_mask->nbytes() < e->pd.workspace_desc().get_size())
-        throw InvalidArgument("batch_norm_relu_backward: the ReLU mask has " +
-                              std::to_string(relu_mask->nbytes()) + " bytes, the kernel needs " +
-                              std::to_string(e->pd.workspace_desc().get_size()) +
-                              " (pass the mask batch_norm_relu_training wrote for this x)");
+      // The forward pass wrote oneDNN's bitmask as a float32 vector ([2, C] is the bfloat16
+      // path's scale and shift: not a bitmask, though it may have as many bytes).
+      if (relu_mask->dtype() != DType::kFloat32 || relu_mask->shape().rank() != 1 ||
+          relu_mask->nbytes() < e->pd.workspace_desc().get_size())
+        throw InvalidArgument(
+            "batch_norm_relu_backward: the ReLU mask is " + relu_mask->shape().to_string() + " " +
+            dtype_name(relu_mask->dtype()) + " (" + std::to_string(relu_mask->nbytes()) +
+            " bytes); for this float32 x "
+            "the kernel needs the float32 vector of at least " +
+            std::to_string(e->pd.workspace_desc().get_size()) +
+            " bytes that batch_norm_relu_training wrote for it");
       args.emplace(DNNL_ARG_WORKSPACE, mem(e->pd.workspace_desc(), state_->engine, *relu_mask));
     }
     e->prim.execute(state_->stream(x.numel()), args);

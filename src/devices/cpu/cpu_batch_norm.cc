@@ -453,7 +453,7 @@ BatchNormBackward CpuKernels::batch_norm_backward_impl(const Tensor& dy, const T
             " bytes); for this float32 x "
             "the kernel needs the float32 vector of at least " +
             std::to_string(e->pd.workspace_desc().get_size()) +
-            " bytes that batch_norm_relu_training wrote for it");
+            " bytes, the mask batch_norm_relu_training wrote for this x");
       args.emplace(DNNL_ARG_WORKSPACE, mem(e->pd.workspace_desc(), state_->engine, *relu_mask));
     }
     e->prim.execute(state_->stream(x.numel()), args);

@@ -6,7 +6,7 @@ and links, in interleaved rounds; medians of seconds per step.
 
   bench/links/links.py [--build build] [--models resnet50,gpt2] [--hosts 2,4] [--rates none,10gbit,1gbit]
       [--systems dtrain,ddp] [--rounds 2] [--warmup 1] [--steps 2] [--resnet-batch 32] [--gpt-batch 4]
-      [--context 256] [--out DIR] [--profile] [--simulate] [--from links.jsonl] [--json]
+      [--context 256] [--out DIR] [--profile] [--profile-each-run] [--simulate] [--from links.jsonl] [--json]
 
 Per run: seconds per step (the workers' slowest), images or tokens per second of the job, peak RSS of the
 largest worker, and for dtrain, from its timeline (DTRAIN_TIMELINE, merged by dtrain-run): the
@@ -23,7 +23,10 @@ caches and memory bandwidth, is in it); and the links' own all-reduce speed on e
 unshaped links). --simulate: then predicts every dtrain run from its own round's profiles, one a
 worker, and takes the slowest worker's step (a synchronous step waits for its slowest worker, and on a
 shared VM one core can run slower than the other for minutes); prints the median prediction against the
-median measured step, and what worker 0's profile alone predicts. --from FILE: no training, the rows of
+median measured step, and what worker 0's profile alone predicts. --profile-each-run: the profiles are
+recorded just before each dtrain run instead of once a round, so that a prediction and its run see the
+machine at the same speed (a shared VM's speed can move by 30% between the start and the end of a round);
+a round then takes about 1.5x as long. --from FILE: no training, the rows of
 an earlier links.jsonl (and the profiles beside it), the links measured again.
 
 Needs root (network namespaces); the peers' interpreter is build/peers-venv/bin/python
@@ -172,8 +175,8 @@ def overlap(path, warmup):
     return {"allreduce_seconds_per_step": total / steps / 1e6, "hidden_share": hidden / total if total else 0.0}
 
 
-def profile_name(model, batch, hosts, rnd):
-    return f"profile_{model}_b{batch}_h{hosts}_r{rnd}.json"
+def profile_name(model, batch, hosts, rnd, rate=""):
+    return f"profile_{model}_b{batch}_h{hosts}_r{rnd}{'_' + rate if rate else ''}.json"
 
 
 def legacy_profile_name(model, batch, per_core):
@@ -282,6 +285,8 @@ def main():
     p.add_argument("--out", default="")
     p.add_argument("--peers-python", default="")
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--profile-each-run", action="store_true",
+                   help="with --profile: record the profiles just before each dtrain run, not once a round")
     p.add_argument("--simulate", action="store_true")
     p.add_argument("--json", action="store_true")
     p.add_argument("--from", dest="from_file", default="",
@@ -307,6 +312,8 @@ def main():
         sys.exit(77)
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     ncores = len(os.sched_getaffinity(0))
+    if a.profile_each_run and not a.profile:
+        raise SystemExit("--profile-each-run goes with --profile (it says when the profiles are recorded)")
     if a.from_file:
         return from_file(a, cpu, ncores)
     log = open(os.path.join(a.out, "links.jsonl"), "a")
@@ -318,19 +325,25 @@ def main():
             links = measure_links(a, hosts, rates) if a.profile else {}
             for rnd in range(a.rounds):
                 profiles = {}
-                if a.profile and "dtrain" in systems:
+
+                def record_profile(model, rate=""):
+                    batch = a.resnet_batch if model == "resnet50" else a.gpt_batch
+                    t0 = time.time()
+                    profiles[model] = profile_runs(
+                        a, model, hosts, os.path.join(a.out, profile_name(model, batch, hosts, rnd + 1, rate)))
+                    print(f"round {rnd + 1}: {model} profile{' before the ' + rate + ' run' if rate else ''}, "
+                          f"{hosts} one-worker jobs at once ({time.time() - t0:.0f} s)", flush=True)
+
+                if a.profile and not a.profile_each_run and "dtrain" in systems:
                     for model in models:
-                        batch = a.resnet_batch if model == "resnet50" else a.gpt_batch
-                        t0 = time.time()
-                        profiles[model] = profile_runs(
-                            a, model, hosts, os.path.join(a.out, profile_name(model, batch, hosts, rnd + 1)))
-                        print(f"round {rnd + 1}: {model} profile, {hosts} one-worker jobs at once "
-                              f"({time.time() - t0:.0f} s)", flush=True)
+                        record_profile(model)
                 for rate in rates:
                     for h in range(hosts):
                         netns("link", str(h), "--rate", rate)
                     for model in models:
                         for system in systems:
+                            if a.profile_each_run and system == "dtrain":
+                                record_profile(model, rate)
                             tag = f"{model}_h{hosts}_{rate}_r{rnd + 1}"
                             t0 = time.time()
                             res = run_dtrain(a, model, hosts, tag) if system == "dtrain" else \
@@ -345,6 +358,7 @@ def main():
                                 res.update({"link_" + k: v for k, v in links[rate].items()})
                             if system == "dtrain" and model in profiles:
                                 res["profile"], res["profiles"] = profiles[model][0], profiles[model]
+                                res["profile_each_run"] = a.profile_each_run
                             results.append(res)
                             log.write(json.dumps(res) + "\n")
                             log.flush()
@@ -372,6 +386,7 @@ def from_file(a, cpu, ncores):
             a.resnet_batch = r["batch_per_worker"]
         else:
             a.gpt_batch, a.context = r["batch_per_worker"], r.get("context", a.context)
+    a.profile_each_run = any(r.get("profile_each_run") for r in results)
     here = os.path.dirname(os.path.abspath(a.from_file))
     for r in results:
         if r["system"] == "dtrain" and "profile" not in r:
@@ -424,7 +439,8 @@ def report(a, results, cpu, ncores):
           "DDP's step time over dtrain's; all-reduce s: per step, summed over gradient packs; hidden: the share "
           "of it that ran while backward was running (dtrain's timeline)")
     if a.simulate:
-        print(f"\nsimulated (dtrain-bench simulate: each run predicted from its round's profiles, the slowest "
+        when = "the profiles recorded just before it" if a.profile_each_run else "its round's profiles"
+        print(f"\nsimulated (dtrain-bench simulate: each run predicted from {when}, the slowest "
               f"worker's step, + the links' measured all-reduce speed; medians) against measured, dtrain:")
         for k in keys:
             if k[3] != "dtrain":

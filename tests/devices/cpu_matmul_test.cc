@@ -107,6 +107,46 @@ TEST(CpuMatmul, WideProductsUnderMixedBfloat16EqualSumsOfRoundedOperands) {
   }
 }
 
+// On oneDNN's bfloat16 kernels, a transposed B of 16,384 columns or more (GPT-2's tied output
+// layer) runs as column blocks of about 2,048 through a dense scratch block, for products of 256
+// rows or more: 16,390 columns are 9 blocks of 1,824 and a last of 1,798. Every element against
+// float64 sums of the rounded operands, with A as it is and transposed; 16,383 columns and 255 rows
+// (one product) beside them. bfloat16 copies of the operands give the same result bit for bit.
+TEST(CpuMatmul, WideTransposedProductsOnBfloat16KernelsRunInColumnBlocks) {
+  if (!cpu::bf16_kernel_choice().available) GTEST_SKIP() << "no bfloat16 kernels on this CPU";
+  MixedBf16 policy;
+  cpu::force_bf16_native_for_testing(true);
+  Kernels& kern = kernels_for(Tensor::full(Shape{1}, 0.f));
+  struct Case {
+    int64_t m, k, n;
+    bool ta;
+  };
+  const auto rounded = [](std::vector<float> v) {
+    for (float& f : v) f = bf16_to_float(float_to_bf16(f));
+    return v;
+  };
+  for (const Case c :
+       {Case{256, 19, 16390, false}, Case{256, 19, 16390, true}, Case{300, 33, 16384, false},
+        Case{256, 19, 16383, false}, Case{255, 19, 16390, true}}) {
+    SCOPED_TRACE(std::to_string(c.m) + "x" + std::to_string(c.k) + "x" + std::to_string(c.n) +
+                 (c.ta ? " A^T" : " A"));
+    // (Rounded here, so that the float64 sums need not round each operand again.)
+    const std::vector<float> av = rounded(wave(c.m * c.k, 0.37f)),
+                             bv = rounded(wave(c.k * c.n, 0.0113f));
+    const Tensor a = Tensor::from_vector(av, c.ta ? Shape{c.k, c.m} : Shape{c.m, c.k});
+    const Tensor b = Tensor::from_vector(bv, Shape{c.n, c.k});
+    const Tensor got = ops::matmul(a, b, c.ta, true);
+    ASSERT_EQ(got.shape(), (Shape{c.m, c.n}));
+    const std::vector<float> gv = got.to_vector<float>();
+    const Error e = compare(av, bv, c.m, c.k, c.n, c.ta, true, gv, false);
+    EXPECT_GT(e.scale, 1.0);
+    EXPECT_LT(e.worst, 1e-6 * e.scale);
+    const Tensor from_bf16 =
+        kern.matmul(kern.cast(a, DType::kBFloat16), kern.cast(b, DType::kBFloat16), c.ta, true);
+    EXPECT_EQ(from_bf16.to_vector<float>(), gv);
+  }
+}
+
 // bfloat16 operands (the copies ops keep for the backward pass) give the product of their float32
 // originals bit for bit, for every transpose: the kernel reads them as they lie (native) or widens
 // them (emulated), where it converts float32 ones itself.

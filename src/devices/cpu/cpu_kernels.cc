@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <atomic>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -98,6 +99,10 @@ struct Reorder {
 constexpr int64_t kMatmulColumnBlock = 1536, kMatmulInnerBlock = 1536,
                   kMatmulInnerBlockMinRows = 256;
 constexpr int64_t kMatmulRowBlock = 4096, kMatmulRowsSplitAbove = 8192;
+// On the bfloat16 kernels: column blocks of about kBf16ColumnBlock over a transposed B at least
+// kBf16WideColumns wide, for products of at least kMatmulInnerBlockMinRows rows (see
+// CpuKernels::matmul).
+constexpr int64_t kBf16ColumnBlock = 2048, kBf16WideColumns = 16384;
 
 // `extent` as equal blocks of at most about `most` (multiples of 16 but the last): their width.
 int64_t block_width(int64_t extent, int64_t most) {
@@ -206,6 +211,47 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     // on its older jit GEMM instead of the AMX brgemm one, at a fraction of the rate (GPT-2 small's
     // MLP products, [1024x768] @ [768x1536] blocks of [768x3072]: 221 GFLOP/s on an AMX Xeon, 3.6
     // of 8.8 s of oneDNN time over two steps).
+    const size_t elem = op_dt == dt::bf16 ? 2 : 4;
+    auto* cp = static_cast<float*>(c.raw_data());
+    // On the bfloat16 kernels, a transposed B tens of thousands of columns wide (GPT-2's tied
+    // output layer, x E^T with E the [50257 x 768] embedding, 79 GFLOP a step at 1,024 tokens)
+    // runs as column blocks of C, each into a dense scratch block copied into place: a block of a
+    // transposed B is a dense range of its rows, which the AMX brgemm kernel takes, but a block of
+    // C is strided, which oneDNN 2.6 gives to its older jit GEMM. Whole, that product ran at 252
+    // GFLOP/s (183-288) against 382-885 for GPT-2's other products; in blocks of 2,048 columns
+    // at 436 (1.70x within each of 7 rounds, 1.52-1.88; blocks of 1,024 1.51x, of 4,096 1.46x),
+    // the copies included (bench/micro/lm_head_blocks.cc, one thread on an AMX Xeon). The sums
+    // over the inner dimension are the same: each block is the whole product's columns.
+    if (native && !b_rows && n >= kBf16WideColumns && m >= kMatmulInnerBlockMinRows) {
+      const int64_t nw = block_width(n, kBf16ColumnBlock);
+      Tensor block = scratch(static_cast<size_t>(m * nw) * 4, spec_);
+      auto* cblock = static_cast<float*>(block.raw_data());
+      const int threads = m * nw < State::kSerialWork ? 1 : state_->threads;
+      for (int64_t j = 0; j < n; j += nw) {
+        const int64_t nb = std::min(nw, n - j);
+        std::string key = "mm@bf16-cols";
+        key_dims(key, {m, k, nb, ta});
+        auto e = state_->get<Matmul>(key, [&] {
+          dnnl::matmul::primitive_desc pd(
+              dnnl::matmul::desc(memory::desc({m, k}, op_dt, as), memory::desc({k, nb}, op_dt, bs),
+                                 memory::desc({m, nb}, dt::f32, memory::dims{nb, 1})),
+              state_->engine);
+          return std::make_shared<Matmul>(Matmul{dnnl::matmul(pd)});
+        });
+        const memory am(memory::desc({m, k}, op_dt, as), state_->engine, const_cast<char*>(ap));
+        const memory bb(memory::desc({k, nb}, op_dt, bs), state_->engine,
+                        const_cast<char*>(bp) + j * bs[1] * elem);
+        const memory cb(memory::desc({m, nb}, dt::f32, memory::dims{nb, 1}), state_->engine,
+                        cblock);
+        auto& strm = state_->stream(m * nb * k / 8);
+        e->prim.execute(strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bb}, {DNNL_ARG_DST, cb}});
+        strm.wait();
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+        for (int64_t i = 0; i < m; ++i)
+          std::memcpy(cp + i * n + j, cblock + i * nb, static_cast<size_t>(nb) * sizeof(float));
+      }
+      return c;
+    }
     const bool blocks = !native;
     const int64_t nw = block_width(n, blocks && b_rows ? kMatmulColumnBlock : n);
     // (Not under a transposed A: ResNet-50's 1x1 weight gradients, x^T dy with inner dimensions of
@@ -217,7 +263,6 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
         k, blocks && b_rows && !ta && m >= kMatmulInnerBlockMinRows ? kMatmulInnerBlock : k);
     const int64_t mw =
         block_width(m, blocks && !a_rows && m > kMatmulRowsSplitAbove ? kMatmulRowBlock : m);
-    const size_t elem = op_dt == dt::bf16 ? 2 : 4;
     // The primitive for an mb x kb x nb block (operands and C keep their full strides).
     const auto prim = [&](int64_t mb, int64_t kb, int64_t nb, bool accumulate) {
       std::string key = bf16 ? (native ? "mm@bf16" : "mm@bf16-emulated") : "mm";
@@ -236,7 +281,6 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
         return std::make_shared<Matmul>(Matmul{dnnl::matmul(pd)});
       });
     };
-    auto* cp = static_cast<float*>(c.raw_data());
     for (int64_t i = 0; i < m; i += mw)
       for (int64_t j = 0; j < n; j += nw)
         for (int64_t p = 0; p < k; p += kw) {

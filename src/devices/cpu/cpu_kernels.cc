@@ -220,8 +220,8 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     // C is strided, which oneDNN 2.6 gives to its older jit GEMM. Whole, that product ran at 252
     // GFLOP/s (183-288) against 382-885 for GPT-2's other products; in blocks of 2,048 columns
     // at 436 (1.70x within each of 7 rounds, 1.52-1.88; blocks of 1,024 1.51x, of 4,096 1.46x),
-    // the copies included (bench/micro/lm_head_blocks.cc, one thread on an AMX Xeon). The sums
-    // over the inner dimension are the same: each block is the whole product's columns.
+    // the copies included (bench/micro/lm_head_blocks.cc, one thread on an AMX Xeon). Each block
+    // sums over the whole inner dimension, as the whole product does.
     if (native && !b_rows && n >= kBf16WideColumns && m >= kMatmulInnerBlockMinRows) {
       const int64_t nw = block_width(n, kBf16ColumnBlock);
       Tensor block = scratch(static_cast<size_t>(m * nw) * 4, spec_);

@@ -213,6 +213,25 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     // of 8.8 s of oneDNN time over two steps).
     const size_t elem = op_dt == dt::bf16 ? 2 : 4;
     auto* cp = static_cast<float*>(c.raw_data());
+    // The primitive for an mb x kb x nb block (the operands keep their full strides; C's rows are
+    // ldc apart: n in C itself, nb in a dense scratch block).
+    const auto prim = [&](int64_t mb, int64_t kb, int64_t nb, bool accumulate, int64_t ldc) {
+      std::string key = bf16 ? (native ? "mm@bf16" : "mm@bf16-emulated") : "mm";
+      key_dims(key, {m, k, n, mb, kb, nb, ta, tb, accumulate, ldc});
+      return state_->get<Matmul>(key, [&] {
+        dnnl::primitive_attr attr;
+        if (accumulate) {
+          dnnl::post_ops po;
+          po.append_sum(1.f);
+          attr.set_post_ops(po);
+        }
+        dnnl::matmul::primitive_desc pd(
+            dnnl::matmul::desc(memory::desc({mb, kb}, op_dt, as), memory::desc({kb, nb}, op_dt, bs),
+                               memory::desc({mb, nb}, dt::f32, memory::dims{ldc, 1})),
+            attr, state_->engine);
+        return std::make_shared<Matmul>(Matmul{dnnl::matmul(pd)});
+      });
+    };
     // On the bfloat16 kernels, a transposed B tens of thousands of columns wide (GPT-2's tied
     // output layer, x E^T with E the [50257 x 768] embedding, 79 GFLOP a step at 1,024 tokens)
     // runs as column blocks of C, each into a dense scratch block copied into place: a block of a
@@ -229,15 +248,7 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
       const int threads = m * nw < State::kSerialWork ? 1 : state_->threads;
       for (int64_t j = 0; j < n; j += nw) {
         const int64_t nb = std::min(nw, n - j);
-        std::string key = "mm@bf16-cols";
-        key_dims(key, {m, k, nb, ta});
-        auto e = state_->get<Matmul>(key, [&] {
-          dnnl::matmul::primitive_desc pd(
-              dnnl::matmul::desc(memory::desc({m, k}, op_dt, as), memory::desc({k, nb}, op_dt, bs),
-                                 memory::desc({m, nb}, dt::f32, memory::dims{nb, 1})),
-              state_->engine);
-          return std::make_shared<Matmul>(Matmul{dnnl::matmul(pd)});
-        });
+        auto e = prim(m, k, nb, false, nb);
         const memory am(memory::desc({m, k}, op_dt, as), state_->engine, const_cast<char*>(ap));
         const memory bb(memory::desc({k, nb}, op_dt, bs), state_->engine,
                         const_cast<char*>(bp) + j * bs[1] * elem);
@@ -263,30 +274,12 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
         k, blocks && b_rows && !ta && m >= kMatmulInnerBlockMinRows ? kMatmulInnerBlock : k);
     const int64_t mw =
         block_width(m, blocks && !a_rows && m > kMatmulRowsSplitAbove ? kMatmulRowBlock : m);
-    // The primitive for an mb x kb x nb block (operands and C keep their full strides).
-    const auto prim = [&](int64_t mb, int64_t kb, int64_t nb, bool accumulate) {
-      std::string key = bf16 ? (native ? "mm@bf16" : "mm@bf16-emulated") : "mm";
-      key_dims(key, {m, k, n, mb, kb, nb, ta, tb, accumulate});
-      return state_->get<Matmul>(key, [&] {
-        dnnl::primitive_attr attr;
-        if (accumulate) {
-          dnnl::post_ops po;
-          po.append_sum(1.f);
-          attr.set_post_ops(po);
-        }
-        dnnl::matmul::primitive_desc pd(
-            dnnl::matmul::desc(memory::desc({mb, kb}, op_dt, as), memory::desc({kb, nb}, op_dt, bs),
-                               memory::desc({mb, nb}, dt::f32, memory::dims{n, 1})),
-            attr, state_->engine);
-        return std::make_shared<Matmul>(Matmul{dnnl::matmul(pd)});
-      });
-    };
     for (int64_t i = 0; i < m; i += mw)
       for (int64_t j = 0; j < n; j += nw)
         for (int64_t p = 0; p < k; p += kw) {
           const int64_t mb = std::min(mw, m - i), nb = std::min(nw, n - j),
                         kb = std::min(kw, k - p);
-          auto e = prim(mb, kb, nb, p > 0);
+          auto e = prim(mb, kb, nb, p > 0, n);
           const memory ab(memory::desc({mb, kb}, op_dt, as), state_->engine,
                           const_cast<char*>(ap) + (i * as[0] + p * as[1]) * elem);
           const memory bb(memory::desc({kb, nb}, op_dt, bs), state_->engine,

@@ -89,21 +89,38 @@ def main():
         print(f"ok: ParameterServer, 2 workers + 1 ps on 3 hosts: {len(rows)} worker result(s)")
 
         # Ranks waiting on a slow link block in poll() rather than spin (next_spin_budget in
-        # src/collectives/tcp/tcp_transport.h): the two ranks' CPU time over 6 more 8 MiB all-reduces
-        # (about 2 s on the wire at 200 Mbit/s), as a share of the wall time they took.
+        # src/collectives/tcp/tcp_transport.h). dtrain-bench allreduce reports the CPU time of the
+        # two ranks' processes per 8 MiB all-reduce (cpu_us: every thread, user and system), measured
+        # inside the ranks over the timed all-reduces only. What the ranks burn on 200 Mbit/s links
+        # beyond what the same all-reduce costs on unshaped links (the summing, copying and TCP work,
+        # which a slow link does not change) is what waiting cost; as a share of the all-reduce's
+        # time on the slow link it must stay small. The difference is checked rather than the raw
+        # share because this VM runs the same work at 2-3x different speeds minutes apart.
         def allreduce(iters):
-            before, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.time()
-            sh(bench, "allreduce", "--backend", "tcp", "--ranks", "2", "--netns", prefix, "--warmup", "1",
-               "--sizes", "8M", "--iters", str(iters), timeout=120)
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, time.time() - t0
-        (c2, w2), (c8, w8) = allreduce(2), allreduce(8)
-        share = (c8 - c2) / (w8 - w2)
-        print(f"ok: two ranks all-reducing over 200 Mbit/s links used {share:.2f} of a core "
-              f"({c8 - c2:.2f} s of CPU in {w8 - w2:.2f} s)")
-        assert w8 - w2 > 1.0, f"6 all-reduces of 8 MiB took {w8 - w2:.2f} s: the links are not shaped to 200 Mbit/s"
-        assert share < 0.12, (f"two ranks waiting on 200 Mbit/s links used {share:.2f} of a core (at most 0.12; "
-                              "0.04-0.05 measured): the TCP transport spins where it should block")
+            r = sh(bench, "allreduce", "--backend", "tcp", "--ranks", "2", "--netns", prefix, "--warmup", "1",
+                   "--sizes", "8M", "--iters", str(iters), "--json", timeout=120)
+            row = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")][-1]
+            return row["cpu_us"] / 1e6, row["time_us"] / 1e6
+        def relink(rate):
+            for host in ("0", "1"):
+                sh(netns, "link", "--prefix", prefix, host, "--rate", rate)
+        relink("none")
+        work, fast = allreduce(6)
+        relink("200mbit")
+        tries = []
+        for _ in range(2):  # a second try only when the first is over: a spinning transport is over in both
+            cpu, wall = allreduce(6)
+            tries.append(((cpu - work) / wall, cpu, wall))
+            if tries[-1][0] < 0.065:
+                break
+        waste, cpu, wall = min(tries)
+        print(f"ok: an 8 MiB all-reduce of two ranks over 200 Mbit/s links: {wall:.3f} s, {cpu * 1e3:.1f} ms of CPU; "
+              f"unshaped {fast * 1e3:.1f} ms, {work * 1e3:.1f} ms of CPU; {waste:+.3f} of a core burnt waiting "
+              f"({len(tries)} tr{'y' if len(tries) == 1 else 'ies'})")
+        assert wall > 0.25, f"an 8 MiB all-reduce took {wall:.3f} s: the links are not shaped to 200 Mbit/s"
+        assert waste < 0.065, (f"two ranks waiting on 200 Mbit/s links burnt {waste:.3f} of a core beyond the "
+                               f"work the same all-reduce takes unshaped (at most 0.065; 0.014-0.040 measured, "
+                               "a fixed 100 us spin 0.092-0.094): the TCP transport spins where it should block")
     finally:
         sh(netns, "down", "--prefix", prefix, check=False)
     left = [l for l in sh("ip", "netns", "list").stdout.splitlines() if l.startswith(prefix + "-")]

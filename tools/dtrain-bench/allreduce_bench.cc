@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -19,6 +20,13 @@
 
 namespace dtrain::bench {
 namespace {
+
+// CPU time of this process so far (every thread, user + system), seconds.
+double process_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
 
 // Mean time per allreduce (max over ranks), in-process group of `ranks` threads.
 double time_inproc(int ranks, long bytes, int iters, int warmup) {
@@ -47,13 +55,20 @@ nlohmann::json row(const std::string& backend, int ranks, long bytes, double sec
           {"algbw_GBps", alg},  {"busbw_GBps", alg * 2.0 * (ranks - 1) / ranks}};
 }
 
+// cpu(us): CPU time of all ranks' processes together per all-reduce (user + system, every thread),
+// where the row has it (dtrain's tcp backend): what the ranks spend, busy or waiting, per
+// operation.
 void print_table(const std::vector<nlohmann::json>& rows, bool json) {
-  std::printf("%-8s %6s %12s %12s %12s %12s\n", "backend", "ranks", "bytes", "time(us)",
-              "algbw(GB/s)", "busbw(GB/s)");
-  for (const auto& r : rows)
-    std::printf("%-8s %6d %12ld %12.1f %12.3f %12.3f\n", r["backend"].get<std::string>().c_str(),
-                r["ranks"].get<int>(), r["bytes"].get<long>(), r["time_us"].get<double>(),
-                r["algbw_GBps"].get<double>(), r["busbw_GBps"].get<double>());
+  std::printf("%-8s %6s %12s %12s %12s %12s %12s\n", "backend", "ranks", "bytes", "time(us)",
+              "algbw(GB/s)", "busbw(GB/s)", "cpu(us)");
+  for (const auto& r : rows) {
+    char cpu[32] = "-";
+    if (r.contains("cpu_us")) std::snprintf(cpu, sizeof cpu, "%.1f", r["cpu_us"].get<double>());
+    std::printf("%-8s %6d %12ld %12.1f %12.3f %12.3f %12s\n",
+                r["backend"].get<std::string>().c_str(), r["ranks"].get<int>(),
+                r["bytes"].get<long>(), r["time_us"].get<double>(), r["algbw_GBps"].get<double>(),
+                r["busbw_GBps"].get<double>(), cpu);
+  }
   if (json)
     for (const auto& r : rows) std::printf("%s\n", r.dump().c_str());
 }
@@ -138,13 +153,20 @@ int allreduce_worker(int rank, const std::string& addresses, const std::string& 
     for (int i = 0; i < warmup; ++i) comm->allreduce(t, ReduceOp::kSum).wait();
     comm->barrier().wait();
     const auto t0 = std::chrono::steady_clock::now();
+    const double cpu0 = process_cpu_seconds();
     for (int i = 0; i < iters; ++i) comm->allreduce(t, ReduceOp::kSum).wait();
+    const double cpu = (process_cpu_seconds() - cpu0) / iters;
     Tensor secs = Tensor::from_vector<double>(
         {std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters},
         Shape{1});
     comm->allreduce(secs, ReduceOp::kMax).wait();
-    if (rank == 0)
-      std::printf("%s\n", row("tcp", n, t.numel() * 4, secs.to_vector<double>()[0]).dump().c_str());
+    Tensor cpus = Tensor::from_vector<double>({cpu}, Shape{1});
+    comm->allreduce(cpus, ReduceOp::kSum).wait();
+    if (rank == 0) {
+      auto r = row("tcp", n, t.numel() * 4, secs.to_vector<double>()[0]);
+      r["cpu_us"] = cpus.to_vector<double>()[0] * 1e6;
+      std::printf("%s\n", r.dump().c_str());
+    }
     std::fflush(stdout);
   }
   return 0;

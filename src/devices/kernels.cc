@@ -67,10 +67,11 @@ ConvPoolGrads Kernels::conv2d_max_pool2d_backward(const Tensor& dy, const Tensor
 
 BatchNormForward Kernels::batch_norm_relu_training(const Tensor& x, const Tensor& gamma,
                                                    const Tensor& beta, float epsilon,
-                                                   Tensor* relu_mask) {
+                                                   Tensor* relu_mask, DType y_dtype) {
   BatchNormForward f = batch_norm_training(x, gamma, beta, epsilon);
   f.y = unary(UnaryOp::kRelu, f.y);
   *relu_mask = f.y;  // y > 0 exactly where the normalised value was
+  if (y_dtype != DType::kFloat32) f.y = cast(f.y, y_dtype);
   return f;
 }
 

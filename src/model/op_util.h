@@ -34,6 +34,10 @@ std::pair<Tensor, Tensor> product_operands(const Tensor& a, const Tensor& b);
 // The incoming gradient g of a product whose backward pass reads the operands ka and kb: one
 // kernel_copy for both of its products, unless an outer tape differentiates the backward pass.
 Tensor product_gradient(const Tensor& g, const Tensor& ka, const Tensor& kb);
+// Whether an op may hand x's consumer a bfloat16 activation where asked (Conv2D::bfloat16_output,
+// BatchNormalization::bfloat16_output): under mixed_bfloat16 on a CPU device, where ops keep
+// bfloat16 copies and the kernels read them. x is float32 or already such an activation.
+bool bf16_activations(const Tensor& x);
 // Drops this thread's references to the copies made (GradientTape::gradient calls it).
 void forget_kept_copies();
 // Under mixed_bfloat16, x's values rounded to bfloat16 (float32; a new tensor), else x, on every

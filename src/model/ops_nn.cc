@@ -47,12 +47,14 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2d
                           x.shape().to_string() + " input with its padding");
   Kernels& k = kernels_for(x);
   const bool records = tape::should_record({&x, &w, &bias});
+  const bool one_tape = records && tape::recording_tapes({&x, &w, &bias}) == 1;
   // Under mixed_bfloat16 the filter's gradient reads x rounded to bfloat16: only that is kept. On
   // the CPU that is a bfloat16 copy, which the forward pass reads too (its kernel would make the
-  // same copy).
-  const Tensor kept =
-      records && tape::recording_tapes({&x, &w, &bias}) == 1 ? keep_for_backward(x) : x;
-  Tensor y = k.conv2d(kept.dtype() == DType::kBFloat16 ? kept : x, w, bias, p);
+  // same copy), or x itself where x is already bfloat16 (a batch norm's bfloat16 output).
+  const Tensor kept = one_tape ? keep_for_backward(x) : x;
+  Conv2dParams kp = p;
+  kp.bf16_output = p.bf16_output && one_tape && bf16_activations(x);
+  Tensor y = k.conv2d(kept.dtype() == DType::kBFloat16 ? kept : x, w, bias, kp);
   if (records) {
     tape::record("conv2d", {x, w, bias}, {y},
                  [kept, x_shape = x.shape(), w, bias,
@@ -247,10 +249,13 @@ Tensor batch_norm_training(const Tensor& x, const Tensor& gamma, const Tensor& b
 }
 
 Tensor batch_norm_relu_training(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
-                                Tensor* batch_mean, Tensor* batch_var) {
+                                Tensor* batch_mean, Tensor* batch_var, bool bf16_output) {
   Tensor mask;
   const BatchNormInput in = batch_norm_input(x, gamma, beta);
-  BatchNormForward f = kernels_for(x).batch_norm_relu_training(in.x, gamma, beta, eps, &mask);
+  const bool bf16_y = bf16_output && tape::recording_tapes({&x, &gamma, &beta}) == 1 &&
+                      tape::should_record({&x, &gamma, &beta}) && bf16_activations(x);
+  BatchNormForward f = kernels_for(x).batch_norm_relu_training(
+      in.x, gamma, beta, eps, &mask, bf16_y ? DType::kBFloat16 : DType::kFloat32);
   *batch_mean = f.mean;
   *batch_var = f.var;
   if (tape::should_record({&x, &gamma, &beta})) {

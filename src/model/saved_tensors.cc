@@ -46,6 +46,12 @@ Tensor keep_for_backward(const Tensor& x) {
   return copy;
 }
 
+bool bf16_activations(const Tensor& x) {
+  return x.defined() && precision_policy() == Precision::kMixedBFloat16 &&
+         x.device().type == DeviceType::kCPU &&
+         (x.dtype() == DType::kFloat32 || x.dtype() == DType::kBFloat16);
+}
+
 Tensor kernel_copy(const Tensor& x) {
   return compacts(x) ? kernels_for(x).cast(x, DType::kBFloat16) : x;
 }

@@ -69,9 +69,12 @@ void Conv2D::set_explicit_padding(int pad_h, int pad_w) {
 
 Tensor Conv2D::linear(const Tensor& x) {
   const Tensor b = use_bias_ ? bias->value() : Tensor();
-  if (pad_h_ < 0) return ops::conv2d(x, kernel->value(), b, stride_, stride_, padding_);
-  return ops::conv2d(x, kernel->value(), b,
-                     Conv2dParams{stride_, stride_, pad_h_, pad_h_, pad_w_, pad_w_});
+  Conv2dParams p =
+      pad_h_ < 0 ? ops::conv_params(x.shape(), kernel->value().shape(), stride_, stride_, padding_)
+                 : Conv2dParams{stride_, stride_, pad_h_, pad_h_, pad_w_, pad_w_};
+  // (ops::conv2d gives it only under mixed_bfloat16 on a CPU device, one tape recording.)
+  p.bf16_output = bfloat16_output && activation_ == Activation::kNone;
+  return ops::conv2d(x, kernel->value(), b, p);
 }
 
 Tensor Conv2D::call(const Tensor& x, bool) { return apply_activation(activation_, linear(x)); }
@@ -190,20 +193,26 @@ void BatchNormalization::build_weights(const Shape& s) {
                                VariableSynchronization::kOnRead, VariableAggregation::kMean);
 }
 
-Tensor BatchNormalization::call(const Tensor& x, bool training) {
+Tensor BatchNormalization::call(const Tensor& x_in, bool training) {
+  ReplicaContext* ctx = get_replica_context();
+  const bool sync = training && synchronized_ && ctx && ctx->num_replicas_in_sync() > 1;
+  // A Conv2D's bfloat16 output (Conv2D::bfloat16_output) goes to the training kernels as it is;
+  // inference and SyncBatchNorm read it widened (the same values).
+  const Tensor x = x_in.dtype() == DType::kBFloat16 && (!training || sync)
+                       ? ops::cast(x_in, DType::kFloat32)
+                       : x_in;
   if (!training)
     return apply_activation(activation, ops::batch_norm_inference(
                                             x, gamma->value(), beta->value(), moving_mean->value(),
                                             moving_variance->value(), epsilon_));
   Tensor mean, var, y;
-  ReplicaContext* ctx = get_replica_context();
-  const bool sync = synchronized_ && ctx && ctx->num_replicas_in_sync() > 1;
   if (sync)
     y = apply_activation(
         activation, ops::sync_batch_norm_training(*ctx, x, gamma->value(), beta->value(), epsilon_,
                                                   &mean, &var));
   else if (activation == Activation::kRelu)
-    y = ops::batch_norm_relu_training(x, gamma->value(), beta->value(), epsilon_, &mean, &var);
+    y = ops::batch_norm_relu_training(x, gamma->value(), beta->value(), epsilon_, &mean, &var,
+                                      bfloat16_output);
   else
     y = apply_activation(activation, ops::batch_norm_training(x, gamma->value(), beta->value(),
                                                               epsilon_, &mean, &var));

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
@@ -478,6 +479,76 @@ TEST(CpuBf16, TheDeviceSaysHowItRunsMixedBfloat16) {
                                                    : "mixed_bfloat16 emulated"),
             std::string::npos)
       << native;
+}
+
+// The ResNets' bfloat16 hand-offs (Conv2dParams::bf16_output, batch_norm_relu_training's
+// bf16_output): under mixed_bfloat16, with one tape recording, a convolution's and a batch norm
+// with ReLU's outputs are bfloat16, the bits of their float32 outputs rounded to nearest even, on
+// the bfloat16 kernels and on float32 ones (a 3x3x3 layer's short sums); a bfloat16 input is read
+// as it is. Without a tape, or without the policy, the request gives float32.
+TEST(CpuBf16, ConvolutionsAndBatchNormsHandOffBfloat16Activations) {
+  const auto bits = [](const Tensor& t) {
+    std::vector<uint16_t> v(static_cast<size_t>(t.numel()));
+    std::memcpy(v.data(), t.raw_data(), v.size() * 2);
+    return v;
+  };
+  struct Case {
+    int64_t k, cin;
+    int stride;
+    bool bias;
+  };
+  for (const Case c : {Case{3, 16, 1, false}, Case{1, 32, 2, true}, Case{3, 3, 1, true}}) {
+    const Shape xs{2, 9, 9, c.cin}, ws{c.k, c.k, c.cin, 32};
+    const Tensor x = Tensor::from_vector(wave(static_cast<size_t>(xs.numel()), 0.37f), xs);
+    const Tensor w = Tensor::from_vector(wave(static_cast<size_t>(ws.numel()), 0.91f), ws);
+    const Tensor b = c.bias ? Tensor::from_vector(wave(32, 0.5f), Shape{32}) : Tensor();
+    const Tensor gamma = Tensor::from_vector(wave(32, 0.7f), Shape{32});
+    const Tensor beta = Tensor::from_vector(wave(32, 1.1f), Shape{32});
+    Conv2dParams p;
+    p.stride_h = p.stride_w = c.stride;
+    Conv2dParams p16 = p;
+    p16.bf16_output = true;
+    const std::string what = std::to_string(c.k) + "x" + std::to_string(c.k) + "x" +
+                             std::to_string(c.cin) + ", stride " + std::to_string(c.stride);
+    struct Policy {
+      Policy() { set_precision_policy(Precision::kMixedBFloat16); }
+      ~Policy() { set_precision_policy(Precision::kFloat32); }
+    } policy;
+    {
+      GradientTape tape;
+      tape.watch(x);
+      const Tensor y16 = ops::conv2d(x, w, b, p16), y32 = ops::conv2d(x, w, b, p);
+      ASSERT_EQ(y16.dtype(), DType::kBFloat16) << what;
+      ASSERT_EQ(y32.dtype(), DType::kFloat32) << what;
+      const auto got = bits(y16);
+      const auto want = y32.to_vector<float>();
+      size_t differ = 0;
+      for (size_t i = 0; i < want.size(); ++i) differ += got[i] != float_to_bf16(want[i]);
+      EXPECT_EQ(differ, 0u) << what << ": the convolution's bfloat16 output";
+      Tensor m, v;
+      const Tensor z16 = ops::batch_norm_relu_training(y16, gamma, beta, 1e-3f, &m, &v, true);
+      const Tensor z32 = ops::batch_norm_relu_training(y16, gamma, beta, 1e-3f, &m, &v, false);
+      ASSERT_EQ(z16.dtype(), DType::kBFloat16) << what;
+      ASSERT_EQ(z32.dtype(), DType::kFloat32) << what;
+      const auto zgot = bits(z16);
+      const auto zwant = z32.to_vector<float>();
+      differ = 0;
+      for (size_t i = 0; i < zwant.size(); ++i) differ += zgot[i] != float_to_bf16(zwant[i]);
+      EXPECT_EQ(differ, 0u) << what << ": the batch norm's bfloat16 output";
+      // The next convolution reads the bfloat16 activation as it is: the float32 one's result.
+      const Tensor w2 = Tensor::from_vector(wave(3 * 3 * 32 * 16, 0.23f), Shape{3, 3, 32, 16});
+      const auto from16 = ops::conv2d(z16, w2, Tensor(), Conv2dParams{}).to_vector<float>();
+      const auto from32 = ops::conv2d(z32, w2, Tensor(), Conv2dParams{}).to_vector<float>();
+      EXPECT_EQ(from16, from32) << what;
+    }
+    {
+      EXPECT_EQ(ops::conv2d(x, w, b, p16).dtype(), DType::kFloat32) << what << ", no tape";
+      set_precision_policy(Precision::kFloat32);
+      GradientTape tape;
+      tape.watch(x);
+      EXPECT_EQ(ops::conv2d(x, w, b, p16).dtype(), DType::kFloat32) << what << ", float32";
+    }
+  }
 }
 
 }  // namespace

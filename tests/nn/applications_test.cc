@@ -3,10 +3,15 @@
 #include "dtrain/nn/applications.h"
 
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <map>
 #include <regex>
 #include <sstream>
 
+#include "dtrain/core/precision.h"
+#include "dtrain/model/gradient_tape.h"
+#include "dtrain/model/ops.h"
 #include "dtrain/nn/layers.h"
 #include "testing/test_util.h"
 
@@ -195,6 +200,77 @@ TEST(Applications, TorchvisionFormResNetsComputeTorchvisionsLogits) {
     for (size_t i = 0; i < want.size(); ++i)
       EXPECT_NEAR(got[i], want[i], 2e-3) << (fifty ? "resnet50" : "resnet18") << " logit " << i;
   }
+}
+
+// Under mixed_bfloat16 on the CPU the ResNets hand bfloat16 activations from each convolution to
+// its batch norm and from each batch norm with ReLU to the convolution after it
+// (Conv2D::bfloat16_output, BatchNormalization::bfloat16_output). Those consumers read them rounded
+// so anyway: a training step's logits and every gradient are the same bits with the hand-offs
+// turned off, in both forms, with bottleneck and basic blocks.
+TEST(Applications, ResNetsPassBfloat16ActivationsWithTheSameResults) {
+  set_precision_policy(Precision::kMixedBFloat16);
+  struct Reset {
+    ~Reset() { set_precision_policy(Precision::kFloat32); }
+  } reset;
+  std::vector<float> xv(2 * 32 * 32 * 3), gv(2 * 10);
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = static_cast<float>(std::sin(0.37 * i));
+  for (size_t i = 0; i < gv.size(); ++i) gv[i] = static_cast<float>(std::cos(1.3 * i));
+  const Tensor x = Tensor::from_vector(xv, Shape{2, 32, 32, 3});
+  const Tensor g = Tensor::from_vector(gv, Shape{2, 10});
+  for (const ResNetStyle style : {ResNetStyle::kKeras, ResNetStyle::kTorchvision})
+    for (const bool fifty : {true, false}) {
+      ResNetOptions o;
+      o.style = style;
+      o.input_shape = Shape{32, 32, 3};
+      o.classes = 10;
+      auto m = fifty ? applications::ResNet50(o) : applications::ResNet18(o);
+      m->build();
+      const auto step = [&] {
+        GradientTape tape;
+        const Tensor y = (*m)(x, /*training=*/true);
+        std::vector<std::vector<float>> out{y.to_vector<float>()};
+        for (const Tensor& t : tape.gradient(ops::sum(ops::mul(y, g)), m->trainable_variables()))
+          out.push_back(t.to_vector<float>());
+        return out;
+      };
+      // Every Conv2D and BatchNormalization below the model, and how many hand off bfloat16.
+      int convs = 0, norms = 0;
+      const auto set = [&](bool on) {
+        convs = norms = 0;
+        std::function<void(const Layer&)> walk = [&](const Layer& l) {
+          for (const auto& c : l.layers()) {
+            if (auto* conv = dynamic_cast<Conv2D*>(c.get())) {
+              convs += conv->bfloat16_output;
+              conv->bfloat16_output = on && conv->bfloat16_output;
+            }
+            if (auto* bn = dynamic_cast<BatchNormalization*>(c.get())) {
+              norms += bn->bfloat16_output;
+              bn->bfloat16_output = on && bn->bfloat16_output;
+            }
+            walk(*c);
+          }
+        };
+        walk(*m);
+      };
+      const std::string what =
+          std::string(fifty ? "ResNet50" : "ResNet18") +
+          (style == ResNetStyle::kKeras ? ", Keras form" : ", torchvision form");
+      const auto with = step();
+      set(false);
+      // ResNet-50: 53 convolutions (the stem, 3 in each of 16 blocks, 4 projections), 32 batch
+      // norms with ReLU into a convolution; ResNet-18: 1 + 2 x 8 + 3, and 8.
+      EXPECT_EQ(convs, fifty ? 53 : 20) << what;
+      EXPECT_EQ(norms, fifty ? 32 : 8) << what;
+      const auto without = step();
+      ASSERT_EQ(with.size(), without.size());
+      for (size_t k = 0; k < with.size(); ++k) {
+        ASSERT_EQ(with[k].size(), without[k].size());
+        size_t differ = 0;
+        for (size_t i = 0; i < with[k].size(); ++i)
+          differ += std::memcmp(&with[k][i], &without[k][i], sizeof(float)) != 0;
+        EXPECT_EQ(differ, 0u) << what << (k == 0 ? ": logits" : ": gradient ") << k;
+      }
+    }
 }
 
 }  // namespace

@@ -37,6 +37,10 @@ enum class ReductionKind { kSum, kMean, kMax };
 struct DTRAIN_API Conv2dParams {
   int stride_h = 1, stride_w = 1;
   int pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
+  // conv2d's output in bfloat16 (the float32 sums rounded to nearest even) instead of float32: the
+  // values a batch norm after it reads under mixed_bfloat16, without a float32 output to round
+  // again (ops::conv2d sets it there, on the CPU only). Other devices reject it.
+  bool bf16_output = false;
 };
 
 struct DTRAIN_API Pool2dParams {
@@ -207,10 +211,13 @@ class DTRAIN_API Kernels {
   // kernels and keeps the output itself; the CPU runs oneDNN's fused kernel (fuse_norm_relu), which
   // writes a bitmask (1/32 of y's bytes) and saves one pass over y in each direction, or on a
   // bfloat16 x its own loops, which keep the per-channel scale and shift ([2, C]) and compute y
-  // again in the backward pass.
+  // again in the backward pass. `y_dtype` kBFloat16: y rounded to bfloat16 (nearest even), for a
+  // convolution after it that reads it so under mixed_bfloat16 (the CPU writes it so in the
+  // normalizing pass; CUDA rejects it).
   virtual BatchNormForward batch_norm_relu_training(const Tensor& x, const Tensor& gamma,
                                                     const Tensor& beta, float epsilon,
-                                                    Tensor* relu_mask);
+                                                    Tensor* relu_mask,
+                                                    DType y_dtype = DType::kFloat32);
   // The gradients of batch_norm_relu_training for its output's gradient dy.
   virtual BatchNormBackward batch_norm_relu_backward(const Tensor& dy, const Tensor& x,
                                                      const Tensor& gamma, const Tensor& mean,

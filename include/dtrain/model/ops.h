@@ -85,6 +85,8 @@ DTRAIN_API Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, i
 // pad_left = pad_right = w. (For a stride of 2 on an even input, TF's kSame pads one row at the
 // end only, torch's padding=1 one on each side: the same output size, windows one row apart.)
 // Throws InvalidArgument for a stride < 1, a negative pad or a filter larger than the padded input.
+// params.bf16_output asks for a bfloat16 output (Conv2D::bfloat16_output): given under
+// mixed_bfloat16 on a CPU device while one tape records the op, else the output is float32.
 DTRAIN_API Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                          const Conv2dParams& params);
 // NHWC max pooling as TF's max_pool2d. The gradient goes to each window's first maximum
@@ -144,7 +146,10 @@ DTRAIN_API Tensor batch_norm_inference(const Tensor& x, const Tensor& gamma, con
 // relu(batch_norm_training(...)) as one op, the same values (TF's grappler fuses FusedBatchNorm and
 // Relu into _FusedBatchNormEx the same way): on the CPU one pass over the data each way instead of
 // two, and the ReLU's backward pass reads a bitmask instead of the output.
+// `bf16_output` asks for y in bfloat16, as conv2d's params.bf16_output (and given under the same
+// conditions): BatchNormalization::bfloat16_output.
 DTRAIN_API Tensor batch_norm_relu_training(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                           float epsilon, Tensor* batch_mean, Tensor* batch_var);
+                                           float epsilon, Tensor* batch_mean, Tensor* batch_var,
+                                           bool bf16_output = false);
 
 }  // namespace dtrain::ops

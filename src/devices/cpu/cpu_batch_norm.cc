@@ -2,10 +2,12 @@
 // passes), over channels-last data seen as rows x channels; training on a bfloat16 input (the copy
 // ops keep under mixed_bfloat16) on loops of our own.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "devices/cpu/cpu_kernels.h"
@@ -83,18 +85,30 @@ void bn_block_moments(const uint16_t* __restrict x, int64_t rows, int64_t c,
     }
 }
 
-template <bool kRelu>
+// v rounded to bfloat16, nearest even (float_to_bf16's bits for every v but NaN, which the ReLU
+// before it never gives).
+__attribute__((always_inline)) inline uint16_t bf16_not_nan(float v) {
+  const uint32_t u = std::bit_cast<uint32_t>(v);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+template <bool kRelu, class Out>
 __attribute__((always_inline)) inline void bn_rows(const uint16_t* __restrict x, int64_t rows,
                                                    int64_t c, const float* __restrict mean,
                                                    const float* __restrict scale,
                                                    const float* __restrict beta,
-                                                   float* __restrict y) {
+                                                   Out* __restrict y) {
+  static_assert(kRelu || std::is_same_v<Out, float>, "bfloat16 outputs are ReLU's");
   for (int64_t r = 0; r < rows; ++r, x += c, y += c)
     for (int64_t j = 0; j < c; ++j) {
       const float v = bn_y(widened_bf16(x[j]), mean[j], scale[j], beta[j]);
       // As oneDNN's fused ReLU on float32 x, and ops::relu: max(v, 0), so a NaN (a channel whose
       // statistics are NaN) gives 0, and -0 gives +0; the backward pass keeps dy where v > 0.
-      y[j] = kRelu && !(v > 0.f) ? 0.f : v;
+      const float out = kRelu && !(v > 0.f) ? 0.f : v;
+      if constexpr (std::is_same_v<Out, float>)
+        y[j] = out;
+      else
+        y[j] = bf16_not_nan(out);
     }
 }
 DTRAIN_TARGET_CLONES("avx512f", "avx2", "default")
@@ -104,6 +118,12 @@ void bn_normalize_rows(const uint16_t* x, int64_t rows, int64_t c, const float* 
     bn_rows<true>(x, rows, c, mean, scale, beta, y);
   else
     bn_rows<false>(x, rows, c, mean, scale, beta, y);
+}
+// With ReLU, into bfloat16: the values the convolution after it reads.
+DTRAIN_TARGET_CLONES("avx512f", "avx2", "default")
+void bn_relu_rows_bf16(const uint16_t* x, int64_t rows, int64_t c, const float* mean,
+                       const float* scale, const float* beta, uint16_t* y) {
+  bn_rows<true>(x, rows, c, mean, scale, beta, y);
 }
 
 // g = dy (kept where y > 0 with ReLU): s[c] = sum of g, t[c] = sum of g (x - mean).
@@ -187,10 +207,15 @@ void bn_parallel_rows(int64_t m, int threads, Rows rows) {
 
 BatchNormForward CpuKernels::batch_norm_forward_bf16(const Tensor& x, const Tensor& gamma,
                                                      const Tensor& beta, float eps,
-                                                     Tensor* relu_mask) {
+                                                     Tensor* relu_mask, DType y_dtype) {
   const memory::dims d = bn_dims(x.shape());
   const int64_t m = d[0], c = d[1];
-  BatchNormForward out{Tensor::empty(x.shape(), DType::kFloat32, spec_),
+  if (y_dtype == DType::kBFloat16 && !relu_mask) {  // (no caller: the loops round ReLU's outputs)
+    BatchNormForward f = batch_norm_forward_bf16(x, gamma, beta, eps, nullptr, DType::kFloat32);
+    f.y = cast(f.y, DType::kBFloat16);
+    return f;
+  }
+  BatchNormForward out{Tensor::empty(x.shape(), y_dtype, spec_),
                        Tensor::empty(Shape{c}, DType::kFloat32, spec_),
                        Tensor::empty(Shape{c}, DType::kFloat32, spec_)};
   // [2, c]: the scale gamma / sqrt(var + eps), then beta (what the backward pass computes y from).
@@ -225,8 +250,15 @@ BatchNormForward CpuKernels::batch_norm_forward_bf16(const Tensor& x, const Tens
     scale[j] = g[j] / std::sqrt(var[j] + eps);
     shift[j] = b[j];
   }
-  float* y = static_cast<float*>(out.y.raw_data());
   const bool relu = relu_mask != nullptr;
+  if (y_dtype == DType::kBFloat16) {
+    auto* y16 = static_cast<uint16_t*>(out.y.raw_data());
+    bn_parallel_rows(m, state_->threads, [&](int64_t r0, int64_t n) {
+      bn_relu_rows_bf16(xp + r0 * c, n, c, mean, scale, shift, y16 + r0 * c);
+    });
+    return out;
+  }
+  float* y = static_cast<float*>(out.y.raw_data());
   bn_parallel_rows(m, state_->threads, [&](int64_t r0, int64_t n) {
     bn_normalize_rows(xp + r0 * c, n, c, mean, scale, shift, y + r0 * c, relu);
   });
@@ -299,17 +331,27 @@ BatchNormForward CpuKernels::batch_norm_training(const Tensor& x, const Tensor& 
 
 BatchNormForward CpuKernels::batch_norm_relu_training(const Tensor& x, const Tensor& gamma,
                                                       const Tensor& beta, float eps,
-                                                      Tensor* relu_mask) {
-  return batch_norm_forward(x, gamma, beta, eps, relu_mask);
+                                                      Tensor* relu_mask, DType y_dtype) {
+  return batch_norm_forward(x, gamma, beta, eps, relu_mask, y_dtype);
 }
 
 // Training-mode batch norm; with `relu_mask`, ReLU fused in (fuse_norm_relu) and its bitmask
 // workspace written there.
 BatchNormForward CpuKernels::batch_norm_forward(const Tensor& x, const Tensor& gamma,
-                                                const Tensor& beta, float eps, Tensor* relu_mask) {
+                                                const Tensor& beta, float eps, Tensor* relu_mask,
+                                                DType y_dtype) {
   require_f32_or_kept_bf16(x, "batch_norm", "x");
   require_channels("batch_norm", bn_dims(x.shape())[1], {{"gamma", &gamma}, {"beta", &beta}});
-  if (x.dtype() == DType::kBFloat16) return batch_norm_forward_bf16(x, gamma, beta, eps, relu_mask);
+  if (y_dtype != DType::kFloat32 && y_dtype != DType::kBFloat16)
+    throw InvalidArgument(std::string("batch_norm: y_dtype must be float32 or bfloat16, got ") +
+                          dtype_name(y_dtype));
+  if (x.dtype() == DType::kBFloat16)
+    return batch_norm_forward_bf16(x, gamma, beta, eps, relu_mask, y_dtype);
+  if (y_dtype == DType::kBFloat16) {  // oneDNN's float32 kernel, then rounded: the same values
+    BatchNormForward f = batch_norm_forward(x, gamma, beta, eps, relu_mask);
+    f.y = cast(f.y, DType::kBFloat16);
+    return f;
+  }
   const memory::dims d = bn_dims(x.shape());
   BatchNormForward out{Tensor::empty(x.shape(), DType::kFloat32, spec_),
                        Tensor::empty(Shape{d[1]}, DType::kFloat32, spec_),

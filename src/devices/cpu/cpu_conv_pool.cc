@@ -73,15 +73,24 @@ Tensor CpuKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                           const Conv2dParams& p) {
   const ConvShapes s = checked_conv_shapes("conv2d", x, w, bias, p, /*x_may_be_kept=*/true);
   const bool has_bias = bias.defined();
-  Tensor y = Tensor::empty(Shape{s.dst[0], s.dst[2], s.dst[3], s.dst[1]}, DType::kFloat32, spec_);
+  // bf16_output: written so by the bfloat16 kernels; on float32 ones (mixed_bfloat16 off, or short
+  // sums: conv_reads_bf16) the float32 output rounded after, the same values.
+  const bool bf16_dst = p.bf16_output && conv_reads_bf16(s, mixed_bf16());
+  if (p.bf16_output && !bf16_dst) {
+    Conv2dParams f32 = p;
+    f32.bf16_output = false;
+    return cast(conv2d(x, w, bias, f32), DType::kBFloat16);
+  }
+  Tensor y = Tensor::empty(Shape{s.dst[0], s.dst[2], s.dst[3], s.dst[1]},
+                           bf16_dst ? DType::kBFloat16 : DType::kFloat32, spec_);
   if (y.numel() == 0) return y;
   try {
-    auto e = conv_fwd_prim(*state_, s, has_bias);
+    auto e = conv_fwd_prim(*state_, s, has_bias, bf16_dst);
     Tensor holder, x_holder, y_holder;
     memory wm = filter_in(*state_, e->user_w, e->pd.weights_desc(), w, &holder);
     memory xm = filter_in(*state_, memory::desc(s.src, dnnl_type(x.dtype()), tag::nhwc),
                           e->pd.src_desc(), x, &x_holder);
-    const memory::desc y_user(s.dst, dt::f32, tag::nhwc);
+    const memory::desc y_user(s.dst, bf16_dst ? dt::bf16 : dt::f32, tag::nhwc);
     const memory ym = out_memory(*state_, y_user, e->pd.dst_desc(), y, &y_holder);
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, ym}};

@@ -36,8 +36,8 @@ std::string conv_key(const char* op, const ConvShapes& s, bool bias, bool bf16, 
 tag act_tag(algorithm a) { return a == algorithm::convolution_winograd ? tag::any : tag::nhwc; }
 
 dnnl::convolution_forward::desc conv_fwd_desc(const ConvShapes& s, bool bias, bool bf16,
-                                              algorithm a) {
-  const memory::desc src(s.src, in_type(s, bf16), act_tag(a)), dst(s.dst, dt::f32, act_tag(a));
+                                              algorithm a, dt dst_type = dt::f32) {
+  const memory::desc src(s.src, in_type(s, bf16), act_tag(a)), dst(s.dst, dst_type, act_tag(a));
   const memory::desc wei(s.wei, in_type(s, bf16), tag::any);
   if (bias)
     return {prop_kind::forward_training,
@@ -150,11 +150,13 @@ DirectConvolutionsOnly::DirectConvolutionsOnly() : previous_(t_direct_only) {
 }
 DirectConvolutionsOnly::~DirectConvolutionsOnly() { t_direct_only = previous_; }
 
-std::shared_ptr<ConvFwd> conv_fwd_prim(CpuKernels::State& st, const ConvShapes& s, bool bias) {
+std::shared_ptr<ConvFwd> conv_fwd_prim(CpuKernels::State& st, const ConvShapes& s, bool bias,
+                                       bool bf16_dst) {
   const bool bf16 = mixed_bf16(), wino = winograd_wanted(s, bf16);
-  return st.get<ConvFwd>(conv_key("cf", s, bias, bf16, wino), [&] {
+  return st.get<ConvFwd>(conv_key(bf16_dst ? "cf@bf16dst" : "cf", s, bias, bf16, wino), [&] {
     return with_algorithm(wino, [&](algorithm a) {
-      dnnl::convolution_forward::primitive_desc pd(conv_fwd_desc(s, bias, bf16, a), st.engine);
+      dnnl::convolution_forward::primitive_desc pd(
+          conv_fwd_desc(s, bias, bf16, a, bf16_dst ? dt::bf16 : dt::f32), st.engine);
       return std::make_shared<ConvFwd>(
           ConvFwd{pd, dnnl::convolution_forward(pd), memory::desc(s.wei, dt::f32, tag::hwio)});
     });

@@ -47,8 +47,10 @@ PoolGeometry pool_geometry(const Shape& x, const Pool2dParams& p);
 // The convolution primitives, cached per shape. Where Winograd's algorithm is wanted (precision.h:
 // enable_winograd_convolutions) and oneDNN has it, the primitive is a Winograd one whose
 // activations are in a blocked layout (not NHWC): read them through filter_in, write them through
-// out_memory and finish_out.
-std::shared_ptr<ConvFwd> conv_fwd_prim(CpuKernels::State& st, const ConvShapes& s, bool bias);
+// out_memory and finish_out. `bf16_dst`: the forward primitive writes bfloat16 (on bfloat16 kernels
+// only: conv_reads_bf16).
+std::shared_ptr<ConvFwd> conv_fwd_prim(CpuKernels::State& st, const ConvShapes& s, bool bias,
+                                       bool bf16_dst = false);
 std::shared_ptr<ConvBwdData> conv_bwd_data_prim(CpuKernels::State& st, const ConvShapes& s);
 std::shared_ptr<ConvBwdWeights> conv_bwd_weights_prim(CpuKernels::State& st, const ConvShapes& s,
                                                       bool bias);

@@ -81,8 +81,8 @@ class CpuKernels final : public Kernels {
                                         const Tensor& mean, const Tensor& var,
                                         float epsilon) override;
   BatchNormForward batch_norm_relu_training(const Tensor& x, const Tensor& gamma,
-                                            const Tensor& beta, float epsilon,
-                                            Tensor* relu_mask) override;
+                                            const Tensor& beta, float epsilon, Tensor* relu_mask,
+                                            DType y_dtype = DType::kFloat32) override;
   BatchNormBackward batch_norm_relu_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                              const Tensor& mean, const Tensor& var, float epsilon,
                                              const Tensor& relu_mask) override;
@@ -96,13 +96,14 @@ class CpuKernels final : public Kernels {
 
  private:
   BatchNormForward batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                      float eps, Tensor* relu_mask);
+                                      float eps, Tensor* relu_mask,
+                                      DType y_dtype = DType::kFloat32);
   BatchNormBackward batch_norm_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                              const Tensor& mean, const Tensor& var, float eps,
                                              const Tensor* relu_mask);
   // The same on a bfloat16 x (cpu_batch_norm.cc): loops of our own; relu_mask is then [2, C].
   BatchNormForward batch_norm_forward_bf16(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                           float eps, Tensor* relu_mask);
+                                           float eps, Tensor* relu_mask, DType y_dtype);
   BatchNormBackward batch_norm_backward_bf16(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                              const Tensor& mean, const Tensor& var, float eps,
                                              const Tensor* relu_mask);

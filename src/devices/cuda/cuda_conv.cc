@@ -463,6 +463,10 @@ Tensor CudaKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
   DeviceGuard guard(ctx_.index());
   check_f32(x, "conv2d", "x");
   check_f32(w, "conv2d", "w");
+  if (p.bf16_output)
+    throw InvalidArgument(
+        "conv2d: Conv2dParams::bf16_output is a CPU option (bfloat16 activations under "
+        "mixed_bfloat16); the CUDA kernels write float32");
   const ConvGeometry g = conv_geometry("conv2d", x.shape(), w.shape(), p);
   if (bias.defined()) {
     check_f32(bias, "conv2d", "bias");

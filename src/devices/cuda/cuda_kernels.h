@@ -76,8 +76,8 @@ class CudaKernels final : public Kernels {
   // The ReLU fused into the normalisation's pass (the mask is the output; the backward pass is
   // Kernels' default).
   BatchNormForward batch_norm_relu_training(const Tensor& x, const Tensor& gamma,
-                                            const Tensor& beta, float epsilon,
-                                            Tensor* relu_mask) override;
+                                            const Tensor& beta, float epsilon, Tensor* relu_mask,
+                                            DType y_dtype = DType::kFloat32) override;
   Tensor batch_norm_inference(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                               const Tensor& mean, const Tensor& var, float epsilon) override;
   BatchNormBackward batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,

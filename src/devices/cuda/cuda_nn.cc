@@ -145,7 +145,11 @@ BatchNormForward CudaKernels::batch_norm_training(const Tensor& x, const Tensor&
 // norm's).
 BatchNormForward CudaKernels::batch_norm_relu_training(const Tensor& x, const Tensor& gamma,
                                                        const Tensor& beta, float epsilon,
-                                                       Tensor* relu_mask) {
+                                                       Tensor* relu_mask, DType y_dtype) {
+  if (y_dtype != DType::kFloat32)
+    throw InvalidArgument(
+        "batch_norm_relu_training: a bfloat16 output is a CPU option (bfloat16 activations under "
+        "mixed_bfloat16); the CUDA kernels write float32");
   BatchNormForward f = bn_training(x, gamma, beta, epsilon, true, "batch_norm_relu_training");
   *relu_mask = f.y;
   return f;

@@ -36,6 +36,20 @@ std::shared_ptr<Conv2D> conv(int64_t filters, int k, int stride, bool bias, Padd
   return c;
 }
 
+// Under mixed_bfloat16 on the CPU, bfloat16 activations from each convolution to the batch norm
+// after it and from a batch norm with ReLU to the convolution after it (Conv2D::bfloat16_output):
+// those consumers read them rounded so anyway. Not into a synchronized batch norm, which reads
+// float32.
+std::shared_ptr<Conv2D> to_bn(std::shared_ptr<Conv2D> c, const ResNetOptions& o) {
+  c->bfloat16_output = !o.synchronized_batch_norm;
+  return c;
+}
+std::shared_ptr<BatchNormalization> relu_to_conv(std::shared_ptr<BatchNormalization> b) {
+  b->activation = Activation::kRelu;
+  b->bfloat16_output = true;
+  return b;
+}
+
 // Keras' residual_block_v1: 1x1 (stride) -> 3x3 -> 1x1 (4 x filters), BN after each, and a 1x1
 // projection of the input (with BN) when `project`. In torchvision's form (v1.5) the 3x3 strides,
 // padded by one on each side, and no convolution has a bias.
@@ -49,19 +63,20 @@ class BottleneckBlock : public Layer {
     const bool bias = !tv;
     const InitFactory init = tv ? InitFactory(kaiming_fan_out) : InitFactory();
     if (project) {
-      c0_ =
-          register_layer(conv(4 * filters, 1, stride, bias, Padding::kValid, make(init)), "0_conv");
+      c0_ = register_layer(
+          to_bn(conv(4 * filters, 1, stride, bias, Padding::kValid, make(init)), o), "0_conv");
       b0_ = register_layer(bn(o, eps), "0_bn");
     }
-    c1_ = register_layer(conv(filters, 1, tv ? 1 : stride, bias, Padding::kValid, make(init)),
-                         "1_conv");
-    b1_ = register_layer(bn(o, eps), "1_bn");
-    c2_ = register_layer(conv(filters, 3, tv ? stride : 1, bias, Padding::kSame, make(init)),
-                         "2_conv");
+    c1_ = register_layer(
+        to_bn(conv(filters, 1, tv ? 1 : stride, bias, Padding::kValid, make(init)), o), "1_conv");
+    // Keras' 1_relu, 2_relu: fused into the batch norms.
+    b1_ = register_layer(relu_to_conv(bn(o, eps)), "1_bn");
+    c2_ = register_layer(
+        to_bn(conv(filters, 3, tv ? stride : 1, bias, Padding::kSame, make(init)), o), "2_conv");
     if (tv && stride > 1) c2_->set_explicit_padding(1, 1);  // kSame would pad the end only
-    b2_ = register_layer(bn(o, eps), "2_bn");
-    b1_->activation = b2_->activation = Activation::kRelu;  // Keras' 1_relu, 2_relu: fused
-    c3_ = register_layer(conv(4 * filters, 1, 1, bias, Padding::kValid, make(init)), "3_conv");
+    b2_ = register_layer(relu_to_conv(bn(o, eps)), "2_bn");
+    c3_ = register_layer(to_bn(conv(4 * filters, 1, 1, bias, Padding::kValid, make(init)), o),
+                         "3_conv");
     b3_ = register_layer(bn(o, eps), "3_bn");
   }
   std::string class_name() const override { return "BottleneckBlock"; }
@@ -90,16 +105,20 @@ class BasicBlock : public Layer {
              float epsilon, const InitFactory& init, bool torch_padding, const ResNetOptions& o,
              std::string name)
       : Layer(std::move(name)) {
-    c1_ = register_layer(conv(filters, 3, stride, use_bias, Padding::kSame, make(init)), "1_conv");
+    c1_ = register_layer(to_bn(conv(filters, 3, stride, use_bias, Padding::kSame, make(init)), o),
+                         "1_conv");
     if (torch_padding && stride > 1) c1_->set_explicit_padding(1, 1);
-    b1_ = register_layer(bn(o, epsilon), "1_bn");
-    b1_->activation = Activation::kRelu;  // 1_relu, fused
-    c2_ = register_layer(conv(filters, 3, 1, use_bias, Padding::kSame, make(init)), "2_conv");
+    b1_ = register_layer(relu_to_conv(bn(o, epsilon)), "1_bn");  // 1_relu, fused
+    c2_ = register_layer(to_bn(conv(filters, 3, 1, use_bias, Padding::kSame, make(init)), o),
+                         "2_conv");
     b2_ = register_layer(bn(o, epsilon), "2_bn");
     if (project) {
       c0_ =
           register_layer(conv(filters, 1, stride, use_bias, Padding::kValid, make(init)), "0_conv");
-      if (projection_bn) b0_ = register_layer(bn(o, epsilon), "0_bn");
+      if (projection_bn) {
+        to_bn(c0_, o);
+        b0_ = register_layer(bn(o, epsilon), "0_bn");
+      }
     }
   }
   std::string class_name() const override { return "BasicBlock"; }
@@ -147,8 +166,9 @@ KerasTensor head(KerasTensor x, const ResNetOptions& o) {
 // same maxima after the ReLU.)
 KerasTensor stem(KerasTensor x, bool bias, const ResNetOptions& o) {
   x = (*std::make_shared<ZeroPadding2D>(3, 3, 3, 3, "conv1_pad"))(x);
-  x = (*conv(64, 7, 2, bias, Padding::kValid, torchvision(o) ? kaiming_fan_out() : Initializer(),
-             "conv1_conv"))(x);
+  x = (*to_bn(conv(64, 7, 2, bias, Padding::kValid,
+                   torchvision(o) ? kaiming_fan_out() : Initializer(), "conv1_conv"),
+              o))(x);
   x = (*bn(o, bias ? 1.001e-5f : 1e-5f, "conv1_bn"))(x);
   x = (*std::make_shared<ActivationLayer>(Activation::kRelu, "conv1_relu"))(x);
   x = (*std::make_shared<ZeroPadding2D>(1, 1, 1, 1, "pool1_pad"))(x);
@@ -221,8 +241,8 @@ std::shared_ptr<Model> CifarResNet(int depth, const ResNetOptions& o) {
   check(o, 8, name.c_str());
   const int n = (depth - 2) / 6;
   KerasTensor in = Input(o.input_shape, "input_layer");
-  KerasTensor x =
-      (*conv(16, 3, 1, true, Padding::kSame, initializers::he_normal(), "conv1_conv"))(in);
+  KerasTensor x = (*to_bn(
+      conv(16, 3, 1, true, Padding::kSame, initializers::he_normal(), "conv1_conv"), o))(in);
   x = (*bn(o, 1e-3f, "conv1_bn"))(x);
   x = (*std::make_shared<ActivationLayer>(Activation::kRelu, "conv1_relu"))(x);
   int64_t filters = 16;

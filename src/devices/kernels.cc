@@ -78,9 +78,9 @@ BatchNormForward Kernels::batch_norm_relu_training(const Tensor& x, const Tensor
 BatchNormBackward Kernels::batch_norm_relu_backward(const Tensor& dy, const Tensor& x,
                                                     const Tensor& gamma, const Tensor& mean,
                                                     const Tensor& var, float epsilon,
-                                                    const Tensor& relu_mask) {
+                                                    const Tensor& relu_mask, DType dx_dtype) {
   return batch_norm_backward(activation_backward(UnaryOp::kRelu, relu_mask, dy), x, gamma, mean,
-                             var, epsilon);
+                             var, epsilon, dx_dtype);
 }
 
 }  // namespace dtrain

@@ -163,7 +163,14 @@ std::vector<Tensor> GradientTape::compute(const Tensor& target, const std::vecto
         // Gradients only flow to what this tape follows (TF: unwatched sources get None).
         if (!ig[i].defined() || !watched_.count(n.input_ids[i])) continue;
         auto [slot, inserted] = grads.emplace(n.input_ids[i], ig[i]);
-        if (!inserted) slot->second = ops::add(slot->second, ig[i]);
+        if (!inserted) {
+          // A bfloat16 gradient (a bfloat16 activation's: Conv2D::bfloat16_output) is summed with
+          // another in float32.
+          const auto wide = [](const Tensor& g) {
+            return g.dtype() == DType::kBFloat16 ? ops::cast(g, DType::kFloat32) : g;
+          };
+          slot->second = ops::add(wide(slot->second), wide(ig[i]));
+        }
       }
     } while (false);
     if (!persistent_) {

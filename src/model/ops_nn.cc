@@ -210,6 +210,10 @@ struct BatchNormInput {
   Tensor x;      // what the forward pass normalizes
   Tensor kept;   // what the backward pass reads (bfloat16 under the policy on the CPU)
   Tensor outer;  // x under an outer tape, else undefined
+  // dx's: bfloat16 where x is a convolution's bfloat16 output (Conv2D::bfloat16_output), whose
+  // backward kernels read the gradient rounded so; the gradient of a bfloat16 tensor is bfloat16,
+  // as in Keras. Else float32.
+  DType dx_dtype = DType::kFloat32;
 };
 BatchNormInput batch_norm_input(const Tensor& x, const Tensor& gamma, const Tensor& beta) {
   BatchNormInput in;
@@ -218,6 +222,8 @@ BatchNormInput batch_norm_input(const Tensor& x, const Tensor& gamma, const Tens
   // the same way whatever records.)
   in.kept = tapes == 1 ? keep_for_backward(x) : kernel_copy(x);
   if (tapes > 1) in.outer = x;
+  if (tapes == 1 && x.dtype() == DType::kBFloat16 && bf16_activations(x))
+    in.dx_dtype = DType::kBFloat16;
   // Devices that keep float32 (GPUs) return x itself: round it all the same.
   if (in.kept.id() == x.id()) in.kept = rounded_under_policy(x);
   in.x = in.kept;
@@ -233,11 +239,11 @@ Tensor batch_norm_training(const Tensor& x, const Tensor& gamma, const Tensor& b
   *batch_var = f.var;
   if (tape::should_record({&x, &gamma, &beta})) {
     tape::record("batch_norm", {x, gamma, beta}, {f.y},
-                 [kept = in.kept, outer = in.outer, gamma, mean = f.mean, var = f.var,
-                  eps](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                 [kept = in.kept, outer = in.outer, gamma, mean = f.mean, var = f.var, eps,
+                  dx_t = in.dx_dtype](const std::vector<Tensor>& g) -> std::vector<Tensor> {
                    // (not f: its output y need not live until the backward pass)
-                   BatchNormBackward b =
-                       kernels_for(gamma).batch_norm_backward(g[0], kept, gamma, mean, var, eps);
+                   BatchNormBackward b = kernels_for(gamma).batch_norm_backward(
+                       g[0], kept, gamma, mean, var, eps, dx_t);
                    const Tensor& read = outer.defined() ? outer : kept;
                    if (tape::should_record({&g[0], &read, &gamma}))
                      tape::record_nondifferentiable("batch_norm_grad", {g[0], read, gamma},
@@ -260,10 +266,10 @@ Tensor batch_norm_relu_training(const Tensor& x, const Tensor& gamma, const Tens
   *batch_var = f.var;
   if (tape::should_record({&x, &gamma, &beta})) {
     tape::record("batch_norm_relu", {x, gamma, beta}, {f.y},
-                 [kept = in.kept, outer = in.outer, gamma, mean = f.mean, var = f.var, eps,
-                  mask](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+                 [kept = in.kept, outer = in.outer, gamma, mean = f.mean, var = f.var, eps, mask,
+                  dx_t = in.dx_dtype](const std::vector<Tensor>& g) -> std::vector<Tensor> {
                    BatchNormBackward b = kernels_for(gamma).batch_norm_relu_backward(
-                       g[0], kept, gamma, mean, var, eps, mask);
+                       g[0], kept, gamma, mean, var, eps, mask, dx_t);
                    const Tensor& read = outer.defined() ? outer : kept;
                    if (tape::should_record({&g[0], &read, &gamma}))
                      tape::record_nondifferentiable("batch_norm_relu_grad", {g[0], read, gamma},

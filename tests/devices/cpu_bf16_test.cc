@@ -535,11 +535,73 @@ TEST(CpuBf16, ConvolutionsAndBatchNormsHandOffBfloat16Activations) {
       differ = 0;
       for (size_t i = 0; i < zwant.size(); ++i) differ += zgot[i] != float_to_bf16(zwant[i]);
       EXPECT_EQ(differ, 0u) << what << ": the batch norm's bfloat16 output";
+      // The backward kernels' bfloat16 dx (for the convolution before): float32's rounded, with
+      // and without ReLU, also where a NaN or an infinity in dy spreads through the sums.
+      Kernels& k = kernels_for(y16);
+      for (const bool poisoned : {false, true}) {
+        std::vector<float> dyv = wave(static_cast<size_t>(y16.numel()), 1.7f);
+        if (poisoned) {
+          dyv[3] = std::numeric_limits<float>::quiet_NaN();
+          dyv[40] = INFINITY;
+        }
+        const Tensor dy = Tensor::from_vector(dyv, y16.shape());
+        for (const bool relu : {false, true}) {
+          Tensor mask;
+          const BatchNormForward f =
+              relu ? k.batch_norm_relu_training(y16, gamma, beta, 1e-3f, &mask)
+                   : k.batch_norm_training(y16, gamma, beta, 1e-3f);
+          const BatchNormBackward b16 =
+              relu ? k.batch_norm_relu_backward(dy, y16, gamma, f.mean, f.var, 1e-3f, mask,
+                                                DType::kBFloat16)
+                   : k.batch_norm_backward(dy, y16, gamma, f.mean, f.var, 1e-3f, DType::kBFloat16);
+          const BatchNormBackward b32 =
+              relu ? k.batch_norm_relu_backward(dy, y16, gamma, f.mean, f.var, 1e-3f, mask)
+                   : k.batch_norm_backward(dy, y16, gamma, f.mean, f.var, 1e-3f);
+          ASSERT_EQ(b16.dx.dtype(), DType::kBFloat16);
+          const auto dgot = bits(b16.dx);
+          const auto dwant = b32.dx.to_vector<float>();
+          differ = 0;
+          for (size_t i = 0; i < dwant.size(); ++i) differ += dgot[i] != float_to_bf16(dwant[i]);
+          EXPECT_EQ(differ, 0u) << what << ": bfloat16 dx" << (relu ? ", ReLU" : "")
+                                << (poisoned ? ", NaN and infinity in dy" : "");
+          EXPECT_EQ(std::memcmp(b16.dgamma.raw_data(), b32.dgamma.raw_data(), 32 * 4), 0) << what;
+          EXPECT_EQ(std::memcmp(b16.dbeta.raw_data(), b32.dbeta.raw_data(), 32 * 4), 0) << what;
+        }
+      }
       // The next convolution reads the bfloat16 activation as it is: the float32 one's result.
       const Tensor w2 = Tensor::from_vector(wave(3 * 3 * 32 * 16, 0.23f), Shape{3, 3, 32, 16});
       const auto from16 = ops::conv2d(z16, w2, Tensor(), Conv2dParams{}).to_vector<float>();
       const auto from32 = ops::conv2d(z32, w2, Tensor(), Conv2dParams{}).to_vector<float>();
       EXPECT_EQ(from16, from32) << what;
+    }
+    {  // A bfloat16 activation read twice: its two bfloat16 gradients are summed in float32,
+       // close to the float32 activation's (the gradient is rounded before the sum, not after).
+      const auto dx_of = [&](const Conv2dParams& cp, DType* a_dtype) {
+        GradientTape t2;
+        t2.watch(x);
+        const Tensor a = ops::conv2d(x, w, b, cp);
+        *a_dtype = a.dtype();
+        Tensor m2, v2;
+        const Tensor gy =
+            Tensor::from_vector(wave(static_cast<size_t>(a.numel()), 0.3f), a.shape());
+        const Tensor loss = ops::add(
+            ops::sum(ops::mul(ops::batch_norm_training(a, gamma, beta, 1e-3f, &m2, &v2), gy)),
+            ops::sum(ops::cast(a, DType::kFloat32)));
+        const Tensor dx = t2.gradient(loss, {x})[0];
+        EXPECT_EQ(dx.dtype(), DType::kFloat32) << what;
+        return dx.to_vector<float>();
+      };
+      DType a16 = DType::kFloat32, a32 = DType::kBFloat16;
+      const auto got = dx_of(p16, &a16), want = dx_of(p, &a32);
+      EXPECT_EQ(a16, DType::kBFloat16) << what;
+      EXPECT_EQ(a32, DType::kFloat32) << what;
+      double scale = 0, diff = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+        diff = std::max(diff, std::abs(static_cast<double>(got[i]) - want[i]));
+      }
+      EXPECT_GT(scale, 0) << what;
+      EXPECT_LE(diff, 2e-2 * scale) << what << ": a bfloat16 activation read twice";
     }
     {
       EXPECT_EQ(ops::conv2d(x, w, b, p16).dtype(), DType::kFloat32) << what << ", no tape";

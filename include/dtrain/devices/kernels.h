@@ -202,9 +202,13 @@ class DTRAIN_API Kernels {
                                                const Tensor& beta, float epsilon) = 0;
   virtual Tensor batch_norm_inference(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                       const Tensor& mean, const Tensor& var, float epsilon) = 0;
+  // `dx_dtype` kBFloat16: dx rounded to bfloat16 (nearest even; a NaN to 0x7fc0), for the
+  // convolution before a batch norm whose input was its bfloat16 output, whose backward kernels
+  // read the gradient so (the CPU writes it so in its last pass; CUDA rejects it).
   virtual BatchNormBackward batch_norm_backward(const Tensor& dy, const Tensor& x,
                                                 const Tensor& gamma, const Tensor& mean,
-                                                const Tensor& var, float epsilon) = 0;
+                                                const Tensor& var, float epsilon,
+                                                DType dx_dtype = DType::kFloat32) = 0;
   // relu(batch_norm_training(x, ...)) as one op (TF's grappler makes the same fusion:
   // _FusedBatchNormEx with activation_mode "Relu"). `relu_mask` receives what the backward pass
   // needs to know where the output was positive, in the device's own form: the default runs the two
@@ -218,11 +222,13 @@ class DTRAIN_API Kernels {
                                                     const Tensor& beta, float epsilon,
                                                     Tensor* relu_mask,
                                                     DType y_dtype = DType::kFloat32);
-  // The gradients of batch_norm_relu_training for its output's gradient dy.
+  // The gradients of batch_norm_relu_training for its output's gradient dy (dx_dtype: as
+  // batch_norm_backward's).
   virtual BatchNormBackward batch_norm_relu_backward(const Tensor& dy, const Tensor& x,
                                                      const Tensor& gamma, const Tensor& mean,
                                                      const Tensor& var, float epsilon,
-                                                     const Tensor& relu_mask);
+                                                     const Tensor& relu_mask,
+                                                     DType dx_dtype = DType::kFloat32);
 
   // --- optimizer updates, in place ---
   // SGD: with momentum m: buf = mu*buf + g; var -= lr * (nesterov ? g + mu*buf : buf).

@@ -153,23 +153,45 @@ void bn_block_grad_sums(const uint16_t* x, const float* dy, int64_t rows, int64_
     bn_grad_sums<false>(x, dy, rows, c, mean, scale, beta, s, t);
 }
 
+// v rounded to bfloat16 as float_to_bf16 (nearest even, every NaN to 0x7fc0), in a form the
+// compiler vectorizes.
+__attribute__((always_inline)) inline uint16_t bf16_rounded(float v) {
+  const uint32_t u = std::bit_cast<uint32_t>(v);
+  const uint16_t r = bf16_not_nan(v);
+  return (u & 0x7fffffffu) > 0x7f800000u ? uint16_t{0x7fc0} : r;
+}
+
 // dx = scale g + (x - mean) p + q.
-template <bool kRelu>
+template <bool kRelu, class Out>
 __attribute__((always_inline)) inline void bn_dx(
     const uint16_t* __restrict x, const float* __restrict dy, int64_t rows, int64_t c,
     const float* __restrict mean, const float* __restrict scale, const float* __restrict beta,
-    const float* __restrict p, const float* __restrict q, float* __restrict dx) {
+    const float* __restrict p, const float* __restrict q, Out* __restrict dx) {
   for (int64_t r = 0; r < rows; ++r, x += c, dy += c, dx += c)
     for (int64_t j = 0; j < c; ++j) {
       const float xv = widened_bf16(x[j]);
       const float g = kRelu && !(bn_y(xv, mean[j], scale[j], beta[j]) > 0.f) ? 0.f : dy[j];
-      dx[j] = scale[j] * g + ((xv - mean[j]) * p[j] + q[j]);
+      const float d = scale[j] * g + ((xv - mean[j]) * p[j] + q[j]);
+      if constexpr (std::is_same_v<Out, float>)
+        dx[j] = d;
+      else
+        dx[j] = bf16_rounded(d);
     }
 }
 DTRAIN_TARGET_CLONES("avx512f", "avx2", "default")
 void bn_dx_rows(const uint16_t* x, const float* dy, int64_t rows, int64_t c, const float* mean,
                 const float* scale, const float* beta, const float* p, const float* q, float* dx,
                 bool relu) {
+  if (relu)
+    bn_dx<true>(x, dy, rows, c, mean, scale, beta, p, q, dx);
+  else
+    bn_dx<false>(x, dy, rows, c, mean, scale, beta, p, q, dx);
+}
+// Into bfloat16: the gradient the convolution before reads.
+DTRAIN_TARGET_CLONES("avx512f", "avx2", "default")
+void bn_dx_rows_bf16(const uint16_t* x, const float* dy, int64_t rows, int64_t c, const float* mean,
+                     const float* scale, const float* beta, const float* p, const float* q,
+                     uint16_t* dx, bool relu) {
   if (relu)
     bn_dx<true>(x, dy, rows, c, mean, scale, beta, p, q, dx);
   else
@@ -268,14 +290,14 @@ BatchNormForward CpuKernels::batch_norm_forward_bf16(const Tensor& x, const Tens
 BatchNormBackward CpuKernels::batch_norm_backward_bf16(const Tensor& dy, const Tensor& x,
                                                        const Tensor& gamma, const Tensor& mean,
                                                        const Tensor& var, float eps,
-                                                       const Tensor* relu_mask) {
+                                                       const Tensor* relu_mask, DType dx_dtype) {
   const memory::dims d = bn_dims(x.shape());
   const int64_t m = d[0], c = d[1];
   if (relu_mask && (relu_mask->dtype() != DType::kFloat32 || relu_mask->shape() != Shape{2, c}))
     throw InvalidArgument("batch_norm_relu_backward: x is bfloat16, so the mask must be the [2, " +
                           std::to_string(c) + "] batch_norm_relu_training wrote for it, got " +
                           relu_mask->shape().to_string() + " " + dtype_name(relu_mask->dtype()));
-  BatchNormBackward out{Tensor::empty(x.shape(), DType::kFloat32, spec_),
+  BatchNormBackward out{Tensor::empty(x.shape(), dx_dtype, spec_),
                         Tensor::empty(Shape{c}, DType::kFloat32, spec_),
                         Tensor::empty(Shape{c}, DType::kFloat32, spec_)};
   if (m == 0 || c == 0) {
@@ -316,6 +338,13 @@ BatchNormBackward CpuKernels::batch_norm_backward_bf16(const Tensor& dy, const T
     dbeta[j] = static_cast<float>(s[j]);
     p[j] = static_cast<float>(-scale[j] * inv * dg / static_cast<double>(m));
     q[j] = static_cast<float>(-scale[j] * s[j] / static_cast<double>(m));
+  }
+  if (dx_dtype == DType::kBFloat16) {
+    auto* dx16 = static_cast<uint16_t*>(out.dx.raw_data());
+    bn_parallel_rows(m, state_->threads, [&](int64_t r0, int64_t n) {
+      bn_dx_rows_bf16(xp + r0 * c, dyp + r0 * c, n, c, mu, scale, beta, p, q, dx16 + r0 * c, relu);
+    });
+    return out;
   }
   float* dx = static_cast<float*>(out.dx.raw_data());
   bn_parallel_rows(m, state_->threads, [&](int64_t r0, int64_t n) {
@@ -426,21 +455,25 @@ Tensor CpuKernels::batch_norm_inference(const Tensor& x, const Tensor& gamma, co
 
 BatchNormBackward CpuKernels::batch_norm_backward(const Tensor& dy, const Tensor& x,
                                                   const Tensor& gamma, const Tensor& mean,
-                                                  const Tensor& var, float eps) {
-  return batch_norm_backward_impl(dy, x, gamma, mean, var, eps, nullptr);
+                                                  const Tensor& var, float eps, DType dx_dtype) {
+  return batch_norm_backward_impl(dy, x, gamma, mean, var, eps, nullptr, dx_dtype);
 }
 
 BatchNormBackward CpuKernels::batch_norm_relu_backward(const Tensor& dy, const Tensor& x,
                                                        const Tensor& gamma, const Tensor& mean,
                                                        const Tensor& var, float eps,
-                                                       const Tensor& relu_mask) {
-  return batch_norm_backward_impl(dy, x, gamma, mean, var, eps, &relu_mask);
+                                                       const Tensor& relu_mask, DType dx_dtype) {
+  return batch_norm_backward_impl(dy, x, gamma, mean, var, eps, &relu_mask, dx_dtype);
 }
 
 BatchNormBackward CpuKernels::batch_norm_backward_impl(const Tensor& dy, const Tensor& x,
                                                        const Tensor& gamma, const Tensor& mean,
                                                        const Tensor& var, float eps,
-                                                       const Tensor* relu_mask) {
+                                                       const Tensor* relu_mask, DType dx_dtype) {
+  if (dx_dtype != DType::kFloat32 && dx_dtype != DType::kBFloat16)
+    throw InvalidArgument(std::string("batch_norm_backward: dx_dtype must be float32 or bfloat16, "
+                                      "got ") +
+                          dtype_name(dx_dtype));
   require_f32(dy, "batch_norm_backward", "dy");
   require_f32_or_kept_bf16(x, "batch_norm_backward", "x");
   require_channels("batch_norm_backward", bn_dims(x.shape())[1],
@@ -449,7 +482,13 @@ BatchNormBackward CpuKernels::batch_norm_backward_impl(const Tensor& dy, const T
     throw InvalidArgument("batch_norm_backward: dy is " + dy.shape().to_string() + ", x is " +
                           x.shape().to_string() + "; dy must have x's shape");
   if (x.dtype() == DType::kBFloat16)
-    return batch_norm_backward_bf16(dy, x, gamma, mean, var, eps, relu_mask);
+    return batch_norm_backward_bf16(dy, x, gamma, mean, var, eps, relu_mask, dx_dtype);
+  if (dx_dtype == DType::kBFloat16) {  // oneDNN's float32 kernel, then rounded: the same values
+    BatchNormBackward b =
+        batch_norm_backward_impl(dy, x, gamma, mean, var, eps, relu_mask, DType::kFloat32);
+    b.dx = cast(b.dx, DType::kBFloat16);
+    return b;
+  }
   const memory::dims d = bn_dims(x.shape());
   BatchNormBackward out{Tensor::empty(x.shape(), DType::kFloat32, spec_),
                         Tensor::empty(Shape{d[1]}, DType::kFloat32, spec_),

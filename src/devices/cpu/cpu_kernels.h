@@ -78,14 +78,15 @@ class CpuKernels final : public Kernels {
   Tensor batch_norm_inference(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                               const Tensor& mean, const Tensor& var, float epsilon) override;
   BatchNormBackward batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                        const Tensor& mean, const Tensor& var,
-                                        float epsilon) override;
+                                        const Tensor& mean, const Tensor& var, float epsilon,
+                                        DType dx_dtype = DType::kFloat32) override;
   BatchNormForward batch_norm_relu_training(const Tensor& x, const Tensor& gamma,
                                             const Tensor& beta, float epsilon, Tensor* relu_mask,
                                             DType y_dtype = DType::kFloat32) override;
   BatchNormBackward batch_norm_relu_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                              const Tensor& mean, const Tensor& var, float epsilon,
-                                             const Tensor& relu_mask) override;
+                                             const Tensor& relu_mask,
+                                             DType dx_dtype = DType::kFloat32) override;
   void sgd_update(Tensor& var, const Tensor& grad, Tensor* momentum, float lr, float mu,
                   bool nesterov) override;
   void adam_update(Tensor& var, Tensor& m, Tensor& v, const Tensor& grad, float lr, float beta1,
@@ -100,13 +101,13 @@ class CpuKernels final : public Kernels {
                                       DType y_dtype = DType::kFloat32);
   BatchNormBackward batch_norm_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                              const Tensor& mean, const Tensor& var, float eps,
-                                             const Tensor* relu_mask);
+                                             const Tensor* relu_mask, DType dx_dtype);
   // The same on a bfloat16 x (cpu_batch_norm.cc): loops of our own; relu_mask is then [2, C].
   BatchNormForward batch_norm_forward_bf16(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                            float eps, Tensor* relu_mask, DType y_dtype);
   BatchNormBackward batch_norm_backward_bf16(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                              const Tensor& mean, const Tensor& var, float eps,
-                                             const Tensor* relu_mask);
+                                             const Tensor* relu_mask, DType dx_dtype);
   DeviceSpec spec_;
   std::unique_ptr<State> state_;
 };

@@ -81,8 +81,8 @@ class CudaKernels final : public Kernels {
   Tensor batch_norm_inference(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                               const Tensor& mean, const Tensor& var, float epsilon) override;
   BatchNormBackward batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                        const Tensor& mean, const Tensor& var,
-                                        float epsilon) override;
+                                        const Tensor& mean, const Tensor& var, float epsilon,
+                                        DType dx_dtype = DType::kFloat32) override;
 
   void sgd_update(Tensor& var, const Tensor& grad, Tensor* momentum, float lr, float mu,
                   bool nesterov) override;

@@ -179,9 +179,14 @@ Tensor CudaKernels::batch_norm_inference(const Tensor& x, const Tensor& gamma, c
 
 BatchNormBackward CudaKernels::batch_norm_backward(const Tensor& dy, const Tensor& x,
                                                    const Tensor& gamma, const Tensor& mean,
-                                                   const Tensor& var, float epsilon) {
+                                                   const Tensor& var, float epsilon,
+                                                   DType dx_dtype) {
   DeviceGuard guard(ctx_.index());
   const char* op = "batch_norm_backward";
+  if (dx_dtype != DType::kFloat32)
+    throw InvalidArgument(
+        "batch_norm_backward: a bfloat16 dx is a CPU option (bfloat16 activations under "
+        "mixed_bfloat16); the CUDA kernels write float32");
   check_f32(dy, op, "dy");
   check_f32(x, op, "x");
   check_f32(gamma, op, "gamma");

@@ -15,6 +15,9 @@ void same_device(const char* op, const Tensor& a, const Tensor& b);
 // it reads to bfloat16 anyway (a convolution's input); batch norm rounds its input in the forward
 // pass too, so that both passes see the same values.
 Tensor keep_for_backward(const Tensor& x);
+// The same where a kernel wrote x's bfloat16 copy `made` in the pass that wrote x (undefined: it
+// did not): that copy is kept, and shared as keep_for_backward's, instead of a new one.
+Tensor keep_for_backward(const Tensor& x, const Tensor& made);
 // The copy keep_for_backward made of x for another op, if it did (and x is still the last few
 // tensors copied), else x: for an op whose backward pass reads x rounded, but which would not make
 // a copy of its own (a matmul reading a ReLU's output: it then shares the ReLU's copy).

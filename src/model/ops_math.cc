@@ -163,10 +163,15 @@ Tensor relu(const Tensor& x) {
 Tensor add_relu(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape() || a.dtype() != b.dtype()) return relu(add(a, b));
   same_device("add_relu", a, b);
-  Tensor y = kernels_for(a).add_relu(a, b);
+  const bool records = tape::should_record({&a, &b}),
+             one_tape = records && tape::recording_tapes({&a, &b}) == 1;
+  // Under mixed_bfloat16 the CPU writes the bfloat16 copy kept below in the sum's own pass (where
+  // it streams it); the next block's convolutions share that copy.
+  Tensor rounded;
+  Tensor y = kernels_for(a).add_relu(a, b, one_tape && bf16_activations(a) ? &rounded : nullptr);
   // As relu: the output (or its bfloat16 copy) is what the backward pass reads.
-  if (tape::should_record({&a, &b})) {
-    const Tensor kept = tape::recording_tapes({&a, &b}) == 1 ? keep_for_backward(y) : y;
+  if (records) {
+    const Tensor kept = one_tape ? keep_for_backward(y, rounded) : y;
     tape::record("add_relu", {a, b}, {y},
                  [kept](const std::vector<Tensor>& g) -> std::vector<Tensor> {
                    Tensor d = relu_grad(kept, g[0]);

@@ -37,10 +37,14 @@ Tensor rounded_under_policy(const Tensor& x) {
   return k.cast(k.cast(x, DType::kBFloat16), DType::kFloat32);
 }
 
-Tensor keep_for_backward(const Tensor& x) {
+Tensor keep_for_backward(const Tensor& x) { return keep_for_backward(x, Tensor()); }
+
+Tensor keep_for_backward(const Tensor& x, const Tensor& made) {
   if (!compacts(x)) return x;
-  if (Tensor made = kept_copy_if_made(x); made.dtype() == DType::kBFloat16) return made;
-  Tensor copy = kernels_for(x).cast(x, DType::kBFloat16);
+  if (Tensor kept = kept_copy_if_made(x); kept.dtype() == DType::kBFloat16) return kept;
+  const bool given =
+      made.defined() && made.dtype() == DType::kBFloat16 && made.shape() == x.shape();
+  Tensor copy = given ? made : kernels_for(x).cast(x, DType::kBFloat16);
   t_slots[t_next] = {x.id(), copy};
   t_next = (t_next + 1) % kSlots;
   return copy;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "devices/cpu/dnnl_util.h"
+#include "dtrain/core/dtype.h"
 #include "dtrain/core/precision.h"
 #include "dtrain/devices/device.h"
 #include "dtrain/devices/kernels.h"
@@ -113,6 +114,21 @@ TEST(CpuStream, EveryPassEqualsItsOneDnnPrimitiveBitForBit) {
         stream_add_relu(a.data(), b.data(), out, n, isa);
         onednn_binary(a.data(), b.data(), want.data(), n, true);
         expect_same_bits(out, want.data(), n, "add_relu");
+        // With its bfloat16 copy in the same pass (at an offset of its own): the same output, and
+        // the copy float_to_bf16's bits of it.
+        std::vector<uint16_t> got16(static_cast<size_t>(n) + 64);
+        uint16_t* out16 = got16.data() +
+                          ((64 - reinterpret_cast<uintptr_t>(got16.data()) % 64) % 64) / 2 +
+                          2 * off;
+        stream_add_relu_rounded(a.data(), b.data(), out, out16, n, isa);
+        expect_same_bits(out, want.data(), n, "add_relu with its bfloat16 copy");
+        for (int64_t i = 0; i < n; ++i)
+          if (out16[i] != float_to_bf16(want[static_cast<size_t>(i)])) {
+            ADD_FAILURE() << "add_relu's bfloat16 copy: element " << i << " is 0x" << std::hex
+                          << out16[i] << ", float_to_bf16 gives 0x"
+                          << float_to_bf16(want[static_cast<size_t>(i)]);
+            break;
+          }
         stream_relu_grad(a.data(), b.data(), out, n, isa);
         onednn_relu_grad(a.data(), b.data(), want.data(), n);
         expect_same_bits(out, want.data(), n, "relu_grad");

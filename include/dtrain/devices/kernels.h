@@ -152,8 +152,11 @@ class DTRAIN_API Kernels {
   // Numpy broadcasting between a and b.
   virtual Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) = 0;
   // relu(a + b) for a and b of one shape (a residual block's sum and ReLU). This default runs
-  // binary() and unary(); the CPU does it in one pass over the data.
-  virtual Tensor add_relu(const Tensor& a, const Tensor& b) {
+  // binary() and unary(); the CPU does it in one pass over the data. With `rounded`, a device that
+  // can also writes the output rounded to bfloat16 there in the same pass (the CPU, where it
+  // streams the pass: the copy ops keep under mixed_bfloat16); otherwise *rounded is left as it is.
+  virtual Tensor add_relu(const Tensor& a, const Tensor& b, Tensor* rounded = nullptr) {
+    (void)rounded;
     return unary(UnaryOp::kRelu, binary(BinaryOp::kAdd, a, b));
   }
   // alpha * x + beta.

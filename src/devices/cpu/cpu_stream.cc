@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace dtrain::cpu {
@@ -104,6 +105,77 @@ __attribute__((target("avx2"))) void run256(const A* a, const float* b, float* c
   _mm_sfence();
 }
 
+// v (not NaN) rounded to bfloat16, nearest even: float_to_bf16's bits.
+inline uint16_t rounded16(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+// (GCC 12 warns of the undefined upper lanes its own conversion intrinsics start from.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f"))) inline __m256i rounded16x16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  return _mm512_cvtepi32_epi16(
+      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16));
+}
+__attribute__((target("avx2"))) inline __m128i rounded16x8(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r =
+      _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
+  // (Each lane at most 0xffff: the unsigned-saturating pack is exact.)
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+#pragma GCC diagnostic pop
+
+__attribute__((target("avx512f"))) void add_relu_rounded512(const float* a, const float* b,
+                                                            float* c, uint16_t* c16, int64_t n) {
+  int64_t i = head(c, n, 64);
+  const auto scalar = [&](int64_t j) {
+    c[j] = AddRelu::scalar(a[j], b[j]);
+    c16[j] = rounded16(c[j]);
+  };
+  if (i < 0) {
+    for (int64_t j = 0; j < n; ++j) scalar(j);
+    return;
+  }
+  for (int64_t j = 0; j < i; ++j) scalar(j);
+  const bool stream16 = reinterpret_cast<uintptr_t>(c16 + i) % 32 == 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 s = AddRelu::v512(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i));
+    _mm512_stream_ps(c + i, s);
+    if (stream16)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(c16 + i), rounded16x16(s));
+    else
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(c16 + i), rounded16x16(s));
+  }
+  for (; i < n; ++i) scalar(i);
+  _mm_sfence();
+}
+
+__attribute__((target("avx2"))) void add_relu_rounded256(const float* a, const float* b, float* c,
+                                                         uint16_t* c16, int64_t n) {
+  int64_t i = head(c, n, 32);
+  const auto scalar = [&](int64_t j) {
+    c[j] = AddRelu::scalar(a[j], b[j]);
+    c16[j] = rounded16(c[j]);
+  };
+  if (i < 0) {
+    for (int64_t j = 0; j < n; ++j) scalar(j);
+    return;
+  }
+  for (int64_t j = 0; j < i; ++j) scalar(j);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 s = AddRelu::v256(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i));
+    _mm256_stream_ps(c + i, s);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(c16 + i), rounded16x8(s));
+  }
+  for (; i < n; ++i) scalar(i);
+  _mm_sfence();
+}
+
 template <typename Op, typename A>
 void run(const A* a, const float* b, float* c, int64_t n, StreamIsa isa) {
   if (isa == StreamIsa::kAvx512)
@@ -135,6 +207,15 @@ void stream_add(const float* a, const float* b, float* c, int64_t n, StreamIsa i
 }
 void stream_add_relu(const float* a, const float* b, float* c, int64_t n, StreamIsa isa) {
   run<AddRelu>(a, b, c, n, isa);
+}
+void stream_add_relu_rounded(const float* a, const float* b, float* c, uint16_t* c16, int64_t n,
+                             StreamIsa isa) {
+  if (isa == StreamIsa::kAvx512) return add_relu_rounded512(a, b, c, c16, n);
+  if (isa == StreamIsa::kAvx2) return add_relu_rounded256(a, b, c, c16, n);
+  for (int64_t i = 0; i < n; ++i) {
+    c[i] = AddRelu::scalar(a[i], b[i]);
+    c16[i] = rounded16(c[i]);
+  }
 }
 void stream_relu_grad(const float* y, const float* dy, float* dx, int64_t n, StreamIsa isa) {
   run<ReluGrad>(y, dy, dx, n, isa);

@@ -32,6 +32,10 @@ void stream_add(const float* a, const float* b, float* c, int64_t n, StreamIsa i
 // c = relu(a + b), as oneDNN's binary add with a ReLU post-op (which takes relu(NaN) as 0).
 void stream_add_relu(const float* a, const float* b, float* c, int64_t n,
                      StreamIsa isa = stream_isa());
+// The same, and c16 = c rounded to bfloat16 (nearest even; c is never NaN) in the same pass: the
+// copy ops keep of a residual block's output under mixed_bfloat16, without a pass of its own.
+void stream_add_relu_rounded(const float* a, const float* b, float* c, uint16_t* c16, int64_t n,
+                             StreamIsa isa = stream_isa());
 // dx = y <= 0 ? 0 * dy : dy, as oneDNN's ReLU backward pass.
 void stream_relu_grad(const float* y, const float* dy, float* dx, int64_t n,
                       StreamIsa isa = stream_isa());

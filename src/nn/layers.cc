@@ -92,8 +92,12 @@ Layer::FusedCall Conv2D::fuse_with_next(const Layer& next) {
     return {};
   const Pool2DSpec p = *pool;
   return [this, p](const std::vector<Tensor>& xs, bool) {
-    return ops::conv2d_max_pool2d(xs.at(0), kernel->value(), use_bias_ ? bias->value() : Tensor(),
-                                  stride_, padding_, p.window_h, p.stride_h, p.padding,
+    // (A bfloat16 activation, BatchNormalization::bfloat16_output's, is read widened: the fused
+    // kernel takes float32.)
+    const Tensor& x = xs.at(0);
+    return ops::conv2d_max_pool2d(x.dtype() == DType::kBFloat16 ? ops::cast(x, DType::kFloat32) : x,
+                                  kernel->value(), use_bias_ ? bias->value() : Tensor(), stride_,
+                                  padding_, p.window_h, p.stride_h, p.padding,
                                   /*relu=*/true);
   };
 }

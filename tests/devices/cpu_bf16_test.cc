@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <limits>
 #include <optional>
 #include <string>
@@ -603,14 +604,91 @@ TEST(CpuBf16, ConvolutionsAndBatchNormsHandOffBfloat16Activations) {
       EXPECT_GT(scale, 0) << what;
       EXPECT_LE(diff, 2e-2 * scale) << what << ": a bfloat16 activation read twice";
     }
+    {  // A batch norm with ReLU handing bfloat16 to another batch norm (not a convolution): the
+       // second's bfloat16 dx is read widened by the first's backward pass.
+      const auto dx_of = [&](bool handoff) {
+        GradientTape t3;
+        t3.watch(x);
+        Tensor m3, v3;
+        const Tensor a = ops::conv2d(x, w, b, handoff ? p16 : p);
+        const Tensor z = ops::batch_norm_relu_training(a, gamma, beta, 1e-3f, &m3, &v3, handoff);
+        EXPECT_EQ(z.dtype(), handoff ? DType::kBFloat16 : DType::kFloat32) << what;
+        const Tensor u = ops::batch_norm_training(z, gamma, beta, 1e-3f, &m3, &v3);
+        const Tensor gy =
+            Tensor::from_vector(wave(static_cast<size_t>(u.numel()), 0.3f), u.shape());
+        return t3.gradient(ops::sum(ops::mul(u, gy)), {x})[0].to_vector<float>();
+      };
+      const auto got = dx_of(true), want = dx_of(false);
+      double scale = 0, diff = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+        diff = std::max(diff, std::abs(static_cast<double>(got[i]) - want[i]));
+      }
+      EXPECT_GT(scale, 0) << what;
+      EXPECT_LE(diff, 2e-2 * scale) << what << ": batch norm into batch norm";
+    }
     {
       EXPECT_EQ(ops::conv2d(x, w, b, p16).dtype(), DType::kFloat32) << what << ", no tape";
+      Tensor m4, v4;
+      EXPECT_EQ(
+          ops::batch_norm_relu_training(ops::conv2d(x, w, b, p), gamma, beta, 1e-3f, &m4, &v4, true)
+              .dtype(),
+          DType::kFloat32)
+          << what << ", no tape";
       set_precision_policy(Precision::kFloat32);
       GradientTape tape;
       tape.watch(x);
       EXPECT_EQ(ops::conv2d(x, w, b, p16).dtype(), DType::kFloat32) << what << ", float32";
     }
   }
+}
+
+// Where the hand-off's rounding can differ from float_to_bf16's: outputs below float32's normal
+// range and NaNs. A convolution with a zero filter outputs its bias: denormals of both signs, the
+// smallest normal, a NaN. A denormal comes out as float_to_bf16 gives it or as a zero of its
+// sign (oneDNN's bfloat16 conversion on AMX flushes them); a NaN as a NaN; the normal exactly.
+TEST(CpuBf16, HandedOffConvolutionOutputsBelowTheNormalRange) {
+  struct Policy {
+    Policy() { set_precision_policy(Precision::kMixedBFloat16); }
+    ~Policy() { set_precision_policy(Precision::kFloat32); }
+  } policy;
+  const std::vector<float> bias_values = {1e-39f,
+                                          -1e-39f,
+                                          std::numeric_limits<float>::min(),
+                                          std::numeric_limits<float>::quiet_NaN(),
+                                          3e-40f,
+                                          -std::numeric_limits<float>::denorm_min(),
+                                          1.f,
+                                          0.f};
+  std::vector<float> bv(32);
+  for (size_t i = 0; i < bv.size(); ++i) bv[i] = bias_values[i % bias_values.size()];
+  const Tensor x = Tensor::from_vector(wave(2 * 5 * 5 * 16, 0.37f), Shape{2, 5, 5, 16});
+  const Tensor w = Tensor::zeros(Shape{3, 3, 16, 32});
+  const Tensor b = Tensor::from_vector(bv, Shape{32});
+  Conv2dParams p16;
+  p16.bf16_output = true;
+  GradientTape tape;
+  tape.watch(x);
+  const Tensor y = ops::conv2d(x, w, b, p16);
+  ASSERT_EQ(y.dtype(), DType::kBFloat16);
+  std::vector<uint16_t> got(static_cast<size_t>(y.numel()));
+  std::memcpy(got.data(), y.raw_data(), got.size() * 2);
+  int flushed = 0, subnormal = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float v = bv[i % 32];
+    const uint16_t want = float_to_bf16(v), zero = std::signbit(v) ? 0x8000 : 0;
+    if (std::isnan(v)) {
+      EXPECT_TRUE(std::isnan(bf16_to_float(got[i]))) << i;
+    } else if (std::fpclassify(v) == FP_SUBNORMAL) {
+      EXPECT_TRUE(got[i] == want || got[i] == zero)
+          << i << ": " << v << " gave 0x" << std::hex << got[i];
+      flushed += got[i] != want;
+      ++subnormal;
+    } else {
+      EXPECT_EQ(got[i], want) << i << ": " << v;
+    }
+  }
+  std::cout << "denormal outputs flushed to zero: " << flushed << " of " << subnormal << "\n";
 }
 
 }  // namespace

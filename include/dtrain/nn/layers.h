@@ -58,9 +58,11 @@ class DTRAIN_API Conv2D : public Layer {
   // Under mixed_bfloat16 on a CPU device, in a training step (one GradientTape recording), the
   // output is bfloat16, as a Keras layer's under a bfloat16 compute dtype, instead of float32: for
   // a BatchNormalization after it, which reads its input rounded to bfloat16 anyway. The values
-  // are the same; the step writes 2 bytes an element instead of 4 and rounds none again. Only for
-  // a layer whose output goes to a BatchNormalization (or a Conv2D); other ops take float32. Not
-  // with an activation. The ResNets of applications.h set it. Elsewhere the output is float32.
+  // are the same (but for outputs below float32's normal range, which oneDNN's bfloat16
+  // conversion on AMX flushes to zero); the step writes 2 bytes an element instead of 4 and
+  // rounds none again. Only for a layer whose output goes to a BatchNormalization (or a Conv2D);
+  // other ops take float32. Not with an activation. The ResNets of applications.h set it.
+  // Elsewhere the output is float32.
   bool bfloat16_output = false;
 
  protected:

@@ -466,10 +466,13 @@ BatchNormBackward CpuKernels::batch_norm_relu_backward(const Tensor& dy, const T
   return batch_norm_backward_impl(dy, x, gamma, mean, var, eps, &relu_mask, dx_dtype);
 }
 
-BatchNormBackward CpuKernels::batch_norm_backward_impl(const Tensor& dy, const Tensor& x,
+BatchNormBackward CpuKernels::batch_norm_backward_impl(const Tensor& dy_in, const Tensor& x,
                                                        const Tensor& gamma, const Tensor& mean,
                                                        const Tensor& var, float eps,
                                                        const Tensor* relu_mask, DType dx_dtype) {
+  // A bfloat16 dy (the gradient of a bfloat16 output: a batch norm after this one that was handed
+  // this one's bfloat16 output) is read widened.
+  const Tensor dy = dy_in.dtype() == DType::kBFloat16 ? cast(dy_in, DType::kFloat32) : dy_in;
   if (dx_dtype != DType::kFloat32 && dx_dtype != DType::kBFloat16)
     throw InvalidArgument(std::string("batch_norm_backward: dx_dtype must be float32 or bfloat16, "
                                       "got ") +

@@ -20,6 +20,9 @@
 #include "dtrain/core/precision.h"
 #include "dtrain/devices/device.h"
 #include "dtrain/devices/kernels.h"
+#include "dtrain/model/gradient_tape.h"
+#include "dtrain/model/ops.h"
+#include "model/op_util.h"
 
 namespace dtrain::cpu {
 namespace {
@@ -179,6 +182,53 @@ TEST(CpuStream, TheKernelsOfAOneThreadDeviceGiveTheSameBits) {
     onednn_relu_grad(a_wide.data<float>(), bv.data(), want.data(), n);
     expect_same_bits(dx.data<float>(), want.data(), n, "relu backward on a bfloat16 y");
   }
+}
+
+// ops::add_relu under mixed_bfloat16 with one tape on a one-thread device, at 4 MB: the residual
+// sum's pass also writes the bfloat16 copy the op keeps (Kernels::add_relu's `rounded`), which the
+// ReLU's backward pass reads and the next convolution shares. That copy is y rounded to nearest
+// even, and the gradient is the incoming one where the copy is > 0, times zero elsewhere (-0 for a
+// negative gradient, NaN for a NaN), as oneDNN's ReLU backward gives it. (The copy, not y: a y
+// below bfloat16's smallest subnormal, 2^-133, is a zero there, as a Keras layer's bfloat16 output
+// would be; y = denorm_min is among the values.)
+TEST(CpuStream, TheResidualSumsKeptCopyIsItsOutputRounded) {
+  configure_devices({1, 1});
+  const int64_t n = kStreamBytes / 4 + 5;
+  std::vector<float> av = values(static_cast<size_t>(n), 5), bv = values(static_cast<size_t>(n), 6);
+  for (float* v : {av.data(), bv.data()})  // finite values: the gradient check below
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(v[i])) v[i] = 0.5f;
+  const Tensor a = Tensor::from_vector(av, Shape{n}), b = Tensor::from_vector(bv, Shape{n});
+  const std::vector<float> gv = values(static_cast<size_t>(n), 7);
+  const Tensor g = Tensor::from_vector(gv, Shape{n});
+  set_precision_policy(Precision::kMixedBFloat16);
+  struct Reset {
+    ~Reset() {
+      ops::forget_kept_copies();
+      set_precision_policy(Precision::kFloat32);
+    }
+  } reset;
+  GradientTape tape;
+  tape.watch(a);
+  const Tensor y = ops::add_relu(a, b);
+  ASSERT_EQ(y.dtype(), DType::kFloat32);
+  const Tensor kept = ops::kept_copy_if_made(y);
+  ASSERT_EQ(kept.dtype(), DType::kBFloat16) << "no bfloat16 copy kept for the backward pass";
+  const float* yv = y.data<float>();
+  const auto* kv = static_cast<const uint16_t*>(kept.raw_data());
+  int64_t differ = 0;
+  for (int64_t i = 0; i < n; ++i) differ += kv[i] != float_to_bf16(yv[i]);
+  EXPECT_EQ(differ, 0) << "of " << n << " elements of the kept copy";
+  const std::vector<float> da = tape.gradient(y, {a}, g)[0].to_vector<float>();
+  differ = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = gv[static_cast<size_t>(i)];
+    const float want = bf16_to_float(kv[i]) > 0.f ? gi : gi * 0.f;
+    const bool d = std::memcmp(&da[static_cast<size_t>(i)], &want, 4) != 0 &&
+                   !(std::isnan(da[static_cast<size_t>(i)]) && std::isnan(want));
+    differ += d;
+  }
+  EXPECT_EQ(differ, 0) << "of " << n << " gradient elements";
 }
 
 }  // namespace

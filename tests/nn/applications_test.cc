@@ -2,6 +2,7 @@
 // and run.
 #include "dtrain/nn/applications.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -13,6 +14,7 @@
 #include "dtrain/model/gradient_tape.h"
 #include "dtrain/model/ops.h"
 #include "dtrain/nn/layers.h"
+#include "dtrain/nn/model.h"
 #include "testing/test_util.h"
 
 namespace dtrain {
@@ -271,6 +273,54 @@ TEST(Applications, ResNetsPassBfloat16ActivationsWithTheSameResults) {
         EXPECT_EQ(differ, 0u) << what << (k == 0 ? ": logits" : ": gradient ") << k;
       }
     }
+}
+
+// A chain the ResNets never build: a batch norm handing bfloat16 to a Conv2D(relu) that runs fused
+// with the max pooling after it (ops::conv2d_max_pool2d takes float32, so the fused call reads the
+// activation widened). The step runs, and its logits and gradients are those with the hand-offs
+// off, but for the batch norm's gradient read in bfloat16 (within 2% of each tensor's largest).
+TEST(Applications, ABfloat16HandOffIntoAConvolutionFusedWithPooling) {
+  set_precision_policy(Precision::kMixedBFloat16);
+  struct Reset {
+    ~Reset() { set_precision_policy(Precision::kFloat32); }
+  } reset;
+  // (No bias before the batch norm, as in the ResNets: its gradient is zero but for rounding.)
+  auto conv1 = std::make_shared<Conv2D>(8, 3, 3, Activation::kNone, ops::Padding::kSame,
+                                        /*stride=*/1, /*use_bias=*/false);
+  auto norm = std::make_shared<BatchNormalization>();
+  norm->activation = Activation::kRelu;
+  auto conv2 = std::make_shared<Conv2D>(6, 3, 3, Activation::kRelu, ops::Padding::kSame);
+  auto pool = std::make_shared<MaxPool2D>();
+  Sequential m({conv1, norm, conv2, pool, std::make_shared<Flatten>(), std::make_shared<Dense>(4)});
+  m.build(Shape{2, 8, 8, 3});
+  ASSERT_TRUE(conv2->fuse_with_next(*pool));
+  std::vector<float> xv(2 * 8 * 8 * 3), gv(2 * 4);
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = static_cast<float>(std::sin(0.41 * i));
+  for (size_t i = 0; i < gv.size(); ++i) gv[i] = static_cast<float>(std::cos(0.9 * i));
+  const Tensor x = Tensor::from_vector(xv, Shape{2, 8, 8, 3});
+  const Tensor g = Tensor::from_vector(gv, Shape{2, 4});
+  const auto step = [&](bool handoff) {
+    conv1->bfloat16_output = norm->bfloat16_output = handoff;
+    GradientTape tape;
+    const Tensor y = m(x, /*training=*/true);
+    std::vector<std::vector<float>> out{y.to_vector<float>()};
+    for (const Tensor& t : tape.gradient(ops::sum(ops::mul(y, g)), m.trainable_variables()))
+      out.push_back(t.to_vector<float>());
+    return out;
+  };
+  const auto with = step(true), without = step(false);
+  ASSERT_EQ(with.size(), without.size());
+  EXPECT_EQ(with[0], without[0]) << "logits";
+  for (size_t k = 1; k < with.size(); ++k) {
+    ASSERT_EQ(with[k].size(), without[k].size());
+    float scale = 0, diff = 0;
+    for (size_t i = 0; i < with[k].size(); ++i) {
+      scale = std::max(scale, std::abs(without[k][i]));
+      diff = std::max(diff, std::abs(with[k][i] - without[k][i]));
+    }
+    EXPECT_GT(scale, 0) << "gradient " << k;
+    EXPECT_LE(diff, 2e-2f * scale) << "gradient " << k;
+  }
 }
 
 }  // namespace

@@ -27,7 +27,9 @@ median measured step, and what worker 0's profile alone predicts. --profile-each
 recorded just before each dtrain run instead of once a round, so that a prediction and its run see the
 machine at the same speed (a shared VM's speed can move by 30% between the start and the end of a round);
 a round then takes about 1.5x as long. --from FILE: no training, the rows of
-an earlier links.jsonl (and the profiles beside it), the links measured again.
+an earlier links.jsonl (and the profiles beside it), the links measured again; with --stored-links, not
+measured again: each row's own link figures, as its run measured them (a change of the step model
+checked against earlier runs, nothing but the model changing).
 
 Needs root (network namespaces); the peers' interpreter is build/peers-venv/bin/python
 (bench/peers/setup.sh). Files go to --out (default build/links): links.jsonl (one object per run),
@@ -292,6 +294,9 @@ def main():
     p.add_argument("--from", dest="from_file", default="",
                    help="no training runs: the rows of an earlier links.jsonl (with their profiles); with "
                         "--simulate the links are measured again and every dtrain row predicted")
+    p.add_argument("--stored-links", action="store_true",
+                   help="with --from --simulate: each row's link figures as its run measured them, not "
+                        "measured again (no namespaces needed)")
     a = p.parse_args()
     a.build = os.path.abspath(a.build)
     a.out = os.path.abspath(a.out or os.path.join(a.build, "links"))
@@ -307,6 +312,11 @@ def main():
             raise SystemExit(f"--systems: dtrain or ddp, got '{s}'")
     if "ddp" in systems and not os.access(python, os.X_OK):
         raise SystemExit(f"no peers interpreter at {python}: run bench/peers/setup.sh, or give --peers-python")
+    if a.stored_links and not (a.from_file and a.simulate):
+        raise SystemExit("--stored-links goes with --from FILE --simulate (it says which link figures predict "
+                         "the stored runs)")
+    if a.stored_links:
+        return from_file(a, "?", len(os.sched_getaffinity(0)))
     if os.geteuid() != 0:
         print("links.py needs root: it makes network namespaces (tools/netns/dtrain-netns)", file=sys.stderr)
         sys.exit(77)
@@ -392,7 +402,7 @@ def from_file(a, cpu, ncores):
         if r["system"] == "dtrain" and "profile" not in r:
             r["profile"] = os.path.join(here, legacy_profile_name(r["model"], r["batch_per_worker"],
                                                                   max(1, -(-r["hosts"] // ncores))))
-    if a.simulate:
+    if a.simulate and not a.stored_links:
         netns("down", check=False)
         try:
             for hosts in sorted({r["hosts"] for r in results}):

@@ -120,16 +120,35 @@ TEST(StepModelTest, PacksFormAsTheGradientPackerFormsThem) {
 }
 
 TEST(StepModelTest, CommunicationOnTheComputeCoresStretchesBackward) {
-  // 10 MB of gradients, 2 workers: each moves 2 (N-1)/N x 10 MB = 10 MB a step; at 10 ns a byte
-  // and two workers on the core, backward takes 0.2 s longer and every gradient comes 10% later.
+  // 10 MB of gradients, 2 workers: each moves 2 (N-1)/N of a pack's bytes. With an instant link the
+  // two full packs (8 MB) are all-reduced inside backward and the last (2 MB) after it: at 10 ns a
+  // byte and two workers on the core, backward takes 2 x 1e-8 x 8 MB = 0.16 s longer, and every
+  // gradient comes 8% later. The last pack's bytes stretch nothing: backward has ended.
   Network net = ring(2, 1e15);
   net.cpu_seconds_per_byte = 1e-8;
   net.workers_per_core = 2;
   const StepPrediction p = simulate_step(three_gradients(), net, 4 * kMB);
   ASSERT_EQ(p.packs.size(), 3u);
-  EXPECT_DOUBLE_EQ(p.packs[0].launch, 0.55);
-  EXPECT_DOUBLE_EQ(p.packs[2].launch, 2.2);
-  EXPECT_NEAR(p.seconds_per_step, 1 + 2.2 + 0.5 + 0.1, 1e-6);
+  EXPECT_NEAR(p.packs[0].launch, 0.54, 1e-9);
+  EXPECT_NEAR(p.packs[2].launch, 2.16, 1e-9);
+  EXPECT_NEAR(p.seconds_per_step, 1 + 2.16 + 0.5 + 0.1, 1e-6);
+  // Every byte after backward (one pack of everything, sent when backward ends): no stretch, the
+  // step is the measured one plus the all-reduce, 10 MB at 10 MB/s.
+  Network slow = ring(2, 10 * kMB);
+  slow.cpu_seconds_per_byte = 1e-8;
+  const StepPrediction tail = simulate_step(three_gradients(), slow, 1000 * kMB);
+  ASSERT_EQ(tail.packs.size(), 1u);
+  EXPECT_DOUBLE_EQ(tail.packs[0].launch, 2.0);
+  EXPECT_NEAR(tail.seconds_per_step, 1 + 2 + 1 + 0.5 + 0.1, 1e-9);
+  // A pack that straddles backward's end: charged for its share inside. One 10 MB pack launched by
+  // a gradient at 0 (the others empty), 1 s on the link: all of it inside a backward of 2 s and
+  // more; stretch = 1 + 1e-8 x 10 MB / 2 s = 1.05.
+  StepProfile early = three_gradients();
+  early.gradients = {{0.0, 10 * kMB}};
+  const StepPrediction inside = simulate_step(early, slow, 4 * kMB);
+  ASSERT_EQ(inside.packs.size(), 1u);
+  EXPECT_NEAR(inside.seconds_per_step, 1 + 2.1 + 0.5 + 0.1, 1e-9);
+  EXPECT_DOUBLE_EQ(inside.hidden_share, 1);
   EXPECT_DOUBLE_EQ(p.compute_seconds, 3.6);  // efficiency stays against the one-worker step
   net.workers = 1;                           // nothing moved
   EXPECT_DOUBLE_EQ(simulate_step(three_gradients(), net, 4 * kMB).seconds_per_step, 3.6);

@@ -158,21 +158,18 @@ double allreduce_seconds(double bytes, const Network& net) {
   return 0;
 }
 
-StepPrediction simulate_step(const StepProfile& measured, const Network& net,
-                             double bytes_per_pack) {
+namespace {
+
+// The packs of a step whose backward pass (and every gradient's ready time) is `stretch` times the
+// measured one, on one channel in order; *overlapped: the bytes all-reduced while backward runs (a
+// pack that straddles its end counted by the share of its time before it).
+StepPrediction schedule(const StepProfile& measured, double stretch, const Network& net,
+                        double bytes_per_pack, double* overlapped) {
   StepPrediction out;
   out.compute_seconds = measured.compute();
-  // Communication on the compute cores: backward (and when each gradient is ready) stretched by
-  // the CPU time of every worker sharing the core.
   StepProfile profile = measured;
-  if (net.cpu_seconds_per_byte > 0 && net.workers > 1 && measured.backward > 0) {
-    const double n = net.workers;
-    const double moved = 2 * (n - 1) / n * measured.gradient_bytes();
-    const double extra = std::max(1, net.workers_per_core) * net.cpu_seconds_per_byte * moved;
-    const double stretch = (measured.backward + extra) / measured.backward;
-    profile.backward *= stretch;
-    for (auto& g : profile.gradients) g.at *= stretch;
-  }
+  profile.backward *= stretch;
+  for (auto& g : profile.gradients) g.at *= stretch;
   // Packs as GradientPacker forms them: a pack is launched by the gradient that fills it.
   std::vector<PackTiming> packs;
   PackTiming cur;
@@ -189,18 +186,50 @@ StepPrediction simulate_step(const StepProfile& measured, const Network& net,
     packs.push_back(cur);
   }
   double channel_free = 0, hidden = 0, last_end = profile.backward;
+  *overlapped = 0;
   for (auto& p : packs) {
     p.start = std::max(p.launch, channel_free);
     p.end = p.start + allreduce_seconds(p.bytes, net);
     channel_free = p.end;
     out.allreduce_seconds += p.end - p.start;
-    hidden += std::max(0.0, std::min(p.end, profile.backward) - p.start);
+    const double inside = std::max(0.0, std::min(p.end, profile.backward) - p.start);
+    hidden += inside;
+    if (p.end > p.start) *overlapped += p.bytes * inside / (p.end - p.start);
     last_end = std::max(last_end, p.end);
   }
   out.packs = packs;
   out.hidden_share = out.allreduce_seconds > 0 ? hidden / out.allreduce_seconds : 0;
   out.seconds_per_step = profile.forward + last_end + profile.update + profile.other;
   out.efficiency = out.seconds_per_step > 0 ? out.compute_seconds / out.seconds_per_step : 0;
+  return out;
+}
+
+}  // namespace
+
+StepPrediction simulate_step(const StepProfile& measured, const Network& net,
+                             double bytes_per_pack) {
+  double overlapped = 0;
+  if (net.cpu_seconds_per_byte <= 0 || net.workers <= 1 || measured.backward <= 0)
+    return schedule(measured, 1, net, bytes_per_pack, &overlapped);
+  // Communication on the compute cores: backward (and when each gradient is ready) stretched by
+  // the CPU time of the bytes all-reduced while it runs, for every worker sharing the core. Bytes
+  // all-reduced after backward has ended take no compute from it: their time is the channel's
+  // (busbw was measured with the CPU to itself). Until 2026-11-29 every byte stretched backward,
+  // counting the tail's bytes twice. Which bytes overlap depends on the stretch, so the two are
+  // solved together: from the stretch of every byte (an upper bound), the stretch of the bytes
+  // that overlap, until it settles (a longer backward overlaps no fewer bytes, so the rounds come
+  // down from that bound; they settle in a few, 50 bound them).
+  const double n = net.workers;
+  const double per_byte =
+      std::max(1, net.workers_per_core) * net.cpu_seconds_per_byte * 2 * (n - 1) / n;
+  double stretch = 1 + per_byte * measured.gradient_bytes() / measured.backward;
+  StepPrediction out = schedule(measured, stretch, net, bytes_per_pack, &overlapped);
+  for (int round = 0; round < 50; ++round) {
+    const double next = 1 + per_byte * overlapped / measured.backward;
+    if (std::abs(next - stretch) <= 1e-12 * stretch) break;
+    stretch = next;
+    out = schedule(measured, stretch, net, bytes_per_pack, &overlapped);
+  }
   return out;
 }
 

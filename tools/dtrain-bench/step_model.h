@@ -21,10 +21,11 @@
 // carries per direction) and alpha the time of one ring step with nothing in it.
 //
 // Where communication runs on the cores that compute (TCP and the sums on a CPU), backward is
-// stretched by the CPU time of the bytes each worker moves (Network::cpu_seconds_per_byte, measured
-// by bench/links/links.py from the CPU time of dtrain-bench allreduce on the same links).
-// What it leaves out: on a GPU, kernels sharing SMs with NCCL; stragglers; contention between the
-// channel's packs and other traffic. Scaling efficiency = compute-only step / predicted step.
+// stretched by the CPU time of the bytes each worker moves while backward runs
+// (Network::cpu_seconds_per_byte, measured by bench/links/links.py from the CPU time of
+// dtrain-bench allreduce on the same links); bytes all-reduced after it cost only the channel's
+// time. What it leaves out: on a GPU, kernels sharing SMs with NCCL; stragglers; contention between
+// the channel's packs and other traffic. Scaling efficiency = compute-only step / predicted step.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -67,8 +68,8 @@ struct Network {
   double intra_alpha = 0;    // hierarchical: seconds per step inside a host
   // CPU links (TCP through the kernel, sums on the host): the CPU seconds each worker spends per
   // byte it moves (2 (N-1)/N of the gradients a step), on the cores its compute runs on, shared by
-  // `workers_per_core` workers. 0 = communication costs no compute (a GPU with its own copy
-  // engines).
+  // `workers_per_core` workers; charged to backward for the bytes moved while it runs. 0 =
+  // communication costs no compute (a GPU with its own copy engines).
   double cpu_seconds_per_byte = 0;
   int workers_per_core = 1;
 };

@@ -310,7 +310,7 @@ def main():
     for s in systems:
         if s not in ("dtrain", "ddp"):
             raise SystemExit(f"--systems: dtrain or ddp, got '{s}'")
-    if "ddp" in systems and not os.access(python, os.X_OK):
+    if "ddp" in systems and not a.from_file and not os.access(python, os.X_OK):  # --from trains nothing
         raise SystemExit(f"no peers interpreter at {python}: run bench/peers/setup.sh, or give --peers-python")
     if a.stored_links and not (a.from_file and a.simulate):
         raise SystemExit("--stored-links goes with --from FILE --simulate (it says which link figures predict "

@@ -140,15 +140,24 @@ TEST(StepModelTest, CommunicationOnTheComputeCoresStretchesBackward) {
   ASSERT_EQ(tail.packs.size(), 1u);
   EXPECT_DOUBLE_EQ(tail.packs[0].launch, 2.0);
   EXPECT_NEAR(tail.seconds_per_step, 1 + 2 + 1 + 0.5 + 0.1, 1e-9);
-  // A pack that straddles backward's end: charged for its share inside. One 10 MB pack launched by
-  // a gradient at 0 (the others empty), 1 s on the link: all of it inside a backward of 2 s and
-  // more; stretch = 1 + 1e-8 x 10 MB / 2 s = 1.05.
+  // One 10 MB pack launched by a gradient at 0 (1 s on the link): all of it inside a backward of
+  // 2 s and more; stretch = 1 + 1e-8 x 10 MB / 2 s = 1.05.
   StepProfile early = three_gradients();
   early.gradients = {{0.0, 10 * kMB}};
   const StepPrediction inside = simulate_step(early, slow, 4 * kMB);
   ASSERT_EQ(inside.packs.size(), 1u);
   EXPECT_NEAR(inside.seconds_per_step, 1 + 2.1 + 0.5 + 0.1, 1e-9);
   EXPECT_DOUBLE_EQ(inside.hidden_share, 1);
+  // The same pack launched at 1.5 s straddles backward's end: charged for its share inside. With
+  // stretch s, backward ends at 2s and the pack runs from 1.5s for 1 s, (2s - 1.5s) of it inside,
+  // so s = 1 + 1e-8 x 10 MB x 0.5s / 2 s = 1 + 0.025 s: s = 40/39. The pack ends at 1.5s + 1.
+  early.gradients = {{1.5, 10 * kMB}};
+  const StepPrediction straddles = simulate_step(early, slow, 4 * kMB);
+  ASSERT_EQ(straddles.packs.size(), 1u);
+  const double s = 40.0 / 39;
+  EXPECT_NEAR(straddles.packs[0].launch, 1.5 * s, 1e-9);
+  EXPECT_NEAR(straddles.seconds_per_step, 1 + 1.5 * s + 1 + 0.5 + 0.1, 1e-9);
+  EXPECT_NEAR(straddles.hidden_share, 0.5 * s, 1e-9);
   EXPECT_DOUBLE_EQ(p.compute_seconds, 3.6);  // efficiency stays against the one-worker step
   net.workers = 1;                           // nothing moved
   EXPECT_DOUBLE_EQ(simulate_step(three_gradients(), net, 4 * kMB).seconds_per_step, 3.6);

@@ -159,8 +159,8 @@ TEST(CpuBf16, ConvolutionsReadBfloat16CopiesOfTheirInputAndGradient) {
     // read unrounded moves a product by up to 2^-9 of itself: x read unrounded fails by 60-280x.
     // (A bound on the largest output, as before, failed on Zen 5's bfloat16 kernels at 2e-6 of
     // it: a 24-term weight gradient off by half an ulp of its partial sums.)
-    const auto magnitude = run(absolute(rounded(xv)), absolute(rounded(wv)), absolute(rounded(gv)),
-                               absolute(bv));
+    const auto magnitude =
+        run(absolute(rounded(xv)), absolute(rounded(wv)), absolute(rounded(gv)), absolute(bv));
     std::vector<std::vector<float>> mixed;
     {
       MixedBf16 policy;

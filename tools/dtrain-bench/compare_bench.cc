@@ -86,10 +86,17 @@ int compare_bench(const CompareArgs& a) {
   std::string torch113_version;
   for (const auto& [k, ok] : have)
     if (!ok && k != "dtrain_tv" && !(bf16 && (k == "torch" || k == "torch113")) &&
-        !(gpt && k != "torch") && !(!gpt && k == "torch_compile"))
-      std::fprintf(stderr,
-                   "compare: %s is not installed (bench/peers/setup.sh installs it); left out\n",
-                   k.c_str());
+        !(gpt && k != "torch") && !(!gpt && k == "torch_compile")) {
+      if (k == "torch113" && resnet && runs_python(a.debian_python, "torch"))
+        std::fprintf(stderr,
+                     "compare: Debian's PyTorch 1.13 (%s) has no torchvision, which the ResNets "
+                     "need; left out\n",
+                     a.debian_python.c_str());
+      else
+        std::fprintf(stderr,
+                     "compare: %s is not installed (bench/peers/setup.sh installs it); left out\n",
+                     k.c_str());
+    }
 
   const std::vector<std::string> rows = split(a.rows);
   for (const std::string& r : rows)

@@ -155,7 +155,7 @@ TEST(CpuBf16, ConvolutionsReadBfloat16CopiesOfTheirInputAndGradient) {
     // Each output's sum of |products|: the same sums on the operands' magnitudes. Two kernels
     // that add the same products in different orders differ by a few float32 roundings of the
     // partial sums, so each element is held to 4e-6 of its own sum of magnitudes (about 67 of
-    // float32's unit roundoff, 2^-24; on Zen 5 every element is within 1/100 of that). It holds
+    // float32's unit roundoff, 2^-24; on Zen 5 every element is within 1/50 of that). It holds
     // for the sums in any order as errors grow here (about sqrt(terms)), not in the worst case
     // (2 x 288 x 2^-24 = 3.4e-5 for dx of the 3x3). An operand read unrounded moves a product by
     // up to 2^-8 of itself (bfloat16's unit roundoff): x read unrounded fails by 60-280x. The

@@ -25,7 +25,9 @@
 // (Network::cpu_seconds_per_byte, measured by bench/links/links.py from the CPU time of
 // dtrain-bench allreduce on the same links); bytes all-reduced after it cost only the channel's
 // time. What it leaves out: on a GPU, kernels sharing SMs with NCCL; stragglers; contention between
-// the channel's packs and other traffic. Scaling efficiency = compute-only step / predicted step.
+// the channel's packs and other traffic; the compute a slow (shaped) link costs inside backward
+// beyond the ranks' own CPU per byte (the kernel's work on it: measured 2-host steps at 1 Gbit/s
+// 6-9% over unshaped ones predicted alike, Zen 5, docs/performance.md). Scaling efficiency = compute-only step / predicted step.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -27,7 +27,8 @@
 // time. What it leaves out: on a GPU, kernels sharing SMs with NCCL; stragglers; contention between
 // the channel's packs and other traffic; the compute a slow (shaped) link costs inside backward
 // beyond the ranks' own CPU per byte (the kernel's work on it: measured 2-host steps at 1 Gbit/s
-// 6-9% over unshaped ones predicted alike, Zen 5, docs/performance.md). Scaling efficiency = compute-only step / predicted step.
+// 6-9% over unshaped ones predicted alike, Zen 5, docs/performance.md). Scaling efficiency =
+// compute-only step / predicted step.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -19,8 +19,8 @@ every round, just before that round's runs: one worker's timeline with no peer (
 the moment and size of every gradient, the update) while H such one-worker jobs run at once, placed on
 the cores as the H-host runs place their workers (so what co-located workers cost each other, the core,
 caches and memory bandwidth, is in it); and the links' own all-reduce speed on each (H, rate)
-(dtrain-bench allreduce over the same hosts), with the CPU time a rank spends per byte it moves (on
-unshaped links). --simulate: then predicts every dtrain run from its own round's profiles, one a
+(dtrain-bench allreduce over the same hosts), with the compute it takes from the work beside it per
+byte a rank moves, at that rate (a compute probe beside each rank). --simulate: then predicts every dtrain run from its own round's profiles, one a
 worker, and takes the slowest worker's step (a synchronous step waits for its slowest worker, and on a
 shared VM one core can run slower than the other for minutes); prints the median prediction against the
 median measured step, and what worker 0's profile alone predicts. --profile-each-run: the profiles are
@@ -35,7 +35,7 @@ Needs root (network namespaces); the peers' interpreter is build/peers-venv/bin/
 (bench/peers/setup.sh). Files go to --out (default build/links): links.jsonl (one object per run),
 timelines, profiles.
 """
-import argparse, json, os, re, resource, statistics, subprocess, sys, time
+import argparse, json, os, re, statistics, subprocess, sys, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -221,34 +221,38 @@ def link_speed(a, hosts):
     return {"busbw_bytes_per_sec": big["busbw_GBps"] * 1e9, "small_seconds": small["time_us"] / 1e6}
 
 
-def cpu_per_byte(a, hosts):
-    """The CPU seconds a rank spends per byte it moves: the ranks' CPU time (user + system) of 6 more
-    64 MiB all-reduces, over the 2 (N-1)/N x 64 MiB each rank moves in each. Measured on unlimited links
-    (call it with every link at --rate none): on a slow link the ranks also spend CPU waiting, which a
-    training step's compute would have had."""
-    def cpu_of(iters):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        sh(allreduce_command(a, hosts) + ["--sizes", "64M", "--iters", str(iters)], timeout=900)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    extra = cpu_of(8) - cpu_of(2)
-    moved = 6 * hosts * 2 * (hosts - 1) / hosts * 64 * 2**20
-    return max(0.0, extra / moved)
+def compute_lost_per_byte(a, hosts, busbw):
+    """What the all-reduce takes from the compute beside it, at the links as they are now: the core seconds
+    lost per byte a rank moves (dtrain-bench allreduce --compute-probe: the ranks pinned as dtrain-run
+    --bind-to core places the workers, a compute thread beside each, 64 MiB all-reduces for about 3 s,
+    against the probes' rate just before). That counts the ranks' own CPU, the kernel's work on the link
+    (on a shaped veth link most of it is softirq and qdisc timers, which the ranks' CPU time does not show)
+    and what they evict from the caches; the ranks' CPU per byte is returned beside it. On 2-core Zen 5,
+    2 hosts: 0.50-0.54 ns lost unshaped (ranks' CPU 0.45-0.49), 0.91-1.02 at 1 Gbit/s (ranks' 0.26-0.27)."""
+    moved_per_rank = 2 * (hosts - 1) / hosts * 64 * 2**20
+    iters = max(3, min(60, -(-3 * busbw // moved_per_rank)))
+    r = sh(allreduce_command(a, hosts) + ["--sizes", "64M", "--iters", str(int(iters)), "--compute-probe"], timeout=900)
+    row = [j for j in json_lines(r.stdout) if j.get("backend") == "tcp"][-1]
+    return max(0.0, row["compute_lost_ns_per_byte"] * 1e-9), row["cpu_us"] * 1e-6 / (hosts * moved_per_rank)
 
 
 def measure_links(a, hosts, rates):
-    """link_speed at each rate, and cpu_per_byte (on unlimited links) in each: {rate: {...}}."""
-    for h in range(hosts):
-        netns("link", str(h), "--rate", "none")
-    cpu = cpu_per_byte(a, hosts)
+    """link_speed at each rate, and compute_lost_per_byte there: {rate: {...}}. The step model charges
+    backward cpu_seconds_per_byte for the bytes moved while it runs: the compute lost (since 2026-11-29,
+    session 43; before, the ranks' CPU on unshaped links at every rate, which misses a shaped link's kernel
+    work: runs of before keep theirs, and cpu_charge tells them apart)."""
     out = {}
     for rate in rates:
         for h in range(hosts):
             netns("link", str(h), "--rate", rate)
-        out[rate] = dict(link_speed(a, hosts), cpu_seconds_per_byte=cpu)
+        speed = link_speed(a, hosts)
+        lost, ranks_cpu = compute_lost_per_byte(a, hosts, speed["busbw_bytes_per_sec"])
+        out[rate] = dict(speed, cpu_seconds_per_byte=lost, ranks_cpu_seconds_per_byte=ranks_cpu,
+                         cpu_charge="compute lost beside the all-reduce at this rate")
         print(f"links: {hosts} hosts at {rate}: all-reduce bus bandwidth "
               f"{out[rate]['busbw_bytes_per_sec'] / 1e6:.1f} MB/s at 64 MiB, {out[rate]['small_seconds'] * 1e3:.2f} "
-              f"ms at 4 KiB; {cpu * 1e9:.2f} CPU ns per byte moved (unlimited links)", flush=True)
+              f"ms at 4 KiB; {lost * 1e9:.2f} ns of compute lost per byte moved (the ranks' CPU "
+              f"{ranks_cpu * 1e9:.2f})", flush=True)
     return out
 
 

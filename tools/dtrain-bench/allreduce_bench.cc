@@ -2,9 +2,12 @@
 // peer (OpenMPI's MPI_Allreduce over shared memory) measured in the same run.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -26,6 +29,76 @@ double process_cpu_seconds() {
   timespec ts{};
   ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// The compute a rank's communication costs the work beside it on its core (`allreduce --compute-probe`):
+// a thread of the rank's process runs a float32 matrix product that stays in L2 (96 x 96) and counts
+// the products it finishes. Its rate while the all-reduces run, against its rate just before them,
+// gives the core time they took from it: the rank's own threads, the kernel's work on the link
+// (softirq, a shaped link's qdisc timers, which the rank's CPU time does not show) and what they
+// evict from the caches. This is what a training step's backward pass loses per byte it all-reduces
+// (bench/links/links.py feeds it to the step model as Network::cpu_seconds_per_byte).
+class ComputeProbe {
+ public:
+  ComputeProbe() : thread_([this] { loop(); }) {}
+  ~ComputeProbe() {
+    stop_.store(true);
+    thread_.join();
+  }
+  ComputeProbe(const ComputeProbe&) = delete;
+  ComputeProbe& operator=(const ComputeProbe&) = delete;
+  long done() const { return done_.load(std::memory_order_relaxed); }
+  // The probe thread's own CPU time so far, seconds (left out of the ranks' cpu(us)).
+  double cpu_seconds() {
+    clockid_t id;
+    timespec ts{};
+    if (::pthread_getcpuclockid(thread_.native_handle(), &id) != 0 || ::clock_gettime(id, &ts) != 0)
+      return 0;
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+  }
+
+ private:
+  void loop() {
+    constexpr int n = 96;
+    std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c(n * n, 0.f);
+    while (!stop_.load(std::memory_order_relaxed)) {
+      for (int i = 0; i < n; ++i)
+        for (int k = 0; k < n; ++k) {
+          const float av = a[static_cast<size_t>(i * n + k)];
+          for (int j = 0; j < n; ++j)
+            c[static_cast<size_t>(i * n + j)] += av * b[static_cast<size_t>(k * n + j)];
+        }
+      a[0] = c[0] * 1e-30f;  // (keeps the products live)
+      done_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  std::atomic<bool> stop_{false};
+  std::atomic<long> done_{0};
+  std::thread thread_;
+};
+
+// Pins this process to core rank % cores of the cores it may run on, as `dtrain-run --bind-to core`
+// places worker `rank`; returns how many of the `ranks` share that core.
+int pin_like_dtrain_run(int rank, int ranks) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return 1;
+  std::vector<int> cores;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) cores.push_back(c);
+  if (cores.empty()) return 1;
+  const int k = static_cast<int>(cores.size());
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cores[static_cast<size_t>(rank % k)], &one);
+  ::sched_setaffinity(0, sizeof(one), &one);
+  int sharing = 0;
+  for (int r = 0; r < ranks; ++r) sharing += r % k == rank % k ? 1 : 0;
+  return sharing;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // Mean time per allreduce (max over ranks), in-process group of `ranks` threads.
@@ -55,19 +128,22 @@ nlohmann::json row(const std::string& backend, int ranks, long bytes, double sec
           {"algbw_GBps", alg},  {"busbw_GBps", alg * 2.0 * (ranks - 1) / ranks}};
 }
 
-// cpu(us): CPU time of all ranks' processes together per all-reduce (user + system, every thread),
-// where the row has it (dtrain's tcp backend): what the ranks spend, busy or waiting, per
-// operation.
+// cpu(us): CPU time of all ranks' processes together per all-reduce (user + system, every thread
+// but the probe's), where the row has it (dtrain's tcp backend): what the ranks spend, busy or
+// waiting, per operation. lost(ns/B), with --compute-probe: the core time the probes lost per byte
+// a rank moved.
 void print_table(const std::vector<nlohmann::json>& rows, bool json) {
-  std::printf("%-8s %6s %12s %12s %12s %12s %12s\n", "backend", "ranks", "bytes", "time(us)",
-              "algbw(GB/s)", "busbw(GB/s)", "cpu(us)");
+  std::printf("%-8s %6s %12s %12s %12s %12s %12s %12s\n", "backend", "ranks", "bytes", "time(us)",
+              "algbw(GB/s)", "busbw(GB/s)", "cpu(us)", "lost(ns/B)");
   for (const auto& r : rows) {
-    char cpu[32] = "-";
+    char cpu[32] = "-", lost[32] = "-";
     if (r.contains("cpu_us")) std::snprintf(cpu, sizeof cpu, "%.1f", r["cpu_us"].get<double>());
-    std::printf("%-8s %6d %12ld %12.1f %12.3f %12.3f %12s\n",
+    if (r.contains("compute_lost_ns_per_byte"))
+      std::snprintf(lost, sizeof lost, "%.2f", r["compute_lost_ns_per_byte"].get<double>());
+    std::printf("%-8s %6d %12ld %12.1f %12.3f %12.3f %12s %12s\n",
                 r["backend"].get<std::string>().c_str(), r["ranks"].get<int>(),
                 r["bytes"].get<long>(), r["time_us"].get<double>(), r["algbw_GBps"].get<double>(),
-                r["busbw_GBps"].get<double>(), cpu);
+                r["busbw_GBps"].get<double>(), cpu, lost);
   }
   if (json)
     for (const auto& r : rows) std::printf("%s\n", r.dump().c_str());
@@ -140,31 +216,54 @@ void print_ratios(const std::vector<nlohmann::json>& ours,
 }  // namespace
 
 int allreduce_worker(int rank, const std::string& addresses, const std::string& token,
-                     const std::string& sizes_arg, int iters, int warmup) {
+                     const std::string& sizes_arg, int iters, int warmup, bool compute_probe) {
   TcpGroupOptions o;
   o.rank = rank;
   for (const std::string_view a : split_list(addresses))
     if (!a.empty()) o.addresses.emplace_back(a);
   o.token = token;
-  auto comm = connect_tcp_group(o);
   const int n = static_cast<int>(o.addresses.size());
+  // With the probe, placed as dtrain-run places workers (before any thread starts: they inherit it).
+  const int sharing = compute_probe ? pin_like_dtrain_run(rank, n) : 1;
+  auto comm = connect_tcp_group(o);
+  std::unique_ptr<ComputeProbe> probe;
+  if (compute_probe) probe = std::make_unique<ComputeProbe>();
   for (long bytes : parse_sizes(sizes_arg)) {
     Tensor t = Tensor::full(Shape{std::max(1L, bytes / 4)}, 1.f + rank);
     for (int i = 0; i < warmup; ++i) comm->allreduce(t, ReduceOp::kSum).wait();
+    double probe_rate = 0;  // products a second with nothing else on the core but the probes
+    if (probe) {
+      comm->barrier().wait();
+      const auto b0 = std::chrono::steady_clock::now();
+      const long d0 = probe->done();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      probe_rate = static_cast<double>(probe->done() - d0) / seconds_since(b0);
+    }
     comm->barrier().wait();
     const auto t0 = std::chrono::steady_clock::now();
-    const double cpu0 = process_cpu_seconds();
+    const double cpu0 = process_cpu_seconds(), probe_cpu0 = probe ? probe->cpu_seconds() : 0;
+    const long d0 = probe ? probe->done() : 0;
     for (int i = 0; i < iters; ++i) comm->allreduce(t, ReduceOp::kSum).wait();
-    const double cpu = (process_cpu_seconds() - cpu0) / iters;
-    Tensor secs = Tensor::from_vector<double>(
-        {std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters},
-        Shape{1});
+    const double window = seconds_since(t0);
+    const double cpu = (process_cpu_seconds() - cpu0 -
+                        (probe ? probe->cpu_seconds() - probe_cpu0 : 0.0)) /
+                       iters;
+    // Core seconds the probe lost: its share of the core (1 / sharing) times the fraction of its
+    // rate that went. Summed over the ranks, with the bytes they moved.
+    double lost = 0;
+    if (probe && probe_rate > 0)
+      lost = (1.0 - static_cast<double>(probe->done() - d0) / window / probe_rate) * window /
+             sharing;
+    const double moved = 2.0 * (n - 1) / n * static_cast<double>(t.numel() * 4) * iters;
+    Tensor secs = Tensor::from_vector<double>({window / iters}, Shape{1});
     comm->allreduce(secs, ReduceOp::kMax).wait();
-    Tensor cpus = Tensor::from_vector<double>({cpu}, Shape{1});
-    comm->allreduce(cpus, ReduceOp::kSum).wait();
+    Tensor sums = Tensor::from_vector<double>({cpu, lost, moved}, Shape{3});
+    comm->allreduce(sums, ReduceOp::kSum).wait();
     if (rank == 0) {
+      const auto s = sums.to_vector<double>();
       auto r = row("tcp", n, t.numel() * 4, secs.to_vector<double>()[0]);
-      r["cpu_us"] = cpus.to_vector<double>()[0] * 1e6;
+      r["cpu_us"] = s[0] * 1e6;
+      if (probe) r["compute_lost_ns_per_byte"] = s[1] / s[2] * 1e9;
       std::printf("%s\n", r.dump().c_str());
     }
     std::fflush(stdout);
@@ -184,6 +283,10 @@ int allreduce_bench(const AllreduceArgs& a) {
   }
   const std::string common = " --sizes " + size_list + " --iters " + std::to_string(a.iters) +
                              " --warmup " + std::to_string(a.warmup);
+  if (a.compute_probe && a.backend != "tcp")
+    throw std::invalid_argument(
+        "--compute-probe measures what the tcp backend's ranks cost the compute beside them; add "
+        "--backend=tcp");
   if (a.backend == "inproc") {
     for (long b : sizes)
       ours.push_back(row("inproc", a.ranks, std::max(4L, b / 4 * 4),
@@ -200,7 +303,8 @@ int allreduce_bench(const AllreduceArgs& a) {
       const std::string in_ns =
           hosts.empty() ? "" : "ip netns exec " + hosts[static_cast<size_t>(r)].first + " ";
       return in_ns + self + " allreduce-worker --rank " + std::to_string(r) + " --addresses " +
-             join(addrs) + " --token bench-token-0123456789abcdef" + common;
+             join(addrs) + " --token bench-token-0123456789abcdef" + common +
+             (a.compute_probe ? " --compute-probe" : "");
     });
   }
   print_table(ours, a.json);

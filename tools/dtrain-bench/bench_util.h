@@ -38,11 +38,14 @@ struct AllreduceArgs {
   std::string netns;  // --backend=tcp across the test hosts of tools/netns/dtrain-netns (PREFIX)
   int ranks = 2, iters = 20, warmup = 5;
   bool json = false;
+  // --backend=tcp: each rank pinned as dtrain-run places workers, with a compute probe beside it
+  // (allreduce_bench.cc, ComputeProbe); the rows gain compute_lost_ns_per_byte.
+  bool compute_probe = false;
 };
 int allreduce_bench(const AllreduceArgs& a);
 // One rank of `allreduce --backend=tcp` (a process started by allreduce_bench).
 int allreduce_worker(int rank, const std::string& addresses, const std::string& token,
-                     const std::string& sizes, int iters, int warmup);
+                     const std::string& sizes, int iters, int warmup, bool compute_probe);
 
 struct PsArgs {
   std::string ps = "1,2", workers = "1,2,4", sizes = "4K,1M,16M", peer, python = "/usr/bin/python3";

@@ -72,6 +72,11 @@ int main(int argc, char** argv) {
                  "--backend=tcp across test hosts: rank r (and each peer's) on host r of "
                  "`tools/netns/dtrain-netns up "
                  "--prefix PREFIX` (own namespace, address and shaped link; needs root)");
+  ar->add_flag("--compute-probe", r.compute_probe,
+               "--backend=tcp: pin rank r to core r mod cores (as dtrain-run --bind-to core) with a "
+               "compute thread beside it, and report the core time the all-reduces took from it per "
+               "byte a rank moves (lost(ns/B): the ranks' CPU, the kernel's work on the link, the "
+               "caches), measured against the probe's rate just before");
   int wrank = 0;
   std::string waddrs, wtoken;
   auto* aw =
@@ -83,6 +88,7 @@ int main(int argc, char** argv) {
   aw->add_option("--sizes", r.sizes);
   aw->add_option("--iters", r.iters);
   aw->add_option("--warmup", r.warmup);
+  aw->add_flag("--compute-probe", r.compute_probe);
   ar->add_flag("--json", r.json, "also print one JSON object per result line");
   PsArgs p;
   auto* ps = app.add_subcommand(
@@ -416,7 +422,8 @@ int main(int argc, char** argv) {
     if (*input_run_cmd)
       return input_run(ir_dir, ir_threads, in.batch, in.epochs, in.warmup, ir_samples);
     if (*pw) return ps_worker(pw_size, pw_seconds);
-    if (*aw) return allreduce_worker(wrank, waddrs, wtoken, r.sizes, r.iters, r.warmup);
+    if (*aw) return allreduce_worker(wrank, waddrs, wtoken, r.sizes, r.iters, r.warmup,
+                                      r.compute_probe);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dtrain-bench: %s\n", e.what());
     return 1;

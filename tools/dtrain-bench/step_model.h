@@ -21,14 +21,14 @@
 // carries per direction) and alpha the time of one ring step with nothing in it.
 //
 // Where communication runs on the cores that compute (TCP and the sums on a CPU), backward is
-// stretched by the CPU time of the bytes each worker moves while backward runs
-// (Network::cpu_seconds_per_byte, measured by bench/links/links.py from the CPU time of
-// dtrain-bench allreduce on the same links); bytes all-reduced after it cost only the channel's
-// time. What it leaves out: on a GPU, kernels sharing SMs with NCCL; stragglers; contention between
-// the channel's packs and other traffic; the compute a slow (shaped) link costs inside backward
-// beyond the ranks' own CPU per byte (the kernel's work on it: measured 2-host steps at 1 Gbit/s
-// 6-9% over unshaped ones predicted alike, Zen 5, docs/performance.md). Scaling efficiency =
-// compute-only step / predicted step.
+// stretched by the compute the bytes each worker moves while backward runs take from it
+// (Network::cpu_seconds_per_byte: bench/links/links.py measures it on the same links with
+// `dtrain-bench allreduce --compute-probe`, a compute thread beside each rank: the ranks' CPU, the
+// kernel's work on the link and the caches; on a 1 Gbit/s shaped link 2-4x the ranks' own CPU);
+// bytes all-reduced after it cost only the channel's time. What it leaves out: on a GPU, kernels
+// sharing SMs with NCCL; stragglers; contention between the channel's packs and other traffic; the
+// channel slowed inside backward by the compute beside it (the packs run at the idle machine's bus
+// bandwidth). Scaling efficiency = compute-only step / predicted step.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -69,8 +69,8 @@ struct Network {
   int workers_per_host = 1;  // hierarchical: G
   double intra_busbw = 0;    // hierarchical: bytes/s inside a host
   double intra_alpha = 0;    // hierarchical: seconds per step inside a host
-  // CPU links (TCP through the kernel, sums on the host): the CPU seconds each worker spends per
-  // byte it moves (2 (N-1)/N of the gradients a step), on the cores its compute runs on, shared by
+  // CPU links (TCP through the kernel, sums on the host): the core seconds of compute lost per byte
+  // a worker moves (2 (N-1)/N of the gradients a step), on the cores its compute runs on, shared by
   // `workers_per_core` workers; charged to backward for the bytes moved while it runs. 0 =
   // communication costs no compute (a GPU with its own copy engines).
   double cpu_seconds_per_byte = 0;

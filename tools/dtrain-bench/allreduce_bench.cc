@@ -31,13 +31,14 @@ double process_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
-// The compute a rank's communication costs the work beside it on its core (`allreduce --compute-probe`):
-// a thread of the rank's process runs a float32 matrix product that stays in L2 (96 x 96) and counts
-// the products it finishes. Its rate while the all-reduces run, against its rate just before them,
-// gives the core time they took from it: the rank's own threads, the kernel's work on the link
-// (softirq, a shaped link's qdisc timers, which the rank's CPU time does not show) and what they
-// evict from the caches. This is what a training step's backward pass loses per byte it all-reduces
-// (bench/links/links.py feeds it to the step model as Network::cpu_seconds_per_byte).
+// The compute a rank's communication costs the work beside it on its core (`allreduce
+// --compute-probe`): a thread of the rank's process runs a float32 matrix product that stays in L2
+// (96 x 96) and counts the products it finishes. Its rate while the all-reduces run, against its
+// rate just before them, gives the core time they took from it: the rank's own threads, the
+// kernel's work on the link (softirq, a shaped link's qdisc timers, which the rank's CPU time does
+// not show) and what they evict from the caches. This is what a training step's backward pass loses
+// per byte it all-reduces (bench/links/links.py feeds it to the step model as
+// Network::cpu_seconds_per_byte).
 class ComputeProbe {
  public:
   ComputeProbe() : thread_([this] { loop(); }) {}
@@ -223,7 +224,8 @@ int allreduce_worker(int rank, const std::string& addresses, const std::string& 
     if (!a.empty()) o.addresses.emplace_back(a);
   o.token = token;
   const int n = static_cast<int>(o.addresses.size());
-  // With the probe, placed as dtrain-run places workers (before any thread starts: they inherit it).
+  // With the probe, placed as dtrain-run places workers (before any thread starts: they inherit
+  // it).
   const int sharing = compute_probe ? pin_like_dtrain_run(rank, n) : 1;
   auto comm = connect_tcp_group(o);
   std::unique_ptr<ComputeProbe> probe;
@@ -245,15 +247,14 @@ int allreduce_worker(int rank, const std::string& addresses, const std::string& 
     const long d0 = probe ? probe->done() : 0;
     for (int i = 0; i < iters; ++i) comm->allreduce(t, ReduceOp::kSum).wait();
     const double window = seconds_since(t0);
-    const double cpu = (process_cpu_seconds() - cpu0 -
-                        (probe ? probe->cpu_seconds() - probe_cpu0 : 0.0)) /
-                       iters;
+    const double cpu =
+        (process_cpu_seconds() - cpu0 - (probe ? probe->cpu_seconds() - probe_cpu0 : 0.0)) / iters;
     // Core seconds the probe lost: its share of the core (1 / sharing) times the fraction of its
     // rate that went. Summed over the ranks, with the bytes they moved.
     double lost = 0;
     if (probe && probe_rate > 0)
-      lost = (1.0 - static_cast<double>(probe->done() - d0) / window / probe_rate) * window /
-             sharing;
+      lost =
+          (1.0 - static_cast<double>(probe->done() - d0) / window / probe_rate) * window / sharing;
     const double moved = 2.0 * (n - 1) / n * static_cast<double>(t.numel() * 4) * iters;
     Tensor secs = Tensor::from_vector<double>({window / iters}, Shape{1});
     comm->allreduce(secs, ReduceOp::kMax).wait();

@@ -72,11 +72,12 @@ int main(int argc, char** argv) {
                  "--backend=tcp across test hosts: rank r (and each peer's) on host r of "
                  "`tools/netns/dtrain-netns up "
                  "--prefix PREFIX` (own namespace, address and shaped link; needs root)");
-  ar->add_flag("--compute-probe", r.compute_probe,
-               "--backend=tcp: pin rank r to core r mod cores (as dtrain-run --bind-to core) with a "
-               "compute thread beside it, and report the core time the all-reduces took from it per "
-               "byte a rank moves (lost(ns/B): the ranks' CPU, the kernel's work on the link, the "
-               "caches), measured against the probe's rate just before");
+  ar->add_flag(
+      "--compute-probe", r.compute_probe,
+      "--backend=tcp: pin rank r to core r mod cores (as dtrain-run --bind-to core) with a "
+      "compute thread beside it, and report the core time the all-reduces took from it per "
+      "byte a rank moves (lost(ns/B): the ranks' CPU, the kernel's work on the link, the "
+      "caches), measured against the probe's rate just before");
   int wrank = 0;
   std::string waddrs, wtoken;
   auto* aw =
@@ -422,8 +423,8 @@ int main(int argc, char** argv) {
     if (*input_run_cmd)
       return input_run(ir_dir, ir_threads, in.batch, in.epochs, in.warmup, ir_samples);
     if (*pw) return ps_worker(pw_size, pw_seconds);
-    if (*aw) return allreduce_worker(wrank, waddrs, wtoken, r.sizes, r.iters, r.warmup,
-                                      r.compute_probe);
+    if (*aw)
+      return allreduce_worker(wrank, waddrs, wtoken, r.sizes, r.iters, r.warmup, r.compute_probe);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dtrain-bench: %s\n", e.what());
     return 1;

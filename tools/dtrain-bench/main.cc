@@ -371,8 +371,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   simulate
       ->add_option("--comm-cpu-ns-per-byte", sim.comm_cpu_ns_per_byte,
-                   "CPU links: CPU ns a worker spends per byte it moves (TCP, sums), taken from "
-                   "its compute (0: none, as on a GPU)")
+                   "CPU links: ns of compute a worker loses per byte it moves (TCP, sums, the "
+                   "kernel's work on the link: `allreduce --compute-probe` measures it; 0: none, "
+                   "as on a GPU)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   simulate->add_option("--workers-per-core", sim.workers_per_core, "workers sharing one core")

@@ -224,11 +224,11 @@ def link_speed(a, hosts):
 def compute_lost_per_byte(a, hosts, busbw):
     """What the all-reduce takes from the compute beside it, at the links as they are now: the core seconds
     lost per byte a rank moves (dtrain-bench allreduce --compute-probe: the ranks pinned as dtrain-run
-    --bind-to core places the workers, a compute thread beside each, 64 MiB all-reduces for about 3 s,
-    against the probes' rate just before). That counts the ranks' own CPU, the kernel's work on the link
+    --bind-to core places the workers, a compute thread beside each, 64 MiB all-reduces for about 3 s at
+    the links' idle speed, 5-6 s beside the probes, against the probes' rate just before). That counts the ranks' own CPU, the kernel's work on the link
     (on a shaped veth link most of it is softirq and qdisc timers, which the ranks' CPU time does not show)
     and what they evict from the caches; the ranks' CPU per byte is returned beside it. On 2-core Zen 5,
-    2 hosts: 0.50-0.54 ns lost unshaped (ranks' CPU 0.45-0.49), 0.91-1.02 at 1 Gbit/s (ranks' 0.26-0.27)."""
+    2 hosts: 0.50-0.59 ns lost unshaped (ranks' CPU 0.45-0.52), 0.83-1.02 at 1 Gbit/s (ranks' 0.26-0.27)."""
     moved_per_rank = 2 * (hosts - 1) / hosts * 64 * 2**20
     iters = max(3, min(60, -(-3 * busbw // moved_per_rank)))
     r = sh(allreduce_command(a, hosts) + ["--sizes", "64M", "--iters", str(int(iters)), "--compute-probe"], timeout=900)
@@ -240,7 +240,7 @@ def measure_links(a, hosts, rates):
     """link_speed at each rate, and compute_lost_per_byte there: {rate: {...}}. The step model charges
     backward cpu_seconds_per_byte for the bytes moved while it runs: the compute lost (since 2026-11-29,
     session 43; before, the ranks' CPU on unshaped links at every rate, which misses a shaped link's kernel
-    work: runs of before keep theirs, and cpu_charge tells them apart)."""
+    work: rows of earlier runs keep theirs; cpu_charge, in the rows since, records which they carry)."""
     out = {}
     for rate in rates:
         for h in range(hosts):

@@ -124,19 +124,30 @@ def main():
                                "a fixed 100 us spin 0.092-0.094): the TCP transport spins where it should block")
 
         # allreduce --compute-probe (what bench/links/links.py charges the step model): with a compute
-        # thread beside each rank, the all-reduces on unshaped links must take a clear share of the
-        # probes' core time (0.50-0.58 ns a byte moved on Zen 5, 2 and 4 hosts), and the ranks' cpu_us
-        # must leave the probe's own CPU out.
+        # thread beside each rank, the all-reduces on unshaped links must take from the probes at least
+        # half of what the ranks themselves spend (Zen 5, 2 hosts: 0.50-0.59 ns of the probes' core time
+        # a byte moved, the ranks 0.45-0.52), and the ranks' cpu_us must leave the probe's own CPU out.
+        # A second try only where the first misses: this VM's speed can move within the window.
         relink("none")
-        r = sh(bench, "allreduce", "--backend", "tcp", "--ranks", "2", "--netns", prefix, "--warmup", "1",
-               "--sizes", "16M", "--iters", "30", "--compute-probe", "--json", timeout=120)
-        row = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")][-1]
-        lost, cpu, wall = row["compute_lost_ns_per_byte"], row["cpu_us"] / 1e6, row["time_us"] / 1e6
-        print(f"ok: a 16 MiB all-reduce beside a compute probe: {wall * 1e3:.1f} ms, ranks' CPU {cpu * 1e3:.1f} ms, "
-              f"{lost:.2f} ns of the probes' core time lost per byte moved")
-        assert 0.1 < lost < 20, f"compute lost per byte moved {lost:.3f} ns: the probe does not see the all-reduce"
-        assert cpu < 1.2 * wall, (f"the ranks' CPU {cpu:.4f} s per all-reduce of {wall:.4f} s: the probe's own "
-                                  "CPU is counted in it (0.5-0.7 of the wall time without it, 1.9 with it, on Zen 5)")
+        tries = []
+        for _ in range(2):
+            r = sh(bench, "allreduce", "--backend", "tcp", "--ranks", "2", "--netns", prefix, "--warmup", "1",
+                   "--sizes", "16M", "--iters", "60", "--compute-probe", "--json", timeout=120)
+            row = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")][-1]
+            lost, cpu, wall = row["compute_lost_ns_per_byte"], row["cpu_us"] / 1e6, row["time_us"] / 1e6
+            ranks_ns = cpu / (2 * 16 * 2**20) * 1e9  # both ranks' CPU over both ranks' bytes, per all-reduce
+            tries.append((lost, ranks_ns, cpu, wall))
+            if lost >= 0.5 * ranks_ns:
+                break
+        lost, ranks_ns, cpu, wall = tries[-1]
+        print(f"ok: a 16 MiB all-reduce beside a compute probe: {wall * 1e3:.1f} ms, ranks' CPU {cpu * 1e3:.1f} ms "
+              f"({ranks_ns:.2f} ns a byte), {lost:.2f} ns of the probes' core time lost a byte moved "
+              f"({len(tries)} tr{'y' if len(tries) == 1 else 'ies'})")
+        assert lost >= 0.5 * ranks_ns, (f"the probes lost {lost:.3f} ns of core time a byte moved, less than half the "
+                                        f"ranks' own {ranks_ns:.3f}: the probe does not see the all-reduce")
+        assert cpu < 1.2 * wall, (f"the ranks' CPU {cpu:.4f} s per all-reduce of {wall:.4f} s: the probe's own CPU "
+                                  "is counted in it (0.5-0.8 of the wall time without it; 1.9 in a run with it "
+                                  "counted)")
     finally:
         sh(netns, "down", "--prefix", prefix, check=False)
     left = [l for l in sh("ip", "netns", "list").stdout.splitlines() if l.startswith(prefix + "-")]

@@ -8,12 +8,15 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <stdexcept>
 #include <thread>
 
 #include "bench_util.h"
@@ -79,20 +82,27 @@ class ComputeProbe {
 };
 
 // Pins this process to core rank % cores of the cores it may run on, as `dtrain-run --bind-to core`
-// places worker `rank`; returns how many of the `ranks` share that core.
+// places worker `rank` when there are at least as many workers as cores (with fewer, dtrain-run
+// gives each a block of cores; the probe still takes one, so that it shares it with the rank);
+// returns how many of the `ranks` share that core. Throws where the pinning fails: the probe's
+// share of the core would be unknown.
 int pin_like_dtrain_run(int rank, int ranks) {
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
-  if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return 1;
+  if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0)
+    throw std::runtime_error(std::string("--compute-probe: sched_getaffinity failed: ") +
+                             std::strerror(errno));
   std::vector<int> cores;
   for (int c = 0; c < CPU_SETSIZE; ++c)
     if (CPU_ISSET(c, &allowed)) cores.push_back(c);
-  if (cores.empty()) return 1;
   const int k = static_cast<int>(cores.size());
   cpu_set_t one;
   CPU_ZERO(&one);
   CPU_SET(cores[static_cast<size_t>(rank % k)], &one);
-  ::sched_setaffinity(0, sizeof(one), &one);
+  if (::sched_setaffinity(0, sizeof(one), &one) != 0)
+    throw std::runtime_error("--compute-probe: could not pin rank " + std::to_string(rank) +
+                             " to core " + std::to_string(cores[static_cast<size_t>(rank % k)]) +
+                             ": " + std::strerror(errno));
   int sharing = 0;
   for (int r = 0; r < ranks; ++r) sharing += r % k == rank % k ? 1 : 0;
   return sharing;

@@ -20,8 +20,9 @@ the moment and size of every gradient, the update) while H such one-worker jobs 
 the cores as the H-host runs place their workers (so what co-located workers cost each other, the core,
 caches and memory bandwidth, is in it); and the links' own all-reduce speed on each (H, rate)
 (dtrain-bench allreduce over the same hosts), with the compute it takes from the work beside it per
-byte a rank moves, at that rate (a compute probe beside each rank). --simulate: then predicts every dtrain run from its own round's profiles, one a
-worker, and takes the slowest worker's step (a synchronous step waits for its slowest worker, and on a
+byte a rank moves, at that rate (a compute probe beside each rank). The profile jobs run one warm-up
+step more than the runs (PROFILE_EXTRA_WARMUP). --simulate: then predicts every dtrain run from its own
+round's profiles, one a worker, and takes the slowest worker's step (a synchronous step waits for its slowest worker, and on a
 shared VM one core can run slower than the other for minutes); prints the median prediction against the
 median measured step, and what worker 0's profile alone predicts. --profile-each-run: the profiles are
 recorded just before each dtrain run instead of once a round, so that a prediction and its run see the
@@ -71,16 +72,25 @@ def json_lines(text):
     return out
 
 
-def dtrain_command(a, model, hosts):
+# The profile jobs run one warm-up step more than the runs they predict. With H jobs started together on
+# the cores, the first step after the warm-up one was still slow in them (Zen 5, 4 hosts, 2026-11-29:
+# ResNet-50's forward 2.4-2.5 s in that step against 1.3-1.5 in the next, in all four jobs of a round)
+# while the runs' were not; with that step in, the round predicted its unshaped runs 15-21% high, with
+# it left out (links --from) 1-9%, and the two rounds' predictions of each row agree within 3.5%.
+PROFILE_EXTRA_WARMUP = 1
+
+
+def dtrain_command(a, model, hosts, warmup=None):
+    warmup = a.warmup if warmup is None else warmup
     if model == "resnet50":
         return [os.path.join(a.build, "examples", "synthetic_benchmark"), "--model", "resnet50",
-                "--batch-size", str(a.resnet_batch), "--num-warmup-batches", str(a.warmup),
+                "--batch-size", str(a.resnet_batch), "--num-warmup-batches", str(warmup),
                 "--num-batches-per-iter", "1", "--num-iters", str(a.steps), "--threads", "1", "--json",
                 "--resnet-style", a.resnet_style]
-    n = a.warmup + a.steps
+    n = warmup + a.steps
     return [os.path.join(a.build, "examples", "gpt"), "--preset", "gpt2", "--context", str(a.context),
             "--batch-size", str(hosts * a.gpt_batch), "--steps", str(n), "--steps-per-epoch", str(n),
-            "--epochs", "1", "--val-windows", "1", "--timing-warmup-steps", str(a.warmup), "--threads", "1",
+            "--epochs", "1", "--val-windows", "1", "--timing-warmup-steps", str(warmup), "--threads", "1",
             "--json"]
 
 
@@ -194,7 +204,8 @@ def profile_runs(a, model, hosts, path):
     procs = []
     for j in range(hosts):
         env = dict(os.environ, DTRAIN_TIMELINE=path if j == 0 else f"{path}.{j}")
-        cmd = ["taskset", "-c", str(cores[j % len(cores)])] + dtrain_command(a, model, 1) + \
+        cmd = ["taskset", "-c", str(cores[j % len(cores)])] + \
+            dtrain_command(a, model, 1, a.warmup + PROFILE_EXTRA_WARMUP) + \
             ["--strategy=mirrored", "--devices=cpu"]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     failed = []
@@ -262,9 +273,9 @@ def worker_profiles(row):
     return row.get("profiles") or [row["profile"]]
 
 
-def simulate(a, profile, hosts, link, ncores):
+def simulate(a, profile, hosts, link, ncores, warmup):
     cmd = [os.path.join(a.build, "tools", "dtrain-bench"), "simulate", "--profile", profile, "--warmup",
-           str(a.warmup), "--workers", str(hosts), "--busbw", str(link["busbw_bytes_per_sec"]),
+           str(warmup), "--workers", str(hosts), "--busbw", str(link["busbw_bytes_per_sec"]),
            "--small-allreduce-seconds", str(link["small_seconds"]), "--comm-cpu-ns-per-byte",
            str(1e9 * link.get("cpu_seconds_per_byte", 0)), "--workers-per-core", str(-(-hosts // ncores)),
            "--json"]
@@ -373,6 +384,7 @@ def main():
                             if system == "dtrain" and model in profiles:
                                 res["profile"], res["profiles"] = profiles[model][0], profiles[model]
                                 res["profile_each_run"] = a.profile_each_run
+                                res["profile_warmup"] = a.warmup + PROFILE_EXTRA_WARMUP
                             results.append(res)
                             log.write(json.dumps(res) + "\n")
                             log.flush()
@@ -470,7 +482,9 @@ def report(a, results, cpu, ncores):
             preds, firsts = [], []
             for row in rows:
                 link = {k2[5:]: v for k2, v in row.items() if k2.startswith("link_")}
-                each = [simulate(a, p, k[1], link, ncores)["seconds_per_step"] for p in worker_profiles(row)]
+                # Runs before 2026-11-29 (session 43) profiled with the runs' own warm-up.
+                warm = row.get("profile_warmup", row.get("warmup", a.warmup))
+                each = [simulate(a, p, k[1], link, ncores, warm)["seconds_per_step"] for p in worker_profiles(row)]
                 preds.append(max(each))
                 firsts.append(each[0])
             pred = statistics.median(preds)

@@ -28,7 +28,9 @@
 // bytes all-reduced after it cost only the channel's time. What it leaves out: on a GPU, kernels
 // sharing SMs with NCCL; stragglers; contention between the channel's packs and other traffic; the
 // channel slowed inside backward by the compute beside it (the packs run at the idle machine's bus
-// bandwidth). Scaling efficiency = compute-only step / predicted step.
+// bandwidth); the memory bandwidth the all-reduce's copies and sums take from backward's
+// memory-bound passes (the probe's product stays in L2). Scaling efficiency = compute-only step /
+// predicted step.
 #pragma once
 
 #include <nlohmann/json.hpp>

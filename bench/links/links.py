@@ -76,7 +76,7 @@ def json_lines(text):
 # the cores, the first step after the warm-up one was still slow in them (Zen 5, 4 hosts, 2026-11-29:
 # ResNet-50's forward 2.4-2.5 s in that step against 1.3-1.5 in the next, in all four jobs of a round)
 # while the runs' were not; with that step in, the round predicted its unshaped runs 15-21% high, with
-# it left out (links --from) 1-9%, and the two rounds' predictions of each row agree within 3.5%.
+# it left out (links --from) -1% to +9%, and the two rounds' predictions of each row agree within 3.5%.
 PROFILE_EXTRA_WARMUP = 1
 
 
@@ -236,10 +236,12 @@ def compute_lost_per_byte(a, hosts, busbw):
     """What the all-reduce takes from the compute beside it, at the links as they are now: the core seconds
     lost per byte a rank moves (dtrain-bench allreduce --compute-probe: the ranks pinned as dtrain-run
     --bind-to core places the workers, a compute thread beside each, 64 MiB all-reduces for about 3 s at
-    the links' idle speed, 5-6 s beside the probes, against the probes' rate just before). That counts the ranks' own CPU, the kernel's work on the link
-    (on a shaped veth link most of it is softirq and qdisc timers, which the ranks' CPU time does not show)
-    and what they evict from the caches; the ranks' CPU per byte is returned beside it. On 2-core Zen 5,
-    2 hosts: 0.50-0.59 ns lost unshaped (ranks' CPU 0.45-0.52), 0.83-1.02 at 1 Gbit/s (ranks' 0.26-0.27)."""
+    the links' idle speed, 5-6 s beside the probes, against the probes' rate just before). That counts
+    the ranks' own CPU, the kernel's work on the link (on a shaped veth link most of it is softirq and
+    qdisc timers, which the ranks' CPU time does not show) and what they evict from the caches; the
+    ranks' CPU per byte is returned beside it. On 2-core Zen 5, 2 hosts: 0.50-0.59 ns lost unshaped
+    (ranks' CPU 0.45-0.52), 0.83-1.02 at 1 Gbit/s (ranks' 0.24-0.27). The probe's product stays in L2:
+    it does not feel the memory bandwidth the all-reduce takes (a streaming probe lost 10-45% more)."""
     moved_per_rank = 2 * (hosts - 1) / hosts * 64 * 2**20
     iters = max(3, min(60, -(-3 * busbw // moved_per_rank)))
     r = sh(allreduce_command(a, hosts) + ["--sizes", "64M", "--iters", str(int(iters)), "--compute-probe"], timeout=900)

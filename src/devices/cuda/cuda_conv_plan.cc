@@ -111,25 +111,30 @@ bool ConvPlanCache::enabled() {
   return on;
 }
 
+std::vector<int64_t> conv_problem_key(ConvDirection d, const ConvPlanProblem& p,
+                                      bool tensor_cores) {
+  return {static_cast<int64_t>(d),
+          p.n,
+          p.h,
+          p.w,
+          p.cin,
+          p.kh,
+          p.kw,
+          p.cout,
+          p.oh,
+          p.ow,
+          p.pad_h,
+          p.pad_w,
+          p.stride_h,
+          p.stride_w,
+          tensor_cores ? 1 : 0};
+}
+
 std::shared_ptr<ConvPlanCache::Plan> ConvPlanCache::plan_for(ConvDirection d,
                                                              const ConvPlanProblem& p,
                                                              int64_t alignment, bool tensor_cores) {
-  const std::vector<int64_t> key = {static_cast<int64_t>(d),
-                                    p.n,
-                                    p.h,
-                                    p.w,
-                                    p.cin,
-                                    p.kh,
-                                    p.kw,
-                                    p.cout,
-                                    p.oh,
-                                    p.ow,
-                                    p.pad_h,
-                                    p.pad_w,
-                                    p.stride_h,
-                                    p.stride_w,
-                                    alignment,
-                                    tensor_cores ? 1 : 0};
+  std::vector<int64_t> key = conv_problem_key(d, p, tensor_cores);
+  key.push_back(alignment);
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = plans_.find(key);

@@ -37,6 +37,10 @@ struct ConvPlanProblem {
   int64_t pad_h, pad_w, stride_h, stride_w;
 };
 
+// Direction d of problem p as a cache key (with whether tensor cores may run): the plans' and the
+// legacy algorithm choices' (cuda_conv_legacy.h).
+std::vector<int64_t> conv_problem_key(ConvDirection d, const ConvPlanProblem& p, bool tensor_cores);
+
 class ConvPlanCache {
  public:
   explicit ConvPlanCache(CudaContext& ctx);

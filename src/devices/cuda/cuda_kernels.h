@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "devices/cuda/cuda_context.h"
@@ -131,6 +132,9 @@ class CudaKernels final : public Kernels {
   using AlgoKey = std::vector<int64_t>;
   int cached_algo(const AlgoKey& key) const;  // -1 when unknown
   void remember_algo(const AlgoKey& key, int algo);
+  // Direction d of problem p on cuDNN's legacy calls (cuda_conv_legacy.h), with the choice cached.
+  void legacy_conv(ConvDirection d, const ConvPlanProblem& p, bool tc, const void* a, const void* b,
+                   void* out, const char* op, const std::string& problem);
 
   CudaContext& ctx_;
   ConvPlanCache conv_plans_;  // cuDNN graph-API plans, tried before the legacy algorithms

@@ -415,6 +415,26 @@ TEST(GpuKernels, VectorizedElementwiseKernelsMatchTheCpu) {
                gpu().conv2d(G(x), G(w), G(b), {1, 1, 1, 1, 1, 1}), 1e-4f, 1e-4f, "conv bias");
 }
 
+// A residual block's relu(a + b) in one kernel: the two kernels' values bit for bit (float4 and
+// scalar paths), and the CPU's within rounding; shapes that differ are refused by name.
+TEST(GpuKernels, AddReluIsAddThenRelu) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  uint64_t s = 950;
+  for (const Shape& shape : {Shape{2, 6, 5, 16}, Shape{3, 7, 5}, Shape{1}}) {
+    const Tensor a = random_tensor(shape, s++, -2.f, 2.f), b = random_tensor(shape, s++);
+    const Tensor y = gpu().add_relu(G(a), G(b));
+    expect_bitwise_equal(gpu().unary(UnaryOp::kRelu, gpu().binary(BinaryOp::kAdd, G(a), G(b))), y,
+                         "add_relu " + shape.to_string());
+    expect_close(cpu().add_relu(a, b), y, 1e-6f, 1e-7f, "add_relu " + shape.to_string());
+  }
+  try {
+    gpu().add_relu(G(random_tensor(Shape{4, 4}, 960)), G(random_tensor(Shape{4, 2}, 961)));
+    FAIL() << "add_relu took [4, 4] and [4, 2]";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("add_relu"), std::string::npos) << e.what();
+  }
+}
+
 TEST(GpuKernels, Affine) {
   if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const Tensor x = random_tensor(Shape{1001}, 800);

@@ -1,5 +1,7 @@
 // GPU kernels of training against the CPU reference: losses, dropout masks, batch norm and the
 // optimizer updates (see gpu_kernels_test.cc). Every test skips when no CUDA device is visible.
+#include <cstdlib>
+
 #include "devices/gpu_test_util.h"
 
 namespace dtrain {
@@ -73,11 +75,14 @@ TEST(GpuKernels, BatchNormTrainingAndInference) {
   if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   uint64_t s = 1500;
   // Shape{6, 4, 4, 8}: channels a multiple of 4, the float4 kernels; the others the scalar ones.
-  for (const Shape& shape :
-       {Shape{8, 5, 5, 6}, Shape{32, 10}, Shape{3, 1}, Shape{4096, 3}, Shape{6, 4, 4, 8}}) {
+  // Shape{16, 28, 28, 64}: 12,544 rows, in many chunks (bn_moments_finish); its values lie in
+  // [1000, 1001], where float32 E[x^2] - mean^2 has no digit left.
+  for (const Shape& shape : {Shape{8, 5, 5, 6}, Shape{32, 10}, Shape{3, 1}, Shape{4096, 3},
+                             Shape{6, 4, 4, 8}, Shape{16, 28, 28, 64}}) {
     const int64_t c = shape[-1];
     // An offset mean makes a one-pass variance lose digits; both devices must not.
-    const Tensor x = random_tensor(shape, s++, 2.f, 4.f);
+    const bool far = shape.numel() > 100000;
+    const Tensor x = random_tensor(shape, s++, far ? 1000.f : 2.f, far ? 1001.f : 4.f);
     const Tensor gamma = random_tensor(Shape{c}, s++, 0.5f, 1.5f);
     const Tensor beta = random_tensor(Shape{c}, s++);
     const BatchNormForward fc = cpu().batch_norm_training(x, gamma, beta, 1e-3f);
@@ -139,6 +144,82 @@ TEST(GpuKernels, BatchNormReluMatchesTheCpu) {
     expect_close(bc.dbeta, bg.dbeta, 1e-4f, atol, "dbeta " + shape.to_string());
     expect_close(bc.dgamma, bg.dgamma, 1e-4f, atol, "dgamma " + shape.to_string());
     expect_close(bc.dx, bg.dx, 1e-3f, 1e-4f, "dx " + shape.to_string());
+  }
+}
+
+// DTRAIN_CUDA_BN set for one scope (the CUDA device reads it at each call), then as it was.
+class ScopedBatchNormKernels {
+ public:
+  explicit ScopedBatchNormKernels(const char* value) {
+    if (const char* v = std::getenv("DTRAIN_CUDA_BN")) before_ = v, had_ = true;
+    ::setenv("DTRAIN_CUDA_BN", value, 1);
+  }
+  ~ScopedBatchNormKernels() {
+    if (had_)
+      ::setenv("DTRAIN_CUDA_BN", before_.c_str(), 1);
+    else
+      ::unsetenv("DTRAIN_CUDA_BN");
+  }
+
+ private:
+  std::string before_;
+  bool had_ = false;
+};
+
+// The one-pass kernels (the default) against those before them (DTRAIN_CUDA_BN=two_pass): the
+// statistics close (Welford's arithmetic differs), the backward pass bit for bit: dbeta and dgamma
+// are the same sums in the same order, and batch_norm_relu_backward's ReLU taken as dy is read
+// gives what the ReLU gradient kernel gave.
+TEST(GpuKernels, BatchNormOnePassMatchesTwoPass) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  uint64_t s = 1700;
+  for (const Shape& shape :
+       {Shape{8, 5, 5, 6}, Shape{6, 4, 4, 8}, Shape{4096, 3}, Shape{32, 28, 28, 64}, Shape{1, 2}}) {
+    const int64_t c = shape[-1];
+    const std::string at = " " + shape.to_string();
+    const Tensor x = G(random_tensor(shape, s++, -1.f, 3.f));
+    const Tensor dy = G(random_tensor(shape, s++));
+    const Tensor gamma = G(random_tensor(Shape{c}, s++, 0.5f, 1.5f));
+    const Tensor beta = G(random_tensor(Shape{c}, s++));
+    Tensor mask1, mask2;
+    BatchNormForward f1, f2;
+    BatchNormBackward b1, b2, r1, r2;
+    f1 = gpu().batch_norm_relu_training(x, gamma, beta, 1e-3f, &mask1);
+    b1 = gpu().batch_norm_backward(dy, x, gamma, f1.mean, f1.var, 1e-3f);
+    r1 = gpu().batch_norm_relu_backward(dy, x, gamma, f1.mean, f1.var, 1e-3f, mask1);
+    {
+      ScopedBatchNormKernels before("two_pass");
+      f2 = gpu().batch_norm_relu_training(x, gamma, beta, 1e-3f, &mask2);
+      // The same statistics for both backward passes, so that only their kernels differ.
+      b2 = gpu().batch_norm_backward(dy, x, gamma, f1.mean, f1.var, 1e-3f);
+      r2 = gpu().batch_norm_relu_backward(dy, x, gamma, f1.mean, f1.var, 1e-3f, mask1);
+    }
+    expect_close(f2.mean.to(kCpu), f1.mean, 1e-5f, 1e-6f, "mean" + at);
+    expect_close(f2.var.to(kCpu), f1.var, 1e-5f, 1e-7f, "var" + at);
+    expect_close(f2.y.to(kCpu), f1.y, 1e-4f, 1e-5f, "y" + at);
+    expect_bitwise_equal(b2.dbeta, b1.dbeta, "dbeta" + at);
+    expect_bitwise_equal(b2.dgamma, b1.dgamma, "dgamma" + at);
+    expect_bitwise_equal(b2.dx, b1.dx, "dx" + at);
+    expect_bitwise_equal(r2.dbeta, r1.dbeta, "relu dbeta" + at);
+    expect_bitwise_equal(r2.dgamma, r1.dgamma, "relu dgamma" + at);
+    expect_bitwise_equal(r2.dx, r1.dx, "relu dx" + at);
+  }
+}
+
+// A mask of another shape is refused by name.
+TEST(GpuKernels, BatchNormReluBackwardChecksItsMask) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Tensor x = G(random_tensor(Shape{4, 8}, 1750));
+  const Tensor gamma = G(random_tensor(Shape{8}, 1751));
+  const Tensor mean = G(random_tensor(Shape{8}, 1752)),
+               var = G(random_tensor(Shape{8}, 1753, 1, 2));
+  const Tensor wrong = G(random_tensor(Shape{4, 4}, 1754));
+  try {
+    gpu().batch_norm_relu_backward(x, x, gamma, mean, var, 1e-3f, wrong);
+    FAIL() << "a [4, 4] mask for a [4, 8] input was taken";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("batch_norm_relu_backward"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -175,6 +175,27 @@ void launch_binary_t(const float* a, const float* b, float* out, int64_t n,
   }
 }
 
+// A residual block's end: relu(a + b) with the sum never stored. On ResNet-50 at batch 32, 16
+// blocks' outputs of 177 M floats a step, read and written once instead of twice.
+__device__ __forceinline__ float add_relu_fn(float u, float v) {
+  return unary_fn<UnaryOp::kRelu>(binary_fn<BinaryOp::kAdd>(u, v));
+}
+
+template <bool kVec>
+__global__ void add_relu_kernel(const float* __restrict__ a, const float* __restrict__ b,
+                                float* __restrict__ out, int64_t n) {
+  if constexpr (kVec) {
+    DTRAIN_GRID_STRIDE_LOOP(q, n / 4) {
+      const float4 u = load4(a, 4 * q), v = load4(b, 4 * q);
+      store4(out, 4 * q,
+             make_float4(add_relu_fn(u.x, v.x), add_relu_fn(u.y, v.y), add_relu_fn(u.z, v.z),
+                         add_relu_fn(u.w, v.w)));
+    }
+  } else {
+    DTRAIN_GRID_STRIDE_LOOP(i, n) { out[i] = add_relu_fn(a[i], b[i]); }
+  }
+}
+
 // --- affine, fill, bias ---
 
 __global__ void affine_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n,
@@ -455,6 +476,15 @@ void launch_binary(BinaryOp op, const float* a, const float* b, float* out, int6
       return launch_binary_t<BinaryOp::kMin>(a, b, out, n, g, s);
   }
   throw InvalidArgument(detail::str_cat("binary: unknown op ", static_cast<int>(op)));
+}
+
+void launch_add_relu(const float* a, const float* b, float* out, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  if (vec4_ok(n, {a, b, out}))
+    add_relu_kernel<true><<<grid_for(n / 4), kBlock, 0, s>>>(a, b, out, n);
+  else
+    add_relu_kernel<false><<<grid_for(n), kBlock, 0, s>>>(a, b, out, n);
+  DTRAIN_CHECK_LAUNCH("add_relu_kernel");
 }
 
 void launch_affine(const float* x, float* y, int64_t n, float alpha, float beta, cudaStream_t s) {

@@ -193,6 +193,17 @@ Tensor CudaKernels::binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   return out;
 }
 
+Tensor CudaKernels::add_relu(const Tensor& a, const Tensor& b, Tensor* rounded) {
+  (void)rounded;
+  DeviceGuard guard(ctx_.index());
+  check_f32(a, "add_relu", "a");
+  check_f32(b, "add_relu", "b");
+  check_same_shape(a, b, "add_relu");
+  Tensor y = empty(a.shape());
+  launch_add_relu(fptr(a), fptr(b), fptr(y), y.numel(), ctx_.stream());
+  return y;
+}
+
 Tensor CudaKernels::affine(const Tensor& x, float alpha, float beta) {
   DeviceGuard guard(ctx_.index());
   check_f32(x, "affine", "x");

@@ -58,6 +58,8 @@ class CudaKernels final : public Kernels {
   Tensor unary(UnaryOp op, const Tensor& x) override;
   Tensor activation_backward(UnaryOp op, const Tensor& x_or_y, const Tensor& dy) override;
   Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) override;
+  // One pass (the sum is never stored); no bfloat16 copy (rounded is left as it is).
+  Tensor add_relu(const Tensor& a, const Tensor& b, Tensor* rounded = nullptr) override;
   Tensor affine(const Tensor& x, float alpha, float beta) override;
   Tensor reduce(ReductionKind kind, const Tensor& x, const std::vector<int>& axes,
                 bool keepdims) override;
@@ -74,8 +76,8 @@ class CudaKernels final : public Kernels {
   Tensor dropout_mask(const Shape& shape, float rate, uint64_t seed, uint64_t stream) override;
   BatchNormForward batch_norm_training(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                        float epsilon) override;
-  // The ReLU fused into the normalisation's pass (the mask is the output; the backward pass is
-  // Kernels' default).
+  // The ReLU fused into the normalisation's pass (the mask is the output, which the backward pass
+  // reads beside dy).
   BatchNormForward batch_norm_relu_training(const Tensor& x, const Tensor& gamma,
                                             const Tensor& beta, float epsilon, Tensor* relu_mask,
                                             DType y_dtype = DType::kFloat32) override;
@@ -84,6 +86,10 @@ class CudaKernels final : public Kernels {
   BatchNormBackward batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                         const Tensor& mean, const Tensor& var, float epsilon,
                                         DType dx_dtype = DType::kFloat32) override;
+  BatchNormBackward batch_norm_relu_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                             const Tensor& mean, const Tensor& var, float epsilon,
+                                             const Tensor& relu_mask,
+                                             DType dx_dtype = DType::kFloat32) override;
 
   void sgd_update(Tensor& var, const Tensor& grad, Tensor* momentum, float lr, float mu,
                   bool nesterov) override;
@@ -95,6 +101,10 @@ class CudaKernels final : public Kernels {
   // batch_norm_training, with relu(y) written in the same pass when relu.
   BatchNormForward bn_training(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                float epsilon, bool relu, const char* op);
+  // batch_norm_backward; with relu_mask, of relu(y) for batch_norm_relu_training's output y.
+  BatchNormBackward bn_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                const Tensor& mean, const Tensor& var, float epsilon,
+                                const Tensor* relu_mask, const char* op);
   // Throws InvalidArgument unless t is defined and lives on this GPU.
   void check_device(const Tensor& t, const char* op, const char* arg) const;
   // check_device plus dtype float32.

@@ -32,6 +32,8 @@ struct BroadcastGeometry {
 // out = a op b elementwise; geometry == nullptr means a, b and out all have n elements.
 void launch_binary(BinaryOp op, const float* a, const float* b, float* out, int64_t n,
                    const BroadcastGeometry* geometry, cudaStream_t s);
+// out = relu(a + b) over n elements in one pass: binary(kAdd) then unary(kRelu), bit for bit.
+void launch_add_relu(const float* a, const float* b, float* out, int64_t n, cudaStream_t s);
 void launch_affine(const float* x, float* y, int64_t n, float alpha, float beta, cudaStream_t s);
 // Sets n elements of type dtype to value (converted as a C++ static_cast / the host's rounding).
 void launch_fill(void* x, DType dtype, int64_t n, float value, cudaStream_t s);
@@ -108,16 +110,24 @@ void launch_dropout_mask(float* out, int64_t n, float rate, float scale, uint64_
                          uint64_t stream, cudaStream_t s);
 
 // --- cuda_batch_norm.cu (x viewed as [rows, C], channels last) ---
-// Batch mean and biased variance per channel (two passes, for accuracy).
+// false under DTRAIN_CUDA_BN=two_pass: the kernels before the one-pass ones, for comparisons (read
+// at each call).
+bool bn_one_pass();
+// Batch mean and biased variance per channel: one read of x (Welford's update on x less the
+// channel's first value, partial results merged in a fixed order), or two under
+// DTRAIN_CUDA_BN=two_pass (the mean, then the squared deviations from it).
 void launch_bn_stats(const float* x, int64_t rows, int64_t C, float* mean, float* var,
                      CudaContext& ctx);
 // y = (x - mean) / sqrt(var + eps) * gamma + beta; with relu, relu(y) in the same pass.
 void launch_bn_apply(const float* x, const float* mean, const float* var, const float* gamma,
                      const float* beta, float eps, float* y, int64_t rows, int64_t C, bool relu,
                      cudaStream_t s);
-void launch_bn_backward(const float* dy, const float* x, const float* gamma, const float* mean,
-                        const float* var, float eps, float* dx, float* dgamma, float* dbeta,
-                        int64_t rows, int64_t C, CudaContext& ctx);
+// dx, dgamma and dbeta for the output gradient dy. relu_y non-null: dy is the gradient of relu(y)
+// for batch_norm_relu_training's output relu_y, taken where relu_y > 0 as it is read (only when
+// bn_one_pass()).
+void launch_bn_backward(const float* dy, const float* relu_y, const float* x, const float* gamma,
+                        const float* mean, const float* var, float eps, float* dx, float* dgamma,
+                        float* dbeta, int64_t rows, int64_t C, CudaContext& ctx);
 
 // --- cuda_optim.cu (in place) ---
 // momentum == nullptr: var -= lr * g. Else buf = mu*buf + g; var -= lr*(nesterov ? g + mu*buf :

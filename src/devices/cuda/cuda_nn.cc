@@ -141,8 +141,7 @@ BatchNormForward CudaKernels::batch_norm_training(const Tensor& x, const Tensor&
 }
 
 // The ReLU in the normalisation's pass; the mask is the output itself (y > 0 exactly where the
-// normalised value was), so the backward pass is Kernels' default (ReLU gradient, then batch
-// norm's).
+// normalised value was), which batch_norm_relu_backward reads beside dy.
 BatchNormForward CudaKernels::batch_norm_relu_training(const Tensor& x, const Tensor& gamma,
                                                        const Tensor& beta, float epsilon,
                                                        Tensor* relu_mask, DType y_dtype) {
@@ -181,27 +180,51 @@ BatchNormBackward CudaKernels::batch_norm_backward(const Tensor& dy, const Tenso
                                                    const Tensor& gamma, const Tensor& mean,
                                                    const Tensor& var, float epsilon,
                                                    DType dx_dtype) {
-  DeviceGuard guard(ctx_.index());
-  const char* op = "batch_norm_backward";
   if (dx_dtype != DType::kFloat32)
     throw InvalidArgument(
         "batch_norm_backward: a bfloat16 dx is a CPU option (bfloat16 activations under "
         "mixed_bfloat16); the CUDA kernels write float32");
+  return bn_backward(dy, x, gamma, mean, var, epsilon, nullptr, "batch_norm_backward");
+}
+
+// The ReLU's gradient taken where the mask (the output) is > 0 as the kernels read dy, rather than
+// written first by a kernel of its own (Kernels' default, kept under DTRAIN_CUDA_BN=two_pass).
+BatchNormBackward CudaKernels::batch_norm_relu_backward(const Tensor& dy, const Tensor& x,
+                                                        const Tensor& gamma, const Tensor& mean,
+                                                        const Tensor& var, float epsilon,
+                                                        const Tensor& relu_mask, DType dx_dtype) {
+  const char* op = "batch_norm_relu_backward";
+  if (dx_dtype != DType::kFloat32)
+    throw InvalidArgument(
+        "batch_norm_relu_backward: a bfloat16 dx is a CPU option (bfloat16 activations under "
+        "mixed_bfloat16); the CUDA kernels write float32");
+  if (!bn_one_pass())
+    return Kernels::batch_norm_relu_backward(dy, x, gamma, mean, var, epsilon, relu_mask, dx_dtype);
+  check_f32(relu_mask, op, "relu_mask");
+  check_same_shape(relu_mask, x, op);
+  return bn_backward(dy, x, gamma, mean, var, epsilon, &relu_mask, op);
+}
+
+BatchNormBackward CudaKernels::bn_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                           const Tensor& mean, const Tensor& var, float epsilon,
+                                           const Tensor* relu_mask, const char* op) {
+  DeviceGuard guard(ctx_.index());
   check_f32(dy, op, "dy");
   check_f32(x, op, "x");
   check_f32(gamma, op, "gamma");
   check_f32(mean, op, "mean");
   check_f32(var, op, "var");
   check_same_shape(dy, x, op);
-  check_bn_rank(x, "batch_norm_backward");
+  check_bn_rank(x, op);
   const int64_t c = x.shape()[-1];
   check_channels(gamma, c, op, "gamma", x);
   check_channels(mean, c, op, "mean", x);
   check_channels(var, c, op, "var", x);
   const int64_t rows = c == 0 ? 0 : x.numel() / c;
   BatchNormBackward out{empty(x.shape()), empty(Shape{c}), empty(Shape{c})};
-  launch_bn_backward(fptr(dy), fptr(x), fptr(gamma), fptr(mean), fptr(var), epsilon, fptr(out.dx),
-                     fptr(out.dgamma), fptr(out.dbeta), rows, c, ctx_);
+  launch_bn_backward(fptr(dy), relu_mask ? fptr(*relu_mask) : nullptr, fptr(x), fptr(gamma),
+                     fptr(mean), fptr(var), epsilon, fptr(out.dx), fptr(out.dgamma),
+                     fptr(out.dbeta), rows, c, ctx_);
   return out;
 }
 

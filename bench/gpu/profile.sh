@@ -7,7 +7,7 @@
 #  4. PyTorch fp32 (TF32 off): torch.profiler's kernels of one step.
 # `profile.sh ab` compares dtrain's convolution paths (1x1 on cuBLAS + cuDNN graph-API plans, the
 # default; everything on graph-API plans; everything on legacy calls) and its batch norm kernels
-# (one pass, the default; DTRAIN_CUDA_BN=two_pass, those before 2026-11-29) in interleaved rounds
+# (one pass, the default; DTRAIN_CUDA_BN=two_pass, the two-pass ones) in interleaved rounds
 # with PyTorch fp32, runs gpu_kernels_test on each path, batch 256, and ncu (ROUNDS, B256=0, NCU=0).
 # `profile.sh host` instead samples where dtrain's host threads spend a step (gperftools' CPU
 # profiler, bundled by bench/gpu/bundle.sh when libprofiler is installed here: `apt-get install
@@ -20,7 +20,7 @@ set -uo pipefail
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; } | tee "$out/machine.txt"
 if [ "${1:-}" = ab ]; then  # dtrain's CUDA convolution paths against each other and PyTorch
   # default: 1x1 convolutions on cuBLAS, the rest on cuDNN graph-API plans; bn2pass: the default
-  # with batch norm's kernels before 2026-11-29; nogemm: every convolution on cuDNN plans; legacy:
+  # with batch norm's two-pass kernels; nogemm: every convolution on cuDNN plans; legacy:
   # every convolution on cuDNN's legacy calls
   configs="default:DTRAIN_CUDNN_API=graph bn2pass:DTRAIN_CUDA_BN=two_pass nogemm:DTRAIN_CUDA_CONV_GEMM=0 legacy:DTRAIN_CUDA_CONV_GEMM=0,DTRAIN_CUDNN_API=legacy"
   for api in graph legacy; do

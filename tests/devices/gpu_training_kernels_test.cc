@@ -89,7 +89,9 @@ TEST(GpuKernels, BatchNormTrainingAndInference) {
     const BatchNormForward fg = gpu().batch_norm_training(G(x), G(gamma), G(beta), 1e-3f);
     expect_close(fc.mean, fg.mean, 1e-5f, 1e-5f, "mean " + shape.to_string());
     expect_close(fc.var, fg.var, 1e-4f, 1e-5f, "var " + shape.to_string());
-    expect_close(fc.y, fg.y, 1e-4f, 1e-4f, "y " + shape.to_string());
+    // Near 1000 one ulp of the mean (6.1e-5) moves y by 6.1e-5 x 3.5 (1 / std) x gamma (< 1.5):
+    // the two devices' means may differ by a few.
+    expect_close(fc.y, fg.y, 1e-4f, far ? 2e-3f : 1e-4f, "y " + shape.to_string());
     const Tensor mean = random_tensor(Shape{c}, s++), var = random_tensor(Shape{c}, s++, 0.1f, 2.f);
     expect_close(cpu().batch_norm_inference(x, gamma, beta, mean, var, 1e-3f),
                  gpu().batch_norm_inference(G(x), G(gamma), G(beta), G(mean), G(var), 1e-3f), 1e-5f,

@@ -1,13 +1,15 @@
-// The GPU batch norm's one-pass statistics (src/devices/cuda/welford.h), run on the CPU in the
-// kernel's order: each of 8 threads of a channel takes every 8th row of a chunk of rows, the 8 are
-// merged in order, then the chunks in order, all on x less the channel's first value
-// (cuda_batch_norm.cu's bn_moments_kernel and bn_moments_finish). Against float64 two-pass
-// statistics, on data where E[x^2] - mean^2 in float32 loses every digit. The kernels themselves
-// run in gpu_kernels_test (a GPU machine).
+// The GPU batch norm's one-pass statistics (src/devices/cuda/welford.h), the same formulas run on
+// the CPU in the kernel's order (nvcc may fuse their multiply-adds, so not the GPU's exact bits):
+// each of 8 threads of a channel takes every 8th row of a chunk of rows, the 8 are merged in order,
+// then the chunks in order, all on x less the channel's first value (cuda_batch_norm.cu's
+// bn_moments_kernel and bn_moments_finish). Against float64 two-pass statistics, on data where
+// E[x^2] - mean^2 in float32 loses every digit. The kernels themselves run in gpu_kernels_test (a
+// GPU machine).
 #include "devices/cuda/welford.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>

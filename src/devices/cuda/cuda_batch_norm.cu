@@ -8,9 +8,11 @@
 // the backward sums read dy and x once for both. With relu (batch_norm_relu_training), the
 // normalisation writes relu(y) in the same pass (x > 0 ? x : 0, as the ReLU kernel), and the
 // backward kernels take dy where y > 0 as they read it, instead of a ReLU gradient kernel writing
-// that product first: the same values bit for bit. DTRAIN_CUDA_BN=two_pass brings back the kernels
-// before (the mean, then the squared deviations from it, in two reductions; dbeta and dgamma in two
-// more; the ReLU gradient in a kernel of its own) for comparisons.
+// that product first: the same values bit for bit.
+// DTRAIN_CUDA_BN=two_pass brings back the kernels before, for comparisons: the mean, then the
+// squared deviations from it, in two reductions; dbeta and dgamma in two more; the ReLU gradient in
+// a kernel of its own. (Those builds may have fused dy * xhat into dgamma's sum; it is rounded
+// first now, in both paths.)
 #include <cstdlib>
 #include <cstring>
 
@@ -280,10 +282,10 @@ bool bn_one_pass() {
 }
 
 void launch_bn_stats(const float* x, int64_t rows, int64_t C, float* mean, float* var,
-                     CudaContext& ctx) {
+                     bool one_pass, CudaContext& ctx) {
   DTRAIN_CHECK(rows > 0, "no samples: the caller writes zero statistics");
   if (C == 0) return;
-  if (!bn_one_pass()) {
+  if (!one_pass) {
     const float m = static_cast<float>(rows);
     run_column_reduce<SumOp>(MatrixColumnLoad{x, C}, StoreDivided{mean, m}, rows, C, ctx);
     run_column_reduce<SumOp>(SquaredDeviationLoad{x, mean, C}, StoreDivided{var, m}, rows, C, ctx);
@@ -324,10 +326,10 @@ void launch_bn_apply(const float* x, const float* mean, const float* var, const 
 
 void launch_bn_backward(const float* dy, const float* relu_y, const float* x, const float* gamma,
                         const float* mean, const float* var, float eps, float* dx, float* dgamma,
-                        float* dbeta, int64_t rows, int64_t C, CudaContext& ctx) {
+                        float* dbeta, int64_t rows, int64_t C, bool one_pass, CudaContext& ctx) {
   if (C == 0) return;
   const bool relu = relu_y != nullptr;
-  if (!bn_one_pass()) {
+  if (!one_pass) {
     DTRAIN_CHECK(!relu, "DTRAIN_CUDA_BN=two_pass runs the ReLU gradient in a kernel of its own");
     run_column_reduce<SumOp>(MatrixColumnLoad{dy, C}, Store{dbeta}, rows, C, ctx);
     run_column_reduce<SumOp>(DyXhatLoad{dy, x, mean, var, eps, C}, Store{dgamma}, rows, C, ctx);

@@ -110,24 +110,26 @@ void launch_dropout_mask(float* out, int64_t n, float rate, float scale, uint64_
                          uint64_t stream, cudaStream_t s);
 
 // --- cuda_batch_norm.cu (x viewed as [rows, C], channels last) ---
-// false under DTRAIN_CUDA_BN=two_pass: the kernels before the one-pass ones, for comparisons (read
-// at each call).
+// false under DTRAIN_CUDA_BN=two_pass: the two-pass kernels (as before 2026-11-29, but with dy *
+// xhat rounded before it is summed), for comparisons. Read at each call; the callers pass what
+// they read to the launches below (one_pass).
 bool bn_one_pass();
 // Batch mean and biased variance per channel: one read of x (Welford's update on x less the
-// channel's first value, partial results merged in a fixed order), or two under
-// DTRAIN_CUDA_BN=two_pass (the mean, then the squared deviations from it).
+// channel's first value, partial results merged in a fixed order), or with !one_pass two (the
+// mean, then the squared deviations from it). rows > 0.
 void launch_bn_stats(const float* x, int64_t rows, int64_t C, float* mean, float* var,
-                     CudaContext& ctx);
+                     bool one_pass, CudaContext& ctx);
 // y = (x - mean) / sqrt(var + eps) * gamma + beta; with relu, relu(y) in the same pass.
 void launch_bn_apply(const float* x, const float* mean, const float* var, const float* gamma,
                      const float* beta, float eps, float* y, int64_t rows, int64_t C, bool relu,
                      cudaStream_t s);
-// dx, dgamma and dbeta for the output gradient dy. relu_y non-null: dy is the gradient of relu(y)
-// for batch_norm_relu_training's output relu_y, taken where relu_y > 0 as it is read (only when
-// bn_one_pass()).
+// dx, dgamma and dbeta for the output gradient dy: dbeta and dgamma in one pass over dy and x, or
+// with !one_pass in two reductions (the same sums, bit for bit). relu_y non-null (one_pass only):
+// dy is the gradient of relu(y) for batch_norm_relu_training's output relu_y, taken where relu_y >
+// 0 as it is read.
 void launch_bn_backward(const float* dy, const float* relu_y, const float* x, const float* gamma,
                         const float* mean, const float* var, float eps, float* dx, float* dgamma,
-                        float* dbeta, int64_t rows, int64_t C, CudaContext& ctx);
+                        float* dbeta, int64_t rows, int64_t C, bool one_pass, CudaContext& ctx);
 
 // --- cuda_optim.cu (in place) ---
 // momentum == nullptr: var -= lr * g. Else buf = mu*buf + g; var -= lr*(nesterov ? g + mu*buf :

@@ -129,7 +129,7 @@ BatchNormForward CudaKernels::bn_training(const Tensor& x, const Tensor& gamma, 
     launch_fill(out.var.raw_data(), DType::kFloat32, c, 0.f, ctx_.stream());
     return out;
   }
-  launch_bn_stats(fptr(x), rows, c, fptr(out.mean), fptr(out.var), ctx_);
+  launch_bn_stats(fptr(x), rows, c, fptr(out.mean), fptr(out.var), bn_one_pass(), ctx_);
   launch_bn_apply(fptr(x), fptr(out.mean), fptr(out.var), fptr(gamma), fptr(beta), epsilon,
                   fptr(out.y), rows, c, relu, ctx_.stream());
   return out;
@@ -198,10 +198,10 @@ BatchNormBackward CudaKernels::batch_norm_relu_backward(const Tensor& dy, const 
     throw InvalidArgument(
         "batch_norm_relu_backward: a bfloat16 dx is a CPU option (bfloat16 activations under "
         "mixed_bfloat16); the CUDA kernels write float32");
-  if (!bn_one_pass())
-    return Kernels::batch_norm_relu_backward(dy, x, gamma, mean, var, epsilon, relu_mask, dx_dtype);
   check_f32(relu_mask, op, "relu_mask");
   check_same_shape(relu_mask, x, op);
+  if (!bn_one_pass())
+    return Kernels::batch_norm_relu_backward(dy, x, gamma, mean, var, epsilon, relu_mask, dx_dtype);
   return bn_backward(dy, x, gamma, mean, var, epsilon, &relu_mask, op);
 }
 
@@ -222,9 +222,11 @@ BatchNormBackward CudaKernels::bn_backward(const Tensor& dy, const Tensor& x, co
   check_channels(var, c, op, "var", x);
   const int64_t rows = c == 0 ? 0 : x.numel() / c;
   BatchNormBackward out{empty(x.shape()), empty(Shape{c}), empty(Shape{c})};
+  // With a mask the caller chose the one-pass kernels; without one, read the switch here.
+  const bool one_pass = relu_mask != nullptr || bn_one_pass();
   launch_bn_backward(fptr(dy), relu_mask ? fptr(*relu_mask) : nullptr, fptr(x), fptr(gamma),
                      fptr(mean), fptr(var), epsilon, fptr(out.dx), fptr(out.dgamma),
-                     fptr(out.dbeta), rows, c, ctx_);
+                     fptr(out.dbeta), rows, c, one_pass, ctx_);
   return out;
 }
 

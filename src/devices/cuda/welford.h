@@ -4,7 +4,8 @@
 // the squared deviations from it). Neither cancels the way E[x^2] - mean^2 does when |mean| >> std.
 //
 // Plain C++, with CUDA's qualifiers where nvcc compiles it, so that tests/devices/welford_test.cc
-// runs the same arithmetic, in the GPU kernel's order, on the CPU.
+// runs the same formulas, in the GPU kernel's order, on the CPU (nvcc may fuse their multiply-adds,
+// so the test checks the method's accuracy, not the GPU's exact bits).
 #pragma once
 
 #if defined(__CUDACC__)

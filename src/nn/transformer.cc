@@ -192,12 +192,16 @@ std::vector<Tensor> MultiHeadAttention::call(const std::vector<Tensor>& xs, bool
                           "got " +
                           q_in.shape().to_string() + ", " + v_in.shape().to_string() + ", " +
                           k_in.shape().to_string());
+  // The query scaled by 1 / sqrt(key_dim) before its product with the keys, as Keras'
+  // MultiHeadAttention does: the same scores (bit for bit where key_dim is a power of 4, as GPT-2's
+  // 64, the scale then a power of two), from B T H dk values scaled instead of B H T S (a sixteenth
+  // of them at GPT-2's 1,024 tokens), in the forward pass and the backward one.
+  const float scale = 1.f / std::sqrt(static_cast<float>(key_dim_));
   // [B, T, H, dk] -> [B, H, T, dk]
-  const Tensor q = ops::transpose((*query_)(q_in, training), {0, 2, 1, 3});
+  const Tensor q = ops::transpose(ops::scale((*query_)(q_in, training), scale), {0, 2, 1, 3});
   const Tensor k = ops::transpose((*key_)(k_in, training), {0, 2, 1, 3});
   const Tensor v = ops::transpose((*value_)(v_in, training), {0, 2, 1, 3});
-  Tensor scores = ops::scale(ops::matmul(q, k, false, true),  // [B, H, T, S]
-                             1.f / std::sqrt(static_cast<float>(key_dim_)));
+  Tensor scores = ops::matmul(q, k, false, true);  // [B, H, T, S]
   if (causal_) scores = ops::causal_mask(scores);
   const Tensor p = (*dropout_)(ops::softmax(scores, -1), training);
   const Tensor o = ops::transpose(ops::matmul(p, v), {0, 2, 1, 3});  // [B, T, H, dk]

@@ -1,6 +1,7 @@
 #include "dtrain/devices/kernels.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "devices/slab_copy.h"
 #include "dtrain/core/allocator.h"
@@ -63,6 +64,18 @@ ConvPoolGrads Kernels::conv2d_max_pool2d_backward(const Tensor& dy, const Tensor
   if (want_dx) g.dx = conv2d_backward_input(dconv, w, x.shape(), cp);
   if (want_dw) g.dw = conv2d_backward_filter(x, dconv, w.shape(), cp, has_bias, &g.db);
   return g;
+}
+
+Tensor Kernels::causal_softmax(const Tensor& x, float mask_value) {
+  if (x.rank() < 2)
+    throw InvalidArgument("causal_softmax: x must be [..., T, S], got " + x.shape().to_string());
+  const int64_t t = x.shape()[-2], s = x.shape()[-1];
+  std::vector<float> m(static_cast<size_t>(t * s), 0.f);
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t j = std::max<int64_t>(0, i + (s - t) + 1); j < s; ++j)
+      m[static_cast<size_t>(i * s + j)] = mask_value;
+  return softmax(binary(BinaryOp::kAdd, x, Tensor::from_vector(m, Shape{t, s}).to(x.device())),
+                 false);
 }
 
 BatchNormForward Kernels::batch_norm_relu_training(const Tensor& x, const Tensor& gamma,

@@ -63,8 +63,8 @@ Tensor batch_matmul3(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   return c;
 }
 
-Tensor softmax_last(const Tensor& x, bool log) {
-  Tensor y = kernels_for(x).softmax(x, log);
+// Records y = softmax(x) (or log_softmax) on the tapes x is on: the gradient is softmax_backward's.
+void record_softmax(const Tensor& x, const Tensor& y, bool log) {
   if (tape::should_record({&x})) {
     tape::record(log ? "log_softmax" : "softmax", {x}, {y},
                  [y, log](const std::vector<Tensor>& g) -> std::vector<Tensor> {
@@ -75,6 +75,11 @@ Tensor softmax_last(const Tensor& x, bool log) {
                    return {dx};
                  });
   }
+}
+
+Tensor softmax_last(const Tensor& x, bool log) {
+  Tensor y = kernels_for(x).softmax(x, log);
+  record_softmax(x, y, log);
   return y;
 }
 
@@ -257,6 +262,17 @@ Tensor causal_mask(const Tensor& scores) {
     throw InvalidArgument("causal_mask: scores must be [..., T, S], got " + scores.to_string());
   const int64_t t = scores.shape()[-2], s = scores.shape()[-1];
   return add(scores, causal_mask_values(t, s, scores.device()));
+}
+
+Tensor causal_softmax(const Tensor& scores) {
+  if (scores.rank() < 2)
+    throw InvalidArgument("causal_softmax: scores must be [..., T, S], got " + scores.to_string());
+  Kernels& k = kernels_for(scores);
+  if (!k.fuses_causal_softmax()) return softmax_last(causal_mask(scores), false);
+  // The mask's add passes its gradient through, so softmax's is the whole gradient.
+  Tensor y = k.causal_softmax(scores, kMaskValue);
+  record_softmax(scores, y, false);
+  return y;
 }
 
 Tensor sequence_cross_entropy(const Tensor& logits, const Tensor& labels) {

@@ -201,9 +201,9 @@ std::vector<Tensor> MultiHeadAttention::call(const std::vector<Tensor>& xs, bool
   const Tensor q = ops::transpose(ops::scale((*query_)(q_in, training), scale), {0, 2, 1, 3});
   const Tensor k = ops::transpose((*key_)(k_in, training), {0, 2, 1, 3});
   const Tensor v = ops::transpose((*value_)(v_in, training), {0, 2, 1, 3});
-  Tensor scores = ops::matmul(q, k, false, true);  // [B, H, T, S]
-  if (causal_) scores = ops::causal_mask(scores);
-  const Tensor p = (*dropout_)(ops::softmax(scores, -1), training);
+  const Tensor scores = ops::matmul(q, k, false, true);  // [B, H, T, S]
+  const Tensor p =
+      (*dropout_)(causal_ ? ops::causal_softmax(scores) : ops::softmax(scores, -1), training);
   const Tensor o = ops::transpose(ops::matmul(p, v), {0, 2, 1, 3});  // [B, T, H, dk]
   return {(*output_)(o, training)};
 }

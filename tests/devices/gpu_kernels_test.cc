@@ -368,6 +368,26 @@ TEST(GpuKernels, TransformerKernelsMatchTheCpu) {
   EXPECT_THROW(gpu().gather_rows(G(table), G(bad)), InvalidArgument);
 }
 
+// The causal mask and softmax in one kernel (the mask worked out from each row's index): the bits
+// of the two kernels it replaces (Kernels' default: the mask made, added, then softmax) on the
+// GPU, and the CPU's values within rounding, with more keys than queries, as many, and fewer.
+TEST(GpuKernels, CausalSoftmaxIsTheMaskThenSoftmaxBitForBit) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  EXPECT_TRUE(gpu().fuses_causal_softmax());
+  uint64_t s = 970;
+  for (const Shape& shape :
+       {Shape{2, 3, 37, 37}, Shape{4, 70}, Shape{70, 4}, Shape{2, 12, 64, 64}, Shape{1, 1}}) {
+    const Tensor x = random_tensor(shape, s++, -3.f, 3.f);
+    const Tensor fused = gpu().causal_softmax(G(x), ops::kMaskValue);
+    expect_bitwise_equal(gpu().Kernels::causal_softmax(G(x), ops::kMaskValue), fused,
+                         "causal_softmax " + shape.to_string());
+    expect_close(ops::softmax(ops::causal_mask(x), -1), fused, 1e-5f, 1e-6f,
+                 "causal_softmax " + shape.to_string());
+  }
+  EXPECT_THROW(gpu().causal_softmax(G(random_tensor(Shape{5}, 980)), ops::kMaskValue),
+               InvalidArgument);
+}
+
 TEST(GpuKernels, BinaryWithBroadcasting) {
   if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const std::vector<std::pair<Shape, Shape>> shapes = {

@@ -188,6 +188,31 @@ TEST_F(TransformerOps, EmbeddingGradientIsDeterministic) {
     }
 }
 
+// causal_softmax is softmax(causal_mask(x)) as one op: the same values bit for bit, by the op (the
+// CPU adds its kept mask) and by the kernels' default (which makes one), with more keys than
+// queries, as many, and fewer (the first queries see no key: uniform over the masked ones); and
+// the same gradient.
+TEST_F(TransformerOps, CausalSoftmaxIsTheMaskThenSoftmax) {
+  uint64_t seed = 60;
+  for (const Shape& shape : {Shape{2, 3, 5, 5}, Shape{4, 7}, Shape{6, 3}, Shape{1, 1}}) {
+    const Tensor x = random_tensor(shape, seed++, -3.f, 3.f);
+    const Tensor composed = ops::softmax(ops::causal_mask(x), -1);
+    const std::string at = shape.to_string();
+    EXPECT_EQ(ops::causal_softmax(x).to_vector<float>(), composed.to_vector<float>()) << at;
+    EXPECT_EQ(kernels_for(x).causal_softmax(x, ops::kMaskValue).to_vector<float>(),
+              composed.to_vector<float>())
+        << at;
+  }
+  check_gradients([](const V& x) { return ops::causal_softmax(x[0]); },
+                  {random_tensor({2, 4, 5}, 65, -2.f, 2.f)}, {true});
+  try {
+    ops::causal_softmax(random_tensor({4}, 66));
+    FAIL() << "a rank-1 input was taken";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("causal_softmax"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(TransformerOps, BadInputIsRefusedWithItsName) {
   const Tensor x = random_tensor({2, 3, 4}, 50);
   EXPECT_THROW(ops::transpose(x, {0, 0, 1}), InvalidArgument);

@@ -187,6 +187,14 @@ class DTRAIN_API Kernels {
   virtual Tensor softmax(const Tensor& x, bool log) = 0;
   // dL/dx given y = softmax(x) (or log_softmax(x)) and dy.
   virtual Tensor softmax_backward(const Tensor& y, const Tensor& dy, bool log) = 0;
+  // softmax over the last axis of x [..., T, S] plus a decoder's causal mask: mask_value added
+  // where key j lies after query i (j > i + S - T), in float32 as binary(kAdd) adds it, so the
+  // values are those of binary(kAdd, x, mask) then softmax, bit for bit. Its gradient is
+  // softmax_backward's. This default makes the [T, S] mask and runs those two kernels; a device
+  // that runs it as one kernel says so in fuses_causal_softmax (ops::causal_softmax otherwise adds
+  // a mask it keeps per shape and device).
+  virtual bool fuses_causal_softmax() const { return false; }
+  virtual Tensor causal_softmax(const Tensor& x, float mask_value);
 
   // --- regularisation / normalisation ---
   // Layer normalisation over the last axis (x [..., C], gamma and beta [C]):

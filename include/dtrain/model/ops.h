@@ -127,6 +127,10 @@ inline constexpr float kMaskValue = -1e9f;
 // scores [..., T, S] with kMaskValue added where key j lies after query i (j > i + S - T): the
 // causal mask of a decoder (keras MultiHeadAttention(use_causal_mask=True)).
 DTRAIN_API Tensor causal_mask(const Tensor& scores);
+// softmax(causal_mask(scores), -1) as one op: the same values bit for bit, and one pass over the
+// scores instead of two on a device that fuses it (the CUDA device; the CPU adds the mask first).
+// Like PyTorch's scaled_dot_product_attention(is_causal=True) without the products.
+DTRAIN_API Tensor causal_softmax(const Tensor& scores);
 // Sparse softmax cross-entropy of every position: logits [..., V], int32 labels [...] -> [...]
 // (the per-token losses of a language model, [batch, time]).
 DTRAIN_API Tensor sequence_cross_entropy(const Tensor& logits, const Tensor& labels);

@@ -50,6 +50,9 @@ class CudaKernels final : public Kernels {
   Tensor scatter_add_rows(const Tensor& dy, const Tensor& indices, int64_t rows) override;
   Tensor softmax(const Tensor& x, bool log) override;
   Tensor softmax_backward(const Tensor& y, const Tensor& dy, bool log) override;
+  // One kernel: the mask is worked out from each row's index, never read.
+  bool fuses_causal_softmax() const override { return true; }
+  Tensor causal_softmax(const Tensor& x, float mask_value) override;
   LayerNormForward layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                               float epsilon) override;
   LayerNormBackward layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,

@@ -62,6 +62,10 @@ void launch_permute(const float* x, float* y, int rank, const int64_t* x_dims, c
 // y[r, c] += bias[c] for a row-major [rows, cols] matrix.
 // Transformer kernels (cuda_transformer.cu): rows x c matrices, the last axis contiguous.
 void launch_softmax(const float* x, float* y, int64_t rows, int64_t c, bool log, cudaStream_t s);
+// softmax over rows of c of x [rows / t, t, c] with mask_value added where key j > (row % t) + c -
+// t, as binary(kAdd) with the causal mask then softmax, bit for bit.
+void launch_causal_softmax(const float* x, float* y, int64_t rows, int64_t t, int64_t c,
+                           float mask_value, cudaStream_t s);
 void launch_softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t c,
                              bool log, cudaStream_t s);
 void launch_layer_norm(const float* x, const float* gamma, const float* beta, float* y, float* mean,

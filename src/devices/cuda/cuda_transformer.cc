@@ -145,6 +145,18 @@ Tensor CudaKernels::softmax(const Tensor& x, bool log) {
   return y;
 }
 
+Tensor CudaKernels::causal_softmax(const Tensor& x, float mask_value) {
+  DeviceGuard guard(ctx_.index());
+  check_f32(x, "causal_softmax", "x");
+  if (x.rank() < 2)
+    throw InvalidArgument("causal_softmax: x must be [..., T, S], got " + x.shape().to_string());
+  const int64_t t = x.shape()[-2], c = x.shape()[-1];
+  Tensor y = empty(x.shape());
+  if (x.numel() > 0)
+    launch_causal_softmax(fptr(x), fptr(y), x.numel() / c, t, c, mask_value, ctx_.stream());
+  return y;
+}
+
 Tensor CudaKernels::softmax_backward(const Tensor& y, const Tensor& dy, bool log) {
   DeviceGuard guard(ctx_.index());
   check_f32(y, "softmax_backward", "y");

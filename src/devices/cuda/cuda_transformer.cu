@@ -16,25 +16,36 @@ namespace {
 
 constexpr int kWarpsPerBlock = kBlock / 32;
 
+// kCausal: x is [..., t, c], and key j of query row i (row % t) gets mask_value added where j > i +
+// c - t and 0 elsewhere, in float32, as binary(kAdd) adds the mask: the values of that add and then
+// softmax, bit for bit, without the mask or the sum in memory.
+template <bool kCausal>
 __global__ void softmax_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t rows,
-                               int64_t c, bool log) {
+                               int64_t c, bool log, int64_t t, float mask_value) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
   const float* xr = x + row * c;
   float* yr = y + row * c;
+  const int64_t last = kCausal ? row % t + (c - t) : c;  // keys after it are masked
+  auto at = [&](int64_t j) {
+    if constexpr (kCausal)
+      return xr[j] + (j > last ? mask_value : 0.f);
+    else
+      return xr[j];
+  };
   float m = -INFINITY;
-  for (int64_t j = lane; j < c; j += 32) m = fmaxf(m, xr[j]);
+  for (int64_t j = lane; j < c; j += 32) m = fmaxf(m, at(j));
   m = warp_max(m);
   float s = 0.f;
-  for (int64_t j = lane; j < c; j += 32) s += expf(xr[j] - m);
+  for (int64_t j = lane; j < c; j += 32) s += expf(at(j) - m);
   s = warp_sum(s);
   if (log) {
     const float ls = logf(s);
-    for (int64_t j = lane; j < c; j += 32) yr[j] = xr[j] - m - ls;
+    for (int64_t j = lane; j < c; j += 32) yr[j] = at(j) - m - ls;
   } else {
     const float inv = 1.f / s;
-    for (int64_t j = lane; j < c; j += 32) yr[j] = expf(xr[j] - m) * inv;
+    for (int64_t j = lane; j < c; j += 32) yr[j] = expf(at(j) - m) * inv;
   }
 }
 
@@ -145,8 +156,15 @@ unsigned int row_blocks(int64_t rows) {
 
 void launch_softmax(const float* x, float* y, int64_t rows, int64_t c, bool log, cudaStream_t s) {
   if (rows == 0 || c == 0) return;
-  softmax_kernel<<<row_blocks(rows), kBlock, 0, s>>>(x, y, rows, c, log);
+  softmax_kernel<false><<<row_blocks(rows), kBlock, 0, s>>>(x, y, rows, c, log, 1, 0.f);
   DTRAIN_CHECK_LAUNCH("softmax_kernel");
+}
+
+void launch_causal_softmax(const float* x, float* y, int64_t rows, int64_t t, int64_t c,
+                           float mask_value, cudaStream_t s) {
+  if (rows == 0 || c == 0) return;
+  softmax_kernel<true><<<row_blocks(rows), kBlock, 0, s>>>(x, y, rows, c, false, t, mask_value);
+  DTRAIN_CHECK_LAUNCH("softmax_kernel (causal)");
 }
 
 void launch_softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t c,

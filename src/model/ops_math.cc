@@ -24,11 +24,17 @@ Tensor binary_op(BinaryOp op, const char* name, const Tensor& a, const Tensor& b
         [op, sa = a.shape(), sb = b.shape(), a = keep ? a : Tensor(),
          b = keep ? b : Tensor()](const std::vector<Tensor>& g) -> std::vector<Tensor> {
           const Tensor& dy = g[0];
+          // A side the tape does not want (a causal mask, a constant) gets no gradient: its
+          // reduction over a broadcast, a read of all of dy, is skipped. (mul and div compute
+          // both: rarely broadcast in training.)
+          const bool want_a = tape::needs_gradient(0), want_b = tape::needs_gradient(1);
           switch (op) {
             case BinaryOp::kAdd:
-              return {sum_to_shape(dy, sa), sum_to_shape(dy, sb)};
+              return {want_a ? sum_to_shape(dy, sa) : Tensor(),
+                      want_b ? sum_to_shape(dy, sb) : Tensor()};
             case BinaryOp::kSub:
-              return {sum_to_shape(dy, sa), sum_to_shape(neg(dy), sb)};
+              return {want_a ? sum_to_shape(dy, sa) : Tensor(),
+                      want_b ? sum_to_shape(neg(dy), sb) : Tensor()};
             case BinaryOp::kMul:
               return {sum_to_shape(mul(dy, b), a.shape()), sum_to_shape(mul(dy, a), b.shape())};
             case BinaryOp::kDiv:

@@ -193,9 +193,10 @@ std::vector<Tensor> MultiHeadAttention::call(const std::vector<Tensor>& xs, bool
                           q_in.shape().to_string() + ", " + v_in.shape().to_string() + ", " +
                           k_in.shape().to_string());
   // The query scaled by 1 / sqrt(key_dim) before its product with the keys, as Keras'
-  // MultiHeadAttention does: the same scores (bit for bit where key_dim is a power of 4, as GPT-2's
-  // 64, the scale then a power of two), from B T H dk values scaled instead of B H T S (a sixteenth
-  // of them at GPT-2's 1,024 tokens), in the forward pass and the backward one.
+  // MultiHeadAttention does: the same scores and gradients (bit for bit where key_dim is a power of
+  // 4, as GPT-2's 64, the scale then a power of two, while values stay normal floats, above
+  // 2^-126), from B T H dk values scaled instead of B H T S (a sixteenth of them at GPT-2's 1,024
+  // tokens), in the forward pass and the backward one.
   const float scale = 1.f / std::sqrt(static_cast<float>(key_dim_));
   // [B, T, H, dk] -> [B, H, T, dk]
   const Tensor q = ops::transpose(ops::scale((*query_)(q_in, training), scale), {0, 2, 1, 3});

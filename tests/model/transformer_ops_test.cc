@@ -188,6 +188,32 @@ TEST_F(TransformerOps, EmbeddingGradientIsDeterministic) {
     }
 }
 
+// MultiHeadAttention scales the query instead of the scores: with a power-of-two scale (key_dim a
+// power of 4) the scores and both gradients are the same bits as scaling the scores.
+TEST_F(TransformerOps, ScalingTheQueryIsScalingTheScores) {
+  uint64_t seed = 70;
+  for (int64_t key_dim : {16, 64}) {
+    const float s = 1.f / std::sqrt(static_cast<float>(key_dim));
+    const Tensor q = random_tensor({2, 3, 5, key_dim}, seed++, -2.f, 2.f);
+    const Tensor k = random_tensor({2, 3, 7, key_dim}, seed++, -2.f, 2.f);
+    const Tensor w = random_tensor({2, 3, 5, 7}, seed++);  // a loss's weights on the scores
+    std::vector<float> scores[2];
+    std::vector<Tensor> grads[2];
+    for (int query_first = 0; query_first < 2; ++query_first) {
+      GradientTape tape;
+      tape.watch(q);
+      tape.watch(k);
+      const Tensor x = query_first ? ops::matmul(ops::scale(q, s), k, false, true)
+                                   : ops::scale(ops::matmul(q, k, false, true), s);
+      scores[query_first] = x.to_vector<float>();
+      grads[query_first] = tape.gradient(ops::sum(ops::mul(x, w)), {q, k});
+    }
+    EXPECT_EQ(scores[0], scores[1]) << "key_dim " << key_dim;
+    EXPECT_EQ(grads[0][0].to_vector<float>(), grads[1][0].to_vector<float>()) << "dq " << key_dim;
+    EXPECT_EQ(grads[0][1].to_vector<float>(), grads[1][1].to_vector<float>()) << "dk " << key_dim;
+  }
+}
+
 // causal_softmax is softmax(causal_mask(x)) as one op: the same values bit for bit, by the op (the
 // CPU adds its kept mask) and by the kernels' default (which makes one), with more keys than
 // queries, as many, and fewer (the first queries see no key: uniform over the masked ones); and

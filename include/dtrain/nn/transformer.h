@@ -79,7 +79,8 @@ class DTRAIN_API LayerNormalization : public Layer {
 // query/key/value "kernel" [dim, heads, key_dim] and "bias" [heads, key_dim] (sublayers "query",
 // "key", "value"), "attention_output" kernel [heads, key_dim, dim] and bias [dim].
 // call(x): self-attention; call({query, value}) or call({query, value, key}): cross-attention.
-// Scores are scaled by 1/sqrt(key_dim); dropout applies to the attention probabilities.
+// The query is scaled by 1/sqrt(key_dim) before Q K^T (as Keras does), the causal mask applied
+// inside softmax (ops::causal_softmax); dropout applies to the attention probabilities.
 class DTRAIN_API MultiHeadAttention : public Layer {
  public:
   MultiHeadAttention(int num_heads, int64_t key_dim, float dropout = 0.f,

@@ -20,9 +20,9 @@ set -uo pipefail
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; } | tee "$out/machine.txt"
 if [ "${1:-}" = ab ]; then  # dtrain's CUDA convolution paths against each other and PyTorch
   # default: 1x1 convolutions on cuBLAS, the rest on cuDNN graph-API plans; bn2pass: the default
-  # with batch norm's two-pass kernels; nogemm: every convolution on cuDNN plans; legacy:
-  # every convolution on cuDNN's legacy calls
-  configs="default:DTRAIN_CUDNN_API=graph bn2pass:DTRAIN_CUDA_BN=two_pass nogemm:DTRAIN_CUDA_CONV_GEMM=0 legacy:DTRAIN_CUDA_CONV_GEMM=0,DTRAIN_CUDNN_API=legacy"
+  # with batch norm's two-pass kernels; autotune: the default with cuDNN's engines timed at first
+  # use; nogemm: every convolution on cuDNN plans; legacy: every convolution on cuDNN's legacy calls
+  configs="default:DTRAIN_CUDNN_API=graph bn2pass:DTRAIN_CUDA_BN=two_pass autotune:DTRAIN_CUDNN_AUTOTUNE=1 nogemm:DTRAIN_CUDA_CONV_GEMM=0 legacy:DTRAIN_CUDA_CONV_GEMM=0,DTRAIN_CUDNN_API=legacy"
   for api in graph legacy; do
     DTRAIN_CUDNN_API=$api timeout 120 "$b/gpu_kernels_test" >"$out/kernels_$api.txt" 2>&1
     echo "gpu_kernels_test ($api) rc $? $(grep -E '^\[  (PASSED|FAILED)' "$out/kernels_$api.txt" | tr '\n' ' ')"

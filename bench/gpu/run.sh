@@ -26,11 +26,14 @@ peak() {  # peak LABEL TIMEOUT CMD...
     "$last" "$label" "$rc" "${mb:-0}" | tee -a "$res"
 }
 peak kernels 120 "$b/gpu_kernels_test"
+# the convolutions again with cuDNN's engines timed at first use (DTRAIN_CUDNN_AUTOTUNE=1)
+peak kernels_autotune 60 env DTRAIN_CUDNN_AUTOTUNE=1 DTRAIN_LOG_LEVEL=DEBUG "$b/gpu_kernels_test" --gtest_filter='GpuKernels.Conv*:GpuKernels.TensorFloat32*'
 # dtrain's ResNet-50 in torchvision's form (v1.5, no convolution biases): the model PyTorch's rows train.
 # The Keras form (what TensorFlow trains, and what rows before 2026-11-28 measured) once, beside it.
 TV="--resnet-style torchvision"
 SB="--num-warmup-batches 5 --num-batches-per-iter 10 --num-iters 3 --devices=gpu --json"
 peak dtrain_resnet50_b32 120 "$b/synthetic_benchmark" --batch-size 32 $SB $TV
+peak dtrain_resnet50_b32_autotune 90 env DTRAIN_CUDNN_AUTOTUNE=1 "$b/synthetic_benchmark" --batch-size 32 $SB $TV
 peak dtrain_resnet50_b32_keras 120 "$b/synthetic_benchmark" --batch-size 32 $SB --resnet-style keras
 peak dtrain_resnet50_b32_tf32 90 env DTRAIN_LOG_LEVEL=DEBUG "$b/synthetic_benchmark" --batch-size 32 --tf32 $SB $TV
 # which cuDNN plans the TF32 run chose: tensor-core engines or not (cuda_conv_plan.cc's DEBUG lines)

@@ -14,6 +14,10 @@ namespace {
 
 constexpr int64_t kMaxWorkspaceBytes = int64_t{1} << 30;  // as the legacy path
 constexpr int64_t kUidX = 'x', kUidW = 'w', kUidY = 'y';
+// Under DTRAIN_CUDNN_AUTOTUNE=1: at most this many qualifying plans are timed, each this many runs
+// after an untimed one.
+constexpr size_t kTuneCandidates = 8;
+constexpr int kTuneRuns = 3;
 
 // One backend descriptor, destroyed with its owner.
 class Desc {
@@ -90,11 +94,20 @@ const char* direction_name(ConvDirection d) {
 
 }  // namespace
 
-// Every descriptor the plan was built from stays alive with it.
+// Every descriptor the plan was built from stays alive with it. Under DTRAIN_CUDNN_AUTOTUNE=1 the
+// qualifying plans wait in `candidates` until the first run times them (ConvPlanCache::tune).
 struct ConvPlanCache::Plan {
+  // An execution plan that qualifies, and what it needs.
+  struct Candidate {
+    std::unique_ptr<Desc> plan;
+    int64_t workspace = 0;
+    int64_t engine = -1;  // cuDNN's global engine index (for the log)
+  };
   std::vector<Desc> keep;
   std::unique_ptr<Desc> plan;
   int64_t workspace = 0;
+  std::vector<Candidate> candidates;
+  std::string what;  // the problem, for the log
 };
 
 ConvPlanCache::ConvPlanCache(CudaContext& ctx) : ctx_(ctx) {}
@@ -107,6 +120,19 @@ bool ConvPlanCache::enabled() {
     if (std::strcmp(v, "legacy") == 0) return false;
     throw InvalidArgument(detail::str_cat(
         "DTRAIN_CUDNN_API=", v, " is not a cuDNN API; use graph (the default) or legacy"));
+  }();
+  return on;
+}
+
+bool ConvPlanCache::autotune() {
+  static const bool on = [] {
+    const char* v = std::getenv("DTRAIN_CUDNN_AUTOTUNE");
+    if (!v || !*v || std::strcmp(v, "0") == 0) return false;
+    if (std::strcmp(v, "1") == 0) return true;
+    throw InvalidArgument(detail::str_cat(
+        "DTRAIN_CUDNN_AUTOTUNE=", v,
+        " is not 0 or 1; 1 times the qualifying cuDNN engines at each convolution's first run "
+        "and keeps the fastest, 0 (the default) takes the heuristics' first"));
   }();
   return on;
 }
@@ -285,15 +311,30 @@ std::shared_ptr<ConvPlanCache::Plan> ConvPlanCache::build(ConvDirection d, const
                         << (heur_mode == CUDNN_HEUR_MODE_A ? "A" : "fallback") << ", rank " << i
                         << ", workspace " << ws << " bytes, tensor cores "
                         << (has(notes, CUDNN_NUMERICAL_NOTE_TENSOR_CORE) ? "yes" : "no") << ")";
-      plan->workspace = ws;
-      plan->plan = std::move(exec);
-      plan->keep.push_back(std::move(conv));
-      plan->keep.push_back(std::move(*op));
-      plan->keep.push_back(std::move(graph));
+      // The fallback list repeats engines of mode A's: each is timed once.
+      if (global >= 0 && std::any_of(plan->candidates.begin(), plan->candidates.end(),
+                                     [&](const Plan::Candidate& c) { return c.engine == global; }))
+        continue;
+      plan->candidates.push_back({std::move(exec), ws, global});
       plan->keep.push_back(std::move(engine));
-      for (auto& c : configs) plan->keep.push_back(std::move(c));
-      return plan;
+      if (!autotune() || plan->candidates.size() == kTuneCandidates) break;
     }
+    // The configs stay alive with the plans made from them.
+    for (auto& c : configs) plan->keep.push_back(std::move(c));
+    if (!plan->candidates.empty() && (!autotune() || plan->candidates.size() == kTuneCandidates))
+      break;
+  }
+  if (!plan->candidates.empty()) {
+    plan->keep.push_back(std::move(conv));
+    plan->keep.push_back(std::move(*op));
+    plan->keep.push_back(std::move(graph));
+    plan->what = what;
+    if (plan->candidates.size() == 1) {  // nothing to time: the heuristics' first
+      plan->plan = std::move(plan->candidates[0].plan);
+      plan->workspace = plan->candidates[0].workspace;
+      plan->candidates.clear();
+    }
+    return plan;
   }
   DTRAIN_LOG(DEBUG) << what
                     << ": no deterministic float32 cuDNN engine in the graph API; using the "
@@ -301,22 +342,95 @@ std::shared_ptr<ConvPlanCache::Plan> ConvPlanCache::build(ConvDirection d, const
   return nullptr;
 }
 
-bool ConvPlanCache::run(ConvDirection d, const ConvPlanProblem& p, void* x, void* w, void* y,
-                        bool tensor_cores) {
-  if (!enabled()) return false;
-  auto lock = ctx_.lock_cudnn();
-  const std::shared_ptr<Plan> plan = plan_for(d, p, alignment_of({x, w, y}), tensor_cores);
-  if (!plan) return false;
-  std::shared_ptr<Storage> ws;
-  if (plan->workspace > 0) ws = ctx_.scratch(static_cast<size_t>(plan->workspace));
+namespace {
+
+// The pointers of one call, and its workspace.
+Desc variant_pack(void* x, void* w, void* y, void* workspace) {
   Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
   const int64_t uids[3] = {kUidX, kUidW, kUidY};
   void* ptrs[3] = {x, w, y};
-  void* workspace = ws ? ws->data() : nullptr;
   pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, uids, 3);
   pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, ptrs, 3);
   pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, workspace);
   pack.finalize();
+  return pack;
+}
+
+// Destroys a CUDA event with its owner.
+struct Event {
+  cudaEvent_t e = nullptr;
+  Event() { DTRAIN_CUDA_CALL(cudaEventCreate(&e)); }
+  ~Event() {
+    if (e) (void)cudaEventDestroy(e);
+  }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+};
+
+}  // namespace
+
+// Called with the cuDNN lock held, on the call's own buffers (the outputs are written again by the
+// plan kept, after). A plan that fails to run is passed over; when all do, the heuristics' first is
+// kept, and its own run reports the failure.
+void ConvPlanCache::tune(Plan& plan, void* x, void* w, void* y) {
+  cudaStream_t stream = ctx_.stream();
+  Event start, stop;
+  size_t best = 0;
+  float best_ms = -1.f, first_ms = -1.f;
+  for (size_t i = 0; i < plan.candidates.size(); ++i) {
+    const Plan::Candidate& c = plan.candidates[i];
+    std::shared_ptr<Storage> ws;
+    try {  // a workspace that does not fit now passes the plan over, as PyTorch does
+      if (c.workspace > 0) ws = ctx_.scratch(static_cast<size_t>(c.workspace));
+    } catch (const Unavailable& e) {
+      DTRAIN_LOG(DEBUG) << plan.what << ": cuDNN engine " << c.engine
+                        << " passed over: " << e.what();
+      continue;
+    }
+    const Desc pack = variant_pack(x, w, y, ws ? ws->data() : nullptr);
+    bool ok = cudnnBackendExecute(ctx_.cudnn(), c.plan->get(), pack.get()) == CUDNN_STATUS_SUCCESS;
+    DTRAIN_CUDA_CALL(cudaEventRecord(start.e, stream));
+    for (int r = 0; ok && r < kTuneRuns; ++r)
+      ok = cudnnBackendExecute(ctx_.cudnn(), c.plan->get(), pack.get()) == CUDNN_STATUS_SUCCESS;
+    DTRAIN_CUDA_CALL(cudaEventRecord(stop.e, stream));
+    DTRAIN_CUDA_CALL(cudaEventSynchronize(stop.e));
+    float ms = 0.f;
+    DTRAIN_CUDA_CALL(cudaEventElapsedTime(&ms, start.e, stop.e));
+    ms /= kTuneRuns;
+    DTRAIN_LOG(DEBUG) << plan.what << ": cuDNN engine " << c.engine << " "
+                      << (ok ? detail::str_cat(ms, " ms a run") : std::string("failed"));
+    if (!ok) {
+      (void)cudaGetLastError();  // so that the next kernel's launch check does not report it
+      continue;
+    }
+    if (i == 0) first_ms = ms;
+    if (best_ms < 0.f || ms < best_ms) best = i, best_ms = ms;
+  }
+  if (best_ms < 0.f)
+    DTRAIN_LOG(DEBUG) << plan.what << ": no cuDNN engine ran while autotuning; keeping the "
+                      << "heuristics' first";
+  else
+    DTRAIN_LOG(DEBUG) << plan.what << ": autotuned to cuDNN engine " << plan.candidates[best].engine
+                      << " (" << best_ms << " ms a run; the "
+                      << "heuristics' first "
+                      << (first_ms < 0.f ? std::string("failed") : detail::str_cat(first_ms, " ms"))
+                      << ")";
+  plan.plan = std::move(plan.candidates[best].plan);
+  plan.workspace = plan.candidates[best].workspace;
+  plan.candidates.clear();
+}
+
+bool ConvPlanCache::run(ConvDirection d, const ConvPlanProblem& p, void* x, void* w, void* y,
+                        bool tensor_cores) {
+  if (!enabled()) return false;
+  (void)autotune();  // a bad DTRAIN_CUDNN_AUTOTUNE is reported at the first convolution
+  auto lock = ctx_.lock_cudnn();
+  const std::shared_ptr<Plan> plan = plan_for(d, p, alignment_of({x, w, y}), tensor_cores);
+  if (!plan) return false;
+  if (!plan->candidates.empty()) tune(*plan, x, w, y);
+  std::shared_ptr<Storage> ws;
+  if (plan->workspace > 0) ws = ctx_.scratch(static_cast<size_t>(plan->workspace));
+  const Desc pack = variant_pack(x, w, y, ws ? ws->data() : nullptr);
   DTRAIN_CUDNN_CALL(cudnnBackendExecute(ctx_.cudnn(), plan->plan->get(), pack.get()));
   return true;
 }

@@ -13,6 +13,11 @@
 // 1 GiB; the choice depends only on the problem, so a run
 // and its resumption pick the same engine (bitwise-repeatable training). When none qualifies, or
 // DTRAIN_CUDNN_API=legacy is set, the caller uses the legacy path (cuda_conv.cc).
+//
+// DTRAIN_CUDNN_AUTOTUNE=1 (PyTorch's cudnn.benchmark, TensorFlow's default autotuning): the first
+// run of each problem times up to 8 qualifying plans on its own buffers and keeps the fastest.
+// Every plan is still deterministic, so one process repeats itself bit for bit; but the timing
+// decides, so two runs may pick different engines and differ in the last bits.
 #pragma once
 
 #include <cudnn.h>
@@ -58,6 +63,8 @@ class ConvPlanCache {
 
   // Whether DTRAIN_CUDNN_API is unset or "graph" (read once); "legacy" turns the plans off.
   static bool enabled();
+  // Whether DTRAIN_CUDNN_AUTOTUNE=1 (read once; anything but unset, 0 or 1 throws).
+  static bool autotune();
 
  private:
   struct Plan;
@@ -65,6 +72,8 @@ class ConvPlanCache {
                                  bool tensor_cores);
   std::shared_ptr<Plan> build(ConvDirection d, const ConvPlanProblem& p, int64_t alignment,
                               bool tensor_cores);
+  // Times plan's candidates on these buffers and keeps the fastest.
+  void tune(Plan& plan, void* x, void* w, void* y);
 
   CudaContext& ctx_;
   std::mutex mu_;

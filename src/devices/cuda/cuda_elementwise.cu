@@ -130,20 +130,44 @@ __device__ __forceinline__ float binary_fn(float a, float b) {
     return b < a ? b : a;  // std::min
 }
 
-template <BinaryOp kOp, bool kVec>
-__global__ void binary_same_kernel(const float* __restrict__ a, const float* __restrict__ b,
-                                   float* __restrict__ out, int64_t n) {
+// F::apply(a[i], b[i]) for arrays of n elements each; kVec: 4 at a time.
+template <typename F, bool kVec>
+__global__ void same_shape_kernel(const float* __restrict__ a, const float* __restrict__ b,
+                                  float* __restrict__ out, int64_t n) {
   if constexpr (kVec) {
     DTRAIN_GRID_STRIDE_LOOP(q, n / 4) {
       const float4 u = load4(a, 4 * q), v = load4(b, 4 * q);
       store4(out, 4 * q,
-             make_float4(binary_fn<kOp>(u.x, v.x), binary_fn<kOp>(u.y, v.y),
-                         binary_fn<kOp>(u.z, v.z), binary_fn<kOp>(u.w, v.w)));
+             make_float4(F::apply(u.x, v.x), F::apply(u.y, v.y), F::apply(u.z, v.z),
+                         F::apply(u.w, v.w)));
     }
   } else {
-    DTRAIN_GRID_STRIDE_LOOP(i, n) { out[i] = binary_fn<kOp>(a[i], b[i]); }
+    DTRAIN_GRID_STRIDE_LOOP(i, n) { out[i] = F::apply(a[i], b[i]); }
   }
 }
+
+template <typename F>
+void launch_same_shape(const float* a, const float* b, float* out, int64_t n, cudaStream_t s,
+                       const char* name) {
+  if (vec4_ok(n, {a, b, out}))
+    same_shape_kernel<F, true><<<grid_for(n / 4), kBlock, 0, s>>>(a, b, out, n);
+  else
+    same_shape_kernel<F, false><<<grid_for(n), kBlock, 0, s>>>(a, b, out, n);
+  DTRAIN_CHECK_LAUNCH(name);
+}
+
+template <BinaryOp kOp>
+struct BinaryFn {
+  __device__ static float apply(float a, float b) { return binary_fn<kOp>(a, b); }
+};
+
+// A residual block's end: relu(a + b) with the sum never stored. On ResNet-50 at batch 32, 16
+// blocks' outputs of 177 M floats a step, read and written once instead of twice.
+struct AddReluFn {
+  __device__ static float apply(float a, float b) {
+    return unary_fn<UnaryOp::kRelu>(binary_fn<BinaryOp::kAdd>(a, b));
+  }
+};
 
 template <BinaryOp kOp>
 __global__ void binary_broadcast_kernel(const float* __restrict__ a, const float* __restrict__ b,
@@ -167,32 +191,7 @@ void launch_binary_t(const float* a, const float* b, float* out, int64_t n,
     binary_broadcast_kernel<kOp><<<grid_for(n), kBlock, 0, s>>>(a, b, out, n, *g);
     DTRAIN_CHECK_LAUNCH("binary_broadcast_kernel");
   } else {
-    if (vec4_ok(n, {a, b, out}))
-      binary_same_kernel<kOp, true><<<grid_for(n / 4), kBlock, 0, s>>>(a, b, out, n);
-    else
-      binary_same_kernel<kOp, false><<<grid_for(n), kBlock, 0, s>>>(a, b, out, n);
-    DTRAIN_CHECK_LAUNCH("binary_same_kernel");
-  }
-}
-
-// A residual block's end: relu(a + b) with the sum never stored. On ResNet-50 at batch 32, 16
-// blocks' outputs of 177 M floats a step, read and written once instead of twice.
-__device__ __forceinline__ float add_relu_fn(float u, float v) {
-  return unary_fn<UnaryOp::kRelu>(binary_fn<BinaryOp::kAdd>(u, v));
-}
-
-template <bool kVec>
-__global__ void add_relu_kernel(const float* __restrict__ a, const float* __restrict__ b,
-                                float* __restrict__ out, int64_t n) {
-  if constexpr (kVec) {
-    DTRAIN_GRID_STRIDE_LOOP(q, n / 4) {
-      const float4 u = load4(a, 4 * q), v = load4(b, 4 * q);
-      store4(out, 4 * q,
-             make_float4(add_relu_fn(u.x, v.x), add_relu_fn(u.y, v.y), add_relu_fn(u.z, v.z),
-                         add_relu_fn(u.w, v.w)));
-    }
-  } else {
-    DTRAIN_GRID_STRIDE_LOOP(i, n) { out[i] = add_relu_fn(a[i], b[i]); }
+    launch_same_shape<BinaryFn<kOp>>(a, b, out, n, s, "binary same-shape kernel");
   }
 }
 
@@ -480,11 +479,7 @@ void launch_binary(BinaryOp op, const float* a, const float* b, float* out, int6
 
 void launch_add_relu(const float* a, const float* b, float* out, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  if (vec4_ok(n, {a, b, out}))
-    add_relu_kernel<true><<<grid_for(n / 4), kBlock, 0, s>>>(a, b, out, n);
-  else
-    add_relu_kernel<false><<<grid_for(n), kBlock, 0, s>>>(a, b, out, n);
-  DTRAIN_CHECK_LAUNCH("add_relu_kernel");
+  launch_same_shape<AddReluFn>(a, b, out, n, s, "add_relu kernel");
 }
 
 void launch_affine(const float* x, float* y, int64_t n, float alpha, float beta, cudaStream_t s) {

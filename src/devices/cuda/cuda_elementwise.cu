@@ -1,6 +1,6 @@
 // Elementwise CUDA kernels: unary ops and activation gradients, broadcasting binary ops, affine,
-// fill, dtype casts, and the layout helpers (pad, crop, permute, bias add) that the cuDNN wrappers
-// need. All use grid-stride loops, so launch shapes never depend on the tensor size.
+// fill, dtype casts and the bias add (the layout helpers are in cuda_layout.cu). All use
+// grid-stride loops, so launch shapes never depend on the tensor size.
 #include <cstdint>
 #include <cstring>
 
@@ -321,85 +321,6 @@ __global__ void round_to_bf16_kernel(const float* x, float* y, int64_t n) {
   DTRAIN_GRID_STRIDE_LOOP(i, n) { y[i] = bf16_bits_to_float(float_to_bf16_bits(x[i])); }
 }
 
-// --- layout helpers ---
-
-__global__ void pad_nhwc_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t total,
-                                int64_t H, int64_t W, int64_t C, int64_t top, int64_t left,
-                                int64_t Hp, int64_t Wp, float value) {
-  DTRAIN_GRID_STRIDE_LOOP(i, total) {
-    const int64_t c = i % C;
-    int64_t rest = i / C;
-    const int64_t w = rest % Wp - left;
-    rest /= Wp;
-    const int64_t h = rest % Hp - top;
-    const int64_t n = rest / Hp;
-    y[i] = (h >= 0 && h < H && w >= 0 && w < W) ? x[((n * H + h) * W + w) * C + c] : value;
-  }
-}
-
-__global__ void crop_nhwc_kernel(const float* __restrict__ xp, float* __restrict__ x, int64_t total,
-                                 int64_t H, int64_t W, int64_t C, int64_t top, int64_t left,
-                                 int64_t Hp, int64_t Wp) {
-  DTRAIN_GRID_STRIDE_LOOP(i, total) {
-    const int64_t c = i % C;
-    int64_t rest = i / C;
-    const int64_t w = rest % W;
-    rest /= W;
-    const int64_t h = rest % H;
-    const int64_t n = rest / H;
-    x[i] = xp[((n * Hp + h + top) * Wp + w + left) * C + c];
-  }
-}
-
-// xs[n, i, j, c] = x[n, i * sh, j * sw, c]; xs is [N, OH, OW, C].
-__global__ void subsample_nhwc_kernel(const float* __restrict__ x, float* __restrict__ xs,
-                                      int64_t total, int64_t H, int64_t W, int64_t C, int64_t OH,
-                                      int64_t OW, int64_t sh, int64_t sw) {
-  DTRAIN_GRID_STRIDE_LOOP(i, total) {
-    const int64_t c = i % C;
-    int64_t rest = i / C;
-    const int64_t j = rest % OW;
-    rest /= OW;
-    const int64_t h = rest % OH;
-    const int64_t n = rest / OH;
-    xs[i] = x[((n * H + h * sh) * W + j * sw) * C + c];
-  }
-}
-
-// The adjoint's nonzero part: x[n, i * sh, j * sw, c] = xs[n, i, j, c] (the rest of x is zeroed
-// by a memset first).
-__global__ void scatter_strided_nhwc_kernel(const float* __restrict__ xs, float* __restrict__ x,
-                                            int64_t total, int64_t H, int64_t W, int64_t C,
-                                            int64_t OH, int64_t OW, int64_t sh, int64_t sw) {
-  DTRAIN_GRID_STRIDE_LOOP(i, total) {
-    const int64_t c = i % C;
-    int64_t rest = i / C;
-    const int64_t j = rest % OW;
-    rest /= OW;
-    const int64_t h = rest % OH;
-    const int64_t n = rest / OH;
-    x[((n * H + h * sh) * W + j * sw) * C + c] = xs[i];
-  }
-}
-
-struct PermuteGeometry {
-  int rank;
-  int64_t out_dims[kMaxDims];
-  int64_t in_strides[kMaxDims];  // stride in x of the output's dimension i
-};
-
-__global__ void permute_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n,
-                               PermuteGeometry g) {
-  DTRAIN_GRID_STRIDE_LOOP(i, n) {
-    int64_t rest = i, off = 0;
-    for (int d = g.rank - 1; d >= 0; --d) {
-      off += (rest % g.out_dims[d]) * g.in_strides[d];
-      rest /= g.out_dims[d];
-    }
-    y[i] = x[off];
-  }
-}
-
 }  // namespace
 
 void launch_unary(UnaryOp op, const float* x, float* y, int64_t n, cudaStream_t s) {
@@ -542,65 +463,6 @@ void launch_round_to_bf16(const float* x, float* y, int64_t n, cudaStream_t s) {
   if (n == 0) return;
   round_to_bf16_kernel<<<grid_for(n), kBlock, 0, s>>>(x, y, n);
   DTRAIN_CHECK_LAUNCH("round_to_bf16_kernel");
-}
-
-void launch_pad_nhwc(const float* x, float* y, int64_t N, int64_t H, int64_t W, int64_t C,
-                     int64_t top, int64_t left, int64_t Hp, int64_t Wp, float value,
-                     cudaStream_t s) {
-  const int64_t total = N * Hp * Wp * C;
-  if (total == 0) return;
-  pad_nhwc_kernel<<<grid_for(total), kBlock, 0, s>>>(x, y, total, H, W, C, top, left, Hp, Wp,
-                                                     value);
-  DTRAIN_CHECK_LAUNCH("pad_nhwc_kernel");
-}
-
-void launch_crop_nhwc(const float* xp, float* x, int64_t N, int64_t H, int64_t W, int64_t C,
-                      int64_t top, int64_t left, int64_t Hp, int64_t Wp, cudaStream_t s) {
-  const int64_t total = N * H * W * C;
-  if (total == 0) return;
-  crop_nhwc_kernel<<<grid_for(total), kBlock, 0, s>>>(xp, x, total, H, W, C, top, left, Hp, Wp);
-  DTRAIN_CHECK_LAUNCH("crop_nhwc_kernel");
-}
-
-void launch_subsample_nhwc(const float* x, float* xs, int64_t N, int64_t H, int64_t W, int64_t C,
-                           int64_t OH, int64_t OW, int64_t sh, int64_t sw, cudaStream_t s) {
-  const int64_t total = N * OH * OW * C;
-  if (total == 0) return;
-  subsample_nhwc_kernel<<<grid_for(total), kBlock, 0, s>>>(x, xs, total, H, W, C, OH, OW, sh, sw);
-  DTRAIN_CHECK_LAUNCH("subsample_nhwc_kernel");
-}
-
-void launch_upsample_zero_nhwc(const float* xs, float* x, int64_t N, int64_t H, int64_t W,
-                               int64_t C, int64_t OH, int64_t OW, int64_t sh, int64_t sw,
-                               cudaStream_t s) {
-  const int64_t total = N * OH * OW * C;
-  if (N * H * W * C == 0) return;
-  DTRAIN_CUDA_CALL(cudaMemsetAsync(x, 0, static_cast<size_t>(N * H * W * C) * sizeof(float), s));
-  if (total == 0) return;
-  scatter_strided_nhwc_kernel<<<grid_for(total), kBlock, 0, s>>>(xs, x, total, H, W, C, OH, OW, sh,
-                                                                 sw);
-  DTRAIN_CHECK_LAUNCH("scatter_strided_nhwc_kernel");
-}
-
-void launch_permute(const float* x, float* y, int rank, const int64_t* x_dims, const int* perm,
-                    cudaStream_t s) {
-  if (rank < 1 || rank > kMaxDims)
-    throw InvalidArgument(detail::str_cat("permute: rank ", rank, " outside [1, ", kMaxDims, "]"));
-  int64_t x_strides[kMaxDims];
-  int64_t n = 1;
-  for (int d = rank - 1; d >= 0; --d) {
-    x_strides[d] = n;
-    n *= x_dims[d];
-  }
-  if (n == 0) return;
-  PermuteGeometry g{};
-  g.rank = rank;
-  for (int d = 0; d < rank; ++d) {
-    g.out_dims[d] = x_dims[perm[d]];
-    g.in_strides[d] = x_strides[perm[d]];
-  }
-  permute_kernel<<<grid_for(n), kBlock, 0, s>>>(x, y, n, g);
-  DTRAIN_CHECK_LAUNCH("permute_kernel");
 }
 
 void launch_add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t s) {

@@ -42,6 +42,10 @@ void launch_cast(const void* x, DType from, void* y, DType to, int64_t n, cudaSt
 // y = x rounded to bfloat16 (as float_to_bf16: to nearest, ties to even), kept as float32: the
 // operands of a product under the mixed_bfloat16 policy. y may be x.
 void launch_round_to_bf16(const float* x, float* y, int64_t n, cudaStream_t s);
+// y[r, c] += bias[c] for a row-major [rows, cols] matrix.
+void launch_add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t s);
+
+// --- cuda_layout.cu ---
 // y[n, h, w, c] = x[n, h - top, w - left, c] inside x, else value; y is [N, Hp, Wp, C].
 void launch_pad_nhwc(const float* x, float* y, int64_t N, int64_t H, int64_t W, int64_t C,
                      int64_t top, int64_t left, int64_t Hp, int64_t Wp, float value,
@@ -59,8 +63,8 @@ void launch_upsample_zero_nhwc(const float* xs, float* x, int64_t N, int64_t H, 
 // y = x transposed: y's dimension i is x's dimension perm[i] (rank <= kMaxDims).
 void launch_permute(const float* x, float* y, int rank, const int64_t* x_dims, const int* perm,
                     cudaStream_t s);
-// y[r, c] += bias[c] for a row-major [rows, cols] matrix.
-// Transformer kernels (cuda_transformer.cu): rows x c matrices, the last axis contiguous.
+
+// --- cuda_transformer.cu: rows x c matrices, the last axis contiguous ---
 void launch_softmax(const float* x, float* y, int64_t rows, int64_t c, bool log, cudaStream_t s);
 // softmax over rows of c of x [rows / t, t, c] with mask_value added where key j > (row % t) + c -
 // t, as binary(kAdd) with the causal mask then softmax, bit for bit.
@@ -78,7 +82,6 @@ void launch_gather_rows(const float* table, const int32_t* idx, float* out, int6
 // order/starts: dy's rows grouped by target row, in index order (built on the host).
 void launch_scatter_add_rows(const float* dy, const int32_t* order, const int64_t* starts,
                              float* out, int64_t rows, int64_t d, cudaStream_t s);
-void launch_add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t s);
 
 // --- cuda_reduce.cu ---
 // A reduction after adjacent dimensions of the same kind were merged and size-1 ones dropped:

@@ -8,7 +8,9 @@
 # `profile.sh ab` compares dtrain's convolution paths (1x1 on cuBLAS + cuDNN graph-API plans, the
 # default; everything on graph-API plans; everything on legacy calls) and its batch norm kernels
 # (one pass, the default; DTRAIN_CUDA_BN=two_pass, the two-pass ones) in interleaved rounds
-# with PyTorch fp32, runs gpu_kernels_test on each path, batch 256, and ncu (ROUNDS, B256=0, NCU=0).
+# with PyTorch fp32 (torchvision's form on both sides since 2026-11-30; PRECISION=bf16: mixed
+# bfloat16 against autocast), runs gpu_kernels_test on each path, batch 256, and ncu (ROUNDS,
+# B256=0, NCU=0).
 # `profile.sh host` instead samples where dtrain's host threads spend a step (gperftools' CPU
 # profiler, bundled by bench/gpu/bundle.sh when libprofiler is installed here: `apt-get install
 # google-perftools`; the GPU machine has no perf or nsys; symbolize here with
@@ -23,6 +25,10 @@ if [ "${1:-}" = ab ]; then  # dtrain's CUDA convolution paths against each other
   # with batch norm's two-pass kernels; autotune: the default with cuDNN's engines timed at first
   # use; nogemm: every convolution on cuDNN plans; legacy: every convolution on cuDNN's legacy calls
   configs="default:DTRAIN_CUDNN_API=graph bn2pass:DTRAIN_CUDA_BN=two_pass autotune:DTRAIN_CUDNN_AUTOTUNE=1 nogemm:DTRAIN_CUDA_CONV_GEMM=0 legacy:DTRAIN_CUDA_CONV_GEMM=0,DTRAIN_CUDNN_API=legacy"
+  # PRECISION=bf16: every row under mixed bfloat16 (PyTorch's under autocast), and a nohandoff row
+  # with float32 activations between the layers (DTRAIN_CUDA_BF16_HANDOFFS=0)
+  prec=${PRECISION:-fp32}
+  [ "$prec" = bf16 ] && configs="default:DTRAIN_CUDNN_API=graph nohandoff:DTRAIN_CUDA_BF16_HANDOFFS=0 autotune:DTRAIN_CUDNN_AUTOTUNE=1"
   for api in graph legacy; do
     DTRAIN_CUDNN_API=$api timeout 120 "$b/gpu_kernels_test" >"$out/kernels_$api.txt" 2>&1
     echo "gpu_kernels_test ($api) rc $? $(grep -E '^\[  (PASSED|FAILED)' "$out/kernels_$api.txt" | tr '\n' ' ')"
@@ -34,10 +40,10 @@ if [ "${1:-}" = ab ]; then  # dtrain's CUDA convolution paths against each other
       name=${cfg%%:*}; vars=${cfg#*:}
       env ${vars//,/ } DTRAIN_LOG_LEVEL=${LOGLEVEL:-info} timeout 120 "$b/synthetic_benchmark" \
         --batch-size 32 --devices=gpu --json --num-warmup-batches 5 --num-batches-per-iter 10 \
-        --num-iters 3 >"$out/dtrain_${name}_$round.txt" 2>&1
+        --num-iters 3 --precision "$prec" --resnet-style torchvision >"$out/dtrain_${name}_$round.txt" 2>&1
       echo "dtrain $name round $round rc $? $(grep -o '"img_sec_per_device":[0-9.]*' "$out/dtrain_${name}_$round.txt")"
     done
-    timeout 90 python3 bench/gpu/torch_peers.py resnet50 --batch-size 32 --math fp32 2>&1 | tail -n 1
+    timeout 90 python3 bench/gpu/torch_peers.py resnet50 --batch-size 32 --math "$prec" 2>&1 | tail -n 1
   done
   if [ "${B256:-1}" = 1 ]; then
     timeout 120 "$b/synthetic_benchmark" --batch-size 256 --devices=gpu --json --num-warmup-batches 3 \

@@ -38,8 +38,9 @@ std::pair<Tensor, Tensor> product_operands(const Tensor& a, const Tensor& b);
 // kernel_copy for both of its products, unless an outer tape differentiates the backward pass.
 Tensor product_gradient(const Tensor& g, const Tensor& ka, const Tensor& kb);
 // Whether an op may hand x's consumer a bfloat16 activation where asked (Conv2D::bfloat16_output,
-// BatchNormalization::bfloat16_output): under mixed_bfloat16 on a CPU device, where ops keep
-// bfloat16 copies and the kernels read them. x is float32 or already such an activation.
+// BatchNormalization::bfloat16_output): under mixed_bfloat16 on a device whose kernels take them
+// (Kernels::hands_off_bfloat16: the CPU's, where ops keep bfloat16 copies and the kernels read
+// them, and the CUDA device's). x is float32 or already such an activation.
 bool bf16_activations(const Tensor& x);
 // Drops this thread's references to the copies made (GradientTape::gradient calls it).
 void forget_kept_copies();

@@ -52,8 +52,8 @@ Tensor keep_for_backward(const Tensor& x, const Tensor& made) {
 
 bool bf16_activations(const Tensor& x) {
   return x.defined() && precision_policy() == Precision::kMixedBFloat16 &&
-         x.device().type == DeviceType::kCPU &&
-         (x.dtype() == DType::kFloat32 || x.dtype() == DType::kBFloat16);
+         (x.dtype() == DType::kFloat32 || x.dtype() == DType::kBFloat16) &&
+         kernels_for(x).hands_off_bfloat16();
 }
 
 Tensor kernel_copy(const Tensor& x) {

@@ -72,7 +72,7 @@ Tensor Conv2D::linear(const Tensor& x) {
   Conv2dParams p =
       pad_h_ < 0 ? ops::conv_params(x.shape(), kernel->value().shape(), stride_, stride_, padding_)
                  : Conv2dParams{stride_, stride_, pad_h_, pad_h_, pad_w_, pad_w_};
-  // (ops::conv2d gives it only under mixed_bfloat16 on a CPU device, one tape recording.)
+  // (ops::conv2d gives it only under mixed_bfloat16 on a device that takes it, one tape recording.)
   p.bf16_output = bfloat16_output && activation_ == Activation::kNone;
   return ops::conv2d(x, kernel->value(), b, p);
 }

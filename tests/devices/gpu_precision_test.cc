@@ -1,21 +1,32 @@
 // The GPU under the precision settings, against the CPU: mixed_bfloat16 (operands rounded to
-// bfloat16; cuBLAS's products on bfloat16 tensor cores, cuDNN's on TF32 ones) and TensorFloat-32
-// (enable_tensor_float_32_execution), on every product kind (matmul, batch_matmul, the three
-// convolution directions). Every test skips when no CUDA device is visible.
+// bfloat16; cuBLAS's and cuDNN's products on bfloat16 tensor cores, or cuDNN's on TF32 ones where
+// it has no bfloat16 plan) and TensorFloat-32 (enable_tensor_float_32_execution), on every product
+// kind (matmul, batch_matmul, the three convolution directions); and bfloat16 activations handed
+// from layer to layer (Kernels::hands_off_bfloat16), kernel by kernel and through ResNet-18's
+// training step. Every test skips when no CUDA device is visible.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "devices/gpu_test_util.h"
 #include "dtrain/core/precision.h"
+#include "dtrain/model/gradient_tape.h"
+#include "dtrain/model/ops.h"
+#include "dtrain/nn/applications.h"
+#include "dtrain/nn/layers.h"
+#include "dtrain/nn/model.h"
+#include "dtrain/strategies/one_device_strategy.h"
 
 namespace dtrain {
 namespace {
 
 using namespace gpu_test;
+using applications::ResNetOptions;
+using applications::ResNetStyle;
 
 // Sets the precision policy and TF32 for a scope; float32 without TF32 again at its end.
 struct PrecisionScope {
@@ -158,6 +169,154 @@ TEST(GpuKernels, TensorFloat32StaysNearFloat32AndSwitchesOffCleanly) {
   if (major >= 8) {
     EXPECT_GT(largest, 0.0) << d << ": TF32 gave float32's exact results (did it run?)";
     EXPECT_GT(largest_conv, 0.0) << d << ": no 64-channel convolution ran on TF32 tensor cores";
+  }
+}
+
+// --- bfloat16 activations handed from layer to layer (hands_off_bfloat16) ---
+
+Tensor widened(Kernels& k, const Tensor& t) {
+  return t.dtype() == DType::kFloat32 ? t : k.cast(t, DType::kFloat32);
+}
+// A host tensor's values rounded to bfloat16 and kept so.
+Tensor bf16(const Tensor& t) { return cpu().cast(t, DType::kBFloat16); }
+
+// Each kernel that takes or gives a bfloat16 activation, against the CPU's with the same
+// arguments: a convolution's bfloat16 output (within one bfloat16 step: the float32 sums differ in
+// order before they are rounded), its two gradients read from bfloat16 x and dy, and the batch
+// norms reading bfloat16 x and writing bfloat16 y (with ReLU) and dx.
+TEST(GpuKernels, Bfloat16HandOffsMatchTheCpus) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  if (!gpu().hands_off_bfloat16())
+    GTEST_SKIP() << "this GPU keeps float32 activations (before compute capability 8.0, or "
+                    "DTRAIN_CUDA_BF16_HANDOFFS=0)";
+  PrecisionScope scope(Precision::kMixedBFloat16, false);
+  const float step = 1.f / 128;  // bfloat16's relative spacing, twice over
+  uint64_t s = 2000;
+  for (const ConvCase& c : precision_cases()) {
+    const std::string at = std::string(" ").append(conv_name(c));
+    const Tensor x = bf16(random_tensor(c.x, s++)), w = random_tensor(c.w, s++);
+    Conv2dParams p = c.p;
+    p.bf16_output = true;
+    const Tensor yc = cpu().conv2d(x, w, Tensor(), p), yg = gpu().conv2d(G(x), G(w), Tensor(), p);
+    EXPECT_EQ(yg.dtype(), DType::kBFloat16) << at;
+    expect_close(widened(cpu(), yc), widened(gpu(), yg), step, 1e-3f, "conv2d y" + at);
+    const Tensor dy = bf16(random_tensor(yc.shape(), s++));
+    expect_close(cpu().conv2d_backward_input(dy, w, c.x, c.p),
+                 gpu().conv2d_backward_input(G(dy), G(w), c.x, c.p), 1e-4f, 1e-4f,
+                 "conv2d_backward_input of a bfloat16 dy" + at);
+    expect_close(cpu().conv2d_backward_filter(x, dy, c.w, c.p, false, nullptr),
+                 gpu().conv2d_backward_filter(G(x), G(dy), c.w, c.p, false, nullptr), 1e-4f, 1e-4f,
+                 "conv2d_backward_filter of bfloat16 x and dy" + at);
+  }
+  for (const Shape& shape : {Shape{8, 5, 5, 6}, Shape{4, 14, 14, 64}, Shape{3, 7}}) {
+    const std::string at = std::string(" ").append(shape.to_string());
+    const int64_t ch = shape[-1];
+    const Tensor x = bf16(random_tensor(shape, s++, -1.f, 3.f));
+    const Tensor dy = random_tensor(shape, s++);
+    const Tensor gamma = random_tensor(Shape{ch}, s++, 0.5f, 1.5f),
+                 beta = random_tensor(Shape{ch}, s++);
+    Tensor mc, mg;
+    const BatchNormForward fc =
+        cpu().batch_norm_relu_training(x, gamma, beta, 1e-3f, &mc, DType::kBFloat16);
+    const BatchNormForward fg =
+        gpu().batch_norm_relu_training(G(x), G(gamma), G(beta), 1e-3f, &mg, DType::kBFloat16);
+    EXPECT_EQ(fg.y.dtype(), DType::kBFloat16) << at;
+    expect_close(fc.mean, fg.mean, 1e-5f, 1e-6f, "mean of a bfloat16 x" + at);
+    expect_close(fc.var, fg.var, 1e-4f, 1e-6f, "var of a bfloat16 x" + at);
+    expect_close(widened(cpu(), fc.y), widened(gpu(), fg.y), step, 1e-3f, "bfloat16 y" + at);
+    const float atol = 1e-4f * std::sqrt(static_cast<float>(shape.numel() / ch));
+    for (const bool relu : {true, false}) {
+      const std::string what = relu ? at + " (relu)" : at;
+      const BatchNormBackward bc =
+          relu ? cpu().batch_norm_relu_backward(dy, x, gamma, fc.mean, fc.var, 1e-3f, mc,
+                                                DType::kBFloat16)
+               : cpu().batch_norm_backward(dy, x, gamma, fc.mean, fc.var, 1e-3f, DType::kBFloat16);
+      const BatchNormBackward bg =
+          relu ? gpu().batch_norm_relu_backward(G(dy), G(x), G(gamma), G(fc.mean), G(fc.var), 1e-3f,
+                                                mg, DType::kBFloat16)
+               : gpu().batch_norm_backward(G(dy), G(x), G(gamma), G(fc.mean), G(fc.var), 1e-3f,
+                                           DType::kBFloat16);
+      EXPECT_EQ(bg.dx.dtype(), DType::kBFloat16) << what;
+      expect_close(bc.dbeta, bg.dbeta, 1e-4f, atol, "dbeta" + what);
+      expect_close(bc.dgamma, bg.dgamma, 1e-4f, atol, "dgamma" + what);
+      expect_close(widened(cpu(), bc.dx), widened(gpu(), bg.dx), step, 1e-3f, "bfloat16 dx" + what);
+    }
+  }
+}
+
+// ResNet-18's training step under mixed_bfloat16 on the GPU, both forms, with the same weights as
+// on the CPU, against the CPU's: the hand-offs run (the convolutions' outputs reach the batch
+// norms in bfloat16, as the layers ask), and the logits and every gradient agree within 3% of each
+// tensor's largest value (bfloat16 activations: a one-step difference in a rounding carries on).
+TEST(GpuKernels, ResNetStepHandsOffBfloat16AsTheCpu) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  if (!gpu().hands_off_bfloat16()) GTEST_SKIP() << "this GPU keeps float32 activations";
+  PrecisionScope scope(Precision::kMixedBFloat16, false);
+  std::vector<float> xv(4 * 32 * 32 * 3), gv(4 * 10);
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = static_cast<float>(std::sin(0.37 * i));
+  for (size_t i = 0; i < gv.size(); ++i) gv[i] = static_cast<float>(std::cos(1.3 * i));
+  const Tensor x = Tensor::from_vector(xv, Shape{4, 32, 32, 3});
+  const Tensor g = Tensor::from_vector(gv, Shape{4, 10});
+  OneDeviceStrategy on_gpu(kGpu);
+  for (const ResNetStyle style : {ResNetStyle::kKeras, ResNetStyle::kTorchvision}) {
+    const std::string form = style == ResNetStyle::kKeras ? "Keras form" : "torchvision form";
+    ResNetOptions o;
+    o.style = style;
+    o.input_shape = Shape{32, 32, 3};
+    o.classes = 10;
+    auto mc = applications::ResNet18(o);
+    mc->build();
+    std::shared_ptr<Model> mg;
+    {
+      auto in_scope = on_gpu.scope();
+      mg = applications::ResNet18(o);
+      mg->build();
+    }
+    const VariableList vc = mc->variables(), vg = mg->variables();
+    ASSERT_EQ(vc.size(), vg.size()) << form;
+    for (size_t i = 0; i < vc.size(); ++i) vg[i]->assign(vc[i]->value().to(kGpu));
+    // The convolutions' outputs that reach a batch norm in bfloat16 on the GPU.
+    int handed = 0;
+    const auto step = [&](Model& m, const Tensor& in, const Tensor& dl) {
+      GradientTape tape;
+      const Tensor y = m(in, /*training=*/true);
+      std::vector<Tensor> out{y};
+      for (const Tensor& t : tape.gradient(ops::sum(ops::mul(y, dl)), m.trainable_variables()))
+        out.push_back(t.to(kCpu));
+      out[0] = out[0].to(kCpu);
+      return out;
+    };
+    std::function<void(const Layer&)> count = [&](const Layer& l) {
+      for (const auto& c : l.layers()) {
+        if (auto* conv = dynamic_cast<Conv2D*>(c.get())) handed += conv->bfloat16_output;
+        count(*c);
+      }
+    };
+    count(*mg);
+    EXPECT_EQ(handed, 20) << form << ": ResNet-18's convolutions asking for bfloat16 outputs";
+    {  // one convolution on its own, as the model calls it: its output is bfloat16 under a tape
+      GradientTape tape;
+      Conv2dParams p{1, 1, 1, 1, 1, 1};
+      p.bf16_output = true;
+      const Tensor w = G(random_tensor(Shape{3, 3, 3, 8}, 2100));
+      tape.watch(w);
+      EXPECT_EQ(ops::conv2d(G(x), w, Tensor(), p).dtype(), DType::kBFloat16) << form;
+    }
+    const std::vector<Tensor> c = step(*mc, x, g), gg = step(*mg, G(x), G(g));
+    ASSERT_EQ(c.size(), gg.size()) << form;
+    for (size_t k = 0; k < c.size(); ++k) {
+      const std::string what = form + (k == 0 ? ": logits" : ": gradient " + std::to_string(k));
+      ASSERT_EQ(gg[k].dtype(), DType::kFloat32) << what;
+      const std::vector<float> a = c[k].to_vector<float>(), b = gg[k].to_vector<float>();
+      ASSERT_EQ(a.size(), b.size()) << what;
+      float largest = 0.f;
+      for (float v : a) largest = std::max(largest, std::fabs(v));
+      size_t bad = 0;
+      for (size_t i = 0; i < a.size(); ++i)
+        bad += !(std::fabs(a[i] - b[i]) <= 0.03f * largest + 1e-6f);
+      EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << a.size()
+                         << " elements differ by more than 3% of the largest, " << largest;
+    }
   }
 }
 

@@ -86,7 +86,8 @@ DTRAIN_API Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, i
 // end only, torch's padding=1 one on each side: the same output size, windows one row apart.)
 // Throws InvalidArgument for a stride < 1, a negative pad or a filter larger than the padded input.
 // params.bf16_output asks for a bfloat16 output (Conv2D::bfloat16_output): given under
-// mixed_bfloat16 on a CPU device while one tape records the op, else the output is float32.
+// mixed_bfloat16 on a device that takes them (Kernels::hands_off_bfloat16: the CPU, a CUDA GPU)
+// while one tape records the op, else the output is float32.
 DTRAIN_API Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                          const Conv2dParams& params);
 // NHWC max pooling as TF's max_pool2d. The gradient goes to each window's first maximum

@@ -55,7 +55,8 @@ class DTRAIN_API Conv2D : public Layer {
   void set_explicit_padding(int pad_h, int pad_w);
   // With ReLU, followed by max pooling: the convolution and the pooling as one op, then the ReLU.
   FusedCall fuse_with_next(const Layer& next) override;
-  // Under mixed_bfloat16 on a CPU device, in a training step (one GradientTape recording), the
+  // Under mixed_bfloat16 on a CPU or CUDA device (Kernels::hands_off_bfloat16), in a training
+  // step (one GradientTape recording), the
   // output is bfloat16, as a Keras layer's under a bfloat16 compute dtype, instead of float32: for
   // a BatchNormalization after it, which reads its input rounded to bfloat16 anyway. The values
   // are the same (but for outputs below float32's normal range, which oneDNN's bfloat16
@@ -207,8 +208,8 @@ class DTRAIN_API BatchNormalization : public Layer {
   // the CPU a pass less over the data each way, and the backward pass reads a bitmask instead of
   // the output), as TF's grappler fuses FusedBatchNorm+Relu; the ResNets of applications.h use it.
   Activation activation = Activation::kNone;
-  // With activation kRelu, in training without synchronization, under mixed_bfloat16 on a CPU
-  // device: the output in bfloat16, as Conv2D::bfloat16_output, for a Conv2D after it (which
+  // With activation kRelu, in training without synchronization, under mixed_bfloat16 on a CPU or
+  // CUDA device: the output in bfloat16, as Conv2D::bfloat16_output, for a Conv2D after it (which
   // reads it rounded so anyway). A bfloat16 input (a Conv2D's) is read as it is either way.
   bool bfloat16_output = false;
 

@@ -36,6 +36,7 @@ class CpuKernels final : public Kernels {
   Tensor conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Shape& w_shape,
                                 const Conv2dParams& p, bool want_bias, Tensor* db) override;
   bool fuses_pool_relu() const override { return true; }
+  bool hands_off_bfloat16() const override { return true; }
   Tensor max_pool2d(const Tensor& x, const Pool2dParams& p, Tensor* workspace) override;
   Tensor max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& workspace,
                              const Pool2dParams& p) override;

@@ -5,7 +5,9 @@
 //             dx = gamma * inv_std * (dy - dbeta / M - xhat * dgamma / M)
 // The statistics read x once (Welford's update per thread on x less the channel's first value,
 // partial results merged in a fixed order: welford.h), so the result does not depend on atomics;
-// the backward sums read dy and x once for both. With relu (batch_norm_relu_training), the
+// the backward sums read dy and x once for both. x, the ReLU's output and dx may be bfloat16 (an
+// activation handed on under mixed_bfloat16: CudaKernels::hands_off_bfloat16); the arithmetic is
+// float32 either way. With relu (batch_norm_relu_training), the
 // normalisation writes relu(y) in the same pass (x > 0 ? x : 0, as the ReLU kernel), and the
 // backward kernels take dy where y > 0 as they read it, instead of a ReLU gradient kernel writing
 // that product first: the same values bit for bit.
@@ -16,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "devices/cuda/cuda_half.cuh"
 #include "devices/cuda/cuda_launch.h"
 #include "devices/cuda/cuda_reduce.cuh"
 #include "devices/cuda/welford.h"
@@ -23,6 +26,40 @@
 
 namespace dtrain::cuda {
 namespace {
+
+// Element access for arrays of float, or of bfloat16 (uint16_t bits: an activation handed on in
+// bfloat16 under mixed_bfloat16, CudaKernels::hands_off_bfloat16). Narrowing rounds as the CPU's
+// (float_to_bf16_bits: nearest even, a NaN to 0x7fc0).
+__device__ __forceinline__ float ld(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float ld(const uint16_t* p, int64_t i) {
+  return bf16_bits_to_float(p[i]);
+}
+__device__ __forceinline__ void st(float* p, int64_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(uint16_t* p, int64_t i, float v) {
+  p[i] = float_to_bf16_bits(v);
+}
+// Four elements from i (a multiple of 4; the arrays 16-byte aligned: vec4_ok).
+__device__ __forceinline__ float4 ld4(const float* p, int64_t i) { return load4(p, i); }
+__device__ __forceinline__ float4 ld4(const uint16_t* p, int64_t i) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p + i);
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                     __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+__device__ __forceinline__ void st4(float* p, int64_t i, float4 v) { store4(p, i, v); }
+__device__ __forceinline__ void st4(uint16_t* p, int64_t i, float4 v) {
+  const uint32_t a = float_to_bf16_bits(v.x), b = float_to_bf16_bits(v.y),
+                 c = float_to_bf16_bits(v.z), d = float_to_bf16_bits(v.w);
+  *reinterpret_cast<uint2*>(p + i) = make_uint2(a | (b << 16), c | (d << 16));
+}
+
+// Calls f with a value of the element type that dtype names (float, or uint16_t for bfloat16).
+template <typename F>
+void with_type(DType dtype, F&& f) {
+  if (dtype == DType::kBFloat16)
+    f(uint16_t{});
+  else
+    f(float{});
+}
 
 __device__ __forceinline__ float inv_std(const float* var, int64_t c, float eps) {
   return 1.f / sqrtf(var[c] + eps);
@@ -62,25 +99,26 @@ __device__ __forceinline__ float bn_apply_at(float x, const float* mean, const f
   return y;
 }
 
-// kVec: 4 elements at a time (cols a multiple of 4, so they share a row; see vec4_ok).
-template <bool kVec, bool kRelu>
-__global__ void bn_apply_kernel(const float* __restrict__ x, const float* __restrict__ mean,
+// kVec: 4 elements at a time (cols a multiple of 4, so they share a row; see vec4_ok). TX, TY:
+// float or uint16_t (bfloat16).
+template <bool kVec, bool kRelu, typename TX, typename TY>
+__global__ void bn_apply_kernel(const TX* __restrict__ x, const float* __restrict__ mean,
                                 const float* __restrict__ var, const float* __restrict__ gamma,
-                                const float* __restrict__ beta, float eps, float* __restrict__ y,
+                                const float* __restrict__ beta, float eps, TY* __restrict__ y,
                                 int64_t total, int64_t cols) {
   if constexpr (kVec) {
     DTRAIN_GRID_STRIDE_LOOP(q, total / 4) {
       const int64_t c = (4 * q) % cols;
-      const float4 v = load4(x, 4 * q);
-      store4(y, 4 * q,
-             make_float4(bn_apply_at<kRelu>(v.x, mean, var, gamma, beta, eps, c),
-                         bn_apply_at<kRelu>(v.y, mean, var, gamma, beta, eps, c + 1),
-                         bn_apply_at<kRelu>(v.z, mean, var, gamma, beta, eps, c + 2),
-                         bn_apply_at<kRelu>(v.w, mean, var, gamma, beta, eps, c + 3)));
+      const float4 v = ld4(x, 4 * q);
+      st4(y, 4 * q,
+          make_float4(bn_apply_at<kRelu>(v.x, mean, var, gamma, beta, eps, c),
+                      bn_apply_at<kRelu>(v.y, mean, var, gamma, beta, eps, c + 1),
+                      bn_apply_at<kRelu>(v.z, mean, var, gamma, beta, eps, c + 2),
+                      bn_apply_at<kRelu>(v.w, mean, var, gamma, beta, eps, c + 3)));
     }
   } else {
     DTRAIN_GRID_STRIDE_LOOP(i, total) {
-      y[i] = bn_apply_at<kRelu>(x[i], mean, var, gamma, beta, eps, i % cols);
+      st(y, i, bn_apply_at<kRelu>(ld(x, i), mean, var, gamma, beta, eps, i % cols));
     }
   }
 }
@@ -104,30 +142,29 @@ struct BnDx {
 __device__ __forceinline__ float relu_kept(float dy, float y) { return y > 0.f ? dy : 0.f; }
 
 // kRelu: dy is the gradient of relu(y) and `y` that output; the normalisation's input gradient is
-// taken of relu_kept(dy, y).
-template <bool kVec, bool kRelu>
-__global__ void bn_dx_kernel(const float* __restrict__ dy, const float* __restrict__ y,
-                             const float* __restrict__ x, BnDx f, float* __restrict__ dx,
-                             int64_t total, int64_t cols) {
+// taken of relu_kept(dy, y). TM (y), TX, TD (dx): float or uint16_t (bfloat16).
+template <bool kVec, bool kRelu, typename TM, typename TX, typename TD>
+__global__ void bn_dx_kernel(const float* __restrict__ dy, const TM* __restrict__ y,
+                             const TX* __restrict__ x, BnDx f, TD* __restrict__ dx, int64_t total,
+                             int64_t cols) {
   if constexpr (kVec) {
     DTRAIN_GRID_STRIDE_LOOP(q, total / 4) {
       const int64_t c = (4 * q) % cols;
       float4 d = load4(dy, 4 * q);
-      const float4 v = load4(x, 4 * q);
+      const float4 v = ld4(x, 4 * q);
       if constexpr (kRelu) {
-        const float4 m = load4(y, 4 * q);
+        const float4 m = ld4(y, 4 * q);
         d = make_float4(relu_kept(d.x, m.x), relu_kept(d.y, m.y), relu_kept(d.z, m.z),
                         relu_kept(d.w, m.w));
       }
-      store4(
-          dx, 4 * q,
+      st4(dx, 4 * q,
           make_float4(f(d.x, v.x, c), f(d.y, v.y, c + 1), f(d.z, v.z, c + 2), f(d.w, v.w, c + 3)));
     }
   } else {
     DTRAIN_GRID_STRIDE_LOOP(i, total) {
       float d = dy[i];
-      if constexpr (kRelu) d = relu_kept(d, y[i]);
-      dx[i] = f(d, x[i], i % cols);
+      if constexpr (kRelu) d = relu_kept(d, ld(y, i));
+      st(dx, i, f(d, ld(x, i), i % cols));
     }
   }
 }
@@ -144,7 +181,8 @@ using reduce_detail::kColTile;
 // channel's spread is small against its mean (float32 Welford on std = mean / 3000 lost the
 // variance to 9e-5; shifted, 5e-7: tests/devices/welford_test.cc); the mean is shifted back at the
 // end.
-__global__ void bn_moments_kernel(const float* __restrict__ x, int64_t rows, int64_t cols,
+template <typename TX>
+__global__ void bn_moments_kernel(const TX* __restrict__ x, int64_t rows, int64_t cols,
                                   int64_t rows_per_chunk, float* __restrict__ mean,
                                   float* __restrict__ var, float* __restrict__ partial) {
   // Floats: a __shared__ array's elements are never constructed (a Moments starts at zero).
@@ -155,9 +193,9 @@ __global__ void bn_moments_kernel(const float* __restrict__ x, int64_t rows, int
   const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
   Moments a;
   if (c < cols) {
-    const float shift = x[c];
+    const float shift = ld(x, c);
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kColRows)
-      welford_push(a, x[r * cols + c] - shift);
+      welford_push(a, ld(x, r * cols + c) - shift);
   }
   sn[threadIdx.y][threadIdx.x] = a.n;
   smean[threadIdx.y][threadIdx.x] = a.mean;
@@ -167,7 +205,7 @@ __global__ void bn_moments_kernel(const float* __restrict__ x, int64_t rows, int
   for (int i = 1; i < kColRows; ++i)
     a = welford_merge(a, Moments{sn[i][threadIdx.x], smean[i][threadIdx.x], sm2[i][threadIdx.x]});
   if (gridDim.y == 1) {
-    mean[c] = a.mean + x[c];
+    mean[c] = a.mean + ld(x, c);
     var[c] = a.m2 / a.n;  // biased, as the CPU's
   } else {                // three planes of [chunks, cols]: n, the shifted mean, m2
     const int64_t plane = static_cast<int64_t>(gridDim.y) * cols;
@@ -178,7 +216,8 @@ __global__ void bn_moments_kernel(const float* __restrict__ x, int64_t rows, int
   }
 }
 
-__global__ void bn_moments_finish(const float* __restrict__ x, const float* __restrict__ partial,
+template <typename TX>
+__global__ void bn_moments_finish(const TX* __restrict__ x, const float* __restrict__ partial,
                                   int64_t chunks, int64_t cols, float* __restrict__ mean,
                                   float* __restrict__ var) {
   const int64_t plane = chunks * cols;
@@ -188,7 +227,7 @@ __global__ void bn_moments_finish(const float* __restrict__ x, const float* __re
       const int64_t at = k * cols + c;
       a = welford_merge(a, Moments{partial[at], partial[plane + at], partial[2 * plane + at]});
     }
-    mean[c] = a.mean + x[c];
+    mean[c] = a.mean + ld(x, c);
     var[c] = a.m2 / a.n;
   }
 }
@@ -196,9 +235,9 @@ __global__ void bn_moments_finish(const float* __restrict__ x, const float* __re
 // dbeta = sum(g), dgamma = sum(g * xhat) with g = dy, or relu_kept(dy, y) under kRelu: the sums of
 // the two column reductions DTRAIN_CUDA_BN=two_pass runs (MatrixColumnLoad, DyXhatLoad), in their
 // order, bit for bit.
-template <bool kRelu>
-__global__ void bn_grad_sums_kernel(const float* __restrict__ dy, const float* __restrict__ y,
-                                    const float* __restrict__ x, const float* __restrict__ mean,
+template <bool kRelu, typename TM, typename TX>
+__global__ void bn_grad_sums_kernel(const float* __restrict__ dy, const TM* __restrict__ y,
+                                    const TX* __restrict__ x, const float* __restrict__ mean,
                                     const float* __restrict__ var, float eps, int64_t rows,
                                     int64_t cols, int64_t rows_per_chunk,
                                     float* __restrict__ dgamma, float* __restrict__ dbeta,
@@ -214,9 +253,9 @@ __global__ void bn_grad_sums_kernel(const float* __restrict__ dy, const float* _
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kColRows) {
       const int64_t i = r * cols + c;
       float d = dy[i];
-      if constexpr (kRelu) d = relu_kept(d, y[i]);
+      if constexpr (kRelu) d = relu_kept(d, ld(y, i));
       b = b + d;
-      g = g + __fmul_rn(d, (x[i] - m) * is);
+      g = g + __fmul_rn(d, (ld(x, i) - m) * is);
     }
   }
   sb[threadIdx.y][threadIdx.x] = b;
@@ -281,67 +320,92 @@ bool bn_one_pass() {
   return !(v && std::strcmp(v, "two_pass") == 0);
 }
 
-void launch_bn_stats(const float* x, int64_t rows, int64_t C, float* mean, float* var,
+void launch_bn_stats(const void* x, DType x_type, int64_t rows, int64_t C, float* mean, float* var,
                      bool one_pass, CudaContext& ctx) {
   DTRAIN_CHECK(rows > 0, "no samples: the caller writes zero statistics");
   if (C == 0) return;
   if (!one_pass) {
+    DTRAIN_CHECK(x_type == DType::kFloat32, "the two-pass statistics read float32");
+    const float* xf = static_cast<const float*>(x);
     const float m = static_cast<float>(rows);
-    run_column_reduce<SumOp>(MatrixColumnLoad{x, C}, StoreDivided{mean, m}, rows, C, ctx);
-    run_column_reduce<SumOp>(SquaredDeviationLoad{x, mean, C}, StoreDivided{var, m}, rows, C, ctx);
+    run_column_reduce<SumOp>(MatrixColumnLoad{xf, C}, StoreDivided{mean, m}, rows, C, ctx);
+    run_column_reduce<SumOp>(SquaredDeviationLoad{xf, mean, C}, StoreDivided{var, m}, rows, C, ctx);
     return;
   }
   const ColumnChunks p = plan_columns(rows, C, 3, ctx);
-  bn_moments_kernel<<<p.grid, dim3(kColTile, kColRows), 0, ctx.stream()>>>(
-      x, rows, C, p.rows_per_chunk, mean, var, p.partial);
-  DTRAIN_CHECK_LAUNCH("bn_moments_kernel");
-  if (p.chunks > 1) {
-    bn_moments_finish<<<grid_for(C), kBlock, 0, ctx.stream()>>>(x, p.partial, p.chunks, C, mean,
-                                                                var);
-    DTRAIN_CHECK_LAUNCH("bn_moments_finish");
-  }
+  with_type(x_type, [&](auto xt) {
+    using TX = decltype(xt);
+    const TX* xp = static_cast<const TX*>(x);
+    bn_moments_kernel<TX><<<p.grid, dim3(kColTile, kColRows), 0, ctx.stream()>>>(
+        xp, rows, C, p.rows_per_chunk, mean, var, p.partial);
+    DTRAIN_CHECK_LAUNCH("bn_moments_kernel");
+    if (p.chunks > 1) {
+      bn_moments_finish<TX>
+          <<<grid_for(C), kBlock, 0, ctx.stream()>>>(xp, p.partial, p.chunks, C, mean, var);
+      DTRAIN_CHECK_LAUNCH("bn_moments_finish");
+    }
+  });
 }
 
-void launch_bn_apply(const float* x, const float* mean, const float* var, const float* gamma,
-                     const float* beta, float eps, float* y, int64_t rows, int64_t C, bool relu,
-                     cudaStream_t s) {
+void launch_bn_apply(const void* x, DType x_type, const float* mean, const float* var,
+                     const float* gamma, const float* beta, float eps, void* y, DType y_type,
+                     int64_t rows, int64_t C, bool relu, cudaStream_t s) {
   const int64_t total = rows * C;
   if (total == 0) return;
   const bool vec = vec4_ok(C, {x, y});
   const unsigned grid = grid_for(vec ? total / 4 : total);
-  if (vec && relu)
-    bn_apply_kernel<true, true>
-        <<<grid, kBlock, 0, s>>>(x, mean, var, gamma, beta, eps, y, total, C);
-  else if (vec)
-    bn_apply_kernel<true, false>
-        <<<grid, kBlock, 0, s>>>(x, mean, var, gamma, beta, eps, y, total, C);
-  else if (relu)
-    bn_apply_kernel<false, true>
-        <<<grid, kBlock, 0, s>>>(x, mean, var, gamma, beta, eps, y, total, C);
-  else
-    bn_apply_kernel<false, false>
-        <<<grid, kBlock, 0, s>>>(x, mean, var, gamma, beta, eps, y, total, C);
+  with_type(x_type, [&](auto xt) {
+    with_type(y_type, [&](auto yt) {
+      using TX = decltype(xt);
+      using TY = decltype(yt);
+      const TX* xp = static_cast<const TX*>(x);
+      TY* yp = static_cast<TY*>(y);
+      if (vec && relu)
+        bn_apply_kernel<true, true, TX, TY>
+            <<<grid, kBlock, 0, s>>>(xp, mean, var, gamma, beta, eps, yp, total, C);
+      else if (vec)
+        bn_apply_kernel<true, false, TX, TY>
+            <<<grid, kBlock, 0, s>>>(xp, mean, var, gamma, beta, eps, yp, total, C);
+      else if (relu)
+        bn_apply_kernel<false, true, TX, TY>
+            <<<grid, kBlock, 0, s>>>(xp, mean, var, gamma, beta, eps, yp, total, C);
+      else
+        bn_apply_kernel<false, false, TX, TY>
+            <<<grid, kBlock, 0, s>>>(xp, mean, var, gamma, beta, eps, yp, total, C);
+    });
+  });
   DTRAIN_CHECK_LAUNCH("bn_apply_kernel");
 }
 
-void launch_bn_backward(const float* dy, const float* relu_y, const float* x, const float* gamma,
-                        const float* mean, const float* var, float eps, float* dx, float* dgamma,
-                        float* dbeta, int64_t rows, int64_t C, bool one_pass, CudaContext& ctx) {
+void launch_bn_backward(const float* dy, const void* relu_y, DType relu_y_type, const void* x,
+                        DType x_type, const float* gamma, const float* mean, const float* var,
+                        float eps, void* dx, DType dx_type, float* dgamma, float* dbeta,
+                        int64_t rows, int64_t C, bool one_pass, CudaContext& ctx) {
   if (C == 0) return;
   const bool relu = relu_y != nullptr;
   if (!one_pass) {
     DTRAIN_CHECK(!relu, "DTRAIN_CUDA_BN=two_pass runs the ReLU gradient in a kernel of its own");
+    DTRAIN_CHECK(x_type == DType::kFloat32, "the two-pass sums read float32");
+    const float* xf = static_cast<const float*>(x);
     run_column_reduce<SumOp>(MatrixColumnLoad{dy, C}, Store{dbeta}, rows, C, ctx);
-    run_column_reduce<SumOp>(DyXhatLoad{dy, x, mean, var, eps, C}, Store{dgamma}, rows, C, ctx);
+    run_column_reduce<SumOp>(DyXhatLoad{dy, xf, mean, var, eps, C}, Store{dgamma}, rows, C, ctx);
   } else {
     const ColumnChunks p = plan_columns(rows, C, 2, ctx);
     const dim3 block(kColTile, kColRows);
-    if (relu)
-      bn_grad_sums_kernel<true><<<p.grid, block, 0, ctx.stream()>>>(
-          dy, relu_y, x, mean, var, eps, rows, C, p.rows_per_chunk, dgamma, dbeta, p.partial);
-    else
-      bn_grad_sums_kernel<false><<<p.grid, block, 0, ctx.stream()>>>(
-          dy, relu_y, x, mean, var, eps, rows, C, p.rows_per_chunk, dgamma, dbeta, p.partial);
+    with_type(x_type, [&](auto xt) {
+      with_type(relu ? relu_y_type : DType::kFloat32, [&](auto mt) {
+        using TX = decltype(xt);
+        using TM = decltype(mt);
+        const TX* xp = static_cast<const TX*>(x);
+        const TM* mp = static_cast<const TM*>(relu_y);
+        if (relu)
+          bn_grad_sums_kernel<true, TM, TX><<<p.grid, block, 0, ctx.stream()>>>(
+              dy, mp, xp, mean, var, eps, rows, C, p.rows_per_chunk, dgamma, dbeta, p.partial);
+        else
+          bn_grad_sums_kernel<false, TM, TX><<<p.grid, block, 0, ctx.stream()>>>(
+              dy, mp, xp, mean, var, eps, rows, C, p.rows_per_chunk, dgamma, dbeta, p.partial);
+      });
+    });
     DTRAIN_CHECK_LAUNCH("bn_grad_sums_kernel");
     if (p.chunks > 1) {
       bn_grad_sums_finish<<<grid_for(C), kBlock, 0, ctx.stream()>>>(p.partial, p.chunks, C, dgamma,
@@ -355,14 +419,30 @@ void launch_bn_backward(const float* dy, const float* relu_y, const float* x, co
   const unsigned grid_vec = grid_for(total / 4), grid = grid_for(total);
   cudaStream_t s = ctx.stream();
   const bool vec = relu ? vec4_ok(C, {dy, relu_y, x, dx}) : vec4_ok(C, {dy, x, dx});
-  if (vec && relu)
-    bn_dx_kernel<true, true><<<grid_vec, kBlock, 0, s>>>(dy, relu_y, x, f, dx, total, C);
-  else if (vec)
-    bn_dx_kernel<true, false><<<grid_vec, kBlock, 0, s>>>(dy, relu_y, x, f, dx, total, C);
-  else if (relu)
-    bn_dx_kernel<false, true><<<grid, kBlock, 0, s>>>(dy, relu_y, x, f, dx, total, C);
-  else
-    bn_dx_kernel<false, false><<<grid, kBlock, 0, s>>>(dy, relu_y, x, f, dx, total, C);
+  with_type(x_type, [&](auto xt) {
+    with_type(relu ? relu_y_type : DType::kFloat32, [&](auto mt) {
+      with_type(dx_type, [&](auto dt) {
+        using TX = decltype(xt);
+        using TM = decltype(mt);
+        using TD = decltype(dt);
+        const TX* xp = static_cast<const TX*>(x);
+        const TM* mp = static_cast<const TM*>(relu_y);
+        TD* dp = static_cast<TD*>(dx);
+        if (vec && relu)
+          bn_dx_kernel<true, true, TM, TX, TD>
+              <<<grid_vec, kBlock, 0, s>>>(dy, mp, xp, f, dp, total, C);
+        else if (vec)
+          bn_dx_kernel<true, false, TM, TX, TD>
+              <<<grid_vec, kBlock, 0, s>>>(dy, mp, xp, f, dp, total, C);
+        else if (relu)
+          bn_dx_kernel<false, true, TM, TX, TD>
+              <<<grid, kBlock, 0, s>>>(dy, mp, xp, f, dp, total, C);
+        else
+          bn_dx_kernel<false, false, TM, TX, TD>
+              <<<grid, kBlock, 0, s>>>(dy, mp, xp, f, dp, total, C);
+      });
+    });
+  });
   DTRAIN_CHECK_LAUNCH("bn_dx_kernel");
 }
 

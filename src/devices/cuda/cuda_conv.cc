@@ -10,10 +10,14 @@
 // legacy calls, cuda_conv_legacy.h, cost 100-740 us of host time each in cuDNN 9); only a problem
 // with no qualifying graph-API engine, or DTRAIN_CUDNN_API=legacy, takes the legacy path.
 // Precision: float32 on the float32 units (cuDNN's FMA math, engines without tensor cores) unless
-// CudaKernels::tensor_cores() (TF32 switched on, or mixed_bfloat16, whose operands are rounded to
-// bfloat16 first: product_operand); then tensor-core engines may run, and plans and algorithm
-// choices are cached apart for the two. The pointwise GEMMs below follow gemm_math() instead: under
-// mixed_bfloat16 they read bfloat16 copies on bfloat16 tensor cores.
+// CudaKernels::tensor_cores() (TF32 switched on); then tensor-core engines may run, and plans and
+// algorithm choices are cached apart for the two. Under mixed_bfloat16 (from compute capability
+// 8.0: gemm_math() kBFloat16) every direction reads bfloat16 operands on bfloat16 tensor cores,
+// cuDNN's plans and the pointwise GEMMs alike; where cuDNN has no plan for those types, the
+// float32 path runs on the operands rounded to bfloat16 (product_operand) on TF32 tensor cores,
+// which hold them exactly. Before 2026-11-30 that was the only cuDNN path under mixed_bfloat16.
+// A bfloat16 activation (CudaKernels::hands_off_bfloat16) is read as it is, and a bfloat16 output
+// (Conv2dParams::bf16_output) written by the product itself where no bias follows.
 // Pointwise convolutions (1x1 window, no padding: two thirds of ResNet-50's) skip cuDNN: on NHWC
 // data they are one cuBLAS GEMM over the pixels ([N*H*W, Cin] x [Cin, Cout], the HWIO filter as it
 // is), where cuDNN's float32 engines transpose to NCHW and back around every call; a stride > 1
@@ -145,8 +149,9 @@ void CudaKernels::legacy_conv(ConvDirection d, const ConvPlanProblem& p, bool tc
 Tensor CudaKernels::subsample_nhwc(const Tensor& x, int64_t oh, int64_t ow, int sh, int sw) {
   if (sh == 1 && sw == 1) return x;
   const Shape& s = x.shape();
-  Tensor xs = empty(Shape{s[0], oh, ow, s[3]});
-  launch_subsample_nhwc(fptr(x), fptr(xs), s[0], s[1], s[2], s[3], oh, ow, sh, sw, ctx_.stream());
+  Tensor xs = empty(Shape{s[0], oh, ow, s[3]}, x.dtype());
+  launch_subsample_nhwc(x.raw_data(), xs.raw_data(), x.dtype(), s[0], s[1], s[2], s[3], oh, ow, sh,
+                        sw, ctx_.stream());
   return xs;
 }
 
@@ -154,21 +159,49 @@ Tensor CudaKernels::pad_nhwc(const Tensor& x, int top, int bottom, int left, int
                              float value) {
   const Shape& s = x.shape();
   const int64_t hp = s[1] + top + bottom, wp = s[2] + left + right;
-  Tensor y = empty(Shape{s[0], hp, wp, s[3]});
-  launch_pad_nhwc(fptr(x), fptr(y), s[0], s[1], s[2], s[3], top, left, hp, wp, value,
-                  ctx_.stream());
+  Tensor y = empty(Shape{s[0], hp, wp, s[3]}, x.dtype());
+  launch_pad_nhwc(x.raw_data(), y.raw_data(), x.dtype(), s[0], s[1], s[2], s[3], top, left, hp, wp,
+                  value, ctx_.stream());
   return y;
 }
 
+ConvTypes CudaKernels::bf16_types(ConvDirection d, DType out) {
+  ConvTypes t{DType::kBFloat16, DType::kBFloat16, DType::kBFloat16};
+  (d == ConvDirection::kForward ? t.y : d == ConvDirection::kBackwardData ? t.x : t.w) = out;
+  return t;
+}
+
+bool CudaKernels::bf16_conv(ConvDirection d, const ConvPlanProblem& p, const Tensor& a,
+                            const Tensor& b, Tensor& out) {
+  const DType bf16 = DType::kBFloat16;
+  DTRAIN_CHECK(a.dtype() == bf16 && b.dtype() == bf16, "bf16_conv takes bfloat16 inputs");
+  const ConvTypes t = bf16_types(d, out.dtype());
+  void *x = nullptr, *w = nullptr, *y = nullptr;
+  switch (d) {
+    case ConvDirection::kForward:
+      x = a.raw_data(), w = b.raw_data(), y = out.raw_data();
+      break;
+    case ConvDirection::kBackwardData:
+      x = out.raw_data(), w = a.raw_data(), y = b.raw_data();
+      break;
+    case ConvDirection::kBackwardFilter:
+      x = a.raw_data(), w = out.raw_data(), y = b.raw_data();
+      break;
+  }
+  return conv_plans_.run(d, p, x, w, y, /*tensor_cores=*/true, t);
+}
+
+// Under mixed_bfloat16 from compute capability 8.0 (gemm_math() kBFloat16) each direction reads
+// bfloat16 operands: a bfloat16 activation as it is (hands_off_bfloat16), anything else as a
+// rounded copy, on cuDNN plans for bfloat16 data (float32 sums) or the pointwise GEMMs. Where
+// cuDNN has no such plan, the float32 path runs on the same rounded values (TF32 tensor cores). A
+// bfloat16 output (Conv2dParams::bf16_output) is written by the product itself where it can be
+// (no bias), else rounded after.
 Tensor CudaKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                            const Conv2dParams& p) {
   DeviceGuard guard(ctx_.index());
-  check_f32(x, "conv2d", "x");
+  check_activation(x, "conv2d", "x");
   check_f32(w, "conv2d", "w");
-  if (p.bf16_output)
-    throw InvalidArgument(
-        "conv2d: Conv2dParams::bf16_output is a CPU option (bfloat16 activations under "
-        "mixed_bfloat16); the CUDA kernels write float32");
   const ConvGeometry g = conv_geometry("conv2d", x.shape(), w.shape(), p);
   if (bias.defined()) {
     check_f32(bias, "conv2d", "bias");
@@ -177,37 +210,51 @@ Tensor CudaKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                                             " does not match the filter's ", g.cout,
                                             " output channels"));
   }
-  Tensor y = empty(Shape{g.n, g.oh, g.ow, g.cout});
-  if (y.numel() == 0) return y;
+  const GemmMath math = gemm_math();
+  const bool bf16 = math == GemmMath::kBFloat16;
+  const DType want = p.bf16_output ? DType::kBFloat16 : DType::kFloat32;
+  const Shape y_shape{g.n, g.oh, g.ow, g.cout};
+  if (y_shape.numel() == 0) return empty(y_shape, want);
+  Tensor y = empty(y_shape, bf16 && !bias.defined() ? want : DType::kFloat32);
+  const ConvPlanProblem pp = plan_problem(g, p);
   if (g.cin == 0 || g.kh == 0 || g.kw == 0) {  // an empty sum: the output is the bias alone
-    launch_fill(y.raw_data(), DType::kFloat32, y.numel(), 0.f, ctx_.stream());
+    launch_fill(y.raw_data(), y.dtype(), y.numel(), 0.f, ctx_.stream());
   } else if (pointwise(g)) {
-    const GemmMath math = gemm_math();
     const Tensor xs = gemm_operand(subsample_nhwc(x, g.oh, g.ow, p.stride_h, p.stride_w), math);
     const Tensor wr = gemm_operand(w, math);
     gemm_row_major(ctx_, math, false, false, g.n * g.oh * g.ow, g.cout, g.cin, xs.raw_data(), g.cin,
-                   wr.raw_data(), g.cout, fptr(y), g.cout);
+                   wr.raw_data(), g.cout, y.raw_data(), g.cout, y.dtype());
   } else {
-    const bool tc = tensor_cores();
-    const Tensor xr = product_operand(x);
-    const Tensor xin =
-        g.explicit_pad ? pad_nhwc(xr, p.pad_top, p.pad_bottom, p.pad_left, p.pad_right, 0.f) : xr;
-    const Tensor wk = hwio_to_krsc(product_operand(w), ctx_.spec(), ctx_.stream());
-    if (!conv_plans_.run(ConvDirection::kForward, plan_problem(g, p), xin.raw_data(), wk.raw_data(),
-                         y.raw_data(), tc)) {
-      legacy_conv(ConvDirection::kForward, plan_problem(g, p), tc, xin.raw_data(), wk.raw_data(),
-                  y.raw_data(), "conv2d", describe(g, p));
+    const auto padded = [&](const Tensor& t) {
+      return g.explicit_pad ? pad_nhwc(t, p.pad_top, p.pad_bottom, p.pad_left, p.pad_right, 0.f)
+                            : t;
+    };
+    const Tensor wk = hwio_to_krsc(w, ctx_.spec(), ctx_.stream());
+    const bool done = bf16 &&
+                      conv_plans_.may_run(ConvDirection::kForward, pp, true,
+                                          bf16_types(ConvDirection::kForward, y.dtype())) &&
+                      bf16_conv(ConvDirection::kForward, pp, padded(as_dtype(x, DType::kBFloat16)),
+                                as_dtype(wk, DType::kBFloat16), y);
+    if (!done) {
+      if (y.dtype() != DType::kFloat32) y = empty(y_shape);
+      const bool tc = tensor_cores();
+      const Tensor xin = padded(product_operand(as_dtype(x, DType::kFloat32)));
+      const Tensor wr = product_operand(wk);
+      if (!conv_plans_.run(ConvDirection::kForward, pp, xin.raw_data(), wr.raw_data(), y.raw_data(),
+                           tc))
+        legacy_conv(ConvDirection::kForward, pp, tc, xin.raw_data(), wr.raw_data(), y.raw_data(),
+                    "conv2d", describe(g, p));
     }
   }
   if (bias.defined())
     launch_add_bias(fptr(y), fptr(bias), g.n * g.oh * g.ow, g.cout, ctx_.stream());
-  return y;
+  return as_dtype(y, want);
 }
 
 Tensor CudaKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, const Shape& x_shape,
                                           const Conv2dParams& p) {
   DeviceGuard guard(ctx_.index());
-  check_f32(dy, "conv2d_backward_input", "dy");
+  check_activation(dy, "conv2d_backward_input", "dy");
   check_f32(w, "conv2d_backward_input", "w");
   const ConvGeometry g = conv_geometry("conv2d_backward_input", x_shape, w.shape(), p);
   if (dy.shape() != Shape{g.n, g.oh, g.ow, g.cout})
@@ -220,8 +267,8 @@ Tensor CudaKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, con
     launch_fill(dx.raw_data(), DType::kFloat32, dx.numel(), 0.f, ctx_.stream());
     return dx;
   }
+  const GemmMath math = gemm_math();
   if (pointwise(g)) {
-    const GemmMath math = gemm_math();
     const Tensor dyg = gemm_operand(dy, math), wg = gemm_operand(w, math);
     const bool strided = p.stride_h != 1 || p.stride_w != 1;
     const Tensor dxs = strided ? empty(Shape{g.n, g.oh, g.ow, g.cin}) : dx;
@@ -232,14 +279,23 @@ Tensor CudaKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, con
                                 p.stride_w, ctx_.stream());
     return dx;
   }
-  const bool tc = tensor_cores();
-  const Tensor dyr = product_operand(dy);
-  const Tensor wk = hwio_to_krsc(product_operand(w), ctx_.spec(), ctx_.stream());
-  const Tensor dxp = g.explicit_pad ? empty(Shape{g.n, g.hp, g.wp, g.cin}) : dx;
-  if (!conv_plans_.run(ConvDirection::kBackwardData, plan_problem(g, p), dxp.raw_data(),
-                       wk.raw_data(), dyr.raw_data(), tc)) {
-    legacy_conv(ConvDirection::kBackwardData, plan_problem(g, p), tc, wk.raw_data(), dyr.raw_data(),
-                dxp.raw_data(), "conv2d_backward_input", describe(g, p));
+  const ConvPlanProblem pp = plan_problem(g, p);
+  const Tensor wk = hwio_to_krsc(w, ctx_.spec(), ctx_.stream());
+  Tensor dxp = g.explicit_pad ? empty(Shape{g.n, g.hp, g.wp, g.cin}) : dx;
+  const bool done =
+      math == GemmMath::kBFloat16 &&
+      conv_plans_.may_run(ConvDirection::kBackwardData, pp, true,
+                          bf16_types(ConvDirection::kBackwardData, DType::kFloat32)) &&
+      bf16_conv(ConvDirection::kBackwardData, pp, as_dtype(wk, DType::kBFloat16),
+                as_dtype(dy, DType::kBFloat16), dxp);
+  if (!done) {
+    const bool tc = tensor_cores();
+    const Tensor dyr = product_operand(as_dtype(dy, DType::kFloat32));
+    const Tensor wr = product_operand(wk);
+    if (!conv_plans_.run(ConvDirection::kBackwardData, pp, dxp.raw_data(), wr.raw_data(),
+                         dyr.raw_data(), tc))
+      legacy_conv(ConvDirection::kBackwardData, pp, tc, wr.raw_data(), dyr.raw_data(),
+                  dxp.raw_data(), "conv2d_backward_input", describe(g, p));
   }
   if (g.explicit_pad)
     launch_crop_nhwc(fptr(dxp), fptr(dx), g.n, g.h, g.w, g.cin, p.pad_top, p.pad_left, g.hp, g.wp,
@@ -250,8 +306,8 @@ Tensor CudaKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, con
 Tensor CudaKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Shape& w_shape,
                                            const Conv2dParams& p, bool want_bias, Tensor* db) {
   DeviceGuard guard(ctx_.index());
-  check_f32(x, "conv2d_backward_filter", "x");
-  check_f32(dy, "conv2d_backward_filter", "dy");
+  check_activation(x, "conv2d_backward_filter", "x");
+  check_activation(dy, "conv2d_backward_filter", "dy");
   if (want_bias && !db)
     throw InvalidArgument("conv2d_backward_filter: want_bias needs a db output pointer");
   const ConvGeometry g = conv_geometry("conv2d_backward_filter", x.shape(), w_shape, p);
@@ -261,7 +317,8 @@ Tensor CudaKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, co
                                           ", ", g.ow, ", ", g.cout, "] of ", describe(g, p)));
   if (want_bias) {
     Tensor b = empty(Shape{g.cout});
-    launch_column_sum(fptr(dy), fptr(b), g.n * g.oh * g.ow, g.cout, ctx_);
+    const Tensor dy32 = as_dtype(dy, DType::kFloat32);
+    launch_column_sum(fptr(dy32), fptr(b), g.n * g.oh * g.ow, g.cout, ctx_);
     *db = b;
   }
   if (w_shape.numel() == 0) return empty(w_shape);
@@ -271,8 +328,8 @@ Tensor CudaKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, co
     return dw;
   }
   // The bias gradient above sums dy as it is; the filter gradient reads the rounded operands.
+  const GemmMath math = gemm_math();
   if (pointwise(g)) {
-    const GemmMath math = gemm_math();
     const Tensor xs = gemm_operand(subsample_nhwc(x, g.oh, g.ow, p.stride_h, p.stride_w), math);
     const Tensor dyg = gemm_operand(dy, math);
     Tensor dw = empty(w_shape);  // HWIO [1, 1, Cin, Cout] is the matrix [Cin, Cout]
@@ -280,16 +337,25 @@ Tensor CudaKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, co
                    dyg.raw_data(), g.cout, fptr(dw), g.cout);
     return dw;
   }
-  const bool tc = tensor_cores();
-  const Tensor dyr = product_operand(dy);
-  const Tensor xr = product_operand(x);
-  const Tensor xin =
-      g.explicit_pad ? pad_nhwc(xr, p.pad_top, p.pad_bottom, p.pad_left, p.pad_right, 0.f) : xr;
+  const ConvPlanProblem pp = plan_problem(g, p);
+  const auto padded = [&](const Tensor& t) {
+    return g.explicit_pad ? pad_nhwc(t, p.pad_top, p.pad_bottom, p.pad_left, p.pad_right, 0.f) : t;
+  };
   Tensor dwk = empty(Shape{g.cout, g.kh, g.kw, g.cin});
-  if (!conv_plans_.run(ConvDirection::kBackwardFilter, plan_problem(g, p), xin.raw_data(),
-                       dwk.raw_data(), dyr.raw_data(), tc)) {
-    legacy_conv(ConvDirection::kBackwardFilter, plan_problem(g, p), tc, xin.raw_data(),
-                dyr.raw_data(), dwk.raw_data(), "conv2d_backward_filter", describe(g, p));
+  const bool done =
+      math == GemmMath::kBFloat16 &&
+      conv_plans_.may_run(ConvDirection::kBackwardFilter, pp, true,
+                          bf16_types(ConvDirection::kBackwardFilter, DType::kFloat32)) &&
+      bf16_conv(ConvDirection::kBackwardFilter, pp, padded(as_dtype(x, DType::kBFloat16)),
+                as_dtype(dy, DType::kBFloat16), dwk);
+  if (!done) {
+    const bool tc = tensor_cores();
+    const Tensor dyr = product_operand(as_dtype(dy, DType::kFloat32));
+    const Tensor xin = padded(product_operand(as_dtype(x, DType::kFloat32)));
+    if (!conv_plans_.run(ConvDirection::kBackwardFilter, pp, xin.raw_data(), dwk.raw_data(),
+                         dyr.raw_data(), tc))
+      legacy_conv(ConvDirection::kBackwardFilter, pp, tc, xin.raw_data(), dyr.raw_data(),
+                  dwk.raw_data(), "conv2d_backward_filter", describe(g, p));
   }
   return krsc_to_hwio(dwk, ctx_.spec(), ctx_.stream());
 }

@@ -53,13 +53,17 @@ class Desc {
   cudnnBackendDescriptor_t d_ = nullptr;
 };
 
-// A 4-D float32 tensor in cuDNN's logical [N, C, H, W] order with channels-last strides.
-Desc nhwc_tensor(int64_t uid, int64_t n, int64_t c, int64_t h, int64_t w, int64_t alignment) {
+// A 4-D float32 or bfloat16 tensor in cuDNN's logical [N, C, H, W] order with channels-last
+// strides.
+Desc nhwc_tensor(int64_t uid, int64_t n, int64_t c, int64_t h, int64_t w, int64_t alignment,
+                 DType type) {
   Desc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
   const int64_t dims[4] = {n, c, h, w};
   const int64_t strides[4] = {h * w * c, 1, w * c, c};
-  const cudnnDataType_t f32 = CUDNN_DATA_FLOAT;
-  t.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, f32);
+  DTRAIN_CHECK(type == DType::kFloat32 || type == DType::kBFloat16,
+               "cuDNN plans take float32 or bfloat16 tensors, not ", dtype_name(type));
+  const cudnnDataType_t t_type = type == DType::kBFloat16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+  t.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, t_type);
   t.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, dims, 4);
   t.set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, strides, 4);
   t.set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, uid);
@@ -72,12 +76,22 @@ bool has(const std::vector<int>& notes, int note) {
   return std::find(notes.begin(), notes.end(), note) != notes.end();
 }
 
-// The largest power of two (up to 16, cuDNN's widest vector access) dividing every address.
-int64_t alignment_of(std::initializer_list<const void*> ptrs) {
+// The largest power of two (up to 16, cuDNN's widest vector access) dividing every address, and
+// at least the smallest element's size (2 bytes with a bfloat16 tensor, else 4).
+int64_t alignment_of(std::initializer_list<const void*> ptrs, int64_t smallest) {
   int64_t a = 16;
   for (const void* p : ptrs)
-    while (a > 4 && reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(a) != 0) a /= 2;
+    while (a > smallest && reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(a) != 0) a /= 2;
   return a;
+}
+
+int64_t type_code(DType t) { return t == DType::kBFloat16 ? 1 : 0; }
+
+std::vector<int64_t> typed_key(ConvDirection d, const ConvPlanProblem& p, bool tensor_cores,
+                               ConvTypes types) {
+  std::vector<int64_t> key = conv_problem_key(d, p, tensor_cores);
+  for (DType t : {types.x, types.w, types.y}) key.push_back(type_code(t));
+  return key;
 }
 
 const char* direction_name(ConvDirection d) {
@@ -158,27 +172,30 @@ std::vector<int64_t> conv_problem_key(ConvDirection d, const ConvPlanProblem& p,
 
 std::shared_ptr<ConvPlanCache::Plan> ConvPlanCache::plan_for(ConvDirection d,
                                                              const ConvPlanProblem& p,
-                                                             int64_t alignment, bool tensor_cores) {
-  std::vector<int64_t> key = conv_problem_key(d, p, tensor_cores);
+                                                             int64_t alignment, bool tensor_cores,
+                                                             ConvTypes types) {
+  std::vector<int64_t> key = typed_key(d, p, tensor_cores, types);
   key.push_back(alignment);
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second;
   }
-  std::shared_ptr<Plan> plan = build(d, p, alignment, tensor_cores);
+  std::shared_ptr<Plan> plan = build(d, p, alignment, tensor_cores, types);
   std::lock_guard<std::mutex> lock(mu_);
+  if (!plan) none_.insert(typed_key(d, p, tensor_cores, types));
   return plans_.emplace(key, std::move(plan)).first->second;
 }
 
 // Called with the cuDNN lock held (run() takes it first).
 std::shared_ptr<ConvPlanCache::Plan> ConvPlanCache::build(ConvDirection d, const ConvPlanProblem& p,
-                                                          int64_t alignment, bool tensor_cores) {
+                                                          int64_t alignment, bool tensor_cores,
+                                                          ConvTypes types) {
   cudnnHandle_t handle = ctx_.cudnn();
   auto plan = std::make_shared<Plan>();
-  plan->keep.push_back(nhwc_tensor(kUidX, p.n, p.cin, p.h, p.w, alignment));
-  plan->keep.push_back(nhwc_tensor(kUidW, p.cout, p.cin, p.kh, p.kw, alignment));
-  plan->keep.push_back(nhwc_tensor(kUidY, p.n, p.cout, p.oh, p.ow, alignment));
+  plan->keep.push_back(nhwc_tensor(kUidX, p.n, p.cin, p.h, p.w, alignment, types.x));
+  plan->keep.push_back(nhwc_tensor(kUidW, p.cout, p.cin, p.kh, p.kw, alignment, types.w));
+  plan->keep.push_back(nhwc_tensor(kUidY, p.n, p.cout, p.oh, p.ow, alignment, types.y));
   const Desc& x = plan->keep[0];
   const Desc& w = plan->keep[1];
   const Desc& y = plan->keep[2];
@@ -235,10 +252,11 @@ std::shared_ptr<ConvPlanCache::Plan> ConvPlanCache::build(ConvDirection d, const
   graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, handle);
   graph.finalize();
 
-  const std::string what =
-      detail::str_cat("convolution ", direction_name(d), " x [", p.n, ", ", p.h, ", ", p.w, ", ",
-                      p.cin, "] w [", p.kh, ", ", p.kw, ", ", p.cin, ", ", p.cout, "] stride ",
-                      p.stride_h, "x", p.stride_w, " padding ", p.pad_h, "x", p.pad_w);
+  const std::string what = detail::str_cat(
+      "convolution ", direction_name(d), " x [", p.n, ", ", p.h, ", ", p.w, ", ", p.cin, "] w [",
+      p.kh, ", ", p.kw, ", ", p.cin, ", ", p.cout, "] stride ", p.stride_h, "x", p.stride_w,
+      " padding ", p.pad_h, "x", p.pad_w, " (", dtype_name(types.x), ", ", dtype_name(types.w),
+      ", ", dtype_name(types.y), ")");
   for (const cudnnBackendHeurMode_t heur_mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     heur.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
@@ -337,8 +355,8 @@ std::shared_ptr<ConvPlanCache::Plan> ConvPlanCache::build(ConvDirection d, const
     return plan;
   }
   DTRAIN_LOG(DEBUG) << what
-                    << ": no deterministic float32 cuDNN engine in the graph API; using the "
-                       "legacy API";
+                    << ": no qualifying deterministic cuDNN engine in the graph API; the caller "
+                       "falls back";
   return nullptr;
 }
 
@@ -420,12 +438,22 @@ void ConvPlanCache::tune(Plan& plan, void* x, void* w, void* y) {
   plan.candidates.clear();
 }
 
+bool ConvPlanCache::may_run(ConvDirection d, const ConvPlanProblem& p, bool tensor_cores,
+                            ConvTypes types) {
+  if (!enabled()) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  return none_.count(typed_key(d, p, tensor_cores, types)) == 0;
+}
+
 bool ConvPlanCache::run(ConvDirection d, const ConvPlanProblem& p, void* x, void* w, void* y,
-                        bool tensor_cores) {
+                        bool tensor_cores, ConvTypes types) {
   if (!enabled()) return false;
   (void)autotune();  // a bad DTRAIN_CUDNN_AUTOTUNE is reported at the first convolution
   auto lock = ctx_.lock_cudnn();
-  const std::shared_ptr<Plan> plan = plan_for(d, p, alignment_of({x, w, y}), tensor_cores);
+  const bool narrow =
+      types.x == DType::kBFloat16 || types.w == DType::kBFloat16 || types.y == DType::kBFloat16;
+  const std::shared_ptr<Plan> plan =
+      plan_for(d, p, alignment_of({x, w, y}, narrow ? 2 : 4), tensor_cores, types);
   if (!plan) return false;
   if (!plan->candidates.empty()) tune(*plan, x, w, y);
   std::shared_ptr<Storage> ws;

@@ -26,10 +26,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "devices/cuda/cuda_context.h"
+#include "dtrain/core/dtype.h"
 
 namespace dtrain::cuda {
 
@@ -40,6 +42,13 @@ enum class ConvDirection { kForward = 0, kBackwardData = 1, kBackwardFilter = 2 
 struct ConvPlanProblem {
   int64_t n, h, w, cin, kh, kw, cout, oh, ow;
   int64_t pad_h, pad_w, stride_h, stride_w;
+};
+
+// The element types of the three tensors in cuDNN's roles (x or dx, w or dw, y or dy): float32,
+// or bfloat16 (mixed_bfloat16's operands, and an output handed on in bfloat16). Engines for
+// bfloat16 data accumulate in float32 (engines that reduce in lower precision are passed over).
+struct ConvTypes {
+  DType x = DType::kFloat32, w = DType::kFloat32, y = DType::kFloat32;
 };
 
 // Direction d of problem p as a cache key (with whether tensor cores may run): the plans' and the
@@ -58,8 +67,13 @@ class ConvPlanCache {
   // tensor_cores allows engines that run float32 data on tensor cores as TF32 (plans are cached
   // apart for the two). Returns false, doing nothing, when the graph API is off or has no
   // qualifying engine for the problem (remembered: the next call returns false at once). Throws on
-  // a cuDNN failure.
-  bool run(ConvDirection d, const ConvPlanProblem& p, void* x, void* w, void* y, bool tensor_cores);
+  // a cuDNN failure. `types`: the pointers' element types (plans are cached apart for each).
+  bool run(ConvDirection d, const ConvPlanProblem& p, void* x, void* w, void* y, bool tensor_cores,
+           ConvTypes types = {});
+
+  // False when run() already found no qualifying engine for direction d of p with these types (at
+  // any alignment), or the graph API is off: callers skip converting operands for it.
+  bool may_run(ConvDirection d, const ConvPlanProblem& p, bool tensor_cores, ConvTypes types);
 
   // Whether DTRAIN_CUDNN_API is unset or "graph" (read once); "legacy" turns the plans off.
   static bool enabled();
@@ -69,15 +83,16 @@ class ConvPlanCache {
  private:
   struct Plan;
   std::shared_ptr<Plan> plan_for(ConvDirection d, const ConvPlanProblem& p, int64_t alignment,
-                                 bool tensor_cores);
+                                 bool tensor_cores, ConvTypes types);
   std::shared_ptr<Plan> build(ConvDirection d, const ConvPlanProblem& p, int64_t alignment,
-                              bool tensor_cores);
+                              bool tensor_cores, ConvTypes types);
   // Times plan's candidates on these buffers and keeps the fastest.
   void tune(Plan& plan, void* x, void* w, void* y);
 
   CudaContext& ctx_;
   std::mutex mu_;
   std::map<std::vector<int64_t>, std::shared_ptr<Plan>> plans_;  // null: no qualifying engine
+  std::set<std::vector<int64_t>> none_;  // plans_' null entries' keys without the alignment
 };
 
 }  // namespace dtrain::cuda

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "devices/cuda/cuda_context.h"
+#include "dtrain/core/dtype.h"
 
 namespace dtrain::cuda {
 
@@ -24,10 +25,11 @@ enum class GemmMath {
 
 // C[m, n] = op(A) op(B): A's stored rows are lda long, B's ldb, C's ldc (in elements); m, n, k,
 // lda, ldb and ldc fit an int (the caller checks). a and b point at float32 data, or bfloat16 under
-// GemmMath::kBFloat16.
+// GemmMath::kBFloat16. c is float32, or under GemmMath::kBFloat16 may be bfloat16 (c_type): the
+// float32 sums rounded to bfloat16 as cuBLAS writes them (an activation handed on in bfloat16).
 void gemm_row_major(CudaContext& ctx, GemmMath math, bool ta, bool tb, int64_t m, int64_t n,
-                    int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb, float* c,
-                    int64_t ldc);
+                    int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb, void* c,
+                    int64_t ldc, DType c_type = DType::kFloat32);
 
 // `batch` such products, the i-th on a + i * stride_a, b + i * stride_b, c + i * stride_c
 // (strides in elements).

@@ -3,6 +3,8 @@
 #include "devices/cuda/cuda_kernels.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "devices/cuda/cuda_check.h"
 #include "devices/cuda/cuda_guard.h"
@@ -119,12 +121,29 @@ GemmMath CudaKernels::gemm_math() const {
 }
 
 Tensor CudaKernels::gemm_operand(const Tensor& t, GemmMath math) const {
-  if (math != GemmMath::kBFloat16) return product_operand(t);
-  Tensor r = empty(t.shape(), DType::kBFloat16);
+  if (math != GemmMath::kBFloat16) return product_operand(as_dtype(t, DType::kFloat32));
+  return as_dtype(t, DType::kBFloat16);
+}
+
+Tensor CudaKernels::as_dtype(const Tensor& t, DType dtype) const {
+  if (t.dtype() == dtype) return t;
+  Tensor r = empty(t.shape(), dtype);
   if (t.numel() > 0)
-    launch_cast(t.raw_data(), DType::kFloat32, r.raw_data(), DType::kBFloat16, t.numel(),
-                ctx_.stream());
+    launch_cast(t.raw_data(), t.dtype(), r.raw_data(), dtype, t.numel(), ctx_.stream());
   return r;
+}
+
+bool CudaKernels::hands_off_bfloat16() const {
+  static const bool on = [] {
+    const char* v = std::getenv("DTRAIN_CUDA_BF16_HANDOFFS");
+    if (!v || !*v || std::strcmp(v, "1") == 0) return true;
+    if (std::strcmp(v, "0") == 0) return false;
+    throw InvalidArgument(detail::str_cat(
+        "DTRAIN_CUDA_BF16_HANDOFFS=", v,
+        " is not 0 or 1; 0 keeps float32 activations between the layers on CUDA GPUs under "
+        "mixed_bfloat16, 1 (the default) hands bfloat16 ones on as the CPU does"));
+  }();
+  return on && ctx_.cc_major() >= 8;
 }
 
 bool CudaKernels::tensor_cores() const {
@@ -137,6 +156,14 @@ void CudaKernels::check_f32(const Tensor& t, const char* op, const char* arg) co
   if (t.dtype() != DType::kFloat32)
     throw InvalidArgument(detail::str_cat(op, ": ", arg, " has dtype ", dtype_name(t.dtype()),
                                           " but GPU kernels compute in float32; cast it first"));
+}
+
+void CudaKernels::check_activation(const Tensor& t, const char* op, const char* arg) const {
+  check_device(t, op, arg);
+  if (t.dtype() != DType::kFloat32 && t.dtype() != DType::kBFloat16)
+    throw InvalidArgument(detail::str_cat(op, ": ", arg, " has dtype ", dtype_name(t.dtype()),
+                                          " but GPU kernels take float32 here (or a bfloat16 "
+                                          "activation); cast it first"));
 }
 
 void CudaKernels::check_same_shape(const Tensor& a, const Tensor& b, const char* op) {

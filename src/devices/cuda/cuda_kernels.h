@@ -52,6 +52,10 @@ class CudaKernels final : public Kernels {
   Tensor softmax_backward(const Tensor& y, const Tensor& dy, bool log) override;
   // One kernel: the mask is worked out from each row's index, never read.
   bool fuses_causal_softmax() const override { return true; }
+  // From compute capability 8.0 (bfloat16 tensor cores), unless DTRAIN_CUDA_BF16_HANDOFFS=0 (read
+  // once; for comparisons): the convolutions write bfloat16 for the batch norms after them and
+  // read bfloat16 from those with ReLU, and the batch norms' dx is bfloat16 where their x was.
+  bool hands_off_bfloat16() const override;
   Tensor causal_softmax(const Tensor& x, float mask_value) override;
   LayerNormForward layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                               float epsilon) override;
@@ -101,17 +105,25 @@ class CudaKernels final : public Kernels {
                    float decay) override;
 
  private:
-  // batch_norm_training, with relu(y) written in the same pass when relu.
+  // batch_norm_training, with relu(y) written in the same pass when relu; y in y_dtype (float32
+  // or bfloat16), x float32 or bfloat16.
   BatchNormForward bn_training(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                               float epsilon, bool relu, const char* op);
-  // batch_norm_backward; with relu_mask, of relu(y) for batch_norm_relu_training's output y.
+                               float epsilon, bool relu, DType y_dtype, const char* op);
+  // batch_norm_backward; with relu_mask, of relu(y) for batch_norm_relu_training's output y
+  // (float32 or bfloat16). dx in dx_dtype.
   BatchNormBackward bn_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                 const Tensor& mean, const Tensor& var, float epsilon,
-                                const Tensor* relu_mask, const char* op);
+                                const Tensor* relu_mask, DType dx_dtype, const char* op);
   // Throws InvalidArgument unless t is defined and lives on this GPU.
   void check_device(const Tensor& t, const char* op, const char* arg) const;
   // check_device plus dtype float32.
   void check_f32(const Tensor& t, const char* op, const char* arg) const;
+  // check_device plus dtype float32 or bfloat16: where a bfloat16 activation may arrive
+  // (hands_off_bfloat16).
+  void check_activation(const Tensor& t, const char* op, const char* arg) const;
+  // t in float32 (a widened copy of a bfloat16 t), or in bfloat16 (a copy rounded to nearest
+  // even, as gemm_operand's): t itself where it already is.
+  Tensor as_dtype(const Tensor& t, DType dtype) const;
   // The operand a cuDNN convolution reads (and a cuBLAS product on GPUs before compute capability
   // 8.0): under the mixed_bfloat16 policy (core/precision.h) a copy of t rounded to bfloat16 and
   // kept as float32, else t itself.
@@ -145,6 +157,16 @@ class CudaKernels final : public Kernels {
   using AlgoKey = std::vector<int64_t>;
   int cached_algo(const AlgoKey& key) const;  // -1 when unknown
   void remember_algo(const AlgoKey& key, int algo);
+  // Direction d of problem p on bfloat16 operands (mixed_bfloat16's products on bfloat16 tensor
+  // cores), from a cuDNN plan for exactly these types: a and b are the direction's inputs in
+  // bfloat16 (forward x and the KRSC filter, backward data the filter and dy, backward filter x and
+  // dy), `out` its output, float32 or bfloat16 as its dtype. False, doing nothing, when cuDNN has
+  // no qualifying engine for these types (the caller then runs the float32 path on the rounded
+  // values).
+  bool bf16_conv(ConvDirection d, const ConvPlanProblem& p, const Tensor& a, const Tensor& b,
+                 Tensor& out);
+  // bf16_conv's types: bfloat16 inputs, `out` for the output.
+  static ConvTypes bf16_types(ConvDirection d, DType out);
   // Direction d of problem p on cuDNN's legacy calls (cuda_conv_legacy.h), with the choice cached.
   void legacy_conv(ConvDirection d, const ConvPlanProblem& p, bool tc, const void* a, const void* b,
                    void* out, const char* op, const std::string& problem);

@@ -46,17 +46,20 @@ void launch_round_to_bf16(const float* x, float* y, int64_t n, cudaStream_t s);
 void launch_add_bias(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t s);
 
 // --- cuda_layout.cu ---
-// y[n, h, w, c] = x[n, h - top, w - left, c] inside x, else value; y is [N, Hp, Wp, C].
-void launch_pad_nhwc(const float* x, float* y, int64_t N, int64_t H, int64_t W, int64_t C,
-                     int64_t top, int64_t left, int64_t Hp, int64_t Wp, float value,
+// y[n, h, w, c] = x[n, h - top, w - left, c] inside x, else value; y is [N, Hp, Wp, C]. x and y
+// are float32, or bfloat16 (value 0 only).
+void launch_pad_nhwc(const void* x, void* y, DType dtype, int64_t N, int64_t H, int64_t W,
+                     int64_t C, int64_t top, int64_t left, int64_t Hp, int64_t Wp, float value,
                      cudaStream_t s);
 // x[n, h, w, c] = xp[n, h + top, w + left, c]; the inverse window of launch_pad_nhwc.
 void launch_crop_nhwc(const float* xp, float* x, int64_t N, int64_t H, int64_t W, int64_t C,
                       int64_t top, int64_t left, int64_t Hp, int64_t Wp, cudaStream_t s);
 // xs[n, i, j, c] = x[n, i * sh, j * sw, c] for xs [N, OH, OW, C] (a strided 1x1 convolution's
-// input); launch_upsample_zero_nhwc is its adjoint: x gets xs at those positions and 0 elsewhere.
-void launch_subsample_nhwc(const float* x, float* xs, int64_t N, int64_t H, int64_t W, int64_t C,
-                           int64_t OH, int64_t OW, int64_t sh, int64_t sw, cudaStream_t s);
+// input; float32 or bfloat16); launch_upsample_zero_nhwc is its adjoint (float32): x gets xs at
+// those positions and 0 elsewhere.
+void launch_subsample_nhwc(const void* x, void* xs, DType dtype, int64_t N, int64_t H, int64_t W,
+                           int64_t C, int64_t OH, int64_t OW, int64_t sh, int64_t sw,
+                           cudaStream_t s);
 void launch_upsample_zero_nhwc(const float* xs, float* x, int64_t N, int64_t H, int64_t W,
                                int64_t C, int64_t OH, int64_t OW, int64_t sh, int64_t sw,
                                cudaStream_t s);
@@ -123,20 +126,23 @@ void launch_dropout_mask(float* out, int64_t n, float rate, float scale, uint64_
 bool bn_one_pass();
 // Batch mean and biased variance per channel: one read of x (Welford's update on x less the
 // channel's first value, partial results merged in a fixed order), or with !one_pass two (the
-// mean, then the squared deviations from it). rows > 0.
-void launch_bn_stats(const float* x, int64_t rows, int64_t C, float* mean, float* var,
+// mean, then the squared deviations from it; float32 x only). rows > 0. x is float32 or bfloat16
+// (x_type).
+void launch_bn_stats(const void* x, DType x_type, int64_t rows, int64_t C, float* mean, float* var,
                      bool one_pass, CudaContext& ctx);
-// y = (x - mean) / sqrt(var + eps) * gamma + beta; with relu, relu(y) in the same pass.
-void launch_bn_apply(const float* x, const float* mean, const float* var, const float* gamma,
-                     const float* beta, float eps, float* y, int64_t rows, int64_t C, bool relu,
-                     cudaStream_t s);
+// y = (x - mean) / sqrt(var + eps) * gamma + beta; with relu, relu(y) in the same pass. x and y
+// are float32 or bfloat16 (y rounded to nearest even).
+void launch_bn_apply(const void* x, DType x_type, const float* mean, const float* var,
+                     const float* gamma, const float* beta, float eps, void* y, DType y_type,
+                     int64_t rows, int64_t C, bool relu, cudaStream_t s);
 // dx, dgamma and dbeta for the output gradient dy: dbeta and dgamma in one pass over dy and x, or
-// with !one_pass in two reductions (the same sums, bit for bit). relu_y non-null (one_pass only):
-// dy is the gradient of relu(y) for batch_norm_relu_training's output relu_y, taken where relu_y >
-// 0 as it is read.
-void launch_bn_backward(const float* dy, const float* relu_y, const float* x, const float* gamma,
-                        const float* mean, const float* var, float eps, float* dx, float* dgamma,
-                        float* dbeta, int64_t rows, int64_t C, bool one_pass, CudaContext& ctx);
+// with !one_pass in two reductions (the same sums, bit for bit; float32 x only). relu_y non-null
+// (one_pass only): dy is the gradient of relu(y) for batch_norm_relu_training's output relu_y,
+// taken where relu_y > 0 as it is read. x, relu_y and dx are float32 or bfloat16 (their types).
+void launch_bn_backward(const float* dy, const void* relu_y, DType relu_y_type, const void* x,
+                        DType x_type, const float* gamma, const float* mean, const float* var,
+                        float eps, void* dx, DType dx_type, float* dgamma, float* dbeta,
+                        int64_t rows, int64_t C, bool one_pass, CudaContext& ctx);
 
 // --- cuda_optim.cu (in place) ---
 // momentum == nullptr: var -= lr * g. Else buf = mu*buf + g; var -= lr*(nesterov ? g + mu*buf :

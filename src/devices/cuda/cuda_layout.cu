@@ -25,9 +25,11 @@ __device__ __forceinline__ NhwcIndex nhwc_index(int64_t i, int64_t H, int64_t W,
   return r;
 }
 
-__global__ void pad_nhwc_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t total,
+// T: float, or uint16_t for bfloat16 (copies only: value is then its bits).
+template <typename T>
+__global__ void pad_nhwc_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t total,
                                 int64_t H, int64_t W, int64_t C, int64_t top, int64_t left,
-                                int64_t Hp, int64_t Wp, float value) {
+                                int64_t Hp, int64_t Wp, T value) {
   DTRAIN_GRID_STRIDE_LOOP(i, total) {
     const NhwcIndex p = nhwc_index(i, Hp, Wp, C);
     const int64_t h = p.h - top, w = p.w - left;
@@ -52,9 +54,10 @@ __device__ __forceinline__ int64_t strided_offset(int64_t i, int64_t H, int64_t 
 }
 
 // xs[n, i, j, c] = x[n, i * sh, j * sw, c]; xs is [N, OH, OW, C].
-__global__ void subsample_nhwc_kernel(const float* __restrict__ x, float* __restrict__ xs,
-                                      int64_t total, int64_t H, int64_t W, int64_t C, int64_t OH,
-                                      int64_t OW, int64_t sh, int64_t sw) {
+template <typename T>
+__global__ void subsample_nhwc_kernel(const T* __restrict__ x, T* __restrict__ xs, int64_t total,
+                                      int64_t H, int64_t W, int64_t C, int64_t OH, int64_t OW,
+                                      int64_t sh, int64_t sw) {
   DTRAIN_GRID_STRIDE_LOOP(i, total) { xs[i] = x[strided_offset(i, H, W, C, OH, OW, sh, sw)]; }
 }
 
@@ -86,13 +89,22 @@ __global__ void permute_kernel(const float* __restrict__ x, float* __restrict__ 
 
 }  // namespace
 
-void launch_pad_nhwc(const float* x, float* y, int64_t N, int64_t H, int64_t W, int64_t C,
-                     int64_t top, int64_t left, int64_t Hp, int64_t Wp, float value,
+void launch_pad_nhwc(const void* x, void* y, DType dtype, int64_t N, int64_t H, int64_t W,
+                     int64_t C, int64_t top, int64_t left, int64_t Hp, int64_t Wp, float value,
                      cudaStream_t s) {
   const int64_t total = N * Hp * Wp * C;
   if (total == 0) return;
-  pad_nhwc_kernel<<<grid_for(total), kBlock, 0, s>>>(x, y, total, H, W, C, top, left, Hp, Wp,
-                                                     value);
+  if (dtype == DType::kBFloat16) {
+    DTRAIN_CHECK(value == 0.f, "launch_pad_nhwc: bfloat16 pads with zeros only");
+    pad_nhwc_kernel<uint16_t><<<grid_for(total), kBlock, 0, s>>>(
+        static_cast<const uint16_t*>(x), static_cast<uint16_t*>(y), total, H, W, C, top, left, Hp,
+        Wp, uint16_t{0});
+  } else {
+    DTRAIN_CHECK(dtype == DType::kFloat32, "launch_pad_nhwc: float32 or bfloat16 only");
+    pad_nhwc_kernel<float><<<grid_for(total), kBlock, 0, s>>>(static_cast<const float*>(x),
+                                                              static_cast<float*>(y), total, H, W,
+                                                              C, top, left, Hp, Wp, value);
+  }
   DTRAIN_CHECK_LAUNCH("pad_nhwc_kernel");
 }
 
@@ -104,11 +116,20 @@ void launch_crop_nhwc(const float* xp, float* x, int64_t N, int64_t H, int64_t W
   DTRAIN_CHECK_LAUNCH("crop_nhwc_kernel");
 }
 
-void launch_subsample_nhwc(const float* x, float* xs, int64_t N, int64_t H, int64_t W, int64_t C,
-                           int64_t OH, int64_t OW, int64_t sh, int64_t sw, cudaStream_t s) {
+void launch_subsample_nhwc(const void* x, void* xs, DType dtype, int64_t N, int64_t H, int64_t W,
+                           int64_t C, int64_t OH, int64_t OW, int64_t sh, int64_t sw,
+                           cudaStream_t s) {
   const int64_t total = N * OH * OW * C;
   if (total == 0) return;
-  subsample_nhwc_kernel<<<grid_for(total), kBlock, 0, s>>>(x, xs, total, H, W, C, OH, OW, sh, sw);
+  if (dtype == DType::kBFloat16) {
+    subsample_nhwc_kernel<uint16_t><<<grid_for(total), kBlock, 0, s>>>(
+        static_cast<const uint16_t*>(x), static_cast<uint16_t*>(xs), total, H, W, C, OH, OW, sh,
+        sw);
+  } else {
+    DTRAIN_CHECK(dtype == DType::kFloat32, "launch_subsample_nhwc: float32 or bfloat16 only");
+    subsample_nhwc_kernel<float><<<grid_for(total), kBlock, 0, s>>>(
+        static_cast<const float*>(x), static_cast<float*>(xs), total, H, W, C, OH, OW, sh, sw);
+  }
   DTRAIN_CHECK_LAUNCH("subsample_nhwc_kernel");
 }
 

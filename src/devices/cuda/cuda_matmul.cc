@@ -22,24 +22,28 @@ cublasComputeType_t compute_type(GemmMath math) {
 }  // namespace
 
 void gemm_row_major(CudaContext& ctx, GemmMath math, bool ta, bool tb, int64_t m, int64_t n,
-                    int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb, float* c,
-                    int64_t ldc) {
+                    int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb, void* c,
+                    int64_t ldc, DType c_type) {
+  DTRAIN_CHECK(
+      c_type == DType::kFloat32 || (c_type == DType::kBFloat16 && math == GemmMath::kBFloat16),
+      "gemm_row_major: a bfloat16 result needs bfloat16 operands");
   const float alpha = 1.f, beta = 0.f;
   const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   auto lock = ctx.lock_cublas();
   if (math != GemmMath::kFloat32) {
+    const cudaDataType_t c_cuda = c_type == DType::kBFloat16 ? CUDA_R_16BF : CUDA_R_32F;
     DTRAIN_CUBLAS_CALL(
         cublasGemmEx(ctx.cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m),
                      static_cast<int>(k), &alpha, b, operand_type(math), static_cast<int>(ldb), a,
-                     operand_type(math), static_cast<int>(lda), &beta, c, CUDA_R_32F,
+                     operand_type(math), static_cast<int>(lda), &beta, c, c_cuda,
                      static_cast<int>(ldc), compute_type(math), CUBLAS_GEMM_DEFAULT));
     return;
   }
-  DTRAIN_CUBLAS_CALL(cublasSgemm(ctx.cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m),
-                                 static_cast<int>(k), &alpha, static_cast<const float*>(b),
-                                 static_cast<int>(ldb), static_cast<const float*>(a),
-                                 static_cast<int>(lda), &beta, c, static_cast<int>(ldc)));
+  DTRAIN_CUBLAS_CALL(cublasSgemm(
+      ctx.cublas(), op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
+      &alpha, static_cast<const float*>(b), static_cast<int>(ldb), static_cast<const float*>(a),
+      static_cast<int>(lda), &beta, static_cast<float*>(c), static_cast<int>(ldc)));
 }
 
 void gemm_row_major_batched(CudaContext& ctx, GemmMath math, bool ta, bool tb, int64_t m, int64_t n,

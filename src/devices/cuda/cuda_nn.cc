@@ -112,10 +112,17 @@ Tensor CudaKernels::dropout_mask(const Shape& shape, float rate, uint64_t seed, 
 
 // --- batch norm ---
 
-BatchNormForward CudaKernels::bn_training(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                          float epsilon, bool relu, const char* op) {
+BatchNormForward CudaKernels::bn_training(const Tensor& x_in, const Tensor& gamma,
+                                          const Tensor& beta, float epsilon, bool relu,
+                                          DType y_dtype, const char* op) {
   DeviceGuard guard(ctx_.index());
-  check_f32(x, op, "x");
+  check_activation(x_in, op, "x");
+  if (y_dtype != DType::kFloat32 && y_dtype != DType::kBFloat16)
+    throw InvalidArgument(
+        detail::str_cat(op, ": y_dtype ", dtype_name(y_dtype), " is not float32 or bfloat16"));
+  const bool one_pass = bn_one_pass();
+  // (The two-pass kernels, DTRAIN_CUDA_BN=two_pass, read float32.)
+  const Tensor x = one_pass ? x_in : as_dtype(x_in, DType::kFloat32);
   check_f32(gamma, op, "gamma");
   check_f32(beta, op, "beta");
   check_bn_rank(x, op);
@@ -123,33 +130,32 @@ BatchNormForward CudaKernels::bn_training(const Tensor& x, const Tensor& gamma, 
   check_channels(gamma, c, op, "gamma", x);
   check_channels(beta, c, op, "beta", x);
   const int64_t rows = c == 0 ? 0 : x.numel() / c;
-  BatchNormForward out{empty(x.shape()), empty(Shape{c}), empty(Shape{c})};
+  BatchNormForward out{empty(x.shape(), y_dtype), empty(Shape{c}), empty(Shape{c})};
   if (rows == 0) {  // no samples: zero statistics, as on the CPU (the output is empty)
     launch_fill(out.mean.raw_data(), DType::kFloat32, c, 0.f, ctx_.stream());
     launch_fill(out.var.raw_data(), DType::kFloat32, c, 0.f, ctx_.stream());
     return out;
   }
-  launch_bn_stats(fptr(x), rows, c, fptr(out.mean), fptr(out.var), bn_one_pass(), ctx_);
-  launch_bn_apply(fptr(x), fptr(out.mean), fptr(out.var), fptr(gamma), fptr(beta), epsilon,
-                  fptr(out.y), rows, c, relu, ctx_.stream());
+  launch_bn_stats(x.raw_data(), x.dtype(), rows, c, fptr(out.mean), fptr(out.var), one_pass, ctx_);
+  launch_bn_apply(x.raw_data(), x.dtype(), fptr(out.mean), fptr(out.var), fptr(gamma), fptr(beta),
+                  epsilon, out.y.raw_data(), y_dtype, rows, c, relu, ctx_.stream());
   return out;
 }
 
 BatchNormForward CudaKernels::batch_norm_training(const Tensor& x, const Tensor& gamma,
                                                   const Tensor& beta, float epsilon) {
-  return bn_training(x, gamma, beta, epsilon, false, "batch_norm_training");
+  return bn_training(x, gamma, beta, epsilon, false, DType::kFloat32, "batch_norm_training");
 }
 
 // The ReLU in the normalisation's pass; the mask is the output itself (y > 0 exactly where the
-// normalised value was), which batch_norm_relu_backward reads beside dy.
+// normalised value was), which batch_norm_relu_backward reads beside dy. A bfloat16 y (y_dtype)
+// is the mask too: 0 where a positive output rounds to 0 (below 2^-133, bfloat16's smallest
+// subnormal), whose gradient is then 0, as for a Keras layer's bfloat16 output.
 BatchNormForward CudaKernels::batch_norm_relu_training(const Tensor& x, const Tensor& gamma,
                                                        const Tensor& beta, float epsilon,
                                                        Tensor* relu_mask, DType y_dtype) {
-  if (y_dtype != DType::kFloat32)
-    throw InvalidArgument(
-        "batch_norm_relu_training: a bfloat16 output is a CPU option (bfloat16 activations under "
-        "mixed_bfloat16); the CUDA kernels write float32");
-  BatchNormForward f = bn_training(x, gamma, beta, epsilon, true, "batch_norm_relu_training");
+  BatchNormForward f =
+      bn_training(x, gamma, beta, epsilon, true, y_dtype, "batch_norm_relu_training");
   *relu_mask = f.y;
   return f;
 }
@@ -171,8 +177,8 @@ Tensor CudaKernels::batch_norm_inference(const Tensor& x, const Tensor& gamma, c
   check_channels(var, c, op, "var", x);
   const int64_t rows = c == 0 ? 0 : x.numel() / c;
   Tensor y = empty(x.shape());
-  launch_bn_apply(fptr(x), fptr(mean), fptr(var), fptr(gamma), fptr(beta), epsilon, fptr(y), rows,
-                  c, false, ctx_.stream());
+  launch_bn_apply(x.raw_data(), DType::kFloat32, fptr(mean), fptr(var), fptr(gamma), fptr(beta),
+                  epsilon, y.raw_data(), DType::kFloat32, rows, c, false, ctx_.stream());
   return y;
 }
 
@@ -180,11 +186,7 @@ BatchNormBackward CudaKernels::batch_norm_backward(const Tensor& dy, const Tenso
                                                    const Tensor& gamma, const Tensor& mean,
                                                    const Tensor& var, float epsilon,
                                                    DType dx_dtype) {
-  if (dx_dtype != DType::kFloat32)
-    throw InvalidArgument(
-        "batch_norm_backward: a bfloat16 dx is a CPU option (bfloat16 activations under "
-        "mixed_bfloat16); the CUDA kernels write float32");
-  return bn_backward(dy, x, gamma, mean, var, epsilon, nullptr, "batch_norm_backward");
+  return bn_backward(dy, x, gamma, mean, var, epsilon, nullptr, dx_dtype, "batch_norm_backward");
 }
 
 // The ReLU's gradient taken where the mask (the output) is > 0 as the kernels read dy, rather than
@@ -194,23 +196,29 @@ BatchNormBackward CudaKernels::batch_norm_relu_backward(const Tensor& dy, const 
                                                         const Tensor& var, float epsilon,
                                                         const Tensor& relu_mask, DType dx_dtype) {
   const char* op = "batch_norm_relu_backward";
-  if (dx_dtype != DType::kFloat32)
-    throw InvalidArgument(
-        "batch_norm_relu_backward: a bfloat16 dx is a CPU option (bfloat16 activations under "
-        "mixed_bfloat16); the CUDA kernels write float32");
-  check_f32(relu_mask, op, "relu_mask");
+  check_activation(relu_mask, op, "relu_mask");
   check_same_shape(relu_mask, x, op);
-  if (!bn_one_pass())
-    return Kernels::batch_norm_relu_backward(dy, x, gamma, mean, var, epsilon, relu_mask, dx_dtype);
-  return bn_backward(dy, x, gamma, mean, var, epsilon, &relu_mask, op);
+  if (!bn_one_pass())  // the ReLU gradient's own kernel reads a float32 mask
+    return Kernels::batch_norm_relu_backward(dy, x, gamma, mean, var, epsilon,
+                                             as_dtype(relu_mask, DType::kFloat32), dx_dtype);
+  return bn_backward(dy, x, gamma, mean, var, epsilon, &relu_mask, dx_dtype, op);
 }
 
-BatchNormBackward CudaKernels::bn_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                           const Tensor& mean, const Tensor& var, float epsilon,
-                                           const Tensor* relu_mask, const char* op) {
+BatchNormBackward CudaKernels::bn_backward(const Tensor& dy_in, const Tensor& x_in,
+                                           const Tensor& gamma, const Tensor& mean,
+                                           const Tensor& var, float epsilon,
+                                           const Tensor* relu_mask, DType dx_dtype,
+                                           const char* op) {
   DeviceGuard guard(ctx_.index());
-  check_f32(dy, op, "dy");
-  check_f32(x, op, "x");
+  check_activation(dy_in, op, "dy");
+  check_activation(x_in, op, "x");
+  if (dx_dtype != DType::kFloat32 && dx_dtype != DType::kBFloat16)
+    throw InvalidArgument(
+        detail::str_cat(op, ": dx_dtype ", dtype_name(dx_dtype), " is not float32 or bfloat16"));
+  // With a mask the caller chose the one-pass kernels; without one, read the switch here.
+  const bool one_pass = relu_mask != nullptr || bn_one_pass();
+  const Tensor dy = as_dtype(dy_in, DType::kFloat32);
+  const Tensor x = one_pass ? x_in : as_dtype(x_in, DType::kFloat32);
   check_f32(gamma, op, "gamma");
   check_f32(mean, op, "mean");
   check_f32(var, op, "var");
@@ -221,12 +229,11 @@ BatchNormBackward CudaKernels::bn_backward(const Tensor& dy, const Tensor& x, co
   check_channels(mean, c, op, "mean", x);
   check_channels(var, c, op, "var", x);
   const int64_t rows = c == 0 ? 0 : x.numel() / c;
-  BatchNormBackward out{empty(x.shape()), empty(Shape{c}), empty(Shape{c})};
-  // With a mask the caller chose the one-pass kernels; without one, read the switch here.
-  const bool one_pass = relu_mask != nullptr || bn_one_pass();
-  launch_bn_backward(fptr(dy), relu_mask ? fptr(*relu_mask) : nullptr, fptr(x), fptr(gamma),
-                     fptr(mean), fptr(var), epsilon, fptr(out.dx), fptr(out.dgamma),
-                     fptr(out.dbeta), rows, c, one_pass, ctx_);
+  BatchNormBackward out{empty(x.shape(), dx_dtype), empty(Shape{c}), empty(Shape{c})};
+  launch_bn_backward(fptr(dy), relu_mask ? relu_mask->raw_data() : nullptr,
+                     relu_mask ? relu_mask->dtype() : DType::kFloat32, x.raw_data(), x.dtype(),
+                     fptr(gamma), fptr(mean), fptr(var), epsilon, out.dx.raw_data(), dx_dtype,
+                     fptr(out.dgamma), fptr(out.dbeta), rows, c, one_pass, ctx_);
   return out;
 }
 

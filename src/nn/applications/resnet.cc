@@ -36,10 +36,10 @@ std::shared_ptr<Conv2D> conv(int64_t filters, int k, int stride, bool bias, Padd
   return c;
 }
 
-// Under mixed_bfloat16 on the CPU, bfloat16 activations from each convolution to the batch norm
-// after it and from a batch norm with ReLU to the convolution after it (Conv2D::bfloat16_output):
-// those consumers read them rounded so anyway. Not into a synchronized batch norm, which reads
-// float32.
+// Under mixed_bfloat16 on the CPU or a CUDA GPU, bfloat16 activations from each convolution to the
+// batch norm after it and from a batch norm with ReLU to the convolution after it
+// (Conv2D::bfloat16_output): those consumers read them rounded so anyway. Not into a synchronized
+// batch norm, which reads float32.
 std::shared_ptr<Conv2D> to_bn(std::shared_ptr<Conv2D> c, const ResNetOptions& o) {
   c->bfloat16_output = !o.synchronized_batch_norm;
   return c;

@@ -26,6 +26,9 @@ peak() {  # peak LABEL TIMEOUT CMD...
     "$last" "$label" "$rc" "${mb:-0}" | tee -a "$res"
 }
 peak kernels 120 "$b/gpu_kernels_test"
+# the bfloat16 hand-offs again on the fallbacks: batch norm's two-pass kernels (which widen bfloat16
+# first) and cuDNN's legacy calls (no bfloat16 plans: the TF32 path on rounded operands)
+peak kernels_bf16_fallbacks 90 env DTRAIN_CUDA_BN=two_pass DTRAIN_CUDNN_API=legacy "$b/gpu_kernels_test" --gtest_filter='GpuKernels.Bfloat16*:GpuKernels.ResNetStep*:GpuKernels.MixedBFloat16*'
 # the convolutions again with cuDNN's engines timed at first use (DTRAIN_CUDNN_AUTOTUNE=1)
 peak kernels_autotune 60 env DTRAIN_CUDNN_AUTOTUNE=1 DTRAIN_LOG_LEVEL=DEBUG "$b/gpu_kernels_test" --gtest_filter='GpuKernels.Conv*:GpuKernels.TensorFloat32*'
 # dtrain's ResNet-50 in torchvision's form (v1.5, no convolution biases): the model PyTorch's rows train.

@@ -27,7 +27,9 @@ bool rounds(const Tensor& x) {
   return x.defined() && x.dtype() == DType::kFloat32 &&
          precision_policy() == Precision::kMixedBFloat16 && x.numel() > 0;
 }
-// Kept copies are bfloat16 on CPU devices only: the GPU kernels read float32 operands.
+// Kept copies are bfloat16 on CPU devices only: the GPU's matrix products read float32 operands
+// (and round them themselves); its convolutions and batch norms take bfloat16 only as handed-off
+// activations (bf16_activations).
 bool compacts(const Tensor& x) { return rounds(x) && x.device().type == DeviceType::kCPU; }
 }  // namespace
 

@@ -101,7 +101,8 @@ Products all_products(Kernels& k, bool gpu_side,
 
 // Under mixed_bfloat16 the GPU's products read their operands rounded to bfloat16 and accumulate
 // in float32 (from compute capability 8.0 on tensor cores: cuBLAS's products on bfloat16 copies,
-// cuDNN's as TF32, which holds bfloat16 values exactly), as the CPU device's do: the two agree to
+// cuDNN's on bfloat16 plans, or as TF32, which holds bfloat16 values exactly, where cuDNN has no
+// plan for the types), as the CPU device's do: the two agree to
 // float32 rounding of the sums, and both differ from float32's results (so the rounding did
 // happen).
 TEST(GpuKernels, MixedBFloat16ProductsMatchTheCpus) {
@@ -200,6 +201,11 @@ TEST(GpuKernels, Bfloat16HandOffsMatchTheCpus) {
     const Tensor yc = cpu().conv2d(x, w, Tensor(), p), yg = gpu().conv2d(G(x), G(w), Tensor(), p);
     EXPECT_EQ(yg.dtype(), DType::kBFloat16) << at;
     expect_close(widened(cpu(), yc), widened(gpu(), yg), step, 1e-3f, "conv2d y" + at);
+    // With a bias (the Keras form's convolutions): the sum, plus the bias, then rounded.
+    const Tensor bias = random_tensor(Shape{c.w[3]}, s++);
+    expect_close(widened(cpu(), cpu().conv2d(x, w, bias, p)),
+                 widened(gpu(), gpu().conv2d(G(x), G(w), G(bias), p)), step, 1e-3f,
+                 "conv2d y with a bias" + at);
     const Tensor dy = bf16(random_tensor(yc.shape(), s++));
     expect_close(cpu().conv2d_backward_input(dy, w, c.x, c.p),
                  gpu().conv2d_backward_input(G(dy), G(w), c.x, c.p), 1e-4f, 1e-4f,
@@ -245,24 +251,38 @@ TEST(GpuKernels, Bfloat16HandOffsMatchTheCpus) {
 }
 
 // ResNet-18's training step under mixed_bfloat16 on the GPU, both forms, with the same weights as
-// on the CPU, against the CPU's: the hand-offs run (the convolutions' outputs reach the batch
-// norms in bfloat16, as the layers ask), and the logits and every gradient agree within 3% of each
-// tensor's largest value (bfloat16 activations: a one-step difference in a rounding carries on).
+// on the CPU, against the CPU's. The hand-offs run (the model's stem convolution, called as the
+// model calls it, gives bfloat16 on the GPU under a tape), and the logits and every gradient are as
+// close to the CPU's as rounding allows: each within 3 times the CPU's own distance between its
+// mixed bfloat16 and float32 results, plus 0.1% of the tensor's largest value. (64 x 64 images,
+// 8 of them, so that the last stage's batch norms still see 32 rows.) The bound, tried on the CPU
+// with its bfloat16 kernels against its float32 kernels on rounded operands (the same roundings,
+// the sums in other orders; DTRAIN_BF16_KERNELS native and emulated, 2026-11-29): those two
+// stayed within 0.84 of twice the distance, so 3 times leaves room for the GPU's other orders.
 TEST(GpuKernels, ResNetStepHandsOffBfloat16AsTheCpu) {
   if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   if (!gpu().hands_off_bfloat16()) GTEST_SKIP() << "this GPU keeps float32 activations";
-  PrecisionScope scope(Precision::kMixedBFloat16, false);
-  std::vector<float> xv(4 * 32 * 32 * 3), gv(4 * 10);
+  std::vector<float> xv(8 * 64 * 64 * 3), gv(8 * 10);
   for (size_t i = 0; i < xv.size(); ++i) xv[i] = static_cast<float>(std::sin(0.37 * i));
   for (size_t i = 0; i < gv.size(); ++i) gv[i] = static_cast<float>(std::cos(1.3 * i));
-  const Tensor x = Tensor::from_vector(xv, Shape{4, 32, 32, 3});
-  const Tensor g = Tensor::from_vector(gv, Shape{4, 10});
+  const Tensor x = Tensor::from_vector(xv, Shape{8, 64, 64, 3});
+  const Tensor g = Tensor::from_vector(gv, Shape{8, 10});
   OneDeviceStrategy on_gpu(kGpu);
+  const auto step = [](Model& m, const Tensor& in, const Tensor& dl) {
+    GradientTape tape;
+    const Tensor y = m(in, /*training=*/true);
+    std::vector<std::vector<float>> out{y.to(kCpu).to_vector<float>()};
+    for (const Tensor& t : tape.gradient(ops::sum(ops::mul(y, dl)), m.trainable_variables())) {
+      EXPECT_EQ(t.dtype(), DType::kFloat32);
+      out.push_back(t.to(kCpu).to_vector<float>());
+    }
+    return out;
+  };
   for (const ResNetStyle style : {ResNetStyle::kKeras, ResNetStyle::kTorchvision}) {
     const std::string form = style == ResNetStyle::kKeras ? "Keras form" : "torchvision form";
     ResNetOptions o;
     o.style = style;
-    o.input_shape = Shape{32, 32, 3};
+    o.input_shape = Shape{64, 64, 3};
     o.classes = 10;
     auto mc = applications::ResNet18(o);
     mc->build();
@@ -275,47 +295,40 @@ TEST(GpuKernels, ResNetStepHandsOffBfloat16AsTheCpu) {
     const VariableList vc = mc->variables(), vg = mg->variables();
     ASSERT_EQ(vc.size(), vg.size()) << form;
     for (size_t i = 0; i < vc.size(); ++i) vg[i]->assign(vc[i]->value().to(kGpu));
-    // The convolutions' outputs that reach a batch norm in bfloat16 on the GPU.
-    int handed = 0;
-    const auto step = [&](Model& m, const Tensor& in, const Tensor& dl) {
-      GradientTape tape;
-      const Tensor y = m(in, /*training=*/true);
-      std::vector<Tensor> out{y};
-      for (const Tensor& t : tape.gradient(ops::sum(ops::mul(y, dl)), m.trainable_variables()))
-        out.push_back(t.to(kCpu));
-      out[0] = out[0].to(kCpu);
-      return out;
-    };
-    std::function<void(const Layer&)> count = [&](const Layer& l) {
-      for (const auto& c : l.layers()) {
-        if (auto* conv = dynamic_cast<Conv2D*>(c.get())) handed += conv->bfloat16_output;
-        count(*c);
-      }
-    };
-    count(*mg);
-    EXPECT_EQ(handed, 20) << form << ": ResNet-18's convolutions asking for bfloat16 outputs";
-    {  // one convolution on its own, as the model calls it: its output is bfloat16 under a tape
-      GradientTape tape;
-      Conv2dParams p{1, 1, 1, 1, 1, 1};
-      p.bf16_output = true;
-      const Tensor w = G(random_tensor(Shape{3, 3, 3, 8}, 2100));
-      tape.watch(w);
-      EXPECT_EQ(ops::conv2d(G(x), w, Tensor(), p).dtype(), DType::kBFloat16) << form;
+    const std::vector<std::vector<float>> f32 = step(*mc, x, g);
+    PrecisionScope scope(Precision::kMixedBFloat16, false);
+    {  // the model's first convolution, as the model calls it
+      std::function<Conv2D*(const Layer&)> first = [&](const Layer& l) -> Conv2D* {
+        for (const auto& c : l.layers()) {
+          if (auto* conv = dynamic_cast<Conv2D*>(c.get())) return conv;
+          if (Conv2D* inner = first(*c)) return inner;
+        }
+        return nullptr;
+      };
+      Conv2D* stem = first(*mg);
+      ASSERT_NE(stem, nullptr) << form;
+      ASSERT_TRUE(stem->bfloat16_output) << form;
+      GradientTape tape;  // (unpadded: the model pads the image first, but 7x7 "valid" fits)
+      EXPECT_EQ((*stem)(G(x), /*training=*/true).dtype(), DType::kBFloat16)
+          << form << ": the stem convolution's output on the GPU under a tape";
     }
-    const std::vector<Tensor> c = step(*mc, x, g), gg = step(*mg, G(x), G(g));
+    const std::vector<std::vector<float>> c = step(*mc, x, g), gg = step(*mg, G(x), G(g));
     ASSERT_EQ(c.size(), gg.size()) << form;
+    ASSERT_EQ(c.size(), f32.size()) << form;
     for (size_t k = 0; k < c.size(); ++k) {
       const std::string what = form + (k == 0 ? ": logits" : ": gradient " + std::to_string(k));
-      ASSERT_EQ(gg[k].dtype(), DType::kFloat32) << what;
-      const std::vector<float> a = c[k].to_vector<float>(), b = gg[k].to_vector<float>();
+      const std::vector<float>&a = c[k], &b = gg[k], &r = f32[k];
       ASSERT_EQ(a.size(), b.size()) << what;
-      float largest = 0.f;
-      for (float v : a) largest = std::max(largest, std::fabs(v));
-      size_t bad = 0;
-      for (size_t i = 0; i < a.size(); ++i)
-        bad += !(std::fabs(a[i] - b[i]) <= 0.03f * largest + 1e-6f);
-      EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << a.size()
-                         << " elements differ by more than 3% of the largest, " << largest;
+      ASSERT_EQ(a.size(), r.size()) << what;
+      float largest = 0.f, to_f32 = 0.f, to_gpu = 0.f;
+      for (size_t i = 0; i < a.size(); ++i) {
+        largest = std::max(largest, std::fabs(a[i]));
+        to_f32 = std::max(to_f32, std::fabs(a[i] - r[i]));
+        to_gpu = std::max(to_gpu, std::fabs(a[i] - b[i]));
+      }
+      EXPECT_LE(to_gpu, 3.f * to_f32 + 1e-3f * largest)
+          << what << ": the GPU is " << to_gpu << " from the CPU, whose mixed bfloat16 is "
+          << to_f32 << " from its float32 (largest value " << largest << ")";
     }
   }
 }

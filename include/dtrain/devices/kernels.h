@@ -39,7 +39,8 @@ struct DTRAIN_API Conv2dParams {
   int pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
   // conv2d's output in bfloat16 (the float32 sums rounded to nearest even) instead of float32: the
   // values a batch norm after it reads under mixed_bfloat16, without a float32 output to round
-  // again (ops::conv2d sets it there, on the CPU only). Other devices reject it.
+  // again (ops::conv2d sets it there, on devices whose hands_off_bfloat16() says so: the CPU, CUDA
+  // GPUs from compute capability 8.0).
   bool bf16_output = false;
 };
 
@@ -214,15 +215,16 @@ class DTRAIN_API Kernels {
   // Elementwise keep-mask scaled by 1/(1-rate): element i is kept iff
   // Philox(seed, stream).uniform(i) >= rate, so every device draws the same mask.
   virtual Tensor dropout_mask(const Shape& shape, float rate, uint64_t seed, uint64_t stream) = 0;
-  // Channels-last batch norm over all but the last axis. Under mixed_bfloat16, on devices whose
-  // ops keep bfloat16 copies (the CPU), the training passes' x may be such a copy.
+  // Channels-last batch norm over all but the last axis. Under mixed_bfloat16 the training passes'
+  // x may be bfloat16: a copy ops keeps (the CPU), or a convolution's bfloat16 output
+  // (hands_off_bfloat16: the CPU, CUDA).
   virtual BatchNormForward batch_norm_training(const Tensor& x, const Tensor& gamma,
                                                const Tensor& beta, float epsilon) = 0;
   virtual Tensor batch_norm_inference(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                       const Tensor& mean, const Tensor& var, float epsilon) = 0;
   // `dx_dtype` kBFloat16: dx rounded to bfloat16 (nearest even; a NaN to 0x7fc0), for the
   // convolution before a batch norm whose input was its bfloat16 output, whose backward kernels
-  // read the gradient so (the CPU writes it so in its last pass; CUDA rejects it).
+  // read the gradient so (the CPU writes it so in its last pass, CUDA in its dx kernel).
   virtual BatchNormBackward batch_norm_backward(const Tensor& dy, const Tensor& x,
                                                 const Tensor& gamma, const Tensor& mean,
                                                 const Tensor& var, float epsilon,
@@ -235,7 +237,7 @@ class DTRAIN_API Kernels {
   // bfloat16 x its own loops, which keep the per-channel scale and shift ([2, C]) and compute y
   // again in the backward pass. `y_dtype` kBFloat16: y rounded to bfloat16 (nearest even), for a
   // convolution after it that reads it so under mixed_bfloat16 (the CPU writes it so in the
-  // normalizing pass; CUDA rejects it).
+  // normalizing pass, CUDA in its normalising kernel, whose bfloat16 output is then its mask).
   virtual BatchNormForward batch_norm_relu_training(const Tensor& x, const Tensor& gamma,
                                                     const Tensor& beta, float epsilon,
                                                     Tensor* relu_mask,

@@ -12,10 +12,12 @@
 // Precision: float32 on the float32 units (cuDNN's FMA math, engines without tensor cores) unless
 // CudaKernels::tensor_cores() (TF32 switched on); then tensor-core engines may run, and plans and
 // algorithm choices are cached apart for the two. Under mixed_bfloat16 (from compute capability
-// 8.0: gemm_math() kBFloat16) every direction reads bfloat16 operands on bfloat16 tensor cores,
-// cuDNN's plans and the pointwise GEMMs alike; where cuDNN has no plan for those types, the
-// float32 path runs on the operands rounded to bfloat16 (product_operand) on TF32 tensor cores,
-// which hold them exactly. Before 2026-11-30 that was the only cuDNN path under mixed_bfloat16.
+// 8.0: gemm_math() kBFloat16) every direction tries bfloat16 operands on bfloat16 tensor cores:
+// the pointwise GEMMs always, cuDNN where it has a qualifying plan for the tensors' types (a
+// float32 output from bfloat16 inputs may have none: the input and filter gradients, a convolution
+// that hands nothing on). Where it has none, the float32 path runs on the operands rounded to
+// bfloat16 (product_operand) on TF32 tensor cores, which hold them exactly; before 2026-11-29 that
+// was the only cuDNN path under mixed_bfloat16.
 // A bfloat16 activation (CudaKernels::hands_off_bfloat16) is read as it is, and a bfloat16 output
 // (Conv2dParams::bf16_output) written by the product itself where no bias follows.
 // Pointwise convolutions (1x1 window, no padding: two thirds of ResNet-50's) skip cuDNN: on NHWC

@@ -245,18 +245,26 @@ std::shared_ptr<ConvPlanCache::Plan> ConvPlanCache::build(ConvDirection d, const
       op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, y);
       break;
   }
-  op->finalize();
-
-  Desc graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-  graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, *op);
-  graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, handle);
-  graph.finalize();
-
   const std::string what = detail::str_cat(
       "convolution ", direction_name(d), " x [", p.n, ", ", p.h, ", ", p.w, ", ", p.cin, "] w [",
       p.kh, ", ", p.kw, ", ", p.cin, ", ", p.cout, "] stride ", p.stride_h, "x", p.stride_w,
       " padding ", p.pad_h, "x", p.pad_w, " (", dtype_name(types.x), ", ", dtype_name(types.w),
       ", ", dtype_name(types.y), ")");
+  // A combination of types cuDNN does not take may already fail here (bfloat16 inputs with a
+  // float32 output, say): then there is no plan, as when no engine qualifies.
+  if (const cudnnStatus_t st = op->try_finalize(); st != CUDNN_STATUS_SUCCESS) {
+    DTRAIN_LOG(DEBUG) << what << ": cuDNN refused the operation (" << cudnnGetErrorString(st)
+                      << "); no qualifying engine";
+    return nullptr;
+  }
+  Desc graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, *op);
+  graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, handle);
+  if (const cudnnStatus_t st = graph.try_finalize(); st != CUDNN_STATUS_SUCCESS) {
+    DTRAIN_LOG(DEBUG) << what << ": cuDNN refused the operation graph (" << cudnnGetErrorString(st)
+                      << "); no qualifying engine";
+    return nullptr;
+  }
   for (const cudnnBackendHeurMode_t heur_mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     heur.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);

@@ -134,8 +134,9 @@ class CudaKernels final : public Kernels {
   // Read once per op, so that the operands' dtype and the math agree (the policy is meant to be set
   // before training; one set during an op may leave its operands rounded differently).
   GemmMath gemm_math() const;
-  // The operand a cuBLAS product under `math` reads: a bfloat16 copy of t (rounded to nearest,
-  // ties to even, as product_operand rounds) for GemmMath::kBFloat16, else product_operand(t).
+  // The operand a cuBLAS product under `math` reads: for GemmMath::kBFloat16, t in bfloat16 (a
+  // bfloat16 t as it is, else a copy rounded to nearest, ties to even, as product_operand rounds);
+  // else product_operand of t in float32.
   Tensor gemm_operand(const Tensor& t, GemmMath math) const;
   // Whether convolutions run on tensor cores as TensorFloat-32: under mixed_bfloat16
   // (TF32 holds its rounded operands exactly, so the products are bfloat16's, accumulated in

@@ -27,10 +27,10 @@ bool rounds(const Tensor& x) {
   return x.defined() && x.dtype() == DType::kFloat32 &&
          precision_policy() == Precision::kMixedBFloat16 && x.numel() > 0;
 }
-// Kept copies are bfloat16 on CPU devices only: the GPU's matrix products read float32 operands
-// (and round them themselves); its convolutions and batch norms take bfloat16 only as handed-off
-// activations (bf16_activations).
-bool compacts(const Tensor& x) { return rounds(x) && x.device().type == DeviceType::kCPU; }
+// Kept copies are bfloat16 on devices whose kernels read them (Kernels::hands_off_bfloat16: the
+// CPU's, and CUDA's from compute capability 8.0); elsewhere x itself is kept and the kernels round
+// it at each use.
+bool compacts(const Tensor& x) { return rounds(x) && kernels_for(x).hands_off_bfloat16(); }
 }  // namespace
 
 Tensor rounded_under_policy(const Tensor& x) {

@@ -17,6 +17,7 @@
 #include "dtrain/model/gradient_tape.h"
 #include "dtrain/model/ops.h"
 #include "dtrain/nn/applications.h"
+#include "dtrain/nn/gpt.h"
 #include "dtrain/nn/layers.h"
 #include "dtrain/nn/model.h"
 #include "dtrain/strategies/one_device_strategy.h"
@@ -250,6 +251,51 @@ TEST(GpuKernels, Bfloat16HandOffsMatchTheCpus) {
   }
 }
 
+// One training step's logits and gradients (as host vectors): the model on `in`, the loss
+// sum(y * dl), under the tape.
+std::vector<std::vector<float>> step_values(Model& m, const Tensor& in, const Tensor& dl) {
+  GradientTape tape;
+  const Tensor y = m(in, /*training=*/true);
+  std::vector<std::vector<float>> out{y.to(kCpu).to_vector<float>()};
+  for (const Tensor& t : tape.gradient(ops::sum(ops::mul(y, dl)), m.trainable_variables())) {
+    EXPECT_EQ(t.dtype(), DType::kFloat32);
+    out.push_back(t.to(kCpu).to_vector<float>());
+  }
+  return out;
+}
+
+// The GPU's mixed bfloat16 step (gpu) against the CPU's (cpu), each tensor within 3 times the
+// CPU's own distance between its mixed bfloat16 and float32 (f32) results, plus 0.1% of the
+// tensor's largest value.
+void expect_near_the_cpus(const std::vector<std::vector<float>>& cpu_values,
+                          const std::vector<std::vector<float>>& gpu_values,
+                          const std::vector<std::vector<float>>& f32, const std::string& form) {
+  ASSERT_EQ(cpu_values.size(), gpu_values.size()) << form;
+  ASSERT_EQ(cpu_values.size(), f32.size()) << form;
+  for (size_t k = 0; k < cpu_values.size(); ++k) {
+    const std::string what = form + (k == 0 ? ": logits" : ": gradient " + std::to_string(k));
+    const std::vector<float>&a = cpu_values[k], &b = gpu_values[k], &r = f32[k];
+    ASSERT_EQ(a.size(), b.size()) << what;
+    ASSERT_EQ(a.size(), r.size()) << what;
+    float largest = 0.f, to_f32 = 0.f, to_gpu = 0.f;
+    for (size_t i = 0; i < a.size(); ++i) {
+      largest = std::max(largest, std::fabs(a[i]));
+      to_f32 = std::max(to_f32, std::fabs(a[i] - r[i]));
+      to_gpu = std::max(to_gpu, std::fabs(a[i] - b[i]));
+    }
+    EXPECT_LE(to_gpu, 3.f * to_f32 + 1e-3f * largest)
+        << what << ": the GPU is " << to_gpu << " from the CPU, whose mixed bfloat16 is " << to_f32
+        << " from its float32 (largest value " << largest << ")";
+  }
+}
+
+// The same weights in a model built under the GPU strategy's scope.
+void copy_weights(const Model& from, Model& to) {
+  const VariableList vc = from.variables(), vg = to.variables();
+  ASSERT_EQ(vc.size(), vg.size());
+  for (size_t i = 0; i < vc.size(); ++i) vg[i]->assign(vc[i]->value().to(kGpu));
+}
+
 // ResNet-18's training step under mixed_bfloat16 on the GPU, both forms, with the same weights as
 // on the CPU, against the CPU's. The hand-offs run (the model's stem convolution, called as the
 // model calls it, gives bfloat16 on the GPU under a tape), and the logits and every gradient are as
@@ -268,16 +314,6 @@ TEST(GpuKernels, ResNetStepHandsOffBfloat16AsTheCpu) {
   const Tensor x = Tensor::from_vector(xv, Shape{8, 64, 64, 3});
   const Tensor g = Tensor::from_vector(gv, Shape{8, 10});
   OneDeviceStrategy on_gpu(kGpu);
-  const auto step = [](Model& m, const Tensor& in, const Tensor& dl) {
-    GradientTape tape;
-    const Tensor y = m(in, /*training=*/true);
-    std::vector<std::vector<float>> out{y.to(kCpu).to_vector<float>()};
-    for (const Tensor& t : tape.gradient(ops::sum(ops::mul(y, dl)), m.trainable_variables())) {
-      EXPECT_EQ(t.dtype(), DType::kFloat32);
-      out.push_back(t.to(kCpu).to_vector<float>());
-    }
-    return out;
-  };
   for (const ResNetStyle style : {ResNetStyle::kKeras, ResNetStyle::kTorchvision}) {
     const std::string form = style == ResNetStyle::kKeras ? "Keras form" : "torchvision form";
     ResNetOptions o;
@@ -292,10 +328,8 @@ TEST(GpuKernels, ResNetStepHandsOffBfloat16AsTheCpu) {
       mg = applications::ResNet18(o);
       mg->build();
     }
-    const VariableList vc = mc->variables(), vg = mg->variables();
-    ASSERT_EQ(vc.size(), vg.size()) << form;
-    for (size_t i = 0; i < vc.size(); ++i) vg[i]->assign(vc[i]->value().to(kGpu));
-    const std::vector<std::vector<float>> f32 = step(*mc, x, g);
+    copy_weights(*mc, *mg);
+    const std::vector<std::vector<float>> f32 = step_values(*mc, x, g);
     PrecisionScope scope(Precision::kMixedBFloat16, false);
     {  // the model's first convolution, as the model calls it
       std::function<Conv2D*(const Layer&)> first = [&](const Layer& l) -> Conv2D* {
@@ -312,25 +346,73 @@ TEST(GpuKernels, ResNetStepHandsOffBfloat16AsTheCpu) {
       EXPECT_EQ((*stem)(G(x), /*training=*/true).dtype(), DType::kBFloat16)
           << form << ": the stem convolution's output on the GPU under a tape";
     }
-    const std::vector<std::vector<float>> c = step(*mc, x, g), gg = step(*mg, G(x), G(g));
-    ASSERT_EQ(c.size(), gg.size()) << form;
-    ASSERT_EQ(c.size(), f32.size()) << form;
-    for (size_t k = 0; k < c.size(); ++k) {
-      const std::string what = form + (k == 0 ? ": logits" : ": gradient " + std::to_string(k));
-      const std::vector<float>&a = c[k], &b = gg[k], &r = f32[k];
-      ASSERT_EQ(a.size(), b.size()) << what;
-      ASSERT_EQ(a.size(), r.size()) << what;
-      float largest = 0.f, to_f32 = 0.f, to_gpu = 0.f;
-      for (size_t i = 0; i < a.size(); ++i) {
-        largest = std::max(largest, std::fabs(a[i]));
-        to_f32 = std::max(to_f32, std::fabs(a[i] - r[i]));
-        to_gpu = std::max(to_gpu, std::fabs(a[i] - b[i]));
-      }
-      EXPECT_LE(to_gpu, 3.f * to_f32 + 1e-3f * largest)
-          << what << ": the GPU is " << to_gpu << " from the CPU, whose mixed bfloat16 is "
-          << to_f32 << " from its float32 (largest value " << largest << ")";
-    }
+    expect_near_the_cpus(step_values(*mc, x, g), step_values(*mg, G(x), G(g)), f32, form);
   }
+}
+
+// The copies kept for the backward pass in bfloat16 on the GPU (keep_for_backward), kernel by
+// kernel against the CPU's, which reads the same copies: the products' operands, the activations'
+// gradients from a kept output, and add_relu's bfloat16 copy written in its own pass.
+TEST(GpuKernels, KeptBfloat16CopiesMatchTheCpus) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  if (!gpu().hands_off_bfloat16()) GTEST_SKIP() << "this GPU keeps float32 copies";
+  PrecisionScope scope(Precision::kMixedBFloat16, false);
+  uint64_t s = 2200;
+  const Tensor a = bf16(random_tensor(Shape{67, 129}, s++)),
+               b = bf16(random_tensor(Shape{129, 33}, s++));
+  expect_close(cpu().matmul(a, b, false, false), gpu().matmul(G(a), G(b), false, false), 1e-4f,
+               1e-4f, "matmul of bfloat16 operands");
+  expect_close(cpu().matmul(a, random_tensor(Shape{129, 33}, 2210), false, false),
+               gpu().matmul(G(a), G(random_tensor(Shape{129, 33}, 2210)), false, false), 1e-4f,
+               1e-4f, "matmul of a bfloat16 and a float32 operand");
+  const Tensor ba = bf16(random_tensor(Shape{3, 17, 40}, s++)),
+               bb = bf16(random_tensor(Shape{3, 9, 40}, s++));
+  expect_close(cpu().batch_matmul(ba, bb, false, true),
+               gpu().batch_matmul(G(ba), G(bb), false, true), 1e-4f, 1e-4f,
+               "batch_matmul of bfloat16 operands");
+  for (const int64_t n : {int64_t{1000}, int64_t{1003}}) {  // the float4 path and the scalar one
+    const Tensor y = bf16(random_tensor(Shape{n}, s++, -2.f, 2.f)),
+                 dy = random_tensor(Shape{n}, s++);
+    for (const UnaryOp op : {UnaryOp::kRelu, UnaryOp::kGeluTanh, UnaryOp::kTanh})
+      expect_close(cpu().activation_backward(op, cpu().cast(y, DType::kFloat32), dy),
+                   gpu().activation_backward(op, G(y), G(dy)), 1e-5f, 1e-6f,
+                   "activation_backward of a bfloat16 kept value, op " +
+                       std::to_string(static_cast<int>(op)) + ", n " + std::to_string(n));
+    const Tensor u = random_tensor(Shape{n}, s++), v = random_tensor(Shape{n}, s++);
+    Tensor rounded;
+    const Tensor out = gpu().add_relu(G(u), G(v), &rounded);
+    ASSERT_TRUE(rounded.defined());
+    EXPECT_EQ(rounded.dtype(), DType::kBFloat16);
+    expect_bitwise_equal(gpu().cast(out, DType::kBFloat16), rounded, "add_relu's bfloat16 copy");
+    expect_bitwise_equal(gpu().unary(UnaryOp::kRelu, gpu().binary(BinaryOp::kAdd, G(u), G(v))), out,
+                         "add_relu with its copy");
+  }
+}
+
+// GPT (the gpt-nano preset, 3 layers) trains a step under mixed_bfloat16 on the GPU, keeping
+// bfloat16 copies of its products' operands, as close to the CPU's step as rounding allows (as
+// ResNetStepHandsOffBfloat16AsTheCpu).
+TEST(GpuKernels, GptStepKeepsBfloat16CopiesAsTheCpu) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  if (!gpu().hands_off_bfloat16()) GTEST_SKIP() << "this GPU keeps float32 copies";
+  applications::GPTConfig c = applications::GPTConfig::preset("gpt-nano");
+  std::vector<int32_t> ids(4 * 64);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 37 + 11) % 256);
+  const Tensor x = Tensor::from_vector(ids, Shape{4, 64});
+  const Tensor g = random_tensor(Shape{4, 64, c.vocab_size}, 2300);
+  auto mc = std::make_shared<applications::GPT>(c);
+  mc->build(Shape{4, 64});
+  OneDeviceStrategy on_gpu(kGpu);
+  std::shared_ptr<applications::GPT> mg;
+  {
+    auto in_scope = on_gpu.scope();
+    mg = std::make_shared<applications::GPT>(c);
+    mg->build(Shape{4, 64});
+  }
+  copy_weights(*mc, *mg);
+  const std::vector<std::vector<float>> f32 = step_values(*mc, x, g);
+  PrecisionScope scope(Precision::kMixedBFloat16, false);
+  expect_near_the_cpus(step_values(*mc, x, g), step_values(*mg, G(x), G(g)), f32, "gpt-nano");
 }
 
 }  // namespace

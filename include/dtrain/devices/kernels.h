@@ -99,9 +99,11 @@ class DTRAIN_API Kernels {
   virtual Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                         const Conv2dParams& p) = 0;
   // Whether these kernels take and give bfloat16 activations under mixed_bfloat16 (ops asks before
-  // it hands any on): Conv2dParams::bf16_output, batch_norm_relu_training's y_dtype and the batch
-  // norms' dx_dtype, and a bfloat16 x or dy where those outputs arrive (conv2d's x, both of its
-  // backward kernels' x and dy, the batch norms' x and relu_mask). The CPU's do; the CUDA
+  // it hands any on, or keeps any): Conv2dParams::bf16_output, batch_norm_relu_training's y_dtype
+  // and the batch norms' dx_dtype, and a bfloat16 x or dy where those outputs arrive (conv2d's x,
+  // both of its backward kernels' x and dy, the batch norms' x and relu_mask); and the bfloat16
+  // copies ops keeps for the backward pass (op_util.h's keep_for_backward): the operands of matmul
+  // and batch_matmul, activation_backward's x_or_y, add_relu's `rounded`. The CPU's do; the CUDA
   // device's from compute capability 8.0 unless DTRAIN_CUDA_BF16_HANDOFFS=0.
   virtual bool hands_off_bfloat16() const { return false; }
   virtual Tensor conv2d_backward_input(const Tensor& dy, const Tensor& w, const Shape& x_shape,

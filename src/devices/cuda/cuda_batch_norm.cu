@@ -27,40 +27,6 @@
 namespace dtrain::cuda {
 namespace {
 
-// Element access for arrays of float, or of bfloat16 (uint16_t bits: an activation handed on in
-// bfloat16 under mixed_bfloat16, CudaKernels::hands_off_bfloat16). Narrowing rounds as the CPU's
-// (float_to_bf16_bits: nearest even, a NaN to 0x7fc0).
-__device__ __forceinline__ float ld(const float* p, int64_t i) { return p[i]; }
-__device__ __forceinline__ float ld(const uint16_t* p, int64_t i) {
-  return bf16_bits_to_float(p[i]);
-}
-__device__ __forceinline__ void st(float* p, int64_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void st(uint16_t* p, int64_t i, float v) {
-  p[i] = float_to_bf16_bits(v);
-}
-// Four elements from i (a multiple of 4; the arrays 16-byte aligned: vec4_ok).
-__device__ __forceinline__ float4 ld4(const float* p, int64_t i) { return load4(p, i); }
-__device__ __forceinline__ float4 ld4(const uint16_t* p, int64_t i) {
-  const uint2 u = *reinterpret_cast<const uint2*>(p + i);
-  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
-                     __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
-}
-__device__ __forceinline__ void st4(float* p, int64_t i, float4 v) { store4(p, i, v); }
-__device__ __forceinline__ void st4(uint16_t* p, int64_t i, float4 v) {
-  const uint32_t a = float_to_bf16_bits(v.x), b = float_to_bf16_bits(v.y),
-                 c = float_to_bf16_bits(v.z), d = float_to_bf16_bits(v.w);
-  *reinterpret_cast<uint2*>(p + i) = make_uint2(a | (b << 16), c | (d << 16));
-}
-
-// Calls f with a value of the element type that dtype names (float, or uint16_t for bfloat16).
-template <typename F>
-void with_type(DType dtype, F&& f) {
-  if (dtype == DType::kBFloat16)
-    f(uint16_t{});
-  else
-    f(float{});
-}
-
 __device__ __forceinline__ float inv_std(const float* var, int64_t c, float eps) {
   return 1.f / sqrtf(var[c] + eps);
 }

@@ -86,29 +86,34 @@ __device__ __forceinline__ float activation_grad(float v, float d) {
     return d * v * (1.f - v);  // sigmoid, v is y
 }
 
-template <UnaryOp kOp, bool kVec>
-__global__ void activation_backward_kernel(const float* __restrict__ xy,
-                                           const float* __restrict__ dy, float* __restrict__ dx,
-                                           int64_t n) {
+// TV: float, or uint16_t for a bfloat16 x or y (a copy kept under mixed_bfloat16).
+template <UnaryOp kOp, bool kVec, typename TV>
+__global__ void activation_backward_kernel(const TV* __restrict__ xy, const float* __restrict__ dy,
+                                           float* __restrict__ dx, int64_t n) {
   if constexpr (kVec) {
     DTRAIN_GRID_STRIDE_LOOP(q, n / 4) {
-      const float4 v = load4(xy, 4 * q), d = load4(dy, 4 * q);
+      const float4 v = ld4(xy, 4 * q), d = load4(dy, 4 * q);
       store4(dx, 4 * q,
              make_float4(activation_grad<kOp>(v.x, d.x), activation_grad<kOp>(v.y, d.y),
                          activation_grad<kOp>(v.z, d.z), activation_grad<kOp>(v.w, d.w)));
     }
   } else {
-    DTRAIN_GRID_STRIDE_LOOP(i, n) { dx[i] = activation_grad<kOp>(xy[i], dy[i]); }
+    DTRAIN_GRID_STRIDE_LOOP(i, n) { dx[i] = activation_grad<kOp>(ld(xy, i), dy[i]); }
   }
 }
 
 template <UnaryOp kOp>
-void launch_activation_backward_t(const float* xy, const float* dy, float* dx, int64_t n,
-                                  cudaStream_t s) {
-  if (vec4_ok(n, {xy, dy, dx}))
-    activation_backward_kernel<kOp, true><<<grid_for(n / 4), kBlock, 0, s>>>(xy, dy, dx, n);
-  else
-    activation_backward_kernel<kOp, false><<<grid_for(n), kBlock, 0, s>>>(xy, dy, dx, n);
+void launch_activation_backward_t(const void* xy, DType xy_type, const float* dy, float* dx,
+                                  int64_t n, cudaStream_t s) {
+  const bool vec = vec4_ok(n, {xy, dy, dx});
+  with_type(xy_type, [&](auto t) {
+    using TV = decltype(t);
+    const TV* v = static_cast<const TV*>(xy);
+    if (vec)
+      activation_backward_kernel<kOp, true, TV><<<grid_for(n / 4), kBlock, 0, s>>>(v, dy, dx, n);
+    else
+      activation_backward_kernel<kOp, false, TV><<<grid_for(n), kBlock, 0, s>>>(v, dy, dx, n);
+  });
   DTRAIN_CHECK_LAUNCH("activation_backward_kernel");
 }
 
@@ -168,6 +173,29 @@ struct AddReluFn {
     return unary_fn<UnaryOp::kRelu>(binary_fn<BinaryOp::kAdd>(a, b));
   }
 };
+
+// relu(a + b), and the same values rounded to bfloat16 into `rounded` in the same pass: the copy
+// the backward pass and the next convolutions read under mixed_bfloat16.
+template <bool kVec>
+__global__ void add_relu_rounded_kernel(const float* __restrict__ a, const float* __restrict__ b,
+                                        float* __restrict__ out, uint16_t* __restrict__ rounded,
+                                        int64_t n) {
+  if constexpr (kVec) {
+    DTRAIN_GRID_STRIDE_LOOP(q, n / 4) {
+      const float4 u = load4(a, 4 * q), v = load4(b, 4 * q);
+      const float4 y = make_float4(AddReluFn::apply(u.x, v.x), AddReluFn::apply(u.y, v.y),
+                                   AddReluFn::apply(u.z, v.z), AddReluFn::apply(u.w, v.w));
+      store4(out, 4 * q, y);
+      st4(rounded, 4 * q, y);
+    }
+  } else {
+    DTRAIN_GRID_STRIDE_LOOP(i, n) {
+      const float y = AddReluFn::apply(a[i], b[i]);
+      out[i] = y;
+      st(rounded, i, y);
+    }
+  }
+}
 
 template <BinaryOp kOp>
 __global__ void binary_broadcast_kernel(const float* __restrict__ a, const float* __restrict__ b,
@@ -352,24 +380,24 @@ void launch_unary(UnaryOp op, const float* x, float* y, int64_t n, cudaStream_t 
   throw InvalidArgument(detail::str_cat("unary: unknown op ", static_cast<int>(op)));
 }
 
-void launch_activation_backward(UnaryOp op, const float* x_or_y, const float* dy, float* dx,
-                                int64_t n, cudaStream_t s) {
+void launch_activation_backward(UnaryOp op, const void* x_or_y, DType xy_type, const float* dy,
+                                float* dx, int64_t n, cudaStream_t s) {
   if (n == 0) return;
   switch (op) {
     case UnaryOp::kRelu:
-      launch_activation_backward_t<UnaryOp::kRelu>(x_or_y, dy, dx, n, s);
+      launch_activation_backward_t<UnaryOp::kRelu>(x_or_y, xy_type, dy, dx, n, s);
       break;
     case UnaryOp::kTanh:
-      launch_activation_backward_t<UnaryOp::kTanh>(x_or_y, dy, dx, n, s);
+      launch_activation_backward_t<UnaryOp::kTanh>(x_or_y, xy_type, dy, dx, n, s);
       break;
     case UnaryOp::kSigmoid:
-      launch_activation_backward_t<UnaryOp::kSigmoid>(x_or_y, dy, dx, n, s);
+      launch_activation_backward_t<UnaryOp::kSigmoid>(x_or_y, xy_type, dy, dx, n, s);
       break;
     case UnaryOp::kGeluErf:
-      launch_activation_backward_t<UnaryOp::kGeluErf>(x_or_y, dy, dx, n, s);
+      launch_activation_backward_t<UnaryOp::kGeluErf>(x_or_y, xy_type, dy, dx, n, s);
       break;
     case UnaryOp::kGeluTanh:
-      launch_activation_backward_t<UnaryOp::kGeluTanh>(x_or_y, dy, dx, n, s);
+      launch_activation_backward_t<UnaryOp::kGeluTanh>(x_or_y, xy_type, dy, dx, n, s);
       break;
     default:
       throw InvalidArgument(detail::str_cat(
@@ -398,9 +426,18 @@ void launch_binary(BinaryOp op, const float* a, const float* b, float* out, int6
   throw InvalidArgument(detail::str_cat("binary: unknown op ", static_cast<int>(op)));
 }
 
-void launch_add_relu(const float* a, const float* b, float* out, int64_t n, cudaStream_t s) {
+void launch_add_relu(const float* a, const float* b, float* out, uint16_t* rounded, int64_t n,
+                     cudaStream_t s) {
   if (n == 0) return;
-  launch_same_shape<AddReluFn>(a, b, out, n, s, "add_relu kernel");
+  if (!rounded) {
+    launch_same_shape<AddReluFn>(a, b, out, n, s, "add_relu kernel");
+    return;
+  }
+  if (vec4_ok(n, {a, b, out, rounded}))
+    add_relu_rounded_kernel<true><<<grid_for(n / 4), kBlock, 0, s>>>(a, b, out, rounded, n);
+  else
+    add_relu_rounded_kernel<false><<<grid_for(n), kBlock, 0, s>>>(a, b, out, rounded, n);
+  DTRAIN_CHECK_LAUNCH("add_relu_rounded_kernel");
 }
 
 void launch_affine(const float* x, float* y, int64_t n, float alpha, float beta, cudaStream_t s) {

@@ -188,7 +188,7 @@ Tensor CudaKernels::unary(UnaryOp op, const Tensor& x) {
 
 Tensor CudaKernels::activation_backward(UnaryOp op, const Tensor& x_or_y, const Tensor& dy) {
   DeviceGuard guard(ctx_.index());
-  check_f32(x_or_y, "activation_backward", "x_or_y");
+  check_activation(x_or_y, "activation_backward", "x_or_y");  // bfloat16: a kept copy
   check_f32(dy, "activation_backward", "dy");
   check_same_shape(x_or_y, dy, "activation_backward");
   if (op != UnaryOp::kRelu && op != UnaryOp::kTanh && op != UnaryOp::kSigmoid &&
@@ -197,7 +197,8 @@ Tensor CudaKernels::activation_backward(UnaryOp op, const Tensor& x_or_y, const 
         "activation_backward: op ", static_cast<int>(op),
         " is not an activation; use kRelu, kTanh, kSigmoid, kGeluErf or kGeluTanh"));
   Tensor dx = empty(dy.shape());
-  launch_activation_backward(op, fptr(x_or_y), fptr(dy), fptr(dx), dy.numel(), ctx_.stream());
+  launch_activation_backward(op, x_or_y.raw_data(), x_or_y.dtype(), fptr(dy), fptr(dx), dy.numel(),
+                             ctx_.stream());
   return dx;
 }
 
@@ -221,13 +222,17 @@ Tensor CudaKernels::binary(BinaryOp op, const Tensor& a, const Tensor& b) {
 }
 
 Tensor CudaKernels::add_relu(const Tensor& a, const Tensor& b, Tensor* rounded) {
-  (void)rounded;
   DeviceGuard guard(ctx_.index());
   check_f32(a, "add_relu", "a");
   check_f32(b, "add_relu", "b");
   check_same_shape(a, b, "add_relu");
   Tensor y = empty(a.shape());
-  launch_add_relu(fptr(a), fptr(b), fptr(y), y.numel(), ctx_.stream());
+  Tensor copy;
+  if (rounded) copy = empty(a.shape(), DType::kBFloat16);
+  launch_add_relu(fptr(a), fptr(b), fptr(y),
+                  rounded ? static_cast<uint16_t*>(copy.raw_data()) : nullptr, y.numel(),
+                  ctx_.stream());
+  if (rounded) *rounded = copy;
   return y;
 }
 

@@ -65,7 +65,7 @@ class CudaKernels final : public Kernels {
   Tensor unary(UnaryOp op, const Tensor& x) override;
   Tensor activation_backward(UnaryOp op, const Tensor& x_or_y, const Tensor& dy) override;
   Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) override;
-  // One pass (the sum is never stored); no bfloat16 copy (rounded is left as it is).
+  // One pass (the sum is never stored); with `rounded`, its bfloat16 copy in the same pass.
   Tensor add_relu(const Tensor& a, const Tensor& b, Tensor* rounded = nullptr) override;
   Tensor affine(const Tensor& x, float alpha, float beta) override;
   Tensor reduce(ReductionKind kind, const Tensor& x, const std::vector<int>& axes,

@@ -19,8 +19,9 @@ constexpr int kMaxDims = 8;
 
 // --- cuda_elementwise.cu ---
 void launch_unary(UnaryOp op, const float* x, float* y, int64_t n, cudaStream_t s);
-void launch_activation_backward(UnaryOp op, const float* x_or_y, const float* dy, float* dx,
-                                int64_t n, cudaStream_t s);
+// x_or_y float32 or bfloat16 (xy_type: a copy kept under mixed_bfloat16).
+void launch_activation_backward(UnaryOp op, const void* x_or_y, DType xy_type, const float* dy,
+                                float* dx, int64_t n, cudaStream_t s);
 // Output shape out_dims (rank <= kMaxDims); a_strides/b_strides are element strides of a and b
 // laid over the output's dimensions, 0 where that input is broadcast.
 struct BroadcastGeometry {
@@ -32,8 +33,10 @@ struct BroadcastGeometry {
 // out = a op b elementwise; geometry == nullptr means a, b and out all have n elements.
 void launch_binary(BinaryOp op, const float* a, const float* b, float* out, int64_t n,
                    const BroadcastGeometry* geometry, cudaStream_t s);
-// out = relu(a + b) over n elements in one pass: binary(kAdd) then unary(kRelu), bit for bit.
-void launch_add_relu(const float* a, const float* b, float* out, int64_t n, cudaStream_t s);
+// out = relu(a + b) over n elements in one pass: binary(kAdd) then unary(kRelu), bit for bit;
+// with `rounded` (bfloat16 bits, or null), also out rounded to bfloat16 in the same pass.
+void launch_add_relu(const float* a, const float* b, float* out, uint16_t* rounded, int64_t n,
+                     cudaStream_t s);
 void launch_affine(const float* x, float* y, int64_t n, float alpha, float beta, cudaStream_t s);
 // Sets n elements of type dtype to value (converted as a C++ static_cast / the host's rounding).
 void launch_fill(void* x, DType dtype, int64_t n, float value, cudaStream_t s);

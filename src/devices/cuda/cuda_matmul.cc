@@ -71,8 +71,8 @@ void gemm_row_major_batched(CudaContext& ctx, GemmMath math, bool ta, bool tb, i
 
 Tensor CudaKernels::matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
   DeviceGuard guard(ctx_.index());
-  check_f32(a, "matmul", "a");
-  check_f32(b, "matmul", "b");
+  check_activation(a, "matmul", "a");  // bfloat16: a copy kept under mixed_bfloat16
+  check_activation(b, "matmul", "b");  // bfloat16: a copy kept under mixed_bfloat16
   if (a.rank() != 2 || b.rank() != 2)
     throw InvalidArgument("matmul: operands must be 2-D, got " + a.shape().to_string() + " and " +
                           b.shape().to_string());

@@ -24,8 +24,8 @@ int64_t rows_of(const Tensor& x) { return x.shape()[-1] == 0 ? 0 : x.numel() / x
 
 Tensor CudaKernels::batch_matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   DeviceGuard guard(ctx_.index());
-  check_f32(a, "batch_matmul", "a");
-  check_f32(b, "batch_matmul", "b");
+  check_activation(a, "batch_matmul", "a");  // bfloat16: a copy kept under mixed_bfloat16
+  check_activation(b, "batch_matmul", "b");  // bfloat16: a copy kept under mixed_bfloat16
   const auto [batch, m, k, n] = detail::batch_matmul_dims(a, b, ta, tb);
   for (int64_t d : {m, n, k, batch})
     if (d > INT_MAX)

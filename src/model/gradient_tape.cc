@@ -50,7 +50,13 @@ struct TapeAccess {
   }
 };
 
-GradientTape::GradientTape(bool persistent) : persistent_(persistent) { t_tapes.push_back(this); }
+GradientTape::GradientTape(bool persistent) : persistent_(persistent) {
+  // The first tape of a step: the bfloat16 copies kept under mixed_bfloat16 (op_util.h) are of
+  // tensors read before it, by a tape dropped without gradient(); a weight updated in place since
+  // keeps its id, so a copy of it would be stale.
+  if (t_tapes.empty()) ops::forget_kept_copies();
+  t_tapes.push_back(this);
+}
 
 GradientTape::~GradientTape() {
   for (auto it = t_tapes.begin(); it != t_tapes.end(); ++it)

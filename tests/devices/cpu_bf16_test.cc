@@ -405,6 +405,51 @@ TEST(CpuBf16, MatmulsKeepTheBfloat16CopiesTheirProductsRead) {
       }
 }
 
+// A recorded forward pass whose tape is dropped without gradient() (an exception mid-step, a
+// probe) leaves its bfloat16 copies in the thread's slots; a weight then updated in place keeps
+// its id. The next tape must not read the stale copy: its product is that of the new weight.
+TEST(CpuBf16, ANewTapeNeverReadsACopyOfAWeightChangedSince) {
+  set_precision_policy(Precision::kMixedBFloat16);
+  struct Reset {
+    ~Reset() { set_precision_policy(Precision::kFloat32); }
+  } reset;
+  const Tensor x = Tensor::from_vector(wave(6 * 8, 0.37f), Shape{6, 8});
+  Tensor w = Tensor::from_vector(wave(8 * 5, 0.71f), Shape{8, 5});
+  {
+    GradientTape dropped;
+    dropped.watch(w);
+    (void)ops::matmul(x, w);  // keeps a bfloat16 copy of w, and never asks for the gradient
+  }
+  std::fill_n(w.data<float>(), w.numel(), 0.5f);  // in place: the same tensor, the same id
+  GradientTape tape;
+  tape.watch(w);
+  const Tensor y = ops::matmul(x, w);
+  Kernels& k = get_device(DeviceSpec::cpu(0)).kernels();
+  EXPECT_EQ(y.to_vector<float>(),
+            k.matmul(k.cast(x, DType::kBFloat16), k.cast(w, DType::kBFloat16), false, false)
+                .to_vector<float>())
+      << "the product read the copy of w made before it changed";
+}
+
+// Every activation's gradient takes a bfloat16 x or y (the kernels' contract under
+// mixed_bfloat16, Kernels::hands_off_bfloat16): the same values as from the value widened.
+TEST(CpuBf16, ActivationGradientsTakeABfloat16Value) {
+  set_precision_policy(Precision::kMixedBFloat16);
+  struct Reset {
+    ~Reset() { set_precision_policy(Precision::kFloat32); }
+  } reset;
+  Kernels& k = get_device(DeviceSpec::cpu(0)).kernels();
+  const Tensor v = k.cast(Tensor::from_vector(wave(37, 0.37f), Shape{37}), DType::kBFloat16);
+  const Tensor dy = Tensor::from_vector(wave(37, 1.3f), Shape{37});
+  for (const UnaryOp op :
+       {UnaryOp::kRelu, UnaryOp::kTanh, UnaryOp::kSigmoid, UnaryOp::kGeluErf, UnaryOp::kGeluTanh})
+    EXPECT_EQ(k.activation_backward(op, v, dy).to_vector<float>(),
+              k.activation_backward(op, k.cast(v, DType::kFloat32), dy).to_vector<float>())
+        << "op " << static_cast<int>(op);
+  EXPECT_THROW(k.activation_backward(UnaryOp::kTanh, k.cast(v, DType::kFloat64), dy),
+               InvalidArgument);
+}
+
 // Second derivatives through matrix products on the bfloat16 kernels: for L = |a b|^2 / 2,
 // dL/db = a^T a b, and d/da of sum(dL/db * v) against float64.
 TEST(CpuBf16, NativeMatmulKeepsSecondDerivatives) {

@@ -21,6 +21,7 @@
 #include "dtrain/nn/layers.h"
 #include "dtrain/nn/model.h"
 #include "dtrain/strategies/one_device_strategy.h"
+#include "model/op_util.h"
 
 namespace dtrain {
 namespace {
@@ -358,12 +359,22 @@ TEST(GpuKernels, KeptBfloat16CopiesMatchTheCpus) {
   if (!gpu().hands_off_bfloat16()) GTEST_SKIP() << "this GPU keeps float32 copies";
   PrecisionScope scope(Precision::kMixedBFloat16, false);
   uint64_t s = 2200;
+  {  // the copies are made on the GPU, as on the CPU: bfloat16, shared by the ops that keep x
+    const Tensor x = G(random_tensor(Shape{16, 8}, s++));
+    GradientTape tape;
+    tape.watch(x);
+    const Tensor kept = ops::keep_for_backward(x);
+    EXPECT_EQ(kept.dtype(), DType::kBFloat16);
+    EXPECT_EQ(kept.device(), kGpu);
+    EXPECT_EQ(ops::keep_for_backward(x).id(), kept.id()) << "a second op made a copy of its own";
+    expect_bitwise_equal(gpu().cast(x, DType::kBFloat16), kept, "the kept copy");
+  }
   const Tensor a = bf16(random_tensor(Shape{67, 129}, s++)),
                b = bf16(random_tensor(Shape{129, 33}, s++));
   expect_close(cpu().matmul(a, b, false, false), gpu().matmul(G(a), G(b), false, false), 1e-4f,
                1e-4f, "matmul of bfloat16 operands");
-  expect_close(cpu().matmul(a, random_tensor(Shape{129, 33}, 2210), false, false),
-               gpu().matmul(G(a), G(random_tensor(Shape{129, 33}, 2210)), false, false), 1e-4f,
+  const Tensor b32 = random_tensor(Shape{129, 33}, s++);
+  expect_close(cpu().matmul(a, b32, false, false), gpu().matmul(G(a), G(b32), false, false), 1e-4f,
                1e-4f, "matmul of a bfloat16 and a float32 operand");
   const Tensor ba = bf16(random_tensor(Shape{3, 17, 40}, s++)),
                bb = bf16(random_tensor(Shape{3, 9, 40}, s++));
@@ -373,7 +384,8 @@ TEST(GpuKernels, KeptBfloat16CopiesMatchTheCpus) {
   for (const int64_t n : {int64_t{1000}, int64_t{1003}}) {  // the float4 path and the scalar one
     const Tensor y = bf16(random_tensor(Shape{n}, s++, -2.f, 2.f)),
                  dy = random_tensor(Shape{n}, s++);
-    for (const UnaryOp op : {UnaryOp::kRelu, UnaryOp::kGeluTanh, UnaryOp::kTanh})
+    for (const UnaryOp op :
+         {UnaryOp::kRelu, UnaryOp::kGeluTanh, UnaryOp::kGeluErf, UnaryOp::kTanh, UnaryOp::kSigmoid})
       expect_close(cpu().activation_backward(op, cpu().cast(y, DType::kFloat32), dy),
                    gpu().activation_backward(op, G(y), G(dy)), 1e-5f, 1e-6f,
                    "activation_backward of a bfloat16 kept value, op " +

@@ -334,6 +334,11 @@ Tensor CpuKernels::activation_backward(UnaryOp op, const Tensor& x_or_y, const T
                      dx.data<float>(), dx.numel());
     return dx;
   }
+  // Another activation's bfloat16 x or y (no op keeps one today, but the kernel contract,
+  // hands_off_bfloat16, allows it): widened, as oneDNN's primitive below reads float32.
+  if (x_or_y.dtype() == DType::kBFloat16)
+    return activation_backward(op, cast(x_or_y, DType::kFloat32), dy);
+  require_f32(x_or_y, "activation_backward", "x_or_y");
   algorithm alg;
   int data_arg = DNNL_ARG_SRC;
   switch (op) {

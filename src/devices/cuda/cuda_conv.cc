@@ -240,7 +240,7 @@ Tensor CudaKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
     if (!done) {
       if (y.dtype() != DType::kFloat32) y = empty(y_shape);
       const bool tc = tensor_cores();
-      const Tensor xin = padded(product_operand(as_dtype(x, DType::kFloat32)));
+      const Tensor xin = padded(rounded_f32(x));
       const Tensor wr = product_operand(wk);
       if (!conv_plans_.run(ConvDirection::kForward, pp, xin.raw_data(), wr.raw_data(), y.raw_data(),
                            tc))
@@ -292,7 +292,7 @@ Tensor CudaKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, con
                 as_dtype(dy, DType::kBFloat16), dxp);
   if (!done) {
     const bool tc = tensor_cores();
-    const Tensor dyr = product_operand(as_dtype(dy, DType::kFloat32));
+    const Tensor dyr = rounded_f32(dy);
     const Tensor wr = product_operand(wk);
     if (!conv_plans_.run(ConvDirection::kBackwardData, pp, dxp.raw_data(), wr.raw_data(),
                          dyr.raw_data(), tc))
@@ -352,8 +352,8 @@ Tensor CudaKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, co
                 as_dtype(dy, DType::kBFloat16), dwk);
   if (!done) {
     const bool tc = tensor_cores();
-    const Tensor dyr = product_operand(as_dtype(dy, DType::kFloat32));
-    const Tensor xin = padded(product_operand(as_dtype(x, DType::kFloat32)));
+    const Tensor dyr = rounded_f32(dy);
+    const Tensor xin = padded(rounded_f32(x));
     if (!conv_plans_.run(ConvDirection::kBackwardFilter, pp, xin.raw_data(), dwk.raw_data(),
                          dyr.raw_data(), tc))
       legacy_conv(ConvDirection::kBackwardFilter, pp, tc, xin.raw_data(), dyr.raw_data(),

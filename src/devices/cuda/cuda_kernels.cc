@@ -121,8 +121,12 @@ GemmMath CudaKernels::gemm_math() const {
 }
 
 Tensor CudaKernels::gemm_operand(const Tensor& t, GemmMath math) const {
-  if (math != GemmMath::kBFloat16) return product_operand(as_dtype(t, DType::kFloat32));
+  if (math != GemmMath::kBFloat16) return rounded_f32(t);
   return as_dtype(t, DType::kBFloat16);
+}
+
+Tensor CudaKernels::rounded_f32(const Tensor& t) const {
+  return t.dtype() == DType::kBFloat16 ? as_dtype(t, DType::kFloat32) : product_operand(t);
 }
 
 Tensor CudaKernels::as_dtype(const Tensor& t, DType dtype) const {

@@ -121,6 +121,8 @@ class CudaKernels final : public Kernels {
   // check_device plus dtype float32 or bfloat16: where a bfloat16 activation may arrive
   // (hands_off_bfloat16).
   void check_activation(const Tensor& t, const char* op, const char* arg) const;
+  // product_operand of t in float32: a bfloat16 t widened (its values are bfloat16's already).
+  Tensor rounded_f32(const Tensor& t) const;
   // t in float32 (a widened copy of a bfloat16 t), or in bfloat16 (a copy rounded to nearest
   // even, as gemm_operand's): t itself where it already is.
   Tensor as_dtype(const Tensor& t, DType dtype) const;

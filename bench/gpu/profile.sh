@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where a ResNet-50 step's GPU time goes, for dtrain and PyTorch (docs/performance.md, "On a GPU"):
+# Where a ResNet-50 step's GPU time goes, for dtrain and PyTorch (docs/gpu-performance.md):
 # run on the GPU machine from the repository root with .gpu/bundle.tar.xz (bench/gpu/bundle.sh).
 #  1. conv_probe: cuDNN's algorithms for ResNet-50's convolutions, NHWC and NCHW, FMA and TF32 math;
 #  2. dtrain's synthetic benchmark at batch 32 (the algorithm each convolution got, at DEBUG);

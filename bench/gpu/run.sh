@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks of one device lease, as one script (docs/performance.md, "On a GPU"): run on the
+# The GPU checks of one device lease, as one script (docs/gpu-performance.md): run on the
 # GPU machine from the repository root with .gpu/bundle.tar.xz made by bench/gpu/bundle.sh. Writes
 # logs and results.jsonl to $OUT (or ./gpu-out). Each step has its own time limit so that one hang cannot eat the lease.
 #   bench/gpu/run.sh [quick]          ONLY=REGEX runs only the steps whose label matches (bash =~)

@@ -12,7 +12,7 @@
 // stays). Until 2026-11-27 freed blocks went to per-size buckets (four per power of two) and served
 // only requests of their own bucket; ResNet-50 at batch 256 on an H200 then held 40 GB where
 // PyTorch holds 29; with the new policy it held 22.9 GB there (2026-11-27). `dtrain-bench
-// alloc-replay` replays a CPU run's requests against both (docs/performance.md), and
+// alloc-replay` replays a CPU run's requests against both (docs/gpu-performance.md), and
 // free_blocks_test runs the pool's out-of-memory paths and locking on a fake device.
 //
 // Stream-ordering contract (the same as PyTorch's caching allocator): a block may be handed out

@@ -23,12 +23,16 @@ set -uo pipefail
 if [ "${1:-}" = ab ]; then  # dtrain's CUDA convolution paths against each other and PyTorch
   # default: 1x1 convolutions on cuBLAS, the rest on cuDNN graph-API plans; bn2pass: the default
   # with batch norm's two-pass kernels; autotune: the default with cuDNN's engines timed at first
-  # use; nogemm: every convolution on cuDNN plans; legacy: every convolution on cuDNN's legacy calls
-  configs="default:DTRAIN_CUDNN_API=graph bn2pass:DTRAIN_CUDA_BN=two_pass autotune:DTRAIN_CUDNN_AUTOTUNE=1 nogemm:DTRAIN_CUDA_CONV_GEMM=0 legacy:DTRAIN_CUDA_CONV_GEMM=0,DTRAIN_CUDNN_API=legacy"
-  # PRECISION=bf16: every row under mixed bfloat16 (PyTorch's under autocast), and a nohandoff row
-  # with float32 activations between the layers (DTRAIN_CUDA_BF16_HANDOFFS=0)
+  # use; nondet: autotune among non-deterministic engines too (DTRAIN_CUDNN_DETERMINISTIC=0), as
+  # PyTorch's rows run. CONFIGS replaces the list, e.g. with the rows of 2026-11-26: nogemm (every
+  # convolution on cuDNN plans, DTRAIN_CUDA_CONV_GEMM=0) and legacy (cuDNN's legacy calls,
+  # DTRAIN_CUDA_CONV_GEMM=0,DTRAIN_CUDNN_API=legacy).
+  # PRECISION=bf16: every row under mixed bfloat16 (PyTorch's under autocast), nohandoff (float32
+  # activations between the layers, DTRAIN_CUDA_BF16_HANDOFFS=0) in place of bn2pass.
   prec=${PRECISION:-fp32}
-  [ "$prec" = bf16 ] && configs="default:DTRAIN_CUDNN_API=graph nohandoff:DTRAIN_CUDA_BF16_HANDOFFS=0 autotune:DTRAIN_CUDNN_AUTOTUNE=1"
+  second=bn2pass:DTRAIN_CUDA_BN=two_pass
+  [ "$prec" = bf16 ] && second=nohandoff:DTRAIN_CUDA_BF16_HANDOFFS=0
+  configs=${CONFIGS:-"default:DTRAIN_CUDNN_API=graph $second autotune:DTRAIN_CUDNN_AUTOTUNE=1 nondet:DTRAIN_CUDNN_AUTOTUNE=1,DTRAIN_CUDNN_DETERMINISTIC=0"}
   for api in graph legacy; do
     DTRAIN_CUDNN_API=$api timeout 120 "$b/gpu_kernels_test" >"$out/kernels_$api.txt" 2>&1
     echo "gpu_kernels_test ($api) rc $? $(grep -E '^\[  (PASSED|FAILED)' "$out/kernels_$api.txt" | tr '\n' ' ')"

@@ -1,10 +1,22 @@
 #include "devices/cuda/cuda_context.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "devices/cuda/cuda_allocator.h"
 #include "devices/cuda/cuda_check.h"
 #include "devices/cuda/cuda_guard.h"
+#include "dtrain/core/error.h"
 
 namespace dtrain::cuda {
+
+bool env_switch(const char* name, bool fallback, const char* what) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  if (std::strcmp(v, "0") == 0) return false;
+  if (std::strcmp(v, "1") == 0) return true;
+  throw InvalidArgument(detail::str_cat(name, "=", v, " is not 0 or 1; ", what));
+}
 
 CudaContext::CudaContext(int index) : index_(index) {
   DeviceGuard guard(index);

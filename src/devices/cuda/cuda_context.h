@@ -21,6 +21,11 @@
 
 namespace dtrain::cuda {
 
+// An on/off switch of the CUDA device read from the environment: unset or empty gives `fallback`,
+// "0" and "1" give off and on, anything else throws InvalidArgument naming the variable and `what`
+// (what 0 and 1 mean). Callers read it once (a function-local static).
+bool env_switch(const char* name, bool fallback, const char* what);
+
 class CudaContext {
  public:
   // Creates the stream and handles on GPU `index`. Throws Unavailable / Internal.

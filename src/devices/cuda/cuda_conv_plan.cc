@@ -139,15 +139,18 @@ bool ConvPlanCache::enabled() {
 }
 
 bool ConvPlanCache::autotune() {
-  static const bool on = [] {
-    const char* v = std::getenv("DTRAIN_CUDNN_AUTOTUNE");
-    if (!v || !*v || std::strcmp(v, "0") == 0) return false;
-    if (std::strcmp(v, "1") == 0) return true;
-    throw InvalidArgument(detail::str_cat(
-        "DTRAIN_CUDNN_AUTOTUNE=", v,
-        " is not 0 or 1; 1 times the qualifying cuDNN engines at each convolution's first run "
-        "and keeps the fastest, 0 (the default) takes the heuristics' first"));
-  }();
+  static const bool on =
+      env_switch("DTRAIN_CUDNN_AUTOTUNE", false,
+                 "1 times the qualifying cuDNN engines at each convolution's first run and keeps "
+                 "the fastest, 0 (the default) takes the heuristics' first");
+  return on;
+}
+
+bool ConvPlanCache::deterministic() {
+  static const bool on = env_switch(
+      "DTRAIN_CUDNN_DETERMINISTIC", true,
+      "1 (the default) runs only cuDNN engines that give the same bits every run, 0 also those "
+      "that sum with atomics in any order (PyTorch's and TensorFlow's default)");
   return on;
 }
 
@@ -317,7 +320,7 @@ std::shared_ptr<ConvPlanCache::Plan> ConvPlanCache::build(ConvDirection d, const
       if ((!tensor_cores && has(notes, CUDNN_NUMERICAL_NOTE_TENSOR_CORE)) ||
           (tensor_cores && transformed) || has(notes, CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) ||
           has(notes, CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION) ||
-          has(notes, CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) ||
+          (deterministic() && has(notes, CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC)) ||
           has(behaviors, CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION))
         continue;
       auto exec = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
@@ -457,6 +460,7 @@ bool ConvPlanCache::run(ConvDirection d, const ConvPlanProblem& p, void* x, void
                         bool tensor_cores, ConvTypes types) {
   if (!enabled()) return false;
   (void)autotune();  // a bad DTRAIN_CUDNN_AUTOTUNE is reported at the first convolution
+  (void)deterministic();
   auto lock = ctx_.lock_cudnn();
   const bool narrow =
       types.x == DType::kBFloat16 || types.w == DType::kBFloat16 || types.y == DType::kBFloat16;

@@ -7,17 +7,19 @@
 // GPU waited for the host. PyTorch and TensorFlow cache plans the same way.
 //
 // The engine is the first of cuDNN's heuristics (mode A, then the fallback list) that is
-// deterministic, uses no tensor cores (float32 stays float32: no TF32) unless the caller allows
-// them (TF32 switched on, or mixed_bfloat16: CudaKernels::tensor_cores()), never converts its
-// inputs to a narrower type than TF32, needs no runtime compilation and a workspace of at most
-// 1 GiB; the choice depends only on the problem, so a run
-// and its resumption pick the same engine (bitwise-repeatable training). When none qualifies, or
-// DTRAIN_CUDNN_API=legacy is set, the caller uses the legacy path (cuda_conv.cc).
+// deterministic (unless DTRAIN_CUDNN_DETERMINISTIC=0), uses no tensor cores (float32 stays float32:
+// no TF32) unless the caller allows them (TF32 switched on, or mixed_bfloat16:
+// CudaKernels::tensor_cores()), never converts its inputs to a narrower type than TF32, needs no
+// runtime compilation and a workspace of at most 1 GiB; the choice depends only on the problem, so
+// a run and its resumption pick the same engine (bitwise-repeatable training). When none qualifies,
+// or DTRAIN_CUDNN_API=legacy is set, the caller uses the legacy path (cuda_conv.cc).
 //
 // DTRAIN_CUDNN_AUTOTUNE=1 (PyTorch's cudnn.benchmark, TensorFlow's default autotuning): the first
 // run of each problem times up to 8 qualifying plans on its own buffers and keeps the fastest.
 // Every plan is still deterministic, so one process repeats itself bit for bit; but the timing
 // decides, so two runs may pick different engines and differ in the last bits.
+// DTRAIN_CUDNN_DETERMINISTIC=0 (PyTorch's cudnn.deterministic=False, its default): engines whose
+// sums use atomics qualify too; then no two runs need give the same bits.
 #pragma once
 
 #include <cudnn.h>
@@ -79,6 +81,11 @@ class ConvPlanCache {
   static bool enabled();
   // Whether DTRAIN_CUDNN_AUTOTUNE=1 (read once; anything but unset, 0 or 1 throws).
   static bool autotune();
+  // False under DTRAIN_CUDNN_DETERMINISTIC=0 (read once): engines whose sums use atomics, in an
+  // order that changes from run to run, qualify too, as in PyTorch (cudnn.deterministic=False,
+  // its default) and TensorFlow; for comparisons with them. True by default: every engine gives
+  // the same bits in every run.
+  static bool deterministic();
 
  private:
   struct Plan;

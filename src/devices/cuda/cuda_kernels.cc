@@ -3,8 +3,6 @@
 #include "devices/cuda/cuda_kernels.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "devices/cuda/cuda_check.h"
 #include "devices/cuda/cuda_guard.h"
@@ -138,15 +136,11 @@ Tensor CudaKernels::as_dtype(const Tensor& t, DType dtype) const {
 }
 
 bool CudaKernels::hands_off_bfloat16() const {
-  static const bool on = [] {
-    const char* v = std::getenv("DTRAIN_CUDA_BF16_HANDOFFS");
-    if (!v || !*v || std::strcmp(v, "1") == 0) return true;
-    if (std::strcmp(v, "0") == 0) return false;
-    throw InvalidArgument(detail::str_cat(
-        "DTRAIN_CUDA_BF16_HANDOFFS=", v,
-        " is not 0 or 1; 0 keeps float32 activations between the layers on CUDA GPUs under "
-        "mixed_bfloat16, 1 (the default) hands bfloat16 ones on as the CPU does"));
-  }();
+  static const bool on = env_switch(
+      "DTRAIN_CUDA_BF16_HANDOFFS", true,
+      "0 keeps float32 activations and float32 tensors for the backward pass on CUDA GPUs under "
+      "mixed_bfloat16, 1 (the default) hands bfloat16 ones on and keeps bfloat16 copies as the "
+      "CPU does");
   return on && ctx_.cc_major() >= 8;
 }
 

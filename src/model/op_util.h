@@ -34,7 +34,10 @@ Tensor kernel_copy(const Tensor& x);
 // a step and its output gradient twice: 6 conversions a layer, now 3, for a bfloat16 copy of every
 // weight held through the step (peak RSS 2,982 -> 3,103 MB). Not under nested tapes, which
 // differentiate the backward pass itself.
-std::pair<Tensor, Tensor> product_operands(const Tensor& a, const Tensor& b);
+// `made_a` (or undefined): a bfloat16 copy of a's values kept already (for the tensor a views),
+// kept for a as it is.
+std::pair<Tensor, Tensor> product_operands(const Tensor& a, const Tensor& b,
+                                           const Tensor& made_a = Tensor());
 // The incoming gradient g of a product whose backward pass reads the operands ka and kb: one
 // kernel_copy for both of its products, unless an outer tape differentiates the backward pass.
 Tensor product_gradient(const Tensor& g, const Tensor& ka, const Tensor& kb);

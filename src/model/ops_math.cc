@@ -204,17 +204,12 @@ Tensor add_scalar(const Tensor& x, float beta) {
   return y;
 }
 
-Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  same_device("matmul", a, b);
-  if (a.rank() >= 3 && b.rank() == a.rank()) return batch_matmul(a, b, ta, tb);
-  if (a.rank() >= 3 && b.rank() == 2 && !ta) {  // [..., K] @ [K, N]: one 2-D product
-    std::vector<int64_t> d = a.shape().dims();
-    const Tensor c = matmul(reshape(a, Shape{-1, d.back()}), b, false, tb);
-    d.back() = c.shape()[1];
-    return reshape(c, Shape(d));
-  }
+namespace {
+// op(a) @ op(b) on 2-D operands, recorded. `made_a`: a bfloat16 copy of a's values made already
+// (a 3-D input's, viewed as a), kept instead of a new one; or undefined.
+Tensor matmul_2d(const Tensor& a, const Tensor& b, bool ta, bool tb, const Tensor& made_a) {
   // The bfloat16 copies the kernel reads under mixed_bfloat16, kept for the backward pass.
-  const auto [ka, kb] = product_operands(a, b);
+  const auto [ka, kb] = product_operands(a, b, made_a);
   Tensor c = kernels_for(a).matmul(ka, kb, ta, tb);
   if (tape::should_record({&a, &b})) {
     tape::record("matmul", {a, b}, {c},
@@ -227,6 +222,26 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
                  });
   }
   return c;
+}
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  same_device("matmul", a, b);
+  if (a.rank() >= 3 && b.rank() == a.rank()) return batch_matmul(a, b, ta, tb);
+  if (a.rank() >= 3 && b.rank() == 2 && !ta) {  // [..., K] @ [K, N]: one 2-D product
+    std::vector<int64_t> d = a.shape().dims();
+    const Tensor a2 = reshape(a, Shape{-1, d.back()});
+    // Under mixed_bfloat16 the copy is kept for a itself, not for this reshape of it: every
+    // product of a shares it (attention's query, key and value projections of one input made
+    // three copies before, one a projection).
+    Tensor made;
+    if (tape::should_record({&a, &b}) && tape::recording_tapes({&a, &b}) == 1)
+      if (const Tensor k = keep_for_backward(a); k.id() != a.id()) made = k.view(a2.shape());
+    const Tensor c = matmul_2d(a2, b, false, tb, made);
+    d.back() = c.shape()[1];
+    return reshape(c, Shape(d));
+  }
+  return matmul_2d(a, b, ta, tb, Tensor());
 }
 
 Tensor bias_add(const Tensor& x, const Tensor& b) {

@@ -62,9 +62,10 @@ Tensor kernel_copy(const Tensor& x) {
   return compacts(x) ? kernels_for(x).cast(x, DType::kBFloat16) : x;
 }
 
-std::pair<Tensor, Tensor> product_operands(const Tensor& a, const Tensor& b) {
+std::pair<Tensor, Tensor> product_operands(const Tensor& a, const Tensor& b, const Tensor& made_a) {
   if (!tape::should_record({&a, &b}) || tape::recording_tapes({&a, &b}) != 1) return {a, b};
-  return {keep_for_backward(a), keep_for_backward(b)};
+  // (made_a is the copy of another tensor, which holds its slot: a itself takes none.)
+  return {made_a.defined() ? made_a : keep_for_backward(a), keep_for_backward(b)};
 }
 
 Tensor product_gradient(const Tensor& g, const Tensor& ka, const Tensor& kb) {

@@ -20,6 +20,7 @@
 #include "dtrain/devices/kernels.h"
 #include "dtrain/model/gradient_tape.h"
 #include "dtrain/model/ops.h"
+#include "model/op_util.h"
 
 namespace dtrain {
 namespace {
@@ -429,6 +430,39 @@ TEST(CpuBf16, ANewTapeNeverReadsACopyOfAWeightChangedSince) {
             k.matmul(k.cast(x, DType::kBFloat16), k.cast(w, DType::kBFloat16), false, false)
                 .to_vector<float>())
       << "the product read the copy of w made before it changed";
+}
+
+// Products of one 3-D input (attention's query, key and value projections) keep one bfloat16
+// copy of it, not one per product: the copy is the input's, not its 2-D reshape's. The gradients
+// are those of the products written on the reshape by hand, bit for bit.
+TEST(CpuBf16, ProductsOfOneInputShareItsCopyAcrossTheReshape) {
+  set_precision_policy(Precision::kMixedBFloat16);
+  struct Reset {
+    ~Reset() { set_precision_policy(Precision::kFloat32); }
+  } reset;
+  const Tensor x = Tensor::from_vector(wave(2 * 5 * 8, 0.37f), Shape{2, 5, 8});
+  const Tensor w1 = Tensor::from_vector(wave(8 * 3, 0.71f), Shape{8, 3});
+  const Tensor w2 = Tensor::from_vector(wave(8 * 3, 1.13f), Shape{8, 3});
+  const auto grads = [&](bool by_hand) {
+    GradientTape tape;
+    for (const Tensor* t : {&x, &w1, &w2}) tape.watch(*t);
+    const auto product = [&](const Tensor& w) {
+      if (!by_hand) return ops::matmul(x, w);
+      return ops::reshape(ops::matmul(ops::reshape(x, Shape{10, 8}), w), Shape{2, 5, 3});
+    };
+    const Tensor y1 = product(w1);
+    const Tensor kept = ops::kept_copy_if_made(x);
+    const Tensor y2 = product(w2);
+    if (!by_hand) {
+      EXPECT_EQ(kept.dtype(), DType::kBFloat16) << "no copy kept for the 3-D input itself";
+      EXPECT_EQ(ops::kept_copy_if_made(x).id(), kept.id()) << "the second product made another";
+    }
+    const Tensor loss = ops::sum(ops::add(ops::mul(y1, y1), y2));
+    std::vector<std::vector<float>> out;
+    for (const Tensor& g : tape.gradient(loss, {x, w1, w2})) out.push_back(g.to_vector<float>());
+    return out;
+  };
+  EXPECT_EQ(grads(false), grads(true));
 }
 
 // Every activation's gradient takes a bfloat16 x or y (the kernels' contract under

@@ -27,11 +27,12 @@ if [ "${1:-}" = ab ]; then  # dtrain's CUDA convolution paths against each other
   # PyTorch's rows run. CONFIGS replaces the list, e.g. with the rows of 2026-11-26: nogemm (every
   # convolution on cuDNN plans, DTRAIN_CUDA_CONV_GEMM=0) and legacy (cuDNN's legacy calls,
   # DTRAIN_CUDA_CONV_GEMM=0,DTRAIN_CUDNN_API=legacy).
-  # PRECISION=bf16: every row under mixed bfloat16 (PyTorch's under autocast), nohandoff (float32
-  # activations between the layers, DTRAIN_CUDA_BF16_HANDOFFS=0) in place of bn2pass.
+  # PRECISION=bf16: every row under mixed bfloat16 (PyTorch's under autocast), and in place of
+  # bn2pass: before (as on 2026-11-27: float32 activations and copies, cuDNN on TF32 operands;
+  # DTRAIN_CUDA_BF16_HANDOFFS=0, DTRAIN_CUDNN_BF16=0).
   prec=${PRECISION:-fp32}
   second=bn2pass:DTRAIN_CUDA_BN=two_pass
-  [ "$prec" = bf16 ] && second=nohandoff:DTRAIN_CUDA_BF16_HANDOFFS=0
+  [ "$prec" = bf16 ] && second=before:DTRAIN_CUDA_BF16_HANDOFFS=0,DTRAIN_CUDNN_BF16=0
   configs=${CONFIGS:-"default:DTRAIN_CUDNN_API=graph $second autotune:DTRAIN_CUDNN_AUTOTUNE=1 nondet:DTRAIN_CUDNN_AUTOTUNE=1,DTRAIN_CUDNN_DETERMINISTIC=0"}
   for api in graph legacy; do
     DTRAIN_CUDNN_API=$api timeout 120 "$b/gpu_kernels_test" >"$out/kernels_$api.txt" 2>&1

@@ -44,8 +44,10 @@ echo "tf32 cuDNN plans: $(grep -c 'tensor cores yes' "$stage/out.dtrain_resnet50
 peak dtrain_resnet50_b32_bf16 90 env DTRAIN_LOG_LEVEL=DEBUG "$b/synthetic_benchmark" --batch-size 32 --precision bf16 $SB $TV
 # which cuDNN plans took bfloat16 data (cuda_conv_plan.cc's DEBUG lines name the three tensors' types)
 echo "bf16 cuDNN plans: $(grep -c 'bfloat16.*cuDNN engine' "$stage/out.dtrain_resnet50_b32_bf16") engines for bfloat16 data, $(grep -c 'bfloat16.*no qualifying' "$stage/out.dtrain_resnet50_b32_bf16") problems without one" | tee -a "$out/log.txt"
-# mixed bfloat16 with float32 activations between the layers, as before 2026-11-30
+# mixed bfloat16 with float32 activations between the layers (cuDNN's bfloat16 plans kept), and
+# as it ran on 2026-11-27 (float32 activations, cuDNN on TF32)
 peak dtrain_resnet50_b32_bf16_nohandoff 90 env DTRAIN_CUDA_BF16_HANDOFFS=0 "$b/synthetic_benchmark" --batch-size 32 --precision bf16 $SB $TV
+peak dtrain_resnet50_b32_bf16_before 90 env DTRAIN_CUDA_BF16_HANDOFFS=0 DTRAIN_CUDNN_BF16=0 "$b/synthetic_benchmark" --batch-size 32 --precision bf16 $SB $TV
 peak torch_resnet50_b32_fp32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math fp32
 peak torch_resnet50_b32_tf32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math tf32
 peak torch_resnet50_b32_bf16 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math bf16

@@ -59,6 +59,9 @@ GradientTape::GradientTape(bool persistent) : persistent_(persistent) {
 }
 
 GradientTape::~GradientTape() {
+  // Dropped without gradient(): its copies must not outlive it (an outer tape, still recording,
+  // would otherwise read a weight's copy after an in-place update of the weight).
+  if (!used_) ops::forget_kept_copies();
   for (auto it = t_tapes.begin(); it != t_tapes.end(); ++it)
     if (*it == this) {
       t_tapes.erase(it);

@@ -46,7 +46,8 @@ Tensor product_gradient(const Tensor& g, const Tensor& ka, const Tensor& kb);
 // (Kernels::hands_off_bfloat16: the CPU's and the CUDA device's, where ops also keep bfloat16
 // copies and the kernels read them). x is float32 or already such an activation.
 bool bf16_activations(const Tensor& x);
-// Drops this thread's references to the copies made (GradientTape::gradient calls it).
+// Drops this thread's references to the copies made (GradientTape calls it when gradient()
+// starts, when a tape that never computed one is destroyed, and when the first tape is made).
 void forget_kept_copies();
 // Under mixed_bfloat16, x's values rounded to bfloat16 (float32; a new tensor), else x, on every
 // device (keep_for_backward makes bfloat16 copies only where the kernels read them). For what is

@@ -12,7 +12,9 @@ namespace {
 // The last few copies made on this thread, by the id of the tensor copied (ids are never reused):
 // a ReLU's output is kept by the ReLU and by each convolution reading it (a residual block's
 // first convolution and its projection shortcut), and they share one copy. The slots are emptied
-// when a backward pass starts (forget_kept_copies), so they hold no copy beyond its tape.
+// when a backward pass starts, when a tape is dropped without one, and when a step's first tape
+// is made (forget_kept_copies), so they hold no copy beyond its tape: a weight updated in place
+// keeps its id, and a copy of it from before would be stale.
 constexpr int kSlots = 4;
 struct Slot {
   uint64_t source_id = 0;

@@ -422,14 +422,31 @@ TEST(CpuBf16, ANewTapeNeverReadsACopyOfAWeightChangedSince) {
     (void)ops::matmul(x, w);  // keeps a bfloat16 copy of w, and never asks for the gradient
   }
   std::fill_n(w.data<float>(), w.numel(), 0.5f);  // in place: the same tensor, the same id
-  GradientTape tape;
-  tape.watch(w);
-  const Tensor y = ops::matmul(x, w);
   Kernels& k = get_device(DeviceSpec::cpu(0)).kernels();
-  EXPECT_EQ(y.to_vector<float>(),
-            k.matmul(k.cast(x, DType::kBFloat16), k.cast(w, DType::kBFloat16), false, false)
-                .to_vector<float>())
-      << "the product read the copy of w made before it changed";
+  const auto expected = [&] {
+    return k.matmul(k.cast(x, DType::kBFloat16), k.cast(w, DType::kBFloat16), false, false)
+        .to_vector<float>();
+  };
+  {
+    GradientTape tape;
+    tape.watch(w);
+    EXPECT_EQ(ops::matmul(x, w).to_vector<float>(), expected())
+        << "the product read the copy of w made before it changed";
+  }
+  // The same under an outer tape that is paused (so the inner ones record alone, and make copies):
+  // the dropped inner tape's copies go with it.
+  GradientTape outer;
+  auto paused = outer.stop_recording();
+  {
+    GradientTape dropped;
+    dropped.watch(w);
+    (void)ops::matmul(x, w);
+  }
+  std::fill_n(w.data<float>(), w.numel(), -0.25f);
+  GradientTape inner;
+  inner.watch(w);
+  EXPECT_EQ(ops::matmul(x, w).to_vector<float>(), expected())
+      << "under a paused outer tape, the product read the copy of w made before it changed";
 }
 
 // Products of one 3-D input (attention's query, key and value projections) keep one bfloat16

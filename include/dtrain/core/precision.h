@@ -9,8 +9,9 @@
 // overrides that choice. Convolutions whose outputs sum fewer than 32 products (KH x KW x Cin: a
 // small network's first layer) take that path wherever they run: oneDNN's bfloat16 kernels run
 // them slower than float32 ones.
-// Variables, optimizer state, activations between layers, losses and gradients stay float32, so it
-// needs no loss scaling (bfloat16 has float32's range).
+// Variables, optimizer state, losses and weight gradients stay float32, and so do activations
+// between layers but where a layer asks to hand bfloat16 on (the ResNets' convolutions and batch
+// norms: Conv2D::bfloat16_output), so it needs no loss scaling (bfloat16 has float32's range).
 // Unlike Keras, most layer outputs are not rounded to bfloat16 as well; what is rounded is what
 // the bfloat16 kernels read, and batch norm's input (Keras's convolution before it outputs
 // bfloat16), in both passes. What the backward pass keeps of those tensors (a convolution's
@@ -23,11 +24,15 @@
 //   dtrain::set_precision_policy(dtrain::Precision::kMixedBFloat16);   // --precision=bf16
 //
 // On CUDA devices (Ampere and later) the same products round the same inputs to bfloat16 and run
-// on the GPU's tensor cores: cuBLAS's products on bfloat16 copies, cuDNN's convolutions as
-// TensorFloat-32 (every bfloat16 value is a TF32 value). Their products are exact in float32, so
-// the numerics are those of bfloat16 kernels that accumulate in float32, and of the CPU's. Batch
-// norm's input is rounded there too; activations and what the backward pass keeps stay float32 on
-// a GPU (measured on an H200: 0.76-0.80x PyTorch's autocast; docs/performance.md).
+// on the GPU's tensor cores: cuBLAS's products and cuDNN's convolutions on bfloat16 operands
+// (cuDNN's as TensorFloat-32 on the rounded values where it has no plan for bfloat16 data, or
+// under DTRAIN_CUDNN_BF16=0: every bfloat16 value is a TF32 value). Their products are exact in
+// float32, so the numerics are those of bfloat16 kernels that accumulate in float32, and of the
+// CPU's. What the backward pass keeps is kept as bfloat16 copies there too, and the ResNets hand
+// bfloat16 activations between their layers as on the CPU (Conv2D::bfloat16_output;
+// DTRAIN_CUDA_BF16_HANDOFFS=0 keeps float32 ones). Measured on an H200 before those two changes
+// (float32 activations and copies, cuDNN on TF32): 0.76-0.80x PyTorch's autocast; the changes have
+// not yet run on a GPU (docs/gpu-performance.md).
 //
 // The policy is process-wide and read by the kernels each call; set it before training.
 // Thread-safety: set and read atomically.

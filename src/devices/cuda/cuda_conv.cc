@@ -167,6 +167,15 @@ Tensor CudaKernels::pad_nhwc(const Tensor& x, int top, int bottom, int left, int
   return y;
 }
 
+bool CudaKernels::cudnn_bf16() {
+  static const bool on =
+      env_switch("DTRAIN_CUDNN_BF16", true,
+                 "1 (the default) runs cuDNN's convolutions on bfloat16 operands under "
+                 "mixed_bfloat16 where it has a plan for them, 0 on the operands rounded to "
+                 "bfloat16 and kept as float32, on TF32 tensor cores, as before 2026-11-29");
+  return on;
+}
+
 ConvTypes CudaKernels::bf16_types(ConvDirection d, DType out) {
   ConvTypes t{DType::kBFloat16, DType::kBFloat16, DType::kBFloat16};
   (d == ConvDirection::kForward ? t.y : d == ConvDirection::kBackwardData ? t.x : t.w) = out;
@@ -232,7 +241,7 @@ Tensor CudaKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                             : t;
     };
     const Tensor wk = hwio_to_krsc(w, ctx_.spec(), ctx_.stream());
-    const bool done = bf16 &&
+    const bool done = bf16 && cudnn_bf16() &&
                       conv_plans_.may_run(ConvDirection::kForward, pp, true,
                                           bf16_types(ConvDirection::kForward, y.dtype())) &&
                       bf16_conv(ConvDirection::kForward, pp, padded(as_dtype(x, DType::kBFloat16)),
@@ -285,7 +294,7 @@ Tensor CudaKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, con
   const Tensor wk = hwio_to_krsc(w, ctx_.spec(), ctx_.stream());
   Tensor dxp = g.explicit_pad ? empty(Shape{g.n, g.hp, g.wp, g.cin}) : dx;
   const bool done =
-      math == GemmMath::kBFloat16 &&
+      math == GemmMath::kBFloat16 && cudnn_bf16() &&
       conv_plans_.may_run(ConvDirection::kBackwardData, pp, true,
                           bf16_types(ConvDirection::kBackwardData, DType::kFloat32)) &&
       bf16_conv(ConvDirection::kBackwardData, pp, as_dtype(wk, DType::kBFloat16),
@@ -345,7 +354,7 @@ Tensor CudaKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, co
   };
   Tensor dwk = empty(Shape{g.cout, g.kh, g.kw, g.cin});
   const bool done =
-      math == GemmMath::kBFloat16 &&
+      math == GemmMath::kBFloat16 && cudnn_bf16() &&
       conv_plans_.may_run(ConvDirection::kBackwardFilter, pp, true,
                           bf16_types(ConvDirection::kBackwardFilter, DType::kFloat32)) &&
       bf16_conv(ConvDirection::kBackwardFilter, pp, padded(as_dtype(x, DType::kBFloat16)),

@@ -170,6 +170,10 @@ class CudaKernels final : public Kernels {
                  Tensor& out);
   // bf16_conv's types: bfloat16 inputs, `out` for the output.
   static ConvTypes bf16_types(ConvDirection d, DType out);
+  // False under DTRAIN_CUDNN_BF16=0 (read once): bf16_conv is never tried, and cuDNN's
+  // convolutions run on rounded float32 operands under mixed_bfloat16 (TF32), as before
+  // 2026-11-29; for comparisons.
+  static bool cudnn_bf16();
   // Direction d of problem p on cuDNN's legacy calls (cuda_conv_legacy.h), with the choice cached.
   void legacy_conv(ConvDirection d, const ConvPlanProblem& p, bool tc, const void* a, const void* b,
                    void* out, const char* op, const std::string& problem);

@@ -156,7 +156,11 @@ TEST_P(TcpData, RepeatedLargeAllreducesDoNotPageFault) {
   });
   for (const auto& e : errs) ASSERT_EQ(e, "");
   EXPECT_GE(faults.load(), 0);
-  EXPECT_LT(faults.load(), 2000) << "minor page faults in 3 all-reduces of 64 MiB on 2 ranks";
+  // The faults are the whole process's. One CI run, under its parallel load, counted 2,406
+  // (2026-11-29, shared memory; the cause was not found: the process's other threads, or pages of
+  // the cached buffer reclaimed under memory pressure). A buffer faulted in again on every call
+  // gives 8,193 a rank a call, 49,158 in all.
+  EXPECT_LT(faults.load(), 8000) << "minor page faults in 3 all-reduces of 64 MiB on 2 ranks";
 }
 
 TEST_P(TcpData, AllgatherBroadcastReduceReduceScatterBarrier) {

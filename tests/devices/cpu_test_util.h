@@ -23,6 +23,13 @@ struct MixedBf16 {
   }
 };
 
+// mixed_bfloat16 for a scope, on whichever kernels the CPU device chose; float32 again however the
+// test leaves.
+struct MixedPolicy {
+  MixedPolicy() { set_precision_policy(Precision::kMixedBFloat16); }
+  ~MixedPolicy() { set_precision_policy(Precision::kFloat32); }
+};
+
 // n values of sin(f i + 0.3): test data without a random generator.
 inline std::vector<float> wave(size_t n, float f) {
   std::vector<float> v(n);

@@ -304,7 +304,9 @@ int main(int argc, char** argv) {
       }
       dtrain::History h;
       if (!generate_only) {
-        dtrain::ProgressBar progress(json ? stderr : stdout);
+        // each row of a batch is one window of `context` tokens: the bar counts tokens/sec
+        dtrain::ProgressBar progress(json ? stderr : stdout, "tokens",
+                                     static_cast<double>(context));
         ValidationReport report(ext.is_chief());
         dtrain::FitOptions fit;
         fit.warmup_steps = timing_warmup;

@@ -79,7 +79,19 @@ std::string other_values(const TrainLogs& logs) {
 
 // ---- ProgressBar ----
 
-ProgressBar::ProgressBar(FILE* out) : out_(out), tty_(isatty(fileno(out)) != 0) {}
+ProgressBar::ProgressBar(FILE* out, std::string unit, double per_row)
+    : out_(out),
+      tty_(isatty(fileno(out)) != 0),
+      unit_(std::move(unit) + "/sec"),
+      per_row_(per_row) {
+  if (unit_ == "/sec")
+    throw InvalidArgument(
+        "ProgressBar: the throughput's unit is empty; name what a row counts, e.g. \"images\"");
+  if (!(per_row > 0) || !std::isfinite(per_row))
+    throw InvalidArgument("ProgressBar: per_row must be a positive count of " +
+                          unit_.substr(0, unit_.size() - 4) + " a row, got " +
+                          std::to_string(per_row));
+}
 
 void ProgressBar::on_train_begin(const TrainLogs&) {
   if (!is_chief()) return;
@@ -126,18 +138,19 @@ void ProgressBar::on_train_batch_end(const TrainLogs& logs) {
       bar.append(static_cast<size_t>(std::max(0, width - done - 1)), '.');
       bar.push_back(']');
     }
-    std::fprintf(out_, "\r%6lld/%lld %s - ETA: %s - %s - loss: %.4f%s - %.0f images/sec\033[K",
+    std::fprintf(out_, "\r%6lld/%lld %s - ETA: %s - %s - loss: %.4f%s - %.0f %s\033[K",
                  static_cast<long long>(logs.step), static_cast<long long>(logs.steps_per_epoch),
                  bar.c_str(), format_duration(eta).c_str(),
                  format_step_time(logs.seconds_per_step).c_str(), logs.loss,
-                 other_values(logs).c_str(), logs.images_per_sec);
+                 other_values(logs).c_str(), logs.images_per_sec * per_row_, unit_.c_str());
   } else {
     if (since < 10.0) return;  // plain lines for logs and CI: one every 10 s
     last_print_ = now;
-    std::fprintf(out_, "step %lld/%lld - ETA: %s - %s - loss: %.4f%s - %.0f images/sec\n",
+    std::fprintf(out_, "step %lld/%lld - ETA: %s - %s - loss: %.4f%s - %.0f %s\n",
                  static_cast<long long>(logs.step), static_cast<long long>(logs.steps_per_epoch),
                  format_duration(eta).c_str(), format_step_time(logs.seconds_per_step).c_str(),
-                 logs.loss, other_values(logs).c_str(), logs.images_per_sec);
+                 logs.loss, other_values(logs).c_str(), logs.images_per_sec * per_row_,
+                 unit_.c_str());
   }
   std::fflush(out_);
 }
@@ -145,9 +158,10 @@ void ProgressBar::on_train_batch_end(const TrainLogs& logs) {
 void ProgressBar::on_epoch_end(const TrainLogs& logs) {
   if (!is_chief()) return;
   if (tty_) std::fprintf(out_, "\n");
-  std::fprintf(out_, "epoch %d: loss %.4f%s, %.0f images/sec, %s", logs.epoch + 1,
+  std::fprintf(out_, "epoch %d: loss %.4f%s, %.0f %s, %s", logs.epoch + 1,
                logs.has("loss") ? logs.get("loss") : logs.loss, other_values(logs).c_str(),
-               logs.images_per_sec, format_step_time(logs.seconds_per_step).c_str());
+               logs.images_per_sec * per_row_, unit_.c_str(),
+               format_step_time(logs.seconds_per_step).c_str());
   if (logs.test_accuracy >= 0)
     std::fprintf(out_, ", test loss %.4f, test accuracy %.2f%%", logs.test_loss,
                  100.0 * logs.test_accuracy);

@@ -209,6 +209,47 @@ TEST_F(TrainingApi, CsvLoggerSchedulerAndTerminateOnNan) {
   EXPECT_EQ(bad.steps, 1);
 }
 
+// The throughput a ProgressBar prints is rows/sec times the rows' unit: two bars on one fit, one
+// counting images (the default), one tokens at 256 a row, print the same rate 256 times apart.
+TEST_F(TrainingApi, ProgressBarCountsTheUnitItIsGiven) {
+  OneDeviceStrategy s(DeviceSpec::cpu(0));
+  auto [m, opt] = build(s, [&] { return std::unique_ptr<Optimizer>(std::make_unique<SGD>(0.1f)); });
+  const fs::path images_log = dir_ / "images.txt", tokens_log = dir_ / "tokens.txt";
+  {
+    FILE* images_out = std::fopen(images_log.c_str(), "w");
+    FILE* tokens_out = std::fopen(tokens_log.c_str(), "w");
+    ASSERT_TRUE(images_out && tokens_out);
+    ProgressBar images(images_out), tokens(tokens_out, "tokens", 256);
+    FitOptions o;
+    o.epochs = 1;
+    o.global_batch_size = 16;
+    o.callbacks = {&images, &tokens};
+    fit(s, m, *opt, classification(64), nullptr, o);
+    std::fclose(images_out);
+    std::fclose(tokens_out);
+  }
+  // "epoch 1: loss 1.0986, 1234 images/sec, 3ms/step"
+  auto rate = [](const fs::path& log, const std::string& unit) {
+    std::ifstream f(log);
+    std::string line;
+    while (std::getline(f, line)) {
+      if (line.rfind("epoch 1:", 0) != 0) continue;
+      const size_t at = line.find(" " + unit + "/sec");
+      EXPECT_NE(at, std::string::npos) << "no " << unit << "/sec in: " << line;
+      if (at == std::string::npos) return -1.0;
+      const size_t from = line.rfind(' ', at - 1) + 1;
+      return std::stod(line.substr(from, at - from));
+    }
+    ADD_FAILURE() << "no epoch line in " << log;
+    return -1.0;
+  };
+  const double per_sec = rate(images_log, "images"), tokens_per_sec = rate(tokens_log, "tokens");
+  ASSERT_GT(per_sec, 0);
+  EXPECT_NEAR(tokens_per_sec, 256 * per_sec, 256 * 0.5 + 0.5);  // each printed to a whole number
+  EXPECT_THROW(ProgressBar(stdout, "tokens", 0), InvalidArgument);
+  EXPECT_THROW(ProgressBar(stdout, "", 1), InvalidArgument);
+}
+
 TEST_F(TrainingApi, WarmupRisesToTheScaledRateThenHandsBack) {
   MirroredStrategy s(on(4));
   auto [m, opt] = build(s, [&] {

@@ -34,7 +34,7 @@ struct DTRAIN_API TrainLogs {
   int64_t steps_per_epoch = 0;  // -1 when unknown
   int64_t global_step = 0;      // batches done in this fit() (and before a restored backup)
   double loss = 0;              // running mean over the epoch
-  double images_per_sec = 0;    // over the epoch so far
+  double images_per_sec = 0;    // rows of the global batch a second, over the epoch so far
   double seconds_per_step = 0;  // mean over the epoch so far
   double learning_rate = 0;     // the rate the next step uses
   double test_accuracy = -1;    // set at epoch end when evaluated
@@ -102,9 +102,12 @@ class DTRAIN_API Callback {
 
 // A progress bar with loss, metrics, ETA and time per step on a terminal (as Keras prints);
 // plain periodic lines otherwise (logs, CI). Writes to `out` (stdout by default), chief only.
+// Beside Keras' time per step it prints the whole job's throughput: rows of the global batch a
+// second as "images/sec" by default; a model whose rows are sequences names its own unit, e.g.
+// ProgressBar(stdout, "tokens", context) prints tokens/sec (rows/sec x `per_row`).
 class DTRAIN_API ProgressBar : public Callback {
  public:
-  explicit ProgressBar(FILE* out = stdout);
+  explicit ProgressBar(FILE* out = stdout, std::string unit = "images", double per_row = 1);
   void on_train_begin(const TrainLogs& logs) override;  // says so when a backup was restored
   void on_epoch_begin(const TrainLogs& logs) override;
   void on_train_batch_end(const TrainLogs& logs) override;
@@ -114,6 +117,8 @@ class DTRAIN_API ProgressBar : public Callback {
  private:
   FILE* out_;
   bool tty_;
+  std::string unit_;  // "images/sec", "tokens/sec"
+  double per_row_;
   std::chrono::steady_clock::time_point last_print_;
 };
 

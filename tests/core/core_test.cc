@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dtrain/core/allocator.h"
+#include "dtrain/core/logging.h"
 #include "dtrain/core/random.h"
 #include "testing/test_util.h"
 
@@ -258,6 +259,23 @@ TEST(HostAllocator, ACutBlockIsWholeAgainWhenItsPartsAreFree) {
   EXPECT_EQ(i->nbytes(), size_t{600 * 1024 + 64});
   EXPECT_NE(i->data(), ph);
   EXPECT_NE(i->data(), pa);
+}
+
+// DTRAIN_LOG_LEVEL's names in any case (bench scripts and users write "debug"); another name is
+// refused, not taken as WARNING in silence.
+TEST(Logging, LevelNamesInAnyCase) {
+  LogLevel level = LogLevel::ERROR;
+  EXPECT_TRUE(parse_log_level("debug", &level));
+  EXPECT_EQ(level, LogLevel::DEBUG);
+  EXPECT_TRUE(parse_log_level("Info", &level));
+  EXPECT_EQ(level, LogLevel::INFO);
+  EXPECT_TRUE(parse_log_level("WARN", &level));
+  EXPECT_EQ(level, LogLevel::WARNING);
+  EXPECT_TRUE(parse_log_level("ERROR", &level));
+  EXPECT_EQ(level, LogLevel::ERROR);
+  EXPECT_FALSE(parse_log_level("verbose", &level));
+  EXPECT_FALSE(parse_log_level("", &level));
+  EXPECT_EQ(level, LogLevel::ERROR);  // unchanged by a refused name
 }
 
 TEST(Errors, CheckFailuresAreInternalErrors) {

@@ -9,9 +9,11 @@
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "devices/cuda_testing.h"
 #include "devices/gpu_test_util.h"
 #include "dtrain/core/precision.h"
 #include "dtrain/model/gradient_tape.h"
@@ -248,6 +250,52 @@ TEST(GpuKernels, Bfloat16HandOffsMatchTheCpus) {
       expect_close(bc.dbeta, bg.dbeta, 1e-4f, atol, "dbeta" + what);
       expect_close(bc.dgamma, bg.dgamma, 1e-4f, atol, "dgamma" + what);
       expect_close(widened(cpu(), bc.dx), widened(gpu(), bg.dx), step, 1e-3f, "bfloat16 dx" + what);
+    }
+  }
+}
+
+// A cuDNN plan that cuDNN finalized but will not run (its first run reports NOT_SUPPORTED, brought
+// about by cuda_testing's hook) is no plan: each direction of the convolution takes its fallback
+// (the legacy algorithms in float32; the TF32 path on rounded operands under mixed bfloat16, with
+// the bfloat16 output still bfloat16) instead of throwing, and keeps it, so the result stays as
+// near the CPU's after the hook is off. Shapes no other test runs, so that no plan has run before.
+TEST(GpuKernels, AConvolutionPlanFailingAtItsFirstRunFallsBack) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  struct Hook {
+    Hook() { cuda_testing::fail_first_conv_plan_runs(true); }
+    ~Hook() { cuda_testing::fail_first_conv_plan_runs(false); }
+  };
+  uint64_t s = 3000;
+  for (const Precision precision : {Precision::kFloat32, Precision::kMixedBFloat16}) {
+    const bool mixed = precision == Precision::kMixedBFloat16;
+    const std::string at = mixed ? " (mixed bfloat16)" : " (float32)";
+    PrecisionScope scope(precision, false);
+    const ConvCase c{
+        Shape{3, 10, 11, mixed ? 24 : 16}, Shape{3, 3, mixed ? 24 : 16, 40}, {1, 1, 1, 1, 1, 1}};
+    const Tensor x = mixed ? bf16(random_tensor(c.x, s++)) : random_tensor(c.x, s++);
+    const Tensor w = random_tensor(c.w, s++);
+    Conv2dParams p = c.p;
+    p.bf16_output = mixed;
+    const Tensor y = cpu().conv2d(x, w, Tensor(), p);
+    const Tensor dy = mixed ? bf16(random_tensor(y.shape(), s++)) : random_tensor(y.shape(), s++);
+    const Tensor dx = cpu().conv2d_backward_input(dy, w, c.x, c.p);
+    const Tensor dw = cpu().conv2d_backward_filter(x, dy, c.w, c.p, false, nullptr);
+    const float y_rtol = mixed ? 1.f / 128 : 1e-4f;
+    // filter gradients sum over N*OH*OW products (as Conv2dBackwardFilter's tolerance)
+    const float dw_atol = 1e-4f * std::sqrt(static_cast<float>(y.numel() / c.w[3]));
+    for (const bool hooked : {true, false}) {
+      const std::string what = at + (hooked ? ", its plans failing" : ", after");
+      std::optional<Hook> hook;
+      if (hooked) hook.emplace();
+      Tensor yg, dxg, dwg;
+      ASSERT_NO_THROW(yg = gpu().conv2d(G(x), G(w), Tensor(), p)) << what;
+      ASSERT_NO_THROW(dxg = gpu().conv2d_backward_input(G(dy), G(w), c.x, c.p)) << what;
+      ASSERT_NO_THROW(dwg = gpu().conv2d_backward_filter(G(x), G(dy), c.w, c.p, false, nullptr))
+          << what;
+      EXPECT_EQ(yg.dtype(), y.dtype()) << what;
+      expect_close(widened(cpu(), y), widened(gpu(), yg), y_rtol, 1e-3f, "conv2d y" + what);
+      expect_close(dx, dxg, 1e-4f, 1e-4f, "conv2d_backward_input" + what);
+      expect_close(dw, dwg, 1e-4f, dw_atol, "conv2d_backward_filter" + what);
     }
   }
 }

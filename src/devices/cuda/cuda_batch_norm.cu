@@ -17,6 +17,7 @@
 // first now, in both paths.)
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "devices/cuda/cuda_half.cuh"
 #include "devices/cuda/cuda_launch.h"
@@ -283,7 +284,11 @@ ColumnChunks plan_columns(int64_t rows, int64_t cols, int planes, CudaContext& c
 
 bool bn_one_pass() {
   const char* v = std::getenv("DTRAIN_CUDA_BN");
-  return !(v && std::strcmp(v, "two_pass") == 0);
+  if (!v || !*v || std::strcmp(v, "one_pass") == 0) return true;
+  if (std::strcmp(v, "two_pass") == 0) return false;
+  throw InvalidArgument(std::string("DTRAIN_CUDA_BN=") + v +
+                        " is not one_pass (the default) or two_pass (the kernels before "
+                        "2026-11-29, for comparisons)");
 }
 
 void launch_bn_stats(const void* x, DType x_type, int64_t rows, int64_t C, float* mean, float* var,

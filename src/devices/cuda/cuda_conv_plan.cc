@@ -1,11 +1,13 @@
 #include "devices/cuda/cuda_conv_plan.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
 
 #include "devices/cuda/cuda_check.h"
+#include "devices/cuda_testing.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/logging.h"
 
@@ -122,6 +124,7 @@ struct ConvPlanCache::Plan {
   int64_t workspace = 0;
   std::vector<Candidate> candidates;
   std::string what;  // the problem, for the log
+  bool ran = false;  // it has run once: a failure from then on is an error, not "no plan"
 };
 
 ConvPlanCache::ConvPlanCache(CudaContext& ctx) : ctx_(ctx) {}
@@ -456,6 +459,10 @@ bool ConvPlanCache::may_run(ConvDirection d, const ConvPlanProblem& p, bool tens
   return none_.count(typed_key(d, p, tensor_cores, types)) == 0;
 }
 
+namespace {
+std::atomic<bool> g_fail_first_runs{false};  // cuda_testing::fail_first_conv_plan_runs
+}  // namespace
+
 bool ConvPlanCache::run(ConvDirection d, const ConvPlanProblem& p, void* x, void* w, void* y,
                         bool tensor_cores, ConvTypes types) {
   if (!enabled()) return false;
@@ -464,15 +471,38 @@ bool ConvPlanCache::run(ConvDirection d, const ConvPlanProblem& p, void* x, void
   auto lock = ctx_.lock_cudnn();
   const bool narrow =
       types.x == DType::kBFloat16 || types.w == DType::kBFloat16 || types.y == DType::kBFloat16;
-  const std::shared_ptr<Plan> plan =
-      plan_for(d, p, alignment_of({x, w, y}, narrow ? 2 : 4), tensor_cores, types);
+  const int64_t alignment = alignment_of({x, w, y}, narrow ? 2 : 4);
+  const std::shared_ptr<Plan> plan = plan_for(d, p, alignment, tensor_cores, types);
   if (!plan) return false;
   if (!plan->candidates.empty()) tune(*plan, x, w, y);
   std::shared_ptr<Storage> ws;
   if (plan->workspace > 0) ws = ctx_.scratch(static_cast<size_t>(plan->workspace));
   const Desc pack = variant_pack(x, w, y, ws ? ws->data() : nullptr);
-  DTRAIN_CUDNN_CALL(cudnnBackendExecute(ctx_.cudnn(), plan->plan->get(), pack.get()));
-  return true;
+  const cudnnStatus_t status =
+      !plan->ran && g_fail_first_runs.load()
+          ? CUDNN_STATUS_NOT_SUPPORTED
+          : cudnnBackendExecute(ctx_.cudnn(), plan->plan->get(), pack.get());
+  if (status == CUDNN_STATUS_SUCCESS) {
+    plan->ran = true;
+    return true;
+  }
+  if (plan->ran) DTRAIN_CUDNN_CALL(status);  // it ran before: a failure now is an error
+  // A plan cuDNN finalized but will not run (NOT_SUPPORTED, EXECUTION_FAILED at its first launch;
+  // the legacy search treats that as "try the next"): remembered as no plan, as plan_for() does
+  // when no engine qualifies, and the caller takes its fallback.
+  (void)cudaGetLastError();
+  DTRAIN_LOG(WARNING) << plan->what << ": cuDNN's plan failed at its first run ("
+                      << cudnnGetErrorString(status) << "); this problem runs without it";
+  std::vector<int64_t> key = typed_key(d, p, tensor_cores, types);
+  std::lock_guard<std::mutex> guard(mu_);
+  none_.insert(key);
+  key.push_back(alignment);
+  plans_[key] = nullptr;
+  return false;
 }
 
 }  // namespace dtrain::cuda
+
+namespace dtrain::cuda_testing {
+void fail_first_conv_plan_runs(bool on) { cuda::g_fail_first_runs = on; }
+}  // namespace dtrain::cuda_testing

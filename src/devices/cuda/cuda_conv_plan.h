@@ -68,8 +68,9 @@ class ConvPlanCache {
   // backward data writes x from w and y = dy; backward filter writes w from x and y = dy).
   // tensor_cores allows engines that run float32 data on tensor cores as TF32 (plans are cached
   // apart for the two). Returns false, doing nothing, when the graph API is off or has no
-  // qualifying engine for the problem (remembered: the next call returns false at once). Throws on
-  // a cuDNN failure. `types`: the pointers' element types (plans are cached apart for each).
+  // qualifying engine for the problem, or its plan fails at its first run (both remembered: the
+  // next call returns false at once). Throws on a cuDNN failure of a plan that has run before.
+  // `types`: the pointers' element types (plans are cached apart for each).
   bool run(ConvDirection d, const ConvPlanProblem& p, void* x, void* w, void* y, bool tensor_cores,
            ConvTypes types = {});
 

@@ -198,9 +198,10 @@ BatchNormBackward CudaKernels::batch_norm_relu_backward(const Tensor& dy, const 
   const char* op = "batch_norm_relu_backward";
   check_activation(relu_mask, op, "relu_mask");
   check_same_shape(relu_mask, x, op);
-  if (!bn_one_pass())  // the ReLU gradient's own kernel reads a float32 mask
-    return Kernels::batch_norm_relu_backward(dy, x, gamma, mean, var, epsilon,
-                                             as_dtype(relu_mask, DType::kFloat32), dx_dtype);
+  if (!bn_one_pass())  // the ReLU gradient's own kernel reads a float32 mask and dy
+    return Kernels::batch_norm_relu_backward(as_dtype(dy, DType::kFloat32), x, gamma, mean, var,
+                                             epsilon, as_dtype(relu_mask, DType::kFloat32),
+                                             dx_dtype);
   return bn_backward(dy, x, gamma, mean, var, epsilon, &relu_mask, dx_dtype, op);
 }
 

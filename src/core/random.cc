@@ -1,7 +1,10 @@
 #include "dtrain/core/random.h"
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
+
+#include "core/box_muller.h"
 
 namespace dtrain {
 
@@ -30,11 +33,7 @@ namespace {
 // 24 random bits -> [0, 1) exactly representable.
 float uniform_of(uint32_t w) { return static_cast<float>(w >> 8) * (1.0f / 16777216.0f); }
 // Box-Muller on two words.
-float normal_of(uint32_t w0, uint32_t w1) {
-  const double u1 = (static_cast<double>(w0) + 1.0) / 4294967297.0;  // (0, 1]
-  const double u2 = static_cast<double>(w1) / 4294967296.0;
-  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
-}
+float normal_of(uint32_t w0, uint32_t w1) { return detail::box_muller(w0, w1); }
 }  // namespace
 
 float Philox::uniform(uint64_t i) const { return uniform_of(block(i / 4)[i % 4]); }
@@ -53,13 +52,29 @@ void Philox::uniform_fill(uint64_t first, int64_t n, float* out) const {
   }
 }
 
+// Element 2k of block k's pair is Box-Muller on its words 0 and 1, element 2k + 1 on words 2 and 3.
+// Whole blocks go through box_muller_fill in batches (the vector path: the same floats, 8-9x the
+// rate); an odd first or last element alone.
 void Philox::normal_fill(uint64_t first, int64_t n, float* out) const {
+  if (n <= 0) return;
   int64_t j = 0;
-  while (j < n) {
-    const uint64_t i = first + static_cast<uint64_t>(j);
-    const auto b = block(i / 2);
-    for (uint64_t h = i % 2; h < 2 && j < n; ++h, ++j) out[j] = normal_of(b[h * 2], b[h * 2 + 1]);
+  if (first % 2) out[j++] = normal(first);
+  constexpr int64_t kBlocks = 128;  // a batch: 256 normals
+  uint32_t w0[2 * kBlocks], w1[2 * kBlocks];
+  while (n - j >= 2) {
+    const int64_t blocks = std::min(kBlocks, (n - j) / 2);
+    const uint64_t b0 = (first + static_cast<uint64_t>(j)) / 2;
+    for (int64_t k = 0; k < blocks; ++k) {
+      const auto b = block(b0 + static_cast<uint64_t>(k));
+      w0[2 * k] = b[0];
+      w1[2 * k] = b[1];
+      w0[2 * k + 1] = b[2];
+      w1[2 * k + 1] = b[3];
+    }
+    detail::box_muller_fill(w0, w1, 2 * blocks, out + j);
+    j += 2 * blocks;
   }
+  if (j < n) out[j] = normal(first + static_cast<uint64_t>(j));
 }
 
 namespace {

@@ -113,6 +113,7 @@ struct Path {
 
 Path chosen_path() {
 #ifdef DTRAIN_BOX_MULLER_SIMD
+  __builtin_cpu_init();  // in case this runs in a static initializer before libgcc's own
   if (__builtin_cpu_supports("avx512f")) return {fill_avx512, "avx512"};
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return {fill_avx2, "avx2"};
 #endif

@@ -63,9 +63,9 @@ void Philox::normal_fill(uint64_t first, int64_t n, float* out) const {
   uint32_t w0[2 * kBlocks], w1[2 * kBlocks];
   while (n - j >= 2) {
     const int64_t blocks = std::min(kBlocks, (n - j) / 2);
-    const uint64_t b0 = (first + static_cast<uint64_t>(j)) / 2;
     for (int64_t k = 0; k < blocks; ++k) {
-      const auto b = block(b0 + static_cast<uint64_t>(k));
+      // element i's block is i / 2, i wrapping at 2^64 as in normal(i)
+      const auto b = block((first + static_cast<uint64_t>(j + 2 * k)) / 2);
       w0[2 * k] = b[0];
       w1[2 * k] = b[1];
       w0[2 * k + 1] = b[2];

@@ -71,8 +71,9 @@ TEST(BoxMuller, EveryPathGivesTheScalarFloatsBitForBit) {
 
 TEST(BoxMuller, NormalFillIsNormalFromAnyStart) {
   const Philox rng(7, 3);
-  for (const uint64_t first :
-       {uint64_t{0}, uint64_t{1}, uint64_t{1} << 33, (uint64_t{1} << 33) + 5})
+  // (the last two wrap past 2^64, as normal(i)'s element index does)
+  for (const uint64_t first : {uint64_t{0}, uint64_t{1}, uint64_t{1} << 33, (uint64_t{1} << 33) + 5,
+                               ~uint64_t{0} - 2, ~uint64_t{0} - 3})
     for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{255}, int64_t{256},
                             int64_t{257}, int64_t{100003}}) {
       std::vector<float> got(static_cast<size_t>(n) + 1, 12345.f);

@@ -283,6 +283,7 @@ TEST(GpuKernels, AConvolutionPlanFailingAtItsFirstRunFallsBack) {
     const float y_rtol = mixed ? 1.f / 128 : 1e-4f;
     // filter gradients sum over N*OH*OW products (as Conv2dBackwardFilter's tolerance)
     const float dw_atol = 1e-4f * std::sqrt(static_cast<float>(y.numel() / c.w[3]));
+    const int64_t failed_before = cuda_testing::conv_plans_failed_at_first_run();
     for (const bool hooked : {true, false}) {
       const std::string what = at + (hooked ? ", its plans failing" : ", after");
       std::optional<Hook> hook;
@@ -296,6 +297,10 @@ TEST(GpuKernels, AConvolutionPlanFailingAtItsFirstRunFallsBack) {
       expect_close(widened(cpu(), y), widened(gpu(), yg), y_rtol, 1e-3f, "conv2d y" + what);
       expect_close(dx, dxg, 1e-4f, 1e-4f, "conv2d_backward_input" + what);
       expect_close(dw, dwg, 1e-4f, dw_atol, "conv2d_backward_filter" + what);
+      // the hook fired: plans were found for these problems and failed (else nothing was tested)
+      if (hooked) {
+        EXPECT_GT(cuda_testing::conv_plans_failed_at_first_run(), failed_before) << what;
+      }
     }
   }
 }

@@ -103,11 +103,13 @@ class DTRAIN_API Callback {
 // A progress bar with loss, metrics, ETA and time per step on a terminal (as Keras prints);
 // plain periodic lines otherwise (logs, CI). Writes to `out` (stdout by default), chief only.
 // Beside Keras' time per step it prints the whole job's throughput: rows of the global batch a
-// second as "images/sec" by default; a model whose rows are sequences names its own unit, e.g.
-// ProgressBar(stdout, "tokens", context) prints tokens/sec (rows/sec x `per_row`).
+// second as "images/sec" by default; a model whose rows are sequences names its own unit and how
+// many of it a row holds, e.g. ProgressBar(stdout, "tokens", context): tokens/sec (rows/sec x
+// `per_row`).
 class DTRAIN_API ProgressBar : public Callback {
  public:
-  explicit ProgressBar(FILE* out = stdout, std::string unit = "images", double per_row = 1);
+  explicit ProgressBar(FILE* out = stdout) : ProgressBar(out, "images", 1) {}
+  ProgressBar(FILE* out, std::string unit, double per_row);
   void on_train_begin(const TrainLogs& logs) override;  // says so when a backup was restored
   void on_epoch_begin(const TrainLogs& logs) override;
   void on_train_batch_end(const TrainLogs& logs) override;

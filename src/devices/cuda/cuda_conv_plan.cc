@@ -460,7 +460,8 @@ bool ConvPlanCache::may_run(ConvDirection d, const ConvPlanProblem& p, bool tens
 }
 
 namespace {
-std::atomic<bool> g_fail_first_runs{false};  // cuda_testing::fail_first_conv_plan_runs
+std::atomic<bool> g_fail_first_runs{false};   // cuda_testing::fail_first_conv_plan_runs
+std::atomic<int64_t> g_failed_first_runs{0};  // plans that fell back at their first run
 }  // namespace
 
 bool ConvPlanCache::run(ConvDirection d, const ConvPlanProblem& p, void* x, void* w, void* y,
@@ -486,11 +487,21 @@ bool ConvPlanCache::run(ConvDirection d, const ConvPlanProblem& p, void* x, void
     plan->ran = true;
     return true;
   }
-  if (plan->ran) DTRAIN_CUDNN_CALL(status);  // it ran before: a failure now is an error
-  // A plan cuDNN finalized but will not run (NOT_SUPPORTED, EXECUTION_FAILED at its first launch;
-  // the legacy search treats that as "try the next"): remembered as no plan, as plan_for() does
-  // when no engine qualifies, and the caller takes its fallback.
+  // A plan cuDNN finalized but will not run at its first launch (NOT_SUPPORTED, or EXECUTION_FAILED
+  // in a context that is still sound; the legacy search treats that as "try the next") is
+  // remembered as no plan, as plan_for() does when no engine qualifies, and the caller takes its
+  // fallback. Anything else is an error: a bad parameter (a dtrain fault), an allocation or
+  // internal failure, a plan that ran before, or a sticky CUDA error of an earlier kernel (which
+  // cudaGetLastError cannot clear).
+  const int group = static_cast<int>(status) / 1000 * 1000;
+  bool fallback = !plan->ran && group == CUDNN_STATUS_NOT_SUPPORTED;
+  if (!plan->ran && group == CUDNN_STATUS_EXECUTION_FAILED) {
+    (void)cudaGetLastError();  // a launch error of this call: cleared, unless sticky
+    fallback = cudaPeekAtLastError() == cudaSuccess;
+  }
+  if (!fallback) DTRAIN_CUDNN_CALL(status);
   (void)cudaGetLastError();
+  g_failed_first_runs.fetch_add(1);
   DTRAIN_LOG(WARNING) << plan->what << ": cuDNN's plan failed at its first run ("
                       << cudnnGetErrorString(status) << "); this problem runs without it";
   std::vector<int64_t> key = typed_key(d, p, tensor_cores, types);
@@ -505,4 +516,5 @@ bool ConvPlanCache::run(ConvDirection d, const ConvPlanProblem& p, void* x, void
 
 namespace dtrain::cuda_testing {
 void fail_first_conv_plan_runs(bool on) { cuda::g_fail_first_runs = on; }
+int64_t conv_plans_failed_at_first_run() { return cuda::g_failed_first_runs.load(); }
 }  // namespace dtrain::cuda_testing

@@ -26,6 +26,31 @@ peak() {  # peak LABEL TIMEOUT CMD...
     "$last" "$label" "$rc" "${mb:-0}" | tee -a "$res"
 }
 peak kernels 120 "$b/gpu_kernels_test"
+# dtrain's ResNet-50 in torchvision's form (v1.5, no convolution biases): the model PyTorch's rows train.
+# Each dtrain row is followed by its PyTorch peer, so that a lease cut short still has ratios; the
+# variants and the kernel reruns come after the pairs.
+TV="--resnet-style torchvision"
+SB="--num-warmup-batches 5 --num-batches-per-iter 10 --num-iters 3 --devices=gpu --json"
+peak dtrain_resnet50_b32 120 "$b/synthetic_benchmark" --batch-size 32 $SB $TV
+peak torch_resnet50_b32_fp32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math fp32
+peak dtrain_resnet50_b32_bf16 90 env DTRAIN_LOG_LEVEL=DEBUG "$b/synthetic_benchmark" --batch-size 32 --precision bf16 $SB $TV
+# which cuDNN plans took bfloat16 data (cuda_conv_plan.cc's DEBUG lines name the three tensors' types)
+bl="$stage/out.dtrain_resnet50_b32_bf16"
+[ -f "$bl" ] && echo "bf16 cuDNN plans: $(grep -c 'bfloat16[^:]*): cuDNN engine [-0-9]' "$bl") engines for bfloat16 data, $(grep -c 'bfloat16[^:]*): .*no qualifying' "$bl") problems without one, $(grep -c 'bfloat16[^:]*): .*failed at its first run' "$bl") plans failing at their first run" | tee -a "$out/log.txt"
+peak torch_resnet50_b32_bf16 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math bf16
+peak dtrain_resnet50_b32_tf32 90 env DTRAIN_LOG_LEVEL=DEBUG "$b/synthetic_benchmark" --batch-size 32 --tf32 $SB $TV
+# which cuDNN plans the TF32 run chose: tensor-core engines or not (cuda_conv_plan.cc's DEBUG lines)
+tl="$stage/out.dtrain_resnet50_b32_tf32"
+[ -f "$tl" ] && echo "tf32 cuDNN plans: $(grep -c 'tensor cores yes' "$tl") with tensor cores, $(grep -c 'tensor cores no' "$tl") without" | tee -a "$out/log.txt"
+peak torch_resnet50_b32_tf32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math tf32
+# cuDNN's engines timed at first use, as PyTorch's rows run (DTRAIN_CUDNN_AUTOTUNE=1)
+peak dtrain_resnet50_b32_autotune 90 env DTRAIN_CUDNN_AUTOTUNE=1 "$b/synthetic_benchmark" --batch-size 32 $SB $TV
+# mixed bfloat16 with float32 activations between the layers (cuDNN's bfloat16 plans kept), and
+# as it ran on 2026-11-27 (float32 activations, cuDNN on TF32)
+peak dtrain_resnet50_b32_bf16_nohandoff 90 env DTRAIN_CUDA_BF16_HANDOFFS=0 "$b/synthetic_benchmark" --batch-size 32 --precision bf16 $SB $TV
+peak dtrain_resnet50_b32_bf16_before 90 env DTRAIN_CUDA_BF16_HANDOFFS=0 DTRAIN_CUDNN_BF16=0 "$b/synthetic_benchmark" --batch-size 32 --precision bf16 $SB $TV
+# The Keras form (what TensorFlow trains, and what rows before 2026-11-28 measured) once, beside it.
+peak dtrain_resnet50_b32_keras 120 "$b/synthetic_benchmark" --batch-size 32 $SB --resnet-style keras
 # the bfloat16 hand-offs again on the fallbacks: batch norm's two-pass kernels (which widen bfloat16
 # first) and cuDNN's legacy calls (no bfloat16 plans: the TF32 path on rounded operands)
 peak kernels_bf16_fallbacks 90 env DTRAIN_CUDA_BN=two_pass DTRAIN_CUDNN_API=legacy "$b/gpu_kernels_test" --gtest_filter='GpuKernels.Bfloat16*:GpuKernels.ResNetStep*:GpuKernels.MixedBFloat16*'
@@ -33,28 +58,8 @@ peak kernels_bf16_fallbacks 90 env DTRAIN_CUDA_BN=two_pass DTRAIN_CUDNN_API=lega
 # (not TensorFloat32*: its check that TF32 changed a result may not hold where the timed TF32 plan
 # is the float32 plan's engine)
 peak kernels_autotune 60 env DTRAIN_CUDNN_AUTOTUNE=1 DTRAIN_LOG_LEVEL=DEBUG "$b/gpu_kernels_test" --gtest_filter='GpuKernels.Conv*:GpuKernels.AConvolutionPlan*'
-# dtrain's ResNet-50 in torchvision's form (v1.5, no convolution biases): the model PyTorch's rows train.
-# The Keras form (what TensorFlow trains, and what rows before 2026-11-28 measured) once, beside it.
-TV="--resnet-style torchvision"
-SB="--num-warmup-batches 5 --num-batches-per-iter 10 --num-iters 3 --devices=gpu --json"
-peak dtrain_resnet50_b32 120 "$b/synthetic_benchmark" --batch-size 32 $SB $TV
-peak dtrain_resnet50_b32_autotune 90 env DTRAIN_CUDNN_AUTOTUNE=1 "$b/synthetic_benchmark" --batch-size 32 $SB $TV
-peak dtrain_resnet50_b32_keras 120 "$b/synthetic_benchmark" --batch-size 32 $SB --resnet-style keras
-peak dtrain_resnet50_b32_tf32 90 env DTRAIN_LOG_LEVEL=DEBUG "$b/synthetic_benchmark" --batch-size 32 --tf32 $SB $TV
-# which cuDNN plans the TF32 run chose: tensor-core engines or not (cuda_conv_plan.cc's DEBUG lines)
-echo "tf32 cuDNN plans: $(grep -c 'tensor cores yes' "$stage/out.dtrain_resnet50_b32_tf32") with tensor cores, $(grep -c 'tensor cores no' "$stage/out.dtrain_resnet50_b32_tf32") without" | tee -a "$out/log.txt"
-peak dtrain_resnet50_b32_bf16 90 env DTRAIN_LOG_LEVEL=DEBUG "$b/synthetic_benchmark" --batch-size 32 --precision bf16 $SB $TV
-# which cuDNN plans took bfloat16 data (cuda_conv_plan.cc's DEBUG lines name the three tensors' types)
-bl="$stage/out.dtrain_resnet50_b32_bf16"
-echo "bf16 cuDNN plans: $(grep -c 'bfloat16[^:]*): cuDNN engine [-0-9]' "$bl") engines for bfloat16 data, $(grep -c 'bfloat16[^:]*): .*no qualifying' "$bl") problems without one, $(grep -c 'bfloat16[^:]*): .*failed at its first run' "$bl") plans failing at their first run" | tee -a "$out/log.txt"
-# mixed bfloat16 with float32 activations between the layers (cuDNN's bfloat16 plans kept), and
-# as it ran on 2026-11-27 (float32 activations, cuDNN on TF32)
-peak dtrain_resnet50_b32_bf16_nohandoff 90 env DTRAIN_CUDA_BF16_HANDOFFS=0 "$b/synthetic_benchmark" --batch-size 32 --precision bf16 $SB $TV
-peak dtrain_resnet50_b32_bf16_before 90 env DTRAIN_CUDA_BF16_HANDOFFS=0 DTRAIN_CUDNN_BF16=0 "$b/synthetic_benchmark" --batch-size 32 --precision bf16 $SB $TV
-peak torch_resnet50_b32_fp32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math fp32
-peak torch_resnet50_b32_tf32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math tf32
-peak torch_resnet50_b32_bf16 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math bf16
-[ "${1:-}" = quick ] && exit 0
+ratios() { "$py" bench/gpu/ratios.py "$res" | tee -a "$out/log.txt"; }  # dtrain over PyTorch, each pair
+[ "${1:-}" = quick ] && { ratios; exit 0; }
 peak dtrain_resnet50_b256 120 "$b/synthetic_benchmark" --batch-size 256 --num-warmup-batches 3 --num-batches-per-iter 5 --num-iters 3 --devices=gpu --json $TV
 peak dtrain_resnet50_b256_tf32 120 "$b/synthetic_benchmark" --batch-size 256 --tf32 --num-warmup-batches 3 --num-batches-per-iter 5 --num-iters 3 --devices=gpu --json $TV
 peak torch_resnet50_b256_fp32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 256 --math fp32 --batches 5
@@ -67,3 +72,4 @@ peak dtrain_gpt2_c1024_b8_tf32 120 "$b/gpt" --preset gpt2 --context 1024 --batch
 peak torch_gpt2_c1024_b8_fp32 75 "$py" bench/gpu/torch_peers.py gpt --batch-size 8 --context 1024 --math fp32
 peak torch_gpt2_c1024_b8_tf32 75 "$py" bench/gpu/torch_peers.py gpt --batch-size 8 --context 1024 --math tf32
 peak torch_gpt2_c1024_b8_bf16 75 "$py" bench/gpu/torch_peers.py gpt --batch-size 8 --context 1024 --math bf16
+ratios

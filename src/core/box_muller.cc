@@ -1,6 +1,7 @@
 #include "core/box_muller.h"
 
 #include <cmath>
+#include <iterator>
 #include <string_view>
 
 #if defined(DTRAIN_HAVE_LIBMVEC) && defined(__x86_64__)
@@ -107,21 +108,29 @@ __attribute__((target("avx2,fma"))) void fill_avx2(const uint32_t* w0, const uin
 using Fill = void (*)(const uint32_t*, const uint32_t*, int64_t, float*);
 
 struct Path {
-  Fill fill;
   const char* name;
+  Fill fill;
+  bool (*available)();
 };
 
-Path chosen_path() {
+// Fastest first; the scalar path is always there.
+constexpr Path kPaths[] = {
 #ifdef DTRAIN_BOX_MULLER_SIMD
-  __builtin_cpu_init();  // in case this runs in a static initializer before libgcc's own
-  if (__builtin_cpu_supports("avx512f")) return {fill_avx512, "avx512"};
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return {fill_avx2, "avx2"};
+    {"avx512", fill_avx512, [] { return __builtin_cpu_supports("avx512f") != 0; }},
+    {"avx2", fill_avx2,
+     [] { return __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0; }},
 #endif
-  return {fill_scalar, "scalar"};
-}
+    {"scalar", fill_scalar, [] { return true; }},
+};
 
 const Path& path() {
-  static const Path p = chosen_path();  // at first use: safe from other static initializers
+  static const Path& p =
+      [&]() -> const Path& {  // at first use: safe from other static initializers
+    __builtin_cpu_init();     // in case that is a static initializer run before libgcc's own
+    for (const Path& q : kPaths)
+      if (q.available()) return q;
+    return kPaths[std::size(kPaths) - 1];
+  }();
   return p;
 }
 
@@ -135,17 +144,12 @@ const char* box_muller_path() { return path().name; }
 
 bool box_muller_fill_on(const char* name, const uint32_t* w0, const uint32_t* w1, int64_t n,
                         float* out) {
-  const std::string_view want(name);
-  Fill fill = nullptr;
-  if (want == "scalar") fill = fill_scalar;
-#ifdef DTRAIN_BOX_MULLER_SIMD
-  if (want == "avx512" && __builtin_cpu_supports("avx512f")) fill = fill_avx512;
-  if (want == "avx2" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    fill = fill_avx2;
-#endif
-  if (!fill) return false;
-  fill(w0, w1, n, out);
-  return true;
+  for (const Path& q : kPaths)
+    if (std::string_view(name) == q.name && q.available()) {
+      q.fill(w0, w1, n, out);
+      return true;
+    }
+  return false;
 }
 
 }  // namespace dtrain::detail

@@ -37,6 +37,11 @@ peak dtrain_resnet50_b32_bf16 90 env DTRAIN_LOG_LEVEL=DEBUG "$b/synthetic_benchm
 # which cuDNN plans took bfloat16 data (cuda_conv_plan.cc's DEBUG lines name the three tensors' types)
 bl="$stage/out.dtrain_resnet50_b32_bf16"
 [ -f "$bl" ] && echo "bf16 cuDNN plans: $(grep -c 'bfloat16[^:]*): cuDNN engine [-0-9]' "$bl") engines for bfloat16 data, $(grep -c 'bfloat16[^:]*): .*no qualifying' "$bl") problems without one, $(grep -c 'bfloat16[^:]*): .*failed at its first run' "$bl") plans failing at their first run" | tee -a "$out/log.txt"
+# by the tensors' types (x, w, y in cuDNN's roles): a float32 output without an engine is written in
+# bfloat16 and widened where the all-bfloat16 types have one (cuda_conv.cc, bf16_conv)
+[ -f "$bl" ] && for t in "bfloat16, bfloat16, bfloat16" "bfloat16, bfloat16, float32" "float32, bfloat16, bfloat16" "bfloat16, float32, bfloat16"; do
+  echo "  ($t): $(grep -c "($t): cuDNN engine [-0-9]" "$bl") engines, $(grep -c "($t): .*no qualifying" "$bl") without one"
+done | tee -a "$out/log.txt"
 peak torch_resnet50_b32_bf16 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math bf16
 peak dtrain_resnet50_b32_tf32 90 env DTRAIN_LOG_LEVEL=DEBUG "$b/synthetic_benchmark" --batch-size 32 --tf32 $SB $TV
 # which cuDNN plans the TF32 run chose: tensor-core engines or not (cuda_conv_plan.cc's DEBUG lines)

@@ -13,11 +13,14 @@
 // CudaKernels::tensor_cores() (TF32 switched on); then tensor-core engines may run, and plans and
 // algorithm choices are cached apart for the two. Under mixed_bfloat16 (from compute capability
 // 8.0: gemm_math() kBFloat16) every direction tries bfloat16 operands on bfloat16 tensor cores:
-// the pointwise GEMMs always, cuDNN where it has a qualifying plan for the tensors' types (a
-// float32 output from bfloat16 inputs may have none: the input and filter gradients, a convolution
-// that hands nothing on). Where it has none, the float32 path runs on the operands rounded to
-// bfloat16 (product_operand) on TF32 tensor cores, which hold them exactly; before 2026-11-29 that
-// was the only cuDNN path under mixed_bfloat16.
+// the pointwise GEMMs always, cuDNN where it has a qualifying plan for the tensors' types. A
+// float32 output from bfloat16 inputs (the input and filter gradients, a convolution with a bias or
+// that hands nothing on) may have none: cuDNN's documented bfloat16 configurations have a bfloat16
+// output. Then cuDNN writes it in bfloat16 and it is widened after (as PyTorch's autocast keeps
+// its convolutions' outputs and gradients in bfloat16), unless a bias is to be added to it: the
+// sum is not rounded before its bias. Where cuDNN has neither, the float32 path runs on the
+// operands rounded to bfloat16 (product_operand) on TF32 tensor cores, which hold them exactly;
+// before 2026-11-29 that was the only cuDNN path under mixed_bfloat16.
 // A bfloat16 activation (CudaKernels::hands_off_bfloat16) is read as it is, and a bfloat16 output
 // (Conv2dParams::bf16_output) written by the product itself where no bias follows.
 // Pointwise convolutions (1x1 window, no padding: two thirds of ResNet-50's) skip cuDNN: on NHWC
@@ -26,6 +29,7 @@
 // first subsamples the pixels (and the input gradient is scattered back with zeros).
 // DTRAIN_CUDA_CONV_GEMM=0 sends them to cuDNN too (for comparisons).
 // The legacy path and its choice of algorithm: cuda_conv_legacy.h.
+#include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -37,6 +41,7 @@
 #include "devices/cuda/cuda_guard.h"
 #include "devices/cuda/cuda_kernels.h"
 #include "devices/cuda/cuda_launch.h"
+#include "devices/cuda_testing.h"
 #include "dtrain/core/error.h"
 
 namespace dtrain::cuda {
@@ -182,32 +187,58 @@ ConvTypes CudaKernels::bf16_types(ConvDirection d, DType out) {
   return t;
 }
 
+namespace {
+std::atomic<bool> g_refuse_wide_outputs{false};  // cuda_testing::refuse_float32_outputs_of_...
+std::atomic<int64_t> g_widened_outputs{0};       // convolutions whose bfloat16 output was widened
+}  // namespace
+
+bool CudaKernels::bf16_conv_may_run(ConvDirection d, const ConvPlanProblem& p, DType out,
+                                    bool widen) {
+  const bool wide = out == DType::kFloat32;
+  if (!(wide && g_refuse_wide_outputs.load()) &&
+      conv_plans_.may_run(d, p, true, bf16_types(d, out)))
+    return true;
+  return wide && widen && conv_plans_.may_run(d, p, true, bf16_types(d, DType::kBFloat16));
+}
+
 bool CudaKernels::bf16_conv(ConvDirection d, const ConvPlanProblem& p, const Tensor& a,
-                            const Tensor& b, Tensor& out) {
+                            const Tensor& b, Tensor& out, bool widen) {
   const DType bf16 = DType::kBFloat16;
   DTRAIN_CHECK(a.dtype() == bf16 && b.dtype() == bf16, "bf16_conv takes bfloat16 inputs");
-  const ConvTypes t = bf16_types(d, out.dtype());
-  void *x = nullptr, *w = nullptr, *y = nullptr;
-  switch (d) {
-    case ConvDirection::kForward:
-      x = a.raw_data(), w = b.raw_data(), y = out.raw_data();
-      break;
-    case ConvDirection::kBackwardData:
-      x = out.raw_data(), w = a.raw_data(), y = b.raw_data();
-      break;
-    case ConvDirection::kBackwardFilter:
-      x = a.raw_data(), w = out.raw_data(), y = b.raw_data();
-      break;
-  }
-  return conv_plans_.run(d, p, x, w, y, /*tensor_cores=*/true, t);
+  const auto run = [&](Tensor& o) {
+    void *x = nullptr, *w = nullptr, *y = nullptr;
+    switch (d) {
+      case ConvDirection::kForward:
+        x = a.raw_data(), w = b.raw_data(), y = o.raw_data();
+        break;
+      case ConvDirection::kBackwardData:
+        x = o.raw_data(), w = a.raw_data(), y = b.raw_data();
+        break;
+      case ConvDirection::kBackwardFilter:
+        x = a.raw_data(), w = o.raw_data(), y = b.raw_data();
+        break;
+    }
+    return conv_plans_.run(d, p, x, w, y, /*tensor_cores=*/true, bf16_types(d, o.dtype()));
+  };
+  const bool wide = out.dtype() == DType::kFloat32;
+  if (!(wide && g_refuse_wide_outputs.load()) &&
+      conv_plans_.may_run(d, p, true, bf16_types(d, out.dtype())) && run(out))
+    return true;
+  if (!wide || !widen || !conv_plans_.may_run(d, p, true, bf16_types(d, bf16))) return false;
+  Tensor narrow = empty(out.shape(), bf16);
+  if (!run(narrow)) return false;
+  launch_cast(narrow.raw_data(), bf16, out.raw_data(), DType::kFloat32, out.numel(), ctx_.stream());
+  g_widened_outputs.fetch_add(1);
+  return true;
 }
 
 // Under mixed_bfloat16 from compute capability 8.0 (gemm_math() kBFloat16) each direction reads
 // bfloat16 operands: a bfloat16 activation as it is (hands_off_bfloat16), anything else as a
-// rounded copy, on cuDNN plans for bfloat16 data (float32 sums) or the pointwise GEMMs. Where
-// cuDNN has no such plan, the float32 path runs on the same rounded values (TF32 tensor cores). A
-// bfloat16 output (Conv2dParams::bf16_output) is written by the product itself where it can be
-// (no bias), else rounded after.
+// rounded copy, on cuDNN plans for bfloat16 data (float32 sums; a float32 output possibly written
+// in bfloat16 and widened, bf16_conv) or the pointwise GEMMs. Where cuDNN has no such plan, the
+// float32 path runs on the same rounded values (TF32 tensor cores). A bfloat16 output
+// (Conv2dParams::bf16_output) is written by the product itself where it can be (no bias), else
+// rounded after.
 Tensor CudaKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                            const Conv2dParams& p) {
   DeviceGuard guard(ctx_.index());
@@ -241,11 +272,11 @@ Tensor CudaKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
                             : t;
     };
     const Tensor wk = hwio_to_krsc(w, ctx_.spec(), ctx_.stream());
+    const bool widen = !bias.defined();  // (a bias is added to the sum before any rounding)
     const bool done = bf16 && cudnn_bf16() &&
-                      conv_plans_.may_run(ConvDirection::kForward, pp, true,
-                                          bf16_types(ConvDirection::kForward, y.dtype())) &&
+                      bf16_conv_may_run(ConvDirection::kForward, pp, y.dtype(), widen) &&
                       bf16_conv(ConvDirection::kForward, pp, padded(as_dtype(x, DType::kBFloat16)),
-                                as_dtype(wk, DType::kBFloat16), y);
+                                as_dtype(wk, DType::kBFloat16), y, widen);
     if (!done) {
       if (y.dtype() != DType::kFloat32) y = empty(y_shape);
       const bool tc = tensor_cores();
@@ -293,12 +324,10 @@ Tensor CudaKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, con
   const ConvPlanProblem pp = plan_problem(g, p);
   const Tensor wk = hwio_to_krsc(w, ctx_.spec(), ctx_.stream());
   Tensor dxp = g.explicit_pad ? empty(Shape{g.n, g.hp, g.wp, g.cin}) : dx;
-  const bool done =
-      math == GemmMath::kBFloat16 && cudnn_bf16() &&
-      conv_plans_.may_run(ConvDirection::kBackwardData, pp, true,
-                          bf16_types(ConvDirection::kBackwardData, DType::kFloat32)) &&
-      bf16_conv(ConvDirection::kBackwardData, pp, as_dtype(wk, DType::kBFloat16),
-                as_dtype(dy, DType::kBFloat16), dxp);
+  const bool done = math == GemmMath::kBFloat16 && cudnn_bf16() &&
+                    bf16_conv_may_run(ConvDirection::kBackwardData, pp, DType::kFloat32) &&
+                    bf16_conv(ConvDirection::kBackwardData, pp, as_dtype(wk, DType::kBFloat16),
+                              as_dtype(dy, DType::kBFloat16), dxp);
   if (!done) {
     const bool tc = tensor_cores();
     const Tensor dyr = rounded_f32(dy);
@@ -355,8 +384,7 @@ Tensor CudaKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, co
   Tensor dwk = empty(Shape{g.cout, g.kh, g.kw, g.cin});
   const bool done =
       math == GemmMath::kBFloat16 && cudnn_bf16() &&
-      conv_plans_.may_run(ConvDirection::kBackwardFilter, pp, true,
-                          bf16_types(ConvDirection::kBackwardFilter, DType::kFloat32)) &&
+      bf16_conv_may_run(ConvDirection::kBackwardFilter, pp, DType::kFloat32) &&
       bf16_conv(ConvDirection::kBackwardFilter, pp, padded(as_dtype(x, DType::kBFloat16)),
                 as_dtype(dy, DType::kBFloat16), dwk);
   if (!done) {
@@ -372,3 +400,8 @@ Tensor CudaKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, co
 }
 
 }  // namespace dtrain::cuda
+
+namespace dtrain::cuda_testing {
+void refuse_float32_outputs_of_bfloat16_convs(bool on) { cuda::g_refuse_wide_outputs = on; }
+int64_t conv_outputs_widened_from_bfloat16() { return cuda::g_widened_outputs.load(); }
+}  // namespace dtrain::cuda_testing

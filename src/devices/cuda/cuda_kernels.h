@@ -163,11 +163,19 @@ class CudaKernels final : public Kernels {
   // Direction d of problem p on bfloat16 operands (mixed_bfloat16's products on bfloat16 tensor
   // cores), from a cuDNN plan for exactly these types: a and b are the direction's inputs in
   // bfloat16 (forward x and the KRSC filter, backward data the filter and dy, backward filter x and
-  // dy), `out` its output, float32 or bfloat16 as its dtype. False, doing nothing, when cuDNN has
-  // no qualifying engine for these types (the caller then runs the float32 path on the rounded
+  // dy), `out` its output, float32 or bfloat16 as its dtype. A float32 output for which cuDNN has
+  // no plan (its documented bfloat16 configurations have a bfloat16 output) is written in bfloat16
+  // and widened, as PyTorch's autocast leaves its convolutions' outputs and gradients in bfloat16;
+  // faster than the float32 path on TF32 tensor cores, which reads and writes twice the bytes.
+  // Not with widen = false (a forward convolution whose bias is added after: the sum would be
+  // rounded before the bias, and a bfloat16 result rounded twice). False, doing nothing, when cuDNN
+  // has no qualifying engine for either (the caller then runs the float32 path on the rounded
   // values).
   bool bf16_conv(ConvDirection d, const ConvPlanProblem& p, const Tensor& a, const Tensor& b,
-                 Tensor& out);
+                 Tensor& out, bool widen = true);
+  // False when bf16_conv already knows it has no plan for direction d of p with an `out` output
+  // (nor, for a float32 one it may widen, a bfloat16 output): callers skip converting operands.
+  bool bf16_conv_may_run(ConvDirection d, const ConvPlanProblem& p, DType out, bool widen = true);
   // bf16_conv's types: bfloat16 inputs, `out` for the output.
   static ConvTypes bf16_types(ConvDirection d, DType out);
   // False under DTRAIN_CUDNN_BF16=0 (read once): bf16_conv is never tried, and cuDNN's

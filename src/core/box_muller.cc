@@ -4,6 +4,8 @@
 #include <iterator>
 #include <string_view>
 
+#include "core/cpu_isa.h"
+
 #if defined(DTRAIN_HAVE_LIBMVEC) && defined(__x86_64__)
 #include <immintrin.h>
 #define DTRAIN_BOX_MULLER_SIMD 1
@@ -116,9 +118,8 @@ struct Path {
 // Fastest first; the scalar path is always there.
 constexpr Path kPaths[] = {
 #ifdef DTRAIN_BOX_MULLER_SIMD
-    {"avx512", fill_avx512, [] { return __builtin_cpu_supports("avx512f") != 0; }},
-    {"avx2", fill_avx2,
-     [] { return __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0; }},
+    {"avx512", fill_avx512, [] { return cpu_supports(CpuFeature::kAvx512f); }},
+    {"avx2", fill_avx2, [] { return cpu_supports(CpuFeature::kAvx2Fma); }},
 #endif
     {"scalar", fill_scalar, [] { return true; }},
 };
@@ -126,7 +127,6 @@ constexpr Path kPaths[] = {
 const Path& path() {
   static const Path& p =
       [&]() -> const Path& {  // at first use: safe from other static initializers
-    __builtin_cpu_init();     // in case that is a static initializer run before libgcc's own
     for (const Path& q : kPaths)
       if (q.available()) return q;
     return kPaths[std::size(kPaths) - 1];

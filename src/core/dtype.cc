@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/cpu_isa.h"
 #include "dtrain/core/error.h"
 
 namespace dtrain {
@@ -181,42 +182,42 @@ __attribute__((target("avx512f"))) void bf16_to_f32_avx512(const uint16_t* in, f
   for (; i < n; ++i) out[i] = bf16_to_float(in[i]);
 }
 #pragma GCC diagnostic pop
-// Static initialization may run before libgcc's own CPU detection: initialize it first.
-const bool kHaveF16c = [] {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
-}();
-const bool kHaveAvx512 = [] {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f");
-}();
+// At first use, not in static initializers (a bad DTRAIN_MAX_CPU_ISA throws).
+bool have_f16c() {
+  static const bool v = detail::cpu_supports(detail::CpuFeature::kAvxF16c);
+  return v;
+}
+bool have_avx512() {
+  static const bool v = detail::cpu_supports(detail::CpuFeature::kAvx512f);
+  return v;
+}
 }  // namespace
 #endif
 
 void floats_to_f16(const float* in, uint16_t* out, size_t n) {
 #if defined(__x86_64__)
-  if (kHaveF16c) return f32_to_f16_f16c(in, out, n);
+  if (have_f16c()) return f32_to_f16_f16c(in, out, n);
 #endif
   for (size_t i = 0; i < n; ++i) out[i] = float_to_f16(in[i]);
 }
 
 void floats_to_bf16(const float* in, uint16_t* out, size_t n) {
 #if defined(__x86_64__)
-  if (kHaveAvx512) return f32_to_bf16_avx512(in, out, n);
+  if (have_avx512()) return f32_to_bf16_avx512(in, out, n);
 #endif
   for (size_t i = 0; i < n; ++i) out[i] = float_to_bf16(in[i]);
 }
 
 void bf16_to_floats(const uint16_t* in, float* out, size_t n) {
 #if defined(__x86_64__)
-  if (kHaveAvx512) return bf16_to_f32_avx512(in, out, n);
+  if (have_avx512()) return bf16_to_f32_avx512(in, out, n);
 #endif
   for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(in[i]);
 }
 
 void f16_to_floats(const uint16_t* in, float* out, size_t n) {
 #if defined(__x86_64__)
-  if (kHaveF16c) return f16_to_f32_f16c(in, out, n);
+  if (have_f16c()) return f16_to_f32_f16c(in, out, n);
 #endif
   for (size_t i = 0; i < n; ++i) out[i] = f16_to_float(in[i]);
 }

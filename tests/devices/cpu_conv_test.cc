@@ -129,9 +129,15 @@ struct Winograd {
 };
 
 // Whether oneDNN's Winograd kernels (avx512_core) can run here: the CPU has AVX-512 F, BW, VL and
-// DQ, and no ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA caps the instruction set.
+// DQ, and no ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA caps the instruction set, nor a
+// DTRAIN_MAX_CPU_ISA below avx512_core (which the CPU device hands to oneDNN).
 bool winograd_kernels_here() {
   if (std::getenv("ONEDNN_MAX_CPU_ISA") || std::getenv("DNNL_MAX_CPU_ISA")) return false;
+  if (const char* cap = std::getenv("DTRAIN_MAX_CPU_ISA"); cap && *cap) {
+    std::string c(cap);
+    for (char& ch : c) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (c != "all" && c.rfind("avx512_core", 0) != 0) return false;
+  }
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }

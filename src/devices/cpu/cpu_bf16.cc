@@ -19,6 +19,7 @@ namespace {
 std::atomic<int> g_force_bf16{0};
 
 bool probe_bf16_kernels() {
+  (void)cap_onednn_isa();
   try {
     const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
     const memory::desc src({1, 16, 4, 4}, dt::bf16, tag::nhwc),
@@ -46,6 +47,7 @@ bool probe_bf16_kernels() {
 // `type`.
 double time_square_matmul(dt type) {
   constexpr int64_t n = 512;
+  (void)cap_onednn_isa();
   const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream stream(eng);
   const memory::desc ab({n, n}, type, tag::ab), c({n, n}, dt::f32, tag::ab);

@@ -3,12 +3,15 @@
 #include <omp.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
 
+#include "core/cpu_isa.h"
 #include "devices/cpu/cpu_stream.h"
 #include "devices/cpu/dnnl_util.h"
+#include "dtrain/core/logging.h"
 #include "dtrain/core/precision.h"
 
 namespace dtrain::cpu {
@@ -116,6 +119,30 @@ int64_t block_width(int64_t extent, int64_t most) {
 [[noreturn]] void rethrow_dnnl(const char* op, const dnnl::error& e) {
   throw Internal(std::string("oneDNN failed in ") + op + ": " + e.what() + " (status " +
                  std::to_string(static_cast<int>(e.status)) + ")");
+}
+
+bool cap_onednn_isa() {
+  static const bool capped = [] {
+    const char* setting = detail::max_cpu_isa_setting();
+    const detail::CpuIsa cap = detail::max_cpu_isa();  // a bad value throws here
+    if (!setting || std::getenv("ONEDNN_MAX_CPU_ISA") || std::getenv("DNNL_MAX_CPU_ISA"))
+      return false;
+    using I = detail::CpuIsa;
+    const dnnl::cpu_isa isa = cap == I::kSse41            ? dnnl::cpu_isa::sse41
+                              : cap == I::kAvx            ? dnnl::cpu_isa::avx
+                              : cap == I::kAvx2           ? dnnl::cpu_isa::avx2
+                              : cap == I::kAvx512Core     ? dnnl::cpu_isa::avx512_core
+                              : cap == I::kAvx512CoreVnni ? dnnl::cpu_isa::avx512_core_vnni
+                              : cap == I::kAvx512CoreBf16 ? dnnl::cpu_isa::avx512_core_bf16
+                              : cap == I::kAvx512CoreAmx  ? dnnl::cpu_isa::avx512_core_amx
+                                                          : dnnl::cpu_isa::all;
+    if (dnnl_set_max_cpu_isa(static_cast<dnnl_cpu_isa_t>(isa)) == dnnl_success) return true;
+    DTRAIN_LOG(WARNING) << "DTRAIN_MAX_CPU_ISA=" << setting
+                        << " caps dtrain's own loops, but oneDNN had already chosen its "
+                           "instruction set; set ONEDNN_MAX_CPU_ISA too";
+    return false;
+  }();
+  return capped;
 }
 
 CpuKernels::State::State(int t) : uid(g_state_uid.fetch_add(1)), threads(t) {}

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/cpu_isa.h"
 #include "devices/cpu/cpu_kernels.h"
 #include "devices/cpu/dnnl_util.h"
 #include "dtrain/core/precision.h"
@@ -120,17 +121,19 @@ void CpuKernels::fill(Tensor& x, float value) {
 namespace {
 // One row of the fused softmax cross-entropy: probabilities into prow, the loss returned
 // (log(sum) - (x_y - max), which stays finite where p_y underflows).
+// The sum is a double: one float accumulator over GPT-2's 50,257 columns drifted 6e-6 from the
+// exact sum (the vector rows below spread it over 16 lanes).
 float softmax_xent_row_scalar(const float* row, float* prow, int64_t c, int32_t y) {
   float mx = row[0];
   for (int64_t j = 1; j < c; ++j) mx = row[j] > mx ? row[j] : mx;
-  float sum = 0.f;
+  double sum = 0.0;
   for (int64_t j = 0; j < c; ++j) {
     prow[j] = std::exp(row[j] - mx);
     sum += prow[j];
   }
-  const float inv = 1.f / sum;
+  const auto inv = static_cast<float>(1.0 / sum);
   for (int64_t j = 0; j < c; ++j) prow[j] *= inv;
-  return std::log(sum) - (row[y] - mx);
+  return static_cast<float>(std::log(sum)) - (row[y] - mx);
 }
 
 // GCC 12's AVX-512 headers trip its own uninitialized-variable warnings (GCC bug 105593).
@@ -192,7 +195,91 @@ __attribute__((target("avx512f"))) float softmax_xent_row_avx512(const float* ro
 
 #pragma GCC diagnostic pop
 
-const bool kSoftmaxAvx512 = __builtin_cpu_supports("avx512f");
+// exp_nonpositive_avx512 on 8 lanes (AVX2 with FMA): the same reduction and polynomial; 2^n (n in
+// [-150, 0]) applied as two factors of at least 2^-75, each a normal float, so that a result in
+// the denormals is rounded once, as scalef rounds it.
+// 2^k for k in [-126, 127], as a float built from its exponent bits.
+__attribute__((target("avx2,fma"))) inline __m256 pow2_avx2(__m256i k) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));
+}
+
+__attribute__((target("avx2,fma"))) inline __m256 exp_nonpositive_avx2(__m256 x) {
+  x = _mm256_max_ps(_mm256_set1_ps(-104.f), x);  // -inf to 0; a NaN stays NaN (max's 2nd operand)
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i n1 = _mm256_srai_epi32(ni, 1);  // floor(n / 2)
+  const __m256i n2 = _mm256_sub_epi32(ni, n1);
+  return _mm256_mul_ps(_mm256_mul_ps(p, pow2_avx2(n1)), pow2_avx2(n2));
+}
+
+__attribute__((target("avx2,fma"))) inline float hsum_avx2(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+// 16 columns of a row: out = exp(in - max), added to the sums s0 (the first 8) and s1.
+__attribute__((target("avx2,fma"))) inline void softmax_block_avx2(const float* in, float* out,
+                                                                   __m256 vmx, __m256& s0,
+                                                                   __m256& s1) {
+  const __m256 e0 = exp_nonpositive_avx2(_mm256_sub_ps(_mm256_loadu_ps(in), vmx));
+  const __m256 e1 = exp_nonpositive_avx2(_mm256_sub_ps(_mm256_loadu_ps(in + 8), vmx));
+  _mm256_storeu_ps(out, e0);
+  _mm256_storeu_ps(out + 8, e1);
+  s0 = _mm256_add_ps(s0, e0);
+  s1 = _mm256_add_ps(s1, e1);
+}
+
+// The same row on AVX2 (the AVX-512 row's on CPUs without it: AVX2-only EPYCs): 16 columns a step
+// in two registers, so that the sums spread over 16 lanes as there; the last 1-15 columns through a
+// block padded with -inf (exp 0).
+__attribute__((target("avx2,fma"))) float softmax_xent_row_avx2(const float* row, float* prow,
+                                                                int64_t c, int32_t y) {
+  const int64_t body = c / 16 * 16, rest = c - body;
+  __m256 vmax = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < body; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(row + j));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  float mx = lanes[0];
+  for (int k = 1; k < 8; ++k) mx = lanes[k] > mx ? lanes[k] : mx;
+  for (int64_t j = body; j < c; ++j) mx = row[j] > mx ? row[j] : mx;
+  const __m256 vmx = _mm256_set1_ps(mx);
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  for (int64_t j = 0; j < body; j += 16) softmax_block_avx2(row + j, prow + j, vmx, s0, s1);
+  if (rest > 0) {
+    float in[16], out[16];
+    std::fill_n(in, 16, -std::numeric_limits<float>::infinity());
+    std::copy_n(row + body, rest, in);
+    softmax_block_avx2(in, out, vmx, s0, s1);
+    std::copy_n(out, rest, prow + body);
+  }
+  const float sum = hsum_avx2(_mm256_add_ps(s0, s1));
+  const __m256 inv = _mm256_set1_ps(1.f / sum);
+  for (int64_t j = 0; j < body; j += 8)
+    _mm256_storeu_ps(prow + j, _mm256_mul_ps(_mm256_loadu_ps(prow + j), inv));
+  for (int64_t j = body; j < c; ++j) prow[j] *= 1.f / sum;
+  return std::log(sum) - (row[y] - mx);
+}
+
+// The widest row this CPU (and DTRAIN_MAX_CPU_ISA) allows; at first use (a bad value throws).
+using SoftmaxRow = float (*)(const float*, float*, int64_t, int32_t);
+SoftmaxRow softmax_row() {
+  static const SoftmaxRow row =
+      detail::cpu_supports(detail::CpuFeature::kAvx512f)   ? softmax_xent_row_avx512
+      : detail::cpu_supports(detail::CpuFeature::kAvx2Fma) ? softmax_xent_row_avx2
+                                                           : softmax_xent_row_scalar;
+  return row;
+}
 }  // namespace
 
 void CpuKernels::softmax_cross_entropy(const Tensor& logits, const Tensor& labels, Tensor* loss,
@@ -218,10 +305,9 @@ void CpuKernels::softmax_cross_entropy(const Tensor& logits, const Tensor& label
   float* pp = probs->data<float>();
   float* ploss = loss->data<float>();
   const int threads = n * c < State::kSerialWork ? 1 : std::min<int64_t>(n, state_->threads);
+  const SoftmaxRow row = softmax_row();
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-  for (int64_t i = 0; i < n; ++i)
-    ploss[i] = kSoftmaxAvx512 ? softmax_xent_row_avx512(pl + i * c, pp + i * c, c, py[i])
-                              : softmax_xent_row_scalar(pl + i * c, pp + i * c, c, py[i]);
+  for (int64_t i = 0; i < n; ++i) ploss[i] = row(pl + i * c, pp + i * c, c, py[i]);
 }
 
 Tensor CpuKernels::softmax_cross_entropy_backward(const Tensor& probs, const Tensor& labels,

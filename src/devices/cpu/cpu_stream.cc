@@ -8,6 +8,8 @@
 #include <cstring>
 #include <string>
 
+#include "core/cpu_isa.h"
+
 namespace dtrain::cpu {
 namespace {
 
@@ -192,9 +194,8 @@ StreamIsa stream_isa() {
   static const StreamIsa v = [] {
     const char* e = std::getenv("DTRAIN_CPU_STREAM_STORES");
     if (e && std::string(e) == "0") return StreamIsa::kNone;
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return StreamIsa::kAvx512;
-    if (__builtin_cpu_supports("avx2")) return StreamIsa::kAvx2;
+    if (detail::cpu_supports(detail::CpuFeature::kAvx512f)) return StreamIsa::kAvx512;
+    if (detail::cpu_supports(detail::CpuFeature::kAvx2Fma)) return StreamIsa::kAvx2;
     return StreamIsa::kNone;
   }();
   return v;

@@ -19,7 +19,14 @@ using dnnl::prop_kind;
 using tag = memory::format_tag;
 using dt = memory::data_type;
 
+// Hands DTRAIN_MAX_CPU_ISA (core/cpu_isa.h) to oneDNN as its maximal instruction set, once,
+// before the first engine: unless ONEDNN_MAX_CPU_ISA or DNNL_MAX_CPU_ISA is set (oneDNN reads
+// those itself). A bad value throws InvalidArgument; an ISA oneDNN can no longer change (a kernel
+// already dispatched) is reported once as a warning. True when oneDNN was capped.
+bool cap_onednn_isa();
+
 struct CpuKernels::State {
+  const bool isa_capped = cap_onednn_isa();  // first: before the engine
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   uint64_t uid;
   std::mutex mu;

@@ -42,6 +42,7 @@ bl="$stage/out.dtrain_resnet50_b32_bf16"
 [ -f "$bl" ] && for t in "bfloat16, bfloat16, bfloat16" "bfloat16, bfloat16, float32" "float32, bfloat16, bfloat16" "bfloat16, float32, bfloat16"; do
   echo "  ($t): $(grep -c "($t): cuDNN engine [-0-9]" "$bl") engines, $(grep -c "($t): .*no qualifying" "$bl") without one"
 done | tee -a "$out/log.txt"
+[ -f "$bl" ] && echo "  float32 outputs written in bfloat16 and widened: $(grep -c 'written in bfloat16 and widened' "$bl") problems" | tee -a "$out/log.txt"
 peak torch_resnet50_b32_bf16 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math bf16
 peak dtrain_resnet50_b32_tf32 90 env DTRAIN_LOG_LEVEL=DEBUG "$b/synthetic_benchmark" --batch-size 32 --tf32 $SB $TV
 # which cuDNN plans the TF32 run chose: tensor-core engines or not (cuda_conv_plan.cc's DEBUG lines)

@@ -14,9 +14,10 @@ void fail_first_conv_plan_runs(bool on);
 int64_t conv_plans_failed_at_first_run();
 
 // While on, a convolution under mixed_bfloat16 whose output is float32 (the input and filter
-// gradients, a forward convolution with a bias) is not tried on a cuDNN plan with bfloat16 inputs
-// and a float32 output, as on a cuDNN with no engine for those types: it runs with a bfloat16
-// output, widened after, where cuDNN has a plan for that.
+// gradients, a forward convolution without a bias that hands nothing on) is not tried on a cuDNN
+// plan with bfloat16 inputs and a float32 output, as on a cuDNN with no engine for those types: it
+// runs with a bfloat16 output, widened after, where cuDNN has a plan for that (a forward
+// convolution with a bias takes the TF32 path instead).
 void refuse_float32_outputs_of_bfloat16_convs(bool on);
 // How many convolutions in this process have run with a bfloat16 output widened to float32 after
 // (cuDNN had no plan with a float32 output, or the hook above refused it).

@@ -43,6 +43,7 @@
 #include "devices/cuda/cuda_launch.h"
 #include "devices/cuda_testing.h"
 #include "dtrain/core/error.h"
+#include "dtrain/core/logging.h"
 
 namespace dtrain::cuda {
 namespace {
@@ -229,6 +230,17 @@ bool CudaKernels::bf16_conv(ConvDirection d, const ConvPlanProblem& p, const Ten
   if (!run(narrow)) return false;
   launch_cast(narrow.raw_data(), bf16, out.raw_data(), DType::kFloat32, out.numel(), ctx_.stream());
   g_widened_outputs.fetch_add(1);
+  std::lock_guard<std::mutex> lock(algo_mu_);
+  if (widened_.insert(conv_problem_key(d, p, true)).second) {
+    DTRAIN_LOG(DEBUG) << "convolution "
+                      << (d == ConvDirection::kForward        ? "forward"
+                          : d == ConvDirection::kBackwardData ? "backward data"
+                                                              : "backward filter")
+                      << " x [" << p.n << ", " << p.h << ", " << p.w << ", " << p.cin << "] w ["
+                      << p.kh << ", " << p.kw << ", " << p.cin << ", " << p.cout
+                      << "]: no cuDNN plan with a float32 output from bfloat16 inputs; written in "
+                         "bfloat16 and widened";
+  }
   return true;
 }
 

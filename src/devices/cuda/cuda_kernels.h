@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -190,6 +191,7 @@ class CudaKernels final : public Kernels {
   ConvPlanCache conv_plans_;  // cuDNN graph-API plans, tried before the legacy algorithms
   mutable std::mutex algo_mu_;
   std::map<AlgoKey, int> algo_cache_;
+  std::set<AlgoKey> widened_;  // problems bf16_conv widened, each logged once (under algo_mu_)
 };
 
 }  // namespace dtrain::cuda

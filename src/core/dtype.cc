@@ -182,6 +182,35 @@ __attribute__((target("avx512f"))) void bf16_to_f32_avx512(const uint16_t* in, f
   for (; i < n; ++i) out[i] = bf16_to_float(in[i]);
 }
 #pragma GCC diagnostic pop
+// The same 8 at a time on AVX2 (AVX2-only CPUs, where the scalar loops ran before 2026-11-29: 17%
+// of ResNet-50's mixed bfloat16 step under DTRAIN_MAX_CPU_ISA=avx2). Ordinary stores.
+__attribute__((target("avx2"))) void f32_to_bf16_avx2(const float* in, uint16_t* out, size_t n) {
+  const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff),
+                abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000),
+                qnan = _mm256_set1_epi32(0x7fc0);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(bias, lsb)), 16);
+    // |u| > infinity's bits: a NaN (both sides non-negative as signed 32-bit integers)
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
+    r = _mm256_blendv_epi8(r, qnan, nan);
+    // 8 values of at most 0xffff to 16 bits: packus works within each 128-bit half
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
+  }
+  for (; i < n; ++i) out[i] = float_to_bf16(in[i]);
+}
+__attribute__((target("avx2"))) void bf16_to_f32_avx2(const uint16_t* in, float* out, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i h =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_slli_epi32(h, 16));
+  }
+  for (; i < n; ++i) out[i] = bf16_to_float(in[i]);
+}
 // At first use, not in static initializers (a bad DTRAIN_MAX_CPU_ISA throws).
 bool have_f16c() {
   static const bool v = detail::cpu_supports(detail::CpuFeature::kAvxF16c);
@@ -189,6 +218,10 @@ bool have_f16c() {
 }
 bool have_avx512() {
   static const bool v = detail::cpu_supports(detail::CpuFeature::kAvx512f);
+  return v;
+}
+bool have_avx2() {
+  static const bool v = detail::cpu_supports(detail::CpuFeature::kAvx2Fma);
   return v;
 }
 }  // namespace
@@ -204,6 +237,7 @@ void floats_to_f16(const float* in, uint16_t* out, size_t n) {
 void floats_to_bf16(const float* in, uint16_t* out, size_t n) {
 #if defined(__x86_64__)
   if (have_avx512()) return f32_to_bf16_avx512(in, out, n);
+  if (have_avx2()) return f32_to_bf16_avx2(in, out, n);
 #endif
   for (size_t i = 0; i < n; ++i) out[i] = float_to_bf16(in[i]);
 }
@@ -211,6 +245,7 @@ void floats_to_bf16(const float* in, uint16_t* out, size_t n) {
 void bf16_to_floats(const uint16_t* in, float* out, size_t n) {
 #if defined(__x86_64__)
   if (have_avx512()) return bf16_to_f32_avx512(in, out, n);
+  if (have_avx2()) return bf16_to_f32_avx2(in, out, n);
 #endif
   for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(in[i]);
 }

@@ -39,7 +39,8 @@ TEST(Dtype, BfloatArrayConversionsEqualTheScalarOnes) {
     bits.insert(bits.end(), b.begin(), b.end());
   }
   const size_t large = (size_t{5} << 20) / 2 + 3;  // 5 MB of bfloat16 output, 10 MB of float32
-  for (const size_t n : {size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{4096}, large})
+  for (const size_t n : {size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{15}, size_t{16},
+                         size_t{17}, size_t{4096}, large})
     for (const size_t offset : {size_t{0}, size_t{1}}) {
       std::vector<float> in(n + offset);
       for (size_t i = 0; i < in.size(); ++i) std::memcpy(&in[i], &bits[i % bits.size()], 4);

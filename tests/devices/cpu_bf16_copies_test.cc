@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "devices/cpu/dnnl_util.h"
@@ -158,3 +160,54 @@ TEST(CpuBf16, ActivationGradientsTakeABfloat16Value) {
 
 }  // namespace
 }  // namespace dtrain
+
+namespace dtrain::cpu {
+namespace {
+
+// cpu::convert, which widens bfloat16 to float32 with dtrain's own loop where oneDNN's reorders
+// have no bfloat16 JIT (below avx512_core: run under DTRAIN_MAX_CPU_ISA=avx2 by ctest's
+// cpu_bf16_test@avx2; elsewhere it is oneDNN's reorder itself), gives every value exactly widened
+// (its 16 bits on top of 16 zeros: NaN payloads and signed zeros kept, as oneDNN's JIT reorder
+// keeps them; its reference reorder, which convert replaces, turned -0 into +0) in to's layout:
+// the same layout, a transposed one, NHWC to NCHW and to a blocked layout (a copy widened in
+// from's layout, then reordered). The expected values: widened by hand in from's layout, then
+// moved by a float32 reorder.
+TEST(CpuBf16, ConvertWidensBfloat16Exactly) {
+  CpuKernels::State st(1);
+  const std::vector<std::pair<memory::desc, memory::desc>> cases = {
+      {memory::desc({37, 53}, dt::bf16, tag::ab), memory::desc({37, 53}, dt::f32, tag::ab)},
+      {memory::desc({37, 53}, dt::bf16, tag::ba), memory::desc({37, 53}, dt::f32, tag::ab)},
+      {memory::desc({2, 19, 5, 7}, dt::bf16, tag::nhwc),
+       memory::desc({2, 19, 5, 7}, dt::f32, tag::nhwc)},
+      {memory::desc({2, 19, 5, 7}, dt::bf16, tag::nhwc),
+       memory::desc({2, 19, 5, 7}, dt::f32, tag::nchw)},
+      {memory::desc({2, 19, 5, 7}, dt::bf16, tag::nhwc),
+       memory::desc({2, 19, 5, 7}, dt::f32, tag::nChw8c)},
+      {memory::desc({300, 1000}, dt::bf16, tag::ab), memory::desc({300, 1000}, dt::f32, tag::ab)},
+  };
+  for (const auto& [from_d, to_d] : cases) {
+    const size_t n = from_d.get_size() / 2;
+    std::vector<uint16_t> bits(n);
+    for (size_t i = 0; i < n; ++i) bits[i] = static_cast<uint16_t>(i * 2654435761u >> 7);
+    const uint16_t specials[] = {0x7fc0, 0xff80, 0x7f80, 0x0001, 0x8000, 0x0000, 0x8001};
+    for (size_t i = 0; i < n && i < std::size(specials); ++i) bits[i * 3 % n] = specials[i];
+    std::vector<uint32_t> wide(n);
+    for (size_t i = 0; i < n; ++i) wide[i] = uint32_t{bits[i]} << 16;
+    memory::desc wide_d = from_d;
+    wide_d.data.data_type = dnnl_f32;
+    std::vector<uint32_t> got(to_d.get_size() / 4, 0xdeadbeef), want(to_d.get_size() / 4, 1);
+    convert(st, memory(from_d, st.engine, bits.data()), memory(to_d, st.engine, got.data()));
+    memory wm(wide_d, st.engine, wide.data()), w(to_d, st.engine, want.data());
+    dnnl::reorder(wm, w).execute(st.stream(), wm, w);
+    size_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      if (got[i] != want[i] && differ++ < 4)
+        ADD_FAILURE() << "element " << i << ": 0x" << std::hex << got[i] << ", exactly widened 0x"
+                      << want[i];
+    EXPECT_EQ(differ, 0u) << "from " << from_d.dims()[0] << "x" << from_d.dims()[1] << ", "
+                          << from_d.get_size() << " bytes, to " << to_d.get_size() << " bytes";
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::cpu

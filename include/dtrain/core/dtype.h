@@ -46,8 +46,8 @@ DTRAIN_API float f16_to_float(uint16_t h);
 // scalar functions above otherwise and for the tail). Same results, NaN payloads aside.
 DTRAIN_API void floats_to_f16(const float* in, uint16_t* out, size_t n);
 DTRAIN_API void f16_to_floats(const uint16_t* in, float* out, size_t n);
-// bfloat16 likewise, 16 at a time with AVX-512 where the CPU has it (the same results, NaNs
-// included: every NaN becomes 0x7fc0, as float_to_bf16).
+// bfloat16 likewise, 16 at a time with AVX-512 where the CPU has it, else 8 with AVX2 (the same
+// results, NaNs included: every NaN becomes 0x7fc0, as float_to_bf16).
 DTRAIN_API void floats_to_bf16(const float* in, uint16_t* out, size_t n);
 DTRAIN_API void bf16_to_floats(const uint16_t* in, float* out, size_t n);
 

@@ -147,6 +147,39 @@ bool cap_onednn_isa() {
 
 CpuKernels::State::State(int t) : uid(g_state_uid.fetch_add(1)), threads(t) {}
 
+void convert(CpuKernels::State& st, memory from, memory to, int64_t work) {
+  // oneDNN's JIT reorders take bfloat16 from avx512_core (dnnl_cpu_isa_t's 0x20 bit) up.
+  static const bool jit_bf16 = (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & 0x20u) != 0;
+  const memory::desc fd = from.get_desc(), td = to.get_desc();
+  if (jit_bf16 || fd.data_type() != dt::bf16 || td.data_type() != dt::f32) {
+    dnnl::reorder(from, to).execute(st.stream(work), from, to);
+    return;
+  }
+  // The same layout in float32: element k of the buffer stays element k, so the whole buffer
+  // (padding included) widens as one run.
+  memory::desc wide = fd;
+  wide.data.data_type = dnnl_f32;
+  const auto n = static_cast<int64_t>(fd.get_size() / 2);
+  Tensor copy;
+  float* out = static_cast<float*>(to.get_data_handle());
+  if (!(wide == td)) {
+    copy = scratch(wide.get_size(), DeviceSpec::cpu(0));
+    out = static_cast<float*>(copy.raw_data());
+  }
+  const auto* in = static_cast<const uint16_t*>(from.get_data_handle());
+  const int threads = n < CpuKernels::State::kSerialWork ? 1 : st.threads;
+  const int64_t chunk = ((n + threads - 1) / threads + 15) / 16 * 16;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+  for (int t = 0; t < threads; ++t) {
+    const int64_t b = std::min(n, t * chunk), len = std::min(n, b + chunk) - b;
+    if (len > 0) bf16_to_floats(in + b, out + b, static_cast<size_t>(len));
+  }
+  if (copy.defined()) {
+    memory m(wide, st.engine, copy.raw_data());
+    dnnl::reorder(m, to).execute(st.stream(work), m, to);
+  }
+}
+
 dnnl::stream& CpuKernels::State::stream(int64_t work) {
   // The thread count belongs to the device, not to the calling thread: the training loop's thread
   // (reductions, metrics) and the replica threads all run this device's primitives with its count.
@@ -215,7 +248,7 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
         *holder = scratch(want.get_size(), spec_);
         memory out(want, state_->engine, holder->raw_data());
         const int64_t elems = t.numel();
-        dnnl::reorder(user, out).execute(state_->stream(elems), user, out);
+        convert(*state_, user, out, elems);
         if (!native && t.dtype() != DType::kBFloat16)
           round_to_bf16(static_cast<float*>(holder->raw_data()), static_cast<size_t>(elems));
         return static_cast<const char*>(holder->raw_data());

@@ -9,7 +9,8 @@
 namespace dtrain::detail {
 
 // In oneDNN's order (dnnl_cpu_isa_t: sse41 < avx < avx2 < avx512_core < avx512_core_vnni <
-// avx512_core_bf16 < avx512_core_amx; avx2_vnni counts as avx2, for oneDNN too). kAll: no cap.
+// avx512_core_bf16 < avx512_core_amx). kAll: no cap. avx2_vnni counts as avx2, and oneDNN is then
+// capped at avx2 (its own avx2_vnni kernels left out: dtrain's float kernels use no VNNI).
 enum class CpuIsa {
   kSse41,
   kAvx,

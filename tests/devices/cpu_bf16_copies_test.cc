@@ -196,7 +196,8 @@ TEST(CpuBf16, ConvertWidensBfloat16Exactly) {
     memory::desc wide_d = from_d;
     wide_d.data.data_type = dnnl_f32;
     std::vector<uint32_t> got(to_d.get_size() / 4, 0xdeadbeef), want(to_d.get_size() / 4, 1);
-    convert(st, memory(from_d, st.engine, bits.data()), memory(to_d, st.engine, got.data()));
+    convert(st, memory(from_d, st.engine, bits.data()), memory(to_d, st.engine, got.data()),
+            DeviceSpec::cpu(0));
     memory wm(wide_d, st.engine, wide.data()), w(to_d, st.engine, want.data());
     dnnl::reorder(wm, w).execute(st.stream(), wm, w);
     size_t differ = 0;

@@ -242,6 +242,7 @@ int compare_bench(const CompareArgs& a) {
           } catch (const std::runtime_error& e) {
             if (s.key.rfind("dtrain", 0) == 0) throw;
             failed.insert({b, row, s.key});
+            res.erase({b, row, s.key});  // earlier rounds' results too: no median of fewer
             std::fprintf(stderr, "compare: %s failed (batch %ld, %s row); left out of it: %s\n%s",
                          s.label.c_str(), b, row.c_str(), e.what(),
                          last_lines(kStderrLog, 3).c_str());

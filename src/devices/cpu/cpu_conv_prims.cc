@@ -124,7 +124,7 @@ memory filter_in(CpuKernels::State& st, const memory::desc& user, const memory::
     round_to_bf16(static_cast<const float*>(w.raw_data()), copy, floats);
     return out;
   }
-  convert(st, user_mem, out);
+  convert(st, user_mem, out, w.device());
   if (round) round_to_bf16(copy, floats);
   return out;
 }

@@ -147,7 +147,7 @@ bool cap_onednn_isa() {
 
 CpuKernels::State::State(int t) : uid(g_state_uid.fetch_add(1)), threads(t) {}
 
-void convert(CpuKernels::State& st, memory from, memory to, int64_t work) {
+void convert(CpuKernels::State& st, memory from, memory to, DeviceSpec dev, int64_t work) {
   // oneDNN's JIT reorders take bfloat16 from avx512_core (dnnl_cpu_isa_t's 0x20 bit) up.
   static const bool jit_bf16 = (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & 0x20u) != 0;
   const memory::desc fd = from.get_desc(), td = to.get_desc();
@@ -163,7 +163,7 @@ void convert(CpuKernels::State& st, memory from, memory to, int64_t work) {
   Tensor copy;
   float* out = static_cast<float*>(to.get_data_handle());
   if (!(wide == td)) {
-    copy = scratch(wide.get_size(), DeviceSpec::cpu(0));
+    copy = scratch(wide.get_size(), dev);
     out = static_cast<float*>(copy.raw_data());
   }
   const auto* in = static_cast<const uint16_t*>(from.get_data_handle());
@@ -248,7 +248,7 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
         *holder = scratch(want.get_size(), spec_);
         memory out(want, state_->engine, holder->raw_data());
         const int64_t elems = t.numel();
-        convert(*state_, user, out, elems);
+        convert(*state_, user, out, spec_, elems);
         if (!native && t.dtype() != DType::kBFloat16)
           round_to_bf16(static_cast<float*>(holder->raw_data()), static_cast<size_t>(elems));
         return static_cast<const char*>(holder->raw_data());

@@ -87,15 +87,16 @@ inline void key_dims(std::string& k, const memory::dims& d) {
   k += ';';
 }
 
-// A scratch float tensor of at least `bytes` bytes (oneDNN's reordered weights, workspaces).
 // dnnl::reorder(from, to) on st's stream (its threads for `work` units), but for a widening of
 // bfloat16 to float32 where oneDNN has no bfloat16 (below avx512_core: an AVX2 CPU, or
 // DTRAIN_MAX_CPU_ISA). There oneDNN's reorder is its reference implementation ("simple:any"):
 // 56 of 69 s of ResNet-50's mixed bfloat16 step under an AVX2 cap (2026-11-29). Then dtrain's own
 // widening (bf16_to_floats) writes `to` directly where the layouts match, else a float32 copy in
-// from's layout, which a float32 reorder (JIT) brings into to's.
-void convert(CpuKernels::State& st, memory from, memory to, int64_t work = INT64_MAX);
+// from's layout (scratch on `dev`), which a float32 reorder (JIT) brings into to's.
+void convert(CpuKernels::State& st, memory from, memory to, DeviceSpec dev,
+             int64_t work = INT64_MAX);
 
+// A scratch float tensor of at least `bytes` bytes (oneDNN's reordered weights, workspaces).
 inline Tensor scratch(size_t bytes, DeviceSpec dev) {
   return Tensor::empty(Shape{static_cast<int64_t>((bytes + 3) / 4)}, DType::kFloat32, dev);
 }

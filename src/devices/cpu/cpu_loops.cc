@@ -136,6 +136,12 @@ float softmax_xent_row_scalar(const float* row, float* prow, int64_t c, int32_t 
   return static_cast<float>(std::log(sum)) - (row[y] - mx);
 }
 
+// Cephes' expf constants, one definition for both widths: log2(e), ln 2 in two parts (n ln2 is
+// subtracted exactly), and the polynomial's coefficients, highest degree first.
+constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kExpPoly[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                              4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
 // GCC 12's AVX-512 headers trip its own uninitialized-variable warnings (GCC bug 105593).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -144,12 +150,6 @@ float softmax_xent_row_scalar(const float* row, float* prow, int64_t c, int32_t 
 // r, then 2^n by scalef; relative error about 1e-7 where the result is a normal float). x below
 // -104, -inf included, is taken as -104, whose exp is below float's smallest denormal and rounds
 // to 0, as std::exp's does.
-// Cephes' expf constants, one definition for both widths: log2(e), ln 2 in two parts (n ln2 is
-// subtracted exactly), and the polynomial's coefficients, highest degree first.
-constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
-constexpr float kExpPoly[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
-                              4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
-
 __attribute__((target("avx512f"))) inline __m512 exp_nonpositive_avx512(__m512 x) {
   x = _mm512_max_ps(_mm512_set1_ps(-104.f), x);  // -inf to 0; a NaN stays NaN (max's 2nd operand)
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
@@ -197,14 +197,14 @@ __attribute__((target("avx512f"))) float softmax_xent_row_avx512(const float* ro
 
 #pragma GCC diagnostic pop
 
-// exp_nonpositive_avx512 on 8 lanes (AVX2 with FMA): the same reduction and polynomial; 2^n (n in
-// [-150, 0]) applied as two factors of at least 2^-75, each a normal float, so that a result in
-// the denormals is rounded once, as scalef rounds it.
 // 2^k for k in [-126, 127], as a float built from its exponent bits.
 __attribute__((target("avx2,fma"))) inline __m256 pow2_avx2(__m256i k) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));
 }
 
+// exp_nonpositive_avx512 on 8 lanes (AVX2 with FMA): the same reduction and polynomial; 2^n (n in
+// [-150, 0]) applied as two factors of at least 2^-75, each a normal float, so that a result in
+// the denormals is rounded once, as scalef rounds it.
 __attribute__((target("avx2,fma"))) inline __m256 exp_nonpositive_avx2(__m256 x) {
   x = _mm256_max_ps(_mm256_set1_ps(-104.f), x);  // -inf to 0; a NaN stays NaN (max's 2nd operand)
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),

@@ -1,6 +1,7 @@
 #include "core/cpu_isa.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstdlib>
 #include <string>
@@ -55,27 +56,26 @@ CpuIsa max_cpu_isa() {
 }
 
 bool cpu_supports(CpuFeature f) {
+  // Found once, at first use (a bad DTRAIN_MAX_CPU_ISA throws, and is read again next time).
+  static const std::array<bool, 4> has = [] {
+    const CpuIsa cap = max_cpu_isa();  // a bad value is reported on every machine
+    std::array<bool, 4> h{};
 #if defined(__x86_64__)
-  __builtin_cpu_init();  // in case this runs in a static initializer before libgcc's own
-  const CpuIsa cap = max_cpu_isa();
-  switch (f) {
-    case CpuFeature::kSse42:
-      return cap >= CpuIsa::kAvx && __builtin_cpu_supports("sse4.2");
-    case CpuFeature::kAvxF16c:
-      return cap >= CpuIsa::kAvx2 && __builtin_cpu_supports("avx") &&
-             __builtin_cpu_supports("f16c");
-    case CpuFeature::kAvx2Fma:
-      return cap >= CpuIsa::kAvx2 && __builtin_cpu_supports("avx2") &&
-             __builtin_cpu_supports("fma");
-    case CpuFeature::kAvx512f:
-      return cap >= CpuIsa::kAvx512Core && __builtin_cpu_supports("avx512f");
-  }
-  return false;
+    __builtin_cpu_init();  // in case this runs in a static initializer before libgcc's own
+    h[static_cast<size_t>(CpuFeature::kSse42)] =
+        cap >= CpuIsa::kAvx && __builtin_cpu_supports("sse4.2");
+    h[static_cast<size_t>(CpuFeature::kAvxF16c)] =
+        cap >= CpuIsa::kAvx2 && __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+    h[static_cast<size_t>(CpuFeature::kAvx2Fma)] =
+        cap >= CpuIsa::kAvx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    h[static_cast<size_t>(CpuFeature::kAvx512f)] =
+        cap >= CpuIsa::kAvx512Core && __builtin_cpu_supports("avx512f");
 #else
-  (void)f;
-  (void)max_cpu_isa();  // a bad value is reported on every machine
-  return false;
+    (void)cap;
 #endif
+    return h;
+  }();
+  return has[static_cast<size_t>(f)];
 }
 
 }  // namespace dtrain::detail

@@ -38,7 +38,8 @@ enum class CpuFeature {
   kAvx2Fma,  // AVX2 with FMA: avx2 and up
   kAvx512f,  // AVX-512 F: avx512_core and up
 };
-// Whether this CPU has feature f and DTRAIN_MAX_CPU_ISA allows it.
+// Whether this CPU has feature f and DTRAIN_MAX_CPU_ISA allows it (found once, at first use: call
+// it where the choice is made; it is an array lookup after the first call).
 bool cpu_supports(CpuFeature f);
 
 }  // namespace dtrain::detail

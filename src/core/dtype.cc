@@ -211,19 +211,10 @@ __attribute__((target("avx2"))) void bf16_to_f32_avx2(const uint16_t* in, float*
   }
   for (; i < n; ++i) out[i] = bf16_to_float(in[i]);
 }
-// At first use, not in static initializers (a bad DTRAIN_MAX_CPU_ISA throws).
-bool have_f16c() {
-  static const bool v = detail::cpu_supports(detail::CpuFeature::kAvxF16c);
-  return v;
-}
-bool have_avx512() {
-  static const bool v = detail::cpu_supports(detail::CpuFeature::kAvx512f);
-  return v;
-}
-bool have_avx2() {
-  static const bool v = detail::cpu_supports(detail::CpuFeature::kAvx2Fma);
-  return v;
-}
+// Asked at each call, not in static initializers (a bad DTRAIN_MAX_CPU_ISA throws).
+bool have_f16c() { return detail::cpu_supports(detail::CpuFeature::kAvxF16c); }
+bool have_avx512() { return detail::cpu_supports(detail::CpuFeature::kAvx512f); }
+bool have_avx2() { return detail::cpu_supports(detail::CpuFeature::kAvx2Fma); }
 }  // namespace
 #endif
 

@@ -20,10 +20,6 @@ __attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const unsigned char* p, 
   for (; n > 0; --n, ++p) c32 = __builtin_ia32_crc32qi(c32, *p);
   return c32 ^ 0xFFFFFFFFu;
 }
-bool have_sse42() {  // at first use, not in a static initializer (a bad DTRAIN_MAX_CPU_ISA throws)
-  static const bool v = detail::cpu_supports(detail::CpuFeature::kSse42);
-  return v;
-}
 #endif
 
 std::string le(uint64_t v, int bytes) {
@@ -36,7 +32,8 @@ std::string le(uint64_t v, int bytes) {
 
 uint32_t crc32c(const void* data, size_t n) {
 #if defined(__x86_64__)
-  if (have_sse42()) return crc32c_sse42(static_cast<const unsigned char*>(data), n);
+  if (detail::cpu_supports(detail::CpuFeature::kSse42))
+    return crc32c_sse42(static_cast<const unsigned char*>(data), n);
 #endif
   boost::crc_optimal<32, 0x1EDC6F41, 0xFFFFFFFF, 0xFFFFFFFF, true, true> crc;
   crc.process_bytes(data, n);

@@ -14,11 +14,6 @@
 namespace dtrain::cpu {
 namespace {
 
-bool pool_avx512() {  // at first use (a bad DTRAIN_MAX_CPU_ISA throws)
-  static const bool v = detail::cpu_supports(detail::CpuFeature::kAvx512f);
-  return v;
-}
-
 // The part of output position (oy, ox)'s window inside the image: rows [y0, y1), columns [x0, x1);
 // (ys, xs) is the window's top-left corner (negative in the padding).
 struct Span {
@@ -319,7 +314,7 @@ size_t max_pool_workspace_bytes(const PoolGeometry& g) {
 
 void max_pool_forward(const PoolGeometry& g, const float* x, float* y, void* workspace, int threads,
                       bool allow_avx512) {
-  const bool avx512 = allow_avx512 && pool_avx512();
+  const bool avx512 = allow_avx512 && detail::cpu_supports(detail::CpuFeature::kAvx512f);
   if (wide_index(g))
     forward(g, x, y, static_cast<int32_t*>(workspace), threads, avx512);
   else
@@ -328,7 +323,7 @@ void max_pool_forward(const PoolGeometry& g, const float* x, float* y, void* wor
 
 void max_pool_backward(const PoolGeometry& g, const float* dy, const void* workspace, float* dx,
                        int threads, bool allow_avx512) {
-  const bool avx512 = allow_avx512 && pool_avx512();
+  const bool avx512 = allow_avx512 && detail::cpu_supports(detail::CpuFeature::kAvx512f);
   if (wide_index(g))
     backward(g, dy, static_cast<const int32_t*>(workspace), dx, threads, avx512);
   else

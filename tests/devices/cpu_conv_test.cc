@@ -1,18 +1,22 @@
 // Winograd convolutions on the CPU device (precision.h: enable_winograd_convolutions): where they
 // apply (float32, 3x3, stride 1, channels in multiples of 16, at least 16 output tiles of 4x4 per
 // image, whatever the batch) conv2d and both gradients stay within float32-like error of float64
-// sums, and differ from the direct convolution's on CPUs whose oneDNN has Winograd kernels
-// (AVX-512), so that path ran; where they do not apply, and in the fused conv+pool op, the results
-// are the direct convolution's bit for bit.
+// sums and differ from the direct convolution's, so a Winograd path ran: oneDNN's on CPUs whose
+// oneDNN has Winograd kernels (AVX-512), dtrain's own (cpu_winograd.h) elsewhere, and dtrain's own
+// on every CPU when a test asks for it; where they do not apply, and in the fused conv+pool op, the
+// results are the direct convolution's bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "devices/cpu/cpu_conv_prims.h"
+#include "devices/cpu/cpu_winograd.h"
 #include "dtrain/core/precision.h"
 #include "dtrain/model/gradient_tape.h"
 #include "dtrain/model/ops.h"
@@ -144,19 +148,30 @@ bool winograd_kernels_here() {
 
 const char* kWhat[] = {"y", "dx", "dw", "db"};
 
-TEST(CpuConv, WinogradConvolutionsStayNearFloat64AndRunWhereTheyApply) {
+// Runs each case with Winograd off and on and checks the on results against float64; `own`: with
+// dtrain's own Winograd kernels wherever Winograd applies (else oneDNN's where it has them).
+void check_winograd(bool own) {
   for (const Case& c : {Case{4, 16, 16, 32, 48, 1, ops::Padding::kSame},
                         Case{1, 16, 16, 32, 48, 1, ops::Padding::kSame},      // one image
                         Case{3, 19, 15, 16, 16, 1, ops::Padding::kValid},     // partial tiles
+                        Case{2, 18, 17, 16, 32, 1, ops::Padding::kSame},      // partial tiles
                         Case{16, 14, 14, 32, 64, 1, ops::Padding::kSame}}) {  // 7 x 7 after pooling
-    SCOPED_TRACE(c.name());
+    SCOPED_TRACE(c.name() + (own ? ", dtrain's own Winograd" : ""));
     const Data d(c);
     std::vector<std::vector<float>> direct, wino;
     {
       Winograd off(false);
       direct = run(d);
     }
-    wino = run(d);
+    const uint64_t runs_before = cpu_testing::own_winograd_runs();
+    {
+      std::optional<cpu_testing::OwnWinogradEverywhere> everywhere;
+      if (own) everywhere.emplace();
+      wino = run(d);
+    }
+    // y, dx and dw: three passes, each dtrain's own unless oneDNN's Winograd ran
+    const bool ours = own || !winograd_kernels_here();
+    EXPECT_EQ(cpu_testing::own_winograd_runs() - runs_before, ours ? 3u : 0u);
     const Reference r = reference(d);
     for (int k = 0; k < 4; ++k) {
       double to_direct = 0, to_wino = 0;
@@ -170,15 +185,21 @@ TEST(CpuConv, WinogradConvolutionsStayNearFloat64AndRunWhereTheyApply) {
       // (transforms of the operands before the products)
       EXPECT_LE(to_direct, 1e-6 * r.scale[k]) << kWhat[k];
       EXPECT_LE(to_wino, 2e-5 * r.scale[k]) << kWhat[k];
-      // y, dx and dw each come from a Winograd kernel here (db is a plain sum of dy)
-      if (k < 3 && winograd_kernels_here()) {
+      // y, dx and dw each come from a Winograd kernel (db is a plain sum of dy)
+      if (k < 3) {
         EXPECT_NE(wino[static_cast<size_t>(k)], direct[static_cast<size_t>(k)])
-            << kWhat[k] << ": the Winograd kernel did not run on this AVX-512 CPU";
+            << kWhat[k] << ": no Winograd kernel ran";
       }
     }
+    std::optional<cpu_testing::OwnWinogradEverywhere> everywhere;
+    if (own) everywhere.emplace();
     EXPECT_EQ(run(d), wino);  // repeatable, bit for bit
   }
 }
+
+TEST(CpuConv, WinogradConvolutionsStayNearFloat64AndRunWhereTheyApply) { check_winograd(false); }
+
+TEST(CpuConv, DtrainsOwnWinogradStaysNearFloat64OnAnyCpu) { check_winograd(true); }
 
 TEST(CpuConv, WhereWinogradDoesNotApplyTheDirectConvolutionRuns) {
   for (const Case& c : {Case{32, 7, 7, 32, 32, 1, ops::Padding::kSame},    // 4 tiles an image
@@ -193,6 +214,10 @@ TEST(CpuConv, WhereWinogradDoesNotApplyTheDirectConvolutionRuns) {
       direct = run(d);
     }
     EXPECT_EQ(run(d), direct);
+    const uint64_t runs_before = cpu_testing::own_winograd_runs();
+    cpu_testing::OwnWinogradEverywhere own;
+    EXPECT_EQ(run(d), direct);
+    EXPECT_EQ(cpu_testing::own_winograd_runs(), runs_before);
   }
   // mixed_bfloat16's products are bfloat16 ones: never Winograd
   const Data d(Case{4, 16, 16, 32, 48, 1, ops::Padding::kSame});
@@ -203,6 +228,7 @@ TEST(CpuConv, WhereWinogradDoesNotApplyTheDirectConvolutionRuns) {
       Winograd off(false);
       direct = run(d);
     }
+    cpu_testing::OwnWinogradEverywhere own;
     wino = run(d);
   } catch (...) {
     set_precision_policy(Precision::kFloat32);
@@ -238,6 +264,10 @@ TEST(CpuConv, TheFusedConvolutionAndPoolingRunsDirectConvolutions) {
       direct = run_fused();
     }
     EXPECT_EQ(run_fused(), direct);
+    const uint64_t runs_before = cpu_testing::own_winograd_runs();
+    cpu_testing::OwnWinogradEverywhere own;
+    EXPECT_EQ(run_fused(), direct);
+    EXPECT_EQ(cpu_testing::own_winograd_runs(), runs_before);
   }
 }
 

@@ -9,6 +9,7 @@
 
 #include "devices/cpu/cpu_conv_prims.h"
 #include "devices/cpu/cpu_stream.h"
+#include "devices/cpu/cpu_winograd.h"
 #include "dtrain/core/precision.h"
 
 namespace dtrain::cpu {
@@ -67,6 +68,10 @@ void require_dy_shape(const char* op, const Tensor& dy, const ConvShapes& s, con
                           want.to_string());
 }
 
+WinogradConv winograd_conv(const Conv2dParams& p, const ConvShapes& s) {
+  return {p.pad_top, p.pad_left, s.dst[2], s.dst[3]};
+}
+
 }  // namespace
 
 Tensor CpuKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
@@ -81,6 +86,9 @@ Tensor CpuKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
     f32.bf16_output = false;
     return cast(conv2d(x, w, bias, f32), DType::kBFloat16);
   }
+  // (Winograd is float32 only, so x is never a bfloat16 copy there.)
+  if (own_winograd(s) && x.dtype() == DType::kFloat32 && x.numel() > 0)
+    return winograd_conv2d(*this, state_->threads, x, w, bias, winograd_conv(p, s));
   Tensor y = Tensor::empty(Shape{s.dst[0], s.dst[2], s.dst[3], s.dst[1]},
                            bf16_dst ? DType::kBFloat16 : DType::kFloat32, spec_);
   if (y.numel() == 0) return y;
@@ -127,6 +135,9 @@ Tensor CpuKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, cons
                       /*gather=*/false, state_->threads);
     return dx;
   }
+  if (own_winograd(s) && dy.dtype() == DType::kFloat32 && x_shape.numel() > 0)
+    return winograd_conv2d_backward_input(*this, state_->threads, dy, w, x_shape,
+                                          winograd_conv(p, s));
   Tensor dx = Tensor::empty(x_shape, DType::kFloat32, spec_);
   if (dx.numel() == 0) return dx;
   try {
@@ -167,6 +178,13 @@ Tensor CpuKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, con
                       static_cast<char*>(x.raw_data()), static_cast<char*>(xs.raw_data()),
                       /*gather=*/true, state_->threads);
     return matmul(xs, rows, true, false).view(w_shape);
+  }
+  if (own_winograd(s) && x.dtype() == DType::kFloat32 && dy.dtype() == DType::kFloat32 &&
+      x.numel() > 0 && dy.numel() > 0) {
+    const int64_t cout = w_shape[3];
+    if (want_bias)
+      *db = reduce(ReductionKind::kSum, dy.view(Shape{dy.numel() / cout, cout}), {0}, false);
+    return winograd_conv2d_backward_filter(*this, state_->threads, x, dy, winograd_conv(p, s));
   }
   Tensor dw = Tensor::empty(w_shape, DType::kFloat32, spec_);
   if (want_bias) *db = Tensor::empty(Shape{s.wei[0]}, DType::kFloat32, spec_);

@@ -2,6 +2,7 @@
 // keys, creation (cpu_conv_prims.h).
 #include "devices/cpu/cpu_conv_prims.h"
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -145,6 +146,21 @@ PoolGeometry pool_geometry(const Shape& x, const Pool2dParams& p) {
           p.window_w, p.stride_h, p.stride_w, p.pad_top, p.pad_left, p.relu};
 }
 
+namespace {
+std::atomic<bool> g_own_everywhere{false};
+// Whether oneDNN's effective instruction set holds avx512_core, where oneDNN 2.6 has its Winograd
+// kernels (dnnl_cpu_isa_t is a set of bits: avx512_core is 0x27, avx2_vnni 0x407).
+bool onednn_has_winograd() {
+  static const bool has = (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & 0x27u) == 0x27u;
+  return has;
+}
+}  // namespace
+
+bool own_winograd(const ConvShapes& s) {
+  if (!winograd_wanted(s, mixed_bf16())) return false;
+  return g_own_everywhere.load(std::memory_order_relaxed) || !onednn_has_winograd();
+}
+
 DirectConvolutionsOnly::DirectConvolutionsOnly() : previous_(t_direct_only) {
   t_direct_only = true;
 }
@@ -264,3 +280,8 @@ bool conv_as_gemm(const Shape& w, const Conv2dParams& p) {
 }
 
 }  // namespace dtrain::cpu
+
+namespace dtrain::cpu_testing {
+OwnWinogradEverywhere::OwnWinogradEverywhere() : previous_(cpu::g_own_everywhere.exchange(true)) {}
+OwnWinogradEverywhere::~OwnWinogradEverywhere() { cpu::g_own_everywhere.store(previous_); }
+}  // namespace dtrain::cpu_testing

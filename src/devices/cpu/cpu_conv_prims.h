@@ -55,6 +55,12 @@ std::shared_ptr<ConvBwdData> conv_bwd_data_prim(CpuKernels::State& st, const Con
 std::shared_ptr<ConvBwdWeights> conv_bwd_weights_prim(CpuKernels::State& st, const ConvShapes& s,
                                                       bool bias);
 
+// Whether this convolution runs dtrain's own Winograd kernels (cpu_winograd.h): where Winograd's
+// algorithm is wanted (the conditions precision.h gives, none depending on the batch) and this
+// CPU's oneDNN has no Winograd kernels (below avx512_core, or capped there: DTRAIN_MAX_CPU_ISA,
+// ONEDNN_MAX_CPU_ISA). Where oneDNN has them, conv_fwd_prim and its kin make oneDNN's.
+bool own_winograd(const ConvShapes& s);
+
 // While one lives, the convolutions this thread runs are direct ones: the fused conv+pool kernel's
 // (its chunked path pools the NHWC output in place, and its unchunked path, taken for small
 // batches, must compute what the chunked one does, so that strategies agree).
@@ -101,3 +107,19 @@ ConvShapes checked_conv_shapes(const char* op, const Tensor& x, const Tensor& w,
 bool conv_as_gemm(const Shape& w, const Conv2dParams& p);
 
 }  // namespace dtrain::cpu
+
+namespace dtrain::cpu_testing {
+// While one lives, dtrain's own Winograd kernels run wherever Winograd's algorithm is wanted, on
+// CPUs whose oneDNN has Winograd kernels too (so that an AVX-512 machine tests them). Not
+// thread-safe: for tests.
+class OwnWinogradEverywhere {
+ public:
+  OwnWinogradEverywhere();
+  ~OwnWinogradEverywhere();
+  OwnWinogradEverywhere(const OwnWinogradEverywhere&) = delete;
+  OwnWinogradEverywhere& operator=(const OwnWinogradEverywhere&) = delete;
+
+ private:
+  bool previous_;
+};
+}  // namespace dtrain::cpu_testing

@@ -1,0 +1,339 @@
+// dtrain's own Winograd F(4x4, 3x3) convolution (cpu_winograd.h): the transforms, vectorised over
+// 8 channels, around one batched matrix product per pass.
+#include "devices/cpu/cpu_winograd.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "core/cpu_isa.h"
+
+namespace dtrain::cpu {
+namespace {
+
+// 8 floats (one AVX register; two SSE ones where AVX2 is not there). The helpers below take and
+// give them through pointers only: a vector passed by value would change the calling convention
+// between the AVX2 and the baseline clones of a loop.
+typedef float v8 __attribute__((vector_size(32)));
+#define DTRAIN_INLINE inline __attribute__((always_inline))
+
+DTRAIN_INLINE void load(v8* v, const float* p) { std::memcpy(v, p, sizeof(v8)); }
+DTRAIN_INLINE void store(float* p, const v8* v) { std::memcpy(p, v, sizeof(v8)); }
+
+// The 1-D transforms, each applied along columns then rows of a tile: `in` read at stride `is`,
+// `out` written at stride `os`.
+// B^T d: the input tile's 6 points to the 6 transformed ones.
+DTRAIN_INLINE void input_1d(const v8* in, int is, v8* out, int os) {
+  const v8 d0 = in[0], d1 = in[is], d2 = in[2 * is], d3 = in[3 * is], d4 = in[4 * is],
+           d5 = in[5 * is];
+  out[0] = 4.f * d0 - 5.f * d2 + d4;
+  out[os] = d4 + d3 - 4.f * (d1 + d2);
+  out[2 * os] = d4 - d3 + 4.f * (d1 - d2);
+  out[3 * os] = d4 - d2 + 2.f * (d3 - d1);
+  out[4 * os] = d4 - d2 - 2.f * (d3 - d1);
+  out[5 * os] = 4.f * d1 - 5.f * d3 + d5;
+}
+// A^T m: 6 transformed points to the 4 outputs.
+DTRAIN_INLINE void output_1d(const v8* in, int is, v8* out, int os) {
+  const v8 a = in[is] + in[2 * is], b = in[is] - in[2 * is], c = in[3 * is] + in[4 * is],
+           e = in[3 * is] - in[4 * is];
+  out[0] = in[0] + a + c;
+  out[os] = b + 2.f * e;
+  out[2 * os] = a + 4.f * c;
+  out[3 * os] = b + 8.f * e + in[5 * is];
+}
+// G g: the filter's 3 taps to 6 points.
+DTRAIN_INLINE void filter_1d(const v8* in, int is, v8* out, int os) {
+  const v8 g0 = in[0], g1 = in[is], g2 = in[2 * is], a = g0 + g2, b = g0 + 4.f * g2;
+  out[0] = 0.25f * g0;
+  out[os] = (-1.f / 6) * (a + g1);
+  out[2 * os] = (-1.f / 6) * (a - g1);
+  out[3 * os] = (1.f / 24) * (b + 2.f * g1);
+  out[4 * os] = (1.f / 24) * (b - 2.f * g1);
+  out[5 * os] = g2;
+}
+// A dy: the adjoint of output_1d (4 output gradients to 6 points).
+DTRAIN_INLINE void output_adjoint_1d(const v8* in, int is, v8* out, int os) {
+  const v8 a = in[0] + in[2 * is], b = in[is] + in[3 * is], c = in[0] + 4.f * in[2 * is],
+           e = 2.f * in[is] + 8.f * in[3 * is];
+  out[0] = in[0];
+  out[os] = a + b;
+  out[2 * os] = a - b;
+  out[3 * os] = c + e;
+  out[4 * os] = c - e;
+  out[5 * os] = in[3 * is];
+}
+// G^T u: the adjoint of filter_1d (6 points to the 3 taps' gradients).
+DTRAIN_INLINE void filter_adjoint_1d(const v8* in, int is, v8* out, int os) {
+  const v8 s12 = in[is] + in[2 * is], d21 = in[2 * is] - in[is], s34 = in[3 * is] + in[4 * is],
+           d34 = in[3 * is] - in[4 * is];
+  out[0] = 0.25f * in[0] - (1.f / 6) * s12 + (1.f / 24) * s34;
+  out[os] = (1.f / 6) * d21 + (1.f / 12) * d34;
+  out[2 * os] = (1.f / 6) * (s34 - s12) + in[5 * is];
+}
+
+// A tiling of an NHWC tensor's images into the 4x4 output blocks: tile t = (image, row, column) in
+// that order; the transformed tensors are [36 points, tiles, channels].
+struct Tiling {
+  int64_t n, h, w;  // the images the tiles read (or, for outputs, write)
+  int64_t th, tw;   // tiles down and across an image
+  int pad_top, pad_left;
+  int64_t tiles() const { return n * th * tw; }
+  // The image, and the top-left pixel of tile t's 6x6 input block (or 4x4 output block).
+  void origin(int64_t t, int64_t* image, int64_t* row, int64_t* col) const {
+    *image = t / (th * tw);
+    *row = (t / tw) % th * 4 - pad_top;
+    *col = t % tw * 4 - pad_left;
+  }
+};
+
+// The tile loops, written once and compiled twice (kernels_avx2 / kernels_base below): each takes
+// a range of tiles (or of input channels, for the filter's).
+// v [36, tiles, c] = B^T d B of each 6x6 block of x [n, h, w, c] (zeros outside it).
+DTRAIN_INLINE void input_tiles(const Tiling& g, const float* x, int64_t c, float* v, int64_t t0,
+                               int64_t t1) {
+  const size_t plane = static_cast<size_t>(g.tiles() * c);
+  const float* at[36];
+  for (int64_t t = t0; t < t1; ++t) {
+    int64_t img, r0, c0;
+    g.origin(t, &img, &r0, &c0);
+    for (int r = 0; r < 6; ++r)
+      for (int s = 0; s < 6; ++s) {
+        const int64_t y = r0 + r, xx = c0 + s;
+        at[r * 6 + s] = (y >= 0 && y < g.h && xx >= 0 && xx < g.w)
+                            ? x + ((img * g.h + y) * g.w + xx) * c
+                            : nullptr;
+      }
+    float* out = v + static_cast<size_t>(t * c);
+    for (int64_t ch = 0; ch < c; ch += 8) {
+      v8 d[36], tmp[36];
+      for (int e = 0; e < 36; ++e) {
+        if (at[e])
+          load(&d[e], at[e] + ch);
+        else
+          d[e] = v8{};
+      }
+      for (int s = 0; s < 6; ++s) input_1d(d + s, 6, tmp + s, 6);
+      for (int r = 0; r < 6; ++r) input_1d(tmp + r * 6, 1, d + r * 6, 1);
+      for (int e = 0; e < 36; ++e) store(out + e * plane + ch, &d[e]);
+    }
+  }
+}
+
+// y [n, h, w, k] = A^T M A (+ bias) of m [36, tiles, k], the 4x4 blocks cut at the edges.
+DTRAIN_INLINE void output_tiles(const Tiling& g, const float* m, int64_t k, const float* bias,
+                                float* y, int64_t t0, int64_t t1) {
+  const size_t plane = static_cast<size_t>(g.tiles() * k);
+  for (int64_t t = t0; t < t1; ++t) {
+    int64_t img, r0, c0;
+    g.origin(t, &img, &r0, &c0);
+    const int rows = static_cast<int>(std::min<int64_t>(4, g.h - r0)),
+              cols = static_cast<int>(std::min<int64_t>(4, g.w - c0));
+    const float* in = m + static_cast<size_t>(t * k);
+    float* out = y + ((img * g.h + r0) * g.w + c0) * k;
+    for (int64_t ch = 0; ch < k; ch += 8) {
+      v8 p[36], tmp[24], o[16], b = v8{};
+      for (int e = 0; e < 36; ++e) load(&p[e], in + e * plane + ch);
+      for (int s = 0; s < 6; ++s) output_1d(p + s, 6, tmp + s, 6);
+      for (int r = 0; r < 4; ++r) output_1d(tmp + r * 6, 1, o + r * 4, 1);
+      if (bias) load(&b, bias + ch);
+      for (int r = 0; r < rows; ++r)
+        for (int s = 0; s < cols; ++s) {
+          const v8 sum = o[r * 4 + s] + b;
+          store(out + (r * g.w + s) * k + ch, &sum);
+        }
+    }
+  }
+}
+
+// dm [36, tiles, k] = A dY A^T of each 4x4 block of dy [n, h, w, k] (zeros outside it).
+DTRAIN_INLINE void output_adjoint_tiles(const Tiling& g, const float* dy, int64_t k, float* dm,
+                                        int64_t t0, int64_t t1) {
+  const size_t plane = static_cast<size_t>(g.tiles() * k);
+  for (int64_t t = t0; t < t1; ++t) {
+    int64_t img, r0, c0;
+    g.origin(t, &img, &r0, &c0);
+    const int rows = static_cast<int>(std::min<int64_t>(4, g.h - r0)),
+              cols = static_cast<int>(std::min<int64_t>(4, g.w - c0));
+    const float* in = dy + ((img * g.h + r0) * g.w + c0) * k;
+    float* out = dm + static_cast<size_t>(t * k);
+    for (int64_t ch = 0; ch < k; ch += 8) {
+      v8 q[16], tmp[24], p[36];
+      for (int r = 0; r < 4; ++r)
+        for (int s = 0; s < 4; ++s) {
+          if (r < rows && s < cols)
+            load(&q[r * 4 + s], in + (r * g.w + s) * k + ch);
+          else
+            q[r * 4 + s] = v8{};
+        }
+      for (int s = 0; s < 4; ++s) output_adjoint_1d(q + s, 4, tmp + s, 4);
+      for (int r = 0; r < 6; ++r) output_adjoint_1d(tmp + r * 4, 1, p + r * 6, 1);
+      for (int e = 0; e < 36; ++e) store(out + e * plane + ch, &p[e]);
+    }
+  }
+}
+
+// u [36, c, k] = G g G^T of the filter w [3, 3, c, k], for input channels c0..c1.
+DTRAIN_INLINE void filter_tiles(const float* w, int64_t c, int64_t k, float* u, int64_t c0,
+                                int64_t c1) {
+  const size_t plane = static_cast<size_t>(c * k);
+  for (int64_t ci = c0; ci < c1; ++ci)
+    for (int64_t ch = 0; ch < k; ch += 8) {
+      v8 taps[9], tmp[18], p[36];
+      for (int e = 0; e < 9; ++e) load(&taps[e], w + (e * c + ci) * k + ch);
+      for (int b = 0; b < 3; ++b) filter_1d(taps + b, 3, tmp + b, 3);
+      for (int r = 0; r < 6; ++r) filter_1d(tmp + r * 3, 1, p + r * 6, 1);
+      for (int e = 0; e < 36; ++e) store(u + e * plane + ci * k + ch, &p[e]);
+    }
+}
+
+// dw [3, 3, c, k] = G^T dU G of du [36, c, k], for input channels c0..c1.
+DTRAIN_INLINE void filter_adjoint_tiles(const float* du, int64_t c, int64_t k, float* dw,
+                                        int64_t c0, int64_t c1) {
+  const size_t plane = static_cast<size_t>(c * k);
+  for (int64_t ci = c0; ci < c1; ++ci)
+    for (int64_t ch = 0; ch < k; ch += 8) {
+      v8 p[36], tmp[18], taps[9];
+      for (int e = 0; e < 36; ++e) load(&p[e], du + e * plane + ci * k + ch);
+      for (int s = 0; s < 6; ++s) filter_adjoint_1d(p + s, 6, tmp + s, 6);
+      for (int a = 0; a < 3; ++a) filter_adjoint_1d(tmp + a * 6, 1, taps + a * 3, 1);
+      for (int e = 0; e < 9; ++e) store(dw + (e * c + ci) * k + ch, &taps[e]);
+    }
+}
+
+// The loops above, for a CPU with AVX2 and FMA and for any x86-64 one.
+struct Loops {
+  void (*input)(const Tiling&, const float*, int64_t, float*, int64_t, int64_t);
+  void (*output)(const Tiling&, const float*, int64_t, const float*, float*, int64_t, int64_t);
+  void (*output_adjoint)(const Tiling&, const float*, int64_t, float*, int64_t, int64_t);
+  void (*filter)(const float*, int64_t, int64_t, float*, int64_t, int64_t);
+  void (*filter_adjoint)(const float*, int64_t, int64_t, float*, int64_t, int64_t);
+};
+
+#define DTRAIN_WINOGRAD_LOOPS(suffix, attr)                                                       \
+  attr void input_##suffix(const Tiling& g, const float* x, int64_t c, float* v, int64_t t0,      \
+                           int64_t t1) {                                                          \
+    input_tiles(g, x, c, v, t0, t1);                                                              \
+  }                                                                                               \
+  attr void output_##suffix(const Tiling& g, const float* m, int64_t k, const float* bias,        \
+                            float* y, int64_t t0, int64_t t1) {                                   \
+    output_tiles(g, m, k, bias, y, t0, t1);                                                       \
+  }                                                                                               \
+  attr void output_adjoint_##suffix(const Tiling& g, const float* dy, int64_t k, float* dm,       \
+                                    int64_t t0, int64_t t1) {                                     \
+    output_adjoint_tiles(g, dy, k, dm, t0, t1);                                                   \
+  }                                                                                               \
+  attr void filter_##suffix(const float* w, int64_t c, int64_t k, float* u, int64_t c0,           \
+                            int64_t c1) {                                                         \
+    filter_tiles(w, c, k, u, c0, c1);                                                             \
+  }                                                                                               \
+  attr void filter_adjoint_##suffix(const float* du, int64_t c, int64_t k, float* dw, int64_t c0, \
+                                    int64_t c1) {                                                 \
+    filter_adjoint_tiles(du, c, k, dw, c0, c1);                                                   \
+  }
+
+DTRAIN_WINOGRAD_LOOPS(avx2, __attribute__((target("avx2,fma"))))
+DTRAIN_WINOGRAD_LOOPS(base, )
+
+const Loops& loops() {
+  static const Loops avx2{input_avx2, output_avx2, output_adjoint_avx2, filter_avx2,
+                          filter_adjoint_avx2};
+  static const Loops base{input_base, output_base, output_adjoint_base, filter_base,
+                          filter_adjoint_base};
+  return detail::cpu_supports(detail::CpuFeature::kAvx2Fma) ? avx2 : base;
+}
+
+// Runs f(begin, end) over [0, count) in blocks of `block`, on `threads` OpenMP threads.
+template <class F>
+void in_blocks(int threads, int64_t count, int64_t block, F f) {
+  const int64_t blocks = (count + block - 1) / block;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && blocks > 1)
+  for (int64_t b = 0; b < blocks; ++b) f(b * block, std::min(count, (b + 1) * block));
+}
+
+std::atomic<uint64_t> g_runs{0};
+
+constexpr int64_t kTileBlock = 16;  // tiles per parallel work item
+
+const float* f32(const Tensor& t) { return static_cast<const float*>(t.raw_data()); }
+float* f32(Tensor& t) { return static_cast<float*>(t.raw_data()); }
+
+// The tiling of a convolution's outputs (oh x ow) over the input x_shape [N,H,W,C].
+Tiling tiling(const Shape& x_shape, const WinogradConv& g) {
+  return {x_shape[0],     x_shape[1], x_shape[2], (g.oh + 3) / 4,
+          (g.ow + 3) / 4, g.pad_top,  g.pad_left};
+}
+
+// v [36, tiles, C]: the transformed input tiles.
+Tensor transformed_input(int threads, const Tensor& x, const Tiling& t) {
+  const int64_t c = x.shape()[3];
+  Tensor v = Tensor::empty(Shape{36, t.tiles(), c}, DType::kFloat32, x.device());
+  const auto input = loops().input;
+  in_blocks(threads, t.tiles(), kTileBlock,
+            [&](int64_t a, int64_t b) { input(t, f32(x), c, f32(v), a, b); });
+  return v;
+}
+
+}  // namespace
+
+Tensor winograd_conv2d(CpuKernels& kernels, int threads, const Tensor& x, const Tensor& w,
+                       const Tensor& bias, const WinogradConv& g) {
+  g_runs.fetch_add(1, std::memory_order_relaxed);
+  const int64_t c = w.shape()[2], k = w.shape()[3];
+  Tensor u = Tensor::empty(Shape{36, c, k}, DType::kFloat32, w.device());
+  const auto filter = loops().filter;
+  in_blocks(threads, c, 8, [&](int64_t a, int64_t b) { filter(f32(w), c, k, f32(u), a, b); });
+  const Tiling t = tiling(x.shape(), g);
+  const Tensor m = kernels.batch_matmul(transformed_input(threads, x, t), u, false, false);
+  Tensor y = Tensor::empty(Shape{x.shape()[0], g.oh, g.ow, k}, DType::kFloat32, x.device());
+  // The outputs' tiling: the same tiles, over y's rows and columns.
+  const Tiling out{t.n, g.oh, g.ow, t.th, t.tw, 0, 0};
+  const auto output = loops().output;
+  const float* b = bias.defined() ? f32(bias) : nullptr;
+  in_blocks(threads, t.tiles(), kTileBlock,
+            [&](int64_t a, int64_t e) { output(out, f32(m), k, b, f32(y), a, e); });
+  return y;
+}
+
+Tensor winograd_conv2d_backward_input(CpuKernels& kernels, int threads, const Tensor& dy,
+                                      const Tensor& w, const Shape& x_shape,
+                                      const WinogradConv& g) {
+  // dx[p] = sum over taps a of dy[p + pad - a] w[a] = sum over a' of dy[p - (2 - pad) + a']
+  // w[2 - a']: the convolution of dy, padded by 2 - pad before, with the filter turned 180 degrees
+  // and its input and output channels swapped ([3, 3, K, C]).
+  const int64_t c = w.shape()[2], k = w.shape()[3];
+  Tensor turned = Tensor::empty(Shape{3, 3, k, c}, DType::kFloat32, w.device());
+  const float* from = f32(w);
+  float* to = f32(turned);
+  for (int64_t tap = 0; tap < 9; ++tap)
+    for (int64_t ci = 0; ci < c; ++ci)
+      for (int64_t co = 0; co < k; ++co)
+        to[((8 - tap) * k + co) * c + ci] = from[(tap * c + ci) * k + co];
+  return winograd_conv2d(kernels, threads, dy, turned, Tensor(),
+                         {2 - g.pad_top, 2 - g.pad_left, x_shape[1], x_shape[2]});
+}
+
+Tensor winograd_conv2d_backward_filter(CpuKernels& kernels, int threads, const Tensor& x,
+                                       const Tensor& dy, const WinogradConv& g) {
+  g_runs.fetch_add(1, std::memory_order_relaxed);
+  const int64_t c = x.shape()[3], k = dy.shape()[3];
+  const Tiling t = tiling(x.shape(), g);
+  const Tensor v = transformed_input(threads, x, t);
+  Tensor dm = Tensor::empty(Shape{36, t.tiles(), k}, DType::kFloat32, x.device());
+  const Tiling out{t.n, g.oh, g.ow, t.th, t.tw, 0, 0};
+  const auto adjoint = loops().output_adjoint;
+  in_blocks(threads, t.tiles(), kTileBlock,
+            [&](int64_t a, int64_t b) { adjoint(out, f32(dy), k, f32(dm), a, b); });
+  const Tensor du = kernels.batch_matmul(v, dm, true, false);  // [36, C, K]
+  Tensor dw = Tensor::empty(Shape{3, 3, c, k}, DType::kFloat32, x.device());
+  const auto filter_adjoint = loops().filter_adjoint;
+  in_blocks(threads, c, 8,
+            [&](int64_t a, int64_t b) { filter_adjoint(f32(du), c, k, f32(dw), a, b); });
+  return dw;
+}
+
+}  // namespace dtrain::cpu
+
+namespace dtrain::cpu_testing {
+uint64_t own_winograd_runs() { return cpu::g_runs.load(std::memory_order_relaxed); }
+}  // namespace dtrain::cpu_testing

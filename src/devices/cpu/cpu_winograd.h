@@ -1,0 +1,49 @@
+// dtrain's own Winograd convolution, F(4x4, 3x3), for CPUs whose oneDNN has none (oneDNN 2.6 has
+// Winograd kernels for avx512_core only: an AVX2-only EPYC ran ResNet-50's 3x3 layers as direct
+// convolutions, 2.25x the arithmetic of this). Private to the CPU convolution kernels; which
+// convolutions take it: cpu_conv_prims.h (own_winograd).
+//
+// The algorithm (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2016), on
+// channels-last data: each 4x4 block of outputs reads a 6x6 block of inputs. Each such input tile
+// is transformed per channel (V = B^T d B), the filter per channel pair (U = G g G^T), and the 36
+// points of the transformed tiles become 36 independent matrix products over the channels
+// (M[e] = V[e] U[e]: [tiles, Cin] x [Cin, Cout], one batched oneDNN matmul), whose results are
+// transformed back (Y = A^T M A). The filter's gradient is that chain's adjoint
+// (dU[e] = V[e]^T (A dY A^T)[e], dW = G^T dU G); the input's gradient is the same forward algorithm
+// on dy with the filter turned 180 degrees and its channels swapped. The transforms are vectorised
+// by the compiler over 8 channels (AVX2 with FMA where the CPU has it and DTRAIN_MAX_CPU_ISA allows
+// it, else SSE). Numerics: those of oneDNN's Winograd kernels (precision.h).
+#pragma once
+
+#include <cstdint>
+
+#include "devices/cpu/cpu_kernels.h"
+
+namespace dtrain::cpu {
+
+// A 3x3, stride-1 convolution: x [N,H,W,C] (NHWC) and w [3,3,C,K] (HWIO), both float32, C and K
+// multiples of 8; `pad_top` / `pad_left` rows and columns of zeros before the input (0 to 2), and
+// the output's size oh x ow (the padding after the input follows from them).
+struct WinogradConv {
+  int pad_top, pad_left;
+  int64_t oh, ow;
+};
+
+// y [N, oh, ow, K] = conv2d(x, w) + bias (bias [K], or undefined for none). `kernels` runs the
+// products; `threads`: the transforms' OpenMP threads.
+Tensor winograd_conv2d(CpuKernels& kernels, int threads, const Tensor& x, const Tensor& w,
+                       const Tensor& bias, const WinogradConv& g);
+// dx [N,H,W,C] (x_shape) of that convolution for dy [N, oh, ow, K].
+Tensor winograd_conv2d_backward_input(CpuKernels& kernels, int threads, const Tensor& dy,
+                                      const Tensor& w, const Shape& x_shape, const WinogradConv& g);
+// dw [3,3,C,K] of that convolution for x and dy [N, oh, ow, K].
+Tensor winograd_conv2d_backward_filter(CpuKernels& kernels, int threads, const Tensor& x,
+                                       const Tensor& dy, const WinogradConv& g);
+
+}  // namespace dtrain::cpu
+
+namespace dtrain::cpu_testing {
+// How many convolution passes (forward, backward input, backward filter) dtrain's own Winograd
+// kernels have run in this process.
+uint64_t own_winograd_runs();
+}  // namespace dtrain::cpu_testing

@@ -2,12 +2,12 @@
 // keys, creation (cpu_conv_prims.h).
 #include "devices/cpu/cpu_conv_prims.h"
 
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "devices/cpu/cpu_winograd.h"
 #include "dtrain/core/precision.h"
 
 namespace dtrain::cpu {
@@ -55,11 +55,12 @@ dnnl::convolution_forward::desc conv_fwd_desc(const ConvShapes& s, bool bias, bo
 
 thread_local bool t_direct_only = false;
 
-// Whether a convolution of these shapes should run oneDNN's Winograd kernels: the conditions
+// Whether a convolution of these shapes should run Winograd's algorithm: the conditions
 // precision.h gives (enable_winograd_convolutions). None depends on the batch size, so that a
 // layer runs the same algorithm whatever the strategy splits the batch into (Winograd's rounding
-// differs from the direct convolution's). oneDNN checks its own conditions (the CPU, the layout)
-// when the primitive is made; where it has none, the direct convolution runs.
+// differs from the direct convolution's). Where oneDNN has no Winograd kernels (below
+// avx512_core), dtrain's own run (own_winograd); where it has them it checks its own conditions
+// (the layout) when the primitive is made, and where those fail the direct convolution runs.
 bool winograd_wanted(const ConvShapes& s, bool bf16) {
   if (t_direct_only || bf16 || !winograd_convolutions_enabled()) return false;
   const memory::dims& w = s.wei;  // {Cout, Cin, KH, KW}
@@ -78,7 +79,7 @@ auto with_algorithm(bool winograd, Make make) {
   if (winograd) {
     try {
       return make(algorithm::convolution_winograd);
-    } catch (const dnnl::error&) {  // unimplemented here (an AVX2-only CPU): the direct one
+    } catch (const dnnl::error&) {  // oneDNN's conditions not met: the direct one
     }
   }
   return make(algorithm::convolution_direct);
@@ -146,19 +147,18 @@ PoolGeometry pool_geometry(const Shape& x, const Pool2dParams& p) {
           p.window_w, p.stride_h, p.stride_w, p.pad_top, p.pad_left, p.relu};
 }
 
-namespace {
-std::atomic<bool> g_own_everywhere{false};
-// Whether oneDNN's effective instruction set holds avx512_core, where oneDNN 2.6 has its Winograd
-// kernels (dnnl_cpu_isa_t is a set of bits: avx512_core is 0x27, avx2_vnni 0x407).
+// (dnnl_cpu_isa_t is a set of bits: avx512_core is 0x27, avx2_vnni 0x407.)
 bool onednn_has_winograd() {
   static const bool has = (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & 0x27u) == 0x27u;
   return has;
 }
-}  // namespace
 
 bool own_winograd(const ConvShapes& s) {
-  if (!winograd_wanted(s, mixed_bf16())) return false;
-  return g_own_everywhere.load(std::memory_order_relaxed) || !onednn_has_winograd();
+  if (s.wei[0] == 0 || s.wei[1] == 0 || !winograd_wanted(s, mixed_bf16())) return false;
+  // oneDNN 2.6's Winograd input gradient is wrong where a dimension's padding differs between its
+  // two sides (1 before, 0 after: cpu_conv_test); those convolutions run dtrain's.
+  const bool one_sided = s.pad_l[0] != s.pad_r[0] || s.pad_l[1] != s.pad_r[1];
+  return cpu_testing::own_winograd_everywhere() || one_sided || !onednn_has_winograd();
 }
 
 DirectConvolutionsOnly::DirectConvolutionsOnly() : previous_(t_direct_only) {
@@ -280,8 +280,3 @@ bool conv_as_gemm(const Shape& w, const Conv2dParams& p) {
 }
 
 }  // namespace dtrain::cpu
-
-namespace dtrain::cpu_testing {
-OwnWinogradEverywhere::OwnWinogradEverywhere() : previous_(cpu::g_own_everywhere.exchange(true)) {}
-OwnWinogradEverywhere::~OwnWinogradEverywhere() { cpu::g_own_everywhere.store(previous_); }
-}  // namespace dtrain::cpu_testing

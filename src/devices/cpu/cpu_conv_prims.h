@@ -58,8 +58,14 @@ std::shared_ptr<ConvBwdWeights> conv_bwd_weights_prim(CpuKernels::State& st, con
 // Whether this convolution runs dtrain's own Winograd kernels (cpu_winograd.h): where Winograd's
 // algorithm is wanted (the conditions precision.h gives, none depending on the batch) and this
 // CPU's oneDNN has no Winograd kernels (below avx512_core, or capped there: DTRAIN_MAX_CPU_ISA,
-// ONEDNN_MAX_CPU_ISA). Where oneDNN has them, conv_fwd_prim and its kin make oneDNN's.
+// ONEDNN_MAX_CPU_ISA) or its Winograd input gradient is wrong (padding that differs between the
+// two sides of a dimension), and the convolution has channels to compute. Where oneDNN has them,
+// conv_fwd_prim and its kin make oneDNN's. cpu_testing::OwnWinogradEverywhere (cpu_winograd.h)
+// takes dtrain's wherever Winograd is wanted.
 bool own_winograd(const ConvShapes& s);
+// Whether oneDNN's effective instruction set holds avx512_core, where oneDNN 2.6 has its Winograd
+// kernels (found once, after the CPU device capped it).
+bool onednn_has_winograd();
 
 // While one lives, the convolutions this thread runs are direct ones: the fused conv+pool kernel's
 // (its chunked path pools the NHWC output in place, and its unchunked path, taken for small
@@ -107,19 +113,3 @@ ConvShapes checked_conv_shapes(const char* op, const Tensor& x, const Tensor& w,
 bool conv_as_gemm(const Shape& w, const Conv2dParams& p);
 
 }  // namespace dtrain::cpu
-
-namespace dtrain::cpu_testing {
-// While one lives, dtrain's own Winograd kernels run wherever Winograd's algorithm is wanted, on
-// CPUs whose oneDNN has Winograd kernels too (so that an AVX-512 machine tests them). Not
-// thread-safe: for tests.
-class OwnWinogradEverywhere {
- public:
-  OwnWinogradEverywhere();
-  ~OwnWinogradEverywhere();
-  OwnWinogradEverywhere(const OwnWinogradEverywhere&) = delete;
-  OwnWinogradEverywhere& operator=(const OwnWinogradEverywhere&) = delete;
-
- private:
-  bool previous_;
-};
-}  // namespace dtrain::cpu_testing

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
 
 #include "core/cpu_isa.h"
 
@@ -252,6 +253,16 @@ void in_blocks(int threads, int64_t count, int64_t block, F f) {
 }
 
 std::atomic<uint64_t> g_runs{0};
+std::atomic<bool> g_everywhere{false};  // cpu_testing::OwnWinogradEverywhere
+
+// An output tensor of shape `shape`; NaN-filled under OwnWinogradEverywhere.
+Tensor output_tensor(const Shape& shape, DeviceSpec device) {
+  Tensor t = Tensor::empty(shape, DType::kFloat32, device);
+  if (g_everywhere.load(std::memory_order_relaxed))
+    std::fill_n(static_cast<float*>(t.raw_data()), t.numel(),
+                std::numeric_limits<float>::quiet_NaN());
+  return t;
+}
 
 constexpr int64_t kTileBlock = 16;  // tiles per parallel work item
 
@@ -285,7 +296,7 @@ Tensor winograd_conv2d(CpuKernels& kernels, int threads, const Tensor& x, const 
   in_blocks(threads, c, 8, [&](int64_t a, int64_t b) { filter(f32(w), c, k, f32(u), a, b); });
   const Tiling t = tiling(x.shape(), g);
   const Tensor m = kernels.batch_matmul(transformed_input(threads, x, t), u, false, false);
-  Tensor y = Tensor::empty(Shape{x.shape()[0], g.oh, g.ow, k}, DType::kFloat32, x.device());
+  Tensor y = output_tensor(Shape{x.shape()[0], g.oh, g.ow, k}, x.device());
   // The outputs' tiling: the same tiles, over y's rows and columns.
   const Tiling out{t.n, g.oh, g.ow, t.th, t.tw, 0, 0};
   const auto output = loops().output;
@@ -325,7 +336,7 @@ Tensor winograd_conv2d_backward_filter(CpuKernels& kernels, int threads, const T
   in_blocks(threads, t.tiles(), kTileBlock,
             [&](int64_t a, int64_t b) { adjoint(out, f32(dy), k, f32(dm), a, b); });
   const Tensor du = kernels.batch_matmul(v, dm, true, false);  // [36, C, K]
-  Tensor dw = Tensor::empty(Shape{3, 3, c, k}, DType::kFloat32, x.device());
+  Tensor dw = output_tensor(Shape{3, 3, c, k}, x.device());
   const auto filter_adjoint = loops().filter_adjoint;
   in_blocks(threads, c, 8,
             [&](int64_t a, int64_t b) { filter_adjoint(f32(du), c, k, f32(dw), a, b); });
@@ -335,5 +346,8 @@ Tensor winograd_conv2d_backward_filter(CpuKernels& kernels, int threads, const T
 }  // namespace dtrain::cpu
 
 namespace dtrain::cpu_testing {
+OwnWinogradEverywhere::OwnWinogradEverywhere() : previous_(cpu::g_everywhere.exchange(true)) {}
+OwnWinogradEverywhere::~OwnWinogradEverywhere() { cpu::g_everywhere.store(previous_); }
+bool own_winograd_everywhere() { return cpu::g_everywhere.load(std::memory_order_relaxed); }
 uint64_t own_winograd_runs() { return cpu::g_runs.load(std::memory_order_relaxed); }
 }  // namespace dtrain::cpu_testing

@@ -88,7 +88,7 @@ Tensor CpuKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
   }
   // (Winograd is float32 only, so x is never a bfloat16 copy there.)
   if (own_winograd(s) && x.dtype() == DType::kFloat32 && x.numel() > 0)
-    return winograd_conv2d(*this, state_->threads, x, w, bias, winograd_conv(p, s));
+    return winograd_conv2d(*state_, x, w, bias, winograd_conv(p, s));
   Tensor y = Tensor::empty(Shape{s.dst[0], s.dst[2], s.dst[3], s.dst[1]},
                            bf16_dst ? DType::kBFloat16 : DType::kFloat32, spec_);
   if (y.numel() == 0) return y;
@@ -136,8 +136,7 @@ Tensor CpuKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, cons
     return dx;
   }
   if (own_winograd(s) && dy.dtype() == DType::kFloat32 && x_shape.numel() > 0)
-    return winograd_conv2d_backward_input(*this, state_->threads, dy, w, x_shape,
-                                          winograd_conv(p, s));
+    return winograd_conv2d_backward_input(*state_, dy, w, x_shape, winograd_conv(p, s));
   Tensor dx = Tensor::empty(x_shape, DType::kFloat32, spec_);
   if (dx.numel() == 0) return dx;
   try {
@@ -184,7 +183,7 @@ Tensor CpuKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, con
     const int64_t cout = w_shape[3];
     if (want_bias)
       *db = reduce(ReductionKind::kSum, dy.view(Shape{dy.numel() / cout, cout}), {0}, false);
-    return winograd_conv2d_backward_filter(*this, state_->threads, x, dy, winograd_conv(p, s));
+    return winograd_conv2d_backward_filter(*state_, x, dy, winograd_conv(p, s));
   }
   Tensor dw = Tensor::empty(w_shape, DType::kFloat32, spec_);
   if (want_bias) *db = Tensor::empty(Shape{s.wei[0]}, DType::kFloat32, spec_);

@@ -7,8 +7,9 @@
 // channels-last data: each 4x4 block of outputs reads a 6x6 block of inputs. Each such input tile
 // is transformed per channel (V = B^T d B), the filter per channel pair (U = G g G^T), and the 36
 // points of the transformed tiles become 36 independent matrix products over the channels
-// (M[e] = V[e] U[e]: [tiles, Cin] x [Cin, Cout], one batched oneDNN matmul), whose results are
-// transformed back (Y = A^T M A). The filter's gradient is that chain's adjoint
+// (M[e] = V[e] U[e]: [tiles, Cin] x [Cin, Cout], one batched oneDNN matmul per chunk of tiles
+// whose transforms fit a core's share of the cache), whose results are transformed back
+// (Y = A^T M A). The filter's gradient is that chain's adjoint
 // (dU[e] = V[e]^T (A dY A^T)[e], dW = G^T dU G); the input's gradient is the same forward algorithm
 // on dy with the filter turned 180 degrees and its channels swapped. The transforms are vectorised
 // by the compiler over 8 channels (AVX2 with FMA where the CPU has it and DTRAIN_MAX_CPU_ISA allows
@@ -34,16 +35,16 @@ struct WinogradConv {
   int64_t oh, ow;
 };
 
-// y [N, oh, ow, K] = conv2d(x, w) + bias (bias [K], or undefined for none). `kernels` runs the
-// products; `threads`: the transforms' OpenMP threads.
-Tensor winograd_conv2d(CpuKernels& kernels, int threads, const Tensor& x, const Tensor& w,
-                       const Tensor& bias, const WinogradConv& g);
+// y [N, oh, ow, K] = conv2d(x, w) + bias (bias [K], or undefined for none), on the device whose
+// State `st` is (its threads, its oneDNN engine and primitive cache).
+Tensor winograd_conv2d(CpuKernels::State& st, const Tensor& x, const Tensor& w, const Tensor& bias,
+                       const WinogradConv& g);
 // dx [N,H,W,C] (x_shape) of that convolution for dy [N, oh, ow, K].
-Tensor winograd_conv2d_backward_input(CpuKernels& kernels, int threads, const Tensor& dy,
-                                      const Tensor& w, const Shape& x_shape, const WinogradConv& g);
+Tensor winograd_conv2d_backward_input(CpuKernels::State& st, const Tensor& dy, const Tensor& w,
+                                      const Shape& x_shape, const WinogradConv& g);
 // dw [3,3,C,K] of that convolution for x and dy [N, oh, ow, K].
-Tensor winograd_conv2d_backward_filter(CpuKernels& kernels, int threads, const Tensor& x,
-                                       const Tensor& dy, const WinogradConv& g);
+Tensor winograd_conv2d_backward_filter(CpuKernels::State& st, const Tensor& x, const Tensor& dy,
+                                       const WinogradConv& g);
 
 }  // namespace dtrain::cpu
 
@@ -66,4 +67,16 @@ bool own_winograd_everywhere();
 // How many convolution passes (forward, backward input, backward filter) dtrain's own Winograd
 // kernels have run in this process.
 uint64_t own_winograd_runs();
+// While one lives, dtrain's Winograd kernels hold `tiles` tiles' transforms at a time (their
+// chunks: cpu_winograd.cc) instead of their own choice, for testing many chunks on small inputs.
+class WinogradChunkTiles {
+ public:
+  explicit WinogradChunkTiles(int64_t tiles);
+  ~WinogradChunkTiles();
+  WinogradChunkTiles(const WinogradChunkTiles&) = delete;
+  WinogradChunkTiles& operator=(const WinogradChunkTiles&) = delete;
+
+ private:
+  int64_t previous_;
+};
 }  // namespace dtrain::cpu_testing

@@ -1,5 +1,5 @@
 // dtrain's own Winograd F(4x4, 3x3) convolution (cpu_winograd.h): the transforms, vectorised over
-// 8 channels, around one batched matrix product per pass.
+// 8 channels, around batched matrix products, a chunk of tiles at a time.
 #include "devices/cpu/cpu_winograd.h"
 
 #include <algorithm>
@@ -267,15 +267,6 @@ void in_blocks(int threads, int64_t count, int64_t block, F f) {
 std::atomic<uint64_t> g_runs{0};
 std::atomic<bool> g_everywhere{false};  // cpu_testing::OwnWinogradEverywhere
 
-// An output tensor of shape `shape`; NaN-filled under OwnWinogradEverywhere.
-Tensor output_tensor(const Shape& shape, DeviceSpec device) {
-  Tensor t = Tensor::empty(shape, DType::kFloat32, device);
-  if (g_everywhere.load(std::memory_order_relaxed))
-    std::fill_n(static_cast<float*>(t.raw_data()), t.numel(),
-                std::numeric_limits<float>::quiet_NaN());
-  return t;
-}
-
 constexpr int64_t kTileBlock = 16;  // tiles per parallel work item
 
 const float* f32(const Tensor& t) { return static_cast<const float*>(t.raw_data()); }
@@ -292,15 +283,35 @@ std::atomic<int64_t> g_chunk_tiles{0};  // cpu_testing::WinogradChunkTiles; 0: c
 // Tiles a chunk holds: the transformed tiles of both operands of a chunk's products, 36 x chunk x
 // (Cin + Cout) floats, in about kChunkBytes, a core's share of the last-level cache (the
 // transforms write them and the products read them back from there, not from memory: ResNet-50's
-// 56x56 and 28x28 layers 11-13% faster than with all tiles at once on Zen 5 under the AVX2 cap),
+// 56x56 and 28x28 layers about 7% faster than with all tiles at once on Zen 5 under the AVX2 cap),
 // and the scratch bounded whatever the batch. A multiple of the parallel blocks, at least 64 tiles
-// (the products' rows). It depends on the channels only, not on the batch, so that the filter
-// gradient's sums run over the same chunks of the same tiles whatever else is in the batch.
+// (the products' rows; the inner dimension of the filter gradient's). The size depends on the
+// channels only: every strategy runs the same algorithm per layer (the filter gradient's rounding
+// depends on how the batch's tiles fall into chunks, as any sum over a batch's does).
 constexpr int64_t kChunkBytes = int64_t{4} << 20;
 int64_t chunk_tiles(int64_t c, int64_t k) {
   if (const int64_t forced = g_chunk_tiles.load(std::memory_order_relaxed)) return forced;
   const int64_t per_tile = 36 * (c + k) * static_cast<int64_t>(sizeof(float));
   return std::max<int64_t>(64, kChunkBytes / per_tile / kTileBlock * kTileBlock);
+}
+
+// The filter gradient's chunks: as chunk_tiles, but at least 4 C K / (C + K) tiles, so that the
+// running sum dU [36, C, K] each chunk's product reads and writes again is at most a quarter of
+// the chunk's transforms (at 14x14x256, 4 MB chunks of 64 tiles moved 9.4 MB of dU each).
+int64_t filter_chunk_tiles(int64_t c, int64_t k) {
+  if (const int64_t forced = g_chunk_tiles.load(std::memory_order_relaxed)) return forced;
+  const int64_t least = (4 * c * k / (c + k) + kTileBlock - 1) / kTileBlock * kTileBlock;
+  return std::max(chunk_tiles(c, k), least);
+}
+
+// An uninitialised float32 tensor; NaN-filled under OwnWinogradEverywhere, so that a value read
+// before anything wrote it (scratch) or never written (an output) fails a test.
+Tensor fresh(const Shape& shape, DeviceSpec device) {
+  Tensor t = Tensor::empty(shape, DType::kFloat32, device);
+  if (g_everywhere.load(std::memory_order_relaxed))
+    std::fill_n(static_cast<float*>(t.raw_data()), t.numel(),
+                std::numeric_limits<float>::quiet_NaN());
+  return t;
 }
 
 struct BatchedProduct {
@@ -317,20 +328,26 @@ void batched_product(CpuKernels::State& st, const float* a, const float* b, floa
   const memory::desc cmd({36, m, n}, dt::f32, memory::dims{m * n, n, 1});
   std::string key = "wino_mm";
   key_dims(key, {m, kk, n, transpose_a, accumulate});
-  auto e = st.get<BatchedProduct>(key, [&] {
-    dnnl::primitive_attr attr;
-    if (accumulate) {
-      dnnl::post_ops ops;
-      ops.append_sum(1.f);
-      attr.set_post_ops(ops);
-    }
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(amd, bmd, cmd), attr, st.engine);
-    return std::make_shared<BatchedProduct>(BatchedProduct{dnnl::matmul(pd)});
-  });
-  e->prim.execute(st.stream(36 * m * n * kk / 8),
-                  {{DNNL_ARG_SRC, memory(amd, st.engine, const_cast<float*>(a))},
-                   {DNNL_ARG_WEIGHTS, memory(bmd, st.engine, const_cast<float*>(b))},
-                   {DNNL_ARG_DST, memory(cmd, st.engine, c)}});
+  try {
+    // The stream first: it sets the OpenMP thread count the work wants, which oneDNN's matmul
+    // reads when the primitive is made, not when it runs.
+    dnnl::stream& stream = st.stream(36 * m * n * kk / 8);
+    auto e = st.get<BatchedProduct>(key, [&] {
+      dnnl::primitive_attr attr;
+      if (accumulate) {
+        dnnl::post_ops ops;
+        ops.append_sum(1.f);
+        attr.set_post_ops(ops);
+      }
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(amd, bmd, cmd), attr, st.engine);
+      return std::make_shared<BatchedProduct>(BatchedProduct{dnnl::matmul(pd)});
+    });
+    e->prim.execute(stream, {{DNNL_ARG_SRC, memory(amd, st.engine, const_cast<float*>(a))},
+                             {DNNL_ARG_WEIGHTS, memory(bmd, st.engine, const_cast<float*>(b))},
+                             {DNNL_ARG_DST, memory(cmd, st.engine, c)}});
+  } catch (const dnnl::error& err) {
+    rethrow_dnnl("conv2d (Winograd's products)", err);
+  }
 }
 
 }  // namespace
@@ -340,19 +357,17 @@ Tensor winograd_conv2d(CpuKernels::State& st, const Tensor& x, const Tensor& w, 
   g_runs.fetch_add(1, std::memory_order_relaxed);
   const int threads = st.threads;
   const int64_t c = w.shape()[2], k = w.shape()[3];
-  Tensor u = Tensor::empty(Shape{36, c, k}, DType::kFloat32, w.device());
+  Tensor u = fresh(Shape{36, c, k}, w.device());
   const auto& l = loops();
   in_blocks(threads, c, 8, [&](int64_t a, int64_t b) { l.filter(f32(w), c, k, f32(u), a, b); });
   const Tiling t = tiling(x.shape(), g);
   // The outputs' tiling: the same tiles, over y's rows and columns.
   const Tiling out{t.n, g.oh, g.ow, t.th, t.tw, 0, 0};
-  Tensor y = output_tensor(Shape{x.shape()[0], g.oh, g.ow, k}, x.device());
+  Tensor y = fresh(Shape{x.shape()[0], g.oh, g.ow, k}, x.device());
   const float* b = bias.defined() ? f32(bias) : nullptr;
   const int64_t per_chunk = chunk_tiles(c, k);
-  Tensor v = Tensor::empty(Shape{36, std::min(per_chunk, t.tiles()), c}, DType::kFloat32,
-                           x.device()),
-         m = Tensor::empty(Shape{36, std::min(per_chunk, t.tiles()), k}, DType::kFloat32,
-                           x.device());
+  Tensor v = fresh(Shape{36, std::min(per_chunk, t.tiles()), c}, x.device()),
+         m = fresh(Shape{36, std::min(per_chunk, t.tiles()), k}, x.device());
   for (int64_t first = 0; first < t.tiles(); first += per_chunk) {
     const Chunk chunk{first, std::min(per_chunk, t.tiles() - first)};
     in_blocks(threads, chunk.count, kTileBlock, [&](int64_t a, int64_t e) {
@@ -391,12 +406,10 @@ Tensor winograd_conv2d_backward_filter(CpuKernels::State& st, const Tensor& x, c
   const Tiling t = tiling(x.shape(), g);
   const Tiling out{t.n, g.oh, g.ow, t.th, t.tw, 0, 0};
   const auto& l = loops();
-  const int64_t per_chunk = chunk_tiles(c, k);
-  Tensor v = Tensor::empty(Shape{36, std::min(per_chunk, t.tiles()), c}, DType::kFloat32,
-                           x.device()),
-         dm = Tensor::empty(Shape{36, std::min(per_chunk, t.tiles()), k}, DType::kFloat32,
-                            x.device());
-  Tensor du = Tensor::empty(Shape{36, c, k}, DType::kFloat32, x.device());
+  const int64_t per_chunk = filter_chunk_tiles(c, k);
+  Tensor v = fresh(Shape{36, std::min(per_chunk, t.tiles()), c}, x.device()),
+         dm = fresh(Shape{36, std::min(per_chunk, t.tiles()), k}, x.device());
+  Tensor du = fresh(Shape{36, c, k}, x.device());
   for (int64_t first = 0; first < t.tiles(); first += per_chunk) {
     const Chunk chunk{first, std::min(per_chunk, t.tiles() - first)};
     in_blocks(threads, chunk.count, kTileBlock, [&](int64_t a, int64_t e) {
@@ -408,7 +421,7 @@ Tensor winograd_conv2d_backward_filter(CpuKernels::State& st, const Tensor& x, c
     // du [36, C, K] (+)= v^T dm
     batched_product(st, f32(v), f32(dm), f32(du), c, chunk.count, k, true, first > 0);
   }
-  Tensor dw = output_tensor(Shape{3, 3, c, k}, x.device());
+  Tensor dw = fresh(Shape{3, 3, c, k}, x.device());
   in_blocks(threads, c, 8,
             [&](int64_t a, int64_t b) { l.filter_adjoint(f32(du), c, k, f32(dw), a, b); });
   return dw;

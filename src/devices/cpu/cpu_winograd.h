@@ -68,7 +68,8 @@ bool own_winograd_everywhere();
 // kernels have run in this process.
 uint64_t own_winograd_runs();
 // While one lives, dtrain's Winograd kernels hold `tiles` tiles' transforms at a time (their
-// chunks: cpu_winograd.cc) instead of their own choice, for testing many chunks on small inputs.
+// chunks: cpu_winograd.cc), in every pass, instead of their own choice: many chunks on small
+// inputs, for tests.
 class WinogradChunkTiles {
  public:
   explicit WinogradChunkTiles(int64_t tiles);

@@ -5,6 +5,7 @@
 // last blocks included, against float64 sums, for each transpose and under mixed_bfloat16 (whose
 // row-major copies take the column blocks whatever the transposes).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -76,6 +77,32 @@ void check_all_transposes(int64_t m, int64_t k, int64_t n, bool bf16, bool all_t
 // two blocks of 1,040 and a last of 1,020; 1,537 blocks of 784 and 753. Rows (transposed A): 8,300
 // two blocks of 2,768 and a last of 2,764; with 1,540 columns, each of those in two column blocks
 // (784 and 756).
+// oneDNN 2.6 fixes many kernels' thread count when a primitive is made, so the device's primitive
+// cache makes each one under the count it will run with (State::get's work): the device's threads
+// for large work, one for small, whatever count the calling thread was left at (here, one after a
+// small op: before, a primitive made then ran on one thread ever after).
+TEST(CpuMatmul, PrimitivesAreMadeUnderTheThreadCountTheyRunWith) {
+  cpu::CpuKernels::State st(3);
+  const auto made_under = [&](const std::string& key, int64_t work) {
+    int threads = -1;
+    st.get<int>(
+        key,
+        [&] {
+          threads = omp_get_max_threads();
+          return std::make_shared<int>(0);
+        },
+        work);
+    return threads;
+  };
+  st.set_threads(1);  // as a small op leaves the thread
+  EXPECT_EQ(made_under("large", int64_t{1} << 30), 3);
+  EXPECT_EQ(made_under("default", INT64_MAX), 3);
+  EXPECT_EQ(made_under("small", cpu::CpuKernels::State::kSerialWork - 1), 1);
+  st.set_threads(INT64_MAX);  // as a large op leaves it
+  EXPECT_EQ(made_under("small again", 100), 1);
+  EXPECT_EQ(made_under("large", int64_t{1} << 30), -1);  // cached: not made again
+}
+
 TEST(CpuMatmul, BlockedProductsEqualFloat64InEveryBlock) {
   for (const int64_t n : {1536, 1537, 3013, 4700}) check_all_transposes(9, 23, n, false);
   check_all_transposes(257, 3100, 40, false);

@@ -397,11 +397,14 @@ BatchNormForward CpuKernels::batch_norm_forward(const Tensor& x, const Tensor& g
   try {
     std::string key = (relu_mask ? "bnfr" : "bnf") + std::to_string(eps) + ":";
     key_dims(key, d);
-    auto e = state_->get<BnFwd>(key, [&] {
-      dnnl::batch_normalization_forward::primitive_desc pd(
-          {prop_kind::forward_training, md, eps, flags}, state_->engine);
-      return std::make_shared<BnFwd>(BnFwd{pd, dnnl::batch_normalization_forward(pd)});
-    });
+    auto e = state_->get<BnFwd>(
+        key,
+        [&] {
+          dnnl::batch_normalization_forward::primitive_desc pd(
+              {prop_kind::forward_training, md, eps, flags}, state_->engine);
+          return std::make_shared<BnFwd>(BnFwd{pd, dnnl::batch_normalization_forward(pd)});
+        },
+        x.numel());
     const memory::desc cmd({d[1]}, dt::f32, tag::a);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, mem(md, state_->engine, x)},
                                          {DNNL_ARG_DST, mem(md, state_->engine, out.y)},
@@ -434,11 +437,14 @@ Tensor CpuKernels::batch_norm_inference(const Tensor& x, const Tensor& gamma, co
   try {
     std::string key = "bni" + std::to_string(eps) + ":";
     key_dims(key, d);
-    auto e = state_->get<BnFwd>(key, [&] {
-      dnnl::batch_normalization_forward::primitive_desc pd(
-          {prop_kind::forward_inference, md, eps, flags}, state_->engine);
-      return std::make_shared<BnFwd>(BnFwd{pd, dnnl::batch_normalization_forward(pd)});
-    });
+    auto e = state_->get<BnFwd>(
+        key,
+        [&] {
+          dnnl::batch_normalization_forward::primitive_desc pd(
+              {prop_kind::forward_inference, md, eps, flags}, state_->engine);
+          return std::make_shared<BnFwd>(BnFwd{pd, dnnl::batch_normalization_forward(pd)});
+        },
+        x.numel());
     const memory::desc cmd({d[1]}, dt::f32, tag::a);
     e->prim.execute(state_->stream(x.numel()),
                     {{DNNL_ARG_SRC, mem(md, state_->engine, x)},
@@ -507,13 +513,16 @@ BatchNormBackward CpuKernels::batch_norm_backward_impl(const Tensor& dy_in, cons
   try {
     std::string key = (relu_mask ? "bnbr" : "bnb") + std::to_string(eps) + ":";
     key_dims(key, d);
-    auto e = state_->get<BnBwd>(key, [&] {
-      dnnl::batch_normalization_forward::primitive_desc hint(
-          {prop_kind::forward_training, md, eps, flags}, state_->engine);
-      dnnl::batch_normalization_backward::primitive_desc pd(
-          {prop_kind::backward, md, md, eps, flags}, state_->engine, hint);
-      return std::make_shared<BnBwd>(BnBwd{pd, dnnl::batch_normalization_backward(pd)});
-    });
+    auto e = state_->get<BnBwd>(
+        key,
+        [&] {
+          dnnl::batch_normalization_forward::primitive_desc hint(
+              {prop_kind::forward_training, md, eps, flags}, state_->engine);
+          dnnl::batch_normalization_backward::primitive_desc pd(
+              {prop_kind::backward, md, md, eps, flags}, state_->engine, hint);
+          return std::make_shared<BnBwd>(BnBwd{pd, dnnl::batch_normalization_backward(pd)});
+        },
+        x.numel());
     const memory::desc cmd({d[1]}, dt::f32, tag::a);
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, mem(md, state_->engine, x)},

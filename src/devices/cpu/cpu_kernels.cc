@@ -115,13 +115,17 @@ int64_t block_width(int64_t extent, int64_t most) {
 
 CpuKernels::State::State(int t) : uid(g_state_uid.fetch_add(1)), threads(t) {}
 
-dnnl::stream& CpuKernels::State::stream(int64_t work) {
+void CpuKernels::State::set_threads(int64_t work) const {
   // The thread count belongs to the device, not to the calling thread: the training loop's thread
   // (reductions, metrics) and the replica threads all run this device's primitives with its count.
   // Otherwise a thread left at the process default (all cores) starts an OpenMP team whose idle
   // workers spin on the cores the replicas need.
   const int want = work < kSerialWork ? 1 : threads;
   if (omp_get_max_threads() != want) omp_set_num_threads(want);
+}
+
+dnnl::stream& CpuKernels::State::stream(int64_t work) {
+  set_threads(work);
   thread_local std::unordered_map<uint64_t, dnnl::stream> streams;
   auto it = streams.find(uid);
   if (it == streams.end()) it = streams.emplace(uid, dnnl::stream(engine)).first;
@@ -213,19 +217,23 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     const auto prim = [&](int64_t mb, int64_t kb, int64_t nb, bool accumulate, int64_t ldc) {
       std::string key = bf16 ? (native ? "mm@bf16" : "mm@bf16-emulated") : "mm";
       key_dims(key, {m, k, n, mb, kb, nb, ta, tb, accumulate, ldc});
-      return state_->get<Matmul>(key, [&] {
-        dnnl::primitive_attr attr;
-        if (accumulate) {
-          dnnl::post_ops po;
-          po.append_sum(1.f);
-          attr.set_post_ops(po);
-        }
-        dnnl::matmul::primitive_desc pd(
-            dnnl::matmul::desc(memory::desc({mb, kb}, op_dt, as), memory::desc({kb, nb}, op_dt, bs),
-                               memory::desc({mb, nb}, dt::f32, memory::dims{ldc, 1})),
-            attr, state_->engine);
-        return std::make_shared<Matmul>(Matmul{dnnl::matmul(pd)});
-      });
+      return state_->get<Matmul>(
+          key,
+          [&] {
+            dnnl::primitive_attr attr;
+            if (accumulate) {
+              dnnl::post_ops po;
+              po.append_sum(1.f);
+              attr.set_post_ops(po);
+            }
+            dnnl::matmul::primitive_desc pd(
+                dnnl::matmul::desc(memory::desc({mb, kb}, op_dt, as),
+                                   memory::desc({kb, nb}, op_dt, bs),
+                                   memory::desc({mb, nb}, dt::f32, memory::dims{ldc, 1})),
+                attr, state_->engine);
+            return std::make_shared<Matmul>(Matmul{dnnl::matmul(pd)});
+          },
+          mb * nb * kb / 8);
     };
     // On the bfloat16 kernels, a transposed B tens of thousands of columns wide (GPT-2's tied
     // output layer, x E^T with E the [50257 x 768] embedding, 79 GFLOP a step at 1,024 tokens)
@@ -300,11 +308,14 @@ Tensor CpuKernels::unary(UnaryOp op, const Tensor& x) {
   try {
     std::string key = "ew" + std::to_string(static_cast<int>(op)) + ":";
     key_dims(key, {x.numel()});
-    auto e = state_->get<Eltwise>(key, [&] {
-      dnnl::eltwise_forward::primitive_desc pd({prop_kind::forward_inference, alg, md, alpha, 0.f},
-                                               state_->engine);
-      return std::make_shared<Eltwise>(Eltwise{dnnl::eltwise_forward(pd)});
-    });
+    auto e = state_->get<Eltwise>(
+        key,
+        [&] {
+          dnnl::eltwise_forward::primitive_desc pd(
+              {prop_kind::forward_inference, alg, md, alpha, 0.f}, state_->engine);
+          return std::make_shared<Eltwise>(Eltwise{dnnl::eltwise_forward(pd)});
+        },
+        x.numel());
     e->prim.execute(state_->stream(x.numel()), {{DNNL_ARG_SRC, mem(md, state_->engine, x)},
                                                 {DNNL_ARG_DST, mem(md, state_->engine, y)}});
   } catch (const dnnl::error& err) {
@@ -367,12 +378,15 @@ Tensor CpuKernels::activation_backward(UnaryOp op, const Tensor& x_or_y, const T
   try {
     std::string key = "ewb" + std::to_string(static_cast<int>(op)) + ":";
     key_dims(key, {dy.numel()});
-    auto e = state_->get<EltwiseBwd>(key, [&] {
-      dnnl::eltwise_forward::primitive_desc hint({prop_kind::forward_training, alg, md, 0.f, 0.f},
-                                                 state_->engine);
-      dnnl::eltwise_backward::primitive_desc pd({alg, md, md, 0.f, 0.f}, state_->engine, hint);
-      return std::make_shared<EltwiseBwd>(EltwiseBwd{dnnl::eltwise_backward(pd)});
-    });
+    auto e = state_->get<EltwiseBwd>(
+        key,
+        [&] {
+          dnnl::eltwise_forward::primitive_desc hint(
+              {prop_kind::forward_training, alg, md, 0.f, 0.f}, state_->engine);
+          dnnl::eltwise_backward::primitive_desc pd({alg, md, md, 0.f, 0.f}, state_->engine, hint);
+          return std::make_shared<EltwiseBwd>(EltwiseBwd{dnnl::eltwise_backward(pd)});
+        },
+        x_or_y.numel());
     e->prim.execute(state_->stream(x_or_y.numel()),
                     {{data_arg, mem(md, state_->engine, x_or_y)},
                      {DNNL_ARG_DIFF_DST, mem(md, state_->engine, dy)},
@@ -415,11 +429,14 @@ Tensor CpuKernels::binary(BinaryOp op, const Tensor& a, const Tensor& b) {
     std::string key = "bin" + std::to_string(static_cast<int>(op)) + ":";
     key_dims(key, ad);
     key_dims(key, bd);
-    auto e = state_->get<Binary>(key, [&] {
-      dnnl::binary::primitive_desc pd(
-          {binary_algorithm(op), plain_md(ad), plain_md(bd), plain_md(cd)}, state_->engine);
-      return std::make_shared<Binary>(Binary{dnnl::binary(pd)});
-    });
+    auto e = state_->get<Binary>(
+        key,
+        [&] {
+          dnnl::binary::primitive_desc pd(
+              {binary_algorithm(op), plain_md(ad), plain_md(bd), plain_md(cd)}, state_->engine);
+          return std::make_shared<Binary>(Binary{dnnl::binary(pd)});
+        },
+        c.numel());
     e->prim.execute(state_->stream(c.numel()),
                     {{DNNL_ARG_SRC_0, mem(plain_md(ad), state_->engine, *src0)},
                      {DNNL_ARG_SRC_1, mem(plain_md(bd), state_->engine, *src1)},
@@ -455,14 +472,18 @@ Tensor CpuKernels::add_relu(const Tensor& a, const Tensor& b, Tensor* rounded) {
   try {
     std::string key = "addrelu:";
     key_dims(key, {c.numel()});
-    auto e = state_->get<Binary>(key, [&] {
-      dnnl::post_ops po;
-      po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
-      dnnl::primitive_attr attr;
-      attr.set_post_ops(po);
-      dnnl::binary::primitive_desc pd({algorithm::binary_add, md, md, md}, attr, state_->engine);
-      return std::make_shared<Binary>(Binary{dnnl::binary(pd)});
-    });
+    auto e = state_->get<Binary>(
+        key,
+        [&] {
+          dnnl::post_ops po;
+          po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
+          dnnl::primitive_attr attr;
+          attr.set_post_ops(po);
+          dnnl::binary::primitive_desc pd({algorithm::binary_add, md, md, md}, attr,
+                                          state_->engine);
+          return std::make_shared<Binary>(Binary{dnnl::binary(pd)});
+        },
+        c.numel());
     e->prim.execute(state_->stream(c.numel()), {{DNNL_ARG_SRC_0, mem(md, state_->engine, a)},
                                                 {DNNL_ARG_SRC_1, mem(md, state_->engine, b)},
                                                 {DNNL_ARG_DST, mem(md, state_->engine, c)}});
@@ -529,10 +550,13 @@ Tensor CpuKernels::cast(const Tensor& x, DType to) {
     const memory::desc src({x.numel()}, from_dt, tag::a), dst({x.numel()}, to_dt, tag::a);
     std::string key = std::string("cast") + dtype_name(x.dtype()) + dtype_name(to);
     key_dims(key, {x.numel()});
-    auto e = state_->get<Reorder>(key, [&] {
-      return std::make_shared<Reorder>(Reorder{
-          dnnl::reorder(dnnl::reorder::primitive_desc(state_->engine, src, state_->engine, dst))});
-    });
+    auto e = state_->get<Reorder>(
+        key,
+        [&] {
+          return std::make_shared<Reorder>(Reorder{dnnl::reorder(
+              dnnl::reorder::primitive_desc(state_->engine, src, state_->engine, dst))});
+        },
+        x.numel());
     memory sm = mem(src, state_->engine, x), dm = mem(dst, state_->engine, y);
     e->prim.execute(state_->stream(x.numel()), sm, dm);
   } catch (const dnnl::error& err) {

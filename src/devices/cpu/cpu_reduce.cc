@@ -96,11 +96,14 @@ Tensor CpuKernels::reduce(ReductionKind kind, const Tensor& x, const std::vector
     std::string key = "red" + std::to_string(static_cast<int>(kind)) + ":";
     key_dims(key, sd);
     key_dims(key, dd);
-    auto e = state_->get<Reduction>(key, [&] {
-      dnnl::reduction::primitive_desc pd({alg, plain_md(sd), plain_md(dd), 0.f, 0.f},
-                                         state_->engine);
-      return std::make_shared<Reduction>(Reduction{dnnl::reduction(pd)});
-    });
+    auto e = state_->get<Reduction>(
+        key,
+        [&] {
+          dnnl::reduction::primitive_desc pd({alg, plain_md(sd), plain_md(dd), 0.f, 0.f},
+                                             state_->engine);
+          return std::make_shared<Reduction>(Reduction{dnnl::reduction(pd)});
+        },
+        x.numel());
     e->prim.execute(state_->stream(x.numel()),
                     {{DNNL_ARG_SRC, mem(plain_md(sd), state_->engine, x)},
                      {DNNL_ARG_DST, mem(plain_md(dd), state_->engine, y)}});

@@ -60,10 +60,13 @@ Tensor CpuKernels::batch_matmul(const Tensor& a, const Tensor& b, bool ta, bool 
   try {
     std::string key = native ? "bmm@bf16" : "bmm";
     key_dims(key, {batch, m, k, n, ta, tb});
-    auto e = state_->get<Matmul3>(key, [&] {
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(amd, bmd, cmd), state_->engine);
-      return std::make_shared<Matmul3>(Matmul3{dnnl::matmul(pd)});
-    });
+    auto e = state_->get<Matmul3>(
+        key,
+        [&] {
+          dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(amd, bmd, cmd), state_->engine);
+          return std::make_shared<Matmul3>(Matmul3{dnnl::matmul(pd)});
+        },
+        batch * m * n * k / 8);
     e->prim.execute(state_->stream(batch * m * n * k / 8),
                     {{DNNL_ARG_SRC, mem(amd, state_->engine, ar)},
                      {DNNL_ARG_WEIGHTS, mem(bmd, state_->engine, br)},
@@ -164,34 +167,43 @@ namespace {
 std::shared_ptr<Softmax> softmax_prims(CpuKernels::State& st, int64_t rows, int64_t c, bool log) {
   std::string key = log ? "logsoftmax" : "softmax";
   key_dims(key, {rows, c});
-  return st.get<Softmax>(key, [&] {
-    const memory::desc md = plain_md({rows, c});
-    if (log) {
-      dnnl::logsoftmax_forward::primitive_desc f({prop_kind::forward_training, md, 1}, st.engine);
-      dnnl::logsoftmax_backward::primitive_desc b({md, md, 1}, st.engine, f);
-      return std::make_shared<Softmax>(
-          Softmax{dnnl::logsoftmax_forward(f), dnnl::logsoftmax_backward(b)});
-    }
-    dnnl::softmax_forward::primitive_desc f({prop_kind::forward_training, md, 1}, st.engine);
-    dnnl::softmax_backward::primitive_desc b({md, md, 1}, st.engine, f);
-    return std::make_shared<Softmax>(Softmax{dnnl::softmax_forward(f), dnnl::softmax_backward(b)});
-  });
+  return st.get<Softmax>(
+      key,
+      [&] {
+        const memory::desc md = plain_md({rows, c});
+        if (log) {
+          dnnl::logsoftmax_forward::primitive_desc f({prop_kind::forward_training, md, 1},
+                                                     st.engine);
+          dnnl::logsoftmax_backward::primitive_desc b({md, md, 1}, st.engine, f);
+          return std::make_shared<Softmax>(
+              Softmax{dnnl::logsoftmax_forward(f), dnnl::logsoftmax_backward(b)});
+        }
+        dnnl::softmax_forward::primitive_desc f({prop_kind::forward_training, md, 1}, st.engine);
+        dnnl::softmax_backward::primitive_desc b({md, md, 1}, st.engine, f);
+        return std::make_shared<Softmax>(
+            Softmax{dnnl::softmax_forward(f), dnnl::softmax_backward(b)});
+      },
+      rows * c);
 }
 
 std::shared_ptr<LayerNorm> layer_norm_prims(CpuKernels::State& st, int64_t rows, int64_t c,
                                             float eps) {
   std::string key = "ln" + std::to_string(eps) + ":";
   key_dims(key, {rows, c});
-  return st.get<LayerNorm>(key, [&] {
-    const memory::desc md = plain_md({rows, c}), stat = plain_md({rows});
-    const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
-    dnnl::layer_normalization_forward::primitive_desc f(
-        {prop_kind::forward_training, md, stat, eps, flags}, st.engine);
-    dnnl::layer_normalization_backward::primitive_desc b(
-        {prop_kind::backward, md, md, stat, eps, flags}, st.engine, f);
-    return std::make_shared<LayerNorm>(
-        LayerNorm{dnnl::layer_normalization_forward(f), dnnl::layer_normalization_backward(b)});
-  });
+  return st.get<LayerNorm>(
+      key,
+      [&] {
+        const memory::desc md = plain_md({rows, c}), stat = plain_md({rows});
+        const auto flags =
+            dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+        dnnl::layer_normalization_forward::primitive_desc f(
+            {prop_kind::forward_training, md, stat, eps, flags}, st.engine);
+        dnnl::layer_normalization_backward::primitive_desc b(
+            {prop_kind::backward, md, md, stat, eps, flags}, st.engine, f);
+        return std::make_shared<LayerNorm>(
+            LayerNorm{dnnl::layer_normalization_forward(f), dnnl::layer_normalization_backward(b)});
+      },
+      rows * c);
 }
 
 }  // namespace

@@ -328,23 +328,25 @@ void batched_product(CpuKernels::State& st, const float* a, const float* b, floa
   const memory::desc cmd({36, m, n}, dt::f32, memory::dims{m * n, n, 1});
   std::string key = "wino_mm";
   key_dims(key, {m, kk, n, transpose_a, accumulate});
+  const int64_t work = 36 * m * n * kk / 8;
   try {
-    // The stream first: it sets the OpenMP thread count the work wants, which oneDNN's matmul
-    // reads when the primitive is made, not when it runs.
-    dnnl::stream& stream = st.stream(36 * m * n * kk / 8);
-    auto e = st.get<BatchedProduct>(key, [&] {
-      dnnl::primitive_attr attr;
-      if (accumulate) {
-        dnnl::post_ops ops;
-        ops.append_sum(1.f);
-        attr.set_post_ops(ops);
-      }
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(amd, bmd, cmd), attr, st.engine);
-      return std::make_shared<BatchedProduct>(BatchedProduct{dnnl::matmul(pd)});
-    });
-    e->prim.execute(stream, {{DNNL_ARG_SRC, memory(amd, st.engine, const_cast<float*>(a))},
-                             {DNNL_ARG_WEIGHTS, memory(bmd, st.engine, const_cast<float*>(b))},
-                             {DNNL_ARG_DST, memory(cmd, st.engine, c)}});
+    auto e = st.get<BatchedProduct>(
+        key,
+        [&] {
+          dnnl::primitive_attr attr;
+          if (accumulate) {
+            dnnl::post_ops ops;
+            ops.append_sum(1.f);
+            attr.set_post_ops(ops);
+          }
+          dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(amd, bmd, cmd), attr, st.engine);
+          return std::make_shared<BatchedProduct>(BatchedProduct{dnnl::matmul(pd)});
+        },
+        work);
+    e->prim.execute(st.stream(work),
+                    {{DNNL_ARG_SRC, memory(amd, st.engine, const_cast<float*>(a))},
+                     {DNNL_ARG_WEIGHTS, memory(bmd, st.engine, const_cast<float*>(b))},
+                     {DNNL_ARG_DST, memory(cmd, st.engine, c)}});
   } catch (const dnnl::error& err) {
     rethrow_dnnl("conv2d (Winograd's products)", err);
   }

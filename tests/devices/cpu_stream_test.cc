@@ -3,7 +3,8 @@
 // replace, bit for bit: random values with zeros of both signs, NaNs, infinities and denormals
 // mixed in, outputs at every alignment (the peeled head) and lengths that leave a tail; the ReLU
 // gradient also on a bfloat16 y (the copy ops keep) against oneDNN on it widened. And through the
-// kernels of a one-thread device, at the size where the device takes them.
+// kernels of devices of one to three threads (a part per thread), at the size where the device
+// takes them.
 #include "devices/cpu/cpu_stream.h"
 
 #include <gtest/gtest.h>
@@ -153,35 +154,49 @@ TEST(CpuStream, EveryPassEqualsItsOneDnnPrimitiveBitForBit) {
     }
 }
 
-// Through the kernels of a one-thread CPU device, at 4 MB (where the device streams) and just
-// below.
-TEST(CpuStream, TheKernelsOfAOneThreadDeviceGiveTheSameBits) {
-  configure_devices({1, 1});
-  Kernels& k = get_device(DeviceSpec::cpu(0)).kernels();
-  for (const int64_t n : {kStreamBytes / 4, kStreamBytes / 4 - 1, kStreamBytes / 4 + 7}) {
-    SCOPED_TRACE("n " + std::to_string(n));
-    EXPECT_EQ(stream_pass(n), stream_isa() != StreamIsa::kNone && n * 4 >= kStreamBytes);
-    const std::vector<float> av = values(static_cast<size_t>(n), 3),
-                             bv = values(static_cast<size_t>(n), 4);
-    const Tensor a = Tensor::from_vector(av, Shape{n}), b = Tensor::from_vector(bv, Shape{n});
-    std::vector<float> want(static_cast<size_t>(n));
-    onednn_binary(av.data(), bv.data(), want.data(), n, false);
-    expect_same_bits(k.binary(BinaryOp::kAdd, a, b).data<float>(), want.data(), n, "binary add");
-    onednn_binary(av.data(), bv.data(), want.data(), n, true);
-    expect_same_bits(k.add_relu(a, b).data<float>(), want.data(), n, "add_relu");
-    onednn_relu_grad(av.data(), bv.data(), want.data(), n);
-    expect_same_bits(k.activation_backward(UnaryOp::kRelu, a, b).data<float>(), want.data(), n,
-                     "relu backward");
-    // y a bfloat16 copy (under mixed_bfloat16): read as it is where the pass streams, widened
-    // below; the same bits as oneDNN on the widened copy either way.
-    set_precision_policy(Precision::kMixedBFloat16);
-    const Tensor a16 = k.cast(a, DType::kBFloat16);
-    const Tensor a_wide = k.cast(a16, DType::kFloat32);
-    const Tensor dx = k.activation_backward(UnaryOp::kRelu, a16, b);
-    set_precision_policy(Precision::kFloat32);
-    onednn_relu_grad(a_wide.data<float>(), bv.data(), want.data(), n);
-    expect_same_bits(dx.data<float>(), want.data(), n, "relu backward on a bfloat16 y");
-  }
+// Through the kernels of a CPU device of one, two and three threads (a streaming pass runs in a
+// part per thread), at 4 MB (where the device streams) and just below.
+TEST(CpuStream, TheKernelsOfADeviceGiveTheSameBitsWithAnyThreads) {
+  for (const int threads : {1, 2, 3})
+    for (const int64_t n : {kStreamBytes / 4, kStreamBytes / 4 - 1, kStreamBytes / 4 + 7}) {
+      const std::unique_ptr<Device> device = make_cpu_device(0, threads, /*pin=*/false);
+      Kernels& k = device->kernels();
+      SCOPED_TRACE(std::to_string(threads) + " threads, n " + std::to_string(n));
+      EXPECT_EQ(stream_pass(n), stream_isa() != StreamIsa::kNone && n * 4 >= kStreamBytes);
+      const std::vector<float> av = values(static_cast<size_t>(n), 3),
+                               bv = values(static_cast<size_t>(n), 4);
+      const Tensor a = Tensor::from_vector(av, Shape{n}), b = Tensor::from_vector(bv, Shape{n});
+      std::vector<float> want(static_cast<size_t>(n));
+      onednn_binary(av.data(), bv.data(), want.data(), n, false);
+      expect_same_bits(k.binary(BinaryOp::kAdd, a, b).data<float>(), want.data(), n, "binary add");
+      onednn_binary(av.data(), bv.data(), want.data(), n, true);
+      expect_same_bits(k.add_relu(a, b).data<float>(), want.data(), n, "add_relu");
+      {  // with the bfloat16 copy of its output (what ops keeps under mixed_bfloat16)
+        Tensor copy;
+        const Tensor c = k.add_relu(a, b, &copy);
+        expect_same_bits(c.data<float>(), want.data(), n, "add_relu with a copy");
+        EXPECT_EQ(copy.defined(), stream_pass(n));  // (else ops rounds a copy itself)
+        if (copy.defined()) {
+          const auto* cv = static_cast<const uint16_t*>(copy.raw_data());
+          int64_t differ = 0;
+          for (int64_t i = 0; i < n; ++i)
+            differ += cv[i] != float_to_bf16(want[static_cast<size_t>(i)]);
+          EXPECT_EQ(differ, 0) << "of " << n << " elements of add_relu's bfloat16 copy";
+        }
+      }
+      onednn_relu_grad(av.data(), bv.data(), want.data(), n);
+      expect_same_bits(k.activation_backward(UnaryOp::kRelu, a, b).data<float>(), want.data(), n,
+                       "relu backward");
+      // y a bfloat16 copy (under mixed_bfloat16): read as it is where the pass streams, widened
+      // below; the same bits as oneDNN on the widened copy either way.
+      set_precision_policy(Precision::kMixedBFloat16);
+      const Tensor a16 = k.cast(a, DType::kBFloat16);
+      const Tensor a_wide = k.cast(a16, DType::kFloat32);
+      const Tensor dx = k.activation_backward(UnaryOp::kRelu, a16, b);
+      set_precision_policy(Precision::kFloat32);
+      onednn_relu_grad(a_wide.data<float>(), bv.data(), want.data(), n);
+      expect_same_bits(dx.data<float>(), want.data(), n, "relu backward on a bfloat16 y");
+    }
 }
 
 // ops::add_relu under mixed_bfloat16 with one tape on a one-thread device, at 4 MB: the residual

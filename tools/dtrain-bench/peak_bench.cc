@@ -5,9 +5,9 @@
 // after warm-up. With
 // --images-per-sec and --gflop-per-image it also prints the share of the peak a training run
 // reaches. The memory-bound limit beside it: a sum of two --stream-mb tensors into a third through
-// the device's kernels, as a residual sum or a gradient's (on a one-thread device the
-// streaming-store loop from 4 MB, else oneDNN's binary add; DTRAIN_CPU_STREAM_STORES=0 for the
-// latter), GB/s of the three streams (a normal store's read for ownership not counted). With
+// the device's kernels, as a residual sum or a gradient's (the streaming-store loop from 4 MB, a
+// part per device thread; DTRAIN_CPU_STREAM_STORES=0 for oneDNN's binary add), GB/s of the three
+// streams (a normal store's read for ownership not counted). With
 // --conv-batches, ResNet-50's four 3x3 layer shapes through conv2d and its two gradients (a tape
 // over sum(conv2d(x, w))), with Winograd convolutions off and on (precision.h): ms per layer, the
 // median of --reps. The kernels' own limit beside dtrain's products: oneDNN's matmul on operands

@@ -72,11 +72,6 @@ void check_all_transposes(int64_t m, int64_t k, int64_t n, bool bf16, bool all_t
     }
 }
 
-// Columns: 1,536 one call; 1,537 two blocks of 784 and 753; 3,013 two of 1,520 and 1,493; 4,700
-// three of 1,184 and a last of 1,148. The inner dimension (untransposed A, 256 rows or more): 3,100
-// two blocks of 1,040 and a last of 1,020; 1,537 blocks of 784 and 753. Rows (transposed A): 8,300
-// two blocks of 2,768 and a last of 2,764; with 1,540 columns, each of those in two column blocks
-// (784 and 756).
 // oneDNN 2.6 fixes many kernels' thread count when a primitive is made, so the device's primitive
 // cache makes each one under the count it will run with (State::get's work): the device's threads
 // for large work, one for small, whatever count the calling thread was left at (here, one after a
@@ -103,6 +98,11 @@ TEST(CpuMatmul, PrimitivesAreMadeUnderTheThreadCountTheyRunWith) {
   EXPECT_EQ(made_under("large", int64_t{1} << 30), -1);  // cached: not made again
 }
 
+// Columns: 1,536 one call; 1,537 two blocks of 784 and 753; 3,013 two of 1,520 and 1,493; 4,700
+// three of 1,184 and a last of 1,148. The inner dimension (untransposed A, 256 rows or more): 3,100
+// two blocks of 1,040 and a last of 1,020; 1,537 blocks of 784 and 753. Rows (transposed A): 8,300
+// two blocks of 2,768 and a last of 2,764; with 1,540 columns, each of those in two column blocks
+// (784 and 756).
 TEST(CpuMatmul, BlockedProductsEqualFloat64InEveryBlock) {
   for (const int64_t n : {1536, 1537, 3013, 4700}) check_all_transposes(9, 23, n, false);
   check_all_transposes(257, 3100, 40, false);

@@ -107,7 +107,8 @@ Tensor CpuKernels::permute(const Tensor& x, const std::vector<int>& perm) {
   const memory::desc src(out_dims, type, src_strides), dst = plain_md(out_dims, type);
   try {
     memory sm = mem(src, state_->engine, x), dm = mem(dst, state_->engine, y);
-    dnnl::reorder(sm, dm).execute(state_->stream(x.numel()), sm, dm);
+    dnnl::stream& stream = state_->stream(x.numel());  // first: the reorder fixes its threads
+    dnnl::reorder(sm, dm).execute(stream, sm, dm);
   } catch (const dnnl::error& err) {
     rethrow_dnnl("permute", err);
   }

@@ -49,7 +49,9 @@ void convert(CpuKernels::State& st, memory from, memory to, DeviceSpec dev, int6
   static const bool jit_bf16 = (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & 0x20u) != 0;
   const memory::desc fd = from.get_desc(), td = to.get_desc();
   if (jit_bf16 || fd.data_type() != dt::bf16 || td.data_type() != dt::f32) {
-    dnnl::reorder(from, to).execute(st.stream(work), from, to);
+    // (The stream first: it sets the thread count, which oneDNN's reorder fixes when it is made.)
+    dnnl::stream& stream = st.stream(work);
+    dnnl::reorder(from, to).execute(stream, from, to);
     return;
   }
   // The same layout in float32: element k of the buffer stays element k, so the whole buffer
@@ -73,7 +75,8 @@ void convert(CpuKernels::State& st, memory from, memory to, DeviceSpec dev, int6
   }
   if (copy.defined()) {
     memory m(wide, st.engine, copy.raw_data());
-    dnnl::reorder(m, to).execute(st.stream(work), m, to);
+    dnnl::stream& stream = st.stream(work);
+    dnnl::reorder(m, to).execute(stream, m, to);
   }
 }
 

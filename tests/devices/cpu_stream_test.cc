@@ -157,6 +157,7 @@ TEST(CpuStream, EveryPassEqualsItsOneDnnPrimitiveBitForBit) {
 // Through the kernels of a CPU device of one, two and three threads (a streaming pass runs in a
 // part per thread), at 4 MB (where the device streams) and just below.
 TEST(CpuStream, TheKernelsOfADeviceGiveTheSameBitsWithAnyThreads) {
+  int run = 0;
   for (const int threads : {1, 2, 3})
     for (const int64_t n : {kStreamBytes / 4, kStreamBytes / 4 - 1, kStreamBytes / 4 + 7}) {
       const std::unique_ptr<Device> device = make_cpu_device(0, threads, /*pin=*/false);
@@ -165,7 +166,7 @@ TEST(CpuStream, TheKernelsOfADeviceGiveTheSameBitsWithAnyThreads) {
       EXPECT_EQ(stream_pass(n), stream_isa() != StreamIsa::kNone && n * 4 >= kStreamBytes);
       // (values of their own for each run, so that an output block reused from an earlier run
       // cannot hold this one's results where a part was left unwritten)
-      const uint32_t seed = static_cast<uint32_t>(10 * threads + (n & 7));
+      const uint32_t seed = static_cast<uint32_t>(++run);
       const std::vector<float> av = values(static_cast<size_t>(n), seed),
                                bv = values(static_cast<size_t>(n), seed + 100);
       const Tensor a = Tensor::from_vector(av, Shape{n}), b = Tensor::from_vector(bv, Shape{n});

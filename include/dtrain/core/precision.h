@@ -64,26 +64,27 @@ DTRAIN_API const char* precision_name(Precision p);  // "float32", "mixed_bfloat
 DTRAIN_API void enable_tensor_float_32_execution(bool enabled);
 DTRAIN_API bool tensor_float_32_execution_enabled();
 
-// Winograd convolutions on CPUs. F(4x4, 3x3) computes a 3x3, stride-1 float32 convolution with
-// about 2.2x fewer operations: oneDNN's Winograd kernels on AVX-512 CPUs (ResNet-50's 3x3 layers
-// 1.7-2.0x faster, forward and both gradients, reorders included, on a Zen 4 EPYC core at batch
-// 32), dtrain's own on CPUs whose oneDNN has none (AVX2-only ones: 2.2-2.8x faster there, measured
-// with the instruction sets capped to AVX2 on a Zen 5 EPYC; docs/performance.md). The price is
-// rounding: about 5x float32 direct convolution's error with oneDNN's kernels (root-mean-square
-// 8.5e-7 against 1.6e-7 on outputs of magnitude 1), about twice that with dtrain's
-// (src/devices/cpu/cpu_winograd.h; a bfloat16 operand's rounding is 4e-3, TF32's 5e-4),
-// float32-accurate for training, and deterministic on one machine. dtrain uses them where they pay:
-// float32 (not mixed_bfloat16, whose numerics are bfloat16 products), 3x3 filters, stride 1, at
-// most 1 pixel of padding, channel counts that are multiples of 16 and at least 16 output tiles of
-// 4x4 an image (outputs of 13x13 and more: ResNet-50's 56x56, 28x28 and 14x14 layers, not its 7x7
-// ones), and not in the fused conv+pool op (ops::conv2d_max_pool2d). The kernels: oneDNN's where it
-// has them (AVX-512; a shape its own conditions refuse runs direct), dtrain's where it has none,
-// and for padding that differs between the two sides of a dimension (oneDNN 2.6's input gradient is
-// wrong there). None of these conditions depends on the batch size, so a layer runs the same
-// algorithm under every strategy, and strategies agree to rounding. Default on, as cuDNN picks
-// Winograd for TensorFlow and PyTorch on GPUs; TensorFlow and PyTorch on CPUs run direct
-// convolutions only. Off: this call or DTRAIN_CPU_CONV_WINOGRAD=0 (the starting value). CUDA
-// devices ignore it (cuDNN chooses). Process-wide, read at each convolution; thread-safe.
+// Winograd convolutions on CPUs. F(4x4, 3x3) computes a 3x3, stride-1 float32 convolution with up
+// to 4x fewer multiplications (36 a 4x4 output tile and channel pair, against 144): oneDNN's
+// Winograd kernels on AVX-512 CPUs (ResNet-50's 3x3 layers 1.7-2.0x faster, forward and both
+// gradients, reorders included, on a Zen 4 EPYC core at batch 32), dtrain's own on CPUs whose
+// oneDNN has none (AVX2-only ones: 2.2-2.8x faster there, measured with the instruction sets capped
+// to AVX2 on a Zen 5 EPYC; docs/performance.md). The price is rounding: about 5x float32 direct
+// convolution's error with oneDNN's kernels (root-mean-square 8.5e-7 against 1.6e-7 on outputs of
+// magnitude 1), about twice that with dtrain's (src/devices/cpu/cpu_winograd.h; a bfloat16
+// operand's rounding is 4e-3, TF32's 5e-4), float32-accurate for training, and deterministic on one
+// machine. dtrain uses them where they pay: float32 (not mixed_bfloat16, whose numerics are
+// bfloat16 products), 3x3 filters, stride 1, at most 1 pixel of padding, channel counts that are
+// multiples of 16 and at least 16 output tiles of 4x4 an image (outputs of 13x13 and more:
+// ResNet-50's 56x56, 28x28 and 14x14 layers, not its 7x7 ones), and not in the fused conv+pool op
+// (ops::conv2d_max_pool2d). The kernels: oneDNN's where it has them (AVX-512; a shape its own
+// conditions refuse runs direct), dtrain's where it has none, and for padding that differs between
+// the two sides of a dimension (oneDNN 2.6's input gradient is wrong there). None of these
+// conditions depends on the batch size, so a layer runs the same algorithm under every strategy,
+// and strategies agree to rounding. Default on, as cuDNN picks Winograd for TensorFlow and PyTorch
+// on GPUs; TensorFlow and PyTorch on CPUs run direct convolutions only. Off: this call or
+// DTRAIN_CPU_CONV_WINOGRAD=0 (the starting value). CUDA devices ignore it (cuDNN chooses).
+// Process-wide, read at each convolution; thread-safe.
 DTRAIN_API void enable_winograd_convolutions(bool enabled);
 DTRAIN_API bool winograd_convolutions_enabled();
 

@@ -210,7 +210,8 @@ Tensor CpuKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, con
     e->prim.execute(state_->stream(), args);
     if (!direct) {
       memory out(e->user_w, state_->engine, dw.raw_data());
-      dnnl::reorder(dwm, out).execute(state_->stream(), dwm, out);
+      dnnl::stream& stream = state_->stream();  // first: the reorder fixes its threads when made
+      dnnl::reorder(dwm, out).execute(stream, dwm, out);
     }
   } catch (const dnnl::error& err) {
     rethrow_dnnl("conv2d_backward_filter", err);

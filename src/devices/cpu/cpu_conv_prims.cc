@@ -156,7 +156,7 @@ bool onednn_has_winograd() {
 bool own_winograd(const ConvShapes& s) {
   if (s.wei[0] == 0 || s.wei[1] == 0 || !winograd_wanted(s, mixed_bf16())) return false;
   // oneDNN 2.6's Winograd input gradient is wrong where a dimension's padding differs between its
-  // two sides (1 before, 0 after: cpu_conv_test); those convolutions run dtrain's.
+  // two sides (1 and 0: cpu_conv_test); those convolutions run dtrain's.
   const bool one_sided = s.pad_l[0] != s.pad_r[0] || s.pad_l[1] != s.pad_r[1];
   return cpu_testing::own_winograd_everywhere() || one_sided || !onednn_has_winograd();
 }
@@ -226,7 +226,8 @@ memory out_memory(CpuKernels::State& st, const memory::desc& user, const memory:
 void finish_out(CpuKernels::State& st, const memory::desc& user, memory written, const Tensor& t) {
   if (written.get_desc() == user) return;
   memory out(user, st.engine, t.raw_data());
-  dnnl::reorder(written, out).execute(st.stream(), written, out);
+  dnnl::stream& stream = st.stream();  // first: the reorder fixes its thread count when made
+  dnnl::reorder(written, out).execute(stream, written, out);
 }
 
 // Checks conv2d's operands (float32, the bias's shape) and returns the shapes; `op` names the

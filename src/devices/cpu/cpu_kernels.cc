@@ -19,22 +19,15 @@ std::atomic<uint64_t> g_state_uid{1};
 // Whether a memory-bound pass writing `n` floats takes cpu_stream.h's streaming-store loop.
 bool streams(int64_t n) { return stream_pass(n); }
 
-// Runs pass(offset, count) over [0, n) in one contiguous part per device thread, each a multiple
-// of 16 floats (64 bytes: a part's streaming stores start where the one before ended, on a line
-// boundary) but the last. Each part's loop ends with its own store fence, before the team's
-// closing barrier. On a 2-thread device the streaming loops in parts replaced oneDNN's binary add
-// and ReLU backward primitives, 387 of 4,124 ms of oneDNN's time in ResNet-50's two steps at batch
-// 32 (ONEDNN_VERBOSE, Zen 5).
+// Runs pass(offset, count) over [0, n) in one contiguous part per device thread (for_each_part),
+// each a multiple of 32 elements, so that a part's streaming stores start on a 64-byte line where
+// the one before ended (the float outputs and add_relu's bfloat16 copy alike). Each part's loop
+// ends with its own store fence, before the team's closing barrier. On a 2-thread device the
+// streaming loops in parts replaced oneDNN's binary add and ReLU backward primitives, 387 of 4,124
+// ms of oneDNN's time in ResNet-50's two steps at batch 32 (ONEDNN_VERBOSE, Zen 5).
 template <class Pass>
 void in_parts(const CpuKernels::State& state, int64_t n, Pass pass) {
-  const int parts = state.threads;
-  const int64_t per = (n / parts + 15) / 16 * 16;
-#pragma omp parallel for num_threads(parts) schedule(static) if (parts > 1)
-  for (int i = 0; i < parts; ++i) {
-    const int64_t first = std::min(n, i * per),
-                  last = i + 1 == parts ? n : std::min(n, first + per);
-    if (last > first) pass(first, last - first);
-  }
+  for_each_part(state.threads, n, 32, pass);
 }
 
 algorithm eltwise_algorithm(UnaryOp op, float* alpha) {
@@ -99,9 +92,6 @@ struct EltwiseBwd {
 };
 struct Binary {
   dnnl::binary prim;
-};
-struct Matmul {
-  dnnl::matmul prim;
 };
 struct Reorder {
   dnnl::reorder prim;
@@ -232,7 +222,7 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     const auto prim = [&](int64_t mb, int64_t kb, int64_t nb, bool accumulate, int64_t ldc) {
       std::string key = bf16 ? (native ? "mm@bf16" : "mm@bf16-emulated") : "mm";
       key_dims(key, {m, k, n, mb, kb, nb, ta, tb, accumulate, ldc});
-      return state_->get<Matmul>(
+      return state_->get<MatmulPrimitive>(
           key,
           [&] {
             dnnl::primitive_attr attr;
@@ -246,7 +236,7 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
                                    memory::desc({kb, nb}, op_dt, bs),
                                    memory::desc({mb, nb}, dt::f32, memory::dims{ldc, 1})),
                 attr, state_->engine);
-            return std::make_shared<Matmul>(Matmul{dnnl::matmul(pd)});
+            return std::make_shared<MatmulPrimitive>(MatmulPrimitive{dnnl::matmul(pd)});
           },
           mb * nb * kb / 8);
     };

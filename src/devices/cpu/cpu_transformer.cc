@@ -9,9 +9,6 @@
 namespace dtrain::cpu {
 namespace {
 
-struct Matmul3 {
-  dnnl::matmul prim;
-};
 struct Softmax {
   dnnl::primitive fwd;
   dnnl::primitive bwd;
@@ -60,11 +57,11 @@ Tensor CpuKernels::batch_matmul(const Tensor& a, const Tensor& b, bool ta, bool 
   try {
     std::string key = native ? "bmm@bf16" : "bmm";
     key_dims(key, {batch, m, k, n, ta, tb});
-    auto e = state_->get<Matmul3>(
+    auto e = state_->get<MatmulPrimitive>(
         key,
         [&] {
           dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(amd, bmd, cmd), state_->engine);
-          return std::make_shared<Matmul3>(Matmul3{dnnl::matmul(pd)});
+          return std::make_shared<MatmulPrimitive>(MatmulPrimitive{dnnl::matmul(pd)});
         },
         batch * m * n * k / 8);
     e->prim.execute(state_->stream(batch * m * n * k / 8),

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <limits>
 #include <string>
 
@@ -314,10 +313,6 @@ Tensor fresh(const Shape& shape, DeviceSpec device) {
   return t;
 }
 
-struct BatchedProduct {
-  dnnl::matmul prim;
-};
-
 // c[e] (+)= op(a[e]) b[e] for the 36 points e: a [36, m, kk] (transpose_a: [36, kk, m]), b
 // [36, kk, n], c [36, m, n]; `accumulate` adds to c (oneDNN's sum post-op) instead of writing it.
 void batched_product(CpuKernels::State& st, const float* a, const float* b, float* c, int64_t m,
@@ -330,7 +325,7 @@ void batched_product(CpuKernels::State& st, const float* a, const float* b, floa
   key_dims(key, {m, kk, n, transpose_a, accumulate});
   const int64_t work = 36 * m * n * kk / 8;
   try {
-    auto e = st.get<BatchedProduct>(
+    auto e = st.get<MatmulPrimitive>(
         key,
         [&] {
           dnnl::primitive_attr attr;
@@ -340,7 +335,7 @@ void batched_product(CpuKernels::State& st, const float* a, const float* b, floa
             attr.set_post_ops(ops);
           }
           dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(amd, bmd, cmd), attr, st.engine);
-          return std::make_shared<BatchedProduct>(BatchedProduct{dnnl::matmul(pd)});
+          return std::make_shared<MatmulPrimitive>(MatmulPrimitive{dnnl::matmul(pd)});
         },
         work);
     e->prim.execute(st.stream(work),

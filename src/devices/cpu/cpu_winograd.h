@@ -1,6 +1,7 @@
 // dtrain's own Winograd convolution, F(4x4, 3x3), for CPUs whose oneDNN has none (oneDNN 2.6 has
 // Winograd kernels for avx512_core only: an AVX2-only EPYC ran ResNet-50's 3x3 layers as direct
-// convolutions, 2.25x the arithmetic of this). Private to the CPU convolution kernels; which
+// convolutions, with 4x the multiplications of this: 144 a 4x4 output tile and channel pair against
+// its 36). Private to the CPU convolution kernels; which
 // convolutions take it: cpu_conv_prims.h (own_winograd).
 //
 // The algorithm (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2016), on
@@ -15,7 +16,7 @@
 // by the compiler over 8 channels (AVX2 with FMA where the CPU has it and DTRAIN_MAX_CPU_ISA allows
 // it, else SSE). Numerics (cpu_conv_test's 16x14x14x32 -> 64 case, root-mean-square error against
 // float64 relative to the values' own): y 4.2e-6, dx 3.0e-6, dw 1.7e-5, about twice oneDNN's
-// Winograd kernels' (2.3e-6, 1.7e-6, 9.1e-6) and 6-40x the direct convolution's (3.6e-7, 6.6e-7,
+// Winograd kernels' (2.3e-6, 1.7e-6, 9.1e-6) and 4.5-40x the direct convolution's (3.6e-7, 6.6e-7,
 // 4.4e-7); a bfloat16 operand's rounding is 4e-3. Deterministic on one machine; the AVX2 clone
 // contracts into FMAs where the baseline one cannot, so their bits differ, as oneDNN's products
 // differ between instruction sets.
@@ -36,7 +37,10 @@ struct WinogradConv {
 };
 
 // y [N, oh, ow, K] = conv2d(x, w) + bias (bias [K], or undefined for none), on the device whose
-// State `st` is (its threads, its oneDNN engine and primitive cache).
+// State `st` is (its threads, its oneDNN engine and primitive cache). The callers
+// (cpu_conv_pool.cc) have checked the shapes and types. Thread-safe as the device's other kernels
+// are (the cache is guarded; each call's scratch is its own); a oneDNN failure throws through
+// rethrow_dnnl.
 Tensor winograd_conv2d(CpuKernels::State& st, const Tensor& x, const Tensor& w, const Tensor& bias,
                        const WinogradConv& g);
 // dx [N,H,W,C] (x_shape) of that convolution for dy [N, oh, ow, K].

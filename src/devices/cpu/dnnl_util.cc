@@ -1,6 +1,6 @@
 // The CPU device's oneDNN helpers declared in dnnl_util.h that are not templates: errors, the
-// instruction-set cap handed to oneDNN, and the bfloat16 widening that stands in for oneDNN's
-// reference reorder.
+// instruction-set cap handed to oneDNN, the split of a pass into per-thread parts, and the bfloat16
+// widening that stands in for oneDNN's reference reorder.
 #include "devices/cpu/dnnl_util.h"
 
 #include <omp.h>
@@ -44,6 +44,17 @@ bool cap_onednn_isa() {
   return capped;
 }
 
+void for_each_part(int parts, int64_t n, int64_t align,
+                   const std::function<void(int64_t, int64_t)>& part) {
+  const int64_t per = (n / parts + align - 1) / align * align;
+#pragma omp parallel for num_threads(parts) schedule(static) if (parts > 1)
+  for (int i = 0; i < parts; ++i) {
+    const int64_t first = std::min(n, i * per),
+                  last = i + 1 == parts ? n : std::min(n, first + per);
+    if (last > first) part(first, last - first);
+  }
+}
+
 void convert(CpuKernels::State& st, memory from, memory to, DeviceSpec dev, int64_t work) {
   // oneDNN's JIT reorders take bfloat16 from avx512_core (dnnl_cpu_isa_t's 0x20 bit) up.
   static const bool jit_bf16 = (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & 0x20u) != 0;
@@ -66,13 +77,9 @@ void convert(CpuKernels::State& st, memory from, memory to, DeviceSpec dev, int6
     out = static_cast<float*>(copy.raw_data());
   }
   const auto* in = static_cast<const uint16_t*>(from.get_data_handle());
-  const int threads = n < CpuKernels::State::kSerialWork ? 1 : st.threads;
-  const int64_t chunk = ((n + threads - 1) / threads + 15) / 16 * 16;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-  for (int t = 0; t < threads; ++t) {
-    const int64_t b = std::min(n, t * chunk), len = std::min(n, b + chunk) - b;
-    if (len > 0) bf16_to_floats(in + b, out + b, static_cast<size_t>(len));
-  }
+  for_each_part(
+      n < CpuKernels::State::kSerialWork ? 1 : st.threads, n, 16,
+      [&](int64_t b, int64_t len) { bf16_to_floats(in + b, out + b, static_cast<size_t>(len)); });
   if (copy.defined()) {
     memory m(wide, st.engine, copy.raw_data());
     dnnl::stream& stream = st.stream(work);

@@ -1,6 +1,7 @@
 // Private helpers shared by the oneDNN-backed CPU kernels. Not a public header.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -64,6 +65,16 @@ struct CpuKernels::State {
     return made;
   }
 };
+
+// A cached matmul primitive (CpuKernels::matmul, batch_matmul, the Winograd products).
+struct MatmulPrimitive {
+  dnnl::matmul prim;
+};
+
+// Runs part(offset, count) over [0, n) in `parts` contiguous parts on as many OpenMP threads, each
+// a multiple of `align` elements but the last, which takes the rest (parts may be empty).
+void for_each_part(int parts, int64_t n, int64_t align,
+                   const std::function<void(int64_t, int64_t)>& part);
 
 inline memory::dims dims_of(const Shape& s) {
   if (s.rank() == 0) return {1};

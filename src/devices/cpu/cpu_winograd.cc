@@ -91,6 +91,19 @@ struct Tiling {
     *row = (t / tw) % th * 4 - pad_top;
     *col = t % tw * 4 - pad_left;
   }
+  // Tile t's 4x4 output block: where it starts, and how many of its rows and columns lie in the
+  // image (fewer at the bottom and right edges).
+  struct Block {
+    int64_t image, row, col;
+    int rows, cols;
+  };
+  Block block(int64_t t) const {
+    Block b;
+    origin(t, &b.image, &b.row, &b.col);
+    b.rows = static_cast<int>(std::min<int64_t>(4, h - b.row));
+    b.cols = static_cast<int>(std::min<int64_t>(4, w - b.col));
+    return b;
+  }
 };
 
 // A run of consecutive tiles whose transforms are held at once: [36, count, channels].
@@ -136,12 +149,10 @@ DTRAIN_INLINE void output_tiles(const Tiling& g, const float* m, int64_t k, cons
                                 float* y, Chunk chunk, int64_t t0, int64_t t1) {
   const size_t plane = static_cast<size_t>(chunk.count * k);
   for (int64_t t = t0; t < t1; ++t) {
-    int64_t img, r0, c0;
-    g.origin(t, &img, &r0, &c0);
-    const int rows = static_cast<int>(std::min<int64_t>(4, g.h - r0)),
-              cols = static_cast<int>(std::min<int64_t>(4, g.w - c0));
+    const Tiling::Block blk = g.block(t);
+    const int rows = blk.rows, cols = blk.cols;
     const float* in = m + static_cast<size_t>((t - chunk.first) * k);
-    float* out = y + ((img * g.h + r0) * g.w + c0) * k;
+    float* out = y + ((blk.image * g.h + blk.row) * g.w + blk.col) * k;
     for (int64_t ch = 0; ch < k; ch += 8) {
       v8 p[36], tmp[24], o[16], b = v8{};
       for (int e = 0; e < 36; ++e) load(&p[e], in + e * plane + ch);
@@ -162,11 +173,9 @@ DTRAIN_INLINE void output_adjoint_tiles(const Tiling& g, const float* dy, int64_
                                         Chunk chunk, int64_t t0, int64_t t1) {
   const size_t plane = static_cast<size_t>(chunk.count * k);
   for (int64_t t = t0; t < t1; ++t) {
-    int64_t img, r0, c0;
-    g.origin(t, &img, &r0, &c0);
-    const int rows = static_cast<int>(std::min<int64_t>(4, g.h - r0)),
-              cols = static_cast<int>(std::min<int64_t>(4, g.w - c0));
-    const float* in = dy + ((img * g.h + r0) * g.w + c0) * k;
+    const Tiling::Block blk = g.block(t);
+    const int rows = blk.rows, cols = blk.cols;
+    const float* in = dy + ((blk.image * g.h + blk.row) * g.w + blk.col) * k;
     float* out = dm + static_cast<size_t>((t - chunk.first) * k);
     for (int64_t ch = 0; ch < k; ch += 8) {
       v8 q[16], tmp[24], p[36];

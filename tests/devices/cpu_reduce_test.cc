@@ -1,8 +1,9 @@
 // The CPU device's reduce against a float64 reference, over every pattern of reduced axes of
 // rank-1 to rank-4 shapes (size-1 axes included): the merged-dimension path, the in-house
 // column loop ([A, R, B] -> [A, 1, B], which oneDNN 2.x runs on its slow reference kernel) and
-// oneDNN's innermost reductions, for sum, mean and max, with and without keepdims; and the fused
-// softmax cross-entropy.
+// oneDNN's innermost reductions, for sum, mean and max, with and without keepdims; the fused
+// softmax cross-entropy; and softmax's backward pass (dtrain's loop where oneDNN has only its
+// reference kernel: the @avx2 and @sse41 runs on any CPU).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,9 @@
 #include <string>
 #include <vector>
 
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "devices/cpu/cpu_kernels.h"
 #include "dtrain/core/random.h"
 #include "dtrain/core/tensor.h"
 #include "dtrain/devices/device.h"
@@ -146,6 +150,58 @@ TEST(CpuReduce, SoftmaxCrossEntropyMatchesFloat64) {
                                 &loss, &probs);
     EXPECT_TRUE(std::isnan(loss.to_vector<float>()[5])) << "C " << c;
     EXPECT_FALSE(std::isnan(loss.to_vector<float>()[4])) << "C " << c;
+  }
+}
+
+// Softmax's backward pass, dx = y * (dy - sum(dy * y)), against float64: widths around the vector
+// registers and an attention row's, enough rows to be split over threads, rows with masked
+// (zero) probabilities, and a NaN in dy that must reach its whole row and no other. oneDNN 2.6
+// has a vector kernel for it on AVX-512 only; elsewhere (the @avx2 and @sse41 runs) dtrain's loop
+// runs, and the counter says which ran.
+TEST(CpuReduce, SoftmaxBackwardMatchesFloat64) {
+  const bool onednn_vector =
+      (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & 0x27u) == 0x27u;  // avx512_core
+  for (const int64_t c : {1, 5, 8, 16, 17, 33, 256, 1000}) {
+    for (const int64_t n : {int64_t{3}, 70000 / c + 1}) {
+      Philox rng(9, static_cast<uint64_t>(c * 100000 + n));
+      std::vector<float> logits(static_cast<size_t>(n * c)), g(logits.size());
+      for (size_t i = 0; i < logits.size(); ++i) {
+        logits[i] = 8.f * (2.f * rng.uniform(2 * i) - 1.f);
+        g[i] = 2.f * rng.uniform(2 * i + 1) - 1.f;
+      }
+      for (int64_t j = 1; j < c; j += 2) logits[static_cast<size_t>(c + j)] = -INFINITY;
+      const Tensor y = cpu().softmax(Tensor::from_vector(logits, Shape{n, c}, DeviceSpec::cpu(0)),
+                                     false);
+      if (n > 3) g[static_cast<size_t>(2 * c + c / 2)] = NAN;
+      const uint64_t runs = cpu_testing::own_softmax_backward_runs();
+      const Tensor dx =
+          cpu().softmax_backward(y, Tensor::from_vector(g, Shape{n, c}, DeviceSpec::cpu(0)), false);
+      EXPECT_EQ(cpu_testing::own_softmax_backward_runs() - runs, onednn_vector ? 0u : 1u);
+      const std::vector<float> p = y.to_vector<float>(), d = dx.to_vector<float>();
+      for (int64_t i = 0; i < n; ++i) {
+        const size_t r = static_cast<size_t>(i * c);
+        double s = 0, s_abs = 0;
+        for (int64_t j = 0; j < c; ++j) {
+          s += double{g[r + j]} * p[r + j];
+          s_abs += std::abs(double{g[r + j]} * p[r + j]);
+        }
+        for (int64_t j = 0; j < c; ++j) {
+          const std::string what = "C " + std::to_string(c) + " N " + std::to_string(n) +
+                                   " row " + std::to_string(i) + " column " + std::to_string(j);
+          const float got = d[r + static_cast<size_t>(j)];
+          if (std::isnan(s)) {
+            ASSERT_TRUE(std::isnan(got)) << what;
+            continue;
+          }
+          // A float32 sum of c products in any order: within (c + 1) 2^-24 of the sum of their
+          // magnitudes; then a subtraction and a product, each rounded once.
+          const double want = p[r + j] * (g[r + j] - s),
+                       tol = std::abs(p[r + j]) * ((c + 1) * 6e-8 * s_abs +
+                                                   2.4e-7 * (std::abs(g[r + j]) + std::abs(s)));
+          ASSERT_NEAR(got, want, tol + 1e-30) << what;
+        }
+      }
+    }
   }
 }
 

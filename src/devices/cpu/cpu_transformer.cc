@@ -12,6 +12,10 @@ namespace {
 struct Softmax {
   dnnl::primitive fwd;
   dnnl::primitive bwd;
+  // oneDNN chose its reference kernel for the backward pass (its vector one is for AVX-512 only):
+  // softmax_backward_rows runs instead (log-softmax's keeps oneDNN's: the same scalar exp either
+  // way).
+  bool bwd_reference = false;
 };
 struct LayerNorm {
   dnnl::layer_normalization_forward fwd;
@@ -178,8 +182,9 @@ std::shared_ptr<Softmax> softmax_prims(CpuKernels::State& st, int64_t rows, int6
         }
         dnnl::softmax_forward::primitive_desc f({prop_kind::forward_training, md, 1}, st.engine);
         dnnl::softmax_backward::primitive_desc b({md, md, 1}, st.engine, f);
+        const bool reference = std::string(b.impl_info_str()).rfind("ref", 0) == 0;
         return std::make_shared<Softmax>(
-            Softmax{dnnl::softmax_forward(f), dnnl::softmax_backward(b)});
+            Softmax{dnnl::softmax_forward(f), dnnl::softmax_backward(b), reference});
       },
       rows * c);
 }
@@ -234,6 +239,11 @@ Tensor CpuKernels::softmax_backward(const Tensor& y, const Tensor& dy, bool log)
   if (dx.numel() == 0) return dx;
   try {
     auto p = softmax_prims(*state_, rows, c, log);
+    if (p->bwd_reference) {
+      softmax_backward_rows(y.data<float>(), dy.data<float>(), dx.data<float>(), rows, c,
+                            state_->threads);
+      return dx;
+    }
     const memory::desc md = plain_md({rows, c});
     p->bwd.execute(state_->stream(y.numel()), {{DNNL_ARG_DST, mem(md, state_->engine, y)},
                                                {DNNL_ARG_DIFF_DST, mem(md, state_->engine, dy)},

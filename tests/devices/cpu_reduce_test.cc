@@ -8,10 +8,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <vector>
-
-#include <oneapi/dnnl/dnnl.hpp>
 
 #include "devices/cpu/cpu_kernels.h"
 #include "dtrain/core/random.h"
@@ -170,8 +169,8 @@ TEST(CpuReduce, SoftmaxBackwardMatchesFloat64) {
         g[i] = 2.f * rng.uniform(2 * i + 1) - 1.f;
       }
       for (int64_t j = 1; j < c; j += 2) logits[static_cast<size_t>(c + j)] = -INFINITY;
-      const Tensor y = cpu().softmax(Tensor::from_vector(logits, Shape{n, c}, DeviceSpec::cpu(0)),
-                                     false);
+      const Tensor y =
+          cpu().softmax(Tensor::from_vector(logits, Shape{n, c}, DeviceSpec::cpu(0)), false);
       if (n > 3) g[static_cast<size_t>(2 * c + c / 2)] = NAN;
       const uint64_t runs = cpu_testing::own_softmax_backward_runs();
       const Tensor dx =
@@ -186,8 +185,8 @@ TEST(CpuReduce, SoftmaxBackwardMatchesFloat64) {
           s_abs += std::abs(double{g[r + j]} * p[r + j]);
         }
         for (int64_t j = 0; j < c; ++j) {
-          const std::string what = "C " + std::to_string(c) + " N " + std::to_string(n) +
-                                   " row " + std::to_string(i) + " column " + std::to_string(j);
+          const std::string what = "C " + std::to_string(c) + " N " + std::to_string(n) + " row " +
+                                   std::to_string(i) + " column " + std::to_string(j);
           const float got = d[r + static_cast<size_t>(j)];
           if (std::isnan(s)) {
             ASSERT_TRUE(std::isnan(got)) << what;
@@ -196,8 +195,8 @@ TEST(CpuReduce, SoftmaxBackwardMatchesFloat64) {
           // A float32 sum of c products in any order: within (c + 1) 2^-24 of the sum of their
           // magnitudes; then a subtraction and a product, each rounded once.
           const double want = p[r + j] * (g[r + j] - s),
-                       tol = std::abs(p[r + j]) * ((c + 1) * 6e-8 * s_abs +
-                                                   2.4e-7 * (std::abs(g[r + j]) + std::abs(s)));
+                       tol = std::abs(p[r + j]) *
+                             ((c + 1) * 6e-8 * s_abs + 2.4e-7 * (std::abs(g[r + j]) + std::abs(s)));
           ASSERT_NEAR(got, want, tol + 1e-30) << what;
         }
       }

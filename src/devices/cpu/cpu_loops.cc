@@ -289,9 +289,8 @@ void softmax_backward_row_scalar(const float* y, const float* dy, float* dx, int
 
 // The same on AVX2 with FMA: the sum in 16 lanes (two registers), the last 1-15 columns added
 // after them in order.
-__attribute__((target("avx2,fma"))) void softmax_backward_row_avx2(const float* y,
-                                                                   const float* dy, float* dx,
-                                                                   int64_t c) {
+__attribute__((target("avx2,fma"))) void softmax_backward_row_avx2(const float* y, const float* dy,
+                                                                   float* dx, int64_t c) {
   const int64_t body = c / 16 * 16;
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
   for (int64_t j = 0; j < body; j += 16) {
@@ -302,8 +301,8 @@ __attribute__((target("avx2,fma"))) void softmax_backward_row_avx2(const float* 
   for (int64_t j = body; j < c; ++j) s += dy[j] * y[j];
   const __m256 vs = _mm256_set1_ps(s);
   for (int64_t j = 0; j < body; j += 8)
-    _mm256_storeu_ps(dx + j, _mm256_mul_ps(_mm256_loadu_ps(y + j),
-                                           _mm256_sub_ps(_mm256_loadu_ps(dy + j), vs)));
+    _mm256_storeu_ps(
+        dx + j, _mm256_mul_ps(_mm256_loadu_ps(y + j), _mm256_sub_ps(_mm256_loadu_ps(dy + j), vs)));
   for (int64_t j = body; j < c; ++j) dx[j] = y[j] * (dy[j] - s);
 }
 

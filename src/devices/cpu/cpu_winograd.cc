@@ -124,8 +124,7 @@ struct Chunk {
 // work: its loads of the input otherwise waited on memory (two thirds of its samples in `perf`),
 // and ResNet-50's 56x56 layer ran 1.12x faster with it under the AVX2 cap on Zen 5. (The same for
 // the output transforms' reads of the products' planes or of dy gained nothing.)
-DTRAIN_INLINE void prefetch_block(const Tiling& g, const float* x, int64_t c, int64_t t,
-                                  int span) {
+DTRAIN_INLINE void prefetch_block(const Tiling& g, const float* x, int64_t c, int64_t t, int span) {
   int64_t img, r0, c0;
   g.origin(t, &img, &r0, &c0);
   const int64_t first = std::max<int64_t>(c0, 0), end = std::min<int64_t>(c0 + span, g.w);
@@ -411,10 +410,10 @@ Tensor winograd_conv2d(CpuKernels::State& st, const Tensor& x, const Tensor& w, 
     in_blocks(threads, chunk.count, kTileBlock, [&](int64_t a, int64_t e) {
       l.input(t, f32(x), c, f32(v), chunk, first + a, first + e);
     });
-    batched_product(st, f32(v), f32(u), f32(m), chunk.count, c, k,
-                    {static_cast<int64_t>(chunk.plane(c)), c * k,
-                     static_cast<int64_t>(chunk.plane(k))},
-                    false, false);
+    batched_product(
+        st, f32(v), f32(u), f32(m), chunk.count, c, k,
+        {static_cast<int64_t>(chunk.plane(c)), c * k, static_cast<int64_t>(chunk.plane(k))}, false,
+        false);
     in_blocks(threads, chunk.count, kTileBlock, [&](int64_t a, int64_t e) {
       l.output(out, f32(m), k, b, f32(y), chunk, first + a, first + e);
     });
@@ -461,10 +460,10 @@ Tensor winograd_conv2d_backward_filter(CpuKernels::State& st, const Tensor& x, c
       l.output_adjoint(out, f32(dy), k, f32(dm), chunk, first + a, first + e);
     });
     // du [36, C, K] (+)= v^T dm
-    batched_product(st, f32(v), f32(dm), f32(du), c, chunk.count, k,
-                    {static_cast<int64_t>(chunk.plane(c)), static_cast<int64_t>(chunk.plane(k)),
-                     c * k},
-                    true, first > 0);
+    batched_product(
+        st, f32(v), f32(dm), f32(du), c, chunk.count, k,
+        {static_cast<int64_t>(chunk.plane(c)), static_cast<int64_t>(chunk.plane(k)), c * k}, true,
+        first > 0);
   }
   Tensor dw = fresh(Shape{3, 3, c, k}, x.device());
   in_blocks(threads, c, 8,

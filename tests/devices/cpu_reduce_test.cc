@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cpu_isa.h"
 #include "devices/cpu/cpu_kernels.h"
 #include "dtrain/core/random.h"
 #include "dtrain/core/tensor.h"
@@ -156,10 +157,14 @@ TEST(CpuReduce, SoftmaxCrossEntropyMatchesFloat64) {
 // registers and an attention row's, enough rows to be split over threads, rows with masked
 // (zero) probabilities, and a NaN in dy that must reach its whole row and no other. oneDNN 2.6
 // has a vector kernel for it on AVX-512 only; elsewhere (the @avx2 and @sse41 runs) dtrain's loop
-// runs, and the counter says which ran.
+// runs (its AVX2 row where the CPU and DTRAIN_MAX_CPU_ISA allow it, else the scalar one), and the
+// counter says which ran.
 TEST(CpuReduce, SoftmaxBackwardMatchesFloat64) {
+  (void)cpu();  // the device caps oneDNN's instruction sets (DTRAIN_MAX_CPU_ISA) before the query
   const bool onednn_vector =
       (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & 0x27u) == 0x27u;  // avx512_core
+  EXPECT_STREQ(cpu_testing::own_softmax_backward_row(),
+               detail::cpu_supports(detail::CpuFeature::kAvx2Fma) ? "avx2" : "scalar");
   for (const int64_t c : {1, 5, 8, 16, 17, 33, 256, 1000}) {
     for (const int64_t n : {int64_t{3}, 70000 / c + 1}) {
       Philox rng(9, static_cast<uint64_t>(c * 100000 + n));

@@ -124,14 +124,16 @@ void binary_broadcast_loop(BinaryOp op, const Tensor& a, const Tensor& b, Tensor
 void cast_loop(const Tensor& x, Tensor& y);
 // Softmax's backward pass, dx = y * (dy - sum(dy * y)) over each row of c, on up to `threads`
 // threads (AVX2 with FMA, or scalar): where oneDNN has only its reference kernel for it (oneDNN
-// 2.6's vector one is AVX-512 only; its reference one took 1.7% of GPT-2 small's step under AVX2).
+// 2.6's vector one is AVX-512 only; its reference one was 1.7% of oneDNN's time in GPT-2 small's
+// steps under the AVX2 cap).
 void softmax_backward_rows(const float* y, const float* dy, float* dx, int64_t rows, int64_t c,
                            int threads);
 
 }  // namespace dtrain::cpu
 
 namespace dtrain::cpu_testing {
-// How many times softmax_backward_rows has run in this process (all devices), for tests of the
-// dispatch.
+// How many times softmax_backward_rows has run in this process (all devices), and which row it
+// runs ("avx2" or "scalar"), for tests of the dispatch.
 uint64_t own_softmax_backward_runs();
+const char* own_softmax_backward_row();
 }  // namespace dtrain::cpu_testing

@@ -306,16 +306,20 @@ __attribute__((target("avx2,fma"))) void softmax_backward_row_avx2(const float* 
   for (int64_t j = body; j < c; ++j) dx[j] = y[j] * (dy[j] - s);
 }
 
+// The widest row this CPU (and DTRAIN_MAX_CPU_ISA) allows.
+using SoftmaxBackwardRow = void (*)(const float*, const float*, float*, int64_t);
+SoftmaxBackwardRow softmax_backward_row() {
+  return detail::cpu_supports(detail::CpuFeature::kAvx2Fma) ? softmax_backward_row_avx2
+                                                            : softmax_backward_row_scalar;
+}
+
 std::atomic<uint64_t> g_softmax_backward_runs{0};
 }  // namespace
 
 void softmax_backward_rows(const float* y, const float* dy, float* dx, int64_t rows, int64_t c,
                            int threads) {
   g_softmax_backward_runs.fetch_add(1, std::memory_order_relaxed);
-  using Row = void (*)(const float*, const float*, float*, int64_t);
-  static const Row row = detail::cpu_supports(detail::CpuFeature::kAvx2Fma)
-                             ? softmax_backward_row_avx2
-                             : softmax_backward_row_scalar;
+  static const SoftmaxBackwardRow row = softmax_backward_row();
   const int t = rows * c < CpuKernels::State::kSerialWork
                     ? 1
                     : static_cast<int>(std::min<int64_t>(rows, threads));
@@ -328,6 +332,9 @@ void softmax_backward_rows(const float* y, const float* dy, float* dx, int64_t r
 namespace dtrain::cpu_testing {
 uint64_t own_softmax_backward_runs() {
   return cpu::g_softmax_backward_runs.load(std::memory_order_relaxed);
+}
+const char* own_softmax_backward_row() {
+  return cpu::softmax_backward_row() == cpu::softmax_backward_row_avx2 ? "avx2" : "scalar";
 }
 }  // namespace dtrain::cpu_testing
 

@@ -258,23 +258,78 @@ TEST(CpuConv, WhereWinogradDoesNotApplyTheDirectConvolutionRuns) {
     EXPECT_EQ(run(d), direct);
     EXPECT_EQ(cpu_testing::own_winograd_runs(), runs_before);
   }
-  // mixed_bfloat16's products are bfloat16 ones: never Winograd
+}
+
+// Under mixed_bfloat16 for a scope, with oneDNN's bfloat16 kernels or (emulated) float32 kernels
+// on operands rounded to bfloat16; as before after it.
+struct MixedBfloat16 {
+  explicit MixedBfloat16(bool emulated) : emulated(emulated) {
+    if (emulated) cpu::force_bf16_emulation_for_testing(true);
+    set_precision_policy(Precision::kMixedBFloat16);
+  }
+  ~MixedBfloat16() {
+    set_precision_policy(Precision::kFloat32);
+    if (emulated) cpu::force_bf16_emulation_for_testing(false);
+  }
+  bool emulated;
+};
+
+// mixed_bfloat16: on oneDNN's bfloat16 kernels (their products are bfloat16 ones) never Winograd.
+// On float32 kernels (CPUs without bfloat16 kernels; forced here on any CPU), Winograd on the
+// operands rounded to bfloat16: within Winograd's bound of float64 on the rounded operands, as the
+// direct convolution is within float32's, and far from float64 on the raw ones.
+TEST(CpuConv, MixedBfloat16RunsWinogradOnFloat32KernelsOnly) {
   const Data d(Case{4, 16, 16, 32, 48, 1, ops::Padding::kSame});
-  set_precision_policy(Precision::kMixedBFloat16);
-  std::vector<std::vector<float>> direct, wino;
-  try {
+  if (cpu::bf16_kernels_native()) {
+    SCOPED_TRACE("bfloat16 kernels");
+    MixedBfloat16 mixed(false);
+    std::vector<std::vector<float>> direct;
     {
       Winograd off(false);
       direct = run(d);
     }
+    const uint64_t runs_before = cpu_testing::own_winograd_runs();
     cpu_testing::OwnWinogradEverywhere own;
-    wino = run(d);
-  } catch (...) {
-    set_precision_policy(Precision::kFloat32);
-    throw;
+    EXPECT_EQ(run(d), direct);
+    EXPECT_EQ(cpu_testing::own_winograd_runs(), runs_before);
   }
-  set_precision_policy(Precision::kFloat32);
-  EXPECT_EQ(wino, direct);
+  Data rounded = d;  // what the kernels read: x, w and the incoming gradient rounded (not the bias)
+  for (std::vector<float>* v : {&rounded.x, &rounded.w, &rounded.dy})
+    cpu::round_to_bf16(v->data(), v->size());
+  const Reference on_rounded = reference(rounded), on_raw = reference(d);
+  for (const bool own : {false, true}) {
+    SCOPED_TRACE(own ? "float32 kernels, dtrain's own Winograd" : "float32 kernels");
+    MixedBfloat16 mixed(true);
+    std::vector<std::vector<float>> direct, wino;
+    {
+      Winograd off(false);
+      direct = run(d);
+    }
+    const uint64_t runs_before = cpu_testing::own_winograd_runs();
+    {
+      std::optional<cpu_testing::OwnWinogradEverywhere> everywhere;
+      if (own) everywhere.emplace();
+      wino = run(d);
+    }
+    EXPECT_EQ(cpu_testing::own_winograd_runs() - runs_before,
+              own || !cpu::onednn_has_winograd() ? 3u : 0u);
+    for (int k = 0; k < 4; ++k) {
+      double to_direct = 0, to_wino = 0, to_raw = 0;
+      for (size_t i = 0; i < on_rounded.value[k].size(); ++i) {
+        const double want = on_rounded.value[k][i];
+        keep_worst(&to_direct, std::abs(direct[static_cast<size_t>(k)][i] - want));
+        keep_worst(&to_wino, std::abs(wino[static_cast<size_t>(k)][i] - want));
+        keep_worst(&to_raw, std::abs(wino[static_cast<size_t>(k)][i] - on_raw.value[k][i]));
+      }
+      EXPECT_LE(to_direct, 1e-6 * on_rounded.scale[k]) << kWhat[k];
+      EXPECT_LE(to_wino, 2e-5 * on_rounded.scale[k]) << kWhat[k];
+      if (k < 3) {  // (db sums dy alone: its roundings mostly cancel)
+        EXPECT_GT(to_raw, 1e-4 * on_raw.scale[k]) << kWhat[k] << ": operands not rounded";
+        EXPECT_NE(wino[static_cast<size_t>(k)], direct[static_cast<size_t>(k)])
+            << kWhat[k] << ": no Winograd kernel ran";
+      }
+    }
+  }
 }
 
 // The fused conv+pool op runs direct convolutions whatever the batch: its chunked path (large

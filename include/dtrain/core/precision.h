@@ -73,8 +73,10 @@ DTRAIN_API bool tensor_float_32_execution_enabled();
 // convolution's error with oneDNN's kernels (root-mean-square 8.5e-7 against 1.6e-7 on outputs of
 // magnitude 1), about twice that with dtrain's (src/devices/cpu/cpu_winograd.h; a bfloat16
 // operand's rounding is 4e-3, TF32's 5e-4), float32-accurate for training, and deterministic on one
-// machine. dtrain uses them where they pay: float32 (not mixed_bfloat16, whose numerics are
-// bfloat16 products), 3x3 filters, stride 1, at most 1 pixel of padding, channel counts that are
+// machine. dtrain uses them where they pay: float32 kernels (under mixed_bfloat16 only where a
+// layer runs float32 kernels on operands rounded to bfloat16, on CPUs without oneDNN's bfloat16
+// kernels or where those are slower: Winograd's error is far inside the operands' rounding; never
+// on the bfloat16 kernels, whose products are bfloat16 ones), 3x3 filters, stride 1, at most 1 pixel of padding, channel counts that are
 // multiples of 16 and at least 16 output tiles of 4x4 an image (outputs of 13x13 and more:
 // ResNet-50's 56x56, 28x28 and 14x14 layers, not its 7x7 ones), and not in the fused conv+pool op
 // (ops::conv2d_max_pool2d). The kernels: oneDNN's where it has them (AVX-512; a shape its own

@@ -68,6 +68,18 @@ void require_dy_shape(const char* op, const Tensor& dy, const ConvShapes& s, con
                           want.to_string());
 }
 
+// An operand of dtrain's own Winograd kernels, which read float32: a bfloat16 copy an op kept
+// widened (exact), and under mixed_bfloat16 (float32 kernels there: winograd_wanted) a float32
+// operand rounded to bfloat16, as filter_in rounds the primitives' operands.
+Tensor winograd_operand(Kernels& k, const Tensor& t) {
+  if (t.dtype() == DType::kBFloat16) return k.cast(t, DType::kFloat32);
+  if (!mixed_bf16()) return t;
+  Tensor r = Tensor::empty(t.shape(), DType::kFloat32, t.device());
+  round_to_bf16(static_cast<const float*>(t.raw_data()), static_cast<float*>(r.raw_data()),
+                static_cast<size_t>(t.numel()));
+  return r;
+}
+
 WinogradConv winograd_conv(const Conv2dParams& p, const ConvShapes& s) {
   return {p.pad_top, p.pad_left, s.dst[2], s.dst[3]};
 }
@@ -86,9 +98,9 @@ Tensor CpuKernels::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias,
     f32.bf16_output = false;
     return cast(conv2d(x, w, bias, f32), DType::kBFloat16);
   }
-  // (Winograd is float32 only, so x is never a bfloat16 copy there.)
-  if (own_winograd(s) && x.dtype() == DType::kFloat32 && x.numel() > 0)
-    return winograd_conv2d(*state_, x, w, bias, winograd_conv(p, s));
+  if (own_winograd(s) && x.numel() > 0)
+    return winograd_conv2d(*state_, winograd_operand(*this, x), winograd_operand(*this, w), bias,
+                           winograd_conv(p, s));
   Tensor y = Tensor::empty(Shape{s.dst[0], s.dst[2], s.dst[3], s.dst[1]},
                            bf16_dst ? DType::kBFloat16 : DType::kFloat32, spec_);
   if (y.numel() == 0) return y;
@@ -135,8 +147,9 @@ Tensor CpuKernels::conv2d_backward_input(const Tensor& dy, const Tensor& w, cons
                       /*gather=*/false, state_->threads);
     return dx;
   }
-  if (own_winograd(s) && dy.dtype() == DType::kFloat32 && x_shape.numel() > 0)
-    return winograd_conv2d_backward_input(*state_, dy, w, x_shape, winograd_conv(p, s));
+  if (own_winograd(s) && x_shape.numel() > 0)
+    return winograd_conv2d_backward_input(*state_, winograd_operand(*this, dy),
+                                          winograd_operand(*this, w), x_shape, winograd_conv(p, s));
   Tensor dx = Tensor::empty(x_shape, DType::kFloat32, spec_);
   if (dx.numel() == 0) return dx;
   try {
@@ -178,12 +191,13 @@ Tensor CpuKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, con
                       /*gather=*/true, state_->threads);
     return matmul(xs, rows, true, false).view(w_shape);
   }
-  if (own_winograd(s) && x.dtype() == DType::kFloat32 && dy.dtype() == DType::kFloat32 &&
-      x.numel() > 0 && dy.numel() > 0) {
+  if (own_winograd(s) && x.numel() > 0 && dy.numel() > 0) {
     const int64_t cout = w_shape[3];
+    const Tensor dyw = winograd_operand(*this, dy);  // (the bias's gradient sums it too)
     if (want_bias)
-      *db = reduce(ReductionKind::kSum, dy.view(Shape{dy.numel() / cout, cout}), {0}, false);
-    return winograd_conv2d_backward_filter(*state_, x, dy, winograd_conv(p, s));
+      *db = reduce(ReductionKind::kSum, dyw.view(Shape{dyw.numel() / cout, cout}), {0}, false);
+    return winograd_conv2d_backward_filter(*state_, winograd_operand(*this, x), dyw,
+                                           winograd_conv(p, s));
   }
   Tensor dw = Tensor::empty(w_shape, DType::kFloat32, spec_);
   if (want_bias) *db = Tensor::empty(Shape{s.wei[0]}, DType::kFloat32, spec_);

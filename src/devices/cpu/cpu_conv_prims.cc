@@ -61,8 +61,13 @@ thread_local bool t_direct_only = false;
 // differs from the direct convolution's). Where oneDNN has no Winograd kernels (below
 // avx512_core), dtrain's own run (own_winograd); where it has them it checks its own conditions
 // (the layout) when the primitive is made, and where those fail the direct convolution runs.
+// Under mixed_bfloat16 only where the layer runs float32 kernels (CPUs without oneDNN's bfloat16
+// kernels, or where they are slower: dnnl_util.h): the operands are rounded to bfloat16 first, and
+// Winograd's float32 arithmetic on them stays within its rounding (about 2e-5 of the terms'
+// magnitude) of the products of the rounded operands, far inside bfloat16's 4e-3. Never on the
+// bfloat16 kernels, whose transformed operands would be rounded to bfloat16 themselves.
 bool winograd_wanted(const ConvShapes& s, bool bf16) {
-  if (t_direct_only || bf16 || !winograd_convolutions_enabled()) return false;
+  if (t_direct_only || conv_reads_bf16(s, bf16) || !winograd_convolutions_enabled()) return false;
   const memory::dims& w = s.wei;  // {Cout, Cin, KH, KW}
   if (w[2] != 3 || w[3] != 3 || s.strides[0] != 1 || s.strides[1] != 1) return false;
   for (const auto pad : {s.pad_l[0], s.pad_l[1], s.pad_r[0], s.pad_r[1]})

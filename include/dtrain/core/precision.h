@@ -76,17 +76,17 @@ DTRAIN_API bool tensor_float_32_execution_enabled();
 // machine. dtrain uses them where they pay: float32 kernels (under mixed_bfloat16 only where a
 // layer runs float32 kernels on operands rounded to bfloat16, on CPUs without oneDNN's bfloat16
 // kernels or where those are slower: Winograd's error is far inside the operands' rounding; never
-// on the bfloat16 kernels, whose products are bfloat16 ones), 3x3 filters, stride 1, at most 1 pixel of padding, channel counts that are
-// multiples of 16 and at least 16 output tiles of 4x4 an image (outputs of 13x13 and more:
-// ResNet-50's 56x56, 28x28 and 14x14 layers, not its 7x7 ones), and not in the fused conv+pool op
-// (ops::conv2d_max_pool2d). The kernels: oneDNN's where it has them (AVX-512; a shape its own
-// conditions refuse runs direct), dtrain's where it has none, and for padding that differs between
-// the two sides of a dimension (oneDNN 2.6's input gradient is wrong there). None of these
-// conditions depends on the batch size, so a layer runs the same algorithm under every strategy,
-// and strategies agree to rounding. Default on, as cuDNN picks Winograd for TensorFlow and PyTorch
-// on GPUs; TensorFlow and PyTorch on CPUs run direct convolutions only. Off: this call or
-// DTRAIN_CPU_CONV_WINOGRAD=0 (the starting value). CUDA devices ignore it (cuDNN chooses).
-// Process-wide, read at each convolution; thread-safe.
+// on the bfloat16 kernels, whose products are bfloat16 ones), 3x3 filters, stride 1, at most 1
+// pixel of padding, channel counts that are multiples of 16 and at least 16 output tiles of 4x4 an
+// image (outputs of 13x13 and more: ResNet-50's 56x56, 28x28 and 14x14 layers, not its 7x7 ones),
+// and not in the fused conv+pool op (ops::conv2d_max_pool2d). The kernels: oneDNN's where it has
+// them (AVX-512; a shape its own conditions refuse runs direct), dtrain's where it has none, and
+// for padding that differs between the two sides of a dimension (oneDNN 2.6's input gradient is
+// wrong there). None of these conditions depends on the batch size, so a layer runs the same
+// algorithm under every strategy, and strategies agree to rounding. Default on, as cuDNN picks
+// Winograd for TensorFlow and PyTorch on GPUs; TensorFlow and PyTorch on CPUs run direct
+// convolutions only. Off: this call or DTRAIN_CPU_CONV_WINOGRAD=0 (the starting value). CUDA
+// devices ignore it (cuDNN chooses). Process-wide, read at each convolution; thread-safe.
 DTRAIN_API void enable_winograd_convolutions(bool enabled);
 DTRAIN_API bool winograd_convolutions_enabled();
 

@@ -260,16 +260,22 @@ TEST(CpuConv, WhereWinogradDoesNotApplyTheDirectConvolutionRuns) {
   }
 }
 
-// Under mixed_bfloat16 for a scope, with oneDNN's bfloat16 kernels or (emulated) float32 kernels
-// on operands rounded to bfloat16; as before after it.
+// Under mixed_bfloat16 for a scope, on oneDNN's bfloat16 kernels or (emulated) on float32 kernels
+// with operands rounded to bfloat16; float32 and the measured choice again after it.
 struct MixedBfloat16 {
   explicit MixedBfloat16(bool emulated) : emulated(emulated) {
-    if (emulated) cpu::force_bf16_emulation_for_testing(true);
+    if (emulated)
+      cpu::force_bf16_emulation_for_testing(true);
+    else
+      cpu::force_bf16_native_for_testing(true);
     set_precision_policy(Precision::kMixedBFloat16);
   }
   ~MixedBfloat16() {
     set_precision_policy(Precision::kFloat32);
-    if (emulated) cpu::force_bf16_emulation_for_testing(false);
+    if (emulated)
+      cpu::force_bf16_emulation_for_testing(false);
+    else
+      cpu::force_bf16_native_for_testing(false);
   }
   bool emulated;
 };
@@ -280,7 +286,7 @@ struct MixedBfloat16 {
 // direct convolution is within float32's, and far from float64 on the raw ones.
 TEST(CpuConv, MixedBfloat16RunsWinogradOnFloat32KernelsOnly) {
   const Data d(Case{4, 16, 16, 32, 48, 1, ops::Padding::kSame});
-  if (cpu::bf16_kernels_native()) {
+  if (cpu::bf16_kernel_choice().available) {
     SCOPED_TRACE("bfloat16 kernels");
     MixedBfloat16 mixed(false);
     std::vector<std::vector<float>> direct;
@@ -328,6 +334,32 @@ TEST(CpuConv, MixedBfloat16RunsWinogradOnFloat32KernelsOnly) {
         EXPECT_NE(wino[static_cast<size_t>(k)], direct[static_cast<size_t>(k)])
             << kWhat[k] << ": no Winograd kernel ran";
       }
+    }
+    // Under the tape above x and dy reach the kernels as the bfloat16 copies the ops keep; here
+    // as float32, rounded by the kernels: a forward pass without a tape, and the filter's and
+    // bias's gradients alone (dy is then not copied).
+    std::optional<cpu_testing::OwnWinogradEverywhere> everywhere;
+    if (own) everywhere.emplace();
+    const Case& c = d.c;
+    Tensor x = Tensor::from_vector(d.x, Shape{c.n, c.h, c.w, c.cin});
+    Tensor w = Tensor::from_vector(d.w, Shape{3, 3, c.cin, c.cout});
+    Tensor b = Tensor::from_vector(d.b, Shape{c.cout});
+    const std::vector<float> y = ops::conv2d(x, w, b, 1, 1, ops::Padding::kSame).to_vector<float>();
+    GradientTape tape;
+    tape.watch(w);
+    tape.watch(b);
+    const Tensor yt = ops::conv2d(x, w, b, 1, 1, ops::Padding::kSame);
+    const auto g =
+        tape.gradient(ops::sum(ops::mul(yt, Tensor::from_vector(d.dy, yt.shape()))), {w, b});
+    const std::vector<float>* got[4] = {&y, nullptr, nullptr, nullptr};
+    const std::vector<float> dw = g[0].to_vector<float>(), db = g[1].to_vector<float>();
+    got[2] = &dw;
+    got[3] = &db;
+    for (int k : {0, 2, 3}) {
+      double to_wino = 0;
+      for (size_t i = 0; i < on_rounded.value[k].size(); ++i)
+        keep_worst(&to_wino, std::abs((*got[k])[i] - on_rounded.value[k][i]));
+      EXPECT_LE(to_wino, 2e-5 * on_rounded.scale[k]) << kWhat[k] << " from float32 operands";
     }
   }
 }

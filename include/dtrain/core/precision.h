@@ -3,18 +3,18 @@
 // incoming gradients — to bfloat16 and run oneDNN's bfloat16 kernels (AVX512-BF16 on CPUs that have
 // it), accumulating and returning float32. oneDNN has no bfloat16 kernels on CPUs without AVX-512
 // (AVX2): there the inputs are rounded to bfloat16 and float32 kernels run them, the same numerics
-// without the speed-up, and the device's description says so ("mixed_bfloat16 emulated"). The same
-// path runs where the bfloat16 kernels exist but measure slower than float32's (timed once, at the
-// first bfloat16 product; a Xeon without AMX: 0.5-0.67x); DTRAIN_BF16_KERNELS=native|emulated
-// overrides that choice. Convolutions whose outputs sum fewer than 32 products (KH x KW x Cin: a
-// small network's first layer) take that path wherever they run: oneDNN's bfloat16 kernels run
-// them slower than float32 ones.
-// Variables, optimizer state, losses and weight gradients stay float32, and so do activations
-// between layers but where a layer asks to hand bfloat16 on (the ResNets' convolutions and batch
-// norms: Conv2D::bfloat16_output), so it needs no loss scaling (bfloat16 has float32's range).
-// Unlike Keras, most layer outputs are not rounded to bfloat16 as well; what is rounded is what
-// the bfloat16 kernels read, and batch norm's input (Keras's convolution before it outputs
-// bfloat16), in both passes. What the backward pass keeps of those tensors (a convolution's
+// (but for Winograd's float32 rounding in the 3x3 layers it applies to, below) without the
+// speed-up, and the device's description says so ("mixed_bfloat16 emulated"). The same path runs
+// where the bfloat16 kernels exist but measure slower than float32's (timed once, at the first
+// bfloat16 product; a Xeon without AMX: 0.5-0.67x); DTRAIN_BF16_KERNELS=native|emulated overrides
+// that choice. Convolutions whose outputs sum fewer than 32 products (KH x KW x Cin: a small
+// network's first layer) take that path wherever they run: oneDNN's bfloat16 kernels run them
+// slower than float32 ones. Variables, optimizer state, losses and weight gradients stay float32,
+// and so do activations between layers but where a layer asks to hand bfloat16 on (the ResNets'
+// convolutions and batch norms: Conv2D::bfloat16_output), so it needs no loss scaling (bfloat16 has
+// float32's range). Unlike Keras, most layer outputs are not rounded to bfloat16 as well; what is
+// rounded is what the bfloat16 kernels read, and batch norm's input (Keras's convolution before it
+// outputs bfloat16), in both passes. What the backward pass keeps of those tensors (a convolution's
 // input, batch norm's input, a ReLU's output, both operands of a matrix product, weights
 // included, as PyTorch's autocast and Keras' AutoCastVariable keep theirs) is kept as bfloat16
 // copies: ResNet-50 at batch 32 holds 1.5 GB instead of 2.7 at the end of its forward pass, with

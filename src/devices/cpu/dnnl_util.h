@@ -127,12 +127,13 @@ inline Tensor scratch(size_t bytes, DeviceSpec dev) {
 // kernels only on x86 CPUs with AVX-512 (found once, by creating a small bfloat16 convolution).
 // Where they run ("native") the kernels read bfloat16 copies of their inputs; otherwise
 // ("emulated") the inputs are rounded to bfloat16 in float32 memory and the float32 kernels run
-// them: the same numerics (bfloat16 operands, float32 accumulation) at float32's speed less the
-// rounding. Having the kernels is not enough: on a 2-core Xeon VM (model 207, AVX-512 BF16, no
-// AMX) oneDNN 2.6's bfloat16 matmul runs at half float32's rate (76 against 134-152 GFLOP/s), where
-// a Zen 4 EPYC runs it at 1.95x. So by default (DTRAIN_BF16_KERNELS=auto) the first use times one
-// 512^3 product each way and runs the emulated path where bfloat16 measures under kBf16MinSpeed
-// of float32; DTRAIN_BF16_KERNELS=native or emulated decides instead.
+// them: the same numerics (bfloat16 operands, float32 accumulation; in 3x3 layers Winograd's
+// float32 rounding on top, cpu_conv_prims.cc) at float32's speed less the rounding. Having the
+// kernels is not enough: on a 2-core Xeon VM (model 207, AVX-512 BF16, no AMX) oneDNN 2.6's
+// bfloat16 matmul runs at half float32's rate (76 against 134-152 GFLOP/s), where a Zen 4 EPYC runs
+// it at 1.95x. So by default (DTRAIN_BF16_KERNELS=auto) the first use times one 512^3 product each
+// way and runs the emulated path where bfloat16 measures under kBf16MinSpeed of float32;
+// DTRAIN_BF16_KERNELS=native or emulated decides instead.
 constexpr double kBf16MinSpeed = 0.8;
 struct Bf16KernelChoice {
   bool available = false;  // oneDNN has bfloat16 kernels on this CPU

@@ -166,6 +166,28 @@ void keep_worst(double* worst, double e) {
   if (!std::isnan(*worst) && !(e <= *worst)) *worst = e;
 }
 
+// The case's results with Winograd off, then on (with dtrain's own kernels wherever Winograd
+// applies if `own`), and how many of dtrain's own Winograd kernels ran for the latter.
+struct OffAndOn {
+  std::vector<std::vector<float>> direct, wino;
+  uint64_t own_runs = 0;
+};
+OffAndOn off_and_on(const Data& d, bool own) {
+  OffAndOn r;
+  {
+    Winograd off(false);
+    r.direct = run(d);
+  }
+  const uint64_t runs_before = cpu_testing::own_winograd_runs();
+  {
+    std::optional<cpu_testing::OwnWinogradEverywhere> everywhere;
+    if (own) everywhere.emplace();
+    r.wino = run(d);
+  }
+  r.own_runs = cpu_testing::own_winograd_runs() - runs_before;
+  return r;
+}
+
 // Runs each case with Winograd off and on and checks the on results against float64; `own`: with
 // dtrain's own Winograd kernels wherever Winograd applies (else oneDNN's where it has them).
 void check_winograd(bool own) {
@@ -178,22 +200,14 @@ void check_winograd(bool own) {
                         Case{16, 14, 14, 32, 64, 1, ops::Padding::kSame}}) {  // 7 x 7 after pooling
     SCOPED_TRACE(c.name() + (own ? ", dtrain's own Winograd" : ""));
     const Data d(c);
-    std::vector<std::vector<float>> direct, wino;
-    {
-      Winograd off(false);
-      direct = run(d);
-    }
-    const uint64_t runs_before = cpu_testing::own_winograd_runs();
-    {
-      std::optional<cpu_testing::OwnWinogradEverywhere> everywhere;
-      if (own) everywhere.emplace();
-      wino = run(d);
-    }
+    const OffAndOn r0 = off_and_on(d, own);
+    const auto& direct = r0.direct;
+    const auto& wino = r0.wino;
     // y, dx and dw: three passes, each dtrain's own unless oneDNN's Winograd ran (which gave
     // wrong input gradients with one-sided padding: those run dtrain's)
     const bool one_sided = d.p.pad_top != d.p.pad_bottom || d.p.pad_left != d.p.pad_right;
     const bool ours = own || one_sided || !cpu::onednn_has_winograd();
-    EXPECT_EQ(cpu_testing::own_winograd_runs() - runs_before, ours ? 3u : 0u);
+    EXPECT_EQ(r0.own_runs, ours ? 3u : 0u);
     const Reference r = reference(d);
     for (int k = 0; k < 4; ++k) {
       double to_direct = 0, to_wino = 0;
@@ -306,19 +320,10 @@ TEST(CpuConv, MixedBfloat16RunsWinogradOnFloat32KernelsOnly) {
   for (const bool own : {false, true}) {
     SCOPED_TRACE(own ? "float32 kernels, dtrain's own Winograd" : "float32 kernels");
     MixedBfloat16 mixed(true);
-    std::vector<std::vector<float>> direct, wino;
-    {
-      Winograd off(false);
-      direct = run(d);
-    }
-    const uint64_t runs_before = cpu_testing::own_winograd_runs();
-    {
-      std::optional<cpu_testing::OwnWinogradEverywhere> everywhere;
-      if (own) everywhere.emplace();
-      wino = run(d);
-    }
-    EXPECT_EQ(cpu_testing::own_winograd_runs() - runs_before,
-              own || !cpu::onednn_has_winograd() ? 3u : 0u);
+    const OffAndOn r0 = off_and_on(d, own);
+    const auto& direct = r0.direct;
+    const auto& wino = r0.wino;
+    EXPECT_EQ(r0.own_runs, own || !cpu::onednn_has_winograd() ? 3u : 0u);
     for (int k = 0; k < 4; ++k) {
       double to_direct = 0, to_wino = 0, to_raw = 0;
       for (size_t i = 0; i < on_rounded.value[k].size(); ++i) {

@@ -351,7 +351,7 @@ Tensor fresh(const Shape& shape, DeviceSpec device) {
 }
 
 // c[e] (+)= op(a[e]) b[e] for the 36 points e: a [36, m, kk] (transpose_a: [36, kk, m]), b
-// [36, kk, n], c [36, m, n], each point's matrix `plane_*` floats after the one before;
+// [36, kk, n], c [36, m, n], each point's matrix plane.a (b, c) floats after the one before;
 // `accumulate` adds to c (oneDNN's sum post-op) instead of writing it.
 struct Planes {
   int64_t a, b, c;

@@ -1,12 +1,14 @@
 // The step model behind `dtrain-bench simulate` (tools/dtrain-bench/step_model.h): all-reduce costs
 // against their closed forms, pack formation and the FIFO channel against hand-worked timelines,
-// and the profile read back from a timeline.
+// and the profile read back from a timeline; and the hypervisor's steal as `compare` reports it.
 #include "step_model.h"
 
 #include <gtest/gtest.h>
 
 #include <stdexcept>
 #include <string>
+
+#include "bench_util.h"
 
 namespace dtrain::bench {
 namespace {
@@ -241,6 +243,32 @@ TEST(StepModelTest, ProfileErrorsSayWhatIsMissing) {
             std::string::npos);
   EXPECT_NE(message(trace(), 5).find("lower --warmup"), std::string::npos);
   EXPECT_NE(message(nlohmann::json(3), 0).find("not a Chrome trace"), std::string::npos);
+}
+
+// /proc/stat's per-core lines: the all-CPU line left out, guest time not counted twice, the core
+// that lost most reported, and a kernel without a steal column reading as none stolen.
+TEST(BenchUtilTest, StealShareIsTheLargestShareOfOneCore) {
+  const CpuTicks before = parse_cpu_ticks(
+      "cpu  200 0 0 200 0 0 0 20 0 0\n"
+      "cpu0 100 0 0 100 0 0 0 10 50 0\n"
+      "cpu1 100 0 0 100 0 0 0 10 0 0\n"
+      "intr 12345\n");
+  ASSERT_EQ(before.cores.size(), 2u);
+  EXPECT_EQ(before.cores[0].first, 210u);  // guest's 50 is already in user's 100
+  EXPECT_EQ(before.cores[0].second, 10u);
+  // 100 ticks pass on each core: core 0 busy and 8 stolen, core 1 idle and 2 stolen.
+  const CpuTicks after = parse_cpu_ticks(
+      "cpu  300 0 0 300 0 0 0 30 0 0\n"
+      "cpu0 192 0 0 100 0 0 0 18 50 0\n"
+      "cpu1 100 0 0 198 0 0 0 12 0 0\n");
+  EXPECT_DOUBLE_EQ(steal_share(before, after), 0.08);
+  EXPECT_DOUBLE_EQ(steal_share(before, before), 0);
+  EXPECT_DOUBLE_EQ(steal_share(before, CpuTicks{}), 0);  // snapshots that do not match
+  const CpuTicks old_kernel = parse_cpu_ticks("cpu0 1 2 3 4 5 6 7\n");
+  ASSERT_EQ(old_kernel.cores.size(), 1u);
+  EXPECT_EQ(old_kernel.cores[0].first, 28u);
+  EXPECT_EQ(old_kernel.cores[0].second, 0u);
+  EXPECT_FALSE(cpu_ticks().cores.empty());  // this machine's own /proc/stat
 }
 
 }  // namespace

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -41,6 +43,42 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+CpuTicks parse_cpu_ticks(const std::string& proc_stat) {
+  CpuTicks t;
+  std::istringstream in(proc_stat);
+  for (std::string line; std::getline(in, line);) {
+    // "cpu0 user nice system idle iowait irq softirq steal guest guest_nice"; guest time is
+    // already counted in user and nice, so it is left out of the total.
+    if (line.rfind("cpu", 0) != 0 || line.size() < 4 || !std::isdigit(line[3])) continue;
+    std::istringstream fields(line.substr(line.find(' ')));
+    std::vector<unsigned long long> v;
+    for (unsigned long long x; fields >> x;) v.push_back(x);
+    unsigned long long total = 0;
+    for (size_t i = 0; i < v.size() && i < 8; ++i) total += v[i];
+    t.cores.emplace_back(total, v.size() > 7 ? v[7] : 0);
+  }
+  return t;
+}
+
+CpuTicks cpu_ticks() {
+  std::ifstream in("/proc/stat");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_cpu_ticks(text.str());
+}
+
+double steal_share(const CpuTicks& before, const CpuTicks& after) {
+  if (before.cores.size() != after.cores.size()) return 0;
+  double most = 0;
+  for (size_t c = 0; c < before.cores.size(); ++c) {
+    const auto [t0, s0] = before.cores[c];
+    const auto [t1, s1] = after.cores[c];
+    if (t1 > t0 && s1 >= s0)
+      most = std::max(most, static_cast<double>(s1 - s0) / static_cast<double>(t1 - t0));
+  }
+  return most;
 }
 
 std::string self_dir() {

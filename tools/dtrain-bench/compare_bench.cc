@@ -1,7 +1,7 @@
 // `dtrain-bench compare`: the reference CNN on Fashion-MNIST, dtrain against TensorFlow 2.21, a
 // current PyTorch 2.x and Debian's PyTorch 1.13, all in one run on this machine, round-robin
-// interleaved, medians; images/sec and each run's peak RSS. Three setups, as issue #11 defines
-// them:
+// interleaved, medians; images/sec, each run's peak RSS and the hypervisor's steal. Three setups,
+// as issue #11 defines them:
 //   one_thread  one process on one core (taskset -c 0), one thread
 //   mirrored    two replicas in one process: dtrain Mirrored cpu:2; TF MirroredStrategy on 2
 //   logical CPUs workers     two worker processes: plain `dtrain-run -np 2` MultiWorkerMirrored; TF
@@ -59,6 +59,7 @@ bool runs_python(const std::string& python, const std::string& module) {
 }
 
 const char* const kStderrLog = "/tmp/dtrain-bench-stderr.log";
+const double kStealWarn = 0.05;  // a run losing more of a core than this is pointed out
 
 // The last n lines of a file, each indented and ended, for a failure's message.
 std::string last_lines(const std::string& path, size_t n) {
@@ -220,7 +221,7 @@ int compare_bench(const CompareArgs& a) {
   };
 
   struct Result {
-    std::vector<double> ips, rss;
+    std::vector<double> ips, rss, steal;  // steal: the hypervisor's share of a core (steal_share)
   };
   const int digits = resnet ? 2 : gpt ? 1 : 0;  // a few images a second for ResNet-50 on a core
   const char* unit = gpt ? "tokens/sec" : "images/sec";
@@ -237,6 +238,7 @@ int compare_bench(const CompareArgs& a) {
           const std::string cmd = command(row, s.key, b);
           if (cmd.empty()) continue;
           nlohmann::json j;
+          const CpuTicks before = cpu_ticks();
           try {
             j = run_json_lines(cmd, kStderrLog).back();
           } catch (const std::runtime_error& e) {
@@ -253,9 +255,11 @@ int compare_bench(const CompareArgs& a) {
                           : j.contains("images_per_sec") ? j.at("images_per_sec").get<double>()
                                                          : j.at("total_img_sec").get<double>());
           r.rss.push_back(j.value("peak_rss_mb", 0.0));
-          std::fprintf(stderr, "round %d/%d  batch %ld  %-10s %-14s %8.*f %s  %6.0f MB\n",
+          r.steal.push_back(steal_share(before, cpu_ticks()));
+          std::fprintf(stderr,
+                       "round %d/%d  batch %ld  %-10s %-14s %8.*f %s  %6.0f MB  steal %4.1f%%\n",
                        round + 1, a.runs, b, row.c_str(), s.label.c_str(), digits, r.ips.back(),
-                       unit, r.rss.back());
+                       unit, r.rss.back(), 100 * r.steal.back());
         }
   }
 
@@ -319,6 +323,8 @@ int compare_bench(const CompareArgs& a) {
                            {"precision", a.precision},
                            {gpt ? "tokens_per_sec" : "images_per_sec", v},
                            {"peak_rss_mb", med(row, s.key, true)},
+                           {"steal_max", *std::max_element(res.at({b, row, s.key}).steal.begin(),
+                                                           res.at({b, row, s.key}).steal.end())},
                            {"ratio_dtrain", ours(row, s.key) / v},
                            {"runs", a.runs},
                            {"steps", steps_for(b)}};
@@ -337,6 +343,34 @@ int compare_bench(const CompareArgs& a) {
       if (med("mirrored", "dtrain") > 0 && med("workers", "dtrain") > 0)
         std::printf("dtrain Mirrored cpu:2 / two MWMS processes: %.2fx\n",
                     med("mirrored", "dtrain") / med("workers", "dtrain"));
+    }
+    // The hypervisor's share: on a quiet VM 0; where it took a few percent of a core in some runs,
+    // those runs (and the ratios they enter) moved by that much.
+    std::vector<double> all;
+    double most = 0;
+    std::string where;
+    for (const auto& [key, r] : res) {
+      if (std::get<0>(key) != b) continue;
+      for (size_t i = 0; i < r.steal.size(); ++i) {
+        all.push_back(r.steal[i]);
+        if (r.steal[i] > most) {
+          most = r.steal[i];
+          const auto sys = std::find_if(kSystems.begin(), kSystems.end(),
+                                        [&](const System& s) { return s.key == std::get<2>(key); });
+          where = sys->label + ", " + std::get<1>(key) + " row, round " + std::to_string(i + 1);
+        }
+      }
+    }
+    if (!all.empty()) {
+      std::printf(
+          "hypervisor steal (/proc/stat; the largest share of a core's time one run lost): "
+          "median %.1f%%, most %.1f%%%s\n",
+          100 * median(all), 100 * most, most > 0 ? (" (" + where + ")").c_str() : "");
+      if (most > kStealWarn)
+        std::printf(
+            "  runs that lost more than %.0f%% to the hypervisor ran that much slower; the "
+            "medians weigh them less with more --runs\n",
+            100 * kStealWarn);
     }
   }
   return 0;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/box_muller.h"
+#include "devices/cpu/cpu_kernels.h"
 #include "devices/cpu/cpu_stream.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/tensor.h"
@@ -73,6 +74,13 @@ TEST(CpuIsa, EveryVectorLoopAndOneDnnKeepUnderTheCap) {
   if (cap < CpuIsa::kAvx2) {
     EXPECT_EQ(stream, cpu::StreamIsa::kNone);
   }
+  // The loops built for AVX-512 beside their portable form (no target_clones: its ifunc cannot
+  // see the cap).
+  const std::string adam = cpu_testing::adam_loop_isa();
+  EXPECT_EQ(adam, cpu_supports(CpuFeature::kAvx512f)   ? "avx512"
+                  : cpu_supports(CpuFeature::kAvx2Fma) ? "avx2"
+                                                       : "portable");
+  EXPECT_EQ(cpu_testing::batch_norm_loops_avx512(), cpu_supports(CpuFeature::kAvx512f));
 
   // oneDNN, once the CPU device has run a primitive: every instruction set bit it dispatches to
   // is one the cap's has (dnnl_cpu_isa_t's values are nested bit sets).

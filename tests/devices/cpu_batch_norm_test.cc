@@ -1,10 +1,12 @@
 // Batch norm in training on the CPU device: its own loops on the bfloat16 copy that ops keep under
-// mixed_bfloat16 against oneDNN's float32 kernels, and the operands both paths refuse.
+// mixed_bfloat16 against oneDNN's float32 kernels, their AVX-512 chunks against their portable
+// form, and the operands both paths refuse.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
@@ -175,6 +177,72 @@ TEST(CpuBatchNorm, RefusesOperandsItWouldReadPastAndHandlesNoChannels) {
     EXPECT_EQ(k.batch_norm_training(xk, c0, c0, 1e-3f).var.shape(), Shape{0});
   }
   EXPECT_EQ(k.batch_norm_inference(x0, c0, c0, c0, c0, 1e-3f).shape(), none);
+}
+
+// The AVX-512 form of the bfloat16 loops (channels in chunks of 64 and 16 held in registers over a
+// block's rows; the rest portable) gives the portable loops' bits exactly: every output of the
+// forward and backward passes, with and without ReLU, float32 and bfloat16 outputs, on 1 and 2
+// threads. Channel counts cover each path: 85 = 64 + 16 + 5, 16, 2048 (32 chunks of 64) and 8
+// (portable alone); 154 rows are a full block of 128 and a partial one. NaNs in a 64-chunk, a
+// 16-chunk and the tail make their channels' statistics NaN (ReLU's 0, dx's 0x7fc0 in bfloat16);
+// a third of the channels have beta 0.
+TEST(CpuBatchNorm, Avx512ChunksGiveThePortableLoopsBitsExactly) {
+  if (!cpu_testing::batch_norm_loops_avx512())
+    GTEST_SKIP() << "the loops' AVX-512 form does not run here (no AVX-512, or DTRAIN_MAX_CPU_ISA)";
+  struct Portable {
+    Portable() { cpu_testing::force_portable_batch_norm_loops(true); }
+    ~Portable() { cpu_testing::force_portable_batch_norm_loops(false); }
+  };
+  const auto bits = [](const Tensor& t) {
+    const auto* p = static_cast<const unsigned char*>(t.raw_data());
+    return std::vector<unsigned char>(p,
+                                      p + t.numel() * static_cast<int64_t>(dtype_size(t.dtype())));
+  };
+  MixedBf16 policy;
+  for (const int64_t c : {85, 16, 2048, 8})
+    for (const int threads : {1, 2}) {
+      SCOPED_TRACE("channels " + std::to_string(c) + ", threads " + std::to_string(threads));
+      cpu::CpuKernels k(DeviceSpec::cpu(0), threads);
+      const Shape xs{2, 7, 11, c};
+      std::vector<float> xv = wave(static_cast<size_t>(xs.numel()), 0.37f);
+      for (size_t i = 0; i < xv.size(); ++i)
+        xv[i] = 1.5f + xv[i] + 0.01f * static_cast<float>(i % 7);
+      for (const size_t ch : {5, 70, 82})
+        if (static_cast<int64_t>(ch) < c) xv[static_cast<size_t>(c) * 3 + ch] = NAN;
+      std::vector<float> gv = wave(static_cast<size_t>(c), 0.9f), bv(static_cast<size_t>(c), 0.f);
+      for (size_t j = 0; j < gv.size(); ++j) bv[j] = j % 3 ? 0.2f * gv[j] : 0.f;
+      const Tensor x = k.cast(Tensor::from_vector(xv, xs), DType::kBFloat16);
+      const Tensor gamma = Tensor::from_vector(gv, Shape{c}),
+                   beta = Tensor::from_vector(bv, Shape{c});
+      const Tensor dy = Tensor::from_vector(wave(static_cast<size_t>(xs.numel()), 1.3f), xs);
+      for (const bool relu : {false, true})
+        for (const DType out : {DType::kFloat32, DType::kBFloat16}) {
+          if (out == DType::kBFloat16 && !relu) continue;  // (bfloat16 y is ReLU's alone)
+          SCOPED_TRACE(std::string(relu ? "ReLU, " : "") + dtype_name(out) + " outputs");
+          auto run = [&] {
+            Tensor mask;
+            BatchNormForward f = relu
+                                     ? k.batch_norm_relu_training(x, gamma, beta, 1e-3f, &mask, out)
+                                     : k.batch_norm_training(x, gamma, beta, 1e-3f);
+            // The statistics as the forward pass made them, fixed, so that the two backward passes
+            // get the same operands (they do anyway when the forward passes agree).
+            BatchNormBackward b =
+                relu ? k.batch_norm_relu_backward(dy, x, gamma, f.mean, f.var, 1e-3f, mask, out)
+                     : k.batch_norm_backward(dy, x, gamma, f.mean, f.var, 1e-3f, out);
+            return std::vector<std::vector<unsigned char>>{
+                bits(f.y), bits(f.mean), bits(f.var), bits(b.dx), bits(b.dgamma), bits(b.dbeta)};
+          };
+          const auto fast = run();
+          std::vector<std::vector<unsigned char>> portable;
+          {
+            Portable p;
+            portable = run();
+          }
+          const char* names[] = {"y", "mean", "var", "dx", "dgamma", "dbeta"};
+          for (size_t i = 0; i < fast.size(); ++i) EXPECT_TRUE(fast[i] == portable[i]) << names[i];
+        }
+    }
+  EXPECT_TRUE(cpu_testing::batch_norm_loops_avx512()) << "the portable loops were left forced";
 }
 
 }  // namespace

@@ -8,7 +8,11 @@
 // thread with the device's thread count (set as the calling thread's OpenMP thread count).
 #pragma once
 
-// Function multiversioning: an ifunc picks a clone for this CPU when the library is loaded.
+// Function multiversioning: an ifunc picks a clone for this CPU when the library is loaded. The
+// ifunc cannot see DTRAIN_MAX_CPU_ISA, so clones are AVX2 and baseline only: loops built for
+// AVX-512 pick their build at first use under the cap (cpu_supports), so that a cap of AVX2 (the
+// AVX2-only CPUs' stand-in) runs no AVX-512. A cap below AVX2 (tests only) still runs the AVX2
+// clones, whose results are the baseline's: no FMA contraction in them.
 // ThreadSanitizer instruments that resolver, which the dynamic loader runs before TSan's runtime
 // exists (a crash at load), so TSan builds (DTRAIN_SANITIZE=thread) get the portable clone only.
 #if defined(__SANITIZE_THREAD__)
@@ -136,4 +140,11 @@ namespace dtrain::cpu_testing {
 // runs ("avx2" or "scalar"), for tests of the dispatch.
 uint64_t own_softmax_backward_runs();
 const char* own_softmax_backward_row();
+// Batch norm's loops on a bfloat16 x (cpu_batch_norm.cc): whether they take their AVX-512 chunks
+// (this CPU under DTRAIN_MAX_CPU_ISA, and not forced off), and forcing the portable loops alone,
+// so that a test sets the two beside each other in one process.
+bool batch_norm_loops_avx512();
+void force_portable_batch_norm_loops(bool on);
+// Which build of Adam's elementwise pass runs: "avx512", "avx2" or "portable".
+const char* adam_loop_isa();
 }  // namespace dtrain::cpu_testing

@@ -431,15 +431,17 @@ void CpuKernels::sgd_update(Tensor& var, const Tensor& grad, Tensor* momentum, f
 }
 
 namespace {
-// Adam's elementwise pass, built for AVX-512 and AVX2 beside the baseline and picked at load time
-// (the library itself targets baseline x86-64). This file is compiled with -fno-math-errno, so
-// the square root vectorizes, and -ffp-contract=off, so no clone fuses a multiply-add: every
-// element gets the same IEEE operations in the same order, whichever path (vector body, peeled
-// head or tail) computes it.
-DTRAIN_TARGET_CLONES("avx512f", "avx2", "default")
-void adam_loop(float* __restrict w, float* __restrict pm, float* __restrict pv,
-               const float* __restrict g, int64_t n, float lr_t, float beta1, float beta2,
-               float epsilon, float grad_scale, float decay) {
+// Adam's elementwise pass, built for AVX-512 and AVX2 beside the baseline (the library itself
+// targets baseline x86-64) and picked at first use for this CPU under DTRAIN_MAX_CPU_ISA (a
+// target_clones ifunc would take AVX-512 under a cap of AVX2). This file is compiled with
+// -fno-math-errno, so the square root vectorizes, and -ffp-contract=off, so no build fuses a
+// multiply-add: every element gets the same IEEE operations in the same order, whichever path
+// (vector body, peeled head or tail, instruction set) computes it.
+__attribute__((always_inline)) inline void adam_body(float* __restrict w, float* __restrict pm,
+                                                     float* __restrict pv,
+                                                     const float* __restrict g, int64_t n,
+                                                     float lr_t, float beta1, float beta2,
+                                                     float epsilon, float grad_scale, float decay) {
   const float b1c = 1.f - beta1, b2c = 1.f - beta2;
   for (int64_t i = 0; i < n; ++i) {
     const float gi = grad_scale * g[i];
@@ -449,6 +451,28 @@ void adam_loop(float* __restrict w, float* __restrict pm, float* __restrict pv,
     pv[i] = vi;
     w[i] = decay * w[i] - lr_t * mi / (std::sqrt(vi) + epsilon);
   }
+}
+__attribute__((target("avx512f"))) void adam_avx512(float* w, float* pm, float* pv, const float* g,
+                                                    int64_t n, float lr_t, float beta1, float beta2,
+                                                    float epsilon, float grad_scale, float decay) {
+  adam_body(w, pm, pv, g, n, lr_t, beta1, beta2, epsilon, grad_scale, decay);
+}
+__attribute__((target("avx2"))) void adam_avx2(float* w, float* pm, float* pv, const float* g,
+                                               int64_t n, float lr_t, float beta1, float beta2,
+                                               float epsilon, float grad_scale, float decay) {
+  adam_body(w, pm, pv, g, n, lr_t, beta1, beta2, epsilon, grad_scale, decay);
+}
+void adam_portable(float* w, float* pm, float* pv, const float* g, int64_t n, float lr_t,
+                   float beta1, float beta2, float epsilon, float grad_scale, float decay) {
+  adam_body(w, pm, pv, g, n, lr_t, beta1, beta2, epsilon, grad_scale, decay);
+}
+using AdamLoop = void (*)(float*, float*, float*, const float*, int64_t, float, float, float, float,
+                          float, float);
+AdamLoop adam_loop() {
+  static const AdamLoop loop = detail::cpu_supports(detail::CpuFeature::kAvx512f)   ? adam_avx512
+                               : detail::cpu_supports(detail::CpuFeature::kAvx2Fma) ? adam_avx2
+                                                                                    : adam_portable;
+  return loop;
 }
 }  // namespace
 
@@ -468,7 +492,14 @@ void CpuKernels::adam_update(Tensor& var, Tensor& m, Tensor& v, const Tensor& gr
   float* pv = v.data<float>();
   const float* g = grad.data<float>();
   const int64_t n = var.numel();
-  adam_loop(w, pm, pv, g, n, lr_t, beta1, beta2, epsilon, grad_scale, decay);
+  adam_loop()(w, pm, pv, g, n, lr_t, beta1, beta2, epsilon, grad_scale, decay);
 }
 
 }  // namespace dtrain::cpu
+
+namespace dtrain::cpu_testing {
+const char* adam_loop_isa() {
+  const auto loop = cpu::adam_loop();
+  return loop == cpu::adam_avx512 ? "avx512" : loop == cpu::adam_avx2 ? "avx2" : "portable";
+}
+}  // namespace dtrain::cpu_testing

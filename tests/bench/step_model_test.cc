@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -245,29 +246,44 @@ TEST(StepModelTest, ProfileErrorsSayWhatIsMissing) {
   EXPECT_NE(message(nlohmann::json(3), 0).find("not a Chrome trace"), std::string::npos);
 }
 
-// /proc/stat's per-core lines: the all-CPU line left out, guest time not counted twice, the core
-// that lost most reported, and a kernel without a steal column reading as none stolen.
+// /proc/stat's per-core lines: the all-CPU line and malformed lines left out, guest time not
+// counted twice, cores matched by their number (not their position), the most-stolen of the cores
+// asked for reported, and unknown (NaN) rather than 0 where no core can be compared; a kernel
+// without a steal column reads as none stolen.
 TEST(BenchUtilTest, StealShareIsTheLargestShareOfOneCore) {
   const CpuTicks before = parse_cpu_ticks(
       "cpu  200 0 0 200 0 0 0 20 0 0\n"
       "cpu0 100 0 0 100 0 0 0 10 50 0\n"
       "cpu1 100 0 0 100 0 0 0 10 0 0\n"
+      "cpu2\n"
+      "cpu3 x 1 2\n"
       "intr 12345\n");
   ASSERT_EQ(before.cores.size(), 2u);
-  EXPECT_EQ(before.cores[0].first, 210u);  // guest's 50 is already in user's 100
-  EXPECT_EQ(before.cores[0].second, 10u);
-  // 100 ticks pass on each core: core 0 busy and 8 stolen, core 1 idle and 2 stolen.
+  EXPECT_EQ(before.cores[0].cpu, 0);
+  EXPECT_EQ(before.cores[1].cpu, 1);
+  EXPECT_EQ(before.cores[0].total, 210u);  // guest's 50 is already in user's 100
+  EXPECT_EQ(before.cores[0].steal, 10u);
+  // 100 ticks pass on each core: core 0 busy and 8 stolen, core 1 idle and 2 stolen; listed in
+  // another order.
   const CpuTicks after = parse_cpu_ticks(
       "cpu  300 0 0 300 0 0 0 30 0 0\n"
-      "cpu0 192 0 0 100 0 0 0 18 50 0\n"
-      "cpu1 100 0 0 198 0 0 0 12 0 0\n");
+      "cpu1 100 0 0 198 0 0 0 12 0 0\n"
+      "cpu0 192 0 0 100 0 0 0 18 50 0\n");
   EXPECT_DOUBLE_EQ(steal_share(before, after), 0.08);
-  EXPECT_DOUBLE_EQ(steal_share(before, before), 0);
-  EXPECT_DOUBLE_EQ(steal_share(before, CpuTicks{}), 0);  // snapshots that do not match
+  EXPECT_DOUBLE_EQ(steal_share(before, after, {1}), 0.02);  // a run pinned to core 1
+  EXPECT_DOUBLE_EQ(steal_share(before, after, {0, 1}), 0.08);
+  EXPECT_TRUE(std::isnan(steal_share(before, before)));  // no tick elapsed
+  EXPECT_TRUE(std::isnan(steal_share(before, CpuTicks{})));
+  EXPECT_TRUE(std::isnan(steal_share(before, after, {5})));  // a core neither snapshot has
+  // Core 0 gone offline and core 7 come online: core 1 alone compares.
+  const CpuTicks moved = parse_cpu_ticks(
+      "cpu1 100 0 0 198 0 0 0 12 0 0\n"
+      "cpu7 500 0 0 500 0 0 0 500 0 0\n");
+  EXPECT_DOUBLE_EQ(steal_share(before, moved), 0.02);
   const CpuTicks old_kernel = parse_cpu_ticks("cpu0 1 2 3 4 5 6 7\n");
   ASSERT_EQ(old_kernel.cores.size(), 1u);
-  EXPECT_EQ(old_kernel.cores[0].first, 28u);
-  EXPECT_EQ(old_kernel.cores[0].second, 0u);
+  EXPECT_EQ(old_kernel.cores[0].total, 28u);
+  EXPECT_EQ(old_kernel.cores[0].steal, 0u);
   EXPECT_FALSE(cpu_ticks().cores.empty());  // this machine's own /proc/stat
 }
 

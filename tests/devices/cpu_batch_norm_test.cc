@@ -185,7 +185,7 @@ TEST(CpuBatchNorm, RefusesOperandsItWouldReadPastAndHandlesNoChannels) {
 // threads. Channel counts cover each path: 85 = 64 + 16 + 5, 16, 2048 (32 chunks of 64) and 8
 // (portable alone); 154 rows are a full block of 128 and a partial one. NaNs in a 64-chunk, a
 // 16-chunk and the tail make their channels' statistics NaN (ReLU's 0, dx's 0x7fc0 in bfloat16);
-// a third of the channels have beta 0.
+// a fifth of the channels have gamma 0 and a third beta -0, so that y is +-0 (ReLU's boundary).
 TEST(CpuBatchNorm, Avx512ChunksGiveThePortableLoopsBitsExactly) {
   if (!cpu_testing::batch_norm_loops_avx512())
     GTEST_SKIP() << "the loops' AVX-512 form does not run here (no AVX-512, or DTRAIN_MAX_CPU_ISA)";
@@ -210,14 +210,17 @@ TEST(CpuBatchNorm, Avx512ChunksGiveThePortableLoopsBitsExactly) {
       for (const size_t ch : {5, 70, 82})
         if (static_cast<int64_t>(ch) < c) xv[static_cast<size_t>(c) * 3 + ch] = NAN;
       std::vector<float> gv = wave(static_cast<size_t>(c), 0.9f), bv(static_cast<size_t>(c), 0.f);
-      for (size_t j = 0; j < gv.size(); ++j) bv[j] = j % 3 ? 0.2f * gv[j] : 0.f;
+      for (size_t j = 0; j < gv.size(); ++j) {
+        bv[j] = j % 3 ? 0.2f * gv[j] : -0.f;
+        if (j % 5 == 1) gv[j] = 0.f;  // y = 0 (x - mean) + beta: +-0 at ReLU's boundary
+      }
       const Tensor x = k.cast(Tensor::from_vector(xv, xs), DType::kBFloat16);
       const Tensor gamma = Tensor::from_vector(gv, Shape{c}),
                    beta = Tensor::from_vector(bv, Shape{c});
       const Tensor dy = Tensor::from_vector(wave(static_cast<size_t>(xs.numel()), 1.3f), xs);
       for (const bool relu : {false, true})
         for (const DType out : {DType::kFloat32, DType::kBFloat16}) {
-          if (out == DType::kBFloat16 && !relu) continue;  // (bfloat16 y is ReLU's alone)
+          // (bfloat16 y is ReLU's alone: without it, a bfloat16 dx and float32 y)
           SCOPED_TRACE(std::string(relu ? "ReLU, " : "") + dtype_name(out) + " outputs");
           auto run = [&] {
             Tensor mask;

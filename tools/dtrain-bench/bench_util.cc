@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -51,13 +53,18 @@ CpuTicks parse_cpu_ticks(const std::string& proc_stat) {
   for (std::string line; std::getline(in, line);) {
     // "cpu0 user nice system idle iowait irq softirq steal guest guest_nice"; guest time is
     // already counted in user and nice, so it is left out of the total.
-    if (line.rfind("cpu", 0) != 0 || line.size() < 4 || !std::isdigit(line[3])) continue;
-    std::istringstream fields(line.substr(line.find(' ')));
+    if (line.rfind("cpu", 0) != 0 || line.size() < 4 ||
+        !std::isdigit(static_cast<unsigned char>(line[3])))
+      continue;
+    std::istringstream fields(line.substr(3));
+    CoreTicks core;
+    if (!(fields >> core.cpu)) continue;
     std::vector<unsigned long long> v;
     for (unsigned long long x; fields >> x;) v.push_back(x);
-    unsigned long long total = 0;
-    for (size_t i = 0; i < v.size() && i < 8; ++i) total += v[i];
-    t.cores.emplace_back(total, v.size() > 7 ? v[7] : 0);
+    if (v.size() < 4) continue;  // not the kernel's format: user nice system idle at least
+    for (size_t i = 0; i < v.size() && i < 8; ++i) core.total += v[i];
+    core.steal = v.size() > 7 ? v[7] : 0;
+    t.cores.push_back(core);
   }
   return t;
 }
@@ -69,14 +76,16 @@ CpuTicks cpu_ticks() {
   return parse_cpu_ticks(text.str());
 }
 
-double steal_share(const CpuTicks& before, const CpuTicks& after) {
-  if (before.cores.size() != after.cores.size()) return 0;
-  double most = 0;
-  for (size_t c = 0; c < before.cores.size(); ++c) {
-    const auto [t0, s0] = before.cores[c];
-    const auto [t1, s1] = after.cores[c];
-    if (t1 > t0 && s1 >= s0)
-      most = std::max(most, static_cast<double>(s1 - s0) / static_cast<double>(t1 - t0));
+double steal_share(const CpuTicks& before, const CpuTicks& after, const std::vector<int>& cpus) {
+  double most = std::numeric_limits<double>::quiet_NaN();
+  for (const CoreTicks& b : before.cores) {
+    if (!cpus.empty() && std::find(cpus.begin(), cpus.end(), b.cpu) == cpus.end()) continue;
+    const auto a = std::find_if(after.cores.begin(), after.cores.end(),
+                                [&](const CoreTicks& c) { return c.cpu == b.cpu; });
+    if (a == after.cores.end() || a->total <= b.total || a->steal < b.steal) continue;
+    const double share =
+        static_cast<double>(a->steal - b.steal) / static_cast<double>(a->total - b.total);
+    most = std::isnan(most) ? share : std::max(most, share);
   }
   return most;
 }

@@ -24,18 +24,24 @@ bool cpu_flag(const std::string& flag);  // the first CPU's flags line lists `fl
 std::string cpu_description();
 // The hypervisor's share of a VM's CPU time ("steal" in /proc/stat): time a vCPU was ready to run
 // and the host ran something else. On these VMs it moves a run's speed by up to 2x, so a benchmark
-// says it beside each figure. A snapshot of every core's (elapsed ticks, stolen ticks):
-struct CpuTicks {
-  std::vector<std::pair<unsigned long long, unsigned long long>> cores;
+// says it beside each figure. A snapshot of each online core's counters, by the N of its "cpuN":
+struct CoreTicks {
+  int cpu = 0;
+  unsigned long long total = 0, steal = 0;  // elapsed ticks (guest time not counted twice), stolen
 };
-// Parses /proc/stat's text (the "cpuN" lines; the all-CPU "cpu" line is left out). Kernels that
-// report no steal column give 0 stolen.
+struct CpuTicks {
+  std::vector<CoreTicks> cores;
+};
+// Parses /proc/stat's text (the "cpuN" lines; the all-CPU "cpu" line and malformed lines are left
+// out). Kernels that report no steal column give 0 stolen.
 CpuTicks parse_cpu_ticks(const std::string& proc_stat);
 CpuTicks cpu_ticks();  // /proc/stat now; empty where it cannot be read
-// The largest share of one core's elapsed ticks stolen between two snapshots, 0 to 1 (0 where
-// nothing elapsed or the snapshots do not match). The largest, not the mean: a run pinned to one
-// core loses what that core loses, and an idle core is never stolen from.
-double steal_share(const CpuTicks& before, const CpuTicks& after);
+// The largest share of one core's elapsed ticks stolen between two snapshots, 0 to 1, over the
+// cores in `cpus` (all when empty) that both snapshots have. The largest, not the mean: a run
+// pinned to one core loses what that core loses, and an idle core is never stolen from. NaN where
+// no such core elapsed a tick (cores gone offline, /proc/stat unreadable): unknown, not 0.
+double steal_share(const CpuTicks& before, const CpuTicks& after,
+                   const std::vector<int>& cpus = {});
 
 // "4K,64K,1M,64M" -> bytes. Throws std::invalid_argument naming a bad entry.
 std::vector<long> parse_sizes(const std::string& s);

@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
@@ -60,6 +61,22 @@ bool runs_python(const std::string& python, const std::string& module) {
 
 const char* const kStderrLog = "/tmp/dtrain-bench-stderr.log";
 const double kStealWarn = 0.05;  // a run losing more of a core than this is pointed out
+
+// A share as "2.5%", or "n/a" where it is unknown (NaN).
+std::string percent(double share) {
+  if (std::isnan(share)) return "n/a";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", 100 * share);
+  return buf;
+}
+
+// The largest known value (JSON null where none is known).
+nlohmann::json most_known(const std::vector<double>& v) {
+  nlohmann::json most = nullptr;
+  for (const double x : v)
+    if (!std::isnan(x) && (most.is_null() || x > most.get<double>())) most = x;
+  return most;
+}
 
 // The last n lines of a file, each indented and ended, for a failure's message.
 std::string last_lines(const std::string& path, size_t n) {
@@ -255,11 +272,12 @@ int compare_bench(const CompareArgs& a) {
                           : j.contains("images_per_sec") ? j.at("images_per_sec").get<double>()
                                                          : j.at("total_img_sec").get<double>());
           r.rss.push_back(j.value("peak_rss_mb", 0.0));
-          r.steal.push_back(steal_share(before, cpu_ticks()));
-          std::fprintf(stderr,
-                       "round %d/%d  batch %ld  %-10s %-14s %8.*f %s  %6.0f MB  steal %4.1f%%\n",
+          // The cores the run used: one_thread's is pinned to core 0, the others use every core.
+          r.steal.push_back(steal_share(
+              before, cpu_ticks(), row == "one_thread" ? std::vector<int>{0} : std::vector<int>{}));
+          std::fprintf(stderr, "round %d/%d  batch %ld  %-10s %-14s %8.*f %s  %6.0f MB  steal %s\n",
                        round + 1, a.runs, b, row.c_str(), s.label.c_str(), digits, r.ips.back(),
-                       unit, r.rss.back(), 100 * r.steal.back());
+                       unit, r.rss.back(), percent(r.steal.back()).c_str());
         }
   }
 
@@ -323,8 +341,7 @@ int compare_bench(const CompareArgs& a) {
                            {"precision", a.precision},
                            {gpt ? "tokens_per_sec" : "images_per_sec", v},
                            {"peak_rss_mb", med(row, s.key, true)},
-                           {"steal_max", *std::max_element(res.at({b, row, s.key}).steal.begin(),
-                                                           res.at({b, row, s.key}).steal.end())},
+                           {"steal_max", most_known(res.at({b, row, s.key}).steal)},
                            {"ratio_dtrain", ours(row, s.key) / v},
                            {"runs", a.runs},
                            {"steps", steps_for(b)}};
@@ -352,6 +369,7 @@ int compare_bench(const CompareArgs& a) {
     for (const auto& [key, r] : res) {
       if (std::get<0>(key) != b) continue;
       for (size_t i = 0; i < r.steal.size(); ++i) {
+        if (std::isnan(r.steal[i])) continue;  // unknown (steal_share)
         all.push_back(r.steal[i]);
         if (r.steal[i] > most) {
           most = r.steal[i];
@@ -363,8 +381,8 @@ int compare_bench(const CompareArgs& a) {
     }
     if (!all.empty()) {
       std::printf(
-          "hypervisor steal (/proc/stat; the largest share of a core's time one run lost): "
-          "median %.1f%%, most %.1f%%%s\n",
+          "hypervisor steal (/proc/stat; per run, the share of time stolen from the most-stolen "
+          "core it used, over its process's life): median %.1f%%, most %.1f%%%s\n",
           100 * median(all), 100 * most, most > 0 ? (" (" + where + ")").c_str() : "");
       if (most > kStealWarn)
         std::printf(

@@ -8,6 +8,7 @@ own example runs for real.
 usage: compare_peer_failure_test.py DTRAIN_BENCH
 """
 import json
+import re
 import os
 import stat
 import subprocess
@@ -73,8 +74,7 @@ def main():
     if len(table) != 1 or table[0].count("failed") != 2:
         problems.append("the table's row does not say failed: " + repr(table))
     rounds = [l for l in r.stderr.splitlines() if l.startswith("round ")]
-    if not rounds or not all(" steal " in l and (l.endswith("%") or l.endswith("n/a"))
-                             for l in rounds):
+    if not rounds or not all(re.search(r" steal +(\d+\.\d%|n/a)$", l) for l in rounds):
         problems.append("a round's line does not say the hypervisor's steal: " + repr(rounds[:2]))
     if not all("steal_max" in x and (x["steal_max"] is None or 0 <= x["steal_max"] < 1)
                for x in rows):

@@ -382,7 +382,8 @@ int compare_bench(const CompareArgs& a) {
     if (!all.empty()) {
       std::printf(
           "hypervisor steal (/proc/stat; per run, the share of time stolen from the most-stolen "
-          "core it used, over its process's life): median %.1f%%, most %.1f%%%s\n",
+          "core, core 0 alone for one-thread runs, over its process's life): median %.1f%%, most "
+          "%.1f%%%s\n",
           100 * median(all), 100 * most, most > 0 ? (" (" + where + ")").c_str() : "");
       if (most > kStealWarn)
         std::printf(

@@ -201,10 +201,10 @@ void bn_dx_rows_bf16(const uint16_t* x, const float* dy, int64_t rows, int64_t c
 // --- The same loops on AVX-512, a chunk of channels at a time ---
 // The loops above go row by row, each element loading its channel's operands and, for the sums,
 // loading and storing the channel's partial sums again: at C channels a row, that store-to-load
-// chain and those loads set their pace (8-17 GB/s of operands on Zen 5, at most a third of what
-// one core streams). These take a block's rows one chunk of channels at a time (64, then 16), the
-// chunk's per-channel operands and sums held in registers. In ResNet-50's mixed bfloat16 step on
-// Zen 5 the four loops fell from 15.6% to 12.6% of `perf` samples and the step ran 1.04x
+// chain and those loads set their pace (`perf annotate` on Zen 5), and the compiler's AVX-512 clone
+// used 256-bit vectors. These take a block's rows one chunk of channels at a time (64, then 16),
+// the chunk's per-channel operands and sums held in registers. In ResNet-50's mixed bfloat16 step
+// on Zen 5 the four loops fell from 15.6% to 12.6% of `perf` samples and the step ran 1.04x
 // (performance.md, "Batch norm's bfloat16 loops on AVX-512"; bit for bit: cpu_batch_norm_test).
 // Each element and each channel's sum gets the same IEEE operations in the same order as above
 // (multiplies and adds kept apart, as the loops above are compiled: forward and backward must

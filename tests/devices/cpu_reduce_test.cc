@@ -2,12 +2,13 @@
 // rank-1 to rank-4 shapes (size-1 axes included): the merged-dimension path, the in-house
 // column loop ([A, R, B] -> [A, 1, B], which oneDNN 2.x runs on its slow reference kernel) and
 // oneDNN's innermost reductions, for sum, mean and max, with and without keepdims; the fused
-// softmax cross-entropy; and softmax's backward pass (dtrain's loop where oneDNN has only its
-// reference kernel: the @avx2 and @sse41 runs on any CPU).
+// softmax cross-entropy; softmax's backward pass (dtrain's loop where oneDNN has only its
+// reference kernel: the @avx2 and @sse41 runs on any CPU); and GELU's AVX2 loop.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <vector>
@@ -207,6 +208,79 @@ TEST(CpuReduce, SoftmaxBackwardMatchesFloat64) {
       }
     }
   }
+}
+
+// GELU's tanh form on dtrain's AVX2 loop (where the CPU runs without AVX-512, and forced here on
+// CPUs with it; skipped without AVX2) against float64, forward and backward: 4,001 points over
+// [-12, 12] on 1 and 2 threads, every tail length (n = 1 to 17), and the special values. The
+// float64 reference is x / (1 + exp(-2u)), the tanh form without its cancellation for x << 0.
+// It fails with the cubic's constant moved by 0.01%.
+TEST(CpuReduce, GeluTanhOwnLoopMatchesFloat64) {
+  if (!detail::cpu_supports(detail::CpuFeature::kAvx2Fma)) GTEST_SKIP() << "no AVX2 with FMA";
+  struct Forced {
+    Forced() { cpu_testing::force_own_gelu(true); }
+    ~Forced() { cpu_testing::force_own_gelu(false); }
+  } forced;
+  ASSERT_TRUE(cpu::own_gelu_tanh());
+  // y and y' = s + t; *terms = |s| + |t|, the scale of y''s rounding (the two cancel near x =
+  // -0.75).
+  const auto reference = [](double x, double* d, double* terms) {
+    const double k = 0.7978845608028654, u = k * (x + 0.044715 * x * x * x);
+    const double e = std::exp(-2 * u), s = 1 / (1 + e);
+    const double t = x * s * (e * s) * 2 * k * (1 + 3 * 0.044715 * x * x);
+    *d = s + t;
+    *terms = std::abs(s) + std::abs(t);
+    return x * s;
+  };
+  cpu::CpuKernels one(DeviceSpec::cpu(0), 1), two(DeviceSpec::cpu(0), 2);
+  std::vector<std::vector<float>> cases;
+  std::vector<float> grid;
+  for (int i = 0; i <= 4000; ++i) grid.push_back(-12.f + 24.f * static_cast<float>(i) / 4000.f);
+  cases.push_back(grid);
+  for (size_t n = 1; n <= 17; ++n)
+    cases.emplace_back(grid.begin() + 1500, grid.begin() + 1500 + static_cast<std::ptrdiff_t>(n));
+  for (const auto& xs : cases)
+    for (cpu::CpuKernels* k : {&one, &two}) {
+      const Tensor x = Tensor::from_vector(xs, Shape{static_cast<int64_t>(xs.size())});
+      std::vector<float> gv(xs.size());
+      for (size_t i = 0; i < gv.size(); ++i) gv[i] = 0.5f + 0.25f * static_cast<float>(i % 5);
+      const Tensor dy = Tensor::from_vector(gv, x.shape());
+      const uint64_t runs = cpu_testing::own_gelu_runs();
+      const std::vector<float> y = k->unary(UnaryOp::kGeluTanh, x).to_vector<float>();
+      const std::vector<float> dx =
+          k->activation_backward(UnaryOp::kGeluTanh, x, dy).to_vector<float>();
+      EXPECT_GE(cpu_testing::own_gelu_runs() - runs, 2u);
+      for (size_t i = 0; i < xs.size(); ++i) {
+        double d, terms;
+        const double want = reference(xs[i], &d, &terms), want_dx = gv[i] * d;
+        // The exponent's error grows with |2u| (up to 2u ~ 90 here: 90 ulps of e), then the
+        // division's and the product's: 2e-5 of the value (1e-6 fails). Below x ~ -10.1, e
+        // overflows and y and y' flush to 0 where they are below 1e-35 (float's normal range
+        // ends at 1.2e-38).
+        EXPECT_NEAR(y[i], want, 2e-5 * std::abs(want) + 1e-33) << "x " << xs[i];
+        EXPECT_NEAR(dx[i], want_dx, 2e-5 * gv[i] * terms + 1e-33) << "x " << xs[i];
+      }
+    }
+  const float inf = std::numeric_limits<float>::infinity();
+  const Tensor special =
+      Tensor::from_vector<float>({NAN, inf, -inf, -100.f, -1e20f, 1e20f, 0.f, -0.f}, Shape{8});
+  const std::vector<float> y = one.unary(UnaryOp::kGeluTanh, special).to_vector<float>();
+  const std::vector<float> dx =
+      one.activation_backward(UnaryOp::kGeluTanh, special,
+                              Tensor::from_vector(std::vector<float>(8, 1.f), Shape{8}))
+          .to_vector<float>();
+  EXPECT_TRUE(std::isnan(y[0]));
+  EXPECT_EQ(y[1], inf);
+  EXPECT_TRUE(std::isnan(y[2]));  // -inf times 0, as oneDNN's
+  EXPECT_EQ(y[3], 0.f);
+  EXPECT_EQ(y[4], 0.f);
+  EXPECT_EQ(y[5], 1e20f);
+  EXPECT_EQ(y[6], 0.f);
+  EXPECT_EQ(y[7], 0.f);
+  EXPECT_TRUE(std::isnan(dx[0]) && std::isnan(dx[1]) && std::isnan(dx[2]));  // as oneDNN's
+  EXPECT_EQ(dx[3], 0.f);
+  EXPECT_EQ(dx[6], 0.5f);
+  EXPECT_EQ(dx[7], 0.5f);
 }
 
 }  // namespace

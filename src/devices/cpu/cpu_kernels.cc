@@ -307,6 +307,13 @@ Tensor CpuKernels::unary(UnaryOp op, const Tensor& x) {
   require_f32(x, "unary", "x");
   Tensor y = Tensor::empty(x.shape(), DType::kFloat32, spec_);
   if (y.numel() == 0) return y;
+  if (op == UnaryOp::kGeluTanh && own_gelu_tanh()) {
+    const float* xp = x.data<float>();
+    float* yp = y.data<float>();
+    in_parts(*state_, y.numel(),
+             [&](int64_t o, int64_t n) { gelu_tanh_forward(xp + o, yp + o, n); });
+    return y;
+  }
   float alpha;
   const algorithm alg = eltwise_algorithm(op, &alpha);
   const memory::desc md({x.numel()}, dt::f32, tag::a);
@@ -352,6 +359,14 @@ Tensor CpuKernels::activation_backward(UnaryOp op, const Tensor& x_or_y, const T
   if (x_or_y.dtype() == DType::kBFloat16)
     return activation_backward(op, cast(x_or_y, DType::kFloat32), dy);
   require_f32(x_or_y, "activation_backward", "x_or_y");
+  if (op == UnaryOp::kGeluTanh && own_gelu_tanh()) {
+    Tensor dx = Tensor::empty(dy.shape(), DType::kFloat32, spec_);
+    const float *xp = x_or_y.data<float>(), *g = dy.data<float>();
+    float* d = dx.data<float>();
+    in_parts(*state_, dx.numel(),
+             [&](int64_t o, int64_t n) { gelu_tanh_backward(xp + o, g + o, d + o, n); });
+    return dx;
+  }
   algorithm alg;
   int data_arg = DNNL_ARG_SRC;
   switch (op) {

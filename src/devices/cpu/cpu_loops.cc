@@ -314,7 +314,98 @@ SoftmaxBackwardRow softmax_backward_row() {
 }
 
 std::atomic<uint64_t> g_softmax_backward_runs{0};
+
+// --- GELU, tanh form, on AVX2 with FMA ---
+// gelu(x) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed as x s with
+// s = 1 / (1 + e), e = exp(-2u): the same function, without the cancellation of 1 + tanh(u) for
+// x << 0 (oneDNN's gives -2.98e-7 at x = -5 where it is -2.29e-7). Its derivative:
+// s + x s (1 - s) 2u', 2u' = 2 sqrt(2/pi) (1 + 3 0.044715 x^2), with 1 - s taken as e s (exact
+// where s is near 1), or 1 where e overflowed (x << 0: s = 0, the term 0). x = +-inf gives +inf and
+// NaN forward, NaN backward, as oneDNN's; x < about -9.9 gives -0 forward and 0 backward.
+constexpr float kGeluK = 0.7978845608028654f, kGeluC = 0.044715f;
+
+// exp(x) for any x (exp_nonpositive_avx2's reduction and polynomial): above 88.72 +inf (2^128
+// applied as 2^64 twice), below -104 taken as -104 (0 after rounding); a NaN stays NaN.
+__attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 x) {
+  x = _mm256_min_ps(_mm256_set1_ps(89.f), x);  // (min's and max's 2nd operand: a NaN stays)
+  x = _mm256_max_ps(_mm256_set1_ps(-104.f), x);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[i]));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i n1 = _mm256_srai_epi32(ni, 1);  // floor(n / 2): both factors in [2^-75, 2^64]
+  const __m256i n2 = _mm256_sub_epi32(ni, n1);
+  return _mm256_mul_ps(_mm256_mul_ps(p, pow2_avx2(n1)), pow2_avx2(n2));
+}
+
+// e = exp(-2u) and s = 1 / (1 + e) for 8 lanes of x.
+__attribute__((target("avx2,fma"))) inline __m256 gelu_s_avx2(__m256 x, __m256& e) {
+  const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+  const __m256 u =
+      _mm256_mul_ps(_mm256_fmadd_ps(_mm256_set1_ps(kGeluC), x3, x), _mm256_set1_ps(kGeluK));
+  e = exp_avx2(_mm256_mul_ps(u, _mm256_set1_ps(-2.f)));
+  return _mm256_div_ps(_mm256_set1_ps(1.f), _mm256_add_ps(_mm256_set1_ps(1.f), e));
+}
+__attribute__((target("avx2,fma"))) inline __m256 gelu_fwd8(__m256 x) {
+  __m256 e;
+  return _mm256_mul_ps(x, gelu_s_avx2(x, e));
+}
+__attribute__((target("avx2,fma"))) inline __m256 gelu_bwd8(__m256 x, __m256 dy) {
+  __m256 e;
+  const __m256 s = gelu_s_avx2(x, e);
+  const __m256 one_minus_s = _mm256_min_ps(_mm256_mul_ps(e, s), _mm256_set1_ps(1.f));  // inf 0: 1
+  const __m256 du = _mm256_mul_ps(
+      _mm256_fmadd_ps(_mm256_set1_ps(3.f * kGeluC), _mm256_mul_ps(x, x), _mm256_set1_ps(1.f)),
+      _mm256_set1_ps(2.f * kGeluK));
+  const __m256 d = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(x, one_minus_s), s), du, s);
+  return _mm256_mul_ps(dy, d);
+}
+// The last 1-7 elements through a full vector (the same arithmetic as the body's).
+__attribute__((target("avx2,fma"))) void gelu_tanh_forward_avx2(const float* x, float* y,
+                                                                int64_t n) {
+  const int64_t body = n / 8 * 8;
+  for (int64_t i = 0; i < body; i += 8) _mm256_storeu_ps(y + i, gelu_fwd8(_mm256_loadu_ps(x + i)));
+  if (body == n) return;
+  float in[8] = {}, out[8];
+  std::copy_n(x + body, n - body, in);
+  _mm256_storeu_ps(out, gelu_fwd8(_mm256_loadu_ps(in)));
+  std::copy_n(out, n - body, y + body);
+}
+__attribute__((target("avx2,fma"))) void gelu_tanh_backward_avx2(const float* x, const float* dy,
+                                                                 float* dx, int64_t n) {
+  const int64_t body = n / 8 * 8;
+  for (int64_t i = 0; i < body; i += 8)
+    _mm256_storeu_ps(dx + i, gelu_bwd8(_mm256_loadu_ps(x + i), _mm256_loadu_ps(dy + i)));
+  if (body == n) return;
+  float in[8] = {}, g[8] = {}, out[8];
+  std::copy_n(x + body, n - body, in);
+  std::copy_n(dy + body, n - body, g);
+  _mm256_storeu_ps(out, gelu_bwd8(_mm256_loadu_ps(in), _mm256_loadu_ps(g)));
+  std::copy_n(out, n - body, dx + body);
+}
+
+std::atomic<uint64_t> g_gelu_runs{0};
+std::atomic<bool> g_force_own_gelu{false};
 }  // namespace
+
+bool own_gelu_tanh() {
+  static const bool v = detail::cpu_supports(detail::CpuFeature::kAvx2Fma) &&
+                        !detail::cpu_supports(detail::CpuFeature::kAvx512f);
+  return v || (g_force_own_gelu.load(std::memory_order_relaxed) &&
+               detail::cpu_supports(detail::CpuFeature::kAvx2Fma));
+}
+void gelu_tanh_forward(const float* x, float* y, int64_t n) {
+  g_gelu_runs.fetch_add(1, std::memory_order_relaxed);
+  gelu_tanh_forward_avx2(x, y, n);
+}
+void gelu_tanh_backward(const float* x, const float* dy, float* dx, int64_t n) {
+  g_gelu_runs.fetch_add(1, std::memory_order_relaxed);
+  gelu_tanh_backward_avx2(x, dy, dx, n);
+}
 
 void softmax_backward_rows(const float* y, const float* dy, float* dx, int64_t rows, int64_t c,
                            int threads) {
@@ -336,6 +427,8 @@ uint64_t own_softmax_backward_runs() {
 const char* own_softmax_backward_row() {
   return cpu::softmax_backward_row() == cpu::softmax_backward_row_avx2 ? "avx2" : "scalar";
 }
+uint64_t own_gelu_runs() { return cpu::g_gelu_runs.load(std::memory_order_relaxed); }
+void force_own_gelu(bool on) { cpu::g_force_own_gelu = on; }
 }  // namespace dtrain::cpu_testing
 
 namespace dtrain::cpu {

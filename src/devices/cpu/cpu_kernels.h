@@ -135,7 +135,7 @@ void softmax_backward_rows(const float* y, const float* dy, float* dx, int64_t r
 // GELU in its tanh form, forward (y) and backward (dx = dy gelu'(x)), over n floats on AVX2 with
 // FMA (cpu_loops.cc): where the device runs without AVX-512 (own_gelu_tanh), since oneDNN 2.6's
 // AVX2 gelu_tanh takes 5.2x its AVX-512 time (6.41 against 1.24 ms for 3.1 M floats, one Zen 5
-// core; 2.5% of oneDNN's time in GPT-2 small's steps under the AVX2 cap).
+// core; 2.6% of oneDNN's time in GPT-2 small's steps under the AVX2 cap).
 bool own_gelu_tanh();
 void gelu_tanh_forward(const float* x, float* y, int64_t n);
 void gelu_tanh_backward(const float* x, const float* dy, float* dx, int64_t n);

@@ -321,7 +321,9 @@ std::atomic<uint64_t> g_softmax_backward_runs{0};
 // x << 0 (oneDNN's gives -2.98e-7 at x = -5 where it is -2.29e-7). Its derivative:
 // s + x s (1 - s) 2u', 2u' = 2 sqrt(2/pi) (1 + 3 0.044715 x^2), with 1 - s taken as e s (exact
 // where s is near 1), or 1 where e overflowed (x << 0: s = 0, the term 0). x = +-inf gives +inf and
-// NaN forward, NaN backward, as oneDNN's; x < about -9.9 gives -0 forward and 0 backward.
+// NaN forward, NaN backward, as oneDNN's; below x = -10.06 (e overflows) -0 forward and 0
+// backward. 2u' is computed from x clamped to +-1e9, so that x^2's overflow (|x| > 1.8e19) does
+// not make 0 times inf.
 constexpr float kGeluK = 0.7978845608028654f, kGeluC = 0.044715f;
 
 // exp(x) for any x (exp_nonpositive_avx2's reduction and polynomial): above 88.72 +inf (2^128
@@ -358,8 +360,9 @@ __attribute__((target("avx2,fma"))) inline __m256 gelu_bwd8(__m256 x, __m256 dy)
   __m256 e;
   const __m256 s = gelu_s_avx2(x, e);
   const __m256 one_minus_s = _mm256_min_ps(_mm256_mul_ps(e, s), _mm256_set1_ps(1.f));  // inf 0: 1
+  const __m256 xc = _mm256_max_ps(_mm256_set1_ps(-1e9f), _mm256_min_ps(_mm256_set1_ps(1e9f), x));
   const __m256 du = _mm256_mul_ps(
-      _mm256_fmadd_ps(_mm256_set1_ps(3.f * kGeluC), _mm256_mul_ps(x, x), _mm256_set1_ps(1.f)),
+      _mm256_fmadd_ps(_mm256_set1_ps(3.f * kGeluC), _mm256_mul_ps(xc, xc), _mm256_set1_ps(1.f)),
       _mm256_set1_ps(2.f * kGeluK));
   const __m256 d = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(x, one_minus_s), s), du, s);
   return _mm256_mul_ps(dy, d);

@@ -203,11 +203,11 @@ __attribute__((target("avx2,fma"))) inline __m256 pow2_avx2(__m256i k) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));
 }
 
-// exp_nonpositive_avx512 on 8 lanes (AVX2 with FMA): the same reduction and polynomial; 2^n (n in
-// [-150, 0]) applied as two factors of at least 2^-75, each a normal float, so that a result in
-// the denormals is rounded once, as scalef rounds it.
-__attribute__((target("avx2,fma"))) inline __m256 exp_nonpositive_avx2(__m256 x) {
-  x = _mm256_max_ps(_mm256_set1_ps(-104.f), x);  // -inf to 0; a NaN stays NaN (max's 2nd operand)
+// exp on 8 lanes (AVX2 with FMA) of x already clamped to [-104, 89]: exp_nonpositive_avx512's
+// reduction and polynomial; 2^n (n in [-150, 128]) applied as two factors 2^floor(n/2) and the
+// rest, each a normal float, so that a result in the denormals is rounded once, as scalef rounds
+// it, and n = 128 (x above 88.72) gives +inf.
+__attribute__((target("avx2,fma"))) inline __m256 exp_clamped_avx2(__m256 x) {
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
@@ -219,6 +219,12 @@ __attribute__((target("avx2,fma"))) inline __m256 exp_nonpositive_avx2(__m256 x)
   const __m256i n1 = _mm256_srai_epi32(ni, 1);  // floor(n / 2)
   const __m256i n2 = _mm256_sub_epi32(ni, n1);
   return _mm256_mul_ps(_mm256_mul_ps(p, pow2_avx2(n1)), pow2_avx2(n2));
+}
+
+// exp_nonpositive_avx512 on 8 lanes: -inf and anything below -104 taken as -104 (0 after
+// rounding); a NaN stays NaN (max's 2nd operand).
+__attribute__((target("avx2,fma"))) inline __m256 exp_nonpositive_avx2(__m256 x) {
+  return exp_clamped_avx2(_mm256_max_ps(_mm256_set1_ps(-104.f), x));
 }
 
 __attribute__((target("avx2,fma"))) inline float hsum_avx2(__m256 v) {
@@ -326,22 +332,11 @@ std::atomic<uint64_t> g_softmax_backward_runs{0};
 // not make 0 times inf.
 constexpr float kGeluK = 0.7978845608028654f, kGeluC = 0.044715f;
 
-// exp(x) for any x (exp_nonpositive_avx2's reduction and polynomial): above 88.72 +inf (2^128
-// applied as 2^64 twice), below -104 taken as -104 (0 after rounding); a NaN stays NaN.
+// exp(x) for any x: above 88.72 +inf, below -104 taken as -104 (0 after rounding); a NaN stays
+// NaN (min's and max's 2nd operand).
 __attribute__((target("avx2,fma"))) inline __m256 exp_avx2(__m256 x) {
-  x = _mm256_min_ps(_mm256_set1_ps(89.f), x);  // (min's and max's 2nd operand: a NaN stays)
-  x = _mm256_max_ps(_mm256_set1_ps(-104.f), x);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
-  __m256 p = _mm256_set1_ps(kExpPoly[0]);
-  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[i]));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-  const __m256i ni = _mm256_cvtps_epi32(n);
-  const __m256i n1 = _mm256_srai_epi32(ni, 1);  // floor(n / 2): both factors in [2^-75, 2^64]
-  const __m256i n2 = _mm256_sub_epi32(ni, n1);
-  return _mm256_mul_ps(_mm256_mul_ps(p, pow2_avx2(n1)), pow2_avx2(n2));
+  return exp_clamped_avx2(
+      _mm256_max_ps(_mm256_set1_ps(-104.f), _mm256_min_ps(_mm256_set1_ps(89.f), x)));
 }
 
 // e = exp(-2u) and s = 1 / (1 + e) for 8 lanes of x.

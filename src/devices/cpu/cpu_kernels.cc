@@ -1,5 +1,5 @@
 // oneDNN-backed dense, elementwise and reorder kernels (reductions: cpu_reduce.cc; batch norm:
-// cpu_batch_norm.cc).
+// cpu_batch_norm.cc, on a bfloat16 input cpu_batch_norm_bf16.cc).
 #include <omp.h>
 
 #include <atomic>

@@ -22,6 +22,7 @@
 #endif
 
 #include <memory>
+#include <utility>
 
 #include "dtrain/devices/kernels.h"
 
@@ -107,7 +108,7 @@ class CpuKernels final : public Kernels {
   BatchNormBackward batch_norm_backward_impl(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                              const Tensor& mean, const Tensor& var, float eps,
                                              const Tensor* relu_mask, DType dx_dtype);
-  // The same on a bfloat16 x (cpu_batch_norm.cc): loops of our own; relu_mask is then [2, C].
+  // The same on a bfloat16 x (cpu_batch_norm_bf16.cc): loops of our own; relu_mask is then [2, C].
   BatchNormForward batch_norm_forward_bf16(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                            float eps, Tensor* relu_mask, DType y_dtype);
   BatchNormBackward batch_norm_backward_bf16(const Tensor& dy, const Tensor& x, const Tensor& gamma,
@@ -117,6 +118,9 @@ class CpuKernels final : public Kernels {
   std::unique_ptr<State> state_;
 };
 
+// Batch norm's view of a channels-last tensor: [rows, channels] (rows = the product of the leading
+// axes, also where channels is 0). Throws InvalidArgument below rank 2.
+std::pair<int64_t, int64_t> batch_norm_rows(const Shape& s);
 // Throws InvalidArgument unless t is float32 (names the op and the operand).
 void require_f32(const Tensor& t, const char* op, const char* what);
 // The same, but under mixed_bfloat16 also a bfloat16 tensor: what an op kept for its backward pass
@@ -151,9 +155,9 @@ const char* own_softmax_backward_row();
 // AVX-512 (where oneDNN's kernel runs otherwise), for tests.
 uint64_t own_gelu_runs();
 void force_own_gelu(bool on);
-// Batch norm's loops on a bfloat16 x (cpu_batch_norm.cc): whether they take their AVX-512 chunks
-// (this CPU under DTRAIN_MAX_CPU_ISA, and not forced off), and forcing the portable loops alone,
-// so that a test sets the two beside each other in one process.
+// Batch norm's loops on a bfloat16 x (cpu_batch_norm_bf16.cc): whether they take their AVX-512
+// chunks (this CPU under DTRAIN_MAX_CPU_ISA, and not forced off), and forcing the portable loops
+// alone, so that a test sets the two beside each other in one process.
 bool batch_norm_loops_avx512();
 void force_portable_batch_norm_loops(bool on);
 // Which build of Adam's elementwise pass runs: "avx512", "avx2" or "portable".

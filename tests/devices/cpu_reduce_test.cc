@@ -212,9 +212,10 @@ TEST(CpuReduce, SoftmaxBackwardMatchesFloat64) {
 
 // GELU's tanh form on dtrain's AVX2 loop (where the CPU runs without AVX-512, and forced here on
 // CPUs with it; skipped without AVX2) against float64, forward and backward: 4,001 points over
-// [-12, 12] on 1 and 2 threads, every tail length (n = 1 to 17), and the special values. The
-// float64 reference is x / (1 + exp(-2u)), the tanh form without its cancellation for x << 0.
-// It fails with the cubic's constant moved by 0.01%, or the derivative's 3 left out.
+// [-12, 12], and 80,001 (past the device's serial work: two parts on 2 threads) on 1 and 2 threads,
+// every tail length (n = 1 to 17), and the special values. The float64 reference is x / (1 +
+// exp(-2u)), the tanh form without its cancellation for x << 0. It fails with the cubic's constant
+// moved by 0.01%, or the derivative's 3 left out.
 TEST(CpuReduce, GeluTanhOwnLoopMatchesFloat64) {
   if (!detail::cpu_supports(detail::CpuFeature::kAvx2Fma)) GTEST_SKIP() << "no AVX2 with FMA";
   struct Forced {
@@ -238,6 +239,9 @@ TEST(CpuReduce, GeluTanhOwnLoopMatchesFloat64) {
   std::vector<float> grid;
   for (int i = 0; i <= 4000; ++i) grid.push_back(-12.f + 24.f * static_cast<float>(i) / 4000.f);
   cases.push_back(grid);
+  std::vector<float> fine;
+  for (int i = 0; i <= 80000; ++i) fine.push_back(-12.f + 24.f * static_cast<float>(i) / 80000.f);
+  cases.push_back(fine);
   for (size_t n = 1; n <= 17; ++n)
     cases.emplace_back(grid.begin() + 1500, grid.begin() + 1500 + static_cast<std::ptrdiff_t>(n));
   for (const auto& xs : cases)

@@ -29,6 +29,12 @@ template <class Pass>
 void in_parts(const CpuKernels::State& state, int64_t n, Pass pass) {
   for_each_part(state.threads, n, 32, pass);
 }
+// The same for a pass of any size: one part (no OpenMP team) below the device's serial work, as
+// its primitives run.
+template <class Pass>
+void in_parts_or_serial(const CpuKernels::State& state, int64_t n, Pass pass) {
+  for_each_part(n < CpuKernels::State::kSerialWork ? 1 : state.threads, n, 32, pass);
+}
 
 algorithm eltwise_algorithm(UnaryOp op, float* alpha) {
   *alpha = 0.f;
@@ -310,8 +316,8 @@ Tensor CpuKernels::unary(UnaryOp op, const Tensor& x) {
   if (op == UnaryOp::kGeluTanh && own_gelu_tanh()) {
     const float* xp = x.data<float>();
     float* yp = y.data<float>();
-    in_parts(*state_, y.numel(),
-             [&](int64_t o, int64_t n) { gelu_tanh_forward(xp + o, yp + o, n); });
+    in_parts_or_serial(*state_, y.numel(),
+                       [&](int64_t o, int64_t n) { gelu_tanh_forward(xp + o, yp + o, n); });
     return y;
   }
   float alpha;
@@ -363,8 +369,8 @@ Tensor CpuKernels::activation_backward(UnaryOp op, const Tensor& x_or_y, const T
     Tensor dx = Tensor::empty(dy.shape(), DType::kFloat32, spec_);
     const float *xp = x_or_y.data<float>(), *g = dy.data<float>();
     float* d = dx.data<float>();
-    in_parts(*state_, dx.numel(),
-             [&](int64_t o, int64_t n) { gelu_tanh_backward(xp + o, g + o, d + o, n); });
+    in_parts_or_serial(*state_, dx.numel(),
+                       [&](int64_t o, int64_t n) { gelu_tanh_backward(xp + o, g + o, d + o, n); });
     return dx;
   }
   algorithm alg;

@@ -15,7 +15,8 @@ struct GradientTape::Node {
   std::vector<uint64_t> output_ids;
   std::vector<Shape> output_shapes;  // for zero gradients of outputs nothing flowed into
   std::vector<DeviceSpec> output_devices;
-  tape::BackwardFn fn;  // empty: not differentiable (again)
+  tape::BackwardFn fn;         // empty: not differentiable (again)
+  tape::SumBackwardFn fn_sum;  // or empty: takes its output's gradient as one tensor only
 };
 
 namespace {
@@ -23,6 +24,8 @@ thread_local std::vector<GradientTape*> t_tapes;
 thread_local tape::GradientReadyHook* t_hook = nullptr;
 thread_local const std::vector<bool>* t_needed = nullptr;  // the running BackwardFn's inputs
 thread_local int t_pause_all = 0;                          // tape::PauseAll guards alive
+thread_local uint64_t t_summed = 0;                        // tape_testing::summed_in_backward
+thread_local bool t_take_sums = true;                      // tape_testing::take_sums_in_backward
 
 // Sets which inputs the BackwardFn about to run must differentiate, for its duration.
 class NeededScope {
@@ -112,6 +115,17 @@ std::vector<Tensor> GradientTape::compute(const Tensor& target, const std::vecto
   std::unordered_set<uint64_t> keep;
   std::unordered_map<uint64_t, int> source_count;
   for (const Tensor& s : sources) ++source_count[s.id()];
+  // A second gradient of an op's output, held apart instead of summed at once when the op takes
+  // its output's gradient in two parts (Node::fn_sum): its backward pass then reads both, and the
+  // sum is never written. Only float32 parts of outputs that are not sources (whose gradients the
+  // hook and the result read whole). A third part adds the first two and is held apart in turn:
+  // the parts are summed in the order they come, as before.
+  std::unordered_set<uint64_t> sum_takers;
+  if (t_take_sums)
+    for (const auto& n : nodes_)
+      if (n->fn_sum && n->output_ids.size() == 1 && !source_count.count(n->output_ids[0]))
+        sum_takers.insert(n->output_ids[0]);
+  std::unordered_map<uint64_t, Tensor> addends;
   if (!persistent_)
     for (const Tensor& s : sources) keep.insert(s.id());
   // Whether nothing else in this backward pass holds `g`'s memory: no other pending gradient is
@@ -124,6 +138,7 @@ std::vector<Tensor> GradientTape::compute(const Tensor& target, const std::vecto
       return false;
     int holders = 0;
     for (const auto& [id, t] : grads) holders += t.defined() && t.id() == g.id();
+    for (const auto& [id, t] : addends) holders += t.id() == g.id();
     return holders == 1;
   };
   for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
@@ -150,6 +165,16 @@ std::vector<Tensor> GradientTape::compute(const Tensor& target, const std::vecto
         }
       }
       if (!any) continue;
+      Tensor second;  // og[0]'s second part, taken as it is by n.fn_sum
+      for (size_t j = 0; j < og.size(); ++j) {
+        auto p = addends.find(n.output_ids[j]);
+        if (p == addends.end()) continue;
+        if (og.size() == 1 && n.fn_sum)
+          second = p->second;
+        else
+          og[j] = ops::add(og[j], p->second);
+        addends.erase(p);
+      }
       if (!n.fn)
         throw Unimplemented(
             std::string("cannot differentiate through '") + n.op +
@@ -164,15 +189,30 @@ std::vector<Tensor> GradientTape::compute(const Tensor& target, const std::vecto
       std::vector<Tensor> ig;
       {
         NeededScope scope(&needed);
-        ig = n.fn(og);
+        if (second.defined()) {
+          ig = n.fn_sum(og[0], second);
+          ++t_summed;
+        } else {
+          ig = n.fn(og);
+        }
       }
       DTRAIN_CHECK(ig.size() == n.input_ids.size(), "backward of ", n.op, " returned ", ig.size(),
                    " gradients for ", n.input_ids.size(), " inputs");
       for (size_t i = 0; i < ig.size(); ++i) {
         // Gradients only flow to what this tape follows (TF: unwatched sources get None).
         if (!ig[i].defined() || !watched_.count(n.input_ids[i])) continue;
-        auto [slot, inserted] = grads.emplace(n.input_ids[i], ig[i]);
-        if (!inserted) {
+        const uint64_t id = n.input_ids[i];
+        auto [slot, inserted] = grads.emplace(id, ig[i]);
+        if (inserted) continue;
+        if (auto p = addends.find(id); p != addends.end()) {  // a third part: the first two summed
+          slot->second = ops::add(slot->second, p->second);
+          addends.erase(p);
+        }
+        if (sum_takers.count(id) && slot->second.dtype() == DType::kFloat32 &&
+            ig[i].dtype() == DType::kFloat32 && slot->second.shape() == ig[i].shape() &&
+            slot->second.device() == ig[i].device()) {
+          addends.emplace(id, ig[i]);
+        } else {
           // A bfloat16 gradient (a bfloat16 activation's: Conv2D::bfloat16_output) is summed with
           // another in float32.
           const auto wide = [](const Tensor& g) {
@@ -185,6 +225,7 @@ std::vector<Tensor> GradientTape::compute(const Tensor& target, const std::vecto
     if (!persistent_) {
       for (uint64_t id : (*it)->output_ids)
         if (!keep.count(id)) grads.erase(id);
+      for (uint64_t id : (*it)->output_ids) addends.erase(id);
       it->reset();
     }
   }
@@ -263,7 +304,7 @@ bool should_record(const std::vector<Tensor>& inputs) {
 
 namespace {
 void record_node(const char* op, std::vector<Tensor>& inputs, std::vector<Tensor>& outputs,
-                 BackwardFn fn) {
+                 BackwardFn fn, SumBackwardFn fn_sum = nullptr) {
   std::shared_ptr<GradientTape::Node> node;
   for (GradientTape* t : t_tapes) {
     if (!TapeAccess::active(*t)) continue;
@@ -280,6 +321,7 @@ void record_node(const char* op, std::vector<Tensor>& inputs, std::vector<Tensor
         node->output_devices.push_back(y.device());
       }
       node->fn = std::move(fn);
+      node->fn_sum = std::move(fn_sum);
     }
     TapeAccess::add(*t, node, inputs);
   }
@@ -294,6 +336,12 @@ void record(const char* op, std::vector<Tensor> inputs, std::vector<Tensor> outp
   record_node(op, inputs, outputs, std::move(fn));
 }
 
+void record_summing(const char* op, std::vector<Tensor> inputs, const Tensor& output, BackwardFn fn,
+                    SumBackwardFn fn_sum) {
+  std::vector<Tensor> outputs{output};
+  record_node(op, inputs, outputs, std::move(fn), std::move(fn_sum));
+}
+
 void record_nondifferentiable(const char* op, std::vector<Tensor> inputs,
                               std::vector<Tensor> outputs) {
   record_node(op, inputs, outputs, nullptr);
@@ -301,3 +349,8 @@ void record_nondifferentiable(const char* op, std::vector<Tensor> inputs,
 
 }  // namespace tape
 }  // namespace dtrain
+
+namespace dtrain::tape_testing {
+uint64_t summed_in_backward() { return t_summed; }
+void take_sums_in_backward(bool on) { t_take_sums = on; }
+}  // namespace dtrain::tape_testing

@@ -55,3 +55,10 @@ void forget_kept_copies();
 // no copy is remembered.
 Tensor rounded_under_policy(const Tensor& x);
 }  // namespace dtrain::ops
+
+namespace dtrain::tape_testing {
+// How many backward passes of ops took their output's gradient in two parts (SumBackwardFn) on this
+// thread, and turning that off (the sum made first, as before), so that a test compares the two.
+uint64_t summed_in_backward();
+void take_sums_in_backward(bool on);
+}  // namespace dtrain::tape_testing

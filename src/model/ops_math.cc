@@ -148,6 +148,17 @@ Tensor sqrt(const Tensor& x) { return unary_op(UnaryOp::kSqrt, "sqrt", x); }
 Tensor tanh(const Tensor& x) { return unary_op(UnaryOp::kTanh, "tanh", x); }
 Tensor sigmoid(const Tensor& x) { return unary_op(UnaryOp::kSigmoid, "sigmoid", x); }
 
+namespace {
+// relu_grad(y, a + b) for a gradient that arrives in two parts (tape::SumBackwardFn): one pass on
+// devices that fuse it, the sum never stored. Under an outer tape (the backward pass
+// differentiated) the sum and relu_grad, recorded as ops.
+Tensor relu_grad_of_sum(const Tensor& y, const Tensor& a, const Tensor& b) {
+  if (tape::should_record({&a, &b})) return relu_grad(y, add(a, b));
+  same_device("relu_grad", a, b);
+  return kernels_for(y).relu_grad_of_sum(y, a, b);
+}
+}  // namespace
+
 Tensor relu(const Tensor& x) {
   Tensor y = kernels_for(x).unary(UnaryOp::kRelu, x);
   // The backward pass keeps the output, not the input: y > 0 exactly where x > 0, and the next
@@ -159,9 +170,14 @@ Tensor relu(const Tensor& x) {
   // which counts as 0.
   if (tape::should_record({&x})) {
     const Tensor kept = tape::recording_tapes({&x}) == 1 ? keep_for_backward(y) : y;
-    tape::record("relu", {x}, {y}, [kept](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-      return {relu_grad(kept, g[0])};
-    });
+    tape::record_summing(
+        "relu", {x}, y,
+        [kept](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+          return {relu_grad(kept, g[0])};
+        },
+        [kept](const Tensor& a, const Tensor& b) -> std::vector<Tensor> {
+          return {relu_grad_of_sum(kept, a, b)};
+        });
   }
   return y;
 }
@@ -178,11 +194,18 @@ Tensor add_relu(const Tensor& a, const Tensor& b) {
   // As relu: the output (or its bfloat16 copy) is what the backward pass reads.
   if (records) {
     const Tensor kept = one_tape ? keep_for_backward(y, rounded) : y;
-    tape::record("add_relu", {a, b}, {y},
-                 [kept](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-                   Tensor d = relu_grad(kept, g[0]);
-                   return {d, d};
-                 });
+    // A residual block's output is the next block's input, whose gradient arrives in two parts
+    // (the next shortcut's and its first convolution's): taken as they are, in one pass.
+    tape::record_summing(
+        "add_relu", {a, b}, y,
+        [kept](const std::vector<Tensor>& g) -> std::vector<Tensor> {
+          Tensor d = relu_grad(kept, g[0]);
+          return {d, d};
+        },
+        [kept](const Tensor& ga, const Tensor& gb) -> std::vector<Tensor> {
+          Tensor d = relu_grad_of_sum(kept, ga, gb);
+          return {d, d};
+        });
   }
   return y;
 }

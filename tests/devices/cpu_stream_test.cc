@@ -2,9 +2,9 @@
 // their ReLU, ReLU gradients whose output is 4 MB or more) against the oneDNN primitives they
 // replace, bit for bit: random values with zeros of both signs, NaNs, infinities and denormals
 // mixed in, outputs at every alignment (the peeled head) and lengths that leave a tail; the ReLU
-// gradient also on a bfloat16 y (the copy ops keep) against oneDNN on it widened. And through the
-// kernels of devices of one to three threads (a part per thread), at the size where the device
-// takes them.
+// gradient also on a bfloat16 y (the copy ops keep) against oneDNN on it widened, and of a gradient
+// in two parts (relu_grad_of_sum) against oneDNN's sum then ReLU gradient. And through the kernels
+// of devices of one to three threads (a part per thread), at the size where the device takes them.
 #include "devices/cpu/cpu_stream.h"
 
 #include <gtest/gtest.h>
@@ -150,6 +150,17 @@ TEST(CpuStream, EveryPassEqualsItsOneDnnPrimitiveBitForBit) {
         stream_relu_grad(a16.data(), b.data(), out, n, isa);
         onednn_relu_grad(a_wide.data(), b.data(), want.data(), n);
         expect_same_bits(out, want.data(), n, "relu_grad on bfloat16 y");
+        // The ReLU gradient of a gradient in two parts, b + c, the sum never stored: as oneDNN's
+        // add then its ReLU backward, with y float32 and a bfloat16 copy.
+        const std::vector<float> c = values(static_cast<size_t>(n), 3);
+        std::vector<float> sum(static_cast<size_t>(n));
+        onednn_binary(b.data(), c.data(), sum.data(), n, false);
+        stream_relu_grad_sum(a.data(), b.data(), c.data(), out, n, isa);
+        onednn_relu_grad(a.data(), sum.data(), want.data(), n);
+        expect_same_bits(out, want.data(), n, "relu_grad of a sum");
+        stream_relu_grad_sum(a16.data(), b.data(), c.data(), out, n, isa);
+        onednn_relu_grad(a_wide.data(), sum.data(), want.data(), n);
+        expect_same_bits(out, want.data(), n, "relu_grad of a sum on bfloat16 y");
       }
     }
 }
@@ -197,9 +208,20 @@ TEST(CpuStream, TheKernelsOfADeviceGiveTheSameBitsWithAnyThreads) {
       const Tensor a16 = k.cast(a, DType::kBFloat16);
       const Tensor a_wide = k.cast(a16, DType::kFloat32);
       const Tensor dx = k.activation_backward(UnaryOp::kRelu, a16, b);
+      // The ReLU gradient of b + c (one pass where it streams, add then relu_grad below).
+      const std::vector<float> cv = values(static_cast<size_t>(n), seed + 200);
+      const Tensor c = Tensor::from_vector(cv, Shape{n});
+      const Tensor dx_sum16 = k.relu_grad_of_sum(a16, b, c);
       set_precision_policy(Precision::kFloat32);
       onednn_relu_grad(a_wide.data<float>(), bv.data(), want.data(), n);
       expect_same_bits(dx.data<float>(), want.data(), n, "relu backward on a bfloat16 y");
+      std::vector<float> sum(static_cast<size_t>(n));
+      onednn_binary(bv.data(), cv.data(), sum.data(), n, false);
+      onednn_relu_grad(a_wide.data<float>(), sum.data(), want.data(), n);
+      expect_same_bits(dx_sum16.data<float>(), want.data(), n, "relu_grad_of_sum, bfloat16 y");
+      onednn_relu_grad(av.data(), sum.data(), want.data(), n);
+      expect_same_bits(k.relu_grad_of_sum(a, b, c).data<float>(), want.data(), n,
+                       "relu_grad_of_sum");
     }
 }
 

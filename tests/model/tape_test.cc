@@ -1,9 +1,16 @@
 // GradientTape semantics, including higher derivatives through nested tapes.
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "dtrain/core/allocator.h"
+#include "dtrain/core/precision.h"
 #include "dtrain/model/initializers.h"
 #include "dtrain/nn/layers.h"
+#include "model/op_util.h"
 #include "testing/test_util.h"
 
 namespace dtrain {
@@ -214,6 +221,124 @@ TEST_F(Tape, ReluAndBatchNormKeepOnlyWhatTheirBackwardNeeds) {
   const Tensor g = tape.gradient(ops::sum(y), {x})[0];
   ASSERT_TRUE(g.defined());
   EXPECT_EQ(g.shape(), shape);
+}
+
+// Bitwise equal, NaN or not.
+void expect_same_bits(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_TRUE(got.defined() && want.defined()) << what;
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const std::vector<float> g = got.to_vector<float>(), w = want.to_vector<float>();
+  for (size_t i = 0; i < g.size(); ++i)
+    if (std::memcmp(&g[i], &w[i], 4) != 0) {
+      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << ", the sum first gives "
+                    << w[i];
+      return;
+    }
+}
+
+// Gradients with the tape passing an output's gradient in two parts (tape::SumBackwardFn) and with
+// the sum made first, as before; how many backward passes took two parts.
+struct BothWays {
+  std::vector<Tensor> parts, summed;
+  uint64_t taken = 0;
+};
+BothWays both_ways(const std::function<std::vector<Tensor>()>& grads) {
+  BothWays r;
+  const uint64_t before = tape_testing::summed_in_backward();
+  r.parts = grads();
+  r.taken = tape_testing::summed_in_backward() - before;
+  tape_testing::take_sums_in_backward(false);
+  r.summed = grads();
+  tape_testing::take_sums_in_backward(true);
+  EXPECT_EQ(tape_testing::summed_in_backward() - before, r.taken) << "taken with the switch off";
+  return r;
+}
+
+// A residual block's input is read by the block's first layer and by its shortcut, so its
+// gradient arrives in two parts; the ReLU that made it (ops::add_relu, ops::relu) takes them as
+// they are, in one pass where the device fuses it (the CPU from 4 MB: both sizes here). The
+// gradients are those of the sum made first, bit for bit, in float32 and under mixed_bfloat16 (the
+// ReLU's kept bfloat16 copy); with more readers the parts before the last are summed in order
+// first; a source read twice takes the sum, and an outer tape differentiating the backward pass the
+// ops.
+TEST_F(Tape, AGradientInTwoPartsIsTakenAsItIsByTheReluThatMadeIt) {
+  for (const Precision precision : {Precision::kFloat32, Precision::kMixedBFloat16})
+    for (const int64_t n : {int64_t{1000}, int64_t{1} << 20}) {
+      SCOPED_TRACE(std::string(precision == Precision::kFloat32 ? "float32" : "mixed_bfloat16") +
+                   ", " + std::to_string(n) + " elements");
+      set_precision_policy(precision);
+      const Shape shape{n};
+      const Tensor x = testing::random_tensor(shape, 1), w = testing::random_tensor(shape, 2),
+                   v = testing::random_tensor(shape, 3), r = testing::random_tensor(shape, 4);
+      // Two residual blocks: h = add_relu(x w, x); z = add_relu(h v, h) (h read twice), and a
+      // ReLU whose output is read twice.
+      const auto two_blocks = [&] {
+        GradientTape tape;
+        tape.watch(x);
+        tape.watch(w);
+        tape.watch(v);
+        const Tensor h = ops::add_relu(ops::mul(x, w), x);
+        const Tensor q = ops::relu(ops::mul(h, r));
+        const Tensor z = ops::add_relu(ops::mul(q, v), q);
+        const Tensor loss = ops::sum(ops::mul(ops::add_relu(ops::mul(z, w), z), r));
+        return tape.gradient(loss, {x, w, v});
+      };
+      BothWays b = both_ways(two_blocks);
+      EXPECT_EQ(b.taken, 2u) << "q's ReLU and z's add_relu (h is read by mul(h, r) alone)";
+      for (size_t i = 0; i < 3; ++i)
+        expect_same_bits(b.parts[i], b.summed[i], "gradient " + std::to_string(i));
+
+      // More readers (here four parts: mul(h, h) gives two): the first parts summed in the order
+      // they come, as before, and the last taken as it is.
+      const auto three_readers = [&] {
+        GradientTape tape;
+        tape.watch(x);
+        const Tensor h = ops::relu(ops::mul(x, w));
+        const Tensor loss =
+            ops::sum(ops::add(ops::mul(ops::add(ops::mul(h, v), h), r), ops::mul(h, h)));
+        return tape.gradient(loss, {x});
+      };
+      b = both_ways(three_readers);
+      EXPECT_EQ(b.taken, 1u);
+      expect_same_bits(b.parts[0], b.summed[0], "three readers");
+
+      // The ReLU's output a source itself: its gradient is summed (the result returns it whole).
+      const auto source = [&] {
+        GradientTape tape;
+        tape.watch(x);
+        const Tensor h = ops::relu(ops::mul(x, w));
+        const Tensor loss = ops::sum(ops::mul(ops::add(ops::mul(h, v), h), r));
+        return tape.gradient(loss, {h, x});
+      };
+      b = both_ways(source);
+      EXPECT_EQ(b.taken, 0u);
+      expect_same_bits(b.parts[0], b.summed[0], "the source");
+      expect_same_bits(b.parts[1], b.summed[1], "through the source");
+      set_precision_policy(Precision::kFloat32);
+    }
+  // An outer tape differentiates the backward pass (a gradient penalty): the parts' sum and the
+  // ReLU's gradient are recorded as ops, the same values.
+  const Shape shape{1000};
+  const Tensor x = testing::random_tensor(shape, 5), w = testing::random_tensor(shape, 6),
+               r = testing::random_tensor(shape, 7);
+  const auto penalty = [&] {
+    GradientTape outer;
+    outer.watch(w);
+    Tensor gx;
+    {
+      GradientTape inner;
+      inner.watch(x);
+      const Tensor h = ops::relu(ops::mul(x, w));
+      gx = inner.gradient(ops::sum(ops::mul(ops::add(ops::mul(h, w), h), r)), {x})[0];
+    }
+    return std::vector<Tensor>{gx, outer.gradient(ops::sum(ops::mul(gx, gx)), {w})[0]};
+  };
+  const BothWays b = both_ways(penalty);
+  EXPECT_EQ(b.taken, 1u);
+  expect_same_bits(b.parts[0], b.summed[0], "the inner gradient");
+  expect_same_bits(b.parts[1], b.summed[1], "the penalty's gradient");
+  EXPECT_GT(std::abs(b.parts[1].to_vector<float>()[0]) + std::abs(b.parts[1].to_vector<float>()[1]),
+            0.f);
 }
 
 }  // namespace

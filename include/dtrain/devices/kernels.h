@@ -168,6 +168,13 @@ class DTRAIN_API Kernels {
     (void)rounded;
     return unary(UnaryOp::kRelu, binary(BinaryOp::kAdd, a, b));
   }
+  // ReLU's gradient at y (as activation_backward(kRelu, y, dy)) of dy = a + b, for a, b of y's
+  // shape: the gradient of a residual block's input, which arrives in two parts (the tape's
+  // SumBackwardFn). This default runs binary() and activation_backward(); the CPU and CUDA do it
+  // in one pass, the sum never stored, with the same bits.
+  virtual Tensor relu_grad_of_sum(const Tensor& y, const Tensor& a, const Tensor& b) {
+    return activation_backward(UnaryOp::kRelu, y, binary(BinaryOp::kAdd, a, b));
+  }
   // alpha * x + beta.
   virtual Tensor affine(const Tensor& x, float alpha, float beta) = 0;
   // Reduces over `axes` (unique, ascending); keeps size-1 dims when keepdims.

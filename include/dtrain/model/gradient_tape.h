@@ -108,6 +108,14 @@ DTRAIN_API bool should_record(const std::vector<Tensor>& inputs);
 DTRAIN_API int recording_tapes(std::initializer_list<const Tensor*> inputs);
 DTRAIN_API void record(const char* op, std::vector<Tensor> inputs, std::vector<Tensor> outputs,
                        BackwardFn fn);
+// The backward pass of a one-output op given its output's gradient in two parts, dy = a + b (both
+// float32, of the output's shape), which it may fuse into its first pass instead of a sum written
+// and read again. It must give what the op's BackwardFn gives for ops::add(a, b). The tape passes
+// the parts where the output's gradient comes from two readers (a residual block's input: its
+// shortcut and its first convolution; ops::relu and ops::add_relu take it), and the sum otherwise.
+using SumBackwardFn = std::function<std::vector<Tensor>(const Tensor& a, const Tensor& b)>;
+DTRAIN_API void record_summing(const char* op, std::vector<Tensor> inputs, const Tensor& output,
+                               BackwardFn fn, SumBackwardFn fn_sum);
 // While alive, no tape of the calling thread records (recompute_grad's first pass).
 class DTRAIN_API PauseAll {
  public:

@@ -69,6 +69,7 @@ class CpuKernels final : public Kernels {
   Tensor activation_backward(UnaryOp op, const Tensor& x_or_y, const Tensor& dy) override;
   Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) override;
   Tensor add_relu(const Tensor& a, const Tensor& b, Tensor* rounded = nullptr) override;
+  Tensor relu_grad_of_sum(const Tensor& y, const Tensor& a, const Tensor& b) override;
   Tensor affine(const Tensor& x, float alpha, float beta) override;
   Tensor reduce(ReductionKind kind, const Tensor& x, const std::vector<int>& axes,
                 bool keepdims) override;

@@ -178,6 +178,51 @@ __attribute__((target("avx2"))) void add_relu_rounded256(const float* a, const f
   _mm_sfence();
 }
 
+// dx = ReluGrad(y, a + b): the ReLU gradient of a gradient that arrives in two parts (a residual
+// block's input: its shortcut's and its first convolution's), the sum never stored. The same bits
+// as stream_add then stream_relu_grad.
+template <typename Y>
+__attribute__((target("avx512f"))) void relu_grad_sum512(const Y* y, const float* a, const float* b,
+                                                         float* dx, int64_t n) {
+  int64_t i = head(dx, n, 64);
+  const auto scalar = [&](int64_t j) { dx[j] = ReluGrad::scalar(at(y, j), a[j] + b[j]); };
+  if (i < 0) {
+    for (int64_t j = 0; j < n; ++j) scalar(j);
+    return;
+  }
+  for (int64_t j = 0; j < i; ++j) scalar(j);
+  for (; i + 16 <= n; i += 16)
+    _mm512_stream_ps(dx + i, ReluGrad::v512(load512(y + i), _mm512_add_ps(_mm512_loadu_ps(a + i),
+                                                                          _mm512_loadu_ps(b + i))));
+  for (; i < n; ++i) scalar(i);
+  _mm_sfence();
+}
+
+template <typename Y>
+__attribute__((target("avx2"))) void relu_grad_sum256(const Y* y, const float* a, const float* b,
+                                                      float* dx, int64_t n) {
+  int64_t i = head(dx, n, 32);
+  const auto scalar = [&](int64_t j) { dx[j] = ReluGrad::scalar(at(y, j), a[j] + b[j]); };
+  if (i < 0) {
+    for (int64_t j = 0; j < n; ++j) scalar(j);
+    return;
+  }
+  for (int64_t j = 0; j < i; ++j) scalar(j);
+  for (; i + 8 <= n; i += 8)
+    _mm256_stream_ps(dx + i, ReluGrad::v256(load256(y + i), _mm256_add_ps(_mm256_loadu_ps(a + i),
+                                                                          _mm256_loadu_ps(b + i))));
+  for (; i < n; ++i) scalar(i);
+  _mm_sfence();
+}
+
+template <typename Y>
+void relu_grad_sum(const Y* y, const float* a, const float* b, float* dx, int64_t n,
+                   StreamIsa isa) {
+  if (isa == StreamIsa::kAvx512) return relu_grad_sum512(y, a, b, dx, n);
+  if (isa == StreamIsa::kAvx2) return relu_grad_sum256(y, a, b, dx, n);
+  for (int64_t i = 0; i < n; ++i) dx[i] = ReluGrad::scalar(at(y, i), a[i] + b[i]);
+}
+
 template <typename Op, typename A>
 void run(const A* a, const float* b, float* c, int64_t n, StreamIsa isa) {
   if (isa == StreamIsa::kAvx512)
@@ -223,6 +268,15 @@ void stream_relu_grad(const float* y, const float* dy, float* dx, int64_t n, Str
 }
 void stream_relu_grad(const uint16_t* y, const float* dy, float* dx, int64_t n, StreamIsa isa) {
   run<ReluGrad>(y, dy, dx, n, isa);
+}
+
+void stream_relu_grad_sum(const float* y, const float* a, const float* b, float* dx, int64_t n,
+                          StreamIsa isa) {
+  relu_grad_sum(y, a, b, dx, n, isa);
+}
+void stream_relu_grad_sum(const uint16_t* y, const float* a, const float* b, float* dx, int64_t n,
+                          StreamIsa isa) {
+  relu_grad_sum(y, a, b, dx, n, isa);
 }
 
 }  // namespace dtrain::cpu

@@ -44,4 +44,12 @@ void stream_relu_grad(const float* y, const float* dy, float* dx, int64_t n,
 void stream_relu_grad(const uint16_t* y, const float* dy, float* dx, int64_t n,
                       StreamIsa isa = stream_isa());
 
+// dx = ReLU's gradient (as stream_relu_grad) of dy = a + b, the sum never stored: the gradient of
+// a ReLU's output that arrives in two parts (Kernels::relu_grad_of_sum). The bits of stream_add
+// then stream_relu_grad.
+void stream_relu_grad_sum(const float* y, const float* a, const float* b, float* dx, int64_t n,
+                          StreamIsa isa = stream_isa());
+void stream_relu_grad_sum(const uint16_t* y, const float* a, const float* b, float* dx, int64_t n,
+                          StreamIsa isa = stream_isa());
+
 }  // namespace dtrain::cpu

@@ -117,6 +117,29 @@ void launch_activation_backward_t(const void* xy, DType xy_type, const float* dy
   DTRAIN_CHECK_LAUNCH("activation_backward_kernel");
 }
 
+// ReLU's gradient at y of dy = a + b (Kernels::relu_grad_of_sum): the sum in a register, never
+// stored. activation_grad<kRelu>(y, a + b), the bits of launch_binary(kAdd) then
+// launch_activation_backward(kRelu) (__fadd_rn: the sum rounded as the binary kernel rounds it).
+template <bool kVec, typename TV>
+__global__ void relu_grad_of_sum_kernel(const TV* __restrict__ y, const float* __restrict__ a,
+                                        const float* __restrict__ b, float* __restrict__ dx,
+                                        int64_t n) {
+  if constexpr (kVec) {
+    DTRAIN_GRID_STRIDE_LOOP(q, n / 4) {
+      const float4 v = ld4(y, 4 * q), p = load4(a, 4 * q), r = load4(b, 4 * q);
+      store4(dx, 4 * q,
+             make_float4(activation_grad<UnaryOp::kRelu>(v.x, __fadd_rn(p.x, r.x)),
+                         activation_grad<UnaryOp::kRelu>(v.y, __fadd_rn(p.y, r.y)),
+                         activation_grad<UnaryOp::kRelu>(v.z, __fadd_rn(p.z, r.z)),
+                         activation_grad<UnaryOp::kRelu>(v.w, __fadd_rn(p.w, r.w))));
+    }
+  } else {
+    DTRAIN_GRID_STRIDE_LOOP(i, n) {
+      dx[i] = activation_grad<UnaryOp::kRelu>(ld(y, i), __fadd_rn(a[i], b[i]));
+    }
+  }
+}
+
 // --- binary ---
 
 template <BinaryOp kOp>
@@ -424,6 +447,21 @@ void launch_binary(BinaryOp op, const float* a, const float* b, float* out, int6
       return launch_binary_t<BinaryOp::kMin>(a, b, out, n, g, s);
   }
   throw InvalidArgument(detail::str_cat("binary: unknown op ", static_cast<int>(op)));
+}
+
+void launch_relu_grad_of_sum(const void* y, DType y_type, const float* a, const float* b, float* dx,
+                             int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  const bool vec = vec4_ok(n, {y, a, b, dx});
+  with_type(y_type, [&](auto t) {
+    using TV = decltype(t);
+    const TV* v = static_cast<const TV*>(y);
+    if (vec)
+      relu_grad_of_sum_kernel<true, TV><<<grid_for(n / 4), kBlock, 0, s>>>(v, a, b, dx, n);
+    else
+      relu_grad_of_sum_kernel<false, TV><<<grid_for(n), kBlock, 0, s>>>(v, a, b, dx, n);
+  });
+  DTRAIN_CHECK_LAUNCH("relu_grad_of_sum_kernel");
 }
 
 void launch_add_relu(const float* a, const float* b, float* out, uint16_t* rounded, int64_t n,

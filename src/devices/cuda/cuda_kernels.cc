@@ -234,6 +234,19 @@ Tensor CudaKernels::add_relu(const Tensor& a, const Tensor& b, Tensor* rounded) 
   return y;
 }
 
+Tensor CudaKernels::relu_grad_of_sum(const Tensor& y, const Tensor& a, const Tensor& b) {
+  DeviceGuard guard(ctx_.index());
+  check_activation(y, "relu_grad_of_sum", "y");  // bfloat16: a kept copy
+  check_f32(a, "relu_grad_of_sum", "a");
+  check_f32(b, "relu_grad_of_sum", "b");
+  check_same_shape(y, a, "relu_grad_of_sum");
+  check_same_shape(y, b, "relu_grad_of_sum");
+  Tensor dx = empty(y.shape());
+  launch_relu_grad_of_sum(y.raw_data(), y.dtype(), fptr(a), fptr(b), fptr(dx), y.numel(),
+                          ctx_.stream());
+  return dx;
+}
+
 Tensor CudaKernels::affine(const Tensor& x, float alpha, float beta) {
   DeviceGuard guard(ctx_.index());
   check_f32(x, "affine", "x");

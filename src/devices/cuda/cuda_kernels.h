@@ -68,6 +68,7 @@ class CudaKernels final : public Kernels {
   Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) override;
   // One pass (the sum is never stored); with `rounded`, its bfloat16 copy in the same pass.
   Tensor add_relu(const Tensor& a, const Tensor& b, Tensor* rounded = nullptr) override;
+  Tensor relu_grad_of_sum(const Tensor& y, const Tensor& a, const Tensor& b) override;
   Tensor affine(const Tensor& x, float alpha, float beta) override;
   Tensor reduce(ReductionKind kind, const Tensor& x, const std::vector<int>& axes,
                 bool keepdims) override;

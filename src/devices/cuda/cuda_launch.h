@@ -37,6 +37,10 @@ void launch_binary(BinaryOp op, const float* a, const float* b, float* out, int6
 // with `rounded` (bfloat16 bits, or null), also out rounded to bfloat16 in the same pass.
 void launch_add_relu(const float* a, const float* b, float* out, uint16_t* rounded, int64_t n,
                      cudaStream_t s);
+// dx = ReLU's gradient at y (float32, or a kept bfloat16 copy) of a + b, in one pass: the bits of
+// launch_binary(kAdd) then launch_activation_backward(kRelu).
+void launch_relu_grad_of_sum(const void* y, DType y_type, const float* a, const float* b, float* dx,
+                             int64_t n, cudaStream_t s);
 void launch_affine(const float* x, float* y, int64_t n, float alpha, float beta, cudaStream_t s);
 // Sets n elements of type dtype to value (converted as a C++ static_cast / the host's rounding).
 void launch_fill(void* x, DType dtype, int64_t n, float value, cudaStream_t s);

@@ -341,5 +341,50 @@ TEST_F(Tape, AGradientInTwoPartsIsTakenAsItIsByTheReluThatMadeIt) {
             0.f);
 }
 
+// A strategy's GradientReadyHook may release a source's gradient it is told is exclusive
+// (ZeRO-2/3). add(h, s) hands one tensor to both inputs: the variable s's gradient and one of h's
+// two parts, which the tape holds apart until h's ReLU reads it. So s's gradient is not exclusive
+// then (it was with the sum made first, a new tensor), and the gradients are the same either way.
+TEST_F(Tape, AGradientHeldAsAPartIsNotReportedExclusive) {
+  struct Recorder : tape::GradientReadyHook {
+    std::vector<int> exclusive;
+    void on_ready(size_t i, const Tensor&, bool ex) override {
+      if (exclusive.size() <= i) exclusive.resize(i + 1, -1);
+      exclusive[i] = ex ? 1 : 0;
+    }
+    void on_done() override {}
+  };
+  const Shape shape{64};
+  auto s = create_variable({"s", shape, DType::kFloat32, initializers::constant(0.5f)});
+  auto w = create_variable({"w", shape, DType::kFloat32, initializers::constant(-0.25f)});
+  const Tensor x = testing::random_tensor(shape, 8), v = testing::random_tensor(shape, 9),
+               r = testing::random_tensor(shape, 10);
+  const auto run = [&](Recorder* rec) {
+    tape::GradientReadyHook* prev = tape::set_gradient_ready_hook(rec);
+    GradientTape tape;
+    const Tensor h = ops::relu(ops::add(x, w->value()));
+    // (one op a statement: the order they are recorded in decides which part comes second)
+    const Tensor hs = ops::add(h, s->value());
+    const Tensor hv = ops::mul(h, v);
+    const Tensor loss = ops::sum(ops::mul(ops::add(hs, hv), r));
+    std::vector<Tensor> g = tape.gradient(loss, VariableList{s, w});
+    tape::set_gradient_ready_hook(prev);
+    return g;
+  };
+  Recorder parts, summed;
+  const uint64_t before = tape_testing::summed_in_backward();
+  const std::vector<Tensor> a = run(&parts);
+  EXPECT_EQ(tape_testing::summed_in_backward() - before, 1u) << "h's ReLU took two parts";
+  tape_testing::take_sums_in_backward(false);
+  const std::vector<Tensor> b = run(&summed);
+  tape_testing::take_sums_in_backward(true);
+  ASSERT_EQ(parts.exclusive.size(), 2u);
+  ASSERT_EQ(summed.exclusive.size(), 2u);
+  EXPECT_EQ(parts.exclusive[0], 0) << "s's gradient is also h's part held apart";
+  EXPECT_EQ(summed.exclusive[0], 1) << "(the sum first: a tensor of its own)";
+  expect_same_bits(a[0], b[0], "s");
+  expect_same_bits(a[1], b[1], "w");
+}
+
 }  // namespace
 }  // namespace dtrain

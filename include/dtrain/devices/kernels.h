@@ -170,8 +170,9 @@ class DTRAIN_API Kernels {
   }
   // ReLU's gradient at y (as activation_backward(kRelu, y, dy)) of dy = a + b, for a, b of y's
   // shape: the gradient of a residual block's input, which arrives in two parts (the tape's
-  // SumBackwardFn). This default runs binary() and activation_backward(); the CPU and CUDA do it
-  // in one pass, the sum never stored, with the same bits.
+  // SumBackwardFn). This default runs binary() and activation_backward(); CUDA does it in one
+  // pass, the sum never stored, with the same bits, and the CPU where its passes stream (4 MB and
+  // more).
   virtual Tensor relu_grad_of_sum(const Tensor& y, const Tensor& a, const Tensor& b) {
     return activation_backward(UnaryOp::kRelu, y, binary(BinaryOp::kAdd, a, b));
   }

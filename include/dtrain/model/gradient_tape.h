@@ -110,9 +110,12 @@ DTRAIN_API void record(const char* op, std::vector<Tensor> inputs, std::vector<T
                        BackwardFn fn);
 // The backward pass of a one-output op given its output's gradient in two parts, dy = a + b (both
 // float32, of the output's shape), which it may fuse into its first pass instead of a sum written
-// and read again. It must give what the op's BackwardFn gives for ops::add(a, b). The tape passes
-// the parts where the output's gradient comes from two readers (a residual block's input: its
-// shortcut and its first convolution; ops::relu and ops::add_relu take it), and the sum otherwise.
+// and read again. It must give what the op's BackwardFn gives for ops::add(a, b), also when an
+// outer tape records the backward pass (then as recorded ops). The tape passes two parts where the
+// output's gradient comes from two readers or more (a residual block's input: its shortcut and its
+// first convolution; ops::relu and ops::add_relu take them): with more, a = the sum of all but the
+// last in the order they came, b = the last. A source's gradient, or parts that are not both
+// float32, it sums first (BackwardFn).
 using SumBackwardFn = std::function<std::vector<Tensor>(const Tensor& a, const Tensor& b)>;
 DTRAIN_API void record_summing(const char* op, std::vector<Tensor> inputs, const Tensor& output,
                                BackwardFn fn, SumBackwardFn fn_sum);

@@ -483,31 +483,6 @@ Tensor CpuKernels::binary(BinaryOp op, const Tensor& a, const Tensor& b) {
 // One pass: oneDNN's binary add with a ReLU post-op. ResNet-50 at batch 32, one thread, two steps
 // (ONEDNN_VERBOSE): the ReLU primitives' forward time 602 -> 76 ms, the sums' 1,001 -> 1,004 ms
 // with the ReLU in them (a ReLU pass over 25.7 M floats took 37 ms, memory-bound).
-// Where the pass streams (4 MB and more, as the ReLU gradient's and the sum's own passes): one pass
-// reading y, a and b, instead of a sum written and read again. ResNet-50's 16 residual blocks'
-// inputs: 16 fewer passes a step. Elsewhere (and for operands the kernel does not take) the
-// default's two passes, which give the same bits.
-Tensor CpuKernels::relu_grad_of_sum(const Tensor& y, const Tensor& a, const Tensor& b) {
-  const bool y_ok = y.dtype() == DType::kFloat32 || y.dtype() == DType::kBFloat16;
-  if (!y_ok || a.dtype() != DType::kFloat32 || b.dtype() != DType::kFloat32 ||
-      a.shape() != y.shape() || b.shape() != y.shape() || !streams(y.numel()))
-    return Kernels::relu_grad_of_sum(y, a, b);
-  if (y.dtype() == DType::kBFloat16) require_f32_or_kept_bf16(y, "relu_grad_of_sum", "y");
-  Tensor dx = Tensor::empty(y.shape(), DType::kFloat32, spec_);
-  const float *pa = a.data<float>(), *pb = b.data<float>();
-  float* d = dx.data<float>();
-  if (y.dtype() == DType::kBFloat16) {
-    const auto* py = static_cast<const uint16_t*>(y.raw_data());
-    in_parts(*state_, dx.numel(),
-             [&](int64_t o, int64_t n) { stream_relu_grad_sum(py + o, pa + o, pb + o, d + o, n); });
-  } else {
-    const float* py = y.data<float>();
-    in_parts(*state_, dx.numel(),
-             [&](int64_t o, int64_t n) { stream_relu_grad_sum(py + o, pa + o, pb + o, d + o, n); });
-  }
-  return dx;
-}
-
 Tensor CpuKernels::add_relu(const Tensor& a, const Tensor& b, Tensor* rounded) {
   require_f32(a, "add_relu", "a");
   require_f32(b, "add_relu", "b");
@@ -554,6 +529,32 @@ Tensor CpuKernels::add_relu(const Tensor& a, const Tensor& b, Tensor* rounded) {
     rethrow_dnnl("add_relu", err);
   }
   return c;
+}
+
+// Where the pass streams (4 MB and more, as the ReLU gradient's and the sum's own passes): one pass
+// reading y, a and b, instead of a sum written and read again: ResNet-50's residual blocks whose
+// input is the block before's output (15 of 16; the first reads the stem's pooling), 15 fewer
+// passes a step. Elsewhere (and for operands the kernel does not take) the default's two passes,
+// which give the same bits.
+Tensor CpuKernels::relu_grad_of_sum(const Tensor& y, const Tensor& a, const Tensor& b) {
+  const bool y_ok = y.dtype() == DType::kFloat32 || y.dtype() == DType::kBFloat16;
+  if (!y_ok || a.dtype() != DType::kFloat32 || b.dtype() != DType::kFloat32 ||
+      a.shape() != y.shape() || b.shape() != y.shape() || !streams(y.numel()))
+    return Kernels::relu_grad_of_sum(y, a, b);
+  if (y.dtype() == DType::kBFloat16) require_f32_or_kept_bf16(y, "relu_grad_of_sum", "y");
+  Tensor dx = Tensor::empty(y.shape(), DType::kFloat32, spec_);
+  const float *pa = a.data<float>(), *pb = b.data<float>();
+  float* d = dx.data<float>();
+  if (y.dtype() == DType::kBFloat16) {
+    const auto* py = static_cast<const uint16_t*>(y.raw_data());
+    in_parts(*state_, dx.numel(),
+             [&](int64_t o, int64_t n) { stream_relu_grad_sum(py + o, pa + o, pb + o, d + o, n); });
+  } else {
+    const float* py = y.data<float>();
+    in_parts(*state_, dx.numel(),
+             [&](int64_t o, int64_t n) { stream_relu_grad_sum(py + o, pa + o, pb + o, d + o, n); });
+  }
+  return dx;
 }
 
 Tensor CpuKernels::affine(const Tensor& x, float alpha, float beta) {

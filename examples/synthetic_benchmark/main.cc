@@ -46,7 +46,9 @@ int main(int argc, char** argv) {
   std::string image_dir;
   int input_threads = 0;
   bool recompute = false, tf32 = false;
-  app.add_option("--model", model_name, "resnet18, resnet34, resnet50, resnet101, resnet152")
+  app.add_option("--model", model_name,
+                 "resnet18, resnet34, resnet50, resnet101, resnet152 (ImageNet's), or the CIFAR "
+                 "resnet20, resnet32, resnet44, resnet56, resnet110 (6n+2 layers)")
       ->capture_default_str();
   app.add_option("--resnet-style", style_flag,
                  "keras: keras.applications' ResNet50/101/152 (v1, convolution biases; Horovod's "

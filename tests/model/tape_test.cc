@@ -386,5 +386,24 @@ TEST_F(Tape, AGradientHeldAsAPartIsNotReportedExclusive) {
   expect_same_bits(a[1], b[1], "w");
 }
 
+// ZeroPadding2D's gradient is a crop, itself recorded (its gradient the padding again): through two
+// tapes, d/dr of sum(d/dx[sum(pad(x) r)] s) = d/dr sum(crop(r) s) = pad(s), exactly.
+TEST_F(Tape, ZeroPaddingDifferentiatesTwice) {
+  const Tensor x = testing::random_tensor(Shape{2, 3, 4, 5}, 11),
+               r = testing::random_tensor(Shape{2, 6, 5, 5}, 12),
+               s = testing::random_tensor(Shape{2, 3, 4, 5}, 13);
+  GradientTape outer;
+  outer.watch(r);
+  Tensor gx;
+  {
+    GradientTape inner;
+    inner.watch(x);
+    gx = inner.gradient(ops::sum(ops::mul(ops::zero_pad2d(x, 1, 2, 0, 1), r)), {x})[0];
+  }
+  expect_same_bits(gx, ops::slice(ops::slice(r, 1, 1, 3), 2, 0, 4), "the crop");
+  const Tensor gr = outer.gradient(ops::sum(ops::mul(gx, s)), {r})[0];
+  expect_same_bits(gr, ops::zero_pad2d(s, 1, 2, 0, 1), "the crop's gradient");
+}
+
 }  // namespace
 }  // namespace dtrain

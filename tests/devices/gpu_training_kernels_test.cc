@@ -1,13 +1,48 @@
-// GPU kernels of training against the CPU reference: losses, dropout masks, batch norm and the
-// optimizer updates (see gpu_kernels_test.cc). Every test skips when no CUDA device is visible.
+// GPU kernels of training against the CPU reference: losses, dropout masks, batch norm, the ReLU
+// gradient of a gradient in two parts and the optimizer updates (see gpu_kernels_test.cc). Every
+// test skips when no CUDA device is visible.
 #include <cstdlib>
 
 #include "devices/gpu_test_util.h"
+#include "dtrain/core/precision.h"
 
 namespace dtrain {
 namespace {
 
 using namespace gpu_test;
+
+// --- the ReLU gradient of a residual block's input ---
+
+// The ReLU gradient of a gradient in two parts (a residual block's input): one kernel, the bits
+// of the sum's kernel then the ReLU gradient's, with y float32 and a kept bfloat16 copy.
+TEST(GpuKernels, ReluGradOfSumIsAddThenReluGrad) {
+  if (dtrain::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  uint64_t s = 970;
+  for (const Shape& shape : {Shape{2, 6, 5, 16}, Shape{3, 7, 5}, Shape{1}}) {
+    const Tensor y = random_tensor(shape, s++, -2.f, 2.f), a = random_tensor(shape, s++),
+                 b = random_tensor(shape, s++);
+    const Tensor dx = gpu().relu_grad_of_sum(G(y), G(a), G(b));
+    expect_bitwise_equal(
+        gpu().activation_backward(UnaryOp::kRelu, G(y), gpu().binary(BinaryOp::kAdd, G(a), G(b))),
+        dx, "relu_grad_of_sum " + shape.to_string());
+    expect_close(cpu().relu_grad_of_sum(y, a, b), dx, 1e-6f, 1e-7f,
+                 "relu_grad_of_sum " + shape.to_string());
+    set_precision_policy(Precision::kMixedBFloat16);
+    const Tensor y16 = gpu().cast(G(y), DType::kBFloat16);
+    const Tensor dx16 = gpu().relu_grad_of_sum(y16, G(a), G(b));
+    const Tensor want16 =
+        gpu().activation_backward(UnaryOp::kRelu, y16, gpu().binary(BinaryOp::kAdd, G(a), G(b)));
+    set_precision_policy(Precision::kFloat32);
+    expect_bitwise_equal(want16, dx16, "relu_grad_of_sum, bfloat16 y " + shape.to_string());
+  }
+  try {
+    gpu().relu_grad_of_sum(G(random_tensor(Shape{4, 4}, 980)), G(random_tensor(Shape{4, 4}, 981)),
+                           G(random_tensor(Shape{4, 2}, 982)));
+    FAIL() << "relu_grad_of_sum took [4, 4] and [4, 2]";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("relu_grad_of_sum"), std::string::npos) << e.what();
+  }
+}
 
 // --- losses ---
 

@@ -6,6 +6,9 @@
 // out. Not built by CMake:
 //
 //   g++ -O2 -std=c++17 bench/micro/lm_head_blocks.cc -o /tmp/lm_head_blocks -ldnnl
+//
+// The last two rows start from the float32 gradient, as dtrain's matmul does: its bfloat16 copy as
+// it lies (dtrain's way), or transposed by the same copy, so that A is row-major; the copy timed.
 //   OMP_NUM_THREADS=1 taskset -c 0 /tmp/lm_head_blocks 5      # rounds (the variants alternate)
 //
 // GFLOP/s (2 M K N over the fastest of 2 timed calls, copies included), the median over rounds,
@@ -58,7 +61,22 @@ void execute(stream& s, matmul& p, int64_t m, int64_t k, int64_t n, memory::dims
   p.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
 }
 std::vector<uint16_t> x(M*H, 0x3c00), e(V*H, 0x3c00), g(M*V, 0x3c00), tmpA(8192 * 1024);
-std::vector<float> logits(M*V), dx(M*H), de(V*H), tmpC(1024 * 8192);
+std::vector<float> logits(M*V), dx(M*H), de(V*H), tmpC(1024 * 8192), g32(M*V, 1.f);
+std::vector<uint16_t> g16(M* V);
+// The float32 gradient g [M x V] to bfloat16, read as A = g^T [V x M] (strides {1, V}) and
+// written with strides `to`: {1, V} keeps g's layout (what dtrain's matmul does), {M, 1}
+// transposes.
+void to_bf16(stream& s, memory::dims to) {
+  static std::map<std::string, reorder> rs;
+  const std::string key = std::to_string(to[0]);
+  memory::desc src({V, M}, dt::f32, {1, V}), dst({V, M}, dt::bf16, to);
+  auto it = rs.find(key);
+  if (it == rs.end())
+    it = rs.emplace(key, reorder(reorder::primitive_desc(eng, src, eng, dst))).first;
+  memory a(src, eng, g32.data()), b(dst, eng, g16.data());
+  it->second.execute(s, a, b);
+  s.wait();
+}
 int main(int argc, char** argv) {
   int rounds = argc > 1 ? atoi(argv[1]) : 5;
   stream s(eng);
@@ -77,7 +95,9 @@ int main(int argc, char** argv) {
                        {"dx K blocks 4096, A copied dense", 3, 4096},
                        {"dE whole", 4, 0},
                        {"dE M blocks 2048, A^T copied dense", 5, 2048},
-                       {"dE M blocks 4096, A^T copied dense", 5, 4096}};
+                       {"dE M blocks 4096, A^T copied dense", 5, 4096},
+                       {"dE from float32 g, cast as it lies", 6, 0},
+                       {"dE from float32 g, cast transposed", 7, 1}};
   std::vector<std::vector<double>> r(cs.size());
   for (int rd = 0; rd < rounds; ++rd)
     for (size_t i = 0; i < cs.size(); ++i) {
@@ -112,7 +132,15 @@ int main(int argc, char** argv) {
         else if (c.kind == 4)
           execute(s, product(V, M, H, {1, V}, {H, 1}, {H, 1}, false), V, M, H, {1, V}, {H, 1},
                   {H, 1}, g.data(), x.data(), de.data());
-        else
+        else if (c.kind == 6) {
+          to_bf16(s, {1, V});
+          execute(s, product(V, M, H, {1, V}, {H, 1}, {H, 1}, false), V, M, H, {1, V}, {H, 1},
+                  {H, 1}, g16.data(), x.data(), de.data());
+        } else if (c.kind == 7) {
+          to_bf16(s, {M, 1});
+          execute(s, product(V, M, H, {M, 1}, {H, 1}, {H, 1}, false), V, M, H, {M, 1}, {H, 1},
+                  {H, 1}, g16.data(), x.data(), de.data());
+        } else
           for (int64_t i2 = 0; i2 < V; i2 += c.blk) {
             int64_t mb = std::min(c.blk, V - i2);
             for (int64_t t = 0; t < M; ++t)

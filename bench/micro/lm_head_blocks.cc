@@ -6,10 +6,11 @@
 // out. Not built by CMake:
 //
 //   g++ -O2 -std=c++17 bench/micro/lm_head_blocks.cc -o /tmp/lm_head_blocks -ldnnl
+//   OMP_NUM_THREADS=1 taskset -c 0 /tmp/lm_head_blocks 5      # rounds (the variants alternate)
 //
 // The last two rows start from the float32 gradient, as dtrain's matmul does: its bfloat16 copy as
 // it lies (dtrain's way), or transposed by the same copy, so that A is row-major; the copy timed.
-//   OMP_NUM_THREADS=1 taskset -c 0 /tmp/lm_head_blocks 5      # rounds (the variants alternate)
+// The last row's ratio ("vs whole") is against the row above it.
 //
 // GFLOP/s (2 M K N over the fastest of 2 timed calls, copies included), the median over rounds,
 // and each blocked variant's ratio to the whole product within each round, median over rounds.
@@ -62,7 +63,7 @@ void execute(stream& s, matmul& p, int64_t m, int64_t k, int64_t n, memory::dims
 }
 std::vector<uint16_t> x(M*H, 0x3c00), e(V*H, 0x3c00), g(M*V, 0x3c00), tmpA(8192 * 1024);
 std::vector<float> logits(M*V), dx(M*H), de(V*H), tmpC(1024 * 8192), g32(M*V, 1.f);
-std::vector<uint16_t> g16(M* V);
+std::vector<uint16_t> g16(g.size());
 // The float32 gradient g [M x V] to bfloat16, read as A = g^T [V x M] (strides {1, V}) and
 // written with strides `to`: {1, V} keeps g's layout (what dtrain's matmul does), {M, 1}
 // transposes.
@@ -83,8 +84,8 @@ int main(int argc, char** argv) {
   struct C {
     const char* name;
     int kind;     // 0 x E^T whole, 1 in column blocks, 2 g E whole, 3 in inner blocks, 4 g^T x
-                  // whole, 5 in row blocks
-    int64_t blk;  // block width (0: whole)
+                  // whole, 5 in row blocks, 6 g^T x from float32 g, 7 the same cast transposed
+    int64_t blk;  // block width (0: whole; nonzero: a ratio against the last whole row above)
   };
   std::vector<C> cs = {{"fwd whole", 0, 0},
                        {"fwd N blocks 1024 via dense temp", 1, 1024},

@@ -117,6 +117,7 @@ struct MixedBf16 {
   ~MixedBf16() {
     cpu::force_bf16_emulation_for_testing(false);
     cpu::force_bf16_native_for_testing(false);
+    cpu::force_bf16_amx_for_testing(-1);
     set_precision_policy(Precision::kFloat32);
   }
 };
@@ -134,15 +135,17 @@ TEST(CpuMatmul, WideProductsUnderMixedBfloat16EqualSumsOfRoundedOperands) {
   }
 }
 
-// On oneDNN's bfloat16 kernels, a transposed B of 16,384 columns or more (GPT-2's tied output
+// On AMX's bfloat16 kernels, a transposed B of 16,384 columns or more (GPT-2's tied output
 // layer) runs as column blocks of about 2,048 through a dense scratch block, for products of 256
 // rows or more: 16,390 columns are 9 blocks of 1,824 and a last of 1,798. Every element against
 // float64 sums of the rounded operands, with A as it is and transposed; 16,383 columns and 255 rows
 // (one product) beside them. bfloat16 copies of the operands give the same result bit for bit.
+// (On any CPU with bfloat16 kernels: the blocks are chosen as on AMX.)
 TEST(CpuMatmul, WideTransposedProductsOnBfloat16KernelsRunInColumnBlocks) {
   if (!cpu::bf16_kernel_choice().available) GTEST_SKIP() << "no bfloat16 kernels on this CPU";
   MixedBf16 policy;
   cpu::force_bf16_native_for_testing(true);
+  cpu::force_bf16_amx_for_testing(1);
   Kernels& kern = kernels_for(Tensor::full(Shape{1}, 0.f));
   struct Case {
     int64_t m, k, n;
@@ -170,6 +173,47 @@ TEST(CpuMatmul, WideTransposedProductsOnBfloat16KernelsRunInColumnBlocks) {
     EXPECT_LT(e.worst, 1e-6 * e.scale);
     const Tensor from_bf16 =
         kern.matmul(kern.cast(a, DType::kBFloat16), kern.cast(b, DType::kBFloat16), c.ta, true);
+    EXPECT_EQ(from_bf16.to_vector<float>(), gv);
+  }
+}
+
+// On the bfloat16 kernels without AMX, an untransposed A with an inner dimension of 16,384 or more
+// (g E, the gradient through GPT-2's tied output layer) runs in blocks of that dimension, and a
+// transposed A of 16,384 rows or more (g^T x, the embedding's gradient) in blocks of C's rows, for
+// a row-major B and at least 256 of the other dimension of A: each block of A cast (or copied) into
+// a dense bfloat16 block. 16,390 is 9 blocks of 1,824 and a last of 1,798. Every element against
+// float64 sums of the rounded operands; beside them products one short of either bound and with B
+// transposed (one product each). bfloat16 copies of the operands give the same result bit for bit.
+// (On any CPU with bfloat16 kernels: the blocks are chosen as without AMX.)
+TEST(CpuMatmul, LongProductsOnBfloat16KernelsWithoutAmxRunInDenseBlocksOfA) {
+  if (!cpu::bf16_kernel_choice().available) GTEST_SKIP() << "no bfloat16 kernels on this CPU";
+  MixedBf16 policy;
+  cpu::force_bf16_native_for_testing(true);
+  cpu::force_bf16_amx_for_testing(0);
+  Kernels& kern = kernels_for(Tensor::full(Shape{1}, 0.f));
+  struct Case {
+    int64_t m, k, n;
+    bool ta, tb;
+  };
+  for (const Case c : {Case{256, 16390, 7, false, false}, Case{300, 16384, 3, false, false},
+                       Case{16390, 256, 7, true, false}, Case{16384, 300, 3, true, false},
+                       Case{255, 16390, 3, false, false}, Case{256, 16383, 3, false, false},
+                       Case{16390, 255, 3, true, false}, Case{16383, 256, 3, true, false},
+                       Case{256, 16390, 3, false, true}, Case{16390, 256, 3, true, true}}) {
+    SCOPED_TRACE(std::to_string(c.m) + "x" + std::to_string(c.k) + "x" + std::to_string(c.n) +
+                 (c.ta ? " A^T" : " A") + (c.tb ? " B^T" : " B"));
+    // (Not rounded here: the blocks cast A from float32 themselves; the float64 sums round both.)
+    const std::vector<float> av = wave(c.m * c.k, 0.37f), bv = wave(c.k * c.n, 0.0113f);
+    const Tensor a = Tensor::from_vector(av, c.ta ? Shape{c.k, c.m} : Shape{c.m, c.k});
+    const Tensor b = Tensor::from_vector(bv, c.tb ? Shape{c.n, c.k} : Shape{c.k, c.n});
+    const Tensor got = ops::matmul(a, b, c.ta, c.tb);
+    ASSERT_EQ(got.shape(), (Shape{c.m, c.n}));
+    const std::vector<float> gv = got.to_vector<float>();
+    const Error e = compare(av, bv, c.m, c.k, c.n, c.ta, c.tb, gv, true);
+    EXPECT_GT(e.scale, 1.0);
+    EXPECT_LT(e.worst, 1e-6 * e.scale);
+    const Tensor from_bf16 =
+        kern.matmul(kern.cast(a, DType::kBFloat16), kern.cast(b, DType::kBFloat16), c.ta, c.tb);
     EXPECT_EQ(from_bf16.to_vector<float>(), gv);
   }
 }

@@ -17,6 +17,8 @@ namespace dtrain::cpu {
 namespace {
 // Tests' override of the choice: 0 none, 1 emulated, 2 native (where oneDNN has the kernels).
 std::atomic<int> g_force_bf16{0};
+// Tests' override of bf16_kernels_amx: -1 none, else the answer.
+std::atomic<int> g_force_amx{-1};
 
 bool probe_bf16_kernels() {
   (void)cap_onednn_isa();
@@ -132,6 +134,19 @@ bool bf16_kernels_native() {
 memory::data_type kernel_input_type() {
   return mixed_bf16() && bf16_kernels_native() ? dt::bf16 : dt::f32;
 }
+
+bool bf16_kernels_amx() {
+  const int forced = g_force_amx.load(std::memory_order_relaxed);
+  if (forced >= 0) return forced != 0;
+  // (dnnl_cpu_isa_t is a set of bits: avx512_core_amx is 0x3e7.)
+  static const bool amx = [] {
+    (void)cap_onednn_isa();
+    return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & 0x3e7u) == 0x3e7u;
+  }();
+  return amx;
+}
+
+void force_bf16_amx_for_testing(int amx) { g_force_amx.store(amx < 0 ? -1 : amx != 0); }
 
 void force_bf16_emulation_for_testing(bool on) { g_force_bf16.store(on ? 1 : 0); }
 void force_bf16_native_for_testing(bool on) { g_force_bf16.store(on ? 2 : 0); }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "devices/cpu/dnnl_util.h"
+#include "dtrain/core/dtype.h"
 #include "dtrain/core/precision.h"
 
 namespace dtrain::cpu {
@@ -22,9 +23,11 @@ std::atomic<uint64_t> g_state_uid{1};
 constexpr int64_t kMatmulColumnBlock = 1536, kMatmulInnerBlock = 1536,
                   kMatmulInnerBlockMinRows = 256;
 constexpr int64_t kMatmulRowBlock = 4096, kMatmulRowsSplitAbove = 8192;
-// On the bfloat16 kernels: column blocks of about kBf16ColumnBlock over a transposed B at least
-// kBf16WideColumns wide, for products of at least kMatmulInnerBlockMinRows rows (see
-// CpuKernels::matmul).
+// On the bfloat16 kernels (see CpuKernels::matmul), blocks of about kBf16ColumnBlock: with AMX,
+// of C's columns over a transposed B at least kBf16WideColumns wide, for products of at least
+// kMatmulInnerBlockMinRows rows; without, dense blocks of A along an inner dimension or a
+// transposed A's rows at least kBf16WideColumns long, the other at least
+// kMatmulInnerBlockMinRows.
 constexpr int64_t kBf16ColumnBlock = 2048, kBf16WideColumns = 16384;
 
 // `extent` as equal blocks of at most about `most` (multiples of 16 but the last): their width.
@@ -86,6 +89,24 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     const bool bf16 = mixed_bf16(), native = bf16 && bf16_kernels_native();
     const dt in_dt = native ? dt::bf16 : dt::f32;
     const bool a_rows = (bf16 && !native) || !ta, b_rows = (bf16 && !native) || !tb;
+    // On the bfloat16 kernels without AMX (AVX-512 BF16: AMD Zen 4 and 5), the gradients through
+    // GPT-2's tied output layer run in blocks of A, each cast (or copied) into a dense bfloat16
+    // block: g E, a long inner dimension over an untransposed A ([1024x50257] @ [50257x768]), in
+    // blocks of the inner dimension (the blocks after the first adding into C); and the
+    // embedding's gradient g^T x, a transposed A tens of thousands of rows tall ([50257x1024] @
+    // [1024x768]), in blocks of C's rows, each summing over the whole inner dimension as the whole
+    // product does. Both products are 79 GFLOP a step at 1,024 tokens. On a Zen 4 core whole,
+    // from a bfloat16 A: 186 and 173 GFLOP/s; in blocks of 2,048 through dense copies, 197 and
+    // 190 (1.06x and 1.10x, copies included; bench/micro/lm_head_blocks.cc). Blocks of a strided
+    // A are no use: oneDNN 2.6 runs them on its older jit GEMM. Casting each block from the
+    // float32 gradient also drops the whole cast before the product. Not on AMX, where they were
+    // not measured; there the forward product runs in column blocks instead (below), which on
+    // Zen 4 ran at 0.93-0.94x the whole product.
+    const bool amx = native && bf16_kernels_amx();
+    const bool inner_blocks16 = native && !amx && !ta && !tb && k >= kBf16WideColumns &&
+                                m >= kMatmulInnerBlockMinRows,
+               row_blocks16 = native && !amx && ta && !tb && m >= kBf16WideColumns &&
+                              k >= kMatmulInnerBlockMinRows;
     const dt op_dt = bf16 ? in_dt : dt::f32;
     // Element strides of the operands the primitive reads: A(i, p), B(p, j), C(i, j).
     const memory::dims as = a_rows ? memory::dims{k, 1} : memory::dims{1, m};
@@ -115,7 +136,7 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
           round_to_bf16(static_cast<float*>(holder->raw_data()), static_cast<size_t>(elems));
         return static_cast<const char*>(holder->raw_data());
       };
-      ap = operand(am, abf, a, &a16, ap);
+      if (!inner_blocks16 && !row_blocks16) ap = operand(am, abf, a, &a16, ap);
       bp = operand(bm, bbf, b, &b16, bp);
     }
     // oneDNN 2.6's brgemm matmul loses up to two thirds of its rate on some large operands that
@@ -137,9 +158,11 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     auto* cp = static_cast<float*>(c.raw_data());
     // The primitive for an mb x kb x nb block (the operands keep their full strides; C's rows are
     // ldc apart: n in C itself, nb in a dense scratch block).
-    const auto prim = [&](int64_t mb, int64_t kb, int64_t nb, bool accumulate, int64_t ldc) {
+    // (A's element strides are `as` but for the dense blocks of A below: `a_strides`.)
+    const auto prim = [&](int64_t mb, int64_t kb, int64_t nb, bool accumulate, int64_t ldc,
+                          const memory::dims& a_strides) {
       std::string key = bf16 ? (native ? "mm@bf16" : "mm@bf16-emulated") : "mm";
-      key_dims(key, {m, k, n, mb, kb, nb, ta, tb, accumulate, ldc});
+      key_dims(key, {m, k, n, mb, kb, nb, ta, tb, accumulate, ldc, a_strides[0], a_strides[1]});
       return state_->get<MatmulPrimitive>(
           key,
           [&] {
@@ -150,7 +173,7 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
               attr.set_post_ops(po);
             }
             dnnl::matmul::primitive_desc pd(
-                dnnl::matmul::desc(memory::desc({mb, kb}, op_dt, as),
+                dnnl::matmul::desc(memory::desc({mb, kb}, op_dt, a_strides),
                                    memory::desc({kb, nb}, op_dt, bs),
                                    memory::desc({mb, nb}, dt::f32, memory::dims{ldc, 1})),
                 attr, state_->engine);
@@ -158,7 +181,7 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
           },
           mb * nb * kb / 8);
     };
-    // On the bfloat16 kernels, a transposed B tens of thousands of columns wide (GPT-2's tied
+    // On AMX's bfloat16 kernels, a transposed B tens of thousands of columns wide (GPT-2's tied
     // output layer, x E^T with E the [50257 x 768] embedding, 79 GFLOP a step at 1,024 tokens)
     // runs as column blocks of C, each into a dense scratch block copied into place: a block of a
     // transposed B is a dense range of its rows, which the AMX brgemm kernel takes, but a block of
@@ -167,14 +190,49 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     // at 436 (1.70x within each of 7 rounds, 1.52-1.88; blocks of 1,024 1.51x, of 4,096 1.46x),
     // the copies included (bench/micro/lm_head_blocks.cc, one thread on an AMX Xeon). Each block
     // sums over the whole inner dimension, as the whole product does.
-    if (native && !b_rows && n >= kBf16WideColumns && m >= kMatmulInnerBlockMinRows) {
+    if (inner_blocks16 || row_blocks16) {
+      // A as stored: `rows` rows of `lda` elements (g [m x k], or g [k x m] read as g^T); each
+      // block is `w` of those columns from every row, dense: A [m x w] (strides {w, 1}) or
+      // A^T [w x k] (strides {1, w}).
+      const int64_t extent = inner_blocks16 ? k : m, rows = inner_blocks16 ? m : k,
+                    lda = inner_blocks16 ? k : m, w = block_width(extent, kBf16ColumnBlock);
+      Tensor block = scratch(static_cast<size_t>(rows * w) * 2, spec_);
+      auto* dense = static_cast<uint16_t*>(block.raw_data());
+      const bool a_bf16 = a.dtype() == DType::kBFloat16;
+      const int threads = rows * w < State::kSerialWork ? 1 : state_->threads;
+      for (int64_t s = 0; s < extent; s += w) {
+        const int64_t wb = std::min(w, extent - s);
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+        for (int64_t r = 0; r < rows; ++r) {
+          const size_t from = static_cast<size_t>(r * lda + s), count = static_cast<size_t>(wb);
+          if (a_bf16)
+            std::memcpy(dense + r * wb, static_cast<const uint16_t*>(a.raw_data()) + from,
+                        count * 2);
+          else
+            floats_to_bf16(static_cast<const float*>(a.raw_data()) + from, dense + r * wb, count);
+        }
+        const memory::dims dense_as = inner_blocks16 ? memory::dims{wb, 1} : memory::dims{1, wb};
+        const int64_t mb = inner_blocks16 ? m : wb, kb = inner_blocks16 ? wb : k;
+        auto e = prim(mb, kb, n, inner_blocks16 && s > 0, n, dense_as);
+        const memory ab(memory::desc({mb, kb}, op_dt, dense_as), state_->engine, dense);
+        const memory bb(memory::desc({kb, n}, op_dt, bs), state_->engine,
+                        const_cast<char*>(bp) + (inner_blocks16 ? s * bs[0] * elem : 0));
+        const memory cb(memory::desc({mb, n}, dt::f32, memory::dims{n, 1}), state_->engine,
+                        cp + (inner_blocks16 ? 0 : s * n));
+        auto& strm = state_->stream(mb * n * kb / 8);
+        e->prim.execute(strm, {{DNNL_ARG_SRC, ab}, {DNNL_ARG_WEIGHTS, bb}, {DNNL_ARG_DST, cb}});
+        strm.wait();
+      }
+      return c;
+    }
+    if (amx && !b_rows && n >= kBf16WideColumns && m >= kMatmulInnerBlockMinRows) {
       const int64_t nw = block_width(n, kBf16ColumnBlock);
       Tensor block = scratch(static_cast<size_t>(m * nw) * 4, spec_);
       auto* cblock = static_cast<float*>(block.raw_data());
       const int threads = m * nw < State::kSerialWork ? 1 : state_->threads;
       for (int64_t j = 0; j < n; j += nw) {
         const int64_t nb = std::min(nw, n - j);
-        auto e = prim(m, k, nb, false, nb);
+        auto e = prim(m, k, nb, false, nb, as);
         const memory am(memory::desc({m, k}, op_dt, as), state_->engine, const_cast<char*>(ap));
         const memory bb(memory::desc({k, nb}, op_dt, bs), state_->engine,
                         const_cast<char*>(bp) + j * bs[1] * elem);
@@ -205,7 +263,7 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
         for (int64_t p = 0; p < k; p += kw) {
           const int64_t mb = std::min(mw, m - i), nb = std::min(nw, n - j),
                         kb = std::min(kw, k - p);
-          auto e = prim(mb, kb, nb, p > 0, n);
+          auto e = prim(mb, kb, nb, p > 0, n, as);
           const memory ab(memory::desc({mb, kb}, op_dt, as), state_->engine,
                           const_cast<char*>(ap) + (i * as[0] + p * as[1]) * elem);
           const memory bb(memory::desc({kb, nb}, op_dt, bs), state_->engine,

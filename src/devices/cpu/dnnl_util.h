@@ -148,6 +148,10 @@ const Bf16KernelChoice& bf16_kernel_choice();  // this process's, made at the fi
 bool mixed_bf16();                             // the policy is mixed_bfloat16
 bool bf16_kernels_native();  // mixed_bfloat16 runs oneDNN's bfloat16 kernels (the choice, or a
                              // test's override)
+// Whether oneDNN's bfloat16 kernels here are its AMX ones (the effective instruction set, under
+// ONEDNN_MAX_CPU_ISA / DTRAIN_MAX_CPU_ISA, is avx512_core_amx), or a test's override: which of
+// GPT-2's output-layer products CpuKernels::matmul runs in blocks.
+bool bf16_kernels_amx();
 // oneDNN's data type for a dtype; undef for those it has none for (float64, int64).
 inline memory::data_type dnnl_type(DType t) {
   switch (t) {
@@ -173,5 +177,7 @@ void round_to_bf16(const float* src, float* dst, size_t n);  // src, dst apart
 // where oneDNN has them whatever they measured (false: back to the choice).
 void force_bf16_emulation_for_testing(bool on);
 void force_bf16_native_for_testing(bool on);
+// Tests: bf16_kernels_amx() answers `amx` (0: no, 1: yes; -1: back to the CPU's answer).
+void force_bf16_amx_for_testing(int amx);
 
 }  // namespace dtrain::cpu

@@ -99,9 +99,11 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     // from a bfloat16 A: 186 and 173 GFLOP/s; in blocks of 2,048 through dense copies, 197 and
     // 190 (1.06x and 1.10x, copies included; bench/micro/lm_head_blocks.cc). Blocks of a strided
     // A are no use: oneDNN 2.6 runs them on its older jit GEMM. Casting each block from the
-    // float32 gradient also drops the whole cast before the product. Not on AMX, where they were
-    // not measured; there the forward product runs in column blocks instead (below), which on
-    // Zen 4 ran at 0.93-0.94x the whole product.
+    // float32 gradient also drops the whole cast before the product. GPT-2 small, mixed
+    // bfloat16, one thread on Zen 4: +2.2-2.4% tokens/sec (two paired runs, 11 pairs, 0.98-1.09x).
+    // Not on AMX, where g E in blocks ran 0.85-0.95x and g^T x 1.02-1.14x (the same
+    // micro-benchmark, its earlier form); there the forward product runs in column blocks instead
+    // (below), which on Zen 4 ran at 0.93-0.94x the whole product.
     const bool amx = native && bf16_kernels_amx();
     const bool inner_blocks16 = native && !amx && !ta && !tb && k >= kBf16WideColumns &&
                                 m >= kMatmulInnerBlockMinRows,

@@ -137,7 +137,7 @@ TEST(CpuMatmul, WideProductsUnderMixedBfloat16EqualSumsOfRoundedOperands) {
 
 // On AMX's bfloat16 kernels, a transposed B of 16,384 columns or more (GPT-2's tied output
 // layer) runs as column blocks of about 2,048 through a dense scratch block, for products of 256
-// rows or more: 16,390 columns are 9 blocks of 1,824 and a last of 1,798. Every element against
+// rows or more: 16,390 columns are 9 blocks, 8 of 1,824 and a last of 1,798. Every element against
 // float64 sums of the rounded operands, with A as it is and transposed; 16,383 columns and 255 rows
 // (one product) beside them. bfloat16 copies of the operands give the same result bit for bit.
 // (On any CPU with bfloat16 kernels: the blocks are chosen as on AMX.)
@@ -181,7 +181,7 @@ TEST(CpuMatmul, WideTransposedProductsOnBfloat16KernelsRunInColumnBlocks) {
 // (g E, the gradient through GPT-2's tied output layer) runs in blocks of that dimension, and a
 // transposed A of 16,384 rows or more (g^T x, the embedding's gradient) in blocks of C's rows, for
 // a row-major B and at least 256 of the other dimension of A: each block of A cast (or copied) into
-// a dense bfloat16 block. 16,390 is 9 blocks of 1,824 and a last of 1,798. Every element against
+// a dense bfloat16 block. 16,390 is 9 blocks, 8 of 1,824 and a last of 1,798. Every element against
 // float64 sums of the rounded operands; beside them products one short of either bound and with B
 // transposed (one product each). bfloat16 copies of the operands give the same result bit for bit.
 // (On any CPU with bfloat16 kernels: the blocks are chosen as without AMX.)

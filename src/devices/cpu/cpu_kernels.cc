@@ -96,14 +96,16 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
     // embedding's gradient g^T x, a transposed A tens of thousands of rows tall ([50257x1024] @
     // [1024x768]), in blocks of C's rows, each summing over the whole inner dimension as the whole
     // product does. Both products are 79 GFLOP a step at 1,024 tokens. On a Zen 4 core whole,
-    // from a bfloat16 A: 186 and 173 GFLOP/s; in blocks of 2,048 through dense copies, 197 and
-    // 190 (1.06x and 1.10x, copies included; bench/micro/lm_head_blocks.cc). Blocks of a strided
-    // A are no use: oneDNN 2.6 runs them on its older jit GEMM. Casting each block from the
-    // float32 gradient also drops the whole cast before the product. GPT-2 small, mixed
-    // bfloat16, one thread on Zen 4: +2.2-2.4% tokens/sec (two paired runs, 11 pairs, 0.98-1.09x).
-    // Not on AMX, where g E in blocks ran 0.85-0.95x and g^T x 1.02-1.14x (the same
-    // micro-benchmark, its earlier form); there the forward product runs in column blocks instead
-    // (below), which on Zen 4 ran at 0.93-0.94x the whole product.
+    // from a bfloat16 A: 186 and 173 GFLOP/s; in blocks of 2,048 copied (memcpy) from that
+    // bfloat16 A into dense blocks, 197 and 190 (1.06x and 1.10x, copies included;
+    // bench/micro/lm_head_blocks.cc). Blocks of a strided A are no use: oneDNN 2.6 runs them on
+    // its older jit GEMM. Here each block is cast from the float32 gradient instead (not timed
+    // alone), which drops the whole cast before the product. GPT-2 small, mixed bfloat16, one
+    // thread on Zen 4 (the forward product whole too, below): +2.2-2.4% tokens/sec (two paired
+    // runs, 11 pairs, 0.98-1.09x). Not measured on Zen 5. Left as it was on AMX, where g E in
+    // blocks ran at a median 0.85-0.95x and g^T x 1.02-1.14x (blocks of 2,048 and 4,096, the same
+    // micro-benchmark's earlier form) but neither in a step; there the forward product runs in
+    // column blocks instead (below), which on Zen 4 ran at 0.93-0.94x the whole product.
     const bool amx = native && bf16_kernels_amx();
     const bool inner_blocks16 = native && !amx && !ta && !tb && k >= kBf16WideColumns &&
                                 m >= kMatmulInnerBlockMinRows,

@@ -140,7 +140,8 @@ TEST(CpuMatmul, WideProductsUnderMixedBfloat16EqualSumsOfRoundedOperands) {
 // rows or more: 16,390 columns are 9 blocks, 8 of 1,824 and a last of 1,798. Every element against
 // float64 sums of the rounded operands, with A as it is and transposed; 16,383 columns and 255 rows
 // (one product) beside them. bfloat16 copies of the operands give the same result bit for bit.
-// (On any CPU with bfloat16 kernels: the blocks are chosen as on AMX.)
+// Each product counted as blocked or not. (On any CPU with bfloat16 kernels: the blocks are chosen
+// as on AMX.)
 TEST(CpuMatmul, WideTransposedProductsOnBfloat16KernelsRunInColumnBlocks) {
   if (!cpu::bf16_kernel_choice().available) GTEST_SKIP() << "no bfloat16 kernels on this CPU";
   MixedBf16 policy;
@@ -165,8 +166,11 @@ TEST(CpuMatmul, WideTransposedProductsOnBfloat16KernelsRunInColumnBlocks) {
                              bv = rounded(wave(c.k * c.n, 0.0113f));
     const Tensor a = Tensor::from_vector(av, c.ta ? Shape{c.k, c.m} : Shape{c.m, c.k});
     const Tensor b = Tensor::from_vector(bv, Shape{c.n, c.k});
+    const int64_t before = cpu::bf16_blocked_products_for_testing().column_blocks;
     const Tensor got = ops::matmul(a, b, c.ta, true);
     ASSERT_EQ(got.shape(), (Shape{c.m, c.n}));
+    const bool blocks = c.m >= 256 && c.n >= 16384;
+    EXPECT_EQ(cpu::bf16_blocked_products_for_testing().column_blocks - before, blocks ? 1 : 0);
     const std::vector<float> gv = got.to_vector<float>();
     const Error e = compare(av, bv, c.m, c.k, c.n, c.ta, true, gv, false);
     EXPECT_GT(e.scale, 1.0);
@@ -184,7 +188,8 @@ TEST(CpuMatmul, WideTransposedProductsOnBfloat16KernelsRunInColumnBlocks) {
 // a dense bfloat16 block. 16,390 is 9 blocks, 8 of 1,824 and a last of 1,798. Every element against
 // float64 sums of the rounded operands; beside them products one short of either bound and with B
 // transposed (one product each). bfloat16 copies of the operands give the same result bit for bit.
-// (On any CPU with bfloat16 kernels: the blocks are chosen as without AMX.)
+// Each product counted as blocked or not. (On any CPU with bfloat16 kernels: the blocks are chosen
+// as without AMX.)
 TEST(CpuMatmul, LongProductsOnBfloat16KernelsWithoutAmxRunInDenseBlocksOfA) {
   if (!cpu::bf16_kernel_choice().available) GTEST_SKIP() << "no bfloat16 kernels on this CPU";
   MixedBf16 policy;
@@ -206,8 +211,13 @@ TEST(CpuMatmul, LongProductsOnBfloat16KernelsWithoutAmxRunInDenseBlocksOfA) {
     const std::vector<float> av = wave(c.m * c.k, 0.37f), bv = wave(c.k * c.n, 0.0113f);
     const Tensor a = Tensor::from_vector(av, c.ta ? Shape{c.k, c.m} : Shape{c.m, c.k});
     const Tensor b = Tensor::from_vector(bv, c.tb ? Shape{c.n, c.k} : Shape{c.k, c.n});
+    const cpu::Bf16BlockedProducts before = cpu::bf16_blocked_products_for_testing();
     const Tensor got = ops::matmul(a, b, c.ta, c.tb);
     ASSERT_EQ(got.shape(), (Shape{c.m, c.n}));
+    const bool blocks = !c.tb && std::min(c.m, c.k) >= 256 && (c.ta ? c.m : c.k) >= 16384;
+    const cpu::Bf16BlockedProducts after = cpu::bf16_blocked_products_for_testing();
+    EXPECT_EQ(after.dense_a_blocks - before.dense_a_blocks, blocks ? 1 : 0);
+    EXPECT_EQ(after.column_blocks, before.column_blocks);  // (none without AMX)
     const std::vector<float> gv = got.to_vector<float>();
     const Error e = compare(av, bv, c.m, c.k, c.n, c.ta, c.tb, gv, true);
     EXPECT_GT(e.scale, 1.0);

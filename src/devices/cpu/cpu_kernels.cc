@@ -15,6 +15,8 @@ namespace dtrain::cpu {
 namespace {
 
 std::atomic<uint64_t> g_state_uid{1};
+// bf16_blocked_products_for_testing's counts.
+std::atomic<int64_t> g_column_block_products{0}, g_dense_a_block_products{0};
 
 // Blocks of a large matmul (see CpuKernels::matmul): the widest block of C's columns over a
 // row-major B and of the inner dimension over an untransposed A of at least
@@ -38,6 +40,10 @@ int64_t block_width(int64_t extent, int64_t most) {
 }
 
 }  // namespace
+
+Bf16BlockedProducts bf16_blocked_products_for_testing() {
+  return {g_column_block_products.load(), g_dense_a_block_products.load()};
+}
 
 CpuKernels::State::State(int t) : uid(g_state_uid.fetch_add(1)), threads(t) {}
 
@@ -202,6 +208,7 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
                     lda = inner_blocks16 ? k : m, w = block_width(extent, kBf16ColumnBlock);
       Tensor block = scratch(static_cast<size_t>(rows * w) * 2, spec_);
       auto* dense = static_cast<uint16_t*>(block.raw_data());
+      g_dense_a_block_products.fetch_add(1, std::memory_order_relaxed);
       const bool a_bf16 = a.dtype() == DType::kBFloat16;
       const int threads = rows * w < State::kSerialWork ? 1 : state_->threads;
       for (int64_t s = 0; s < extent; s += w) {
@@ -230,6 +237,7 @@ Tensor CpuKernels::matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
       return c;
     }
     if (amx && !b_rows && n >= kBf16WideColumns && m >= kMatmulInnerBlockMinRows) {
+      g_column_block_products.fetch_add(1, std::memory_order_relaxed);
       const int64_t nw = block_width(n, kBf16ColumnBlock);
       Tensor block = scratch(static_cast<size_t>(m * nw) * 4, spec_);
       auto* cblock = static_cast<float*>(block.raw_data());

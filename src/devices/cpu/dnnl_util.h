@@ -179,5 +179,11 @@ void force_bf16_emulation_for_testing(bool on);
 void force_bf16_native_for_testing(bool on);
 // Tests: bf16_kernels_amx() answers `amx` (0: no, 1: yes; -1: back to the CPU's answer).
 void force_bf16_amx_for_testing(int amx);
+// Tests: how many products CpuKernels::matmul has run on the bfloat16 kernels in column blocks of
+// C (AMX) and in dense blocks of A (without AMX), over the process so far, every thread.
+struct Bf16BlockedProducts {
+  int64_t column_blocks = 0, dense_a_blocks = 0;
+};
+Bf16BlockedProducts bf16_blocked_products_for_testing();
 
 }  // namespace dtrain::cpu

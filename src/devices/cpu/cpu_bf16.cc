@@ -138,11 +138,7 @@ memory::data_type kernel_input_type() {
 bool bf16_kernels_amx() {
   const int forced = g_force_amx.load(std::memory_order_relaxed);
   if (forced >= 0) return forced != 0;
-  // (dnnl_cpu_isa_t is a set of bits: avx512_core_amx is 0x3e7.)
-  static const bool amx = [] {
-    (void)cap_onednn_isa();
-    return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & 0x3e7u) == 0x3e7u;
-  }();
+  static const bool amx = onednn_isa_has(dnnl::cpu_isa::avx512_core_amx);
   return amx;
 }
 

@@ -152,9 +152,8 @@ PoolGeometry pool_geometry(const Shape& x, const Pool2dParams& p) {
           p.window_w, p.stride_h, p.stride_w, p.pad_top, p.pad_left, p.relu};
 }
 
-// (dnnl_cpu_isa_t is a set of bits: avx512_core is 0x27, avx2_vnni 0x407.)
 bool onednn_has_winograd() {
-  static const bool has = (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & 0x27u) == 0x27u;
+  static const bool has = onednn_isa_has(dnnl::cpu_isa::avx512_core);
   return has;
 }
 

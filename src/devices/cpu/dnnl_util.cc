@@ -55,9 +55,15 @@ void for_each_part(int parts, int64_t n, int64_t align,
   }
 }
 
+bool onednn_isa_has(dnnl::cpu_isa isa) {
+  (void)cap_onednn_isa();
+  const auto want = static_cast<unsigned>(isa);
+  return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & want) == want;
+}
+
 void convert(CpuKernels::State& st, memory from, memory to, DeviceSpec dev, int64_t work) {
-  // oneDNN's JIT reorders take bfloat16 from avx512_core (dnnl_cpu_isa_t's 0x20 bit) up.
-  static const bool jit_bf16 = (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & 0x20u) != 0;
+  // oneDNN's JIT reorders take bfloat16 from avx512_core up.
+  static const bool jit_bf16 = onednn_isa_has(dnnl::cpu_isa::avx512_core);
   const memory::desc fd = from.get_desc(), td = to.get_desc();
   if (jit_bf16 || fd.data_type() != dt::bf16 || td.data_type() != dt::f32) {
     // (The stream first: it sets the thread count, which oneDNN's reorder fixes when it is made.)

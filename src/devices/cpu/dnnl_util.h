@@ -25,6 +25,10 @@ using dt = memory::data_type;
 // those itself). A bad value throws InvalidArgument; an ISA oneDNN can no longer change (a kernel
 // already dispatched) is reported once as a warning. True when oneDNN was capped.
 bool cap_onednn_isa();
+// Whether oneDNN's effective instruction set (capped as above first) includes `isa`:
+// dnnl_cpu_isa_t is a set of bits (avx2 0x7, avx512_core 0x27, avx512_core_amx 0x3e7), so each
+// set holds the sets below it in oneDNN's order but not avx2_vnni (0x407) and avx512_core.
+bool onednn_isa_has(dnnl::cpu_isa isa);
 
 struct CpuKernels::State {
   const bool isa_capped = cap_onednn_isa();  // first: before the engine

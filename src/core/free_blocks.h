@@ -77,8 +77,8 @@ class FreeBlocks {
 // CUDA allocator until 2026-11-27) kept each block for requests of its own size. PyTorch's policy
 // (2 MiB segments to 1 MiB, 20 MiB to 10 MiB, then each large request a segment of its own size)
 // was this class's first version. Replayed on the requests of CPU training runs (`dtrain-bench
-// alloc-replay`; docs/performance.md), device memory reserved over the bytes in use at the peak:
-// ResNet-50 at batch 32 / 64 / 128 1.41 / 1.40 / 1.39x with buckets, 1.22 / 1.19 / 1.18x with
+// alloc-replay`; docs/gpu-performance.md), device memory reserved over the bytes in use at the
+// peak: ResNet-50 at batch 32 / 64 / 128 1.41 / 1.40 / 1.39x with buckets, 1.22 / 1.19 / 1.18x with
 // PyTorch's policy, 1.06 / 1.07 / 1.06x with regions of twice the largest request (once, 1.06 /
 // 1.06 / 1.04x; four times, 1.12 / 1.11 / 1.10x); GPT-2 small 1.61x, 1.12x and 1.09x. Regions
 // lose where a small model has one large tensor: the reference CNN with its 188 MB training set

@@ -69,7 +69,7 @@ DTRAIN_API bool tensor_float_32_execution_enabled();
 // Winograd kernels on AVX-512 CPUs (ResNet-50's 3x3 layers 1.7-2.0x faster, forward and both
 // gradients, reorders included, on a Zen 4 EPYC core at batch 32), dtrain's own on CPUs whose
 // oneDNN has none (AVX2-only ones: 2.2-2.8x faster there, measured with the instruction sets capped
-// to AVX2 on a Zen 5 EPYC; docs/performance.md). The price is rounding: about 5x float32 direct
+// to AVX2 on a Zen 5 EPYC; docs/cpu-performance.md). The price is rounding: about 5x float32 direct
 // convolution's error with oneDNN's kernels (root-mean-square 8.5e-7 against 1.6e-7 on outputs of
 // magnitude 1), about twice that with dtrain's (src/devices/cpu/cpu_winograd.h; a bfloat16
 // operand's rounding is 4e-3, TF32's 5e-4), float32-accurate for training, and deterministic on one

@@ -51,11 +51,11 @@ DTRAIN_API Sharding parse_sharding(const std::string& name);
 // 4 MiB and at most 64 MiB (Horovod's fusion threshold). Each pack pays 2 (workers - 1) ring-step
 // latencies, so the more workers, the larger a pack must be for its bytes to outweigh them; and a
 // pack must be small enough that the last one, sent after the backward pass, stays short. A fixed
-// 4 MiB was best for the 2-8 workers measured here (docs/performance.md) but, by the step
+// 4 MiB was best for the 2-8 workers measured here (docs/scaling-performance.md) but, by the step
 // simulator (dtrain-bench simulate), gave ResNet-50 26% scaling efficiency instead of 75% at
 // 1,024 GPUs (128 hosts of 8, 100 Gbit/s; 75% with this rule). Simulated for ResNet-50 and GPT-2
 // small on 2-128 hosts of 8 GPUs at 10-100 Gbit/s, the rule is within 2.5 points of the best fixed
-// size of 1-256 MB in every case (docs/performance.md).
+// size of 1-256 MB in every case (docs/scaling-performance.md).
 DTRAIN_API size_t auto_bytes_per_pack(int workers);
 
 struct DTRAIN_API MirroredOptions {

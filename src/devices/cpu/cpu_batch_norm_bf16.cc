@@ -168,7 +168,7 @@ void bn_dx_rows_bf16(const uint16_t* x, const float* dy, int64_t rows, int64_t c
 // used 256-bit vectors. These take a block's rows one chunk of channels at a time (64, then 16),
 // the chunk's per-channel operands and sums held in registers. In ResNet-50's mixed bfloat16 step
 // on Zen 5 the four loops fell from 15.6% to 12.6% of `perf` samples and the step ran 1.04x
-// (performance.md, "Batch norm's bfloat16 loops on AVX-512"; bit for bit: cpu_batch_norm_test).
+// (cpu-performance.md, "Batch norm's bfloat16 loops on AVX-512"; bit for bit: cpu_batch_norm_test).
 // Each element and each channel's sum gets the same IEEE operations in the same order as above
 // (multiplies and adds kept apart, as the loops above are compiled: forward and backward must
 // decide ReLU's sign alike), so results are bit for bit the portable loops'. Channels past the

@@ -165,6 +165,39 @@ TEST(CpuStream, EveryPassEqualsItsOneDnnPrimitiveBitForBit) {
     }
 }
 
+// The ReLU gradient's rule at every pair of special values, on the paths below the streaming size
+// (oneDNN's primitive; relu_grad_of_sum as its sum then that): y <= 0 ? 0 * dy : dy, so a NaN y
+// passes dy on, a NaN or infinite dy at y <= 0 gives NaN and a negative one -0. The CUDA device's
+// kernels follow it (gpu_training_kernels_test ReluGradOfSumIsAddThenReluGrad, against these).
+TEST(CpuStream, TheReluGradientsRuleAtSpecialValues) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  const float specials[] = {1.f, 0.f, -0.f, -1.f, nan, 2.f, -inf, inf, 1e-39f, -1e-39f};
+  std::vector<float> yv, dv, want;
+  for (float y : specials)
+    for (float d : specials) {
+      yv.push_back(y);
+      dv.push_back(d);
+      want.push_back(y <= 0.f ? 0.f * d : d);
+    }
+  const int64_t n = static_cast<int64_t>(yv.size());
+  const std::unique_ptr<Device> device = make_cpu_device(0, 1, /*pin=*/false);
+  Kernels& k = device->kernels();
+  const Tensor y = Tensor::from_vector(yv, Shape{n}), dy = Tensor::from_vector(dv, Shape{n});
+  const Tensor zero = Tensor::zeros(Shape{n}, DType::kFloat32, device->spec());
+  expect_same_bits(k.activation_backward(UnaryOp::kRelu, y, dy).data<float>(), want.data(), n,
+                   "activation_backward(kRelu)");
+  // dy + 0: the same but -0 + 0 = +0
+  for (size_t i = 0; i < want.size(); ++i) {
+    const float d = dv[i] + 0.f;
+    want[i] = yv[i] <= 0.f ? 0.f * d : d;
+  }
+  expect_same_bits(k.relu_grad_of_sum(y, dy, zero).data<float>(), want.data(), n,
+                   "relu_grad_of_sum");
+  std::vector<float> got(want.size());
+  stream_relu_grad_sum(yv.data(), dv.data(), zero.data<float>(), got.data(), n, StreamIsa::kNone);
+  expect_same_bits(got.data(), want.data(), n, "the streaming pass's scalar form");
+}
+
 // Through the kernels of a CPU device of one, two and three threads (a streaming pass runs in a
 // part per thread), at 4 MB (where the device streams) and just below.
 TEST(CpuStream, TheKernelsOfADeviceGiveTheSameBitsWithAnyThreads) {

@@ -1,7 +1,12 @@
 // GPU kernels of training against the CPU reference: losses, dropout masks, batch norm, the ReLU
 // gradient of a gradient in two parts and the optimizer updates (see gpu_kernels_test.cc). Every
 // test skips when no CUDA device is visible.
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <vector>
 
 #include "devices/gpu_test_util.h"
 #include "dtrain/core/precision.h"
@@ -35,6 +40,39 @@ TEST(GpuKernels, ReluGradOfSumIsAddThenReluGrad) {
     set_precision_policy(Precision::kFloat32);
     expect_bitwise_equal(want16, dx16, "relu_grad_of_sum, bfloat16 y " + shape.to_string());
   }
+  // The CPU's rule at the special values, bit for bit (oneDNN's ReLU gradient: y <= 0 ? 0 * dy :
+  // dy): a NaN y passes dy on, a NaN or infinite dy where y <= 0 gives NaN, a negative one -0.
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  const std::vector<float> ys = {1.f, 0.f, -0.f, -1.f, nan, 2.f, -inf, inf};
+  const std::vector<float> ds = {nan, inf, -inf, -1.f, 1.f, 0.f, -0.f, 3.f};
+  std::vector<float> yv, av, bv;
+  for (float yy : ys)
+    for (float d : ds) {
+      yv.push_back(yy);
+      av.push_back(d);
+      bv.push_back(0.f);  // d + 0 = d, -0 + 0 = +0 (as on both devices)
+    }
+  const Shape sp{static_cast<int64_t>(yv.size())};
+  const Tensor ty = Tensor::from_vector(yv, sp), ta = Tensor::from_vector(av, sp),
+               tb = Tensor::from_vector(bv, sp);
+  // Bits equal, or both NaN (a NaN's payload is the CPU's operand's or x86's default, and CUDA's
+  // canonical 0x7fffffff).
+  const auto same = [&](const Tensor& c, const Tensor& g, const char* what) {
+    const std::vector<float> vc = c.to_vector<float>(), vg = g.to(kCpu).to_vector<float>();
+    ASSERT_EQ(vc.size(), vg.size());
+    for (size_t i = 0; i < vc.size(); ++i) {
+      uint32_t bc, bg;
+      std::memcpy(&bc, &vc[i], 4);
+      std::memcpy(&bg, &vg[i], 4);
+      EXPECT_TRUE(bc == bg || (std::isnan(vc[i]) && std::isnan(vg[i])))
+          << what << " at y " << yv[i] << ", dy " << av[i] << ": cpu " << vc[i] << " gpu " << vg[i]
+          << " (bits " << std::hex << bc << " and " << bg << ")";
+    }
+  };
+  same(cpu().activation_backward(UnaryOp::kRelu, ty, ta),
+       gpu().activation_backward(UnaryOp::kRelu, G(ty), G(ta)), "ReLU gradient");
+  same(cpu().relu_grad_of_sum(ty, ta, tb), gpu().relu_grad_of_sum(G(ty), G(ta), G(tb)),
+       "relu_grad_of_sum");
   try {
     gpu().relu_grad_of_sum(G(random_tensor(Shape{4, 4}, 980)), G(random_tensor(Shape{4, 4}, 981)),
                            G(random_tensor(Shape{4, 2}, 982)));
@@ -237,9 +275,12 @@ TEST(GpuKernels, BatchNormOnePassMatchesTwoPass) {
     expect_bitwise_equal(b2.dbeta, b1.dbeta, "dbeta" + at);
     expect_bitwise_equal(b2.dgamma, b1.dgamma, "dgamma" + at);
     expect_bitwise_equal(b2.dx, b1.dx, "dx" + at);
-    expect_bitwise_equal(r2.dbeta, r1.dbeta, "relu dbeta" + at);
-    expect_bitwise_equal(r2.dgamma, r1.dgamma, "relu dgamma" + at);
-    expect_bitwise_equal(r2.dx, r1.dx, "relu dx" + at);
+    // The two-pass ReLU gradient is the CPU's 0 * dy where the mask is off (-0 for a negative dy),
+    // the one-pass kernel's +0: a channel whose rows are all off and all negative (Shape{1, 2})
+    // sums to -0 in one and +0 in the other.
+    expect_bitwise_equal(r2.dbeta, r1.dbeta, "relu dbeta" + at, true);
+    expect_bitwise_equal(r2.dgamma, r1.dgamma, "relu dgamma" + at, true);
+    expect_bitwise_equal(r2.dx, r1.dx, "relu dx" + at, true);
   }
 }
 

@@ -70,8 +70,10 @@ void launch_unary_t(const float* x, float* y, int64_t n, cudaStream_t s) {
 // The gradient of activation kOp at v (x, or y for tanh and sigmoid) times d.
 template <UnaryOp kOp>
 __device__ __forceinline__ float activation_grad(float v, float d) {
+  // ReLU: v is x (or y). The CPU's rule, oneDNN's: a NaN v passes d on, a NaN or infinite d at
+  // v <= 0 gives NaN, a negative one -0 (gpu_training_kernels_test ReluGradOfSumIsAddThenReluGrad).
   if constexpr (kOp == UnaryOp::kRelu)
-    return v > 0.f ? d : 0.f;  // v is x
+    return v <= 0.f ? 0.f * d : d;
   else if constexpr (kOp == UnaryOp::kTanh)
     return d * (1.f - v * v);                   // v is y
   else if constexpr (kOp == UnaryOp::kGeluErf)  // v is x: Phi(x) + x phi(x)

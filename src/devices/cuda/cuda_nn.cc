@@ -196,6 +196,7 @@ BatchNormBackward CudaKernels::batch_norm_relu_backward(const Tensor& dy, const 
                                                         const Tensor& var, float epsilon,
                                                         const Tensor& relu_mask, DType dx_dtype) {
   const char* op = "batch_norm_relu_backward";
+  DeviceGuard guard(ctx_.index());  // the two-pass branch launches casts before bn_backward's guard
   check_activation(relu_mask, op, "relu_mask");
   check_same_shape(relu_mask, x, op);
   if (!bn_one_pass())  // the ReLU gradient's own kernel reads a float32 mask and dy

@@ -5,13 +5,17 @@
 # in the repository root (git-ignored through .git/info/exclude; about 12 MB, under the device tool's
 # 64 MiB that travels).
 #   bench/gpu/bundle.sh [BUILD_DIR]     (default build; it must be configured with CUDA)
+# GPU_BUNDLE=FILE writes the archive there instead (tests/bench/gpu_lease_test.sh); xz honours XZ_OPT.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build}
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 out=$stage
-grep -qx '/.gpu/' "$root/.git/info/exclude" 2>/dev/null || echo '/.gpu/' >>"$root/.git/info/exclude"
+# (git's own path for it: .git/info may not exist yet in a fresh clone, and .git is a file in a worktree)
+exclude=$(git -C "$root" rev-parse --path-format=absolute --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >>"$exclude"
 mkdir -p "$out/bin" "$out/lib" "$out/corpus"
 bins=("$build/tests/gpu_kernels_test" "$build/examples/synthetic_benchmark" "$build/examples/gpt" "$build/tools/conv_probe"
       "$build/tools/dtrain-run")
@@ -21,10 +25,11 @@ for b in "${bins[@]}"; do
   strip "$out/bin/$(basename "$b")"
 done
 # Libraries other than glibc's and the CUDA ones (the GPU machine has its own CUDA, cuDNN, NCCL).
+# glibc's libmvec stays behind too: it needs the machine's own ld.so (GLIBC_PRIVATE symbols).
 for b in "${bins[@]}"; do ldd "$b"; done | awk '/=> \//{print $1, $3}' | sort -u |
   while read -r name path; do
     case $name in
-      libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|libstdc++*|libgcc_s*) ;;
+      libc.so*|libm.so*|libmvec.so*|libdl.so*|libpthread.so*|librt.so*|libstdc++*|libgcc_s*) ;;
       libcuda*|libcublas*|libcudnn*|libnccl*|libcudart*) ;;
       *) cp -L "$path" "$out/lib/$name" ;;
     esac
@@ -35,6 +40,7 @@ for l in libprofiler.so.0 libunwind.so.8 liblzma.so.5; do
   if [ -n "$p" ]; then cp -L "$p" "$out/lib/$l"; fi
 done
 for f in "$root"/docs/*.md "$root"/README.md; do cp "$f" "$out/corpus/$(basename "$f" .md).txt"; done
-mkdir -p "$root/.gpu"
-tar -C "$out" -cJf "$root/.gpu/bundle.tar.xz" .
-ls -la "$root/.gpu/bundle.tar.xz"
+dest=${GPU_BUNDLE:-$root/.gpu/bundle.tar.xz}
+mkdir -p "$(dirname "$dest")"
+tar -C "$out" -cJf "$dest" .
+ls -la "$dest"

@@ -9,6 +9,7 @@ import sys
 PAIRS = {
     "dtrain_resnet50_b32": "torch_resnet50_b32_fp32",
     "dtrain_resnet50_b32_autotune": "torch_resnet50_b32_fp32",
+    "dtrain_resnet50_b32_bn2pass": "torch_resnet50_b32_fp32",
     "dtrain_resnet50_b32_keras": "torch_resnet50_b32_fp32",
     "dtrain_resnet50_b32_tf32": "torch_resnet50_b32_tf32",
     "dtrain_resnet50_b32_bf16": "torch_resnet50_b32_bf16",

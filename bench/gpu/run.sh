@@ -3,12 +3,15 @@
 # GPU machine from the repository root with .gpu/bundle.tar.xz made by bench/gpu/bundle.sh. Writes
 # logs and results.jsonl to $OUT (or ./gpu-out). Each step has its own time limit so that one hang cannot eat the lease.
 #   bench/gpu/run.sh [quick]          ONLY=REGEX runs only the steps whose label matches (bash =~)
+# Files under $OUT: machine.txt, log.txt (each step's last 25 lines), results.jsonl (a step's last
+# JSON line, with its label, rc, wall_s and smi_peak_mb) and outputs.log (every step's whole output,
+# the last 512 KB of each): four, within the device tool's eight (bench/gpu/lease.sh adds three).
 set -uo pipefail
 . "$(dirname "$0")/stage.sh"
 py=$(command -v python3)
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; echo "libs: $libs"; } | tee "$out/machine.txt"
 ldd "$stage/bin/synthetic_benchmark" | grep -E "not found|cudnn|nccl|cublas" | tee -a "$out/machine.txt"
-res=$out/results.jsonl; : >"$res"
+res=$out/results.jsonl; : >"$res"; : >"$out/outputs.log"
 # peak GPU memory of the process under test, from nvidia-smi every 100 ms (the same measure for both systems)
 peak() {  # peak LABEL TIMEOUT CMD...
   local label=$1 limit=$2; shift 2
@@ -16,14 +19,17 @@ peak() {  # peak LABEL TIMEOUT CMD...
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$stage/mem.$label" &
   local smi=$!
   echo "== $label: $*" | tee -a "$out/log.txt"
+  local t0=$SECONDS
   timeout "$limit" "$@" >"$stage/out.$label" 2>&1; local rc=$?
+  local wall=$((SECONDS - t0))
   kill $smi 2>/dev/null; wait $smi 2>/dev/null
   tail -n 25 "$stage/out.$label" >>"$out/log.txt"
+  { echo "== $label (rc $rc, ${wall} s): $*"; tail -c 524288 "$stage/out.$label"; } >>"$out/outputs.log"
   local mb; mb=$(sort -n "$stage/mem.$label" | tail -1)
   local last; last=$(grep '^{' "$stage/out.$label" | tail -1)
   [ -n "$last" ] || last='{}'
-  "$py" -c 'import json,sys; j=json.loads(sys.argv[1]); j.update(label=sys.argv[2], rc=int(sys.argv[3]), smi_peak_mb=float(sys.argv[4] or 0)); print(json.dumps(j))' \
-    "$last" "$label" "$rc" "${mb:-0}" | tee -a "$res"
+  "$py" -c 'import json,sys; j=json.loads(sys.argv[1]); j.update(label=sys.argv[2], rc=int(sys.argv[3]), wall_s=int(sys.argv[5]), smi_peak_mb=float(sys.argv[4] or 0)); print(json.dumps(j))' \
+    "$last" "$label" "$rc" "${mb:-0}" "$wall" | tee -a "$res"
 }
 peak kernels 120 "$b/gpu_kernels_test"
 # dtrain's ResNet-50 in torchvision's form (v1.5, no convolution biases): the model PyTorch's rows train.
@@ -51,6 +57,8 @@ tl="$stage/out.dtrain_resnet50_b32_tf32"
 peak torch_resnet50_b32_tf32 75 "$py" bench/gpu/torch_peers.py resnet50 --batch-size 32 --math tf32
 # cuDNN's engines timed at first use, as PyTorch's rows run (DTRAIN_CUDNN_AUTOTUNE=1)
 peak dtrain_resnet50_b32_autotune 90 env DTRAIN_CUDNN_AUTOTUNE=1 "$b/synthetic_benchmark" --batch-size 32 $SB $TV
+# batch norm's two-pass kernels (DTRAIN_CUDA_BN=two_pass): the one-pass kernels' A/B in float32
+peak dtrain_resnet50_b32_bn2pass 90 env DTRAIN_CUDA_BN=two_pass "$b/synthetic_benchmark" --batch-size 32 $SB $TV
 # mixed bfloat16 with float32 activations between the layers (cuDNN's bfloat16 plans kept), and
 # as it ran on 2026-11-27 (float32 activations, cuDNN on TF32)
 peak dtrain_resnet50_b32_bf16_nohandoff 90 env DTRAIN_CUDA_BF16_HANDOFFS=0 "$b/synthetic_benchmark" --batch-size 32 --precision bf16 $SB $TV

@@ -12,10 +12,12 @@ build=${1:-$root/build}
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 out=$stage
-# (git's own path for it: .git/info may not exist yet in a fresh clone, and .git is a file in a worktree)
-exclude=$(git -C "$root" rev-parse --path-format=absolute --git-path info/exclude)
-mkdir -p "$(dirname "$exclude")"
-grep -qx '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >>"$exclude"
+# .gpu/ kept out of git, best effort (git's own path for the file: .git/info may not exist yet, and
+# .git is a file in a worktree; no git, or no repository, leaves it); not with GPU_BUNDLE elsewhere.
+if [ -z "${GPU_BUNDLE:-}" ] && e=$(git -C "$root" rev-parse --git-path info/exclude 2>/dev/null); then
+  case $e in /*) ;; *) e=$root/$e ;; esac
+  { mkdir -p "${e%/*}" && { grep -qx '/.gpu/' "$e" 2>/dev/null || echo '/.gpu/' >>"$e"; }; } || true
+fi
 mkdir -p "$out/bin" "$out/lib" "$out/corpus"
 bins=("$build/tests/gpu_kernels_test" "$build/examples/synthetic_benchmark" "$build/examples/gpt" "$build/tools/conv_probe"
       "$build/tools/dtrain-run")
@@ -35,8 +37,9 @@ for b in "${bins[@]}"; do ldd "$b"; done | awk '/=> \//{print $1, $3}' | sort -u
     esac
   done
 # gperftools' CPU profiler for `bench/gpu/profile.sh host`, when installed here (google-perftools).
+ldc=$(command -v ldconfig || echo /sbin/ldconfig)  # (not on a non-root user's PATH on Debian)
 for l in libprofiler.so.0 libunwind.so.8 liblzma.so.5; do
-  p=$(ldconfig -p | awk -v l="$l" '$1 == l && /x86-64/ && !f {print $NF; f = 1}')  # no early exit: SIGPIPE under pipefail
+  p=$("$ldc" -p | awk -v l="$l" '$1 == l && /x86-64/ && !f {print $NF; f = 1}')  # no early exit: SIGPIPE under pipefail
   if [ -n "$p" ]; then cp -L "$p" "$out/lib/$l"; fi
 done
 for f in "$root"/docs/*.md "$root"/README.md; do cp "$f" "$out/corpus/$(basename "$f" .md).txt"; done

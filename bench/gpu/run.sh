@@ -5,13 +5,15 @@
 #   bench/gpu/run.sh [quick]          ONLY=REGEX runs only the steps whose label matches (bash =~)
 # Files under $OUT: machine.txt, log.txt (each step's last 25 lines), results.jsonl (a step's last
 # JSON line, with its label, rc, wall_s and smi_peak_mb) and outputs.log (every step's whole output,
-# the last 512 KB of each): four, within the device tool's eight (bench/gpu/lease.sh adds three).
+# the last 384 KiB of each, under the tool's 16 MiB a file for all 26 steps): four, within the
+# device tool's eight (bench/gpu/lease.sh adds three).
 set -uo pipefail
 . "$(dirname "$0")/stage.sh"
 py=$(command -v python3)
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; echo "libs: $libs"; } | tee "$out/machine.txt"
 ldd "$stage/bin/synthetic_benchmark" | grep -E "not found|cudnn|nccl|cublas" | tee -a "$out/machine.txt"
 res=$out/results.jsonl; : >"$res"; : >"$out/outputs.log"
+rm -f "$stage"/out.* "$stage"/mem.*  # (a warm machine's earlier call left its own)
 # peak GPU memory of the process under test, from nvidia-smi every 100 ms (the same measure for both systems)
 peak() {  # peak LABEL TIMEOUT CMD...
   local label=$1 limit=$2; shift 2
@@ -24,7 +26,7 @@ peak() {  # peak LABEL TIMEOUT CMD...
   local wall=$((SECONDS - t0))
   kill $smi 2>/dev/null; wait $smi 2>/dev/null
   tail -n 25 "$stage/out.$label" >>"$out/log.txt"
-  { echo "== $label (rc $rc, ${wall} s): $*"; tail -c 524288 "$stage/out.$label"; } >>"$out/outputs.log"
+  { echo "== $label (rc $rc, ${wall} s): $*"; tail -c 393216 "$stage/out.$label"; } >>"$out/outputs.log"
   local mb; mb=$(sort -n "$stage/mem.$label" | tail -1)
   local last; last=$(grep '^{' "$stage/out.$label" | tail -1)
   [ -n "$last" ] || last='{}'

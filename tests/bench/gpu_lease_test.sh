@@ -6,17 +6,20 @@
 # needs, and leave under $OUT the seven files the device tool brings back (at most eight, at most
 # two folders down), each results.jsonl row with its label, rc and wall_s, and the bundle without
 # glibc's libraries (the GPU machine's own must load).
-#   tests/bench/gpu_lease_test.sh BUILD_DIR
+#   tests/bench/gpu_lease_test.sh BUILD_DIR DTRAIN_HAVE_CUDA
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=$1
-[ -x "$build/tests/gpu_kernels_test" ] || { echo "no CUDA build in $build: skipped"; exit 77; }
+[ "${2:-OFF}" = ON ] || { echo "a build without CUDA: skipped"; exit 77; }
+for f in tests/gpu_kernels_test examples/synthetic_benchmark examples/gpt tools/conv_probe tools/dtrain-run; do
+  [ -x "$build/$f" ] || { echo "no $build/$f (examples or tools not built): skipped"; exit 77; }
+done
 t=$(mktemp -d); trap 'rm -rf "$t"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 XZ_OPT=-0 GPU_BUNDLE=$t/bundle.tar.xz "$root/bench/gpu/bundle.sh" "$build" || fail "bundle.sh exited $?"
-libs=$(tar -tJf "$t/bundle.tar.xz" | grep '^./lib/')
-echo "$libs" | grep -q 'libdnnl' || fail "the bundle has no oneDNN: $libs"
-if echo "$libs" | grep -E '/(libc|libm|libmvec|libstdc\+\+|libcudart|libcudnn)\.so'; then
+libs=$(tar -tJf "$t/bundle.tar.xz")
+grep -q '^./lib/libdnnl' <<<"$libs" || fail "the bundle has no oneDNN: $libs"
+if grep -E '^./lib/(libc|libm|libmvec|libstdc\+\+|libcudart|libcudnn)\.so' <<<"$libs"; then
   fail "the bundle carries glibc's, libstdc++'s or CUDA's own libraries"
 fi
 mkdir -p "$t/bin"
@@ -28,12 +31,13 @@ case "$*" in
 esac
 SMI
 chmod +x "$t/bin/nvidia-smi"
+# (no GPU visible even where the machine has one: the rows must fail at once, as here)
 (cd "$t" && PATH=$t/bin:$PATH OUT=$t/out GPU_BUNDLE=$t/bundle.tar.xz GPU_STAGE=$t/stage \
-  timeout 240 "$root/bench/gpu/lease.sh") >"$t/lease.txt" 2>&1
+  CUDA_VISIBLE_DEVICES= timeout 240 "$root/bench/gpu/lease.sh") >"$t/lease.txt" 2>&1
 rc=$?
 cat "$t/lease.txt"
 [ $rc = 0 ] || fail "lease.sh exited $rc"
-files=$(cd "$t/out" && find . -type f | sort | tr '\n' ' ')
+files=$(cd "$t/out" && find . -type f | LC_ALL=C sort | tr '\n' ' ')
 want="./ab/ab.tgz ./ab/ab_summary.txt ./ab/machine.txt ./r/log.txt ./r/machine.txt ./r/outputs.log ./r/results.jsonl "
 [ "$files" = "$want" ] || fail "files under OUT: $files (want $want)"
 python3 - "$t/out/r/results.jsonl" "$t/out/r/outputs.log" <<'PY' || fail "results.jsonl"
@@ -55,5 +59,6 @@ assert log.count("== ") >= len(want) and "--devices=gpu asks for GPUs" in log, l
 print("results.jsonl:", len(rows), "rows in the lease's order")
 PY
 grep -q 'dtrain default round 2' "$t/out/ab/ab_summary.txt" || fail "ab_summary.txt: $(cat "$t/out/ab/ab_summary.txt")"
-tar -tzf "$t/out/ab/ab.tgz" | grep -q 'dtrain_nondet_2.txt' || fail "ab.tgz lacks the rounds' outputs"
+ab=$(tar -tzf "$t/out/ab/ab.tgz")
+grep -q 'dtrain_nondet_2.txt' <<<"$ab" || fail "ab.tgz lacks the rounds' outputs: $ab"
 echo "ok: the lease's scripts run, in order, and leave seven files"

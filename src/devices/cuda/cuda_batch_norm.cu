@@ -9,8 +9,9 @@
 // activation handed on under mixed_bfloat16: CudaKernels::hands_off_bfloat16); the arithmetic is
 // float32 either way. With relu (batch_norm_relu_training), the
 // normalisation writes relu(y) in the same pass (x > 0 ? x : 0, as the ReLU kernel), and the
-// backward kernels take dy where y > 0 as they read it, instead of a ReLU gradient kernel writing
-// that product first: the same values bit for bit.
+// backward kernels take dy where y > 0 (else +0) as they read it, instead of a ReLU gradient kernel
+// writing that product first: the same values, as the CPU's fused batch norm selects them too (the
+// ReLU gradient kernel's 0 * dy gives -0 for a negative dy, and NaN for a NaN or infinite one).
 // DTRAIN_CUDA_BN=two_pass brings back the kernels before, for comparisons: the mean, then the
 // squared deviations from it, in two reductions; dbeta and dgamma in two more; the ReLU gradient in
 // a kernel of its own. (Those builds may have fused dy * xhat into dgamma's sum; it is rounded
@@ -105,7 +106,8 @@ struct BnDx {
   }
 };
 
-// The ReLU's gradient where y is its output (activation_backward's kRelu: dy where y > 0).
+// The ReLU's gradient where y is its output: dy where y > 0, else +0 (as the CPU's fused batch norm;
+// activation_backward's kRelu gives 0 * dy there).
 __device__ __forceinline__ float relu_kept(float dy, float y) { return y > 0.f ? dy : 0.f; }
 
 // kRelu: dy is the gradient of relu(y) and `y` that output; the normalisation's input gradient is

@@ -106,8 +106,8 @@ struct BnDx {
   }
 };
 
-// The ReLU's gradient where y is its output: dy where y > 0, else +0 (as the CPU's fused batch norm;
-// activation_backward's kRelu gives 0 * dy there).
+// The ReLU's gradient where y is its output: dy where y > 0, else +0 (as the CPU's fused batch
+// norm; activation_backward's kRelu gives 0 * dy there).
 __device__ __forceinline__ float relu_kept(float dy, float y) { return y > 0.f ? dy : 0.f; }
 
 // kRelu: dy is the gradient of relu(y) and `y` that output; the normalisation's input gradient is

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""A peer that dies or hangs while ResNet-50's 25.6 million gradients (102 MB a step) are in flight.
+
+The multi-worker fault tests (tests/multiworker) use a model of 225 thousand parameters, whose
+gradients go in one all-reduce after the backward pass. ResNet-50's are fused into packs, each all-reduced on
+the collective thread as soon as the backward pass has produced it (MirroredOptions::bytes_per_pack,
+overlap_backward), so a peer's death there reaches the training thread from another thread, mid-pack. Two workers of examples/synthetic_benchmark (TF_CONFIG on
+127.0.0.1, images of 32x32 so a step is short and most of its time is the all-reduce); worker 1 is
+killed (SIGKILL) or stopped (SIGSTOP) mid-benchmark. Worker 0 must exit within 30 s, non-zero, with
+the typed error naming worker:1 and what happened to it; a hang fails the test.
+  synthetic_benchmark_faults_test.py SYNTHETIC_BENCHMARK
+"""
+import json, os, signal, socket, subprocess, sys, threading, time
+
+ARGS = ["--model=resnet50", "--image-size=32", "--batch-size=2", "--num-warmup-batches=2",
+        "--num-batches-per-iter=5", "--num-iters=1000", "--threads=1", "--strategy=multi_worker_mirrored"]
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+class Worker:
+    """A worker whose stdout is read as it comes (so its pipe never fills), lines kept."""
+
+    def __init__(self, bench, ports, index):
+        tf_config = {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                     "task": {"type": "worker", "index": index}}
+        env = dict(os.environ, TF_CONFIG=json.dumps(tf_config), DTRAIN_JOB_TOKEN="synthetic-faults-token-0123",
+                   DTRAIN_HEARTBEAT_TIMEOUT="2", DTRAIN_RENDEZVOUS_TIMEOUT="30")
+        self.p = subprocess.Popen([bench] + ARGS, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        self.lines, self.err = [], []
+        self.threads = [threading.Thread(target=self._read, args=(self.p.stdout, self.lines), daemon=True),
+                        threading.Thread(target=self._read, args=(self.p.stderr, self.err), daemon=True)]
+        for t in self.threads:
+            t.start()
+
+    @staticmethod
+    def _read(pipe, into):
+        for line in pipe:
+            into.append(line)
+
+    def wait_for_iters(self, n, timeout):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if sum(l.startswith("Iter #") for l in self.lines) >= n:
+                return
+            if self.p.poll() is not None:
+                sys.exit(f"the worker exited ({self.p.returncode}) before training:\n{''.join(self.err)[-2000:]}")
+            time.sleep(0.05)
+        sys.exit(f"no {n} benchmark iterations in {timeout} s:\n{''.join(self.lines)[-2000:]}")
+
+    def finish(self, timeout):
+        try:
+            self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait(10)
+            return None
+        for t in self.threads:
+            t.join(10)
+        return self.p.returncode
+
+    def reap(self):
+        if self.p.poll() is None:
+            self.p.kill()
+        self.p.wait(10)
+
+
+def case(bench, sig, expect):
+    ports = free_ports(2)
+    workers = [Worker(bench, ports, i) for i in range(2)]
+    try:
+        workers[0].wait_for_iters(2, 120)  # each iteration is 5 steps: 10 all-reduces of 102 MB done
+        if workers[1].p.poll() is not None:
+            sys.exit(f"worker 1 ended before it could be signalled ({workers[1].p.returncode})")
+        workers[1].p.send_signal(sig)
+        t0 = time.time()
+        code = workers[0].finish(30)
+        took = time.time() - t0
+        err = "".join(workers[0].err)
+        if code is None:
+            sys.exit(f"{sig.name}: worker 0 did not exit within 30 s of worker 1's {sig.name} (hung); "
+                     f"killed it. stderr:\n{err[-2000:]}")
+        if code == 0:
+            sys.exit(f"{sig.name}: worker 0 exited 0 after its peer's {sig.name}:\n{err[-2000:]}")
+        for words in ["worker:1"] + expect:
+            if words not in err:
+                sys.exit(f"{sig.name}: worker 0's error does not say {words!r}:\n{err[-2000:]}")
+        last = [l for l in err.splitlines() if l.startswith("error:")]
+        print(f"ok: {sig.name}: worker 0 exited {code} {took:.2f} s after worker 1's {sig.name}, "
+              f"after {sum(l.startswith('Iter #') for l in workers[0].lines)} iterations: {last[-1] if last else ''}")
+    finally:
+        for w in workers:
+            if w.p.poll() is None:
+                w.p.send_signal(signal.SIGKILL)
+            w.reap()
+
+
+def main():
+    bench = sys.argv[1]
+    case(bench, signal.SIGKILL, ["Unavailable", "closed during allreduce", "died, was killed, or aborted"])
+    case(bench, signal.SIGSTOP, ["Unavailable", "sent nothing, not even a heartbeat", "it is hung"])
+
+
+if __name__ == "__main__":
+    main()

@@ -73,7 +73,7 @@ peak kernels_bf16_fallbacks 90 env DTRAIN_CUDA_BN=two_pass DTRAIN_CUDNN_API=lega
 # the convolutions again with cuDNN's engines timed at first use (DTRAIN_CUDNN_AUTOTUNE=1)
 # (not TensorFloat32*: its check that TF32 changed a result may not hold where the timed TF32 plan
 # is the float32 plan's engine)
-peak kernels_autotune 60 env DTRAIN_CUDNN_AUTOTUNE=1 DTRAIN_LOG_LEVEL=DEBUG "$b/gpu_kernels_test" --gtest_filter='GpuKernels.Conv*:GpuKernels.AConvolutionPlan*'
+peak kernels_autotune 60 env DTRAIN_CUDNN_AUTOTUNE=1 DTRAIN_LOG_LEVEL=DEBUG "$b/gpu_kernels_test" --gtest_filter='GpuKernels.Conv*:GpuKernels.AConvolutionPlan*:GpuKernels.Bfloat16*:GpuKernels.MixedBFloat16*'
 ratios() { "$py" bench/gpu/ratios.py "$res" | tee -a "$out/log.txt"; }  # dtrain over PyTorch, each pair
 [ "${1:-}" = quick ] && { ratios; exit 0; }
 peak dtrain_resnet50_b256 120 "$b/synthetic_benchmark" --batch-size 256 --num-warmup-batches 3 --num-batches-per-iter 5 --num-iters 3 --devices=gpu --json $TV

@@ -21,4 +21,5 @@ void fail_first_conv_plan_runs(bool) {}
 int64_t conv_plans_failed_at_first_run() { return 0; }
 void refuse_float32_outputs_of_bfloat16_convs(bool) {}
 int64_t conv_outputs_widened_from_bfloat16() { return 0; }
+int64_t conv_bfloat16_plan_runs() { return 0; }
 }  // namespace dtrain::cuda_testing

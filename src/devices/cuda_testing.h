@@ -22,5 +22,8 @@ void refuse_float32_outputs_of_bfloat16_convs(bool on);
 // How many convolutions in this process have run with a bfloat16 output widened to float32 after
 // (cuDNN had no plan with a float32 output, or the hook above refused it).
 int64_t conv_outputs_widened_from_bfloat16();
+// How many convolutions in this process have run on a cuDNN plan for bfloat16 inputs (whatever
+// their output), rather than on the TF32 path or cuBLAS: that the plans run at all.
+int64_t conv_bfloat16_plan_runs();
 
 }  // namespace dtrain::cuda_testing

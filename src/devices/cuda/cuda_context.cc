@@ -34,8 +34,13 @@ CudaContext::CudaContext(int index) : index_(index) {
     DTRAIN_CUBLAS_CALL(cublasCreate(&cublas_));
     DTRAIN_CUBLAS_CALL(cublasSetStream(cublas_, stream_));
     // Plain FP32 GEMMs: TF32 tensor cores would give ~1e-3 relative error and break CPU/GPU
-    // equivalence.
-    DTRAIN_CUBLAS_CALL(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+    // equivalence. No reduced-precision reductions: a product split along its inner dimension
+    // must not add its partial sums in a bfloat16 output's type (the CPU sums in float32 and
+    // rounds once; cuDNN's plans are filtered the same way, cuda_conv_plan.cc). PyTorch allows
+    // them by default (allow_bf16_reduced_precision_reduction); dtrain keeps the CPU's numbers.
+    DTRAIN_CUBLAS_CALL(cublasSetMathMode(
+        cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                           CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
     DTRAIN_CUDNN_CALL(cudnnCreate(&cudnn_));
     DTRAIN_CUDNN_CALL(cudnnSetStream(cudnn_, stream_));
   } catch (...) {

@@ -191,6 +191,7 @@ ConvTypes CudaKernels::bf16_types(ConvDirection d, DType out) {
 namespace {
 std::atomic<bool> g_refuse_wide_outputs{false};  // cuda_testing::refuse_float32_outputs_of_...
 std::atomic<int64_t> g_widened_outputs{0};       // convolutions whose bfloat16 output was widened
+std::atomic<int64_t> g_bf16_plan_runs{0};        // convolutions run on a cuDNN bfloat16 plan
 }  // namespace
 
 bool CudaKernels::bf16_conv_may_run(ConvDirection d, const ConvPlanProblem& p, DType out,
@@ -223,12 +224,15 @@ bool CudaKernels::bf16_conv(ConvDirection d, const ConvPlanProblem& p, const Ten
   };
   const bool wide = out.dtype() == DType::kFloat32;
   if (!(wide && g_refuse_wide_outputs.load()) &&
-      conv_plans_.may_run(d, p, true, bf16_types(d, out.dtype())) && run(out))
+      conv_plans_.may_run(d, p, true, bf16_types(d, out.dtype())) && run(out)) {
+    g_bf16_plan_runs.fetch_add(1);
     return true;
+  }
   if (!wide || !widen || !conv_plans_.may_run(d, p, true, bf16_types(d, bf16))) return false;
   Tensor narrow = empty(out.shape(), bf16);
   if (!run(narrow)) return false;
   launch_cast(narrow.raw_data(), bf16, out.raw_data(), DType::kFloat32, out.numel(), ctx_.stream());
+  g_bf16_plan_runs.fetch_add(1);
   g_widened_outputs.fetch_add(1);
   std::lock_guard<std::mutex> lock(algo_mu_);
   if (widened_.insert(conv_problem_key(d, p, true)).second) {
@@ -416,4 +420,5 @@ Tensor CudaKernels::conv2d_backward_filter(const Tensor& x, const Tensor& dy, co
 namespace dtrain::cuda_testing {
 void refuse_float32_outputs_of_bfloat16_convs(bool on) { cuda::g_refuse_wide_outputs = on; }
 int64_t conv_outputs_widened_from_bfloat16() { return cuda::g_widened_outputs.load(); }
+int64_t conv_bfloat16_plan_runs() { return cuda::g_bf16_plan_runs.load(); }
 }  // namespace dtrain::cuda_testing

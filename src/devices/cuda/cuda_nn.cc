@@ -197,6 +197,8 @@ BatchNormBackward CudaKernels::batch_norm_relu_backward(const Tensor& dy, const 
                                                         const Tensor& relu_mask, DType dx_dtype) {
   const char* op = "batch_norm_relu_backward";
   DeviceGuard guard(ctx_.index());  // the two-pass branch launches casts before bn_backward's guard
+  check_activation(dy, op, "dy");   // before the two-pass branch casts it
+  check_activation(x, op, "x");
   check_activation(relu_mask, op, "relu_mask");
   check_same_shape(relu_mask, x, op);
   if (!bn_one_pass())  // the ReLU gradient's own kernel reads a float32 mask and dy

@@ -248,7 +248,7 @@ void TcpTransport::exchange(int to, const void* sbuf_v, size_t sbytes, int from,
           if (w <= 0)
             throw Unavailable("connection to " + p.name + " (" + p.address +
                               ") closed while sending " + tcp::describe(fp) +
-                              ": that task died or aborted");
+                              ": that task died, was killed, or aborted the job");
           size_t k = static_cast<size_t>(w);
           const size_t h = std::min(k, sizeof(FrameHeader) - s_hdr_sent);
           s_hdr_sent += h;

@@ -13,20 +13,13 @@ the sockets (DTRAIN_SHARED_MEMORY=0, as between hosts). Worker 0 must exit with 
 last line the typed error naming worker:1 and what happened to it; a hang fails the test.
   synthetic_benchmark_faults_test.py SYNTHETIC_BENCHMARK
 """
-import json, os, signal, socket, subprocess, sys, threading, time
+import json, os, signal, subprocess, sys, threading, time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+from ports import free_ports  # noqa: E402
 
 ARGS = ["--model=resnet50", "--image-size=32", "--batch-size=2", "--num-warmup-batches=2",
         "--num-batches-per-iter=5", "--num-iters=1000", "--threads=1", "--strategy=multi_worker_mirrored"]
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 class Worker:

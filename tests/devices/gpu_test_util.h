@@ -1,5 +1,7 @@
-// Shared by the GPU kernel tests (gpu_kernels_test.cc, gpu_training_kernels_test.cc): the devices,
-// random inputs, and the CPU-vs-GPU comparisons (close to float32 rounding, or bit for bit).
+// Shared by the GPU kernel tests (gpu_kernels_test.cc, gpu_training_kernels_test.cc,
+// gpu_precision_test.cc, gpu_bf16_steps_test.cc): the devices, random inputs, the CPU-vs-GPU
+// comparisons (close to float32 rounding, or bit for bit), and the precision scope and bfloat16
+// helpers.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,8 +16,10 @@
 #include <thread>
 #include <vector>
 
+#include "devices/cuda_testing.h"
 #include "dtrain/core/dtype.h"
 #include "dtrain/core/error.h"
+#include "dtrain/core/precision.h"
 #include "dtrain/core/random.h"
 #include "dtrain/core/tensor.h"
 #include "dtrain/devices/device.h"
@@ -151,5 +155,38 @@ inline std::string conv_name(const ConvCase& c) {
          std::to_string(c.p.pad_top) + std::to_string(c.p.pad_bottom) +
          std::to_string(c.p.pad_left) + std::to_string(c.p.pad_right);
 }
+
+// --- precision: shared by gpu_precision_test.cc and gpu_bf16_steps_test.cc ---
+
+// Sets the precision policy and TF32 for a scope; float32 without TF32 again at its end.
+struct PrecisionScope {
+  PrecisionScope(Precision p, bool tf32) {
+    set_precision_policy(p);
+    enable_tensor_float_32_execution(tf32);
+  }
+  ~PrecisionScope() {
+    set_precision_policy(Precision::kFloat32);
+    enable_tensor_float_32_execution(false);
+  }
+  PrecisionScope(const PrecisionScope&) = delete;
+  PrecisionScope& operator=(const PrecisionScope&) = delete;
+};
+
+// The convolutions so far whose float32 output cuDNN wrote in bfloat16 (no plan with a float32
+// output for bfloat16 inputs) and the GPU widened after.
+inline int64_t widened_count() { return cuda_testing::conv_outputs_widened_from_bfloat16(); }
+
+// The relative tolerance of a GPU product from bfloat16 operands against the CPU's, given
+// widened_count() before it: float32 rounding of the sums (1e-4), or one bfloat16 step twice over
+// where its output was written in bfloat16 and widened (as PyTorch's autocast leaves it).
+inline float product_rtol(int64_t widened_before) {
+  return widened_count() > widened_before ? 1.f / 128 : 1e-4f;
+}
+
+inline Tensor widened(Kernels& k, const Tensor& t) {
+  return t.dtype() == DType::kFloat32 ? t : k.cast(t, DType::kFloat32);
+}
+// A host tensor's values rounded to bfloat16 and kept so.
+inline Tensor bf16(const Tensor& t) { return cpu().cast(t, DType::kBFloat16); }
 
 }  // namespace dtrain::gpu_test

@@ -189,6 +189,10 @@ struct MirroredStrategy::Impl {
   // Replica ids and counts from the job's workers in `parts` (none: this process alone).
   void span_workers(const StrategyExtended& parts);
   void make_group();  // (re)creates comms; called at start and after a failed step
+  // Returns once what is queued on every replica's communication thread has run: the gradient
+  // packs a backward pass launched use the contexts and `comms`, so they must be done before a
+  // failed step drops the packs and replaces the group, and before either is destroyed.
+  void drain_comm_threads();
 };
 
 template <typename F>

@@ -76,6 +76,12 @@ void MirroredStrategy::Impl::span_workers(const StrategyExtended& parts) {
   }
 }
 
+void MirroredStrategy::Impl::drain_comm_threads() {
+  std::vector<std::future<void>> idle;
+  for (auto& t : comm_threads) idle.push_back(t->submit([] {}));
+  for (auto& f : idle) f.get();
+}
+
 void MirroredStrategy::Impl::make_group() {
   CollectiveOptions co;
   co.timeout = options.timeout;
@@ -138,6 +144,7 @@ void MirroredStrategy::reassemble(const std::function<StrategyExtended()>& conne
   Impl& m = *impl_;
   const AutoShardPolicy shard = extended().auto_shard_policy();
   // The old communicators go first: their cross-worker connections close before new ones open.
+  m.drain_comm_threads();
   for (auto& c : m.contexts) c->packer().reset();
   m.comms.clear();
   m.cross.reset();
@@ -171,7 +178,11 @@ std::optional<UpdatePartition> MirroredStrategy::update_partition() const {
 void MirroredStrategy::set_broadcast_initial_values(bool on) { impl_->broadcast_initial = on; }
 bool MirroredStrategy::broadcast_initial_values() const { return impl_->broadcast_initial; }
 
-MirroredStrategy::~MirroredStrategy() = default;
+MirroredStrategy::~MirroredStrategy() {
+  // What is queued on the communication threads uses the contexts and the communicators, which
+  // the members' order would free first.
+  if (impl_) impl_->drain_comm_threads();
+}
 
 std::string MirroredStrategy::name() const {
   std::string s = "MirroredStrategy(";
@@ -240,6 +251,13 @@ PerReplica MirroredStrategy::do_run(const ReplicaFn& fn, const PerReplica& input
         break;
       }
     }
+    // Gradient packs the backward pass launched may still be queued on the communication
+    // threads: with every communicator aborted they fail at once, and they must be done before
+    // the group is replaced (a pack running after it would take the new group's communicator,
+    // or one being freed: a collective out of step with the other workers, a hang or a crash).
+    for (size_t q = 0; q < n; ++q)
+      if (!errors[q]) m.comms[q]->abort("replica " + std::to_string(first) + " failed");
+    m.drain_comm_threads();
     for (auto& c : m.contexts) c->packer().reset();
     if (m.params) m.params->reset();
     m.make_group();  // the aborted group is dead; the strategy stays usable

@@ -146,6 +146,7 @@ void MirroredStrategy::reassemble(const std::function<StrategyExtended()>& conne
   // The old communicators go first: their cross-worker connections close before new ones open.
   m.drain_comm_threads();
   for (auto& c : m.contexts) c->packer().reset();
+  if (m.params) m.params->reset();  // prefetches and order belong to the old group
   m.comms.clear();
   m.cross.reset();
   assemble(StrategyExtended());
@@ -198,6 +199,10 @@ CrossDeviceOps MirroredStrategy::cross_device_ops() const { return impl_->chosen
 PerReplica MirroredStrategy::do_run(const ReplicaFn& fn, const PerReplica& inputs) {
   Impl& m = *impl_;
   const size_t n = m.devices.size();
+  if (m.comms.size() != n)
+    throw FailedPrecondition(
+        "MirroredStrategy::run: the strategy has no communicators: the last reassemble() failed "
+        "to connect (its error said why); reassemble again, or build a new strategy");
   PerReplica out;
   out.values.resize(n);
   std::vector<std::exception_ptr> errors(n);

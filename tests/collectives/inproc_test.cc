@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #include "collectives/sync_collectives.h"
@@ -339,6 +340,44 @@ TEST(Inproc, AbortWakesWaitersFast) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
   EXPECT_NE(errs[0].find("replica 1 crashed"), std::string::npos) << errs[0];
   EXPECT_NE(errs[2].find("replica 1 crashed"), std::string::npos) << errs[2];
+}
+
+// An abort while the ranks are inside a collective's body (a replica failing while another's
+// gradient pack is being summed): no rank may leave the collective while another still reads its
+// input or writes its output. Rank 0 overwrites its buffer the moment its collective returns, and
+// nothing may change it afterwards. Abort times are random within the body's few milliseconds;
+// before the closing barrier ignored aborts, a rank that had done its part left on the abort and
+// the other wrote into its buffer after it had returned.
+TEST(Inproc, AnAbortInsideACollectiveLeavesNoRankWhileAnotherUsesItsBuffers) {
+  constexpr int64_t kCount = int64_t{8} << 20;  // 32 MB a rank
+  std::mt19937 rng(7);
+  int clobbered_rounds = 0;
+  for (int round = 0; round < 30; ++round) {
+    auto comms = make_inproc_group(2, {});
+    Tensor t0 = Tensor::full(Shape{kCount}, 1.f), t1 = Tensor::full(Shape{kCount}, 2.f);
+    const auto delay = std::chrono::microseconds(std::uniform_int_distribution<int>(0, 8000)(rng));
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(delay);
+      comms[1]->abort("a replica failed");
+    });
+    std::thread rank1([&] {
+      try {
+        comms[1]->allreduce(t1, ReduceOp::kSum).wait();
+      } catch (const Unavailable&) {
+      }
+    });
+    try {
+      comms[0]->allreduce(t0, ReduceOp::kSum).wait();
+    } catch (const Unavailable&) {
+    }
+    float* p = static_cast<float*>(t0.raw_data());
+    std::fill(p, p + kCount, -1.f);  // rank 0 reuses its buffer
+    rank1.join();
+    aborter.join();
+    clobbered_rounds += std::count(p, p + kCount, -1.f) != kCount;
+  }
+  EXPECT_EQ(clobbered_rounds, 0)
+      << "rank 1 wrote into rank 0's buffer after its collective returned";
 }
 
 TEST(Inproc, MissingRankTimesOutNamingIt) {

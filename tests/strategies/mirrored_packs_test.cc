@@ -87,6 +87,7 @@ class Job final : public MirroredStrategy {
  public:
   Job(MirroredOptions o, StrategyExtended parts)
       : MirroredStrategy(std::move(o), std::move(parts)) {}
+  using MirroredStrategy::reassemble;
 };
 
 constexpr int kReplicas = 2, kVariables = 24;
@@ -99,16 +100,18 @@ struct TwoReplicas {
     MirroredOptions o;
     for (int i = 0; i < kReplicas; ++i) o.devices.push_back(DeviceSpec::cpu(i));
     o.bytes_per_pack = 1;
-    s = std::make_unique<Job>(
-        o, StrategyExtended(resolve_tf_config(R"({"cluster":{"worker":["127.0.0.1:20000",)"
-                                              R"("127.0.0.1:20001"]},"task":{"type":"worker",)"
-                                              R"("index":0}})"),
-                            std::make_shared<Generations>(kReplicas, log), nullptr));
+    s = std::make_unique<Job>(o, parts(log));
     auto scope = s->scope();
     for (int i = 0; i < kVariables; ++i)
       vars.push_back(
           create_variable(VariableSpec{std::string(1, static_cast<char>('a' + i)), Shape{256},
                                        DType::kFloat32, initializers::constant(1.f)}));
+  }
+  static StrategyExtended parts(Log* log) {
+    return StrategyExtended(resolve_tf_config(R"({"cluster":{"worker":["127.0.0.1:20000",)"
+                                              R"("127.0.0.1:20001"]},"task":{"type":"worker",)"
+                                              R"("index":0}})"),
+                            std::make_shared<Generations>(kReplicas, log), nullptr);
   }
   // The backward pass of the sum of every variable: its packs are launched as the gradients come.
   void backward() const {
@@ -168,6 +171,28 @@ TEST(MirroredPacks, DestroyingTheStrategyRunsThePacksStillQueuedFirst) {
     log.open = true;
   }
   EXPECT_EQ(log.snapshot(), std::vector<int>(kReplicas * kVariables, 1));
+}
+
+// A reassemble() whose connect fails leaves the strategy without communicators: a step then says
+// so (it indexed an empty vector before), and a later reassemble() makes the strategy usable again.
+TEST(MirroredPacks, AStepAfterAFailedReassembleSaysSoAndALaterOneRecovers) {
+  Log log;
+  TwoReplicas job(&log);
+  EXPECT_THROW(
+      job.s->reassemble([]() -> StrategyExtended { throw Unavailable("worker:1 is unreachable"); }),
+      Unavailable);
+  auto sum_of_ones = [](ReplicaContext& ctx, const V&) -> V {
+    return ctx.all_reduce(ReduceOp::kSum, {Tensor::full(Shape{3}, 1.f, ctx.device())});
+  };
+  try {
+    job.s->run(sum_of_ones);
+    FAIL() << "a strategy without communicators ran a step";
+  } catch (const FailedPrecondition& e) {
+    EXPECT_NE(std::string(e.what()).find("reassemble() failed"), std::string::npos) << e.what();
+  }
+  job.s->reassemble([&] { return TwoReplicas::parts(&log); });
+  PerReplica out = job.s->run(sum_of_ones);
+  for (const auto& v : out.values) EXPECT_EQ(v[0].to_vector<float>(), std::vector<float>(3, 2.f));
 }
 
 }  // namespace

@@ -74,9 +74,12 @@ class Group {
   int size() const { return size_; }
   Slot& slot(int r) { return slots_[static_cast<size_t>(r)]; }
 
-  // Generation barrier: spins (when cores allow), then sleeps; honours abort and the timeout.
-  void barrier(int rank, const char* what) {
-    check_aborted();
+  // Generation barrier: spins (when cores allow), then sleeps; honours the timeout, and an abort
+  // unless `closing` (a collective's closing barrier: every rank has passed its opening one and
+  // will arrive once its body's memory copies are done; leaving on an abort before then would let
+  // the caller free or reuse buffers that slower ranks still read and write).
+  void barrier(int rank, const char* what, bool closing = false) {
+    if (!closing) check_aborted();
     const uint64_t g = gen_.load(std::memory_order_acquire);
     arrived_[static_cast<size_t>(rank)].store(g + 1, std::memory_order_relaxed);
     if (count_.fetch_add(1, std::memory_order_acq_rel) == size_ - 1) {
@@ -101,7 +104,7 @@ class Group {
     }
     std::unique_lock<std::mutex> lock(mu_);
     const bool done = cv_.wait_for(lock, opts_.timeout, [&] {
-      return gen_.load(std::memory_order_acquire) != g || aborted_.load();
+      return gen_.load(std::memory_order_acquire) != g || (!closing && aborted_.load());
     });
     if (gen_.load(std::memory_order_acquire) != g) return;
     if (aborted_.load()) throw Unavailable(abort_reason_);
@@ -352,10 +355,11 @@ class InprocCommunicator final : public SyncCollectives {
   }
 
   // Barrier, fingerprint check against every rank, body, barrier (so buffers stay valid until all
-  // ranks are done with them). A body that fails on any rank still reaches the closing barrier (a
-  // rank that left at once would free its buffers while a slower one still read them: the segfault
-  // of reduce_scatter_concat's refusal); after it every rank aborts the group and fails, the
-  // failing ranks with their own error, the others with the first failure's.
+  // ranks are done with them; an abort meanwhile fails the next collective, not this one's closing
+  // barrier). A body that fails on any rank still reaches the closing barrier (a rank that left at
+  // once would free its buffers while a slower one still read them: the segfault of
+  // reduce_scatter_concat's refusal); after it every rank aborts the group and fails, the failing
+  // ranks with their own error, the others with the first failure's.
   template <typename F>
   void run(const char* what, F&& body) {
     g_->barrier(rank_, what);
@@ -384,7 +388,7 @@ class InprocCommunicator final : public SyncCollectives {
       g_->note_failure(std::string(what) + " failed on rank " + std::to_string(rank_) + ": " +
                        e.what());
     }
-    g_->barrier(rank_, what);
+    g_->barrier(rank_, what, /*closing=*/true);
     if (g_->failed()) {
       g_->abort(g_->failure());
       if (error) std::rethrow_exception(error);

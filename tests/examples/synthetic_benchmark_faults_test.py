@@ -9,8 +9,12 @@ thread from another thread, in the middle of a pack (each case prints which all-
 Two workers of examples/synthetic_benchmark (TF_CONFIG on 127.0.0.1; images of 32x32, so that a
 step is short and most of it is the all-reduce); worker 1 is killed (SIGKILL) or stopped (SIGSTOP)
 mid-benchmark, with the data over shared memory (the default between ranks of one host) and over
-the sockets (DTRAIN_SHARED_MEMORY=0, as between hosts). Worker 0 must exit with 1 within 30 s, its
-last line the typed error naming worker:1 and what happened to it; a hang fails the test.
+the sockets (DTRAIN_SHARED_MEMORY=0, as between hosts), with one replica a worker and with two
+(--devices=cpu:2: the second replica waits on the first's stage across workers). Worker 0 must
+exit with 1 within 30 s, its last line the typed error naming worker:1 and what happened to it; a
+hang fails the test. A failed step used to remake its group while packs were still queued (a hang
+or a SIGSEGV in 5 of 8 runs beside two CPU burners), and with two replicas a worker the second
+replica failed with a "collective mismatch" that hid the dead worker.
   synthetic_benchmark_faults_test.py SYNTHETIC_BENCHMARK
 """
 import json, os, signal, subprocess, sys, threading, time
@@ -25,14 +29,15 @@ ARGS = ["--model=resnet50", "--image-size=32", "--batch-size=2", "--num-warmup-b
 class Worker:
     """A worker whose stdout is read as it comes (so its pipe never fills), lines kept."""
 
-    def __init__(self, bench, ports, index, shared_memory):
+    def __init__(self, bench, ports, index, shared_memory, replicas):
         tf_config = {"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
                      "task": {"type": "worker", "index": index}}
         env = dict(os.environ, TF_CONFIG=json.dumps(tf_config), DTRAIN_JOB_TOKEN="synthetic-faults-token-0123",
                    DTRAIN_HEARTBEAT_TIMEOUT="2", DTRAIN_RENDEZVOUS_TIMEOUT="30",
                    DTRAIN_SHARED_MEMORY="1" if shared_memory else "0")
         # a session of its own: the finally below kills the worker's whole group
-        self.p = subprocess.Popen([bench] + ARGS, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        self.p = subprocess.Popen([bench] + ARGS + [f"--devices=cpu:{replicas}"], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True, start_new_session=True)
         self.lines, self.err = [], []
         self.threads = [threading.Thread(target=self._read, args=(self.p.stdout, self.lines), daemon=True),
@@ -74,10 +79,11 @@ class Worker:
         self.p.wait(10)
 
 
-def case(bench, sig, shared_memory, expect):
-    name = f"{sig.name} over {'shared memory' if shared_memory else 'the sockets'}"
+def case(bench, sig, shared_memory, expect, replicas=1):
+    name = (f"{sig.name} over {'shared memory' if shared_memory else 'the sockets'}"
+            f"{f', {replicas} replicas a worker' if replicas > 1 else ''}")
     ports = free_ports(2)
-    workers = [Worker(bench, ports, i, shared_memory) for i in range(2)]
+    workers = [Worker(bench, ports, i, shared_memory, replicas) for i in range(2)]
     try:
         workers[0].wait_for_iters(2, 90)  # each iteration is 5 steps: 10 all-reduces of 102 MB done
         if workers[1].p.poll() is not None:
@@ -106,9 +112,15 @@ def case(bench, sig, shared_memory, expect):
 
 def main():
     bench = sys.argv[1]
+    killed = ["closed", "that task died, was killed, or aborted the job"]
+    stopped = ["sent nothing, not even a heartbeat", "it is hung"]
     for shared_memory in (True, False):
-        case(bench, signal.SIGKILL, shared_memory, ["closed", "that task died, was killed, or aborted the job"])
-        case(bench, signal.SIGSTOP, shared_memory, ["sent nothing, not even a heartbeat", "it is hung"])
+        case(bench, signal.SIGKILL, shared_memory, killed)
+        case(bench, signal.SIGSTOP, shared_memory, stopped)
+    # Two replicas a worker (the hierarchical all-reduce: within the worker, then across): the
+    # second replica waits for the first's stage across workers, and must fail with its error.
+    case(bench, signal.SIGKILL, True, killed, replicas=2)
+    case(bench, signal.SIGSTOP, True, stopped, replicas=2)
 
 
 if __name__ == "__main__":

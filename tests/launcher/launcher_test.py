@@ -278,6 +278,22 @@ class Failure(LauncherCase):
         self.assertIn("worker:0 still running 1 s after SIGTERM; sending SIGKILL", err)
         self.assert_gone([r["pid"] for r in reports.values()])
 
+    def test_a_stopped_worker_gets_its_sigterm_at_once(self):
+        # A worker stopped (SIGSTOP: what a hung peer looks like in the fault tests) when another
+        # fails: the launcher continues it with its SIGTERM, rather than SIGKILLing it after --grace.
+        p = self.start_launcher(["-np", "2", "--grace", "8"], self.fake(
+            "--fail-task", "worker:1", "--fail-code", "3", "--fail-after", "1.5",
+            "--sleep", "60", "--on-term", "exit0", "--wait-for", "worker:0,worker:1"))
+        reports = self.wait_reports(["worker:0", "worker:1"])
+        os.kill(reports["worker:0"]["pid"], signal.SIGSTOP)
+        t0 = time.monotonic()
+        status, out, err = self.finish(p, timeout=20)
+        self.assertEqual(status, 3, err)
+        self.assertLess(time.monotonic() - t0, 6, "the stopped worker waited for its SIGKILL")
+        self.assertIn("[worker:0] got SIGTERM", out)
+        self.assertNotIn("SIGKILL", err)
+        self.assert_gone([r["pid"] for r in reports.values()])
+
     def test_timeout(self):
         status, _, err, secs = self.run_launcher(["-np", "2", "--timeout", "2.5"],
                                                  self.fake("--sleep", "60"), timeout=20)

@@ -119,6 +119,10 @@ void Supervisor::read_from(Child& c, int which, bool drain) {
 void Supervisor::signal_child(Child& c, int sig, double grace_override_s) {
   if (!c.group_alive()) return;
   if (::kill(-c.pid, sig) != 0 && !c.reaped) ::kill(c.pid, sig);
+  // A stopped task (SIGSTOP, a debugger's, a hung peer's test) acts on a signal only once it runs
+  // again: continue it, so that it gets its SIGTERM now rather than the SIGKILL after --grace (as
+  // Slurm does when it ends a job step).
+  if (sig != SIGKILL && ::kill(-c.pid, SIGCONT) != 0 && !c.reaped) ::kill(c.pid, SIGCONT);
   const auto now = Clock::now();
   if (sig == SIGKILL) {
     c.sigkilled = true;

@@ -317,7 +317,9 @@ int main(int argc, char** argv) {
                  "stop the job and exit 124 after this many seconds (0: none)")
       ->check(CLI::Range(0.0, 1e8))
       ->capture_default_str();
-  app.add_option("--grace", a.grace_s, "seconds between SIGTERM and SIGKILL when stopping tasks")
+  app.add_option("--grace", a.grace_s,
+                 "seconds between SIGTERM (with SIGCONT, for a stopped task) and SIGKILL when "
+                 "stopping tasks")
       ->check(CLI::Range(0.0, 1e8))
       ->capture_default_str();
   app.add_option("--evaluator-grace", a.evaluator_grace_s,

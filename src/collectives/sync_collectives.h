@@ -4,7 +4,8 @@
 // thread of their own and complete the Work the caller waits on. Private to src/collectives.
 //
 // Thread-safety: the communication thread alone calls the collectives; abort() may come from any
-// thread at any time and must make a running collective fail fast.
+// thread at any time and must make a running collective fail fast (one that only waits on memory
+// copies the other ranks are making into its buffers finishes them first).
 #pragma once
 
 #include <chrono>

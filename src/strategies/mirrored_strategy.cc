@@ -85,9 +85,11 @@ void MirroredStrategy::Impl::drain_comm_threads() {
 void MirroredStrategy::Impl::make_group() {
   CollectiveOptions co;
   co.timeout = options.timeout;
-  comms = make_cross_device_group(devices, options.cross_device_ops, co, &chosen);
+  // Built aside, then swapped in: a group that fails to build leaves no half-made one behind.
+  auto group = make_cross_device_group(devices, options.cross_device_ops, co, &chosen);
   if (cross)
-    for (auto& c : comms) c = cross->span_workers(std::move(c), static_cast<int>(devices.size()));
+    for (auto& c : group) c = cross->span_workers(std::move(c), static_cast<int>(devices.size()));
+  comms = std::move(group);
 }
 
 std::vector<DeviceSpec> mirrored_devices(const MirroredOptions& options) {
@@ -180,8 +182,8 @@ void MirroredStrategy::set_broadcast_initial_values(bool on) { impl_->broadcast_
 bool MirroredStrategy::broadcast_initial_values() const { return impl_->broadcast_initial; }
 
 MirroredStrategy::~MirroredStrategy() {
-  // What is queued on the communication threads uses the contexts and the communicators, which
-  // the members' order would free first.
+  // What is queued on the communication threads (gradient packs, ZeRO-3 prefetches) uses the
+  // replica contexts, which the members' order would free first.
   if (impl_) impl_->drain_comm_threads();
 }
 
@@ -202,7 +204,8 @@ PerReplica MirroredStrategy::do_run(const ReplicaFn& fn, const PerReplica& input
   if (m.comms.size() != n)
     throw FailedPrecondition(
         "MirroredStrategy::run: the strategy has no communicators: the last reassemble() failed "
-        "to connect (its error said why); reassemble again, or build a new strategy");
+        "to connect, or remaking the group after a failed step failed (the error, or a warning in "
+        "the log, said why); reassemble again, or build a new strategy");
   PerReplica out;
   out.values.resize(n);
   std::vector<std::exception_ptr> errors(n);
@@ -265,7 +268,14 @@ PerReplica MirroredStrategy::do_run(const ReplicaFn& fn, const PerReplica& input
     m.drain_comm_threads();
     for (auto& c : m.contexts) c->packer().reset();
     if (m.params) m.params->reset();
-    m.make_group();  // the aborted group is dead; the strategy stays usable
+    try {
+      m.make_group();  // the aborted group is dead; the strategy stays usable
+    } catch (const std::exception& e) {
+      // The step's error is the one to report; the next step says the group is missing.
+      DTRAIN_LOG(WARNING) << "remaking the collective group after a failed step failed: "
+                          << e.what();
+      m.comms.clear();
+    }
     std::rethrow_exception(errors[first]);
   }
   return out;

@@ -6,6 +6,7 @@
 // multi-process runs are in tests/multiworker/sharding_test.py.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <thread>
 
 #include "collectives/hierarchical/hierarchical_communicator.h"
@@ -164,6 +165,23 @@ TEST(Hierarchical, AWorkerGoneFailsEveryLocalReplicaWithItsErrorNotAMismatch) {
       EXPECT_EQ(e.find("mismatch"), std::string::npos) << "replica " << g << ": " << e;
     }
   }
+}
+
+// A collective refused on one replica of a worker before it posts anything (an all-gather output
+// of the wrong size): the worker's other replica, waiting for it within the worker, fails at once
+// with its error, not after the 20 s collective timeout.
+TEST(Hierarchical, AReplicaRefusingACollectiveFailsItsLocalPeersAtOnceWithItsError) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<std::string> errs =
+      job_errors(2, 2, Compression::kNone, [&](int g, Communicator& c) {
+        const int64_t n = 10;
+        Tensor in = inputs(g, n), out = Tensor::zeros(Shape{g == 1 ? n : n * 4});
+        c.allgather(in, out).wait();
+      });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  for (int g = 0; g < 2; ++g)
+    EXPECT_NE(errs[static_cast<size_t>(g)].find("allgather: output must hold"), std::string::npos)
+        << "replica " << g << ": " << errs[static_cast<size_t>(g)];
 }
 
 }  // namespace

@@ -24,13 +24,18 @@ LAUNCHER = None  # set in __main__
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
-def pid_alive(pid):
-    """True while `pid` exists and is not a zombie."""
+def process_state(pid):
+    """The state letter of `pid` in /proc (R, S, T, Z...), or None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
+        return None
+
+
+def pid_alive(pid):
+    """True while `pid` exists and is not a zombie."""
+    return process_state(pid) not in (None, "Z")
 
 
 def wait_until(cond, timeout, step=0.05):
@@ -282,10 +287,13 @@ class Failure(LauncherCase):
         # A worker stopped (SIGSTOP: what a hung peer looks like in the fault tests) when another
         # fails: the launcher continues it with its SIGTERM, rather than SIGKILLing it after --grace.
         p = self.start_launcher(["-np", "2", "--grace", "8"], self.fake(
-            "--fail-task", "worker:1", "--fail-code", "3", "--fail-after", "1.5",
+            "--fail-task", "worker:1", "--fail-code", "3", "--fail-after", "3",
             "--sleep", "60", "--on-term", "exit0", "--wait-for", "worker:0,worker:1"))
         reports = self.wait_reports(["worker:0", "worker:1"])
-        os.kill(reports["worker:0"]["pid"], signal.SIGSTOP)
+        pid = reports["worker:0"]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        self.assertTrue(wait_until(lambda: process_state(pid) == "T", 2), "worker:0 did not stop")
+        self.assertIsNone(p.poll(), "the job ended before worker:0 was stopped")
         t0 = time.monotonic()
         status, out, err = self.finish(p, timeout=20)
         self.assertEqual(status, 3, err)

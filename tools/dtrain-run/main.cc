@@ -318,8 +318,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1e8))
       ->capture_default_str();
   app.add_option("--grace", a.grace_s,
-                 "seconds between SIGTERM (with SIGCONT, for a stopped task) and SIGKILL when "
-                 "stopping tasks")
+                 "seconds between SIGTERM and SIGKILL when stopping tasks (a stopped task is "
+                 "continued with its SIGTERM, so it may finish its step first)")
       ->check(CLI::Range(0.0, 1e8))
       ->capture_default_str();
   app.add_option("--evaluator-grace", a.evaluator_grace_s,

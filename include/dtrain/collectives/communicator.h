@@ -120,7 +120,9 @@ class DTRAIN_API Communicator {
   [[nodiscard]] virtual Work reduce_scatter_concat(const std::vector<Tensor>& inputs,
                                                    Tensor& output, ReduceOp op);
   // Makes every pending and future collective of the group fail fast with `reason` (used when one
-  // rank has failed, so the others do not wait for it).
+  // rank has failed, so the others do not wait for it). A collective whose ranks are all past its
+  // start and only copying memory between them (in-process) finishes first: no rank returns while
+  // another still uses its buffers.
   virtual void abort(const std::string& reason) = 0;
   // Progress markers, for stall reports (hvd's stall inspector): this rank announces `marker` (e.g.
   // the number of the collective it has entered) to every peer with its heartbeats, and

@@ -5,7 +5,9 @@
 // summed in a fixed order), and results are bitwise identical on all ranks.
 //
 // Barriers spin briefly when there are at least as many cores as ranks, then sleep; every wait
-// has the group's timeout and fails fast when another rank aborts the group.
+// has the group's timeout and fails fast when another rank aborts the group, except a
+// collective's closing one: once every rank has started it, the ranks finish their copies into
+// one another's buffers, and the abort fails the next collective.
 #pragma once
 
 #include <memory>

@@ -78,15 +78,22 @@ class Group {
   // unless `closing` (a collective's closing barrier: every rank has passed its opening one and
   // will arrive once its body's memory copies are done; leaving on an abort before then would let
   // the caller free or reuse buffers that slower ranks still read and write).
+  // Arriving and leaving without the others (abort, timeout) are one under mu_: a rank that leaves
+  // takes its arrival back, so a rank arriving later cannot complete the barrier alone (it would
+  // run the collective on the buffers of a rank that had left, then wait in the closing barrier).
   void barrier(int rank, const char* what, bool closing = false) {
-    if (!closing) check_aborted();
-    const uint64_t g = gen_.load(std::memory_order_acquire);
-    arrived_[static_cast<size_t>(rank)].store(g + 1, std::memory_order_relaxed);
-    if (count_.fetch_add(1, std::memory_order_acq_rel) == size_ - 1) {
-      count_.store(0, std::memory_order_relaxed);
-      gen_.fetch_add(1, std::memory_order_release);
+    uint64_t g;
+    {
       std::lock_guard<std::mutex> lock(mu_);
-      cv_.notify_all();
+      if (!closing && aborted_.load()) throw Unavailable(abort_reason_);
+      g = gen_.load(std::memory_order_relaxed);
+      arrived_[static_cast<size_t>(rank)].store(g + 1, std::memory_order_relaxed);
+      if (++count_ == size_) {
+        count_ = 0;
+        gen_.store(g + 1, std::memory_order_release);
+        cv_.notify_all();
+        return;
+      }
     }
     if (spin_) {
       // ~50 us of spinning (pause is ~140 cycles on recent cores), then sleep: a longer spin
@@ -107,19 +114,19 @@ class Group {
       return gen_.load(std::memory_order_acquire) != g || (!closing && aborted_.load());
     });
     if (gen_.load(std::memory_order_acquire) != g) return;
-    if (aborted_.load()) throw Unavailable(abort_reason_);
-    if (!done) {
-      std::string missing;
-      for (int r = 0; r < size_; ++r)
-        if (arrived_[static_cast<size_t>(r)].load() != g + 1)
-          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      const std::string msg =
-          std::string(what) + " on rank " + std::to_string(rank) + ": rank(s) " + missing +
-          " did not arrive within " + std::to_string(opts_.timeout.count()) +
-          " ms; every replica must issue the same collectives in the same order";
-      abort_locked(msg);
-      throw DeadlineExceeded(msg);
-    }
+    std::string missing;
+    for (int r = 0; r < size_; ++r)
+      if (arrived_[static_cast<size_t>(r)].load() != g + 1)
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    --count_;  // leaving without the others
+    arrived_[static_cast<size_t>(rank)].store(g, std::memory_order_relaxed);
+    if (done) throw Unavailable(abort_reason_);  // woken by an abort
+    const std::string msg = std::string(what) + (closing ? " (its closing barrier)" : "") +
+                            " on rank " + std::to_string(rank) + ": rank(s) " + missing +
+                            " did not arrive within " + std::to_string(opts_.timeout.count()) +
+                            " ms; every replica must issue the same collectives in the same order";
+    abort_locked(msg);
+    throw DeadlineExceeded(msg);
   }
 
   void abort(const std::string& reason) {
@@ -139,13 +146,6 @@ class Group {
     return failure_;
   }
 
-  void check_aborted() {
-    if (aborted_.load()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      throw Unavailable(abort_reason_);
-    }
-  }
-
  private:
   void abort_locked(const std::string& reason) {
     if (!aborted_.exchange(true)) abort_reason_ = "collective group aborted: " + reason;
@@ -157,7 +157,7 @@ class Group {
   bool spin_;
   std::vector<Slot> slots_;
   std::vector<std::atomic<uint64_t>> arrived_;
-  std::atomic<int> count_{0};
+  int count_ = 0;  // ranks arrived at the current generation (under mu_)
   std::atomic<uint64_t> gen_{0};
   std::atomic<bool> aborted_{false};
   std::atomic<bool> failed_{false};
@@ -363,30 +363,22 @@ class InprocCommunicator final : public SyncCollectives {
   template <typename F>
   void run(const char* what, F&& body) {
     g_->barrier(rank_, what);
-    const Slot& me = g_->slot(rank_);
-    for (int r = 0; r < size(); ++r) {
-      const Slot& o = g_->slot(r);
-      if (o.seq != me.seq || o.op != me.op || o.dtype != me.dtype || o.count != me.count ||
-          o.reduce != me.reduce || o.root != me.root) {
-        const std::string msg =
-            detail::str_cat("collective mismatch: rank ", rank_, " issued #", me.seq, " ",
-                            op_name(me.op), "(", dtype_name(me.dtype), " x", me.count, ", ",
-                            reduce_op_name(static_cast<ReduceOp>(me.reduce)), ") but rank ", r,
-                            " issued #", o.seq, " ", op_name(o.op), "(", dtype_name(o.dtype), " x",
-                            o.count, ", ", reduce_op_name(static_cast<ReduceOp>(o.reduce)),
-                            "); every replica must run the same collectives on tensors of the same "
-                            "shape, in the same order");
-        g_->abort(msg);
-        throw InvalidArgument(msg);
-      }
-    }
     std::exception_ptr error;
-    try {
-      body();
-    } catch (const std::exception& e) {
-      error = std::current_exception();
-      g_->note_failure(std::string(what) + " failed on rank " + std::to_string(rank_) + ": " +
-                       e.what());
+    // Every rank compares every slot, so a mismatch is found on all of them; it fails like a body
+    // (through the closing barrier): a rank that left at once could post its next collective into
+    // its slot while the others still compare it.
+    const std::string mismatch = check_slots();
+    if (!mismatch.empty()) {
+      error = std::make_exception_ptr(InvalidArgument(mismatch));
+      g_->note_failure(mismatch);
+    } else {
+      try {
+        body();
+      } catch (const std::exception& e) {
+        error = std::current_exception();
+        g_->note_failure(std::string(what) + " failed on rank " + std::to_string(rank_) + ": " +
+                         e.what());
+      }
     }
     g_->barrier(rank_, what, /*closing=*/true);
     if (g_->failed()) {
@@ -394,6 +386,25 @@ class InprocCommunicator final : public SyncCollectives {
       if (error) std::rethrow_exception(error);
       throw Unavailable("collective group aborted: " + g_->failure());
     }
+  }
+
+  // "" when every rank posted the same collective as this one; else what differs.
+  std::string check_slots() const {
+    const Slot& me = g_->slot(rank_);
+    for (int r = 0; r < size(); ++r) {
+      const Slot& o = g_->slot(r);
+      if (o.seq != me.seq || o.op != me.op || o.dtype != me.dtype || o.count != me.count ||
+          o.reduce != me.reduce || o.root != me.root)
+        return detail::str_cat(
+            "collective mismatch: rank ", rank_, " issued #", me.seq, " ", op_name(me.op), "(",
+            dtype_name(me.dtype), " x", me.count, ", ",
+            reduce_op_name(static_cast<ReduceOp>(me.reduce)), ") but rank ", r, " issued #", o.seq,
+            " ", op_name(o.op), "(", dtype_name(o.dtype), " x", o.count, ", ",
+            reduce_op_name(static_cast<ReduceOp>(o.reduce)),
+            "); every replica must run the same collectives on tensors of the same shape, in the "
+            "same order");
+    }
+    return "";
   }
 
   std::shared_ptr<Group> g_;

@@ -326,6 +326,28 @@ TEST(Inproc, MismatchedCollectivesFailOnEveryRankNamingBoth) {
   }
 }
 
+// A barrier is matched like any collective: against an all-reduce it fails on both ranks, at once
+// (it returned on the barrier's rank, which then posted its next collective into the slot the other
+// was comparing; that rank's next collective could then wait out the timeout).
+TEST(Inproc, ABarrierAgainstAnotherCollectiveFailsOnBothRanks) {
+  CollectiveOptions o;
+  o.timeout = std::chrono::seconds(60);
+  const auto start = std::chrono::steady_clock::now();
+  auto errs = run_ranks(
+      2,
+      [&](int r, Communicator& c) {
+        Tensor t = Tensor::zeros(Shape{4});
+        if (r == 0)
+          c.barrier().wait();
+        else
+          c.allreduce(t, ReduceOp::kSum).wait();
+        c.allreduce(t, ReduceOp::kSum).wait();  // never reached
+      },
+      o);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  for (const auto& e : errs) EXPECT_NE(e.find("collective mismatch"), std::string::npos) << e;
+}
+
 TEST(Inproc, AbortWakesWaitersFast) {
   const auto t0 = std::chrono::steady_clock::now();
   auto errs = run_ranks(3, [&](int r, Communicator& c) {

@@ -125,6 +125,19 @@ class Group {
     std::unique_lock<std::mutex> lock(mu_);
     const bool done = cv_.wait_for(lock, opts_.timeout,
                                    [&] { return passed() || (!closing && aborted_.load()); });
+    if (passed()) return;
+    if (closing) {
+      // Timed out waiting for a rank still in the body: this rank's arrival stays, so that rank
+      // completes the barrier when it comes and fails with this failure rather than waiting a
+      // timeout of its own for a rank that had arrived.
+      const std::string msg = std::string(what) + " (its closing barrier) on rank " +
+                              std::to_string(rank) + ": " + missing_ranks(g, rank) +
+                              " did not finish within " + std::to_string(opts_.timeout.count()) +
+                              " ms";
+      if (!failed_.exchange(true)) failure_ = msg;
+      abort_locked(msg);
+      throw DeadlineExceeded(msg);
+    }
     // Leaving without the others: take this rank's arrival back, unless the barrier completed.
     s = state_.load(std::memory_order_acquire);
     for (;;) {
@@ -135,13 +148,9 @@ class Group {
     }
     arrived_[static_cast<size_t>(rank)].store(g, std::memory_order_relaxed);
     if (done) throw Unavailable(abort_reason_);  // woken by an abort
-    std::string missing;
-    for (int r = 0; r < size_; ++r)
-      if (r != rank && arrived_[static_cast<size_t>(r)].load() != g + 1u)
-        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    const std::string msg = std::string(what) + (closing ? " (its closing barrier)" : "") +
-                            " on rank " + std::to_string(rank) + ": rank(s) " + missing +
-                            " did not arrive within " + std::to_string(opts_.timeout.count()) +
+    const std::string msg = std::string(what) + " on rank " + std::to_string(rank) + ": " +
+                            missing_ranks(g, rank) + " did not arrive within " +
+                            std::to_string(opts_.timeout.count()) +
                             " ms; every replica must issue the same collectives in the same order";
     abort_locked(msg);
     throw DeadlineExceeded(msg);
@@ -174,6 +183,14 @@ class Group {
   const CollectiveOptions opts_;
   bool spin_;
   std::vector<Slot> slots_;
+  // "rank(s) 1, 3": those other than `rank` not arrived at generation g.
+  std::string missing_ranks(uint32_t g, int rank) const {
+    std::string missing;
+    for (int r = 0; r < size_; ++r)
+      if (r != rank && arrived_[static_cast<size_t>(r)].load() != g + 1u)
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    return "rank(s) " + missing;
+  }
   static uint32_t generation(uint64_t state) { return static_cast<uint32_t>(state >> 32); }
   static uint64_t word(uint32_t generation, uint32_t arrived) {
     return uint64_t{generation} << 32 | arrived;
@@ -357,7 +374,10 @@ class InprocCommunicator final : public SyncCollectives {
 
   void barrier() override {
     post(Op::kBarrier, DType::kFloat32, 0, 0, 0, nullptr, nullptr);
-    g_->barrier(rank_, "barrier");
+    // As every collective: matched against the others' slots, and a closing barrier (a rank
+    // returning after the opening one alone could post its next collective into the slot that
+    // another rank, in a collective, is still comparing).
+    run("barrier", [] {});
   }
 
   void abort(const std::string& reason) override { g_->abort(reason); }

@@ -180,7 +180,9 @@ struct MirroredStrategy::Impl {
   std::vector<std::unique_ptr<WorkerThread>>
       comm_threads;  // one per replica: collectives in FIFO order
   std::vector<std::unique_ptr<MirroredReplicaContext>> contexts;
-  std::unique_ptr<ShardedParameters> params;  // Sharding::kParameters
+  // Sharding::kParameters. Shared so that the strategy's variables can tell, through a weak_ptr,
+  // that it is gone (a model that outlives its strategy reads its parts locally).
+  std::shared_ptr<ShardedParameters> params;
   // merge_call / all_gather exchange
   std::mutex exchange_mu;
   std::vector<std::vector<Tensor>> exchange;

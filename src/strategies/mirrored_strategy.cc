@@ -130,7 +130,7 @@ MirroredStrategy::MirroredStrategy(MirroredOptions options, StrategyExtended par
   assemble(std::move(parts));
   m.make_group();
   if (options.sharding == Sharding::kParameters)
-    m.params = std::make_unique<ShardedParameters>(this, impl_.get());
+    m.params = std::make_shared<ShardedParameters>(this, impl_.get());
   m.exchange.resize(m.devices.size());
   for (size_t r = 0; r < m.devices.size(); ++r) {
     const std::string comm_name =
@@ -284,11 +284,10 @@ PerReplica MirroredStrategy::do_run(const ReplicaFn& fn, const PerReplica& input
 std::shared_ptr<Variable> MirroredStrategy::do_create_variable(const VariableSpec& spec) {
   const bool shared =
       impl_->shared_variables && spec.synchronization != VariableSynchronization::kOnRead;
-  ParameterGatherer* gatherer = impl_->params && spec.trainable &&
-                                        spec.synchronization != VariableSynchronization::kOnRead &&
-                                        spec.dtype == DType::kFloat32
-                                    ? impl_->params.get()
-                                    : nullptr;
+  std::shared_ptr<ParameterGatherer> gatherer;
+  if (impl_->params && spec.trainable &&
+      spec.synchronization != VariableSynchronization::kOnRead && spec.dtype == DType::kFloat32)
+    gatherer = impl_->params;
   auto v = std::make_shared<MirroredVariable>(spec, this, impl_->devices, shared, gatherer);
   if (impl_->cross && impl_->cross->num_workers() > 1 &&
       impl_->broadcast_initial) {  // every worker starts from the chief's values

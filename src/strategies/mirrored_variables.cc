@@ -47,11 +47,12 @@ Tensor aggregate_in_replica(ReplicaContext& ctx, const Variable& var, const Tens
 
 MirroredVariable::MirroredVariable(VariableSpec spec, const Strategy* owner,
                                    const std::vector<DeviceSpec>& devices, bool shared,
-                                   ParameterGatherer* gatherer)
+                                   std::shared_ptr<ParameterGatherer> gatherer)
     : Variable(std::move(spec)),
       owner_(owner),
       shared_(shared && devices.size() > 1),
       gatherer_(gatherer),
+      had_gatherer_(gatherer != nullptr),
       parts_(devices.size()) {
   // Initialised once, on the first device, and copied: every replica starts identical.
   Tensor init = spec_.initializer(spec_.shape, spec_.dtype, devices.front());
@@ -122,6 +123,12 @@ void MirroredVariable::release_copy(size_t l, int part, int parts) {
 
 Tensor MirroredVariable::assemble() const {
   const int parts = parts_[0].parts;
+  if (static_cast<size_t>(parts) != parts_.size() && had_gatherer_ && gatherer_.expired())
+    throw FailedPrecondition(
+        "variable '" + name() + "' is sharded across " + std::to_string(parts) +
+        " replicas of several workers (Sharding::kParameters) and its strategy has been destroyed: "
+        "this process holds only its own parts. Read the model, or save a checkpoint "
+        "(Checkpoint(model, optimizer, &strategy).save), while the strategy lives");
   if (static_cast<size_t>(parts) != parts_.size())
     throw FailedPrecondition(
         "variable '" + name() + "' is sharded across " + std::to_string(parts) +
@@ -162,7 +169,9 @@ void MirroredVariable::write(const Tensor& v, Kind kind) {
     }
     // An increment: each copy's part takes its range of it; whole copies (gathered) follow.
     const Tensor flat_v = v.view(Shape{v.numel()});
-    const std::optional<UpdatePartition> now = owner_->update_partition();
+    // (With the strategy gone, no partition to check against: the parts are what this process has.)
+    const std::optional<UpdatePartition> now =
+        gatherer_.expired() ? std::nullopt : owner_->update_partition();
     for (size_t l = 0; l < parts_.size(); ++l) {
       ValuePart& p = parts_[l];
       if (p.value.defined() && now && l < now->local_parts.size() &&

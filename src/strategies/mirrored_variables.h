@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <memory>
 
 #include "dtrain/model/variable.h"
 #include "dtrain/strategies/strategy.h"
@@ -17,11 +18,14 @@ namespace dtrain {
 // With a `gatherer` (Sharding::kParameters, trainable float variables), the copies may hold only
 // their replica's part (ZeRO-3): the first release() of a copy keeps its part and drops its whole
 // value; gather() gives it whole memory again. The tensor handle of each copy stays the same
-// throughout (release_memory/adopt_memory), so tapes follow it across gathers.
+// throughout (release_memory/adopt_memory), so tapes follow it across gathers. The variable may
+// outlive its strategy (a model returned by a function that trained it): it holds the gatherer
+// weakly, and once the strategy is gone it reads its value from the local parts (every part, in a
+// one-process job) and parameter_gatherer() is nullptr.
 class MirroredVariable final : public Variable {
  public:
   MirroredVariable(VariableSpec spec, const Strategy* owner, const std::vector<DeviceSpec>& devices,
-                   bool shared = false, ParameterGatherer* gatherer = nullptr);
+                   bool shared = false, std::shared_ptr<ParameterGatherer> gatherer = nullptr);
   bool shares_storage() const { return shared_; }
   Tensor read_value() const override;
   void do_assign(const Tensor& v) override { write(v, Kind::kAssign); }
@@ -29,7 +33,8 @@ class MirroredVariable final : public Variable {
   void do_assign_sub(const Tensor& d) override { write(d, Kind::kSub); }
   void do_update(const std::function<void(Tensor& value, size_t copy_index)>& fn) override;
   std::vector<Tensor> device_values() const override;
-  ParameterGatherer* parameter_gatherer() const override { return gatherer_; }
+  // The strategy's gatherer while the strategy lives (it owns it), else nullptr.
+  ParameterGatherer* parameter_gatherer() const override { return gatherer_.lock().get(); }
   std::vector<ValuePart> value_parts() const override;
 
   // For the gatherer (sharded_parameters.cc), on local copy `l`'s replica thread:
@@ -61,7 +66,8 @@ class MirroredVariable final : public Variable {
   const Strategy* owner_;
   std::vector<Tensor> values_;
   bool shared_ = false;
-  ParameterGatherer* gatherer_ = nullptr;
+  std::weak_ptr<ParameterGatherer> gatherer_;  // expired once the strategy is destroyed
+  bool had_gatherer_ = false;
   std::vector<ValuePart> parts_;  // per local copy; value undefined while the copy is whole
   std::atomic<bool> managed_{false};
 };

@@ -204,6 +204,26 @@ TEST_F(ShardedParameters, ReplicasWithNoRowsStillTakePartInTheGathers) {
   EXPECT_EQ(a.loss, b.loss);
 }
 
+TEST_F(ShardedParameters, AModelOutlivingItsStrategyStillRunsReadsAndWrites) {
+  // A function that trains and returns only the model: the blocks' variables hold their parts and
+  // the strategy that gathered them is gone (a use after free of its gatherer before: SIGSEGV).
+  Job whole = make(on(3, Sharding::kNone), false, 3);
+  Job z3 = make(on(3, Sharding::kParameters), true, 3);
+  const std::vector<float> want =
+      predict(*whole.strategy, whole.model, Dataset::from_tensors({whole.x})).to_vector<float>();
+  z3.strategy.reset();
+  const auto v = z3.blocks[0]->trainable_variables()[0];
+  ASSERT_EQ(v->value_parts().size(), 3u);  // still parts, not whole copies
+  EXPECT_EQ(v->parameter_gatherer(), nullptr);
+  EXPECT_EQ(z3.model(z3.x, false).to_vector<float>(), want);
+  EXPECT_EQ(weights(z3), weights(whole));
+  // A cross-replica increment lands on every part.
+  std::vector<float> before = v->value().to_vector<float>();
+  v->assign_add(Tensor::full(v->shape(), 0.5f));
+  for (float& b : before) b += 0.5f;
+  EXPECT_EQ(v->value().to_vector<float>(), before);
+}
+
 // Last in this file: it turns the timeline on for the rest of the process.
 TEST_F(ShardedParameters, EachBlockPrefetchesTheNextOnesParameters) {
   const auto path = std::filesystem::temp_directory_path() / "dtrain_sharded_params_trace.json";

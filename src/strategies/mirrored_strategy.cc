@@ -285,8 +285,8 @@ std::shared_ptr<Variable> MirroredStrategy::do_create_variable(const VariableSpe
   const bool shared =
       impl_->shared_variables && spec.synchronization != VariableSynchronization::kOnRead;
   std::shared_ptr<ParameterGatherer> gatherer;
-  if (impl_->params && spec.trainable &&
-      spec.synchronization != VariableSynchronization::kOnRead && spec.dtype == DType::kFloat32)
+  if (impl_->params && spec.trainable && spec.synchronization != VariableSynchronization::kOnRead &&
+      spec.dtype == DType::kFloat32)
     gatherer = impl_->params;
   auto v = std::make_shared<MirroredVariable>(spec, this, impl_->devices, shared, gatherer);
   if (impl_->cross && impl_->cross->num_workers() > 1 &&

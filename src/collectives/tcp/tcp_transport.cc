@@ -3,6 +3,7 @@
 #include <linux/sockios.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -21,6 +22,13 @@ TcpTransport::TcpTransport(TcpGroupOptions o, std::vector<Peer> peers)
       closed_(peers_.size(), false),
       send_mu_(peers_.size()),
       last_rx_(peers_.size()) {
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) {
+    const std::string why = std::strerror(errno);
+    for (auto& p : peers_)
+      if (p.fd >= 0) ::close(p.fd);
+    throw Unavailable("eventfd failed: " + why + " (the process is out of file descriptors?)");
+  }
   peer_marker_ = std::make_unique<std::atomic<int64_t>[]>(peers_.size());
   for (size_t r = 0; r < peers_.size(); ++r) peer_marker_[r].store(-1);
   heartbeat_ = std::thread([this] { heartbeat_loop(); });
@@ -43,6 +51,7 @@ void TcpTransport::shut_down() {
   heartbeat_.join();
   for (auto& p : peers_)
     if (p.fd >= 0) ::close(p.fd);
+  ::close(wake_fd_);
 }
 
 void TcpTransport::check_not_aborted() const {
@@ -91,6 +100,11 @@ void TcpTransport::abort(const std::string& reason) {
     abort_reason_ = "collective group aborted on " + name() + ": " + reason;
     aborted_ = true;
   }
+  // Wakes an exchange blocked in poll() on another thread: it fails at once (and gives up the send
+  // lock of a frame it was writing, which the ABORT frames below need) instead of waiting for a
+  // peer to answer, to echo the ABORT, or to go quiet for the heartbeat timeout.
+  const uint64_t one = 1;
+  [[maybe_unused]] const ssize_t w = ::write(wake_fd_, &one, sizeof(one));
   const std::string msg = reason.substr(0, 4000);
   for (size_t r = 0; r < peers_.size(); ++r) {
     const Peer& p = peers_[r];
@@ -159,8 +173,17 @@ void TcpTransport::exchange(int to, const void* sbuf_v, size_t sbytes, int from,
                         ") is closed: that task exited, died or was killed before " +
                         tcp::describe(fp));
   while (s_done < sbytes || s_pay_left > 0 || s_hdr_sent < sizeof(FrameHeader) || r_done < rbytes) {
+    if (aborted_) {
+      // Aborted on another thread. A frame to `to` left half written would have the peer read
+      // what comes next on the socket (a heartbeat, the ABORT frame) as its payload: end the
+      // stream instead, and the peer fails on the closed connection.
+      if (send_lock.owns_lock()) ::shutdown(peers_[static_cast<size_t>(to)].fd, SHUT_WR);
+      check_not_aborted();
+    }
     std::vector<pollfd> pfds;
     std::vector<int> who;
+    pfds.push_back({wake_fd_, POLLIN, 0});  // abort() on another thread
+    who.push_back(-1);
     for (int r = 0; r < size(); ++r) {
       if (r == rank() || parked[static_cast<size_t>(r)] || closed_[static_cast<size_t>(r)])
         continue;
@@ -219,6 +242,7 @@ void TcpTransport::exchange(int to, const void* sbuf_v, size_t sbytes, int from,
       throw Unavailable(std::string("poll failed: ") + std::strerror(errno));
     for (size_t i = 0; i < pfds.size(); ++i) {
       const int r = who[i];
+      if (r < 0) continue;  // the wake-up: the loop's next round sees the abort
       Peer& p = peers_[static_cast<size_t>(r)];
       if (pfds[i].revents & POLLOUT) {
         // Start a new segment, then push header and payload bytes as far as the socket takes.
@@ -556,6 +580,7 @@ void TcpTransport::exchange_shm(int to, const char* sbuf, size_t sbytes, int fro
       sched_yield();  // the peer may be about to publish; give it the core when ranks share cores
       continue;
     }
+    check_not_aborted();  // by another thread: this wait ends within the 500 us below
     watch_sockets(fp, sending ? to : -1, receiving ? from : -1, deadline);
     waiting_on->wait(bell, 500);
   }

@@ -46,7 +46,8 @@ class TcpTransport final : public collectives::Transport {
                 const collectives::Fingerprint& fp,
                 const collectives::SegmentFn& on_segment) override;
   // Tells every peer (an ABORT frame, best effort, non-blocking) and fails every later collective
-  // here with Unavailable(reason). Idempotent.
+  // here with Unavailable(reason); an exchange running on another thread fails within a
+  // millisecond (a wake-up on its poll, or its shared-memory wait's 500 us). Idempotent.
   void abort(const std::string& reason);
   // Throws Unavailable with the abort reason once aborted.
   void check_not_aborted() const;
@@ -82,6 +83,7 @@ class TcpTransport final : public collectives::Transport {
   bool stop_ = false;
   mutable std::mutex abort_mu_;  // guards abort_reason_
   std::atomic<bool> aborted_{false};
+  int wake_fd_ = -1;  // an eventfd abort() writes: wakes an exchange's poll
   std::string abort_reason_;
   std::atomic<int64_t> marker_{-1};
   std::atomic<int> spin_budget_us_{static_cast<int>(kMaxSpin.count())};  // next_spin_budget

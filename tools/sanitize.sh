@@ -17,7 +17,7 @@ case "$kind" in
            tests=(-LE "acceptance|slow|sanitize|netns|build|gpu"
                   -E "public_headers|consumer_|clang_format|setup_without_apt|bench_scaling") ;;
   thread)  build=${SANITIZE_BUILD_DIR:-$src/build-tsan}
-           tests=(-R "^(inproc_collectives_test|tcp_collectives_test|rpc_test|rpc_wire_test|shm_channel_test|strategy_test|mirrored_test|shared_variables_test|sharded_update_test|sharded_parameters_test|hierarchical_collectives_test|contract_test|input_rows_test|training_api_test|elastic_rendezvous_test|hvd_test|stop_agreement_test|ensemble_workers_test)$") ;;
+           tests=(-R "^(inproc_collectives_test|tcp_collectives_test|rpc_test|rpc_wire_test|shm_channel_test|strategy_test|mirrored_test|shared_variables_test|sharded_update_test|sharded_parameters_test|hierarchical_collectives_test|contract_test|input_rows_test|training_api_test|elastic_rendezvous_test|hvd_test|hvd_lifecycle_test|stop_agreement_test|ensemble_workers_test)$") ;;
   *) echo "usage: $0 address|thread [ctest arguments]" >&2; exit 2 ;;
 esac
 if [ ! -f "$build/CMakeCache.txt" ]; then

@@ -74,6 +74,7 @@ struct DTRAIN_API InitOptions {
 // naming ranks that never showed up).
 DTRAIN_API void init(const InitOptions& options = {});
 // Closes the connections; collectives afterwards throw FailedPrecondition. Safe to call twice.
+// init() and shutdown() may be called from any thread; concurrent calls run one after the other.
 DTRAIN_API void shutdown();
 DTRAIN_API bool is_initialized();
 // FailedPrecondition before init().

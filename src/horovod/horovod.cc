@@ -82,6 +82,7 @@ class Runtime {
   }
 
   void init(const InitOptions& o) {
+    std::lock_guard<std::mutex> life(life_mu_);
     std::lock_guard<std::mutex> lock(mu_);
     if (initialized_) return;
     opts_ = o;
@@ -136,6 +137,7 @@ class Runtime {
   }
 
   void shutdown() {
+    std::lock_guard<std::mutex> life(life_mu_);
     std::thread t;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -505,6 +507,10 @@ class Runtime {
     }
   }
 
+  // init() and shutdown() whole, one at a time: a shutdown joins the background thread and frees
+  // the group outside mu_, and an init() between would have started a second thread on the same
+  // state (and had its group freed).
+  std::mutex life_mu_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool initialized_ = false, stopping_ = false;

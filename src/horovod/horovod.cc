@@ -158,12 +158,19 @@ class Runtime {
   void require() {
     if (!initialized()) throw FailedPrecondition("call dtrain::hvd::init() first");
   }
-  int rank() { return require(), rank_; }
-  int size() { return require(), size_; }
-  int local_rank() { return require(), local_rank_; }
-  int local_size() { return require(), local_size_; }
-  size_t fusion() { return require(), opts_.fusion_threshold_bytes; }
-  std::chrono::microseconds cycle() { return require(), opts_.cycle_time; }
+  // A field init() sets, read under the lock init() writes it under.
+  template <typename T>
+  T read(const T& field) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!initialized_) throw FailedPrecondition("call dtrain::hvd::init() first");
+    return field;
+  }
+  int rank() { return read(rank_); }
+  int size() { return read(size_); }
+  int local_rank() { return read(local_rank_); }
+  int local_size() { return read(local_size_); }
+  size_t fusion() { return read(opts_.fusion_threshold_bytes); }
+  std::chrono::microseconds cycle() { return read(opts_.cycle_time); }
   CollectiveStats stats() {
     std::lock_guard<std::mutex> lock(mu_);
     return stats_;
@@ -182,9 +189,10 @@ class Runtime {
           t.shape().rank() == 0)
         throw InvalidArgument(std::string("hvd::") + kind_name(kind) +
                               " needs a tensor of rank >= 1");
-      if (kind == kBroadcast && (root < 0 || root >= size_))
+      if (const int n = kind == kBroadcast ? size() : 0;
+          kind == kBroadcast && (root < 0 || root >= n))
         throw InvalidArgument("hvd::broadcast: root_rank " + std::to_string(root) +
-                              " is not in [0, " + std::to_string(size_) + ")");
+                              " is not in [0, " + std::to_string(n) + ")");
     }
     Request r;
     r.kind = kind;

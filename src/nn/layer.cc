@@ -268,11 +268,12 @@ std::vector<Tensor> Layer::call_gathered(const std::vector<Tensor>& xs, bool tra
   const VariableList vars = trainable_variables();
   // The variables the strategy can keep sharded (float32, made under a sharding strategy); the
   // others of the layer stay whole.
-  ParameterGatherer* gatherer = nullptr;
+  std::shared_ptr<ParameterGatherer> gatherer;  // alive for this call
   VariableList sharded;
   for (const auto& v : vars)
-    if (ParameterGatherer* g = v->parameter_gatherer(); g && (!gatherer || g == gatherer)) {
-      gatherer = g;
+    if (std::shared_ptr<ParameterGatherer> g = v->parameter_gatherer();
+        g && (!gatherer || g == gatherer)) {
+      gatherer = std::move(g);
       sharded.push_back(v);
     }
   auto plain = [this, training](const std::vector<Tensor>& in) { return call(in, training); };
@@ -287,17 +288,24 @@ std::vector<Tensor> Layer::call_gathered(const std::vector<Tensor>& xs, bool tra
   // Released when the call returns, unless a tape keeps the gathered values for the backward
   // pass (no recompute_grad): then the strategy releases them at the end of the update.
   struct Release {
-    ParameterGatherer* g;
+    ParameterGatherer* g;  // (`gatherer` outlives it)
     const VariableList* v;
     ~Release() {
       if (v) g->release(*v);
     }
-  } release{gatherer, recording && !recompute_ ? nullptr : &sharded};
-  if (recompute_ && training)  // the backward pass's replay gathers again (FSDP's backward)
-    return ::dtrain::recompute_grad(
-        plain, xs, vars,
-        RecomputeHooks{[gatherer, sharded] { gatherer->gather(sharded); },
-                       [gatherer, sharded] { gatherer->release(sharded); }});
+  } release{gatherer.get(), recording && !recompute_ ? nullptr : &sharded};
+  // The backward pass's replay gathers again (FSDP's backward). A tape may run it after the
+  // strategy is gone: then the variables are whole again (ParameterGatherer) and need nothing.
+  if (recompute_ && training) {
+    const std::weak_ptr<ParameterGatherer> weak = gatherer;
+    return ::dtrain::recompute_grad(plain, xs, vars,
+                                    RecomputeHooks{[weak, sharded] {
+                                                     if (auto g = weak.lock()) g->gather(sharded);
+                                                   },
+                                                   [weak, sharded] {
+                                                     if (auto g = weak.lock()) g->release(sharded);
+                                                   }});
+  }
   return call(xs, training);
 }
 

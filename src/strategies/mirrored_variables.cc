@@ -52,7 +52,6 @@ MirroredVariable::MirroredVariable(VariableSpec spec, const Strategy* owner,
       owner_(owner),
       shared_(shared && devices.size() > 1),
       gatherer_(gatherer),
-      had_gatherer_(gatherer != nullptr),
       parts_(devices.size()) {
   // Initialised once, on the first device, and copied: every replica starts identical.
   Tensor init = spec_.initializer(spec_.shape, spec_.dtype, devices.front());
@@ -121,9 +120,31 @@ void MirroredVariable::release_copy(size_t l, int part, int parts) {
   whole.release_memory();
 }
 
+bool MirroredVariable::make_whole_locally() {
+  constexpr size_t kNone = ~size_t{0};
+  bool partial = false;
+  size_t whole = kNone;  // a copy never released (a step that failed early) holds the whole value
+  for (size_t l = 0; l < parts_.size(); ++l) {
+    if (holds_part(l))
+      partial = true;
+    else if (whole == kNone)
+      whole = l;
+  }
+  if (!partial) return true;
+  if (whole == kNone && static_cast<size_t>(parts_[0].parts) != parts_.size()) return false;
+  const Tensor value = whole != kNone ? values_[whole].clone() : assemble();
+  for (size_t l = 0; l < parts_.size(); ++l) {
+    if (!values_[l].has_memory())
+      values_[l].adopt_memory(Tensor::empty(spec_.shape, spec_.dtype, values_[l].device()));
+    values_[l].copy_from(value.to(values_[l].device()));
+    parts_[l] = ValuePart{};
+  }
+  return true;
+}
+
 Tensor MirroredVariable::assemble() const {
   const int parts = parts_[0].parts;
-  if (static_cast<size_t>(parts) != parts_.size() && had_gatherer_ && gatherer_.expired())
+  if (static_cast<size_t>(parts) != parts_.size() && gatherer_.expired())
     throw FailedPrecondition(
         "variable '" + name() + "' is sharded across " + std::to_string(parts) +
         " replicas of several workers (Sharding::kParameters) and its strategy has been destroyed: "
@@ -233,6 +254,11 @@ void MirroredVariable::do_update(const std::function<void(Tensor&, size_t)>& fn)
     mirrored.barrier();
     return;
   }
+  if (holds_part(0) && gatherer_.expired())
+    throw FailedPrecondition(
+        "variable '" + name() +
+        "' holds only this process's part (Sharding::kParameters) and its strategy has been "
+        "destroyed, which held the others: restore a checkpoint into it (assign) first");
   if (holds_part(0))
     throw FailedPrecondition("variable '" + name() +
                              "' is sharded across replicas (Sharding::kParameters): update it in "

@@ -20,8 +20,10 @@ namespace dtrain {
 // value; gather() gives it whole memory again. The tensor handle of each copy stays the same
 // throughout (release_memory/adopt_memory), so tapes follow it across gathers. The variable may
 // outlive its strategy (a model returned by a function that trained it): it holds the gatherer
-// weakly, and once the strategy is gone it reads its value from the local parts (every part, in a
-// one-process job) and parameter_gatherer() is nullptr.
+// weakly, and the gatherer's destructor makes it whole again from its parts where this process
+// holds them all (make_whole_locally); then it is a plain mirrored variable and
+// parameter_gatherer() is nullptr. In a job of several workers it keeps its part, and a read says
+// the rest went with the strategy.
 class MirroredVariable final : public Variable {
  public:
   MirroredVariable(VariableSpec spec, const Strategy* owner, const std::vector<DeviceSpec>& devices,
@@ -34,7 +36,9 @@ class MirroredVariable final : public Variable {
   void do_update(const std::function<void(Tensor& value, size_t copy_index)>& fn) override;
   std::vector<Tensor> device_values() const override;
   // The strategy's gatherer while the strategy lives (it owns it), else nullptr.
-  ParameterGatherer* parameter_gatherer() const override { return gatherer_.lock().get(); }
+  std::shared_ptr<ParameterGatherer> parameter_gatherer() const override {
+    return gatherer_.lock();
+  }
   std::vector<ValuePart> value_parts() const override;
 
   // For the gatherer (sharded_parameters.cc), on local copy `l`'s replica thread:
@@ -45,6 +49,10 @@ class MirroredVariable final : public Variable {
   // Keeps part `part` of `parts` of copy l (carved from its whole value the first time) and
   // drops the whole value's memory.
   void release_copy(size_t l, int part, int parts);
+  // Every copy whole again and the parts dropped, when this process holds every part (or a copy
+  // is still whole); false, changing nothing, when other workers hold some. For the gatherer's
+  // destructor: a variable that outlives its strategy then reads, trains and updates as any.
+  bool make_whole_locally();
   // Whether a layer has gathered this variable (then the gatherer, not the update's all-gather of
   // parts, keeps its copies whole or partial).
   bool managed() const { return managed_.load(std::memory_order_acquire); }
@@ -67,7 +75,6 @@ class MirroredVariable final : public Variable {
   std::vector<Tensor> values_;
   bool shared_ = false;
   std::weak_ptr<ParameterGatherer> gatherer_;  // expired once the strategy is destroyed
-  bool had_gatherer_ = false;
   std::vector<ValuePart> parts_;  // per local copy; value undefined while the copy is whole
   std::atomic<bool> managed_{false};
 };

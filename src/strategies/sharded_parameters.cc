@@ -11,7 +11,9 @@
 // program), so their communication threads issue the same collectives in the same order.
 #include <algorithm>
 #include <map>
+#include <set>
 
+#include "dtrain/core/logging.h"
 #include "dtrain/core/timeline.h"
 #include "strategies/mirrored_impl.h"
 #include "strategies/mirrored_variables.h"
@@ -77,7 +79,25 @@ ShardedParameters::ShardedParameters(MirroredStrategy* owner, MirroredStrategy::
     replicas_.push_back(std::make_unique<Replica>());
 }
 
-ShardedParameters::~ShardedParameters() = default;
+// The strategy is going (this gatherer dies with it): the variables it gathered outlive it in a
+// model a function returned, and without it no replica context will gather them again. Where this
+// process holds every part, each becomes whole again, an unsharded mirrored variable that reads,
+// trains (tapes follow its copies) and updates as any; across workers they keep their parts.
+ShardedParameters::~ShardedParameters() {
+  std::set<Variable*> done;
+  for (const auto& r : replicas_)
+    for (const auto& [key, vars] : r->groups)
+      for (const auto& v : vars) {
+        auto* m = dynamic_cast<MirroredVariable*>(v.get());  // (mirrored() asks the gatherer)
+        if (!m || !done.insert(m).second) continue;
+        try {
+          m->make_whole_locally();
+        } catch (const std::exception& e) {  // out of memory: it keeps its parts, reads assemble
+          DTRAIN_LOG(WARNING) << "variable '" << v->name()
+                              << "' stays sharded after its strategy: " << e.what();
+        }
+      }
+}
 
 MirroredReplicaContext* ShardedParameters::context() const {
   ReplicaContext* ctx = get_replica_context();

@@ -117,8 +117,11 @@ class DTRAIN_API Variable {
   // copies hold only their parts (value_parts()).
   virtual std::vector<Tensor> device_values() const { return {value()}; }
 
-  // ZeRO-3: the strategy's gatherer when this variable may be kept sharded (nullptr otherwise).
-  virtual ParameterGatherer* parameter_gatherer() const { return nullptr; }
+  // ZeRO-3: the strategy's gatherer when this variable may be kept sharded; nullptr otherwise, and
+  // once that strategy is destroyed (its variables are whole again then, where one process holds
+  // every part). Shared: a caller keeps it alive for the call it serves, and holds it weakly
+  // anywhere it may outlive the strategy (a tape's backward pass).
+  virtual std::shared_ptr<ParameterGatherer> parameter_gatherer() const { return nullptr; }
   // This process's parts of the value, one per local replica, when its replicas hold only their
   // parts (after the first release()); empty while the variable is whole. update() in replica
   // context then hands each replica its part (flat) instead of the whole value.

@@ -100,9 +100,10 @@ void TcpTransport::abort(const std::string& reason) {
     abort_reason_ = "collective group aborted on " + name() + ": " + reason;
     aborted_ = true;
   }
-  // Wakes an exchange blocked in poll() on another thread: it fails at once (and gives up the send
-  // lock of a frame it was writing, which the ABORT frames below need) instead of waiting for a
-  // peer to answer, to echo the ABORT, or to go quiet for the heartbeat timeout.
+  // Wakes an exchange blocked in poll() on another thread: it fails at once instead of waiting for
+  // a peer to answer, to echo the ABORT, or to go quiet for the heartbeat timeout; and it gives up
+  // the send lock of a frame it was writing, which the loop below needs (that peer's stream is
+  // ended then, so it gets EOF rather than the ABORT frame).
   const uint64_t one = 1;
   [[maybe_unused]] const ssize_t w = ::write(wake_fd_, &one, sizeof(one));
   const std::string msg = reason.substr(0, 4000);
@@ -166,6 +167,19 @@ void TcpTransport::exchange(int to, const void* sbuf_v, size_t sbytes, int from,
   const auto start = Clock::now();
   for (auto& t : last_rx_) t = start;
   std::unique_lock<std::mutex> send_lock;  // held while a frame to `to` is partly written
+  // Leaving with a frame to `to` partly written (an abort, an error from another peer, a timeout):
+  // whatever this rank sent next on that socket (its ABORT frame, heartbeats) would be read by the
+  // peer as the rest of the payload, so end the stream instead: the peer fails on the closed
+  // connection. Declared after send_lock, so it runs while the lock is still held. A frame of
+  // which nothing left yet needs nothing.
+  struct EndHalfFrame {
+    const std::unique_lock<std::mutex>& lock;
+    const size_t& header_sent;
+    int fd;
+    ~EndHalfFrame() {
+      if (lock.owns_lock() && header_sent > 0) ::shutdown(fd, SHUT_WR);
+    }
+  } end_half_frame{send_lock, s_hdr_sent, to >= 0 ? peers_[static_cast<size_t>(to)].fd : -1};
   for (int r : {to, from})
     if (r >= 0 && closed_[static_cast<size_t>(r)])
       throw Unavailable("connection to " + peers_[static_cast<size_t>(r)].name + " (" +
@@ -173,13 +187,7 @@ void TcpTransport::exchange(int to, const void* sbuf_v, size_t sbytes, int from,
                         ") is closed: that task exited, died or was killed before " +
                         tcp::describe(fp));
   while (s_done < sbytes || s_pay_left > 0 || s_hdr_sent < sizeof(FrameHeader) || r_done < rbytes) {
-    if (aborted_) {
-      // Aborted on another thread. A frame to `to` left half written would have the peer read
-      // what comes next on the socket (a heartbeat, the ABORT frame) as its payload: end the
-      // stream instead, and the peer fails on the closed connection.
-      if (send_lock.owns_lock()) ::shutdown(peers_[static_cast<size_t>(to)].fd, SHUT_WR);
-      check_not_aborted();
-    }
+    check_not_aborted();  // by another thread (a half-written frame: end_half_frame)
     std::vector<pollfd> pfds;
     std::vector<int> who;
     pfds.push_back({wake_fd_, POLLIN, 0});  // abort() on another thread
@@ -525,6 +533,7 @@ void TcpTransport::exchange_shm(int to, const char* sbuf, size_t sbytes, int fro
   Clock::time_point idle_since{};
   bool idle = false;
   while (s_done < sbytes || r_done < rbytes) {
+    check_not_aborted();  // by another thread: frames go whole into the ring, nothing to end
     const bool sending = to >= 0 && s_done < sbytes, receiving = from >= 0 && r_done < rbytes;
     ShmChannel* waiting_on =
         receiving ? &rx_[static_cast<size_t>(from)] : &tx_[static_cast<size_t>(to)];
@@ -580,7 +589,6 @@ void TcpTransport::exchange_shm(int to, const char* sbuf, size_t sbytes, int fro
       sched_yield();  // the peer may be about to publish; give it the core when ranks share cores
       continue;
     }
-    check_not_aborted();  // by another thread: this wait ends within the 500 us below
     watch_sockets(fp, sending ? to : -1, receiving ? from : -1, deadline);
     waiting_on->wait(bell, 500);
   }

@@ -6,7 +6,9 @@
 // socket.
 //
 // Thread-safety: one thread runs exchanges; abort() and the heartbeat thread may run concurrently
-// (a per-peer send mutex keeps frames whole).
+// (a per-peer send mutex keeps frames whole; an exchange that fails with a frame half written ends
+// that socket's stream, so nothing else is ever read as its payload). The transport must outlive an
+// abort() in progress: a collective it fails can return before abort() has told every peer.
 #pragma once
 
 #include <algorithm>
@@ -46,8 +48,8 @@ class TcpTransport final : public collectives::Transport {
                 const collectives::Fingerprint& fp,
                 const collectives::SegmentFn& on_segment) override;
   // Tells every peer (an ABORT frame, best effort, non-blocking) and fails every later collective
-  // here with Unavailable(reason); an exchange running on another thread fails within a
-  // millisecond (a wake-up on its poll, or its shared-memory wait's 500 us). Idempotent.
+  // here with Unavailable(reason); an exchange running on another thread fails at its next step
+  // (a wake-up of its poll; through shared memory, within its wait's 500 us). Idempotent.
   void abort(const std::string& reason);
   // Throws Unavailable with the abort reason once aborted.
   void check_not_aborted() const;

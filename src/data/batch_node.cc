@@ -8,6 +8,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "data/dataset_node.h"
@@ -27,19 +28,32 @@ int64_t batch_cardinality(int64_t c, int64_t b, bool drop) {
 class ReaderPool {
  public:
   explicit ReaderPool(int threads) {
-    for (int i = 0; i < threads - 1; ++i)  // the calling thread is the last one
-      threads_.emplace_back([this, i] {
-        timeline::set_thread_name("input reader " + std::to_string(i + 1));
-        work();
-      });
+    try {
+      for (int i = 0; i < threads - 1; ++i)  // the calling thread is the last one
+        threads_.emplace_back([this, i] {
+          timeline::set_thread_name("input reader " + std::to_string(i + 1));
+          work();
+        });
+    } catch (const std::system_error& e) {  // out of threads (a pids cgroup, RLIMIT_NPROC)
+      const size_t started = threads_.size();
+      stop_and_join();
+      throw Unavailable(str_cat("Dataset: cannot start reader thread ", started + 1, " of ",
+                                threads - 1, " (", e.what(),
+                                "); use fewer parallel reads or raise the process limit"));
+    } catch (...) {  // (out of memory): the threads started must not be left joinable
+      stop_and_join();
+      throw;
+    }
   }
-  ~ReaderPool() {
+  ~ReaderPool() { stop_and_join(); }
+  void stop_and_join() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
     }
     cv_.notify_all();
     for (std::thread& t : threads_) t.join();
+    threads_.clear();
   }
   ReaderPool(const ReaderPool&) = delete;
   ReaderPool& operator=(const ReaderPool&) = delete;

@@ -8,6 +8,7 @@
 #include <exception>
 #include <future>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "data/dataset_node.h"
@@ -58,22 +59,35 @@ class ParallelIt final : public DatasetNodeIterator {
   ParallelIt(std::unique_ptr<DatasetNodeIterator> up, std::shared_ptr<const Fn> fn, size_t k,
              int parallel)
       : up_(std::move(up)), fn_(std::move(fn)), k_(k), window_(static_cast<size_t>(parallel)) {
-    for (int t = 0; t < parallel; ++t)
-      threads_.emplace_back([this, t] {
-        timeline::set_thread_name(str_cat("input pipeline (map ", t, ")"));
-        work();
-      });
+    try {
+      for (int t = 0; t < parallel; ++t)
+        threads_.emplace_back([this, t] {
+          timeline::set_thread_name(str_cat("input pipeline (map ", t, ")"));
+          work();
+        });
+    } catch (const std::system_error& e) {  // out of threads (a pids cgroup, RLIMIT_NPROC)
+      const size_t started = threads_.size();
+      stop_and_join();
+      throw Unavailable(str_cat("Dataset::map: cannot start thread ", started + 1, " of ", parallel,
+                                " (", e.what(),
+                                "); use fewer parallel calls or raise the process limit"));
+    } catch (...) {  // (out of memory): the threads started must not be left joinable
+      stop_and_join();
+      throw;
+    }
   }
-  ~ParallelIt() override {
+  ~ParallelIt() override { stop_and_join(); }
+  ParallelIt(const ParallelIt&) = delete;
+  ParallelIt& operator=(const ParallelIt&) = delete;
+  void stop_and_join() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
     }
     cv_.notify_all();
     for (auto& t : threads_) t.join();
+    threads_.clear();
   }
-  ParallelIt(const ParallelIt&) = delete;
-  ParallelIt& operator=(const ParallelIt&) = delete;
 
   bool next(DatasetElement* out) override {
     fill();

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <string>
@@ -248,19 +250,48 @@ CSVLogger::CSVLogger(std::string path, bool append) : path_(std::move(path)), ap
 
 void CSVLogger::on_train_begin(const TrainLogs&) {
   keys_.clear();
-  if (!is_chief() || append_) return;
-  std::ofstream f(path_, std::ios::trunc);
+  if (!is_chief()) return;
+  std::ofstream f(path_, std::ios::app);  // writable? (the rows kept are decided at the first row)
   if (!f) throw Unavailable("CSVLogger cannot write '" + path_ + "'");
+}
+
+void CSVLogger::keep_rows_before(int epoch) const {
+  std::vector<std::string> kept;
+  if (epoch > 0) {
+    std::ifstream in(path_);
+    std::string line;
+    for (bool first = true; std::getline(in, line); first = false) {
+      if (first && line.rfind("epoch", 0) == 0) {
+        kept.push_back(line);  // the header
+        continue;
+      }
+      char* end = nullptr;
+      const long e = std::strtol(line.c_str(), &end, 10);
+      if (end != line.c_str() && e < epoch) kept.push_back(line);
+    }
+    if (kept.size() == 1) kept.clear();  // a header alone: the new one follows
+  }
+  // Written aside and renamed: a crash here leaves the old file or the new one, never half of one.
+  const std::string tmp = path_ + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    for (const std::string& l : kept) out << l << '\n';
+    if (!out.flush()) throw Unavailable("CSVLogger cannot write '" + tmp + "'");
+  }
+  if (std::rename(tmp.c_str(), path_.c_str()) != 0)
+    throw Unavailable("CSVLogger cannot replace '" + path_ + "' with '" + tmp + "'");
 }
 
 void CSVLogger::on_epoch_end(const TrainLogs& logs) {
   if (!is_chief()) return;
   const bool header = keys_.empty();
-  if (header)
+  if (header) {
     for (const auto& [k, v] : logs.values) keys_.push_back(k);
+    if (!append_) keep_rows_before(logs.epoch);
+  }
   std::ofstream f(path_, std::ios::app);
   if (!f) throw Unavailable("CSVLogger cannot write '" + path_ + "'");
-  if (header && (!append_ || f.tellp() == 0)) {
+  if (header && f.tellp() == 0) {
     f << "epoch";
     for (const auto& k : keys_) f << ',' << k;
     f << '\n';
@@ -304,6 +335,13 @@ LearningRateWarmup::LearningRateWarmup(double warmup_epochs, int verbose, int nu
 }
 
 void LearningRateWarmup::on_train_begin(const TrainLogs&) {
+  // A fit() that ended in an exception during the warm-up (elastic::run then calls fit() again)
+  // left the warming rate in place: the user's schedule first, or the target would be that rate.
+  // Unless the rate was set since (elastic's on_reset rescaling it, another optimizer): then
+  // that is the target.
+  if (!done_ && saved_schedule_ && installed_ && optimizer().schedule() == installed_)
+    optimizer().set_schedule(saved_schedule_);
+  installed_ = nullptr;
   target_ = optimizer().learning_rate();
   saved_schedule_ = optimizer().schedule();
   done_ = false;
@@ -327,6 +365,7 @@ void LearningRateWarmup::on_train_batch_begin(const TrainLogs& logs) {
   const double n = num_replicas_ > 0 ? num_replicas_ : strategy().num_replicas_in_sync();
   optimizer().set_learning_rate(
       static_cast<float>(target_ / n * (e * (n - 1) / warmup_epochs_ + 1)));
+  installed_ = optimizer().schedule();
 }
 
 void LearningRateWarmup::on_train_end(const TrainLogs&) {

@@ -267,6 +267,14 @@ History fit(Strategy& strategy, Model& model, Optimizer& optimizer, const Datase
   ctx.global_batch_size = options.global_batch_size;
   ctx.epoch_state = [&tally] { return tally.states(); };
   for (Callback* c : options.callbacks) c->set_context(&ctx);
+  // However fit() ends (an exception from a step, a collective, a callback, the input pipeline),
+  // no callback keeps a pointer to this frame's context: context() throws FailedPrecondition after.
+  struct ForgetContext {
+    const std::vector<Callback*>& callbacks;
+    ~ForgetContext() {
+      for (Callback* c : callbacks) c->set_context(nullptr);
+    }
+  } forget_context{options.callbacks};
 
   const int k = options.accumulate;
   StopAgreement stop(ctx, across_workers);
@@ -424,7 +432,6 @@ History fit(Strategy& strategy, Model& model, Optimizer& optimizer, const Datase
   h.images_per_sec = timed_seconds > 0 ? static_cast<double>(timed_images) / timed_seconds : 0;
   logs.loss = h.final_loss;
   call(options.callbacks, &Callback::on_train_end, logs);
-  for (Callback* c : options.callbacks) c->set_context(nullptr);
   if (timeline::enabled()) timeline::flush_timeline();  // what a later kill would lose
   return h;
 }

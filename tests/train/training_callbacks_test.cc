@@ -1,5 +1,6 @@
 // The training API's callbacks: every hook in Keras' order, stop_training, EarlyStopping,
-// CSVLogger with a schedule, TerminateOnNaN, ProgressBar's throughput unit, Horovod's warm-up.
+// CSVLogger with a schedule, TerminateOnNaN, ProgressBar's throughput unit, Horovod's warm-up, and
+// what a fit() that ends in an exception leaves behind.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -148,6 +149,44 @@ TEST_F(TrainingApi, CsvLoggerSchedulerAndTerminateOnNan) {
   EXPECT_EQ(bad.steps, 1);
 }
 
+// A fit that resumes at epoch k (BackupAndRestore, elastic::run after a reset) keeps the CSV rows
+// of the epochs before k; one that starts at epoch 0 starts the file afresh (Keras' append=false).
+TEST_F(TrainingApi, CsvLoggerKeepsTheEpochsBeforeAResumedFit) {
+  OneDeviceStrategy s(DeviceSpec::cpu(0));
+  auto [m, opt] = build(s, [&] { return std::unique_ptr<Optimizer>(std::make_unique<SGD>(0.1f)); });
+  const std::string csv = (dir_ / "resumed.csv").string();
+  auto epochs_in_file = [&] {
+    std::ifstream f(csv);
+    std::string line;
+    std::vector<std::string> out;
+    while (std::getline(f, line)) out.push_back(line.substr(0, line.find(',')));
+    return out;
+  };
+  CSVLogger logger(csv);
+  struct Resume : Callback {
+    int at = 0;
+    void on_train_begin(const TrainLogs&) override { context().initial_epoch = at; }
+  } resume;
+  FitOptions o;
+  o.epochs = 3;
+  o.global_batch_size = 16;
+  o.callbacks = {&resume, &logger};
+  fit(s, m, *opt, classification(32), nullptr, o);
+  EXPECT_EQ(epochs_in_file(), (std::vector<std::string>{"epoch", "0", "1", "2"}));
+  resume.at = 2;  // epoch 2 runs again (it had not been committed), then 3
+  o.epochs = 4;
+  fit(s, m, *opt, classification(32), nullptr, o);
+  EXPECT_EQ(epochs_in_file(), (std::vector<std::string>{"epoch", "0", "1", "2", "3"}));
+  resume.at = 0;
+  o.epochs = 2;
+  fit(s, m, *opt, classification(32), nullptr, o);
+  EXPECT_EQ(epochs_in_file(), (std::vector<std::string>{"epoch", "0", "1"}));
+  CSVLogger appending(csv, /*append=*/true);
+  o.callbacks = {&appending};
+  fit(s, m, *opt, classification(32), nullptr, o);
+  EXPECT_EQ(epochs_in_file(), (std::vector<std::string>{"epoch", "0", "1", "0", "1"}));
+}
+
 // The throughput a ProgressBar prints is rows/sec times the rows' unit: two bars on one fit, one
 // counting images (the default), one tokens at 256 a row, print the same rate 256 times apart.
 TEST_F(TrainingApi, ProgressBarCountsTheUnitItIsGiven) {
@@ -211,6 +250,54 @@ TEST_F(TrainingApi, WarmupRisesToTheScaledRateThenHandsBack) {
   // lr = 0.04 / 4 * (e * 3 / 1 + 1) for e = 0, 0.25, 0.5, 0.75; then 0.04.
   const double want[] = {0.01, 0.0175, 0.025, 0.0325, 0.04, 0.04, 0.04, 0.04};
   for (size_t i = 0; i < 8; ++i) EXPECT_NEAR(lr.seen[i], want[i], 1e-7) << i;
+}
+
+// A fit() that ends in an exception (a step, a collective, a callback; elastic::run then calls
+// fit() again) skips on_train_end. The callbacks must not keep a pointer to that fit's context,
+// and a warm-up cut short must not leave its half-warmed rate as the next fit's target.
+TEST_F(TrainingApi, AFitEndedByAnExceptionLeavesNoContextAndNoWarmingRate) {
+  MirroredStrategy s(on(4));
+  auto [m, opt] = build(s, [&] {
+    return std::unique_ptr<Optimizer>(
+        std::make_unique<SGD>(scale_learning_rate(0.01f, s.num_replicas_in_sync())));
+  });
+  LearningRateWarmup warm(1.0);
+  struct Failing : Callback {
+    bool armed = true;
+    std::vector<double> seen;
+    void on_train_batch_begin(const TrainLogs&) override {
+      seen.push_back(optimizer().learning_rate());
+    }
+    void on_train_batch_end(const TrainLogs& l) override {
+      if (armed && l.step == 2) throw Unavailable("worker:1 is gone (test)");  // rate 0.0175
+    }
+  } failing;
+  FitOptions o;
+  o.epochs = 2;
+  o.global_batch_size = 16;  // 4 batches per epoch
+  o.callbacks = {&warm, &failing};
+  EXPECT_THROW(fit(s, m, *opt, classification(64), nullptr, o), Unavailable);
+  EXPECT_THROW(failing.context(), FailedPrecondition);
+  EXPECT_THROW(warm.context(), FailedPrecondition);
+  failing.armed = false;
+  failing.seen.clear();
+  fit(s, m, *opt, classification(64), nullptr, o);
+  ASSERT_EQ(failing.seen.size(), 8u);
+  // The warm-up starts again from the user's 0.04 (towards 0.0175 before the fix: 0.004375...).
+  const double want[] = {0.01, 0.0175, 0.025, 0.0325, 0.04, 0.04, 0.04, 0.04};
+  for (size_t i = 0; i < 8; ++i) EXPECT_NEAR(failing.seen[i], want[i], 1e-7) << i;
+  EXPECT_NEAR(opt->learning_rate(), 0.04, 1e-7);
+  // Cut short again, then the rate set anew before the next fit (as elastic's on_reset rescales
+  // it for the new number of workers): that rate is the target, not the schedule from before.
+  failing.armed = true;
+  EXPECT_THROW(fit(s, m, *opt, classification(64), nullptr, o), Unavailable);
+  opt->set_learning_rate(0.02f);
+  failing.armed = false;
+  failing.seen.clear();
+  fit(s, m, *opt, classification(64), nullptr, o);
+  ASSERT_EQ(failing.seen.size(), 8u);
+  EXPECT_NEAR(failing.seen[0], 0.005, 1e-7);
+  EXPECT_NEAR(failing.seen[4], 0.02, 1e-7);
 }
 
 }  // namespace

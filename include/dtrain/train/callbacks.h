@@ -152,7 +152,10 @@ class DTRAIN_API EarlyStopping : public Callback {
 };
 
 // Appends one CSV row per epoch (epoch and every log value, sorted by key) to `path`; chief only.
-// append = false starts the file afresh.
+// append = false starts the file afresh when training starts at epoch 0 (Keras); a fit() that
+// resumes at epoch k (BackupAndRestore after a restart, elastic::run after a reset) keeps the rows
+// of the epochs before k and replaces the others, where Keras would drop every earlier row.
+// append = true always appends (Keras).
 class DTRAIN_API CSVLogger : public Callback {
  public:
   explicit CSVLogger(std::string path, bool append = false);
@@ -160,6 +163,8 @@ class DTRAIN_API CSVLogger : public Callback {
   void on_epoch_end(const TrainLogs& logs) override;
 
  private:
+  // append = false, at a fit's first row: the file holds the rows of the epochs before `epoch`.
+  void keep_rows_before(int epoch) const;
   std::string path_;
   bool append_;
   std::vector<std::string> keys_;
@@ -195,6 +200,7 @@ class DTRAIN_API LearningRateWarmup : public Callback {
   double target_ = 0;
   bool done_ = false;
   std::shared_ptr<LearningRateSchedule> saved_schedule_;
+  std::shared_ptr<LearningRateSchedule> installed_;  // the warming rate it set last
 };
 
 // Stops training when the loss becomes NaN or infinite (after that batch).

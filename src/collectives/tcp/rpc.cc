@@ -1,8 +1,10 @@
 #include "collectives/tcp/rpc.h"
 
+#include <linux/sockios.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -252,7 +254,13 @@ void RpcServer::heartbeat_loop() {
     for (const auto& c : conns) {
       std::unique_lock<std::mutex> send(c->send_mu, std::try_to_lock);
       if (!send.owns_lock() || c->fd < 0) continue;  // an answer is going out: traffic enough
-      ::send(c->fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);  // a full socket just skips one
+      int queued = 0;
+      if (::ioctl(c->fd, SIOCOUTQ, &queued) == 0 && queued > (1 << 20))
+        continue;  // a big answer still draining: it is traffic enough, and the socket may be full
+      const ssize_t w = ::send(c->fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
+      // A full socket skips one. Part of a header would have the client read the next answer's
+      // bytes as its rest: end the connection instead (the client fails on it, naming this task).
+      if (w > 0 && static_cast<size_t>(w) < sizeof(h)) ::shutdown(c->fd, SHUT_RDWR);
     }
     lock.lock();
   }

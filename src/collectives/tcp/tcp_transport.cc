@@ -170,8 +170,8 @@ void TcpTransport::exchange(int to, const void* sbuf_v, size_t sbytes, int from,
   // Leaving with a frame to `to` partly written (an abort, an error from another peer, a timeout):
   // whatever this rank sent next on that socket (its ABORT frame, heartbeats) would be read by the
   // peer as the rest of the payload, so end the stream instead: the peer fails on the closed
-  // connection. Declared after send_lock, so it runs while the lock is still held. A frame of
-  // which nothing left yet needs nothing.
+  // connection. Declared after send_lock, so it runs while the lock is still held. A frame none of
+  // which has been sent yet needs nothing.
   struct EndHalfFrame {
     const std::unique_lock<std::mutex>& lock;
     const size_t& header_sent;

@@ -252,7 +252,21 @@ void serve_parameter_server(const ClusterResolution& cluster, std::string token)
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  sigset_t before;
+  pthread_sigmask(SIG_BLOCK, &set, &before);
+  // The caller's mask again however this returns (a port that cannot be bound throws); a second
+  // stop signal still pending (Ctrl-C and the launcher's SIGTERM) is taken first, or unblocking it
+  // would kill the process after its clean stop.
+  struct RestoreMask {
+    const sigset_t& stops;
+    const sigset_t& mask;
+    ~RestoreMask() {
+      const timespec now{0, 0};
+      while (sigtimedwait(&stops, nullptr, &now) > 0) {
+      }
+      pthread_sigmask(SIG_SETMASK, &mask, nullptr);
+    }
+  } restore{set, before};
   PsServer server(cluster, o);
   DTRAIN_LOG(INFO) << cluster.task_name() << " serving on " << cluster.task_address()
                    << " (parameter server; stop with SIGTERM)";

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <exception>
 #include <map>
+#include <system_error>
 #include <thread>
 
 #include "dtrain/core/logging.h"
@@ -59,7 +60,14 @@ void for_each_server(ParameterServerStrategy::Impl& m, const std::vector<size_t>
   if (servers.size() > 1 &&
       bytes >= (size_t{4} << 20)) {  // below ~4 MB a thread costs more than it saves
     std::vector<std::thread> threads;
-    for (size_t i = 1; i < servers.size(); ++i) threads.emplace_back(run, i);
+    threads.reserve(servers.size());  // (no allocation below while threads run)
+    for (size_t i = 1; i < servers.size(); ++i) {
+      try {
+        threads.emplace_back(run, i);
+      } catch (const std::system_error&) {  // out of threads: this server on this one
+        run(i);
+      }
+    }
     run(0);
     for (auto& t : threads) t.join();
   } else {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
@@ -258,28 +259,48 @@ void CSVLogger::on_train_begin(const TrainLogs&) {
 void CSVLogger::keep_rows_before(int epoch) const {
   std::vector<std::string> kept;
   if (epoch > 0) {
+    std::string header = "epoch";  // the one this fit writes
+    for (const auto& k : keys_) header += "," + k;
     std::ifstream in(path_);
     std::string line;
+    bool rows = false;
     for (bool first = true; std::getline(in, line); first = false) {
       if (first && line.rfind("epoch", 0) == 0) {
-        kept.push_back(line);  // the header
+        if (line != header) {  // other columns (a fit with validation data now): start afresh
+          kept.clear();
+          break;
+        }
+        kept.push_back(line);
         continue;
       }
       char* end = nullptr;
       const long e = std::strtol(line.c_str(), &end, 10);
-      if (end != line.c_str() && e < epoch) kept.push_back(line);
+      if (end != line.c_str() && e < epoch) {
+        kept.push_back(line);
+        rows = true;
+      }
     }
-    if (kept.size() == 1) kept.clear();  // a header alone: the new one follows
+    if (!rows) kept.clear();  // nothing before this epoch: the new header follows
   }
-  // Written aside and renamed: a crash here leaves the old file or the new one, never half of one.
+  std::error_code ec;
+  if (kept.empty() || !std::filesystem::is_regular_file(path_, ec)) {
+    std::ofstream out(path_, std::ios::trunc);  // in place (as Keras), also a pipe or a device
+    if (!out) throw Unavailable("CSVLogger cannot write '" + path_ + "'");
+    for (const std::string& l : kept) out << l << '\n';
+    return;
+  }
+  // Rows kept: written aside and renamed, so a crash leaves the old file or the new one, never
+  // half of one; where the directory takes no other file, rewritten in place.
   const std::string tmp = path_ + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
     for (const std::string& l : kept) out << l << '\n';
-    if (!out.flush()) throw Unavailable("CSVLogger cannot write '" + tmp + "'");
+    if (out.flush() && std::rename(tmp.c_str(), path_.c_str()) == 0) return;
   }
-  if (std::rename(tmp.c_str(), path_.c_str()) != 0)
-    throw Unavailable("CSVLogger cannot replace '" + path_ + "' with '" + tmp + "'");
+  std::remove(tmp.c_str());
+  std::ofstream out(path_, std::ios::trunc);
+  for (const std::string& l : kept) out << l << '\n';
+  if (!out.flush()) throw Unavailable("CSVLogger cannot write '" + path_ + "'");
 }
 
 void CSVLogger::on_epoch_end(const TrainLogs& logs) {
@@ -291,6 +312,7 @@ void CSVLogger::on_epoch_end(const TrainLogs& logs) {
   }
   std::ofstream f(path_, std::ios::app);
   if (!f) throw Unavailable("CSVLogger cannot write '" + path_ + "'");
+  f.seekp(0, std::ios::end);  // (where glibc's append mode already is; not every libc's)
   if (header && f.tellp() == 0) {
     f << "epoch";
     for (const auto& k : keys_) f << ',' << k;

@@ -8,9 +8,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <future>
+#include <iterator>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -28,24 +31,37 @@ int in_a_child_without_threads(const std::function<void()>& body, const std::str
   const pid_t pid = ::fork();
   if (pid < 0) return -2;
   if (pid == 0) {
+    ::alarm(30);             // a child that hangs is killed (SIGALRM: reported as -1)
     const rlimit two{2, 2};  // this process and one thread
     if (::setrlimit(RLIMIT_NPROC, &two) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0)
       ::_exit(77);
-    {  // the limit must bind (it does not in some sandboxes): a first thread, then no second
-      std::promise<void> go;
-      std::thread first([f = go.get_future()]() mutable { f.wait(); });
-      bool second_refused = false;
-      try {
-        std::thread([] {}).join();
-      } catch (const std::system_error&) {
-        second_refused = true;
-      }
-      go.set_value();
-      first.join();
-      if (!second_refused) ::_exit(77);
-    }
     int code = 3;  // body returned without an error
-    try {
+    try {  // nothing may leave this block: gtest would go on running the other tests in the child
+      {    // the limit must bind (not in some sandboxes): a first thread, then no second
+        std::promise<void> go;
+        std::thread first;
+        try {
+          first = std::thread([f = go.get_future()]() mutable { f.wait(); });
+        } catch (const std::system_error&) {
+          ::_exit(77);  // not even one (other processes of nobody count too)
+        }
+        bool second_refused = false;
+        try {
+          std::thread([] {}).join();
+        } catch (const std::system_error&) {
+          second_refused = true;
+        }
+        go.set_value();
+        first.join();
+        if (!second_refused) ::_exit(77);
+      }
+      // The kernel frees a joined thread's slot a moment after join(): wait for it, so that the
+      // body starts one thread and is refused the second (the half-built case).
+      for (int i = 0;
+           i < 1000 && std::distance(std::filesystem::directory_iterator("/proc/self/task"),
+                                     std::filesystem::directory_iterator{}) > 1;
+           ++i)
+        ::usleep(1000);
       body();
     } catch (const Unavailable& e) {
       code = std::string(e.what()).find(needle) != std::string::npos ? 0 : 4;
@@ -56,7 +72,10 @@ int in_a_child_without_threads(const std::function<void()>& body, const std::str
     ::_exit(code);
   }
   int st = 0;
-  if (::waitpid(pid, &st, 0) != pid) return -2;
+  pid_t w;
+  while ((w = ::waitpid(pid, &st, 0)) < 0 && errno == EINTR) {
+  }
+  if (w != pid) return -2;
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 

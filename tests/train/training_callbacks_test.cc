@@ -185,6 +185,16 @@ TEST_F(TrainingApi, CsvLoggerKeepsTheEpochsBeforeAResumedFit) {
   o.callbacks = {&appending};
   fit(s, m, *opt, classification(32), nullptr, o);
   EXPECT_EQ(epochs_in_file(), (std::vector<std::string>{"epoch", "0", "1", "0", "1"}));
+  // Resumed with other columns (validation data now): the old rows would not fit under them.
+  o.callbacks = {&resume, &logger};
+  resume.at = 1;
+  const Dataset val = classification(16, 9);
+  fit(s, m, *opt, classification(32), &val, o);
+  EXPECT_EQ(epochs_in_file(), (std::vector<std::string>{"epoch", "1"}));
+  std::ifstream f(csv);
+  std::string header;
+  std::getline(f, header);
+  EXPECT_NE(header.find("val_loss"), std::string::npos) << header;
 }
 
 // The throughput a ProgressBar prints is rows/sec times the rows' unit: two bars on one fit, one
@@ -255,7 +265,7 @@ TEST_F(TrainingApi, WarmupRisesToTheScaledRateThenHandsBack) {
 // A fit() that ends in an exception (a step, a collective, a callback; elastic::run then calls
 // fit() again) skips on_train_end. The callbacks must not keep a pointer to that fit's context,
 // and a warm-up cut short must not leave its half-warmed rate as the next fit's target.
-TEST_F(TrainingApi, AFitEndedByAnExceptionLeavesNoContextAndNoWarmingRate) {
+TEST_F(TrainingApi, AFitEndedByAnExceptionLeavesNoContextAndTheNextWarmsUpToTheUsersRate) {
   MirroredStrategy s(on(4));
   auto [m, opt] = build(s, [&] {
     return std::unique_ptr<Optimizer>(

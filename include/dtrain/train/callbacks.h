@@ -154,8 +154,9 @@ class DTRAIN_API EarlyStopping : public Callback {
 // Appends one CSV row per epoch (epoch and every log value, sorted by key) to `path`; chief only.
 // append = false starts the file afresh when training starts at epoch 0 (Keras); a fit() that
 // resumes at epoch k (BackupAndRestore after a restart, elastic::run after a reset) keeps the rows
-// of the epochs before k and replaces the others, where Keras would drop every earlier row.
-// append = true always appends (Keras).
+// of the epochs before k and replaces the others, where Keras would drop every earlier row (unless
+// the columns changed: then it starts afresh). The file is rewritten at a fit's first row, so a fit
+// that ends before its first epoch leaves it as it was. append = true always appends (Keras).
 class DTRAIN_API CSVLogger : public Callback {
  public:
   explicit CSVLogger(std::string path, bool append = false);

@@ -181,7 +181,7 @@ struct MirroredStrategy::Impl {
       comm_threads;  // one per replica: collectives in FIFO order
   std::vector<std::unique_ptr<MirroredReplicaContext>> contexts;
   // Sharding::kParameters. Shared so that the strategy's variables can tell, through a weak_ptr,
-  // that it is gone (a model that outlives its strategy reads its parts locally).
+  // that it is gone (its destructor makes them whole again for a model that outlives the strategy).
   std::shared_ptr<ShardedParameters> params;
   // merge_call / all_gather exchange
   std::mutex exchange_mu;

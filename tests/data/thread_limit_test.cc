@@ -23,6 +23,16 @@
 namespace dtrain {
 namespace {
 
+// Threads of this process, from /proc (-1 where /proc is not mounted).
+int threads_here() {
+  std::error_code ec;
+  int n = 0;
+  for (std::filesystem::directory_iterator it("/proc/self/task", ec), end; !ec && it != end;
+       it.increment(ec))
+    ++n;
+  return ec ? -1 : n;
+}
+
 // Runs `body` in a child that can start one thread and no second; its exit code (-1: killed by a
 // signal, e.g. SIGABRT from std::terminate). 0: it threw Unavailable naming `needle`; 77: the child
 // could not be limited (not root, or the limit is not enforced here).
@@ -56,16 +66,19 @@ int in_a_child_without_threads(const std::function<void()>& body, const std::str
         if (!second_refused) ::_exit(77);
       }
       // The kernel frees a joined thread's slot a moment after join(): wait for it, so that the
-      // body starts one thread and is refused the second (the half-built case).
-      for (int i = 0;
-           i < 1000 && std::distance(std::filesystem::directory_iterator("/proc/self/task"),
-                                     std::filesystem::directory_iterator{}) > 1;
-           ++i)
-        ::usleep(1000);
+      // body starts one thread and is refused the second (the half-built case). Without /proc (a
+      // bare chroot), a fixed 20 ms.
+      for (int i = 0, n = threads_here(); i < 1000 && n != 1; ++i, n = threads_here()) {
+        ::usleep(n < 0 ? 20000 : 1000);
+        if (n < 0) break;
+      }
       body();
     } catch (const Unavailable& e) {
       code = std::string(e.what()).find(needle) != std::string::npos ? 0 : 4;
       if (code) std::fprintf(stderr, "%s\n", e.what());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "child: %s\n", e.what());
+      code = 5;
     } catch (...) {
       code = 5;
     }

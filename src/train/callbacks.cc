@@ -282,25 +282,21 @@ void CSVLogger::keep_rows_before(int epoch) const {
     }
     if (!rows) kept.clear();  // nothing before this epoch: the new header follows
   }
+  auto write = [&kept](const std::string& path) {
+    std::ofstream out(path, std::ios::trunc);
+    for (const std::string& l : kept) out << l << '\n';
+    return static_cast<bool>(out.flush());
+  };
+  // Rows kept in a regular file: written aside and renamed, so a crash leaves the old file or the
+  // new one, never half of one. Otherwise (nothing kept, as Keras; a pipe or a device; a directory
+  // that takes no other file) in place.
   std::error_code ec;
-  if (kept.empty() || !std::filesystem::is_regular_file(path_, ec)) {
-    std::ofstream out(path_, std::ios::trunc);  // in place (as Keras), also a pipe or a device
-    if (!out) throw Unavailable("CSVLogger cannot write '" + path_ + "'");
-    for (const std::string& l : kept) out << l << '\n';
-    return;
+  if (!kept.empty() && std::filesystem::is_regular_file(path_, ec)) {
+    const std::string tmp = path_ + ".tmp";
+    if (write(tmp) && std::rename(tmp.c_str(), path_.c_str()) == 0) return;
+    std::remove(tmp.c_str());
   }
-  // Rows kept: written aside and renamed, so a crash leaves the old file or the new one, never
-  // half of one; where the directory takes no other file, rewritten in place.
-  const std::string tmp = path_ + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    for (const std::string& l : kept) out << l << '\n';
-    if (out.flush() && std::rename(tmp.c_str(), path_.c_str()) == 0) return;
-  }
-  std::remove(tmp.c_str());
-  std::ofstream out(path_, std::ios::trunc);
-  for (const std::string& l : kept) out << l << '\n';
-  if (!out.flush()) throw Unavailable("CSVLogger cannot write '" + path_ + "'");
+  if (!write(path_)) throw Unavailable("CSVLogger cannot write '" + path_ + "'");
 }
 
 void CSVLogger::on_epoch_end(const TrainLogs& logs) {

@@ -9,7 +9,8 @@
 // broadcast and is taken in at the next commit. --sharding shards the optimizer state (and more)
 // across the workers; the commits then keep each piece of the state on two neighbouring workers.
 // The global batch (--batch-size) stays the same whatever the number of workers, so the learning
-// rate stays too (see dtrain/train/elastic.h).
+// rate stays too (see dtrain/train/elastic.h); --lr-decay adds a LearningRateScheduler, whose state
+// the commits carry.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   int64_t batch = 96, train_limit = 0, commit_every = 10, exit_at = 0;
   int exit_rank = 1;
   float lr = 1e-3f;
+  double lr_decay = 1;
   uint64_t seed = 42;
   bool json = false;
   std::string data_dir, devices = "cpu", sharding = "none";
@@ -55,6 +57,11 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--lr", lr, "Adam learning rate")->capture_default_str();
+  app.add_option("--lr-decay", lr_decay,
+                 "multiply the learning rate by this at each epoch's start "
+                 "(LearningRateScheduler; 1: none)")
+      ->check(CLI::Range(1e-6, 1.0))
+      ->capture_default_str();
   app.add_option("--commit-every", commit_every, "batches between commits")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -111,6 +118,9 @@ int main(int argc, char** argv) {
     }
     dtrain::History history;
     ExitAtStep exit_at_step(job, exit_at, exit_rank);
+    // Its state (the rate its last epoch started with) is committed with the model: after a reset
+    // survivors and newcomers go on with the rate an uninterrupted job would have.
+    dtrain::LearningRateScheduler decay([lr_decay](int, double rate) { return rate * lr_decay; });
     dtrain::elastic::RunOptions ro;
     ro.commit_every = commit_every;
     ro.on_reset = [&](const dtrain::elastic::Membership& m) {
@@ -127,12 +137,22 @@ int main(int argc, char** argv) {
           fit.global_batch_size = batch;
           fit.shuffle_seed = seed;
           fit.callbacks = {&elastic, &exit_at_step};
+          if (lr_decay < 1) fit.callbacks.push_back(&decay);
           if (strategy.extended().is_chief()) fit.callbacks.push_back(&progress);
           dtrain::History h = dtrain::fit(strategy, model, *opt, train, &test, fit);
           if (!h.history["loss"].empty())
             history = h;  // a resumed call may find nothing left to train
         },
         ro);
+    // Every worker of the last round must hold the same rate and weights (a worker that went on
+    // with other values would train another model, silently): one sum across the workers.
+    double checksum = 0;
+    if (local.sharding != dtrain::Sharding::kParameters)  // ZeRO-3: each holds its part
+      for (const auto& v : model.variables())
+        for (float x : v->value().to(dtrain::DeviceSpec::cpu()).to_vector<float>()) checksum += x;
+    const double mine[2] = {static_cast<double>(opt->learning_rate()), checksum};
+    const std::vector<double> sums = strategy.extended().sum_across_workers({mine[0], mine[1]});
+    const bool agree = sums[0] == mine[0] * report.workers && sums[1] == mine[1] * report.workers;
     if (json && strategy.extended().is_chief()) {
       nlohmann::json j{{"example", "elastic_fashion_mnist"},
                        {"workers", report.workers},
@@ -141,6 +161,8 @@ int main(int argc, char** argv) {
                        {"rolled_back_steps", report.rolled_back},
                        {"global_batch", batch},
                        {"optimizer_steps", opt->iterations()},
+                       {"learning_rate", opt->learning_rate()},
+                       {"workers_agree", agree},
                        {"final_loss", history.history.at("loss").back()},
                        {"test_accuracy", history.history.at("val_accuracy").back()}};
       std::printf("%s\n", j.dump().c_str());

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -202,6 +203,7 @@ void EarlyStopping::on_train_begin(const TrainLogs&) {
   best_epoch_ = stopped_epoch_ = -1;
   best_ = maximize_ ? -INFINITY : INFINITY;
   best_weights_.clear();
+  best_names_.clear();
 }
 
 void EarlyStopping::on_epoch_end(const TrainLogs& logs) {
@@ -214,7 +216,11 @@ void EarlyStopping::on_epoch_end(const TrainLogs& logs) {
     wait_ = 0;
     if (restore_best_) {  // every copy (an ensemble's members differ)
       best_weights_.clear();
-      for (const auto& var : model().variables()) best_weights_.push_back(var->device_values());
+      best_names_.clear();
+      for (const auto& var : model().variables()) {
+        best_weights_.push_back(var->device_values());
+        best_names_.push_back(var->name());
+      }
       for (auto& copies : best_weights_)
         for (Tensor& t : copies) t = t.to(DeviceSpec::cpu()).clone();
     }
@@ -229,6 +235,89 @@ void EarlyStopping::on_epoch_end(const TrainLogs& logs) {
                        << " at epoch " << best_epoch_ + 1 << ")";
     }
   }
+}
+
+CallbackState EarlyStopping::state_dict() const {
+  CallbackState s;
+  s.values = {{"wait", wait_},
+              {"best", best_},
+              {"best_epoch", best_epoch_},
+              {"stopped_epoch", stopped_epoch_}};
+  if (best_weights_.empty()) return s;
+  // "weights/<variable>" holds copy 0; "weights.<c>/<variable>" copy c where the copies differ
+  // (an ensemble's members).
+  for (size_t i = 0; i < best_weights_.size(); ++i) {
+    const std::vector<Tensor>& copies = best_weights_[i];
+    const std::string& name = best_names_[i];
+    s.tensors["weights/" + name] = copies[0];
+    bool same = true;
+    for (size_t c = 1; c < copies.size() && same; ++c)
+      same = std::memcmp(copies[c].raw_data(), copies[0].raw_data(), copies[0].nbytes()) == 0;
+    if (!same)
+      for (size_t c = 1; c < copies.size(); ++c)
+        s.tensors["weights." + std::to_string(c) + "/" + name] = copies[c];
+  }
+  return s;
+}
+
+void EarlyStopping::load_state_dict(const CallbackState& state) {
+  load_best(state);
+  // The backup was taken after this callback had stopped training (the job ended before fit()
+  // returned): it stops again, before the next epoch, as the uninterrupted run did.
+  if (stopped_epoch_ >= 0) stop_training();
+}
+
+void EarlyStopping::load_best(const CallbackState& state) {
+  auto value = [&](const char* name) {
+    const auto it = state.values.find(name);
+    if (it == state.values.end())
+      throw FailedPrecondition("EarlyStopping(" + monitor_ + "): the backup's state has no '" +
+                               name + "'");
+    return it->second;
+  };
+  wait_ = static_cast<int>(value("wait"));
+  best_ = value("best");
+  best_epoch_ = static_cast<int>(value("best_epoch"));
+  stopped_epoch_ = static_cast<int>(value("stopped_epoch"));
+  best_weights_.clear();
+  best_names_.clear();
+  if (!restore_best_ || best_epoch_ < 0) return;
+  if (state.tensors.empty()) {
+    DTRAIN_LOG(WARNING) << "EarlyStopping(" << monitor_
+                        << "): the backup holds no best weights (it was made without "
+                           "restore_best_weights); the best epoch's weights are not restored";
+    best_epoch_ = -1;
+    best_ = maximize_ ? -INFINITY : INFINITY;
+    return;
+  }
+  std::vector<std::vector<Tensor>> loaded;
+  for (const auto& var : model().variables()) {
+    const auto it = state.tensors.find("weights/" + var->name());
+    if (it == state.tensors.end())
+      throw FailedPrecondition("EarlyStopping(" + monitor_ +
+                               "): the backup's best weights have no variable '" + var->name() +
+                               "' (the model changed since the backup)");
+    std::vector<Tensor> copies{it->second};
+    for (size_t c = 1;; ++c) {
+      const auto more = state.tensors.find("weights." + std::to_string(c) + "/" + var->name());
+      if (more == state.tensors.end()) break;
+      copies.push_back(more->second);
+    }
+    for (const Tensor& t : copies)
+      if (t.shape() != var->shape() || t.dtype() != var->dtype())
+        throw FailedPrecondition("EarlyStopping(" + monitor_ + "): the backup's best '" +
+                                 var->name() + "' is " + dtype_name(t.dtype()) + " " +
+                                 t.shape().to_string() + ", the model's " +
+                                 dtype_name(var->dtype()) + " " + var->shape().to_string());
+    if (copies.size() > 1 && copies.size() != var->device_values().size())
+      throw FailedPrecondition("EarlyStopping(" + monitor_ + "): the backup's best weights hold " +
+                               std::to_string(copies.size()) + " different copies of '" +
+                               var->name() + "', this strategy " +
+                               std::to_string(var->device_values().size()));
+    loaded.push_back(std::move(copies));
+    best_names_.push_back(var->name());
+  }
+  best_weights_ = std::move(loaded);
 }
 
 void EarlyStopping::on_train_end(const TrainLogs&) {
@@ -334,13 +423,48 @@ LearningRateScheduler::LearningRateScheduler(Fn fn) : fn_(std::move(fn)) {
   if (!fn_) throw InvalidArgument("LearningRateScheduler: the schedule function is empty");
 }
 
+double LearningRateScheduler::apply(int epoch, double lr) const {
+  const double next = fn_(epoch, lr);
+  if (!(next > 0) || !std::isfinite(next))
+    throw InvalidArgument("LearningRateScheduler returned " + std::to_string(next) + " for epoch " +
+                          std::to_string(epoch) + "; a learning rate must be a finite number > 0");
+  return next;
+}
+
+void LearningRateScheduler::on_train_begin(const TrainLogs&) {
+  epoch_ = -1;
+  replay_ = false;
+}
+
 void LearningRateScheduler::on_epoch_begin(const TrainLogs& logs) {
-  const double lr = fn_(logs.epoch, optimizer().learning_rate());
-  if (!(lr > 0) || !std::isfinite(lr))
-    throw InvalidArgument("LearningRateScheduler returned " + std::to_string(lr) + " for epoch " +
-                          std::to_string(logs.epoch) +
-                          "; a learning rate must be a finite number > 0");
-  optimizer().set_learning_rate(static_cast<float>(lr));
+  double lr = optimizer().learning_rate();
+  if (replay_ && epoch_ <= logs.epoch) {
+    // The rate this epoch would have started with: the schedule from the last epoch the backup
+    // saw begin, each step stored as the optimizer stores it (float).
+    lr = lr_before_;
+    for (int e = epoch_; e < logs.epoch; ++e)
+      lr = static_cast<double>(static_cast<float>(apply(e, lr)));
+  }
+  replay_ = false;
+  const double next = apply(logs.epoch, lr);
+  epoch_ = logs.epoch;
+  lr_before_ = lr;
+  optimizer().set_learning_rate(static_cast<float>(next));
+}
+
+CallbackState LearningRateScheduler::state_dict() const {
+  if (epoch_ < 0) return {};
+  return CallbackState{{{"epoch", epoch_}, {"learning_rate", lr_before_}}, {}};
+}
+
+void LearningRateScheduler::load_state_dict(const CallbackState& state) {
+  const auto e = state.values.find("epoch"), lr = state.values.find("learning_rate");
+  if (e == state.values.end() || lr == state.values.end() || !(e->second >= 0) || !(lr->second > 0))
+    throw FailedPrecondition(
+        "LearningRateScheduler: the backup's state needs 'epoch' >= 0 and 'learning_rate' > 0");
+  epoch_ = static_cast<int>(e->second);
+  lr_before_ = lr->second;
+  replay_ = true;
 }
 
 // ---- LearningRateWarmup ----

@@ -11,6 +11,7 @@
 #include "dtrain/nn/layers.h"
 #include "dtrain/nn/optimizers.h"
 #include "dtrain/strategies/strategy.h"
+#include "train/callback_states.h"
 
 namespace dtrain {
 
@@ -197,8 +198,9 @@ TrainingPosition Checkpoint::restore(const std::string& path,
   }
 }
 
-TrainingPosition Checkpoint::restore(const CheckpointData& d,
-                                     std::map<std::string, std::string>* metadata) const {
+TrainingPosition Checkpoint::restore(
+    const CheckpointData& d, std::map<std::string, std::string>* metadata,
+    std::vector<std::pair<std::string, Tensor>>* callback_entries) const {
   if (!model_.built())
     throw FailedPrecondition(
         "Checkpoint::restore: build the model first (same layers, same input shape)");
@@ -245,7 +247,7 @@ TrainingPosition Checkpoint::restore(const CheckpointData& d,
   }
   for (const auto& [name, t] : entries)
     if (!known.count(name) && name.rfind("optimizer/", 0) != 0 && name.rfind("rng/", 0) != 0 &&
-        name.rfind("ensemble/", 0) != 0)
+        name.rfind("ensemble/", 0) != 0 && name.rfind(detail::kCallbackEntryPrefix, 0) != 0)
       throw FailedPrecondition("the checkpoint does not match the model: it holds variable '" +
                                name + "' (" + describe_entry(t) +
                                "), which the model does not have");
@@ -316,7 +318,12 @@ TrainingPosition Checkpoint::restore(const CheckpointData& d,
   std::map<std::string, std::shared_ptr<Variable>> by_name;
   for (const auto& v : all) by_name.emplace(v->name(), v);
   std::optional<int64_t> iterations;
+  if (callback_entries) callback_entries->clear();
   auto apply = [&](const std::string& name, const Tensor& t) {
+    if (name.rfind(detail::kCallbackEntryPrefix, 0) == 0) {
+      if (callback_entries) callback_entries->emplace_back(name, t);
+      return;
+    }
     if (auto v = by_name.find(name); v != by_name.end()) {
       if (v->second->value_parts().empty())
         v->second->assign(t.to(v->second->value().device()));
@@ -387,10 +394,11 @@ TrainingPosition Checkpoint::restore(const CheckpointData& d,
 }
 
 std::optional<TrainingPosition> Checkpoint::restore_latest(
-    const CheckpointManager& manager, std::map<std::string, std::string>* metadata) const {
+    const CheckpointManager& manager, std::map<std::string, std::string>* metadata,
+    std::vector<std::pair<std::string, Tensor>>* callback_entries) const {
   std::optional<CheckpointData> d = manager.restore_latest();
   if (!d) return std::nullopt;
-  return restore(*d, metadata);
+  return restore(*d, metadata, callback_entries);
 }
 
 // ---- ModelCheckpoint ----
@@ -412,7 +420,25 @@ ModelCheckpoint::ModelCheckpoint(std::string directory, std::string monitor, boo
 
 void ModelCheckpoint::on_train_begin(const TrainLogs&) {
   best_.reset();
-  if (is_chief() && !manager_) manager_.emplace(directory_, max_to_keep_);
+  // The chief writes. A worker that was the chief of an elastic job's earlier round and is not
+  // now writes no longer (its parts of sharded state go to the new chief's writer).
+  if (!is_chief())
+    manager_.reset();
+  else if (!manager_)
+    manager_.emplace(directory_, max_to_keep_);
+}
+
+CallbackState ModelCheckpoint::state_dict() const {
+  if (!save_best_only_ || !best_) return {};
+  return CallbackState{{{"best", *best_}}, {}};
+}
+
+void ModelCheckpoint::load_state_dict(const CallbackState& state) {
+  const auto it = state.values.find("best");
+  if (it == state.values.end())
+    throw FailedPrecondition("ModelCheckpoint(" + directory_ +
+                             "): the backup's state has no 'best'");
+  if (save_best_only_) best_ = it->second;
 }
 
 void ModelCheckpoint::save(const TrainLogs& logs, int64_t epoch, int64_t step) {
@@ -454,8 +480,9 @@ void BackupAndRestore::on_train_begin(const TrainLogs&) {
   if (!manager_) manager_.emplace(dir_, 1);
   TrainingContext& ctx = context();
   std::map<std::string, std::string> meta;
+  std::vector<std::pair<std::string, Tensor>> callback_entries;
   const Checkpoint ckpt(model(), &optimizer(), &strategy());
-  std::optional<TrainingPosition> p = ckpt.restore_latest(*manager_, &meta);
+  std::optional<TrainingPosition> p = ckpt.restore_latest(*manager_, &meta, &callback_entries);
   // Every worker must resume from the same place (a backup directory all of them can read).
   const std::vector<double> agree = strategy().extended().sum_across_workers(
       {p ? 1.0 : 0.0, p ? static_cast<double>(p->global_step) : 0.0});
@@ -496,6 +523,8 @@ void BackupAndRestore::on_train_begin(const TrainLogs&) {
                      std::string(e.what()));
     }
   }
+  ctx.initial_callback_states =
+      detail::take_callback_states(meta, callback_entries, "BackupAndRestore '" + dir_ + "'");
   restored_ = p;
   if (is_chief()) {
     DTRAIN_LOG(INFO) << "BackupAndRestore: resuming from " << dir_ << " at epoch " << p->epoch + 1
@@ -512,7 +541,15 @@ void BackupAndRestore::backup(const TrainLogs&, const TrainingPosition& p) {
     for (const auto& [k, v] : context().epoch_state()) j[k] = v;
     extra["dtrain.epoch_state"] = j.dump();
   }
-  Checkpoint(model(), &optimizer(), &strategy()).save(*manager_, p, extra);
+  const Checkpoint ckpt(model(), &optimizer(), &strategy());
+  CheckpointData d = ckpt.capture(p, extra);  // on every worker: reads may take part in collectives
+  if (context().callback_states)
+    detail::put_callback_states(context().callback_states(), d.metadata, d.tensors);
+  if (!strategy().extended().is_chief()) {
+    for (const auto& st : d.streamed) st.produce();  // the chief's gathers need this worker's parts
+    return;
+  }
+  manager_->save(p.global_step, std::move(d));
 }
 
 void BackupAndRestore::on_train_batch_end(const TrainLogs& logs) {

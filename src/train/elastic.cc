@@ -33,8 +33,11 @@ class CommitState final : public Callback {
     ctx.initial_step = resume_->step;
     ctx.initial_global_step = resume_->global_step;
     ctx.initial_epoch_state = resume_state_;
+    ctx.initial_callback_states = std::move(resume_callbacks_);
+    resume_callbacks_.clear();
     resume_.reset();
   }
+  bool saves_backup() const override { return true; }
   void on_train_batch_end(const TrainLogs& logs) override {
     last_global_step_ = logs.global_step;
     if (every_ > 0 && logs.global_step % every_ == 0 && !context().accumulating &&
@@ -54,7 +57,8 @@ class CommitState final : public Callback {
   // this worker had computed beyond the restored position.
   int64_t sync() {
     std::map<std::string, std::string> meta;
-    const TrainingPosition p = state_.restore(job_.membership().generation, &meta);
+    const TrainingPosition p =
+        state_.restore(job_.membership().generation, &meta, &resume_callbacks_);
     resume_ = p;
     resume_state_.clear();
     if (auto it = meta.find(kEpochState); it != meta.end()) {
@@ -74,7 +78,9 @@ class CommitState final : public Callback {
       for (const auto& [k, v] : context().epoch_state()) j[k] = v;
       extra[kEpochState] = j.dump();
     }
-    state_.commit(job_.membership().generation, p, extra);
+    state_.commit(job_.membership().generation, p, extra, /*first=*/false,
+                  context().callback_states ? context().callback_states()
+                                            : std::map<std::string, CallbackState>{});
     if (!ask) return;
     // Every worker asks; any yes stops all of them after this same commit.
     const bool mine = job_.membership_changing();
@@ -89,6 +95,7 @@ class CommitState final : public Callback {
   detail::CommittedState state_;
   std::optional<TrainingPosition> resume_;
   std::map<std::string, std::vector<double>> resume_state_;
+  std::map<std::string, CallbackState> resume_callbacks_;
   int64_t last_global_step_ = 0;
 };
 

@@ -8,6 +8,7 @@
 #include "dtrain/core/error.h"
 #include "dtrain/core/logging.h"
 #include "dtrain/strategies/multi_worker_mirrored_strategy.h"
+#include "train/callback_states.h"
 
 namespace dtrain::elastic::detail {
 
@@ -110,8 +111,10 @@ CommittedState::Entry CommittedState::keep(const std::string& name, const Tensor
 }
 
 void CommittedState::commit(int64_t round, const TrainingPosition& p,
-                            const std::map<std::string, std::string>& extra, bool first) {
-  const CheckpointData d = Checkpoint(model_, &optimizer_, &strategy_).capture(p, extra);
+                            const std::map<std::string, std::string>& extra, bool first,
+                            const std::map<std::string, CallbackState>& callbacks) {
+  CheckpointData d = Checkpoint(model_, &optimizer_, &strategy_).capture(p, extra);
+  dtrain::detail::put_callback_states(callbacks, d.metadata, d.tensors);
   const int workers = strategy_.extended().num_workers(), rank = strategy_.extended().worker_rank();
   const bool sharded = strategy_.update_partition().has_value();
   // The first commit is rank 0's alone, whole: the job starts from its state, whatever the others
@@ -174,7 +177,8 @@ Tensor CommittedState::rebuild(const RestorePlan& plan, const Held* mine, const 
 }
 
 TrainingPosition CommittedState::restore(int64_t round,
-                                         std::map<std::string, std::string>* metadata) {
+                                         std::map<std::string, std::string>* metadata,
+                                         std::map<std::string, CallbackState>* callbacks) {
   StrategyExtended& ext = strategy_.extended();
   const int n = ext.num_workers(), me = ext.worker_rank();
   // 1. What every worker holds.
@@ -204,7 +208,7 @@ TrainingPosition CommittedState::restore(int64_t round,
   const std::optional<RestorePlan> plan = plan_restore(held);
   if (!plan) {  // the job's first round: rank 0 commits what it has, then all restore it
     commit(round, TrainingPosition{}, {}, /*first=*/true);
-    return restore(round, metadata);
+    return restore(round, metadata, callbacks);
   }
   const Held* mine = nullptr;
   for (const std::optional<Held>* h : {&current_, &previous_})
@@ -262,7 +266,12 @@ TrainingPosition CommittedState::restore(int64_t round,
   for (size_t e = 0; e < declared.size(); ++e)
     data.streamed.push_back({declared[e].name, declared[e].dtype, declared[e].shape,
                              [&, e] { return rebuild(*plan, mine, declared[e], e, next); }});
-  const TrainingPosition p = Checkpoint(model_, &optimizer_, &strategy_).restore(data, metadata);
+  std::vector<std::pair<std::string, Tensor>> callback_entries;
+  const TrainingPosition p =
+      Checkpoint(model_, &optimizer_, &strategy_).restore(data, metadata, &callback_entries);
+  if (callbacks)
+    *callbacks = dtrain::detail::take_callback_states(next.metadata, callback_entries,
+                                                      "elastic: the commit");
   // A sharded round's first commit may be incomplete elsewhere: keep the one it was rebuilt from.
   std::optional<Held> from;
   if (mine && strategy_.update_partition()) from = *mine;

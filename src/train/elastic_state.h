@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "dtrain/core/tensor.h"
+#include "dtrain/train/callbacks.h"
 #include "dtrain/train/checkpoint.h"
 
 namespace dtrain {
@@ -66,12 +67,16 @@ class CommittedState {
   // entries are gathered whole one at a time). The commit before it is kept while the new one may
   // be incomplete on some worker (sharded jobs); an unsharded commit is local.
   // `first`: the job's first commit, kept whole by rank 0 alone (the job starts from its state).
+  // `callbacks`: the callbacks' states (Callback::state_dict), committed with the rest.
   void commit(int64_t round, const TrainingPosition& p,
-              const std::map<std::string, std::string>& extra = {}, bool first = false);
+              const std::map<std::string, std::string>& extra = {}, bool first = false,
+              const std::map<std::string, CallbackState>& callbacks = {});
   // Rebuilds the newest commit the workers of `round` hold between them and restores it on every
   // worker (collective); when none holds one (the job's start), rank 0 commits its state first.
   // The rebuilt state becomes this worker's commit for the new round. Returns the position.
-  TrainingPosition restore(int64_t round, std::map<std::string, std::string>* metadata);
+  // `callbacks`: the callbacks' states that commit holds.
+  TrainingPosition restore(int64_t round, std::map<std::string, std::string>* metadata,
+                           std::map<std::string, CallbackState>* callbacks);
 
  private:
   struct Entry {

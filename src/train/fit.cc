@@ -5,6 +5,7 @@
 //                        every worker leaves after the same step.
 #include "dtrain/train/fit.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -13,6 +14,7 @@
 #include "dtrain/devices/device.h"
 #include "dtrain/model/gradient_tape.h"
 #include "dtrain/model/ops.h"
+#include "train/callback_states.h"
 #include "train/heads.h"
 
 namespace dtrain {
@@ -266,6 +268,14 @@ History fit(Strategy& strategy, Model& model, Optimizer& optimizer, const Datase
   ctx.shuffle_seed = options.shuffle_seed;
   ctx.global_batch_size = options.global_batch_size;
   ctx.epoch_state = [&tally] { return tally.states(); };
+  ctx.callback_states = [&callbacks = options.callbacks] {
+    std::map<std::string, CallbackState> states;
+    const std::vector<std::string> keys = detail::callback_state_keys(callbacks);
+    for (size_t i = 0; i < callbacks.size(); ++i)
+      if (!keys[i].empty())
+        if (CallbackState s = callbacks[i]->state_dict(); !s.empty()) states[keys[i]] = std::move(s);
+    return states;
+  };
   for (Callback* c : options.callbacks) c->set_context(&ctx);
   // However fit() ends (an exception from a step, a collective, a callback, the input pipeline),
   // no callback keeps a pointer to this frame's context: context() throws FailedPrecondition after.
@@ -302,8 +312,14 @@ History fit(Strategy& strategy, Model& model, Optimizer& optimizer, const Datase
   logs.steps_per_epoch = steps_per_epoch;
   logs.learning_rate = optimizer.learning_rate();
   call(options.callbacks, &Callback::on_train_begin, logs);
+  // Batch and epoch ends: the callbacks that save a backup last, so that it holds what the others
+  // did at that point (EarlyStopping's count of the epoch just ended).
+  std::vector<Callback*> ends = options.callbacks;
+  std::stable_partition(ends.begin(), ends.end(), [](Callback* c) { return !c->saves_backup(); });
+  detail::load_callback_states(options.callbacks, ctx.initial_callback_states);
   const int first_epoch = ctx.initial_epoch;
   h.steps = ctx.initial_global_step;
+  logs.global_step = h.steps;  // a resumed fit's first batch begins after the restored steps
   int64_t timed_images = 0;
   double timed_seconds = 0;
   bool ended = false;  // ext.on_training_end() called
@@ -389,7 +405,7 @@ History fit(Strategy& strategy, Model& model, Optimizer& optimizer, const Datase
       logs.values["loss"] = logs.loss;
       tally.put_local_results(&logs.values);  // this worker's so far
       ctx.accumulating = micro != 0;
-      call(options.callbacks, &Callback::on_train_batch_end, logs);
+      call(ends, &Callback::on_train_batch_end, logs);
     }
     flush();
     ctx.accumulating = false;
@@ -419,7 +435,7 @@ History fit(Strategy& strategy, Model& model, Optimizer& optimizer, const Datase
     logs.learning_rate = optimizer.learning_rate();
     logs.values["learning_rate"] = logs.learning_rate;
     ctx.epoch_logs = &logs.values;  // callbacks may change them (hvd::MetricAverageCallback)
-    call(options.callbacks, &Callback::on_epoch_end, logs);
+    call(ends, &Callback::on_epoch_end, logs);
     ctx.epoch_logs = nullptr;
     if (ran)
       for (const auto& [key, v] : logs.values) h.history[key].push_back(v);

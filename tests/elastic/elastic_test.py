@@ -13,7 +13,9 @@ at a global batch of 96 (650 optimizer steps):
     to their last commit and go on as a round of 2; then a slot (local) or a new host (netns) is listed
     and the new worker must be taken in, with the committed state, as a round of 3.
 The disturbed job must exit 0 after exactly 650 optimizer steps (nothing lost, nothing applied twice),
-through rounds of 3, 2 and 3 workers, with test accuracy within 1.5 points of the reference.
+through rounds of 3, 2 and 3 workers, with test accuracy within 1.5 points of the reference, the
+learning rate of its LearningRateScheduler (x0.8 an epoch) equal to the reference's, and every worker
+of the last round holding the same rate and weights.
 Local mode also checks the failures: a job that falls below --min-np ends non-zero within the elastic
 timeout, naming the reason, and bad flags are refused with exit status 2.
 """
@@ -24,7 +26,8 @@ netns = sys.argv[4] if len(sys.argv) > 4 else None
 prefix = f"de{os.getpid() % 10000}"
 work = tempfile.mkdtemp(prefix="dtrain-elastic-")
 EPOCHS, IMAGES = 5, 12480
-ARGS = ["--train-limit", str(IMAGES), "--epochs", str(EPOCHS), "--batch-size", "96", "--json"]
+LR, DECAY = 1e-3, 0.8  # the example's Adam rate, and --lr-decay: a LearningRateScheduler
+ARGS = ["--train-limit", str(IMAGES), "--epochs", str(EPOCHS), "--batch-size", "96", "--lr-decay", str(DECAY), "--json"]
 STEPS = EPOCHS * IMAGES // 96
 
 def fail(msg):
@@ -89,6 +92,9 @@ def run_reference():
     proc, out, err = start(3)
     r, _ = finish(proc, out, err, "undisturbed job")
     if r["resets"] != 0 or r["workers"] != 3 or r["optimizer_steps"] != STEPS: fail(f"undisturbed job: {r}")
+    if not r["workers_agree"]: fail(f"undisturbed job: the workers hold different rates or weights: {r}")
+    if abs(r["learning_rate"] / (LR * DECAY ** EPOCHS) - 1) > 1e-6:
+        fail(f"undisturbed job: final learning rate {r['learning_rate']!r}, expected {LR * DECAY ** EPOCHS!r}")
     print(f"undisturbed: {r}")
     return r
 
@@ -118,6 +124,11 @@ def run_disturbed(ref, sharding=None):
     print(f"{what}: {r}; re-formed as 2 workers {reform_s:.1f} s after the loss")
     if r["resets"] != 2 or r["rounds"] != 3 or r["workers"] != 3: fail(f"{what}: expected rounds 3/2/3 and 2 resets: {r}")
     if r["optimizer_steps"] != STEPS: fail(f"{what} applied {r['optimizer_steps']} steps, expected {STEPS}")
+    # The scheduler's state went with the commits: neither applied twice on the survivors at the
+    # resumed epoch nor started afresh on the newcomer (whose weights would then drift away).
+    if r["learning_rate"] != ref["learning_rate"]:
+        fail(f"{what}: final learning rate {r['learning_rate']!r}, undisturbed {ref['learning_rate']!r}")
+    if not r["workers_agree"]: fail(f"{what}: the last round's workers hold different rates or weights")
     if abs(r["test_accuracy"] - ref["test_accuracy"]) > 0.015:
         fail(f"test accuracy {r['test_accuracy']:.4f} vs undisturbed {ref['test_accuracy']:.4f}")
     if mode == "netns" and "worker:3 on " + f"{prefix}-h3" not in e: fail("the new worker did not start on the new host")

@@ -47,6 +47,17 @@ struct DTRAIN_API TrainLogs {
   bool has(const std::string& key) const { return values.count(key) != 0; }
 };
 
+// What a callback must carry across a restart to decide as an uninterrupted run would
+// (EarlyStopping's patience and best value, ...): PyTorch Lightning's Callback.state_dict. Keras
+// keeps none, so a Keras job restarted by BackupAndRestore counts EarlyStopping's patience afresh;
+// dtrain's BackupAndRestore and elastic::run carry it. Values are doubles (exact up to 2^53, and
+// +-inf and NaN survive); tensors are on the host.
+struct DTRAIN_API CallbackState {
+  std::map<std::string, double> values;
+  std::map<std::string, Tensor> tensors;
+  bool empty() const { return values.empty() && tensors.empty(); }
+};
+
 // What callbacks see of the training run: set by fit() before on_train_begin.
 struct DTRAIN_API TrainingContext {
   Strategy* strategy = nullptr;
@@ -64,6 +75,12 @@ struct DTRAIN_API TrainingContext {
   std::map<std::string, std::vector<double>> initial_epoch_state;
   // Filled by fit() for callbacks that save the data position: the loss and metric sums so far.
   std::function<std::map<std::string, std::vector<double>>()> epoch_state;
+  // Filled by fit() for callbacks that back up: every callback's state_dict() that is not empty,
+  // by its key (state_key(), "#2", "#3", ... appended to repeats in the list's order).
+  std::function<std::map<std::string, CallbackState>()> callback_states;
+  // Set by a callback's on_train_begin that restored a backup: fit() gives each callback its state
+  // (load_state_dict) after every on_train_begin has run (which resets them).
+  std::map<std::string, CallbackState> initial_callback_states;
   uint64_t shuffle_seed = 0;
   int64_t global_batch_size = 0;
   // True while gradient accumulation holds batches not yet applied (no consistent backup then).
@@ -84,6 +101,19 @@ class DTRAIN_API Callback {
   Strategy& strategy() const;
   bool is_chief() const { return ctx_ == nullptr || ctx_->is_chief; }
   void stop_training() { context().stop_training = true; }
+
+  // Backups (BackupAndRestore, elastic commits) hold each callback's state under its key: its kind
+  // and what tells two of a kind apart (EarlyStopping: "EarlyStopping(val_loss)"). Empty (the
+  // default): a callback with no state to carry.
+  virtual std::string state_key() const { return {}; }
+  virtual CallbackState state_dict() const { return {}; }
+  // Called by fit() after on_train_begin when the restored backup holds this callback's state.
+  // Throws FailedPrecondition when the state does not fit this callback (the model changed).
+  virtual void load_state_dict(const CallbackState&) {}
+  // Whether this callback saves a backup of the training state (BackupAndRestore, elastic::run's
+  // commits): fit() calls its on_train_batch_end and on_epoch_end after every other callback's,
+  // so that a backup taken there holds what they did at that batch or epoch.
+  virtual bool saves_backup() const { return false; }
 
   virtual void on_train_begin(const TrainLogs&) {}
   virtual void on_train_end(const TrainLogs&) {}
@@ -129,6 +159,8 @@ enum class MonitorMode { kAuto, kMin, kMax };
 
 // Stops training when `monitor` has not improved by more than min_delta for `patience` epochs;
 // with restore_best_weights, puts back the best epoch's weights when it stops or training ends.
+// Its state (epochs waited, best value and epoch, and with restore_best_weights the best weights,
+// whole) goes into backups, so a restarted or re-formed job stops where an uninterrupted one would.
 class DTRAIN_API EarlyStopping : public Callback {
  public:
   explicit EarlyStopping(std::string monitor = "val_loss", double min_delta = 0, int patience = 0,
@@ -137,8 +169,13 @@ class DTRAIN_API EarlyStopping : public Callback {
   void on_train_begin(const TrainLogs& logs) override;
   void on_epoch_end(const TrainLogs& logs) override;
   void on_train_end(const TrainLogs& logs) override;
+  std::string state_key() const override { return "EarlyStopping(" + monitor_ + ")"; }
+  CallbackState state_dict() const override;
+  void load_state_dict(const CallbackState& state) override;
   int stopped_epoch() const { return stopped_epoch_; }  // 0-based; -1 when it did not stop
   int best_epoch() const { return best_epoch_; }
+  double best() const { return best_; }
+  int wait() const { return wait_; }  // epochs without improvement so far
 
  private:
   std::string monitor_;
@@ -148,7 +185,9 @@ class DTRAIN_API EarlyStopping : public Callback {
   MonitorMode mode_;
   double best_ = 0;
   int wait_ = 0, best_epoch_ = -1, stopped_epoch_ = -1;
+  void load_best(const CallbackState& state);
   std::vector<std::vector<Tensor>> best_weights_;  // per variable, every copy (host)
+  std::vector<std::string> best_names_;            // those variables' names
 };
 
 // Appends one CSV row per epoch (epoch and every log value, sorted by key) to `path`; chief only.
@@ -171,15 +210,29 @@ class DTRAIN_API CSVLogger : public Callback {
   std::vector<std::string> keys_;
 };
 
-// Sets the learning rate at each epoch's start to schedule(epoch, current rate).
+// Sets the learning rate at each epoch's start to schedule(epoch, current rate). After a restored
+// backup (BackupAndRestore, an elastic reset) the resumed epoch's rate is computed from the rate
+// its last epoch started with, the schedule replayed from there, not from the optimizer's rate:
+// Keras applies a resumed epoch's change twice (schedule(e, schedule(e, lr))), and a worker that
+// joins an elastic job would start from the initial rate while the others hold the changed one.
+// A rate set in elastic::RunOptions::on_reset is therefore overwritten at the resumed epoch's
+// start, as it would be at any epoch's start.
 class DTRAIN_API LearningRateScheduler : public Callback {
  public:
   using Fn = std::function<double(int epoch, double lr)>;
   explicit LearningRateScheduler(Fn schedule);
+  void on_train_begin(const TrainLogs& logs) override;
   void on_epoch_begin(const TrainLogs& logs) override;
+  std::string state_key() const override { return "LearningRateScheduler"; }
+  CallbackState state_dict() const override;
+  void load_state_dict(const CallbackState& state) override;
 
  private:
+  double apply(int epoch, double lr) const;  // fn_, checked
   Fn fn_;
+  int epoch_ = -1;        // the epoch it set the rate for last
+  double lr_before_ = 0;  // the rate it gave fn_ then
+  bool replay_ = false;   // loaded: the next epoch's input is replayed from (epoch_, lr_before_)
 };
 
 // Horovod's gradual warm-up (Goyal et al.): over the first warmup_epochs the rate rises from

@@ -19,6 +19,8 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "dtrain/core/checkpoint.h"
 #include "dtrain/core/export.h"
@@ -52,18 +54,20 @@ class DTRAIN_API Checkpoint {
             const std::map<std::string, std::string>& extra = {}) const;
 
   // Loads and applies data: every model variable must be there with its shape, and the file may
-  // hold nothing else but optimizer and rng entries; otherwise FailedPrecondition naming the first
-  // variable that differs ("variable 'dense/kernel': the model has [784, 128], the checkpoint
-  // [784, 64]") and nothing is changed. Builds the optimizer's slots if needed (inside the
-  // strategy's scope). Returns the position and metadata stored.
-  TrainingPosition restore(const CheckpointData& data,
-                           std::map<std::string, std::string>* metadata = nullptr) const;
+  // hold nothing else but optimizer, rng and callback entries; otherwise FailedPrecondition naming
+  // the first variable that differs ("variable 'dense/kernel': the model has [784, 128], the
+  // checkpoint [784, 64]") and nothing is changed. Builds the optimizer's slots if needed (inside
+  // the strategy's scope). Returns the position and metadata stored; the entries under
+  // "callbacks/" (callbacks' states, which BackupAndRestore saves) go to `callback_entries`.
+  TrainingPosition restore(
+      const CheckpointData& data, std::map<std::string, std::string>* metadata = nullptr,
+      std::vector<std::pair<std::string, Tensor>>* callback_entries = nullptr) const;
   TrainingPosition restore(const std::string& path,
                            std::map<std::string, std::string>* metadata = nullptr) const;
   // The latest checkpoint of a manager's directory, or nullopt when it has none.
   std::optional<TrainingPosition> restore_latest(
-      const CheckpointManager& manager,
-      std::map<std::string, std::string>* metadata = nullptr) const;
+      const CheckpointManager& manager, std::map<std::string, std::string>* metadata = nullptr,
+      std::vector<std::pair<std::string, Tensor>>* callback_entries = nullptr) const;
 
  private:
   Model& model_;
@@ -88,6 +92,11 @@ class DTRAIN_API ModelCheckpoint : public Callback {
   void on_train_begin(const TrainLogs& logs) override;
   void on_train_batch_end(const TrainLogs& logs) override;
   void on_epoch_end(const TrainLogs& logs) override;
+  // With save_best_only, the best value so far goes into backups (a restarted job saves only what
+  // beats it, as an uninterrupted one would).
+  std::string state_key() const override { return "ModelCheckpoint(" + directory_ + ")"; }
+  CallbackState state_dict() const override;
+  void load_state_dict(const CallbackState& state) override;
   const std::string& last_saved() const { return last_saved_; }
 
  private:
@@ -108,6 +117,9 @@ class DTRAIN_API ModelCheckpoint : public Callback {
 // fit() continue from its position. A job killed at any moment and started again with the same
 // command ends with the same weights, bit for bit, as one never killed (the data order depends only
 // on the seed, the epoch and the step). A finished fit() deletes the backup (delete_checkpoint).
+// Beside Keras' backup it keeps the other callbacks' states (Callback::state_dict: EarlyStopping's
+// patience and best weights, ModelCheckpoint's best value, LearningRateScheduler's last rate),
+// which fit() gives back to them after on_train_begin.
 class DTRAIN_API BackupAndRestore : public Callback {
  public:
   explicit BackupAndRestore(std::string backup_dir, int64_t save_freq = 0,
@@ -116,6 +128,7 @@ class DTRAIN_API BackupAndRestore : public Callback {
   void on_train_batch_end(const TrainLogs& logs) override;
   void on_epoch_end(const TrainLogs& logs) override;
   void on_train_end(const TrainLogs& logs) override;
+  bool saves_backup() const override { return true; }
   // Where the last on_train_begin resumed from (nullopt: started afresh).
   const std::optional<TrainingPosition>& restored() const { return restored_; }
 

@@ -1,0 +1,120 @@
+// Callbacks' states in a backup (callback_states.h).
+#include "train/callback_states.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "dtrain/core/error.h"
+#include "dtrain/core/logging.h"
+
+namespace dtrain::detail {
+namespace {
+
+nlohmann::json encode(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;  // nlohmann writes the shortest text that reads back as the same double
+}
+
+double decode(const nlohmann::json& j) {
+  if (j.is_number()) return j.get<double>();
+  const std::string s = j.get<std::string>();
+  if (s == "nan") return NAN;
+  if (s == "inf") return INFINITY;
+  if (s == "-inf") return -INFINITY;
+  throw DataLoss("'" + s + "' is not a number");
+}
+
+}  // namespace
+
+void put_callback_states(const std::map<std::string, CallbackState>& states,
+                         std::map<std::string, std::string>& metadata,
+                         std::vector<std::pair<std::string, Tensor>>& tensors) {
+  if (states.empty()) return;
+  nlohmann::json all = nlohmann::json::object();
+  for (const auto& [key, state] : states) {
+    nlohmann::json values = nlohmann::json::object();
+    for (const auto& [name, v] : state.values) values[name] = encode(v);
+    nlohmann::json names = nlohmann::json::array();
+    for (const auto& [name, t] : state.tensors) {
+      names.push_back(name);
+      tensors.emplace_back(kCallbackEntryPrefix + key + "/" + name, t.to(DeviceSpec::cpu()));
+    }
+    all[key] = {{"values", values}, {"tensors", names}};
+  }
+  metadata[kCallbackStates] = all.dump();
+}
+
+std::map<std::string, CallbackState> take_callback_states(
+    const std::map<std::string, std::string>& metadata,
+    const std::vector<std::pair<std::string, Tensor>>& entries, const std::string& where) {
+  std::map<std::string, CallbackState> states;
+  const auto it = metadata.find(kCallbackStates);
+  if (it == metadata.end()) return states;
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, t] : entries) by_name[name] = &t;
+  try {
+    const nlohmann::json all = nlohmann::json::parse(it->second);
+    for (const auto& [key, j] : all.items()) {
+      CallbackState& s = states[key];
+      for (const auto& [name, v] : j.at("values").items()) {
+        try {
+          s.values[name] = decode(v);
+        } catch (const DataLoss& e) {
+          throw DataLoss(where + ": callback state '" + key + "', value '" + name +
+                         "': " + e.what());
+        }
+      }
+      for (const auto& n : j.at("tensors")) {
+        const std::string name = n.get<std::string>();
+        const auto t = by_name.find(kCallbackEntryPrefix + key + "/" + name);
+        if (t == by_name.end())
+          throw DataLoss(where + ": callback state '" + key + "' names tensor '" + name +
+                         "', which is not there (entry '" + kCallbackEntryPrefix + key + "/" +
+                         name + "')");
+        s.tensors[name] = *t->second;
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw DataLoss(where + ": the callbacks' states ('" + std::string(kCallbackStates) +
+                   "') are not valid: " + e.what());
+  }
+  return states;
+}
+
+std::vector<std::string> callback_state_keys(const std::vector<Callback*>& callbacks) {
+  std::vector<std::string> keys;
+  std::map<std::string, int> seen;
+  for (const Callback* c : callbacks) {
+    std::string key = c->state_key();
+    if (!key.empty())
+      if (const int n = ++seen[key]; n > 1) key.append("#").append(std::to_string(n));
+    keys.push_back(std::move(key));
+  }
+  return keys;
+}
+
+void load_callback_states(const std::vector<Callback*>& callbacks,
+                          const std::map<std::string, CallbackState>& states) {
+  if (states.empty()) return;
+  const std::vector<std::string> keys = callback_state_keys(callbacks);
+  std::set<std::string> taken;
+  for (size_t i = 0; i < callbacks.size(); ++i) {
+    if (keys[i].empty()) continue;
+    const auto it = states.find(keys[i]);
+    if (it == states.end()) continue;
+    callbacks[i]->load_state_dict(it->second);
+    taken.insert(keys[i]);
+  }
+  std::string left;
+  for (const auto& [key, s] : states)
+    if (!taken.count(key)) left += (left.empty() ? "'" : ", '") + key + "'";
+  if (!left.empty()) {
+    DTRAIN_LOG(WARNING) << "the restored backup holds the state of " << left
+                        << ", which no callback of this fit() has (the callbacks changed since); "
+                           "it is dropped";
+  }
+}
+
+}  // namespace dtrain::detail

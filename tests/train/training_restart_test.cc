@@ -1,0 +1,171 @@
+// Callbacks' states across a restart: BackupAndRestore carries EarlyStopping's patience, best value
+// and best weights, ModelCheckpoint's best value and LearningRateScheduler's last rate, so that a
+// job killed anywhere and started again decides, saves and schedules as one never killed (Keras
+// counts them afresh). How the states are stored: callback_states_test; the elastic commits carry
+// them too (tests/elastic/elastic_test.py).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "dtrain/dtrain.h"
+#include "train/training_api_util.h"
+
+namespace dtrain {
+namespace {
+
+using namespace train_test;
+
+// Throws Unavailable at one point of a fit (a process killed there).
+struct Crash : Callback {
+  int64_t at_step = -1;  // after this global step's batch end (before any backup of it)
+  int at_epoch = -1;     // at this epoch's begin (after the previous epoch end's backup)
+  bool at_end = false;   // in on_train_end, before BackupAndRestore deletes the backup
+  void on_train_batch_end(const TrainLogs& l) override {
+    if (l.global_step == at_step) throw Unavailable("simulated crash");
+  }
+  void on_epoch_begin(const TrainLogs& l) override {
+    if (l.epoch == at_epoch) throw Unavailable("simulated crash");
+  }
+  void on_train_end(const TrainLogs&) override {
+    if (at_end) throw Unavailable("simulated crash");
+  }
+};
+
+// The rate every applied batch used, by global step.
+struct Rates : Callback {
+  std::map<int64_t, float> at;
+  void on_train_batch_begin(const TrainLogs& l) override {
+    at[l.global_step + 1] = optimizer().learning_rate();
+  }
+};
+
+struct Outcome {
+  std::vector<std::vector<float>> weights;
+  int stopped_epoch = -1, best_epoch = -1;
+  std::map<int64_t, float> rates;
+  History history;
+};
+
+std::set<std::string> files_in(const fs::path& dir) {
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors") names.insert(e.path().filename().string());
+  return names;
+}
+
+TEST_F(TrainingApi, BackupAndRestoreCarriesTheCallbacksStates) {
+  // One process's life: a fresh model, optimizer and callbacks (nothing survives a restart but the
+  // backup directory).
+  auto run = [&](const fs::path& where, Crash* crash) {
+    MirroredStrategy s(on(2));
+    Sequential m;
+    std::unique_ptr<Optimizer> opt;
+    {
+      auto scope = s.scope();
+      set_global_seed(8);
+      m = mlp();
+      m.add(std::make_shared<Dropout>(0.2f));
+      opt = std::make_unique<SGD>(0.2f);
+    }
+    // "max" of a falling loss: epoch 0 stays the best, patience 2 stops after epoch 2 and puts
+    // back epoch 0's weights; ModelCheckpoint(save_best_only) saves epoch 0 alone.
+    EarlyStopping es("loss", 0, 2, MonitorMode::kMax, /*restore_best_weights=*/true);
+    ModelCheckpoint mc((where / "best").string(), "loss", true, MonitorMode::kMax);
+    LearningRateScheduler halve([](int, double lr) { return lr * 0.5; });
+    BackupAndRestore bar((where / "backup").string(), /*save_freq=*/3);
+    Rates rates;
+    FitOptions o;
+    o.epochs = 10;
+    o.global_batch_size = 10;  // 7 batches per epoch, the last one partial
+    o.shuffle_seed = 17;
+    // The backup first in the list: fit() still takes it after the others' epoch ends.
+    o.callbacks = {&bar, &halve, &rates, &es, &mc};
+    if (crash) o.callbacks.insert(o.callbacks.begin(), crash);
+    Outcome out;
+    out.history = fit(s, m, *opt, classification(64), nullptr, o);
+    out.weights = weights(m);
+    out.stopped_epoch = es.stopped_epoch();
+    out.best_epoch = es.best_epoch();
+    out.rates = rates.at;
+    return out;
+  };
+  const Outcome straight = run(dir_ / "straight", nullptr);
+  ASSERT_EQ(straight.stopped_epoch, 2);
+  ASSERT_EQ(straight.best_epoch, 0);
+  ASSERT_EQ(straight.history.steps, 21);
+  ASSERT_EQ(straight.rates.size(), 21u);
+  EXPECT_FLOAT_EQ(straight.rates.at(21), 0.2f / 8);
+  EXPECT_EQ(files_in(dir_ / "straight" / "best"), std::set<std::string>{"ckpt-7.safetensors"});
+
+  struct Case {
+    const char* what;
+    Crash crash;
+  };
+  std::vector<Case> cases(6);
+  cases[0] = {"mid epoch 0, before any epoch end", {}};
+  cases[0].crash.at_step = 5;
+  cases[1] = {"epoch 0's last batch (its epoch end not reached)", {}};
+  cases[1].crash.at_step = 7;
+  cases[2] = {"mid epoch 1", {}};
+  cases[2].crash.at_step = 10;
+  cases[3] = {"at epoch 2's begin (resumes at an epoch boundary)", {}};
+  cases[3].crash.at_epoch = 2;
+  cases[4] = {"mid epoch 2, the one that stops", {}};
+  cases[4].crash.at_step = 17;
+  cases[5] = {"after stopping, before the backup is deleted", {}};
+  cases[5].crash.at_end = true;
+  for (Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const fs::path where = dir_ / ("crash" + std::to_string(&c - cases.data()));
+    EXPECT_THROW(run(where, &c.crash), Unavailable);
+    const Outcome resumed = run(where, nullptr);
+    EXPECT_EQ(resumed.weights, straight.weights);
+    EXPECT_EQ(resumed.stopped_epoch, straight.stopped_epoch);
+    EXPECT_EQ(resumed.best_epoch, straight.best_epoch);
+    EXPECT_EQ(resumed.history.steps, 21);
+    for (const auto& [step, lr] : resumed.rates) {
+      const auto same = straight.rates.find(step);
+      if (same == straight.rates.end()) {
+        ADD_FAILURE() << "global step " << step << ": the uninterrupted run had stopped";
+        break;
+      }
+      EXPECT_EQ(lr, same->second) << "global step " << step;
+    }
+    EXPECT_EQ(files_in(where / "best"), std::set<std::string>{"ckpt-7.safetensors"});
+    EXPECT_FALSE(fs::exists(where / "backup" / "checkpoint"));  // deleted once training finished
+  }
+}
+
+TEST_F(TrainingApi, ACallbackStateThatDoesNotFitTheModelIsRefused) {
+  // A state that does not fit the model: FailedPrecondition from fit(), naming the variable.
+  OneDeviceStrategy s(DeviceSpec::cpu(0));
+  auto [m, opt] = build(s, [&] { return std::unique_ptr<Optimizer>(std::make_unique<SGD>(0.1f)); });
+  struct Give : Callback {
+    CallbackState state;
+    void on_train_begin(const TrainLogs&) override {
+      context().initial_callback_states["EarlyStopping(loss)"] = state;
+    }
+  } give;
+  give.state.values = {{"wait", 0}, {"best", 1}, {"best_epoch", 0}, {"stopped_epoch", -1}};
+  give.state.tensors["weights/dense/kernel"] = Tensor::zeros(Shape{3, 3});
+  EarlyStopping keeper("loss", 0, 1, MonitorMode::kAuto, true);
+  FitOptions o;
+  o.epochs = 1;
+  o.global_batch_size = 16;
+  o.callbacks = {&give, &keeper};
+  try {
+    fit(s, m, *opt, classification(64), nullptr, o);
+    ADD_FAILURE() << "fit() took a state that does not fit";
+  } catch (const FailedPrecondition& e) {
+    EXPECT_NE(std::string(e.what()).find("'dense/kernel' is float32 [3, 3]"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(LearningRateScheduler([](int, double l) { return l; }).load_state_dict({}),
+               FailedPrecondition);
+}
+
+}  // namespace
+}  // namespace dtrain

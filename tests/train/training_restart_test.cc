@@ -139,6 +139,47 @@ TEST_F(TrainingApi, BackupAndRestoreCarriesTheCallbacksStates) {
   }
 }
 
+// An elastic job's chief that loses its connection rejoins last and is a worker like the others in
+// the next round: its ModelCheckpoint and TensorBoard must stop writing (the new chief writes).
+TEST_F(TrainingApi, AFormerChiefWritesNoMore) {
+  OneDeviceStrategy s(DeviceSpec::cpu(0));
+  auto [m, opt] = build(s, [&] { return std::unique_ptr<Optimizer>(std::make_unique<SGD>(0.1f)); });
+  ModelCheckpoint mc((dir_ / "ckpt").string(), "loss", false, MonitorMode::kAuto, /*save_freq=*/2);
+  TensorBoard tb((dir_ / "tb").string(), /*update_freq=*/1);
+  auto bytes_under = [](const fs::path& d) {
+    uintmax_t n = 0;
+    for (const auto& e : fs::recursive_directory_iterator(d))
+      if (e.is_regular_file()) n += e.file_size();
+    return n;
+  };
+  Crash crash;
+  crash.at_step = 3;  // the round ends in an exception: no on_train_end
+  FitOptions o;
+  o.epochs = 2;
+  o.global_batch_size = 16;
+  o.callbacks = {&crash, &mc, &tb};
+  EXPECT_THROW(fit(s, m, *opt, classification(64), nullptr, o), Unavailable);
+  ASSERT_EQ(files_in(dir_ / "ckpt"), std::set<std::string>{"ckpt-2.safetensors"});
+  // What the first round writes, its writers closed: the same round again beside it.
+  uintmax_t written = 0;
+  {
+    auto [m2, opt2] =
+        build(s, [&] { return std::unique_ptr<Optimizer>(std::make_unique<SGD>(0.1f)); });
+    TensorBoard alone((dir_ / "tb_alone").string(), /*update_freq=*/1);
+    o.callbacks = {&crash, &alone};
+    EXPECT_THROW(fit(s, m2, *opt2, classification(64), nullptr, o), Unavailable);
+  }
+  written = bytes_under(dir_ / "tb_alone");
+  ASSERT_GT(written, 0u);
+  struct Demote : Callback {  // the next round: another worker is the chief
+    void on_train_begin(const TrainLogs&) override { context().is_chief = false; }
+  } demote;
+  o.callbacks = {&demote, &mc, &tb};
+  fit(s, m, *opt, classification(64), nullptr, o);
+  EXPECT_EQ(files_in(dir_ / "ckpt"), std::set<std::string>{"ckpt-2.safetensors"});
+  EXPECT_EQ(bytes_under(dir_ / "tb"), written);
+}
+
 TEST_F(TrainingApi, ACallbackStateThatDoesNotFitTheModelIsRefused) {
   // A state that does not fit the model: FailedPrecondition from fit(), naming the variable.
   OneDeviceStrategy s(DeviceSpec::cpu(0));

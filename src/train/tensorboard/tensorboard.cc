@@ -97,6 +97,10 @@ TensorBoard::TensorBoard(std::string log_dir, int64_t update_freq)
 TensorBoard::~TensorBoard() = default;
 
 void TensorBoard::on_train_begin(const TrainLogs&) {
+  // A fit() ended by an exception (an elastic reset) leaves the writers open; the next fit() opens
+  // new ones, and none where this worker is no longer the chief (it rejoined after the others).
+  train_.reset();
+  validation_.reset();
   if (!is_chief()) return;
   train_ = std::make_unique<SummaryWriter>(dir_ + "/train");
   validation_ = std::make_unique<SummaryWriter>(dir_ + "/validation");

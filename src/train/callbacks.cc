@@ -17,6 +17,7 @@
 #include "dtrain/nn/layers.h"
 #include "dtrain/nn/optimizers.h"
 #include "dtrain/strategies/strategy.h"
+#include "dtrain/train/checkpoint.h"
 
 namespace dtrain {
 
@@ -215,10 +216,21 @@ void EarlyStopping::on_epoch_end(const TrainLogs& logs) {
     best_epoch_ = logs.epoch;
     wait_ = 0;
     if (restore_best_) {  // every copy (an ensemble's members differ)
+      const auto vars = model().variables();
+      // Parameters sharded across the replicas (ZeRO-3) hold parts only: gathered whole, as a
+      // checkpoint gathers them (collective: every worker is at this epoch's end).
+      std::map<std::string, Tensor> whole;
+      if (std::any_of(vars.begin(), vars.end(),
+                      [](const auto& v) { return !v->value_parts().empty(); })) {
+        CheckpointData d = Checkpoint(model(), nullptr, &strategy()).capture();
+        for (const auto& st : d.streamed) whole[st.name] = st.produce();
+      }
       best_weights_.clear();
       best_names_.clear();
-      for (const auto& var : model().variables()) {
-        best_weights_.push_back(var->device_values());
+      for (const auto& var : vars) {
+        const auto w = whole.find(var->name());
+        best_weights_.push_back(w != whole.end() ? std::vector<Tensor>{w->second}
+                                                 : var->device_values());
         best_names_.push_back(var->name());
       }
       for (auto& copies : best_weights_)
@@ -309,7 +321,8 @@ void EarlyStopping::load_best(const CallbackState& state) {
                                  var->name() + "' is " + dtype_name(t.dtype()) + " " +
                                  t.shape().to_string() + ", the model's " +
                                  dtype_name(var->dtype()) + " " + var->shape().to_string());
-    if (copies.size() > 1 && copies.size() != var->device_values().size())
+    if (copies.size() > 1 && var->value_parts().empty() &&
+        copies.size() != var->device_values().size())
       throw FailedPrecondition("EarlyStopping(" + monitor_ + "): the backup's best weights hold " +
                                std::to_string(copies.size()) + " different copies of '" +
                                var->name() + "', this strategy " +
@@ -326,7 +339,7 @@ void EarlyStopping::on_train_end(const TrainLogs&) {
   for (size_t i = 0; i < vars.size() && i < best_weights_.size(); ++i) {
     const std::vector<Tensor>& best = best_weights_[i];
     if (best.size() == 1) {
-      vars[i]->assign(best[0]);
+      vars[i]->assign(best[0]);  // sharded (ZeRO-3): each replica's part takes its range
       continue;
     }
     vars[i]->update(

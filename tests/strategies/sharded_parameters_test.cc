@@ -260,6 +260,36 @@ TEST_F(ShardedParameters, EachBlockPrefetchesTheNextOnesParameters) {
   std::filesystem::remove(path);
 }
 
+// EarlyStopping(restore_best_weights) keeps the best epoch's parameters whole (gathered from the
+// replicas' parts) and gives each replica its part back when training ends.
+TEST_F(ShardedParameters, EarlyStoppingRestoresTheBestWeights) {
+  auto run = [](const MirroredOptions& o) {
+    Job r = make(o, true, 0);
+    std::vector<int32_t> y(72);
+    for (size_t i = 0; i < y.size(); ++i) y[i] = static_cast<int32_t>((i * 5) % 3);
+    // "max" of a falling loss: epoch 0 stays the best; patience 2 stops after epoch 2.
+    EarlyStopping es("loss", 0, 2, MonitorMode::kMax, /*restore_best_weights=*/true);
+    struct Snap : Callback {
+      std::vector<std::vector<float>> first;
+      void on_epoch_end(const TrainLogs& l) override {
+        if (l.epoch != 0) return;
+        for (const auto& v : model().trainable_variables())
+          first.push_back(v->value().to_vector<float>());
+      }
+    } snap;
+    FitOptions f;
+    f.epochs = 10;
+    f.global_batch_size = 24;
+    f.callbacks = {&snap, &es};
+    fit(*r.strategy, r.model, *r.opt,
+        Dataset::from_tensors({r.x, Tensor::from_vector(y, Shape{72})}), nullptr, f);
+    EXPECT_EQ(es.stopped_epoch(), 2);
+    EXPECT_EQ(weights(r), snap.first);
+    return weights(r);
+  };
+  EXPECT_EQ(run(on(3, Sharding::kParameters)), run(on(3, Sharding::kNone)));
+}
+
 TEST_F(ShardedParameters, ParsedAndNamed) {
   EXPECT_EQ(parse_sharding("parameters"), Sharding::kParameters);
   EXPECT_EQ(parse_sharding("3"), Sharding::kParameters);

@@ -183,7 +183,8 @@ class DTRAIN_API Strategy : public VariableCreator {
   std::vector<Tensor> gather(const PerReplica& values, int axis = 0);
   // Splits a dataset batched at the global batch size into per-replica batches on each replica's
   // device. The returned function yields the next PerReplica and returns false at the end.
-  // global_batch_size 0 = the leading dimension of the first batch.
+  // global_batch_size 0 = the leading dimension of the first batch. The function uses this strategy
+  // (as TF's distributed dataset does): call it only while the strategy lives.
   std::function<bool(PerReplica*)> distribute_dataset(const Dataset& dataset,
                                                       int64_t global_batch_size = 0);
   // One dataset per local replica from fn (TF's distribute_datasets_from_function, per replica):

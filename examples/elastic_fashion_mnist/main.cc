@@ -47,6 +47,8 @@ int main(int argc, char** argv) {
   int exit_rank = 1;
   float lr = 1e-3f;
   double lr_decay = 1;
+  int patience = 0;
+  bool patience_rank0_only = false;
   uint64_t seed = 42;
   bool json = false;
   std::string data_dir, devices = "cpu", sharding = "none";
@@ -62,6 +64,14 @@ int main(int argc, char** argv) {
                  "(LearningRateScheduler; 1: none)")
       ->check(CLI::Range(1e-6, 1.0))
       ->capture_default_str();
+  app.add_option("--patience", patience,
+                 "EarlyStopping on val_loss with this patience, restoring the best epoch's "
+                 "weights at the end (0: none)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_flag("--patience-rank0-only", patience_rank0_only,
+               "fault tests: give the EarlyStopping to rank 0 alone (wrong: the commits then "
+               "differ, and elastic::run refuses at the first one)");
   app.add_option("--commit-every", commit_every, "batches between commits")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -121,6 +131,8 @@ int main(int argc, char** argv) {
     // Its state (the rate its last epoch started with) is committed with the model: after a reset
     // survivors and newcomers go on with the rate an uninterrupted job would have.
     dtrain::LearningRateScheduler decay([lr_decay](int, double rate) { return rate * lr_decay; });
+    dtrain::EarlyStopping stop("val_loss", 0, patience, dtrain::MonitorMode::kAuto,
+                               /*restore_best_weights=*/true);
     dtrain::elastic::RunOptions ro;
     ro.commit_every = commit_every;
     ro.on_reset = [&](const dtrain::elastic::Membership& m) {
@@ -138,6 +150,8 @@ int main(int argc, char** argv) {
           fit.shuffle_seed = seed;
           fit.callbacks = {&elastic, &exit_at_step};
           if (lr_decay < 1) fit.callbacks.push_back(&decay);
+          if (patience > 0 && (!patience_rank0_only || job.membership().rank == 0))
+            fit.callbacks.push_back(&stop);
           if (strategy.extended().is_chief()) fit.callbacks.push_back(&progress);
           dtrain::History h = dtrain::fit(strategy, model, *opt, train, &test, fit);
           if (!h.history["loss"].empty())
@@ -150,9 +164,14 @@ int main(int argc, char** argv) {
     if (local.sharding != dtrain::Sharding::kParameters)  // ZeRO-3: each holds its part
       for (const auto& v : model.variables())
         for (float x : v->value().to(dtrain::DeviceSpec::cpu()).to_vector<float>()) checksum += x;
-    const double mine[2] = {static_cast<double>(opt->learning_rate()), checksum};
-    const std::vector<double> sums = strategy.extended().sum_across_workers({mine[0], mine[1]});
-    const bool agree = sums[0] == mine[0] * report.workers && sums[1] == mine[1] * report.workers;
+    // Rank 0's values to all (a sum with one term that is not zero is exact), then the number of
+    // workers whose values differ from them.
+    const double rate = opt->learning_rate();
+    const bool first = strategy.extended().worker_rank() == 0;
+    const std::vector<double> chief =
+        strategy.extended().sum_across_workers({first ? rate : 0.0, first ? checksum : 0.0});
+    const bool same = rate == chief[0] && checksum == chief[1];
+    const bool agree = strategy.extended().sum_across_workers({same ? 0.0 : 1.0})[0] == 0;
     if (json && strategy.extended().is_chief()) {
       nlohmann::json j{{"example", "elastic_fashion_mnist"},
                        {"workers", report.workers},
@@ -163,6 +182,7 @@ int main(int argc, char** argv) {
                        {"optimizer_steps", opt->iterations()},
                        {"learning_rate", opt->learning_rate()},
                        {"workers_agree", agree},
+                       {"best_epoch", patience > 0 ? stop.best_epoch() : -1},
                        {"final_loss", history.history.at("loss").back()},
                        {"test_accuracy", history.history.at("val_accuracy").back()}};
       std::printf("%s\n", j.dump().c_str());

@@ -83,6 +83,29 @@ std::map<std::string, CallbackState> take_callback_states(
   return states;
 }
 
+uint64_t callback_states_layout(const std::map<std::string, CallbackState>& states) {
+  uint64_t h = 14695981039346656037ull;  // FNV-1a
+  auto mix = [&h](const std::string& s) {
+    for (const char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    h = (h ^ 0xffu) * 1099511628211ull;  // a separator no name holds
+  };
+  for (const auto& [key, state] : states) {
+    mix(key);
+    for (const auto& [name, v] : state.values) mix("v:" + name);
+    for (const auto& [name, t] : state.tensors)
+      mix("t:" + name + ":" + dtype_name(t.dtype()) + t.shape().to_string());
+  }
+  return h >> 4;
+}
+
+std::string callback_states_keys(const std::map<std::string, CallbackState>& states) {
+  std::string keys;
+  for (const auto& [key, state] : states)
+    keys += (keys.empty() ? "" : ", ") + key + " (" + std::to_string(state.values.size()) +
+            " values, " + std::to_string(state.tensors.size()) + " tensors)";
+  return keys.empty() ? "none" : keys;
+}
+
 std::vector<std::string> callback_state_keys(const std::vector<Callback*>& callbacks) {
   std::vector<std::string> keys;
   std::map<std::string, int> seen;

@@ -7,6 +7,7 @@
 // "callbacks/<key>/<tensor name>".
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -31,6 +32,12 @@ void put_callback_states(const std::map<std::string, CallbackState>& states,
 std::map<std::string, CallbackState> take_callback_states(
     const std::map<std::string, std::string>& metadata,
     const std::vector<std::pair<std::string, Tensor>>& entries, const std::string& where);
+
+// What `states` hold, without the values: every key, value name, tensor name, dtype and shape, as
+// a 60-bit fingerprint (elastic commits check that every worker's is the same) and as text (its
+// keys, for the message when they differ).
+uint64_t callback_states_layout(const std::map<std::string, CallbackState>& states);
+std::string callback_states_keys(const std::map<std::string, CallbackState>& states);
 
 // Each callback's key in a backup: state_key(), with "#2", "#3", ... appended to repeats in the
 // list's order; "" for a callback without state.

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -225,6 +224,9 @@ void EarlyStopping::on_epoch_end(const TrainLogs& logs) {
         CheckpointData d = Checkpoint(model(), nullptr, &strategy()).capture();
         for (const auto& st : d.streamed) whole[st.name] = st.produce();
       }
+      const StrategyExtended& ext = strategy().extended();
+      members_ = ext.independent_replicas();
+      members_across_workers_ = members_ && ext.num_workers() > 1;
       best_weights_.clear();
       best_names_.clear();
       for (const auto& var : vars) {
@@ -255,17 +257,16 @@ CallbackState EarlyStopping::state_dict() const {
               {"best", best_},
               {"best_epoch", best_epoch_},
               {"stopped_epoch", stopped_epoch_}};
-  if (best_weights_.empty()) return s;
-  // "weights/<variable>" holds copy 0; "weights.<c>/<variable>" copy c where the copies differ
-  // (an ensemble's members).
+  // An ensemble over several workers: each holds its own members' best weights, and a backup
+  // holds the chief's state only; they are not carried (the restarted job takes its best epoch
+  // from the epochs after the restart, with a WARNING) rather than give every worker the chief's.
+  if (best_weights_.empty() || members_across_workers_) return s;
+  // "weights/<variable>" holds copy 0; "weights.<c>/<variable>" copy c of an ensemble's members.
   for (size_t i = 0; i < best_weights_.size(); ++i) {
     const std::vector<Tensor>& copies = best_weights_[i];
     const std::string& name = best_names_[i];
     s.tensors["weights/" + name] = copies[0];
-    bool same = true;
-    for (size_t c = 1; c < copies.size() && same; ++c)
-      same = std::memcmp(copies[c].raw_data(), copies[0].raw_data(), copies[0].nbytes()) == 0;
-    if (!same)
+    if (members_)
       for (size_t c = 1; c < copies.size(); ++c)
         s.tensors["weights." + std::to_string(c) + "/" + name] = copies[c];
   }
@@ -296,8 +297,9 @@ void EarlyStopping::load_best(const CallbackState& state) {
   if (!restore_best_ || best_epoch_ < 0) return;
   if (state.tensors.empty()) {
     DTRAIN_LOG(WARNING) << "EarlyStopping(" << monitor_
-                        << "): the backup holds no best weights (it was made without "
-                           "restore_best_weights); the best epoch's weights are not restored";
+                        << "): the backup holds no best weights (made without "
+                           "restore_best_weights, or by an ensemble over several workers); the "
+                           "best epoch is taken from the epochs after this restart";
     best_epoch_ = -1;
     best_ = maximize_ ? -INFINITY : INFINITY;
     return;
@@ -509,7 +511,11 @@ void LearningRateWarmup::on_train_batch_begin(const TrainLogs& logs) {
                         ? static_cast<double>(logs.step) / static_cast<double>(logs.steps_per_epoch)
                         : 0.0);
   if (e >= warmup_epochs_) {
-    optimizer().set_schedule(saved_schedule_);
+    // The user's schedule back, unless the rate was set since the last warming one (a
+    // LearningRateScheduler at this epoch's start) or this fit() resumed past the warm-up: then
+    // the rate in place is the one to go on with.
+    if (installed_ && optimizer().schedule() == installed_)
+      optimizer().set_schedule(saved_schedule_);
     done_ = true;
     if (verbose_ && is_chief()) {
       DTRAIN_LOG(INFO) << "LearningRateWarmup: warm-up done at epoch " << logs.epoch + 1

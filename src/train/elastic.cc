@@ -10,6 +10,7 @@
 #include "dtrain/nn/optimizers.h"
 #include "dtrain/strategies/multi_worker_mirrored_strategy.h"
 #include "dtrain/train/checkpoint.h"
+#include "train/callback_states.h"
 #include "train/elastic_state.h"
 
 namespace dtrain::elastic {
@@ -78,13 +79,30 @@ class CommitState final : public Callback {
       for (const auto& [k, v] : context().epoch_state()) j[k] = v;
       extra[kEpochState] = j.dump();
     }
-    state_.commit(job_.membership().generation, p, extra, /*first=*/false,
-                  context().callback_states ? context().callback_states()
-                                            : std::map<std::string, CallbackState>{});
-    if (!ask) return;
-    // Every worker asks; any yes stops all of them after this same commit.
-    const bool mine = job_.membership_changing();
-    if (strategy_.extended().sum_across_workers({mine ? 1.0 : 0.0})[0] > 0)
+    const std::map<std::string, CallbackState> callbacks =
+        context().callback_states ? context().callback_states()
+                                  : std::map<std::string, CallbackState>{};
+    state_.commit(job_.membership().generation, p, extra, /*first=*/false, callbacks);
+    // Every worker asks; any yes stops all of them after this same commit. The same sum checks
+    // that every worker committed the same callbacks' states: a restore rebuilds each entry from
+    // the pieces of several workers.
+    const bool mine = ask && job_.membership_changing();
+    const uint64_t layout = dtrain::detail::callback_states_layout(callbacks);
+    constexpr int kChunks = 3;  // 20 bits each: sums of them stay exact
+    std::vector<double> v{mine ? 1.0 : 0.0};
+    for (int c = 0; c < kChunks; ++c)
+      v.push_back(static_cast<double>((layout >> (20 * c)) & 0xfffff));
+    const std::vector<double> sums = strategy_.extended().sum_across_workers(v);
+    const double workers = static_cast<double>(strategy_.extended().num_workers());
+    for (int c = 1; c <= kChunks; ++c)
+      if (sums[static_cast<size_t>(c)] != v[static_cast<size_t>(c)] * workers)
+        throw FailedPrecondition(
+            "elastic::run: the workers' callbacks keep different states (this worker's: " +
+            dtrain::detail::callback_states_keys(callbacks) +
+            "); give every worker the same EarlyStopping, ModelCheckpoint, LearningRateScheduler "
+            "(and any callback with a state_key()), in the same order: what they write is written "
+            "by the chief alone");
+    if (sums[0] > 0)
       throw HostsUpdated("the membership changes after global step " +
                          std::to_string(p.global_step));
   }
@@ -123,10 +141,13 @@ RunReport run(Job& job, MultiWorkerMirroredStrategy& strategy, Model& model, Opt
   }
   CommitState state(job, strategy, model, optimizer, options.commit_every);
   RunReport report;
+  bool reset = false;
   while (true) {
     std::string why;
     try {
       report.rolled_back += state.sync();
+      // After the restore: a rate set here is not overwritten by the commit's.
+      if (reset && options.on_reset) options.on_reset(job.membership());
       train(state);
       report.generation = job.membership().generation;
       report.workers = static_cast<int>(job.membership().addresses.size());
@@ -170,7 +191,7 @@ RunReport run(Job& job, MultiWorkerMirroredStrategy& strategy, Model& model, Opt
     DTRAIN_LOG(INFO) << "elastic worker " << job.id() << " is rank " << job.membership().rank
                      << " of " << job.membership().addresses.size() << " in round "
                      << job.membership().generation;
-    if (options.on_reset) options.on_reset(job.membership());
+    reset = true;
   }
 }
 

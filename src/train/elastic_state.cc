@@ -2,15 +2,21 @@
 #include "train/elastic_state.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "dtrain/core/error.h"
 #include "dtrain/core/logging.h"
+#include "dtrain/nn/optimizers.h"
 #include "dtrain/strategies/multi_worker_mirrored_strategy.h"
 #include "train/callback_states.h"
 
 namespace dtrain::elastic::detail {
+
+namespace {
+constexpr const char* kLearningRate = "dtrain.learning_rate";
+}  // namespace
 
 std::optional<RestorePlan> plan_restore(const std::vector<std::vector<CommitTag>>& held) {
   std::vector<CommitTag> candidates;
@@ -115,6 +121,13 @@ void CommittedState::commit(int64_t round, const TrainingPosition& p,
                             const std::map<std::string, CallbackState>& callbacks) {
   CheckpointData d = Checkpoint(model_, &optimizer_, &strategy_).capture(p, extra);
   dtrain::detail::put_callback_states(callbacks, d.metadata, d.tensors);
+  // The rate in effect (a LearningRateScheduler's, or one set in on_reset): survivors hold the one
+  // of the step they reached, newcomers the initial one; all go on with the commit's.
+  if (dynamic_cast<const ConstantSchedule*>(optimizer_.schedule().get())) {
+    char rate[32];
+    std::snprintf(rate, sizeof(rate), "%.9g", static_cast<double>(optimizer_.learning_rate()));
+    d.metadata[kLearningRate] = rate;  // 9 digits: the float again, exactly
+  }
   const int workers = strategy_.extended().num_workers(), rank = strategy_.extended().worker_rank();
   const bool sharded = strategy_.update_partition().has_value();
   // The first commit is rank 0's alone, whole: the job starts from its state, whatever the others
@@ -172,7 +185,8 @@ Tensor CommittedState::rebuild(const RestorePlan& plan, const Held* mine, const 
     throw DataLoss("elastic: '" + d.name +
                    "' rebuilt from the workers' pieces differs from what was committed (hash "
                    "mismatch): a piece was corrupted or came from another commit");
-  next.entries.push_back(keep(d.name, whole, next.tag));
+  // Kept with its shape: a reset before this round's first commit restores from it.
+  next.entries.push_back(keep(d.name, whole.view(d.shape), next.tag));
   return whole.view(d.shape);
 }
 
@@ -269,6 +283,15 @@ TrainingPosition CommittedState::restore(int64_t round,
   std::vector<std::pair<std::string, Tensor>> callback_entries;
   const TrainingPosition p =
       Checkpoint(model_, &optimizer_, &strategy_).restore(data, metadata, &callback_entries);
+  if (const auto rate = next.metadata.find(kLearningRate);
+      rate != next.metadata.end() &&
+      dynamic_cast<const ConstantSchedule*>(optimizer_.schedule().get())) {
+    try {
+      optimizer_.set_learning_rate(std::stof(rate->second));
+    } catch (const std::logic_error&) {
+      throw DataLoss("elastic: the commit's learning rate '" + rate->second + "' is not a number");
+    }
+  }
   if (callbacks)
     *callbacks = dtrain::detail::take_callback_states(next.metadata, callback_entries,
                                                       "elastic: the commit");

@@ -273,7 +273,8 @@ History fit(Strategy& strategy, Model& model, Optimizer& optimizer, const Datase
     const std::vector<std::string> keys = detail::callback_state_keys(callbacks);
     for (size_t i = 0; i < callbacks.size(); ++i)
       if (!keys[i].empty())
-        if (CallbackState s = callbacks[i]->state_dict(); !s.empty()) states[keys[i]] = std::move(s);
+        if (CallbackState s = callbacks[i]->state_dict(); !s.empty())
+          states[keys[i]] = std::move(s);
     return states;
   };
   for (Callback* c : options.callbacks) c->set_context(&ctx);
@@ -316,7 +317,10 @@ History fit(Strategy& strategy, Model& model, Optimizer& optimizer, const Datase
   // did at that point (EarlyStopping's count of the epoch just ended).
   std::vector<Callback*> ends = options.callbacks;
   std::stable_partition(ends.begin(), ends.end(), [](Callback* c) { return !c->saves_backup(); });
-  detail::load_callback_states(options.callbacks, ctx.initial_callback_states);
+  // Asynchronous training (parameter servers): each worker's callbacks decide for it alone, and a
+  // backup holds the chief's; the others start theirs afresh.
+  if (!async || ctx.is_chief)
+    detail::load_callback_states(options.callbacks, ctx.initial_callback_states);
   const int first_epoch = ctx.initial_epoch;
   h.steps = ctx.initial_global_step;
   logs.global_step = h.steps;  // a resumed fit's first batch begins after the restored steps

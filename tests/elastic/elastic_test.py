@@ -15,11 +15,13 @@ at a global batch of 96 (650 optimizer steps):
 The disturbed job must exit 0 after exactly 650 optimizer steps (nothing lost, nothing applied twice),
 through rounds of 3, 2 and 3 workers, with test accuracy within 1.5 points of the reference, the
 learning rate of its LearningRateScheduler (x0.8 an epoch) equal to the reference's, and every worker
-of the last round holding the same rate and weights.
+of the last round holding the same rate and weights (after EarlyStopping put back the best epoch's,
+which the commits carry). Local mode also checks that workers keeping different callbacks' states
+are refused at the first commit.
 Local mode also checks the failures: a job that falls below --min-np ends non-zero within the elastic
 timeout, naming the reason, and bad flags are refused with exit status 2.
 """
-import json, os, re, signal, subprocess, sys, tempfile, time
+import json, os, re, signal, struct, subprocess, sys, tempfile, time
 
 mode, dtrain_run, example = sys.argv[1:4]
 netns = sys.argv[4] if len(sys.argv) > 4 else None
@@ -27,7 +29,9 @@ prefix = f"de{os.getpid() % 10000}"
 work = tempfile.mkdtemp(prefix="dtrain-elastic-")
 EPOCHS, IMAGES = 5, 12480
 LR, DECAY = 1e-3, 0.8  # the example's Adam rate, and --lr-decay: a LearningRateScheduler
-ARGS = ["--train-limit", str(IMAGES), "--epochs", str(EPOCHS), "--batch-size", "96", "--lr-decay", str(DECAY), "--json"]
+# --patience 3: an EarlyStopping whose state (the best epoch's weights too) goes with the commits.
+ARGS = ["--train-limit", str(IMAGES), "--epochs", str(EPOCHS), "--batch-size", "96", "--lr-decay", str(DECAY),
+        "--patience", "3", "--json"]
 STEPS = EPOCHS * IMAGES // 96
 
 def fail(msg):
@@ -157,6 +161,37 @@ def run_exact_rollback():
                  f"(exit after step 43) vs {losses[(sharding, 47)]!r} (after step 47)")
     print("exact rollback: final losses " + ", ".join(f"{k[0]}@{k[1]}={v!r}" for k, v in losses.items()))
 
+def run_reset_before_the_first_commit():
+    """Worker 1 exits after step 5, before the first commit (step 10): the survivors restore the
+    state the job started with, the rate included, so the LearningRateScheduler changes epoch 0's
+    rate once on every worker (a survivor that kept its rate would change it twice)."""
+    discovery(["localhost:2"])
+    args = ["--train-limit", str(IMAGES), "--epochs", "1", "--batch-size", "96", "--lr-decay", str(DECAY), "--json"]
+    proc, out, err = start(3, args=args, example_args=["--exit-at-step", "5"])
+    r, _ = finish(proc, out, err, "a reset before the first commit")
+    expected = struct.unpack("f", struct.pack("f", struct.unpack("f", struct.pack("f", LR))[0] * DECAY))[0]
+    if r["resets"] != 1 or r["rolled_back_steps"] != 5 or r["learning_rate"] != expected or not r["workers_agree"]:
+        fail(f"a reset before the first commit: expected 1 reset, 5 steps rolled back, rate {expected!r} on "
+             f"every worker: {r}")
+    print(f"reset before the first commit: rate {r['learning_rate']!r} on every worker")
+
+def run_callbacks_differ():
+    """EarlyStopping on rank 0 alone: its commits hold states the other's do not, which a restore
+    could not rebuild; the first commit must end the job, naming the callbacks."""
+    discovery(["localhost:2"])
+    args = ["--train-limit", "960", "--epochs", "1", "--batch-size", "96", "--patience", "2", "--patience-rank0-only"]
+    t0 = time.time()
+    proc, out, err = start(2, args=args)
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill(); fail("a job whose workers keep different callbacks' states hung")
+    e = text(err)
+    if proc.returncode == 0: fail("a job whose workers keep different callbacks' states exited 0")
+    if "callbacks keep different states" not in e or "EarlyStopping(val_loss)" not in e:
+        fail(f"no reason given:\n{e[-2000:]}")
+    print(f"callbacks differ: exit {proc.returncode} after {time.time() - t0:.1f} s, callbacks named")
+
 def run_below_min_np():
     discovery(["localhost:2"])
     proc, out, err = start(2, settle="2")
@@ -198,6 +233,8 @@ def main():
         if mode == "local":
             run_disturbed(ref, "parameters")  # ZeRO-3: the state in pieces, parts cut for 3, 2, 3 workers
             run_exact_rollback()
+            run_reset_before_the_first_commit()
+            run_callbacks_differ()
             run_below_min_np()
     finally:
         if mode == "netns": subprocess.run([netns, "down", "--prefix", prefix], capture_output=True, timeout=60)

@@ -139,6 +139,25 @@ TEST_F(TrainingApi, BackupAndRestoreCarriesTheCallbacksStates) {
   }
 }
 
+// A LearningRateScheduler's rate at the epoch that ends a warm-up is the one that epoch trains
+// with: the warm-up hands back the user's schedule only where its own warming rate is in place.
+TEST_F(TrainingApi, AWarmUpEndingKeepsTheSchedulersRate) {
+  OneDeviceStrategy s(DeviceSpec::cpu(0));
+  auto [m, opt] = build(s, [&] { return std::unique_ptr<Optimizer>(std::make_unique<SGD>(0.1f)); });
+  LearningRateScheduler schedule([](int epoch, double) { return 0.3 * std::pow(0.5, epoch); });
+  LearningRateWarmup warmup(/*warmup_epochs=*/1, 0, /*num_replicas=*/2);
+  Rates rates;
+  FitOptions o;
+  o.epochs = 3;
+  o.global_batch_size = 16;  // 4 batches an epoch
+  o.callbacks = {&schedule, &warmup, &rates};
+  fit(s, m, *opt, classification(64), nullptr, o);
+  ASSERT_EQ(rates.at.size(), 12u);
+  EXPECT_LT(rates.at.at(1), 0.1f);  // warming towards the rate at train begin
+  for (int64_t step = 5; step <= 8; ++step) EXPECT_FLOAT_EQ(rates.at.at(step), 0.15f) << step;
+  for (int64_t step = 9; step <= 12; ++step) EXPECT_FLOAT_EQ(rates.at.at(step), 0.075f) << step;
+}
+
 // An elastic job's chief that loses its connection rejoins last and is a worker like the others in
 // the next round: its ModelCheckpoint and TensorBoard must stop writing (the new chief writes).
 TEST_F(TrainingApi, AFormerChiefWritesNoMore) {

@@ -160,7 +160,10 @@ enum class MonitorMode { kAuto, kMin, kMax };
 // Stops training when `monitor` has not improved by more than min_delta for `patience` epochs;
 // with restore_best_weights, puts back the best epoch's weights when it stops or training ends.
 // Its state (epochs waited, best value and epoch, and with restore_best_weights the best weights,
-// whole) goes into backups, so a restarted or re-formed job stops where an uninterrupted one would.
+// whole) goes into backups, so a restarted or re-formed job stops where an uninterrupted one would
+// (the best weights of an ensemble over several workers excepted: each worker holds other members).
+// A backup kept after it stopped (BackupAndRestore(delete_checkpoint = false)) stops the same
+// command again before its first epoch; remove the backup to train on.
 class DTRAIN_API EarlyStopping : public Callback {
  public:
   explicit EarlyStopping(std::string monitor = "val_loss", double min_delta = 0, int patience = 0,
@@ -188,6 +191,8 @@ class DTRAIN_API EarlyStopping : public Callback {
   void load_best(const CallbackState& state);
   std::vector<std::vector<Tensor>> best_weights_;  // per variable, every copy (host)
   std::vector<std::string> best_names_;            // those variables' names
+  bool members_ = false;                 // the copies are an ensemble's members (they differ)
+  bool members_across_workers_ = false;  // ... and other workers hold other members
 };
 
 // Appends one CSV row per epoch (epoch and every log value, sorted by key) to `path`; chief only.
@@ -212,11 +217,13 @@ class DTRAIN_API CSVLogger : public Callback {
 
 // Sets the learning rate at each epoch's start to schedule(epoch, current rate). After a restored
 // backup (BackupAndRestore, an elastic reset) the resumed epoch's rate is computed from the rate
-// its last epoch started with, the schedule replayed from there, not from the optimizer's rate:
-// Keras applies a resumed epoch's change twice (schedule(e, schedule(e, lr))), and a worker that
-// joins an elastic job would start from the initial rate while the others hold the changed one.
-// A rate set in elastic::RunOptions::on_reset is therefore overwritten at the resumed epoch's
-// start, as it would be at any epoch's start.
+// its last epoch started with, the schedule replayed from there, not from the optimizer's rate
+// then: a backup taken mid-epoch holds the rate already changed (Keras' scheduler keeps no state
+// and would change it again), and a worker that joins an elastic job holds the initial one. The
+// replay follows this scheduler's own chain: a rate set by someone else since its last epoch
+// start (elastic::RunOptions::on_reset, a LearningRateWarmup's last warming rate) is overwritten
+// at the resumed epoch's start, as it would be at any epoch's start. Give it a function of the
+// epoch alone where other code also sets the rate.
 class DTRAIN_API LearningRateScheduler : public Callback {
  public:
   using Fn = std::function<double(int epoch, double lr)>;

@@ -94,7 +94,9 @@ class DTRAIN_API ModelCheckpoint : public Callback {
   void on_epoch_end(const TrainLogs& logs) override;
   // With save_best_only, the best value so far goes into backups (a restarted job saves only what
   // beats it, as an uninterrupted one would).
-  std::string state_key() const override { return "ModelCheckpoint(" + directory_ + ")"; }
+  std::string state_key() const override {
+    return "ModelCheckpoint(" + directory_ + ", " + monitor_ + ")";
+  }
   CallbackState state_dict() const override;
   void load_state_dict(const CallbackState& state) override;
   const std::string& last_saved() const { return last_saved_; }

@@ -122,7 +122,11 @@ class DTRAIN_API Job {
 
 struct DTRAIN_API RunOptions {
   int64_t commit_every = 10;  // batches between commits (every epoch's end commits too)
-  // Called after every change of membership, before training resumes (rank, size, ...).
+  // Called after every change of membership, once the committed state is restored and before
+  // training resumes (rank, size, ...). The commit holds the learning rate in effect (when it is a
+  // constant, as LearningRateScheduler sets it), so a rate set here is the one training resumes
+  // with (until a LearningRateScheduler sets its own at the next epoch's start, the resumed one
+  // included).
   std::function<void(const Membership&)> on_reset;
   int max_resets = 100;  // more changes than this fail the job (a crash loop)
 };

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "../fashion_mnist/reference_cnn.h"
 #include "dtrain/dtrain.h"
@@ -48,6 +49,7 @@ int main(int argc, char** argv) {
   float lr = 1e-3f;
   double lr_decay = 1;
   int patience = 0;
+  double warmup_epochs = 0;
   bool patience_rank0_only = false;
   uint64_t seed = 42;
   bool json = false;
@@ -67,6 +69,10 @@ int main(int argc, char** argv) {
   app.add_option("--patience", patience,
                  "EarlyStopping on val_loss with this patience, restoring the best epoch's "
                  "weights at the end (0: none)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--warmup-epochs", warmup_epochs,
+                 "Horovod's gradual warm-up over this many epochs (LearningRateWarmup; 0: none)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_flag("--patience-rank0-only", patience_rank0_only,
@@ -131,14 +137,17 @@ int main(int argc, char** argv) {
     // Its state (the rate its last epoch started with) is committed with the model: after a reset
     // survivors and newcomers go on with the rate an uninterrupted job would have.
     dtrain::LearningRateScheduler decay([lr_decay](int, double rate) { return rate * lr_decay; });
+    std::optional<dtrain::LearningRateWarmup> warmup;
+    if (warmup_epochs > 0) warmup.emplace(warmup_epochs);
     dtrain::EarlyStopping stop("val_loss", 0, patience, dtrain::MonitorMode::kAuto,
                                /*restore_best_weights=*/true);
     dtrain::elastic::RunOptions ro;
     ro.commit_every = commit_every;
+    // On every worker of a new round, newcomers too, after the restore: where a program would
+    // rescale the rate for the new size (Horovod's convention).
     ro.on_reset = [&](const dtrain::elastic::Membership& m) {
-      if (m.rank == 0)
-        std::fprintf(stderr, "elastic: round %d, %zu workers, %d replicas in sync\n", m.generation,
-                     m.addresses.size(), strategy.num_replicas_in_sync());
+      std::fprintf(stderr, "elastic: round %d, %zu workers, %d replicas in sync (rank %d)\n",
+                   m.generation, m.addresses.size(), strategy.num_replicas_in_sync(), m.rank);
     };
     const dtrain::elastic::RunReport report = dtrain::elastic::run(
         job, strategy, model, *opt,
@@ -150,6 +159,7 @@ int main(int argc, char** argv) {
           fit.shuffle_seed = seed;
           fit.callbacks = {&elastic, &exit_at_step};
           if (lr_decay < 1) fit.callbacks.push_back(&decay);
+          if (warmup) fit.callbacks.push_back(&*warmup);
           if (patience > 0 && (!patience_rank0_only || job.membership().rank == 0))
             fit.callbacks.push_back(&stop);
           if (strategy.extended().is_chief()) fit.callbacks.push_back(&progress);

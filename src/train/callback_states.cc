@@ -31,9 +31,9 @@ double decode(const nlohmann::json& j) {
 void put_callback_states(const std::map<std::string, CallbackState>& states,
                          std::map<std::string, std::string>& metadata,
                          std::vector<std::pair<std::string, Tensor>>& tensors) {
-  if (states.empty()) return;
   nlohmann::json all = nlohmann::json::object();
   for (const auto& [key, state] : states) {
+    if (state.empty()) continue;  // nothing to give back
     nlohmann::json values = nlohmann::json::object();
     for (const auto& [name, v] : state.values) values[name] = encode(v);
     nlohmann::json names = nlohmann::json::array();
@@ -43,7 +43,7 @@ void put_callback_states(const std::map<std::string, CallbackState>& states,
     }
     all[key] = {{"values", values}, {"tensors", names}};
   }
-  metadata[kCallbackStates] = all.dump();
+  if (!all.empty()) metadata[kCallbackStates] = all.dump();
 }
 
 std::map<std::string, CallbackState> take_callback_states(
@@ -83,7 +83,8 @@ std::map<std::string, CallbackState> take_callback_states(
   return states;
 }
 
-uint64_t callback_states_layout(const std::map<std::string, CallbackState>& states) {
+uint64_t callback_states_layout(const std::map<std::string, CallbackState>& states,
+                                bool keys_only) {
   uint64_t h = 14695981039346656037ull;  // FNV-1a
   auto mix = [&h](const std::string& s) {
     for (const char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
@@ -91,6 +92,7 @@ uint64_t callback_states_layout(const std::map<std::string, CallbackState>& stat
   };
   for (const auto& [key, state] : states) {
     mix(key);
+    if (keys_only) continue;
     for (const auto& [name, v] : state.values) mix("v:" + name);
     for (const auto& [name, t] : state.tensors)
       mix("t:" + name + ":" + dtype_name(t.dtype()) + t.shape().to_string());

@@ -21,7 +21,7 @@ namespace dtrain::detail {
 inline constexpr const char* kCallbackStates = "dtrain.callbacks";
 inline constexpr const char* kCallbackEntryPrefix = "callbacks/";
 
-// Adds `states` to a backup's metadata and tensors.
+// Adds `states` (the empty ones left out) to a backup's metadata and tensors.
 void put_callback_states(const std::map<std::string, CallbackState>& states,
                          std::map<std::string, std::string>& metadata,
                          std::vector<std::pair<std::string, Tensor>>& tensors);
@@ -33,10 +33,11 @@ std::map<std::string, CallbackState> take_callback_states(
     const std::map<std::string, std::string>& metadata,
     const std::vector<std::pair<std::string, Tensor>>& entries, const std::string& where);
 
-// What `states` hold, without the values: every key, value name, tensor name, dtype and shape, as
-// a 60-bit fingerprint (elastic commits check that every worker's is the same) and as text (its
-// keys, for the message when they differ).
-uint64_t callback_states_layout(const std::map<std::string, CallbackState>& states);
+// What `states` hold, without the values: every key, value name, tensor name, dtype and shape (the
+// keys alone with keys_only), as a 60-bit fingerprint (elastic commits check that every worker's
+// is the same) and as text (its keys, for the message when they differ).
+uint64_t callback_states_layout(const std::map<std::string, CallbackState>& states,
+                                bool keys_only = false);
 std::string callback_states_keys(const std::map<std::string, CallbackState>& states);
 
 // Each callback's key in a backup: state_key(), with "#2", "#3", ... appended to repeats in the

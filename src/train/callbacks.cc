@@ -204,6 +204,7 @@ void EarlyStopping::on_train_begin(const TrainLogs&) {
   best_ = maximize_ ? -INFINITY : INFINITY;
   best_weights_.clear();
   best_names_.clear();
+  members_ = members_across_workers_ = false;
 }
 
 void EarlyStopping::on_epoch_end(const TrainLogs& logs) {
@@ -329,6 +330,7 @@ void EarlyStopping::load_best(const CallbackState& state) {
                                std::to_string(copies.size()) + " different copies of '" +
                                var->name() + "', this strategy " +
                                std::to_string(var->device_values().size()));
+    members_ = members_ || copies.size() > 1;  // an ensemble's members, saved one by one
     loaded.push_back(std::move(copies));
     best_names_.push_back(var->name());
   }
@@ -484,6 +486,16 @@ void LearningRateScheduler::load_state_dict(const CallbackState& state) {
 
 // ---- LearningRateWarmup ----
 
+namespace {
+// The rate a LearningRateWarmup sets while warming: a constant of its own kind, which an elastic
+// commit leaves out (it keeps the user's or a LearningRateScheduler's constant rate); after a reset
+// the warm-up puts the user's schedule back itself and warms towards the user's rate again.
+class WarmingRate final : public ConstantSchedule {
+ public:
+  using ConstantSchedule::ConstantSchedule;
+};
+}  // namespace
+
 LearningRateWarmup::LearningRateWarmup(double warmup_epochs, int verbose, int num_replicas)
     : warmup_epochs_(warmup_epochs), verbose_(verbose), num_replicas_(num_replicas) {
   if (!(warmup_epochs > 0)) throw InvalidArgument("LearningRateWarmup needs warmup_epochs > 0");
@@ -524,9 +536,9 @@ void LearningRateWarmup::on_train_batch_begin(const TrainLogs& logs) {
     return;
   }
   const double n = num_replicas_ > 0 ? num_replicas_ : strategy().num_replicas_in_sync();
-  optimizer().set_learning_rate(
+  installed_ = std::make_shared<WarmingRate>(
       static_cast<float>(target_ / n * (e * (n - 1) / warmup_epochs_ + 1)));
-  installed_ = optimizer().schedule();
+  optimizer().set_schedule(installed_);
 }
 
 void LearningRateWarmup::on_train_end(const TrainLogs&) {

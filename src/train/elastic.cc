@@ -28,6 +28,13 @@ class CommitState final : public Callback {
       : job_(job), strategy_(strategy), every_(every), state_(strategy, model, optimizer) {}
 
   void on_train_begin(const TrainLogs&) override {
+    // The same stateful callbacks on every worker, checked before the first collective of this
+    // fit() (EarlyStopping's gather under ZeRO-3 would meet another worker's commit instead).
+    if (context().callback_states)
+      sum_checking_layout(0,
+                          dtrain::detail::callback_states_layout(context().callback_states(),
+                                                                 /*keys_only=*/true),
+                          context().callback_states());
     if (!resume_) return;
     TrainingContext& ctx = context();
     ctx.initial_epoch = static_cast<int>(resume_->epoch);
@@ -87,9 +94,18 @@ class CommitState final : public Callback {
     // that every worker committed the same callbacks' states: a restore rebuilds each entry from
     // the pieces of several workers.
     const bool mine = ask && job_.membership_changing();
-    const uint64_t layout = dtrain::detail::callback_states_layout(callbacks);
+    if (sum_checking_layout(mine ? 1.0 : 0.0, dtrain::detail::callback_states_layout(callbacks),
+                            callbacks) > 0)
+      throw HostsUpdated("the membership changes after global step " +
+                         std::to_string(p.global_step));
+  }
+
+  // Sums `value` over the workers, and with it `layout`; throws FailedPrecondition on every worker
+  // when the workers' layouts differ.
+  double sum_checking_layout(double value, uint64_t layout,
+                             const std::map<std::string, CallbackState>& callbacks) {
     constexpr int kChunks = 3;  // 20 bits each: sums of them stay exact
-    std::vector<double> v{mine ? 1.0 : 0.0};
+    std::vector<double> v{value};
     for (int c = 0; c < kChunks; ++c)
       v.push_back(static_cast<double>((layout >> (20 * c)) & 0xfffff));
     const std::vector<double> sums = strategy_.extended().sum_across_workers(v);
@@ -102,9 +118,7 @@ class CommitState final : public Callback {
             "); give every worker the same EarlyStopping, ModelCheckpoint, LearningRateScheduler "
             "(and any callback with a state_key()), in the same order: what they write is written "
             "by the chief alone");
-    if (sums[0] > 0)
-      throw HostsUpdated("the membership changes after global step " +
-                         std::to_string(p.global_step));
+    return sums[0];
   }
 
   Job& job_;
@@ -146,8 +160,10 @@ RunReport run(Job& job, MultiWorkerMirroredStrategy& strategy, Model& model, Opt
     std::string why;
     try {
       report.rolled_back += state.sync();
-      // After the restore: a rate set here is not overwritten by the commit's.
-      if (reset && options.on_reset) options.on_reset(job.membership());
+      // After the restore (a rate set here is not overwritten by the commit's), on every worker of
+      // a new round: survivors, and newcomers (a first round after the job's first).
+      if ((reset || job.membership().generation > 1) && options.on_reset)
+        options.on_reset(job.membership());
       train(state);
       report.generation = job.membership().generation;
       report.workers = static_cast<int>(job.membership().addresses.size());

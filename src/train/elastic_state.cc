@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <typeinfo>
 
 #include "dtrain/core/error.h"
 #include "dtrain/core/logging.h"
@@ -123,7 +124,10 @@ void CommittedState::commit(int64_t round, const TrainingPosition& p,
   dtrain::detail::put_callback_states(callbacks, d.metadata, d.tensors);
   // The rate in effect (a LearningRateScheduler's, or one set in on_reset): survivors hold the one
   // of the step they reached, newcomers the initial one; all go on with the commit's.
-  if (dynamic_cast<const ConstantSchedule*>(optimizer_.schedule().get())) {
+  // Not a LearningRateWarmup's warming rate (a kind of its own): the warm-up puts the user's
+  // schedule back itself after a reset, and targets the user's rate again.
+  if (const LearningRateSchedule* schedule = optimizer_.schedule().get();
+      schedule && typeid(*schedule) == typeid(ConstantSchedule)) {
     char rate[32];
     std::snprintf(rate, sizeof(rate), "%.9g", static_cast<double>(optimizer_.learning_rate()));
     d.metadata[kLearningRate] = rate;  // 9 digits: the float again, exactly
@@ -283,9 +287,8 @@ TrainingPosition CommittedState::restore(int64_t round,
   std::vector<std::pair<std::string, Tensor>> callback_entries;
   const TrainingPosition p =
       Checkpoint(model_, &optimizer_, &strategy_).restore(data, metadata, &callback_entries);
-  if (const auto rate = next.metadata.find(kLearningRate);
-      rate != next.metadata.end() &&
-      dynamic_cast<const ConstantSchedule*>(optimizer_.schedule().get())) {
+  // The commit decides, the same on every worker (whatever schedule each holds now).
+  if (const auto rate = next.metadata.find(kLearningRate); rate != next.metadata.end()) {
     try {
       optimizer_.set_learning_rate(std::stof(rate->second));
     } catch (const std::logic_error&) {

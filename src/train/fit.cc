@@ -273,8 +273,7 @@ History fit(Strategy& strategy, Model& model, Optimizer& optimizer, const Datase
     const std::vector<std::string> keys = detail::callback_state_keys(callbacks);
     for (size_t i = 0; i < callbacks.size(); ++i)
       if (!keys[i].empty())
-        if (CallbackState s = callbacks[i]->state_dict(); !s.empty())
-          states[keys[i]] = std::move(s);
+        states[keys[i]] = callbacks[i]->state_dict();  // empty ones too: their keys are compared
     return states;
   };
   for (Callback* c : options.callbacks) c->set_context(&ctx);

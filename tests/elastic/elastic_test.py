@@ -125,6 +125,9 @@ def run_disturbed(ref, sharding=None):
     discovery([f"{prefix}-h0:1", f"{prefix}-h1:1", f"{prefix}-h3:1"] if mode == "netns" else ["localhost:3"])
     wait_for(err, r"round 3, 3 workers", proc)
     r, e = finish(proc, out, err, what)
+    # RunOptions::on_reset runs on the newcomer too (launcher id 3 locally, the worker on host 3 in netns).
+    if not re.search(r"\[worker:3\][^\n]*elastic: round 3, 3 workers", e):
+        fail(f"{what}: the new worker did not run on_reset:\n{e[-3000:]}")
     print(f"{what}: {r}; re-formed as 2 workers {reform_s:.1f} s after the loss")
     if r["resets"] != 2 or r["rounds"] != 3 or r["workers"] != 3: fail(f"{what}: expected rounds 3/2/3 and 2 resets: {r}")
     if r["optimizer_steps"] != STEPS: fail(f"{what} applied {r['optimizer_steps']} steps, expected {STEPS}")
@@ -174,6 +177,19 @@ def run_reset_before_the_first_commit():
         fail(f"a reset before the first commit: expected 1 reset, 5 steps rolled back, rate {expected!r} on "
              f"every worker: {r}")
     print(f"reset before the first commit: rate {r['learning_rate']!r} on every worker")
+
+def run_reset_in_the_warm_up():
+    """Worker 1 exits after step 43 of a 1-epoch warm-up (commits every 10 steps hold no warming
+    rate): the survivors roll back to step 40 and warm up towards the user's rate again, which is
+    the rate of the second epoch (a commit that held the warming rate would make it the target)."""
+    discovery(["localhost:2"])
+    args = ["--train-limit", str(IMAGES), "--epochs", "2", "--batch-size", "96", "--warmup-epochs", "1", "--json"]
+    proc, out, err = start(3, args=args, example_args=["--exit-at-step", "43"])
+    r, _ = finish(proc, out, err, "a reset in the warm-up")
+    rate = struct.unpack("f", struct.pack("f", LR))[0]
+    if r["resets"] != 1 or r["learning_rate"] != rate or not r["workers_agree"]:
+        fail(f"a reset in the warm-up: expected 1 reset and the rate {rate!r} on every worker after it: {r}")
+    print(f"reset in the warm-up: rate {r['learning_rate']!r} on every worker after it")
 
 def run_callbacks_differ():
     """EarlyStopping on rank 0 alone: its commits hold states the other's do not, which a restore
@@ -234,6 +250,7 @@ def main():
             run_disturbed(ref, "parameters")  # ZeRO-3: the state in pieces, parts cut for 3, 2, 3 workers
             run_exact_rollback()
             run_reset_before_the_first_commit()
+            run_reset_in_the_warm_up()
             run_callbacks_differ()
             run_below_min_np()
     finally:

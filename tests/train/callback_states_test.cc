@@ -42,6 +42,36 @@ TEST(CallbackStates, RoundTripAndRefuseWhatIsMalformed) {
   EXPECT_THROW(detail::take_callback_states(bad, entries, "test"), DataLoss);
   EXPECT_THROW(detail::take_callback_states(meta, {}, "test"), DataLoss);
 
+  // Empty states are not written (nothing to give back).
+  std::map<std::string, std::string> meta2;
+  std::vector<std::pair<std::string, Tensor>> entries2;
+  detail::put_callback_states({{"LearningRateScheduler", {}}}, meta2, entries2);
+  EXPECT_TRUE(meta2.empty());
+  EXPECT_TRUE(entries2.empty());
+
+  // Layouts: keys, value names, tensor names, dtypes and shapes; not the values.
+  const std::map<std::string, CallbackState> one{{"EarlyStopping(a/b)", es}};
+  CallbackState other_values = es;
+  other_values.values["wait"] = 7;
+  EXPECT_EQ(detail::callback_states_layout(one),
+            detail::callback_states_layout({{"EarlyStopping(a/b)", other_values}}));
+  CallbackState other_shape = es;
+  other_shape.tensors["weights/dense/kernel"] = Tensor::zeros(Shape{4});
+  EXPECT_NE(detail::callback_states_layout(one),
+            detail::callback_states_layout({{"EarlyStopping(a/b)", other_shape}}));
+  CallbackState other_dtype = es;
+  other_dtype.tensors["weights/dense/kernel"] = Tensor::zeros(Shape{2, 2}, DType::kInt32);
+  EXPECT_NE(detail::callback_states_layout(one),
+            detail::callback_states_layout({{"EarlyStopping(a/b)", other_dtype}}));
+  EXPECT_NE(
+      detail::callback_states_layout(one),
+      detail::callback_states_layout({{"EarlyStopping(a/b)", es}, {"LearningRateScheduler", {}}}));
+  // Keys only: a state still empty on a worker that has just joined has the same layout.
+  EXPECT_EQ(detail::callback_states_layout(one, true),
+            detail::callback_states_layout({{"EarlyStopping(a/b)", {}}}, true));
+  EXPECT_NE(detail::callback_states_layout(one, true), detail::callback_states_layout({}, true));
+  EXPECT_LT(detail::callback_states_layout(one), uint64_t{1} << 60);
+
   // Keys: repeats of a kind are told apart by their place in the list.
   EarlyStopping a("loss"), b("loss"), c("val_loss");
   ProgressBar bar;

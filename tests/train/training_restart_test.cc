@@ -139,6 +139,45 @@ TEST_F(TrainingApi, BackupAndRestoreCarriesTheCallbacksStates) {
   }
 }
 
+// An ensemble's members keep their own best weights through two restarts (the second backup is
+// taken by an EarlyStopping that was itself restored from the first).
+TEST_F(TrainingApi, EnsembleMembersKeepTheirBestWeightsThroughTwoRestarts) {
+  auto run = [&](int crash_at_epoch) {
+    EnsembleStrategy ens({DeviceSpec::cpu(0), DeviceSpec::cpu(1)});
+    Sequential m;
+    std::unique_ptr<Optimizer> opt;
+    {
+      auto scope = ens.scope();
+      set_global_seed(5);
+      m = mlp();
+      m.build(Shape{1, 4});
+      opt = std::make_unique<SGD>(0.2f);
+    }
+    // "max" of a falling loss: epoch 0 stays the best; patience 3 stops after epoch 3.
+    EarlyStopping es("loss", 0, 3, MonitorMode::kMax, /*restore_best_weights=*/true);
+    BackupAndRestore bar((dir_ / "backup").string());
+    Crash crash;
+    crash.at_epoch = crash_at_epoch;
+    FitOptions o;
+    o.epochs = 10;
+    o.global_batch_size = 16;
+    o.callbacks = {&crash, &es, &bar};
+    fit(ens, m, *opt, classification(64), nullptr, o);
+    std::vector<std::vector<float>> members;
+    for (const auto& v : m.variables())
+      for (const Tensor& t : v->device_values()) members.push_back(t.to_vector<float>());
+    return members;
+  };
+  const auto straight = run(-1);
+  fs::remove_all(dir_ / "backup");
+  EXPECT_THROW(run(2), Unavailable);  // backup of epoch 1's end
+  EXPECT_THROW(run(3), Unavailable);  // restored, then the backup of epoch 2's end
+  const auto resumed = run(-1);
+  EXPECT_EQ(resumed, straight);
+  ASSERT_GE(straight.size(), 2u);
+  EXPECT_NE(straight[0], straight[1]);  // the members differ
+}
+
 // A LearningRateScheduler's rate at the epoch that ends a warm-up is the one that epoch trains
 // with: the warm-up hands back the user's schedule only where its own warming rate is in place.
 TEST_F(TrainingApi, AWarmUpEndingKeepsTheSchedulersRate) {

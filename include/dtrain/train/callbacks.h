@@ -75,8 +75,9 @@ struct DTRAIN_API TrainingContext {
   std::map<std::string, std::vector<double>> initial_epoch_state;
   // Filled by fit() for callbacks that save the data position: the loss and metric sums so far.
   std::function<std::map<std::string, std::vector<double>>()> epoch_state;
-  // Filled by fit() for callbacks that back up: every callback's state_dict() that is not empty,
-  // by its key (state_key(), "#2", "#3", ... appended to repeats in the list's order).
+  // Filled by fit() for callbacks that back up: the state_dict() of every callback with a
+  // state_key() (empty ones too), by its key ("#2", "#3", ... appended to repeats in the list's
+  // order).
   std::function<std::map<std::string, CallbackState>()> callback_states;
   // Set by a callback's on_train_begin that restored a backup: fit() gives each callback its state
   // (load_state_dict) after every on_train_begin has run (which resets them).

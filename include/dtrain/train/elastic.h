@@ -122,11 +122,13 @@ class DTRAIN_API Job {
 
 struct DTRAIN_API RunOptions {
   int64_t commit_every = 10;  // batches between commits (every epoch's end commits too)
-  // Called after every change of membership, once the committed state is restored and before
-  // training resumes (rank, size, ...). The commit holds the learning rate in effect (when it is a
-  // constant, as LearningRateScheduler sets it), so a rate set here is the one training resumes
-  // with (until a LearningRateScheduler sets its own at the next epoch's start, the resumed one
-  // included).
+  // Called after every change of membership on every worker of the new round (survivors and
+  // newcomers), once the committed state is restored and before training resumes (rank, size,
+  // ...). What it throws ends the run, except Unavailable and DeadlineExceeded (a worker lost
+  // during a collective it runs), which make another round. The commit holds the learning rate in
+  // effect (when it is a constant, as LearningRateScheduler sets it), so a rate set here is the one
+  // training resumes with (until a LearningRateScheduler sets its own at the next epoch's start,
+  // the resumed one included).
   std::function<void(const Membership&)> on_reset;
   int max_resets = 100;  // more changes than this fail the job (a crash loop)
 };

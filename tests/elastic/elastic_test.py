@@ -191,22 +191,27 @@ def run_reset_in_the_warm_up():
         fail(f"a reset in the warm-up: expected 1 reset and the rate {rate!r} on every worker after it: {r}")
     print(f"reset in the warm-up: rate {r['learning_rate']!r} on every worker after it")
 
+def expect_failure(proc, err, what, needles, limit):
+    """Waits for a job that must fail, naming why; returns its exit status."""
+    try:
+        proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        proc.kill(); fail(f"{what} hung")
+    e = text(err)
+    if proc.returncode == 0: fail(f"{what} exited 0")
+    if not all(n in e for n in needles): fail(f"{what}: no reason given:\n{e[-2000:]}")
+    return proc.returncode
+
 def run_callbacks_differ():
-    """EarlyStopping on rank 0 alone: its commits hold states the other's do not, which a restore
-    could not rebuild; the first commit must end the job, naming the callbacks."""
+    """EarlyStopping on rank 0 alone: its commits would hold states the other's do not, which a
+    restore could not rebuild; the job must end when fit() starts, naming the callbacks."""
     discovery(["localhost:2"])
     args = ["--train-limit", "960", "--epochs", "1", "--batch-size", "96", "--patience", "2", "--patience-rank0-only"]
     t0 = time.time()
     proc, out, err = start(2, args=args)
-    try:
-        proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.kill(); fail("a job whose workers keep different callbacks' states hung")
-    e = text(err)
-    if proc.returncode == 0: fail("a job whose workers keep different callbacks' states exited 0")
-    if "callbacks keep different states" not in e or "EarlyStopping(val_loss)" not in e:
-        fail(f"no reason given:\n{e[-2000:]}")
-    print(f"callbacks differ: exit {proc.returncode} after {time.time() - t0:.1f} s, callbacks named")
+    rc = expect_failure(proc, err, "a job whose workers keep different callbacks' states",
+                        ["callbacks keep different states", "EarlyStopping(val_loss)"], 120)
+    print(f"callbacks differ: exit {rc} after {time.time() - t0:.1f} s, callbacks named")
 
 def run_below_min_np():
     discovery(["localhost:2"])
@@ -216,14 +221,8 @@ def run_below_min_np():
     discovery(["localhost:1"])
     t0 = time.time()
     os.kill(pid_of(1, rdzv), signal.SIGKILL)
-    try:
-        proc.wait(timeout=90)
-    except subprocess.TimeoutExpired:
-        proc.kill(); fail("a job below --min-np hung")
-    e = text(err)
-    if proc.returncode == 0: fail("a job below --min-np exited 0")
-    if "no round of at least --min-np workers formed" not in e: fail(f"no reason given:\n{e[-2000:]}")
-    print(f"below --min-np: exit {proc.returncode} after {time.time() - t0:.1f} s, reason named")
+    rc = expect_failure(proc, err, "a job below --min-np", ["no round of at least --min-np workers formed"], 90)
+    print(f"below --min-np: exit {rc} after {time.time() - t0:.1f} s, reason named")
 
 def run_usage():
     for args, needle in [(["--min-np", "3", "--max-np", "4", "-np", "2"], "1 <= --min-np <= -np <= --max-np"),

@@ -73,6 +73,20 @@ std::pair<Sequential, std::unique_ptr<Optimizer>> build(Strategy& s, MakeOptimiz
   return {std::move(m), make_optimizer()};
 }
 
+// The same after set_global_seed(seed), with a Dropout after it when dropout > 0 (its random state
+// goes into checkpoints), built for 4 features.
+template <typename MakeOptimizer>
+std::pair<Sequential, std::unique_ptr<Optimizer>> build_seeded(Strategy& s, uint64_t seed,
+                                                               float dropout,
+                                                               MakeOptimizer make_optimizer) {
+  auto scope = s.scope();
+  set_global_seed(seed);
+  Sequential m = mlp();
+  if (dropout > 0) m.add(std::make_shared<Dropout>(dropout));
+  m.build(Shape{1, 4});
+  return {std::move(m), make_optimizer()};
+}
+
 inline std::vector<std::vector<float>> weights(Model& m) {
   std::vector<std::vector<float>> w;
   for (const auto& v : m.variables())

@@ -61,15 +61,7 @@ TEST_F(TrainingApi, BackupAndRestoreCarriesTheCallbacksStates) {
   // backup directory).
   auto run = [&](const fs::path& where, Crash* crash) {
     MirroredStrategy s(on(2));
-    Sequential m;
-    std::unique_ptr<Optimizer> opt;
-    {
-      auto scope = s.scope();
-      set_global_seed(8);
-      m = mlp();
-      m.add(std::make_shared<Dropout>(0.2f));
-      opt = std::make_unique<SGD>(0.2f);
-    }
+    auto [m, opt] = build_seeded(s, 8, 0.2f, [] { return std::make_unique<SGD>(0.2f); });
     // "max" of a falling loss: epoch 0 stays the best, patience 2 stops after epoch 2 and puts
     // back epoch 0's weights; ModelCheckpoint(save_best_only) saves epoch 0 alone.
     EarlyStopping es("loss", 0, 2, MonitorMode::kMax, /*restore_best_weights=*/true);
@@ -144,15 +136,7 @@ TEST_F(TrainingApi, BackupAndRestoreCarriesTheCallbacksStates) {
 TEST_F(TrainingApi, EnsembleMembersKeepTheirBestWeightsThroughTwoRestarts) {
   auto run = [&](int crash_at_epoch) {
     EnsembleStrategy ens({DeviceSpec::cpu(0), DeviceSpec::cpu(1)});
-    Sequential m;
-    std::unique_ptr<Optimizer> opt;
-    {
-      auto scope = ens.scope();
-      set_global_seed(5);
-      m = mlp();
-      m.build(Shape{1, 4});
-      opt = std::make_unique<SGD>(0.2f);
-    }
+    auto [m, opt] = build_seeded(ens, 5, 0, [] { return std::make_unique<SGD>(0.2f); });
     // "max" of a falling loss: epoch 0 stays the best; patience 3 stops after epoch 3.
     EarlyStopping es("loss", 0, 3, MonitorMode::kMax, /*restore_best_weights=*/true);
     BackupAndRestore bar((dir_ / "backup").string());

@@ -76,8 +76,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_flag("--patience-rank0-only", patience_rank0_only,
-               "fault tests: give the EarlyStopping to rank 0 alone (wrong: the commits then "
-               "differ, and elastic::run refuses at the first one)");
+               "fault tests: give the EarlyStopping to rank 0 alone (wrong: the commits would "
+               "differ, and elastic::run refuses when fit() starts)");
   app.add_option("--commit-every", commit_every, "batches between commits")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -107,6 +107,17 @@ Tensor gather_slot(Strategy& s, const std::vector<Optimizer::SlotShard>& mine) {
   return whole.view(first.shape);
 }
 
+// Writes `d` as checkpoint `step` through `manager` where this task writes (the chief); elsewhere
+// (manager null) produces this worker's parts of the sharded entries, which the chief's gathers
+// need. Returns the path written, or "".
+std::string write_on_chief(CheckpointManager* manager, int64_t step, CheckpointData d) {
+  if (!manager) {
+    for (const auto& st : d.streamed) st.produce();
+    return {};
+  }
+  return manager->save(step, std::move(d));
+}
+
 }  // namespace
 
 Checkpoint::Checkpoint(Model& model, Optimizer* optimizer, Strategy* strategy)
@@ -180,13 +191,9 @@ bool Checkpoint::save(const std::string& path, const TrainingPosition& p,
 
 bool Checkpoint::save(CheckpointManager& manager, const TrainingPosition& p,
                       const std::map<std::string, std::string>& extra) const {
-  CheckpointData d = capture(p, extra);
-  if (!strategy_->extended().is_chief()) {
-    for (const auto& st : d.streamed) st.produce();
-    return false;
-  }
-  manager.save(p.global_step, std::move(d));
-  return true;
+  const bool chief = strategy_->extended().is_chief();
+  write_on_chief(chief ? &manager : nullptr, p.global_step, capture(p, extra));
+  return chief;
 }
 
 TrainingPosition Checkpoint::restore(const std::string& path,
@@ -449,12 +456,9 @@ void ModelCheckpoint::save(const TrainLogs& logs, int64_t epoch, int64_t step) {
   }
   TrainingPosition p{epoch, step, logs.global_step};
   const Checkpoint ckpt(model(), &optimizer(), &strategy());
-  CheckpointData d = ckpt.capture(p, {{"dtrain.monitor", monitor_}});
-  if (!manager_) {  // not the chief: its parts of sharded slots go to the chief's writer
-    for (const auto& st : d.streamed) st.produce();
-    return;
-  }
-  last_saved_ = manager_->save(p.global_step, std::move(d));
+  const std::string written = write_on_chief(manager_ ? &*manager_ : nullptr, p.global_step,
+                                             ckpt.capture(p, {{"dtrain.monitor", monitor_}}));
+  if (manager_) last_saved_ = written;
 }
 
 void ModelCheckpoint::on_train_batch_end(const TrainLogs& logs) {
@@ -545,11 +549,8 @@ void BackupAndRestore::backup(const TrainLogs&, const TrainingPosition& p) {
   CheckpointData d = ckpt.capture(p, extra);  // on every worker: reads may take part in collectives
   if (context().callback_states)
     detail::put_callback_states(context().callback_states(), d.metadata, d.tensors);
-  if (!strategy().extended().is_chief()) {
-    for (const auto& st : d.streamed) st.produce();  // the chief's gathers need this worker's parts
-    return;
-  }
-  manager_->save(p.global_step, std::move(d));
+  write_on_chief(strategy().extended().is_chief() ? &*manager_ : nullptr, p.global_step,
+                 std::move(d));
 }
 
 void BackupAndRestore::on_train_batch_end(const TrainLogs& logs) {

@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
   double lr_decay = 1;
   int patience = 0;
   double warmup_epochs = 0;
-  bool patience_rank0_only = false;
+  bool patience_rank0_only = false, keep_last_weights = false;
   uint64_t seed = 42;
   bool json = false;
   std::string data_dir, devices = "cpu", sharding = "none";
@@ -75,9 +75,12 @@ int main(int argc, char** argv) {
                  "Horovod's gradual warm-up over this many epochs (LearningRateWarmup; 0: none)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_flag("--keep-last-weights", keep_last_weights,
+               "the EarlyStopping of --patience keeps the last epoch's weights instead");
   app.add_flag("--patience-rank0-only", patience_rank0_only,
                "fault tests: give the EarlyStopping to rank 0 alone (wrong: the commits would "
-               "differ, and elastic::run refuses when fit() starts)");
+               "differ; fit() refuses when it starts, or with --keep-last-weights elastic::run "
+               "does)");
   app.add_option("--commit-every", commit_every, "batches between commits")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -140,7 +143,7 @@ int main(int argc, char** argv) {
     std::optional<dtrain::LearningRateWarmup> warmup;
     if (warmup_epochs > 0) warmup.emplace(warmup_epochs);
     dtrain::EarlyStopping stop("val_loss", 0, patience, dtrain::MonitorMode::kAuto,
-                               /*restore_best_weights=*/true);
+                               /*restore_best_weights=*/!keep_last_weights);
     dtrain::elastic::RunOptions ro;
     ro.commit_every = commit_every;
     // On every worker of a new round, newcomers too, after the restore: where a program would

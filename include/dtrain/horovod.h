@@ -186,6 +186,7 @@ class DTRAIN_API BroadcastGlobalVariablesCallback : public Callback {
  public:
   explicit BroadcastGlobalVariablesCallback(int root_rank = 0) : root_(root_rank) {}
   void on_train_begin(const TrainLogs& logs) override;
+  bool must_run_on_every_worker() const override { return true; }  // collective
 
  private:
   int root_;
@@ -196,6 +197,7 @@ class DTRAIN_API BroadcastGlobalVariablesCallback : public Callback {
 class DTRAIN_API MetricAverageCallback : public Callback {
  public:
   void on_epoch_end(const TrainLogs& logs) override;
+  bool must_run_on_every_worker() const override { return true; }  // collective
 };
 
 // hvd.callbacks.LearningRateWarmupCallback: dtrain::LearningRateWarmup over hvd::size() ranks.

@@ -1,9 +1,13 @@
 // Callbacks' states in a backup (callback_states.h).
 #include "train/callback_states.h"
 
+#include <cxxabi.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <typeinfo>
 
 #include "dtrain/core/error.h"
 #include "dtrain/core/logging.h"
@@ -24,6 +28,16 @@ double decode(const nlohmann::json& j) {
   if (s == "inf") return INFINITY;
   if (s == "-inf") return -INFINITY;
   throw DataLoss("'" + s + "' is not a number");
+}
+
+// A callback's name in messages: its state_key(), else its type's ("dtrain::BackupAndRestore").
+std::string describe(const Callback& c) {
+  if (std::string key = c.state_key(); !key.empty()) return key;
+  int status = 0;
+  char* name = abi::__cxa_demangle(typeid(c).name(), nullptr, nullptr, &status);
+  std::string out = status == 0 && name ? name : typeid(c).name();
+  std::free(name);
+  return out;
 }
 
 }  // namespace
@@ -140,6 +154,44 @@ void load_callback_states(const std::vector<Callback*>& callbacks,
                         << ", which no callback of this fit() has (the callbacks changed since); "
                            "it is dropped";
   }
+}
+
+void check_callbacks_on_every_worker(const std::vector<Callback*>& callbacks,
+                                     StrategyExtended& ext) {
+  std::vector<std::string> mine;
+  uint64_t h = 14695981039346656037ull;  // FNV-1a of their names, in order
+  for (const Callback* c : callbacks) {
+    if (!c->must_run_on_every_worker()) continue;
+    mine.push_back(describe(*c));
+    for (const char ch : mine.back()) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+    h = (h ^ 0xffu) * 1099511628211ull;
+  }
+  // Each worker's fingerprint (53 bits: exact in a double) and count in its own slots, zeros
+  // elsewhere: every worker learns every worker's, exactly.
+  const int n = ext.num_workers(), rank = ext.worker_rank();
+  std::vector<double> v(2 * static_cast<size_t>(n), 0.0);
+  v[static_cast<size_t>(rank)] = static_cast<double>(h >> 11);
+  v[static_cast<size_t>(n + rank)] = static_cast<double>(mine.size());
+  v = ext.sum_across_workers(std::move(v));
+  std::string others;
+  for (int w = 0; w < n; ++w) {
+    if (v[static_cast<size_t>(w)] == v[static_cast<size_t>(rank)]) continue;
+    const auto count = static_cast<int64_t>(v[static_cast<size_t>(n + w)]);
+    others += (others.empty() ? "" : "; ") + std::string("worker ") + std::to_string(w) + " runs " +
+              (count == 0 ? "none" : std::to_string(count)) +
+              (count == static_cast<int64_t>(mine.size()) ? ", others or in another order" : "");
+  }
+  if (others.empty()) return;
+  std::string names;
+  for (const std::string& m : mine) names += (names.empty() ? "" : ", ") + m;
+  throw FailedPrecondition(
+      "fit(): the workers run different callbacks where every worker must run the same: this "
+      "worker (" +
+      std::to_string(rank) + ") runs " + (names.empty() ? "none" : names) + "; " + others +
+      ". Such callbacks take part in collectives (a checkpoint of sharded state, "
+      "BackupAndRestore) or change what the replicas train with (the learning rate, "
+      "EarlyStopping's restored weights): give them to every worker, in the same order (only the "
+      "chief writes files). Callbacks that only print or log may run on some workers only.");
 }
 
 }  // namespace dtrain::detail

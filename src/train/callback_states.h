@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dtrain/core/tensor.h"
+#include "dtrain/strategies/strategy_extended.h"
 #include "dtrain/train/callbacks.h"
 
 namespace dtrain::detail {
@@ -48,5 +49,11 @@ std::vector<std::string> callback_state_keys(const std::vector<Callback*>& callb
 // says once, as a WARNING, which states no callback of this fit() took.
 void load_callback_states(const std::vector<Callback*>& callbacks,
                           const std::map<std::string, CallbackState>& states);
+
+// fit() under a synchronous multi-worker strategy, before on_train_begin (collective: one small
+// sum across the workers): throws FailedPrecondition naming them unless every worker runs the
+// same callbacks that must_run_on_every_worker(), in the same order.
+void check_callbacks_on_every_worker(const std::vector<Callback*>& callbacks,
+                                     StrategyExtended& ext);
 
 }  // namespace dtrain::detail

@@ -425,6 +425,12 @@ ModelCheckpoint::ModelCheckpoint(std::string directory, std::string monitor, boo
               (mode == MonitorMode::kAuto && monitor_.find("acc") != std::string::npos);
 }
 
+bool ModelCheckpoint::must_run_on_every_worker() const {
+  const Strategy& s = strategy();
+  return s.update_partition().has_value() ||
+         (is_ensemble(s) && s.extended().num_workers() > 1);  // capture() gathers
+}
+
 void ModelCheckpoint::on_train_begin(const TrainLogs&) {
   best_.reset();
   // The chief writes. A worker that was the chief of an elastic job's earlier round and is not

@@ -46,6 +46,7 @@ class CommitState final : public Callback {
     resume_.reset();
   }
   bool saves_backup() const override { return true; }
+  bool must_run_on_every_worker() const override { return true; }
   void on_train_batch_end(const TrainLogs& logs) override {
     last_global_step_ = logs.global_step;
     if (every_ > 0 && logs.global_step % every_ == 0 && !context().accumulating &&

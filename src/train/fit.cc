@@ -311,6 +311,8 @@ History fit(Strategy& strategy, Model& model, Optimizer& optimizer, const Datase
         1, (options.steps + steps_per_epoch * shard.count - 1) / (steps_per_epoch * shard.count)));
   logs.steps_per_epoch = steps_per_epoch;
   logs.learning_rate = optimizer.learning_rate();
+  // Before any callback's collective: the ones that must run on every worker do.
+  if (across_workers) detail::check_callbacks_on_every_worker(options.callbacks, ext);
   call(options.callbacks, &Callback::on_train_begin, logs);
   // Batch and epoch ends: the callbacks that save a backup last, so that it holds what the others
   // did at that point (EarlyStopping's count of the epoch just ended).

@@ -135,6 +135,44 @@ class Equivalence(unittest.TestCase):
             self.assertIn("took a batch", r.stdout)
 
 
+    def test_callbacks_that_must_run_on_every_worker_are_checked(self):
+        # Horovod's idiom, `if rank == 0: callbacks.append(...)`, for a callback that takes part in
+        # collectives or changes what the replicas train with: fit() refuses it on every worker before
+        # the first step, naming it (a ModelCheckpoint of sharded state met the other worker's
+        # gradient all-reduce as a 'collective mismatch' in the first epoch's end; a scheduler on the
+        # chief alone left the replicas apart without a word). A ModelCheckpoint without sharding
+        # stays the chief's alone.
+        with tempfile.TemporaryDirectory() as d:
+            ck = os.path.join(d, "ck")
+
+            def job(sharding, *extra):
+                cmd = [ARGS.launcher, "-np", "2", "--timeout", "120", "--", ARGS.trainer,
+                       "--strategy=multi_worker_mirrored", "--steps", "6", "--steps-per-epoch", "2",
+                       "--batch-size", "64", "--out", os.path.join(d, "w.bin"), "--callbacks-on-chief-only", *extra]
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=150,
+                                   env=dict(os.environ, DTRAIN_SHARDING=sharding))
+                return r.returncode, r.stdout + r.stderr
+
+            code, out = job("none", "--checkpoint-dir", ck)
+            self.assertEqual(code, 0, out)
+            self.assertEqual(sorted(f for f in os.listdir(ck) if f.endswith(".safetensors")),
+                             ["ckpt-2.safetensors", "ckpt-4.safetensors", "ckpt-6.safetensors"])
+            shutil.rmtree(ck)
+            for sharding, flags, name in (("optimizer_state", ["--checkpoint-dir", ck], "ModelCheckpoint(" + ck + ", loss)"),
+                                          ("none", ["--lr-decay", "0.5"], "LearningRateScheduler"),
+                                          ("parameters", ["--patience", "1"], "EarlyStopping(loss)")):
+                code, out = job(sharding, *flags)
+                self.assertNotEqual(code, 0, out)
+                self.assertNotIn("collective mismatch", out)
+                for rank, says in ((0, f"this worker (0) runs {name}; worker 1 runs none"),
+                                   (1, f"this worker (1) runs none; worker 0 runs 1")):
+                    self.assertIn(f"[worker:{rank}] error: FailedPrecondition: fit(): the workers run different "
+                                  "callbacks", out)
+                    self.assertIn(says, out)
+                self.assertNotIn("optimizer slot elements", out)  # neither trained on
+                self.assertFalse(os.path.exists(ck) and os.listdir(ck), out)
+
+
 class Mpi(unittest.TestCase):
     """The MPI backend: the same training under mpirun with DTRAIN_COLLECTIVE=mpi."""
 

@@ -4,6 +4,7 @@
 // multiworker_test.py to compare MultiWorkerMirrored (via dtrain-run) with OneDevice.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <optional>
 
 #include "common/models.h"
 #include "dtrain/dtrain.h"
@@ -29,6 +30,19 @@ int main(int argc, char** argv) {
   app.add_option("--model", model_name, dtrain::examples::model_names());
   bool sync_bn = false;
   app.add_flag("--sync-bn", sync_bn, "synchronized batch normalization");
+  std::string checkpoint_dir;
+  app.add_option("--checkpoint-dir", checkpoint_dir,
+                 "a ModelCheckpoint each epoch into this directory");
+  int patience = -1;
+  app.add_option("--patience", patience,
+                 "EarlyStopping on the loss with this patience, restoring the best weights");
+  double decay = 0;
+  app.add_option("--lr-decay", decay, "a LearningRateScheduler: the rate times this each epoch");
+  bool chief_only = false;
+  app.add_flag("--callbacks-on-chief-only", chief_only,
+               "the callbacks above on the chief only (Horovod's `if rank == 0` idiom)");
+  int64_t steps_per_epoch = 0;
+  app.add_option("--steps-per-epoch", steps_per_epoch, "epochs of this many steps");
   app.add_option("--out", out)->required();
   CLI11_PARSE(app, argc, argv);
   try {
@@ -61,6 +75,19 @@ int main(int argc, char** argv) {
     }
     dtrain::FitOptions f;
     f.steps = steps;
+    f.steps_per_epoch = steps_per_epoch;
+    std::optional<dtrain::ModelCheckpoint> checkpoint;
+    std::optional<dtrain::EarlyStopping> early;
+    std::optional<dtrain::LearningRateScheduler> scheduler;
+    if (!chief_only || strategy->extended().is_chief()) {
+      if (!checkpoint_dir.empty())
+        f.callbacks.push_back(&checkpoint.emplace(checkpoint_dir, "loss"));
+      if (patience >= 0)
+        f.callbacks.push_back(&early.emplace("loss", 0.0, patience, dtrain::MonitorMode::kAuto,
+                                             /*restore_best_weights=*/true));
+      if (decay > 0)
+        f.callbacks.push_back(&scheduler.emplace([decay](int, double lr) { return lr * decay; }));
+    }
     f.global_batch_size = batch;
     f.shuffle_seed = 11;
     const auto ds = dtrain::Dataset::from_tensors(

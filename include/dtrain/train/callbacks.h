@@ -115,6 +115,16 @@ class DTRAIN_API Callback {
   // commits): fit() calls its on_train_batch_end and on_epoch_end after every other callback's,
   // so that a backup taken there holds what they did at that batch or epoch.
   virtual bool saves_backup() const { return false; }
+  // Whether, under strategy(), this callback must run on every worker of a synchronous
+  // multi-worker job: true where its hooks take part in collectives (a checkpoint of sharded
+  // state, BackupAndRestore) or change what the replicas train with (the learning rate,
+  // EarlyStopping's restored weights). fit() asks it with the context set, before
+  // on_train_begin, and throws FailedPrecondition naming them unless every worker runs the same
+  // such callbacks in the same order; the others may run on some workers only (Horovod's
+  // `if (rank == 0) callbacks.push_back(...)`: ProgressBar, CSVLogger, TensorBoard, and
+  // ModelCheckpoint where nothing is sharded). Keras and Horovod do not check: a collective
+  // mismatch later, or replicas that drift apart silently.
+  virtual bool must_run_on_every_worker() const { return false; }
 
   virtual void on_train_begin(const TrainLogs&) {}
   virtual void on_train_end(const TrainLogs&) {}
@@ -174,6 +184,8 @@ class DTRAIN_API EarlyStopping : public Callback {
   void on_epoch_end(const TrainLogs& logs) override;
   void on_train_end(const TrainLogs& logs) override;
   std::string state_key() const override { return "EarlyStopping(" + monitor_ + ")"; }
+  // With restore_best_weights (the restored weights); stopping alone is agreed among the workers.
+  bool must_run_on_every_worker() const override { return restore_best_; }
   CallbackState state_dict() const override;
   void load_state_dict(const CallbackState& state) override;
   int stopped_epoch() const { return stopped_epoch_; }  // 0-based; -1 when it did not stop
@@ -232,6 +244,7 @@ class DTRAIN_API LearningRateScheduler : public Callback {
   void on_train_begin(const TrainLogs& logs) override;
   void on_epoch_begin(const TrainLogs& logs) override;
   std::string state_key() const override { return "LearningRateScheduler"; }
+  bool must_run_on_every_worker() const override { return true; }
   CallbackState state_dict() const override;
   void load_state_dict(const CallbackState& state) override;
 
@@ -255,6 +268,7 @@ class DTRAIN_API LearningRateWarmup : public Callback {
   void on_train_batch_begin(const TrainLogs& logs) override;
   void on_train_end(
       const TrainLogs& logs) override;  // hands the schedule back if warm-up was cut short
+  bool must_run_on_every_worker() const override { return true; }
 
  private:
   double warmup_epochs_;

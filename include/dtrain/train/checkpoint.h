@@ -99,6 +99,9 @@ class DTRAIN_API ModelCheckpoint : public Callback {
   }
   CallbackState state_dict() const override;
   void load_state_dict(const CallbackState& state) override;
+  // Where its checkpoints gather from every worker: sharded optimizer state or parameters, or an
+  // ensemble's members over several workers. Elsewhere the chief alone may run it.
+  bool must_run_on_every_worker() const override;
   const std::string& last_saved() const { return last_saved_; }
 
  private:
@@ -131,6 +134,7 @@ class DTRAIN_API BackupAndRestore : public Callback {
   void on_epoch_end(const TrainLogs& logs) override;
   void on_train_end(const TrainLogs& logs) override;
   bool saves_backup() const override { return true; }
+  bool must_run_on_every_worker() const override { return true; }
   // Where the last on_train_begin resumed from (nullopt: started afresh).
   const std::optional<TrainingPosition>& restored() const { return restored_; }
 

@@ -185,6 +185,20 @@ class Basics(unittest.TestCase):
             job.stop()
 
 
+    def test_two_stop_signals_at_once_still_end_the_ps_with_0(self):
+        # Ctrl-C and a launcher's SIGTERM arrive together: the server takes the first, and the second,
+        # still pending when serve_parameter_server() gives the caller its signal mask back, must not
+        # kill the process after its clean stop (it ended with -15 or -2 before).
+        for first, second in ((signal.SIGINT, signal.SIGTERM), (signal.SIGTERM, signal.SIGINT)):
+            job = Job(1, 1)
+            job.start_ps([ARGS.check])
+            job.wait_for("ps", 0, "serving on", 30)
+            p = job.procs[("ps", 0)]
+            p.send_signal(first)
+            p.send_signal(second)
+            code, _, err = job.finish("ps", 0, 10)
+            self.assertEqual(code, 0, f"{first.name} then {second.name}: {err[-2000:]}")
+
     def test_staleness_bound_holds_the_fast_worker_back(self):
         times = {}
         for k in (-1, 2):

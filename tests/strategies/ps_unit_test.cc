@@ -1,7 +1,15 @@
 // Unit tests of the pieces of ParameterServerStrategy that need no processes: partitioners, shard
 // rows, optimizer configs (how a server rebuilds the job's optimizer), and refused configurations.
 // The strategy itself is tested with real processes in tests/ps/ps_test.py.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <string>
 
 #include "dtrain/cluster/cluster_resolver.h"
 #include "dtrain/nn/optimizers.h"
@@ -135,6 +143,37 @@ TEST(ParameterServerStrategy, UnreachableServerIsNamed) {
   } catch (const DeadlineExceeded& e) {
     EXPECT_NE(std::string(e.what()).find("ps:0 (127.0.0.1:9)"), std::string::npos) << e.what();
   }
+}
+
+// serve_parameter_server() blocks SIGTERM and SIGINT to wait for them; however it returns (here:
+// its port is taken, so it throws), the caller gets its own signal mask back.
+TEST(ParameterServerStrategy, ServingGivesTheSignalMaskBackWhenItThrows) {
+  const int taken = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(taken, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(taken, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(taken, 1), 0);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(::getsockname(taken, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string port = std::to_string(ntohs(a.sin_port));
+  sigset_t before, after;
+  pthread_sigmask(SIG_SETMASK, nullptr, &before);
+  ASSERT_FALSE(sigismember(&before, SIGTERM));
+  try {
+    serve_parameter_server(
+        cluster_of(R"({"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:)" + port +
+                   R"("]}, "task": {"type": "ps", "index": 0}})"),
+        "a-token-of-sixteen-chars");
+    FAIL() << "served on a port that is taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(port), std::string::npos) << e.what();
+  }
+  pthread_sigmask(SIG_SETMASK, nullptr, &after);
+  EXPECT_FALSE(sigismember(&after, SIGTERM));
+  EXPECT_FALSE(sigismember(&after, SIGINT));
+  ::close(taken);
 }
 
 TEST(MultiWorkerMirrored, NcclOnCpuDevicesIsRefused) {

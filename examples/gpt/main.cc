@@ -128,7 +128,8 @@ int main(int argc, char** argv) {
   std::string corpus_dir, token_file, prompt, checkpoint_dir, backup_dir, restore_path, csv_path;
   std::string window_order = "random";
   int timing_warmup = 5;
-  int threads = 0, epochs = 5, top_k = 20, max_new_tokens = 0, heads = 0, layers = 0;
+  int threads = 0, epochs = 5, top_k = 20, max_new_tokens = 0, heads = 0, layers = 0, patience = 0;
+  double min_delta = 0;
   int64_t steps_per_epoch = 200, batch = 32, context = 128, warmup = 100, val_windows = 256,
           steps = 0, dim = 0, backup_every = 0;
   float lr = 1e-3f, weight_decay = 0.1f, dropout = 0.f, temperature = 0.8f;
@@ -199,6 +200,12 @@ int main(int argc, char** argv) {
   app.add_option("--backup-every", backup_every, "also back up every this many steps");
   app.add_option("--restore", restore_path, "start from this checkpoint (any strategy's)");
   app.add_flag("--generate-only", generate_only, "with --restore: sample, do not train");
+  app.add_option("--patience", patience,
+                 "EarlyStopping on val_loss with this patience, restoring the best epoch's weights "
+                 "(0: none)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--min-delta", min_delta, "EarlyStopping's least improvement, in nats")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--csv-log", csv_path, "append one CSV row of logs per epoch (chief)");
   app.add_flag("--json", json, "print one JSON object with the results as the last line");
   CLI11_PARSE(app, argc, argv);
@@ -325,6 +332,11 @@ int main(int argc, char** argv) {
           fit.callbacks.push_back(&ckpt.emplace(checkpoint_dir, "val_loss"));
         std::optional<dtrain::CSVLogger> csv;
         if (!csv_path.empty()) fit.callbacks.push_back(&csv.emplace(csv_path));
+        std::optional<dtrain::EarlyStopping> early;
+        if (patience > 0)
+          fit.callbacks.push_back(&early.emplace("val_loss", min_delta, patience,
+                                                 dtrain::MonitorMode::kMin,
+                                                 /*restore_best_weights=*/true));
         fit.callbacks.push_back(&progress);
         fit.callbacks.push_back(&report);
         h = dtrain::fit(strategy, *model, *optimizer, train, &val, fit);

@@ -30,14 +30,16 @@ double decode(const nlohmann::json& j) {
   throw DataLoss("'" + s + "' is not a number");
 }
 
-// A callback's name in messages: its state_key(), else its type's ("dtrain::BackupAndRestore").
+// A callback's name in messages: its state_key(), else its type's without namespaces
+// ("BackupAndRestore").
 std::string describe(const Callback& c) {
   if (std::string key = c.state_key(); !key.empty()) return key;
   int status = 0;
   char* name = abi::__cxa_demangle(typeid(c).name(), nullptr, nullptr, &status);
   std::string out = status == 0 && name ? name : typeid(c).name();
   std::free(name);
-  return out;
+  const size_t colons = out.rfind("::", out.find('<'));
+  return colons == std::string::npos ? out : out.substr(colons + 2);
 }
 
 }  // namespace

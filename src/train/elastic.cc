@@ -28,8 +28,10 @@ class CommitState final : public Callback {
       : job_(job), strategy_(strategy), every_(every), state_(strategy, model, optimizer) {}
 
   void on_train_begin(const TrainLogs&) override {
-    // The same stateful callbacks on every worker, checked before the first collective of this
-    // fit() (EarlyStopping's gather under ZeRO-3 would meet another worker's commit instead).
+    // The same stateful callbacks on every worker (any with a state_key(): the commits hold their
+    // states), checked before this fit()'s first commit; fit() has checked the ones that must run
+    // on every worker just before (EarlyStopping's gather under ZeRO-3 would meet another
+    // worker's commit).
     if (context().callback_states)
       sum_checking_layout(0,
                           dtrain::detail::callback_states_layout(context().callback_states(),

@@ -167,6 +167,22 @@ def zero3(dtrain_run, gpt, d, rng):
     if vals[0] != vals[1]:
         sys.exit(f"one validation window: ZeRO-3 {vals[0]}, ZeRO-2 {vals[1]}")
     print(f"ok: GPT, 2 workers, one validation window (a worker with no rows): ZeRO-3 = ZeRO-2 ({vals[0]})")
+    # EarlyStopping(restore_best_weights) on every worker under ZeRO-3: at the best epoch's end it
+    # gathers each block's parts whole from both processes, and when it stops each replica takes its
+    # part of them back. With min_delta 100 nats no epoch beats the first: it stops after the second,
+    # and the final weights are the first epoch's (its ModelCheckpoint file, ckpt-8), bitwise the
+    # ZeRO-2 job's.
+    es = ["--patience", "1", "--min-delta", "100"]
+    z3es, text = job(2, "parameters", "z3-es", es)
+    z2es, _ = job(2, "gradients", "z2-es", es)
+    same(z2es, z3es, "GPT, 2 workers, EarlyStopping restoring the best weights: ZeRO-3 vs ZeRO-2")
+    final, first = tensors(z3es), tensors(f"{d}/gpt-z3-es/ckpt-8.safetensors")
+    model = [k for k in final if not k.startswith(("optimizer/", "rng/"))]
+    if len(model) < 10 or any(final[k] != first[k] for k in model):
+        sys.exit(f"ZeRO-3 EarlyStopping: the final weights are not the first epoch's ({len(model)} compared):\n{text}")
+    if os.path.exists(f"{d}/gpt-z3-es/ckpt-24.safetensors"):
+        sys.exit("ZeRO-3 EarlyStopping: the job did not stop after the second epoch")
+    print(f"ok: ZeRO-3 EarlyStopping: its {len(model)} model tensors are the first epoch's")
     ref3, _ = job(3, "none", "ref3")
     z2, _ = job(3, "gradients", "z2x3", ["--recompute"])
     got3, text = job(3, "parameters", "z3x3", ["--recompute", "--json"])

@@ -24,6 +24,10 @@ ClusterResolution::ClusterResolution(ClusterSpec cluster, TaskType type, int ind
   if (n == 0 && type != TaskType::kEvaluator)
     throw InvalidArgument(where + ": the cluster " + cluster_.to_json() + " has no \"" + job +
                           "\" job; add it or pick a task type the cluster has");
+  if (n == 0 && index != 0)
+    throw InvalidArgument(where +
+                          " is out of range: an evaluator outside the cluster is task "
+                          "evaluator:0 (a job has at most one evaluator)");
   if (n > 0 && index >= n)
     throw InvalidArgument(where + " is out of range: job \"" + job + "\" has " + std::to_string(n) +
                           " task(s), indices 0.." + std::to_string(n - 1));

@@ -188,6 +188,10 @@ ClusterResolution resolve(const std::string& text) {
          ", so the index must be in 0.." + std::to_string(n - 1));
   if (value > static_cast<uint64_t>(std::numeric_limits<int>::max()))
     fail("\"task\".\"index\" " + brief(index) + " is too large");
+  if (n == 0 && value != 0)  // at most one evaluator, in the cluster or not
+    fail(
+        "\"task\".\"index\" " + brief(index) +
+        " is out of range: an evaluator outside \"cluster\" is task evaluator:0; set \"index\": 0");
   return ClusterResolution(spec, *type, static_cast<int>(value), "TF_CONFIG");
 }
 

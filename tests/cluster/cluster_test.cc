@@ -197,6 +197,9 @@ TEST(TfConfigRejects, TaskIndex) {
   expect_rejected(full_config("chief", 1), {"1 is out of range", "has 1 task,", "0..0"});
   expect_rejected(config(kWorkers, R"({"type": "evaluator", "index": 99999999999})"),
                   {"99999999999 is too large"});
+  // An evaluator outside the cluster is evaluator:0, the only one a job has.
+  expect_rejected(config(kWorkers, R"({"type": "evaluator", "index": 7})"),
+                  {"7 is out of range", "evaluator:0", R"("index": 0)"});
 }
 
 TEST(TfConfigRejects, UnknownJob) {

@@ -67,6 +67,8 @@ def main():
         sys.stdout.flush()
         with open(os.path.join(args.report_dir, f"{task}.{name}"), "w") as f:
             f.write("1")
+        with open(os.path.join(args.report_dir, f"{task}.signals"), "a") as f:  # every one, in order
+            f.write(name + "\n")
         mode = args.on_term if signum == signal.SIGTERM else args.on_int
         if mode == "exit0":
             os._exit(0)
@@ -102,6 +104,7 @@ def main():
         "pid": os.getpid(),
         "grandchild_pid": grandchild.pid if grandchild else None,
         "stdin_is_devnull": os.path.samestat(os.fstat(0), os.stat(os.devnull)),
+        "blocked_signals": [int(l.split()[1], 16) for l in open("/proc/self/status") if l.startswith("SigBlk:")][0],
     }
     for name in (f"{task}#{instance}.json", f"{task}.json"):
         tmp = os.path.join(args.report_dir, f".{task}.tmp")

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 import unittest
@@ -218,6 +219,29 @@ class Failure(LauncherCase):
         self.assertNotIn("SIGKILL", err)
         self.assert_gone([r["pid"] for r in reports.values()])
 
+    def test_relaunched_tasks_get_the_launchers_signal_mask(self):
+        # --max-restarts: every launch's tasks start with the signal mask dtrain-run started with
+        # (the relaunch's tasks had SIGTERM, SIGINT and SIGHUP blocked: a program without its own
+        # sigwait then ignored the forwarded SIGTERM until the SIGKILL after --grace).
+        status, _, err, _ = self.run_launcher(["-np", "1", "--max-restarts", "2"], self.fake(
+            "--fail-task", "worker:0", "--fail-code", "3"), timeout=30)
+        self.assertEqual(status, 3, err)
+        masks = [self.report(f"worker:0#{i}")["blocked_signals"] for i in range(3)]
+        stops = sum(1 << (s - 1) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD))
+        self.assertEqual([m & stops for m in masks], [0, 0, 0], err)
+        self.assertEqual(err.count("relaunching all of it"), 2, err)
+
+    def test_a_stop_signal_before_a_relaunch_ends_the_job(self):
+        # Ctrl-C while a failed launch is ending, or in the second before its relaunch: no relaunch.
+        p = self.start_launcher(["-np", "1", "--max-restarts", "3"], self.fake(
+            "--fail-task", "worker:0", "--fail-code", "3", "--fail-after", "0.3"))
+        self.assertTrue(wait_until(lambda: os.path.exists(os.path.join(self.dir, "worker:0.json")), 10))
+        time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        status, _, err = self.finish(p, timeout=20)
+        self.assertIn(status, (3, 128 + signal.SIGINT), err)
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "worker:0#1.json")), err)
+
     def test_timeout(self):
         status, _, err, secs = self.run_launcher(["-np", "2", "--timeout", "2.5"],
                                                  self.fake("--sleep", "60"), timeout=20)
@@ -267,6 +291,52 @@ class Signals(LauncherCase):
         self.assertEqual(status, 128 + signal.SIGINT, err)
         self.assertIn("second interrupt", err)
         self.assert_gone([r["pid"] for r in reports.values()])
+
+    def test_a_signal_while_stopping_is_not_forwarded_again(self):
+        # worker:1 fails; the launcher sends worker:0 its SIGTERM, which worker:0 takes 2 s to act on
+        # (a backup being written). A SIGTERM and a first Ctrl-C sent to the launcher meanwhile must
+        # not reach worker:0 again (dtrain's programs take a second stop signal as "die now"), nor
+        # kill it: it ends in its own time, and the job with the failure's status.
+        p = self.start_launcher(["-np", "2", "--grace", "8"], self.fake(
+            "--fail-task", "worker:1", "--fail-code", "3", "--fail-after", "0.5", "--sleep", "60",
+            "--on-term", "slow-exit0", "--on-term-tasks", "worker:0", "--term-delay", "2",
+            "--wait-for", "worker:0,worker:1"))
+        self.wait_reports(["worker:0", "worker:1"])
+        self.assertTrue(wait_until(lambda: os.path.exists(os.path.join(self.dir, "worker:0.SIGTERM")), 10),
+                        "worker:0 got no SIGTERM after worker:1 failed")
+        p.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        p.send_signal(signal.SIGINT)
+        status, out, err = self.finish(p, timeout=20)
+        self.assertEqual(status, 3, err)
+        with open(os.path.join(self.dir, "worker:0.signals")) as f:
+            self.assertEqual(f.read().split(), ["SIGTERM"], err)
+        self.assertIn("[worker:0] finished 2.0 s after SIGTERM", out)
+        self.assertNotIn("second interrupt", err)
+        self.assertIn("got SIGTERM while stopping the job", err)
+
+    def test_a_hung_discovery_script_is_killed_and_the_launcher_goes_on(self):
+        # An elastic job's host discovery script that never ends: killed after 10 s, and the job goes
+        # on, its output relayed and a SIGTERM acted on at once. It was read in the launcher's loop,
+        # which it held for up to 10 s at each run (`timeout 10`): a SIGTERM took 8.9 s to act on.
+        script = os.path.join(self.dir, "discover.sh")
+        with open(script, "w") as f:
+            f.write("#!/bin/sh\necho localhost:2\nexec sleep 100\n")
+        os.chmod(script, 0o755)
+        p = self.start_launcher(["--min-np", "1", "--max-np", "2", "-np", "1", "--host-discovery-script", script],
+                                self.fake("--sleep", "60", "--on-term", "exit0"))
+        reports = self.wait_reports(["worker:0"])
+        time.sleep(11)
+        self.assertIsNone(p.poll(), "the job ended on its own")
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        status, out, err = self.finish(p, timeout=10)
+        self.assertLess(time.monotonic() - t0, 5, err)
+        self.assertEqual(status, 128 + signal.SIGTERM, err)
+        self.assertIn("did not finish within 10 s; killed it (SIGKILL)", err)
+        self.assertIn("[worker:0] got SIGTERM", out)
+        self.assert_gone([reports["worker:0"]["pid"]])
+        self.assertFalse(subprocess.run(["pgrep", "-f", script], capture_output=True).stdout, "the script lives on")
 
     def test_children_die_with_a_killed_launcher(self):
         p = self.start_launcher(["-np", "2"], self.fake("--sleep", "60"))
@@ -541,6 +611,13 @@ class BadUsage(LauncherCase):
 
     def test_bad_number(self):
         self.check(["-np", "two"], "two", ["true"])
+
+    def test_values_out_of_range(self):
+        # Each refused when parsed (a port past 65535 failed only in the tasks; an elastic timeout of
+        # 1e10 s overflowed an int).
+        for flag, value in (("--port-base", "70000"), ("--port-base", "-5"), ("--elastic-timeout", "1e10"),
+                            ("--elastic-settle", "-1")):
+            self.check(["-np", "2", flag, value], flag, ["true"])
 
     def test_restart_workers_needs_ps(self):
         self.check(["-np", "2", "--restart-workers=1"],

@@ -80,6 +80,23 @@ def main():
         for i in range(3):
             assert f"worker:{i} 192.0.2.1{i}/24" in where, where
         print("ok: dtrain-run --netns puts task i on host i")
+        # --max-restarts keeps the test hosts' addresses on the relaunch (it gave every task
+        # 127.0.0.1 and a port free in the launcher's namespace instead).
+        marker = f"/tmp/{prefix}-relaunch"
+        if os.path.exists(marker): os.remove(marker)
+        r = sh(dtrain_run, "--netns", prefix, "-np", "2", "--max-restarts", "1", "--", "sh", "-c",
+               'echo "$DTRAIN_TASK $(ip -4 -o addr show eth0 | awk \'{print $4}\') $TF_CONFIG"; '
+               f'[ -e {marker} ] || {{ touch {marker}; exit 3; }}')
+        os.remove(marker)
+        runs = [l for l in r.stdout.splitlines() if "TF_CONFIG" not in l and '"cluster"' in l]
+        assert len(runs) >= 3 and "relaunching all of it" in r.stderr, r.stdout + r.stderr
+        for line in runs[-2:]:  # the relaunch's two tasks (a task of the first may be stopped unheard)
+            task, addr, config = line.split("] ", 1)[-1].split(" ", 2)
+            cluster = json.loads(config)["cluster"]["worker"]
+            assert all(a.startswith("192.0.2.1") for a in cluster), line
+            i = int(task.split(":")[1])
+            assert addr == f"192.0.2.1{i}/24" and cluster[i].startswith(f"192.0.2.1{i}:"), line
+        print("ok: dtrain-run --netns --max-restarts relaunches on the test hosts' addresses")
 
         quick = ["--no-eval", "--steps=20", "--train-limit=4096", "--batch-size=96", "--json"]
         rows, r = job_json(["-np", "3", "--", example, "--strategy=multi_worker_mirrored"] + quick, 3)

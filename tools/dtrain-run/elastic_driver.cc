@@ -2,15 +2,18 @@
 
 #include <fcntl.h>
 #include <sched.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <set>
 #include <stdexcept>
 
 #include "cluster_config.h"
 #include "dtrain/train/elastic.h"
+#include "spawn.h"
 
 namespace dtrain::run {
 namespace {
@@ -45,8 +48,13 @@ auto in_netns(const std::string& ns, F make) {
 
 }  // namespace
 
-ElasticDriver::ElasticDriver(ElasticOptions options, const std::string& token)
-    : o_(std::move(options)), token_(token), next_tick_(Clock::now()) {
+ElasticDriver::ElasticDriver(ElasticOptions options, const std::string& token,
+                             const sigset_t& child_mask, int stdin_fd)
+    : o_(std::move(options)),
+      token_(token),
+      next_tick_(Clock::now()),
+      child_mask_(child_mask),
+      stdin_fd_(stdin_fd) {
   elastic::RendezvousOptions r;
   r.address = o_.rendezvous_address;
   r.token = token;
@@ -57,7 +65,7 @@ ElasticDriver::ElasticDriver(ElasticOptions options, const std::string& token)
       in_netns(o_.rendezvous_netns, [&] { return std::make_unique<elastic::RendezvousServer>(r); });
 }
 
-ElasticDriver::~ElasticDriver() = default;
+ElasticDriver::~ElasticDriver() { end_discovery(); }
 
 ElasticSpawn ElasticDriver::make_spawn(const ElasticHost& host) {
   if (next_id_ >= elastic::Job::kMaxWorkers)
@@ -112,21 +120,80 @@ std::vector<ElasticSpawn> ElasticDriver::initial() {
   return out;
 }
 
-bool ElasticDriver::read_discovery(std::vector<ElasticHost>* hosts, std::string* error) const {
-  FILE* p = ::popen(("timeout 10 " + shell_quote(o_.discovery_script) + " 2>&1").c_str(), "r");
-  if (!p) {
-    *error = "cannot run the host discovery script";
-    return false;
+void ElasticDriver::end_discovery() {
+  if (script_.pid > 0) {
+    ::kill(-script_.pid, SIGKILL);
+    int status = 0;
+    while (::waitpid(script_.pid, &status, 0) < 0 && errno == EINTR) {
+    }
   }
-  std::string text;
-  char buf[512];
-  while (std::fgets(buf, sizeof(buf), p)) text += buf;
-  const int status = ::pclose(p);
-  if (status != 0) {
-    *error = "the host discovery script " + o_.discovery_script + " failed (status " +
-             std::to_string(status) + "): " + text.substr(0, 200);
-    return false;
+  for (int& fd : script_.fds)
+    if (fd >= 0) {
+      ::close(fd);
+      fd = -1;
+    }
+  script_ = Discovery{};
+}
+
+bool ElasticDriver::poll_discovery(Clock::time_point now, std::string* text, std::string* error) {
+  if (script_.pid < 0) {
+    Spawned s;
+    std::vector<std::string> env;
+    for (char** e = ::environ; *e; ++e) env.emplace_back(*e);
+    const std::string err =
+        spawn({o_.discovery_script}, env, stdin_fd_, child_mask_, /*cpus=*/{}, s);
+    if (!err.empty()) {
+      *error = "cannot run the host discovery script " + o_.discovery_script + ": " + err;
+      return true;
+    }
+    script_.pid = s.pid;
+    script_.fds[0] = s.out_fd;
+    script_.fds[1] = s.err_fd;
+    script_.deadline = now + std::chrono::seconds(10);
   }
+  // What it wrote so far (the pipes do not block); its output ends with both pipes.
+  char buf[4096];
+  for (int w = 0; w < 2; ++w) {
+    std::string& into = w == 0 ? script_.out : script_.err;
+    while (script_.fds[w] >= 0) {
+      const ssize_t n = ::read(script_.fds[w], buf, sizeof(buf));
+      if (n > 0) {
+        if (into.size() < (1u << 20)) into.append(buf, static_cast<size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EAGAIN) break;
+      ::close(script_.fds[w]);
+      script_.fds[w] = -1;
+    }
+  }
+  int status = 0;
+  const bool open = script_.fds[0] >= 0 || script_.fds[1] >= 0;
+  const pid_t r = open ? 0 : ::waitpid(script_.pid, &status, WNOHANG);
+  if (r == 0 || (r < 0 && errno == EINTR)) {
+    if (now < script_.deadline) return false;
+    *error = "the host discovery script " + o_.discovery_script +
+             " did not finish within 10 s; killed it (SIGKILL)";
+    end_discovery();
+    return true;
+  }
+  std::string errors = script_.err.substr(0, 200);
+  *text = std::move(script_.out);
+  script_.pid = -1;  // reaped
+  end_discovery();
+  if (r < 0) {
+    *error = "cannot wait for the host discovery script " + o_.discovery_script;
+  } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    *error = "the host discovery script " + o_.discovery_script + " failed (" +
+             (WIFEXITED(status) ? "status " + std::to_string(WEXITSTATUS(status))
+                                : "killed by signal " + std::to_string(WTERMSIG(status))) +
+             ")" + (errors.empty() ? "" : ": " + errors);
+  }
+  return true;
+}
+
+bool ElasticDriver::parse_discovery(const std::string& text, std::vector<ElasticHost>* hosts,
+                                    std::string* error) const {
   try {
     std::string spec;
     for (char c : text) spec += (c == '\n' ? ',' : c);
@@ -153,10 +220,15 @@ bool ElasticDriver::read_discovery(std::vector<ElasticHost>* hosts, std::string*
 std::vector<ElasticSpawn> ElasticDriver::tick(Clock::time_point now, std::vector<int>* stop) {
   std::vector<ElasticSpawn> out;
   if (o_.discovery_script.empty() || now < next_tick_) return out;
+  std::string text, error;
+  if (!poll_discovery(now, &text, &error)) {
+    next_tick_ = now + std::chrono::milliseconds(50);  // running: look again soon
+    return out;
+  }
   next_tick_ = now + std::chrono::seconds(1);
   std::vector<ElasticHost> hosts;
-  std::string error;
-  if (!read_discovery(&hosts, &error)) {
+  if (error.empty()) parse_discovery(text, &hosts, &error);
+  if (!error.empty()) {
     if (error != last_error_)
       std::fprintf(stderr, "dtrain-run: elastic: %s; keeping the workers as they are\n",
                    error.c_str());

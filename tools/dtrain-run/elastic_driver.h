@@ -2,13 +2,19 @@
 // (dtrain/train/elastic.h), decides where workers run and when new ones start.
 //
 // Hosts come from -H / --netns / localhost at the start and, with --host-discovery-script, from the
-// script's output ("host:slots" per line, as horovodrun's) read every second: while fewer workers
+// script's output ("host:slots" per line, as horovodrun's) read every second (the script runs
+// beside the supervisor's loop, in its own process group with the launcher's original signal mask;
+// one that has not finished within 10 s is killed, SIGKILL to its group, and counts as failed):
+// while fewer workers
 // run than min(--max-np, the slots listed), a worker is started on a listed host with a free slot;
 // the workers of a host that is no longer listed are stopped (SIGTERM). Without a script nothing is
 // started after the first workers: the job goes on with the survivors while at least --min-np
 // remain. Each worker gets a launcher id (0, 1, ... never reused) that names it ("worker:<id>") and
 // keys it at the rendezvous. Not thread-safe: the supervisor's thread only.
 #pragma once
+
+#include <signal.h>
+#include <sys/types.h>
 
 #include <chrono>
 #include <map>
@@ -54,12 +60,15 @@ struct ElasticSpawn {
 class ElasticDriver {
  public:
   // Starts the rendezvous. Throws std::runtime_error (or a dtrain::Error) when it cannot listen.
-  ElasticDriver(ElasticOptions options, const std::string& token);
+  // The discovery script gets `child_mask` as its signal mask and `stdin_fd` as its stdin.
+  ElasticDriver(ElasticOptions options, const std::string& token, const sigset_t& child_mask,
+                int stdin_fd);
   ~ElasticDriver();
   // The first np workers.
   std::vector<ElasticSpawn> initial();
-  // Reads the discovery script when due; returns workers to start now. `stop` gets the ids of
-  // running workers whose host is no longer listed.
+  // Starts the discovery script when due, or reads what it wrote so far without waiting; once it
+  // has ended, returns workers to start now, and `stop` gets the ids of running workers whose host
+  // is no longer listed.
   std::vector<ElasticSpawn> tick(std::chrono::steady_clock::time_point now, std::vector<int>* stop);
   // `failed`: a non-zero exit. A host whose workers keep failing gets no new worker for a while (10
   // s after the second failure there, doubling after each), as Horovod blacklists a failing host.
@@ -71,7 +80,12 @@ class ElasticDriver {
 
  private:
   ElasticSpawn make_spawn(const ElasticHost& host);
-  bool read_discovery(std::vector<ElasticHost>* hosts, std::string* error) const;
+  // false while the script runs; true once it ended, with *error set when it failed.
+  bool poll_discovery(std::chrono::steady_clock::time_point now, std::string* text,
+                      std::string* error);
+  bool parse_discovery(const std::string& text, std::vector<ElasticHost>* hosts,
+                       std::string* error) const;
+  void end_discovery();  // kills the script's group (if still running), reaps it, closes its pipes
   ElasticOptions o_;
   std::string token_;
   std::unique_ptr<elastic::RendezvousServer> server_;
@@ -85,6 +99,14 @@ class ElasticDriver {
   int next_id_ = 0;
   std::chrono::steady_clock::time_point next_tick_;
   std::string last_error_;
+  sigset_t child_mask_{};
+  int stdin_fd_ = -1;
+  struct Discovery {
+    pid_t pid = -1;  // also its process group
+    int fds[2] = {-1, -1};
+    std::string out, err;
+    std::chrono::steady_clock::time_point deadline{};
+  } script_;
 };
 
 }  // namespace dtrain::run

@@ -70,6 +70,16 @@ bool Supervisor::setup_signals() {
     sigaddset(&mask, sig);
   }
   if (::sigprocmask(SIG_BLOCK, &mask, &old_mask_) != 0) return false;
+  // The children's mask is the one this process started with: a relaunch (--max-restarts) makes a
+  // new supervisor after the last one left these signals blocked, which its children would inherit
+  // (a program without its own sigwait would then ignore SIGTERM and die only at SIGKILL).
+  static sigset_t started_with;
+  static bool saved = false;
+  if (!saved) {
+    started_with = old_mask_;
+    saved = true;
+  }
+  old_mask_ = started_with;
   sfd_ = ::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
   return sfd_ >= 0;
 }
@@ -149,13 +159,29 @@ void Supervisor::begin_stop(int sig) {
 }
 
 void Supervisor::on_signal(int sig) {
-  if (sig == SIGINT && stopping_) {
+  signalled_ = true;
+  if (sig == SIGINT && ++interrupts_ >= 2) {
     log_line("second interrupt; killing all tasks (SIGKILL)");
     for (auto& c : children_) signal_child(c, SIGKILL);
     return;
   }
-  if (stopping_) {  // already stopping for another reason: pass it on, keep the exit status
-    for (auto& c : children_) signal_child(c, sig);
+  if (stopping_) {
+    // Already stopping (a failure, --timeout, the end of a ps job): a task asked to stop gets no
+    // second signal, which dtrain's programs take as "die now" (a backup being written would be
+    // lost); its SIGKILL comes within --grace from now (sooner than the evaluator's longer grace).
+    log_line("got " + signal_name(sig) + " while stopping the job; SIGKILL after " +
+             seconds_text(o_.grace_s) + " s" + (sig == SIGINT ? ", or at a second Ctrl-C" : ""));
+    for (auto& c : children_) {
+      if (!c.stop_requested) {
+        signal_child(c, sig);
+        continue;
+      }
+      const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(grace_);
+      if (!c.sigkilled && deadline < c.kill_at) {
+        c.kill_at = deadline;
+        c.kill_after_s = grace_.count();
+      }
+    }
     return;
   }
   log_line("got " + signal_name(sig) + "; forwarding it to every task (SIGKILL after " +
@@ -304,9 +330,10 @@ void Supervisor::log_summary() const {
 
 void Supervisor::check_deadlines(Clock::time_point now) {
   if (!stopping_ && now >= job_deadline_) {
-    log_line("timed out after " + seconds_text(o_.timeout_s) +
-             " s (--timeout); stopping all tasks (SIGTERM, SIGKILL after " +
-             seconds_text(o_.grace_s) + " s)");
+    log_line("timed out after " +
+             seconds_text(o_.job_timeout_s > 0 ? o_.job_timeout_s : o_.timeout_s) +
+             " s (--timeout" + (o_.job_timeout_s > 0 ? ", over every launch of the job" : "") +
+             "); stopping all tasks (SIGTERM, SIGKILL after " + seconds_text(o_.grace_s) + " s)");
     exit_code_ = kExitTimeout;
     begin_stop(SIGTERM);
   }
@@ -396,7 +423,8 @@ void Supervisor::loop() {
   }
 }
 
-bool Supervisor::task_failed() const { return task_failed_; }
+// A stop signal that came while a failure was stopping the job also means: no relaunch.
+bool Supervisor::task_failed() const { return task_failed_ && interrupts_ == 0 && !signalled_; }
 
 namespace {
 bool is_training(const Task& t) { return t.type == "worker" || t.type == "chief"; }

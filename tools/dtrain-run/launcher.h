@@ -32,7 +32,10 @@ struct LaunchOptions {
   std::vector<std::string> command;  // program and its arguments
   std::string devices;               // appended as --devices=<value> unless the command has one
   double timeout_s = 0;              // whole-job limit; 0 = none
-  double grace_s = 10;               // SIGTERM to SIGKILL when stopping the job
+  // With --max-restarts, timeout_s is what is left of the job's --timeout, this many seconds (for
+  // the log); 0: timeout_s is the --timeout.
+  double job_timeout_s = 0;
+  double grace_s = 10;  // SIGTERM to SIGKILL when stopping the job
   // A parameter-server job whose workers all finished: the evaluator's SIGTERM means "evaluate the
   // newest checkpoint, then exit" (the chief's final one), which can take longer than --grace on a
   // loaded machine; SIGKILL follows only after this many seconds.

@@ -94,7 +94,7 @@ int Supervisor::run_elastic() {
         allowed_cpus(),
         std::max(1, std::min(o_.elastic.max_np, static_cast<int>(allowed_cpus().size()))));
   try {
-    elastic_ = std::make_unique<ElasticDriver>(o_.elastic, o_.job_token);
+    elastic_ = std::make_unique<ElasticDriver>(o_.elastic, o_.job_token, old_mask_, devnull_);
     log_line("elastic job: " + std::to_string(o_.elastic.np) + " worker(s) now, between --min-np " +
              std::to_string(o_.elastic.min_np) + " and --max-np " +
              std::to_string(o_.elastic.max_np) + "; rendezvous at " +

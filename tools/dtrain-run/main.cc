@@ -8,6 +8,7 @@
 // Every task gets TF_CONFIG (free loopback ports), DTRAIN_TASK ("worker:1") and one
 // DTRAIN_JOB_TOKEN per job; its output lines are prefixed with "[worker:1] ". See launcher.h for
 // how the job is supervised and the exit statuses. Bad usage exits 2.
+#include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -15,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -173,6 +175,16 @@ void set_up_elastic(const Args& a, int np, dtrain::run::LaunchOptions& o) {
   }
 }
 
+// A SIGINT, SIGTERM or SIGHUP pending (blocked) here, taken; 0 when none.
+int take_pending_stop_signal() {
+  sigset_t stops;
+  sigemptyset(&stops);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stops, sig);
+  const timespec now{0, 0};
+  const int sig = sigtimedwait(&stops, nullptr, &now);
+  return sig > 0 ? sig : 0;
+}
+
 int run_local(const Args& a) {
   using namespace dtrain::run;
   if (!a.netns.empty() && !a.hosts.empty())
@@ -225,6 +237,10 @@ int run_local(const Args& a) {
       const auto& [ns, addr] = hosts[i % hosts.size()];
       o.tasks[i].host = addr;
       o.tasks[i].port = a.port_base + static_cast<int>(i / hosts.size());
+      if (o.tasks[i].port > 65535)
+        throw UsageError("--port-base " + std::to_string(a.port_base) + " leaves no room for " +
+                         std::to_string((o.tasks.size() + hosts.size() - 1) / hosts.size()) +
+                         " ports a test host below 65536; lower it");
       o.netns.push_back(ns);
     }
   } else {
@@ -247,6 +263,9 @@ int run_local(const Args& a) {
     timeline = std::filesystem::absolute(timeline).string();
     o.extra_env.push_back("DTRAIN_TIMELINE=" + timeline);
   }
+  // --timeout holds for the whole job, every relaunch included.
+  const auto started = std::chrono::steady_clock::now();
+  if (a.max_restarts > 0) o.job_timeout_s = a.timeout_s;
   for (int attempt = 0;; ++attempt) {
     o.job_token = user_token ? token : make_job_token();
     bool task_failed = false;
@@ -258,7 +277,25 @@ int run_local(const Args& a) {
                  "(--max-restarts); a program with --backup-dir resumes from its last backup\n",
                  status, attempt + 1, a.max_restarts);
     std::this_thread::sleep_for(std::chrono::seconds(1));
-    if (!a.port_base_given) assign_local_ports(o.tasks, 0);  // fresh ports: the old ones may linger
+    // A stop signal that came since the last launch (it stays blocked, and pending, between
+    // launches) ends the job instead of the relaunch.
+    if (const int sig = take_pending_stop_signal()) {
+      std::fprintf(stderr, "dtrain-run: got %s; not relaunching the job\n", strsignal(sig));
+      return 128 + sig;
+    }
+    if (a.timeout_s > 0) {
+      const double left =
+          a.timeout_s -
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      if (left <= 0) {
+        std::fprintf(stderr, "dtrain-run: timed out after %g s (--timeout); not relaunching\n",
+                     a.timeout_s);
+        return kExitTimeout;
+      }
+      o.timeout_s = left;
+    }
+    // Fresh ports on this host (the old ones may linger); a test host of --netns keeps its own.
+    if (!a.port_base_given && a.netns.empty()) assign_local_ports(o.tasks, 0);
   }
 }
 
@@ -358,15 +395,18 @@ int main(int argc, char** argv) {
          "--elastic-timeout", a.elastic_timeout_s,
          "elastic job: seconds the workers wait for a round of at least --min-np workers to form "
          "(HOROVOD_ELASTIC_TIMEOUT)")
+      ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
   app.add_option("--elastic-settle", a.elastic_settle_s,
                  "elastic job: seconds a round waits for a started worker that does not arrive (a "
                  "hung one) "
                  "before it forms without it")
+      ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
   auto* port_base = app.add_option("--port-base", a.port_base,
                                    "with -H: task in slot s of a host listens on port-base + s; "
                                    "locally: fixed ports port-base + i instead of free ones")
+                        ->check(CLI::Range(1, 65535))
                         ->capture_default_str();
   app.prefix_command();  // everything from the program on belongs to the program
   std::vector<std::string> args = normalise_argv(argc, argv);

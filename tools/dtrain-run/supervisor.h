@@ -72,7 +72,7 @@ class Supervisor {
   explicit Supervisor(const LaunchOptions& o) : o_(o) {}
   int run();
   int run_elastic();
-  // A task's failure (not an interrupt or the timeout) ended the job.
+  // A task's failure (not an interrupt or the timeout) ended the job, and no stop signal came.
   bool task_failed() const;
 
  private:
@@ -113,8 +113,10 @@ class Supervisor {
   Seconds grace_{10.0};
   Seconds restart_delay_{1.0};
   Clock::time_point job_deadline_ = kNever;
-  bool stopping_ = false;  // the job is being stopped; exit_code_ is final
-  bool ps_job_ = false;    // has parameter servers: workers may come and go (asynchronous training)
+  bool stopping_ = false;   // the job is being stopped; exit_code_ is final
+  int interrupts_ = 0;      // SIGINTs received (the second kills every task)
+  bool signalled_ = false;  // a stop signal came (SIGINT, SIGTERM or SIGHUP)
+  bool ps_job_ = false;  // has parameter servers: workers may come and go (asynchronous training)
   bool servers_stopped_ = false;
   int exit_code_ = 0;
   bool task_failed_ = false;

@@ -231,6 +231,15 @@ class Failure(LauncherCase):
         self.assertEqual([m & stops for m in masks], [0, 0, 0], err)
         self.assertEqual(err.count("relaunching all of it"), 2, err)
 
+    def test_timeout_holds_over_every_relaunch(self):
+        # Each launch fails after 1 s, then a 1 s pause: --timeout 2.5 ends the job in the second
+        # launch, or before the third (each launch had its own 2.5 s: all 6 ran, 12 s).
+        status, _, err, secs = self.run_launcher(["-np", "1", "--max-restarts", "5", "--timeout", "2.5"], self.fake(
+            "--fail-task", "worker:0", "--fail-code", "3", "--fail-after", "1"), timeout=30)
+        self.assertEqual(status, 124, err)
+        self.assertLess(secs, 5, err)
+        self.assertLessEqual(err.count("relaunching all of it"), 2, err)
+
     def test_a_stop_signal_before_a_relaunch_ends_the_job(self):
         # Ctrl-C while a failed launch is ending, or in the second before its relaunch: no relaunch.
         p = self.start_launcher(["-np", "1", "--max-restarts", "3"], self.fake(

@@ -336,10 +336,25 @@ PerReplica MirroredStrategy::do_split_batch(const std::vector<Tensor>& batch, in
   // worker reads the same global batch and keeps its own replicas' rows.
   const int total = off ? local : m.global_replicas;
   const int first = off ? 0 : m.replica_offset;
-  const std::vector<int64_t> sizes = split_batch_sizes(rows, std::max(global_batch, rows), total);
+  std::vector<int64_t> sizes = split_batch_sizes(rows, std::max(global_batch, rows), total);
   int64_t begin = 0;
   for (int r = 0; r < first; ++r) begin += sizes[static_cast<size_t>(r)];
   begin -= where.first;
+  // A window whose reader skipped rows (ignore_errors) holds fewer than its replicas' share: what
+  // it holds is split over them. Each worker knows only its own skips before the step, so the
+  // step's row count leaves out this worker's (another worker's skips stay counted, a mean a few
+  // rows off in a step that met a corrupt record) rather than add a collective to every step.
+  int64_t skipped = 0;
+  if (where.total >= 0) {
+    int64_t want = 0;
+    for (int r = 0; r < local; ++r) want += sizes[static_cast<size_t>(first + r)];
+    if (held < want && begin == 0) {
+      skipped = want - held;
+      const std::vector<int64_t> mine = split_batch_sizes(held, want, local);
+      for (int r = 0; r < local; ++r)
+        sizes[static_cast<size_t>(first + r)] = mine[static_cast<size_t>(r)];
+    }
+  }
   for (int r = 0; r < local; ++r) {
     const int64_t n = sizes[static_cast<size_t>(first + r)];
     if (n == 0) {  // past the end of a short batch (where the pipeline's window may start later)
@@ -363,7 +378,7 @@ PerReplica MirroredStrategy::do_split_batch(const std::vector<Tensor>& batch, in
   if (batch.empty()) out.values.assign(static_cast<size_t>(local), {});
   out.global_rows =
       off ? static_cast<int64_t>(extended().sum_across_workers({static_cast<double>(rows)})[0])
-          : rows;
+          : rows - skipped;
   return out;
 }
 

@@ -8,7 +8,7 @@
 //
 //   input_shards --make DIR N          writes N 4x4 gray PNGs in 3 class folders
 //   dtrain-run -np 3 -- input_shards --dir DIR --batch 7 --epochs 2 [--resume-epoch 1 --resume-step
-//   2]
+//   2] [--ignore-errors]
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -28,6 +28,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch);
   app.add_option("--resume-epoch", resume_epoch);
   app.add_option("--resume-step", resume_step);
+  bool ignore_errors = false;
+  app.add_flag("--ignore-errors", ignore_errors, "skip images that cannot be decoded");
   CLI11_PARSE(app, argc, argv);
   using namespace dtrain;
   try {
@@ -53,6 +55,7 @@ int main(int argc, char** argv) {
       o.transform.random_flip = true;
       o.seed = 7;
       o.num_parallel_calls = 2;
+      o.ignore_errors = ignore_errors;
       const data::ImageFolder folder = data::image_dataset_from_directory(dir, o);
       StrategyExtended& ext = strategy.extended();
       for (int epoch = resume_epoch; epoch < epochs; ++epoch) {

@@ -47,4 +47,23 @@ for w in (2, 3):
         want = [s for s in runs[1] if (s["epoch"], s["step"]) >= (epoch, step)]
         assert resumed == want, f"{w} workers resumed at {epoch}/{step}:\n{resumed}\n{want}"
     print(f"{w} workers: resumed mid-epoch = the uninterrupted run's remaining steps")
+
+# A corrupt image skipped (ignore_errors): its batch is one row shorter, the same batches whatever
+# the number of workers. Each worker reads only its replicas' rows of a batch, so the worker whose
+# window held it has a row fewer (distribute_dataset ended with Internal there before).
+bad = os.path.join(tmp, "class_1", "004.png")
+with open(bad, "wb") as f:
+    f.write(b"not a png at all")
+skipped = {w: run(w, "--ignore-errors") for w in (1, 2, 3)}
+for w, steps in skipped.items():
+    for e in range(EPOCHS):
+        rows = [r for s in steps if s["epoch"] == e for r in s["rows"]]
+        assert sorted(rows) == [r for r in range(N) if r != 4], f"{w} workers, epoch {e}: {sorted(rows)}"
+        assert len([s for s in steps if s["epoch"] == e]) == (N + B - 1) // B
+    assert steps == skipped[1], f"{w} workers differ from 1 with a row skipped:\n{steps}\n{skipped[1]}"
+    print(f"{w} worker(s), a corrupt image skipped: every other image once per epoch, the same batches as 1")
+r = subprocess.run([launcher, "-np", "2", "--", prog, "--dir", tmp, "--batch", str(B), "--epochs", "1"],
+                   capture_output=True, text=True, timeout=120)
+assert r.returncode != 0 and "004.png" in r.stderr, r.stderr[-2000:]
+print("without ignore_errors the corrupt image ends the job, named")
 print("OK")

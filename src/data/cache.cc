@@ -214,6 +214,13 @@ Dataset Dataset::cache(const std::string& filename) const {
                 ": its reader's rows change with the epoch (random augmentation), so a cache would "
                 "repeat the first epoch's draws; cache the deterministic part (decode, resize) and "
                 "augment after it"));
+  if (!filename.empty() && src->fingerprint.empty())
+    throw InvalidArgument(str_cat(
+        "Dataset::cache(\"", filename, "\") on ", node->description(),
+        ": its reader gives no fingerprint (Dataset::ReaderOptions::fingerprint: the files, sizes "
+        "and "
+        "times, the decoding options), so a cache file of other data would be taken for this one; "
+        "give it one, or cache() in memory"));
   std::string signature = str_cat(node->description(), " fingerprint=", src->fingerprint);
   for (size_t c = 0; c < src->tensors.size(); ++c)
     signature += str_cat(" ", dtype_name(src->tensors[c].dtype()), src->tensors[c].to_string());

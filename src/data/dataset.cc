@@ -399,19 +399,40 @@ class PublicIterator final : public Dataset::Iterator {
     for (;;) {
       if (!it_) return false;
       DatasetElement e;
+      const int64_t skipped_before = src_->skipped->load(std::memory_order_relaxed);
       if (!it_->next(&e)) {
         it_.reset();
         return false;
       }
       if (batched_) {
+        const bool empty = e.tensors.empty() || e.tensors[0].shape()[0] == 0;
+        skipped_in_a_row_ = empty ? skipped_in_a_row_ +
+                                        src_->skipped->load(std::memory_order_relaxed) -
+                                        skipped_before
+                                  : 0;
+        check_skips();
         *out = std::move(e.tensors);
         return true;
       }
-      if (read_row(*src_, e.row, e.epoch, out)) return true;  // else skipped: the next one
+      if (read_row(*src_, e.row, e.epoch, out)) {
+        skipped_in_a_row_ = 0;
+        return true;
+      }
+      ++skipped_in_a_row_;  // skipped: the next one
+      check_skips();
     }
   }
 
  private:
+  // More rows skipped in a row than the source has (a repeat() of a source whose every row fails
+  // to read would never yield anything): DataLoss instead of an endless loop.
+  void check_skips() const {
+    if (skipped_in_a_row_ > src_->n)
+      throw DataLoss(str_cat(src_->name, ": ", skipped_in_a_row_,
+                             " rows skipped in a row (ignore_errors), more than its ", src_->n,
+                             ": no row can be read; check the files"));
+  }
+  int64_t skipped_in_a_row_ = 0;
   std::unique_ptr<DatasetNodeIterator> it_;
   std::shared_ptr<const DatasetSource> src_;
   bool batched_;

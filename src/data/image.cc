@@ -330,6 +330,27 @@ void ImageTransform::validate() const {
       bad(str_cat("mean and stddev need one value per channel (", channels, "), got ", v->size()));
   for (float s : stddev)
     if (!(s > 0)) bad(str_cat("stddev values must be > 0, got ", s));
+  for (float m : mean)
+    if (!std::isfinite(m)) bad(str_cat("mean values must be finite, got ", m));
+  // 1 / 255 in integers is 0: every image would become blank.
+  if (!(rescale > 0) || !std::isfinite(rescale))
+    bad(str_cat("rescale must be finite and > 0, got ", rescale,
+                rescale == 0 ? " (1 / 255 in integers is 0: write 1.0f / 255)" : ""));
+}
+
+std::string ImageTransform::to_string() const {
+  auto exact = [](float v) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%a", static_cast<double>(v));
+    return std::string(buf);
+  };
+  std::string s = str_cat(height, "x", width, "x", channels, " resize ", static_cast<int>(resize),
+                          " fraction ", exact(central_fraction), " scale ", exact(scale_min), "..",
+                          exact(scale_max), " ratio ", exact(ratio_min), "..", exact(ratio_max),
+                          " flip ", random_flip ? 1 : 0, " rescale ", exact(rescale));
+  for (float m : mean) s += " mean " + exact(m);
+  for (float d : stddev) s += " stddev " + exact(d);
+  return s;
 }
 
 Image decode_image(std::string_view bytes, int channels, const std::string& what) {

@@ -7,9 +7,11 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "dtrain/core/random.h"
+#include "dtrain/core/strings.h"
 
 namespace dtrain::text {
 
@@ -133,11 +135,24 @@ Dataset token_windows(std::shared_ptr<const TokenFile> file, const TokenWindowOp
     const uint64_t r = (static_cast<uint64_t>(b[0]) << 32) | b[1];
     return begin + static_cast<int64_t>(r % static_cast<uint64_t>(starts));
   };
-  return Dataset::from_reader(rows, {{Shape{t}, DType::kInt32}, {Shape{t}, DType::kInt32}},
-                              [file, start_of, t](size_t component, int64_t row, void* dst) {
-                                file->read(start_of(row) + static_cast<int64_t>(component), t,
-                                           static_cast<int32_t*>(dst));
-                              });
+  // What identifies the rows (a cache file of other windows is refused): the file (name, size,
+  // time) and the windows' options.
+  std::error_code ec;
+  const auto time = std::filesystem::last_write_time(file->path(), ec);
+  Dataset::ReaderOptions ro;
+  ro.name = "token_windows";
+  ro.fingerprint = detail::str_cat(
+      file->path(), " ", file->size(), " tokens ",
+      ec ? 0 : static_cast<int64_t>(time.time_since_epoch().count()), " T ", t, " [", begin, ", ",
+      end, ") ", random ? "random seed " : "consecutive ", random ? o.seed : 0, " windows ", rows);
+  return Dataset::from_reader(
+      rows, {{Shape{t}, DType::kInt32}, {Shape{t}, DType::kInt32}},
+      [file, start_of, t](int64_t row, uint64_t, void* const* dst) {
+        const int64_t start = start_of(row);
+        for (int64_t c = 0; c < 2; ++c) file->read(start + c, t, static_cast<int32_t*>(dst[c]));
+        return true;
+      },
+      ro);
 }
 
 }  // namespace dtrain::text

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <memory>
 
@@ -396,6 +397,12 @@ Dataset TFRecordDataset(const std::vector<std::string>& files,
   for (const FeatureSpec& f : features) {
     const std::string what = str_cat("TFRecordDataset: feature '", f.key, "': ");
     if (f.kind == FeatureSpec::Kind::kImage) {
+      // A record without the image is an error (or skipped, with ignore_errors): a default would
+      // have to be a whole image, and was left unwritten.
+      if (!f.default_value.empty())
+        throw InvalidArgument(what +
+                              "an image feature takes no default_value; records without it are "
+                              "an error, or skipped with ignore_errors");
       f.transform.validate();
       random = random || f.transform.random();
       specs.push_back(
@@ -421,15 +428,28 @@ Dataset TFRecordDataset(const std::vector<std::string>& files,
     src->files.push_back(std::make_unique<MappedFile>(path));
     src->records.push_back(index_records(*src->files.back(), options.ignore_errors));
     counts.push_back(src->records.back().size());
-    fp += str_cat(path, ":", src->files.back()->size(), ";");
+    std::error_code ec;  // what the files hold: names, sizes and times
+    const auto time = std::filesystem::last_write_time(path, ec);
+    fp += str_cat(path, ":", src->files.back()->size(), ":",
+                  ec ? 0 : static_cast<int64_t>(time.time_since_epoch().count()), ";");
   }
+  // How they are read: each feature, the order across files, the seed.
+  for (const FeatureSpec& f : features) {
+    fp += str_cat("feature ", f.key, " ", static_cast<int>(f.kind), " ", dtype_name(f.dtype),
+                  f.shape.to_string());
+    for (double d : f.default_value) fp += str_cat(" default ", d);
+    if (f.kind == FeatureSpec::Kind::kImage) fp += " " + f.transform.to_string();
+    fp += ";";
+  }
+  fp += str_cat("cycle ", options.cycle_length, " block ", options.block_length, " seed ",
+                options.seed);
   src->rows = interleave_order(counts, static_cast<size_t>(options.cycle_length),
                                static_cast<size_t>(options.block_length));
   Dataset::ReaderOptions ro;
   ro.num_parallel_calls = options.num_parallel_calls;
   ro.epoch_dependent = random;
   ro.name = "TFRecordDataset";
-  ro.fingerprint = str_cat(std::hash<std::string>{}(fp), " ", files.size(), " files");
+  ro.fingerprint = str_cat(std::hash<std::string>{}(fp), " ", files.size(), " files");  // 64 bits
   return Dataset::from_reader(
       static_cast<int64_t>(src->rows.size()), std::move(specs),
       [src](int64_t row, uint64_t epoch, void* const* dst) {

@@ -137,6 +137,37 @@ TEST(ImageFolder, UndecodableFileFailsNamingItOrIsSkippedAndCounted) {
   fs::remove_all(root);
 }
 
+// A repeated source whose every row fails to read yields nothing, ever: unbatched iteration looped
+// for good, batched yielded empty batches for good. More skips in a row than the source's rows end
+// it with DataLoss.
+TEST(ImageFolder, ARepeatOfRowsThatAllFailEndsWithDataLoss) {
+  const Dataset none = Dataset::from_reader(
+      5, {{Shape{2}, DType::kFloat32}}, [](int64_t, uint64_t, void* const*) { return false; },
+      Dataset::ReaderOptions{1, false, "unreadable", ""});
+  EXPECT_EQ(all_batches(none).size(), 0u);  // one pass: ends, nothing read
+  for (const Dataset& d : {none.repeat(), none.repeat().batch(2)}) {
+    try {
+      auto it = d.make_iterator();
+      std::vector<Tensor> out;
+      for (int i = 0; i < 100 && it->next(&out);) ++i;
+      ADD_FAILURE() << "no DataLoss from " << d.to_string();
+    } catch (const DataLoss& e) {
+      EXPECT_NE(std::string(e.what()).find("more than its 5"), std::string::npos) << e.what();
+    }
+  }
+  // A repeat of a source with one good row goes on.
+  const Dataset one = Dataset::from_reader(
+      5, {{Shape{2}, DType::kFloat32}},
+      [](int64_t row, uint64_t, void* const* dst) {
+        static_cast<float*>(dst[0])[0] = static_cast<float*>(dst[0])[1] = 1;
+        return row == 4;
+      },
+      Dataset::ReaderOptions{1, false, "mostly unreadable", ""});
+  auto it = one.repeat().make_iterator();
+  std::vector<Tensor> out;
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(it->next(&out));
+}
+
 TEST(ImageFolder, ParallelReadingEqualsSerialAndEpochReachesTheReader) {
   const fs::path root = temp_dir("parallel");
   for (int k = 0; k < 40; ++k)
@@ -286,6 +317,26 @@ TEST(TFRecord, FilesWrittenByTensorFlowReadBackExactly) {
             expected["interleave_2_2_labels"].get<std::vector<int32_t>>());
 }
 
+// A TFRecord file cache holds how the records were read: another rescale of the same files (or
+// other features, or another interleave) took the cached rows before.
+TEST(TFRecord, AFileCacheOfOtherDecodingIsRefused) {
+  const std::vector<std::string> files = {testdata("tf_examples_0.tfrecord"),
+                                          testdata("tf_examples_1.tfrecord")};
+  const fs::path dir = temp_dir("tfrecord_cache");
+  const std::string cache = (dir / "records.cache").string();
+  std::vector<FeatureSpec> specs = tf_specs();
+  const auto first = all_batches(TFRecordDataset(files, specs).cache(cache).batch(8));
+  EXPECT_EQ(
+      all_batches(TFRecordDataset(files, specs).cache(cache).batch(8))[0][0].to_vector<float>(),
+      first[0][0].to_vector<float>());
+  specs[0].transform.rescale = 1.0f / 255;
+  EXPECT_THROW(TFRecordDataset(files, specs).cache(cache), InvalidArgument);
+  TFRecordOptions o;
+  o.cycle_length = 2;
+  EXPECT_THROW(TFRecordDataset(files, tf_specs(), o).cache(cache), InvalidArgument);
+  fs::remove_all(dir);
+}
+
 TEST(TFRecord, WrittenByDtrainParsesAndMissingFeaturesUseDefaults) {
   const fs::path dir = temp_dir("tfrecord");
   const std::string path = (dir / "a.tfrecord").string();
@@ -323,6 +374,15 @@ TEST(TFRecord, WrittenByDtrainParsesAndMissingFeaturesUseDefaults) {
   EXPECT_THROW(all_batches(TFRecordDataset({path}, {FeatureSpec::float32("x", Shape{3})}).batch(4)),
                DataLoss);
   EXPECT_THROW(TFRecordDataset({path}, {}), InvalidArgument);
+  // An image with a default: refused (a record without it left the row's memory unwritten).
+  FeatureSpec img = FeatureSpec::image("img", image::ImageTransform{});
+  img.default_value = {0};
+  try {
+    TFRecordDataset({path}, {img});
+    ADD_FAILURE() << "an image feature with a default was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("takes no default_value"), std::string::npos) << e.what();
+  }
   write(dir / "z.tfrecord.gz", std::string("\x1f\x8b\x08\x00rest", 8));  // GZIP: named
   EXPECT_THROW(TFRecordDataset({(dir / "z.tfrecord.gz").string()}, {y}), InvalidArgument);
   EXPECT_THROW(TFRecordDataset({(dir / "none.tfrecord").string()}, {y}), NotFound);

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "data/input_test_util.h"
 #include "data/testdata_dir.h"
@@ -200,6 +201,31 @@ TEST(Image, RandomResizedCropIsAFunctionOfSeedEpochAndIndex) {
   image::decode_transformed(png, t, 2, 3, 7, c.data());  // another seed
   EXPECT_NE(a, c);
   t.scale_min = 2;
+  EXPECT_THROW(t.validate(), InvalidArgument);
+}
+
+// rescale = 1 / 255 (integers: 0) turned every image blank without a word.
+TEST(Image, ARescaleOfZeroOrNotFiniteIsRefused) {
+  image::ImageTransform t;
+  t.height = t.width = 4;
+  t.validate();
+  for (float r : {0.0f, -1.0f, std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN()}) {
+    t.rescale = r;
+    try {
+      t.validate();
+      ADD_FAILURE() << "rescale " << r << " accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("rescale must be finite and > 0"), std::string::npos)
+          << e.what();
+      if (r == 0) {
+        EXPECT_NE(std::string(e.what()).find("1.0f / 255"), std::string::npos);
+      }
+    }
+  }
+  t.rescale = 1.0f / 255;
+  t.mean = {std::numeric_limits<float>::quiet_NaN()};
+  t.channels = 1;
   EXPECT_THROW(t.validate(), InvalidArgument);
 }
 

@@ -58,6 +58,42 @@ TEST(Text, TokenFilesOfOneAndTwoBytes) {
   std::filesystem::remove(p2);
 }
 
+// A file cache of token windows holds what identifies them: another seed's (or range's) windows
+// with the same count took the cached rows before.
+TEST(Text, AFileCacheOfOtherWindowsIsRefused) {
+  const std::string p = temp("cache_tokens.bin"), cache = temp("windows.cache");
+  std::vector<int32_t> tokens(101);
+  for (int i = 0; i < 101; ++i) tokens[static_cast<size_t>(i)] = i;
+  write_token_file(p, tokens, 1);
+  std::filesystem::remove(cache);
+  auto file = std::make_shared<const TokenFile>(p);
+  TokenWindowOptions o;
+  o.sequence_length = 10;
+  o.windows = 20;
+  o.seed = 3;
+  const auto first = rows_of(token_windows(file, o).cache(cache), 0);
+  EXPECT_EQ(rows_of(token_windows(file, o).cache(cache), 0), first);  // the same windows: reused
+  o.seed = 4;
+  EXPECT_THROW(token_windows(file, o).cache(cache), InvalidArgument);
+  o.seed = 3;
+  o.begin = 1;
+  EXPECT_THROW(token_windows(file, o).cache(cache), InvalidArgument);
+  // A reader that says nothing of its data cannot have a file cache (it could be anyone's).
+  const Dataset plain =
+      Dataset::from_reader(4, {{Shape{1}, DType::kInt32}}, [](size_t, int64_t row, void* dst) {
+        *static_cast<int32_t*>(dst) = static_cast<int32_t>(row);
+      });
+  try {
+    plain.cache(cache + "2");
+    ADD_FAILURE() << "a file cache of a reader without a fingerprint";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("no fingerprint"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(rows_of(plain.cache(), 0).size(), 4u);  // in memory: fine
+  std::filesystem::remove(cache);
+  std::filesystem::remove(p);
+}
+
 TEST(Text, WindowsAreExactShiftedAndDeterministic) {
   const std::string p = temp("windows.bin");
   std::vector<int32_t> tokens(101);

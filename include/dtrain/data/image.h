@@ -69,6 +69,8 @@ struct DTRAIN_API ImageTransform {
   bool random() const { return resize == Resize::kRandomResizedCrop || random_flip; }
   // Throws InvalidArgument naming the field that is out of range.
   void validate() const;
+  // Every field, exactly (floats in hexadecimal): what a cache file's fingerprint holds.
+  std::string to_string() const;
 };
 
 // Decodes `bytes` and writes the transformed image, float32 [height, width, channels], to `out`.

@@ -214,7 +214,12 @@ void decode_jpeg(std::string_view bytes, int channels, const ImageTransform* t, 
   jpeg_read_header(&cinfo, TRUE);
   const int file_channels = cinfo.num_components == 1 ? 1 : 3;
   const int c = channels == 0 ? file_channels : channels;
-  cinfo.out_color_space = c == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  // CMYK (and YCCK) JPEGs, as Photoshop writes them (a few dozen in ImageNet): decoded as CMYK and
+  // made RGB as TensorFlow's decode_jpeg does (gray from that RGB, where TensorFlow refuses).
+  const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+  const bool adobe = cinfo.saw_Adobe_marker != 0;
+  cinfo.out_color_space = cmyk ? JCS_CMYK : c == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  const int dc = cmyk ? 4 : c;  // channels as decoded
   const int W = static_cast<int>(cinfo.image_width), H = static_cast<int>(cinfo.image_height);
   Window win{0, 0, static_cast<double>(W), static_cast<double>(H), false};
   int num = 8;
@@ -243,10 +248,12 @@ void decode_jpeg(std::string_view bytes, int channels, const ImageTransform* t, 
   r->width = static_cast<int>(cinfo.output_width);
   r->height = r1 - r0;
   r->channels = c;
-  r->pixels.resize(static_cast<size_t>(r->width) * r->height * c);
+  std::vector<uint8_t> four;  // CMYK as decoded
+  std::vector<uint8_t>& decoded = cmyk ? four : r->pixels;
+  decoded.resize(static_cast<size_t>(r->width) * r->height * dc);
   rows.resize(static_cast<size_t>(r->height));
   for (int y = 0; y < r->height; ++y)
-    rows[static_cast<size_t>(y)] = r->pixels.data() + static_cast<size_t>(y) * r->width * c;
+    rows[static_cast<size_t>(y)] = decoded.data() + static_cast<size_t>(y) * r->width * dc;
   int got = 0;
   while (got < r->height) {
     const auto n = static_cast<int>(
@@ -262,6 +269,25 @@ void decode_jpeg(std::string_view bytes, int channels, const ImageTransform* t, 
   else
     jpeg_finish_decompress(&cinfo);
   jpeg_destroy_decompress(&cinfo);
+  if (cmyk) {
+    // TensorFlow's rule (jpeg_mem.cc): Adobe's inverted CMYK, r = k c / 255; else
+    // r = (255 - k)(255 - c) / 255. Gray: libjpeg's RGB weights, 16-bit fixed point.
+    const size_t n = static_cast<size_t>(r->width) * r->height;
+    r->pixels.resize(n * static_cast<size_t>(c));
+    for (size_t i = 0; i < n; ++i) {
+      const uint8_t* p = four.data() + 4 * i;
+      const int k = p[3];
+      int rgb[3];
+      for (int j = 0; j < 3; ++j) rgb[j] = adobe ? k * p[j] / 255 : (255 - k) * (255 - p[j]) / 255;
+      if (c == 3) {
+        for (int j = 0; j < 3; ++j)
+          r->pixels[3 * i + static_cast<size_t>(j)] = static_cast<uint8_t>(rgb[j]);
+      } else {
+        r->pixels[i] =
+            static_cast<uint8_t>((19595 * rgb[0] + 38470 * rgb[1] + 7471 * rgb[2] + 32768) >> 16);
+      }
+    }
+  }
   win.y -= r0;
   r->win = win;
 }

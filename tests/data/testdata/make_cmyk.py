@@ -1,0 +1,27 @@
+"""Writes the CMYK JPEG data_test decodes (run once with TensorFlow 2.21 and Pillow; the files are
+committed), and what TensorFlow decodes it to:
+
+    build/peers-venv/bin/python tests/data/testdata/make_cmyk.py tests/data/testdata
+
+cmyk.jpg: an 8x6 image of random CMYK values as Pillow writes CMYK (Adobe's inverted form, with
+the Adobe marker), as Photoshop does. cmyk.json: tf.io.decode_jpeg(channels=3, dct_method
+INTEGER_ACCURATE), row-major RGB bytes. TensorFlow refuses channels=1 for such a file."""
+import json
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+from PIL import Image
+
+out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(__file__)
+rng = np.random.default_rng(3)
+cmyk = rng.integers(0, 256, size=(6, 8, 4), dtype=np.uint8)
+path = os.path.join(out, "cmyk.jpg")
+Image.fromarray(cmyk, mode="CMYK").save(path, quality=95)
+with open(path, "rb") as f:
+    data = f.read()
+rgb = tf.io.decode_jpeg(data, channels=3, dct_method="INTEGER_ACCURATE").numpy()
+with open(os.path.join(out, "cmyk.json"), "w") as f:
+    json.dump({"tf_version": tf.__version__, "height": 6, "width": 8,
+               "rgb": [int(v) for v in rgb.reshape(-1)]}, f)

@@ -27,14 +27,20 @@ bool is_image_file(const fs::path& p) {
   return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
 }
 
-// Image files under `dir` (recursively), sorted.
+// Image files under `dir` (recursively), sorted. A folder that cannot be read (permissions, a
+// symlink loop with follow_links) is an Unavailable error naming it.
 std::vector<std::string> images_under(const fs::path& dir, bool follow_links) {
   std::vector<std::string> out;
   auto opts =
       follow_links ? fs::directory_options::follow_directory_symlink : fs::directory_options::none;
-  for (auto it = fs::recursive_directory_iterator(dir, opts);
-       it != fs::recursive_directory_iterator(); ++it)
-    if (it->is_regular_file() && is_image_file(it->path())) out.push_back(it->path().string());
+  try {
+    for (auto it = fs::recursive_directory_iterator(dir, opts);
+         it != fs::recursive_directory_iterator(); ++it)
+      if (it->is_regular_file() && is_image_file(it->path())) out.push_back(it->path().string());
+  } catch (const fs::filesystem_error& e) {
+    throw Unavailable(str_cat("image_dataset_from_directory: cannot list '", e.path1().string(),
+                              "': ", e.code().message()));
+  }
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -118,9 +124,14 @@ ImageFolder image_dataset_from_directory(const std::string& directory,
   } out;
   out.class_names = options.class_names;
   if (out.class_names.empty()) {
-    for (const auto& entry : fs::directory_iterator(root))
-      if (entry.is_directory() && (options.follow_links || !entry.is_symlink()))
-        out.class_names.push_back(entry.path().filename().string());
+    try {
+      for (const auto& entry : fs::directory_iterator(root))
+        if (entry.is_directory() && (options.follow_links || !entry.is_symlink()))
+          out.class_names.push_back(entry.path().filename().string());
+    } catch (const fs::filesystem_error& e) {
+      throw Unavailable(str_cat("image_dataset_from_directory: cannot list '", directory,
+                                "': ", e.code().message()));
+    }
     std::sort(out.class_names.begin(), out.class_names.end());
     if (out.class_names.empty())
       throw InvalidArgument(str_cat("image_dataset_from_directory: '", directory,

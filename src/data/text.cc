@@ -53,7 +53,11 @@ void write_token_file(const std::string& path, const std::vector<int32_t>& token
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(bytes.data()),
               static_cast<std::streamsize>(bytes.size()));
-    if (!out.good()) throw DataLoss("write_token_file: could not write " + tmp);
+    out.close();  // a full disk may show only when the last bytes are flushed
+    if (out.fail()) {
+      std::remove(tmp.c_str());
+      throw DataLoss("write_token_file: could not write " + tmp);
+    }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
     throw DataLoss("write_token_file: could not rename " + tmp + " to " + path + ": " +

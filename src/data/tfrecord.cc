@@ -460,6 +460,9 @@ Dataset TFRecordDataset(const std::vector<std::string>& files,
         try {
           check_data(f, r, record);
           proto::Example ex;
+          if (r.length > static_cast<uint64_t>(std::numeric_limits<int>::max()))
+            throw DataLoss(str_cat(where, ": ", r.length,
+                                   " bytes, more than a tf.train.Example can hold (2 GiB)"));
           if (!ex.ParseFromArray(f.data() + r.offset, static_cast<int>(r.length)))
             throw DataLoss(where + ": not a tf.train.Example");
           for (size_t c = 0; c < src->specs.size(); ++c)

@@ -105,6 +105,19 @@ TEST(ImageFolder, MissingEmptyAndBadFoldersAreTypedErrors) {
   ImageFolderOptions o = gray4();
   o.class_names = {"missing"};
   EXPECT_THROW(image_dataset_from_directory(root.string(), o), InvalidArgument);
+  // A symlink loop followed (follow_links): a typed error naming where, not the standard
+  // library's filesystem_error.
+  fs::create_directories(root / "cats");
+  write(root / "cats" / "0.png", image::encode_png(marked(4, 4, 0)));
+  fs::create_directory_symlink("..", root / "cats" / "loop");
+  o = gray4();
+  o.follow_links = true;
+  try {
+    image_dataset_from_directory(root.string(), o);
+    ADD_FAILURE() << "a symlink loop was walked";
+  } catch (const Unavailable& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot list"), std::string::npos) << e.what();
+  }
   fs::remove_all(root);
 }
 

@@ -240,6 +240,7 @@ class BatchNode final : public DatasetNode {
           pool_ = std::make_unique<ReaderPool>(src_->parallel);
         if (end_ < 0) {
           out->tensors = gather_rows(*src_, rows_, epochs_, pool_.get());
+          out->skipped = static_cast<int64_t>(rows_.size()) - out->tensors.at(0).shape()[0];
         } else {  // only this window's rows are read
           const int64_t n = static_cast<int64_t>(rows_.size());
           out->batch_rows = n;
@@ -248,6 +249,7 @@ class BatchNode final : public DatasetNode {
           window_.assign(rows_.begin() + from, rows_.begin() + to);
           window_epochs_.assign(epochs_.begin() + from, epochs_.begin() + to);
           out->tensors = gather_rows(*src_, window_, window_epochs_, pool_.get());
+          out->skipped = static_cast<int64_t>(window_.size()) - out->tensors.at(0).shape()[0];
         }
       }
       return true;

@@ -18,6 +18,7 @@ struct DatasetElement {
   uint64_t epoch = 0;  // the pass's epoch the source was iterated with: the reader gets it
   std::vector<Tensor> tensors;
   int64_t batch_rows = -1;  // a batch cut to a row window: the rows of the whole batch
+  int64_t skipped = 0;      // a batch: its rows the reader skipped (ignore_errors)
 };
 
 // Internal iterator: next(nullptr) advances without materialising (shard uses it to skip

@@ -28,7 +28,8 @@ bool is_image_file(const fs::path& p) {
 }
 
 // Image files under `dir` (recursively), sorted. A folder that cannot be read (permissions, a
-// symlink loop with follow_links) is an Unavailable error naming it.
+// symlink loop with follow_links) is DataLoss naming it (not Unavailable, which elastic training
+// takes for a lost peer).
 std::vector<std::string> images_under(const fs::path& dir, bool follow_links) {
   std::vector<std::string> out;
   auto opts =
@@ -38,8 +39,8 @@ std::vector<std::string> images_under(const fs::path& dir, bool follow_links) {
          it != fs::recursive_directory_iterator(); ++it)
       if (it->is_regular_file() && is_image_file(it->path())) out.push_back(it->path().string());
   } catch (const fs::filesystem_error& e) {
-    throw Unavailable(str_cat("image_dataset_from_directory: cannot list '", e.path1().string(),
-                              "': ", e.code().message()));
+    throw DataLoss(str_cat("image_dataset_from_directory: cannot list '", e.path1().string(),
+                           "': ", e.code().message()));
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -129,8 +130,8 @@ ImageFolder image_dataset_from_directory(const std::string& directory,
         if (entry.is_directory() && (options.follow_links || !entry.is_symlink()))
           out.class_names.push_back(entry.path().filename().string());
     } catch (const fs::filesystem_error& e) {
-      throw Unavailable(str_cat("image_dataset_from_directory: cannot list '", directory,
-                                "': ", e.code().message()));
+      throw DataLoss(str_cat("image_dataset_from_directory: cannot list '", directory,
+                             "': ", e.code().message()));
     }
     std::sort(out.class_names.begin(), out.class_names.end());
     if (out.class_names.empty())

@@ -204,6 +204,8 @@ void decode_jpeg(std::string_view bytes, int channels, const ImageTransform* t, 
   err.mgr.error_exit = jpeg_fail;
   err.mgr.emit_message = jpeg_message;
   std::vector<JSAMPROW> rows;
+  std::vector<uint8_t>
+      four;  // a CMYK JPEG as decoded (before setjmp: a longjmp skips no destructor)
   if (setjmp(err.jump)) {
     jpeg_destroy_decompress(&cinfo);
     throw DataLoss(str_cat(what, ": cannot decode the JPEG: ", err.message));
@@ -248,7 +250,6 @@ void decode_jpeg(std::string_view bytes, int channels, const ImageTransform* t, 
   r->width = static_cast<int>(cinfo.output_width);
   r->height = r1 - r0;
   r->channels = c;
-  std::vector<uint8_t> four;  // CMYK as decoded
   std::vector<uint8_t>& decoded = cmyk ? four : r->pixels;
   decoded.resize(static_cast<size_t>(r->width) * r->height * dc);
   rows.resize(static_cast<size_t>(r->height));

@@ -101,6 +101,7 @@ class ParallelIt final : public DatasetNodeIterator {
     if (!out) return true;  // mapped for nothing: a later stage drops it
     out->row = front.row;
     out->batch_rows = front.batch_rows;
+    out->skipped = front.skipped;
     out->tensors = front.result.get();  // rethrows what the function threw, in order
     return true;
   }
@@ -108,7 +109,7 @@ class ParallelIt final : public DatasetNodeIterator {
  private:
   struct InFlight {
     std::future<std::vector<Tensor>> result;
-    int64_t row, batch_rows;
+    int64_t row, batch_rows, skipped;
   };
 
   void fill() {
@@ -128,7 +129,7 @@ class ParallelIt final : public DatasetNodeIterator {
           [fn = fn_, k = k_, t = std::move(e.tensors), i = index_++]() mutable {
             return checked(*fn, std::move(t), i, k);
           });
-      inflight_.push_back({task.get_future(), e.row, e.batch_rows});
+      inflight_.push_back({task.get_future(), e.row, e.batch_rows, e.skipped});
       {
         std::lock_guard<std::mutex> lock(mu_);
         queue_.push_back(std::move(task));

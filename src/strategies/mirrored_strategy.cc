@@ -341,15 +341,13 @@ PerReplica MirroredStrategy::do_split_batch(const std::vector<Tensor>& batch, in
   for (int r = 0; r < first; ++r) begin += sizes[static_cast<size_t>(r)];
   begin -= where.first;
   // A window whose reader skipped rows (ignore_errors) holds fewer than its replicas' share: what
-  // it holds is split over them. Each worker knows only its own skips before the step, so the
-  // step's row count leaves out this worker's (another worker's skips stay counted, a mean a few
-  // rows off in a step that met a corrupt record) rather than add a collective to every step.
-  int64_t skipped = 0;
+  // it holds is split over them. The step's row count stays the planned one on every worker (they
+  // cannot know of each other's skips before the step, and the epoch's loss, which callbacks
+  // decide on, must be the same everywhere): that step's mean is a few rows low.
   if (where.total >= 0) {
     int64_t want = 0;
     for (int r = 0; r < local; ++r) want += sizes[static_cast<size_t>(first + r)];
     if (held < want && begin == 0) {
-      skipped = want - held;
       const std::vector<int64_t> mine = split_batch_sizes(held, want, local);
       for (int r = 0; r < local; ++r)
         sizes[static_cast<size_t>(first + r)] = mine[static_cast<size_t>(r)];
@@ -378,7 +376,7 @@ PerReplica MirroredStrategy::do_split_batch(const std::vector<Tensor>& batch, in
   if (batch.empty()) out.values.assign(static_cast<size_t>(local), {});
   out.global_rows =
       off ? static_cast<int64_t>(extended().sum_across_workers({static_cast<double>(rows)})[0])
-          : rows - skipped;
+          : rows;
   return out;
 }
 

@@ -347,6 +347,24 @@ class Signals(LauncherCase):
         self.assert_gone([reports["worker:0"]["pid"]])
         self.assertFalse(subprocess.run(["pgrep", "-f", script], capture_output=True).stdout, "the script lives on")
 
+    def test_a_discovery_script_writing_without_end_is_killed(self):
+        # `yes`: the launcher reads at most 64 KiB of it a turn (an unbounded read held its loop for
+        # good) and kills it past 1 MiB; the job goes on and a SIGTERM stops it at once.
+        script = os.path.join(self.dir, "discover.sh")
+        with open(script, "w") as f:
+            f.write("#!/bin/sh\nexec yes localhost:1\n")
+        os.chmod(script, 0o755)
+        p = self.start_launcher(["--min-np", "1", "--max-np", "2", "-np", "1", "--host-discovery-script", script],
+                                self.fake("--sleep", "60", "--on-term", "exit0"))
+        self.wait_reports(["worker:0"])
+        time.sleep(3)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        status, out, err = self.finish(p, timeout=10)
+        self.assertLess(time.monotonic() - t0, 5, err)
+        self.assertEqual(status, 128 + signal.SIGTERM, err)
+        self.assertIn("wrote more than 1 MiB; killed it (SIGKILL)", err)
+
     def test_children_die_with_a_killed_launcher(self):
         p = self.start_launcher(["-np", "2"], self.fake("--sleep", "60"))
         reports = self.wait_reports(["worker:0", "worker:1"])
@@ -475,6 +493,20 @@ class PsJob(LauncherCase):
         self.assertIn("SIGKILL after 300 s (--evaluator-grace)", err)
         self.assertIn("[evaluator:0] finished 3.0 s after SIGTERM", out)
         self.assertNotIn("evaluator:0 still running", err)
+
+    def test_a_sigterm_while_the_evaluator_finishes_is_not_passed_on_again(self):
+        # The workers are done and the evaluator has its SIGTERM ("evaluate the last checkpoint");
+        # a SIGTERM to the launcher then must not reach it again (dtrain's programs take a second
+        # stop signal as "die now": it was sent again), only bring its SIGKILL to --grace.
+        p = self.start_launcher(["-np", "1", "--ps", "1", "--evaluator", "--grace", "8"], self.fake(
+            "--sleep", "60", "--sleep-tasks", "ps:0,evaluator:0", "--on-term", "slow-exit0",
+            "--on-term-tasks", "evaluator:0", "--term-delay", "2", "--wait-for", "worker:0,ps:0,evaluator:0"))
+        self.assertTrue(wait_until(lambda: self.marker("evaluator:0.SIGTERM"), 20), "no SIGTERM for the evaluator")
+        p.send_signal(signal.SIGTERM)
+        status, out, err = self.finish(p, timeout=20)
+        with open(os.path.join(self.dir, "evaluator:0.signals")) as f:
+            self.assertEqual(f.read().split(), ["SIGTERM"], err)
+        self.assertIn("[evaluator:0] finished 2.0 s after SIGTERM", out)
 
     def test_evaluator_grace_is_bounded(self):
         status, out, err, _ = self.run_launcher(

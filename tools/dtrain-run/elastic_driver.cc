@@ -151,14 +151,17 @@ bool ElasticDriver::poll_discovery(Clock::time_point now, std::string* text, std
     script_.fds[1] = s.err_fd;
     script_.deadline = now + std::chrono::seconds(10);
   }
-  // What it wrote so far (the pipes do not block); its output ends with both pipes.
+  // What it wrote so far (the pipes do not block; at most 64 KiB a stream a call, so that a
+  // script writing without end cannot hold the supervisor here); its output ends with both pipes.
   char buf[4096];
+  bool too_much = false;
   for (int w = 0; w < 2; ++w) {
     std::string& into = w == 0 ? script_.out : script_.err;
-    while (script_.fds[w] >= 0) {
+    for (int reads = 0; reads < 16 && script_.fds[w] >= 0; ++reads) {
       const ssize_t n = ::read(script_.fds[w], buf, sizeof(buf));
       if (n > 0) {
-        if (into.size() < (1u << 20)) into.append(buf, static_cast<size_t>(n));
+        into.append(buf, static_cast<size_t>(n));
+        too_much = too_much || into.size() > (1u << 20);
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -166,6 +169,12 @@ bool ElasticDriver::poll_discovery(Clock::time_point now, std::string* text, std
       ::close(script_.fds[w]);
       script_.fds[w] = -1;
     }
+  }
+  if (too_much) {
+    *error = "the host discovery script " + o_.discovery_script +
+             " wrote more than 1 MiB; killed it (SIGKILL)";
+    end_discovery();
+    return true;
   }
   int status = 0;
   const bool open = script_.fds[0] >= 0 || script_.fds[1] >= 0;

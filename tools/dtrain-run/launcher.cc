@@ -154,7 +154,23 @@ void Supervisor::begin_stop(int sig) {
   stopping_ = true;
   for (auto& c : children_) {
     c.restart_at = kNever;  // a worker waiting for its restart stays down
+    stop_once(c, sig);
+  }
+}
+
+// A task already asked to stop (the evaluator and the ps tasks at the end of a ps job, an elastic
+// worker whose host left the list, any task when the job is already stopping) gets no second
+// signal, which dtrain's programs take as "die now" (a backup being written would be lost); its
+// SIGKILL comes within --grace from now, sooner than the evaluator's longer grace.
+void Supervisor::stop_once(Child& c, int sig) {
+  if (!c.stop_requested) {
     signal_child(c, sig);
+    return;
+  }
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(grace_);
+  if (!c.sigkilled && deadline < c.kill_at) {
+    c.kill_at = deadline;
+    c.kill_after_s = grace_.count();
   }
 }
 
@@ -165,23 +181,10 @@ void Supervisor::on_signal(int sig) {
     for (auto& c : children_) signal_child(c, SIGKILL);
     return;
   }
-  if (stopping_) {
-    // Already stopping (a failure, --timeout, the end of a ps job): a task asked to stop gets no
-    // second signal, which dtrain's programs take as "die now" (a backup being written would be
-    // lost); its SIGKILL comes within --grace from now (sooner than the evaluator's longer grace).
+  if (stopping_) {  // a failure or --timeout is stopping the job: its status stays
     log_line("got " + signal_name(sig) + " while stopping the job; SIGKILL after " +
              seconds_text(o_.grace_s) + " s" + (sig == SIGINT ? ", or at a second Ctrl-C" : ""));
-    for (auto& c : children_) {
-      if (!c.stop_requested) {
-        signal_child(c, sig);
-        continue;
-      }
-      const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(grace_);
-      if (!c.sigkilled && deadline < c.kill_at) {
-        c.kill_at = deadline;
-        c.kill_after_s = grace_.count();
-      }
-    }
+    for (auto& c : children_) stop_once(c, sig);
     return;
   }
   log_line("got " + signal_name(sig) + "; forwarding it to every task (SIGKILL after " +
@@ -368,7 +371,9 @@ void Supervisor::check_deadlines(Clock::time_point now) {
 
 int Supervisor::poll_timeout_ms(Clock::time_point now) const {
   Clock::time_point next = stopping_ ? kNever : job_deadline_;
-  if (elastic_ && !stopping_ && !o_.elastic.discovery_script.empty())
+  // Only while elastic_tick() runs the driver (else a past next_tick() made poll() spin).
+  if (elastic_ && !stopping_ && !o_.elastic.discovery_script.empty() && elastic_->running() > 0 &&
+      !elastic_success_)
     next = std::min(next, elastic_->next_tick());
   for (const auto& c : children_) {
     if (!c.sigkilled && c.group_alive()) next = std::min(next, c.kill_at);

@@ -156,6 +156,10 @@ void set_up_elastic(const Args& a, int np, dtrain::run::LaunchOptions& o) {
   e.timeout_s = a.elastic_timeout_s;
   e.settle_s = a.elastic_settle_s;
   if (!a.netns.empty()) {
+    if (a.port_base_given && a.port_base < 2)
+      throw UsageError("--port-base " + std::to_string(a.port_base) +
+                       ": an elastic job on --netns hosts puts its rendezvous at port-base - 1; "
+                       "give 2 or more");
     for (size_t i = 0; i < o.tasks.size(); ++i)
       e.hosts.push_back(ElasticHost{o.netns[i], o.tasks[i].host, o.netns[i], 1});
     std::ifstream in("/run/dtrain-netns/" + a.netns + ".hosts");

@@ -89,6 +89,7 @@ class Supervisor {
   // SIGTERM: SIGKILL follows after grace_s seconds, or after grace_override_s when >= 0.
   void signal_child(Child& c, int sig, double grace_override_s = -1);
   void begin_stop(int sig);
+  void stop_once(Child& c, int sig);
   void stop_servers_when_workers_done();
   void log_summary() const;
   void start_elastic(const ElasticSpawn& spawn);

@@ -61,8 +61,8 @@ class DTRAIN_API Dataset {
   // every component c to dst[c] (RowSpec's shape and dtype, dense) and returns true, or returns
   // false to skip the row (ignore_errors; the row is counted in skipped_records() and its batch is
   // one row shorter, so every other batch keeps its rows and sharding and resuming stay exact; in a
-  // multi-worker job where each worker reads its replicas' rows alone, that step's mean counts only
-  // the reading worker's skip, as the others cannot know of it before the step).
+  // multi-worker job where each worker reads its replicas' rows alone, the step's mean still
+  // divides by the planned global batch, the same on every worker).
   // `epoch` is the pass's epoch (with_epoch(); fit() sets it), for random augmentation that
   // differs per epoch yet is the same whichever worker, thread or resumed job reads the row.
   // PyTorch's map-style Dataset (__getitem__) with DataLoader's workers: batch() reads a batch's

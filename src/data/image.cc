@@ -170,6 +170,16 @@ void resample(const uint8_t* src, int w, int h, int c, Window win, const ImageTr
   }
 }
 
+// A header's size past this many pixels (32768 x 32768) is taken for corrupt data: decoding it
+// would allocate gigabytes (and end in bad_alloc, untyped) for a file of a few bytes.
+constexpr uint64_t kMaxPixels = uint64_t{1} << 30;
+
+void check_size(uint64_t width, uint64_t height, const std::string& what, const char* kind) {
+  if (width * height > kMaxPixels)
+    throw DataLoss(str_cat(what, ": the ", kind, " header says ", width, "x", height,
+                           ", more than 2^30 pixels: corrupt, or too large to decode"));
+}
+
 // ---- JPEG ----
 
 struct JpegError {
@@ -214,6 +224,11 @@ void decode_jpeg(std::string_view bytes, int channels, const ImageTransform* t, 
   jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(bytes.data()),
                static_cast<unsigned long>(bytes.size()));
   jpeg_read_header(&cinfo, TRUE);
+  if (static_cast<uint64_t>(cinfo.image_width) * cinfo.image_height > kMaxPixels) {
+    const uint64_t w = cinfo.image_width, h = cinfo.image_height;
+    jpeg_destroy_decompress(&cinfo);
+    check_size(w, h, what, "JPEG");
+  }
   const int file_channels = cinfo.num_components == 1 ? 1 : 3;
   const int c = channels == 0 ? file_channels : channels;
   // CMYK (and YCCK) JPEGs, as Photoshop writes them (a few dozen in ImageNet): decoded as CMYK and
@@ -305,6 +320,11 @@ Image decode_png(std::string_view bytes, int channels, const std::string& what) 
     return DataLoss(str_cat(what, ": cannot decode the PNG (", stage, "): ", msg));
   };
   if (!png_image_begin_read_from_memory(&img, bytes.data(), bytes.size())) throw fail("header");
+  if (static_cast<uint64_t>(img.width) * img.height > kMaxPixels) {
+    const uint64_t w = img.width, h = img.height;
+    png_image_free(&img);
+    check_size(w, h, what, "PNG");
+  }
   const bool color = (img.format & PNG_FORMAT_FLAG_COLOR) != 0;
   const bool alpha = (img.format & PNG_FORMAT_FLAG_ALPHA) != 0;
   const int c = channels == 0 ? (color ? 3 : 1) : channels;

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -443,8 +444,11 @@ Dataset TFRecordDataset(const std::vector<std::string>& files,
   }
   fp += str_cat("cycle ", options.cycle_length, " block ", options.block_length, " seed ",
                 options.seed);
-  src->rows = interleave_order(counts, static_cast<size_t>(options.cycle_length),
-                               static_cast<size_t>(options.block_length));
+  // More open files than there are files is the same order (tf.data's too): a huge cycle_length
+  // allocates and walks no empty slots.
+  src->rows =
+      interleave_order(counts, std::min(static_cast<size_t>(options.cycle_length), files.size()),
+                       static_cast<size_t>(options.block_length));
   Dataset::ReaderOptions ro;
   ro.num_parallel_calls = options.num_parallel_calls;
   ro.epoch_dependent = random;

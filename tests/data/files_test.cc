@@ -330,6 +330,12 @@ TEST(TFRecord, FilesWrittenByTensorFlowReadBackExactly) {
       all_batches(TFRecordDataset(files, {FeatureSpec::int64("image/class/label")}, o).batch(8));
   EXPECT_EQ(il[0][0].to_vector<int32_t>(),
             expected["interleave_2_2_labels"].get<std::vector<int32_t>>());
+  // A cycle longer than the files: all open at once, the same order as a cycle of 2.
+  o.cycle_length = 1 << 30;
+  EXPECT_EQ(all_batches(
+                TFRecordDataset(files, {FeatureSpec::int64("image/class/label")}, o).batch(8))[0][0]
+                .to_vector<int32_t>(),
+            expected["interleave_2_2_labels"].get<std::vector<int32_t>>());
 }
 
 // A TFRecord file cache holds how the records were read: another rescale of the same files (or

@@ -85,6 +85,31 @@ TEST(Image, BadDataIsDataLossNamingIt) {
   std::string header_only = jpeg.substr(0, 200);
   fails(header_only, "JPEG");
   EXPECT_THROW(image::decode_image(jpeg, 2), InvalidArgument);
+  // A header claiming 60000 x 60000 pixels over a few hundred bytes: DataLoss before any buffer
+  // (decoding it would zero-fill 10.8 GB, or end in an untyped bad_alloc).
+  std::string huge = jpeg;
+  const size_t sof = huge.find("\xff\xc0");
+  ASSERT_NE(sof, std::string::npos);
+  for (size_t at : {sof + 5, sof + 7}) {  // height, then width, big-endian
+    huge[at] = static_cast<char>(60000 >> 8);
+    huge[at + 1] = static_cast<char>(60000 & 0xff);
+  }
+  fails(huge, "more than 2^30 pixels");
+  std::string big_png = png;  // IHDR: width and height at 16 and 20, its CRC at 29
+  for (size_t at : {16, 20}) {
+    big_png[at] = big_png[at + 1] = 0;
+    big_png[at + 2] = static_cast<char>(60000 >> 8);
+    big_png[at + 3] = static_cast<char>(60000 & 0xff);
+  }
+  uint32_t crc = 0xffffffffu;  // over the chunk's type and data: bytes 12..28
+  for (size_t i = 12; i < 29; ++i) {
+    crc ^= static_cast<uint8_t>(big_png[i]);
+    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0xedb88320u & (0u - (crc & 1u)));
+  }
+  crc ^= 0xffffffffu;
+  for (int k = 0; k < 4; ++k)
+    big_png[29 + static_cast<size_t>(k)] = static_cast<char>(crc >> (24 - 8 * k));
+  fails(big_png, "more than 2^30 pixels");
 }
 
 TEST(Image, StretchAtTheSameSizeIsTheImageAndFlipMirrorsIt) {

@@ -35,6 +35,9 @@ def main():
     p.add_argument("--restarted-exit0", action="store_true",
                    help="a restarted start (n >= 1) reports, prints and exits 0")
     p.add_argument("--grandchild", action="store_true", help="start a `sleep` in the same group")
+    p.add_argument("--orphan", action="store_true",
+                   help="start a `sleep` in the same group with its output to /dev/null (the task's "
+                        "pipes close when the task exits, leaving it behind)")
     p.add_argument("--on-term", choices=["default", "exit0", "ignore", "slow-exit0"], default="default",
                    help="slow-exit0: exit 0 --term-delay seconds after the signal (an evaluator "
                         "finishing its last checkpoint)")
@@ -60,6 +63,9 @@ def main():
     grandchild = None
     if args.grandchild:
         grandchild = subprocess.Popen(["sleep", "60"])
+    orphan = None
+    if args.orphan:
+        orphan = subprocess.Popen(["sleep", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def handler(signum, _frame):
         name = signal.Signals(signum).name
@@ -103,6 +109,7 @@ def main():
         "extra_args": rest,
         "pid": os.getpid(),
         "grandchild_pid": grandchild.pid if grandchild else None,
+        "orphan_pid": orphan.pid if orphan else None,
         "stdin_is_devnull": os.path.samestat(os.fstat(0), os.stat(os.devnull)),
         "blocked_signals": [int(l.split()[1], 16) for l in open("/proc/self/status") if l.startswith("SigBlk:")][0],
     }

@@ -365,6 +365,17 @@ class Signals(LauncherCase):
         self.assertEqual(status, 128 + signal.SIGTERM, err)
         self.assertIn("wrote more than 1 MiB; killed it (SIGKILL)", err)
 
+    def test_processes_a_task_leaves_behind_end_with_the_job(self):
+        # A task that starts a process with its output elsewhere and exits 0: its pipes close, and
+        # the process lived on after dtrain-run returned (a reaped leader's group was never
+        # signalled). dtrain-run adopts such orphans (PR_SET_CHILD_SUBREAPER) and ends them.
+        status, _, err, secs = self.run_launcher(["-np", "2", "--grace", "1"], self.fake("--orphan"), timeout=30)
+        self.assertEqual(status, 0, err)
+        pids = [self.report(f"worker:{i}")["orphan_pid"] for i in range(2)]
+        self.assertIn("process(es) the tasks left running", err)
+        self.assert_gone(pids, timeout=1)
+        self.assertLess(secs, 10, err)
+
     def test_children_die_with_a_killed_launcher(self):
         p = self.start_launcher(["-np", "2"], self.fake("--sleep", "60"))
         reports = self.wait_reports(["worker:0", "worker:1"])

@@ -435,7 +435,21 @@ namespace {
 bool is_training(const Task& t) { return t.type == "worker" || t.type == "chief"; }
 }  // namespace
 
+// Processes the tasks started and left behind (adopt_orphans): ended with the job.
+void Supervisor::end_left_behind() {
+  std::vector<pid_t> known;  // children given up on after their SIGKILL (stuck in the kernel)
+  for (const auto& c : children_)
+    if (!c.reaped) known.push_back(c.pid);
+  const std::vector<pid_t> ended = end_adopted(known, std::min(grace_.count(), 2.0));
+  if (ended.empty()) return;
+  std::string pids;
+  for (pid_t p : ended) pids += (pids.empty() ? "" : ", ") + std::to_string(p);
+  log_line("ended " + std::to_string(ended.size()) + " process(es) the tasks left running (pid " +
+           pids + ")");
+}
+
 int Supervisor::run() {
+  adopt_orphans();
   argv_ = task_argv(o_.command, o_.devices);
   const std::string why = check_program(argv_.at(0));
   if (!why.empty()) {
@@ -521,6 +535,7 @@ int Supervisor::run() {
   }
   loop();
   log_summary();
+  end_left_behind();
   // Signals stay blocked: one arriving now must not kill the launcher before it returns the status.
   ::close(sfd_);
   ::close(devnull_);

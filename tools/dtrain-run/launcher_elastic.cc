@@ -110,7 +110,8 @@ int Supervisor::run_elastic() {
   log_summary();
   ::close(sfd_);
   ::close(devnull_);
-  elastic_.reset();
+  elastic_.reset();  // its discovery script first
+  end_left_behind();
   if (exit_code_ != 0) return exit_code_;  // interrupted or timed out
   if (elastic_success_ && !elastic_failed_after_success_) return 0;
   task_failed_ = true;

@@ -1,13 +1,18 @@
 #include "spawn.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -108,6 +113,75 @@ std::string spawn(const std::vector<std::string>& argv, const std::vector<std::s
   result.err_fd = err[0];
   for (int fd : {out[0], err[0]}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   return "";
+}
+
+void adopt_orphans() { (void)::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); }
+
+namespace {
+// This process's living children (from /proc: each process's parent), but `known`; the dead ones
+// (zombies) are reaped.
+std::vector<pid_t> adopted(const std::vector<pid_t>& known) {
+  std::vector<pid_t> out;
+  const pid_t self = ::getpid();
+  DIR* proc = ::opendir("/proc");
+  if (!proc) return out;
+  while (const dirent* e = ::readdir(proc)) {
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name, &end, 10);
+    if (pid <= 0 || *end != '\0') continue;
+    char path[64], buf[512];
+    std::snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+    ::close(fd);
+    if (n <= 0) continue;
+    buf[n] = '\0';
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses; the last ')' ends it.
+    const char* close = std::strrchr(buf, ')');
+    char state = 0;
+    long ppid = 0;
+    if (!close || std::sscanf(close + 1, " %c %ld", &state, &ppid) != 2) continue;
+    if (ppid != self ||
+        std::find(known.begin(), known.end(), static_cast<pid_t>(pid)) != known.end())
+      continue;
+    if (state == 'Z') {  // ended already (an orphan the job's stop reached): reaped, not counted
+      int status = 0;
+      (void)::waitpid(static_cast<pid_t>(pid), &status, WNOHANG);
+      continue;
+    }
+    out.push_back(static_cast<pid_t>(pid));
+  }
+  ::closedir(proc);
+  return out;
+}
+}  // namespace
+
+std::vector<pid_t> end_adopted(const std::vector<pid_t>& known, double grace_s) {
+  const std::vector<pid_t> found = adopted(known);
+  for (pid_t p : found) ::kill(p, SIGTERM);
+  std::vector<pid_t> left = found;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(0.0, grace_s));
+  while (!left.empty()) {
+    left.erase(std::remove_if(left.begin(), left.end(),
+                              [](pid_t p) {
+                                int status = 0;
+                                return ::waitpid(p, &status, WNOHANG) != 0;  // reaped, or gone
+                              }),
+               left.end());
+    if (left.empty()) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      for (pid_t p : left) {
+        ::kill(p, SIGKILL);
+        int status = 0;
+        (void)::waitpid(p, &status, 0);
+      }
+      break;
+    }
+    ::usleep(20000);
+  }
+  return found;
 }
 
 std::vector<int> allowed_cpus() {

@@ -44,6 +44,14 @@ std::string spawn(const std::vector<std::string>& argv, const std::vector<std::s
                   int stdin_fd, const sigset_t& child_mask, const std::vector<int>& cpus,
                   Spawned& out);
 
+// Makes this process the reaper of its descendants' orphans (PR_SET_CHILD_SUBREAPER): a process a
+// task started and left behind (its own stdout elsewhere, so the task's pipes close) becomes this
+// process's child instead of init's, and ends with the job. Never throws.
+void adopt_orphans();
+// Ends this process's children other than `known` (the orphans adopted): SIGTERM, SIGKILL to those
+// still alive after grace_s seconds, each reaped. Returns their pids. Never throws.
+std::vector<pid_t> end_adopted(const std::vector<pid_t>& known, double grace_s);
+
 // The cores this process may run on (its affinity mask), in order. Never throws.
 std::vector<int> allowed_cpus();
 

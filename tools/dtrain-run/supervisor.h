@@ -90,6 +90,7 @@ class Supervisor {
   void signal_child(Child& c, int sig, double grace_override_s = -1);
   void begin_stop(int sig);
   void stop_once(Child& c, int sig);
+  void end_left_behind();
   void stop_servers_when_workers_done();
   void log_summary() const;
   void start_elastic(const ElasticSpawn& spawn);

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""A stand-in for a dtrain task, started by dtrain-run in tests/launcher/launcher_test.py.
+"""A stand-in for a dtrain task, started by dtrain-run in tests/launcher/launcher_test.py
+(and launcher_ps_test.py).
 
 It reports what the launcher gave it (TF_CONFIG, DTRAIN_TASK, DTRAIN_JOB_TOKEN, argv, pid) as
 <report-dir>/<task>.json, and as <task>#<n>.json for its n-th start (0, then 1 after a restart),

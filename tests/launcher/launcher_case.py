@@ -1,6 +1,6 @@
-"""What the dtrain-run tests share (launcher_test.py): the fake worker's command, bounded waits on
-processes, and LauncherCase, which starts dtrain-run (LAUNCHER, set by launcher_test.py's main)
-and kills whatever a test leaves running.
+"""What the dtrain-run tests share (launcher_test.py, launcher_ps_test.py): the fake worker's
+command, bounded waits on processes, and LauncherCase, which starts dtrain-run (LAUNCHER, set by
+each test file's main) and kills whatever a test leaves running.
 """
 import json
 import os

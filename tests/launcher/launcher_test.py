@@ -325,45 +325,45 @@ class Signals(LauncherCase):
         self.assertNotIn("second interrupt", err)
         self.assertIn("got SIGTERM while stopping the job", err)
 
-    def test_a_hung_discovery_script_is_killed_and_the_launcher_goes_on(self):
-        # An elastic job's host discovery script that never ends: killed after 10 s, and the job goes
-        # on, its output relayed and a SIGTERM acted on at once. It was read in the launcher's loop,
-        # which it held for up to 10 s at each run (`timeout 10`): a SIGTERM took 8.9 s to act on.
+    def discovery_job(self, script_body):
+        """An elastic job of one fake worker (sleeping; exits 0 on SIGTERM) whose host discovery
+        script runs `script_body`: (the launcher, the script's path, the worker's report)."""
         script = os.path.join(self.dir, "discover.sh")
         with open(script, "w") as f:
-            f.write("#!/bin/sh\necho localhost:2\nexec sleep 100\n")
+            f.write(f"#!/bin/sh\n{script_body}\n")
         os.chmod(script, 0o755)
         p = self.start_launcher(["--min-np", "1", "--max-np", "2", "-np", "1", "--host-discovery-script", script],
                                 self.fake("--sleep", "60", "--on-term", "exit0"))
-        reports = self.wait_reports(["worker:0"])
-        time.sleep(11)
-        self.assertIsNone(p.poll(), "the job ended on its own")
+        return p, script, self.wait_reports(["worker:0"])["worker:0"]
+
+    def stop_at_once(self, p):
+        """SIGTERM to the launcher, which must end the job with 143 within 5 s: (stdout, stderr)."""
         t0 = time.monotonic()
         p.send_signal(signal.SIGTERM)
         status, out, err = self.finish(p, timeout=10)
         self.assertLess(time.monotonic() - t0, 5, err)
         self.assertEqual(status, 128 + signal.SIGTERM, err)
+        return out, err
+
+    def test_a_hung_discovery_script_is_killed_and_the_launcher_goes_on(self):
+        # An elastic job's host discovery script that never ends: killed after 10 s, and the job goes
+        # on, its output relayed and a SIGTERM acted on at once. It was read in the launcher's loop,
+        # which it held for up to 10 s at each run (`timeout 10`): a SIGTERM took 8.9 s to act on.
+        p, script, worker = self.discovery_job("echo localhost:2\nexec sleep 100")
+        time.sleep(11)
+        self.assertIsNone(p.poll(), "the job ended on its own")
+        out, err = self.stop_at_once(p)
         self.assertIn("did not finish within 10 s; killed it (SIGKILL)", err)
         self.assertIn("[worker:0] got SIGTERM", out)
-        self.assert_gone([reports["worker:0"]["pid"]])
+        self.assert_gone([worker["pid"]])
         self.assertFalse(subprocess.run(["pgrep", "-f", script], capture_output=True).stdout, "the script lives on")
 
     def test_a_discovery_script_writing_without_end_is_killed(self):
         # `yes`: the launcher reads at most 64 KiB of it a turn (an unbounded read held its loop for
         # good) and kills it past 1 MiB; the job goes on and a SIGTERM stops it at once.
-        script = os.path.join(self.dir, "discover.sh")
-        with open(script, "w") as f:
-            f.write("#!/bin/sh\nexec yes localhost:1\n")
-        os.chmod(script, 0o755)
-        p = self.start_launcher(["--min-np", "1", "--max-np", "2", "-np", "1", "--host-discovery-script", script],
-                                self.fake("--sleep", "60", "--on-term", "exit0"))
-        self.wait_reports(["worker:0"])
+        p, _, _ = self.discovery_job("exec yes localhost:1")
         time.sleep(3)
-        t0 = time.monotonic()
-        p.send_signal(signal.SIGTERM)
-        status, out, err = self.finish(p, timeout=10)
-        self.assertLess(time.monotonic() - t0, 5, err)
-        self.assertEqual(status, 128 + signal.SIGTERM, err)
+        _, err = self.stop_at_once(p)
         self.assertIn("wrote more than 1 MiB; killed it (SIGKILL)", err)
 
     def test_processes_a_task_leaves_behind_end_with_the_job(self):

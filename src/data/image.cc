@@ -170,14 +170,15 @@ void resample(const uint8_t* src, int w, int h, int c, Window win, const ImageTr
   }
 }
 
-// A header's size past this many pixels (32768 x 32768) is taken for corrupt data: decoding it
-// would allocate gigabytes (and end in bad_alloc, untyped) for a file of a few bytes.
-constexpr uint64_t kMaxPixels = uint64_t{1} << 30;
+// A header's size past this many pixels (16384 x 16384; Pillow refuses 179 million) is taken for
+// corrupt data or a decompression bomb: decoding it would allocate gigabytes, per reader thread
+// (or end in an untyped bad_alloc), for a file of a few bytes.
+constexpr uint64_t kMaxPixels = uint64_t{1} << 28;
 
 void check_size(uint64_t width, uint64_t height, const std::string& what, const char* kind) {
   if (width * height > kMaxPixels)
     throw DataLoss(str_cat(what, ": the ", kind, " header says ", width, "x", height,
-                           ", more than 2^30 pixels: corrupt, or too large to decode"));
+                           ", more than 2^28 pixels: corrupt, or too large to decode"));
 }
 
 // ---- JPEG ----

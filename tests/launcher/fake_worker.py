@@ -36,6 +36,9 @@ def main():
     p.add_argument("--restarted-exit0", action="store_true",
                    help="a restarted start (n >= 1) reports, prints and exits 0")
     p.add_argument("--grandchild", action="store_true", help="start a `sleep` in the same group")
+    p.add_argument("--short-orphans", type=int, default=0,
+                   help="leave this many `sleep 0.1`s behind (double-forked: orphans that end "
+                        "while the task runs)")
     p.add_argument("--orphan", action="store_true",
                    help="start a `sleep` in the same group with its output to /dev/null (the task's "
                         "pipes close when the task exits, leaving it behind)")
@@ -64,6 +67,9 @@ def main():
     grandchild = None
     if args.grandchild:
         grandchild = subprocess.Popen(["sleep", "60"])
+    for _ in range(args.short_orphans):
+        subprocess.run(["sh", "-c", "(sleep 0.1 &)"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=10)
     orphan = None
     if args.orphan:
         orphan = subprocess.Popen(["sleep", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

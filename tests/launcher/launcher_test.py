@@ -377,6 +377,26 @@ class Signals(LauncherCase):
         self.assert_gone(pids, timeout=1)
         self.assertLess(secs, 10, err)
 
+    def test_orphans_that_end_while_the_job_runs_are_reaped(self):
+        # Adopted orphans that end mid-job are reaped as they end, not kept as zombies until the
+        # job's end (they count against the pid limits of a long job).
+        p = self.start_launcher(["-np", "1"], self.fake("--short-orphans", "5", "--sleep", "4"))
+        self.wait_reports(["worker:0"])
+        time.sleep(1.5)
+        zombies = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if fields[0] == "Z" and int(fields[1]) == p.pid:
+                    zombies.append(int(entry))
+        self.assertEqual(zombies, [], "zombie children of dtrain-run while the job runs")
+        status, _, err = self.finish(p, timeout=20)
+        self.assertEqual(status, 0, err)
+
     def test_children_die_with_a_killed_launcher(self):
         p = self.start_launcher(["-np", "2"], self.fake("--sleep", "60"))
         reports = self.wait_reports(["worker:0", "worker:1"])

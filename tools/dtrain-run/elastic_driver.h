@@ -77,6 +77,8 @@ class ElasticDriver {
   // The launcher ids of the last round's workers.
   std::vector<int> members() const;
   std::chrono::steady_clock::time_point next_tick() const { return next_tick_; }
+  // The running discovery script's pid (its own to reap), or -1.
+  pid_t discovery_pid() const { return script_.pid; }
 
  private:
   ElasticSpawn make_spawn(const ElasticHost& host);

@@ -259,7 +259,7 @@ void Supervisor::restart(Child& c) {
   ++c.restarts;
   log_line("restarting " + c.task.name() + " (restart " + std::to_string(c.restarts) + " of " +
            std::to_string(o_.restart_workers) + ")");
-  c.stop_requested = false;
+  c.stop_requested = c.given_up = false;
   c.sigkilled = false;
   c.kill_at = c.give_up_at = c.reaped_at = kNever;
   const std::string err = start(c);
@@ -272,6 +272,23 @@ void Supervisor::restart(Child& c) {
 }
 
 void Supervisor::reap() {
+  // Every child that exited, as waitid() gives them: a task's status goes to on_exit; an orphan a
+  // task left (adopt_orphans) is reaped, so that none piles up while the job runs. The discovery
+  // script's is its driver's to reap.
+  const pid_t script = elastic_ ? elastic_->discovery_pid() : -1;
+  for (;;) {
+    siginfo_t info{};
+    if (::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0) break;
+    const pid_t pid = info.si_pid;
+    if (pid == script) break;
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) != pid) break;
+    for (auto& c : children_)
+      if (!c.reaped && c.pid == pid) {
+        on_exit(c, status);
+        break;
+      }
+  }
   for (auto& c : children_) {
     if (c.reaped) continue;
     int status = 0;
@@ -351,7 +368,7 @@ void Supervisor::check_deadlines(Clock::time_point now) {
     if (!c.reaped && now >= c.give_up_at) {
       log_line(c.task.name() + " (pid " + std::to_string(c.pid) +
                ") is still alive after SIGKILL; not waiting for it");
-      c.reaped = true;
+      c.reaped = c.given_up = true;
       c.reaped_at = now;
       close_fds(c);
     }
@@ -439,7 +456,7 @@ bool is_training(const Task& t) { return t.type == "worker" || t.type == "chief"
 void Supervisor::end_left_behind() {
   std::vector<pid_t> known;  // children given up on after their SIGKILL (stuck in the kernel)
   for (const auto& c : children_)
-    if (!c.reaped) known.push_back(c.pid);
+    if (c.given_up) known.push_back(c.pid);
   const std::vector<pid_t> ended = end_adopted(known, std::min(grace_.count(), 2.0));
   if (ended.empty()) return;
   std::string pids;

@@ -158,30 +158,42 @@ std::vector<pid_t> adopted(const std::vector<pid_t>& known) {
 }  // namespace
 
 std::vector<pid_t> end_adopted(const std::vector<pid_t>& known, double grace_s) {
-  const std::vector<pid_t> found = adopted(known);
-  for (pid_t p : found) ::kill(p, SIGTERM);
-  std::vector<pid_t> left = found;
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(0.0, grace_s));
-  while (!left.empty()) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<pid_t> ended, left;
+  auto reap_left = [&left] {
     left.erase(std::remove_if(left.begin(), left.end(),
                               [](pid_t p) {
                                 int status = 0;
                                 return ::waitpid(p, &status, WNOHANG) != 0;  // reaped, or gone
                               }),
                left.end());
-    if (left.empty()) break;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      for (pid_t p : left) {
-        ::kill(p, SIGKILL);
-        int status = 0;
-        (void)::waitpid(p, &status, 0);
-      }
-      break;
+  };
+  auto take_new = [&](int sig) {
+    for (pid_t p : adopted(known)) {
+      if (std::find(ended.begin(), ended.end(), p) != ended.end()) continue;
+      ended.push_back(p);
+      left.push_back(p);
+      ::kill(p, sig);
+      if (sig != SIGKILL) ::kill(p, SIGCONT);  // a stopped one acts on its SIGTERM now
     }
+  };
+  // SIGTERM, scanning again while the grace lasts: an orphan's own children come to this process
+  // when it exits.
+  const auto term_until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(std::max(0.0, grace_s)));
+  for (;;) {
+    take_new(SIGTERM);
+    reap_left();
+    if (left.empty() || Clock::now() >= term_until) break;
     ::usleep(20000);
   }
-  return found;
+  // SIGKILL to what is left and any found since; the wait is bounded (a process stuck in the
+  // kernel, or one this process may not signal, is left behind rather than waited for forever).
+  take_new(SIGKILL);
+  for (pid_t p : left) ::kill(p, SIGKILL);
+  const auto kill_until = Clock::now() + std::chrono::seconds(2);
+  for (reap_left(); !left.empty() && Clock::now() < kill_until; reap_left()) ::usleep(20000);
+  return ended;
 }
 
 std::vector<int> allowed_cpus() {

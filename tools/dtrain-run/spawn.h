@@ -48,8 +48,9 @@ std::string spawn(const std::vector<std::string>& argv, const std::vector<std::s
 // task started and left behind (its own stdout elsewhere, so the task's pipes close) becomes this
 // process's child instead of init's, and ends with the job. Never throws.
 void adopt_orphans();
-// Ends this process's children other than `known` (the orphans adopted): SIGTERM, SIGKILL to those
-// still alive after grace_s seconds, each reaped. Returns their pids. Never throws.
+// Ends this process's children other than `known` (the orphans adopted, and theirs as they come):
+// SIGTERM (and SIGCONT), SIGKILL to those still alive after grace_s seconds, each reaped within 2 s
+// more or left (stuck in the kernel; not ours to signal). Returns their pids. Never throws.
 std::vector<pid_t> end_adopted(const std::vector<pid_t>& known, double grace_s);
 
 // The cores this process may run on (its affinity mask), in order. Never throws.

@@ -60,6 +60,7 @@ struct Child {
   int fds[2] = {-1, -1};  // read ends of its stdout and stderr pipes
   LineRelay relays[2];
   bool stop_requested = false;  // we signalled it: a non-zero exit is not a failure
+  bool given_up = false;        // still alive after SIGKILL (stuck in the kernel): not waited for
   bool sigkilled = false;
   Clock::time_point kill_at = kNever;     // SIGKILL when still alive then
   double kill_after_s = 0;                // the grace that set kill_at (for the log)

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "dtrain/core/tensor.h"
@@ -21,7 +22,9 @@ class RowWindowIterator {
   RowWindowIterator(const Dataset& dataset, int64_t begin, int64_t end);
   ~RowWindowIterator();
   // The next batch's rows [begin, end) (fewer, or none, when the batch is shorter), and in
-  // *batch_rows the rows of the whole batch; false at the end.
+  // *batch_rows the rows of the whole batch; false at the end. DataLoss when more rows than twice
+  // the source's were skipped in a row (ignore_errors: a whole pass failed to read), as
+  // Dataset::Iterator does.
   bool next(std::vector<Tensor>* out, int64_t* batch_rows);
   // True when batch() copies only the window's rows.
   bool gathers_window_only() const { return pushed_down_; }
@@ -30,6 +33,8 @@ class RowWindowIterator {
   std::unique_ptr<DatasetNodeIterator> it_;
   int64_t begin_, end_;
   bool pushed_down_ = false;
+  int64_t source_rows_ = 0, skipped_in_a_row_ = 0;
+  std::string source_name_;
 };
 
 }  // namespace dtrain::detail

@@ -136,5 +136,33 @@ TEST(InputRows, RefusesAnUnbatchedDatasetAndANegativeRow) {
   EXPECT_THROW(detail::RowWindowIterator(ids(5).batch(2), -1, 2), InvalidArgument);
 }
 
+// A repeat() of rows that all fail to read gave a worker empty windows for good (its job trained on
+// nothing): DataLoss once more rows than twice the source's were skipped in a row, in the window
+// batch() gathers and in one cut after a map(); an empty window of a short last batch counts none.
+TEST(InputRows, ARepeatOfRowsThatAllFailEndsWithDataLoss) {
+  const Dataset none = Dataset::from_reader(
+      5, {{Shape{2}, DType::kFloat32}}, [](int64_t, uint64_t, void* const*) { return false; },
+      Dataset::ReaderOptions{1, false, "unreadable", ""});
+  for (const Dataset& d : {none.repeat().batch(4), none.repeat().batch(4).prefetch(2),
+                           none.repeat().batch(4).map([](std::vector<Tensor> t) { return t; })}) {
+    detail::RowWindowIterator it(d, 0, 2);
+    std::vector<Tensor> e;
+    int64_t rows = 0;
+    try {
+      for (int i = 0; i < 100 && it.next(&e, &rows);) ++i;
+      ADD_FAILURE() << "no DataLoss from " << d.to_string();
+    } catch (const DataLoss& err) {
+      EXPECT_NE(std::string(err.what()).find("more than twice its 5"), std::string::npos)
+          << err.what();
+    }
+  }
+  // Windows past a short batch's end are empty with nothing skipped: no error, ever.
+  detail::RowWindowIterator past(ids(3).repeat(50).batch(4), 3, 4);
+  std::vector<Tensor> e;
+  int64_t rows = 0, batches = 0;
+  while (past.next(&e, &rows)) ++batches;
+  EXPECT_EQ(batches, 38);
+}
+
 }  // namespace
 }  // namespace dtrain

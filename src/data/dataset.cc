@@ -394,7 +394,7 @@ class PublicIterator final : public Dataset::Iterator {
  public:
   PublicIterator(std::unique_ptr<DatasetNodeIterator> it, std::shared_ptr<const DatasetSource> src,
                  bool batched)
-      : it_(std::move(it)), src_(std::move(src)), batched_(batched) {}
+      : it_(std::move(it)), src_(std::move(src)), batched_(batched), skips_(*src_) {}
   bool next(std::vector<Tensor>* out) override {
     for (;;) {
       if (!it_) return false;
@@ -404,36 +404,21 @@ class PublicIterator final : public Dataset::Iterator {
         return false;
       }
       if (batched_) {
-        const bool empty = e.tensors.empty() || e.tensors[0].shape()[0] == 0;
-        skipped_in_a_row_ = empty ? skipped_in_a_row_ + e.skipped : 0;
-        check_skips();
+        skips_.add(e.tensors.empty() ? 0 : e.tensors[0].shape()[0], e.skipped);
         *out = std::move(e.tensors);
         return true;
       }
-      if (read_row(*src_, e.row, e.epoch, out)) {
-        skipped_in_a_row_ = 0;
-        return true;
-      }
-      ++skipped_in_a_row_;  // skipped: the next one
-      check_skips();
+      const bool read = read_row(*src_, e.row, e.epoch, out);
+      skips_.add(read ? 1 : 0, read ? 0 : 1);
+      if (read) return true;  // else skipped: the next one
     }
   }
 
  private:
-  // More rows skipped in a row than twice the source has: such a run holds a whole pass whose
-  // every row failed (a repeat() of it would never yield anything), so DataLoss instead of an
-  // endless loop. (Not once the source's count: a pass's last bad rows and the next pass's first,
-  // in another order, can make a run that long with half the rows bad.)
-  void check_skips() const {
-    if (skipped_in_a_row_ > 2 * src_->n)
-      throw DataLoss(str_cat(src_->name, ": ", skipped_in_a_row_,
-                             " rows skipped in a row (ignore_errors), more than twice its ",
-                             src_->n, ": a whole pass failed to read; check the files"));
-  }
-  int64_t skipped_in_a_row_ = 0;
   std::unique_ptr<DatasetNodeIterator> it_;
   std::shared_ptr<const DatasetSource> src_;
   bool batched_;
+  SkipRun skips_;
 };
 
 }  // namespace

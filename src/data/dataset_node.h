@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/core/error.h"
 #include "dtrain/core/tensor.h"
 
 namespace dtrain::detail {
@@ -42,6 +43,29 @@ struct DatasetSource {
   std::string suffix;       // after the source in to_string(): ".cache()"
   std::string fingerprint;  // identifies the data (cache files check it)
   std::shared_ptr<std::atomic<int64_t>> skipped = std::make_shared<std::atomic<int64_t>>(0);
+};
+
+// The rows a reader skipped in a row (ignore_errors) over what an iterator yields: DataLoss once
+// they are more than twice the source's rows, as such a run holds a whole pass whose every row
+// failed (a repeat() of it would never yield anything). Not once the source's count: a pass's
+// last bad rows and the next pass's first, in another order, can make a run that long with half
+// the rows bad.
+class SkipRun {
+ public:
+  explicit SkipRun(const DatasetSource& src) : name_(src.name), rows_(src.n) {}
+  // An element that yielded `kept` rows, the reader having skipped `skipped`.
+  void add(int64_t kept, int64_t skipped) {
+    run_ = kept > 0 ? 0 : run_ + skipped;
+    if (run_ > 2 * rows_)
+      throw DataLoss(str_cat(name_, ": ", run_,
+                             " rows skipped in a row (ignore_errors), more than twice its ", rows_,
+                             ": a whole pass failed to read; check the files"));
+  }
+
+ private:
+  std::string name_;
+  int64_t rows_;
+  int64_t run_ = 0;
 };
 
 // kAutotune's thread count: the cores this process may run on (its affinity: taskset, cgroups'

@@ -17,8 +17,7 @@ RowWindowIterator::RowWindowIterator(const Dataset& dataset, int64_t begin, int6
     throw InvalidArgument("a row window needs a batched dataset: call .batch() first");
   if (begin < 0)
     throw InvalidArgument(str_cat("row window [", begin, ", ", end, "): begin must be >= 0"));
-  source_rows_ = node->source()->n;
-  source_name_ = node->source()->name;
+  skips_ = std::make_unique<SkipRun>(*node->source());
   if (auto windowed = node->with_row_window(begin_, end_)) {
     pushed_down_ = true;
     it_ = windowed->make_iterator(0);
@@ -36,12 +35,7 @@ bool RowWindowIterator::next(std::vector<Tensor>* out, int64_t* batch_rows) {
     it_.reset();
     return false;
   }
-  const bool empty = e.tensors.empty() || e.tensors[0].shape()[0] == 0;
-  skipped_in_a_row_ = empty ? skipped_in_a_row_ + e.skipped : 0;
-  if (skipped_in_a_row_ > 2 * source_rows_)
-    throw DataLoss(str_cat(source_name_, ": ", skipped_in_a_row_,
-                           " rows skipped in a row (ignore_errors), more than twice its ",
-                           source_rows_, ": a whole pass failed to read; check the files"));
+  skips_->add(e.tensors.empty() ? 0 : e.tensors[0].shape()[0], e.skipped);
   if (pushed_down_) {
     DTRAIN_CHECK(e.batch_rows >= 0, "a windowed batch() did not record its rows");
     *batch_rows = e.batch_rows;

@@ -4,7 +4,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <string>
 #include <vector>
 
 #include "dtrain/core/tensor.h"
@@ -13,6 +12,7 @@
 namespace dtrain::detail {
 
 class DatasetNodeIterator;
+class SkipRun;
 
 class RowWindowIterator {
  public:
@@ -33,8 +33,7 @@ class RowWindowIterator {
   std::unique_ptr<DatasetNodeIterator> it_;
   int64_t begin_, end_;
   bool pushed_down_ = false;
-  int64_t source_rows_ = 0, skipped_in_a_row_ = 0;
-  std::string source_name_;
+  std::unique_ptr<SkipRun> skips_;
 };
 
 }  // namespace dtrain::detail

@@ -82,6 +82,14 @@ class LauncherCase(unittest.TestCase):
             self.fail(f"dtrain-run did not exit within {timeout} s\n{out}\n{err}")
         return p.returncode, out, err
 
+    def finish_within(self, p, seconds, status, why="should stop within a few seconds"):
+        """finish(), which must end with `status` within `seconds` from now: (stdout, stderr)."""
+        t0 = time.monotonic()
+        code, out, err = self.finish(p, timeout=20)
+        self.assertEqual(code, status, err)
+        self.assertLess(time.monotonic() - t0, seconds, f"{why}\n{err}")
+        return out, err
+
     def report(self, task):
         with open(os.path.join(self.dir, f"{task}.json")) as f:
             return json.load(f)

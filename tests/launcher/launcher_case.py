@@ -2,6 +2,7 @@
 command, bounded waits on processes, and LauncherCase, which starts dtrain-run (LAUNCHER, set by
 each test file's main) and kills whatever a test leaves running.
 """
+import argparse
 import json
 import os
 import re
@@ -13,7 +14,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAKE = os.path.join(HERE, "fake_worker.py")
-LAUNCHER = None  # set in __main__
+LAUNCHER = None  # set by main()
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -103,3 +104,13 @@ class LauncherCase(unittest.TestCase):
     def assert_gone(self, pids, timeout=5):
         ok = wait_until(lambda: not any(pid_alive(p) for p in pids), timeout)
         self.assertTrue(ok, f"processes still alive: {[p for p in pids if pid_alive(p)]}")
+
+
+def main():
+    """A test file's entry point: --launcher (dtrain-run) sets LAUNCHER; the rest is unittest's."""
+    global LAUNCHER
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--launcher", required=True)
+    known, rest = ap.parse_known_args()
+    LAUNCHER = os.path.abspath(known.launcher)
+    unittest.main(module="__main__", argv=[sys.argv[0], *rest], verbosity=2)

@@ -6,12 +6,9 @@ stop the job, --restart-workers, the evaluator's stop and grace, a failed ps or 
 
 Every wait is bounded (launcher_case.py); see launcher_test.py for the other suites.
 """
-import argparse
 import json
 import os
 import signal
-import sys
-import unittest
 
 import launcher_case
 from launcher_case import LauncherCase, wait_until
@@ -221,8 +218,4 @@ class PsJob(LauncherCase):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(add_help=False)
-    ap.add_argument("--launcher", required=True)
-    known, rest = ap.parse_known_args()
-    launcher_case.LAUNCHER = os.path.abspath(known.launcher)
-    unittest.main(argv=[sys.argv[0], *rest], verbosity=2)
+    launcher_case.main()

@@ -8,15 +8,12 @@ parameter-server jobs' suite, PsJob, is launcher_ps_test.py.
 Every wait is bounded; a launcher still alive at the end of a test is killed (its children die
 with it, through PR_SET_PDEATHSIG), so a broken launcher fails the tests instead of hanging them.
 """
-import argparse
 import json
 import os
 import re
 import signal
 import subprocess
-import sys
 import time
-import unittest
 
 import launcher_case
 from launcher_case import HEX64, LauncherCase, process_state, wait_until
@@ -483,8 +480,4 @@ class BadUsage(LauncherCase):
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(add_help=False)
-    ap.add_argument("--launcher", required=True)
-    known, rest = ap.parse_known_args()
-    launcher_case.LAUNCHER = os.path.abspath(known.launcher)
-    unittest.main(argv=[sys.argv[0], *rest], verbosity=2)
+    launcher_case.main()

@@ -141,14 +141,21 @@ std::vector<pid_t> adopted(const std::vector<pid_t>& known) {
     const char* close = std::strrchr(buf, ')');
     char state = 0;
     long ppid = 0;
-    if (!close || std::sscanf(close + 1, " %c %ld", &state, &ppid) != 2) continue;
+    unsigned long flags = 0;
+    if (!close || std::sscanf(close + 1, " %c %ld %*d %*d %*d %*d %lu", &state, &ppid, &flags) != 3)
+      continue;
     if (ppid != self ||
         std::find(known.begin(), known.end(), static_cast<pid_t>(pid)) != known.end())
       continue;
-    if (state == 'Z') {  // ended already (an orphan the job's stop reached): reaped, not counted
+    // Ended already, or ending (PF_EXITING: its files, the task's pipes among them, are closed
+    // before it turns zombie): an orphan the job's stop reached. Reaped, not counted.
+    constexpr unsigned long kExiting = 0x4;
+    if (state == 'Z' || (flags & kExiting) != 0) {
       int status = 0;
-      (void)::waitpid(static_cast<pid_t>(pid), &status, WNOHANG);
-      continue;
+      int tries = 0;
+      while (::waitpid(static_cast<pid_t>(pid), &status, WNOHANG) == 0 && ++tries < 50)
+        ::usleep(4000);
+      if (tries < 50) continue;
     }
     out.push_back(static_cast<pid_t>(pid));
   }

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 
@@ -150,6 +151,14 @@ class LocalJob(LauncherCase):
             argv = self.report("worker:0")["argv"]
             self.assertNotIn("--devices=cpu:2", argv)
             self.assertEqual(argv[-len(given):], given)
+
+    def test_the_programs_own_np_is_left_alone(self):
+        # Without --, everything from the program on is the program's, -np included (dtrain-run
+        # spells its own -np as --np for its parser; the program's must reach it as given).
+        cmd = [launcher_case.LAUNCHER, "-np", "1", *self.fake("-np", "4", "-np=5")]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(self.report("worker:0")["extra_args"], ["-np", "4", "-np=5"])
 
     def test_fixed_ports_with_port_base(self):
         status, _, err, _ = self.run_launcher(["-np", "2", "--port-base", "31000"], self.fake())
@@ -381,6 +390,26 @@ class Signals(LauncherCase):
         status, _, err = self.finish(p, timeout=20)
         self.assertEqual(status, 0, err)
 
+    def test_children_it_inherits_through_exec_are_left_alone(self):
+        # `cmd & exec dtrain-run ...`: the shell's background child becomes dtrain-run's; it is not
+        # an orphan a task left, and lives on after the job.
+        pid_file = os.path.join(self.dir, "bg.pid")
+        script = (f"sleep 30 >/dev/null 2>&1 & echo $! > {pid_file}; exec {launcher_case.LAUNCHER} -np 1 -- "
+                  f"{' '.join(self.fake('--orphan'))}")
+        r = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(pid_file) as f:
+            bg = int(f.read())
+        try:
+            self.assertTrue(os.path.exists(f"/proc/{bg}"), "the inherited child was ended")
+            self.assertIn("ended 1 process(es) the tasks left running", r.stderr)
+            self.assert_gone([self.report("worker:0")["orphan_pid"]], timeout=1)
+        finally:
+            try:
+                os.kill(bg, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     def test_children_die_with_a_killed_launcher(self):
         p = self.start_launcher(["-np", "2"], self.fake("--sleep", "60"))
         reports = self.wait_reports(["worker:0", "worker:1"])
@@ -453,6 +482,13 @@ class BadUsage(LauncherCase):
     def test_malformed_hosts(self):
         for spec in ("host1:x", "host1:2,,host2:2", "host1:0", ":2", "ho st:1", "a:1,a:2"):
             self.check(["--print-config", "-H", spec], "host:slots")
+
+    def test_this_machine_named_twice(self):
+        # Slot s of each name would get the same port (port-base + s).
+        self.check(["--print-config", "-H", "localhost:1,127.0.0.1:1"],
+                   "localhost and 127.0.0.1 are the same host")
+        self.check(["-H", f"{socket.gethostname()}:1,localhost:1"], "names this machine twice",
+                   ["true"])
 
     def test_hosts_without_print_config(self):
         self.check(["-np", "2", "-H", "h1:2"], "--print-config", ["true"])

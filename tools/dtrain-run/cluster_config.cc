@@ -87,8 +87,13 @@ std::vector<HostSlots> parse_hosts(const std::string& spec) {
     for (char c : h.host) {
       if (!valid_host_char(c)) throw bad(std::string("unexpected character '") + c + "' in host");
     }
-    if (!seen.insert(h.host).second) {
-      throw bad("host '" + h.host + "' is listed twice; give it once with all its slots");
+    // localhost and 127.0.0.1 are one machine: slot s of each would get the same port.
+    if (!seen.insert(h.host == "localhost" ? "127.0.0.1" : h.host).second) {
+      throw bad("host '" + h.host + "' is listed twice" +
+                (h.host == "localhost" || h.host == "127.0.0.1"
+                     ? std::string(" (localhost and 127.0.0.1 are the same host)")
+                     : std::string()) +
+                "; give it once with all its slots");
     }
     hosts.push_back(h);
   }

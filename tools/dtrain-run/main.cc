@@ -199,7 +199,14 @@ int run_local(const Args& a) {
     char self[256] = "";
     ::gethostname(self, sizeof(self) - 1);
     int slots = 0;
+    int names_of_this_machine = 0;  // parse_hosts refuses localhost and 127.0.0.1 together
     for (const auto& h : parse_hosts(a.hosts)) {
+      const bool here = h.host == "localhost" || h.host == "127.0.0.1" || h.host == self;
+      if (here && ++names_of_this_machine > 1) {
+        throw UsageError("-H " + a.hosts + " names this machine twice ('" + std::string(self) +
+                         "' is localhost; slot s of each would get the same port); give it "
+                         "once with all its slots");
+      }
       if (h.host != "localhost" && h.host != "127.0.0.1" && h.host != self) {
         throw UsageError(
             "-H names host '" + h.host +
@@ -422,7 +429,10 @@ int main(int argc, char** argv) {
   }
   a.np_given = np->count() > 0;
   a.port_base_given = port_base->count() > 0;
-  a.command = app.remaining();
+  // The program and its arguments as given: normalise_argv's -np rewrite is for dtrain-run's own
+  // options, not for a program started without -- (dtrain-run -np 2 ./prog -np 4).
+  const std::size_t n_command = app.remaining().size();
+  a.command.assign(argv + argc - static_cast<std::ptrdiff_t>(n_command), argv + argc);
   if (!a.command.empty() && a.command.front() == "--") a.command.erase(a.command.begin());
   try {
     const std::vector<std::string> rest = app.remaining();

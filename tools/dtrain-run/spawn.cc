@@ -115,11 +115,16 @@ std::string spawn(const std::vector<std::string>& argv, const std::vector<std::s
   return "";
 }
 
-void adopt_orphans() { (void)::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); }
-
 namespace {
-// This process's living children (from /proc: each process's parent), but `known`; the dead ones
-// (zombies) are reaped.
+// Children this process had before it adopted any (a shell's `cmd & exec dtrain-run ...` hands its
+// children to dtrain-run): not the tasks' orphans, never ended by end_adopted.
+std::vector<pid_t>& inherited() {
+  static std::vector<pid_t> pids;
+  return pids;
+}
+
+// This process's living children (from /proc: each process's parent), but `known` and the
+// inherited; the dead ones (zombies) are reaped.
 std::vector<pid_t> adopted(const std::vector<pid_t>& known) {
   std::vector<pid_t> out;
   const pid_t self = ::getpid();
@@ -144,9 +149,10 @@ std::vector<pid_t> adopted(const std::vector<pid_t>& known) {
     unsigned long flags = 0;
     if (!close || std::sscanf(close + 1, " %c %ld %*d %*d %*d %*d %lu", &state, &ppid, &flags) != 3)
       continue;
-    if (ppid != self ||
-        std::find(known.begin(), known.end(), static_cast<pid_t>(pid)) != known.end())
-      continue;
+    const auto listed = [pid](const std::vector<pid_t>& v) {
+      return std::find(v.begin(), v.end(), static_cast<pid_t>(pid)) != v.end();
+    };
+    if (ppid != self || listed(known) || listed(inherited())) continue;
     // Ended already, or ending (PF_EXITING: its files, the task's pipes among them, are closed
     // before it turns zombie): an orphan the job's stop reached. Reaped, not counted.
     constexpr unsigned long kExiting = 0x4;
@@ -163,6 +169,11 @@ std::vector<pid_t> adopted(const std::vector<pid_t>& known) {
   return out;
 }
 }  // namespace
+
+void adopt_orphans() {
+  inherited() = adopted({});
+  (void)::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+}
 
 std::vector<pid_t> end_adopted(const std::vector<pid_t>& known, double grace_s) {
   using Clock = std::chrono::steady_clock;

@@ -46,7 +46,8 @@ std::string spawn(const std::vector<std::string>& argv, const std::vector<std::s
 
 // Makes this process the reaper of its descendants' orphans (PR_SET_CHILD_SUBREAPER): a process a
 // task started and left behind (its own stdout elsewhere, so the task's pipes close) becomes this
-// process's child instead of init's, and ends with the job. Never throws.
+// process's child instead of init's, and ends with the job. Children this process already has
+// (inherited through an exec) are left alone. Never throws.
 void adopt_orphans();
 // Ends this process's children other than `known` (the orphans adopted, and theirs as they come):
 // SIGTERM (and SIGCONT), SIGKILL to those still alive after grace_s seconds, each reaped within 2 s

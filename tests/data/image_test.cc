@@ -195,44 +195,49 @@ TEST(Image, JpegScaledAndCroppedDecodeMatchesFullDecodeThenTransform) {
 }
 
 // A CMYK JPEG (Adobe's inverted form, as Photoshop and Pillow write it; a few dozen of ImageNet's
-// are CMYK): decoded to the RGB TensorFlow 2.21's decode_jpeg gives (tests/data/testdata/
-// make_cmyk.py), bit for bit; gray from that RGB by libjpeg's weights (TensorFlow refuses it);
-// the transformed path too. It was DataLoss "Unsupported color conversion request" before.
+// are CMYK), and the same file without its Adobe marker (plain CMYK, not inverted): decoded to the
+// RGB TensorFlow 2.21's decode_jpeg gives (tests/data/testdata/make_cmyk.py), bit for bit; gray
+// from that RGB by libjpeg's weights (TensorFlow refuses it); the transformed path too. It was
+// DataLoss "Unsupported color conversion request" before.
 TEST(Image, CmykJpegsDecodeToTensorFlowsRgb) {
   const std::string dir = dtrain::testing::testdata_dir();
-  const std::string jpeg = image::read_file(dir + "/cmyk.jpg");
   std::ifstream in(dir + "/cmyk.json");
   ASSERT_TRUE(in);
-  std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t at = json.find("\"rgb\": [");
-  ASSERT_NE(at, std::string::npos);
-  std::vector<uint8_t> want;
-  for (const char* p = json.c_str() + at + 8; *p && *p != ']'; ++p)
-    if (*p >= '0' && *p <= '9') {
-      want.push_back(static_cast<uint8_t>(std::strtol(p, nullptr, 10)));
-      while (p[1] >= '0' && p[1] <= '9') ++p;
+  const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const auto& [name, key] :
+       {std::pair<std::string, std::string>{"cmyk.jpg", "rgb"}, {"cmyk_plain.jpg", "rgb_plain"}}) {
+    SCOPED_TRACE(name);
+    const std::string jpeg = image::read_file(dir + "/" + name);
+    const size_t at = json.find("\"" + key + "\": [");
+    ASSERT_NE(at, std::string::npos);
+    std::vector<uint8_t> want;
+    for (const char* p = json.c_str() + at + key.size() + 5; *p && *p != ']'; ++p)
+      if (*p >= '0' && *p <= '9') {
+        want.push_back(static_cast<uint8_t>(std::strtol(p, nullptr, 10)));
+        while (p[1] >= '0' && p[1] <= '9') ++p;
+      }
+    ASSERT_EQ(want.size(), 6u * 8 * 3);
+    for (int channels : {0, 3}) {
+      const image::Image rgb = image::decode_image(jpeg, channels, name);
+      ASSERT_EQ(rgb.channels, 3);
+      ASSERT_EQ(rgb.width, 8);
+      ASSERT_EQ(rgb.height, 6);
+      EXPECT_EQ(rgb.pixels, want) << "channels " << channels;
     }
-  ASSERT_EQ(want.size(), 6u * 8 * 3);
-  for (int channels : {0, 3}) {
-    const image::Image rgb = image::decode_image(jpeg, channels, "cmyk.jpg");
-    ASSERT_EQ(rgb.channels, 3);
-    ASSERT_EQ(rgb.width, 8);
-    ASSERT_EQ(rgb.height, 6);
-    EXPECT_EQ(rgb.pixels, want) << "channels " << channels;
+    const image::Image gray = image::decode_image(jpeg, 1, name);
+    ASSERT_EQ(gray.pixels.size(), 6u * 8);
+    for (size_t i = 0; i < gray.pixels.size(); ++i)
+      EXPECT_EQ(
+          gray.pixels[i],
+          (19595 * want[3 * i] + 38470 * want[3 * i + 1] + 7471 * want[3 * i + 2] + 32768) >> 16)
+          << i;
+    image::ImageTransform t;
+    t.height = 6;
+    t.width = 8;
+    std::vector<float> px(6 * 8 * 3);
+    image::decode_transformed(jpeg, t, 0, 0, 0, px.data(), name);
+    for (size_t i = 0; i < px.size(); ++i) EXPECT_EQ(px[i], static_cast<float>(want[i])) << i;
   }
-  const image::Image gray = image::decode_image(jpeg, 1, "cmyk.jpg");
-  ASSERT_EQ(gray.pixels.size(), 6u * 8);
-  for (size_t i = 0; i < gray.pixels.size(); ++i)
-    EXPECT_EQ(
-        gray.pixels[i],
-        (19595 * want[3 * i] + 38470 * want[3 * i + 1] + 7471 * want[3 * i + 2] + 32768) >> 16)
-        << i;
-  image::ImageTransform t;
-  t.height = 6;
-  t.width = 8;
-  std::vector<float> px(6 * 8 * 3);
-  image::decode_transformed(jpeg, t, 0, 0, 0, px.data(), "cmyk.jpg");
-  for (size_t i = 0; i < px.size(); ++i) EXPECT_EQ(px[i], static_cast<float>(want[i])) << i;
 }
 
 // Progressive JPEGs (common in photo collections; written by PIL with progressive=True, committed

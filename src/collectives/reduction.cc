@@ -1,10 +1,36 @@
 #include "collectives/reduction.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
+#include <type_traits>
 
 namespace dtrain::collectives {
 namespace {
+
+// MAX and MIN give the same bits whatever the order of their operands, so that every rank of a
+// recursive-doubling exchange (each reducing its own value with its partner's) ends with the same
+// result: a NaN wins (as in tf.maximum, torch.maximum, np.maximum), as one quiet NaN; +0 is the
+// larger zero. std::max(x, NaN) is x but std::max(NaN, x) is NaN, and std::max(-0, +0) is -0: the
+// two ranks of a pair ended with different values.
+template <typename T>
+inline T max_of(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (a != a || b != b) return std::numeric_limits<T>::quiet_NaN();
+    if (a == b) return std::signbit(a) ? b : a;
+  }
+  return a < b ? b : a;
+}
+
+template <typename T>
+inline T min_of(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (a != a || b != b) return std::numeric_limits<T>::quiet_NaN();
+    if (a == b) return std::signbit(a) ? a : b;
+  }
+  return b < a ? b : a;
+}
 
 template <typename T>
 void pair_loop(T* __restrict d, const T* __restrict a, const T* __restrict b, size_t n,
@@ -15,10 +41,10 @@ void pair_loop(T* __restrict d, const T* __restrict a, const T* __restrict b, si
       for (size_t i = 0; i < n; ++i) d[i] = a[i] + b[i];
       break;
     case ReduceOp::kMax:
-      for (size_t i = 0; i < n; ++i) d[i] = std::max(a[i], b[i]);
+      for (size_t i = 0; i < n; ++i) d[i] = max_of(a[i], b[i]);
       break;
     case ReduceOp::kMin:
-      for (size_t i = 0; i < n; ++i) d[i] = std::min(a[i], b[i]);
+      for (size_t i = 0; i < n; ++i) d[i] = min_of(a[i], b[i]);
       break;
   }
 }
@@ -31,10 +57,10 @@ void into_loop(T* __restrict d, const T* __restrict s, size_t n, ReduceOp op) {
       for (size_t i = 0; i < n; ++i) d[i] += s[i];
       break;
     case ReduceOp::kMax:
-      for (size_t i = 0; i < n; ++i) d[i] = std::max(d[i], s[i]);
+      for (size_t i = 0; i < n; ++i) d[i] = max_of(d[i], s[i]);
       break;
     case ReduceOp::kMin:
-      for (size_t i = 0; i < n; ++i) d[i] = std::min(d[i], s[i]);
+      for (size_t i = 0; i < n; ++i) d[i] = min_of(d[i], s[i]);
       break;
   }
 }

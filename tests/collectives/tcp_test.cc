@@ -5,9 +5,13 @@
 // memory (the default on one host), which they check is really in use.
 #include "dtrain/collectives/tcp.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 
@@ -16,8 +20,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <thread>
 
 #include "testing/collective_inputs.h"
@@ -125,6 +131,83 @@ TEST_P(TcpData, AllreduceExactForSizesCountsDtypes) {
       }
     });
     for (const auto& e : errs) ASSERT_EQ(e, "") << "n=" << n;
+  }
+}
+
+// MAX and MIN with NaNs and signed zeros: every rank ends with the same bits (recursive doubling
+// reduces each rank's value with its partner's in its own order: std::max(x, NaN) is x but
+// std::max(NaN, x) is NaN, and the two ranks of a pair diverged), a NaN wins, +0 is the larger
+// zero. Small tensors take recursive doubling, large ones the ring.
+TEST_P(TcpData, MaxAndMinGiveEveryRankTheSameBitsWithNaNsAndSignedZeros) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (int n : {2, 3, 4}) {
+    // Position i % 4: a NaN on rank 0; a -NaN on the last rank; -0 on even ranks, +0 on odd ones;
+    // plain values.
+    const auto input = [n, nan](int r, int64_t i) {
+      switch (i % 4) {
+        case 0:
+          return r == 0 ? nan : r + 1.0;
+        case 1:
+          return r == n - 1 ? -nan : static_cast<double>(r);
+        case 2:
+          return r % 2 == 0 ? -0.0 : 0.0;
+        default:
+          return static_cast<double>(r);
+      }
+    };
+    struct Case {
+      DType t;
+      int64_t count;
+      ReduceOp op;
+    };
+    std::vector<Case> cases;
+    for (DType t : {DType::kFloat32, DType::kFloat64, DType::kBFloat16, DType::kFloat16})
+      for (int64_t count : {16, 100000})
+        for (ReduceOp op : {ReduceOp::kMax, ReduceOp::kMin}) cases.push_back({t, count, op});
+    // [case][rank]: the result's bytes, and its values widened
+    std::vector<std::vector<std::vector<uint8_t>>> bytes(
+        cases.size(), std::vector<std::vector<uint8_t>>(static_cast<size_t>(n)));
+    std::vector<std::vector<double>> got(cases.size());
+    auto errs = run_group(n, [&](int r, Communicator& c) {
+      for (size_t k = 0; k < cases.size(); ++k) {
+        const auto [t, count, op] = cases[k];
+        Tensor x = Tensor::empty(Shape{count}, t);
+        for (int64_t i = 0; i < count; ++i) {
+          const float f = static_cast<float>(input(r, i));
+          if (t == DType::kFloat32) x.data<float>()[i] = f;
+          if (t == DType::kFloat64) x.data<double>()[i] = input(r, i);
+          if (t == DType::kBFloat16) static_cast<uint16_t*>(x.raw_data())[i] = float_to_bf16(f);
+          if (t == DType::kFloat16) static_cast<uint16_t*>(x.raw_data())[i] = float_to_f16(f);
+        }
+        c.allreduce(x, op).wait();
+        const auto* b = static_cast<const uint8_t*>(x.raw_data());
+        bytes[k][static_cast<size_t>(r)].assign(b, b + x.nbytes());
+        if (r == 0) got[k] = x.to_vector<double>();
+      }
+    });
+    for (const auto& e : errs) ASSERT_EQ(e, "") << "n=" << n;
+    for (size_t k = 0; k < cases.size(); ++k) {
+      const auto [t, count, op] = cases[k];
+      const std::string where = "n=" + std::to_string(n) + " " + dtype_name(t) + " count " +
+                                std::to_string(count) + " " + reduce_op_name(op);
+      for (int r = 1; r < n; ++r)
+        ASSERT_TRUE(bytes[k][static_cast<size_t>(r)] == bytes[k][0]) << where << ": rank " << r;
+      for (int64_t i = 0; i < count; ++i) {
+        const double x = got[k][static_cast<size_t>(i)];
+        switch (i % 4) {
+          case 0:
+          case 1:
+            ASSERT_TRUE(std::isnan(x)) << where << " i " << i << ": " << x;
+            break;
+          case 2:
+            ASSERT_EQ(x, 0.0) << where;
+            ASSERT_EQ(std::signbit(x), op == ReduceOp::kMin) << where << " i " << i;
+            break;
+          default:
+            ASSERT_EQ(x, op == ReduceOp::kMax ? n - 1.0 : 0.0) << where << " i " << i;
+        }
+      }
+    }
   }
 }
 
@@ -249,7 +332,16 @@ TEST_P(TcpData, AlltoallExchangesBlocksPairwise) {
   }
 }
 
+int open_fds() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) n += !e.is_directory();
+  return n;
+}
+
+// The refused rank's socket is closed (it leaked before: one descriptor in CLOSE_WAIT a try, for a
+// program such as hvd.init() that tries again).
 TEST(Tcp, WrongJobTokenIsRefused) {
+  const int fds_before = open_fds();
   auto errs = run_group(
       2, [](int, Communicator&) {},
       [](const std::vector<std::string>& a, int r) {
@@ -259,6 +351,7 @@ TEST(Tcp, WrongJobTokenIsRefused) {
       });
   EXPECT_NE(errs[1].find("refused this task's job token"), std::string::npos) << errs[1];
   EXPECT_NE(errs[0].find("never heard from worker:1"), std::string::npos) << errs[0];
+  EXPECT_EQ(open_fds(), fds_before) << "descriptors left open by the failed rendezvous";
 }
 
 TEST(Tcp, AWorkerThatNeverStartsIsNamed) {
@@ -283,6 +376,90 @@ TEST(Tcp, AWorkerThatNeverStartsIsNamed) {
 // A job relaunched at once can dial a rank's port while the previous owner of that port still
 // listens and then closes it: the connection is accepted and dropped before any handshake. The
 // dialer must dial again (until its connect timeout), not fail the new job.
+// A rank out of file descriptors cannot accept its peers' connections: accept() fails with EMFILE
+// at once, again and again. It spun on that at 100% CPU past the deadline, for good; it must wait
+// between tries and end at the deadline, saying why. The rank runs in a child process whose open
+// files fill the table but for k slots, k counted up until listening works and accepting fails.
+TEST(Tcp, AcceptingWithoutFileDescriptorsNeitherSpinsNorOutlivesTheDeadline) {
+  bool seen = false;
+  for (int k = 1; k <= 12 && !seen; ++k) {
+    const auto addrs = testing::free_loopback_addresses(2);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = 4;
+      rlimit rl{};
+      ::getrlimit(RLIMIT_NOFILE, &rl);
+      rl.rlim_cur = std::min<rlim_t>(rl.rlim_cur, 256);
+      ::setrlimit(RLIMIT_NOFILE, &rl);
+      std::vector<int> fill{::open("/dev/null", O_RDONLY)};
+      for (int fd; (fd = ::dup(fill[0])) >= 0;) fill.push_back(fd);
+      for (int i = 0; i < k && !fill.empty(); ++i) {
+        ::close(fill.back());
+        fill.pop_back();
+      }
+      try {
+        auto o = options(addrs, 0);
+        o.connect_timeout = std::chrono::milliseconds(1500);
+        connect_tcp_group(o);
+        code = 5;
+      } catch (const DeadlineExceeded& e) {
+        code = std::string(e.what()).find("accepting connections failed: Too many open files") !=
+                       std::string::npos
+                   ? 0
+                   : 2;
+      } catch (const Unavailable&) {
+        code = 3;  // too few slots to listen: try with one more
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "k = %d: %s\n", k, e.what());
+      }
+      ::_exit(code);
+    }
+    // Connections for it to accept (no handshake: each waits in its listen queue).
+    const int port = std::stoi(addrs[0].substr(addrs[0].rfind(':') + 1));
+    std::vector<int> socks;
+    const auto t0 = std::chrono::steady_clock::now();
+    int st = 0;
+    rusage ru{};
+    bool done = false;
+    while (!done && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(8)) {
+      done = ::wait4(pid, &st, WNOHANG, &ru) == pid;
+      if (done) break;
+      if (socks.size() < 16) {
+        const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(static_cast<uint16_t>(port));
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0)
+          socks.push_back(fd);
+        else
+          ::close(fd);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (int fd : socks) ::close(fd);
+    if (!done) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &st, 0);
+      FAIL() << "a rank without file descriptors to accept with did not end at its 1.5 s deadline "
+                "(k = "
+             << k << ")";
+    }
+    ASSERT_TRUE(WIFEXITED(st)) << "k = " << k;
+    const int code = WEXITSTATUS(st);
+    if (code == 3) continue;
+    ASSERT_EQ(code, 0) << "k = " << k << ": not the accept failure named in the timeout";
+    const double cpu = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                       1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+    EXPECT_LT(cpu, 0.5) << "CPU seconds over the " << secs << " s rendezvous: it spun";
+    EXPECT_LT(secs, 5);
+    seen = true;
+  }
+  EXPECT_TRUE(seen) << "no k left listening possible and accepting impossible";
+}
+
 TEST(Tcp, AConnectionDroppedBeforeTheHandshakeIsDialedAgain) {
   const auto addrs = testing::free_loopback_addresses(2);
   const int port = std::stoi(addrs[0].substr(addrs[0].rfind(':') + 1));
@@ -335,6 +512,26 @@ TEST_P(TcpData, FingerprintMismatchFailsOnEveryRank) {
   });
   for (const auto& e : errs) EXPECT_NE(e.find("collective mismatch"), std::string::npos) << e;
   EXPECT_NE(errs[0].find("x5"), std::string::npos) << errs[0];
+}
+
+// Ranks that disagree on a broadcast's root (each passing its own rank, say) fail in that
+// broadcast, naming the roots. Each took itself for the root, only sent, and returned with its own
+// tensor: the mismatch showed at the next collective, or never after the last one. Small and large
+// tensors (a large one also stalled: a rank stopped sending to the peer whose frame it had parked).
+TEST_P(TcpData, RanksDisagreeingOnTheBroadcastRootFailInIt) {
+  for (int64_t count : {4, 1 << 20}) {
+    auto errs = run_group(2, [count](int r, Communicator& c) {
+      Tensor t = Tensor::full(Shape{count}, static_cast<float>(r));
+      c.broadcast(t, r).wait();
+    });
+    // One rank sees the other's data where it waits for a receipt; the other fails on its ABORT
+    // (or on the first, whichever comes first: both may see the mismatch).
+    const std::string both = errs[0] + "\n" + errs[1];
+    EXPECT_NE(both.find("collective mismatch"), std::string::npos) << count << ": " << both;
+    EXPECT_NE(both.find("(float32 x" + std::to_string(count) + ", root 1)"), std::string::npos)
+        << both;
+    for (const auto& e : errs) EXPECT_NE(e, "") << count << ": a rank returned: " << both;
+  }
 }
 
 TEST(Tcp, GarbageAndOversizedFramesOnThePortAreRefused) {

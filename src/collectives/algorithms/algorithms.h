@@ -33,7 +33,8 @@ void recursive_doubling_allreduce(Transport& t, void* buf, int64_t count, DType 
 void pairwise_alltoall(Transport& t, const void* in, void* out, size_t block_bytes,
                        const Fingerprint& fp);
 
-// The root sends buf to every other rank.
+// The root sends buf to every other rank; each sends it a receipt (ranks that disagree on the root
+// fail here, not at the next collective).
 void star_broadcast(Transport& t, void* buf, size_t bytes, int root, const Fingerprint& fp);
 
 }  // namespace dtrain::collectives

@@ -64,12 +64,16 @@ void wait_progress(const Peer& p, short events, Clock::time_point deadline, cons
 }  // namespace
 
 std::string describe(const FrameHeader& h) {
+  // tcp_communicator.cc's ops; a broadcast's `reduce` field holds its root.
   static const char* kOps[] = {"?",      "allreduce",      "allgather", "broadcast",
-                               "reduce", "reduce_scatter", "barrier"};
+                               "reduce", "reduce_scatter", "barrier",   "alltoall"};
   static const char* kRed[] = {"SUM", "MEAN", "MAX", "MIN"};
-  return detail::str_cat(h.op < 7 ? kOps[h.op] : "?", " #", h.seq, " (",
+  const std::string what = h.op == 3      ? "root " + std::to_string(h.reduce)
+                           : h.reduce < 4 ? std::string(kRed[h.reduce])
+                                          : std::string("?");
+  return detail::str_cat(h.op < 8 ? kOps[h.op] : "?", " #", h.seq, " (",
                          h.dtype < 6 ? dtype_name(static_cast<DType>(h.dtype)) : "?", " x", h.count,
-                         ", ", h.reduce < 4 ? kRed[h.reduce] : "?", ")");
+                         ", ", what, ")");
 }
 
 int connect_until(const std::string& address, Clock::time_point deadline) {

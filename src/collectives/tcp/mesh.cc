@@ -36,7 +36,8 @@ tcp::endpoint endpoint_of(asio::io_context& io, const std::string& address) {
 
 }  // namespace
 
-std::vector<Peer> build_mesh(const TcpGroupOptions& o) {
+namespace {
+std::vector<Peer> build_mesh_or_throw(const TcpGroupOptions& o) {
   const int n = static_cast<int>(o.addresses.size());
   if (o.rank < 0 || o.rank >= n)
     throw InvalidArgument(detail::str_cat("rank ", o.rank, " out of range for ", n, " addresses"));
@@ -65,6 +66,7 @@ std::vector<Peer> build_mesh(const TcpGroupOptions& o) {
   acceptor.non_blocking(true);
 
   std::exception_ptr accept_error;
+  std::string accept_failure;  // the last accept() error other than "would block", for the timeout
   std::thread accepter([&] {
     try {
       int waiting = n - 1 - o.rank;
@@ -78,9 +80,19 @@ std::vector<Peer> build_mesh(const TcpGroupOptions& o) {
           ::poll(&pfd, 1, 100);
           continue;
         }
-        if (aec) continue;
         Peer p;
-        p.fd = ::dup(s.native_handle());
+        if (!aec) p.fd = ::dup(s.native_handle());
+        if (aec || p.fd < 0) {
+          // Out of file descriptors (EMFILE), or a connection reset before we took it: not a
+          // reason to spin; wait a little, within the deadline, and say why if it passes.
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            accept_failure = aec ? aec.message() : std::string(std::strerror(errno));
+          }
+          if (Clock::now() >= deadline) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          continue;
+        }
         p.address = s.remote_endpoint(aec).address().to_string() + ":" +
                     std::to_string(s.remote_endpoint(aec).port());
         p.name = p.address;
@@ -126,6 +138,7 @@ std::vector<Peer> build_mesh(const TcpGroupOptions& o) {
             authenticate(p, o, fp, r, false, deadline, &heard);
           } catch (const Unavailable& e) {
             ::close(p.fd);
+            p.fd = -1;
             // Closed before rank r's Hello: what answered was a listener on its way out (the
             // port's previous owner, a job relaunched at once), not rank r refusing us; dial
             // again until the deadline. After the Hello a closed connection is rank r's doing.
@@ -135,6 +148,9 @@ std::vector<Peer> build_mesh(const TcpGroupOptions& o) {
                              << "); dialing again";
             std::this_thread::sleep_for(std::chrono::milliseconds(100));
             continue;
+          } catch (...) {  // refused (PermissionDenied), DataLoss, DeadlineExceeded: not leaked
+            if (p.fd >= 0) ::close(p.fd);
+            throw;
           }
           std::lock_guard<std::mutex> lock(mu);
           peers[static_cast<size_t>(r)] = p;
@@ -164,9 +180,25 @@ std::vector<Peer> build_mesh(const TcpGroupOptions& o) {
     throw DeadlineExceeded(
         "rendezvous of " + name_of(o, o.rank) + " timed out after " +
         std::to_string(o.connect_timeout.count()) + " ms: never heard from " + missing +
+        (accept_failure.empty()
+             ? std::string()
+             : " (accepting connections failed: " + accept_failure +
+                   "; raise the open-file limit, ulimit -n, if that is the cause)") +
         "; start every task of the job (dtrain-run does) or check the cluster addresses");
   }
   return peers;
+}
+}  // namespace
+
+std::vector<Peer> build_mesh(const TcpGroupOptions& o) {
+  try {
+    return build_mesh_or_throw(o);
+  } catch (const boost::system::system_error& e) {  // Asio's own (its epoll, out of descriptors)
+    throw Unavailable("the rendezvous of " + name_of(o, o.rank) + " failed: " + e.what() +
+                      (e.code() == boost::system::errc::too_many_files_open
+                           ? "; raise the open-file limit (ulimit -n)"
+                           : ""));
+  }
 }
 
 }  // namespace dtrain::tcp

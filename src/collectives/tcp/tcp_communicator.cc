@@ -47,6 +47,7 @@ class TcpCollectives final : public SyncCollectives {
 
   void allgather(const Tensor& in, Tensor& out) override {
     require_host(in, "allgather");
+    require_host(out, "allgather");
     if (out.numel() != in.numel() * size() || out.dtype() != in.dtype())
       throw InvalidArgument(
           "allgather: output must hold size * input.numel() elements of the input's dtype, got " +

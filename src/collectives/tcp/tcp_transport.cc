@@ -88,7 +88,22 @@ void TcpTransport::heartbeat_loop() {
       int queued = 0;
       if (::ioctl(peers_[r].fd, SIOCOUTQ, &queued) == 0 && queued > (1 << 20))
         continue;  // full: skip
-      ::send(peers_[r].fd, &h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
+      const char* at = reinterpret_cast<const char*>(&h);
+      ssize_t w = ::send(peers_[r].fd, at, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w <= 0 || w == static_cast<ssize_t>(sizeof(h))) continue;
+      // Part of the header went: the rest must follow before any other byte on this stream (the
+      // send lock is held), or the peer would read the next frame's bytes as the heartbeat's.
+      // Within the heartbeat timeout; else the stream ends and the peer fails on its close.
+      size_t left = sizeof(h) - static_cast<size_t>(w);
+      const auto until = Clock::now() + o_.heartbeat_timeout;
+      while (left > 0 && Clock::now() < until && !stop_) {
+        pollfd pfd{peers_[r].fd, POLLOUT, 0};
+        ::poll(&pfd, 1, 50);
+        w = ::send(peers_[r].fd, at + sizeof(h) - left, left, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) left -= static_cast<size_t>(w);
+        if (w == 0 || (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;
+      }
+      if (left > 0) ::shutdown(peers_[r].fd, SHUT_WR);
     }
   }
 }
@@ -154,9 +169,8 @@ void TcpTransport::exchange(int to, const void* sbuf_v, size_t sbytes, int from,
   const FrameHeader fp = header_of(print);
   if (shm_) return exchange_shm(to, sbuf, sbytes, from, rbuf, rbytes, fp, on_segment);
   const auto deadline = Clock::now() + o_.collective.timeout;
-  const size_t seg = std::max<size_t>(dtype_size(static_cast<DType>(fp.dtype)),
-                                      o_.segment_bytes / dtype_size(static_cast<DType>(fp.dtype)) *
-                                          dtype_size(static_cast<DType>(fp.dtype)));
+  const size_t esize = dtype_size(static_cast<DType>(fp.dtype));
+  const size_t seg = std::max(esize, o_.segment_bytes / esize * esize);
   // send state
   size_t s_done = 0, s_hdr_sent = sizeof(FrameHeader), s_pay_left = 0;
   FrameHeader sh = fp;
@@ -193,12 +207,15 @@ void TcpTransport::exchange(int to, const void* sbuf_v, size_t sbytes, int from,
     pfds.push_back({wake_fd_, POLLIN, 0});  // abort() on another thread
     who.push_back(-1);
     for (int r = 0; r < size(); ++r) {
-      if (r == rank() || parked[static_cast<size_t>(r)] || closed_[static_cast<size_t>(r)])
-        continue;
-      short ev = POLLIN;  // every peer: an ABORT or a closed socket must wake us
+      if (r == rank() || closed_[static_cast<size_t>(r)]) continue;
       const bool sending =
           r == to && (s_done < sbytes || s_pay_left > 0 || s_hdr_sent < sizeof(FrameHeader));
+      // Every peer: an ABORT or a closed socket must wake us; but a parked one (its next frame is
+      // for a later step) only for what we still send it: it stopped being polled at all, and an
+      // exchange sending to a peer that had sent ahead stalled until the heartbeat timeout.
+      short ev = parked[static_cast<size_t>(r)] ? 0 : POLLIN;
       if (sending) ev |= POLLOUT;
+      if (ev == 0) continue;
       pfds.push_back({peers_[static_cast<size_t>(r)].fd, ev, 0});
       who.push_back(r);
     }
@@ -314,6 +331,15 @@ void TcpTransport::exchange(int to, const void* sbuf_v, size_t sbytes, int from,
                                                      std::memory_order_relaxed);
           continue;
         }
+        // A frame of this collective with another fingerprint is a mismatch now, not at this
+        // peer's turn (which may never come: ranks disagreeing on a broadcast's root). Seq 0 is
+        // the shared-memory set-up's, whose steps differ in op.
+        if (k == static_cast<ssize_t>(sizeof(peek)) && peek.magic == tcp::kMagic &&
+            peek.kind == static_cast<uint16_t>(FrameKind::kData) && fp.seq > 0 &&
+            peek.seq == fp.seq &&
+            (peek.op != fp.op || peek.dtype != fp.dtype || peek.count != fp.count ||
+             peek.reduce != fp.reduce))
+          mismatch(p, peek, fp);
         if (k > 0) parked[static_cast<size_t>(r)] = true;
         continue;
       }
@@ -348,7 +374,11 @@ void TcpTransport::exchange(int to, const void* sbuf_v, size_t sbytes, int from,
               rh.op != fp.op || rh.dtype != fp.dtype || rh.count != fp.count ||
               rh.reduce != fp.reduce)
             mismatch(p, rh, fp);
-          if (rh.payload_bytes > rbytes - r_done || rh.offset != r_done)
+          // Our senders cut segments at whole elements and never send an empty one: an empty
+          // segment left this loop reading nothing from that socket again (a spin, then a false
+          // "hung"); a part of an element reduced the rest misaligned (a silent wrong sum).
+          if (rh.payload_bytes == 0 || rh.payload_bytes > rbytes - r_done || rh.offset != r_done ||
+              (on_segment && rh.payload_bytes % esize != 0))
             throw DataLoss(detail::str_cat("malformed frame from ", p.name, ": ", rh.payload_bytes,
                                            " bytes at offset ", rh.offset, " but ", rbytes - r_done,
                                            " expected at offset ", r_done));
@@ -561,7 +591,8 @@ void TcpTransport::exchange_shm(int to, const char* sbuf, size_t sbytes, int fro
           h.reduce != fp.reduce)
         mismatch(p, h, fp);
       if (h.payload_bytes == 0 || h.payload_bytes > kMaxPayload ||
-          h.payload_bytes > rbytes - r_done || h.offset != r_done)
+          h.payload_bytes > rbytes - r_done || h.offset != r_done ||
+          (on_segment && h.payload_bytes % esize != 0))
         throw DataLoss(detail::str_cat("malformed frame from ", p.name, ": ", h.payload_bytes,
                                        " bytes at offset ", h.offset, " but ", rbytes - r_done,
                                        " expected at offset ", r_done));
@@ -588,6 +619,19 @@ void TcpTransport::exchange_shm(int to, const char* sbuf, size_t sbytes, int fro
     if (Clock::now() - idle_since < kSpin) {
       sched_yield();  // the peer may be about to publish; give it the core when ranks share cores
       continue;
+    }
+    // Stuck: a frame of this collective from a rank we do not read from now, with another
+    // fingerprint, is a mismatch now (two ranks each taking itself for a broadcast's root filled
+    // their rings to each other and waited out the collective timeout). Frames of a later
+    // collective, or of this one's later steps, stay where they are.
+    for (int r = 0; r < size(); ++r) {
+      FrameHeader early;
+      if (r == rank() || r == from || !rx_[static_cast<size_t>(r)].ok() ||
+          !rx_[static_cast<size_t>(r)].peek(&early) || fp.seq == 0 || early.seq != fp.seq)
+        continue;
+      if (early.op != fp.op || early.dtype != fp.dtype || early.count != fp.count ||
+          early.reduce != fp.reduce)
+        mismatch(peers_[static_cast<size_t>(r)], early, fp);
     }
     watch_sockets(fp, sending ? to : -1, receiving ? from : -1, deadline);
     waiting_on->wait(bell, 500);

@@ -83,8 +83,11 @@ void remove_temporaries(const std::string& dir) {
   }
 }
 
-// The checkpoint file the index names, or nullopt with *why set (empty when there is no index).
-std::optional<std::string> read_index(const std::string& dir, std::string* why) {
+// The checkpoint file the index names, or nullopt with *why set (empty when there is no index);
+// *saved (when given): the index's checkpoints in the order they were saved, oldest first (empty
+// for an index written before it kept them).
+std::optional<std::string> read_index(const std::string& dir, std::string* why,
+                                      std::vector<std::string>* saved = nullptr) {
   const std::string path = join_path(dir, kIndexName);
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) {
@@ -104,11 +107,37 @@ std::optional<std::string> read_index(const std::string& dir, std::string* why) 
     const ojson j = ojson::parse(text);
     const auto step = parse_ckpt_name(j.at("latest").get<std::string>());
     if (!step || j.at("step").get<int64_t>() != *step) throw std::invalid_argument("inconsistent");
+    if (saved) {
+      saved->clear();
+      if (j.contains("all"))
+        for (const auto& name : j.at("all"))
+          if (parse_ckpt_name(name.get<std::string>())) saved->push_back(name.get<std::string>());
+    }
     return ckpt_name(*step);
   } catch (const std::exception&) {  // json errors and our own "inconsistent"
     *why = "index " + path + " is corrupt ('" + printable(text, 100) + "')";
     return std::nullopt;
   }
+}
+
+// The directory's checkpoint files, oldest first: those the index does not list (written before
+// the index kept an order, or by another manager), by step, then the index's in the order they
+// were saved. Retention and restore's fallback go by it, as TensorFlow's CheckpointManager does:
+// a rerun that starts again at a lower step keeps its own checkpoints, not the last run's.
+std::vector<std::string> saved_order(const std::string& dir) {
+  std::string why;
+  std::vector<std::string> listed;
+  read_index(dir, &why, &listed);
+  const auto files = list_checkpoints(dir);  // highest step first
+  std::vector<std::string> out;
+  for (auto it = files.rbegin(); it != files.rend(); ++it)
+    if (std::find(listed.begin(), listed.end(), it->second) == listed.end())
+      out.push_back(it->second);
+  for (const std::string& name : listed)
+    if (std::any_of(files.begin(), files.end(), [&](const auto& f) { return f.second == name; }) &&
+        std::find(out.begin(), out.end(), name) == out.end())
+      out.push_back(name);
+  return out;
 }
 
 }  // namespace
@@ -134,27 +163,32 @@ std::string CheckpointManager::save(int64_t step, CheckpointData data) {
   data.metadata["step"] = std::to_string(step);
   const std::string name = ckpt_name(step);
   const std::string path = join_path(directory_, name);
+  std::vector<std::string> order = saved_order(directory_);
   save_safetensors(path, data);  // durable before the index can name it
 
+  order.erase(std::remove(order.begin(), order.end(), name), order.end());
+  order.push_back(name);
+  const size_t drop =
+      order.size() > static_cast<size_t>(max_to_keep_) ? order.size() - max_to_keep_ : 0;
   ojson index = ojson::object();
   index["latest"] = name;
   index["step"] = step;
+  index["all"] =
+      std::vector<std::string>(order.begin() + static_cast<std::ptrdiff_t>(drop), order.end());
   const std::string text = index.dump() + "\n";
   write_atomically(join_path(directory_, kIndexName), {{text.data(), text.size()}});
 
-  int kept = 1;  // the one just written
-  for (const auto& [s, file] : list_checkpoints(directory_)) {
-    if (s == step) continue;
-    if (kept < max_to_keep_)
-      ++kept;
-    else
-      remove_file(join_path(directory_, file), "old checkpoint");
-  }
+  // The oldest saved go, whatever their steps (the one just written is always kept).
+  for (size_t i = 0; i < drop; ++i) remove_file(join_path(directory_, order[i]), "old checkpoint");
   return path;
 }
 
-std::optional<CheckpointData> CheckpointManager::restore_latest(int64_t* step) const {
+std::optional<CheckpointData> CheckpointManager::restore_latest(int64_t* step,
+                                                                std::string* path) const {
   std::vector<std::string> skipped;  // "what: why", for the one warning line
+  // Only a damaged or vanished file is passed over: an I/O error that may be passing (EIO, EACCES,
+  // a stale NFS handle) is thrown, since on one worker of several it would quietly restore other
+  // weights than the rest.
   auto try_load = [&](const std::string& name) -> std::optional<CheckpointData> {
     const int64_t s = *parse_ckpt_name(name);
     try {
@@ -163,22 +197,26 @@ std::optional<CheckpointData> CheckpointManager::restore_latest(int64_t* step) c
       if (it != d.metadata.end() && it->second != std::to_string(s))
         throw DataLoss("its metadata says step " + printable(it->second, 40));
       if (step) *step = s;
+      if (path) *path = join_path(directory_, name);
       return d;
-    } catch (const Error& e) {
+    } catch (const DataLoss& e) {
       skipped.push_back(name + " (" + e.what() + ")");
-      return std::nullopt;
+    } catch (const NotFound& e) {
+      skipped.push_back(name + " (" + e.what() + ")");
     }
+    return std::nullopt;
   };
 
   std::string why;
   const std::optional<std::string> indexed = read_index(directory_, &why);
   if (indexed)
     if (auto d = try_load(*indexed)) return d;
-  const auto files = list_checkpoints(directory_);
-  if (!indexed && why.empty() && !files.empty()) why = "index file 'checkpoint' is missing";
+  const std::vector<std::string> order = saved_order(directory_);  // oldest first
+  if (!indexed && why.empty() && !order.empty()) why = "index file 'checkpoint' is missing";
   if (!why.empty()) skipped.insert(skipped.begin(), why);
 
-  for (const auto& [s, name] : files) {
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const std::string& name = *it;
     if (indexed && name == *indexed) continue;
     if (auto d = try_load(name)) {
       std::string line;
@@ -201,9 +239,9 @@ std::optional<std::string> CheckpointManager::latest_path() const {
     std::error_code ec;
     if (fs::is_regular_file(path, ec)) return path;
   }
-  const auto files = list_checkpoints(directory_);
-  if (files.empty()) return std::nullopt;
-  return join_path(directory_, files.front().second);
+  const std::vector<std::string> order = saved_order(directory_);
+  if (order.empty()) return std::nullopt;
+  return join_path(directory_, order.back());
 }
 
 }  // namespace dtrain

@@ -392,12 +392,74 @@ TEST_F(CheckpointManagerTest, KeepsTheNewestMaxToKeep) {
   EXPECT_EQ(names,
             (std::vector<std::string>{"checkpoint", "ckpt-40.safetensors", "ckpt-50.safetensors"}));
   EXPECT_EQ(read_bytes(mgr.directory() + "/checkpoint"),
-            "{\"latest\":\"ckpt-50.safetensors\",\"step\":50}\n");
+            "{\"latest\":\"ckpt-50.safetensors\",\"step\":50,\"all\":[\"ckpt-40.safetensors\","
+            "\"ckpt-50.safetensors\"]}\n");
   EXPECT_EQ(mgr.latest_path(), mgr.directory() + "/ckpt-50.safetensors");
   auto d = mgr.restore_latest(&step);
   ASSERT_TRUE(d.has_value());
   EXPECT_EQ(step, 50);
   expect_step_data(*d, 50);
+}
+
+// A rerun in the same directory that starts again at a lower step (another learning rate, say):
+// the newest are the newest saved, as in TF's CheckpointManager. By step, the rerun's first
+// checkpoint was deleted at its second save while the last run's higher steps stayed, and a damaged
+// newest file fell back to the last run's.
+TEST_F(CheckpointManagerTest, KeepsTheNewestSavedNotTheHighestSteps) {
+  {
+    CheckpointManager run1(dir_, 3);
+    for (int64_t s : {10, 20, 30, 40}) run1.save(s, step_data(s));
+  }
+  CheckpointManager run2(dir_, 3);
+  const auto files = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir_)) names.push_back(e.path().filename());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  run2.save(5, step_data(5));
+  EXPECT_EQ(files(), (std::vector<std::string>{"checkpoint", "ckpt-30.safetensors",
+                                               "ckpt-40.safetensors", "ckpt-5.safetensors"}));
+  run2.save(10, step_data(10));
+  run2.save(15, step_data(15));
+  EXPECT_EQ(files(), (std::vector<std::string>{"checkpoint", "ckpt-10.safetensors",
+                                               "ckpt-15.safetensors", "ckpt-5.safetensors"}));
+  EXPECT_EQ(run2.latest_path(), path("ckpt-15.safetensors"));
+  // A damaged newest: the one saved before it, not the highest step.
+  run2.save(2, step_data(2));  // ckpt-5 goes
+  fs::resize_file(path("ckpt-2.safetensors"), 20);
+  ::testing::internal::CaptureStderr();
+  int64_t step = -1;
+  std::string restored;
+  auto d = run2.restore_latest(&step, &restored);
+  ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(step, 15);
+  EXPECT_EQ(restored, path("ckpt-15.safetensors"));
+  expect_step_data(*d, 15);
+  // Without its index: the files by step.
+  fs::remove(path("checkpoint"));
+  EXPECT_EQ(run2.latest_path(), path("ckpt-15.safetensors"));
+}
+
+// A file that cannot be read for a reason that may pass (here EACCES) is not fallen back past: on
+// one worker of several, that restored other weights than the rest's.
+TEST_F(CheckpointManagerTest, AnUnreadableNewestFileIsAnErrorNotAFallback) {
+  if (::geteuid() == 0) {
+    // root reads a file whatever its mode: a directory where the file should be is unreadable
+    // even to root (Unavailable: not a regular file).
+    CheckpointManager mgr(dir_);
+    for (int64_t s : {1, 2}) mgr.save(s, step_data(s));
+    fs::remove(path("ckpt-2.safetensors"));
+    fs::create_directory(path("ckpt-2.safetensors"));
+    EXPECT_THROW(mgr.restore_latest(), Unavailable);
+    return;
+  }
+  CheckpointManager mgr(dir_);
+  for (int64_t s : {1, 2}) mgr.save(s, step_data(s));
+  fs::permissions(path("ckpt-2.safetensors"), fs::perms::none);
+  EXPECT_THROW(mgr.restore_latest(), Unavailable);
+  fs::permissions(path("ckpt-2.safetensors"), fs::perms::owner_read | fs::perms::owner_write);
 }
 
 TEST_F(CheckpointManagerTest, RejectsBadArguments) {

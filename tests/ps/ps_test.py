@@ -10,7 +10,7 @@ Suites:
   Equivalence  1 worker with 1 ps, and with 2 ps holding shards, equals one_device to 1e-7
 Every wait is bounded; every process is killed on the way out.
 """
-import argparse, json, os, signal, socket, struct, subprocess, sys, tempfile, time, unittest
+import argparse, json, math, os, signal, socket, struct, subprocess, sys, tempfile, time, unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
 from ports import free_ports  # noqa: E402
@@ -242,6 +242,27 @@ class Basics(unittest.TestCase):
             self.assertTrue(evals[-1]["final"])
             self.assertGreaterEqual(evals[-1]["evaluator_step"], 300)
             self.assertGreater(evals[-1]["test_accuracy"], 0.6)
+
+    def test_a_checkpoint_of_another_optimizer_restores_weights_not_slots(self):
+        # SGD's momentum and RMSprop's velocity are one slot each: restored into RMSprop, the
+        # momentum buffer was taken for the velocity and the loss went NaN at once. Now the slots
+        # start afresh (said once), as the synchronous strategies do; the same optimizer's slots are
+        # still restored.
+        with tempfile.TemporaryDirectory() as d:
+            def run(steps, optimizer):
+                r = self.run_launcher(1, 1, [ARGS.example, "--strategy=parameter_server", "--threads", "1",
+                                             "--no-eval", "--steps", str(steps), "--checkpoint-dir", d,
+                                             "--checkpoint-every", "30", "--optimizer", optimizer, "--json"])
+                loss = json.loads(r.stdout[r.stdout.index("{"):].splitlines()[0])["final_loss"]
+                return loss, r.stderr
+            run(60, "sgd momentum=0.9")
+            loss, err = run(120, "rmsprop")
+            self.assertTrue(loss is not None and math.isfinite(loss), f"final loss {loss}\n{err[-2000:]}")
+            self.assertEqual(err.count("they start afresh"), 1, err[-2000:])
+            self.assertIn("(momentum) are not rmsprop's (velocity)", err)
+            loss, err = run(180, "rmsprop")
+            self.assertTrue(loss is not None and math.isfinite(loss), f"final loss {loss}")
+            self.assertNotIn("afresh", err)
 
     def test_the_evaluator_takes_sigterm_without_a_handler(self):
         # A SIGTERM handler runs on whichever thread the signal interrupts, and oneDNN 2.x's float32

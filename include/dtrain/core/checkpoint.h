@@ -93,23 +93,29 @@ class DTRAIN_API CheckpointManager {
   explicit CheckpointManager(std::string directory, int max_to_keep = 3);
 
   // Writes `data` as checkpoint `step` (with metadata["step"] set to the step), moves the index to
-  // it, then deletes all but the newest max_to_keep checkpoints (by step; the one just written is
-  // always kept) and the "ckpt-*.tmp.*" / "checkpoint.tmp.*" leftovers of a crashed writer (restore
-  // ignores them). Returns the path written. Throws InvalidArgument for a negative step or bad data
+  // it, then deletes all but the newest max_to_keep checkpoints and the "ckpt-*.tmp.*" /
+  // "checkpoint.tmp.*" leftovers of a crashed writer (restore ignores them). Newest by the order
+  // they were saved in, which the index keeps, as TF's CheckpointManager does (a rerun that starts
+  // at a lower step keeps its own checkpoints, not the last run's); files the index does not list
+  // count as older than those it does, by step among themselves. The one just written is always
+  // kept. Returns the path written. Throws InvalidArgument for a negative step or bad data
   // (see save_safetensors), Unavailable on I/O errors; on failure no checkpoint has been
   // deleted and the index still names a complete checkpoint.
   std::string save(int64_t step, CheckpointData data);
 
-  // Loads the checkpoint the index names. If the index is missing or unreadable, or its file does
-  // not load, falls back to the highest-numbered ckpt-*.safetensors that loads, logging one
-  // WARNING line saying what was skipped and why. Sets *step (when given) to the step restored.
-  // Returns nullopt when the directory holds no checkpoint at all. Throws DataLoss when checkpoint
-  // files exist but none of them loads (the message lists each file and its error): starting
-  // training from scratch silently would be worse.
-  std::optional<CheckpointData> restore_latest(int64_t* step = nullptr) const;
+  // Loads the checkpoint the index names. If the index is missing or unreadable, or its file is
+  // damaged (DataLoss) or gone, falls back to the newest other checkpoint that loads (in the order
+  // save() keeps), logging one WARNING line saying what was skipped and why. Sets *step and *path
+  // (when given) to the step and file restored. Returns nullopt when the directory holds no
+  // checkpoint at all. Throws DataLoss when checkpoint files exist but none of them loads (the
+  // message lists each file and its error): starting training from scratch silently would be
+  // worse. Other errors (Unavailable: EIO, EACCES) are thrown, not fallen back past: on one worker
+  // of several that would restore other weights than the rest.
+  std::optional<CheckpointData> restore_latest(int64_t* step = nullptr,
+                                               std::string* path = nullptr) const;
 
-  // The path restore_latest() would try first: the index's file when it exists, else the
-  // highest-numbered checkpoint file; nullopt when there is none. Does not read the file.
+  // The path restore_latest() would try first: the index's file when it exists, else the newest
+  // checkpoint file; nullopt when there is none. Does not read the file.
   std::optional<std::string> latest_path() const;
 
   const std::string& directory() const { return directory_; }

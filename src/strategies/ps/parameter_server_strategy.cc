@@ -104,6 +104,7 @@ std::vector<PsVariable::Shard> place_shards(Impl& m, const VariableSpec& spec,
 struct SavedVariable {
   const Tensor* value = nullptr;
   std::vector<const Tensor*> slots;
+  std::string slot_names;  // what they are; empty in checkpoints older than the record
   int64_t updates = 0;
 };
 
@@ -115,8 +116,8 @@ std::optional<SavedVariable> find_saved(const Impl& m, const VariableSpec& spec,
   const Tensor* saved = m.restored->find(key);
   if (!saved || saved->shape() != spec.shape || saved->dtype() != spec.dtype)
     throw FailedPrecondition(
-        "the checkpoint " + m.checkpoints->latest_path().value_or("?") + " has no variable '" +
-        key + "' of " + dtype_name(spec.dtype) + " " + spec.shape.to_string() +
+        "the checkpoint " + m.restored_path + " has no variable '" + key + "' of " +
+        dtype_name(spec.dtype) + " " + spec.shape.to_string() +
         (saved ? std::string(" (it has ") + saved->to_string() + ")" : std::string()) +
         ": it was written by a different model; use another --checkpoint-dir or remove it");
   SavedVariable out;
@@ -125,6 +126,8 @@ std::optional<SavedVariable> find_saved(const Impl& m, const VariableSpec& spec,
     out.slots.push_back(slot);
   auto it = m.restored->metadata.find(key + "/updates");
   if (it != m.restored->metadata.end()) out.updates = std::atoll(it->second.c_str());
+  it = m.restored->metadata.find(key + "/slot_names");
+  if (it != m.restored->metadata.end()) out.slot_names = it->second;
   return out;
 }
 
@@ -150,6 +153,7 @@ void create_shards(Impl& m, const VariableSpec& spec, const PsVariable& var) {
     if (saved) {
       req.value = var.shard_of(*saved->value, s).clone();
       for (const Tensor* slot : saved->slots) req.slots.push_back(var.shard_of(*slot, s).clone());
+      req.slot_names = saved->slot_names;
     } else {
       req.value = var.shard_of(init, s).clone();
     }
@@ -227,7 +231,7 @@ ParameterServerStrategy::ParameterServerStrategy(ParameterServerOptions options,
   if (m.cluster.is_chief() && !m.opts.checkpoint_dir.empty()) {
     m.checkpoints = std::make_unique<CheckpointManager>(m.opts.checkpoint_dir);
     int64_t step = 0;
-    m.restored = m.checkpoints->restore_latest(&step);
+    m.restored = m.checkpoints->restore_latest(&step, &m.restored_path);
     if (m.restored) {
       std::lock_guard<std::mutex> lock(m.rpc_mu);
       try {
@@ -236,9 +240,8 @@ ParameterServerStrategy::ParameterServerStrategy(ParameterServerOptions options,
         m.fail(0, e, "restoring the global step");
       }
       m.last_checkpoint_step = m.global_step.load();
-      DTRAIN_LOG(INFO) << m.cluster.task_name() << ": restoring from checkpoint "
-                       << m.checkpoints->latest_path().value_or("?") << " (global step " << step
-                       << ")";
+      DTRAIN_LOG(INFO) << m.cluster.task_name() << ": restoring from checkpoint " << m.restored_path
+                       << " (global step " << step << ")";
     }
   }
   // Register with ps:0. A worker that (re)joins a running job starts at the slowest other worker's

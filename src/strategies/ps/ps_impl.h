@@ -43,6 +43,7 @@ struct ParameterServerStrategy::Impl {
   int64_t local_steps = 0;
   std::unique_ptr<CheckpointManager> checkpoints;
   std::optional<CheckpointData> restored;  // chief: the checkpoint to initialise from
+  std::string restored_path;               // its file (not the index's, after a fallback)
   int64_t last_checkpoint_step = 0;
   bool final_checkpoint = false;  // the chief's last: an evaluator stops after it
   bool ended = false;             // on_training_end ran: no more staleness waits

@@ -31,7 +31,8 @@ std::string response_of(const char* method, const std::string& from) {
 RpcMessage encode(const CreateRequest& r) {
   std::vector<Tensor> tensors{r.value};
   tensors.insert(tensors.end(), r.slots.begin(), r.slots.end());
-  return message(kCreate, MetaWriter().str(r.key).i64(r.updates).take(), std::move(tensors));
+  return message(kCreate, MetaWriter().str(r.key).i64(r.updates).str(r.slot_names).take(),
+                 std::move(tensors));
 }
 
 CreateRequest decode_create_request(const RpcMessage& m) {
@@ -39,6 +40,7 @@ CreateRequest decode_create_request(const RpcMessage& m) {
   CreateRequest out;
   out.key = r.str();
   out.updates = r.i64();
+  out.slot_names = r.str();
   r.expect_end();
   if (m.tensors.empty()) throw InvalidArgument("create '" + out.key + "' carries no initial value");
   out.value = m.tensors[0];
@@ -187,7 +189,7 @@ RpcMessage encode(const PullResponse& r) {
   MetaWriter w;
   std::vector<Tensor> tensors;
   for (const PulledVariable& v : r.vars) {
-    w.i64(v.updates).u64(v.slots.size());
+    w.i64(v.updates).u64(v.slots.size()).str(v.slot_names);
     tensors.push_back(v.value);
     tensors.insert(tensors.end(), v.slots.begin(), v.slots.end());
   }
@@ -205,6 +207,7 @@ PullResponse decode_pull_response(const RpcMessage& m, const PullRequest& reques
   for (size_t i = 0; i < n; ++i) {
     out.vars[i].updates = r.i64();
     slots[i] = r.u64();
+    out.vars[i].slot_names = r.str();
     if (slots[i] > (request.with_slots ? kMaxSlots : 0))
       throw DataLoss(detail::str_cat(
           "pull response from ", from, " lists ", slots[i], " slots for '", request.keys[i],

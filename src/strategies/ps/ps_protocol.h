@@ -59,6 +59,7 @@ struct CreateRequest {
   int64_t updates = 0;  // optimizer steps already applied (restored from a checkpoint)
   Tensor value;
   std::vector<Tensor> slots;  // restored optimizer slots, shaped like value
+  std::string slot_names;     // what they are (UpdateRule::slot_names, comma-joined)
 };
 struct CreateResponse {
   bool created = false;  // false: it existed
@@ -84,6 +85,7 @@ struct PulledVariable {
   int64_t updates = 0;
   Tensor value;
   std::vector<Tensor> slots;  // empty unless the request asked for them
+  std::string slot_names;     // what they are (UpdateRule::slot_names, comma-joined)
 };
 struct PullResponse {
   std::vector<PulledVariable> vars;  // one per requested key

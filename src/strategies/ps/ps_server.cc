@@ -2,6 +2,7 @@
 // tcp::RpcServer to every task of the job. Each variable has its own mutex, so pushes to one
 // shard apply atomically and pushes to different shards run in parallel (one thread per
 // connection).
+#include <atomic>
 #include <condition_variable>
 #include <csignal>
 #include <map>
@@ -25,7 +26,8 @@ struct ServerVar {
   std::mutex mu;
   Tensor value;
   std::vector<Tensor> slots;
-  int64_t updates = 0;  // optimizer steps applied (Adam's step count)
+  std::string slot_names;  // what `slots` are (UpdateRule::slot_names, comma-joined)
+  int64_t updates = 0;     // optimizer steps applied (Adam's step count)
   std::string opt_config;
   UpdateConfig opt;  // the rule of the optimizer config pushed last
 };
@@ -107,6 +109,7 @@ class PsServer {
       if (s.shape() != v->value.shape() || s.dtype() != v->value.dtype())
         throw InvalidArgument("create '" + req.key + "': a slot of " + describe(s) +
                               " for a variable of " + describe(v->value));
+    v->slot_names = req.slot_names;
     v->updates = req.updates;
     vars_.emplace(req.key, std::move(v));
     lock.unlock();
@@ -142,8 +145,10 @@ class PsServer {
       ps::PulledVariable& got = out.vars.emplace_back();
       got.updates = v->updates;
       got.value = v->value.clone();
-      if (req.with_slots)
+      if (req.with_slots) {
         for (const Tensor& s : v->slots) got.slots.push_back(s.clone());
+        got.slot_names = v->slot_names;
+      }
     }
     return out;
   }
@@ -161,11 +166,24 @@ class PsServer {
         v->opt_config = req.optimizer_config;
       }
       const UpdateRule& rule = *v->opt.rule;
-      const int slots = static_cast<int>(rule.slot_names().size());
-      if (static_cast<int>(v->slots.size()) != slots) {
+      const std::vector<std::string> names = rule.slot_names();
+      std::string joined;
+      for (const std::string& n : names) joined += (joined.empty() ? "" : ",") + n;
+      // Slots of another kind (restored from a checkpoint another optimizer wrote: SGD's momentum
+      // is not RMSprop's velocity, though both are one slot) start afresh, as the synchronous
+      // strategies' restore does; reused, they sent the loss to NaN.
+      if (v->slots.size() != names.size() || v->slot_names != joined) {
+        if (!v->slots.empty() && !warned_slots_.exchange(true)) {
+          DTRAIN_LOG(WARNING) << name_ << ": the optimizer slots of '" << req.keys[i] << "' ("
+                              << (v->slot_names.empty() ? "unnamed" : v->slot_names) << ") are not "
+                              << rule.name() << "'s (" << (joined.empty() ? "none" : joined)
+                              << "): they start afresh (said once for all variables)";
+        }
         v->slots.clear();
-        for (int s = 0; s < slots; ++s)
-          v->slots.push_back(Tensor::full(v->value.shape(), rule.slot_initial_value(s)));
+        for (size_t s = 0; s < names.size(); ++s)
+          v->slots.push_back(
+              Tensor::full(v->value.shape(), rule.slot_initial_value(static_cast<int>(s))));
+        v->slot_names = joined;
       }
       rule.apply(v->value, g, v->slots, ++v->updates, v->opt.learning_rate, v->opt.weight_decay);
     }
@@ -237,6 +255,7 @@ class PsServer {
   std::mutex clock_mu_;
   int64_t global_step_ = 0;
   std::vector<WorkerClock> workers_;
+  std::atomic<bool> warned_slots_{false};
   std::unique_ptr<tcp::RpcServer> rpc_;
 };
 

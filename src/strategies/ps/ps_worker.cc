@@ -249,6 +249,7 @@ CheckpointData ParameterServerStrategy::Impl::snapshot() {
       data.tensors.emplace_back(key + "/slot_" + std::to_string(j),
                                 whole([j](const Got& g) { return g.slots[j]; }));
     data.metadata[key + "/updates"] = std::to_string(updates);
+    if (slots > 0) data.metadata[key + "/slot_names"] = first.slot_names;
   }
   return data;
 }

@@ -72,7 +72,7 @@ Tensor Kernels::causal_softmax(const Tensor& x, float mask_value) {
   const int64_t t = x.shape()[-2], s = x.shape()[-1];
   std::vector<float> m(static_cast<size_t>(t * s), 0.f);
   for (int64_t i = 0; i < t; ++i)
-    for (int64_t j = std::max<int64_t>(0, i + (s - t) + 1); j < s; ++j)
+    for (int64_t j = i + 1; j < s; ++j)  // ops::causal_mask's: key j > query i masked
       m[static_cast<size_t>(i * s + j)] = mask_value;
   return softmax(binary(BinaryOp::kAdd, x, Tensor::from_vector(m, Shape{t, s}).to(x.device())),
                  false);

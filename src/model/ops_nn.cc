@@ -283,10 +283,28 @@ Tensor batch_norm_relu_training(const Tensor& x, const Tensor& gamma, const Tens
 Tensor batch_norm_inference(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                             const Tensor& mean, const Tensor& var, float eps) {
   // Under mixed_bfloat16 on x rounded to bfloat16, as in training.
-  Tensor y =
-      kernels_for(x).batch_norm_inference(rounded_under_policy(x), gamma, beta, mean, var, eps);
-  if (tape::should_record({&x, &gamma, &beta}))
-    tape::record_nondifferentiable("batch_norm_inference", {x, gamma, beta}, {y});
+  const Tensor xr = rounded_under_policy(x);
+  Tensor y = kernels_for(x).batch_norm_inference(xr, gamma, beta, mean, var, eps);
+  if (tape::should_record({&x, &gamma, &beta})) {
+    // An affine map per channel (the last axis), y = (x - mean) * gamma / sqrt(var + eps) + beta,
+    // with the moving statistics constant: fine-tuning with frozen statistics, saliency maps and
+    // adversarial inputs through a model called with training=false differentiate it. Written
+    // with ops, so an outer tape differentiates it again.
+    tape::record("batch_norm_inference", {x, gamma, beta}, {y},
+                 [xr, gamma, mean, var, eps, x_dtype = x.dtype()](const std::vector<Tensor>& g) {
+                   const Tensor f32 =
+                       g[0].dtype() == DType::kFloat32 ? g[0] : cast(g[0], DType::kFloat32);
+                   std::vector<int> axes(static_cast<size_t>(f32.shape().rank() - 1));
+                   for (size_t i = 0; i < axes.size(); ++i) axes[i] = static_cast<int>(i);
+                   const Tensor inv = div(ones_like(var), sqrt(add_scalar(var, eps)));
+                   Tensor dx = mul(f32, mul(gamma, inv));
+                   const Tensor xf = xr.dtype() == DType::kFloat32 ? xr : cast(xr, DType::kFloat32);
+                   Tensor dgamma = sum(mul(f32, mul(sub(xf, mean), inv)), axes);
+                   Tensor dbeta = sum(f32, axes);
+                   if (x_dtype != DType::kFloat32) dx = cast(dx, x_dtype);
+                   return std::vector<Tensor>{dx, dgamma, dbeta};
+                 });
+  }
   return y;
 }
 

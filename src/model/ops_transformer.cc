@@ -222,10 +222,12 @@ namespace {
 // The [t, s] mask on `device`, made once per (t, s, device) and kept: a GPT asks for the same one
 // in every layer of every step, and making it on the host and copying it to a GPU each time (a
 // copy from host memory, which waits for the GPU's queue to drain) stalled the GPU once a layer.
-// Query i (of the last t positions of s) sees keys j <= i + (s - t): TF's lower-triangular mask
-// (with t > s, the first t - s queries see none). At most 64 masks are kept, the oldest dropped
-// first; the mask is made and copied outside the lock (two threads may both make a new one; the
-// first kept wins).
+// Query i sees keys j <= i, aligned at the first position, as Keras' MultiHeadAttention
+// (_compute_causal_mask: row index >= column index) and PyTorch's is_causal do, for t != s too.
+// (It was aligned at the last position, j <= i + s - t: with more queries than keys the first
+// t - s saw none and attended uniformly to every key, future ones included.) At most 64 masks are
+// kept, the oldest dropped first; the mask is made and copied outside the lock (two threads may
+// both make a new one; the first kept wins).
 Tensor causal_mask_values(int64_t t, int64_t s, DeviceSpec device) {
   using Key = std::tuple<int64_t, int64_t, int, int>;
   struct Cache {
@@ -241,8 +243,7 @@ Tensor causal_mask_values(int64_t t, int64_t s, DeviceSpec device) {
   }
   std::vector<float> m(static_cast<size_t>(t * s), 0.f);
   for (int64_t i = 0; i < t; ++i)
-    for (int64_t j = std::max<int64_t>(0, i + (s - t) + 1); j < s; ++j)
-      m[static_cast<size_t>(i * s + j)] = kMaskValue;
+    for (int64_t j = i + 1; j < s; ++j) m[static_cast<size_t>(i * s + j)] = kMaskValue;
   Tensor mask = Tensor::from_vector(m, Shape{t, s}).to(device);
   std::lock_guard<std::mutex> lock(cache->mu);
   auto [it, fresh] = cache->masks.emplace(key, mask);

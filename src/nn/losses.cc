@@ -45,7 +45,14 @@ LossFn get_loss(const std::string& name) {
                               " and targets " + target.shape().to_string() + " differ");
       const Tensor d = ops::sub(pred, target);
       // |d| = relu(d) + relu(-d): differentiable everywhere but 0, where its gradient is 0.
-      return ops::mean(ops::add(ops::relu(d), ops::relu(ops::neg(d))), {-1});
+      // Per example, the mean over every other axis, as mean_squared_error and Keras (whose
+      // mean over the last axis is averaged over the rest by its reduction): the mean over the
+      // last axis alone left [N, T] predictions' loss T times Keras's, and [N] ones a scalar.
+      const Tensor a = ops::add(ops::relu(d), ops::relu(ops::neg(d)));
+      if (a.rank() <= 1) return a;
+      std::vector<int> axes;
+      for (int i = 1; i < a.rank(); ++i) axes.push_back(i);
+      return ops::mean(a, axes);
     };
   throw InvalidArgument("unknown loss '" + name +
                         "'; known: sparse_categorical_crossentropy, mean_squared_error (mse), "

@@ -207,6 +207,19 @@ TEST_F(GradCheck, BatchNormRelu) {
       {true, true, true}, 1e-3f, 1e-2f);
 }
 
+// Inference (training=false): the moving statistics are constants; x, gamma and beta are
+// differentiated (it threw Unimplemented, which ended every gradient through a model called in
+// inference mode: fine-tuning with frozen statistics, saliency maps). On [N, C] and [N, H, W, C].
+TEST_F(GradCheck, BatchNormInference) {
+  for (const Shape& shape : {Shape{5, 3}, Shape{2, 2, 2, 3}}) {
+    const Tensor mean = random_tensor({3}, 88), var = random_tensor({3}, 89, 0.5f, 2.f);
+    check_gradients(
+        [&](const V& x) { return ops::batch_norm_inference(x[0], x[1], x[2], mean, var, 1e-3f); },
+        {random_tensor(shape, 86), random_tensor({3}, 87, 0.5f, 1.5f), random_tensor({3}, 90)},
+        {true, true, true}, 1e-3f, 1e-2f);
+  }
+}
+
 TEST_F(GradCheck, CastRoundTrip) {
   check_gradients(
       [](const V& x) { return ops::cast(ops::cast(x[0], DType::kFloat64), DType::kFloat32); },

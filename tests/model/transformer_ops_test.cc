@@ -127,30 +127,28 @@ TEST_F(TransformerOps, ValuesAgainstFloat64) {
   EXPECT_EQ(p[5], 0.f);
   EXPECT_NEAR(p[0], 1.f, 1e-7);
   EXPECT_GT(p[3], 0.f);
-  // Masks are made once per shape and kept: another shape (3 queries over 4 keys: query i sees
-  // keys up to i + 1) gets its own, and the first comes back unchanged.
-  const std::vector<float> q =
-      ops::softmax(ops::causal_mask(random_tensor({3, 4}, 38))).to_vector<float>();
-  EXPECT_GT(q[1], 0.f);
-  EXPECT_EQ(q[2], 0.f);
-  EXPECT_EQ(q[7], 0.f);
-  EXPECT_GT(q[11], 0.f);
-  // The same keys, fewer queries (2 over 4: query i sees keys up to i + 2): a mask of its own.
-  const std::vector<float> r =
-      ops::softmax(ops::causal_mask(random_tensor({2, 4}, 39))).to_vector<float>();
-  EXPECT_GT(r[2], 0.f);
-  EXPECT_EQ(r[3], 0.f);
-  EXPECT_GT(r[7], 0.f);
-  // More queries than keys (4 over 2): the first two see none (all masked alike: uniform), the
-  // third key 0, the last both.
+  // Masks are made once per shape and kept: another shape gets its own, and the first comes back
+  // unchanged. With T != S, query i sees keys 0..i, as Keras' MultiHeadAttention makes the mask
+  // (keras 3.x _compute_causal_mask, checked in TF 2.21: 4 queries over 2 keys [[1,0],[1,1],
+  // [1,1],[1,1]]; 2 over 4 [[1,0,0,0],[1,1,0,0]]) and PyTorch's is_causal. It was aligned at the
+  // last position: 4 over 2 left the first two queries no key (uniform attention over both).
+  const auto visible = [](const std::vector<float>& p, int64_t t, int64_t s) {
+    std::vector<std::vector<int>> v(static_cast<size_t>(t));
+    for (int64_t i = 0; i < t; ++i)
+      for (int64_t j = 0; j < s; ++j) v[i].push_back(p[static_cast<size_t>(i * s + j)] > 0.f);
+    return v;
+  };
+  EXPECT_EQ(
+      visible(ops::softmax(ops::causal_mask(random_tensor({3, 4}, 38))).to_vector<float>(), 3, 4),
+      (std::vector<std::vector<int>>{{1, 0, 0, 0}, {1, 1, 0, 0}, {1, 1, 1, 0}}));
+  EXPECT_EQ(
+      visible(ops::softmax(ops::causal_mask(random_tensor({2, 4}, 39))).to_vector<float>(), 2, 4),
+      (std::vector<std::vector<int>>{{1, 0, 0, 0}, {1, 1, 0, 0}}));
   const std::vector<float> u =
       ops::softmax(ops::causal_mask(random_tensor({4, 2}, 40))).to_vector<float>();
-  EXPECT_FLOAT_EQ(u[0], 0.5f);
-  EXPECT_FLOAT_EQ(u[3], 0.5f);
-  EXPECT_EQ(u[4], 1.f);
-  EXPECT_EQ(u[5], 0.f);
-  EXPECT_GT(u[6], 0.f);
-  EXPECT_GT(u[7], 0.f);
+  EXPECT_EQ(visible(u, 4, 2), (std::vector<std::vector<int>>{{1, 0}, {1, 1}, {1, 1}, {1, 1}}));
+  EXPECT_EQ(u[0], 1.f);
+  EXPECT_EQ(u[1], 0.f);
   EXPECT_EQ(ops::softmax(ops::causal_mask(random_tensor({3, 3}, 36))).to_vector<float>(), p);
   // The sequence loss of each position equals the 2-D op's.
   const Tensor logits = random_tensor({2, 3, 5}, 37);

@@ -392,6 +392,15 @@ TEST_F(ModelTraining, MeanAbsoluteErrorByName) {
   const Tensor t = Tensor::from_vector<float>({0.f, 0.f, 1.f, 1.f}, Shape{2, 2});
   EXPECT_EQ(get_loss("mae")(p, t).to_vector<float>(), (std::vector<float>{1.5f, 1.25f}));
   EXPECT_EQ(get_loss("mse")(p, t).to_vector<float>(), (std::vector<float>{2.5f, 2.125f}));
+  // Per example over every other axis, like mse and Keras ([N, T, K]: the last axis alone left
+  // the loss T times Keras's), and [N] predictions per element (it returned a scalar).
+  const Tensor p3 = Tensor::from_vector<float>({1.f, -2.f, 3.f, 0.5f, 0.f, 4.f}, Shape{1, 3, 2});
+  const Tensor t3 = Tensor::zeros(Shape{1, 3, 2});
+  EXPECT_EQ(get_loss("mae")(p3, t3).to_vector<float>(), (std::vector<float>{10.5f / 6}));
+  EXPECT_EQ(get_loss("mse")(p3, t3).to_vector<float>(), (std::vector<float>{30.25f / 6}));
+  const Tensor p1 = Tensor::from_vector<float>({1.f, -2.f}, Shape{2});
+  EXPECT_EQ(get_loss("mae")(p1, Tensor::zeros(Shape{2})).to_vector<float>(),
+            (std::vector<float>{1.f, 2.f}));
 }
 
 // predict_outputs(): every output of a two-headed model, each [N, ...], equal under mirrored and

@@ -125,8 +125,9 @@ DTRAIN_API Tensor gelu(const Tensor& x, bool approximate = false);
 DTRAIN_API Tensor embedding_lookup(const Tensor& table, const Tensor& ids);
 // Additive value of a masked-out attention score (Keras' -1e9): exp underflows to exactly 0.
 inline constexpr float kMaskValue = -1e9f;
-// scores [..., T, S] with kMaskValue added where key j lies after query i (j > i + S - T): the
-// causal mask of a decoder (keras MultiHeadAttention(use_causal_mask=True)).
+// scores [..., T, S] with kMaskValue added where key j lies after query i (j > i): the causal
+// mask of a decoder, as keras MultiHeadAttention(use_causal_mask=True) and PyTorch's
+// scaled_dot_product_attention(is_causal=True) make it, for T != S too (aligned at position 0).
 DTRAIN_API Tensor causal_mask(const Tensor& scores);
 // softmax(causal_mask(scores), -1) as one op: the same values bit for bit, and one pass over the
 // scores instead of two on a device that fuses it (the CUDA device; the CPU adds the mask first).

@@ -76,8 +76,8 @@ void launch_permute(const float* x, float* y, int rank, const int64_t* x_dims, c
 
 // --- cuda_transformer.cu: rows x c matrices, the last axis contiguous ---
 void launch_softmax(const float* x, float* y, int64_t rows, int64_t c, bool log, cudaStream_t s);
-// softmax over rows of c of x [rows / t, t, c] with mask_value added where key j > (row % t) + c -
-// t, as binary(kAdd) with the causal mask then softmax, bit for bit.
+// softmax over rows of c of x [rows / t, t, c] with mask_value added where key j > row % t, as
+// binary(kAdd) with the causal mask then softmax, bit for bit.
 void launch_causal_softmax(const float* x, float* y, int64_t rows, int64_t t, int64_t c,
                            float mask_value, cudaStream_t s);
 void launch_softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t c,

@@ -27,7 +27,7 @@ __global__ void softmax_kernel(const float* __restrict__ x, float* __restrict__ 
   if (row >= rows) return;
   const float* xr = x + row * c;
   float* yr = y + row * c;
-  const int64_t last = kCausal ? row % t + (c - t) : c;  // keys after it are masked
+  const int64_t last = kCausal ? row % t : c;  // keys after query row % t are masked
   auto at = [&](int64_t j) {
     if constexpr (kCausal)
       return xr[j] + (j > last ? mask_value : 0.f);

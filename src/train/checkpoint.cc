@@ -1,7 +1,9 @@
 #include "dtrain/train/checkpoint.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -19,7 +21,32 @@ namespace {
 
 const char* kIterations = "optimizer/iterations";
 
-std::string rng_name(const Layer& l) { return "rng/" + l.name() + "/calls"; }
+// By the layer's path ("block_0/dropout"; a direct sublayer's path is its name): layers nested in
+// blocks (a GPT's dropouts) were left out, and replayed step 0's masks after a restore.
+std::string rng_name(const Layer& l) { return "rng/" + l.path() + "/calls"; }
+
+// Every layer under `root` that draws random numbers, depth-first, each once (a shared one too).
+std::vector<std::shared_ptr<Layer>> rng_layers_of(const Layer& root) {
+  std::vector<std::shared_ptr<Layer>> out;
+  std::vector<const Layer*> seen;
+  const std::function<void(const Layer&)> walk = [&](const Layer& l) {
+    for (const auto& c : l.layers()) {
+      if (std::find(seen.begin(), seen.end(), c.get()) != seen.end()) continue;
+      seen.push_back(c.get());
+      if (c->rng_calls() >= 0) out.push_back(c);
+      walk(*c);
+    }
+  };
+  walk(root);
+  return out;
+}
+
+// An error's message without its kind ("FailedPrecondition: "), to add to it and throw it again.
+std::string without_kind(const Error& e) {
+  const std::string m = e.what();
+  const size_t colon = m.find(": ");
+  return colon == std::string::npos ? m : m.substr(colon + 2);
+}
 
 Tensor int64_scalar(int64_t v) { return Tensor::from_vector<int64_t>({v}, Shape{1}); }
 
@@ -167,8 +194,8 @@ CheckpointData Checkpoint::capture(const TrainingPosition& p,
     d.tensors.emplace_back(kIterations, int64_scalar(optimizer_->iterations()));
     d.metadata["dtrain.optimizer"] = optimizer_->config();
   }
-  for (const auto& l : model_.layers())
-    if (l->rng_calls() >= 0) d.tensors.emplace_back(rng_name(*l), int64_scalar(l->rng_calls()));
+  for (const auto& l : rng_layers_of(model_))
+    d.tensors.emplace_back(rng_name(*l), int64_scalar(l->rng_calls()));
   d.metadata["dtrain.epoch"] = std::to_string(p.epoch);
   d.metadata["dtrain.step"] = std::to_string(p.step);
   d.metadata["dtrain.global_step"] = std::to_string(p.global_step);
@@ -201,7 +228,7 @@ TrainingPosition Checkpoint::restore(const std::string& path,
   try {
     return restore(load_safetensors(path), metadata);
   } catch (const FailedPrecondition& e) {
-    throw FailedPrecondition(std::string(e.what()) + " (file " + path + ")");
+    throw FailedPrecondition(without_kind(e) + " (file " + path + ")");
   }
 }
 
@@ -252,9 +279,18 @@ TrainingPosition Checkpoint::restore(
                                ") is not in it");
     require_like(v, v->name(), *t);
   }
+  // A parameter-server checkpoint's optimizer slots ("<variable>/slot_<j>"): its weights restore
+  // here, its slots do not (the optimizer starts afresh, said below).
+  const auto ps_slot = [&known](const std::string& name) {
+    const size_t at = name.rfind("/slot_");
+    return at != std::string::npos && known.count(name.substr(0, at)) &&
+           name.find_first_not_of("0123456789", at + 6) == std::string::npos &&
+           name.size() > at + 6;
+  };
   for (const auto& [name, t] : entries)
-    if (!known.count(name) && name.rfind("optimizer/", 0) != 0 && name.rfind("rng/", 0) != 0 &&
-        name.rfind("ensemble/", 0) != 0 && name.rfind(detail::kCallbackEntryPrefix, 0) != 0)
+    if (!known.count(name) && !ps_slot(name) && name.rfind("optimizer/", 0) != 0 &&
+        name.rfind("rng/", 0) != 0 && name.rfind("ensemble/", 0) != 0 &&
+        name.rfind(detail::kCallbackEntryPrefix, 0) != 0)
       throw FailedPrecondition("the checkpoint does not match the model: it holds variable '" +
                                name + "' (" + describe_entry(t) +
                                "), which the model does not have");
@@ -312,7 +348,7 @@ TrainingPosition Checkpoint::restore(
           if (const Tensor* t = member_tensor(v, first + m))
             require_like(v, member_name(first + m, v->name()), Entry{t->dtype(), t->shape(), t});
   std::map<std::string, std::shared_ptr<Layer>> rng_layers;
-  for (const auto& l : model_.layers())
+  for (const auto& l : rng_layers_of(model_))
     if (l->rng_calls() >= 0)
       if (const Entry* t = entry(rng_name(*l))) {
         require_count(rng_name(*l), *t);
@@ -382,9 +418,31 @@ TrainingPosition Checkpoint::restore(
   }
   for (const auto& p : shards)
     if (!entry(p.name) && p.first == 0) missing.push_back(p.name);
-  if (ensemble && members_found == 0) {
+  // An ensemble of another size: said, with what each side's extra members get (they were
+  // silently member 0's copies, or silently dropped).
+  const auto saved_members = d.metadata.find("dtrain.ensemble_members");
+  const int64_t job = ensemble ? static_cast<int64_t>(job_members(*strategy_)) : 1;
+  const int64_t had = saved_members == d.metadata.end()
+                          ? 0
+                          : std::strtoll(saved_members->second.c_str(), nullptr, 10);
+  if (ensemble && members_found == 0 && had <= 1) {
     DTRAIN_LOG(WARNING) << "the checkpoint holds one model; every ensemble member starts from it";
+  } else if (had > 1 && had != job) {
+    const auto range = [](int64_t a, int64_t b) {
+      return a == b ? "member " + std::to_string(a)
+                    : "members " + std::to_string(a) + ".." + std::to_string(b);
+    };
+    DTRAIN_LOG(WARNING) << "the checkpoint holds an ensemble of " << had << " members, this "
+                        << (ensemble ? "ensemble has " + std::to_string(job)
+                                     : std::string("job trains one model"))
+                        << ": "
+                        << (had < job
+                                ? range(had, job - 1) + (had == job - 1 ? " starts" : " start") +
+                                      " from member 0"
+                                : range(job, had - 1) + " of the checkpoint not restored" +
+                                      (ensemble ? "" : " (member 0 is)"));
   }
+
   if (iterations) optimizer_->set_iterations(*iterations);
   if (!missing.empty()) {
     DTRAIN_LOG(WARNING) << "checkpoint holds no optimizer state for " << missing.size()
@@ -403,9 +461,17 @@ TrainingPosition Checkpoint::restore(
 std::optional<TrainingPosition> Checkpoint::restore_latest(
     const CheckpointManager& manager, std::map<std::string, std::string>* metadata,
     std::vector<std::pair<std::string, Tensor>>* callback_entries) const {
-  std::optional<CheckpointData> d = manager.restore_latest();
+  std::string path;
+  std::optional<CheckpointData> d = manager.restore_latest(nullptr, &path);
   if (!d) return std::nullopt;
-  return restore(*d, metadata, callback_entries);
+  try {
+    return restore(*d, metadata, callback_entries);
+  } catch (const FailedPrecondition& e) {
+    throw FailedPrecondition(without_kind(e) + " (file " + path +
+                             "; restore with the model and optimizer that wrote it, or give "
+                             "another directory or remove " +
+                             manager.directory() + " to start afresh)");
+  }
 }
 
 // ---- ModelCheckpoint ----

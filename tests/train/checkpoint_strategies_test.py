@@ -6,7 +6,7 @@ predict()'s output by hand) under one_device, mirrored cpu:3,
 3 MultiWorkerMirrored workers (dtrain-run -np 3) and parameter_server (2 workers, 1 ps): the same
 test accuracy (exact: it is a count) and loss (float tolerance). Then trained on under
 parameter_server with Adagrad, saved there, and restored back under mirrored and one_device: again equal to
-what parameter_server reports for it. A truncated checkpoint is refused with DataLoss.
+what parameter_server reports for it, from its final.safetensors and from its chief's last ckpt-N. A truncated checkpoint is refused with DataLoss.
 
   checkpoint_strategies_test.py DTRAIN_RUN FASHION_MNIST
 """
@@ -61,6 +61,11 @@ def main():
         if ps_view["test_accuracy"] == saved["test_accuracy"] and ps_view["test_loss"] == saved["test_loss"]:
             sys.exit("training under parameter_server changed nothing: was the checkpoint restored into the servers?")
         check_everywhere(b, ps_view, ["mirrored --devices=cpu:2", "one_device"], "saved under parameter_server")
+        # The parameter-server chief's own numbered checkpoint (its slots as "<variable>/slot_<j>":
+        # refused as "a variable the model does not have" before) restores the same weights.
+        with open(f"{d}/b/checkpoint") as f:
+            latest = json.load(f)["latest"]
+        check_everywhere(f"{d}/b/{latest}", ps_view, ["one_device"], "the ps chief's " + latest)
 
         # A truncated file is refused, naming what is wrong.
         shutil.copy(a, f"{d}/cut.safetensors")

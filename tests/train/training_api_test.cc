@@ -214,6 +214,9 @@ TEST_F(TrainingApi, BackupAndRestoreResumesBitwise) {
       set_global_seed(8);
       m = mlp();
       m.add(std::make_shared<Dropout>(0.2f));  // its random state is in the backup too
+      // and a dropout nested in a block (a GPT's are): its state was left out, by name
+      m.add(std::make_shared<Sequential>(
+          std::vector<std::shared_ptr<Layer>>{std::make_shared<Dropout>(0.3f)}));
       opt = std::make_unique<Adam>(0.01f);
     }
     BackupAndRestore bar(backup, /*save_freq=*/3);
@@ -373,8 +376,35 @@ TEST_F(TrainingApi, EnsembleMembersTrainApartPredictTogetherAndCheckpoint) {
     single = mlp();
     single.build(Shape{1, 4});
   }
+  ::testing::internal::CaptureStderr();
   Checkpoint(single, nullptr, &one).restore(path);
+  EXPECT_NE(::testing::internal::GetCapturedStderr().find(
+                "ensemble of 3 members, this job trains one model: members 1..2 of the checkpoint "
+                "not restored (member 0 is)"),
+            std::string::npos);
   EXPECT_EQ(single.variables()[0]->value().to_vector<float>(), k1[0].to_vector<float>());
+  // Into an ensemble of another size: said, not silently member 0's copies or dropped.
+  for (int n : {2, 4}) {
+    std::vector<DeviceSpec> devices;
+    for (int i = 0; i < n; ++i) devices.push_back(DeviceSpec::cpu(i));
+    EnsembleStrategy other(devices);
+    Sequential m3;
+    {
+      auto scope = other.scope();
+      m3 = mlp();
+      m3.build(Shape{1, 4});
+    }
+    ::testing::internal::CaptureStderr();
+    Checkpoint(m3, nullptr, &other).restore(path);
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(
+        log.find(n == 2 ? "ensemble of 3 members, this ensemble has 2: member 2 of the checkpoint "
+                          "not restored"
+                        : "ensemble of 3 members, this ensemble has 4: member 3 starts from "
+                          "member 0"),
+        std::string::npos)
+        << log;
+  }
   EXPECT_THROW(EnsembleStrategy({DeviceSpec::cpu(0), DeviceSpec::cpu(0)}), InvalidArgument);
 }
 

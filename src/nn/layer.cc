@@ -246,6 +246,19 @@ Tensor Layer::operator()(const Tensor& x, bool training) {
 }
 
 std::vector<Tensor> Layer::operator()(const std::vector<Tensor>& xs, bool training) {
+  // An op's shape error names the innermost layer it came from ("layer 'encoder/dense' (Dense):
+  // matmul: inner dimensions differ: ..."); outer layers pass it on as it is.
+  try {
+    return call_checked(xs, training);
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    const std::string body = m.rfind("InvalidArgument: ", 0) == 0 ? m.substr(17) : m;
+    if (body.rfind("layer '", 0) == 0 || path().empty()) throw;
+    throw InvalidArgument("layer '" + path() + "' (" + class_name() + "): " + body);
+  }
+}
+
+std::vector<Tensor> Layer::call_checked(const std::vector<Tensor>& xs, bool training) {
   if (!built_) {
     std::vector<Shape> shapes;
     for (const auto& x : xs) shapes.push_back(x.shape());

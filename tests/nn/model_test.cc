@@ -201,6 +201,26 @@ TEST_F(ModelApi, MistakesGetErrorsThatSayWhatIsWrong) {
   auto c = std::make_shared<Conv2D>(2, 3, 3);
   EXPECT_THROW((*c)(Input({3, 4})), InvalidArgument);  // Conv2D wants [batch, H, W, C]
   EXPECT_FALSE(c->built());
+  // A built model called on the wrong features: the op's error names the innermost layer, once
+  // (it named only the op: "matmul: inner dimensions differ").
+  Sequential inner({std::make_shared<Dense>(8, Activation::kRelu, true, "hidden")});
+  Sequential outer({std::make_shared<Dense>(6, Activation::kNone, true, "first"),
+                    std::make_shared<Sequential>(std::move(inner))});
+  outer.build(Shape{2, 5});
+  outer(random_tensor({2, 5}, 4), false);
+  for (const auto& [shape, layer] :
+       {std::pair<Shape, std::string>{Shape{2, 7}, "layer 'first' (Dense): "}}) {
+    try {
+      outer(random_tensor(shape, 5), false);
+      FAIL() << "a wrong feature count was accepted";
+    } catch (const InvalidArgument& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.rfind("InvalidArgument: " + layer, 0), 0u) << m;
+      EXPECT_NE(m.find("[2, 7]"), std::string::npos) << m;
+      EXPECT_EQ(m.find("layer '", m.find("layer '") + 1), std::string::npos)
+          << "named twice: " << m;
+    }
+  }
 }
 
 // Conv2D(relu) followed by max pooling runs as one op in any container; the numbers and the

@@ -212,6 +212,7 @@ class DTRAIN_API Layer : public std::enable_shared_from_this<Layer> {
   void unbuild();
   // operator() of a layer with shard_parameters(): gathers its variables around the call.
   std::vector<Tensor> call_gathered(const std::vector<Tensor>& xs, bool training);
+  std::vector<Tensor> call_checked(const std::vector<Tensor>& xs, bool training);
 
   std::string name_;
   bool built_ = false;

@@ -1,6 +1,7 @@
 #include "dtrain/nn/layer.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "dtrain/devices/device.h"
 #include "dtrain/model/gradient_tape.h"
@@ -119,6 +120,7 @@ Layer& Layer::operator=(Layer&& o) noexcept {
     if (c->parent_ == this) c->parent_ = nullptr;
   name_ = std::move(o.name_);
   built_ = o.built_;
+  trainable_ = o.trainable_;
   weights_ = std::move(o.weights_);
   children_ = std::move(o.children_);
   output_shapes_ = std::move(o.output_shapes_);
@@ -279,6 +281,12 @@ std::vector<Tensor> Layer::call_checked(const std::vector<Tensor>& xs, bool trai
 
 std::vector<Tensor> Layer::call_gathered(const std::vector<Tensor>& xs, bool training) {
   const VariableList vars = trainable_variables();
+  for (const auto& v : variables())
+    if (v->parameter_gatherer() && std::find(vars.begin(), vars.end(), v) == vars.end())
+      throw Unimplemented("layer '" + path() + "' is frozen (set_trainable(false)) but its " +
+                          "variable '" + v->name() + "' is sharded (Sharding::kParameters): " +
+                          "freeze layers under Sharding::kNone or kOptimizerState, or keep them " +
+                          "trainable");
   // The variables the strategy can keep sharded (float32, made under a sharding strategy); the
   // others of the layer stay whole.
   std::shared_ptr<ParameterGatherer> gatherer;  // alive for this call
@@ -399,16 +407,31 @@ void Layer::collect_variables(VariableList* out, std::vector<const Layer*>* seen
 
 VariableList Layer::trainable_variables() const {
   VariableList out;
-  for (auto& v : variables())
-    if (v->trainable()) out.push_back(v);
+  if (!trainable_) return out;
+  // The variables of trainable layers: a frozen sublayer's subtree is left out.
+  std::vector<const Layer*> seen;
+  const std::function<void(const Layer&)> walk = [&](const Layer& l) {
+    if (!l.trainable_ || std::find(seen.begin(), seen.end(), &l) != seen.end()) return;
+    seen.push_back(&l);
+    for (const auto& w : l.weights_)
+      if (w->trainable() && std::find(out.begin(), out.end(), w) == out.end()) out.push_back(w);
+    for (const auto& c : l.children_) walk(*c);
+  };
+  walk(*this);
   return out;
 }
 
 VariableList Layer::non_trainable_variables() const {
+  const VariableList trainable = trainable_variables();
   VariableList out;
   for (auto& v : variables())
-    if (!v->trainable()) out.push_back(v);
+    if (std::find(trainable.begin(), trainable.end(), v) == trainable.end()) out.push_back(v);
   return out;
+}
+
+void Layer::set_trainable(bool trainable) {
+  trainable_ = trainable;
+  for (const auto& c : children_) c->set_trainable(trainable);
 }
 
 int64_t Layer::count_params() const {

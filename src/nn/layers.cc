@@ -197,7 +197,9 @@ void BatchNormalization::build_weights(const Shape& s) {
                                VariableSynchronization::kOnRead, VariableAggregation::kMean);
 }
 
-Tensor BatchNormalization::call(const Tensor& x_in, bool training) {
+Tensor BatchNormalization::call(const Tensor& x_in, bool training_call) {
+  // Frozen (set_trainable(false)): inference mode, moving statistics kept, as in Keras 2+.
+  const bool training = training_call && trainable();
   ReplicaContext* ctx = get_replica_context();
   const bool sync = training && synchronized_ && ctx && ctx->num_replicas_in_sync() > 1;
   // A Conv2D's bfloat16 output (Conv2D::bfloat16_output) goes to the training kernels as it is;

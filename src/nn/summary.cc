@@ -87,10 +87,8 @@ void Model::summary(std::ostream& out) const {
           l->count_params(), "");
   }
   int64_t total = 0, trainable = 0;
-  for (const auto& v : variables()) {
-    total += v->shape().numel();
-    if (v->trainable()) trainable += v->shape().numel();
-  }
+  for (const auto& v : variables()) total += v->shape().numel();
+  for (const auto& v : trainable_variables()) trainable += v->shape().numel();
   out << thick << "\n";
   out << " Total params: " << grouped(total) << " (" << bytes(total * 4) << ")\n";
   out << " Trainable params: " << grouped(trainable) << " (" << bytes(trainable * 4) << ")\n";

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <sstream>
 
 #include "dtrain/dtrain.h"
 #include "train/training_api_util.h"
@@ -303,6 +305,49 @@ TEST_F(TrainingApi, EnsembleOfOneIsOneDeviceBitwise) {
   EnsembleStrategy ens({DeviceSpec::cpu(0)});
   EXPECT_EQ(ens.num_members(), 1);
   EXPECT_EQ(train(one), train(ens));
+}
+
+// Keras' layer.trainable = False (fine-tuning a base model): the frozen block's weights, its batch
+// norm's moving statistics included, stay bitwise what they were through fit() on one device and
+// under Mirrored; the head trains; trainable_variables() and summary() say so.
+TEST_F(TrainingApi, FrozenLayersStayAsTheyWere) {
+  for (int devices : {1, 2}) {
+    MirroredStrategy s(on(devices));
+    Sequential m;
+    std::shared_ptr<Sequential> base;
+    std::unique_ptr<Optimizer> opt;
+    {
+      auto scope = s.scope();
+      set_global_seed(12);
+      base = std::make_shared<Sequential>(std::vector<std::shared_ptr<Layer>>{
+          std::make_shared<Dense>(16, Activation::kRelu, true, "features"),
+          std::make_shared<BatchNormalization>()});
+      m.add(base);
+      m.add(std::make_shared<Dense>(3, Activation::kNone, true, "head"));
+      m.build(Shape{1, 4});
+      opt = std::make_unique<Adam>(0.05f);
+    }
+    base->set_trainable(false);
+    EXPECT_FALSE(base->layers()[1]->trainable());  // sublayers too
+    std::vector<std::string> names;
+    for (const auto& v : m.trainable_variables()) names.push_back(v->name());
+    EXPECT_EQ(names, (std::vector<std::string>{"head/kernel", "head/bias"}));
+    EXPECT_EQ(m.non_trainable_variables().size(), 6u);  // kernel, bias, gamma, beta, mean, var
+    std::map<std::string, std::vector<float>> before;
+    for (const auto& v : m.variables()) before[v->name()] = v->value().to_vector<float>();
+    FitOptions o;
+    o.epochs = 2;
+    o.global_batch_size = 16;
+    fit(s, m, *opt, classification(64), nullptr, o);
+    for (const auto& v : m.variables()) {
+      const bool head = v->name().rfind("head/", 0) == 0;
+      EXPECT_EQ(v->value().to_vector<float>() != before.at(v->name()), head)
+          << devices << " device(s): " << v->name();
+    }
+    std::ostringstream out;
+    m.summary(out);
+    EXPECT_NE(out.str().find("Trainable params: 51 "), std::string::npos) << out.str();
+  }
 }
 
 TEST_F(TrainingApi, EnsembleMembersTrainApartPredictTogetherAndCheckpoint) {

@@ -130,8 +130,17 @@ class DTRAIN_API Layer : public std::enable_shared_from_this<Layer> {
   // Every variable of this layer and its sublayers, depth-first in registration order, each once
   // (a layer used twice is counted once).
   VariableList variables() const;
+  // The trainable ones: of trainable weights, in layers that are trainable (a layer set not
+  // trainable gives none, whatever its sublayers say, as in Keras); the rest.
   VariableList trainable_variables() const;
   VariableList non_trainable_variables() const;
+  // Keras' `layer.trainable = False`: freezes this layer and every sublayer (fine-tuning a base
+  // model): their weights leave trainable_variables(), so fit() and the optimizer leave them
+  // unchanged and compute no gradient for them, and a BatchNormalization runs in inference mode
+  // (its moving statistics unchanged), as in Keras 2+. Set it before fit() builds the optimizer
+  // (Keras: before compile()). Not with Sharding::kParameters (the layer's call throws).
+  void set_trainable(bool trainable);
+  bool trainable() const { return trainable_; }
   // Direct sublayers, in registration order.
   const std::vector<std::shared_ptr<Layer>>& layers() const { return children_; }
   // The direct sublayer called `name`, or nullptr.
@@ -216,6 +225,7 @@ class DTRAIN_API Layer : public std::enable_shared_from_this<Layer> {
 
   std::string name_;
   bool built_ = false;
+  bool trainable_ = true;
   VariableList weights_;
   std::vector<std::shared_ptr<Layer>> children_;
   Layer* parent_ = nullptr;  // the first layer that registered this one; cleared when it dies

@@ -491,6 +491,19 @@ TEST_F(ModelApi, NewOpsHaveGradients) {
       ops::avg_pool2d(img, 3, 3, 2, 2, ops::Padding::kSame).to_vector<float>();
   EXPECT_FLOAT_EQ(same[0], 45.f / 9.f);
   EXPECT_FLOAT_EQ(same[3], (10.f + 11.f + 14.f + 15.f) / 4.f);
+  // Two images of three channels (pooled one plane at a time): each channel its own means.
+  std::vector<float> v3(2 * 16 * 3);
+  for (size_t i = 0; i < v3.size(); ++i)
+    v3[i] = static_cast<float>(i / 3 % 16) + 100.f * static_cast<float>(i % 3) +
+            1000.f * static_cast<float>(i / 48);
+  const std::vector<float> got =
+      ops::avg_pool2d(Tensor::from_vector<float>(v3, Shape{2, 4, 4, 3})).to_vector<float>();
+  ASSERT_EQ(got.size(), 2u * 2 * 2 * 3);
+  const float means[4] = {2.5f, 4.5f, 10.5f, 12.5f};
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_EQ(got[i], means[i / 3 % 4] + 100.f * static_cast<float>(i % 3) +
+                          1000.f * static_cast<float>(i / 12))
+        << i;
   EXPECT_EQ((*std::make_shared<AveragePooling2D>(2))(Input({4, 4, 3})).shape(), (Shape{2, 2, 3}));
   const Tensor p = ops::zero_pad2d(Tensor::full(Shape{1, 1, 1, 1}, 7.f), 1, 0, 0, 1);
   EXPECT_EQ(p.shape(), (Shape{1, 2, 2, 1}));

@@ -26,7 +26,7 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
 fi
 cmake --build "$build" -j "${JOBS:-$(nproc)}"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1}
-export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1:suppressions=$src/tools/ubsan.supp}
 # oneDNN and libgomp are not instrumented; tools/tsan.supp ignores what TSan reports from inside them.
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$src/tools/tsan.supp}
 cd "$build" && ctest --output-on-failure -j "${JOBS:-$(nproc)}" "${tests[@]}" "$@"

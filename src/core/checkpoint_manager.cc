@@ -203,6 +203,8 @@ std::optional<CheckpointData> CheckpointManager::restore_latest(int64_t* step,
       skipped.push_back(name + " (" + e.what() + ")");
     } catch (const NotFound& e) {
       skipped.push_back(name + " (" + e.what() + ")");
+    } catch (const Unimplemented& e) {  // a dtype dtrain does not hold: not one of ours
+      skipped.push_back(name + " (" + e.what() + ")");
     }
     return std::nullopt;
   };

@@ -47,7 +47,7 @@ LossFn get_loss(const std::string& name) {
       // |d| = relu(d) + relu(-d): differentiable everywhere but 0, where its gradient is 0.
       // Per example, the mean over every other axis, as mean_squared_error and Keras (whose
       // mean over the last axis is averaged over the rest by its reduction): the mean over the
-      // last axis alone left [N, T] predictions' loss T times Keras's, and [N] ones a scalar.
+      // last axis alone left [N, T, K] predictions' loss T times Keras's, and [N] ones a scalar.
       const Tensor a = ops::add(ops::relu(d), ops::relu(ops::neg(d)));
       if (a.rank() <= 1) return a;
       std::vector<int> axes;

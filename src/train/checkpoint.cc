@@ -468,9 +468,9 @@ std::optional<TrainingPosition> Checkpoint::restore_latest(
     return restore(*d, metadata, callback_entries);
   } catch (const FailedPrecondition& e) {
     throw FailedPrecondition(without_kind(e) + " (file " + path +
-                             "; restore with the model and optimizer that wrote it, or give "
-                             "another directory or remove " +
-                             manager.directory() + " to start afresh)");
+                             "; restore with the model that wrote it, or start afresh in another "
+                             "directory than " +
+                             manager.directory() + ")");
   }
 }
 

@@ -373,9 +373,6 @@ TEST(Tcp, AWorkerThatNeverStartsIsNamed) {
     EXPECT_NE(e.find("worker:2 (" + addrs[2] + ")"), std::string::npos) << e;
 }
 
-// A job relaunched at once can dial a rank's port while the previous owner of that port still
-// listens and then closes it: the connection is accepted and dropped before any handshake. The
-// dialer must dial again (until its connect timeout), not fail the new job.
 // A rank out of file descriptors cannot accept its peers' connections: accept() fails with EMFILE
 // at once, again and again. It spun on that at 100% CPU past the deadline, for good; it must wait
 // between tries and end at the deadline, saying why. The rank runs in a child process whose open
@@ -460,6 +457,9 @@ TEST(Tcp, AcceptingWithoutFileDescriptorsNeitherSpinsNorOutlivesTheDeadline) {
   EXPECT_TRUE(seen) << "no k left listening possible and accepting impossible";
 }
 
+// A job relaunched at once can dial a rank's port while the previous owner of that port still
+// listens and then closes it: the connection is accepted and dropped before any handshake. The
+// dialer must dial again (until its connect timeout), not fail the new job.
 TEST(Tcp, AConnectionDroppedBeforeTheHandshakeIsDialedAgain) {
   const auto addrs = testing::free_loopback_addresses(2);
   const int port = std::stoi(addrs[0].substr(addrs[0].rfind(':') + 1));

@@ -255,14 +255,35 @@ class Basics(unittest.TestCase):
                                              "--checkpoint-every", "30", "--optimizer", optimizer, "--json"])
                 loss = json.loads(r.stdout[r.stdout.index("{"):].splitlines()[0])["final_loss"]
                 return loss, r.stderr
+            def latest():
+                with open(os.path.join(d, "checkpoint")) as f:
+                    path = os.path.join(d, json.load(f)["latest"])
+                with open(path, "rb") as f:
+                    n = struct.unpack("<Q", f.read(8))[0]
+                    header = json.loads(f.read(n))
+                    return path, header, f.read()
             run(60, "sgd momentum=0.9")
             loss, err = run(120, "rmsprop")
             self.assertTrue(loss is not None and math.isfinite(loss), f"final loss {loss}\n{err[-2000:]}")
             self.assertEqual(err.count("they start afresh"), 1, err[-2000:])
             self.assertIn("(momentum) are not rmsprop's (velocity)", err)
+            # The step count started again with the slots (Adam's bias correction reads it).
+            _, header, _ = latest()
+            self.assertEqual(header["__metadata__"]["conv1/kernel/updates"], "60")
+            self.assertEqual(header["__metadata__"]["conv1/kernel/slot_names"], "velocity")
+            # A checkpoint written before the slots were named: its slots are kept when their
+            # number fits (they were all dropped as "unnamed" at first).
+            path, header, data = latest()
+            header["__metadata__"] = {k: v for k, v in header["__metadata__"].items()
+                                      if not k.endswith("/slot_names")}
+            text = json.dumps(header).encode()
+            text += b" " * (-len(text) % 8)
+            with open(path, "wb") as f:
+                f.write(struct.pack("<Q", len(text)) + text + data)
             loss, err = run(180, "rmsprop")
             self.assertTrue(loss is not None and math.isfinite(loss), f"final loss {loss}")
             self.assertNotIn("afresh", err)
+            self.assertEqual(latest()[1]["__metadata__"]["conv1/kernel/updates"], "120")
 
     def test_the_evaluator_takes_sigterm_without_a_handler(self):
         # A SIGTERM handler runs on whichever thread the signal interrupts, and oneDNN 2.x's float32

@@ -104,13 +104,14 @@ class DTRAIN_API CheckpointManager {
   std::string save(int64_t step, CheckpointData data);
 
   // Loads the checkpoint the index names. If the index is missing or unreadable, or its file is
-  // damaged (DataLoss) or gone, falls back to the newest other checkpoint that loads (in the order
-  // save() keeps), logging one WARNING line saying what was skipped and why. Sets *step and *path
-  // (when given) to the step and file restored. Returns nullopt when the directory holds no
-  // checkpoint at all. Throws DataLoss when checkpoint files exist but none of them loads (the
-  // message lists each file and its error): starting training from scratch silently would be
-  // worse. Other errors (Unavailable: EIO, EACCES) are thrown, not fallen back past: on one worker
-  // of several that would restore other weights than the rest.
+  // damaged (DataLoss), gone, or not one of ours (a dtype dtrain does not hold), falls back to the
+  // newest other checkpoint that loads (in the order save() keeps), logging one WARNING line saying
+  // what was skipped and why. Sets *step and *path (when given) to the step and file restored.
+  // Returns nullopt when the directory holds no checkpoint at all. Throws DataLoss when checkpoint
+  // files exist but none of them loads (the message lists each file and its error): starting
+  // training from scratch silently would be worse. Other errors (Unavailable: EIO, EACCES) are
+  // thrown, not fallen back past: on one worker of several that would restore other weights than
+  // the rest.
   std::optional<CheckpointData> restore_latest(int64_t* step = nullptr,
                                                std::string* path = nullptr) const;
 

@@ -205,12 +205,12 @@ class DTRAIN_API Kernels {
   // dL/dx given y = softmax(x) (or log_softmax(x)) and dy.
   virtual Tensor softmax_backward(const Tensor& y, const Tensor& dy, bool log) = 0;
   // softmax over the last axis of x [..., T, S] plus a decoder's causal mask: mask_value added
-  // where key j lies after query i (j > i + S - T), in float32 as binary(kAdd) adds it, so the
-  // values are those of binary(kAdd, x, mask) then softmax, bit for bit. Its gradient is
-  // softmax_backward's. This default makes the [T, S] mask on the host, copies it to x's device
-  // at each call and runs those two kernels (a reference: ops never calls it); a device that runs
-  // it as one kernel says so in fuses_causal_softmax (ops::causal_softmax otherwise adds a mask it
-  // keeps per shape and device).
+  // where key j lies after query i (j > i, aligned at position 0 as Keras' mask), in float32 as
+  // binary(kAdd) adds it, so the values are those of binary(kAdd, x, mask) then softmax, bit for
+  // bit. Its gradient is softmax_backward's. This default makes the [T, S] mask on the host, copies
+  // it to x's device at each call and runs those two kernels (a reference: ops never calls it); a
+  // device that runs it as one kernel says so in fuses_causal_softmax (ops::causal_softmax
+  // otherwise adds a mask it keeps per shape and device).
   virtual bool fuses_causal_softmax() const { return false; }
   virtual Tensor causal_softmax(const Tensor& x, float mask_value);
 

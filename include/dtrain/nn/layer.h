@@ -136,7 +136,7 @@ class DTRAIN_API Layer : public std::enable_shared_from_this<Layer> {
   VariableList non_trainable_variables() const;
   // Keras' `layer.trainable = False`: freezes this layer and every sublayer (fine-tuning a base
   // model): their weights leave trainable_variables(), so fit() and the optimizer leave them
-  // unchanged and compute no gradient for them, and a BatchNormalization runs in inference mode
+  // unchanged (no gradient is applied to them), and a BatchNormalization runs in inference mode
   // (its moving statistics unchanged), as in Keras 2+. Set it before fit() builds the optimizer
   // (Keras: before compile()). Not with Sharding::kParameters (the layer's call throws).
   void set_trainable(bool trainable);

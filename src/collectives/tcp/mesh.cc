@@ -67,6 +67,7 @@ std::vector<Peer> build_mesh_or_throw(const TcpGroupOptions& o) {
 
   std::exception_ptr accept_error;
   std::string accept_failure;  // the last accept() error other than "would block", for the timeout
+  bool out_of_descriptors = false;  // ... and whether it was EMFILE or ENFILE
   std::thread accepter([&] {
     try {
       int waiting = n - 1 - o.rank;
@@ -82,12 +83,18 @@ std::vector<Peer> build_mesh_or_throw(const TcpGroupOptions& o) {
         }
         Peer p;
         if (!aec) p.fd = ::dup(s.native_handle());
+        if (p.fd >= 0) {  // a passing error (a dialer that gave up) is not the timeout's cause
+          std::lock_guard<std::mutex> lock(mu);
+          accept_failure.clear();
+        }
         if (aec || p.fd < 0) {
           // Out of file descriptors (EMFILE), or a connection reset before we took it: not a
           // reason to spin; wait a little, within the deadline, and say why if it passes.
           {
             std::lock_guard<std::mutex> lock(mu);
             accept_failure = aec ? aec.message() : std::string(std::strerror(errno));
+            const int code = aec ? aec.value() : errno;
+            out_of_descriptors = code == EMFILE || code == ENFILE;
           }
           if (Clock::now() >= deadline) break;
           std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -183,7 +190,7 @@ std::vector<Peer> build_mesh_or_throw(const TcpGroupOptions& o) {
         (accept_failure.empty()
              ? std::string()
              : " (accepting connections failed: " + accept_failure +
-                   "; raise the open-file limit, ulimit -n, if that is the cause)") +
+                   (out_of_descriptors ? "; raise the open-file limit, ulimit -n" : "") + ")") +
         "; start every task of the job (dtrain-run does) or check the cluster addresses");
   }
   return peers;

@@ -88,15 +88,20 @@ void TcpTransport::heartbeat_loop() {
       int queued = 0;
       if (::ioctl(peers_[r].fd, SIOCOUTQ, &queued) == 0 && queued > (1 << 20))
         continue;  // full: skip
+      // Only into a socket with room (POLLOUT: a third of its buffer free), so that the 48 bytes
+      // go whole; else skip this beat.
+      pollfd room{peers_[r].fd, POLLOUT, 0};
+      if (::poll(&room, 1, 0) != 1 || !(room.revents & POLLOUT)) continue;
       const char* at = reinterpret_cast<const char*>(&h);
       ssize_t w = ::send(peers_[r].fd, at, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
       if (w <= 0 || w == static_cast<ssize_t>(sizeof(h))) continue;
-      // Part of the header went: the rest must follow before any other byte on this stream (the
-      // send lock is held), or the peer would read the next frame's bytes as the heartbeat's.
-      // Within the heartbeat timeout; else the stream ends and the peer fails on its close.
+      // Part of the header went all the same: the rest must follow before any other byte on this
+      // stream (the send lock is held), or the peer would read the next frame's bytes as the
+      // heartbeat's. Within a second (the locks held meanwhile); else the stream ends and the
+      // peer fails on its close.
       size_t left = sizeof(h) - static_cast<size_t>(w);
-      const auto until = Clock::now() + o_.heartbeat_timeout;
-      while (left > 0 && Clock::now() < until && !stop_) {
+      const auto until = Clock::now() + std::chrono::seconds(1);
+      while (left > 0 && Clock::now() < until) {
         pollfd pfd{peers_[r].fd, POLLOUT, 0};
         ::poll(&pfd, 1, 50);
         w = ::send(peers_[r].fd, at + sizeof(h) - left, left, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -381,7 +386,8 @@ void TcpTransport::exchange(int to, const void* sbuf_v, size_t sbytes, int from,
               (on_segment && rh.payload_bytes % esize != 0))
             throw DataLoss(detail::str_cat("malformed frame from ", p.name, ": ", rh.payload_bytes,
                                            " bytes at offset ", rh.offset, " but ", rbytes - r_done,
-                                           " expected at offset ", r_done));
+                                           " expected at offset ", r_done, " in segments of whole ",
+                                           esize, "-byte elements, none empty"));
           r_pay_left = rh.payload_bytes;
           r_seg_start = r_done;
         }
@@ -595,7 +601,8 @@ void TcpTransport::exchange_shm(int to, const char* sbuf, size_t sbytes, int fro
           (on_segment && h.payload_bytes % esize != 0))
         throw DataLoss(detail::str_cat("malformed frame from ", p.name, ": ", h.payload_bytes,
                                        " bytes at offset ", h.offset, " but ", rbytes - r_done,
-                                       " expected at offset ", r_done));
+                                       " expected at offset ", r_done, " in segments of whole ",
+                                       esize, "-byte elements, none empty"));
       try {
         rx_[static_cast<size_t>(from)].consume(h, rbuf + r_done);
       } catch (const DataLoss& e) {

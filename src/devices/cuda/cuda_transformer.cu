@@ -16,8 +16,8 @@ namespace {
 
 constexpr int kWarpsPerBlock = kBlock / 32;
 
-// kCausal: x is [..., t, c], and key j of query row i (row % t) gets mask_value added where j > i +
-// c - t and 0 elsewhere, in float32, as binary(kAdd) adds the mask: the values of that add and then
+// kCausal: x is [..., t, c], and key j of query row i (row % t) gets mask_value added where j > i
+// and 0 elsewhere, in float32, as binary(kAdd) adds the mask: the values of that add and then
 // softmax, bit for bit, without the mask or the sum in memory.
 template <bool kCausal>
 __global__ void softmax_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t rows,

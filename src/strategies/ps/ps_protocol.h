@@ -7,10 +7,12 @@
 // data).
 //
 //   method    request meta; tensors                          response meta; tensors
-//   kCreate   {key, updates i64}; [value, slots...]          {created u8}
-//   kLookup   {key, wait_ms u64}                             {found u8[, dtype u8, rank u64, dims
-//   i64...]} kPull     {with_slots u8, n u64, keys...}                {per key: updates i64, slots
-//   u64};
+//   kCreate   {key, updates i64, slot_names};                {created u8}
+//             [value, slots...]
+//   kLookup   {key, wait_ms u64}                             {found u8[, dtype u8, rank u64,
+//                                                             dims i64...]}
+//   kPull     {with_slots u8, n u64, keys...}                {per key: updates i64, slots u64,
+//                                                             slot_names};
 //                                                            [value_0, (slots_0...), value_1, ...]
 //   kPush     {optimizer config, step_increment u64,         {global_step i64}
 //              n u64, keys...}; [grad per key]

@@ -170,21 +170,25 @@ class PsServer {
       std::string joined;
       for (const std::string& n : names) joined += (joined.empty() ? "" : ",") + n;
       // Slots of another kind (restored from a checkpoint another optimizer wrote: SGD's momentum
-      // is not RMSprop's velocity, though both are one slot) start afresh, as the synchronous
-      // strategies' restore does; reused, they sent the loss to NaN.
-      if (v->slots.size() != names.size() || v->slot_names != joined) {
+      // is not RMSprop's velocity, though both are one slot) start afresh, with the step count
+      // (Adam's bias correction), as the synchronous strategies' restore does; reused, they sent
+      // the loss to NaN. Unnamed slots (a checkpoint written before the names were) are kept when
+      // their number fits, as before.
+      const bool unnamed = v->slot_names.empty() && !v->slots.empty();
+      if (v->slots.size() != names.size() || (!unnamed && v->slot_names != joined)) {
         if (!v->slots.empty() && !warned_slots_.exchange(true)) {
           DTRAIN_LOG(WARNING) << name_ << ": the optimizer slots of '" << req.keys[i] << "' ("
                               << (v->slot_names.empty() ? "unnamed" : v->slot_names) << ") are not "
                               << rule.name() << "'s (" << (joined.empty() ? "none" : joined)
                               << "): they start afresh (said once for all variables)";
         }
+        if (!v->slots.empty()) v->updates = 0;
         v->slots.clear();
         for (size_t s = 0; s < names.size(); ++s)
           v->slots.push_back(
               Tensor::full(v->value.shape(), rule.slot_initial_value(static_cast<int>(s))));
-        v->slot_names = joined;
       }
+      v->slot_names = joined;
       rule.apply(v->value, g, v->slots, ++v->updates, v->opt.learning_rate, v->opt.weight_decay);
     }
     std::lock_guard lock(clock_mu_);

@@ -236,6 +236,9 @@ CheckpointData ParameterServerStrategy::Impl::snapshot() {
     for (int s = 0; s < n; ++s) {
       const Got& g = got.at({v.get(), s});
       slots = std::min(slots, g.slots.size());  // a shard never pushed to has no slots yet
+      // Shards whose slots are of different kinds (one not pushed to since a restore into
+      // another optimizer): no slots saved, rather than a mix under one name.
+      if (g.slot_names != first.slot_names) slots = 0;
       updates = std::max(updates, g.updates);
     }
     auto whole = [&](auto part_of) {
